@@ -1,0 +1,37 @@
+# Two commands set everything up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+CONSTRAINTS := docker/constraints-3.11.txt
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+
+.PHONY: venv test lint typecheck unit demo plan bench clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q "uv==0.13.9"
+	$(BIN)/uv pip install -q --python $(BIN)/python -c $(CONSTRAINTS) -e '.[dev]'
+	touch $@
+
+lint: venv
+	$(BIN)/ruff check airflow_provider_tpu_rl dags tests
+	$(BIN)/ruff format --check airflow_provider_tpu_rl dags tests
+
+typecheck: venv
+	$(BIN)/mypy
+
+unit: venv
+	$(BIN)/pytest -q
+
+test: lint typecheck unit
+
+plan: venv
+	$(BIN)/tpu-rl plan tpu_rl_gke_pipeline
+
+demo: venv
+	$(BIN)/tpu-rl plan tpu_rl_gke_pipeline
+
+clean:
+	rm -rf $(VENV) .sandbox .demo .airflow

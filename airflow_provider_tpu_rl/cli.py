@@ -1,0 +1,4 @@
+"""The ``tpu-rl`` command line."""
+
+def main() -> int:
+    return 0
