@@ -1,4 +1,84 @@
-"""The ``tpu-rl`` command line."""
+"""``tpu-rl``: print the plan of a DAG run, drive the local sandbox, read the run ledger."""
 
-def main() -> int:
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from airflow_provider_tpu_rl.render.plan import gke_plan, plan_document, tpu_vm_plan
+from airflow_provider_tpu_rl.spec import GKE_DAG_ID, TPU_VM_DAG_ID, SpecError
+from airflow_provider_tpu_rl.spec.pipeline import gke_pipeline_from_conf, tpu_vm_pipeline_from_conf
+
+PLAN_DAG_IDS = (GKE_DAG_ID, TPU_VM_DAG_ID)
+
+
+def build_plan(dag_id: str, conf: dict[str, Any] | None, run_id: str = "manual__plan") -> dict[str, Any]:
+    """The JSON plan of one DAG run: every command in execution order, secrets as ``***``."""
+    if dag_id == GKE_DAG_ID:
+        return plan_document(dag_id, gke_plan(gke_pipeline_from_conf(conf, dag_id=dag_id, run_id=run_id)))
+    if dag_id == TPU_VM_DAG_ID:
+        return plan_document(
+            dag_id, tpu_vm_plan(tpu_vm_pipeline_from_conf(conf, dag_id=dag_id, run_id=run_id))
+        )
+    raise SpecError("dag_id", f"unknown DAG; choose one of {list(PLAN_DAG_IDS)}", dag_id)
+
+
+def _load_conf(text: str | None) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    try:
+        conf = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise SpecError(
+            "conf", f"is not valid JSON ({err.msg} at line {err.lineno} column {err.colno})"
+        ) from None
+    if not isinstance(conf, dict):
+        raise SpecError("conf", "must be a JSON object", conf)
+    return conf
+
+
+def _run_plan(args: argparse.Namespace) -> int:
+    try:
+        document = build_plan(args.dag_id, _load_conf(args.conf), args.run_id)
+    except SpecError as err:
+        print(f"tpu-rl plan: invalid conf: {err}", file=sys.stderr)
+        return 2
+    json.dump(document, sys.stdout, indent=2 if args.pretty else None)
+    sys.stdout.write("\n")
     return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tpu-rl", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    plan = sub.add_parser("plan", help="print the commands a DAG run would execute, as JSON (no cloud call)")
+    plan.add_argument("dag_id", choices=PLAN_DAG_IDS)
+    plan.add_argument("--conf", help="the DAG run conf, a JSON object (the DAG params)")
+    plan.add_argument("--run-id", default="manual__plan", help="run id the job-name suffix derives from")
+    plan.add_argument("--pretty", action="store_true", help="indent the JSON")
+    plan.set_defaults(handler=_run_plan)
+    try:
+        from airflow_provider_tpu_rl.sandbox.control import add_sandbox_subcommands
+    except ImportError:  # pragma: no cover - the sandbox extra is not installed
+        pass
+    else:
+        add_sandbox_subcommands(sub)
+    try:
+        from airflow_provider_tpu_rl.ledger.cli import add_runs_subcommand
+    except ImportError:  # pragma: no cover
+        pass
+    else:
+        add_runs_subcommand(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.handler(args) or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,401 @@
+"""Specs → argv for the multi-host pipeline (Cluster Toolkit ``gcluster`` + ``gcloud``).
+
+The one place these commands are written. Operators, ``tpu-rl plan`` and the DAGs call it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from collections.abc import Mapping
+
+from airflow_provider_tpu_rl.render.blueprint import BLUEPRINT_FILENAME
+from airflow_provider_tpu_rl.render.command import Command
+from airflow_provider_tpu_rl.render.shell import (
+    hf_token_from_secret_manager,
+    key_values,
+    on_first_pod_only,
+    quote_all,
+)
+from airflow_provider_tpu_rl.spec.cluster import ClusterSpec
+from airflow_provider_tpu_rl.spec.pipeline import GkePipelineSpec
+from airflow_provider_tpu_rl.spec.presets import ModelPreset
+from airflow_provider_tpu_rl.spec.workloads import ConversionSpec, ExportSpec, TrainingSpec
+
+BUCKET_EXISTS = ("409", "already own it", "already exists")
+SECRET_EXISTS = ("ALREADY_EXISTS", "already exists")
+PATHWAYS_ENV = (
+    ("GRPC_DNS_RESOLVER", "native"),
+    ("FLAGS_pathways_enforce_subset_devices_form_subslice", "false"),
+)
+TRAINING_TTL = "24h"
+_MEMORY = re.compile(r"^[1-9][0-9]*[KMG]$")
+
+# Workarounds from the tutorials, kept verbatim: the stock 0.2.4 image needs them.
+TUNIX_RESHARD_PATCH = (
+    "import pathlib, tunix.generate.vllm_sampler as vs; p = pathlib.Path(vs.__file__); "
+    "p.write_text(p.read_text().replace('reshard_chunk_size: Optional[int] = None', "
+    "'reshard_chunk_size: Optional[int] = 4').replace('reshard_chunk_size=self.config.reshard_chunk_size', "
+    "'reshard_chunk_size=4'))"
+)
+ADAFACTOR_PATCH = (
+    "import pathlib, re; p = pathlib.Path('/deps/src/maxtext/trainers/post_train/rl/utils_rl.py'); "
+    "p.write_text(re.sub('optax[.]adamw[(][^)]+[)]', 'optax.adafactor(learning_rate=learning_rate)', p.read_text()))"
+)
+VLLM_HOST_IP = "export VLLM_HOST_IP=$(hostname -I | awk '{print $1}')"
+
+
+def default_workdir(cluster_name: str) -> str:
+    """Local folder for the blueprint and the deployment folder; state itself lives in GCS."""
+    return os.path.join(tempfile.gettempdir(), "tpu-rl", cluster_name)
+
+
+def secret_resource(project: str, secret_id: str) -> str:
+    return f"projects/{project}/secrets/{secret_id}/versions/latest"
+
+
+# --- cloud set-up -------------------------------------------------------------------------------
+
+
+def create_bucket(project: str, region: str, bucket: str) -> Command:
+    """``gcloud storage buckets create``; an existing bucket is success (the tutorial's ``|| true``)."""
+    return Command(
+        (
+            "gcloud",
+            "storage",
+            "buckets",
+            "create",
+            f"gs://{bucket}",
+            f"--project={project}",
+            f"--location={region}",
+        ),
+        ok_if_output_contains=BUCKET_EXISTS,
+        description="create the bucket (an existing one is kept as is)",
+    )
+
+
+def delete_bucket(bucket: str) -> Command:
+    """Deletes the bucket and EVERYTHING in it, trained model included. Only on explicit request."""
+    return Command(
+        ("gcloud", "storage", "rm", "--recursive", f"gs://{bucket}"),
+        description="delete the bucket and all checkpoints (requested with delete_bucket=true)",
+    )
+
+
+def _deploy_vars(cluster: ClusterSpec) -> list[str]:
+    pairs = [
+        ("project_id", cluster.project),
+        ("deployment_name", cluster.cluster_name),
+        ("region", cluster.region),
+        ("zone", cluster.zone),
+        ("num_slices", str(cluster.num_slices)),
+        ("tpu_topology", cluster.topology),
+        ("authorized_cidr", cluster.authorized_cidr),
+        ("reservation", cluster.reservation),
+    ]
+    argv: list[str] = []
+    for pair in key_values(pairs):
+        argv += ["--vars", pair]
+    return argv
+
+
+def blueprint_path(workdir: str) -> str:
+    return os.path.join(workdir, BLUEPRINT_FILENAME)
+
+
+def deployment_dir(cluster: ClusterSpec, workdir: str) -> str:
+    return os.path.join(workdir, cluster.cluster_name)
+
+
+def deploy(cluster: ClusterSpec, workdir: str) -> Command:
+    """``gcluster deploy`` with the tutorial's vars and flags, Terraform state in the bucket."""
+    return Command(
+        (
+            "gcluster",
+            "deploy",
+            blueprint_path(workdir),
+            *_deploy_vars(cluster),
+            "--backend-config",
+            f"bucket={cluster.bucket}",
+            "-l",
+            "IGNORE",
+            "--auto-approve",
+            "-w",
+            f"--out={workdir}",
+        ),
+        description=f"deploy GKE cluster {cluster.cluster_name} ({cluster.shape.tpu_type} x{cluster.num_slices})",
+    )
+
+
+def recreate_deployment_folder(cluster: ClusterSpec, workdir: str) -> Command:
+    """``gcluster create`` writes the deployment folder again; its GCS backend finds the state."""
+    return Command(
+        (
+            "gcluster",
+            "create",
+            blueprint_path(workdir),
+            *_deploy_vars(cluster),
+            "--backend-config",
+            f"bucket={cluster.bucket}",
+            "-l",
+            "IGNORE",
+            "-w",
+            f"--out={workdir}",
+        ),
+        description="recreate the deployment folder on this worker (state is in GCS)",
+    )
+
+
+def destroy(cluster: ClusterSpec, workdir: str) -> Command:
+    return Command(
+        ("gcluster", "destroy", deployment_dir(cluster, workdir), "--auto-approve"),
+        description=f"destroy GKE cluster {cluster.cluster_name} (the bucket is kept)",
+    )
+
+
+def iam_grants(cluster: ClusterSpec) -> list[Command]:
+    """The tutorial's registry auth and ``roles/storage.admin`` for both GKE service accounts."""
+    commands = [
+        Command(("gcloud", "auth", "configure-docker", "gcr.io", "--quiet")),
+        Command(("gcloud", "auth", "configure-docker", f"{cluster.region}-docker.pkg.dev", "--quiet")),
+    ]
+    for account in (cluster.workload_service_account, cluster.node_pool_service_account):
+        commands.append(
+            Command(
+                (
+                    "gcloud",
+                    "projects",
+                    "add-iam-policy-binding",
+                    cluster.project,
+                    f"--member=serviceAccount:{account}",
+                    "--role=roles/storage.admin",
+                    "--quiet",
+                )
+            )
+        )
+    return commands
+
+
+def hf_token_secret(project: str, secret_id: str, readers: tuple[str, ...], *, sync: bool) -> list[Command]:
+    """Secret Manager secret the workloads read HF_TOKEN from; the value goes over stdin only."""
+    commands: list[Command] = []
+    if sync:
+        commands += [
+            Command(
+                (
+                    "gcloud",
+                    "secrets",
+                    "create",
+                    secret_id,
+                    f"--project={project}",
+                    "--replication-policy=automatic",
+                ),
+                ok_if_output_contains=SECRET_EXISTS,
+                description="create the HF token secret (kept if it exists)",
+            ),
+            Command(
+                ("gcloud", "secrets", "versions", "add", secret_id, f"--project={project}", "--data-file=-"),
+                stdin_secret="hf_token",
+                description="store the HF token from the Airflow connection (value on stdin)",
+            ),
+        ]
+    for account in readers:
+        commands.append(
+            Command(
+                (
+                    "gcloud",
+                    "secrets",
+                    "add-iam-policy-binding",
+                    secret_id,
+                    f"--project={project}",
+                    f"--member=serviceAccount:{account}",
+                    "--role=roles/secretmanager.secretAccessor",
+                )
+            )
+        )
+    return commands
+
+
+# --- workloads --------------------------------------------------------------------------------
+
+
+def _job_scope(cluster: ClusterSpec) -> tuple[str, ...]:
+    """Project/cluster/location on every job command instead of ``gcluster job config set``."""
+    return (
+        f"--project={cluster.project}",
+        f"--cluster={cluster.cluster_name}",
+        f"--location={cluster.region}",
+    )
+
+
+def to_maxtext_script(conversion: ConversionSpec, token_resource: str) -> str:
+    args = [f"model_name={conversion.model_name}"]
+    if conversion.hf_model_path:
+        args.append(f"--hf_model_path={conversion.hf_model_path}")
+    args += key_values(
+        [
+            ("base_output_directory", conversion.output_directory),
+            ("scan_layers", str(conversion.scan_layers)),
+            ("use_multimodal", "False"),
+            ("skip_jax_distributed_system", "true"),
+            ("checkpoint_storage_use_zarr3", str(conversion.checkpoint_storage_use_zarr3)),
+            ("checkpoint_storage_use_ocdbt", str(conversion.checkpoint_storage_use_ocdbt)),
+            ("hardware", "cpu"),
+        ]
+    )
+    args.append(f"--lazy_load_tensors={conversion.lazy_load_tensors}")
+    body = f"{hf_token_from_secret_manager(token_resource)} && " + quote_all(
+        ["python3", "-m", "maxtext.checkpoint_conversion.to_maxtext", *args]
+    )
+    return on_first_pod_only(body)
+
+
+def train_rl_args(training: TrainingSpec) -> list[str]:
+    fixed = [
+        ("run_name", training.run_name),
+        ("base_output_directory", training.base_output_directory),
+        ("model_name", training.model_name),
+        ("load_parameters_path", training.load_parameters_path),
+        ("num_batches", str(training.num_batches)),
+    ]
+    return key_values(fixed + [(k, v) for k, v in training.overrides if k != "num_batches"])
+
+
+def train_rl_script(preset: ModelPreset, training: TrainingSpec, token_resource: str) -> str:
+    steps: list[str] = []
+    if preset.cgroup_memory_limit:
+        if not _MEMORY.fullmatch(preset.cgroup_memory_limit):
+            raise ValueError(f"cgroup_memory_limit must look like 190G, got {preset.cgroup_memory_limit!r}")
+        limit = preset.cgroup_memory_limit
+        steps.append(
+            f"(echo {limit} > /sys/fs/cgroup/memory.max || echo {limit} > "
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes) 2>/dev/null || true"
+        )
+    steps += [VLLM_HOST_IP, "export VLLM_ENABLE_V1_MULTIPROCESSING=0"]
+    if preset.patch_tunix_reshard_chunk_size:
+        steps.append(quote_all(["python3", "-c", TUNIX_RESHARD_PATCH]))
+    if preset.patch_adafactor:
+        steps.append(quote_all(["python3", "-c", ADAFACTOR_PATCH]))
+    steps.append(hf_token_from_secret_manager(token_resource))
+    steps.append(
+        "JAX_PLATFORMS=proxy,cpu ENABLE_PATHWAYS_PERSISTENCE=1 "
+        + quote_all(["python3", "-m", "maxtext.trainers.post_train.rl.train_rl", *train_rl_args(training)])
+    )
+    return " && ".join(steps)
+
+
+def to_huggingface_script(export: ExportSpec, token_resource: str) -> str:
+    args = [
+        *key_values(
+            [
+                ("model_name", export.model_name),
+                ("load_parameters_path", export.load_parameters_path),
+                ("base_output_directory", export.output_directory),
+                ("skip_jax_distributed_system", "true"),
+                ("hardware", "cpu"),
+                ("scan_layers", str(export.scan_layers)),
+                ("use_multimodal", "False"),
+                ("weight_dtype", export.weight_dtype),
+            ]
+        ),
+        "--override_model_architecture",
+    ]
+    body = f"{hf_token_from_secret_manager(token_resource)} && " + quote_all(
+        ["python3", "-m", "maxtext.checkpoint_conversion.to_huggingface", *args]
+    )
+    return on_first_pod_only(body)
+
+
+def _cpu_job(pipeline: GkePipelineSpec, name: str, command: str, description: str) -> Command:
+    cluster = pipeline.cluster
+    return Command(
+        (
+            "gcluster",
+            "job",
+            "submit",
+            f"--name={name}",
+            "--num-slices=1",
+            f"--image={pipeline.image}",
+            f"--compute-type={cluster.compute_type}",
+            f"--topology={cluster.topology}",
+            f"--command={command}",
+            *_job_scope(cluster),
+        ),
+        description=description,
+    )
+
+
+def conversion_job(pipeline: GkePipelineSpec) -> Command:
+    token = secret_resource(pipeline.cluster.project, pipeline.hf_token.secret_id)
+    return _cpu_job(
+        pipeline,
+        pipeline.convert_job,
+        to_maxtext_script(pipeline.conversion, token),
+        f"convert {pipeline.conversion.hf_model_path or pipeline.preset.model_name} to MaxText",
+    )
+
+
+def export_job(pipeline: GkePipelineSpec) -> Command:
+    token = secret_resource(pipeline.cluster.project, pipeline.hf_token.secret_id)
+    return _cpu_job(
+        pipeline,
+        pipeline.export_job,
+        to_huggingface_script(pipeline.export, token),
+        "export the trained actor to Hugging Face format",
+    )
+
+
+def _env_flags(flag: str, pairs: tuple[tuple[str, str], ...]) -> list[str]:
+    return [f"{flag}={pair}" for pair in key_values(pairs)]
+
+
+def training_job(pipeline: GkePipelineSpec) -> Command:
+    cluster = pipeline.cluster
+    token = secret_resource(cluster.project, pipeline.hf_token.secret_id)
+    return Command(
+        (
+            "gcluster",
+            "job",
+            "submit",
+            f"--name={pipeline.train_job}",
+            f"--num-slices={cluster.num_slices}",
+            f"--image={pipeline.image}",
+            f"--compute-type={cluster.compute_type}",
+            f"--topology={cluster.topology}",
+            "--pathways",
+            f"--pathways-gcs-location={pipeline.pathways_gcs_location}",
+            f"--gke-ttl-after-finished={TRAINING_TTL}",
+            "--restarts=0",
+            *_env_flags("--env", PATHWAYS_ENV),
+            *_env_flags("--pathways-proxy-env", PATHWAYS_ENV),
+            *_env_flags("--pathways-server-env", PATHWAYS_ENV),
+            *_env_flags("--pathways-worker-env", PATHWAYS_ENV),
+            f"--command={train_rl_script(pipeline.preset, pipeline.training, token)}",
+            *_job_scope(cluster),
+        ),
+        description=f"GRPO training on Pathways ({pipeline.training.num_batches} batches)",
+    )
+
+
+def job_list(cluster: ClusterSpec) -> Command:
+    return Command(("gcluster", "job", "list", *_job_scope(cluster)))
+
+
+def job_logs(cluster: ClusterSpec, name: str, *, follow: bool = False) -> Command:
+    return Command(("gcluster", "job", "logs", name, *(["-f"] if follow else []), *_job_scope(cluster)))
+
+
+def job_cancel(cluster: ClusterSpec, name: str) -> Command:
+    return Command(("gcluster", "job", "cancel", name, *_job_scope(cluster)))
+
+
+def cluster_labels(pipeline: GkePipelineSpec, expires_at: int) -> Mapping[str, str]:
+    """Labels the janitor reads: who made the cluster and when it may be destroyed."""
+    dag = re.sub(r"[^a-z0-9_-]", "-", pipeline.dag_id.lower())[:63]
+    return {
+        "tpu-rl-managed": "true",
+        "tpu-rl-dag": dag,
+        "tpu-rl-run": pipeline.suffix,
+        "tpu-rl-expires": str(int(expires_at)),
+    }

@@ -1,0 +1,237 @@
+"""Specs → argv for the single-host pipeline (seed 002: one v6e-8 TPU VM over SSH, McJAX)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from airflow_provider_tpu_rl.render.command import Command
+from airflow_provider_tpu_rl.render.shell import hf_token_from_gcloud, key_values, quote_all
+from airflow_provider_tpu_rl.spec.cluster import TpuVmSpec
+from airflow_provider_tpu_rl.spec.pipeline import TpuVmPipelineSpec
+from airflow_provider_tpu_rl.spec.presets import MAXTEXT_PIP_SPEC
+
+VM_EXISTS = ("already exists",)
+VM_GONE = ("was not found", "not found")
+VENV = "maxtext_venv"
+
+STAGES = ("install", "convert", "train", "export")
+
+
+def _labels_flag(labels: Mapping[str, str]) -> list[str]:
+    return [f"--labels={','.join(f'{k}={v}' for k, v in labels.items())}"] if labels else []
+
+
+def create_vm(vm: TpuVmSpec, service_account: str | None = None) -> Command:
+    """``gcloud compute instances create`` with the seed's flags, labels and cloud-platform scope."""
+    sa = [f"--service-account={service_account}"] if service_account else []
+    return Command(
+        (
+            "gcloud",
+            "compute",
+            "instances",
+            "create",
+            vm.vm_name,
+            f"--zone={vm.zone}",
+            f"--project={vm.project}",
+            f"--machine-type={vm.machine_type}",
+            f"--image-project={vm.image_project}",
+            f"--image-family={vm.image_family}",
+            f"--boot-disk-size={vm.boot_disk_size}",
+            "--maintenance-policy=TERMINATE",
+            "--instance-termination-action=DELETE",
+            "--provisioning-model=RESERVATION_BOUND",
+            "--reservation-affinity=specific",
+            f"--reservation={vm.reservation}",
+            *sa,
+            "--scopes=cloud-platform",
+            *_labels_flag(vm.labels),
+        ),
+        ok_if_output_contains=VM_EXISTS,
+        description=f"create TPU VM {vm.vm_name} ({vm.shape.tpu_type}, reservation {vm.reservation})",
+    )
+
+
+def delete_vm(vm: TpuVmSpec) -> Command:
+    return Command(
+        (
+            "gcloud",
+            "compute",
+            "instances",
+            "delete",
+            vm.vm_name,
+            f"--zone={vm.zone}",
+            f"--project={vm.project}",
+            "--quiet",
+        ),
+        ok_if_output_contains=VM_GONE,
+        description=f"delete TPU VM {vm.vm_name} (outputs were copied to GCS first)",
+    )
+
+
+def describe_vm(vm: TpuVmSpec) -> Command:
+    return Command(
+        (
+            "gcloud",
+            "compute",
+            "instances",
+            "describe",
+            vm.vm_name,
+            f"--zone={vm.zone}",
+            f"--project={vm.project}",
+            "--format=json",
+        )
+    )
+
+
+def ssh(vm: TpuVmSpec, script: str, description: str = "") -> Command:
+    """Run a stage script on the VM: ``bash -s`` reads it from stdin, so nothing is on argv."""
+    return Command(
+        (
+            "gcloud",
+            "compute",
+            "ssh",
+            vm.vm_name,
+            f"--zone={vm.zone}",
+            f"--project={vm.project}",
+            "--command=bash -s",
+        ),
+        stdin_text=script,
+        description=description,
+    )
+
+
+def _preamble(pipeline: TpuVmPipelineSpec, *, with_token: bool) -> list[str]:
+    lines = ["set -euo pipefail", 'source "${HOME}/.local/bin/env"', f"source {VENV}/bin/activate"]
+    if with_token:
+        lines += hf_token_from_gcloud(pipeline.hf_token.secret_id, pipeline.vm.project)
+    return lines
+
+
+def install_script() -> str:
+    return (
+        "\n".join(
+            [
+                "set -euo pipefail",
+                "sudo apt-get update",
+                "sudo DEBIAN_FRONTEND=noninteractive apt-get upgrade -y --fix-missing",
+                "sudo DEBIAN_FRONTEND=noninteractive apt-get install -y build-essential cmake ninja-build",
+                "curl -LsSf https://astral.sh/uv/install.sh | sh",
+                'source "${HOME}/.local/bin/env"',
+                "uv python install 3.12",
+                f"uv venv --python 3.12 --seed --allow-existing {VENV}",
+                f"source {VENV}/bin/activate",
+                "UV_TORCH_BACKEND=cpu "
+                + quote_all(["uv", "pip", "install", MAXTEXT_PIP_SPEC, "--resolution=lowest"]),
+                "install_tpu_post_train_extra_deps",
+            ]
+        )
+        + "\n"
+    )
+
+
+def convert_script(pipeline: TpuVmPipelineSpec) -> str:
+    c = pipeline.conversion
+    args = [f"model_name={c.model_name}"]
+    if c.hf_model_path:
+        args.append(f"--hf_model_path={c.hf_model_path}")
+    args += key_values(
+        [
+            ("base_output_directory", c.output_directory),
+            ("scan_layers", str(c.scan_layers)),
+            ("use_multimodal", "False"),
+            ("hardware", "cpu"),
+            ("skip_jax_distributed_system", "true"),
+            ("checkpoint_storage_use_zarr3", str(c.checkpoint_storage_use_zarr3)),
+            ("checkpoint_storage_use_ocdbt", str(c.checkpoint_storage_use_ocdbt)),
+        ]
+    )
+    args.append(f"--lazy_load_tensors={c.lazy_load_tensors}")
+    lines = _preamble(pipeline, with_token=True)
+    lines.append(quote_all(["python3", "-m", "maxtext.checkpoint_conversion.to_maxtext", *args]))
+    return "\n".join(lines) + "\n"
+
+
+def tpu_environment(vm: TpuVmSpec) -> list[str]:
+    """The seed's TPU_* variables for a single host (TPU_NAME is the VM's hostname)."""
+    a, b = vm.topology.split("x")
+    env = [
+        ("TPU_ACCELERATOR_TYPE", vm.shape.tpu_type),
+        ("TPU_WORKER_ID", "0"),
+        ("TPU_SKIP_MDS_QUERY", "1"),
+        ("TPU_WORKER_HOSTNAMES", "localhost"),
+        ("TPU_TOPOLOGY", vm.topology),
+        ("TPU_CHIPS_PER_HOST_BOUNDS", f"{a},{b},1"),
+        ("TPU_HOST_BOUNDS", "1,1,1"),
+    ]
+    return ['TPU_NAME="$(hostname)"', "export TPU_NAME"] + [
+        f"export {quote_all([f'{k}={v}'])}" for k, v in env
+    ]
+
+
+def rsync_to_gcs(source: str, destination: str) -> str:
+    return quote_all(
+        ["gcloud", "storage", "rsync", "--recursive", source.rstrip("/"), destination.rstrip("/")]
+    )
+
+
+def train_script(pipeline: TpuVmPipelineSpec) -> str:
+    t = pipeline.training
+    args = key_values(
+        [
+            ("model_name", t.model_name),
+            ("load_parameters_path", t.load_parameters_path),
+            ("run_name", t.run_name),
+            ("base_output_directory", t.base_output_directory),
+            ("num_batches", str(t.num_batches)),
+            *[(k, v) for k, v in t.overrides if k != "num_batches"],
+        ]
+    )
+    lines = _preamble(pipeline, with_token=True) + tpu_environment(pipeline.vm)
+    lines.append(quote_all(["python3", "-m", "maxtext.trainers.post_train.rl.train_rl", *args]))
+    # /dev/shm is lost with the VM: copy the final actor checkpoint out at once.
+    final = t.actor_checkpoint_root + str(t.final_step)
+    lines.append(rsync_to_gcs(final, pipeline.gcs_actor_checkpoint))
+    return "\n".join(lines) + "\n"
+
+
+def export_script(pipeline: TpuVmPipelineSpec) -> str:
+    e = pipeline.export
+    args = key_values(
+        [
+            ("model_name", e.model_name),
+            ("load_parameters_path", e.load_parameters_path),
+            ("base_output_directory", e.output_directory),
+            ("scan_layers", str(e.scan_layers)),
+            ("use_multimodal", "False"),
+            ("weight_dtype", e.weight_dtype),
+        ]
+    )
+    lines = _preamble(pipeline, with_token=True)
+    lines.append(quote_all(["python3", "-m", "maxtext.checkpoint_conversion.to_huggingface", *args]))
+    lines.append(rsync_to_gcs(e.output_directory, pipeline.gcs_export))
+    return "\n".join(lines) + "\n"
+
+
+def stage_command(pipeline: TpuVmPipelineSpec, stage: str) -> Command:
+    scripts = {
+        "install": (install_script, "install MaxText and its post-training extras"),
+        "convert": (convert_script, "convert the HF checkpoint to MaxText in /dev/shm"),
+        "train": (train_script, "GRPO training (McJAX), then copy the final checkpoint to GCS"),
+        "export": (export_script, "export to Hugging Face format, then copy it to GCS"),
+    }
+    if stage not in scripts:
+        raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
+    build, description = scripts[stage]
+    script = build() if stage == "install" else build(pipeline)  # type: ignore[operator]
+    return ssh(pipeline.vm, script, description)
+
+
+def vm_labels(pipeline: TpuVmPipelineSpec, expires_at: int) -> dict[str, str]:
+    dag = re.sub(r"[^a-z0-9_-]", "-", pipeline.dag_id.lower())[:63]
+    return {
+        "tpu-rl-managed": "true",
+        "tpu-rl-dag": dag,
+        "tpu-rl-run": pipeline.suffix,
+        "tpu-rl-expires": str(int(expires_at)),
+    }

@@ -1,0 +1,168 @@
+"""The GKE cluster (Cluster Toolkit deployment) and the single-host TPU VM."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Final
+
+from airflow_provider_tpu_rl.spec import rules
+from airflow_provider_tpu_rl.spec.errors import SpecError
+from airflow_provider_tpu_rl.spec.presets import BlueprintEdits
+
+CHIPS_PER_VM: Final = MappingProxyType({"ct6e-standard-1t": 1, "ct6e-standard-4t": 4, "ct6e-standard-8t": 8})
+# v6e slice shapes (chips = product of the topology).
+V6E_TOPOLOGIES: Final = frozenset({"1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"})
+SYSTEM_MACHINE_TYPE = rules.re.compile(r"^[a-z][a-z0-9]*-[a-z]+(?:-[0-9]+)?$")
+
+
+@dataclass(frozen=True)
+class SliceShape:
+    """A TPU v6e slice: compute type x topology, checked for consistency."""
+
+    compute_type: str
+    topology: str
+
+    def __post_init__(self) -> None:
+        if self.compute_type not in CHIPS_PER_VM:
+            raise SpecError("compute_type", f"must be one of {sorted(CHIPS_PER_VM)}", self.compute_type)
+        rules.match("topology", self.topology, rules.TOPOLOGY, "topology must look like 4x8")
+        if self.topology not in V6E_TOPOLOGIES:
+            raise SpecError(
+                "topology", f"not a v6e slice shape; choose one of {sorted(V6E_TOPOLOGIES)}", self.topology
+            )
+        per_vm = CHIPS_PER_VM[self.compute_type]
+        chips = self.chips
+        if chips > 8 and per_vm != 4:
+            raise SpecError(
+                "topology",
+                f"multi-host v6e-{chips} ({self.topology}) needs ct6e-standard-4t VMs, not {self.compute_type}",
+                self.topology,
+            )
+        if chips <= 8 and per_vm != chips:
+            raise SpecError(
+                "topology",
+                f"single-host v6e-{chips} ({self.topology}) needs a VM with {chips} chips, "
+                f"{self.compute_type} has {per_vm}",
+                self.topology,
+            )
+
+    @property
+    def chips(self) -> int:
+        a, b = self.topology.split("x")
+        return int(a) * int(b)
+
+    @property
+    def chips_per_vm(self) -> int:
+        return CHIPS_PER_VM[self.compute_type]
+
+    @property
+    def vms(self) -> int:
+        return self.chips // self.chips_per_vm
+
+    @property
+    def tpu_type(self) -> str:
+        return f"v6e-{self.chips}"
+
+
+def _labels(value: Mapping[str, str]) -> MappingProxyType[str, str]:
+    for key, val in value.items():
+        rules.match("labels", key, rules.GCE_NAME, "label keys must match [a-z]([-a-z0-9]{0,61}[a-z0-9])?")
+        rules.match("labels", val, rules.LABEL_VALUE, "label values must match [a-z0-9_-]{0,63}")
+    return MappingProxyType(dict(value))
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """A Cluster Toolkit GKE deployment with one or more TPU v6e slices."""
+
+    project: str
+    region: str
+    zone: str
+    cluster_name: str
+    bucket: str
+    reservation: str = ""
+    compute_type: str = "ct6e-standard-4t"
+    topology: str = "4x8"
+    num_slices: int = 1
+    authorized_cidr: str = "0.0.0.0/0"
+    blueprint: BlueprintEdits = field(default_factory=BlueprintEdits)
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        rules.project_id("project", self.project)
+        rules.region("region", self.region)
+        rules.zone("zone", self.zone, self.region)
+        rules.gke_cluster_name("cluster_name", self.cluster_name)
+        rules.bucket_name("bucket", self.bucket)
+        if self.reservation:
+            rules.gce_name("reservation", self.reservation, "reservation name")
+        else:
+            rules.require_str("reservation", self.reservation)
+        SliceShape(self.compute_type, self.topology)
+        rules.int_range("num_slices", self.num_slices, 1, 64)
+        rules.cidr("authorized_cidr", self.authorized_cidr)
+        if self.blueprint.system_node_pool_machine_type is not None:
+            rules.match(
+                "system_node_pool_machine_type",
+                self.blueprint.system_node_pool_machine_type,
+                SYSTEM_MACHINE_TYPE,
+                "machine type must look like e2-standard-8",
+            )
+        object.__setattr__(self, "labels", _labels(self.labels))
+
+    @property
+    def shape(self) -> SliceShape:
+        return SliceShape(self.compute_type, self.topology)
+
+    @property
+    def total_chips(self) -> int:
+        return self.shape.chips * self.num_slices
+
+    @property
+    def workload_service_account(self) -> str:
+        return f"{self.cluster_name}-gke-wl-sa@{self.project}.iam.gserviceaccount.com"
+
+    @property
+    def node_pool_service_account(self) -> str:
+        return f"{self.cluster_name}-gke-np-sa@{self.project}.iam.gserviceaccount.com"
+
+
+@dataclass(frozen=True)
+class TpuVmSpec:
+    """One reservation-bound TPU VM (seed 002: ct6e-standard-8t, v6e-8, topology 2x4)."""
+
+    project: str
+    zone: str
+    vm_name: str
+    reservation: str
+    bucket: str
+    machine_type: str = "ct6e-standard-8t"
+    topology: str = "2x4"
+    image_project: str = "ubuntu-os-accelerator-images"
+    image_family: str = "ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e"
+    boot_disk_size: str = "200GB"
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        rules.project_id("project", self.project)
+        rules.zone("zone", self.zone, None)
+        rules.gce_name("vm_name", self.vm_name, "VM name")
+        rules.gce_name("reservation", self.reservation, "reservation name")
+        rules.bucket_name("bucket", self.bucket)
+        SliceShape(self.machine_type, self.topology)
+        rules.gce_name("image_project", self.image_project, "image project")
+        rules.gce_name("image_family", self.image_family, "image family")
+        rules.match(
+            "boot_disk_size", self.boot_disk_size, rules.re.compile(r"^[1-9][0-9]{1,4}GB$"), "like 200GB"
+        )
+        object.__setattr__(self, "labels", _labels(self.labels))
+
+    @property
+    def shape(self) -> SliceShape:
+        return SliceShape(self.machine_type, self.topology)
+
+    @property
+    def chips(self) -> int:
+        return self.shape.chips

@@ -1,0 +1,189 @@
+"""Validation rules shared by the specs. Every check raises SpecError naming field and rule."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Any
+
+from airflow_provider_tpu_rl.spec.errors import SpecError
+
+GKE_CLUSTER_NAME = re.compile(r"^[a-z](?:[a-z0-9-]*[a-z0-9])?$")
+DNS_1035 = re.compile(r"^[a-z](?:[-a-z0-9]*[a-z0-9])?$")
+PROJECT_ID = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
+REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
+ZONE = re.compile(r"^([a-z]+-[a-z]+[0-9]+)-[a-z]$")
+GCE_NAME = re.compile(r"^[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?$")
+BUCKET_CHARS = re.compile(r"^[a-z0-9][a-z0-9._-]*[a-z0-9]$")
+GCS_OBJECT_PATH = re.compile(r"^[A-Za-z0-9._=+@,-]+(?:/[A-Za-z0-9._=+@,-]+)*/?$")
+IMAGE = re.compile(
+    r"^[a-z0-9](?:[a-z0-9.-]*[a-z0-9])?(?::[0-9]+)?(?:/[a-z0-9](?:[a-z0-9._-]*[a-z0-9])?)+"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
+)
+HF_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+MAXTEXT_KEY = re.compile(r"^[a-z_][a-z0-9_.]*$")
+MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+TOPOLOGY = re.compile(r"^([1-9][0-9]*)x([1-9][0-9]*)$")
+LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
+SECRET_ID = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
+CONN_ID = re.compile(r"^[A-Za-z0-9_.-]{1,250}$")
+SERVICE_ACCOUNT = re.compile(
+    r"^[a-z][a-z0-9-]{4,61}[a-z0-9]@[a-z0-9.-]+\.iam\.gserviceaccount\.com$|^[0-9]+-compute@developer\.gserviceaccount\.com$"
+)
+DURATION = re.compile(r"^[0-9]+(?:s|m|h)$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def require_str(field: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise SpecError(field, "must be a string", value)
+    return value
+
+
+def match(field: str, value: Any, pattern: re.Pattern[str], rule: str) -> str:
+    text = require_str(field, value)
+    if not pattern.fullmatch(text):
+        raise SpecError(field, rule, value)
+    return text
+
+
+def max_len(field: str, value: str, limit: int) -> str:
+    if len(value) > limit:
+        raise SpecError(field, f"must be at most {limit} characters, has {len(value)}", value)
+    return value
+
+
+def gke_cluster_name(field: str, value: Any) -> str:
+    text = match(
+        field,
+        value,
+        GKE_CLUSTER_NAME,
+        "GKE cluster name must start with a lowercase letter, use only [a-z0-9-] and not end with '-'",
+    )
+    return max_len(field, text, 20)
+
+
+def job_name(field: str, value: Any) -> str:
+    text = match(field, value, DNS_1035, "job name must be DNS-1035: [a-z]([-a-z0-9]*[a-z0-9])?")
+    return max_len(field, text, 28)
+
+
+def project_id(field: str, value: Any) -> str:
+    return match(
+        field,
+        value,
+        PROJECT_ID,
+        "project ID must be 6-30 characters of [a-z0-9-], start with a letter, not end with '-'",
+    )
+
+
+def region(field: str, value: Any) -> str:
+    return match(field, value, REGION, "region must look like 'us-east5' or 'europe-west4'")
+
+
+def zone(field: str, value: Any, in_region: str | None) -> str:
+    text = match(field, value, ZONE, "zone must look like 'us-east5-b'")
+    if in_region is not None:
+        found = ZONE.fullmatch(text)
+        assert found is not None
+        if found.group(1) != in_region:
+            raise SpecError(field, f"zone must be inside region {in_region!r}", value)
+    return text
+
+
+def gce_name(field: str, value: Any, what: str) -> str:
+    return match(field, value, GCE_NAME, f"{what} must match [a-z]([-a-z0-9]{{0,61}}[a-z0-9])?")
+
+
+def bucket_name(field: str, value: Any) -> str:
+    """Cloud Storage bucket naming rules."""
+    text = require_str(field, value)
+    if text.startswith("gs://"):
+        raise SpecError(field, "give the bucket name without 'gs://'", value)
+    if not BUCKET_CHARS.fullmatch(text):
+        raise SpecError(
+            field,
+            "bucket name must use [a-z0-9._-] and start and end with a letter or digit",
+            value,
+        )
+    if ".." in text or ".-" in text or "-." in text:
+        raise SpecError(field, "bucket name must not contain '..', '.-' or '-.'", value)
+    if "." in text:
+        if len(text) > 222 or any(len(part) > 63 or not part for part in text.split(".")):
+            raise SpecError(field, "dotted bucket names: at most 222 characters, 63 per part", value)
+    elif not 3 <= len(text) <= 63:
+        raise SpecError(field, "bucket name must be 3-63 characters", value)
+    if text.startswith("goog") or "google" in text or "g00gle" in text:
+        raise SpecError(field, "bucket name must not start with 'goog' or contain 'google'", value)
+    try:
+        ipaddress.IPv4Address(text)
+    except ValueError:
+        pass
+    else:
+        raise SpecError(field, "bucket name must not be an IP address", value)
+    return text
+
+
+def gs_uri(field: str, value: Any) -> str:
+    """A well-formed ``gs://bucket/path`` URI with a safe object path."""
+    text = require_str(field, value)
+    if not text.startswith("gs://"):
+        raise SpecError(field, "must be a gs:// URI", value)
+    rest = text[5:]
+    bucket, _, path = rest.partition("/")
+    bucket_name(field, bucket)
+    if path and (not GCS_OBJECT_PATH.fullmatch(path) or ".." in path.split("/")):
+        raise SpecError(field, "object path may use only [A-Za-z0-9._=+@,-] segments separated by '/'", value)
+    return text
+
+
+def image(field: str, value: Any) -> str:
+    return match(field, value, IMAGE, "container image must be registry/path[:tag][@sha256:digest]")
+
+
+def cidr(field: str, value: Any) -> str:
+    text = require_str(field, value)
+    try:
+        net = ipaddress.ip_network(text, strict=True)
+    except ValueError as err:
+        raise SpecError(field, f"must be an IP network in CIDR form ({err})", value) from None
+    if "/" not in text or str(net) != text:
+        raise SpecError(field, "must be an IP network in canonical CIDR form like 0.0.0.0/0", value)
+    return text
+
+
+def int_range(field: str, value: Any, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(field, "must be an integer", value)
+    if value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"between {low} and {high}"
+        raise SpecError(field, f"must be {bound}", value)
+    return value
+
+
+def positive_float(field: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise SpecError(field, "must be a number", value)
+    if not value > 0:
+        raise SpecError(field, "must be > 0", value)
+    return float(value)
+
+
+def fraction(field: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise SpecError(field, "must be a number", value)
+    if not 0 < value <= 1:
+        raise SpecError(field, "must be in (0, 1]", value)
+    return float(value)
+
+
+def single_line(field: str, value: str) -> str:
+    """Values end up in a one-line shell command pasted into YAML: no control characters."""
+    if _CONTROL.search(value):
+        raise SpecError(field, "must not contain control characters or newlines", value)
+    return value
+
+
+def maxtext_key(field: str, key: Any) -> str:
+    return match(field, key, MAXTEXT_KEY, "MaxText override keys must match [a-z_][a-z0-9_.]*")

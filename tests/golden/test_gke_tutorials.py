@@ -1,0 +1,217 @@
+"""Golden tests: the plan for a tutorial's own settings carries every flag and MaxText key=value of
+the tutorial's commands with the same value, except the differences the README documents."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_provider_tpu_rl.render import gke
+from airflow_provider_tpu_rl.render.blueprint import customize_blueprint
+from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
+from airflow_provider_tpu_rl.spec.presets import OPENMATH_DATASET, POST_TRAINING_IMAGE
+from tests.golden.shellwords import commands, flags, module_args, python_c_snippets
+
+SUBMIT_BOOLS = {"--pathways", "--await-job-completion"}
+DATASET_KEYS = {k for k, _ in OPENMATH_DATASET}
+
+CASES = {
+    "qwen": {
+        "model": "qwen3-30b-a3b",
+        "prefix": "qwen",
+        "jobs": ("qwen-hf-to-mt", "qwen-rl", "qwen-mt-to-hf"),
+    },
+    "gemma": {
+        "model": "gemma4-26b",
+        "prefix": "gemma",
+        "jobs": ("gemma4-hf-to-mt", "gemma4-training", "gemma4-mt-to-hf"),
+    },
+}
+
+
+def _values(model: str) -> dict[str, str]:
+    return {
+        "PROJECT": "tpu-proj-123",
+        "REGION": "us-east5",
+        "ZONE": "us-east5-b",
+        "CLUSTER_NAME": "rl-cluster",
+        "GCS_BUCKET": "rl-bucket-1",
+        "CLOUD_IMAGE_NAME": POST_TRAINING_IMAGE,
+        "COMPUTE_TYPE": "ct6e-standard-4t",
+        "TOPOLOGY": "4x8",
+        "CLUSTER_NODEPOOL_COUNT": "1",
+        "RESERVATION": "v6e-res",
+        "MODEL_NAME": model,
+        "HF_TOKEN": "hf_tutorial_token",
+        "BLUEPRINT_FILE": "/tmp/x/gke-tpu-v6e-advanced.yaml",
+    }
+
+
+def _pipeline(model: str):
+    v = _values(model)
+    return gke_pipeline_from_conf(
+        {
+            "model": model,
+            "project": v["PROJECT"],
+            "region": v["REGION"],
+            "zone": v["ZONE"],
+            "cluster_name": v["CLUSTER_NAME"],
+            "bucket": v["GCS_BUCKET"],
+            "reservation": v["RESERVATION"],
+        },
+        run_id="scheduled__2026-11-30T00:00:00+00:00",
+    )
+
+
+def _submit(argv: list[str] | tuple[str, ...]) -> dict[str, list[str]]:
+    argv = list(argv)
+    start = argv.index("submit") + 1
+    return flags(argv[start:], SUBMIT_BOOLS)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize(
+    ("stage", "module"),
+    [
+        ("convert", "maxtext.checkpoint_conversion.to_maxtext"),
+        ("train", "maxtext.trainers.post_train.rl.train_rl"),
+        ("export", "maxtext.checkpoint_conversion.to_huggingface"),
+    ],
+)
+def test_job_matches_tutorial(case: str, stage: str, module: str) -> None:
+    spec = CASES[case]
+    pipeline = _pipeline(spec["model"])
+    (tutorial,) = commands(f"{spec['prefix']}_{stage}.sh", _values(spec["model"]))
+    rendered = {"convert": gke.conversion_job, "train": gke.training_job, "export": gke.export_job}[stage](
+        pipeline
+    )
+    want, got = _submit(tutorial), _submit(rendered.argv)
+
+    # Job name: the tutorial's name plus a run suffix, at most 28 characters.
+    tutorial_name = want.pop("--name")[0]
+    assert got.pop("--name")[0].startswith(tutorial_name + "-")
+    # Documented differences: waits are deferred instead of --await-job-completion; project,
+    # cluster and location are flags instead of `gcluster job config set`.
+    want.pop("--await-job-completion", None)
+    assert got.pop("--project") == ["tpu-proj-123"]
+    assert got.pop("--cluster") == ["rl-cluster"]
+    assert got.pop("--location") == ["us-east5"]
+
+    tutorial_command = want.pop("--command")[0]
+    our_command = got.pop("--command")[0]
+    for flag, values in want.items():
+        assert sorted(got.get(flag, [])) == sorted(values), flag
+    assert set(got) == set(want)
+
+    want_args = module_args(tutorial_command, module)
+    got_args = module_args(our_command, module)
+    assert want_args.pop("hf_access_token") == "hf_tutorial_token"
+    for key, value in want_args.items():
+        assert got_args.get(key) == value, key
+    extra = set(got_args) - set(want_args)
+    assert extra == (DATASET_KEYS if stage == "train" else set())
+
+    # The token is read in the pod from Secret Manager, never on the command line.
+    assert "hf_access_token" not in our_command
+    assert "hf_tutorial_token" not in our_command
+    assert "HF_TOKEN=$(python3 -c" in our_command
+    assert "projects/tpu-proj-123/secrets/tpu-rl-hf-token-huggingface_default/versions/latest" in our_command
+    if stage == "train":
+        assert python_c_snippets(tutorial_command) == [
+            s for s in python_c_snippets(our_command) if "secretmanager" not in s
+        ]
+        assert "export VLLM_ENABLE_V1_MULTIPROCESSING=0" in our_command
+        assert "export VLLM_HOST_IP=$(hostname -I | awk '{print $1}')" in our_command
+        assert ("echo 190G > /sys/fs/cgroup/memory.max" in our_command) == (case == "qwen")
+        assert "JAX_PLATFORMS=proxy,cpu ENABLE_PATHWAYS_PERSISTENCE=1 python3 -m" in our_command
+    else:
+        assert our_command.startswith('[ "$JOB_COMPLETION_INDEX" != "0" ] || { ')
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_deploy_iam_and_destroy_match_tutorial(case: str) -> None:
+    spec = CASES[case]
+    pipeline = _pipeline(spec["model"])
+    cluster = pipeline.cluster
+    tutorial = commands(f"{spec['prefix']}_deploy.sh", _values(spec["model"]))
+    bucket, deploy_cmd = tutorial[0], tutorial[1]
+
+    assert list(gke.create_bucket(cluster.project, cluster.region, cluster.bucket).argv) == bucket
+
+    ours = gke.deploy(cluster, "/tmp/w")
+    deploy_flags = {"--auto-approve", "-w"}
+    want = flags(deploy_cmd[3:], deploy_flags)
+    got = flags(list(ours.argv[3:]), deploy_flags)
+    want_vars = [v for item in want.pop("--vars") for v in item.split(",")]
+    got_vars = [v for item in got.pop("--vars") for v in item.split(",")]
+    assert sorted(got_vars) == sorted(want_vars)
+    # Documented difference: Terraform state in the bucket, deployment folder under a work dir.
+    assert got.pop("--backend-config") == ["bucket=rl-bucket-1"]
+    assert got.pop("--out") == ["/tmp/w"]
+    assert got == want
+    assert ours.argv[2] == "/tmp/w/gke-tpu-v6e-advanced.yaml"
+
+    if case == "qwen":
+        iam = [list(c.argv) for c in gke.iam_grants(cluster)]
+        assert iam == tutorial[2:6]
+    destroy = gke.destroy(cluster, "/tmp/w").argv
+    assert destroy[:2] == ("gcluster", "destroy")
+    assert destroy[2] == "/tmp/w/rl-cluster"
+    assert "--auto-approve" in destroy  # never prompt: a prompt without a TTY exits 1
+
+
+BLUEPRINT = """
+blueprint_name: gke-tpu-v6e
+vars:
+  project_id:
+  deployment_name: gke-tpu-v6e
+deployment_groups:
+- group: primary
+  modules:
+  - id: node_pool_service_account
+    source: modules/project/service-account
+    settings:
+      name: gke-np-sa
+      project_roles:
+      - logging.logWriter
+      - monitoring.metricWriter
+      - monitoring.viewer
+      - stackdriver.resourceMetadata.writer
+      - storage.objectViewer
+      - artifactregistry.reader
+  - id: gke-tpu-v6e-cluster
+    source: modules/scheduler/gke-cluster
+    settings:
+      system_node_pool_machine_type: "n2-standard-8"
+"""
+
+
+def test_qwen_blueprint_edit_matches_tutorial_roles() -> None:
+    import yaml
+
+    doc = yaml.safe_load(customize_blueprint(BLUEPRINT, _pipeline("qwen3-30b-a3b").cluster.blueprint))
+    modules = {m["id"]: m for m in doc["deployment_groups"][0]["modules"]}
+    assert modules["node_pool_service_account"]["settings"]["project_roles"] == [
+        "logging.logWriter",
+        "monitoring.metricWriter",
+        "monitoring.viewer",
+        "stackdriver.resourceMetadata.writer",
+        "storage.admin",
+        "artifactregistry.reader",
+    ]
+    cluster = modules["gke-tpu-v6e-cluster"]["settings"]
+    assert cluster == {"system_node_pool_machine_type": "n2-standard-8"}
+
+
+def test_gemma_blueprint_edits_match_tutorial_seds() -> None:
+    import yaml
+
+    labels = {"tpu-rl-managed": "true"}
+    doc = yaml.safe_load(customize_blueprint(BLUEPRINT, _pipeline("gemma4-26b").cluster.blueprint, labels))
+    modules = {m["id"]: m for m in doc["deployment_groups"][0]["modules"]}
+    roles = modules["node_pool_service_account"]["settings"]["project_roles"]
+    assert "storage.admin" in roles
+    assert "storage.objectViewer" not in roles
+    cluster = modules["gke-tpu-v6e-cluster"]["settings"]
+    assert cluster["system_node_pool_machine_type"] == "e2-standard-8"
+    assert cluster["system_node_pool_zones"] == ["$(vars.zone)"]
+    assert doc["vars"]["labels"] == labels

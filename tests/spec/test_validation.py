@@ -1,0 +1,181 @@
+"""Every validation rule rejects bad input with a message naming the field and the rule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from airflow_provider_tpu_rl.spec import (
+    ClusterSpec,
+    SliceShape,
+    SpecError,
+    gke_pipeline_from_conf,
+    job_name,
+    tpu_vm_pipeline_from_conf,
+)
+
+BAD_GKE_CONF: list[tuple[dict[str, Any], str, str]] = [
+    ({"cluster_name": "Qwen"}, "cluster_name", "lowercase letter"),
+    ({"cluster_name": "1cluster"}, "cluster_name", "lowercase letter"),
+    ({"cluster_name": "cluster-"}, "cluster_name", "not end with '-'"),
+    ({"cluster_name": "a" * 21}, "cluster_name", "at most 20 characters"),
+    ({"cluster_name": "my_cluster"}, "cluster_name", "[a-z0-9-]"),
+    ({"zone": "europe-west4-a"}, "zone", "inside region 'us-east5'"),
+    ({"zone": "us-east5"}, "zone", "zone must look like"),
+    ({"region": "US-EAST5"}, "region", "region must look like"),
+    ({"project": "ab"}, "project", "6-30 characters"),
+    ({"topology": "4x4x4"}, "topology", "topology must look like 4x8"),
+    ({"topology": "3x5"}, "topology", "not a v6e slice shape"),
+    ({"compute_type": "ct6e-standard-8t"}, "topology", "needs ct6e-standard-4t"),
+    ({"compute_type": "ct5p-hightpu-4t"}, "compute_type", "must be one of"),
+    ({"topology": "2x4"}, "topology", "needs a VM with 8 chips"),
+    ({"num_slices": 0}, "num_slices", "between 1 and 64"),
+    ({"num_slices": "2"}, "num_slices", "must be an integer"),
+    ({"bucket": "gs://bucket"}, "bucket", "without 'gs://'"),
+    ({"bucket": "ab"}, "bucket", "3-63 characters"),
+    ({"bucket": "Bucket"}, "bucket", "[a-z0-9._-]"),
+    ({"bucket": "google-models"}, "bucket", "contain 'google'"),
+    ({"bucket": "goog-models"}, "bucket", "start with 'goog'"),
+    ({"bucket": "192.168.5.4"}, "bucket", "IP address"),
+    ({"bucket": "a..b"}, "bucket", "'..'"),
+    ({"bucket": "x" * 64}, "bucket", "3-63 characters"),
+    ({"reservation": "Res_1"}, "reservation", "reservation name"),
+    ({"authorized_cidr": "10.0.0.1/8"}, "authorized_cidr", "CIDR"),
+    ({"authorized_cidr": "anywhere"}, "authorized_cidr", "CIDR"),
+    ({"image": "not an image"}, "image", "container image"),
+    ({"hf_model_path": "Qwen"}, "hf_model_path", "org/model"),
+    ({"hf_model_path": "Qwen/x; rm -rf /"}, "hf_model_path", "org/model"),
+    ({"run_name": "../etc"}, "run_name", "run name must match"),
+    ({"num_batches": 0}, "num_batches", ">= 1"),
+    ({"num_batches": -5}, "num_batches", ">= 1"),
+    ({"num_batches": 2.5}, "num_batches", "must be an integer"),
+    ({"model": "gpt-5"}, "model", "unknown model"),
+    ({"model": "llama3.1-8b-Instruct"}, "model", "use the tpu_rl_tpu_vm_pipeline DAG"),
+    ({"clustername": "x"}, "clustername", "unknown conf key"),
+    ({"keep_cluster": "yes"}, "keep_cluster", "true or false"),
+    ({"train_overrides": {"learning_rate": 0}}, "train_overrides.learning_rate", "must be > 0"),
+    ({"train_overrides": {"learning_rate": "-1e-5"}}, "train_overrides.learning_rate", "must be > 0"),
+    (
+        {"train_overrides": {"trainer_devices_fraction": 1.5}},
+        "train_overrides.trainer_devices_fraction",
+        "(0, 1]",
+    ),
+    (
+        {"train_overrides": {"sampler_devices_fraction": 0}},
+        "train_overrides.sampler_devices_fraction",
+        "(0, 1]",
+    ),
+    ({"train_overrides": {"num_batches": 0}}, "train_overrides.num_batches", ">= 1"),
+    ({"train_overrides": {"Bad-Key": 1}}, "train_overrides.Bad-Key", "[a-z_][a-z0-9_.]*"),
+    ({"train_overrides": {"x; rm": 1}}, "train_overrides.x; rm", "[a-z_][a-z0-9_.]*"),
+    ({"train_overrides": {"debug": "a\nb"}}, "train_overrides.debug", "control characters"),
+    (
+        {"train_overrides": {"hf_access_token": "hf_x"}},
+        "train_overrides.hf_access_token",
+        "never goes on a command line",
+    ),
+    (
+        {"train_overrides": {"base_output_directory": "gs://x/y"}},
+        "train_overrides.base_output_directory",
+        "cannot be overridden",
+    ),
+    ({"train_overrides": {"debug": None}}, "train_overrides.debug", "value must be"),
+    ({"train_overrides": []}, "train_overrides", "must be an object"),
+    ({"hf_token_conn_id": "my conn"}, "hf_token_conn_id", "connection id"),
+    ({"hf_token_secret": "a/b"}, "hf_token_secret", "secret id"),
+]
+
+
+@pytest.mark.parametrize(
+    ("conf", "field", "rule"), BAD_GKE_CONF, ids=[f"{c[1]}-{i}" for i, c in enumerate(BAD_GKE_CONF)]
+)
+def test_bad_gke_conf_is_rejected_with_field_and_rule(conf: dict[str, Any], field: str, rule: str) -> None:
+    with pytest.raises(SpecError) as err:
+        gke_pipeline_from_conf(conf)
+    assert err.value.field == field
+    assert rule in str(err.value)
+    assert str(err.value).startswith(f"{field}: ")
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("conf", "field", "rule"),
+    [
+        ({"vm_name": "VM"}, "vm_name", "VM name"),
+        ({"reservation": ""}, "reservation", "reservation name"),
+        ({"model": "qwen3-30b-a3b"}, "model", "multi-host slice"),
+        ({"keep_cluster": True}, "keep_cluster", "unknown conf key"),
+        ({"service_account": "someone@example.com"}, "service_account", "service account"),
+    ],
+)
+def test_bad_tpu_vm_conf_is_rejected(conf: dict[str, Any], field: str, rule: str) -> None:
+    with pytest.raises(SpecError) as err:
+        tpu_vm_pipeline_from_conf(conf)
+    assert err.value.field == field
+    assert rule in str(err.value)
+
+
+def test_good_overrides_reach_training_and_win_over_the_preset() -> None:
+    pipeline = gke_pipeline_from_conf(
+        {
+            "train_overrides": {
+                "learning_rate": 1e-6,
+                "num_test_batches": 5,
+                "eval_interval": 10,
+                "rl.num_generations": 8,
+            }
+        }
+    )
+    overrides = dict(pipeline.training.overrides)
+    assert overrides["learning_rate"] == "1e-6"
+    assert overrides["num_test_batches"] == "5"
+    assert overrides["rl.num_generations"] == "8"
+    assert overrides["eval_interval"] == "10"
+    assert overrides["batch_size"] == "8"  # preset value kept
+
+
+@pytest.mark.parametrize(
+    ("compute_type", "topology", "chips", "vms"),
+    [
+        ("ct6e-standard-4t", "4x8", 32, 8),
+        ("ct6e-standard-4t", "4x4", 16, 4),
+        ("ct6e-standard-4t", "2x2", 4, 1),
+        ("ct6e-standard-8t", "2x4", 8, 1),
+        ("ct6e-standard-1t", "1x1", 1, 1),
+        ("ct6e-standard-4t", "16x16", 256, 64),
+    ],
+)
+def test_slice_shapes(compute_type: str, topology: str, chips: int, vms: int) -> None:
+    shape = SliceShape(compute_type, topology)
+    assert (shape.chips, shape.vms, shape.tpu_type) == (chips, vms, f"v6e-{chips}")
+
+
+def test_job_names_are_dns_1035_and_fit_28_characters() -> None:
+    assert job_name("gemma4-training", "abc123") == "gemma4-training-abc123"
+    long = job_name("a-very-long-prefix-for-a-training-job", "abc123")
+    assert len(long) == 28
+    assert long.endswith("-abc123")
+    with pytest.raises(SpecError, match="DNS-1035"):
+        job_name("Qwen", "abc123")
+
+
+def test_job_names_are_stable_per_run_and_differ_between_runs() -> None:
+    a1 = gke_pipeline_from_conf({}, run_id="manual__1")
+    a2 = gke_pipeline_from_conf({}, run_id="manual__1")
+    b = gke_pipeline_from_conf({}, run_id="manual__2")
+    assert a1.train_job == a2.train_job
+    assert a1.train_job != b.train_job
+    assert {a1.convert_job, a1.train_job, a1.export_job} == {
+        "qwen-hf-to-mt-" + a1.suffix,
+        "qwen-rl-" + a1.suffix,
+        "qwen-mt-to-hf-" + a1.suffix,
+    }
+
+
+def test_cluster_spec_can_be_built_directly() -> None:
+    spec = ClusterSpec(
+        project="proj-123456", region="us-east5", zone="us-east5-b", cluster_name="c1", bucket="bkt"
+    )
+    assert spec.total_chips == 32
+    assert spec.node_pool_service_account == "c1-gke-np-sa@proj-123456.iam.gserviceaccount.com"

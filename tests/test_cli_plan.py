@@ -1,0 +1,109 @@
+"""``tpu-rl plan``: JSON plan of a DAG run, no cloud call, secrets never shown."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from airflow_provider_tpu_rl.cli import main
+
+SENTINEL = "hf_SENTINEL_token_must_never_appear_1234567890"
+
+
+def _plan(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["plan", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_gke_plan_lists_every_step_in_order(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _plan(capsys, "tpu_rl_gke_pipeline")
+    assert code == 0
+    plan = json.loads(out)
+    assert plan["dag_id"] == "tpu_rl_gke_pipeline"
+    task_ids = [s["task_id"] for s in plan["steps"]]
+    order = [
+        "ensure_bucket",
+        "deploy_cluster",
+        "sync_hf_token",
+        "convert_to_maxtext",
+        "train",
+        "export_to_huggingface",
+        "destroy_cluster",
+    ]
+    assert [t for i, t in enumerate(task_ids) if i == 0 or task_ids[i - 1] != t] == order
+    for step in plan["steps"]:
+        assert step["argv"][0] in {"gcluster", "gcloud"}
+        assert isinstance(step["env"], dict)
+    (secret_add,) = [s for s in plan["steps"] if s["argv"][:4] == ["gcloud", "secrets", "versions", "add"]]
+    assert secret_add["stdin"] == "***"
+    assert "delete_bucket" not in task_ids
+
+
+def test_conf_changes_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    conf = {
+        "model": "gemma4-26b",
+        "keep_cluster": True,
+        "delete_bucket": True,
+        "num_batches": 7,
+        "hf_token_secret": "my-hf",
+    }
+    code, out, _ = _plan(capsys, "tpu_rl_gke_pipeline", "--conf", json.dumps(conf))
+    assert code == 0
+    steps = json.loads(out)["steps"]
+    task_ids = {s["task_id"] for s in steps}
+    assert "destroy_cluster" not in task_ids
+    assert steps[-1]["task_id"] == "delete_bucket"
+    (train,) = [s for s in steps if s["task_id"] == "train"]
+    assert any(a.startswith("--name=gemma4-training-") for a in train["argv"])
+    assert "num_batches=7" in next(a for a in train["argv"] if a.startswith("--command="))
+    # A given secret is used as is: no create/add, only the reader grants.
+    assert not any(s["argv"][:3] == ["gcloud", "secrets", "create"] for s in steps)
+
+
+def test_tpu_vm_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _plan(capsys, "tpu_rl_tpu_vm_pipeline")
+    assert code == 0
+    steps = json.loads(out)["steps"]
+    assert [s["task_id"] for s in steps][-1] == "delete_vm"
+    assert all("stdin" in s for s in steps if s["argv"][:3] == ["gcloud", "compute", "ssh"])
+
+
+@pytest.mark.parametrize(
+    ("dag_id", "conf", "field"),
+    [
+        ("tpu_rl_gke_pipeline", '{"cluster_name": "Bad_Name"}', "cluster_name"),
+        ("tpu_rl_gke_pipeline", '{"nope": 1}', "nope"),
+        ("tpu_rl_gke_pipeline", "{not json", "conf"),
+        ("tpu_rl_gke_pipeline", "[1, 2]", "conf"),
+        ("tpu_rl_tpu_vm_pipeline", '{"vm_name": "A"}', "vm_name"),
+    ],
+)
+def test_bad_conf_exits_non_zero_with_one_line(
+    capsys: pytest.CaptureFixture[str], dag_id: str, conf: str, field: str
+) -> None:
+    code, out, err = _plan(capsys, dag_id, "--conf", conf)
+    assert code != 0
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1
+    assert f": {field}: " in lines[0]
+
+
+def test_hf_token_in_a_connection_never_reaches_the_plan() -> None:
+    env = {
+        **os.environ,
+        "AIRFLOW_CONN_HUGGINGFACE_DEFAULT": json.dumps({"conn_type": "generic", "password": SENTINEL}),
+        "HF_TOKEN": SENTINEL,
+    }
+    for dag_id in ("tpu_rl_gke_pipeline", "tpu_rl_tpu_vm_pipeline"):
+        result = subprocess.run(
+            [sys.executable, "-m", "airflow_provider_tpu_rl.cli", "plan", dag_id, "--pretty"],
+            env=env, capture_output=True, text=True, check=True, timeout=120,
+        )  # fmt: skip
+        assert SENTINEL not in result.stdout + result.stderr
+        assert json.loads(result.stdout)["steps"]
