@@ -1,16 +1,64 @@
-"""Provider metadata read by Airflow's ProvidersManager."""
+"""Provider metadata read by Airflow's ProvidersManager (no Airflow import here)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from airflow_provider_tpu_rl import __version__
+from airflow_provider_tpu_rl.hooks.connection_fields import connection_types
+
+INTEGRATION = "Cloud TPU RL (MaxText)"
 
 
 def get_provider_info() -> dict[str, Any]:
     return {
         "package-name": "airflow-provider-tpu-rl",
         "name": "TPU RL (MaxText GRPO on Cloud TPU)",
-        "description": "GRPO RL post-training of LLMs with MaxText on Cloud TPU v6e.",
+        "description": "GRPO RL post-training of LLMs with MaxText on Cloud TPU v6e: GKE + Pathways "
+        "via Cluster Toolkit, or a single TPU VM.",
         "versions": [__version__],
+        "integrations": [
+            {
+                "integration-name": INTEGRATION,
+                "external-doc-url": "https://cloud.google.com/tpu/docs",
+                "tags": ["gcp"],
+            }
+        ],
+        "hooks": [
+            {
+                "integration-name": INTEGRATION,
+                "python-modules": [
+                    "airflow_provider_tpu_rl.hooks.gcluster",
+                    "airflow_provider_tpu_rl.hooks.hf_token",
+                ],
+            }
+        ],
+        "operators": [
+            {
+                "integration-name": INTEGRATION,
+                "python-modules": [
+                    "airflow_provider_tpu_rl.operators.gke",
+                    "airflow_provider_tpu_rl.operators.maxtext",
+                    "airflow_provider_tpu_rl.operators.tpu_vm",
+                ],
+            }
+        ],
+        "sensors": [
+            {"integration-name": INTEGRATION, "python-modules": ["airflow_provider_tpu_rl.sensors.checkpoint"]}
+        ],
+        "triggers": [
+            {
+                "integration-name": INTEGRATION,
+                "python-modules": [
+                    "airflow_provider_tpu_rl.triggers.gcluster_job",
+                    "airflow_provider_tpu_rl.triggers.gcs_checkpoint",
+                ],
+            }
+        ],
+        "extra-links": [
+            "airflow_provider_tpu_rl.links.GKEWorkloadLink",
+            "airflow_provider_tpu_rl.links.GCSBrowserLink",
+            "airflow_provider_tpu_rl.links.CloudLoggingJobLink",
+        ],
+        "connection-types": connection_types(),
     }

@@ -41,7 +41,7 @@ def test_gke_plan_lists_every_step_in_order(capsys: pytest.CaptureFixture[str]) 
         assert isinstance(step["env"], dict)
     (secret_add,) = [s for s in plan["steps"] if s["argv"][:4] == ["gcloud", "secrets", "versions", "add"]]
     assert secret_add["stdin"] == "***"
-    assert "delete_bucket" not in task_ids
+    assert not any(s["argv"][:3] == ["gcloud", "storage", "rm"] for s in plan["steps"])
 
 
 def test_conf_changes_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
@@ -56,8 +56,9 @@ def test_conf_changes_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0
     steps = json.loads(out)["steps"]
     task_ids = {s["task_id"] for s in steps}
-    assert "destroy_cluster" not in task_ids
-    assert steps[-1]["task_id"] == "delete_bucket"
+    assert steps[-1]["task_id"] == "destroy_cluster"
+    assert steps[-1]["argv"] == ["gcloud", "storage", "rm", "--recursive", "gs://my-tpu-rl-bucket"]
+    assert not any(s["argv"][:2] == ["gcluster", "destroy"] for s in steps)
     (train,) = [s for s in steps if s["task_id"] == "train"]
     assert any(a.startswith("--name=gemma4-training-") for a in train["argv"])
     assert "num_batches=7" in next(a for a in train["argv"] if a.startswith("--command="))

@@ -49,7 +49,7 @@ def gke_plan(pipeline: GkePipelineSpec) -> list[PlanStep]:
             [gke.recreate_deployment_folder(cluster, workdir), gke.destroy(cluster, workdir)],
         )
     if pipeline.delete_bucket:
-        steps += _steps("delete_bucket", [gke.delete_bucket(cluster.bucket)])
+        steps += _steps("destroy_cluster", [gke.delete_bucket(cluster.bucket)])
     return steps
 
 
@@ -74,7 +74,7 @@ def tpu_vm_plan(pipeline: TpuVmPipelineSpec, *, now: float | None = None) -> lis
     if not pipeline.keep_vm:
         steps += _steps("delete_vm", [tpu_vm.delete_vm(vm)])
     if pipeline.delete_bucket:
-        steps += _steps("delete_bucket", [gke.delete_bucket(vm.bucket)])
+        steps += _steps("delete_vm", [gke.delete_bucket(vm.bucket)])
     return steps
 
 

@@ -1,0 +1,1 @@
+"""Airflow operators: a thin shell over the specs and the renderer."""
