@@ -220,13 +220,17 @@ def hf_token_secret(project: str, secret_id: str, readers: tuple[str, ...], *, s
 # --- workloads --------------------------------------------------------------------------------
 
 
+JOB_NOT_FOUND = "not found in any namespace"
+
+
+def job_scope(project: str | None, cluster_name: str | None, location: str | None) -> tuple[str, ...]:
+    """``--project/--cluster/--location`` on every job command instead of ``gcluster job config set``."""
+    pairs = (("--project", project), ("--cluster", cluster_name), ("--location", location))
+    return tuple(f"{flag}={value}" for flag, value in pairs if value)
+
+
 def _job_scope(cluster: ClusterSpec) -> tuple[str, ...]:
-    """Project/cluster/location on every job command instead of ``gcluster job config set``."""
-    return (
-        f"--project={cluster.project}",
-        f"--cluster={cluster.cluster_name}",
-        f"--location={cluster.region}",
-    )
+    return job_scope(cluster.project, cluster.cluster_name, cluster.region)
 
 
 def to_maxtext_script(conversion: ConversionSpec, token_resource: str) -> str:
@@ -378,16 +382,39 @@ def training_job(pipeline: GkePipelineSpec) -> Command:
     )
 
 
-def job_list(cluster: ClusterSpec) -> Command:
-    return Command(("gcluster", "job", "list", *_job_scope(cluster)))
+def job_list(
+    project: str | None, cluster_name: str | None, location: str | None, *, name_contains: str | None = None
+) -> Command:
+    filters = (f"--name-contains={name_contains}",) if name_contains else ()
+    return Command(
+        ("gcluster", "job", "list", *filters, *job_scope(project, cluster_name, location)),
+        description="gcluster job list",
+    )
 
 
-def job_logs(cluster: ClusterSpec, name: str, *, follow: bool = False) -> Command:
-    return Command(("gcluster", "job", "logs", name, *(["-f"] if follow else []), *_job_scope(cluster)))
+def job_logs(
+    project: str | None, cluster_name: str | None, location: str | None, name: str, *, follow: bool = False
+) -> Command:
+    return Command(
+        (
+            "gcluster",
+            "job",
+            "logs",
+            name,
+            *(["--follow"] if follow else []),
+            *job_scope(project, cluster_name, location),
+        ),
+        description="gcluster job logs",
+    )
 
 
-def job_cancel(cluster: ClusterSpec, name: str) -> Command:
-    return Command(("gcluster", "job", "cancel", name, *_job_scope(cluster)))
+def job_cancel(project: str | None, cluster_name: str | None, location: str | None, name: str) -> Command:
+    """Deletes the job's JobSet; a job that is already gone counts as done."""
+    return Command(
+        ("gcluster", "job", "cancel", name, *job_scope(project, cluster_name, location)),
+        ok_if_output_contains=(JOB_NOT_FOUND,),
+        description="gcluster job cancel",
+    )
 
 
 def cluster_labels(pipeline: GkePipelineSpec, expires_at: int) -> Mapping[str, str]:

@@ -1,0 +1,121 @@
+"""Declarative connection-form metadata for this provider's connection types.
+
+Plain dicts in the provider-info format (``conn-fields`` / ``ui-field-behaviour``) that Airflow 3.2+
+reads without importing the hooks; the hooks derive their legacy ``get_connection_form_widgets`` /
+``get_ui_field_behaviour`` from the same data. No Airflow import here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+CLUSTER_TOOLKIT_DEFAULT_VERSION = "v1.103.0"
+
+_STRING = ["string", "null"]
+
+GCLUSTER_CONN_FIELDS: dict[str, dict[str, Any]] = {
+    "project": {"label": "Project Id", "schema": {"type": _STRING}},
+    "region": {"label": "Region", "schema": {"type": _STRING}},
+    "zone": {"label": "Zone", "schema": {"type": _STRING}},
+    "gcluster_path": {
+        "label": "gcluster binary",
+        "description": "Path to an installed gcluster; empty = use or download the release bundle.",
+        "schema": {"type": _STRING},
+    },
+    "gcloud_path": {
+        "label": "gcloud binary",
+        "description": "Path to gcloud; empty = look it up on PATH.",
+        "schema": {"type": _STRING},
+    },
+    "bundle_dir": {
+        "label": "Bundle folder",
+        "description": "The Cluster Toolkit folder that holds examples/ (the bundle root).",
+        "schema": {"type": _STRING},
+    },
+    "cache_dir": {
+        "label": "Cache folder",
+        "description": "Where downloaded bundles are kept (default ~/.cache/airflow-provider-tpu-rl).",
+        "schema": {"type": _STRING},
+    },
+    "version": {
+        "label": "Cluster Toolkit version",
+        "schema": {"type": _STRING, "default": CLUSTER_TOOLKIT_DEFAULT_VERSION},
+    },
+    "sha256": {
+        "label": "Bundle SHA-256",
+        "description": "SHA-256 of gcluster_bundle_<os>_<arch>.tgz; required to download the bundle.",
+        "schema": {"type": _STRING},
+    },
+    "download_base_url": {
+        "label": "Release download URL",
+        "description": "Base URL of the release assets (a mirror); <base>/<version>/<asset>.",
+        "schema": {"type": _STRING},
+    },
+}
+
+GCLUSTER_UI_FIELD_BEHAVIOUR: dict[str, Any] = {
+    "hidden-fields": ["host", "schema", "login", "password", "port"],
+    "relabeling": {},
+    "placeholders": {"version": CLUSTER_TOOLKIT_DEFAULT_VERSION, "project": "my-gcp-project"},
+}
+
+HUGGINGFACE_CONN_FIELDS: dict[str, dict[str, Any]] = {
+    "token": {
+        "label": "Token (fallback)",
+        "description": "Used only when the password field is empty.",
+        "schema": {"type": _STRING, "format": "password"},
+    },
+}
+
+HUGGINGFACE_UI_FIELD_BEHAVIOUR: dict[str, Any] = {
+    "hidden-fields": ["host", "schema", "login", "port"],
+    "relabeling": {"password": "Hugging Face token"},
+    "placeholders": {},
+}
+
+
+def connection_types() -> list[dict[str, Any]]:
+    """The ``connection-types`` entries for ``get_provider_info()``."""
+    return [
+        {
+            "hook-class-name": "airflow_provider_tpu_rl.hooks.gcluster.GclusterHook",
+            "hook-name": "Cluster Toolkit (gcluster)",
+            "connection-type": "gcluster",
+            "conn-fields": GCLUSTER_CONN_FIELDS,
+            "ui-field-behaviour": GCLUSTER_UI_FIELD_BEHAVIOUR,
+        },
+        {
+            "hook-class-name": "airflow_provider_tpu_rl.hooks.hf_token.HuggingFaceTokenHook",
+            "hook-name": "Hugging Face token",
+            "connection-type": "huggingface",
+            "conn-fields": HUGGINGFACE_CONN_FIELDS,
+            "ui-field-behaviour": HUGGINGFACE_UI_FIELD_BEHAVIOUR,
+        },
+    ]
+
+
+def legacy_form_widgets(fields: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """wtforms fields for Airflow < 3.2 (needs flask-appbuilder; ImportError otherwise)."""
+    from flask_appbuilder.fieldwidgets import BS3PasswordFieldWidget, BS3TextFieldWidget
+    from flask_babel import lazy_gettext
+    from wtforms import PasswordField, StringField
+
+    widgets: dict[str, Any] = {}
+    for name, spec in fields.items():
+        label = lazy_gettext(spec["label"])
+        if spec["schema"].get("format") == "password":
+            widgets[name] = PasswordField(label, widget=BS3PasswordFieldWidget())
+        else:
+            widgets[name] = StringField(
+                label, widget=BS3TextFieldWidget(), default=spec["schema"].get("default")
+            )
+    return widgets
+
+
+def legacy_field_behaviour(behaviour: dict[str, Any]) -> dict[str, Any]:
+    """The provider-info behaviour in the python-style keys of ``get_ui_field_behaviour``."""
+    return {
+        "hidden_fields": list(behaviour["hidden-fields"]),
+        "relabeling": dict(behaviour["relabeling"]),
+        "placeholders": dict(behaviour["placeholders"]),
+    }

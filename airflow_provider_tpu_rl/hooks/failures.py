@@ -1,0 +1,84 @@
+"""Classify a failed command's output: capacity, transient, or a configuration error."""
+
+from __future__ import annotations
+
+import enum
+import re
+
+from airflow.providers.common.compat.sdk import AirflowException
+
+
+class FailureKind(enum.Enum):
+    """Why a command failed, as far as its output tells."""
+
+    CAPACITY = "capacity"  # stockout or quota: worth retrying later
+    TRANSIENT = "transient"  # network, rate limit, 5xx: worth retrying
+    CONFIG = "config"  # anything else: a retry would fail the same way
+
+    @property
+    def retryable(self) -> bool:
+        return self is not FailureKind.CONFIG
+
+
+_CAPACITY_PATTERNS = (
+    re.compile(r"GCE_STOCKOUT"),
+    re.compile(r"ZONE_RESOURCE_POOL_EXHAUSTED"),
+    re.compile(r"INSUFFICIENT_CAPACITY"),
+    re.compile(r"does not have enough resources available", re.IGNORECASE),
+    re.compile(r"Quota '[^'\n]*' exceeded", re.IGNORECASE),
+    re.compile(r"\bquota exceeded\b", re.IGNORECASE),
+    re.compile(r"QUOTA_EXCEEDED"),
+)
+
+_TRANSIENT_PATTERNS = (
+    # An HTTP status next to a word that says it is one: "Error 503", "HTTP 502", "status code: 429",
+    # "googleapi: Error 500:", "429 Too Many Requests" ... but not "500GB" or "--port=502".
+    re.compile(
+        r"\b(?:error|http(?:/\d(?:\.\d)?)?|status(?:\s*code)?|code|response)\W{0,3}(?:429|500|502|503|504)\b",
+        re.IGNORECASE,
+    ),
+    re.compile(
+        r"\b(?:429|500|502|503|504)\s+(?:Too Many Requests|Internal Server Error|Bad Gateway|"
+        r"Service Unavailable|Gateway Time-?out)\b",
+        re.IGNORECASE,
+    ),
+    re.compile(r"\b(?:user)?rateLimitExceeded\b", re.IGNORECASE),
+    re.compile(r"\bToo Many Requests\b", re.IGNORECASE),
+    re.compile(r"connection reset", re.IGNORECASE),
+    re.compile(r"connection refused", re.IGNORECASE),
+    re.compile(r"i/o timeout", re.IGNORECASE),
+    re.compile(r"TLS handshake timeout", re.IGNORECASE),
+    re.compile(r"context deadline exceeded|DEADLINE_EXCEEDED", re.IGNORECASE),
+    re.compile(r"timeout awaiting response headers", re.IGNORECASE),
+    re.compile(r"service (?:is currently )?unavailable", re.IGNORECASE),
+    re.compile(r"\bbackendError\b"),
+    re.compile(r"server is currently unable to handle the request", re.IGNORECASE),
+    re.compile(r"etcdserver: request timed out", re.IGNORECASE),
+    re.compile(r"unexpected EOF", re.IGNORECASE),
+    re.compile(r"temporary failure in name resolution", re.IGNORECASE),
+)
+
+
+def classify_failure(output: str) -> FailureKind:
+    """Tell what kind of failure ``output`` (the combined stdout/stderr) shows.
+
+    Capacity wins over transient (a stockout often comes with a 503 around it); anything not
+    recognised is a configuration error, which must not burn retries.
+    """
+    if any(p.search(output) for p in _CAPACITY_PATTERNS):
+        return FailureKind.CAPACITY
+    if any(p.search(output) for p in _TRANSIENT_PATTERNS):
+        return FailureKind.TRANSIENT
+    return FailureKind.CONFIG
+
+
+class GclusterTransientError(AirflowException):
+    """A command failed for a reason that may pass (capacity, network): let Airflow retry."""
+
+    def __init__(self, message: str, kind: FailureKind = FailureKind.TRANSIENT) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class GclusterOutputError(AirflowException):
+    """A command succeeded but printed something this provider cannot parse."""

@@ -1,0 +1,511 @@
+"""``GclusterHook``: run Cluster Toolkit (``gcluster``) and ``gcloud`` commands from Airflow.
+
+Every command runs without a shell, with stdin closed (or fed a secret/script, then closed), in a
+fresh HOME and KUBECONFIG, with a minimal environment; each output line goes to the task log with
+secrets redacted. ``run_checked`` turns failures into ``GclusterTransientError`` (capacity/network:
+Airflow retries) or ``AirflowFailException`` (configuration: no retry).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from airflow.providers.common.compat.sdk import (
+    AirflowException,
+    AirflowFailException,
+    BaseHook,
+    mask_secret,
+)
+
+from airflow_provider_tpu_rl.hooks.bundle import default_cache_dir, ensure_bundle
+from airflow_provider_tpu_rl.hooks.connection_fields import (
+    CLUSTER_TOOLKIT_DEFAULT_VERSION,
+    GCLUSTER_CONN_FIELDS,
+    GCLUSTER_UI_FIELD_BEHAVIOUR,
+    legacy_field_behaviour,
+    legacy_form_widgets,
+)
+from airflow_provider_tpu_rl.hooks.failures import (
+    FailureKind,
+    GclusterOutputError,
+    GclusterTransientError,
+    classify_failure,
+)
+from airflow_provider_tpu_rl.hooks.jobs import (
+    GclusterJob,
+    JobState,
+    parse_job_list,
+    workload_log_lines,
+)
+from airflow_provider_tpu_rl.hooks.process import (
+    CommandResult,
+    PreparedProcess,
+    Redactor,
+    SyncProcess,
+    prepare_process,
+    run_async,
+    run_sync,
+)
+from airflow_provider_tpu_rl.render import gke
+from airflow_provider_tpu_rl.render.command import Command
+
+__all__ = [
+    "CommandResult",
+    "FailureKind",
+    "GclusterConfig",
+    "GclusterHook",
+    "GclusterJob",
+    "GclusterOutputError",
+    "GclusterTransientError",
+    "JobState",
+    "classify_failure",
+]
+
+TOOLS = ("gcluster", "gcloud")
+ERROR_TAIL_LINES = 25
+JOB_QUERY_TIMEOUT = 300.0
+
+
+@dataclass(frozen=True)
+class GclusterConfig:
+    """The ``gcluster`` connection's extras."""
+
+    project: str | None = None
+    region: str | None = None
+    zone: str | None = None
+    gcluster_path: str | None = None
+    gcloud_path: str | None = None
+    bundle_dir: str | None = None
+    cache_dir: str | None = None
+    version: str = CLUSTER_TOOLKIT_DEFAULT_VERSION
+    sha256: str | Mapping[str, str] | None = None
+    download_base_url: str | None = None
+
+    @classmethod
+    def from_extra(cls, extra: Mapping[str, Any]) -> GclusterConfig:
+        """Read plain keys, or the old ``extra__gcluster__<key>`` form-field keys."""
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            value = extra.get(f.name)
+            if value in (None, ""):
+                value = extra.get(f"extra__gcluster__{f.name}")
+            if value not in (None, ""):
+                values[f.name] = value
+        return cls(**values)
+
+
+class GclusterHook(BaseHook):
+    """Runs ``gcluster``/``gcloud`` :class:`Command` objects and queries ``gcluster job``.
+
+    :param gcluster_conn_id: connection of type ``gcluster`` (extras: project, region, zone,
+        gcluster_path, gcloud_path, bundle_dir, cache_dir, version, sha256, download_base_url).
+    :param config: use this configuration instead of reading the connection.
+    """
+
+    conn_name_attr = "gcluster_conn_id"
+    default_conn_name = "gcluster_default"
+    conn_type = "gcluster"
+    hook_name = "Cluster Toolkit (gcluster)"
+
+    def __init__(
+        self,
+        gcluster_conn_id: str = default_conn_name,
+        *,
+        config: GclusterConfig | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.gcluster_conn_id = gcluster_conn_id
+        self._config = config
+        self._tool_paths: dict[str, str] = {}
+        self._running: set[SyncProcess] = set()
+        self._running_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ connection form
+    @classmethod
+    def get_connection_form_widgets(cls) -> dict[str, Any]:
+        """Form fields for Airflow < 3.2 (3.2+ reads ``conn-fields`` from provider info)."""
+        return legacy_form_widgets(GCLUSTER_CONN_FIELDS)
+
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        return legacy_field_behaviour(GCLUSTER_UI_FIELD_BEHAVIOUR)
+
+    # ------------------------------------------------------------------ configuration
+    def _config_from_connection(self, conn: Any) -> GclusterConfig:
+        extra = conn.extra_dejson if conn is not None else {}
+        return GclusterConfig.from_extra(extra)
+
+    def _missing_connection(self, err: Exception) -> GclusterConfig:
+        if self.gcluster_conn_id != self.default_conn_name:
+            raise AirflowFailException(
+                f"gcluster connection {self.gcluster_conn_id!r} is not defined: {err}"
+            ) from err
+        self.log.info("No %r connection: using gcluster defaults", self.default_conn_name)
+        return GclusterConfig()
+
+    @property
+    def config(self) -> GclusterConfig:
+        """The connection's configuration (read once)."""
+        if self._config is None:
+            try:
+                conn = self.get_connection(self.gcluster_conn_id)
+            except AirflowException as err:  # AirflowNotFoundException
+                self._config = self._missing_connection(err)
+            else:
+                self._config = self._config_from_connection(conn)
+        return self._config
+
+    async def aget_config(self) -> GclusterConfig:
+        """:attr:`config` for async code (triggers): fetches the connection without blocking."""
+        if self._config is None:
+            try:
+                aget = getattr(BaseHook, "aget_connection", None)
+                if aget is not None:
+                    conn = await aget(self.gcluster_conn_id)
+                else:  # Airflow 2.x
+                    conn = await asyncio.to_thread(self.get_connection, self.gcluster_conn_id)
+            except AirflowException as err:
+                self._config = self._missing_connection(err)
+            else:
+                self._config = self._config_from_connection(conn)
+        return self._config
+
+    def get_conn(self) -> GclusterConfig:
+        return self.config
+
+    def _install_bundle(self, config: GclusterConfig) -> Path:
+        cache_dir = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
+        return ensure_bundle(
+            version=config.version,
+            cache_dir=cache_dir,
+            sha256=config.sha256,
+            base_url=config.download_base_url,
+        )
+
+    def _resolve_tool(self, tool: str, config: GclusterConfig) -> str:
+        if tool in self._tool_paths:
+            return self._tool_paths[tool]
+        if tool == "gcluster":
+            if config.gcluster_path:
+                path = str(Path(config.gcluster_path).expanduser())
+                if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+                    raise AirflowFailException(f"gcluster_path {path!r} is not an executable file")
+            else:
+                path = str(self._install_bundle(config) / "gcluster")
+        elif tool == "gcloud":
+            configured = config.gcloud_path or "gcloud"
+            found = shutil.which(os.path.expanduser(configured))
+            if found is None:
+                raise AirflowFailException(
+                    f"gcloud not found ({configured!r}); install the Google Cloud CLI or set gcloud_path"
+                )
+            path = found
+        else:
+            raise AirflowFailException(f"unknown tool {tool!r}: this hook runs only {', '.join(TOOLS)}")
+        self._tool_paths[tool] = path
+        return path
+
+    def tool_path(self, tool: str) -> str:
+        """The executable for ``tool`` (``gcluster`` may be downloaded and cached once)."""
+        return self._resolve_tool(tool, self.config)
+
+    def bundle_dir(self) -> Path:
+        """The Cluster Toolkit folder that holds ``examples/`` (blueprints)."""
+        config = self.config
+        if config.bundle_dir:
+            return Path(config.bundle_dir).expanduser()
+        if config.gcluster_path:
+            candidate = Path(config.gcluster_path).expanduser().resolve().parent
+            if (candidate / "examples").is_dir():
+                return candidate
+            raise AirflowFailException(
+                f"no examples/ next to gcluster_path {config.gcluster_path!r}; set bundle_dir"
+            )
+        return self._install_bundle(config)
+
+    # ------------------------------------------------------------------ running commands
+    def _prepare(
+        self,
+        command: Command,
+        tool_path: str,
+        *,
+        secrets: Mapping[str, str] | None,
+        cwd: str | os.PathLike[str] | None,
+        job_home: str | os.PathLike[str] | None,
+    ) -> PreparedProcess:
+        secret_values = {k: v for k, v in (secrets or {}).items() if v}
+        for value in secret_values.values():
+            mask_secret(value)
+        payload: str | None = None
+        if command.stdin_secret:
+            payload = secret_values.get(command.stdin_secret)
+            if payload is None:
+                raise AirflowFailException(
+                    f"{self._label(command)}: needs the secret {command.stdin_secret!r} on stdin, "
+                    "but no value was given for it"
+                )
+        elif command.stdin_text is not None:
+            payload = command.stdin_text
+        return prepare_process(
+            [tool_path, *command.argv[1:]],
+            command_env=command.env,
+            stdin_payload=payload,
+            secrets=secret_values.values(),
+            job_home=job_home,
+            cwd=cwd,
+            ok_if_output_contains=command.ok_if_output_contains,
+        )
+
+    @staticmethod
+    def _label(command: Command) -> str:
+        return command.description or " ".join(command.argv[:4])
+
+    def _line_logger(
+        self, command: Command, on_line: Callable[[str], None] | None, log_output: bool
+    ) -> Callable[[str], None]:
+        tool = command.tool
+
+        def handle(line: str) -> None:
+            if log_output:
+                self.log.info("[%s] %s", tool, line)
+            if on_line is not None:
+                on_line(line)
+
+        return handle
+
+    def _register(self, process: SyncProcess | None, previous: list[SyncProcess]) -> None:
+        with self._running_lock:
+            if process is None:
+                for p in previous:
+                    self._running.discard(p)
+                previous.clear()
+            else:
+                self._running.add(process)
+                previous.append(process)
+
+    def run(
+        self,
+        command: Command,
+        *,
+        secrets: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        on_line: Callable[[str], None] | None = None,
+        timeout: float | None = None,
+        job_home: str | os.PathLike[str] | None = None,
+        log_output: bool = True,
+    ) -> CommandResult:
+        """Run ``command`` to the end and return its exit code and redacted output lines.
+
+        ``secrets`` maps names to values: the one named by ``command.stdin_secret`` is written to
+        stdin (exactly, no newline added), and all are masked. ``job_home`` keeps HOME (and so the
+        ``gcluster job config set`` context) across calls; by default each call gets a fresh one.
+        """
+        tool_path = self.tool_path(command.tool)
+        prepared = self._prepare(command, tool_path, secrets=secrets, cwd=cwd, job_home=job_home)
+        self.log.info("Running %s", prepared.redact(" ".join(command.argv)))
+        mine: list[SyncProcess] = []
+        return run_sync(
+            prepared,
+            on_line=self._line_logger(command, on_line, log_output),
+            timeout=timeout,
+            register=lambda p: self._register(p, mine),
+        )
+
+    def check_result(
+        self, command: Command, result: CommandResult, secrets: Mapping[str, str] | None = None
+    ) -> CommandResult:
+        """Return ``result`` if it is a success, else raise the exception its output calls for."""
+        if result.ok:
+            if result.ok_marker:
+                self.log.info("%s: counted as done (%r in output)", self._label(command), result.ok_marker)
+            return result
+        redact = Redactor(v for v in (secrets or {}).values() if v)
+        tail = "\n".join(redact(line) for line in result.output_lines[-ERROR_TAIL_LINES:])
+        label = redact(self._label(command))
+        if result.timed_out:
+            raise GclusterTransientError(f"{label} timed out; last output:\n{tail}", FailureKind.TRANSIENT)
+        kind = classify_failure(result.output)
+        message = f"{label} failed with exit code {result.exit_code} ({kind.value}); last output:\n{tail}"
+        if kind.retryable:
+            raise GclusterTransientError(message, kind)
+        raise AirflowFailException(message)
+
+    def run_checked(
+        self,
+        command: Command,
+        *,
+        secrets: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        on_line: Callable[[str], None] | None = None,
+        timeout: float | None = None,
+        job_home: str | os.PathLike[str] | None = None,
+        log_output: bool = True,
+    ) -> CommandResult:
+        """:meth:`run`, raising ``GclusterTransientError`` (retry) or ``AirflowFailException``."""
+        result = self.run(
+            command,
+            secrets=secrets,
+            cwd=cwd,
+            on_line=on_line,
+            timeout=timeout,
+            job_home=job_home,
+            log_output=log_output,
+        )
+        return self.check_result(command, result, secrets)
+
+    def terminate(self) -> None:
+        """Stop every command this hook is running (SIGTERM its process group, then SIGKILL)."""
+        with self._running_lock:
+            running = list(self._running)
+        for process in running:
+            process.stop()
+
+    on_kill = terminate
+
+    @contextlib.contextmanager
+    def job_session(self) -> Iterator[Path]:
+        """A HOME for one task's sequence of ``gcluster job`` commands, removed afterwards."""
+        home = Path(tempfile.mkdtemp(prefix="tpu-rl-job-home-"))
+        try:
+            yield home
+        finally:
+            shutil.rmtree(home, ignore_errors=True)
+
+    async def async_run(
+        self,
+        command: Command,
+        *,
+        secrets: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        on_line: Callable[[str], None] | None = None,
+        timeout: float | None = None,
+        job_home: str | os.PathLike[str] | None = None,
+        log_output: bool = True,
+    ) -> CommandResult:
+        """The asyncio twin of :meth:`run` (for triggers)."""
+        config = await self.aget_config()
+        tool_path = await asyncio.to_thread(self._resolve_tool, command.tool, config)
+        prepared = self._prepare(command, tool_path, secrets=secrets, cwd=cwd, job_home=job_home)
+        return await run_async(
+            prepared, on_line=self._line_logger(command, on_line, log_output), timeout=timeout
+        )
+
+    # ------------------------------------------------------------------ gcluster job queries
+    @staticmethod
+    def _scope(
+        config: GclusterConfig, project: str | None, location: str | None
+    ) -> tuple[str | None, str | None]:
+        """Project and location default to the connection's."""
+        return project or config.project, location or config.region
+
+    @staticmethod
+    def _parse_jobs(command: Command, result: CommandResult) -> list[GclusterJob]:
+        try:
+            return parse_job_list(result.output_lines)
+        except ValueError as err:
+            tail = "\n".join(result.output_lines[-ERROR_TAIL_LINES:])
+            raise GclusterOutputError(f"{command.description}: {err}; output:\n{tail}") from err
+
+    def list_jobs(
+        self,
+        project: str | None = None,
+        cluster: str | None = None,
+        location: str | None = None,
+        *,
+        name_contains: str | None = None,
+        timeout: float | None = JOB_QUERY_TIMEOUT,
+    ) -> list[GclusterJob]:
+        """The cluster's jobs (``gcluster job list``); project/location default to the connection's."""
+        project, location = self._scope(self.config, project, location)
+        command = gke.job_list(project, cluster, location, name_contains=name_contains)
+        result = self.run_checked(command, timeout=timeout, log_output=False)
+        return self._parse_jobs(command, result)
+
+    def get_job(
+        self,
+        name: str,
+        project: str | None = None,
+        cluster: str | None = None,
+        location: str | None = None,
+        *,
+        timeout: float | None = JOB_QUERY_TIMEOUT,
+    ) -> GclusterJob | None:
+        """The job called ``name``, or ``None`` when the cluster has no such JobSet."""
+        jobs = self.list_jobs(project, cluster, location, name_contains=name, timeout=timeout)
+        return next((job for job in jobs if job.name == name), None)
+
+    def cancel_job(
+        self,
+        name: str,
+        project: str | None = None,
+        cluster: str | None = None,
+        location: str | None = None,
+        *,
+        timeout: float | None = JOB_QUERY_TIMEOUT,
+    ) -> bool:
+        """Delete the job's JobSet; ``False`` when there was none (already gone is fine)."""
+        project, location = self._scope(self.config, project, location)
+        command = gke.job_cancel(project, cluster, location, name)
+        result = self.run_checked(command, timeout=timeout)
+        return result.ok_marker is None
+
+    def stream_job_logs(
+        self,
+        name: str,
+        project: str | None = None,
+        cluster: str | None = None,
+        location: str | None = None,
+        *,
+        follow: bool = False,
+        on_line: Callable[[str], None] | None = None,
+        timeout: float | None = None,
+    ) -> list[str]:
+        """Stream ``gcluster job logs NAME [-f]`` into the task log; return the workload's lines."""
+        project, location = self._scope(self.config, project, location)
+        command = gke.job_logs(project, cluster, location, name, follow=follow)
+        result = self.run_checked(command, on_line=on_line, timeout=timeout)
+        return workload_log_lines(result.output_lines)
+
+    async def async_list_jobs(
+        self,
+        project: str | None = None,
+        cluster: str | None = None,
+        location: str | None = None,
+        *,
+        name_contains: str | None = None,
+        timeout: float | None = JOB_QUERY_TIMEOUT,
+    ) -> list[GclusterJob]:
+        """The asyncio twin of :meth:`list_jobs` (same parser)."""
+        config = await self.aget_config()
+        project, location = self._scope(config, project, location)
+        command = gke.job_list(project, cluster, location, name_contains=name_contains)
+        result = await self.async_run(command, timeout=timeout, log_output=False)
+        self.check_result(command, result)
+        return self._parse_jobs(command, result)
+
+    async def async_get_job_logs(
+        self,
+        name: str,
+        project: str | None = None,
+        cluster: str | None = None,
+        location: str | None = None,
+        *,
+        timeout: float | None = JOB_QUERY_TIMEOUT,
+    ) -> list[str]:
+        """One snapshot of ``gcluster job logs NAME`` (the workload's lines), without logging them."""
+        config = await self.aget_config()
+        project, location = self._scope(config, project, location)
+        command = gke.job_logs(project, cluster, location, name)
+        result = await self.async_run(command, timeout=timeout, log_output=False)
+        self.check_result(command, result)
+        return workload_log_lines(result.output_lines)

@@ -1,0 +1,325 @@
+"""Run one argv without a shell: fresh HOME/KUBECONFIG, minimal env, stdin closed, output streamed.
+
+Shared by the sync runner (``subprocess``) and the async one (``asyncio`` subprocesses for triggers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REDACTED = "***"
+KILL_GRACE_SECONDS = 10.0
+ASYNC_LINE_LIMIT = 1 << 20
+
+# Inherited from the worker; everything else is dropped so Airflow's own variables (and any secret
+# in them) never reach gcluster/gcloud/terraform.
+INHERITED_ENV_NAMES = frozenset(
+    {
+        "PATH",
+        "LANG",
+        "LC_ALL",
+        "LC_CTYPE",
+        "TZ",
+        "TMPDIR",
+        "USER",
+        "LOGNAME",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "REQUESTS_CA_BUNDLE",
+        "CURL_CA_BUNDLE",
+        "STORAGE_EMULATOR_HOST",
+        "GOOGLE_APPLICATION_CREDENTIALS",
+        "GOOGLE_CLOUD_PROJECT",
+        "USE_GKE_GCLOUD_AUTH_PLUGIN",
+        "TF_PLUGIN_CACHE_DIR",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "NO_PROXY",
+        "ALL_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "no_proxy",
+        "all_proxy",
+    }
+)
+INHERITED_ENV_PREFIXES = ("CLOUDSDK_", "TPU_RL_SANDBOX_")
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What a finished command left: exit code and its (redacted) stdout+stderr lines in order."""
+
+    exit_code: int
+    output_lines: tuple[str, ...]
+    timed_out: bool = False
+    ok_marker: str | None = None  # the ok_if_output_contains text that made a failure count as success
+
+    @property
+    def ok(self) -> bool:
+        return not self.timed_out and (self.exit_code == 0 or self.ok_marker is not None)
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.output_lines)
+
+
+class Redactor:
+    """Replaces every secret value with ``***`` (longest first, so overlapping values go whole)."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        self._values = sorted({s for s in secrets if s}, key=len, reverse=True)
+
+    def __call__(self, text: str) -> str:
+        for value in self._values:
+            text = text.replace(value, REDACTED)
+        return text
+
+
+def minimal_env(source: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The allow-listed part of ``source`` (default ``os.environ``)."""
+    source = os.environ if source is None else source
+    return {
+        key: value
+        for key, value in source.items()
+        if key in INHERITED_ENV_NAMES or key.startswith(INHERITED_ENV_PREFIXES)
+    }
+
+
+def _default_gcloud_config(source: Mapping[str, str]) -> str | None:
+    """The worker's gcloud config folder, so a fresh HOME keeps the worker's gcloud login."""
+    if source.get("CLOUDSDK_CONFIG"):
+        return source["CLOUDSDK_CONFIG"]
+    home = source.get("HOME") or str(Path.home())
+    candidate = Path(home) / ".config" / "gcloud"
+    return str(candidate) if candidate.is_dir() else None
+
+
+@dataclass
+class PreparedProcess:
+    """Everything needed to start one process, and to clean up after it."""
+
+    argv: list[str]
+    env: dict[str, str]
+    stdin_payload: str | None
+    redact: Redactor
+    home: Path
+    remove_home: bool
+    ok_if_output_contains: tuple[str, ...] = ()
+    cwd: str | None = None
+    output: list[str] = field(default_factory=list)
+
+    def cleanup(self) -> None:
+        if self.remove_home:
+            shutil.rmtree(self.home, ignore_errors=True)
+
+    def result(self, exit_code: int, timed_out: bool) -> CommandResult:
+        text = "\n".join(self.output)
+        marker = None
+        if exit_code != 0 and not timed_out:
+            marker = next((m for m in self.ok_if_output_contains if m and m in text), None)
+        return CommandResult(exit_code, tuple(self.output), timed_out, marker)
+
+
+def prepare_process(
+    argv: Sequence[str],
+    *,
+    command_env: Mapping[str, str],
+    stdin_payload: str | None,
+    secrets: Iterable[str],
+    job_home: str | os.PathLike[str] | None,
+    cwd: str | os.PathLike[str] | None,
+    ok_if_output_contains: Sequence[str] = (),
+    base_env: Mapping[str, str] | None = None,
+) -> PreparedProcess:
+    """Build argv/env: a fresh temp HOME (or ``job_home``) with its own KUBECONFIG."""
+    source = os.environ if base_env is None else base_env
+    if job_home is None:
+        home = Path(tempfile.mkdtemp(prefix="tpu-rl-home-"))
+        remove_home = True
+    else:
+        home = Path(job_home)
+        home.mkdir(parents=True, exist_ok=True)
+        remove_home = False
+    (home / ".kube").mkdir(exist_ok=True)
+    env = minimal_env(source)
+    env["HOME"] = str(home)
+    env["KUBECONFIG"] = str(home / ".kube" / "config")
+    gcloud_config = _default_gcloud_config(source)
+    if gcloud_config and "CLOUDSDK_CONFIG" not in env:
+        env["CLOUDSDK_CONFIG"] = gcloud_config
+    env.update(command_env)
+    return PreparedProcess(
+        argv=list(argv),
+        env=env,
+        stdin_payload=stdin_payload,
+        redact=Redactor(secrets),
+        home=home,
+        remove_home=remove_home,
+        ok_if_output_contains=tuple(ok_if_output_contains),
+        cwd=os.fspath(cwd) if cwd is not None else None,
+    )
+
+
+def kill_process_group(pid: int, sig: int = signal.SIGTERM) -> None:
+    """Send ``sig`` to the process group led by ``pid`` (started with ``start_new_session``)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+class SyncProcess:
+    """One running process (sync): stream its lines, stop it on timeout or on request."""
+
+    def __init__(self, prepared: PreparedProcess) -> None:
+        self.prepared = prepared
+        self.timed_out = False
+        self._proc: subprocess.Popen[str] | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        p = self.prepared
+        self._proc = subprocess.Popen(
+            p.argv,
+            stdin=subprocess.PIPE if p.stdin_payload is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            cwd=p.cwd,
+            env=p.env,
+            start_new_session=True,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
+            bufsize=1,
+        )
+        if p.stdin_payload is not None:
+            threading.Thread(target=self._feed_stdin, args=(p.stdin_payload,), daemon=True).start()
+
+    def _feed_stdin(self, payload: str) -> None:
+        assert self._proc is not None
+        assert self._proc.stdin is not None
+        stdin = self._proc.stdin
+        with contextlib.suppress(BrokenPipeError, OSError, ValueError):
+            stdin.write(payload)
+            stdin.flush()
+        with contextlib.suppress(BrokenPipeError, OSError, ValueError):
+            stdin.close()
+
+    def lines(self) -> Iterator[str]:
+        """Each output line as it comes, redacted (also kept in ``prepared.output``)."""
+        assert self._proc is not None
+        assert self._proc.stdout is not None
+        for raw in self._proc.stdout:
+            line = self.prepared.redact(raw.rstrip("\r\n"))
+            self.prepared.output.append(line)
+            yield line
+
+    def wait(self) -> int:
+        assert self._proc is not None
+        return self._proc.wait()
+
+    def stop(self, *, timed_out: bool = False, grace: float = KILL_GRACE_SECONDS) -> None:
+        """SIGTERM the process group, SIGKILL it after ``grace`` seconds."""
+        with self._lock:
+            proc = self._proc
+            if proc is None or proc.poll() is not None:
+                return
+            self.timed_out = self.timed_out or timed_out
+        kill_process_group(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            kill_process_group(proc.pid, signal.SIGKILL)
+        # Children left in the group (e.g. a kubectl the tool started) go too.
+        kill_process_group(proc.pid, signal.SIGKILL)
+
+
+def run_sync(
+    prepared: PreparedProcess,
+    *,
+    on_line: Callable[[str], None],
+    timeout: float | None,
+    register: Callable[[SyncProcess | None], None] | None = None,
+) -> CommandResult:
+    """Run ``prepared`` to the end, calling ``on_line`` with every (redacted) line in order."""
+    process = SyncProcess(prepared)
+    timer: threading.Timer | None = None
+    try:
+        process.start()
+        if register:
+            register(process)
+        if timeout is not None:
+            timer = threading.Timer(timeout, process.stop, kwargs={"timed_out": True})
+            timer.daemon = True
+            timer.start()
+        for line in process.lines():
+            on_line(line)
+        exit_code = process.wait()
+    finally:
+        if timer is not None:
+            timer.cancel()
+        if register:
+            register(None)
+        process.stop()
+        prepared.cleanup()
+    return prepared.result(exit_code, process.timed_out)
+
+
+async def run_async(
+    prepared: PreparedProcess,
+    *,
+    on_line: Callable[[str], None],
+    timeout: float | None,
+) -> CommandResult:
+    """The asyncio twin of :func:`run_sync`; cancelling the coroutine kills the process group."""
+    proc: asyncio.subprocess.Process | None = None
+    timed_out = False
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *prepared.argv,
+            stdin=asyncio.subprocess.PIPE
+            if prepared.stdin_payload is not None
+            else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            cwd=prepared.cwd,
+            env=prepared.env,
+            start_new_session=True,
+            limit=ASYNC_LINE_LIMIT,
+        )
+
+        async def feed_and_read() -> int:
+            assert proc is not None
+            assert proc.stdout is not None
+            if prepared.stdin_payload is not None and proc.stdin is not None:
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    proc.stdin.write(prepared.stdin_payload.encode())
+                    await proc.stdin.drain()
+                proc.stdin.close()
+            while raw := await proc.stdout.readline():
+                line = prepared.redact(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
+                prepared.output.append(line)
+                on_line(line)
+            return await proc.wait()
+
+        try:
+            exit_code = await asyncio.wait_for(feed_and_read(), timeout)
+        except TimeoutError:
+            timed_out = True
+            kill_process_group(proc.pid, signal.SIGKILL)
+            exit_code = await proc.wait()
+    finally:
+        if proc is not None and proc.returncode is None:
+            kill_process_group(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                await asyncio.shield(proc.wait())
+        prepared.cleanup()
+    return prepared.result(exit_code, timed_out)

@@ -1,0 +1,1 @@
+"""Deferrable triggers of the TPU RL provider."""

@@ -1,0 +1,184 @@
+"""``GclusterJobTrigger``: wait (deferred) for a ``gcluster job`` to finish, following its log."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.providers.common.compat.sdk import AirflowException
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from airflow_provider_tpu_rl.hooks.failures import GclusterOutputError, GclusterTransientError
+from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
+from airflow_provider_tpu_rl.hooks.jobs import GclusterJob, JobState, new_log_lines
+from airflow_provider_tpu_rl.maxtext.logs import TrainingLogTracker
+
+
+class GclusterJobTrigger(BaseTrigger):
+    """Polls ``gcluster job list`` until the job ends; yields exactly one event.
+
+    The event payload: ``status`` (``success`` | ``failed`` | ``error`` | ``missing``), ``job_name``,
+    ``state`` (last seen JobSet status or ``None``), ``message``, ``log_lines`` (workload log lines
+    relayed) and ``expect_final_checkpoint`` (passed through for the operator). A job that is absent
+    from the list (its JobSet garbage-collected after ``--gke-ttl-after-finished``) is ``missing``:
+    not a failure by itself, the operator decides by checking the final checkpoint.
+
+    :param poll_interval: seconds between polls.
+    :param log_follow: relay new lines of ``gcluster job logs NAME`` to the log on every poll.
+    :param missing_confirmations: consecutive polls without the job before reporting ``missing``.
+    :param max_consecutive_errors: transient ``job list`` failures tolerated in a row.
+    """
+
+    def __init__(
+        self,
+        job_name: str,
+        project: str | None,
+        cluster: str,
+        location: str | None,
+        gcluster_conn_id: str = GclusterHook.default_conn_name,
+        poll_interval: float = 60.0,
+        expect_final_checkpoint: str | None = None,
+        log_follow: bool = True,
+        missing_confirmations: int = 2,
+        max_consecutive_errors: int = 5,
+        query_timeout: float = 300.0,
+        total_steps: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.job_name = job_name
+        self.project = project
+        self.cluster = cluster
+        self.location = location
+        self.gcluster_conn_id = gcluster_conn_id
+        self.poll_interval = poll_interval
+        self.expect_final_checkpoint = expect_final_checkpoint
+        self.log_follow = log_follow
+        self.missing_confirmations = max(1, missing_confirmations)
+        self.max_consecutive_errors = max(1, max_consecutive_errors)
+        self.query_timeout = query_timeout
+        self.total_steps = total_steps
+        self._tracker = TrainingLogTracker()
+        self._seen_log: list[str] = []
+        self._log_count = 0
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "job_name": self.job_name,
+                "project": self.project,
+                "cluster": self.cluster,
+                "location": self.location,
+                "gcluster_conn_id": self.gcluster_conn_id,
+                "poll_interval": self.poll_interval,
+                "expect_final_checkpoint": self.expect_final_checkpoint,
+                "log_follow": self.log_follow,
+                "missing_confirmations": self.missing_confirmations,
+                "max_consecutive_errors": self.max_consecutive_errors,
+                "query_timeout": self.query_timeout,
+                "total_steps": self.total_steps,
+            },
+        )
+
+    def _hook(self) -> GclusterHook:
+        return GclusterHook(self.gcluster_conn_id)
+
+    def _event(self, status: str, state: JobState | None, message: str) -> TriggerEvent:
+        return TriggerEvent(
+            {
+                "status": status,
+                "job_name": self.job_name,
+                "state": state.value if state is not None else None,
+                "message": message,
+                "log_lines": self._log_count,
+                "expect_final_checkpoint": self.expect_final_checkpoint,
+                "metrics": self._tracker.metrics() if self.total_steps is not None else None,
+            }
+        )
+
+    async def _relay_logs(self, hook: GclusterHook) -> None:
+        """Log the workload lines that appeared since the last poll; never fails the trigger."""
+        try:
+            snapshot = await hook.async_get_job_logs(
+                self.job_name, self.project, self.cluster, self.location, timeout=self.query_timeout
+            )
+        except (AirflowException, OSError) as err:
+            first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
+            self.log.warning("Could not read logs of job %s: %s", self.job_name, first_line)
+            return
+        fresh = new_log_lines(self._seen_log, snapshot)
+        self._seen_log = snapshot
+        for line in fresh:
+            self.log.info("[%s] %s", self.job_name, line)
+            if self.total_steps is not None:
+                before = self._tracker.last_step
+                self._tracker.feed(line)
+                if self._tracker.last_step is not None and self._tracker.last_step != before:
+                    self.log.info(
+                        "[%s] progress: %s", self.job_name, self._tracker.progress_text(self.total_steps)
+                    )
+        self._log_count += len(fresh)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        hook = self._hook()
+        errors_in_a_row = 0
+        absent_polls = 0
+        last_state: JobState | None = None
+        while True:
+            try:
+                jobs = await hook.async_list_jobs(
+                    self.project,
+                    self.cluster,
+                    self.location,
+                    name_contains=self.job_name,
+                    timeout=self.query_timeout,
+                )
+            except (GclusterTransientError, GclusterOutputError) as err:
+                errors_in_a_row += 1
+                self.log.warning(
+                    "gcluster job list failed (%d/%d): %s",
+                    errors_in_a_row,
+                    self.max_consecutive_errors,
+                    str(err).splitlines()[0],
+                )
+                if errors_in_a_row >= self.max_consecutive_errors:
+                    yield self._event("error", last_state, f"cannot list jobs: {err}")
+                    return
+                await asyncio.sleep(self.poll_interval)
+                continue
+            except Exception as err:
+                yield self._event("error", last_state, f"cannot list jobs: {type(err).__name__}: {err}")
+                return
+            errors_in_a_row = 0
+            job: GclusterJob | None = next((j for j in jobs if j.name == self.job_name), None)
+
+            if self.log_follow and (job is not None or self._seen_log):
+                await self._relay_logs(hook)
+
+            if job is None:
+                absent_polls += 1
+                if absent_polls >= self.missing_confirmations:
+                    yield self._event(
+                        "missing",
+                        last_state,
+                        f"job {self.job_name} is not in `gcluster job list` (its JobSet may have been "
+                        "garbage-collected after its TTL, or never created); check its final checkpoint",
+                    )
+                    return
+            else:
+                absent_polls = 0
+                if job.state != last_state:
+                    self.log.info("Job %s is %s", self.job_name, job.state.value)
+                last_state = job.state
+                if job.state is JobState.SUCCEEDED:
+                    yield self._event(
+                        "success", job.state, f"job {self.job_name} succeeded at {job.completion_time}"
+                    )
+                    return
+                if job.state is JobState.FAILED:
+                    yield self._event(
+                        "failed", job.state, f"job {self.job_name} failed at {job.completion_time}"
+                    )
+                    return
+            await asyncio.sleep(self.poll_interval)
