@@ -1,0 +1,281 @@
+"""Sensors that wait for a MaxText checkpoint step, or a Hugging Face export, to be complete on GCS.
+
+Poke mode lists with the google provider's :class:`GCSHook`; deferrable mode (the default) checks
+once, then hands over to the triggers in :mod:`airflow_provider_tpu_rl.triggers.gcs_checkpoint`.
+Both judge the listings with the same rules (:mod:`airflow_provider_tpu_rl.maxtext.layout`) and
+return the same XCom: ``{"status": "success", "uris": [...], "step": N, "checkpoint_uri": "gs://…/N/model_params/"}``
+for a checkpoint, ``{"status": "success", "export_uri": …, "uris": [...], "weight_files": [...]}``
+for an export.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from airflow.providers.common.compat.sdk import (
+    AirflowException,
+    AirflowFailException,
+    BaseSensorOperator,
+    PokeReturnValue,
+)
+from airflow.providers.google.cloud.hooks.gcs import GCSHook
+
+from airflow_provider_tpu_rl.links import GCSBrowserLink
+from airflow_provider_tpu_rl.maxtext.layout import (
+    RL_CHECKPOINT_ITEMS,
+    ListFolder,
+    ProbeRequest,
+    ReadObject,
+    as_folder,
+    checkpoint_event_payload,
+    export_event_payload,
+    parse_gs_uri,
+    probe_checkpoint,
+    probe_hf_export,
+)
+from airflow_provider_tpu_rl.triggers.gcs_checkpoint import HuggingFaceExportTrigger, MaxTextCheckpointTrigger
+
+if TYPE_CHECKING:
+    from airflow.providers.common.compat.sdk import Context
+
+_Result = TypeVar("_Result")
+
+
+def list_folder(hook: GCSHook, bucket: str, prefix: str) -> list[str]:
+    """Objects directly under ``prefix`` and its sub-folders (names ending in ``/``).
+
+    ``GCSHook.list(delimiter="/")`` drops the objects of a level that also has sub-folders, so this
+    pages through the hook's storage client directly.
+    """
+    blobs = hook.get_conn().list_blobs(bucket, prefix=prefix, delimiter="/")
+    names: list[str] = []
+    folders: set[str] = set()
+    for page in blobs.pages:
+        names.extend(blob.name for blob in page)
+        folders.update(page.prefixes)
+    return names + sorted(folders)
+
+
+def run_probe_sync(hook: GCSHook, bucket: str, probe: Generator[ProbeRequest, Any, _Result]) -> _Result:
+    """Answer a layout probe's list/read requests through ``hook`` and return its verdict."""
+    answer: Any = None
+    while True:
+        try:
+            request = probe.send(answer)
+        except StopIteration as stop:
+            return stop.value
+        if isinstance(request, ListFolder):
+            answer = list_folder(hook, bucket, request.prefix)
+        elif isinstance(request, ReadObject):
+            answer = hook.download(bucket_name=bucket, object_name=request.name)
+        else:  # pragma: no cover - the probes only make the two requests above
+            raise TypeError(f"Unknown probe request {request!r}")
+
+
+def _step_from_template(step: int | str | None) -> int | None:
+    """A rendered ``step``: ints pass, ``"50"`` becomes 50, ``""``/``"None"`` mean the latest step."""
+    if step is None or isinstance(step, int):
+        return step
+    text = str(step).strip()
+    if text in ("", "None", "none", "latest"):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise AirflowFailException(f"step must be an integer or None, got {step!r}") from None
+
+
+class _DeferrableGCSSensor(BaseSensorOperator):
+    """Shared execute/execute_complete of the two sensors."""
+
+    operator_extra_links = (GCSBrowserLink(),)
+
+    def __init__(
+        self,
+        *,
+        gcp_conn_id: str = "google_cloud_default",
+        impersonation_chain: str | Sequence[str] | None = None,
+        deferrable: bool = True,
+        poke_interval: float = 60,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(poke_interval=poke_interval, **kwargs)
+        self.gcp_conn_id = gcp_conn_id
+        self.impersonation_chain = impersonation_chain
+        self.deferrable = deferrable
+
+    def _watched_uri(self) -> str:
+        raise NotImplementedError
+
+    def _trigger(self) -> MaxTextCheckpointTrigger | HuggingFaceExportTrigger:
+        raise NotImplementedError
+
+    def _hook(self) -> GCSHook:
+        return GCSHook(gcp_conn_id=self.gcp_conn_id, impersonation_chain=self.impersonation_chain)
+
+    def execute(self, context: Context) -> Any:
+        GCSBrowserLink.persist(context, uri=self._watched_uri())
+        if not self.deferrable:
+            return super().execute(context)
+        done = self.poke(context)
+        if isinstance(done, PokeReturnValue) and done.is_done:
+            return done.xcom_value
+        self.defer(
+            trigger=self._trigger(),
+            method_name="execute_complete",
+            timeout=timedelta(seconds=self.timeout),
+        )
+
+    def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Return the trigger's success payload; raise on its error event."""
+        if not event:
+            raise AirflowException(f"{self.task_id}: the trigger ended without an event")
+        if event.get("status") == "success":
+            self.log.info("Complete: %s", event.get("checkpoint_uri") or event.get("export_uri"))
+            return event
+        message = str(event.get("message", event))
+        if event.get("fatal"):
+            raise AirflowFailException(message)
+        raise AirflowException(message)
+
+
+class MaxTextCheckpointSensor(_DeferrableGCSSensor):
+    """Waits until a checkpoint step under ``checkpoint_root`` is committed (``commit_success.txt``).
+
+    :param checkpoint_root: ``gs://`` folder holding step folders: the RL trainer's
+        ``gs://B/M/trained/<run_name>/checkpoints/actor/`` or ``to_maxtext``'s ``gs://B/M/max-text-format/``
+        (with ``step=0, items=("items",)``).
+    :param step: step to wait for; None waits for any complete step and returns the latest.
+    :param items: item folders the step must hold.
+    :param gcp_conn_id: Google Cloud connection.
+    :param impersonation_chain: optional service account(s) to impersonate.
+    :param deferrable: wait in the triggerer (default) instead of occupying a worker slot.
+    :param poke_interval: seconds between polls.
+    """
+
+    template_fields: Sequence[str] = ("checkpoint_root", "step", "items", "impersonation_chain")
+    ui_color = "#e8f0fe"
+
+    def __init__(
+        self,
+        *,
+        checkpoint_root: str,
+        step: int | str | None = None,
+        items: Sequence[str] = RL_CHECKPOINT_ITEMS,
+        gcp_conn_id: str = "google_cloud_default",
+        impersonation_chain: str | Sequence[str] | None = None,
+        deferrable: bool = True,
+        poke_interval: float = 60,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            gcp_conn_id=gcp_conn_id,
+            impersonation_chain=impersonation_chain,
+            deferrable=deferrable,
+            poke_interval=poke_interval,
+            **kwargs,
+        )
+        if not items or isinstance(items, str):
+            raise ValueError("items must be a non-empty sequence of item folder names")
+        self.checkpoint_root = checkpoint_root
+        self.step = step
+        self.items = tuple(items)
+
+    def _watched_uri(self) -> str:
+        return self.checkpoint_root
+
+    def _trigger(self) -> MaxTextCheckpointTrigger:
+        return MaxTextCheckpointTrigger(
+            checkpoint_root=self.checkpoint_root,
+            step=_step_from_template(self.step),
+            items=tuple(self.items),
+            poke_interval=self.poke_interval,
+            gcp_conn_id=self.gcp_conn_id,
+            impersonation_chain=self.impersonation_chain,
+        )
+
+    def poke(self, context: Context) -> bool | PokeReturnValue:
+        bucket, prefix = parse_gs_uri(self.checkpoint_root)
+        step = _step_from_template(self.step)
+        items = tuple(self.items)
+        result = run_probe_sync(self._hook(), bucket, probe_checkpoint(as_folder(prefix), step, items))
+        if result.error:
+            raise AirflowFailException(result.error)
+        if result.state is not None and result.is_complete:
+            return PokeReturnValue(
+                is_done=True, xcom_value=checkpoint_event_payload(bucket, result.state, items)
+            )
+        if result.state is not None:
+            self.log.info(
+                "Step %s under %s: %s (missing %s)",
+                result.state.step,
+                self.checkpoint_root,
+                result.state.status.value,
+                ", ".join(result.state.missing),
+            )
+        else:
+            self.log.info(
+                "No %s under %s yet (steps seen: %s)",
+                f"step {step}" if step is not None else "complete step",
+                self.checkpoint_root,
+                {s: state.status.value for s, state in result.states.items()} or "none",
+            )
+        return False
+
+
+class HuggingFaceExportSensor(_DeferrableGCSSensor):
+    """Waits until ``export_uri`` holds a complete Hugging Face export (config, all shards, tokenizer).
+
+    :param export_uri: ``gs://`` folder ``to_huggingface`` writes to (its ``base_output_directory``).
+    :param gcp_conn_id: Google Cloud connection.
+    :param impersonation_chain: optional service account(s) to impersonate.
+    :param deferrable: wait in the triggerer (default) instead of occupying a worker slot.
+    :param poke_interval: seconds between polls.
+    """
+
+    template_fields: Sequence[str] = ("export_uri", "impersonation_chain")
+    ui_color = "#e8f0fe"
+
+    def __init__(
+        self,
+        *,
+        export_uri: str,
+        gcp_conn_id: str = "google_cloud_default",
+        impersonation_chain: str | Sequence[str] | None = None,
+        deferrable: bool = True,
+        poke_interval: float = 60,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            gcp_conn_id=gcp_conn_id,
+            impersonation_chain=impersonation_chain,
+            deferrable=deferrable,
+            poke_interval=poke_interval,
+            **kwargs,
+        )
+        self.export_uri = export_uri
+
+    def _watched_uri(self) -> str:
+        return self.export_uri
+
+    def _trigger(self) -> HuggingFaceExportTrigger:
+        return HuggingFaceExportTrigger(
+            export_uri=self.export_uri,
+            poke_interval=self.poke_interval,
+            gcp_conn_id=self.gcp_conn_id,
+            impersonation_chain=self.impersonation_chain,
+        )
+
+    def poke(self, context: Context) -> bool | PokeReturnValue:
+        bucket, prefix = parse_gs_uri(self.export_uri)
+        result = run_probe_sync(self._hook(), bucket, probe_hf_export(as_folder(prefix)))
+        if result.error:
+            raise AirflowFailException(result.error)
+        if result.status.complete:
+            return PokeReturnValue(
+                is_done=True, xcom_value=export_event_payload(bucket, as_folder(prefix), result.status)
+            )
+        self.log.info("Export %s incomplete; missing: %s", self.export_uri, ", ".join(result.status.missing))
+        return False
