@@ -44,14 +44,19 @@ class HfTokenSecretOperator(PipelineOperator):
         p = self.pipeline(context)
         if isinstance(p, GkePipelineSpec):
             project = p.cluster.project
-            readers: tuple[str, ...] = (p.cluster.workload_service_account, p.cluster.node_pool_service_account)
+            readers: tuple[str, ...] = (
+                p.cluster.workload_service_account,
+                p.cluster.node_pool_service_account,
+            )
         else:
             project = p.vm.project
             readers = (p.service_account,) if p.service_account else ()
         secrets: dict[str, str] = {}
         if p.hf_token.sync_from_connection:
             secrets["hf_token"] = get_hf_token(p.hf_token.conn_id)
-        for command in gke.hf_token_secret(project, p.hf_token.secret_id, readers, sync=p.hf_token.sync_from_connection):
+        for command in gke.hf_token_secret(
+            project, p.hf_token.secret_id, readers, sync=p.hf_token.sync_from_connection
+        ):
             self.hook.run_checked(command, secrets=secrets)
         return p.hf_token.secret_id
 
@@ -62,7 +67,9 @@ def write_blueprint(operator: PipelineOperator, pipeline: GkePipelineSpec, conte
     os.makedirs(workdir, exist_ok=True)
     base = (operator.hook.bundle_dir() / BLUEPRINT_RELPATH).read_text()
     labels = gke.cluster_labels(pipeline, run_expiry(context, pipeline.max_cluster_hours))
-    Path(gke.blueprint_path(workdir)).write_text(customize_blueprint(base, pipeline.cluster.blueprint, labels))
+    Path(gke.blueprint_path(workdir)).write_text(
+        customize_blueprint(base, pipeline.cluster.blueprint, labels)
+    )
     return workdir
 
 
@@ -81,7 +88,11 @@ class GclusterDeployOperator(PipelineOperator):
         self.hook.run_checked(gke.deploy(p.cluster, workdir), cwd=workdir)
         for command in gke.iam_grants(p.cluster):
             self.hook.run_checked(command)
-        return {"cluster_name": p.cluster.cluster_name, "chips": p.cluster.total_chips, "deploy_seconds": time.time() - started}
+        return {
+            "cluster_name": p.cluster.cluster_name,
+            "chips": p.cluster.total_chips,
+            "deploy_seconds": time.time() - started,
+        }
 
 
 class GclusterDestroyOperator(PipelineOperator):
@@ -93,13 +104,21 @@ class GclusterDestroyOperator(PipelineOperator):
         p: GkePipelineSpec = self.pipeline(context)
         destroyed = False
         if p.keep_cluster:
-            self.log.warning("keep_cluster=true: cluster %s is left running (it bills)", p.cluster.cluster_name)
+            self.log.warning(
+                "keep_cluster=true: cluster %s is left running (it bills)", p.cluster.cluster_name
+            )
         else:
             workdir = write_blueprint(self, p, context)
             self.hook.run_checked(gke.recreate_deployment_folder(p.cluster, workdir), cwd=workdir)
             self.hook.run_checked(gke.destroy(p.cluster, workdir), cwd=workdir)
             destroyed = True
         if p.delete_bucket:
-            self.log.warning("delete_bucket=true: deleting gs://%s and every checkpoint in it", p.cluster.bucket)
+            self.log.warning(
+                "delete_bucket=true: deleting gs://%s and every checkpoint in it", p.cluster.bucket
+            )
             self.hook.run_checked(gke.delete_bucket(p.cluster.bucket))
-        return {"cluster_name": p.cluster.cluster_name, "destroyed": destroyed, "bucket_deleted": p.delete_bucket}
+        return {
+            "cluster_name": p.cluster.cluster_name,
+            "destroyed": destroyed,
+            "bucket_deleted": p.delete_bucket,
+        }

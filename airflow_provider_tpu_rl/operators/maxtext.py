@@ -7,11 +7,11 @@ re-attaches instead of submitting a duplicate. Waiting is deferred to a trigger.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, Literal
 
-from airflow.providers.common.compat.sdk import AirflowException, Context
+from airflow.providers.common.compat.sdk import AirflowException, AirflowFailException, Context
 from airflow.providers.google.cloud.hooks.gcs import GCSHook
 
 from airflow_provider_tpu_rl.hooks.jobs import GclusterJob, JobState
@@ -34,11 +34,15 @@ from airflow_provider_tpu_rl.triggers.gcluster_job import GclusterJobTrigger
 Direction = Literal["to_maxtext", "to_huggingface"]
 
 
-def checkpoint_ready(gcp_conn_id: str, root_uri: str, step: int, items: tuple[str, ...]) -> dict[str, Any] | None:
+def checkpoint_ready(
+    gcp_conn_id: str, root_uri: str, step: int, items: tuple[str, ...]
+) -> dict[str, Any] | None:
     """The sensor payload when ``root_uri`` holds a committed ``step`` with ``items``, else None."""
     bucket, prefix = parse_gs_uri(root_uri)
     result = run_probe_sync(GCSHook(gcp_conn_id=gcp_conn_id), bucket, probe_checkpoint(prefix, step, items))
-    return checkpoint_event_payload(bucket, result.state, items) if result.is_complete and result.state else None
+    return (
+        checkpoint_event_payload(bucket, result.state, items) if result.is_complete and result.state else None
+    )
 
 
 def export_ready(gcp_conn_id: str, export_uri: str) -> dict[str, Any] | None:
@@ -81,9 +85,16 @@ class _GclusterJobOperator(PipelineOperator):
     def _persist_links(self, context: Context, p: GkePipelineSpec, name: str) -> None:
         c = p.cluster
         GKEWorkloadLink.persist(
-            context, project_id=c.project, location=c.region, cluster_name=c.cluster_name, jobset_name=name, pathways=self.pathways
+            context,
+            project_id=c.project,
+            location=c.region,
+            cluster_name=c.cluster_name,
+            jobset_name=name,
+            pathways=self.pathways,
         )
-        CloudLoggingJobLink.persist(context, project_id=c.project, jobset_name=name, location=c.region, cluster_name=c.cluster_name)
+        CloudLoggingJobLink.persist(
+            context, project_id=c.project, jobset_name=name, location=c.region, cluster_name=c.cluster_name
+        )
         GCSBrowserLink.persist(context, uri=self.output_uri(p), project_id=c.project)
 
     def _find(self, p: GkePipelineSpec, name: str) -> GclusterJob | None:
@@ -103,7 +114,9 @@ class _GclusterJobOperator(PipelineOperator):
             self.hook.run_checked(command)
             self._submitted = (name, c.project, c.cluster_name, c.region)
             return "submitted"
-        self.log.info("Job %s already exists (%s): re-attaching, nothing submitted", name, existing.state.value)
+        self.log.info(
+            "Job %s already exists (%s): re-attaching, nothing submitted", name, existing.state.value
+        )
         return "attached"
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -113,7 +126,11 @@ class _GclusterJobOperator(PipelineOperator):
         self._persist_links(context, p, name)
         ready = self.output_ready(p)
         if ready is not None:
-            self.log.info("Output %s is already complete: job %s is skipped, no TPU time spent", self.output_uri(p), name)
+            self.log.info(
+                "Output %s is already complete: job %s is skipped, no TPU time spent",
+                self.output_uri(p),
+                name,
+            )
             return {"job_name": None, "skipped": True, **ready}
         self.submit_or_attach(p, name, command)
         c = p.cluster
@@ -127,9 +144,10 @@ class _GclusterJobOperator(PipelineOperator):
                 location=c.region,
                 gcluster_conn_id=self.gcluster_conn_id,
                 poll_interval=self.poll_interval,
+                total_steps=self.total_steps(p),
+                deadline=time.time() + self.job_timeout.total_seconds() if self.job_timeout else None,
             ),
             method_name="execute_complete",
-            timeout=self.job_timeout,
         )
         raise AssertionError("defer() raises")  # pragma: no cover
 
@@ -141,9 +159,13 @@ class _GclusterJobOperator(PipelineOperator):
                 return self.execute_complete(context, {"status": "missing", "job_name": name})
             if job.state.finished:
                 status = "success" if job.state is JobState.SUCCEEDED else "failed"
-                return self.execute_complete(context, {"status": status, "job_name": name, "state": job.state.value})
+                return self.execute_complete(
+                    context, {"status": status, "job_name": name, "state": job.state.value}
+                )
             if deadline is not None and time.monotonic() > deadline:
-                raise AirflowException(f"job {name} did not finish within {self.job_timeout}")
+                return self.execute_complete(
+                    context, {"status": "timeout", "job_name": name, "state": job.state.value}
+                )
             time.sleep(self.poll_interval)
 
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -156,13 +178,30 @@ class _GclusterJobOperator(PipelineOperator):
             if ready is not None:
                 if status == "missing":
                     self.log.info("Job %s is gone (JobSet TTL) but its output is complete: success", name)
-                return {"job_name": name, "skipped": False, **ready, **self.after_success(p, name)}
+                return {"job_name": name, "skipped": False, **ready, **self.after_success(p, name, event)}
             raise AirflowException(
                 f"job {name} ended ({status}) but {self.output_uri(p)} is not complete: {event.get('message', '')}"
             )
-        raise AirflowException(f"job {name} {status or 'ended'}: {event.get('message', '')} (state {event.get('state')})")
+        if status == "timeout":
+            c = p.cluster
+            self.log.error(
+                "Job %s exceeded job_timeout=%s: cancelling it so it stops holding TPUs",
+                name,
+                self.job_timeout,
+            )
+            self.hook.cancel_job(name, c.project, c.cluster_name, c.region)
+            raise AirflowFailException(
+                f"job {name} did not finish within {self.job_timeout}; it was cancelled"
+            )
+        raise AirflowException(
+            f"job {name} {status or 'ended'}: {event.get('message', '')} (state {event.get('state')})"
+        )
 
-    def after_success(self, p: GkePipelineSpec, name: str) -> dict[str, Any]:
+    def total_steps(self, p: GkePipelineSpec) -> int | None:
+        """Training jobs report progress and metrics from their log; others do not."""
+        return None
+
+    def after_success(self, p: GkePipelineSpec, name: str, event: dict[str, Any]) -> dict[str, Any]:
         return {}
 
     def on_kill(self) -> None:
@@ -183,7 +222,7 @@ class MaxTextConvertOperator(_GclusterJobOperator):
     markers, or an export whose index lists shards that all exist.
     """
 
-    template_fields = (*PipelineOperator.template_fields, "direction")
+    template_fields: Sequence[str] = (*PipelineOperator.template_fields, "direction")
 
     def __init__(self, *, direction: Direction = "to_maxtext", **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -217,20 +256,33 @@ class PathwaysRLTrainOperator(_GclusterJobOperator):
         return p.training.actor_checkpoint_root
 
     def output_ready(self, p: GkePipelineSpec) -> dict[str, Any] | None:
-        return checkpoint_ready(self.gcp_conn_id, p.training.actor_checkpoint_root, p.training.final_step, ("model_params",))
+        return checkpoint_ready(
+            self.gcp_conn_id, p.training.actor_checkpoint_root, p.training.final_step, ("model_params",)
+        )
 
-    def after_success(self, p: GkePipelineSpec, name: str) -> dict[str, Any]:
-        tracker = TrainingLogTracker()
-        total = p.training.final_step
-        on_line: Callable[[str], None] = lambda line: _feed(tracker, line, total, self.log)  # noqa: E731
-        c = p.cluster
-        try:
-            self.hook.stream_job_logs(name, c.project, c.cluster_name, c.region, on_line=on_line)
-        except AirflowException as err:
-            self.log.warning("No workload log for %s (%s): metrics unavailable", name, err)
-        metrics = tracker.metrics()
-        if metrics.get("pre") and metrics.get("post"):
-            self.log.info("mean_reward %s -> %s", metrics["pre"].get("mean_reward"), metrics["post"].get("mean_reward"))
+    def total_steps(self, p: GkePipelineSpec) -> int | None:
+        return p.training.final_step
+
+    def after_success(self, p: GkePipelineSpec, name: str, event: dict[str, Any]) -> dict[str, Any]:
+        metrics = event.get("metrics")
+        if metrics is None:  # waited in the worker: read what the log still holds
+            tracker = TrainingLogTracker()
+            total = p.training.final_step
+            c = p.cluster
+            try:
+                self.hook.stream_job_logs(
+                    name,
+                    c.project,
+                    c.cluster_name,
+                    c.region,
+                    on_line=lambda line: _feed(tracker, line, total, self.log),
+                )
+            except AirflowException as err:
+                self.log.warning("No workload log for %s (%s): metrics unavailable", name, err)
+            metrics = tracker.metrics()
+        pre, post = metrics.get("pre"), metrics.get("post")
+        if pre and post:
+            self.log.info("mean_reward %s -> %s", pre.get("mean_reward"), post.get("mean_reward"))
         return {"metrics": metrics}
 
 

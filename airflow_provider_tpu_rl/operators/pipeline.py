@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from airflow.providers.common.compat.sdk import AirflowFailException, BaseOperator, Context
@@ -66,7 +66,11 @@ def validate_pipeline_conf(
             "converted_root": pipeline.conversion.output_directory,
             "actor_root": training.actor_checkpoint_root,
             "export_uri": pipeline.export.output_directory,
-            "jobs": {"convert": pipeline.convert_job, "train": pipeline.train_job, "export": pipeline.export_job},
+            "jobs": {
+                "convert": pipeline.convert_job,
+                "train": pipeline.train_job,
+                "export": pipeline.export_job,
+            },
         }
     else:
         derived |= {
@@ -89,7 +93,7 @@ def run_expiry(context: Context, hours: int) -> int:
 class PipelineOperator(BaseOperator):
     """Base of the pipeline operators: the spec comes from the run's params (or ``pipeline_conf``)."""
 
-    template_fields = ("pipeline_conf",)
+    template_fields: Sequence[str] = ("pipeline_conf",)
     pipeline_kind: PipelineKind = "gke"
 
     def __init__(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -33,7 +34,7 @@ class TpuVmStageOperator(_TpuVmOperator):
     The train and export stages copy their outputs out of /dev/shm to GCS before they return.
     """
 
-    template_fields = (*PipelineOperator.template_fields, "stage")
+    template_fields: Sequence[str] = (*PipelineOperator.template_fields, "stage")
 
     def __init__(self, *, stage: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -52,7 +53,9 @@ class TpuVmStageOperator(_TpuVmOperator):
             if tracker.last_step is not None and tracker.last_step != before:
                 self.log.info("progress: %s", tracker.progress_text(total))
 
-        self.hook.run_checked(tpu_vm.stage_command(p, self.stage), on_line=on_line if self.stage == "train" else None)
+        self.hook.run_checked(
+            tpu_vm.stage_command(p, self.stage), on_line=on_line if self.stage == "train" else None
+        )
         out: dict[str, Any] = {"stage": self.stage, "vm_name": p.vm.vm_name}
         if self.stage == "train":
             out |= {"metrics": tracker.metrics(), "checkpoint_uri": p.gcs_actor_checkpoint + "/model_params/"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,7 +19,7 @@ from airflow_provider_tpu_rl.maxtext.logs import TrainingLogTracker
 class GclusterJobTrigger(BaseTrigger):
     """Polls ``gcluster job list`` until the job ends; yields exactly one event.
 
-    The event payload: ``status`` (``success`` | ``failed`` | ``error`` | ``missing``), ``job_name``,
+    The event payload: ``status`` (``success`` | ``failed`` | ``error`` | ``missing`` | ``timeout``), ``job_name``,
     ``state`` (last seen JobSet status or ``None``), ``message``, ``log_lines`` (workload log lines
     relayed) and ``expect_final_checkpoint`` (passed through for the operator). A job that is absent
     from the list (its JobSet garbage-collected after ``--gke-ttl-after-finished``) is ``missing``:
@@ -28,6 +29,9 @@ class GclusterJobTrigger(BaseTrigger):
     :param log_follow: relay new lines of ``gcluster job logs NAME`` to the log on every poll.
     :param missing_confirmations: consecutive polls without the job before reporting ``missing``.
     :param max_consecutive_errors: transient ``job list`` failures tolerated in a row.
+    :param total_steps: for training jobs: parse MaxText's lines, log "step N/M" and put the
+        metrics (rewards, losses) into the event.
+    :param deadline: epoch seconds; a job still running then ends the wait with ``timeout``.
     """
 
     def __init__(
@@ -44,6 +48,7 @@ class GclusterJobTrigger(BaseTrigger):
         max_consecutive_errors: int = 5,
         query_timeout: float = 300.0,
         total_steps: int | None = None,
+        deadline: float | None = None,
     ) -> None:
         super().__init__()
         self.job_name = job_name
@@ -58,6 +63,7 @@ class GclusterJobTrigger(BaseTrigger):
         self.max_consecutive_errors = max(1, max_consecutive_errors)
         self.query_timeout = query_timeout
         self.total_steps = total_steps
+        self.deadline = deadline
         self._tracker = TrainingLogTracker()
         self._seen_log: list[str] = []
         self._log_count = 0
@@ -78,6 +84,7 @@ class GclusterJobTrigger(BaseTrigger):
                 "max_consecutive_errors": self.max_consecutive_errors,
                 "query_timeout": self.query_timeout,
                 "total_steps": self.total_steps,
+                "deadline": self.deadline,
             },
         )
 
@@ -181,4 +188,11 @@ class GclusterJobTrigger(BaseTrigger):
                         "failed", job.state, f"job {self.job_name} failed at {job.completion_time}"
                     )
                     return
+            if self.deadline is not None and time.time() >= self.deadline:
+                yield self._event(
+                    "timeout",
+                    last_state,
+                    f"job {self.job_name} still {getattr(last_state, 'value', 'absent')} at its deadline",
+                )
+                return
             await asyncio.sleep(self.poll_interval)

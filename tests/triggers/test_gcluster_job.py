@@ -240,3 +240,14 @@ async def test_list_is_filtered_by_the_job_name(tools):
     await run_to_end(make_trigger(log_follow=False)[0])
     argv = calls_of(tools, "list")[0]["argv"]
     assert f"--name-contains={JOB}" in argv
+
+
+async def test_a_job_still_running_at_its_deadline_ends_with_timeout(tools):
+    tools.respond(
+        {"match": ["job", "list"], "steps": listing(row("Running"))},
+        {"match": ["job", "logs"], **log_snapshot("Reshard finished in 3.2s")},
+    )
+    (event,) = await run_to_end(make_trigger(deadline=1.0)[0])
+    assert event["status"] == "timeout"
+    assert event["state"] == "Running"
+    assert len(calls_of(tools, "list")) == 1
