@@ -5,7 +5,8 @@ BIN := $(VENV)/bin
 CONSTRAINTS := docker/constraints-3.11.txt
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: venv test lint typecheck unit demo plan bench clean
+.PHONY: venv postgres test lint typecheck unit demo plan bench clean
+SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
 venv: $(VENV)/.installed
 
@@ -15,14 +16,20 @@ $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(BIN)/uv pip install -q --python $(BIN)/python -c $(CONSTRAINTS) -e '.[dev]'
 	touch $@
 
+# The ledger tests run against a real PostgreSQL server (Debian's package), started per test session.
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends postgresql; }
+
 lint: venv
 	$(BIN)/ruff check airflow_provider_tpu_rl dags tests
 	$(BIN)/ruff format --check airflow_provider_tpu_rl dags tests
+	$(BIN)/sqlfluff lint sql/
 
 typecheck: venv
 	$(BIN)/mypy
 
-unit: venv
+unit: venv postgres
 	$(BIN)/pytest -q
 
 test: lint typecheck unit

@@ -32,7 +32,9 @@ SERVICE_ACCOUNT = re.compile(
     r"^[a-z][a-z0-9-]{4,61}[a-z0-9]@[a-z0-9.-]+\.iam\.gserviceaccount\.com$|^[0-9]+-compute@developer\.gserviceaccount\.com$"
 )
 DURATION = re.compile(r"^[0-9]+(?:s|m|h)$")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# C0/C1 controls and the Unicode line separators: YAML (the JobSet spec gcluster writes) and
+# Python both break lines at \x85, \u2028 and \u2029, not only at \n.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def require_str(field: str, value: Any) -> str:
@@ -179,7 +181,7 @@ def fraction(field: str, value: Any) -> float:
 
 
 def single_line(field: str, value: str) -> str:
-    """Values end up in a one-line shell command pasted into YAML: no control characters."""
+    """Values end up in a one-line shell command pasted into YAML: no control characters or line breaks."""
     if _CONTROL.search(value):
         raise SpecError(field, "must not contain control characters or newlines", value)
     return value

@@ -179,3 +179,9 @@ def test_cluster_spec_can_be_built_directly() -> None:
     )
     assert spec.total_chips == 32
     assert spec.node_pool_service_account == "c1-gke-np-sa@proj-123456.iam.gserviceaccount.com"
+
+
+@pytest.mark.parametrize("breaker", ["\n", "\r", "\x0b", "\x85", "\u2028", "\u2029", "\x00"])
+def test_override_values_cannot_break_the_one_line_command(breaker: str) -> None:
+    with pytest.raises(SpecError, match="control characters or newlines"):
+        gke_pipeline_from_conf({"train_overrides": {"debug": f"a{breaker}b"}})

@@ -1,0 +1,119 @@
+"""``tpu-rl runs``: the newest pipeline runs from the ledger, as a table."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from airflow_provider_tpu_rl.ledger.records import RunSummary
+
+UNKNOWN = "-"
+RUNS_COLUMNS = ("RUN", "MODEL", "STATE", "DURATION", "MEAN REWARD", "CHIP-HOURS", "EXPORT")
+
+
+def add_runs_subcommand(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``runs`` to a ``tpu-rl`` subparsers object; the parser's ``func`` is :func:`run_runs_command`."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "runs",
+        help="list recent pipeline runs from the run ledger",
+        description=(
+            "List recent pipeline runs: state, duration, mean reward before and after training, "
+            "TPU chip-hours and the Hugging Face export. The ledger is Airflow connection "
+            "tpu_rl_ledger, or $AIRFLOW_HOME/tpu_rl_ledger.db when that is not defined."
+        ),
+    )
+    parser.add_argument("--model", default=None, help="only runs of this model (MaxText model_name)")
+    parser.add_argument("--limit", type=_positive_int, default=20, help="at most this many runs (default 20)")
+    parser.add_argument(
+        "--conn-id", default="tpu_rl_ledger", help="Airflow connection of the ledger (default tpu_rl_ledger)"
+    )
+    parser.set_defaults(func=run_runs_command)
+    return parser
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def run_runs_command(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Print the runs table; 0 on success, 1 when the ledger cannot be read."""
+    from airflow_provider_tpu_rl.ledger.hook import RunLedger
+
+    out = out or sys.stdout
+    err = err or sys.stderr
+    ledger = RunLedger(args.conn_id)
+    try:
+        runs = ledger.latest_runs(model=args.model, limit=args.limit)
+    except Exception as error:
+        print(f"tpu-rl runs: cannot read the run ledger ({ledger.conn_id}): {error}", file=err)
+        return 1
+    if not runs:
+        which = f" of model {args.model}" if args.model else ""
+        print(f"No runs{which} in the ledger ({ledger.location}).", file=out)
+        return 0
+    print(format_runs_table(runs), file=out)
+    return 0
+
+
+def format_duration(seconds: float | None) -> str:
+    """``1h05m``, ``12m30s``, ``45s``; ``-`` when unknown."""
+    if seconds is None:
+        return UNKNOWN
+    total = round(seconds)
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+def format_reward(pre: float | None, post: float | None) -> str:
+    """``0.12→0.34``; ``-`` for a side that is unknown, ``-`` alone when both are."""
+    if pre is None and post is None:
+        return UNKNOWN
+    left = UNKNOWN if pre is None else f"{pre:.2f}"
+    right = UNKNOWN if post is None else f"{post:.2f}"
+    return f"{left}→{right}"
+
+
+def format_chip_hours(chip_hours: float | None) -> str:
+    """One decimal; ``-`` when unknown."""
+    return UNKNOWN if chip_hours is None else f"{chip_hours:.1f}"
+
+
+def runs_table_rows(runs: Sequence[RunSummary]) -> list[tuple[str, ...]]:
+    """The table's cells, one tuple per run, in :data:`RUNS_COLUMNS` order."""
+    return [
+        (
+            run.run_id,
+            run.model or UNKNOWN,
+            run.state or UNKNOWN,
+            format_duration(run.duration_seconds),
+            format_reward(run.pre_mean_reward, run.post_mean_reward),
+            format_chip_hours(run.chip_hours),
+            run.export_uri or UNKNOWN,
+        )
+        for run in runs
+    ]
+
+
+def format_runs_table(runs: Sequence[RunSummary]) -> str:
+    """A fixed-width table of runs, aligned columns separated by two spaces."""
+    rows = [RUNS_COLUMNS, *runs_table_rows(runs)]
+    widths = [max(len(row[index]) for row in rows) for index in range(len(RUNS_COLUMNS))]
+    right_aligned = {RUNS_COLUMNS.index("DURATION"), RUNS_COLUMNS.index("CHIP-HOURS")}
+    lines = []
+    for row in rows:
+        cells = [
+            cell.rjust(widths[index]) if index in right_aligned else cell.ljust(widths[index])
+            for index, cell in enumerate(row)
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)

@@ -1,0 +1,276 @@
+"""Build the ledger records of a DAG run from a task's context (duck-typed; no Airflow import).
+
+The ledger task runs as a teardown at the end of a pipeline, so its DAG run is still running:
+the run's state is derived from the other tasks. Task instances come from
+``dag_run.get_task_instances()`` where the context offers it (Airflow 2, tests); on Airflow 3
+a task can only ask for the states of its run's tasks (``ti.get_task_states``), so start, end
+and try number come from ``recorded_steps``: what :func:`~airflow_provider_tpu_rl.ledger.hook.record_step_callback`
+wrote into the ledger while the run went on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+from airflow_provider_tpu_rl.ledger.records import (
+    ArtifactRecord,
+    MetricRecord,
+    RunRecord,
+    StepRecord,
+    as_utc,
+)
+
+log = logging.getLogger(__name__)
+
+GKE_CLUSTER_TASK_IDS = ("deploy_cluster", "destroy_cluster")
+TPU_VM_CLUSTER_TASK_IDS = ("create_vm", "delete_vm")
+TPU_VM_CHIPS = 8
+TRAIN_TASK_ID = "train"
+JOB_TASK_IDS = ("convert_to_maxtext", "train", "export_to_huggingface")
+ARTIFACT_TASK_IDS: Mapping[str, str] = {
+    "converted_checkpoint": "wait_converted_checkpoint",
+    "actor_checkpoint": "wait_actor_checkpoint",
+    "hf_export": "wait_hf_export",
+}
+FAILED_STATES = frozenset({"failed", "upstream_failed"})
+_STATE_PRIORITY = ("failed", "upstream_failed", "up_for_retry", "running", "deferred", "queued", "success")
+
+Collected = tuple[RunRecord, list[StepRecord], list[MetricRecord], list[ArtifactRecord]]
+
+
+def state_name(state: Any) -> str | None:
+    """A task or run state as plain text (Airflow passes str enums)."""
+    if state is None:
+        return None
+    return str(getattr(state, "value", state))
+
+
+def collect_run_from_context(
+    context: Mapping[str, Any],
+    *,
+    model: str,
+    chips: int | None,
+    cluster_task_ids: tuple[str, str] = GKE_CLUSTER_TASK_IDS,
+    train_task_id: str = TRAIN_TASK_ID,
+    job_task_ids: Sequence[str] = JOB_TASK_IDS,
+    artifact_task_ids: Mapping[str, str] = ARTIFACT_TASK_IDS,
+    teardown_task_ids: Iterable[str] | None = None,
+    ignored_task_ids: Iterable[str] = (),
+    recorded_steps: Mapping[str, StepRecord] | None = None,
+    now: datetime | None = None,
+) -> Collected:
+    """The run, its steps, metrics and artifacts, as the ledger stores them.
+
+    The run is ``failed`` when a task other than a teardown (and other than ``ignored_task_ids``)
+    failed or was upstream_failed, or when Airflow already marked the DAG run failed; else
+    ``success``. Teardown tasks are ``teardown_task_ids`` or, when None, the DAG's tasks with
+    ``is_teardown``; the calling task is always one. Chip-hours use the cluster's lifetime:
+    start of ``cluster_task_ids[0]`` to end of ``cluster_task_ids[1]`` (or ``now``).
+    """
+    current = now or datetime.now(UTC)
+    dag_run = context["dag_run"]
+    own_ti = context["ti"]
+    own_task_id = own_ti.task_id
+
+    steps = _steps_from_context(context, dag_run, own_ti)
+    steps.pop(own_task_id, None)
+    steps = _fill_from_recorded(steps, recorded_steps or {})
+    steps = _attach_job_names(steps, own_ti, job_task_ids)
+
+    teardowns = _teardown_task_ids(context, teardown_task_ids, cluster_task_ids) | {own_task_id}
+    skipped = teardowns | set(ignored_task_ids)
+    failed = any(step.state in FAILED_STATES for task_id, step in steps.items() if task_id not in skipped)
+    if state_name(getattr(dag_run, "state", None)) == "failed":
+        failed = True
+
+    deploy, destroy = (steps.get(task_id) for task_id in cluster_task_ids)
+    cluster_started = deploy.started_at if deploy else None
+    cluster_ended: datetime | None = None
+    if cluster_started is not None:
+        cluster_ended = (destroy.ended_at if destroy else None) or current
+
+    run = RunRecord(
+        dag_id=dag_run.dag_id,
+        airflow_run_id=dag_run.run_id,
+        model=model,
+        state="failed" if failed else "success",
+        started_at=as_utc(getattr(dag_run, "start_date", None)),
+        ended_at=as_utc(getattr(dag_run, "end_date", None)) or current,
+        chips=chips,
+        cluster_started_at=as_utc(cluster_started),
+        cluster_ended_at=as_utc(cluster_ended),
+        conf=dict(getattr(dag_run, "conf", None) or {}),
+    )
+    metrics = metrics_from_train_result(_xcom(own_ti, train_task_id))
+    artifacts = [
+        artifact
+        for kind, task_id in artifact_task_ids.items()
+        for artifact in artifacts_from_sensor_result(kind, _xcom(own_ti, task_id))
+    ]
+    return run, sorted(steps.values(), key=lambda step: step.task_id), metrics, artifacts
+
+
+def _steps_from_context(context: Mapping[str, Any], dag_run: Any, own_ti: Any) -> dict[str, StepRecord]:
+    get_task_instances = getattr(dag_run, "get_task_instances", None)
+    if callable(get_task_instances):
+        return _merge_mapped(
+            StepRecord(
+                task_id=ti.task_id,
+                state=state_name(ti.state),
+                try_number=getattr(ti, "try_number", None),
+                started_at=as_utc(getattr(ti, "start_date", None)),
+                ended_at=as_utc(getattr(ti, "end_date", None)),
+            )
+            for ti in get_task_instances()
+        )
+    get_task_states = getattr(own_ti, "get_task_states", None)
+    if callable(get_task_states):
+        by_run = get_task_states(dag_id=dag_run.dag_id, run_ids=[dag_run.run_id])
+        states: Mapping[str, Any] = by_run.get(dag_run.run_id, {})
+        return {
+            task_id: StepRecord(task_id=task_id, state=state_name(state)) for task_id, state in states.items()
+        }
+    log.warning("the context offers no way to list task instances; the ledger records no steps")
+    return {}
+
+
+def _merge_mapped(steps: Iterable[StepRecord]) -> dict[str, StepRecord]:
+    """One step per task id: mapped task instances fold into one (worst state, widest time span)."""
+    merged: dict[str, StepRecord] = {}
+    for step in steps:
+        seen = merged.get(step.task_id)
+        if seen is None:
+            merged[step.task_id] = step
+            continue
+        merged[step.task_id] = StepRecord(
+            task_id=step.task_id,
+            state=min((seen.state, step.state), key=_state_rank),
+            try_number=max((t for t in (seen.try_number, step.try_number) if t is not None), default=None),
+            started_at=min((t for t in (seen.started_at, step.started_at) if t is not None), default=None),
+            ended_at=max((t for t in (seen.ended_at, step.ended_at) if t is not None), default=None),
+        )
+    return merged
+
+
+def _state_rank(state: str | None) -> int:
+    return _STATE_PRIORITY.index(state) if state in _STATE_PRIORITY else len(_STATE_PRIORITY)
+
+
+def _fill_from_recorded(
+    steps: dict[str, StepRecord], recorded: Mapping[str, StepRecord]
+) -> dict[str, StepRecord]:
+    """Fill what the context does not know (times, try, job) from steps already in the ledger."""
+    filled = dict(steps)
+    for task_id, old in recorded.items():
+        new = filled.get(task_id)
+        if new is None:
+            continue
+        if new.try_number is not None and old.try_number is not None and old.try_number != new.try_number:
+            continue
+        filled[task_id] = StepRecord(
+            task_id=task_id,
+            state=new.state or old.state,
+            try_number=new.try_number if new.try_number is not None else old.try_number,
+            started_at=new.started_at or old.started_at,
+            ended_at=new.ended_at or old.ended_at,
+            job_name=new.job_name or old.job_name,
+        )
+    return filled
+
+
+def _attach_job_names(
+    steps: dict[str, StepRecord], own_ti: Any, job_task_ids: Sequence[str]
+) -> dict[str, StepRecord]:
+    attached = dict(steps)
+    for task_id in job_task_ids:
+        result = _xcom(own_ti, task_id)
+        job_name = result.get("job_name") if isinstance(result, Mapping) else None
+        if not job_name:
+            continue
+        step = attached.get(task_id) or StepRecord(task_id=task_id, state=None)
+        attached[task_id] = replace(step, job_name=str(job_name))
+    return attached
+
+
+def _teardown_task_ids(
+    context: Mapping[str, Any], given: Iterable[str] | None, cluster_task_ids: tuple[str, str]
+) -> set[str]:
+    if given is not None:
+        return set(given)
+    dag = context.get("dag")
+    tasks = getattr(dag, "tasks", None)
+    if tasks:
+        return {task.task_id for task in tasks if getattr(task, "is_teardown", False)}
+    return {cluster_task_ids[1]}
+
+
+def _xcom(ti: Any, task_id: str) -> Any:
+    """The return value of ``task_id`` in this run, or None (a missing or unreadable XCom)."""
+    try:
+        return ti.xcom_pull(task_ids=task_id, key="return_value")
+    except Exception:
+        log.warning("could not read the XCom of task %s; the ledger records the run without it", task_id)
+        return None
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _step_number(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def metrics_from_train_result(result: Any) -> list[MetricRecord]:
+    """Metrics from the train task's return value ``{"metrics": {"pre", "post", "intermediate", "loss"}}``.
+
+    pre and post are stored at step 0; every numeric field becomes one metric.
+    """
+    if not isinstance(result, Mapping) or not isinstance(result.get("metrics"), Mapping):
+        return []
+    found = result["metrics"]
+    metrics: list[MetricRecord] = []
+    for phase in ("pre", "post"):
+        values = found.get(phase)
+        if isinstance(values, Mapping):
+            metrics.extend(
+                MetricRecord(phase, 0, str(name), number)
+                for name, value in values.items()
+                if (number := _number(value)) is not None
+            )
+    for entry in found.get("intermediate") or []:
+        step = _step_number(entry.get("step")) if isinstance(entry, Mapping) else None
+        if step is None:
+            continue
+        metrics.extend(
+            MetricRecord("intermediate", step, str(name), number)
+            for name, value in entry.items()
+            if name != "step" and (number := _number(value)) is not None
+        )
+    for entry in found.get("loss") or []:
+        step = _step_number(entry.get("step")) if isinstance(entry, Mapping) else None
+        loss = _number(entry.get("loss")) if isinstance(entry, Mapping) else None
+        if step is not None and loss is not None:
+            metrics.append(MetricRecord("train", step, "loss", loss))
+    return metrics
+
+
+def artifacts_from_sensor_result(kind: str, result: Any) -> list[ArtifactRecord]:
+    """Artifacts from a sensor's return value: its ``export_uri`` or ``checkpoint_uri``, else its ``uris``."""
+    if not isinstance(result, Mapping):
+        return []
+    step = _step_number(result.get("step")) if result.get("step") is not None else None
+    primary = result.get("export_uri") or result.get("checkpoint_uri")
+    uris = [primary] if primary else list(result.get("uris") or [])
+    return [ArtifactRecord(kind, str(uri), step) for uri in uris if uri]

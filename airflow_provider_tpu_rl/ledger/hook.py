@@ -1,0 +1,542 @@
+"""The run ledger behind an Airflow connection (common.sql hooks: SQLite, PostgreSQL; or BigQuery).
+
+Connection ``tpu_rl_ledger`` picks the database:
+
+- ``sqlite``: ``AIRFLOW_CONN_TPU_RL_LEDGER='sqlite://%2Fpath%2Fto%2Fledger.db'`` (the path is the
+  URI's host, percent-encoded; :func:`sqlite_connection_uri` builds it);
+- ``postgres``: ``AIRFLOW_CONN_TPU_RL_LEDGER='postgresql://user:password@host:5432/database'``;
+- ``gcpbigquery`` or ``google_cloud_platform``: BigQuery; tables go to the dataset named by the
+  connection's extra ``dataset`` (default ``tpu_rl_ledger``) in the connection's project.
+
+When ``tpu_rl_ledger`` is not defined, the ledger is the SQLite file
+``$AIRFLOW_HOME/tpu_rl_ledger.db`` (``~/airflow/tpu_rl_ledger.db`` without ``AIRFLOW_HOME``).
+Every write is an upsert, so a retried or re-run ledger task never adds duplicate rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import quote
+
+from airflow.providers.common.compat.sdk import AirflowNotFoundException, BaseHook
+from airflow.providers.sqlite.hooks.sqlite import SqliteHook
+
+from airflow_provider_tpu_rl.ledger.collect import collect_run_from_context, state_name
+from airflow_provider_tpu_rl.ledger.dialects import (
+    LEDGER_TABLES,
+    RUN_ARTIFACTS,
+    RUN_METRICS,
+    RUN_STEPS,
+    RUNS,
+    Dialect,
+    TableSpec,
+    adapt_row,
+    artifact_row,
+    convert_params,
+    dedupe_rows,
+    dialect_from_conn_type,
+    merge_parameters,
+    merge_sql,
+    metric_row,
+    parameter_names,
+    run_row,
+    step_row,
+    upsert_sql,
+)
+from airflow_provider_tpu_rl.ledger.records import (
+    ArtifactRecord,
+    MetricRecord,
+    RunRecord,
+    RunSummary,
+    StepRecord,
+    as_utc,
+    make_run_id,
+)
+from airflow_provider_tpu_rl.ledger.schema import BOOTSTRAP_VERSION, load_migrations, load_query
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CONN_ID = "tpu_rl_ledger"
+DEFAULT_SQLITE_FILE = "tpu_rl_ledger.db"
+DEFAULT_BIGQUERY_DATASET = "tpu_rl_ledger"
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+_POSTGRES_MIGRATION_LOCK = 7_301_946_215  # pg_advisory_xact_lock key: one migrator at a time
+
+Row = dict[str, Any]
+
+
+def default_sqlite_path() -> Path:
+    """``$AIRFLOW_HOME/tpu_rl_ledger.db``: the ledger when connection ``tpu_rl_ledger`` is not defined."""
+    return Path(os.environ.get("AIRFLOW_HOME") or "~/airflow").expanduser() / DEFAULT_SQLITE_FILE
+
+
+def sqlite_connection_uri(path: str | os.PathLike[str]) -> str:
+    """An Airflow connection URI for a SQLite file (``AIRFLOW_CONN_TPU_RL_LEDGER``)."""
+    return "sqlite://" + quote(str(Path(path).resolve()), safe="")
+
+
+class _SqliteFileHook(SqliteHook):
+    """A SqliteHook on a file, for the default ledger that has no Airflow connection."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self._path = path
+
+    def get_uri(self) -> str:
+        return f"sqlite:///{self._path}"
+
+
+class _Session(Protocol):
+    """One unit of work on the ledger database."""
+
+    def execute(self, sql: str, params: Mapping[str, Any]) -> None: ...
+
+    def upsert(self, table: TableSpec, rows: Sequence[Row]) -> None: ...
+
+    def fetch(self, sql: str, params: Mapping[str, Any]) -> list[Row]: ...
+
+
+class _DbApiSession:
+    """A transaction on a DB-API connection from a common.sql hook (SQLite or PostgreSQL)."""
+
+    def __init__(self, connection: Any, dialect: Dialect) -> None:
+        self._connection = connection
+        self._dialect = dialect
+
+    def execute(self, sql: str, params: Mapping[str, Any]) -> None:
+        cursor = self._connection.cursor()
+        try:
+            cursor.execute(convert_params(sql, self._dialect), adapt_row(params, self._dialect))
+        finally:
+            cursor.close()
+
+    def upsert(self, table: TableSpec, rows: Sequence[Row]) -> None:
+        if not rows:
+            return
+        cursor = self._connection.cursor()
+        try:
+            cursor.executemany(
+                upsert_sql(table, self._dialect), [adapt_row(row, self._dialect) for row in rows]
+            )
+        finally:
+            cursor.close()
+
+    def fetch(self, sql: str, params: Mapping[str, Any]) -> list[Row]:
+        cursor = self._connection.cursor()
+        try:
+            cursor.execute(convert_params(sql, self._dialect), adapt_row(params, self._dialect))
+            names = [column[0] for column in cursor.description]
+            return [dict(zip(names, values, strict=True)) for values in cursor.fetchall()]
+        finally:
+            cursor.close()
+
+
+def _bigquery_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "BOOL"
+    if isinstance(value, int):
+        return "INT64"
+    if isinstance(value, float):
+        return "FLOAT64"
+    if isinstance(value, datetime):
+        return "TIMESTAMP"
+    return "STRING"
+
+
+class _BigQuerySession:
+    """Query jobs in the ledger's dataset (each call is one job; BigQuery has no DB-API transaction)."""
+
+    def __init__(self, client: Any, dataset: str) -> None:
+        self._client = client
+        self._dataset = dataset
+
+    def _run(self, sql: str, parameters: Iterable[tuple[str, str, Any]]) -> Any:
+        from google.cloud import bigquery
+
+        job_config = bigquery.QueryJobConfig(
+            default_dataset=self._dataset,
+            query_parameters=[bigquery.ScalarQueryParameter(*parameter) for parameter in parameters],
+        )
+        return self._client.query(sql, job_config=job_config).result()
+
+    @staticmethod
+    def _parameters(sql: str, params: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
+        return [
+            (name, _bigquery_type(params[name]), adapt_row(params, Dialect.BIGQUERY)[name])
+            for name in parameter_names(sql)
+        ]
+
+    def execute(self, sql: str, params: Mapping[str, Any]) -> None:
+        self._run(convert_params(sql, Dialect.BIGQUERY), self._parameters(sql, params))
+
+    def upsert(self, table: TableSpec, rows: Sequence[Row]) -> None:
+        self.record_script([(table, rows)])
+
+    def record_script(self, tables: Sequence[tuple[TableSpec, Sequence[Row]]]) -> None:
+        """One multi-statement transaction with a MERGE per table."""
+        script, parameters = bigquery_record_script(tables)
+        if script:
+            self._run(script, parameters)
+
+    def fetch(self, sql: str, params: Mapping[str, Any]) -> list[Row]:
+        result = self._run(convert_params(sql, Dialect.BIGQUERY), self._parameters(sql, params))
+        return [dict(row.items()) for row in result]
+
+
+def bigquery_record_script(
+    tables: Sequence[tuple[TableSpec, Sequence[Row]]],
+) -> tuple[str, list[tuple[str, str, Any]]]:
+    """A BigQuery script ``BEGIN TRANSACTION; MERGE ...; COMMIT TRANSACTION;`` and its parameters."""
+    statements: list[str] = []
+    parameters: list[tuple[str, str, Any]] = []
+    for table, rows in tables:
+        unique = dedupe_rows(table, rows)
+        if not unique:
+            continue
+        prefix = f"{table.name}_r"
+        statements.append(merge_sql(table, len(unique), prefix=prefix))
+        parameters.extend(merge_parameters(table, unique, prefix=prefix))
+    if not statements:
+        return "", []
+    script = "BEGIN TRANSACTION;\n" + ";\n".join(statements) + ";\nCOMMIT TRANSACTION;\n"
+    return script, parameters
+
+
+class RunLedger:
+    """Record pipeline runs and read them back, through Airflow connection ``conn_id``."""
+
+    def __init__(
+        self,
+        conn_id: str = DEFAULT_CONN_ID,
+        *,
+        bigquery_dataset: str | None = None,
+        auto_migrate: bool = True,
+    ) -> None:
+        self.conn_id = conn_id
+        self._bigquery_dataset = bigquery_dataset
+        self._auto_migrate = auto_migrate
+        self._migrated = False
+
+    @cached_property
+    def _connection(self) -> Any | None:
+        """The Airflow connection, or None when the default connection is not defined."""
+        try:
+            return BaseHook.get_connection(self.conn_id)
+        except AirflowNotFoundException:
+            if self.conn_id != DEFAULT_CONN_ID:
+                raise
+            return None
+
+    @cached_property
+    def dialect(self) -> Dialect:
+        """sqlite, postgres or bigquery, from the connection type."""
+        if self._connection is None:
+            return Dialect.SQLITE
+        return dialect_from_conn_type(self._connection.conn_type)
+
+    @cached_property
+    def hook(self) -> Any:
+        """The hook behind the ledger: a common.sql DbApiHook (SqliteHook, PostgresHook, BigQueryHook)."""
+        if self._connection is None:
+            path = default_sqlite_path()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            log.info("connection %s is not defined; the run ledger is %s", self.conn_id, path)
+            return _SqliteFileHook(path)
+        if self.dialect is Dialect.BIGQUERY:
+            from airflow.providers.google.cloud.hooks.bigquery import BigQueryHook
+
+            return BigQueryHook(gcp_conn_id=self.conn_id, use_legacy_sql=False)
+        return self._connection.get_hook()
+
+    @property
+    def location(self) -> str:
+        """Where the ledger is, for messages (no password)."""
+        if self._connection is None:
+            return str(default_sqlite_path())
+        if self.dialect is Dialect.BIGQUERY:
+            return f"bigquery dataset {self.bigquery_dataset}"
+        if self.dialect is Dialect.SQLITE:
+            return self._connection.host or "(in-memory sqlite)"
+        port = f":{self._connection.port}" if self._connection.port else ""
+        return f"postgres {self._connection.host}{port}/{self._connection.schema}"
+
+    @property
+    def bigquery_dataset(self) -> str:
+        """``project.dataset`` of the BigQuery ledger."""
+        dataset = self._bigquery_dataset
+        if dataset is None and self._connection is not None:
+            dataset = (self._connection.extra_dejson or {}).get("dataset")
+        dataset = dataset or DEFAULT_BIGQUERY_DATASET
+        if "." in dataset:
+            return dataset
+        return f"{self.hook.project_id}.{dataset}"
+
+    @contextmanager
+    def _session(self, *, write: bool, migrating: bool = False) -> Iterator[_Session]:
+        if self.dialect is Dialect.BIGQUERY:
+            yield _BigQuerySession(
+                self.hook.get_client(project_id=self.hook.project_id), self.bigquery_dataset
+            )
+            return
+        connection = self.hook.get_conn()
+        try:
+            if self.dialect is Dialect.SQLITE:
+                connection.isolation_level = None  # explicit transactions below
+                connection.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+                connection.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            session = _DbApiSession(connection, self.dialect)
+            if migrating and self.dialect is Dialect.POSTGRES:
+                session.fetch(
+                    "SELECT pg_advisory_xact_lock(:lock_key) AS locked",
+                    {"lock_key": _POSTGRES_MIGRATION_LOCK},
+                )
+            yield session
+        except BaseException:
+            connection.rollback()
+            raise
+        else:
+            connection.commit()
+        finally:
+            connection.close()
+
+    def apply_migrations(self) -> list[int]:
+        """Apply the migrations not applied yet; returns their versions (empty when up to date)."""
+        migrations = load_migrations(self.dialect)
+        bootstrap = migrations[BOOTSTRAP_VERSION - 1]
+        applied_now: list[int] = []
+        if self.dialect is Dialect.BIGQUERY:
+            self._create_bigquery_dataset()
+        with self._session(write=True, migrating=True) as session:
+            for statement in bootstrap.statements:
+                session.execute(statement, {})
+            rows = session.fetch("SELECT version FROM schema_migrations", {})
+            applied = {int(row["version"]) for row in rows}
+            for migration in migrations:
+                if migration.version in applied:
+                    continue
+                log.info("ledger: applying migration %04d_%s", migration.version, migration.name)
+                if self.dialect is Dialect.BIGQUERY:
+                    session.execute(migration.sql, {})  # one script job per file
+                else:
+                    for statement in migration.statements:
+                        session.execute(statement, {})
+                session.execute(
+                    "INSERT INTO schema_migrations (version, applied_at) VALUES (:version, :applied_at)",
+                    {"version": migration.version, "applied_at": datetime.now(UTC)},
+                )
+                applied_now.append(migration.version)
+        self._migrated = True
+        return applied_now
+
+    def applied_versions(self) -> list[int]:
+        """Versions recorded in ``schema_migrations``, ascending."""
+        with self._session(write=False) as session:
+            rows = session.fetch("SELECT version FROM schema_migrations ORDER BY version", {})
+        return [int(row["version"]) for row in rows]
+
+    def _create_bigquery_dataset(self) -> None:
+        client = self.hook.get_client(project_id=self.hook.project_id)
+        client.create_dataset(self.bigquery_dataset, exists_ok=True)
+
+    def _ensure_schema(self) -> None:
+        if self._auto_migrate and not self._migrated:
+            self.apply_migrations()
+
+    def record(
+        self,
+        run: RunRecord,
+        steps: Iterable[StepRecord] = (),
+        metrics: Iterable[MetricRecord] = (),
+        artifacts: Iterable[ArtifactRecord] = (),
+        *,
+        recorded_at: datetime | None = None,
+    ) -> None:
+        """Upsert a run with its steps, metrics and artifacts in one transaction."""
+        self._ensure_schema()
+        when = recorded_at or datetime.now(UTC)
+        run_id = run.run_id
+        tables: list[tuple[TableSpec, Sequence[Row]]] = [
+            (RUNS, [run_row(run, when)]),
+            (RUN_STEPS, dedupe_rows(RUN_STEPS, [step_row(run_id, step, when) for step in steps])),
+            (RUN_METRICS, dedupe_rows(RUN_METRICS, [metric_row(run_id, metric, when) for metric in metrics])),
+            (
+                RUN_ARTIFACTS,
+                dedupe_rows(RUN_ARTIFACTS, [artifact_row(run_id, artifact, when) for artifact in artifacts]),
+            ),
+        ]
+        self._write(tables)
+
+    def record_steps(
+        self, run_id: str, steps: Iterable[StepRecord], *, recorded_at: datetime | None = None
+    ) -> None:
+        """Upsert task steps of a run (a step keeps its latest try)."""
+        self._ensure_schema()
+        when = recorded_at or datetime.now(UTC)
+        self._write([(RUN_STEPS, dedupe_rows(RUN_STEPS, [step_row(run_id, step, when) for step in steps]))])
+
+    def _write(self, tables: Sequence[tuple[TableSpec, Sequence[Row]]]) -> None:
+        with self._session(write=True) as session:
+            if isinstance(session, _BigQuerySession):
+                session.record_script(tables)
+                return
+            for table, rows in tables:
+                session.upsert(table, rows)
+
+    def recorded_steps(self, run_id: str) -> dict[str, StepRecord]:
+        """The steps of a run already in the ledger, by task id."""
+        self._ensure_schema()
+        sql = (
+            "SELECT task_id, state, try_number, started_at, ended_at, job_name "
+            "FROM run_steps WHERE run_id = :run_id"
+        )
+        with self._session(write=False) as session:
+            rows = session.fetch(sql, {"run_id": run_id})
+        return {
+            row["task_id"]: StepRecord(
+                task_id=row["task_id"],
+                state=row["state"],
+                try_number=row["try_number"],
+                started_at=as_utc(row["started_at"]),
+                ended_at=as_utc(row["ended_at"]),
+                job_name=row["job_name"],
+            )
+            for row in rows
+        }
+
+    def _query(self, name: str, params: Mapping[str, Any]) -> list[Row]:
+        self._ensure_schema()
+        with self._session(write=False) as session:
+            rows = session.fetch(load_query(name), params)
+        return [_normalize(row) for row in rows]
+
+    @staticmethod
+    def _model_params(model: str | None) -> dict[str, Any]:
+        return {"any_model": 1 if model is None else 0, "model": model}
+
+    @staticmethod
+    def _check_limit(limit: int) -> int:
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        return limit
+
+    def latest_runs(self, model: str | None = None, limit: int = 20) -> list[RunSummary]:
+        """Newest runs first, optionally of one model."""
+        rows = self._query(
+            "latest_runs", {**self._model_params(model), "row_limit": self._check_limit(limit)}
+        )
+        return [RunSummary(**row) for row in rows]
+
+    def reward_trend(self, model: str | None = None) -> list[Row]:
+        """Pre and post mean reward of every run that has one, per model, oldest first."""
+        return self._query("reward_trend", self._model_params(model))
+
+    def cost_per_run(self, model: str | None = None, limit: int = 20) -> list[Row]:
+        """Chips, cluster lifetime and chip-hours per run, newest first."""
+        return self._query(
+            "cost_per_run", {**self._model_params(model), "row_limit": self._check_limit(limit)}
+        )
+
+    def failed_steps(self, model: str | None = None, limit: int = 50) -> list[Row]:
+        """Failed and upstream_failed tasks of the newest runs."""
+        return self._query(
+            "failed_steps", {**self._model_params(model), "row_limit": self._check_limit(limit)}
+        )
+
+    def count_rows(self, table: str, run_id: str | None = None) -> int:
+        """Rows in a ledger table (of one run); for checks and tests."""
+        if table not in {spec.name for spec in LEDGER_TABLES}:
+            raise ValueError(f"not a ledger table: {table}")
+        self._ensure_schema()
+        where = " WHERE run_id = :run_id" if run_id is not None else ""
+        with self._session(write=False) as session:
+            rows = session.fetch(f"SELECT COUNT(*) AS row_count FROM {table}{where}", {"run_id": run_id})  # noqa: S608
+        return int(rows[0]["row_count"])
+
+
+_TIMESTAMP_COLUMNS = frozenset(
+    {"started_at", "ended_at", "cluster_started_at", "cluster_ended_at", "recorded_at"}
+)
+
+
+def _normalize(row: Row) -> Row:
+    """Timestamps as aware UTC datetimes whatever the driver returned (SQLite gives text)."""
+    return {name: as_utc(value) if name in _TIMESTAMP_COLUMNS else value for name, value in row.items()}
+
+
+def record_run_from_context(
+    context: Mapping[str, Any],
+    *,
+    model: str,
+    chips: int | None,
+    conn_id: str = DEFAULT_CONN_ID,
+    **collect_options: Any,
+) -> RunRecord:
+    """The ledger task's body: collect the run from the context and upsert it; returns the run.
+
+    ``collect_options`` go to :func:`~airflow_provider_tpu_rl.ledger.collect.collect_run_from_context`
+    (cluster_task_ids, train_task_id, ...). Steps that :func:`step_callbacks` recorded fill in what
+    the context does not know.
+    """
+    ledger = RunLedger(conn_id)
+    dag_run = context["dag_run"]
+    recorded = ledger.recorded_steps(make_run_id(dag_run.dag_id, dag_run.run_id))
+    run, steps, metrics, artifacts = collect_run_from_context(
+        context, model=model, chips=chips, recorded_steps=recorded, **collect_options
+    )
+    ledger.record(run, steps, metrics, artifacts)
+    log.info(
+        "ledger: recorded run %s (%s): %d steps, %d metrics, %d artifacts in %s",
+        run.run_id,
+        run.state,
+        len(steps),
+        len(metrics),
+        len(artifacts),
+        ledger.location,
+    )
+    return run
+
+
+_CALLBACK_STATES = {
+    "on_execute_callback": "running",
+    "on_success_callback": "success",
+    "on_failure_callback": "failed",
+    "on_retry_callback": "up_for_retry",
+}
+
+
+def step_callbacks(conn_id: str = DEFAULT_CONN_ID) -> dict[str, Callable[[Mapping[str, Any]], None]]:
+    """Task callbacks that upsert each task's step (start, end, try number) into the ledger.
+
+    Spread them into a DAG's ``default_args``. On Airflow 3 a task cannot read other task
+    instances' times, so these rows are where the ledger task finds them. A ledger error is
+    logged, never raised: the ledger must not fail a training task.
+    """
+
+    def make(callback_state: str) -> Callable[[Mapping[str, Any]], None]:
+        def record_step(context: Mapping[str, Any]) -> None:
+            try:
+                ti = context["ti"]
+                state = (
+                    callback_state if callback_state == "running" else state_name(ti.state) or callback_state
+                )
+                step = StepRecord(
+                    task_id=ti.task_id,
+                    state=state,
+                    try_number=getattr(ti, "try_number", None),
+                    started_at=as_utc(getattr(ti, "start_date", None)),
+                    ended_at=None if callback_state == "running" else as_utc(getattr(ti, "end_date", None)),
+                )
+                RunLedger(conn_id).record_steps(make_run_id(ti.dag_id, ti.run_id), [step])
+            except Exception:
+                log.exception("ledger: could not record the step of this task; the task goes on")
+
+        return record_step
+
+    return {name: make(state) for name, state in _CALLBACK_STATES.items()}

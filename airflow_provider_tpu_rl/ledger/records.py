@@ -1,0 +1,184 @@
+"""What the run ledger stores: one run, its task steps, metrics and artifacts (no Airflow import)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+RUN_STATES = ("running", "success", "failed")
+METRIC_PHASES = ("pre", "intermediate", "post", "train")
+ARTIFACT_KINDS = ("converted_checkpoint", "actor_checkpoint", "hf_export")
+
+_SECRET_KEY = re.compile(
+    r"token|secret|password|passwd|credential|api[_-]?key|private[_-]?key", re.IGNORECASE
+)
+REDACTED = "***"
+
+
+def make_run_id(dag_id: str, airflow_run_id: str) -> str:
+    """The ledger's key of a DAG run: ``<dag_id>/<airflow run_id>``."""
+    return f"{dag_id}/{airflow_run_id}"
+
+
+def as_utc(value: datetime | str | None) -> datetime | None:
+    """A timezone-aware UTC datetime from a datetime or an ISO-8601 string (naive means UTC)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)
+
+
+def seconds_between(started: datetime | None, ended: datetime | None) -> float | None:
+    """Seconds from ``started`` to ``ended``, or None when either is unknown."""
+    start, end = as_utc(started), as_utc(ended)
+    if start is None or end is None:
+        return None
+    return (end - start).total_seconds()
+
+
+def estimate_chip_hours(started: datetime | None, ended: datetime | None, chips: int | None) -> float | None:
+    """TPU chip-hours of a cluster that lived from ``started`` to ``ended`` with ``chips`` chips.
+
+    Returns None when the start, the end or the chip count is unknown. Raises ValueError for a
+    negative chip count or an end before the start.
+    """
+    if chips is None:
+        return None
+    if chips < 0:
+        raise ValueError(f"chips must be >= 0, got {chips}")
+    seconds = seconds_between(started, ended)
+    if seconds is None:
+        return None
+    if seconds < 0:
+        raise ValueError(f"cluster ended ({ended}) before it started ({started})")
+    return seconds / 3600.0 * chips
+
+
+def redact_conf(conf: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A copy of a run conf with values of secret-looking keys (token, password, ...) replaced."""
+
+    def scrub(value: Any) -> Any:
+        if isinstance(value, Mapping):
+            return {
+                str(key): (REDACTED if _SECRET_KEY.search(str(key)) else scrub(item))
+                for key, item in value.items()
+            }
+        if isinstance(value, list | tuple):
+            return [scrub(item) for item in value]
+        return value
+
+    return scrub(dict(conf or {}))
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One DAG run of a pipeline."""
+
+    dag_id: str
+    airflow_run_id: str
+    model: str
+    state: str
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    chips: int | None = None
+    cluster_started_at: datetime | None = None
+    cluster_ended_at: datetime | None = None
+    conf: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.state not in RUN_STATES:
+            raise ValueError(f"run state must be one of {RUN_STATES}, got {self.state!r}")
+        if not self.dag_id or not self.airflow_run_id:
+            raise ValueError("dag_id and airflow_run_id must not be empty")
+
+    @property
+    def run_id(self) -> str:
+        """The ledger key, ``<dag_id>/<airflow run_id>``."""
+        return make_run_id(self.dag_id, self.airflow_run_id)
+
+    @property
+    def duration_seconds(self) -> float | None:
+        """Wall time of the run so far."""
+        return seconds_between(self.started_at, self.ended_at)
+
+    @property
+    def chip_hours(self) -> float | None:
+        """Estimated TPU chip-hours: cluster lifetime x chips."""
+        return estimate_chip_hours(self.cluster_started_at, self.cluster_ended_at, self.chips)
+
+    @property
+    def conf_json(self) -> str:
+        """The run conf as JSON with secrets redacted."""
+        return json.dumps(redact_conf(self.conf), sort_keys=True, default=str)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """The latest try of one task of a run."""
+
+    task_id: str
+    state: str | None
+    try_number: int | None = None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    job_name: str | None = None
+
+    @property
+    def duration_seconds(self) -> float | None:
+        """Wall time of the try."""
+        return seconds_between(self.started_at, self.ended_at)
+
+
+@dataclass(frozen=True)
+class MetricRecord:
+    """One number from training: phase pre|intermediate|post|train, step 0 for pre and post."""
+
+    phase: str
+    step: int
+    name: str
+    value: float | None
+
+    def __post_init__(self) -> None:
+        if self.phase not in METRIC_PHASES:
+            raise ValueError(f"metric phase must be one of {METRIC_PHASES}, got {self.phase!r}")
+
+
+@dataclass(frozen=True)
+class ArtifactRecord:
+    """Where an output of the run is: kind converted_checkpoint|actor_checkpoint|hf_export."""
+
+    kind: str
+    uri: str
+    step: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ARTIFACT_KINDS:
+            raise ValueError(f"artifact kind must be one of {ARTIFACT_KINDS}, got {self.kind!r}")
+        if not self.uri:
+            raise ValueError("artifact uri must not be empty")
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One row of ``latest_runs``: what ``tpu-rl runs`` prints."""
+
+    run_id: str
+    dag_id: str
+    airflow_run_id: str
+    model: str
+    state: str
+    started_at: datetime | None
+    ended_at: datetime | None
+    duration_seconds: float | None
+    chips: int | None
+    chip_hours: float | None
+    pre_mean_reward: float | None
+    post_mean_reward: float | None
+    export_uri: str | None

@@ -1,0 +1,45 @@
+-- Newest runs first, with pre/post mean reward and the Hugging Face export.
+-- Parameters: :any_model (1 = all models, 0 = only :model), :row_limit.
+WITH rewards AS (
+    SELECT
+        m.run_id,
+        MAX(
+            CASE WHEN m.phase = 'pre' AND m.metric_name = 'mean_reward' THEN m.metric_value END
+        ) AS pre_mean_reward,
+        MAX(
+            CASE WHEN m.phase = 'post' AND m.metric_name = 'mean_reward' THEN m.metric_value END
+        ) AS post_mean_reward
+    FROM run_metrics AS m
+    WHERE m.metric_name = 'mean_reward' AND m.phase IN ('pre', 'post')
+    GROUP BY m.run_id
+),
+
+exports AS (
+    SELECT
+        a.run_id,
+        MAX(a.uri) AS export_uri
+    FROM run_artifacts AS a
+    WHERE a.kind = 'hf_export'
+    GROUP BY a.run_id
+)
+
+SELECT
+    r.run_id,
+    r.dag_id,
+    r.airflow_run_id,
+    r.model,
+    r.state,
+    r.started_at,
+    r.ended_at,
+    r.duration_seconds,
+    r.chips,
+    r.chip_hours,
+    rewards.pre_mean_reward,
+    rewards.post_mean_reward,
+    exports.export_uri
+FROM runs AS r
+LEFT JOIN rewards ON r.run_id = rewards.run_id
+LEFT JOIN exports ON r.run_id = exports.run_id
+WHERE (:any_model = 1 OR r.model = :model)
+ORDER BY COALESCE(r.started_at, r.recorded_at) DESC, r.run_id DESC
+LIMIT :row_limit

@@ -1,0 +1,142 @@
+"""``tpu-rl runs``: the table of recent runs."""
+
+from __future__ import annotations
+
+import argparse
+import io
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from airflow_provider_tpu_rl.ledger.cli import (
+    add_runs_subcommand,
+    format_duration,
+    format_reward,
+    format_runs_table,
+    run_runs_command,
+)
+from airflow_provider_tpu_rl.ledger.hook import RunLedger
+from airflow_provider_tpu_rl.ledger.records import ArtifactRecord, MetricRecord, RunRecord, RunSummary
+
+T0 = datetime(2026, 3, 1, 8, 0, tzinfo=UTC)
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="tpu-rl")
+    add_runs_subcommand(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(list(argv))
+
+
+def summary(run_id: str, **fields: object) -> RunSummary:
+    values: dict[str, object] = {
+        "run_id": run_id,
+        "dag_id": run_id.split("/")[0],
+        "airflow_run_id": run_id.split("/")[1],
+        "model": "qwen3-30b-a3b",
+        "state": "success",
+        "started_at": T0,
+        "ended_at": None,
+        "duration_seconds": None,
+        "chips": None,
+        "chip_hours": None,
+        "pre_mean_reward": None,
+        "post_mean_reward": None,
+        "export_uri": None,
+    }
+    values.update(fields)
+    return RunSummary(**values)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(None, "-"), (0, "0s"), (45.4, "45s"), (750, "12m30s"), (3600, "1h00m"), (3 * 3600 + 65, "3h01m")],
+)
+def test_format_duration(seconds: float | None, text: str) -> None:
+    assert format_duration(seconds) == text
+
+
+def test_format_reward() -> None:
+    assert format_reward(0.1234, 0.3399) == "0.12→0.34"
+    assert format_reward(None, 0.5) == "-→0.50"
+    assert format_reward(0.5, None) == "0.50→-"
+    assert format_reward(None, None) == "-"
+
+
+def test_table_is_aligned_with_dashes_for_unknowns() -> None:
+    table = format_runs_table(
+        [
+            summary(
+                "gke/manual__1",
+                duration_seconds=7325,
+                chip_hours=61.33,
+                pre_mean_reward=0.12,
+                post_mean_reward=0.34,
+                export_uri="gs://b/qwen3-30b-a3b/hf-trained/",
+            ),
+            summary("vm/scheduled__2", model="llama3.1-8b-Instruct", state="failed"),
+        ]
+    )
+    assert table.splitlines() == [
+        "RUN              MODEL                 STATE    DURATION  MEAN REWARD  CHIP-HOURS  EXPORT",
+        "gke/manual__1    qwen3-30b-a3b         success     2h02m  0.12→0.34          61.3  gs://b/qwen3-30b-a3b/hf-trained/",
+        "vm/scheduled__2  llama3.1-8b-Instruct  failed          -  -                     -  -",
+    ]
+
+
+def test_runs_command_prints_the_ledger(sqlite_uri: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_TPU_RL_LEDGER", sqlite_uri)
+    ledger = RunLedger()
+    for index, model in enumerate(["qwen3-30b-a3b", "gemma4-26b", "qwen3-30b-a3b"]):
+        start = T0 + timedelta(days=index)
+        ledger.record(
+            RunRecord(
+                "tpu_rl_gke_pipeline",
+                f"run{index}",
+                model,
+                "success",
+                start,
+                start + timedelta(hours=1),
+                32,
+                start,
+                start + timedelta(minutes=30),
+            ),
+            [],
+            [MetricRecord("pre", 0, "mean_reward", 0.1 * index), MetricRecord("post", 0, "mean_reward", 0.5)],
+            [ArtifactRecord("hf_export", f"gs://b/{model}/hf-trained/")],
+        )
+    out = io.StringIO()
+    assert run_runs_command(parse("runs", "--model", "qwen3-30b-a3b", "--limit", "5"), out=out) == 0
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("RUN")
+    assert [line.split()[0] for line in lines[1:]] == ["tpu_rl_gke_pipeline/run2", "tpu_rl_gke_pipeline/run0"]
+    assert "0.20→0.50" in lines[1]
+    assert "16.0" in lines[1]
+    assert "1h00m" in lines[1]
+    assert lines[1].rstrip().endswith("gs://b/qwen3-30b-a3b/hf-trained/")
+
+    out = io.StringIO()
+    assert run_runs_command(parse("runs", "--limit", "1"), out=out) == 0
+    assert len(out.getvalue().splitlines()) == 2
+
+
+def test_runs_command_on_an_empty_ledger(sqlite_uri: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_TPU_RL_LEDGER", sqlite_uri)
+    out = io.StringIO()
+    assert run_runs_command(parse("runs", "--model", "gemma4-26b"), out=out) == 0
+    assert out.getvalue().startswith("No runs of model gemma4-26b in the ledger (")
+
+
+def test_runs_command_reports_an_unreadable_ledger(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_TPU_RL_LEDGER", "mysql://user@localhost/db")
+    out, err = io.StringIO(), io.StringIO()
+    assert run_runs_command(parse("runs"), out=out, err=err) == 1
+    assert "cannot read the run ledger" in err.getvalue()
+    assert out.getvalue() == ""
+
+
+def test_limit_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse("runs", "--limit", "0")
+    assert "must be >= 1" in capsys.readouterr().err
+    args = parse("runs")
+    assert (args.model, args.limit, args.conn_id, args.func) == (None, 20, "tpu_rl_ledger", run_runs_command)

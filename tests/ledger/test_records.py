@@ -1,0 +1,102 @@
+"""Records, run ids, chip-hours and conf redaction."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+
+from airflow_provider_tpu_rl.ledger.records import (
+    ArtifactRecord,
+    MetricRecord,
+    RunRecord,
+    StepRecord,
+    as_utc,
+    estimate_chip_hours,
+    make_run_id,
+    redact_conf,
+)
+
+T0 = datetime(2026, 3, 1, 8, 0, tzinfo=UTC)
+
+
+def test_chip_hours_are_lifetime_times_chips() -> None:
+    assert estimate_chip_hours(T0, T0 + timedelta(hours=1, minutes=30), 32) == pytest.approx(48.0)
+    assert estimate_chip_hours(T0, T0 + timedelta(minutes=15), 8) == pytest.approx(2.0)
+    assert estimate_chip_hours(T0, T0, 32) == 0.0
+
+
+def test_chip_hours_compare_times_across_time_zones() -> None:
+    tokyo = timezone(timedelta(hours=9))
+    assert estimate_chip_hours(T0, datetime(2026, 3, 1, 19, 0, tzinfo=tokyo), 4) == pytest.approx(8.0)
+
+
+@pytest.mark.parametrize(("started", "ended", "chips"), [(None, T0, 8), (T0, None, 8), (T0, T0, None)])
+def test_chip_hours_unknown_when_an_input_is(
+    started: datetime | None, ended: datetime | None, chips: int | None
+) -> None:
+    assert estimate_chip_hours(started, ended, chips) is None
+
+
+def test_chip_hours_reject_nonsense() -> None:
+    with pytest.raises(ValueError, match="before it started"):
+        estimate_chip_hours(T0, T0 - timedelta(seconds=1), 8)
+    with pytest.raises(ValueError, match="chips"):
+        estimate_chip_hours(T0, T0, -1)
+
+
+def test_run_id_joins_dag_and_airflow_run() -> None:
+    run = RunRecord("tpu_rl_gke_pipeline", "manual__2026-03-01T08:00:00+00:00", "m", "running")
+    assert run.run_id == make_run_id("tpu_rl_gke_pipeline", "manual__2026-03-01T08:00:00+00:00")
+    assert run.run_id == "tpu_rl_gke_pipeline/manual__2026-03-01T08:00:00+00:00"
+
+
+def test_run_record_derives_duration_and_chip_hours() -> None:
+    run = RunRecord("d", "r", "m", "success", T0, T0 + timedelta(hours=2), 32, T0, T0 + timedelta(hours=1))
+    assert (run.duration_seconds, run.chip_hours) == (7200.0, 32.0)
+    assert RunRecord("d", "r", "m", "success").chip_hours is None
+
+
+def test_records_validate_their_enumerations() -> None:
+    with pytest.raises(ValueError, match="run state"):
+        RunRecord("d", "r", "m", "succeeded")
+    with pytest.raises(ValueError, match="must not be empty"):
+        RunRecord("", "r", "m", "success")
+    with pytest.raises(ValueError, match="metric phase"):
+        MetricRecord("eval", 0, "mean_reward", 0.1)
+    with pytest.raises(ValueError, match="artifact kind"):
+        ArtifactRecord("checkpoint", "gs://b/x")
+    with pytest.raises(ValueError, match="uri"):
+        ArtifactRecord("hf_export", "")
+
+
+def test_step_duration() -> None:
+    assert StepRecord("t", "success", 1, T0, T0 + timedelta(seconds=90)).duration_seconds == 90.0
+    assert StepRecord("t", "running", 1, T0, None).duration_seconds is None
+
+
+def test_redact_conf_hides_secret_looking_keys_at_any_depth() -> None:
+    conf = {
+        "hf_token": "hf_abc",
+        "HF_ACCESS_TOKEN": "hf_def",
+        "bucket": "b",
+        "db": {"password": "p", "host": "h"},
+        "extra": [{"api_key": "k"}, {"apiKey": "k2", "name": "n"}],
+    }
+    assert redact_conf(conf) == {
+        "hf_token": "***",
+        "HF_ACCESS_TOKEN": "***",
+        "bucket": "b",
+        "db": {"password": "***", "host": "h"},
+        "extra": [{"api_key": "***"}, {"apiKey": "***", "name": "n"}],
+    }
+    assert conf["hf_token"] == "hf_abc"  # the input is left alone
+    assert redact_conf(None) == {}
+
+
+def test_as_utc_accepts_naive_aware_and_text() -> None:
+    assert as_utc(datetime(2026, 3, 1, 8, 0)) == T0
+    assert as_utc("2026-03-01T17:00:00+09:00") == T0
+    assert as_utc("2026-03-01T08:00:00.000000+00:00") == T0
+    assert as_utc(None) is None
+    assert as_utc(T0).tzinfo is UTC  # type: ignore[union-attr]
