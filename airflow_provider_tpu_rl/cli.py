@@ -77,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.handler(args) or 0)
+    handler = getattr(args, "handler", None) or args.func
+    return int(handler(args) or 0)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -38,6 +38,10 @@ def test_gke_plan_lists_every_step_in_order(capsys: pytest.CaptureFixture[str]) 
     assert [t for i, t in enumerate(task_ids) if i == 0 or task_ids[i - 1] != t] == order
     for step in plan["steps"]:
         assert step["argv"][0] in {"gcluster", "gcloud"}
+    # gcluster checks Docker credentials in the submitting HOME, so each job task sets them first.
+    for task in ("convert_to_maxtext", "train", "export_to_huggingface"):
+        argvs = [s["argv"] for s in plan["steps"] if s["task_id"] == task]
+        assert [a[:3] for a in argvs] == [["gcloud", "auth", "configure-docker"]] * 2 + [["gcluster", "job", "submit"]]
         assert isinstance(step["env"], dict)
     (secret_add,) = [s for s in plan["steps"] if s["argv"][:4] == ["gcloud", "secrets", "versions", "add"]]
     assert secret_add["stdin"] == "***"
@@ -59,7 +63,7 @@ def test_conf_changes_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
     assert steps[-1]["task_id"] == "destroy_cluster"
     assert steps[-1]["argv"] == ["gcloud", "storage", "rm", "--recursive", "gs://my-tpu-rl-bucket"]
     assert not any(s["argv"][:2] == ["gcluster", "destroy"] for s in steps)
-    (train,) = [s for s in steps if s["task_id"] == "train"]
+    (train,) = [s for s in steps if s["task_id"] == "train" and s["argv"][0] == "gcluster"]
     assert any(a.startswith("--name=gemma4-training-") for a in train["argv"])
     assert "num_batches=7" in next(a for a in train["argv"] if a.startswith("--command="))
     # A given secret is used as is: no create/add, only the reader grants.

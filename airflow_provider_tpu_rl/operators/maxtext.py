@@ -111,7 +111,10 @@ class _GclusterJobOperator(PipelineOperator):
             existing = None
         if existing is None:
             self.log.info("Submitting job %s", name)
-            self.hook.run_checked(command)
+            with self.hook.job_session() as home:
+                for auth in gke.docker_auth(c.region):
+                    self.hook.run_checked(auth, job_home=home)
+                self.hook.run_checked(command, job_home=home)
             self._submitted = (name, c.project, c.cluster_name, c.region)
             return "submitted"
         self.log.info(

@@ -154,12 +154,18 @@ def destroy(cluster: ClusterSpec, workdir: str) -> Command:
     )
 
 
-def iam_grants(cluster: ClusterSpec) -> list[Command]:
-    """The tutorial's registry auth and ``roles/storage.admin`` for both GKE service accounts."""
-    commands = [
+def docker_auth(region: str) -> list[Command]:
+    """The tutorial's registry auth. ``gcluster job submit`` checks it in ``$HOME/.docker`` before
+    it submits anything, so it runs in the same HOME as the submit."""
+    return [
         Command(("gcloud", "auth", "configure-docker", "gcr.io", "--quiet")),
-        Command(("gcloud", "auth", "configure-docker", f"{cluster.region}-docker.pkg.dev", "--quiet")),
+        Command(("gcloud", "auth", "configure-docker", f"{region}-docker.pkg.dev", "--quiet")),
     ]
+
+
+def iam_grants(cluster: ClusterSpec) -> list[Command]:
+    """``roles/storage.admin`` for both GKE service accounts, as the tutorial grants."""
+    commands: list[Command] = []
     for account in (cluster.workload_service_account, cluster.node_pool_service_account):
         commands.append(
             Command(

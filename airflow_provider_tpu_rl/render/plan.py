@@ -40,9 +40,10 @@ def gke_plan(pipeline: GkePipelineSpec) -> list[PlanStep]:
             cluster.project, pipeline.hf_token.secret_id, readers, sync=pipeline.hf_token.sync_from_connection
         ),
     )
-    steps += _steps("convert_to_maxtext", [gke.conversion_job(pipeline)])
-    steps += _steps("train", [gke.training_job(pipeline)])
-    steps += _steps("export_to_huggingface", [gke.export_job(pipeline)])
+    auth = gke.docker_auth(cluster.region)
+    steps += _steps("convert_to_maxtext", [*auth, gke.conversion_job(pipeline)])
+    steps += _steps("train", [*auth, gke.training_job(pipeline)])
+    steps += _steps("export_to_huggingface", [*auth, gke.export_job(pipeline)])
     if not pipeline.keep_cluster:
         steps += _steps(
             "destroy_cluster",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Mapping
 
 from airflow_provider_tpu_rl.render.command import Command
@@ -14,6 +15,8 @@ from airflow_provider_tpu_rl.spec.presets import MAXTEXT_PIP_SPEC
 VM_EXISTS = ("already exists",)
 VM_GONE = ("was not found", "not found")
 VENV = "maxtext_venv"
+COMMIT_MARKER = "commit_success.txt"  # Orbax's "this step is complete" file on GCS
+COMMIT_MARKER_RE = r"(^|/)commit_success\.txt$"
 
 STAGES = ("install", "convert", "train", "export")
 
@@ -169,9 +172,10 @@ def tpu_environment(vm: TpuVmSpec) -> list[str]:
     ]
 
 
-def rsync_to_gcs(source: str, destination: str) -> str:
+def rsync_to_gcs(source: str, destination: str, *, exclude: str | None = None) -> str:
+    flags = [f"--exclude={exclude}"] if exclude else []
     return quote_all(
-        ["gcloud", "storage", "rsync", "--recursive", source.rstrip("/"), destination.rstrip("/")]
+        ["gcloud", "storage", "rsync", "--recursive", *flags, source.rstrip("/"), destination.rstrip("/")]
     )
 
 
@@ -189,9 +193,15 @@ def train_script(pipeline: TpuVmPipelineSpec) -> str:
     )
     lines = _preamble(pipeline, with_token=True) + tpu_environment(pipeline.vm)
     lines.append(quote_all(["python3", "-m", "maxtext.trainers.post_train.rl.train_rl", *args]))
-    # /dev/shm is lost with the VM: copy the final actor checkpoint out at once.
+    # /dev/shm is lost with the VM: copy the final actor checkpoint out at once. On a local disk
+    # Orbax finalises a step by renaming its folder and may write no commit marker; on GCS the
+    # marker is what readers wait for, so it is written last, once every other file is there.
     final = t.actor_checkpoint_root + str(t.final_step)
-    lines.append(rsync_to_gcs(final, pipeline.gcs_actor_checkpoint))
+    lines.append(rsync_to_gcs(final, pipeline.gcs_actor_checkpoint, exclude=COMMIT_MARKER_RE))
+    lines.append(
+        f"echo {shlex.quote(f'copied from {pipeline.vm.vm_name}:{final}')} | "
+        + quote_all(["gcloud", "storage", "cp", "-", f"{pipeline.gcs_actor_checkpoint}/{COMMIT_MARKER}"])
+    )
     return "\n".join(lines) + "\n"
 
 

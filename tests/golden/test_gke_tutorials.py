@@ -151,8 +151,8 @@ def test_deploy_iam_and_destroy_match_tutorial(case: str) -> None:
     assert ours.argv[2] == "/tmp/w/gke-tpu-v6e-advanced.yaml"
 
     if case == "qwen":
-        iam = [list(c.argv) for c in gke.iam_grants(cluster)]
-        assert iam == tutorial[2:6]
+        assert [list(c.argv) for c in gke.docker_auth(cluster.region)] == tutorial[2:4]
+        assert [list(c.argv) for c in gke.iam_grants(cluster)] == tutorial[4:6]
     destroy = gke.destroy(cluster, "/tmp/w").argv
     assert destroy[:2] == ("gcluster", "destroy")
     assert destroy[2] == "/tmp/w/rl-cluster"

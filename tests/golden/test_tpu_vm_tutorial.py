@@ -102,11 +102,13 @@ def test_outputs_leave_dev_shm_before_the_vm_goes() -> None:
     train_lines = _script_lines(tpu_vm.train_script(pipeline))
     export_lines = _script_lines(tpu_vm.export_script(pipeline))
     run = pipeline.training.run_name
-    assert train_lines[-1] == [
-        "gcloud", "storage", "rsync", "--recursive",
-        f"/dev/shm/{MODEL}/post-train/{run}/checkpoints/actor/50",
-        f"gs://rl-bucket-1/{MODEL}/post-train/{run}/checkpoints/actor/50",
+    gcs_step = f"gs://rl-bucket-1/{MODEL}/post-train/{run}/checkpoints/actor/50"
+    assert train_lines[-2] == [
+        "gcloud", "storage", "rsync", "--recursive", r"--exclude=(^|/)commit_success\.txt$",
+        f"/dev/shm/{MODEL}/post-train/{run}/checkpoints/actor/50", gcs_step,
     ]  # fmt: skip
+    # The commit marker goes last, after every other file of the step.
+    assert train_lines[-1][-5:] == ["gcloud", "storage", "cp", "-", f"{gcs_step}/commit_success.txt"]
     assert export_lines[-1] == [
         "gcloud", "storage", "rsync", "--recursive",
         f"/dev/shm/{MODEL}/hf-trained", f"gs://rl-bucket-1/{MODEL}/hf-trained/{run}",

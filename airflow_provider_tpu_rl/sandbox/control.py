@@ -1,0 +1,235 @@
+"""``tpu-rl sandbox up|down|env``: create, stop and describe a local sandbox folder.
+
+Library use::
+
+    from airflow_provider_tpu_rl.sandbox.control import sandbox_up, sandbox_down, sandbox_env
+    info = sandbox_up(Path(".sandbox"))      # starts fake-gcs-server, writes shims and bundle
+    env = sandbox_env(info.root)             # variables a process needs to use the sandbox
+    sandbox_down(info.root, wipe=False)      # stops the emulator and job workers, keeps data
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import stat
+import sys
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from airflow_provider_tpu_rl.sandbox import emulator
+from airflow_provider_tpu_rl.sandbox.gcluster_jobs import kill_all_workers
+from airflow_provider_tpu_rl.sandbox.layout import SANDBOX_DIR_ENV, SandboxLayout, default_root
+
+SANDBOX_PROJECT = "sandbox-project"
+HF_SANDBOX_TOKEN = "hf_sandbox_not_a_real_token"
+BLUEPRINT_RELATIVE = Path("examples/gke-tpu-v6e/gke-tpu-v6e-advanced.yaml")
+SHIMS = {"gcluster": "fake_gcluster", "gcloud": "fake_gcloud"}
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    """A running sandbox."""
+
+    root: Path
+    emulator_url: str
+    emulator_pid: int
+    bin_dir: Path
+    bundle_dir: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def gcluster(self) -> Path:
+        return self.bin_dir / "gcluster"
+
+    @property
+    def gcloud(self) -> Path:
+        return self.bin_dir / "gcloud"
+
+    @property
+    def blueprint(self) -> Path:
+        return self.bundle_dir / BLUEPRINT_RELATIVE
+
+
+def _shim_text(root: Path, module: str) -> str:
+    package_parent = Path(__file__).resolve().parents[2]
+    return (
+        "#!/bin/sh\n"
+        "# Sandbox shim written by `tpu-rl sandbox up`.\n"
+        f"{SANDBOX_DIR_ENV}={shlex.quote(str(root))}\n"
+        f"export {SANDBOX_DIR_ENV}\n"
+        f"PYTHONPATH={shlex.quote(str(package_parent))}${{PYTHONPATH:+:$PYTHONPATH}}\n"
+        "export PYTHONPATH\n"
+        f'exec {shlex.quote(sys.executable)} -m airflow_provider_tpu_rl.sandbox.{module} "$@"\n'
+    )
+
+
+def _write_shims(layout: SandboxLayout) -> None:
+    layout.bin_dir.mkdir(parents=True, exist_ok=True)
+    for name, module in SHIMS.items():
+        shim = layout.bin_dir / name
+        shim.write_text(_shim_text(layout.root, module))
+        shim.chmod(shim.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+
+
+def _write_bundle(layout: SandboxLayout) -> None:
+    source = (
+        resources.files("airflow_provider_tpu_rl.sandbox")
+        .joinpath("bundle")
+        .joinpath(str(BLUEPRINT_RELATIVE))
+    )
+    target = layout.bundle_dir / BLUEPRINT_RELATIVE
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(source.read_text())
+
+
+def _connection_env(layout: SandboxLayout) -> dict[str, str]:
+    return {
+        "AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT": json.dumps(
+            {
+                "conn_type": "google_cloud_platform",
+                "extra": {"is_anonymous": True, "project": SANDBOX_PROJECT},
+            }
+        ),
+        "AIRFLOW_CONN_GCLUSTER_DEFAULT": json.dumps(
+            {
+                "conn_type": "gcluster",
+                "extra": {
+                    "gcluster_path": str(layout.bin_dir / "gcluster"),
+                    "gcloud_path": str(layout.bin_dir / "gcloud"),
+                    "bundle_dir": str(layout.bundle_dir),
+                },
+            }
+        ),
+        "AIRFLOW_CONN_HUGGINGFACE_DEFAULT": json.dumps(
+            {"conn_type": "generic", "password": HF_SANDBOX_TOKEN}
+        ),
+    }
+
+
+def sandbox_env(root: Path) -> dict[str, str]:
+    """Environment for a process that should use the sandbox (requires a running emulator)."""
+    layout = SandboxLayout(Path(root).resolve())
+    info = emulator.read_info(layout)
+    if info is None:
+        raise emulator.EmulatorError(f"no sandbox running in {layout.root}; run `tpu-rl sandbox up`")
+    env = {
+        "PATH": f"{layout.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "STORAGE_EMULATOR_HOST": info.url,
+        SANDBOX_DIR_ENV: str(layout.root),
+    }
+    env.update(_connection_env(layout))
+    return env
+
+
+def sandbox_up(root: Path) -> SandboxInfo:
+    """Create the sandbox folder (idempotent), start the emulator, write shims and the bundle."""
+    layout = SandboxLayout(Path(root).resolve())
+    layout.root.mkdir(parents=True, exist_ok=True)
+    for directory in (layout.state_dir, layout.vms_dir, layout.jobs_dir):
+        directory.mkdir(parents=True, exist_ok=True)
+    info = emulator.start(layout)
+    _write_shims(layout)
+    _write_bundle(layout)
+    return SandboxInfo(
+        root=layout.root,
+        emulator_url=info.url,
+        emulator_pid=info.pid,
+        bin_dir=layout.bin_dir,
+        bundle_dir=layout.bundle_dir,
+        env=sandbox_env(layout.root),
+    )
+
+
+def sandbox_down(root: Path, wipe: bool = False) -> bool:
+    """Stop the emulator and job workers. ``wipe`` also deletes the folder. True if it was up."""
+    layout = SandboxLayout(Path(root).resolve())
+    if not layout.root.exists():
+        return False
+    if layout.state_dir.is_dir():
+        kill_all_workers(layout)
+    was_running = emulator.stop(layout)
+    if wipe:
+        looks_like_sandbox = layout.state_dir.is_dir() or (layout.bin_dir / "gcluster").is_file()
+        if not looks_like_sandbox:
+            raise RuntimeError(f"refusing to wipe {layout.root}: it does not look like a sandbox folder")
+        shutil.rmtree(layout.root)
+    return was_running
+
+
+# ======================================================================================= CLI
+def _root_from_args(args: argparse.Namespace) -> Path:
+    return Path(args.dir).resolve() if getattr(args, "dir", None) else default_root()
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    try:
+        info = sandbox_up(_root_from_args(args))
+    except emulator.EmulatorError as error:
+        print(f"tpu-rl sandbox up: {error}", file=sys.stderr)
+        return 1
+    print(f"sandbox up in {info.root}")
+    print(f"  fake-gcs-server: {info.emulator_url} (pid {info.emulator_pid})")
+    print(f"  gcluster shim:   {info.gcluster}")
+    print(f"  gcloud shim:     {info.gcloud}")
+    print(f"  blueprint:       {info.blueprint}")
+    print(f'run: eval "$(tpu-rl sandbox env{" --dir " + shlex.quote(str(info.root)) if args.dir else ""})"')
+    return 0
+
+
+def _cmd_down(args: argparse.Namespace) -> int:
+    root = _root_from_args(args)
+    was_running = sandbox_down(root, wipe=args.wipe)
+    state = "stopped" if was_running else "was not running"
+    print(f"sandbox {state}; {'deleted ' + str(root) if args.wipe else 'data kept in ' + str(root)}")
+    return 0
+
+
+def _cmd_env(args: argparse.Namespace) -> int:
+    try:
+        env = sandbox_env(_root_from_args(args))
+    except emulator.EmulatorError as error:
+        print(f"tpu-rl sandbox env: {error}", file=sys.stderr)
+        return 1
+    for key, value in sorted(env.items()):
+        print(f"export {key}={shlex.quote(value)}")
+    return 0
+
+
+def add_sandbox_subcommands(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+    """Add ``sandbox up|down|env`` to a ``tpu-rl`` argparse parser.
+
+    Each leaf parser sets ``func``; call ``args.func(args)`` and use its return value as the
+    exit code.
+    """
+    sandbox = subparsers.add_parser("sandbox", help="local sandbox: fake gcluster/gcloud and a GCS emulator")
+    actions = sandbox.add_subparsers(dest="sandbox_command", required=True)
+    help_dir = f"sandbox folder (default: ${SANDBOX_DIR_ENV} or ./.sandbox)"
+    up = actions.add_parser("up", help="start the sandbox (reuses a running one)")
+    up.add_argument("--dir", help=help_dir)
+    up.set_defaults(func=_cmd_up)
+    down = actions.add_parser("down", help="stop the sandbox (keeps its data unless --wipe)")
+    down.add_argument("--dir", help=help_dir)
+    down.add_argument("--wipe", action="store_true", help="also delete the sandbox folder")
+    down.set_defaults(func=_cmd_down)
+    env = actions.add_parser("env", help="print `export K=V` lines for the sandbox")
+    env.add_argument("--dir", help=help_dir)
+    env.set_defaults(func=_cmd_env)
+    return sandbox
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m airflow_provider_tpu_rl.sandbox.control up|down|env`` (same as ``tpu-rl sandbox``)."""
+    parser = argparse.ArgumentParser(prog="tpu-rl")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    add_sandbox_subcommands(subparsers)
+    args = parser.parse_args(["sandbox", *(sys.argv[1:] if argv is None else argv)])
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

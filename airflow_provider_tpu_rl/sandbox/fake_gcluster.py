@@ -1,0 +1,429 @@
+"""Fake ``gcluster`` (Cluster Toolkit v1.103.0 CLI surface), with cobra/pflag argument rules.
+
+Run as ``python -m airflow_provider_tpu_rl.sandbox.fake_gcluster ARGS`` (through the
+``<root>/bin/gcluster`` shim). Every call is appended to ``<root>/calls.jsonl``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from airflow_provider_tpu_rl.sandbox import emulator
+from airflow_provider_tpu_rl.sandbox.flags import (
+    CobraCommand,
+    CobraError,
+    CobraHelp,
+    CobraParse,
+    Flag,
+    cobra_parse,
+)
+from airflow_provider_tpu_rl.sandbox.gcluster_deploy import (
+    Console,
+    DeploymentRunner,
+    Fatal,
+    check_overwrite_allowed,
+    expand_blueprint,
+    load_blueprint,
+    read_stdin_line,
+    run_validators,
+    write_deployment,
+)
+from airflow_provider_tpu_rl.sandbox.gcluster_jobs import JobCommands, JobError, JobRegistry
+from airflow_provider_tpu_rl.sandbox.gotime import go_quote
+from airflow_provider_tpu_rl.sandbox.layout import SandboxLayout, layout_from_env
+from airflow_provider_tpu_rl.sandbox.maxtext_sim import context_from_env
+from airflow_provider_tpu_rl.sandbox.state import (
+    FAULT_ENV,
+    FaultGate,
+    StateError,
+    StateStore,
+    parse_faults,
+    record_call,
+)
+
+VERSION = "v1.103.0"
+
+
+def _create_flags() -> list[Flag]:
+    return [
+        Flag(
+            "out",
+            "string",
+            "o",
+            usage="Sets the output directory where the HPC deployment directory will be created.",
+        ),
+        Flag(
+            "overwrite-deployment",
+            "bool",
+            "w",
+            usage="If specified, an existing deployment directory is overwritten by the new deployment.",
+        ),
+        Flag("force", "bool", usage="Forces overwrite of existing deployment directory."),
+        Flag(
+            "deployment-file",
+            "string",
+            "d",
+            usage="Deployment file to override blueprint variables and backend configuration",
+        ),
+        Flag(
+            "vars",
+            "stringSlice",
+            usage="Comma-separated list of name=value variables to override YAML configuration. Can be used multiple times.",
+        ),
+        Flag(
+            "backend-config",
+            "stringSlice",
+            usage="Comma-separated list of name=value variables to set Terraform backend configuration. Can be used multiple times.",
+        ),
+        Flag(
+            "validation-level",
+            "string",
+            "l",
+            default="ERROR",
+            usage='Set validation level to one of ("ERROR", "WARNING", "IGNORE")',
+        ),
+        Flag("skip-validators", "stringSlice", usage="Validators to skip"),
+        Flag("add-creator-label", "bool", usage="Add label ghpc_creator to the expanded blueprint."),
+    ]
+
+
+CREATE_FLAG_NAMES = {f.name for f in _create_flags()}
+
+
+def build_tree() -> CobraCommand:
+    """The command tree of gcluster v1.103 that the fake implements."""
+    root = CobraCommand(
+        "gcluster",
+        short="A blueprint and deployment engine for HPC clusters in GCP.",
+        persistent_flags=[
+            Flag("download-dependencies", "bool", usage="Automatically download missing dependencies."),
+            Flag("no-color", "bool", usage="Disable colorized output."),
+        ],
+        flags=[Flag("version", "bool", "v", usage="version for gcluster")],
+    )
+    create = CobraCommand(
+        "create",
+        "Create a new deployment.",
+        flags=_create_flags(),
+        exact_args=1,
+        usage_line="gcluster create <BLUEPRINT_FILE> [flags]",
+    )
+    deploy = CobraCommand(
+        "deploy",
+        "deploy all resources in a Toolkit deployment directory.",
+        flags=[
+            *_create_flags(),
+            Flag("artifacts", "string", "a", usage="Artifacts directory (automatically configured if unset)"),
+            Flag("auto-approve", "bool", usage="Automatically approve proposed changes"),
+            Flag("skip", "stringSlice", usage="Skip groups with the given names"),
+            Flag("only", "stringSlice", usage="Only apply to groups with the given names"),
+            Flag("json-output", "bool", usage="Write Terraform output to JSON file"),
+        ],
+        exact_args=1,
+        silence_usage=True,
+        usage_line="gcluster deploy (<DEPLOYMENT_DIRECTORY> | <BLUEPRINT_FILE>) [flags]",
+    )
+    destroy = CobraCommand(
+        "destroy",
+        "destroy all resources in a Toolkit deployment directory.",
+        flags=[
+            Flag("artifacts", "string", "a", usage="Artifacts directory (automatically configured if unset)"),
+            Flag("auto-approve", "bool", usage="Automatically approve proposed changes"),
+            Flag("skip", "stringSlice", usage="Skip groups with the given names"),
+            Flag("only", "stringSlice", usage="Only apply to groups with the given names"),
+            Flag("robust", "bool", usage="Perform a robust destroy, including firewall rule cleanup."),
+        ],
+        exact_args=1,
+        silence_usage=True,
+        usage_line="gcluster destroy DEPLOYMENT_DIRECTORY [flags]",
+    )
+    job = CobraCommand(
+        "job",
+        "[EXPERIMENTAL/ALPHA] Manage jobs on the cluster.",
+        runnable=False,
+        persistent_flags=[
+            Flag("cluster", "string", "c", usage="Name of the GKE cluster."),
+            Flag("location", "string", "l", usage="Location (region or zone) of the GKE cluster."),
+            Flag("project", "string", "p", usage="Google Cloud Project ID."),
+        ],
+    )
+    submit = CobraCommand(
+        "submit",
+        "Submits a workload on a GKE cluster using JobSet.",
+        silence_usage=True,
+        flags=[
+            Flag("image", "string", "i"),
+            Flag("base-image", "string", "B"),
+            Flag("build-context", "string", "b"),
+            Flag("command", "string", "e"),
+            Flag("compute-type", "string"),
+            Flag("dry-run-out", "string", "o"),
+            Flag("platform", "string", "f", default="linux/amd64"),
+            Flag("mount", "stringSlice"),
+            Flag("name", "string", "n"),
+            Flag("queue", "string", "q"),
+            Flag("num-nodes", "int", default=1),
+            Flag("num-slices", "int", default=1),
+            Flag("restarts", "int", default=1),
+            Flag("gke-ttl-after-finished", "string", default="1h"),
+            Flag("grace-period", "string", default="30s"),
+            Flag("gke-disable-parallel-containers", "bool"),
+            Flag("placement-policy", "string"),
+            Flag("node-constraint", "stringToString"),
+            Flag("cpu-affinity", "string"),
+            Flag("restart-on-exit-codes", "intSlice"),
+            Flag("image-pull-secret", "string"),
+            Flag("service-account", "string"),
+            Flag("topology", "string"),
+            Flag("gke-scheduler", "string"),
+            Flag("await-job-completion", "bool"),
+            Flag("timeout", "string", default="-1s"),
+            Flag("priority", "string"),
+            Flag("verbose", "bool"),
+            Flag("gke-nap-provisioning", "string"),
+            Flag("gke-nap-reservation", "string"),
+            Flag("env", "stringArray"),
+            Flag("pathways", "bool"),
+            Flag("pathways-proxy-server-image", "string"),
+            Flag("pathways-server-image", "string"),
+            Flag("pathways-worker-image", "string"),
+            Flag("pathways-headless", "bool"),
+            Flag("pathways-gcs-location", "string"),
+            Flag("pathways-elastic-slices", "int"),
+            Flag("pathways-max-slice-restarts", "int", default=1),
+            Flag("pathways-proxy-args", "string"),
+            Flag("pathways-server-args", "string"),
+            Flag("pathways-worker-args", "string"),
+            Flag("pathways-colocated-python-sidecar-image", "string"),
+            Flag("pathways-head-np", "string"),
+            Flag("pathways-proxy-env", "stringArray"),
+            Flag("pathways-server-env", "stringArray"),
+            Flag("pathways-worker-env", "stringArray"),
+        ],
+    )
+    list_cmd = CobraCommand(
+        "list",
+        "List workloads (jobs) in the cluster.",
+        silence_usage=True,
+        flags=[Flag("status", "string"), Flag("name-contains", "string")],
+    )
+    logs = CobraCommand(
+        "logs",
+        "Fetch logs for a job in the cluster.",
+        silence_usage=True,
+        exact_args=1,
+        flags=[Flag("follow", "bool", "f", usage="Stream logs continuously"), Flag("main-only", "bool")],
+        usage_line="gcluster job logs [job-name] [flags]",
+    )
+    cancel = CobraCommand(
+        "cancel",
+        "Cancel a job in the cluster.",
+        silence_usage=True,
+        exact_args=1,
+        usage_line="gcluster job cancel [job-name] [flags]",
+    )
+    config = CobraCommand("config", "Manage gcluster job configuration.", runnable=False)
+    config.add(
+        CobraCommand(
+            "set",
+            "Set a configuration property.",
+            exact_args=2,
+            usage_line="gcluster job config set [key] [value] [flags]",
+        ),
+        CobraCommand("list", "List all configuration properties.", exact_args=0),
+    )
+    job.add(submit, cancel, list_cmd, logs, config)
+    root.add(create, deploy, destroy, job)
+    return root
+
+
+class Gcluster:
+    """One ``gcluster`` invocation."""
+
+    def __init__(
+        self,
+        layout: SandboxLayout,
+        env: dict[str, str],
+        cwd: str,
+        out: Callable[[str], None],
+        err: Callable[[str], None],
+        read_line: Callable[[], str | None] = read_stdin_line,
+    ) -> None:
+        self.layout = layout
+        self.env = env
+        self.cwd = cwd
+        self.console = Console(out, err)
+        self.read_line = read_line
+
+    def run(self, argv: list[str]) -> int:
+        root = build_tree()
+        try:
+            parsed = cobra_parse(root, argv)
+        except CobraHelp as shown:
+            self.console.out(shown.text)
+            return 0
+        except CobraError as error:
+            self.console.err(f"Error: {error.message}\n")
+            return 1
+        path = parsed.command.command_path().split()[1:]
+        try:
+            parse_faults(self.env.get(FAULT_ENV))
+            if path == [] and parsed.get("version"):
+                self.console.out(f"gcluster version {VERSION}\nBuilt from 'main' branch.\n")
+                return 0
+            if path == []:
+                self.console.out(root.usage())
+                return 0
+            if path[0] == "job":
+                return self.run_job(path[1:], parsed)
+            return self.run_infra(path[0], parsed)
+        except Fatal as fatal:
+            if fatal.code == 0:
+                self.console.info(fatal.message)
+            else:
+                self.console.error(fatal.message)
+            return fatal.code
+        except (JobError, CobraError) as error:
+            message = error.message if isinstance(error, CobraError) else str(error)
+            self.console.err(f"Error: {message}\n")
+            return 1
+        except StateError as error:
+            self.console.err(f"Error: sandbox: {error}\n")
+            return 1
+
+    # -- create / deploy / destroy ----------------------------------------------------------
+    def _resolve(self, path: str) -> Path:
+        candidate = Path(path)
+        return candidate if candidate.is_absolute() else Path(self.cwd) / candidate
+
+    def _runner(self, parsed: CobraParse) -> DeploymentRunner:
+        step_seconds, _ = context_from_env(self.env)
+        store = StateStore(self.layout)
+        registry = JobRegistry(self.layout)
+        return DeploymentRunner(
+            self.layout,
+            emulator.api_for(self.layout),
+            self.console,
+            FaultGate.from_env(store, self.env),
+            bool(parsed.get("auto-approve")),
+            self.read_line,
+            min(step_seconds, 0.5) / 4,
+            registry.delete_cluster_jobs,
+        )
+
+    def do_create(self, parsed: CobraParse, blueprint_path: Path) -> tuple[Path, str]:
+        blueprint = load_blueprint(blueprint_path)
+        bp = expand_blueprint(
+            blueprint,
+            list(parsed.get("vars")),
+            list(parsed.get("backend-config")),
+            parsed.get("deployment-file") or None,
+            str(parsed.get("validation-level")),
+        )
+        run_validators(bp, self.console)
+        out_dir = self._resolve(str(parsed.get("out") or "."))
+        deployment = str(bp["vars"]["deployment_name"])
+        display = os.path.join(str(parsed.get("out") or ""), deployment) if parsed.get("out") else deployment
+        depl = out_dir / deployment
+        self.console.info(f"Creating deployment folder {go_quote(display)} ...")
+        check_overwrite_allowed(
+            depl, bp, bool(parsed.get("overwrite-deployment")), bool(parsed.get("force")), display
+        )
+        write_deployment(depl, bp)
+        return depl, display
+
+    def run_infra(self, command: str, parsed: CobraParse) -> int:
+        target = parsed.args[0]
+        resolved = self._resolve(target)
+        if command in ("create", "deploy") and not (resolved.exists() or resolved.is_symlink()):
+            raise CobraError(f"{go_quote(target)} does not exist")
+        if command == "destroy" and not resolved.is_dir():
+            raise CobraError(f"{go_quote(target)} must be a directory")
+        for name in ("skip", "only"):
+            if name in parsed.changed and not parsed.get(name):
+                parsed.values[name] = []
+        if command == "create":
+            depl, display = self.do_create(parsed, resolved)
+            self.console.info("To deploy your infrastructure please run:")
+            self.console.info("")
+            self.console.info(f"gcluster deploy {display}")
+            self.console.info("")
+            self.console.info("Find instructions for cleanly destroying infrastructure and advanced manual")
+            self.console.info("deployment instructions at:")
+            self.console.info("")
+            self.console.info(os.path.join(display, "instructions.txt"))
+            return 0
+        only = list(parsed.get("only")) if "only" in parsed.changed else None
+        skip = list(parsed.get("skip")) if "skip" in parsed.changed else None
+        runner = self._runner(parsed)
+        if command == "deploy":
+            if resolved.is_dir():
+                for flag in sorted(parsed.changed):
+                    if flag in CREATE_FLAG_NAMES:
+                        raise Fatal(
+                            f"Error: cannot specify flag {go_quote(flag)} with DEPLOYMENT_DIRECTORY provided"
+                        )
+                depl, display = resolved, target
+            else:
+                depl, display = self.do_create(parsed, resolved)
+            runner.deploy(depl, display, only, skip)
+            return 0
+        runner.destroy(resolved, target, only, skip, bool(parsed.get("robust")))
+        return 0
+
+    # -- job ------------------------------------------------------------------------------
+    def run_job(self, path: list[str], parsed: CobraParse) -> int:
+        jobs = JobCommands(self.layout, self.env, self.console, self.cwd)
+        if path[:1] == ["config"]:
+            if path[1:] == ["set"]:
+                jobs.config_set(parsed)
+            else:
+                jobs.config_list(parsed)
+            return 0
+        if path == ["submit"]:
+            return jobs.submit(parsed)
+        if path == ["list"]:
+            jobs.list(parsed)
+        elif path == ["logs"]:
+            jobs.logs(parsed)
+        elif path == ["cancel"]:
+            jobs.cancel(parsed)
+        return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the fake ``gcluster``; records the call in ``<root>/calls.jsonl``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    start = time.time()
+    env = dict(os.environ)
+    try:
+        layout = layout_from_env(env)
+    except Exception as error:
+        sys.stderr.write(f"Error: {error}\n")
+        return 1
+    code = 1
+
+    def out(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    def err(text: str) -> None:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+    try:
+        code = Gcluster(layout, env, os.getcwd(), out, err).run(args)
+    except StateError as error:
+        err(f"Error: sandbox: {error}\n")
+        code = 1
+    finally:
+        record_call(layout, "gcluster", args, env, os.getcwd(), code, start, time.time())
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1032 @@
+"""``gcluster create|deploy|destroy``: blueprint expansion, deployment folder, Terraform simulation.
+
+Follows Cluster Toolkit (cmd/create.go, cmd/deploy.go, cmd/destroy.go, pkg/shell/terraform.go,
+pkg/config/expand.go): the deployment folder ``<out>/<deployment_name>/`` with ``.ghpc/artifacts/
+expanded_blueprint.yaml`` and one folder per group; Terraform state local to the group folder
+(``<group>/terraform.tfstate``) unless ``--backend-config`` set a GCS backend, whose default prefix
+is ``<blueprint_name>/<deployment_name>/<group>`` (object ``<prefix>/default.tfstate``). The
+"real world" (clusters, service accounts) lives in the sandbox state, so Terraform's view and
+reality can disagree exactly as they do with a lost local state.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from airflow_provider_tpu_rl.sandbox import cloud
+from airflow_provider_tpu_rl.sandbox.gcs import GcsApi, GcsError
+from airflow_provider_tpu_rl.sandbox.gotime import go_quote
+from airflow_provider_tpu_rl.sandbox.layout import SandboxLayout, rfc3339
+from airflow_provider_tpu_rl.sandbox.state import FaultGate, StateStore
+
+LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
+SA_ACCOUNT_ID_RE = re.compile(r"^[a-z](?:[-a-z0-9]{4,28}[a-z0-9])$")
+VAR_REF_RE = re.compile(r"\$\(vars\.([A-Za-z_][A-Za-z0-9_]*)\)")
+TERRAFORM_VERSION = "1.12.2"
+VALIDATION_HELP = """One or more blueprint validators has failed. See messages above for suggested
+actions. General troubleshooting guidance and instructions for configuring validators are shown below.
+
+- https://goo.gle/hpc-toolkit-troubleshooting
+- https://goo.gle/hpc-toolkit-validation
+
+Validators can be silenced or treated as warnings or errors:
+
+- https://goo.gle/hpc-toolkit-validation-levels
+"""
+
+
+class Fatal(Exception):
+    """``logging.Fatal``: ``<ts>: <message>`` on stderr, exit code (1 unless said otherwise)."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+class PromptExit(Fatal):
+    """``logging.Fatal``/``ExitWithCode`` from the approval prompt: ends the process at once."""
+
+
+def hint_error(message: str, hint: str) -> Fatal:
+    return Fatal(f"Error: {message}\nHint: {hint}")
+
+
+class Console:
+    """gcluster's logging: ``<RFC3339>: msg`` on stdout (Info) or stderr (Error/Fatal)."""
+
+    def __init__(self, out: Callable[[str], None], err: Callable[[str], None]) -> None:
+        self.out = out
+        self.err = err
+
+    def info(self, message: str) -> None:
+        self.out(f"{rfc3339()}: {message}\n")
+
+    def error(self, message: str) -> None:
+        self.err(f"{rfc3339()}: {message}\n")
+
+    def terraform(self, text: str, stream: str = "out") -> None:
+        """Terraform output through gcluster's timestamp writer (no stamp on indented/empty lines)."""
+        write = self.out if stream == "out" else self.err
+        for line in text.splitlines():
+            if not line or line[0] in " \t":
+                write(line + "\n")
+            else:
+                write(f"{rfc3339()} {line}\n")
+
+
+# ================================================================================ blueprint
+def _substitute(value: Any, variables: dict[str, Any]) -> Any:
+    if isinstance(value, str):
+        whole = VAR_REF_RE.fullmatch(value.strip())
+        if whole and whole.group(1) in variables:
+            return copy.deepcopy(variables[whole.group(1)])
+        return VAR_REF_RE.sub(lambda m: str(variables.get(m.group(1), m.group(0))), value)
+    if isinstance(value, list):
+        return [_substitute(item, variables) for item in value]
+    if isinstance(value, dict):
+        return {key: _substitute(item, variables) for key, item in value.items()}
+    return value
+
+
+def load_blueprint(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise Fatal(f"Error: failed to read the input yaml, filename={path}: {error.strerror}") from None
+    try:
+        blueprint = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise Fatal(f"Error: failed to decode blueprint {path}: {error}") from None
+    if not isinstance(blueprint, dict):
+        raise Fatal(f"Error: failed to decode blueprint {path}: the blueprint must be a YAML mapping")
+    return blueprint
+
+
+def yaml_scalar(text: str) -> Any:
+    """How gcluster reads ``--vars k=v`` values: YAML, so ``1`` is a number and ``''`` is null."""
+    try:
+        return yaml.safe_load(text) if text != "" else None
+    except yaml.YAMLError:
+        raise Fatal(
+            f"Failed to set the variables at CLI: invalid input: unable to convert value '{text}' to known type"
+        ) from None
+
+
+def expand_blueprint(
+    blueprint: dict[str, Any],
+    cli_vars: list[str],
+    backend_config: list[str],
+    deployment_file: str | None,
+    validation_level: str,
+) -> dict[str, Any]:
+    """Apply ``-d``, ``--vars`` and ``--backend-config`` and expand ``$(vars.x)`` references."""
+    bp = copy.deepcopy(blueprint)
+    name = bp.get("blueprint_name")
+    if not isinstance(name, str) or not name:
+        raise Fatal('Error: blueprint_name: invalid value for "blueprint_name": value is an empty string')
+    if not LABEL_VALUE_RE.match(name):
+        raise Fatal(
+            'Error: blueprint_name: invalid value for "blueprint_name": value can only contain lowercase letters, '
+            "numeric characters, underscores and dashes, and must be between 0 and 63 characters long"
+        )
+    groups = bp.get("deployment_groups")
+    if not isinstance(groups, list) or not groups:
+        raise Fatal("Error: deployment_groups: the blueprint must have at least one deployment group")
+    for group in groups:
+        if not isinstance(group, dict) or not group.get("group"):
+            raise Fatal("Error: group name must be set for each deployment group")
+        if not isinstance(group.get("modules"), list) or not group["modules"]:
+            raise Fatal(f"Error: deployment group {group['group']} must have at least one module")
+    variables = bp.get("vars") or {}
+    if not isinstance(variables, dict):
+        raise Fatal("Error: vars: must be a mapping")
+    if deployment_file:
+        settings = load_blueprint(Path(deployment_file))
+        variables.update(settings.get("vars") or {})
+        if settings.get("terraform_backend_defaults"):
+            bp["terraform_backend_defaults"] = settings["terraform_backend_defaults"]
+    for item in cli_vars:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise Fatal(
+                f"Failed to set the variables at CLI: invalid format: '{item}' should follow the 'name=value' format"
+            )
+        variables[key] = yaml_scalar(raw)
+    if backend_config:
+        cli_backend: dict[str, Any] = {"type": "gcs", "configuration": {}}
+        for item in backend_config:
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise Fatal(
+                    f"Failed to set the backend config at CLI: invalid format: '{item}' should follow the 'name=value' format"
+                )
+            if key == "type":
+                cli_backend["type"] = value
+            else:
+                cli_backend["configuration"][key] = value
+        bp["terraform_backend_defaults"] = cli_backend
+    if validation_level not in ("ERROR", "WARNING", "IGNORE"):
+        raise Fatal('Error: invalid validation level ("ERROR", "WARNING", "IGNORE")')
+    bp["validation_level"] = validation_level
+    deployment = variables.get("deployment_name")
+    if "deployment_name" not in variables:
+        raise Fatal(
+            'Error: vars.deployment_name: invalid value for "deployment_name": could not find source of variable'
+        )
+    if not isinstance(deployment, str):
+        raise Fatal(
+            'Error: vars.deployment_name: invalid value for "deployment_name": value was not of type string'
+        )
+    if not deployment:
+        raise Fatal(
+            'Error: vars.deployment_name: invalid value for "deployment_name": value is an empty string'
+        )
+    if not LABEL_VALUE_RE.match(deployment):
+        raise Fatal(
+            'Error: vars.deployment_name: invalid value for "deployment_name": value can only contain lowercase '
+            "letters, numeric characters, underscores and dashes, and must be between 0 and 63 characters long"
+        )
+    labels = dict(variables.get("labels") or {})
+    labels.setdefault("ghpc_blueprint", name)
+    labels.setdefault("ghpc_deployment", deployment)
+    variables["labels"] = labels
+    bp["vars"] = variables
+    defaults = bp.get("terraform_backend_defaults")
+    for group in groups:
+        group["modules"] = [
+            {**module, "settings": _substitute(module.get("settings") or {}, variables)}
+            for module in group["modules"]
+        ]
+        backend: dict[str, Any] | None = group.get("terraform_backend") or (
+            copy.deepcopy(defaults) if defaults else None
+        )
+        if backend and backend.get("type") == "gcs":
+            configuration = backend.setdefault("configuration", {})
+            configuration.setdefault("prefix", f"{name}/{deployment}/{group['group']}")
+        if backend:
+            group["terraform_backend"] = backend
+    return bp
+
+
+def run_validators(bp: dict[str, Any], console: Console) -> None:
+    """The project/region/zone validators (skipped with ``-l IGNORE``)."""
+    level = bp.get("validation_level", "ERROR")
+    if level == "IGNORE":
+        return
+    variables = bp["vars"]
+    problems = []
+    for key in ("project_id", "region", "zone"):
+        if not variables.get(key):
+            problems.append(
+                f'validator "test_{"project_exists" if key == "project_id" else key + "_exists"}" failed:\n'
+                f"Error: {key} must be set to a non-empty value"
+            )
+    region, zone = variables.get("region"), variables.get("zone")
+    if region and zone and not str(zone).startswith(f"{region}-"):
+        problems.append(
+            f'validator "test_zone_in_region" failed:\nError: zone {zone} is not in region {region}'
+        )
+    if not problems:
+        return
+    for problem in problems:
+        console.error(problem + "\n")
+    console.error(VALIDATION_HELP)
+    if level == "ERROR":
+        raise Fatal("Validation failed due to the issues listed above")
+    console.error("Validation failures were treated as a warning, continuing to create blueprint.\n")
+
+
+# ============================================================================ the deployment
+def group_names(bp: dict[str, Any]) -> list[str]:
+    return [str(group["group"]) for group in bp["deployment_groups"]]
+
+
+def _artifacts(depl: Path) -> Path:
+    return depl / ".ghpc" / "artifacts"
+
+
+def check_overwrite_allowed(
+    depl: Path, bp: dict[str, Any], overwrite: bool, force: bool, display: str
+) -> None:
+    if not depl.exists() or force:
+        return
+    if not (depl / ".ghpc").is_dir():
+        raise hint_error(
+            f"folder {go_quote(display)} already exists, and it is not a valid GHPC deployment folder",
+            "Use `--force` to overwrite the deployment anyway. Proceed at your own risk.",
+        )
+    expanded = _artifacts(depl) / "expanded_blueprint.yaml"
+    if not expanded.is_file():
+        raise hint_error(
+            f"expanded blueprint file {go_quote(os.path.join(display, '.ghpc', 'artifacts', 'expanded_blueprint.yaml'))} is missing, this could be a result of changing GHPC "
+            "version between consecutive deployments",
+            "Use `--force` to overwrite the deployment anyway. Proceed at your own risk.",
+        )
+    if not overwrite:
+        raise hint_error(f"deployment folder {go_quote(display)} already exists", "use -w to overwrite")
+    previous = load_blueprint(expanded)
+    for name in group_names(previous):
+        if name not in group_names(bp):
+            raise hint_error(
+                f"you are attempting to remove a deployment group {go_quote(name)}, which is not supported",
+                "Use `--force` to overwrite the deployment anyway. Proceed at your own risk.",
+            )
+
+
+def _hcl(value: Any) -> str:
+    return json.dumps(value)
+
+
+def write_deployment(depl: Path, bp: dict[str, Any]) -> None:
+    """The deployment folder as modulewriter lays it out (Terraform files are simplified)."""
+    ghpc = depl / ".ghpc"
+    fresh = not depl.exists()
+    depl.mkdir(parents=True, exist_ok=True)
+    ghpc.mkdir(parents=True, exist_ok=True)
+    if fresh:
+        (depl / ".gitignore").write_text("# Ignore Terraform state and plans\n.terraform/\n*.tfstate*\n")
+    artifacts = _artifacts(depl)
+    shutil.rmtree(artifacts, ignore_errors=True)
+    artifacts.mkdir(parents=True)
+    (artifacts / "DO_NOT_MODIFY_THIS_DIRECTORY").write_text(
+        "Files in this directory are managed by gcluster. Do not modify them manually!\n"
+    )
+    previous = ghpc / "previous_deployment_groups"
+    shutil.rmtree(previous, ignore_errors=True)
+    previous.mkdir()
+    for child in depl.iterdir():
+        if child.is_dir() and child.name != ".ghpc":
+            child.rename(previous / child.name)
+    instructions = ["Advanced Deployment Instructions", "================================", ""]
+    for group in bp["deployment_groups"]:
+        gdir = depl / str(group["group"])
+        gdir.mkdir()
+        lines = []
+        backend = group.get("terraform_backend")
+        if backend:
+            lines.append("terraform {")
+            lines.append(f'  backend "{backend["type"]}" {{')
+            for key, value in sorted(backend.get("configuration", {}).items()):
+                lines.append(f"    {key} = {_hcl(value)}")
+            lines += ["  }", "}", ""]
+        for module in group["modules"]:
+            lines.append(f'module "{module["id"]}" {{')
+            lines.append(f'  source = "./modules/embedded/{module.get("source", "")}"')
+            for key, value in sorted((module.get("settings") or {}).items()):
+                lines.append(f"  {key} = {_hcl(value)}")
+            lines += ["}", ""]
+        (gdir / "main.tf").write_text("\n".join(lines))
+        variables = bp["vars"]
+        (gdir / "variables.tf").write_text(
+            "".join(f'variable "{k}" {{\n  type = any\n}}\n\n' for k in sorted(variables))
+        )
+        (gdir / "terraform.tfvars").write_text(
+            "".join(f"{k} = {_hcl(v)}\n" for k, v in sorted(variables.items()))
+        )
+        (gdir / "providers.tf").write_text(
+            'provider "google" {\n  project = var.project_id\n  region  = var.region\n  zone    = var.zone\n}\n'
+        )
+        (gdir / "versions.tf").write_text(
+            f'terraform {{\n  required_version = ">= {TERRAFORM_VERSION}"\n}}\n'
+        )
+        (gdir / "outputs.tf").write_text("")
+        old_state = previous / str(group["group"]) / "terraform.tfstate"
+        if old_state.is_file():
+            shutil.copy2(old_state, gdir / "terraform.tfstate")
+        instructions += [
+            f"Deployment group {group['group']}:",
+            f"  terraform -chdir={gdir} init",
+            f"  terraform -chdir={gdir} apply",
+            "",
+        ]
+    instructions += [
+        "Destroying infrastructure when no longer needed",
+        "===============================================",
+        "",
+    ]
+    instructions.append(f"gcluster destroy {depl}")
+    (depl / "instructions.txt").write_text("\n".join(instructions) + "\n")
+    (artifacts / "expanded_blueprint.yaml").write_text(yaml.safe_dump(bp, sort_keys=False))
+
+
+# ================================================================================ Terraform
+class TerraformState:
+    """The state of one deployment group, in GCS (backend ``gcs``) or the group folder."""
+
+    def __init__(self, group_dir: Path, backend: dict[str, Any] | None, api: GcsApi, shown: str = "") -> None:
+        self.group_dir = group_dir
+        self.shown = shown or str(group_dir)
+        self.backend = backend
+        self.api = api
+
+    @property
+    def location(self) -> str:
+        if self.backend:
+            conf = self.backend.get("configuration", {})
+            return f"gs://{conf.get('bucket')}/{str(conf.get('prefix', '')).strip('/')}/default.tfstate"
+        return str(self.group_dir / "terraform.tfstate")
+
+    def init(self) -> None:
+        """``terraform init``: a GCS backend needs an existing bucket."""
+        if self.backend:
+            if self.backend.get("type") != "gcs":
+                raise Fatal(
+                    f"Error: exit status 1\n\nError: Unsupported backend type {go_quote(str(self.backend.get('type')))}"
+                )
+            bucket = self.backend.get("configuration", {}).get("bucket")
+            if not bucket:
+                raise hint_error(
+                    'exit status 1\n\nError: "bucket": required field is not set',
+                    f"initialization of deployment group {self.shown} failed; manually resolve errors",
+                )
+            if self.api.get_bucket(str(bucket)) is None:
+                raise hint_error(
+                    "exit status 1\n\nError: Failed to get existing workspaces: querying Cloud Storage failed: "
+                    "storage: bucket doesn't exist",
+                    f"initialization of deployment group {self.shown} failed; manually resolve errors",
+                )
+        (self.group_dir / ".terraform").mkdir(exist_ok=True)
+        (self.group_dir / ".terraform.lock.hcl").write_text(
+            '# This file is maintained automatically by "terraform init".\n'
+        )
+
+    def load(self) -> dict[str, Any]:
+        raw: bytes | None = None
+        if self.backend:
+            conf = self.backend.get("configuration", {})
+            name = f"{str(conf.get('prefix', '')).strip('/')}/default.tfstate"
+            try:
+                raw = self.api.download(str(conf.get("bucket")), name)
+            except GcsError:
+                raw = None
+        else:
+            path = self.group_dir / "terraform.tfstate"
+            raw = path.read_bytes() if path.is_file() else None
+        if not raw:
+            return {
+                "version": 4,
+                "terraform_version": TERRAFORM_VERSION,
+                "serial": 0,
+                "lineage": str(uuid.uuid4()),
+                "outputs": {},
+                "resources": [],
+            }
+        return dict(json.loads(raw))
+
+    def save(self, state: dict[str, Any]) -> None:
+        state["serial"] = int(state.get("serial", 0)) + 1
+        data = json.dumps(state, indent=2).encode()
+        if self.backend:
+            conf = self.backend.get("configuration", {})
+            name = f"{str(conf.get('prefix', '')).strip('/')}/default.tfstate"
+            self.api.upload(str(conf.get("bucket")), name, data)
+        else:
+            (self.group_dir / "terraform.tfstate").write_bytes(data)
+
+
+def _resource_list(group: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(address, kind)`` of the Terraform resources a group's modules create."""
+    resources: list[tuple[str, str]] = []
+    for module in group["modules"]:
+        prefix = f"module.{module['id']}"
+        source = str(module.get("source", ""))
+        settings = module.get("settings") or {}
+        if source.endswith("network/vpc"):
+            resources += [
+                (f"{prefix}.module.vpc.module.vpc.google_compute_network.network", "network"),
+                (f'{prefix}.module.vpc.module.subnets.google_compute_subnetwork.subnetwork["sub"]', "subnet"),
+                (f'{prefix}.module.firewall_rules.google_compute_firewall.rules["internal"]', "firewall"),
+            ]
+        elif source.endswith("project/service-account"):
+            resources.append((f"{prefix}.google_service_account.service_account[0]", "service_account"))
+            for role in settings.get("project_roles") or []:
+                resources.append((f'{prefix}.google_project_iam_member.project_roles["{role}"]', "iam"))
+        elif source.endswith("scheduler/gke-cluster"):
+            resources.append((f"{prefix}.google_container_cluster.gke_cluster", "cluster"))
+            if settings.get("enable_pathways_for_tpus"):
+                resources.append((f"{prefix}.google_container_node_pool.cpu_node_pool[0]", "cpu_pool"))
+        elif source.endswith("compute/gke-node-pool"):
+            resources.append((f"{prefix}.google_container_node_pool.node_pool[0]", "node_pool"))
+        elif source.endswith("management/kubectl-apply"):
+            resources += [
+                (f"{prefix}.module.install_kueue[0].kubectl_manifest.manifest", "manifest"),
+                (f"{prefix}.module.install_jobset[0].kubectl_manifest.manifest", "manifest"),
+            ]
+        else:
+            resources.append((f"{prefix}.terraform_data.module", "other"))
+    return resources
+
+
+def _chips_per_vm(machine_type: str) -> int:
+    match = re.search(r"-(\d+)t$", machine_type)
+    return int(match.group(1)) if match else 1
+
+
+def _chips_in_topology(topology: str) -> int:
+    total = 1
+    for piece in str(topology).split("x"):
+        if piece.isdigit():
+            total *= int(piece)
+    return total
+
+
+def desired_cluster(bp: dict[str, Any], group: dict[str, Any]) -> dict[str, Any]:
+    """The cluster record the group's configuration describes."""
+    variables = bp["vars"]
+    project, region, zone = variables.get("project_id"), variables.get("region"), variables.get("zone")
+    deployment = str(variables["deployment_name"])
+    accounts = cloud.cluster_service_accounts(str(project), deployment)
+    node_pool_roles: list[str] = []
+    workload_roles: list[str] = []
+    cluster_settings: dict[str, Any] = {}
+    pools: list[dict[str, Any]] = []
+    for module in group["modules"]:
+        source = str(module.get("source", ""))
+        settings = module.get("settings") or {}
+        if source.endswith("project/service-account"):
+            roles = [str(r) for r in settings.get("project_roles") or []]
+            if str(settings.get("name", "")).endswith("np-sa") or module["id"] == "node_pool_service_account":
+                node_pool_roles = roles
+            else:
+                workload_roles = roles
+        elif source.endswith("scheduler/gke-cluster"):
+            cluster_settings = settings
+        elif source.endswith("compute/gke-node-pool"):
+            machine = str(settings.get("machine_type") or variables.get("machine_type") or "")
+            topology = (
+                settings.get("placement_policy", {}).get("tpu_topology")
+                if isinstance(settings.get("placement_policy"), dict)
+                else None
+            )
+            slices = settings.get("num_slices") or 1
+            nodes = max(1, _chips_in_topology(str(topology)) // _chips_per_vm(machine)) if topology else 1
+            reservations = (settings.get("reservation_affinity") or {}).get("specific_reservations") or []
+            pools.append(
+                {
+                    "name": str(settings.get("name") or module["id"]),
+                    "machine_type": machine,
+                    "topology": topology,
+                    "num_slices": int(slices) if str(slices).isdigit() else slices,
+                    "nodes": nodes * (int(slices) if str(slices).isdigit() else 1),
+                    "zones": settings.get("zones"),
+                    "reservation": reservations[0].get("name") if reservations else None,
+                    "service_account": accounts["node_pool"],
+                }
+            )
+    system_pool = {
+        "name": "system",
+        "machine_type": str(cluster_settings.get("system_node_pool_machine_type", "e2-standard-4")),
+        "nodes": 1,
+        "zones": cluster_settings.get("system_node_pool_zones"),
+        "service_account": accounts["node_pool"],
+    }
+    all_pools = [system_pool]
+    if cluster_settings.get("enable_pathways_for_tpus"):
+        all_pools.append(
+            {
+                "name": "cpu-np",
+                "machine_type": "n2-standard-64",
+                "nodes": 1,
+                "service_account": accounts["node_pool"],
+            }
+        )
+    all_pools += pools
+    tpu_pool = pools[0] if pools else {}
+    record = {
+        "name": deployment,
+        "project": project,
+        "region": region,
+        "zone": zone,
+        "deployment_name": deployment,
+        "blueprint_name": bp["blueprint_name"],
+        "labels": dict(variables.get("labels") or {}),
+        "vars": {k: v for k, v in variables.items() if k != "labels"},
+        "machine_type": tpu_pool.get("machine_type"),
+        "tpu_topology": tpu_pool.get("topology"),
+        "num_slices": tpu_pool.get("num_slices", 0),
+        "reservation": tpu_pool.get("reservation"),
+        "node_pools": all_pools,
+        "node_pool_roles": node_pool_roles,
+        "workload_roles": workload_roles,
+        "service_accounts": accounts,
+        "pathways": bool(cluster_settings.get("enable_pathways_for_tpus")),
+    }
+    record["settings_digest"] = hashlib.sha256(
+        json.dumps(record, sort_keys=True, default=str).encode()
+    ).hexdigest()[:16]
+    return record
+
+
+def plan_errors(bp: dict[str, Any], record: dict[str, Any], group_dir: Path) -> list[str]:
+    """Errors ``terraform plan`` would report for this configuration."""
+    variables = bp["vars"]
+    errors = []
+    for key in ("project_id", "region", "zone"):
+        if variables.get(key) in (None, ""):
+            errors.append(
+                f'Error: No value for required variable\n\n  on variables.tf line 1:\n   1: variable "{key}" {{\n\n'
+                f'The root module input variable "{key}" is not set, and has no default value. Use a -var or '
+                "-var-file command line argument to provide a value for this variable."
+            )
+    if errors:
+        return errors
+    for address, account in (
+        ("node_pool_service_account", record["service_accounts"]["node_pool"]),
+        ("workload_service_account", record["service_accounts"]["workload"]),
+    ):
+        account_id = account.split("@", 1)[0]
+        if not SA_ACCOUNT_ID_RE.match(account_id):
+            errors.append(
+                f'Error: "account_id" ("{account_id}") doesn\'t match regexp "^[a-z](?:[-a-z0-9]{{4,28}}[a-z0-9])$"\n\n'
+                f"  with module.{address}.google_service_account.service_account[0],\n"
+                f'  on modules/embedded/modules/project/service-account/main.tf line 42, in resource "google_service_account" "service_account":'
+            )
+    if len(str(record["name"])) > 40:
+        errors.append(f"Error: expected length of name to be in the range (1 - 40), got {record['name']}")
+    del group_dir
+    return errors
+
+
+class DeploymentRunner:
+    """Runs ``deploy``/``destroy`` for one deployment folder."""
+
+    def __init__(
+        self,
+        layout: SandboxLayout,
+        api: GcsApi,
+        console: Console,
+        faults: FaultGate,
+        auto_approve: bool,
+        read_line: Callable[[], str | None],
+        step_seconds: float,
+        on_cluster_deleted: Callable[[dict[str, Any]], None],
+    ) -> None:
+        self.layout = layout
+        self.store = StateStore(layout)
+        self.api = api
+        self.console = console
+        self.faults = faults
+        self.auto_approve = auto_approve
+        self.read_line = read_line
+        self.step_seconds = step_seconds
+        self.on_cluster_deleted = on_cluster_deleted
+
+    # -- prompt ---------------------------------------------------------------------------
+    def approve(self, summary: str, full: str) -> bool:
+        if self.auto_approve:
+            return True
+        self.console.info(f"Summary of proposed changes: {summary.strip()}")
+        while True:
+            self.console.out(
+                "(D)isplay full proposed changes,\n(A)pply proposed changes,\n(S)top and exit,\n"
+                "(C)ontinue without applying\nPlease select an option [d,a,s,c]: "
+            )
+            answer = self.read_line()
+            if answer is None:
+                raise PromptExit("EOF")
+            choice = answer.strip().lower()
+            if choice == "a":
+                return True
+            if choice == "c":
+                return False
+            if choice == "d":
+                self.console.out(full + "\n")
+            if choice == "s":
+                raise PromptExit(
+                    "user chose to stop execution of gcluster rather than make proposed changes to infrastructure",
+                    code=0,
+                )
+
+    def _pause(self, factor: float = 1.0) -> None:
+        time.sleep(max(0.0, self.step_seconds * factor))
+
+    # -- deploy ---------------------------------------------------------------------------
+    def deploy(self, depl: Path, display: str, only: list[str] | None, skip: list[str] | None) -> None:
+        artifacts = _artifacts(depl)
+        if not (artifacts.is_dir() and os.access(artifacts, os.W_OK)):
+            raise Fatal(f"Error: {os.path.join(display, '.ghpc', 'artifacts')} must be a writable directory")
+        bp = load_blueprint(artifacts / "expanded_blueprint.yaml")
+        self._check_groups(bp, depl, only, skip)
+        for group in bp["deployment_groups"]:
+            name = str(group["group"])
+            if not self._selected(name, only, skip):
+                self.console.info(f"skipping group {go_quote(name)}")
+                continue
+            self._deploy_group(bp, group, depl / name, os.path.join(display, name))
+        self.console.info("\n###############################")
+        self.console.info("Find instructions for cleanly destroying infrastructure and advanced manual")
+        self.console.info("deployment instructions at:")
+        self.console.info("")
+        self.console.info(os.path.join(display, "instructions.txt"))
+
+    @staticmethod
+    def _selected(name: str, only: list[str] | None, skip: list[str] | None) -> bool:
+        if only:
+            return name in only
+        if skip:
+            return name not in skip
+        return True
+
+    def _check_groups(
+        self, bp: dict[str, Any], depl: Path, only: list[str] | None, skip: list[str] | None
+    ) -> None:
+        if only and skip:
+            raise Fatal("Error: cannot specify both --only and --skip")
+        names = group_names(bp)
+        for wanted in (only or []) + (skip or []):
+            if wanted not in names:
+                raise Fatal(f"Error: group {go_quote(wanted)} not found")
+        for name in names:
+            if not (depl / name).is_dir():
+                raise Fatal(f"Error: improper deployment: {depl / name} is not a directory for group {name}")
+
+    def _terraform_state(self, group: dict[str, Any], group_dir: Path, shown: str) -> TerraformState:
+        return TerraformState(group_dir, group.get("terraform_backend"), self.api, shown)
+
+    def _deploy_group(self, bp: dict[str, Any], group: dict[str, Any], group_dir: Path, shown: str) -> None:
+        tf = self._terraform_state(group, group_dir, shown)
+        if not (group_dir / ".terraform").is_dir():
+            self.console.info(f"Initializing deployment group {shown}")
+        tf.init()
+        self.console.info(
+            f"Testing if deployment group {shown} requires adding or changing cloud infrastructure"
+        )
+        desired = desired_cluster(bp, group)
+        problems = plan_errors(bp, desired, group_dir)
+        if problems:
+            raise hint_error(
+                "exit status 1\n\n" + "\n\n".join(problems),
+                f"terraform plan for deployment group {shown} failed",
+            )
+        state = tf.load()
+        key = cloud.cluster_key(str(desired["project"]), str(desired["region"]), str(desired["name"]))
+        world = self.store.read("clusters").get(key)
+        world_exists = bool(world and world.get("exists", True))
+        resources = _resource_list(group)
+        managed = {r["address"] for r in state.get("resources", [])}
+        state_cluster = next((r for r in state.get("resources", []) if r.get("kind") == "cluster"), None)
+        if state_cluster and not world_exists:
+            managed = set()  # refresh: the objects are gone, Terraform drops them from state
+        to_add = [r for r in resources if r[0] not in managed]
+        in_sync = (
+            world_exists
+            and world is not None
+            and world.get("healthy", True)
+            and world.get("settings_digest") == desired["settings_digest"]
+        )
+        to_change = [] if (in_sync or to_add) else [r for r in resources if r[1] in ("cluster", "node_pool")]
+        if not to_add and not to_change:
+            self.console.info(f"Cloud infrastructure in deployment group {shown} is already applied")
+            self._write_outputs(group_dir, shown, desired)
+            return
+        summary = f"Plan: {len(to_add)} to add, {len(to_change)} to change, 0 to destroy."
+        self.console.info(f"Deployment group {shown} requires adding or changing cloud infrastructure")
+        full = (
+            "\n".join(
+                f"  # {address} will be {'created' if (address, kind) in to_add else 'updated in-place'}"
+                for address, kind in to_add + to_change
+            )
+            + "\n\n"
+            + summary
+        )
+        if not self.approve(summary, full):
+            return
+        self.console.info(f"Running terraform apply on deployment group {shown}")
+        self._apply(tf, state, desired, key, world_exists and not state_cluster, to_add, to_change)
+        self._write_outputs(group_dir, shown, desired)
+
+    def _apply(
+        self,
+        tf: TerraformState,
+        state: dict[str, Any],
+        desired: dict[str, Any],
+        key: str,
+        conflict: bool,
+        to_add: list[tuple[str, str]],
+        to_change: list[tuple[str, str]],
+    ) -> None:
+        project, region, name = desired["project"], desired["region"], desired["name"]
+        cluster_id = f"projects/{project}/locations/{region}/clusters/{name}"
+        lines: list[str] = []
+        for address, _kind in to_change:
+            lines.append(f"{address}: Modifying... [id={cluster_id}]")
+        for address, kind in to_add:
+            if kind in ("cluster", "node_pool", "cpu_pool"):
+                break
+            lines.append(f"{address}: Creating...")
+        self.console.terraform("\n".join(lines))
+        self._pause()
+        if conflict:
+            self._fail_apply(
+                f'Error: googleapi: Error 409: Already exists: {cluster_id}.\nDetails:\n[\n  {{\n    "@type": '
+                '"type.googleapis.com/google.rpc.RequestInfo"\n  }\n]\n, alreadyExists\n\n'
+                f"  with module.gke-tpu-v6e-cluster.google_container_cluster.gke_cluster,\n"
+                "  on modules/embedded/modules/scheduler/gke-cluster/main.tf line 102, in resource "
+                '"google_container_cluster" "gke_cluster":\n 102: resource "google_container_cluster" "gke_cluster" {'
+            )
+        fault = self.faults.fire("deploy")
+        created_cluster = any(kind == "cluster" for _, kind in to_add)
+        if created_cluster:
+            self.console.terraform(
+                f"module.gke-tpu-v6e-cluster.google_container_cluster.gke_cluster: Creating...\n"
+                f"module.gke-tpu-v6e-cluster.google_container_cluster.gke_cluster: Still creating... [10s elapsed]\n"
+                f"module.gke-tpu-v6e-cluster.google_container_cluster.gke_cluster: Creation complete after 7m31s [id={cluster_id}]"
+            )
+        self._pause()
+        if fault is not None:
+            # The cluster exists, the TPU node pool does not: record the half-done world and state.
+            self._record_world(key, desired, healthy=False)
+            state["resources"] = [
+                {
+                    "address": a,
+                    "kind": k,
+                    "status": "tainted" if k == "node_pool" else "ready",
+                    "id": cluster_id,
+                }
+                for a, k in _resource_list_from(desired, to_add, state)
+                if k != "node_pool"
+            ]
+            tf.save(state)
+            pool = "module.gke-tpu-v6e-pool.google_container_node_pool.node_pool[0]"
+            if fault.transient:
+                detail = (
+                    f"Error: error creating NodePool: googleapi: Error 400: Instance 'gke-{name}-tpu-pool-9f2c' creation "
+                    f"failed: Code: 'GCE_STOCKOUT'. Message: 'The zone 'projects/{project}/zones/{desired['zone']}' does "
+                    "not have enough resources available to fulfill the request.  Try a different zone, or try again "
+                    "later. (ZONE_RESOURCE_POOL_EXHAUSTED)'., stockout"
+                )
+            else:
+                detail = (
+                    f"Error: error creating NodePool: googleapi: Error 400: Reservation "
+                    f"'projects/{project}/zones/{desired['zone']}/reservations/{desired.get('reservation') or ''}' "
+                    "does not exist or is not usable: invalid value for field 'nodePool.config.reservationAffinity'., "
+                    "badRequest"
+                )
+            self._fail_apply(
+                f"{detail}\n\n  with {pool},\n  on modules/embedded/modules/compute/gke-node-pool/main.tf line 59, in "
+                'resource "google_container_node_pool" "node_pool":\n  59: resource "google_container_node_pool" "node_pool" {'
+            )
+        for address, kind in to_add:
+            if kind in ("node_pool", "cpu_pool"):
+                self.console.terraform(
+                    f"{address}: Creating...\n{address}: Creation complete after 4m2s [id={cluster_id}/nodePools/x]"
+                )
+        self._record_world(key, desired, healthy=True)
+        state["resources"] = [
+            {
+                "address": address,
+                "kind": kind,
+                "status": "ready",
+                "id": cluster_id,
+                "attributes": {
+                    "name": name,
+                    "location": region,
+                    "project": project,
+                    "resource_labels": desired["labels"],
+                }
+                if kind == "cluster"
+                else {},
+            }
+            for address, kind in _resource_list_from(desired, to_add, state)
+        ]
+        state["outputs"] = {
+            "instructions_gke-tpu-v6e-cluster": {
+                "value": f"gcloud container clusters get-credentials {name} --region {region} --project {project}",
+                "type": "string",
+            }
+        }
+        tf.save(state)
+        self.console.terraform(
+            f"\nApply complete! Resources: {len(to_add)} added, {len(to_change)} changed, 0 destroyed.\n"
+        )
+
+    def _fail_apply(self, detail: str) -> None:
+        box = ["╷"] + [f"│ {line}" if line else "│" for line in detail.splitlines()] + ["╵"]
+        self.console.terraform("\n".join(box), stream="err")
+        raise Fatal("Error: exit status 1\n\n" + detail)
+
+    def _record_world(self, key: str, desired: dict[str, Any], healthy: bool) -> None:
+        with self.store.txn() as txn:
+            clusters = txn.doc("clusters")
+            previous = clusters.get(key)
+            record = dict(desired)
+            record["created"] = (
+                previous["created"] if previous and previous.get("exists", True) else rfc3339()
+            )
+            record["exists"] = True
+            record["healthy"] = healthy
+            if not healthy:
+                # The TPU node pool failed to come up: it is listed in ERROR and has no capacity.
+                record["settings_digest"] = "unhealthy"
+                record["node_pools"] = [
+                    dict(p, failed=True) if p.get("topology") else p for p in record["node_pools"]
+                ]
+            clusters[key] = record
+            txn.save("clusters")
+            iam = txn.doc("iam")
+            accounts = iam.setdefault("service_accounts", {})
+            bindings = iam.setdefault("project_bindings", {}).setdefault(str(desired["project"]), {})
+            for role_key, account in (
+                ("node_pool_roles", desired["service_accounts"]["node_pool"]),
+                ("workload_roles", desired["service_accounts"]["workload"]),
+            ):
+                accounts[account] = {"project": desired["project"], "cluster": key}
+                for role in desired.get(role_key, []):
+                    members = bindings.setdefault(
+                        f"roles/{role}" if not str(role).startswith("roles/") else str(role), []
+                    )
+                    member = f"serviceAccount:{account}"
+                    if member not in members:
+                        members.append(member)
+            txn.save("iam")
+
+    def _write_outputs(self, group_dir: Path, shown: str, desired: dict[str, Any]) -> None:
+        artifacts = group_dir.parent / ".ghpc" / "artifacts"
+        self.console.info(f"Collecting terraform outputs from {shown}")
+        target = artifacts / f"{group_dir.name}_outputs.tfvars"
+        shown_target = os.path.join(os.path.dirname(shown), ".ghpc", "artifacts", target.name)
+        self.console.info(
+            f"Writing outputs artifact from deployment group {group_dir.name} to file {shown_target}"
+        )
+        target.write_text(
+            f'instructions_gke-tpu-v6e-cluster = "gcloud container clusters get-credentials {desired["name"]} '
+            f'--region {desired["region"]} --project {desired["project"]}"\n'
+        )
+
+    # -- destroy --------------------------------------------------------------------------
+    def destroy(
+        self, depl: Path, display: str, only: list[str] | None, skip: list[str] | None, robust: bool
+    ) -> None:
+        artifacts = _artifacts(depl)
+        if not artifacts.is_dir():
+            raise Fatal(
+                f"Error: artifacts path {os.path.join(display, '.ghpc', 'artifacts')} is not a directory"
+            )
+        bp = load_blueprint(artifacts / "expanded_blueprint.yaml")
+        self._check_groups(bp, depl, only, skip)
+        attempts = 3 if robust else 1
+        for attempt in range(1, attempts + 1):
+            self.console.info(f"Destroy attempt {attempt} of {attempts}")
+            failed = False
+            for group in reversed(bp["deployment_groups"]):
+                name = str(group["group"])
+                if not self._selected(name, only, skip):
+                    self.console.info(f"skipping group {go_quote(name)}")
+                    continue
+                if robust and any(
+                    str(m.get("source", "")).startswith(("modules/network/", "community/modules/network/"))
+                    for m in group["modules"]
+                ):
+                    project, deployment = bp["vars"].get("project_id"), bp["vars"].get("deployment_name")
+                    self.console.info(
+                        f"Cleaning up firewall rules for project {project}, deployment {deployment}"
+                    )
+                    self.console.info(f'Using wildcard network filter: name eq ".*{deployment}.*"')
+                    self.console.info(f"No matching networks found for project {project}.")
+                try:
+                    self._destroy_group(bp, group, depl / name, os.path.join(display, name))
+                except PromptExit:
+                    raise
+                except Fatal as error:
+                    self.console.error(f"failed to destroy group {go_quote(name)}:\n{error.message}")
+                    failed = True
+                    break
+            if not failed:
+                self.console.info("Successfully destroyed all selected groups.")
+                return
+            if attempt == attempts:
+                raise Fatal(f"Destruction of {go_quote(display)} failed after {attempts} attempts")
+            self.console.info("Retrying destroy...")
+
+    def _destroy_group(self, bp: dict[str, Any], group: dict[str, Any], group_dir: Path, shown: str) -> None:
+        tf = self._terraform_state(group, group_dir, shown)
+        if not (group_dir / ".terraform").is_dir():
+            self.console.info(f"Initializing deployment group {shown}")
+        tf.init()
+        self.console.info(f"Testing if deployment group {shown} requires destroying cloud infrastructure")
+        state = tf.load()
+        desired = desired_cluster(bp, group)
+        key = cloud.cluster_key(str(desired["project"]), str(desired["region"]), str(desired["name"]))
+        world = self.store.read("clusters").get(key)
+        world_exists = bool(world and world.get("exists", True))
+        managed = list(state.get("resources", []))
+        if any(r.get("kind") == "cluster" for r in managed) and not world_exists:
+            managed = [
+                r for r in managed if r.get("kind") not in ("cluster", "node_pool", "cpu_pool", "manifest")
+            ]
+        if not managed:
+            if state.get("resources"):
+                state["resources"] = []
+                tf.save(state)
+            self.console.info(f"Cloud infrastructure in deployment group {shown} is already destroyed")
+            return
+        summary = f"Plan: 0 to add, 0 to change, {len(managed)} to destroy."
+        self.console.info(f"Deployment group {shown} requires destroying cloud infrastructure")
+        if not self.approve(
+            summary, "\n".join(f"  # {r['address']} will be destroyed" for r in managed) + "\n\n" + summary
+        ):
+            return
+        self.console.info(f"Running terraform apply on deployment group {shown}")
+        self.console.terraform(
+            "\n".join(f"{r['address']}: Destroying... [id={r.get('id', '')}]" for r in reversed(managed))
+        )
+        self._pause()
+        fault = self.faults.fire("destroy")
+        if fault is not None:
+            network = f"projects/{desired['project']}/global/networks/{desired['name']}-net-0"
+            detail = (
+                f"Error: Error waiting for Deleting Network: The network resource '{network}' is already being used by "
+                f"'projects/{desired['project']}/global/firewalls/{desired['name']}-internal-0'"
+                if fault.transient
+                else f'Error: Error when reading or editing Service Account "{desired["service_accounts"]["node_pool"]}": '
+                "googleapi: Error 403: Permission 'iam.serviceAccounts.delete' denied on resource (or it may not exist)., forbidden"
+            )
+            box = ["╷"] + [f"│ {line}" if line else "│" for line in detail.splitlines()] + ["╵"]
+            self.console.terraform("\n".join(box), stream="err")
+            raise Fatal("exit status 1\n\n" + detail)
+        if world_exists and world is not None:
+            self.on_cluster_deleted(world)
+            with self.store.txn() as txn:
+                clusters = txn.doc("clusters")
+                clusters.pop(key, None)
+                txn.save("clusters")
+                iam = txn.doc("iam")
+                for account in desired["service_accounts"].values():
+                    iam.get("service_accounts", {}).pop(account, None)
+                txn.save("iam")
+        state["resources"] = []
+        tf.save(state)
+        self.console.terraform(f"\nDestroy complete! Resources: {len(managed)} destroyed.\n")
+
+
+def _resource_list_from(
+    desired: dict[str, Any], to_add: list[tuple[str, str]], state: dict[str, Any]
+) -> list[tuple[str, str]]:
+    existing = [(r["address"], r.get("kind", "other")) for r in state.get("resources", [])]
+    merged = dict(existing)
+    for address, kind in to_add:
+        merged[address] = kind
+    del desired
+    return list(merged.items())
+
+
+def read_stdin_line() -> str | None:
+    """One line from stdin, ``None`` at EOF (what Go's ``ReadString('\\n')`` reports as EOF)."""
+    if sys.stdin is None:
+        return None
+    line = sys.stdin.readline()
+    return line if line.endswith("\n") else None

@@ -1,0 +1,793 @@
+"""``gcluster job submit|list|logs|cancel|config``, following cmd/job/*.go and the GKE orchestrator.
+
+A submitted job becomes a record in ``state/jobs.json`` (the JobSet) plus a detached worker
+process (:mod:`job_worker`) that plays Kueue admission, the pods and the program.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_tpu_rl.sandbox import cloud
+from airflow_provider_tpu_rl.sandbox.flags import CobraParse, required_flags_error
+from airflow_provider_tpu_rl.sandbox.gcluster_deploy import Console
+from airflow_provider_tpu_rl.sandbox.gotime import (
+    GoDurationError,
+    duration_to_seconds_or_int,
+    format_duration,
+    parse_duration,
+)
+from airflow_provider_tpu_rl.sandbox.layout import SandboxLayout, parse_rfc3339, rfc3339
+from airflow_provider_tpu_rl.sandbox.maxtext_sim import HOLD_FILE_ENV, STEP_SECONDS_ENV
+from airflow_provider_tpu_rl.sandbox.state import FAULT_ENV, StateStore, parse_faults
+
+DNS_1035_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+ENV_NAME_RE = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+TTL_SCALE_ENV = "TPU_RL_SANDBOX_TTL_SCALE"
+PREREQ_FRESHNESS_SECONDS = 24 * 3600
+FINAL = ("Succeeded", "Failed")
+
+PATHWAYS_FLAGS = (
+    "pathways-proxy-server-image",
+    "pathways-server-image",
+    "pathways-worker-image",
+    "pathways-headless",
+    "pathways-gcs-location",
+    "pathways-elastic-slices",
+    "pathways-proxy-args",
+    "pathways-server-args",
+    "pathways-worker-args",
+    "pathways-colocated-python-sidecar-image",
+    "pathways-head-np",
+    "pathways-proxy-env",
+    "pathways-server-env",
+    "pathways-worker-env",
+)
+
+
+class JobError(Exception):
+    """A RunE error: cobra prints ``Error: <message>``, exit code 1."""
+
+
+def is_tpu(machine_type: str) -> bool:
+    """Cluster Toolkit's ``config.IsTPU``: ``ct*`` machine types and ``tpu``/``v<N>`` shorthands."""
+    lowered = machine_type.lower()
+    return lowered.startswith(("ct", "tpu")) or bool(re.match(r"^v\d+[a-z]*-\d+", lowered))
+
+
+class JobContext:
+    """Project/cluster/location resolution (flags, else ``$HOME/.gcluster/context.json``)."""
+
+    def __init__(self, env: Mapping[str, str], console: Console) -> None:
+        self.env = env
+        self.console = console
+
+    def home(self) -> Path | None:
+        home = self.env.get("HOME")
+        return Path(home) if home else None
+
+    def context_file(self) -> Path | None:
+        home = self.home()
+        if home is None:
+            self.console.error(
+                "Failed to get context file path: could not get user home directory: $HOME is not defined"
+            )
+            return None
+        directory = home / ".gcluster"
+        directory.mkdir(parents=True, exist_ok=True)
+        return directory / "context.json"
+
+    def load(self) -> dict[str, str]:
+        path = self.context_file()
+        if path is None or not path.is_file():
+            return {}
+        try:
+            data = json.loads(path.read_text())
+        except ValueError as error:
+            self.console.error(f"Failed to unmarshal context from {path}: {error}")
+            return {}
+        return {k: str(v) for k, v in data.items() if v}
+
+    def save(self, data: dict[str, str]) -> None:
+        path = self.context_file()
+        if path is None:
+            raise JobError("failed to get context file path for saving: could not get user home directory")
+        ordered = {key: data.get(key, "") for key in ("project_id", "cluster_name", "location")}
+        path.write_text(json.dumps(ordered, indent=2))
+        self.console.info(f"CLI context saved to {path}")
+
+    def resolve(self, parsed: CobraParse) -> tuple[str, str, str]:
+        saved = self.load()
+        cluster = parsed.get("cluster") or saved.get("cluster_name", "")
+        location = parsed.get("location") or saved.get("location", "")
+        project = parsed.get("project") or saved.get("project_id", "")
+        if not cluster:
+            raise JobError(
+                "cluster name is required; please specify it using the --cluster flag or set a default value using "
+                "'gcluster job config set cluster <value>'"
+            )
+        if not location:
+            raise JobError(
+                "location is required; please specify it using the --location flag or set a default value using "
+                "'gcluster job config set location <value>'"
+            )
+        if not project:
+            raise JobError(
+                "project ID is required; please specify it using the --project flag or set a default value using "
+                "'gcluster job config set project <value>'"
+            )
+        return str(project), str(location), str(cluster)
+
+
+def extract_region(location: str) -> str:
+    parts = location.split("-")
+    return f"{parts[0]}-{parts[1]}" if len(parts) == 3 else location
+
+
+# ============================================================================ job registry
+class JobRegistry:
+    """JobSets in the fake clusters."""
+
+    def __init__(self, layout: SandboxLayout) -> None:
+        self.layout = layout
+        self.store = StateStore(layout)
+
+    def collect_garbage(self) -> None:
+        """Delete JobSets finished longer than their ``ttlSecondsAfterFinished`` ago."""
+        now = time.time()
+        with self.store.txn() as txn:
+            jobs = txn.doc("jobs")
+            expired = [
+                key
+                for key, job in jobs.items()
+                if job.get("completed_ts") is not None
+                and now >= float(job["completed_ts"]) + float(job.get("ttl_effective", 3600))
+            ]
+            for key in expired:
+                del jobs[key]
+            if expired:
+                txn.save("jobs")
+
+    def jobs_of_cluster(self, cluster_key: str) -> list[dict[str, Any]]:
+        return [job for job in self.store.read("jobs").values() if job.get("cluster_key") == cluster_key]
+
+    def find(self, cluster_key: str, name: str) -> dict[str, Any] | None:
+        return next((job for job in self.jobs_of_cluster(cluster_key) if job["name"] == name), None)
+
+    def log_dir(self, uid: str) -> Path:
+        return self.layout.jobs_dir / uid
+
+    def delete(self, job: dict[str, Any]) -> None:
+        """Delete the JobSet (its pods stop)."""
+        with self.store.txn() as txn:
+            jobs = txn.doc("jobs")
+            if jobs.get(job["key"], {}).get("uid") == job["uid"]:
+                del jobs[job["key"]]
+                txn.save("jobs")
+        stop_worker(job)
+
+    def delete_cluster_jobs(self, cluster: dict[str, Any]) -> None:
+        key = cloud.cluster_key(str(cluster["project"]), str(cluster["region"]), str(cluster["name"]))
+        for job in self.jobs_of_cluster(key):
+            self.delete(job)
+
+
+def stop_worker(job: dict[str, Any]) -> None:
+    pid = job.get("pid")
+    if not pid:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if os.getpgid(int(pid)) == int(pid):
+            os.killpg(int(pid), signal.SIGTERM)
+        else:
+            os.kill(int(pid), signal.SIGTERM)
+
+
+def job_status_condition(job: dict[str, Any]) -> str:
+    """What ``kubectl get jobset`` reports as the latest condition type."""
+    return str(job.get("condition") or "")
+
+
+# ================================================================================= commands
+class JobCommands:
+    """Implementation of the ``gcluster job`` sub-commands."""
+
+    def __init__(
+        self,
+        layout: SandboxLayout,
+        env: Mapping[str, str],
+        console: Console,
+        cwd: str,
+    ) -> None:
+        self.layout = layout
+        self.env = env
+        self.console = console
+        self.cwd = cwd
+        self.registry = JobRegistry(layout)
+        self.context = JobContext(env, console)
+
+    # -- config ---------------------------------------------------------------------------
+    def config_set(self, parsed: CobraParse) -> None:
+        key, value = parsed.args[0].lower(), parsed.args[1]
+        data = self.context.load()
+        field = {"project": "project_id", "cluster": "cluster_name", "location": "location"}.get(key)
+        if field is None:
+            raise JobError(f"invalid configuration key: {key}. Supported keys: project, cluster, location")
+        data[field] = value
+        self.context.save(data)
+        self.console.info("Configuration updated successfully.")
+
+    def config_list(self, parsed: CobraParse) -> None:
+        data = self.context.load()
+        self.console.out("Current Configuration:\n")
+        self.console.out(f"  project:  {data.get('project_id', '')}\n")
+        self.console.out(f"  cluster:  {data.get('cluster_name', '')}\n")
+        self.console.out(f"  location: {data.get('location', '')}\n")
+
+    # -- shared ---------------------------------------------------------------------------
+    def _cluster_or_credentials_error(self, project: str, location: str, name: str) -> dict[str, Any]:
+        cluster = cloud.find_cluster(self.registry.store, project, location, name)
+        if cluster is None:
+            raise JobError(
+                "failed to get GKE cluster credentials: ERROR: (gcloud.container.clusters.get-credentials) "
+                f"ResponseError: code=404, message=Not found: projects/{project}/locations/{location}/clusters/{name}.\n"
+                f"No cluster named '{name}' in {project}.\n"
+            )
+        return cluster
+
+    def _cluster_key(self, cluster: dict[str, Any]) -> str:
+        return cloud.cluster_key(str(cluster["project"]), str(cluster["region"]), str(cluster["name"]))
+
+    # -- list -----------------------------------------------------------------------------
+    def list(self, parsed: CobraParse) -> None:
+        status_filter = parsed.get("status")
+        allowed = ("Pending", "Running", "Succeeded", "Failed", "Suspended")
+        project, location, name = self.context.resolve(parsed)
+        if status_filter and status_filter not in allowed:
+            raise JobError(
+                f"invalid value for --status: {status_filter}. Allowed values are: Pending, Running, Succeeded, Failed, Suspended"
+            )
+        self.console.info(f"Listing jobs in cluster '{name}'...")
+        cluster = self._cluster_or_credentials_error(project, location, name)
+        self.registry.collect_garbage()
+        rows = [("NAME", "STATUS", "CREATION_TIME", "COMPLETION_TIME")]
+        for job in sorted(self.registry.jobs_of_cluster(self._cluster_key(cluster)), key=lambda j: j["name"]):
+            if parsed.get("name-contains") and parsed.get("name-contains") not in job["name"]:
+                continue
+            if status_filter and job["status"].lower() != status_filter.lower():
+                continue
+            rows.append((job["name"], job["status"], job["created"], job.get("completed") or ""))
+        self.console.out(tabwriter(rows, padding=3))
+
+    # -- logs -----------------------------------------------------------------------------
+    def logs(self, parsed: CobraParse) -> None:
+        job_name = parsed.args[0]
+        project, location, name = self.context.resolve(parsed)
+        self.console.info(f"Fetching logs for job '{job_name}' in cluster '{name}'...")
+        cluster = self._cluster_or_credentials_error(project, location, name)
+        self.registry.collect_garbage()
+        job = self.registry.find(self._cluster_key(cluster), job_name)
+        if job is None:
+            raise JobError(f"jobset {job_name} not found in any namespace")
+        main_only = bool(parsed.get("main-only"))
+        if int(job.get("attempt", 0)) == 0:
+            # No pods yet: ``kubectl logs -l ...`` finds nothing.
+            if parsed.get("follow"):
+                self.console.info(f"Streaming logs for job '{job_name}'...")
+                self.console.err("No resources found in default namespace.\n")
+                return
+            self.console.err(
+                "Job exists but has no live logs available (it may have finished or failed to start pods)\n\n"
+            )
+            return
+        if not parsed.get("follow"):
+            text = self._log_text(job)
+            lines = text.splitlines(keepends=True)
+            if not main_only:
+                lines = lines[-10:]  # kubectl logs with a label selector defaults to --tail=10
+            output = "".join(lines)
+            if not output.strip():
+                output = (
+                    "Job exists but has no live logs available (it may have finished or failed to start pods)"
+                )
+            # cobra's cmd.Println writes to stderr.
+            self.console.err(output + ("\n" if not output.endswith("\n") else "") + "\n")
+            return
+        self.console.info(f"Streaming logs for job '{job_name}'...")
+        self._follow(job, main_only)
+
+    def _log_path(self, job: dict[str, Any], attempt: int) -> Path:
+        return self.registry.log_dir(str(job["uid"])) / f"attempt-{attempt}.log"
+
+    def _log_text(self, job: dict[str, Any]) -> str:
+        path = self._log_path(job, int(job.get("attempt", 1)))
+        return path.read_text(errors="replace") if path.is_file() else ""
+
+    def _follow(self, job: dict[str, Any], main_only: bool) -> None:
+        attempt = int(job.get("attempt", 1))
+        text = self._log_text(job)
+        lines = text.splitlines(keepends=True)
+        skip = 0 if main_only else max(0, len(lines) - 10)
+        offset = len("".join(lines[:skip]).encode())
+        while True:
+            path = self._log_path(job, attempt)
+            if path.is_file():
+                with path.open("rb") as handle:
+                    handle.seek(offset)
+                    chunk = handle.read()
+                complete = chunk.rfind(b"\n") + 1
+                if complete:
+                    self.console.out(chunk[:complete].decode(errors="replace"))
+                    offset += complete
+            current = self.registry.store.read("jobs").get(job["key"])
+            if current is None or current.get("uid") != job["uid"]:
+                return
+            if current["status"] in FINAL and int(current.get("attempt", attempt)) == attempt:
+                if path.is_file():
+                    rest = path.read_bytes()[offset:]
+                    if rest:
+                        self.console.out(rest.decode(errors="replace"))
+                return
+            if int(current.get("attempt", attempt)) != attempt:
+                attempt = int(current["attempt"])
+                offset = 0
+            time.sleep(0.05)
+
+    # -- cancel ---------------------------------------------------------------------------
+    def cancel(self, parsed: CobraParse) -> None:
+        job_name = parsed.args[0]
+        project, location, name = self.context.resolve(parsed)
+        cluster = self._cluster_or_credentials_error(project, location, name)
+        self.registry.collect_garbage()
+        job = self.registry.find(self._cluster_key(cluster), job_name)
+        if job is None:
+            raise JobError(f"jobset {job_name} not found in any namespace")
+        condition = job_status_condition(job)
+        verb = "Cancel"
+        if condition in ("Completed", "Failed"):
+            verb = "Cleanup"
+            self.console.info(
+                f"Cleaning up resources for the '{condition}' job '{job_name}' in cluster '{name}'..."
+            )
+        else:
+            self.console.info(f"Canceling job '{job_name}' in cluster '{name}'...")
+        self.registry.delete(job)
+        self.console.info(f"{verb} operation on Job '{job_name}' completed successfully.")
+
+    # -- submit ---------------------------------------------------------------------------
+    def submit_pre_run(self, parsed: CobraParse) -> tuple[str, str, str]:
+        """PersistentPreRunE + PreRunE + required flags, in cobra's order."""
+        project, location, cluster_name = self.context.resolve(parsed)
+        name = str(parsed.get("name"))
+        if len(name) > 28:
+            raise JobError(
+                "workload name cannot exceed 28 characters due to Kubernetes/GCE resource name limits. The provided "
+                f'name "{name}" has {len(name)} characters'
+            )
+        image, base, build = parsed.get("image"), parsed.get("base-image"), parsed.get("build-context")
+        if (not image and not base) or (build and not base):
+            raise JobError("either --image or --base-image must be provided")
+        if image and build:
+            raise JobError("--build-context cannot be provided when --image is used as no build is performed")
+        if base and not build:
+            raise JobError("a --build-context must be provided when --base-image is used for a Crane build")
+        if build and not self.env.get("GCLUSTER_IMAGE_REPO"):
+            raise JobError(
+                "GCLUSTER_IMAGE_REPO environment variable is required when using --build-context. Please set it in "
+                "your environment with the repository name only (e.g., export GCLUSTER_IMAGE_REPO=gcluster-repo)"
+            )
+        if parsed.get("pathways"):
+            if not parsed.get("pathways-gcs-location"):
+                raise JobError("pathways-gcs-location is required when using --pathways")
+        elif any(
+            flag in parsed.changed for flag in PATHWAYS_FLAGS if flag != "pathways-max-slice-restarts"
+        ) or (
+            "pathways-max-slice-restarts" in parsed.changed and parsed.get("pathways-max-slice-restarts") != 1
+        ):
+            raise JobError("pathways flags specified but --pathways flag is missing")
+        for flag in ("env", "pathways-proxy-env", "pathways-server-env", "pathways-worker-env"):
+            for item in parsed.get(flag):
+                key, sep, _ = str(item).partition("=")
+                if not sep or not key or not ENV_NAME_RE.match(key):
+                    raise JobError(f'invalid value "{item}" for --{flag}: must be in KEY=VALUE format')
+        if not parsed.get("dry-run-out"):
+            self.ensure_prerequisites(project, location)
+        provisioning = str(parsed.get("gke-nap-provisioning") or "").lower()
+        if provisioning and provisioning not in ("on-demand", "spot", "reservation"):
+            raise JobError(
+                f'invalid value "{provisioning}" for --gke-nap-provisioning. Allowed values: on-demand, spot, reservation'
+            )
+        if provisioning == "reservation" and not parsed.get("gke-nap-reservation"):
+            raise JobError("--gke-nap-reservation is required when --gke-nap-provisioning=reservation")
+        if provisioning != "reservation" and parsed.get("gke-nap-reservation"):
+            raise JobError(
+                "--gke-nap-reservation should only be provided when --gke-nap-provisioning=reservation"
+            )
+        missing = required_flags_error(parsed, ("command", "name", "compute-type"))
+        if missing is not None:
+            raise missing
+        return project, location, cluster_name
+
+    def ensure_prerequisites(self, project: str, location: str) -> None:
+        """cmd/job/prereq.go: gcloud on PATH and Docker credential helpers (cached 24h per project)."""
+        home = self.context.home()
+        state_file = home / ".gcluster" / "job_prereq_state.json" if home else None
+        if state_file and state_file.is_file():
+            try:
+                saved = json.loads(state_file.read_text())
+                checked = parse_rfc3339(saved["last_checked_timestamp"]).timestamp()
+                if (
+                    saved.get("last_checked_project_id") == project
+                    and time.time() - checked < PREREQ_FRESHNESS_SECONDS
+                ):
+                    self.console.info(
+                        f"Skipping checks; prerequisites are fresh (project: {project}, checked: "
+                        f"{format_duration(time.time() - checked)} ago)."
+                    )
+                    return
+            except (ValueError, KeyError, OSError):
+                pass
+        self.console.info("Prerequisites state is stale or project ID changed, performing fresh check.")
+        if shutil.which("gcloud", path=self.env.get("PATH", "")) is None:
+            raise JobError(
+                "Google Cloud SDK (gcloud) is required to run prerequisite checks. Aborting job submission.\n"
+                "Please install it from https://cloud.google.com/sdk/docs/install and ensure it's in your PATH.\n"
+                "After installation, please run 'gcloud auth login' to authenticate.\nError: exec: \"gcloud\": "
+                "executable file not found in $PATH"
+            )
+        region = extract_region(location)
+        if not self._docker_creds_configured(region):
+            commands = ["gcloud auth configure-docker gcr.io --quiet"]
+            if region:
+                commands.append(f"gcloud auth configure-docker {region}-docker.pkg.dev --quiet")
+            self.console.out(
+                "\nSome required prerequisites are missing. Please install the dependencies or configure the "
+                "credentials listed below to proceed:\n\n - Docker Credentials\n   Commands:\n"
+                + "".join(f"     {c}\n" for c in commands)
+                + "\n"
+            )
+            raise JobError("job could not be submitted because some prerequisites are missing.")
+        if state_file is not None:
+            state_file.parent.mkdir(parents=True, exist_ok=True)
+            state_file.write_text(
+                json.dumps(
+                    {
+                        "gcloud_sdk_installed": True,
+                        "gcloud_authenticated": True,
+                        "adc_configured": True,
+                        "kubectl_installed": True,
+                        "gke_gcloud_auth_plugin_installed": True,
+                        "docker_creds_configured": True,
+                        "artifact_registry_api_enabled": True,
+                        "last_checked_project_id": project,
+                        "last_checked_timestamp": rfc3339(),
+                    },
+                    indent=2,
+                )
+            )
+        self.console.info("Prerequisites checked successfully.")
+
+    def _docker_creds_configured(self, region: str) -> bool:
+        directory = self.env.get("DOCKER_CONFIG")
+        if not directory:
+            home = self.context.home()
+            if home is None:
+                return False
+            directory = str(home / ".docker")
+        try:
+            config = json.loads((Path(directory) / "config.json").read_text())
+        except (OSError, ValueError):
+            return False
+        if config.get("credsStore") == "gcloud":
+            return True
+        helpers = config.get("credHelpers") or {}
+        return helpers.get("gcr.io") == "gcloud" and helpers.get(f"{region}-docker.pkg.dev") == "gcloud"
+
+    def submit(self, parsed: CobraParse) -> int:
+        project, location, cluster_name = self.submit_pre_run(parsed)
+        dry_run = str(parsed.get("dry-run-out") or "")
+        if dry_run and (dry_run.endswith("/") or Path(dry_run).is_dir()):
+            raise JobError(f'the dry-run-out path "{dry_run}" must be a file path, not a directory path')
+        try:
+            ttl = duration_to_seconds_or_int(
+                str(parsed.get("gke-ttl-after-finished")), "--gke-ttl-after-finished"
+            )
+            duration_to_seconds_or_int(str(parsed.get("grace-period")), "--grace-period")
+        except ValueError as error:
+            raise JobError(str(error)) from None
+        timeout = str(parsed.get("timeout"))
+        await_completion = bool(parsed.get("await-job-completion")) or timeout != "-1s"
+        compute_type = str(parsed.get("compute-type"))
+        name = str(parsed.get("name"))
+        if is_tpu(compute_type) and "num-nodes" in parsed.changed:
+            raise JobError(
+                "--num-nodes cannot be used with TPU jobs (it is calculated automatically from topology)"
+            )
+
+        self.console.info("Starting gcluster job submit workflow...")
+        self.console.info(f"Fetching GKE cluster metadata for '{cluster_name}'...")
+        cluster = cloud.find_cluster(self.registry.store, project, location, cluster_name)
+        if cluster is None:
+            raise JobError(
+                f"failed to describe GKE cluster {cluster_name}: ERROR: (gcloud.container.clusters.describe) "
+                f"ResponseError: code=404, message=Not found: projects/{project}/locations/{location}/clusters/{cluster_name}.\n"
+                f"No cluster named '{cluster_name}' in {project}.\n"
+            )
+        pools = cluster.get("node_pools", [])
+        tpu_pools = [p for p in pools if p.get("topology")]
+        cpus, tpus = 64 + 8 * len(pools), sum(_chips(p) for p in tpu_pools)
+        self.console.info(f"Calculated cluster capacity: {{CPUs:{cpus} MemoryMB:262144 GPUs:0 TPUs:{tpus}}}")
+        pathways = bool(parsed.get("pathways"))
+        if pathways:
+            head = parsed.get("pathways-head-np") or next(
+                (p["name"] for p in pools if p["name"] in ("cpu-np", "pathways-np")), ""
+            )
+            if not head or head not in [p["name"] for p in pools]:
+                raise JobError(
+                    "failed to auto-detect a suitable CPU node pool (expected 'cpu-np' or 'pathways-np') for Pathways "
+                    "head job. You can explicitly specify your head node pool name using the --pathways-head-np flag"
+                )
+        self.console.info(f"Configuring kubectl for GKE cluster '{cluster_name}'...")
+        self.console.info("Auto-discovered Kueue LocalQueue: default-queue")
+        self.console.info("Eagerly fetching and caching machine capabilities...")
+        topology = str(parsed.get("topology") or "")
+        machine_pools = [p for p in pools if p.get("machine_type") == compute_type and not p.get("failed")]
+        if not machine_pools:
+            raise JobError(
+                f"no matching machine types found in cluster for shorthand {go_q(compute_type)}. Available candidates: "
+                f"[{' '.join(sorted({str(p.get('machine_type')) for p in pools}))}]"
+            )
+        if is_tpu(compute_type):
+            discovered = sorted({str(p["topology"]) for p in machine_pools if p.get("topology")})
+            if topology:
+                if topology not in discovered:
+                    raise JobError(
+                        f"requested topology {topology} is not valid for cluster. It must match or fit inside discovered limits: [{' '.join(discovered)}]"
+                    )
+                self.console.info(f"Validated provided Topology: {topology}")
+            elif discovered:
+                topology = discovered[0]
+                self.console.info(f"Auto-discovered Topology: {topology}")
+            nodes = max(1, _topology_chips(topology) // _chips_per_vm(compute_type))
+            self.console.info(f"Dynamically determined nodes_per_slice for {topology}: {nodes}")
+        self.registry.collect_garbage()
+        cluster_key = self._cluster_key(cluster)
+        existing = self.registry.find(cluster_key, name)
+        if existing is not None:
+            raise JobError(
+                f"job with name '{name}' already exists in state '{existing['status']}'. You can cancel the existing job "
+                f"using 'gcluster job cancel {name} --cluster {cluster_name} --location {location} --project {project}' "
+                "or resubmit this workload with a different name using '--name'"
+            )
+        self.console.info(
+            f"Using pre-existing container image: {parsed.get('image') or parsed.get('base-image')}"
+        )
+        self.console.info("Generating GKE manifest...")
+        if dry_run:
+            self.console.info(f"Saving GKE manifest to {dry_run}")
+            Path(dry_run).write_text(
+                f"# JobSet {name} (sandbox dry run)\nkind: JobSet\nmetadata:\n  name: {name}\n"
+            )
+            self.console.info("GKE manifest saved successfully.")
+            self.console.info("gcluster job submit workflow completed.")
+            return 0
+        self.console.info("Applying GKE manifest to cluster...")
+        if not DNS_1035_RE.match(name):
+            raise JobError(
+                'failed to apply GKE manifest: The JobSet "'
+                + name
+                + '" is invalid: metadata.name: Invalid value: "'
+                + name
+                + "\": a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', "
+                "start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or "
+                "'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')"
+            )
+        job = self._create_job(parsed, project, location, cluster, name, ttl, topology, pathways)
+        self.console.info("GKE workload deployed successfully.")
+        self._print_links(project, location, cluster_name, name, pathways)
+        if await_completion:
+            return self._await(job, timeout, project, location, cluster_name)
+        self.console.info("gcluster job submit workflow completed.")
+        return 0
+
+    def _create_job(
+        self,
+        parsed: CobraParse,
+        project: str,
+        location: str,
+        cluster: dict[str, Any],
+        name: str,
+        ttl: int,
+        topology: str,
+        pathways: bool,
+    ) -> dict[str, Any]:
+        try:
+            scale = float(self.env.get(TTL_SCALE_ENV, "") or 1.0)
+        except ValueError:
+            scale = 1.0
+        parse_faults(self.env.get(FAULT_ENV))  # refuse bad fault specs at submit time
+        uid = uuid.uuid4().hex
+        now = time.time()
+        key = cloud.job_key(project, location, str(cluster["name"]), name)
+
+        def env_map(flag: str) -> dict[str, str]:
+            return dict(str(item).split("=", 1) for item in parsed.get(flag))
+
+        job = {
+            "key": key,
+            "uid": uid,
+            "name": name,
+            "project": project,
+            "location": location,
+            "cluster": cluster["name"],
+            "cluster_key": self._cluster_key(cluster),
+            "status": "Suspended",
+            "condition": None,
+            "created": rfc3339(),
+            "created_ts": now,
+            "completed": None,
+            "completed_ts": None,
+            "ttl_seconds": ttl,
+            "ttl_effective": ttl * scale,
+            "restarts": int(parsed.get("restarts")),
+            "attempt": 0,
+            "command": str(parsed.get("command")),
+            "env": env_map("env"),
+            "pathways_env": {
+                "proxy": env_map("pathways-proxy-env"),
+                "server": env_map("pathways-server-env"),
+                "worker": env_map("pathways-worker-env"),
+            },
+            "image": parsed.get("image") or parsed.get("base-image"),
+            "compute_type": parsed.get("compute-type"),
+            "tpu": is_tpu(str(parsed.get("compute-type"))),
+            "topology": topology,
+            "num_slices": int(parsed.get("num-slices")),
+            "pathways": pathways,
+            "pathways_gcs_location": parsed.get("pathways-gcs-location"),
+            "workload_name": f"jobset-{name}-{uid[:5]}",
+            "faults": self.env.get(FAULT_ENV, ""),
+            "step_seconds": self.env.get(STEP_SECONDS_ENV, ""),
+            "hold_file": self.env.get(HOLD_FILE_ENV, ""),
+            "pid": None,
+        }
+        log_dir = self.registry.log_dir(uid)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        with self.registry.store.txn() as txn:
+            txn.doc("jobs")[key] = job
+            txn.save("jobs")
+        with (log_dir / "worker.log").open("ab") as worker_log:
+            process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "airflow_provider_tpu_rl.sandbox.job_worker",
+                    str(self.layout.root),
+                    key,
+                    uid,
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=worker_log,
+                stderr=worker_log,
+                start_new_session=True,
+                close_fds=True,
+                env={k: v for k, v in {**os.environ, **self.env}.items() if k != "HF_TOKEN"},
+                cwd=str(self.layout.root),
+            )
+        with self.registry.store.txn() as txn:
+            stored = txn.doc("jobs").get(key)
+            if stored is not None and stored["uid"] == uid:
+                stored["pid"] = process.pid
+                txn.save("jobs")
+        job["pid"] = process.pid
+        return job
+
+    def _print_links(self, project: str, location: str, cluster: str, name: str, pathways: bool) -> None:
+        job_name = f"{name}-pathways-head-0" if pathways else f"{name}-main-job-0"
+        self.console.info(
+            f"Follow your workload details here: https://console.cloud.google.com/kubernetes/job/{location}/{cluster}/"
+            f"default/{job_name}/details?project={project}"
+        )
+        log_filter = (
+            f'resource.type="k8s_container"\nresource.labels.project_id="{project}"\nresource.labels.location="{location}"\n'
+            f'resource.labels.cluster_name="{cluster}"\nresource.labels.namespace_name="default"\n'
+            f'resource.labels.pod_name:"{job_name}-"\nseverity>=DEFAULT'
+        )
+        self.console.info(
+            "View your workload logs in real-time here: https://console.cloud.google.com/logs/query;query="
+            f"{urllib.parse.quote_plus(log_filter)};storageScope=project;duration=P1D?project={project} or use "
+            "gcluster job logs [job-name] to view logs using kubectl"
+        )
+
+    def _await(self, job: dict[str, Any], timeout: str, project: str, location: str, cluster: str) -> int:
+        name = job["name"]
+        self.console.info(f"Waiting for job '{name}' to complete...")
+        console_link = f"https://console.cloud.google.com/kubernetes/workload/gke/{location}/{cluster}/details/{name}?project={project}"
+        self.console.info(f"Waiting for Kueue workload '{job['workload_name']}' to be Finished...")
+        try:
+            seconds = parse_duration(timeout)
+        except GoDurationError as error:
+            raise JobError(
+                f'error waiting for job completion: error: invalid argument "{timeout}" for "--timeout" flag: {error}\n\n'
+            ) from None
+        deadline = time.monotonic() + (seconds if seconds >= 0 else 7 * 24 * 3600)
+        while True:
+            current = self.registry.store.read("jobs").get(job["key"])
+            if current is None or current.get("uid") != job["uid"]:
+                raise JobError(
+                    "error waiting for job completion: Error from server (NotFound): workloads.kueue.x-k8s.io "
+                    f'"{job["workload_name"]}" not found\n'
+                )
+            if current["status"] in FINAL:
+                break
+            if time.monotonic() >= deadline:
+                self.console.error(
+                    f"Timed out waiting for job '{name}' to finish. Check its status in the Cloud Console: {console_link}"
+                )
+                raise JobError("job timed out")
+            time.sleep(0.05)
+        self.console.info(f"Job '{name}' has finished. Checking final status...")
+        condition = job_status_condition(current)
+        if condition != "Completed":
+            self.console.error(
+                f"Job '{name}' finished with status '{condition}'. Check details in the Cloud Console: {console_link}"
+            )
+            raise JobError(f"job completed unsuccessfully with status: {condition}")
+        self.console.info(
+            f"Job '{name}' completed successfully. View details in the Cloud Console: {console_link}"
+        )
+        self.console.info("gcluster job submit workflow completed.")
+        return 0
+
+
+def go_q(text: str) -> str:
+    return '"' + text.replace('"', '\\"') + '"'
+
+
+def _chips_per_vm(machine_type: str) -> int:
+    match = re.search(r"-(\d+)t$", machine_type)
+    return int(match.group(1)) if match else 1
+
+
+def _topology_chips(topology: str) -> int:
+    total = 1
+    for piece in topology.split("x"):
+        if piece.isdigit():
+            total *= int(piece)
+    return total
+
+
+def _chips(pool: dict[str, Any]) -> int:
+    return _topology_chips(str(pool.get("topology") or "1")) * int(pool.get("num_slices") or 1)
+
+
+def tabwriter(rows: Sequence[tuple[str, ...]], padding: int) -> str:
+    """Go's ``text/tabwriter`` (minwidth 0, padchar ' ', flags 0): cells that end with a tab are padded."""
+    widths: dict[int, int] = {}
+    for row in rows:
+        for index, cell in enumerate(row[:-1]):
+            widths[index] = max(widths.get(index, 0), len(cell))
+    lines = []
+    for row in rows:
+        cells = [cell + " " * (widths[index] + padding - len(cell)) for index, cell in enumerate(row[:-1])]
+        lines.append("".join(cells) + row[-1] + "\n")
+    return "".join(lines)
+
+
+def kill_all_workers(layout: SandboxLayout) -> None:
+    """Stop every job worker (``sandbox down``)."""
+    for job in StateStore(layout).read("jobs").values():
+        stop_worker(job)

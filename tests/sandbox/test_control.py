@@ -1,0 +1,115 @@
+"""``tpu-rl sandbox up|down|env`` and the emulator helpers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from airflow_provider_tpu_rl.sandbox import emulator
+from airflow_provider_tpu_rl.sandbox.control import (
+    SandboxInfo,
+    add_sandbox_subcommands,
+    sandbox_down,
+    sandbox_env,
+    sandbox_up,
+)
+from airflow_provider_tpu_rl.sandbox.layout import SandboxLayout
+
+
+def test_up_is_idempotent_and_env_describes_the_sandbox(sandbox: SandboxInfo) -> None:
+    again = sandbox_up(sandbox.root)
+    assert again.emulator_pid == sandbox.emulator_pid
+    env = sandbox_env(sandbox.root)
+    assert env["PATH"].split(os.pathsep)[0] == str(sandbox.bin_dir)
+    assert env["STORAGE_EMULATOR_HOST"] == sandbox.emulator_url
+    assert env["TPU_RL_SANDBOX_DIR"] == str(sandbox.root)
+    assert json.loads(env["AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT"])["extra"]["is_anonymous"] is True
+    assert json.loads(env["AIRFLOW_CONN_GCLUSTER_DEFAULT"]) == {
+        "conn_type": "gcluster",
+        "extra": {
+            "gcluster_path": str(sandbox.bin_dir / "gcluster"),
+            "gcloud_path": str(sandbox.bin_dir / "gcloud"),
+            "bundle_dir": str(sandbox.bundle_dir),
+        },
+    }
+    assert json.loads(env["AIRFLOW_CONN_HUGGINGFACE_DEFAULT"]) == {
+        "conn_type": "generic",
+        "password": "hf_sandbox_not_a_real_token",
+    }
+
+
+def test_shims_run_the_fakes_with_the_sandbox_baked_in(sandbox: SandboxInfo, tmp_path: Path) -> None:
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}  # no TPU_RL_SANDBOX_DIR in the caller
+    result = subprocess.run(
+        [str(sandbox.gcluster), "--version"], capture_output=True, env=env, check=False, text=True
+    )
+    assert result.returncode == 0
+    assert result.stdout.startswith("gcluster version v1.103.0")
+    assert os.access(sandbox.gcloud, os.X_OK)
+    assert f"TPU_RL_SANDBOX_DIR={shlex.quote(str(sandbox.root))}" in sandbox.gcloud.read_text()
+
+
+def test_bundle_blueprint_has_the_real_structure(sandbox: SandboxInfo) -> None:
+    blueprint = yaml.safe_load(sandbox.blueprint.read_text())
+    assert blueprint["blueprint_name"] == "gke-tpu-v6e"
+    for key in (
+        "project_id",
+        "deployment_name",
+        "region",
+        "zone",
+        "num_slices",
+        "machine_type",
+        "tpu_topology",
+        "authorized_cidr",
+        "reservation",
+    ):
+        assert key in blueprint["vars"]
+    modules = {m["id"]: m for m in blueprint["deployment_groups"][0]["modules"]}
+    assert "storage.objectViewer" in modules["node_pool_service_account"]["settings"]["project_roles"]
+    assert "workload_service_account" in modules
+    assert modules["gke-tpu-v6e-cluster"]["settings"]["system_node_pool_machine_type"] == "n2-standard-8"
+
+
+def test_env_subcommand_prints_shell_exports(
+    sandbox: SandboxInfo, capsys: pytest.CaptureFixture[str]
+) -> None:
+    parser = argparse.ArgumentParser(prog="tpu-rl")
+    add_sandbox_subcommands(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["sandbox", "env", "--dir", str(sandbox.root)])
+    assert args.func(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    exported = dict(shlex.split(line[len("export ") :])[0].split("=", 1) for line in lines)
+    assert exported == sandbox_env(sandbox.root)
+
+
+def test_gcs_client_helper_talks_to_the_emulator(
+    sandbox: SandboxInfo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", sandbox.emulator_url)
+    client = emulator.gcs_client(sandbox.emulator_url)
+    bucket = client.create_bucket("helper-bucket-control")
+    bucket.blob("a/b.txt").upload_from_string("hello")
+    assert (
+        emulator.api_for(SandboxLayout(sandbox.root)).download("helper-bucket-control", "a/b.txt") == b"hello"
+    )
+
+
+def test_down_keeps_data_and_wipe_deletes(tmp_path: Path) -> None:
+    root = tmp_path / "own-sandbox"
+    info = sandbox_up(root)
+    emulator.api_for(SandboxLayout(info.root)).create_bucket("kept")
+    assert sandbox_down(root) is True
+    assert emulator.running_info(SandboxLayout(info.root)) is None
+    assert (root / "gcs").is_dir()
+    restarted = sandbox_up(root)
+    assert restarted.emulator_pid != info.emulator_pid
+    assert emulator.api_for(SandboxLayout(root)).get_bucket("kept") is not None
+    sandbox_down(root, wipe=True)
+    assert not root.exists()

@@ -1,0 +1,239 @@
+"""Single-host path: TPU VM create, SSH stage scripts on stdin, /dev/shm, copy to GCS, delete."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.sandbox.conftest import Cli
+
+INSTALL = """set -euo pipefail
+sudo apt update && sudo apt upgrade -y --fix-missing
+sudo apt install -y build-essential cmake ninja-build
+curl -LsSf https://astral.sh/uv/install.sh | sh
+source "${HOME}/.local/bin/env"
+uv python install 3.12
+uv venv --python 3.12 --seed maxtext_venv
+source maxtext_venv/bin/activate
+UV_TORCH_BACKEND=cpu uv pip install "maxtext[tpu-post-train]==0.2.3" --resolution=lowest
+install_tpu_post_train_extra_deps
+"""
+RUN = """set -euo pipefail
+source maxtext_venv/bin/activate
+export HF_TOKEN="$(gcloud secrets versions access latest --secret=hf --project={project})"
+export MODEL_NAME='llama3.1-8b-Instruct'
+export MODEL_CHECKPOINT_DIRECTORY=/dev/shm/$MODEL_NAME/mt-format/
+export USE_PATHWAYS=0
+python3 -m maxtext.checkpoint_conversion.to_maxtext model_name="${{MODEL_NAME?}}" \\
+    base_output_directory="${{MODEL_CHECKPOINT_DIRECTORY?}}" scan_layers=True use_multimodal=False hardware=cpu \\
+    skip_jax_distributed_system=true checkpoint_storage_use_zarr3=$((1 - USE_PATHWAYS)) \\
+    checkpoint_storage_use_ocdbt=$((1 - USE_PATHWAYS)) --lazy_load_tensors=False
+export BASE_OUTPUT_DIRECTORY=/dev/shm/$MODEL_NAME/post-train/
+export RUN_NAME=run1
+TPU_ACCELERATOR_TYPE=v6e-8 TPU_WORKER_ID=0 python3 -m maxtext.trainers.post_train.rl.train_rl \\
+    model_name="${{MODEL_NAME?}}" load_parameters_path="$MODEL_CHECKPOINT_DIRECTORY/0/items" run_name="$RUN_NAME" \\
+    base_output_directory="$BASE_OUTPUT_DIRECTORY" chips_per_vm=8 num_batches=2 num_test_batches=1 \\
+    rollout_data_parallelism=1 rollout_tensor_parallelism=-1
+python3 -m maxtext.checkpoint_conversion.to_huggingface model_name=llama3.1-8b \\
+    load_parameters_path=$BASE_OUTPUT_DIRECTORY/$RUN_NAME/checkpoints/actor/2/model_params \\
+    base_output_directory=/dev/shm/$MODEL_NAME/hf-trained/ scan_layers=True use_multimodal=False weight_dtype=bfloat16
+gcloud storage rsync --recursive /dev/shm/$MODEL_NAME/hf-trained gs://{bucket}/llama/hf-trained
+gcloud storage cp -r /dev/shm/$MODEL_NAME/post-train/$RUN_NAME gs://{bucket}/llama/checkpoints/
+"""
+
+
+def create_vm(cli: Cli, names: dict[str, str], vm: str, *extra: str) -> None:
+    result = cli.gcloud(
+        "compute",
+        "instances",
+        "create",
+        vm,
+        f"--zone={names['zone']}",
+        f"--project={names['project']}",
+        "--machine-type=ct6e-standard-8t",
+        "--image-project=ubuntu-os-accelerator-images",
+        "--image-family=ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e",
+        "--boot-disk-size=200GB",
+        "--maintenance-policy=TERMINATE",
+        "--instance-termination-action=DELETE",
+        "--provisioning-model=RESERVATION_BOUND",
+        "--reservation-affinity=specific",
+        "--reservation=res-1",
+        *extra,
+    )
+    assert result.code == 0, result.text
+
+
+def ssh(
+    cli: Cli, names: dict[str, str], vm: str, script: str, env: dict[str, str] | None = None
+) -> tuple[int, str, str]:
+    result = cli.gcloud(
+        "compute",
+        "ssh",
+        vm,
+        "--zone",
+        names["zone"],
+        "--project",
+        names["project"],
+        "--command",
+        "bash -s",
+        stdin=script.encode(),
+        env=env,
+    )
+    return result.code, result.out, result.err
+
+
+@pytest.fixture
+def prepared(cli: Cli, names: dict[str, str]) -> dict[str, str]:
+    assert (
+        cli.gcloud(
+            "storage", "buckets", "create", f"gs://{names['bucket']}", f"--project={names['project']}"
+        ).code
+        == 0
+    )
+    assert (
+        cli.gcloud(
+            "secrets", "create", "hf", f"--project={names['project']}", "--data-file=-", stdin=b"hf_vm"
+        ).code
+        == 0
+    )
+    return names
+
+
+def test_vm_pipeline_copies_results_before_delete(cli: Cli, prepared: dict[str, str]) -> None:
+    names, vm = prepared, f"vm-{prepared['cluster']}"
+    create_vm(cli, names, vm, "--labels=tpu-rl-run=r1", "--scopes=cloud-platform")
+    code, out, err = ssh(cli, names, vm, INSTALL)
+    assert code == 0, err
+    assert "everything's installed!" in out
+    code, out, err = ssh(cli, names, vm, RUN.format(project=names["project"], bucket=names["bucket"]))
+    assert code == 0, out + err
+    assert "Post RL Training: corr=" in out
+    shm = cli.layout.vm_dir(vm) / "dev" / "shm" / "llama3.1-8b-Instruct"
+    assert (shm / "mt-format" / "0" / "items" / "manifest.ocdbt").is_file()  # ocdbt = 1 - USE_PATHWAYS
+    assert (
+        shm / "post-train" / "run1" / "checkpoints" / "actor" / "2" / "model_params" / "_METADATA"
+    ).is_file()
+    assert not any(p.name.endswith("orbax-checkpoint-tmp") for p in shm.rglob("*"))
+    exported = {n.rsplit("/", 1)[1] for n in cli.objects(names["bucket"], "llama/hf-trained/")}
+    assert {"config.json", "model.safetensors.index.json", "tokenizer.json"} <= exported
+    assert "llama/checkpoints/run1/checkpoints/actor/2/model_params/_METADATA" in cli.objects(
+        names["bucket"], "llama/checkpoints/"
+    )
+    listed = cli.gcloud(
+        "compute",
+        "instances",
+        "list",
+        f"--project={names['project']}",
+        "--filter=labels.tpu-rl-run=r1",
+        "--format=json",
+    )
+    assert [i["name"] for i in json.loads(listed.out)] == [vm]
+    described = json.loads(
+        cli.gcloud(
+            "compute",
+            "instances",
+            "describe",
+            vm,
+            f"--zone={names['zone']}",
+            f"--project={names['project']}",
+            "--format=json",
+        ).out
+    )
+    assert described["status"] == "RUNNING"
+    assert described["reservationAffinity"]["values"] == ["res-1"]
+    deleted = cli.gcloud(
+        "compute",
+        "instances",
+        "delete",
+        vm,
+        f"--zone={names['zone']}",
+        f"--project={names['project']}",
+        "--quiet",
+    )
+    assert deleted.code == 0
+    assert not shm.exists()
+    assert cli.objects(names["bucket"], "llama/hf-trained/")  # the copy survives the VM
+    again = cli.gcloud(
+        "compute",
+        "instances",
+        "delete",
+        vm,
+        f"--zone={names['zone']}",
+        f"--project={names['project']}",
+        "--quiet",
+    )
+    assert again.code == 1
+    assert "was not found" in again.err
+
+
+def test_vm_rules(cli: Cli, prepared: dict[str, str]) -> None:
+    names, vm = prepared, f"vmr-{prepared['cluster']}"
+    create_vm(cli, names, vm)
+    duplicate = cli.gcloud(
+        "compute", "instances", "create", vm, f"--zone={names['zone']}", f"--project={names['project']}"
+    )
+    assert duplicate.code == 1
+    assert "already exists" in duplicate.err
+    code, _, err = ssh(
+        cli, names, vm, "set -e\npython3 -m maxtext.checkpoint_conversion.to_maxtext model_name=x\n"
+    )
+    assert code == 1
+    assert "No module named 'maxtext'" in err  # nothing installed yet
+    code, _, err = ssh(cli, names, vm, "set -e\napt install -y cmake\n")
+    assert code == 100  # needs sudo
+    code, _, err = ssh(cli, names, vm, "set -e\nuv --version\n")
+    assert code == 127
+    assert "uv: command not found" in err
+    # Default scopes: the VM can read but not write GCS, nor read secrets.
+    code, _, err = ssh(
+        cli, names, vm, f"echo x > /tmp/f && gcloud storage cp /tmp/f gs://{names['bucket']}/f\n"
+    )
+    assert code == 1
+    assert "HTTPError 403" in err
+    code, _, err = ssh(
+        cli, names, vm, f"gcloud secrets versions access latest --secret=hf --project={names['project']}\n"
+    )
+    assert code == 1
+    assert "insufficient authentication scopes" in err
+    missing = cli.gcloud(
+        "compute",
+        "ssh",
+        "no-such-vm",
+        "--zone",
+        names["zone"],
+        "--project",
+        names["project"],
+        "--command",
+        "true",
+    )
+    assert missing.code == 1
+    assert "was not found" in missing.err
+    no_zone = cli.gcloud("compute", "instances", "create", "zoneless", f"--project={names['project']}")
+    assert no_zone.code == 1
+    assert "Specify the [--zone] flag." in no_zone.err
+
+
+@pytest.mark.usefixtures("clean_faults")
+def test_ssh_and_vm_create_faults(cli: Cli, prepared: dict[str, str]) -> None:
+    names, vm = prepared, f"vmf-{prepared['cluster']}"
+    stockout = cli.gcloud(
+        "compute",
+        "instances",
+        "create",
+        vm,
+        f"--zone={names['zone']}",
+        f"--project={names['project']}",
+        env={"TPU_RL_SANDBOX_FAIL": "deploy:transient"},
+    )
+    assert stockout.code == 1
+    assert "ZONE_RESOURCE_POOL_EXHAUSTED" in stockout.err
+    create_vm(cli, names, vm)
+    for expected in (255, 0):
+        code, _, err = ssh(cli, names, vm, "true\n", env={"TPU_RL_SANDBOX_FAIL": "ssh:transient"})
+        assert code == expected
+        if expected == 255:
+            assert "port 22: Connection timed out" in err
+    code, _, err = ssh(cli, names, vm, "true\n", env={"TPU_RL_SANDBOX_FAIL": "ssh"})
+    assert code == 255
