@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import re
-
 import datetime as dt
+import re
 from collections.abc import Callable
 
 from airflow_provider_tpu_rl.sandbox.fsview import GcsStore, Router, StorageError, basename, join
