@@ -44,7 +44,10 @@ def get_provider_info() -> dict[str, Any]:
             }
         ],
         "sensors": [
-            {"integration-name": INTEGRATION, "python-modules": ["airflow_provider_tpu_rl.sensors.checkpoint"]}
+            {
+                "integration-name": INTEGRATION,
+                "python-modules": ["airflow_provider_tpu_rl.sensors.checkpoint"],
+            }
         ],
         "triggers": [
             {
@@ -61,4 +64,19 @@ def get_provider_info() -> dict[str, Any]:
             "airflow_provider_tpu_rl.links.CloudLoggingJobLink",
         ],
         "connection-types": connection_types(),
+        "config": {
+            "tpu_rl": {
+                "description": "Settings of the TPU RL provider.",
+                "options": {
+                    "poll_interval": {
+                        "description": "Seconds between polls of gcluster job state and of GCS "
+                        "checkpoints by the deferred tasks.",
+                        "version_added": "0.1.0",
+                        "type": "float",
+                        "example": "30",
+                        "default": "60",
+                    }
+                },
+            }
+        },
     }

@@ -63,7 +63,7 @@ class HfTokenSecretOperator(PipelineOperator):
 
 def write_blueprint(operator: PipelineOperator, pipeline: GkePipelineSpec, context: Context) -> str:
     """Customise the bundle's blueprint (structured YAML edits) into the work dir; return the dir."""
-    workdir = gke.default_workdir(pipeline.cluster.cluster_name)
+    workdir = gke.default_workdir(pipeline.cluster.cluster_name, pipeline.suffix)
     os.makedirs(workdir, exist_ok=True)
     base = (operator.hook.bundle_dir() / BLUEPRINT_RELPATH).read_text()
     labels = gke.cluster_labels(pipeline, run_expiry(context, pipeline.max_cluster_hours))

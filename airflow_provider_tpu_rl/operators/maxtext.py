@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, Literal
 
-from airflow.providers.common.compat.sdk import AirflowException, AirflowFailException, Context
+from airflow.providers.common.compat.sdk import AirflowException, AirflowFailException, Context, conf
 from airflow.providers.google.cloud.hooks.gcs import GCSHook
 
 from airflow_provider_tpu_rl.hooks.jobs import GclusterJob, JobState
@@ -32,6 +32,11 @@ from airflow_provider_tpu_rl.spec import GkePipelineSpec
 from airflow_provider_tpu_rl.triggers.gcluster_job import GclusterJobTrigger
 
 Direction = Literal["to_maxtext", "to_huggingface"]
+
+
+def default_poll_interval() -> float:
+    """Seconds between job-state polls: ``[tpu_rl] poll_interval`` in the Airflow config."""
+    return conf.getfloat("tpu_rl", "poll_interval", fallback=60.0)
 
 
 def checkpoint_ready(
@@ -61,13 +66,14 @@ class _GclusterJobOperator(PipelineOperator):
         self,
         *,
         deferrable: bool = True,
-        poll_interval: float = 60.0,
+        poll_interval: float | None = None,
         job_timeout: timedelta | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.deferrable = deferrable
-        self.poll_interval = poll_interval
+        # None: the [tpu_rl] poll_interval option (AIRFLOW__TPU_RL__POLL_INTERVAL), default 60 s.
+        self.poll_interval = poll_interval if poll_interval is not None else default_poll_interval()
         self.job_timeout = job_timeout
         self._submitted: tuple[str, str, str, str] | None = None
 

@@ -46,9 +46,10 @@ ADAFACTOR_PATCH = (
 VLLM_HOST_IP = "export VLLM_HOST_IP=$(hostname -I | awk '{print $1}')"
 
 
-def default_workdir(cluster_name: str) -> str:
-    """Local folder for the blueprint and the deployment folder; state itself lives in GCS."""
-    return os.path.join(tempfile.gettempdir(), "tpu-rl", cluster_name)
+def default_workdir(cluster_name: str, run_suffix: str) -> str:
+    """Local folder for the blueprint and the deployment folder, one per DAG run (the Terraform
+    state itself lives in GCS, so any worker can recreate this folder)."""
+    return os.path.join(tempfile.gettempdir(), "tpu-rl", f"{cluster_name}-{run_suffix}")
 
 
 def secret_resource(project: str, secret_id: str) -> str:

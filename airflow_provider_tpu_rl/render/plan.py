@@ -30,7 +30,7 @@ def _steps(task_id: str, commands: list[Command]) -> list[PlanStep]:
 def gke_plan(pipeline: GkePipelineSpec) -> list[PlanStep]:
     """Every command of ``tpu_rl_gke_pipeline`` in execution order (skips are decided at run time)."""
     cluster = pipeline.cluster
-    workdir = gke.default_workdir(cluster.cluster_name)
+    workdir = gke.default_workdir(cluster.cluster_name, pipeline.suffix)
     readers = (cluster.workload_service_account, cluster.node_pool_service_account)
     steps = _steps("ensure_bucket", [gke.create_bucket(cluster.project, cluster.region, cluster.bucket)])
     steps += _steps("deploy_cluster", [gke.deploy(cluster, workdir), *gke.iam_grants(cluster)])
