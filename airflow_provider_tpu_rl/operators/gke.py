@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
 from typing import Any
 
 from airflow.providers.common.compat.sdk import Context
+from airflow.providers.google.cloud.hooks.gcs import GCSHook
 
+from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
 from airflow_provider_tpu_rl.hooks.hf_token import get_hf_token
 from airflow_provider_tpu_rl.operators.pipeline import PipelineKind, PipelineOperator, run_expiry
 from airflow_provider_tpu_rl.render import gke
@@ -61,16 +64,52 @@ class HfTokenSecretOperator(PipelineOperator):
         return p.hf_token.secret_id
 
 
-def write_blueprint(operator: PipelineOperator, pipeline: GkePipelineSpec, context: Context) -> str:
-    """Customise the bundle's blueprint (structured YAML edits) into the work dir; return the dir."""
+def write_blueprint(hook: GclusterHook, pipeline: GkePipelineSpec, expires_at: int) -> str:
+    """Customise the bundle's blueprint (structured YAML edits) into the run's work dir."""
     workdir = gke.default_workdir(pipeline.cluster.cluster_name, pipeline.suffix)
     os.makedirs(workdir, exist_ok=True)
-    base = (operator.hook.bundle_dir() / BLUEPRINT_RELPATH).read_text()
-    labels = gke.cluster_labels(pipeline, run_expiry(context, pipeline.max_cluster_hours))
+    base = (hook.bundle_dir() / BLUEPRINT_RELPATH).read_text()
+    labels = gke.cluster_labels(pipeline, expires_at)
     Path(gke.blueprint_path(workdir)).write_text(
         customize_blueprint(base, pipeline.cluster.blueprint, labels)
     )
     return workdir
+
+
+def destroy_cluster(hook: GclusterHook, pipeline: GkePipelineSpec, expires_at: int) -> None:
+    """Recreate the deployment folder on this worker (state is in GCS) and destroy from it."""
+    workdir = write_blueprint(hook, pipeline, expires_at)
+    hook.run_checked(gke.recreate_deployment_folder(pipeline.cluster, workdir), cwd=workdir)
+    hook.run_checked(gke.destroy(pipeline.cluster, workdir), cwd=workdir)
+
+
+def write_resource_record(
+    gcp_conn_id: str,
+    bucket: str,
+    name: str,
+    *,
+    kind: str,
+    context: Context,
+    conf: dict[str, Any],
+    expires_at: int,
+    keep: bool,
+) -> None:
+    """What the janitor needs to destroy a resource this run creates, written before it exists."""
+    record = {
+        "kind": kind,
+        "name": name,
+        "dag_id": context["dag"].dag_id,
+        "run_id": context["run_id"],
+        "conf": conf,
+        "expires_at": expires_at,
+        "keep": keep,
+    }
+    GCSHook(gcp_conn_id=gcp_conn_id).upload(
+        bucket_name=bucket,
+        object_name=gke.resource_record_object(name),
+        data=json.dumps(record, sort_keys=True),
+        mime_type="application/json",
+    )
 
 
 class GclusterDeployOperator(PipelineOperator):
@@ -83,7 +122,18 @@ class GclusterDeployOperator(PipelineOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         p: GkePipelineSpec = self.pipeline(context)
-        workdir = write_blueprint(self, p, context)
+        expires_at = run_expiry(context, p.max_cluster_hours)
+        write_resource_record(
+            self.gcp_conn_id,
+            p.cluster.bucket,
+            p.cluster.cluster_name,
+            kind="cluster",
+            context=context,
+            conf=self.pipeline_conf_for(context),
+            expires_at=expires_at,
+            keep=p.keep_cluster,
+        )
+        workdir = write_blueprint(self.hook, p, expires_at)
         started = time.time()
         self.hook.run_checked(gke.deploy(p.cluster, workdir), cwd=workdir)
         for command in gke.iam_grants(p.cluster):
@@ -91,12 +141,16 @@ class GclusterDeployOperator(PipelineOperator):
         return {
             "cluster_name": p.cluster.cluster_name,
             "chips": p.cluster.total_chips,
-            "deploy_seconds": time.time() - started,
+            "deploy_seconds": round(time.time() - started, 3),
+            "expires_at": expires_at,
         }
 
 
 class GclusterDestroyOperator(PipelineOperator):
-    """Destroy the cluster from its GCS state on any worker; keep the bucket unless told otherwise."""
+    """Destroy the cluster from its GCS state on any worker; an absent cluster is success.
+
+    The bucket (checkpoints, exports) is deleted only with ``delete_bucket=true``.
+    """
 
     ui_color = "#ffd9d4"
 
@@ -108,9 +162,7 @@ class GclusterDestroyOperator(PipelineOperator):
                 "keep_cluster=true: cluster %s is left running (it bills)", p.cluster.cluster_name
             )
         else:
-            workdir = write_blueprint(self, p, context)
-            self.hook.run_checked(gke.recreate_deployment_folder(p.cluster, workdir), cwd=workdir)
-            self.hook.run_checked(gke.destroy(p.cluster, workdir), cwd=workdir)
+            destroy_cluster(self.hook, p, run_expiry(context, p.max_cluster_hours))
             destroyed = True
         if p.delete_bucket:
             self.log.warning(

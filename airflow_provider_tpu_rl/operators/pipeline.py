@@ -110,11 +110,16 @@ class PipelineOperator(BaseOperator):
         self.gcp_conn_id = gcp_conn_id
         self._hook: GclusterHook | None = None
 
+    def pipeline_conf_for(self, context: Context) -> dict[str, Any]:
+        """The conf this task runs with: ``pipeline_conf`` or the run's params."""
+        if self.pipeline_conf is not None:
+            return dict(self.pipeline_conf)
+        return conf_from_params(context["params"], self.pipeline_kind)
+
     def pipeline(self, context: Context) -> Any:
-        conf = self.pipeline_conf
-        if conf is None:
-            conf = conf_from_params(context["params"], self.pipeline_kind)
-        return build_pipeline(self.pipeline_kind, conf, self.dag_id, context["run_id"])
+        return build_pipeline(
+            self.pipeline_kind, self.pipeline_conf_for(context), self.dag_id, context["run_id"]
+        )
 
     @property
     def hook(self) -> GclusterHook:

@@ -9,6 +9,7 @@ from typing import Any
 from airflow.providers.common.compat.sdk import Context
 
 from airflow_provider_tpu_rl.maxtext.logs import TrainingLogTracker
+from airflow_provider_tpu_rl.operators.gke import write_resource_record
 from airflow_provider_tpu_rl.operators.pipeline import PipelineOperator, run_expiry
 from airflow_provider_tpu_rl.render import gke, tpu_vm
 from airflow_provider_tpu_rl.spec import TpuVmPipelineSpec
@@ -23,7 +24,18 @@ class TpuVmCreateOperator(_TpuVmOperator):
 
     def execute(self, context: Context) -> str:
         p: TpuVmPipelineSpec = self.pipeline(context)
-        vm = replace(p.vm, labels=tpu_vm.vm_labels(p, run_expiry(context, p.max_vm_hours)))
+        expires_at = run_expiry(context, p.max_vm_hours)
+        write_resource_record(
+            self.gcp_conn_id,
+            p.vm.bucket,
+            p.vm.vm_name,
+            kind="vm",
+            context=context,
+            conf=self.pipeline_conf_for(context),
+            expires_at=expires_at,
+            keep=p.keep_vm,
+        )
+        vm = replace(p.vm, labels=tpu_vm.vm_labels(p, expires_at))
         self.hook.run_checked(tpu_vm.create_vm(vm, p.service_account))
         return vm.vm_name
 

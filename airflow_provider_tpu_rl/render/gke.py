@@ -424,12 +424,48 @@ def job_cancel(project: str | None, cluster_name: str | None, location: str | No
     )
 
 
-def cluster_labels(pipeline: GkePipelineSpec, expires_at: int) -> Mapping[str, str]:
-    """Labels the janitor reads: who made the cluster and when it may be destroyed."""
-    dag = re.sub(r"[^a-z0-9_-]", "-", pipeline.dag_id.lower())[:63]
-    return {
-        "tpu-rl-managed": "true",
-        "tpu-rl-dag": dag,
-        "tpu-rl-run": pipeline.suffix,
-        "tpu-rl-expires": str(int(expires_at)),
+MANAGED_LABEL = "tpu-rl-managed"
+EXPIRES_LABEL = "tpu-rl-expires"
+BUCKET_LABEL = "tpu-rl-bucket"
+RECORD_PREFIX = "tpu-rl/resources/"
+
+
+def managed_labels(dag_id: str, suffix: str, bucket: str, expires_at: int) -> dict[str, str]:
+    """Labels the janitor reads: who made the resource, where its record is, when it expires.
+
+    The bucket label is left out when the bucket name cannot be a label value (dotted names);
+    the janitor then goes by the expiry alone.
+    """
+    labels = {
+        MANAGED_LABEL: "true",
+        "tpu-rl-dag": re.sub(r"[^a-z0-9_-]", "-", dag_id.lower())[:63],
+        "tpu-rl-run": suffix,
+        EXPIRES_LABEL: str(int(expires_at)),
     }
+    if re.fullmatch(r"[a-z0-9_-]{1,63}", bucket):
+        labels[BUCKET_LABEL] = bucket
+    return labels
+
+
+def cluster_labels(pipeline: GkePipelineSpec, expires_at: int) -> Mapping[str, str]:
+    return managed_labels(pipeline.dag_id, pipeline.suffix, pipeline.cluster.bucket, expires_at)
+
+
+def resource_record_object(name: str) -> str:
+    """Object (in the run's bucket) holding what the janitor needs to destroy ``name``."""
+    return f"{RECORD_PREFIX}{name}.json"
+
+
+def list_managed_clusters(project: str) -> Command:
+    return Command(
+        (
+            "gcloud",
+            "container",
+            "clusters",
+            "list",
+            f"--project={project}",
+            f"--filter=resourceLabels.{MANAGED_LABEL}=true",
+            "--format=json",
+        ),
+        description="list clusters created by tpu-rl",
+    )

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import re
 import shlex
 from collections.abc import Mapping
 
+from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.render.command import Command
 from airflow_provider_tpu_rl.render.shell import hf_token_from_gcloud, key_values, quote_all
 from airflow_provider_tpu_rl.spec.cluster import TpuVmSpec
@@ -56,19 +56,39 @@ def create_vm(vm: TpuVmSpec, service_account: str | None = None) -> Command:
 
 
 def delete_vm(vm: TpuVmSpec) -> Command:
+    return delete_vm_named(vm.project, vm.zone, vm.vm_name)
+
+
+def delete_vm_named(project: str, zone: str, name: str) -> Command:
+    """Delete a VM; one that is already gone counts as deleted."""
     return Command(
         (
             "gcloud",
             "compute",
             "instances",
             "delete",
-            vm.vm_name,
-            f"--zone={vm.zone}",
-            f"--project={vm.project}",
+            name,
+            f"--zone={zone}",
+            f"--project={project}",
             "--quiet",
         ),
         ok_if_output_contains=VM_GONE,
-        description=f"delete TPU VM {vm.vm_name} (outputs were copied to GCS first)",
+        description=f"delete TPU VM {name} (outputs were copied to GCS first)",
+    )
+
+
+def list_managed_vms(project: str) -> Command:
+    return Command(
+        (
+            "gcloud",
+            "compute",
+            "instances",
+            "list",
+            f"--project={project}",
+            f"--filter=labels.{gke.MANAGED_LABEL}=true",
+            "--format=json",
+        ),
+        description="list TPU VMs created by tpu-rl",
     )
 
 
@@ -238,10 +258,4 @@ def stage_command(pipeline: TpuVmPipelineSpec, stage: str) -> Command:
 
 
 def vm_labels(pipeline: TpuVmPipelineSpec, expires_at: int) -> dict[str, str]:
-    dag = re.sub(r"[^a-z0-9_-]", "-", pipeline.dag_id.lower())[:63]
-    return {
-        "tpu-rl-managed": "true",
-        "tpu-rl-dag": dag,
-        "tpu-rl-run": pipeline.suffix,
-        "tpu-rl-expires": str(int(expires_at)),
-    }
+    return gke.managed_labels(pipeline.dag_id, pipeline.suffix, pipeline.vm.bucket, expires_at)

@@ -753,6 +753,13 @@ class VmHost(MachineHost):
         args = argv[1:]
         while args and args[0].startswith("-"):
             args = args[1:]
+        # sudo's own syntax: leading VAR=value words set the command's environment (sudoers
+        # permitting, as for an ALL user on a TPU VM).
+        assignments: dict[str, str] = {}
+        while args and "=" in args[0] and args[0].split("=", 1)[0].isidentifier():
+            name, value = args[0].split("=", 1)
+            assignments[name] = value
+            args = args[1:]
         if not args:
             err.write("usage: sudo command\n")
             return 1
@@ -760,7 +767,8 @@ class VmHost(MachineHost):
         if command is None:
             err.write(f"sudo: {args[0]}: command not found\n")
             return 1
-        return command(shell, args, stdin, out, err, {**env, "SUDO_USER": self.user, "__SANDBOX_ROOT": "1"})
+        run_env = {**env, **assignments, "SUDO_USER": self.user, "__SANDBOX_ROOT": "1"}
+        return command(shell, args, stdin, out, err, run_env)
 
     def cmd_apt(
         self, shell: Shell, argv: list[str], stdin: str, out: Sink, err: Sink, env: dict[str, str]

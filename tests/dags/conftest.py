@@ -1,0 +1,39 @@
+"""The project's DAG folder, parsed once per test session, and helpers shared by the DAG tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+DAGS_DIR = Path(__file__).resolve().parents[2] / "dags"
+GKE_DAG_ID = "tpu_rl_gke_pipeline"
+TPU_VM_DAG_ID = "tpu_rl_tpu_vm_pipeline"
+JANITOR_DAG_ID = "tpu_rl_janitor"
+PIPELINE_DAG_IDS = (GKE_DAG_ID, TPU_VM_DAG_ID)
+
+
+@pytest.fixture(scope="session")
+def dag_bag() -> Any:
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(DAGS_DIR))
+    assert bag.import_errors == {}, bag.import_errors
+    return bag
+
+
+@pytest.fixture(scope="session")
+def serialized_dags(dag_bag: Any) -> dict[str, Any]:
+    """The DAGs as the scheduler and the API server see them (serialized and read back)."""
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    return {
+        dag_id: DagSerialization.from_dict(DagSerialization.to_dict(dag))
+        for dag_id, dag in dag_bag.dags.items()
+    }
+
+
+def trigger_time_validate(serialized_dag: Any, conf: dict[str, Any]) -> dict[str, Any]:
+    """What creating a run with ``conf`` does to the params (UI, REST API, ``airflow dags trigger``)."""
+    return serialized_dag.params.deep_merge(conf).validate()

@@ -1,0 +1,145 @@
+"""Run states of real ``airflow dags test`` runs of the GKE pipeline (no cloud, no sandbox).
+
+The cloud steps are marked successful with ``--mark-success-pattern``; ``validate``, the teardowns
+and the watcher really run. ``gcluster``/``gcloud`` are fakes that record their call and fail, so a
+teardown that runs fails. What is checked is the DAG run's state, not only the task states.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Callable
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import airflow_provider_tpu_rl
+from tests.dags.conftest import DAGS_DIR, GKE_DAG_ID
+
+AIRFLOW = str(Path(sys.executable).with_name("airflow"))
+BUNDLE = Path(airflow_provider_tpu_rl.__file__).parent / "sandbox" / "bundle"
+WORK_TASKS = (
+    "ensure_bucket|deploy_cluster|sync_hf_token|convert_to_maxtext|wait_.*|train|export_to_huggingface"
+)
+
+
+@dataclass
+class RunResult:
+    exit_code: int
+    state: str
+    task_states: dict[str, str]
+    cloud_calls: list[str]
+    ledger_state: str | None
+
+
+@pytest.fixture(scope="module")
+def dags_test(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., RunResult]:
+    """Run ``airflow dags test`` in a fresh AIRFLOW_HOME with failing fake cloud tools."""
+    root = tmp_path_factory.mktemp("dag_runs")
+    calls = root / "cloud_calls.txt"
+    bin_dir = root / "bin"
+    bin_dir.mkdir()
+    for tool in ("gcluster", "gcloud"):
+        script = bin_dir / tool
+        script.write_text(
+            f'#!/bin/sh\necho "{tool} $*" >> "{calls}"\necho "Error: injected failure" >&2\nexit 1\n'
+        )
+        script.chmod(0o755)
+    home = root / "airflow"
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_DIR),
+        "AIRFLOW_CONN_GCLUSTER_DEFAULT": json.dumps(
+            {
+                "conn_type": "gcluster",
+                "extra": {
+                    "gcluster_path": str(bin_dir / "gcluster"),
+                    "gcloud_path": str(bin_dir / "gcloud"),
+                    "bundle_dir": str(BUNDLE),
+                },
+            }
+        ),
+    }
+    for name in [k for k in env if k.startswith("AIRFLOW_CONN_TPU_RL_LEDGER")]:
+        del env[name]  # the ledger is the default SQLite file in AIRFLOW_HOME
+    subprocess.run([AIRFLOW, "db", "migrate"], env=env, capture_output=True, check=True, timeout=300)
+
+    def run(*, conf: dict[str, Any] | None = None, mark_success: str | None = None) -> RunResult:
+        calls.unlink(missing_ok=True)
+        argv = [AIRFLOW, "dags", "test", GKE_DAG_ID, "-c", json.dumps(conf or {})]
+        if mark_success:
+            argv += ["--mark-success-pattern", mark_success]
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
+        # The metadata DB read directly: an `airflow` CLI call would cost seconds of start-up each.
+        with closing(sqlite3.connect(home / "airflow.db")) as metadata:
+            run_id, run_state = metadata.execute(
+                "SELECT run_id, state FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1", (GKE_DAG_ID,)
+            ).fetchone()
+            states = dict(
+                metadata.execute(
+                    "SELECT task_id, state FROM task_instance WHERE dag_id = ? AND run_id = ?",
+                    (GKE_DAG_ID, run_id),
+                ).fetchall()
+            )
+        with closing(sqlite3.connect(home / "tpu_rl_ledger.db")) as ledger:
+            row = ledger.execute("SELECT state FROM runs WHERE airflow_run_id = ?", (run_id,)).fetchone()
+        return RunResult(
+            exit_code=done.returncode,
+            state=run_state,
+            task_states=states,
+            cloud_calls=calls.read_text().splitlines() if calls.exists() else [],
+            ledger_state=row[0] if row else None,
+        )
+
+    return run
+
+
+def test_all_steps_fine_run_succeeds_and_watcher_is_skipped(dags_test: Callable[..., RunResult]) -> None:
+    result = dags_test(mark_success=f"^({WORK_TASKS}|destroy_cluster)$")
+    assert result.exit_code == 0
+    assert result.state == "success"
+    assert result.task_states["validate"] == "success"
+    assert result.task_states["record_run"] == "success"
+    assert result.task_states["watcher"] == "skipped"
+    assert result.ledger_state == "success"
+    assert result.cloud_calls == []
+
+
+def test_a_failed_teardown_fails_the_run(dags_test: Callable[..., RunResult]) -> None:
+    """The work succeeded but the cluster could not be destroyed: the run must not be green."""
+    result = dags_test(mark_success=f"^({WORK_TASKS})$")
+    assert result.task_states["destroy_cluster"] == "failed"
+    # The destroy was tried (and the fake gcluster failed it).
+    assert [call.split()[0] for call in result.cloud_calls] == ["gcluster"]
+    assert result.task_states["record_run"] == "success"
+    assert result.task_states["watcher"] == "failed"
+    assert result.state == "failed"
+    assert result.exit_code == 1
+    assert result.ledger_state == "failed"
+
+
+def test_a_bad_conf_fails_before_anything_is_created_or_destroyed(
+    dags_test: Callable[..., RunResult],
+) -> None:
+    result = dags_test(conf={"num_batchez": 5})
+    assert result.task_states["validate"] == "failed"
+    assert result.task_states["ensure_bucket"] == "upstream_failed"
+    assert result.task_states["deploy_cluster"] == "upstream_failed"
+    # Nothing was created, so nothing is destroyed; the ledger still records the run.
+    assert result.task_states["destroy_cluster"] == "upstream_failed"
+    assert result.task_states["record_run"] == "success"
+    assert result.task_states["watcher"] == "failed"
+    assert result.state == "failed"
+    assert result.exit_code == 1
+    assert result.cloud_calls == []
+    assert result.ledger_state == "failed"

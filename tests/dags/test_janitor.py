@@ -1,0 +1,166 @@
+"""The janitor DAG: schedule, params, and its thin loop over the janitor functions (faked here)."""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import json
+import sys
+import types
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from airflow.providers.common.compat.sdk import AirflowException
+from croniter import croniter
+
+from airflow_provider_tpu_rl.spec import rules
+from tests.dags.conftest import JANITOR_DAG_ID
+
+JANITOR_MODULE = "airflow_provider_tpu_rl.operators.janitor"
+
+
+@pytest.fixture
+def janitor(dag_bag: Any) -> Any:
+    return dag_bag.dags[JANITOR_DAG_ID]
+
+
+def test_runs_every_30_minutes_one_run_at_a_time(janitor: Any) -> None:
+    assert janitor.catchup is False
+    assert janitor.max_active_runs == 1
+    fires = croniter(janitor.schedule, datetime(2026, 3, 1, 0, 7, tzinfo=UTC))
+    times = [fires.get_next(datetime) for _ in range(49)]
+    assert {(b - a).total_seconds() for a, b in itertools.pairwise(times)} == {1800.0}
+
+
+def test_params_are_a_form(janitor: Any) -> None:
+    janitor.params.validate()
+    projects = janitor.params.get_param("projects").schema
+    assert projects["items"]["pattern"] == rules.PROJECT_ID.pattern
+    assert projects["title"]
+    assert janitor.params.get_param("dry_run").schema["type"] == "boolean"
+    assert janitor.params["dry_run"] is False
+
+
+class FakeJanitor:
+    """Expired resources per project; destroying a resource named in ``broken`` raises."""
+
+    def __init__(
+        self, expired: dict[str, list[dict[str, str]]], broken: frozenset[str] = frozenset()
+    ) -> None:
+        self.expired = expired
+        self.broken = broken
+        self.scanned: list[tuple[Any, str, int]] = []
+        self.destroyed: list[str] = []
+
+    def find_expired_resources(
+        self, hook: Any, project: str, now: int, *, run_state: Any = None
+    ) -> list[dict[str, str]]:
+        self.scanned.append((hook, project, now))
+        return self.expired.get(project, [])
+
+    def destroy_resource(self, hook: Any, resource: dict[str, str]) -> None:
+        if resource["name"] in self.broken:
+            raise RuntimeError(f"destroy of {resource['name']} failed")
+        self.destroyed.append(resource["name"])
+
+
+@pytest.fixture
+def run_janitor(janitor: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Call the janitor task's function with the given params and a fake janitor module."""
+    function = janitor.get_task("destroy_expired").python_callable
+
+    def run(fake: FakeJanitor, **params: Any) -> dict[str, list[Any]]:
+        module = types.ModuleType(JANITOR_MODULE)
+        module.find_expired_resources = fake.find_expired_resources  # type: ignore[attr-defined]
+        module.destroy_resource = fake.destroy_resource  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, JANITOR_MODULE, module)
+        monkeypatch.setitem(
+            function.__globals__,
+            "get_current_context",
+            lambda: {"params": {"projects": [], "dry_run": False, **params}},
+        )
+        monkeypatch.setitem(function.__globals__, "GclusterHook", lambda **kwargs: ("hook", kwargs))
+        return function()
+
+    return run
+
+
+EXPIRED = {
+    "proj-one-1": [{"kind": "gke", "name": "tpu-rl"}, {"kind": "tpu_vm", "name": "tpu-rl-vm"}],
+    "proj-two-2": [{"kind": "gke", "name": "old-rl"}],
+}
+
+
+def test_destroys_every_expired_resource_of_every_project(run_janitor: Any) -> None:
+    fake = FakeJanitor(EXPIRED)
+    report = run_janitor(fake, projects=["proj-one-1", "proj-two-2"])
+    assert fake.destroyed == ["tpu-rl", "tpu-rl-vm", "old-rl"]
+    assert [project for _, project, _ in fake.scanned] == ["proj-one-1", "proj-two-2"]
+    assert all(hook == ("hook", {"gcluster_conn_id": "gcluster_default"}) for hook, _, _ in fake.scanned)
+    assert len(report["found"]) == len(report["destroyed"]) == 3
+    assert report["failed"] == []
+    json.dumps(report)  # the XCom must be JSON
+
+
+def test_scan_time_is_now(run_janitor: Any) -> None:
+    fake = FakeJanitor({})
+    before = int(datetime.now(UTC).timestamp())
+    run_janitor(fake, projects=["proj-one-1"])
+    after = int(datetime.now(UTC).timestamp())
+    assert before <= fake.scanned[0][2] <= after
+
+
+def test_one_failed_destroy_does_not_stop_the_others_but_fails_the_run(run_janitor: Any) -> None:
+    fake = FakeJanitor(EXPIRED, broken=frozenset({"tpu-rl"}))
+    with pytest.raises(AirflowException, match="1 expired resource"):
+        run_janitor(fake, projects=["proj-one-1", "proj-two-2"])
+    assert fake.destroyed == ["tpu-rl-vm", "old-rl"]
+
+
+def test_dry_run_destroys_nothing(run_janitor: Any) -> None:
+    fake = FakeJanitor(EXPIRED)
+    report = run_janitor(fake, projects=["proj-one-1"], dry_run=True)
+    assert fake.destroyed == []
+    assert [r["name"] for r in report["found"]] == ["tpu-rl", "tpu-rl-vm"]
+    assert report["destroyed"] == []
+
+
+def test_without_projects_it_scans_the_connections_project(
+    run_janitor: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT",
+        json.dumps(
+            {
+                "conn_type": "google_cloud_platform",
+                "extra": {"is_anonymous": True, "project": "conn-project-9"},
+            }
+        ),
+    )
+    fake = FakeJanitor({})
+    run_janitor(fake)
+    assert [project for _, project, _ in fake.scanned] == ["conn-project-9"]
+
+
+def test_the_provider_janitor_functions_have_the_signatures_the_dag_calls() -> None:
+    module = __import__(JANITOR_MODULE, fromlist=["find_expired_resources", "destroy_resource"])
+    find = inspect.signature(module.find_expired_resources)
+    assert list(find.parameters)[:3] == ["hook", "project", "now"]
+    assert "run_state" in find.parameters
+    destroy = inspect.signature(module.destroy_resource)
+    destroy.bind("hook", "resource")
+
+
+def test_without_projects_and_without_a_connection_project_it_fails(
+    run_janitor: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT",
+        json.dumps({"conn_type": "google_cloud_platform", "extra": {"is_anonymous": True}}),
+    )
+    monkeypatch.delenv("GOOGLE_CLOUD_PROJECT", raising=False)
+    fake = FakeJanitor(EXPIRED)
+    with pytest.raises(AirflowException, match="names no project"):
+        run_janitor(fake)
+    assert fake.scanned == []

@@ -1,0 +1,233 @@
+"""Task order, setup/teardown and watcher wiring, retries and templates of the two pipeline DAGs."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from airflow.models.dagrun import DagRun
+from airflow.providers.common.compat.sdk import TriggerRule
+
+from airflow_provider_tpu_rl.operators.pipeline import validate_pipeline_conf
+from airflow_provider_tpu_rl.spec import GKE_DEFAULTS, TPU_VM_DEFAULTS
+from tests.dags.conftest import GKE_DAG_ID, PIPELINE_DAG_IDS, TPU_VM_DAG_ID
+
+
+@dataclass(frozen=True)
+class Shape:
+    order: tuple[str, ...]
+    resource_setup: str  # creates the billed resource
+    teardown: str  # destroys it
+    transient: frozenset[str]  # tasks allowed to retry
+    defaults: Any
+
+
+SHAPES = {
+    GKE_DAG_ID: Shape(
+        order=(
+            "validate",
+            "ensure_bucket",
+            "deploy_cluster",
+            "sync_hf_token",
+            "convert_to_maxtext",
+            "wait_converted_checkpoint",
+            "train",
+            "wait_actor_checkpoint",
+            "export_to_huggingface",
+            "wait_hf_export",
+            "destroy_cluster",
+            "record_run",
+        ),
+        resource_setup="deploy_cluster",
+        teardown="destroy_cluster",
+        transient=frozenset(
+            {
+                "ensure_bucket",
+                "deploy_cluster",
+                "sync_hf_token",
+                "convert_to_maxtext",
+                "train",
+                "export_to_huggingface",
+                "destroy_cluster",
+            }
+        ),
+        defaults=GKE_DEFAULTS,
+    ),
+    TPU_VM_DAG_ID: Shape(
+        order=(
+            "validate",
+            "ensure_bucket",
+            "sync_hf_token",
+            "create_vm",
+            "install_maxtext",
+            "convert_to_maxtext",
+            "train",
+            "wait_actor_checkpoint",
+            "export_to_huggingface",
+            "wait_hf_export",
+            "delete_vm",
+            "record_run",
+        ),
+        resource_setup="create_vm",
+        teardown="delete_vm",
+        transient=frozenset(
+            {
+                "ensure_bucket",
+                "sync_hf_token",
+                "create_vm",
+                "install_maxtext",
+                "convert_to_maxtext",
+                "train",
+                "export_to_huggingface",
+                "delete_vm",
+            }
+        ),
+        defaults=TPU_VM_DEFAULTS,
+    ),
+}
+WATCHER = "watcher"
+
+
+@pytest.fixture(params=PIPELINE_DAG_IDS)
+def pipeline(request: pytest.FixtureRequest, dag_bag: Any) -> tuple[Any, Shape]:
+    return dag_bag.dags[request.param], SHAPES[request.param]
+
+
+def test_tasks_run_in_the_tutorial_order(pipeline: tuple[Any, Shape]) -> None:
+    dag, shape = pipeline
+    assert set(dag.task_ids) == {*shape.order, WATCHER}
+    expected_upstream = {task_id: {before} for before, task_id in itertools.pairwise(shape.order)}
+    expected_upstream["validate"] = set()
+    # The teardown also hangs off its setups.
+    expected_upstream[shape.teardown] |= {"ensure_bucket", shape.resource_setup}
+    actual = {task_id: set(dag.get_task(task_id).upstream_task_ids) for task_id in shape.order}
+    assert actual == expected_upstream
+
+
+def test_the_resource_teardown_is_a_teardown_of_its_setups(pipeline: tuple[Any, Shape]) -> None:
+    dag, shape = pipeline
+    teardown = dag.get_task(shape.teardown)
+    assert teardown.is_teardown
+    assert teardown.trigger_rule == TriggerRule.ALL_DONE_SETUP_SUCCESS
+    # on_failure_fail_dagrun=True would let a green teardown hide a failed run (Airflow 3.3).
+    assert not teardown.on_failure_fail_dagrun
+    setups = {t.task_id for t in teardown.upstream_list if t.is_setup}
+    assert setups == {"ensure_bucket", shape.resource_setup}
+    assert {t.task_id for t in dag.tasks if t.is_setup} == setups
+
+
+def test_record_run_is_a_teardown_after_the_resource_teardown(pipeline: tuple[Any, Shape]) -> None:
+    dag, shape = pipeline
+    record = dag.get_task("record_run")
+    assert record.is_teardown
+    assert not record.on_failure_fail_dagrun
+    assert set(record.upstream_task_ids) == {shape.teardown}
+    # No setup upstream: it runs whatever state the destroy ends in, also when validate failed.
+    assert not any(t.is_setup for t in record.upstream_list)
+
+
+def test_watcher_fails_the_run_when_any_non_setup_task_fails(pipeline: tuple[Any, Shape]) -> None:
+    dag, _ = pipeline
+    watcher = dag.get_task(WATCHER)
+    assert watcher.trigger_rule == TriggerRule.ONE_FAILED
+    assert watcher.retries == 0
+    assert watcher.downstream_task_ids == set()
+    assert set(watcher.upstream_task_ids) == {t.task_id for t in dag.tasks if not t.is_setup} - {WATCHER}
+    assert not any(t.is_setup for t in watcher.upstream_list)
+
+
+def test_watcher_is_the_only_task_that_decides_the_run_state(
+    serialized_dags: dict[str, Any], pipeline: tuple[Any, Shape]
+) -> None:
+    """Airflow ignores teardown leaves for the run state; the watcher must be the leaf that counts."""
+    dag = serialized_dags[pipeline[0].dag_id]
+
+    @dataclass(frozen=True)
+    class FakeTaskInstance:
+        task_id: str
+        state: str
+
+    tis = [FakeTaskInstance(task_id, "failed") for task_id in dag.task_ids]
+    deciding = DagRun._tis_for_dagrun_state(None, dag=dag, tis=tis)  # type: ignore[arg-type]
+    assert {ti.task_id for ti in deciding} == {WATCHER}
+
+
+def test_retries_only_where_a_failure_can_be_transient(pipeline: tuple[Any, Shape]) -> None:
+    dag, shape = pipeline
+    assert {t.task_id for t in dag.tasks if t.retries} == shape.transient
+    assert dag.get_task("validate").retries == 0
+    for task_id in shape.transient:
+        task = dag.get_task(task_id)
+        # On Airflow 3.3 the backoff is a multiplier: True (1.0) would be a constant delay.
+        assert task.retry_exponential_backoff > 1, task_id
+        assert timedelta(0) < task.retry_delay < task.max_retry_delay, task_id
+
+
+def test_operators_read_the_run_params_and_are_deferrable(pipeline: tuple[Any, Shape]) -> None:
+    dag, _ = pipeline
+    for task in dag.tasks:
+        if hasattr(task, "pipeline_conf"):
+            assert task.pipeline_conf is None, task.task_id
+        if task.task_id.startswith("wait_") or (
+            dag.dag_id == GKE_DAG_ID
+            and task.task_id in {"train", "convert_to_maxtext", "export_to_huggingface"}
+        ):
+            assert task.deferrable is True, task.task_id
+    kind = "gke" if dag.dag_id == GKE_DAG_ID else "tpu_vm"
+    assert dag.get_task("ensure_bucket").pipeline_kind == kind
+    assert dag.get_task("sync_hf_token").pipeline_kind == kind
+    if dag.dag_id == GKE_DAG_ID:
+        assert dag.get_task("convert_to_maxtext").direction == "to_maxtext"
+        assert dag.get_task("export_to_huggingface").direction == "to_huggingface"
+    else:
+        stages = {
+            t: dag.get_task(t).stage
+            for t in ("install_maxtext", "convert_to_maxtext", "train", "export_to_huggingface")
+        }
+        assert stages == {
+            "install_maxtext": "install",
+            "convert_to_maxtext": "convert",
+            "train": "train",
+            "export_to_huggingface": "export",
+        }
+
+
+class ValidateXCom:
+    """Stands in for ``ti`` in a template context: returns the validate task's real output."""
+
+    def __init__(self, derived: dict[str, Any]) -> None:
+        self.derived = derived
+
+    def xcom_pull(self, task_ids: str, **_: Any) -> dict[str, Any]:
+        assert task_ids == "validate"
+        return self.derived
+
+
+def render(dag: Any, task_id: str, field: str, derived: dict[str, Any]) -> Any:
+    task = dag.get_task(task_id)
+    return task.render_template(getattr(task, field), {"ti": ValidateXCom(derived)}, dag.get_template_env())
+
+
+def test_sensors_watch_the_paths_validate_derives(pipeline: tuple[Any, Shape]) -> None:
+    dag, shape = pipeline
+    derived = validate_pipeline_conf(dag.dag_id, "manual__1", {}, dict(shape.defaults))
+    actor_root = render(dag, "wait_actor_checkpoint", "checkpoint_root", derived)
+    step = render(dag, "wait_actor_checkpoint", "step", derived)
+    export_uri = render(dag, "wait_hf_export", "export_uri", derived)
+    assert actor_root == derived["actor_root"]
+    assert step == derived["final_step"] == 50
+    assert isinstance(step, int)  # native rendering: the sensor gets an int, not "50"
+    assert export_uri == derived["export_uri"]
+    # Both pipelines watch GCS; the TPU VM's /dev/shm is gone with the VM.
+    assert actor_root.startswith("gs://")
+    assert export_uri.startswith("gs://")
+    if dag.dag_id == GKE_DAG_ID:
+        converted = render(dag, "wait_converted_checkpoint", "checkpoint_root", derived)
+        assert converted == derived["converted_root"]
+        assert converted.startswith("gs://")
+        sensor = dag.get_task("wait_converted_checkpoint")
+        assert sensor.step == 0
+        assert sensor.items == ("items",)

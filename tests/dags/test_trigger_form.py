@@ -1,0 +1,296 @@
+"""The pipelines' trigger forms: one Param per spec key, form metadata, and rules that agree with the spec.
+
+A conf is refused twice: by the params' JSON schema when the run is created (per field), and by the
+``validate`` task (whole conf, with the spec's cross-field rules and the unknown-key check). The
+tables below say for each bad conf which of the two can refuse it and with which message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+from airflow.providers.common.compat.sdk import AirflowFailException, ParamValidationError
+
+from airflow_provider_tpu_rl.operators.pipeline import validate_pipeline_conf
+from airflow_provider_tpu_rl.spec import GKE_DEFAULTS, TPU_VM_DEFAULTS, Runner, rules
+from airflow_provider_tpu_rl.spec.presets import presets_for
+from tests.dags.conftest import GKE_DAG_ID, PIPELINE_DAG_IDS, TPU_VM_DAG_ID, trigger_time_validate
+
+DEFAULTS: dict[str, Mapping[str, Any]] = {GKE_DAG_ID: GKE_DEFAULTS, TPU_VM_DAG_ID: TPU_VM_DEFAULTS}
+SECTIONS = {
+    GKE_DAG_ID: {"Cloud", "Cluster", "Model & training", "Safety"},
+    TPU_VM_DAG_ID: {"Cloud", "VM", "Model & training", "Safety"},
+}
+RUNNERS = {GKE_DAG_ID: Runner.GKE, TPU_VM_DAG_ID: Runner.TPU_VM}
+# Which spec regex each pattern-carrying param must reuse.
+PATTERNS: dict[str, dict[str, Any]] = {
+    GKE_DAG_ID: {
+        "project": rules.PROJECT_ID,
+        "region": rules.REGION,
+        "zone": rules.ZONE,
+        "bucket": rules.BUCKET_CHARS,
+        "reservation": rules.GCE_NAME,
+        "cluster_name": rules.GKE_CLUSTER_NAME,
+        "image": rules.IMAGE,
+        "hf_model_path": rules.HF_REPO_ID,
+        "run_name": rules.RUN_NAME,
+        "hf_token_conn_id": rules.CONN_ID,
+        "hf_token_secret": rules.SECRET_ID,
+    },
+    TPU_VM_DAG_ID: {
+        "project": rules.PROJECT_ID,
+        "zone": rules.ZONE,
+        "bucket": rules.BUCKET_CHARS,
+        "reservation": rules.GCE_NAME,
+        "service_account": rules.SERVICE_ACCOUNT,
+        "vm_name": rules.GCE_NAME,
+        "hf_model_path": rules.HF_REPO_ID,
+        "run_name": rules.RUN_NAME,
+        "hf_token_conn_id": rules.CONN_ID,
+        "hf_token_secret": rules.SECRET_ID,
+    },
+}
+
+# (case id, conf, message validate_pipeline_conf raises, whether the JSON schema refuses it too)
+GKE_BAD_CONFS = [
+    ("unknown_key", {"clustr_name": "tpu-rl"}, "clustr_name: unknown conf key", False),
+    ("cluster_name_uppercase", {"cluster_name": "TPU-rl"}, "cluster_name: GKE cluster name must start", True),
+    (
+        "cluster_name_too_long",
+        {"cluster_name": "a" * 21},
+        "cluster_name: must be at most 20 characters",
+        True,
+    ),
+    ("topology_not_v6e", {"topology": "3x3"}, "topology: not a v6e slice shape", True),
+    ("topology_malformed", {"topology": "big"}, "topology: topology must look like 4x8", True),
+    (
+        "topology_vs_machine",
+        {"topology": "2x4"},
+        "topology: single-host v6e-8 (2x4) needs a VM with 8 chips",
+        False,
+    ),
+    ("unknown_model", {"model": "llama-99b"}, "model: unknown model", True),
+    (
+        "tpu_vm_model",
+        {"model": "llama3.1-8b-Instruct"},
+        "runs on one TPU VM; use the tpu_rl_tpu_vm_pipeline",
+        True,
+    ),
+    ("negative_batches", {"num_batches": -5}, "num_batches: must be >= 1", True),
+    ("zero_batches", {"num_batches": 0}, "num_batches: must be >= 1", True),
+    (
+        "negative_batch_size",
+        {"train_overrides": {"batch_size": -8}},
+        "train_overrides.batch_size: must be >= 1",
+        False,
+    ),
+    ("token_override", {"train_overrides": {"hf_access_token": "hf_x"}}, "cannot be overridden", False),
+    (
+        "override_key",
+        {"train_overrides": {"Bad-Key": 1}},
+        "train_overrides.Bad-Key: MaxText override keys",
+        True,
+    ),
+    ("zone_outside_region", {"zone": "us-west1-a"}, "zone: zone must be inside region 'us-east5'", False),
+    (
+        "bucket_with_scheme",
+        {"bucket": "gs://my-bucket"},
+        "bucket: give the bucket name without 'gs://'",
+        True,
+    ),
+    ("zero_slices", {"num_slices": 0}, "num_slices: must be between 1 and 64", True),
+    ("keep_cluster_text", {"keep_cluster": "yes"}, "keep_cluster: must be true or false", True),
+    ("cluster_hours", {"max_cluster_hours": 337}, "max_cluster_hours: must be between 1 and 336", True),
+]
+TPU_VM_BAD_CONFS = [
+    ("gke_key", {"keep_cluster": True}, "keep_cluster: unknown conf key", False),
+    ("vm_name", {"vm_name": "VM_1"}, "vm_name: VM name must match", True),
+    ("unknown_model", {"model": "gpt-5"}, "model: unknown model", True),
+    ("gke_model", {"model": "qwen3-30b-a3b"}, "needs a multi-host slice; use the tpu_rl_gke_pipeline", True),
+    ("negative_batches", {"num_batches": -1}, "num_batches: must be >= 1", True),
+    ("no_reservation", {"reservation": ""}, "reservation: reservation name must match", True),
+    (
+        "service_account",
+        {"service_account": "me@example.com"},
+        "service_account: must be a service account",
+        True,
+    ),
+    ("vm_hours", {"max_vm_hours": 169}, "max_vm_hours: must be between 1 and 168", True),
+    (
+        "negative_test_batches",
+        {"train_overrides": {"num_test_batches": -1}},
+        "num_test_batches: must be >= 0",
+        False,
+    ),
+    ("keep_vm_number", {"keep_vm": 1}, "keep_vm: must be true or false", True),
+]
+BAD_CONFS = [
+    pytest.param(GKE_DAG_ID, conf, message, schema_refuses, id=f"gke-{case}")
+    for case, conf, message, schema_refuses in GKE_BAD_CONFS
+] + [
+    pytest.param(TPU_VM_DAG_ID, conf, message, schema_refuses, id=f"tpu_vm-{case}")
+    for case, conf, message, schema_refuses in TPU_VM_BAD_CONFS
+]
+
+
+def run_validate(dag_id: str, conf: dict[str, Any]) -> dict[str, Any]:
+    """The ``validate`` task's call: params are the defaults overlaid with the conf, as at run time."""
+    return validate_pipeline_conf(dag_id, "manual__2026-01-01T00:00:00", conf, {**DEFAULTS[dag_id], **conf})
+
+
+def schemas(dag: Any) -> dict[str, dict[str, Any]]:
+    return {key: dag.params.get_param(key).schema for key in dag.params}
+
+
+@pytest.mark.parametrize("dag_id", PIPELINE_DAG_IDS)
+def test_one_param_per_spec_key_with_the_spec_default(dag_bag: Any, dag_id: str) -> None:
+    params = dag_bag.dags[dag_id].params
+    assert list(params) == list(DEFAULTS[dag_id])
+    assert {key: params[key] for key in params} == dict(DEFAULTS[dag_id])
+
+
+@pytest.mark.parametrize("dag_id", PIPELINE_DAG_IDS)
+def test_every_param_has_title_description_and_a_known_section(dag_bag: Any, dag_id: str) -> None:
+    dag = dag_bag.dags[dag_id]
+    used = set()
+    for key in dag.params:
+        param = dag.params.get_param(key)
+        assert param.schema.get("title"), key
+        assert param.description, key
+        assert param.schema.get("section") in SECTIONS[dag_id], key
+        assert "type" in param.schema, key
+        used.add(param.schema["section"])
+    assert used == SECTIONS[dag_id]
+
+
+@pytest.mark.parametrize("dag_id", PIPELINE_DAG_IDS)
+def test_model_dropdown_offers_only_this_runners_presets(dag_bag: Any, dag_id: str) -> None:
+    model = dag_bag.dags[dag_id].params.get_param("model").schema
+    assert model["enum"] == presets_for(RUNNERS[dag_id])
+    assert set(model["values_display"]) == set(model["enum"])
+
+
+@pytest.mark.parametrize("dag_id", PIPELINE_DAG_IDS)
+def test_patterns_reuse_the_spec_regexes(dag_bag: Any, dag_id: str) -> None:
+    found = {
+        key: schema["pattern"] for key, schema in schemas(dag_bag.dags[dag_id]).items() if "pattern" in schema
+    }
+    assert set(found) == set(PATTERNS[dag_id])
+    for key, regex in PATTERNS[dag_id].items():
+        assert found[key] in (regex.pattern, f"^$|(?:{regex.pattern})"), key
+
+
+@pytest.mark.parametrize("dag_id", PIPELINE_DAG_IDS)
+def test_params_whose_default_means_preset_value_are_nullable(dag_bag: Any, dag_id: str) -> None:
+    for key, schema in schemas(dag_bag.dags[dag_id]).items():
+        if DEFAULTS[dag_id][key] is None:
+            assert isinstance(schema["type"], list), key
+            assert "null" in schema["type"], key
+
+
+@pytest.mark.parametrize(("dag_id", "conf", "message", "schema_refuses"), BAD_CONFS)
+def test_bad_conf_is_refused_by_validate(
+    dag_id: str, conf: dict[str, Any], message: str, schema_refuses: bool
+) -> None:
+    with pytest.raises(AirflowFailException, match="invalid pipeline conf") as refused:
+        run_validate(dag_id, conf)
+    assert message in str(refused.value)
+
+
+@pytest.mark.parametrize(("dag_id", "conf", "message", "schema_refuses"), BAD_CONFS)
+def test_bad_conf_is_refused_by_the_form_where_json_schema_can_say_it(
+    serialized_dags: dict[str, Any], dag_id: str, conf: dict[str, Any], message: str, schema_refuses: bool
+) -> None:
+    if schema_refuses:
+        with pytest.raises(ParamValidationError, match=f"Invalid input for param {next(iter(conf))}"):
+            trigger_time_validate(serialized_dags[dag_id], conf)
+    else:
+        # Cross-field rules, override ranges and unknown keys: only the validate task can refuse these.
+        trigger_time_validate(serialized_dags[dag_id], conf)
+
+
+def integer_bounds() -> list[Any]:
+    cases: list[Any] = []
+    for dag_id, keys in (
+        (GKE_DAG_ID, ("num_slices", "num_batches", "max_cluster_hours")),
+        (TPU_VM_DAG_ID, ("num_batches", "max_vm_hours")),
+    ):
+        cases.extend(pytest.param(dag_id, key, id=f"{dag_id}-{key}") for key in keys)
+    return cases
+
+
+@pytest.mark.parametrize(("dag_id", "key"), integer_bounds())
+def test_integer_bounds_of_the_form_are_the_specs(
+    serialized_dags: dict[str, Any], dag_id: str, key: str
+) -> None:
+    schema = serialized_dags[dag_id].params.get_param(key).schema
+    inside = [schema["minimum"]] + ([schema["maximum"]] if "maximum" in schema else [])
+    outside = [schema["minimum"] - 1] + ([schema["maximum"] + 1] if "maximum" in schema else [])
+    for value in inside:
+        trigger_time_validate(serialized_dags[dag_id], {key: value})
+        run_validate(dag_id, {key: value})
+    for value in outside:
+        with pytest.raises(ParamValidationError):
+            trigger_time_validate(serialized_dags[dag_id], {key: value})
+        with pytest.raises(AirflowFailException, match=f"{key}: must be"):
+            run_validate(dag_id, {key: value})
+
+
+@pytest.mark.parametrize("dag_id", PIPELINE_DAG_IDS)
+def test_empty_optional_fields_mean_the_preset_value_for_form_and_spec(
+    serialized_dags: dict[str, Any], dag_id: str
+) -> None:
+    optional = [
+        key
+        for key, schema in schemas(serialized_dags[dag_id]).items()
+        if isinstance(schema["type"], list) and "null" in schema["type"]
+    ]
+    assert optional
+    for key in optional:
+        trigger_time_validate(serialized_dags[dag_id], {key: None})
+        assert run_validate(dag_id, {key: None})["model"] == DEFAULTS[dag_id]["model"]
+        if "pattern" in schemas(serialized_dags[dag_id])[key]:
+            trigger_time_validate(serialized_dags[dag_id], {key: ""})
+            run_validate(dag_id, {key: ""})
+
+
+def test_preset_choices_of_the_gke_form_are_accepted_by_the_spec(serialized_dags: dict[str, Any]) -> None:
+    gke = serialized_dags[GKE_DAG_ID]
+    for model in gke.params.get_param("model").schema["enum"]:
+        trigger_time_validate(gke, {"model": model})
+        assert run_validate(GKE_DAG_ID, {"model": model})["model"] == model
+    # The multi-host shapes the dropdown offers that ct6e-standard-4t can build.
+    for topology in ("4x4", "4x8", "8x8"):
+        trigger_time_validate(gke, {"topology": topology})
+        assert run_validate(GKE_DAG_ID, {"topology": topology})["chips"] == chips_of(topology)
+
+
+def chips_of(topology: str) -> int:
+    a, b = topology.split("x")
+    return int(a) * int(b)
+
+
+def test_a_full_custom_gke_conf_passes_both_checks(serialized_dags: dict[str, Any]) -> None:
+    conf = {
+        "model": "gemma4-26b",
+        "project": "team-tpu-42",
+        "region": "europe-west4",
+        "zone": "europe-west4-a",
+        "cluster_name": "gemma-rl-2",
+        "bucket": "team-tpu-42-rl",
+        "reservation": "v6e-res",
+        "topology": "4x8",
+        "num_slices": 2,
+        "num_batches": 10,
+        "train_overrides": {"batch_size": 2, "rl.num_generations": 8},
+        "hf_token_secret": "hf-token",
+        "authorized_cidr": "10.0.0.0/8",
+        "max_cluster_hours": 4,
+    }
+    trigger_time_validate(serialized_dags[GKE_DAG_ID], conf)
+    derived = run_validate(GKE_DAG_ID, conf)
+    assert derived["final_step"] == 10
+    assert derived["chips"] == 64
+    assert derived["actor_root"].startswith("gs://team-tpu-42-rl/gemma4-26b/")
