@@ -75,7 +75,22 @@ def get_provider_info() -> dict[str, Any]:
                         "type": "float",
                         "example": "30",
                         "default": "60",
-                    }
+                    },
+                    "retry_delay": {
+                        "description": "First retry delay (seconds) of the tasks whose failures can be "
+                        "transient; it doubles on each retry, up to 30 minutes. Read when the DAG is parsed.",
+                        "version_added": "0.1.0",
+                        "type": "float",
+                        "example": "300",
+                        "default": "120",
+                    },
+                    "retries": {
+                        "description": "Retries of the tasks whose failures can be transient.",
+                        "version_added": "0.1.0",
+                        "type": "integer",
+                        "example": "5",
+                        "default": "3",
+                    },
                 },
             }
         },

@@ -33,7 +33,7 @@ from airflow_provider_tpu_rl.operators.gke import (
     HfTokenSecretOperator,
 )
 from airflow_provider_tpu_rl.operators.maxtext import MaxTextConvertOperator, PathwaysRLTrainOperator
-from airflow_provider_tpu_rl.operators.pipeline import validate_pipeline_conf
+from airflow_provider_tpu_rl.operators.pipeline import transient_retries, validate_pipeline_conf
 from airflow_provider_tpu_rl.sensors.checkpoint import HuggingFaceExportSensor, MaxTextCheckpointSensor
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, GKE_DEFAULTS, PRESETS, Runner, rules
 from airflow_provider_tpu_rl.spec.cluster import CHIPS_PER_VM, V6E_TOPOLOGIES
@@ -46,12 +46,7 @@ CLOUD, CLUSTER, MODEL, SAFETY = "Cloud", "Cluster", "Model & training", "Safety"
 # Only for tasks whose failure can be transient (capacity, API 5xx, network). The operators raise
 # AirflowFailException for configuration errors, which skips the remaining retries. The multiplier
 # is a float on Airflow 3.3 (True would mean 1.0: a constant delay).
-TRANSIENT_RETRIES: Final[dict[str, Any]] = {
-    "retries": 3,
-    "retry_delay": timedelta(minutes=2),
-    "retry_exponential_backoff": 2.0,
-    "max_retry_delay": timedelta(minutes=30),
-}
+TRANSIENT_RETRIES: Final[dict[str, Any]] = transient_retries()
 
 
 def _optional(pattern: re.Pattern[str]) -> str:

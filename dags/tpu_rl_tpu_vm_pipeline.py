@@ -27,7 +27,7 @@ from airflow.providers.common.compat.sdk import (
 from airflow_provider_tpu_rl.ledger.collect import TPU_VM_CLUSTER_TASK_IDS
 from airflow_provider_tpu_rl.ledger.hook import record_run_from_context, step_callbacks
 from airflow_provider_tpu_rl.operators.gke import EnsureBucketOperator, HfTokenSecretOperator
-from airflow_provider_tpu_rl.operators.pipeline import validate_pipeline_conf
+from airflow_provider_tpu_rl.operators.pipeline import transient_retries, validate_pipeline_conf
 from airflow_provider_tpu_rl.operators.tpu_vm import (
     TpuVmCreateOperator,
     TpuVmDeleteOperator,
@@ -44,12 +44,7 @@ CLOUD, VM, MODEL, SAFETY = "Cloud", "VM", "Model & training", "Safety"
 # Only for tasks whose failure can be transient (capacity, API 5xx, network, apt/pip mirrors). The
 # operators raise AirflowFailException for configuration errors, which skips the remaining retries.
 # The multiplier is a float on Airflow 3.3 (True would mean 1.0: a constant delay).
-TRANSIENT_RETRIES: Final[dict[str, Any]] = {
-    "retries": 3,
-    "retry_delay": timedelta(minutes=2),
-    "retry_exponential_backoff": 2.0,
-    "max_retry_delay": timedelta(minutes=30),
-}
+TRANSIENT_RETRIES: Final[dict[str, Any]] = transient_retries()
 
 
 def _optional(pattern: re.Pattern[str]) -> str:

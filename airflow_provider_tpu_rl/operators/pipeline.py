@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from typing import Any, Literal
 
-from airflow.providers.common.compat.sdk import AirflowFailException, BaseOperator, Context
+from airflow.providers.common.compat.sdk import AirflowFailException, BaseOperator, Context, conf
 
 from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
 from airflow_provider_tpu_rl.spec import (
@@ -80,6 +81,21 @@ def validate_pipeline_conf(
             "export_uri": pipeline.gcs_export + "/",
         }
     return derived
+
+
+def transient_retries() -> dict[str, Any]:
+    """Retry settings for tasks whose failures can be transient (capacity, API 5xx, network).
+
+    Operators raise ``AirflowFailException`` for configuration errors, which skips the remaining
+    retries. The first delay is ``[tpu_rl] retry_delay`` seconds (default 120), doubling up to 30
+    minutes; the multiplier is a float on Airflow 3.3 (``True`` would mean a constant delay).
+    """
+    return {
+        "retries": conf.getint("tpu_rl", "retries", fallback=3),
+        "retry_delay": timedelta(seconds=conf.getfloat("tpu_rl", "retry_delay", fallback=120.0)),
+        "retry_exponential_backoff": 2.0,
+        "max_retry_delay": timedelta(minutes=30),
+    }
 
 
 def run_expiry(context: Context, hours: int) -> int:
