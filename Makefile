@@ -37,8 +37,10 @@ test: lint typecheck unit
 plan: venv
 	$(BIN)/tpu-rl plan tpu_rl_gke_pipeline
 
+# The whole multi-host pipeline in the local sandbox (no cloud). Run it twice: the second run
+# finds the converted checkpoint and skips conversion.
 demo: venv
-	$(BIN)/tpu-rl plan tpu_rl_gke_pipeline
+	$(BIN)/tpu-rl demo
 
 clean:
 	rm -rf $(VENV) .sandbox .demo .airflow

@@ -67,6 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
     else:
         add_sandbox_subcommands(sub)
     try:
+        from airflow_provider_tpu_rl.sandbox.demo import add_demo_arguments, run_demo_command
+    except ImportError:  # pragma: no cover
+        pass
+    else:
+        demo = sub.add_parser("demo", help="run the GKE pipeline end to end in the local sandbox")
+        add_demo_arguments(demo)
+        demo.set_defaults(handler=run_demo_command)
+    try:
         from airflow_provider_tpu_rl.ledger.cli import add_runs_subcommand
     except ImportError:  # pragma: no cover
         pass

@@ -119,6 +119,7 @@ class Merge(StrEnum):
     REPLACE = "replace"  # the new value, even NULL
     COALESCE = "coalesce"  # the new value unless it is NULL
     NEWER_TRY = "newer_try"  # a newer try replaces; the same try coalesces
+    FIRST_OF_TRY = "first_of_try"  # a newer try replaces; the same try keeps the stored value
 
 
 @dataclass(frozen=True)
@@ -180,7 +181,8 @@ RUN_STEPS = TableSpec(
         Column("task_id", "STRING"),
         Column("state", "STRING", Merge.NEWER_TRY),
         Column("try_number", "INT64"),
-        Column("started_at", "TIMESTAMP", Merge.NEWER_TRY),
+        # A deferred task starts again in the same try when its trigger fires: keep the first start.
+        Column("started_at", "TIMESTAMP", Merge.FIRST_OF_TRY),
         Column("ended_at", "TIMESTAMP", Merge.NEWER_TRY),
         Column("duration_seconds", "FLOAT64", Merge.NEWER_TRY),
         Column("job_name", "STRING", Merge.NEWER_TRY),
@@ -224,7 +226,8 @@ def _merged_value(table: TableSpec, column: Column, new: str, old: str) -> str:
     if column.merge is Merge.COALESCE or table.try_column is None:
         return coalesced
     newer = f"{new}.{table.try_column} > {old}.{table.try_column}"
-    return f"CASE WHEN {newer} THEN {new_value} ELSE {coalesced} END"
+    same_try = coalesced if column.merge is Merge.NEWER_TRY else f"COALESCE({old_value}, {new_value})"
+    return f"CASE WHEN {newer} THEN {new_value} ELSE {same_try} END"
 
 
 def _try_guard(table: TableSpec, new: str, old: str) -> str | None:

@@ -483,6 +483,10 @@ class Gcloud:
         return path if path.startswith("gs://") else str(Path(path).expanduser().resolve())
 
     def cmd_storage_cp(self, parsed: GcloudParse) -> int:
+        if list(parsed.positionals["SOURCE"])[:1] == ["-"]:
+            return _cp_from_stdin(
+                self.router, list(parsed.positionals["SOURCE"]), self._local, self.read_stdin(), self.err
+            )
         items = [self._local(p) for p in parsed.positionals["SOURCE"]]
         if len(items) < 2:
             raise GcloudError("argument DESTINATION: Must be specified.", code=2)
@@ -1190,6 +1194,21 @@ VM_COMMANDS = {
 }
 
 
+def _cp_from_stdin(
+    router: Router, sources: list[str], to_path: Callable[[str], str], data: bytes, err: Write
+) -> int:
+    """``gcloud storage cp - DST``: ``-`` must be the only source (gcloud's streaming upload)."""
+    if len(sources) != 2:
+        raise GcloudError(
+            "argument DESTINATION: Must be specified."
+            if len(sources) < 2
+            else "Multiple URL strings are not supported when transferring from stdin.",
+            code=2 if len(sources) < 2 else 1,
+        )
+    storage_ops.cp_stdin(router, data, to_path(sources[1]), err)
+    return 0
+
+
 def run_on_vm(
     argv: list[str],
     router: Router,
@@ -1198,6 +1217,7 @@ def run_on_vm(
     default_project: str,
     stdout: Write,
     stderr: Write,
+    stdin: str = "",
 ) -> int:
     """``gcloud`` as run inside a VM by the stage scripts (storage copies, secret reads)."""
     command, rest = gcloud_resolve(COMMANDS, argv)
@@ -1206,7 +1226,9 @@ def run_on_vm(
         return 1
     parsed = gcloud_parse(command, rest)
     try:
-        if command.path == ("storage", "cp"):
+        if command.path == ("storage", "cp") and list(parsed.positionals["SOURCE"])[:1] == ["-"]:
+            _cp_from_stdin(router, list(parsed.positionals["SOURCE"]), to_absolute, stdin.encode(), stderr)
+        elif command.path == ("storage", "cp"):
             items = [to_absolute(p) for p in parsed.positionals["SOURCE"]]
             if len(items) < 2:
                 raise GcloudError("argument DESTINATION: Must be specified.", code=2)
@@ -1223,6 +1245,7 @@ def run_on_vm(
                 bool(parsed.get("recursive")),
                 bool(parsed.get("delete-unmatched-destination-objects")),
                 stderr,
+                exclude=parsed.get("exclude") or None,
             )
         elif command.path == ("storage", "ls"):
             storage_ops.ls(

@@ -856,6 +856,7 @@ class VmHost(MachineHost):
                 default_project=self.project,
                 stdout=out.write,
                 stderr=err.write,
+                stdin=stdin,
             )
         except GcloudUsageError as error:
             err.write(error.render())

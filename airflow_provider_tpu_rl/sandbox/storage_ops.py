@@ -56,6 +56,23 @@ def _short_denied(message: str, dst: str) -> str:
     return message
 
 
+def cp_stdin(router: Router, data: bytes, destination: str, err: Write) -> int:
+    """``PROCESS | gcloud storage cp - DST``: a streaming upload of stdin to one object or file."""
+    if destination.endswith("/"):
+        raise StorageOpError(f"Cannot stream to a container: {_display(destination)}")
+    if destination.startswith("gs://"):
+        bucket, _ = split_gs_url(destination)
+        if not router.gcs.bucket_exists(bucket):
+            raise StorageOpError(f"gs://{bucket} not found: 404.")
+    err(f"Copying file://- to {_display(destination)}\n")
+    try:
+        router.store(destination).write(destination, data)
+    except StorageError as error:
+        raise StorageOpError(_short_denied(str(error), destination)) from None
+    err(f"\n  Completed files 1/1 | {len(data)}B\n")
+    return len(data)
+
+
 def cp(router: Router, sources: list[str], destination: str, recursive: bool, err: Write) -> int:
     """``gcloud storage cp [-r] SRC... DST``; returns the number of files copied."""
     count = 0

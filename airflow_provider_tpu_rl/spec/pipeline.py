@@ -236,7 +236,9 @@ def gke_pipeline_from_conf(
     export = ExportSpec(
         model_name=preset.export_model_name,
         load_parameters_path=training.actor_params_path(training.final_step) + "/",
-        output_directory=f"{prefix}/hf-trained/",
+        # One folder per run_name (the tutorial writes hf-trained/ directly): a later run never
+        # overwrites an earlier model, and "already exported" means this run's checkpoint.
+        output_directory=f"{prefix}/hf-trained/{training.run_name}/",
         scan_layers=preset.scan_layers,
     )
     return GkePipelineSpec(

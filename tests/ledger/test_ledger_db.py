@@ -109,6 +109,19 @@ def test_a_step_without_times_keeps_the_recorded_ones(ledger: RunLedger) -> None
     assert step.ended_at == T0 + timedelta(minutes=5)
 
 
+def test_a_deferred_task_resuming_in_the_same_try_keeps_its_first_start(ledger: RunLedger) -> None:
+    run = make_run("manual__deferred")
+    ledger.record_steps(run.run_id, [StepRecord("train", "running", 1, T0, None)])
+    resumed = T0 + timedelta(hours=3)  # the trigger fired; the task runs again, same try
+    ledger.record_steps(
+        run.run_id, [StepRecord("train", "success", 1, resumed, resumed + timedelta(seconds=5))]
+    )
+    step = ledger.recorded_steps(run.run_id)["train"]
+    assert step.started_at == T0
+    assert step.ended_at == resumed + timedelta(seconds=5)
+    assert step.state == "success"
+
+
 def test_a_new_try_clears_the_end_of_the_previous_one(ledger: RunLedger) -> None:
     run = make_run("manual__retry")
     ledger.record_steps(run.run_id, [StepRecord("train", "up_for_retry", 1, T0, T0 + timedelta(minutes=5))])
