@@ -42,5 +42,9 @@ plan: venv
 demo: venv
 	$(BIN)/tpu-rl demo
 
+# Benchmarks (not tests): parse time vs stock operators, orchestration overhead, worker-slot time.
+bench: venv
+	$(BIN)/tpu-rl bench
+
 clean:
 	rm -rf $(VENV) .sandbox .demo .airflow

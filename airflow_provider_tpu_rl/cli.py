@@ -75,6 +75,16 @@ def build_parser() -> argparse.ArgumentParser:
         add_demo_arguments(demo)
         demo.set_defaults(handler=run_demo_command)
     try:
+        from airflow_provider_tpu_rl.sandbox.bench import add_bench_arguments, run_bench_command
+    except ImportError:  # pragma: no cover
+        pass
+    else:
+        bench = sub.add_parser(
+            "bench", help="benchmarks: DAG parse time, orchestration overhead, worker-slot time"
+        )
+        add_bench_arguments(bench)
+        bench.set_defaults(handler=run_bench_command)
+    try:
         from airflow_provider_tpu_rl.ledger.cli import add_runs_subcommand
     except ImportError:  # pragma: no cover
         pass
