@@ -165,7 +165,7 @@ def worker_slot_seconds(log_lines: list[str], task_id: str) -> tuple[float, floa
         if "Task started" in line:
             running_since = stamp
             first = stamp if first is None else first
-        elif "Task instance state updated" in line and running_since is not None:
+        elif "Task instance state updated" in line and "new_state=" in line and running_since is not None:
             held += stamp - running_since
             running_since = None
             last = stamp
