@@ -145,6 +145,50 @@ def _training_overrides(preset: ModelPreset, merged: Mapping[str, Any]) -> tuple
     return tuple(combined.items())
 
 
+def _workloads(
+    preset: ModelPreset,
+    merged: Mapping[str, Any],
+    *,
+    converted: str,
+    trained: str,
+    exported: str,
+    default_run_name: str,
+    trailing_slash: str,
+    on_cluster: bool,
+) -> tuple[ConversionSpec, TrainingSpec, ExportSpec]:
+    """Conversion → training → export, each reading what the previous one writes.
+
+    ``exported`` is a format string with ``{run_name}``; ``trailing_slash`` is how the tutorial
+    writes the load paths ("/" on GKE, "" on the TPU VM).
+    """
+    model = preset.model_name
+    conversion = ConversionSpec(
+        model_name=model,
+        output_directory=converted,
+        scan_layers=preset.scan_layers,
+        hf_model_path=_pick(merged, "hf_model_path", preset.hf_model_path),
+        lazy_load_tensors=preset.lazy_load_tensors,
+        checkpoint_storage_use_zarr3=preset.checkpoint_storage_use_zarr3,
+        checkpoint_storage_use_ocdbt=preset.checkpoint_storage_use_ocdbt,
+    )
+    training = TrainingSpec(
+        model_name=model,
+        run_name=_pick(merged, "run_name", default_run_name),
+        base_output_directory=trained,
+        load_parameters_path=conversion.items_path + trailing_slash,
+        num_batches=_pick(merged, "num_batches", preset.num_batches),
+        overrides=_training_overrides(preset, merged),
+    )
+    export = ExportSpec(
+        model_name=preset.export_model_name,
+        load_parameters_path=training.actor_params_path(training.final_step) + trailing_slash,
+        output_directory=exported.format(run_name=training.run_name),
+        scan_layers=preset.scan_layers,
+        on_cluster=on_cluster,
+    )
+    return conversion, training, export
+
+
 @dataclass(frozen=True)
 class GkePipelineSpec:
     """Everything one run of the multi-host pipeline does, derived once from the conf."""
@@ -214,32 +258,18 @@ def gke_pipeline_from_conf(
         blueprint=preset.blueprint,
     )
     image = rules.image("image", _pick(merged, "image", preset.image or POST_TRAINING_IMAGE))
-    model = preset.model_name
-    prefix = f"gs://{cluster.bucket}/{model}"
-    conversion = ConversionSpec(
-        model_name=model,
-        output_directory=f"{prefix}/max-text-format/",
-        scan_layers=preset.scan_layers,
-        hf_model_path=_pick(merged, "hf_model_path", preset.hf_model_path),
-        lazy_load_tensors=preset.lazy_load_tensors,
-        checkpoint_storage_use_zarr3=preset.checkpoint_storage_use_zarr3,
-        checkpoint_storage_use_ocdbt=preset.checkpoint_storage_use_ocdbt,
-    )
-    training = TrainingSpec(
-        model_name=model,
-        run_name=_pick(merged, "run_name", preset.run_name),
-        base_output_directory=f"{prefix}/trained/",
-        load_parameters_path=conversion.items_path + "/",
-        num_batches=_pick(merged, "num_batches", preset.num_batches),
-        overrides=_training_overrides(preset, merged),
-    )
-    export = ExportSpec(
-        model_name=preset.export_model_name,
-        load_parameters_path=training.actor_params_path(training.final_step) + "/",
+    prefix = f"gs://{cluster.bucket}/{preset.model_name}"
+    conversion, training, export = _workloads(
+        preset,
+        merged,
+        converted=f"{prefix}/max-text-format/",
+        trained=f"{prefix}/trained/",
         # One folder per run_name (the tutorial writes hf-trained/ directly): a later run never
         # overwrites an earlier model, and "already exported" means this run's checkpoint.
-        output_directory=f"{prefix}/hf-trained/{training.run_name}/",
-        scan_layers=preset.scan_layers,
+        exported=prefix + "/hf-trained/{run_name}/",
+        default_run_name=preset.run_name,
+        trailing_slash="/",
+        on_cluster=True,
     )
     return GkePipelineSpec(
         dag_id=dag_id,
@@ -322,31 +352,15 @@ def tpu_vm_pipeline_from_conf(
         machine_type=preset.compute_type,
         topology=preset.topology,
     )
-    model = preset.model_name
-    shm = f"/dev/shm/{model}"  # noqa: S108 - the seed keeps its outputs in /dev/shm on the VM
-    suffix = run_suffix(dag_id, run_id)
-    conversion = ConversionSpec(
-        model_name=model,
-        output_directory=f"{shm}/mt-format/",
-        scan_layers=preset.scan_layers,
-        hf_model_path=_pick(merged, "hf_model_path", preset.hf_model_path),
-        lazy_load_tensors=preset.lazy_load_tensors,
-        checkpoint_storage_use_zarr3=preset.checkpoint_storage_use_zarr3,
-        checkpoint_storage_use_ocdbt=preset.checkpoint_storage_use_ocdbt,
-    )
-    training = TrainingSpec(
-        model_name=model,
-        run_name=_pick(merged, "run_name", f"rl-{suffix}"),
-        base_output_directory=f"{shm}/post-train/",
-        load_parameters_path=conversion.items_path,
-        num_batches=_pick(merged, "num_batches", preset.num_batches),
-        overrides=_training_overrides(preset, merged),
-    )
-    export = ExportSpec(
-        model_name=preset.export_model_name,
-        load_parameters_path=training.actor_params_path(training.final_step),
-        output_directory=f"{shm}/hf-trained/",
-        scan_layers=preset.scan_layers,
+    shm = f"/dev/shm/{preset.model_name}"  # noqa: S108 - the seed keeps its outputs in /dev/shm on the VM
+    conversion, training, export = _workloads(
+        preset,
+        merged,
+        converted=f"{shm}/mt-format/",
+        trained=f"{shm}/post-train/",
+        exported=f"{shm}/hf-trained/",
+        default_run_name=f"rl-{run_suffix(dag_id, run_id)}",
+        trailing_slash="",
         on_cluster=False,
     )
     return TpuVmPipelineSpec(
