@@ -8,76 +8,48 @@ command at parse time.
 
 from __future__ import annotations
 
-import copy
-import re
 from datetime import timedelta
 from typing import Any, Final
 
-from airflow.providers.common.compat.sdk import (
-    DAG,
-    AirflowFailException,
-    Param,
-    TriggerRule,
-    chain,
-    get_current_context,
-    task,
-    teardown,
-)
+from airflow.providers.common.compat.sdk import DAG, chain
 
 from airflow_provider_tpu_rl.ledger.collect import TPU_VM_CLUSTER_TASK_IDS
-from airflow_provider_tpu_rl.ledger.hook import record_run_from_context, step_callbacks
+from airflow_provider_tpu_rl.ledger.hook import step_callbacks
 from airflow_provider_tpu_rl.operators.gke import EnsureBucketOperator, HfTokenSecretOperator
-from airflow_provider_tpu_rl.operators.pipeline import transient_retries, validate_pipeline_conf
+from airflow_provider_tpu_rl.operators.pipeline import transient_retries
 from airflow_provider_tpu_rl.operators.tpu_vm import (
     TpuVmCreateOperator,
     TpuVmDeleteOperator,
     TpuVmStageOperator,
 )
+from airflow_provider_tpu_rl.pipeline_dags import (
+    CLOUD,
+    LEDGER_CONN_ID,
+    MODEL,
+    SAFETY,
+    VM,
+    WATCHER_TASK_ID,
+    add_watcher,
+    model_field,
+    optional,
+    pipeline_params,
+    record_run_task,
+    validate_task,
+    xcom,
+)
 from airflow_provider_tpu_rl.sensors.checkpoint import HuggingFaceExportSensor, MaxTextCheckpointSensor
-from airflow_provider_tpu_rl.spec import PRESETS, TPU_VM_DAG_ID, TPU_VM_DEFAULTS, Runner, rules
+from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID, TPU_VM_DEFAULTS, Runner, rules
 from airflow_provider_tpu_rl.spec.presets import presets_for
 
-LEDGER_CONN_ID: Final = "tpu_rl_ledger"
-WATCHER_TASK_ID: Final = "watcher"
-CLOUD, VM, MODEL, SAFETY = "Cloud", "VM", "Model & training", "Safety"
-
-# Only for tasks whose failure can be transient (capacity, API 5xx, network, apt/pip mirrors). The
-# operators raise AirflowFailException for configuration errors, which skips the remaining retries.
-# The multiplier is a float on Airflow 3.3 (True would mean 1.0: a constant delay).
+# Only for tasks whose failure can be transient (capacity, API 5xx, network, apt/pip mirrors).
 TRANSIENT_RETRIES: Final[dict[str, Any]] = transient_retries()
-
-
-def _optional(pattern: re.Pattern[str]) -> str:
-    """The rule's regex, or the empty string (which, like null, means "the preset's value")."""
-    return f"^$|(?:{pattern.pattern})"
-
-
-def _xcom(key: str) -> str:
-    """Template pulling one derived value from the ``validate`` task's XCom."""
-    return "{{ ti.xcom_pull(task_ids='validate')['" + key + "'] }}"
-
-
 TPU_VM_MODELS: Final = presets_for(Runner.TPU_VM)
 
-# Form metadata per conf key; the defaults come from TPU_VM_DEFAULTS.
+# Form metadata of this DAG's own keys (the shared ones are in pipeline_dags.COMMON_FORM).
 FORM: Final[dict[str, dict[str, Any]]] = {
-    "model": {
-        "title": "Model",
-        "section": MODEL,
-        "description": "MaxText model_name of a single-host preset; the preset fills every value left empty.",
-        "type": "string",
-        "enum": TPU_VM_MODELS,
-        "values_display": {
-            m: f"{m} ({PRESETS[m].compute_type}, {PRESETS[m].topology})" for m in TPU_VM_MODELS
-        },
-    },
-    "project": {
-        "title": "GCP project",
-        "section": CLOUD,
-        "description": "Project ID that owns the VM, the bucket and the reservation.",
-        "type": "string",
-        "pattern": rules.PROJECT_ID.pattern,
-    },
+    "model": model_field(
+        Runner.TPU_VM, "MaxText model_name of a single-host preset; the preset fills every value left empty."
+    ),
     "zone": {
         "title": "Zone",
         "section": CLOUD,
@@ -109,7 +81,7 @@ FORM: Final[dict[str, dict[str, Any]]] = {
         "section": CLOUD,
         "description": "E-mail of the VM's service account (reads the HF token secret); empty = the default one.",
         "type": ["null", "string"],
-        "pattern": _optional(rules.SERVICE_ACCOUNT),
+        "pattern": optional(rules.SERVICE_ACCOUNT),
     },
     "vm_name": {
         "title": "VM name",
@@ -123,57 +95,19 @@ FORM: Final[dict[str, dict[str, Any]]] = {
         "section": MODEL,
         "description": "HF repo id to convert (org/model); empty = MaxText's checkpoint for the model.",
         "type": ["null", "string"],
-        "pattern": _optional(rules.HF_REPO_ID),
+        "pattern": optional(rules.HF_REPO_ID),
     },
     "run_name": {
         "title": "Training run name",
         "section": MODEL,
         "description": "MaxText run_name; empty = rl-<run suffix>, unique per DAG run.",
         "type": ["null", "string"],
-        "pattern": _optional(rules.RUN_NAME),
-    },
-    "num_batches": {
-        "title": "Training batches (steps)",
-        "section": MODEL,
-        "description": "GRPO steps; the exported checkpoint is the one of the last step. Empty = 50.",
-        "type": ["null", "integer"],
-        "minimum": 1,
-    },
-    "train_overrides": {
-        "title": "MaxText overrides",
-        "section": MODEL,
-        "description": (
-            'Extra train_rl key=value overrides as a JSON object, e.g. {"num_test_batches": 5}. Paths, '
-            "model_name, run_name and the HF token cannot be overridden."
-        ),
-        "type": "object",
-        "propertyNames": {"pattern": rules.MAXTEXT_KEY.pattern},
-        "additionalProperties": {"type": ["string", "number", "boolean", "object", "array"]},
-    },
-    "hf_token_conn_id": {
-        "title": "HF token connection",
-        "section": MODEL,
-        "description": "Airflow connection holding the Hugging Face token (synced to Secret Manager).",
-        "type": "string",
-        "pattern": rules.CONN_ID.pattern,
-    },
-    "hf_token_secret": {
-        "title": "HF token secret",
-        "section": MODEL,
-        "description": "Existing Secret Manager secret with the token; empty = sync from the connection.",
-        "type": ["null", "string"],
-        "pattern": _optional(rules.SECRET_ID),
+        "pattern": optional(rules.RUN_NAME),
     },
     "keep_vm": {
         "title": "Keep the VM",
         "section": SAFETY,
         "description": "Leave the TPU VM running after the run (it keeps billing until the janitor).",
-        "type": "boolean",
-    },
-    "delete_bucket": {
-        "title": "Delete the bucket",
-        "section": SAFETY,
-        "description": "Delete the bucket at teardown: this DELETES THE TRAINED MODEL. Off by default.",
         "type": "boolean",
     },
     "max_vm_hours": {
@@ -186,9 +120,7 @@ FORM: Final[dict[str, dict[str, Any]]] = {
     },
 }
 
-PARAMS: Final[dict[str, Param]] = {
-    key: Param(copy.deepcopy(value), **FORM[key]) for key, value in TPU_VM_DEFAULTS.items()
-}
+PARAMS: Final = pipeline_params(TPU_VM_DEFAULTS, FORM)
 
 DOC_MD = f"""
 # {TPU_VM_DAG_ID}
@@ -226,17 +158,7 @@ with DAG(
     doc_md=DOC_MD,
     default_args={"owner": "tpu-rl", "retries": 0, **step_callbacks(LEDGER_CONN_ID)},
 ) as dag:
-
-    @task(task_id="validate", retries=0)
-    def validate() -> dict[str, Any]:
-        """Refuse a bad conf (unknown keys included) before anything is spent; XCom the derived paths."""
-        context = get_current_context()
-        dag_run = context["dag_run"]
-        return validate_pipeline_conf(
-            dag_run.dag_id, dag_run.run_id, dag_run.conf or {}, dict(context["params"])
-        )
-
-    validated = validate()
+    validated = validate_task()
     ensure_bucket = EnsureBucketOperator(task_id="ensure_bucket", pipeline="tpu_vm", **TRANSIENT_RETRIES)
     sync_hf_token = HfTokenSecretOperator(task_id="sync_hf_token", pipeline="tpu_vm", **TRANSIENT_RETRIES)
     create_vm = TpuVmCreateOperator(task_id="create_vm", **TRANSIENT_RETRIES)
@@ -247,8 +169,8 @@ with DAG(
     train = TpuVmStageOperator(task_id="train", stage="train", **TRANSIENT_RETRIES)
     wait_actor_checkpoint = MaxTextCheckpointSensor(
         task_id="wait_actor_checkpoint",
-        checkpoint_root=_xcom("actor_root"),
-        step=_xcom("final_step"),
+        checkpoint_root=xcom("actor_root"),
+        step=xcom("final_step"),
         deferrable=True,
         poke_interval=30,
         timeout=timedelta(hours=1).total_seconds(),
@@ -258,7 +180,7 @@ with DAG(
     )
     wait_hf_export = HuggingFaceExportSensor(
         task_id="wait_hf_export",
-        export_uri=_xcom("export_uri"),
+        export_uri=xcom("export_uri"),
         deferrable=True,
         poke_interval=30,
         timeout=timedelta(hours=1).total_seconds(),
@@ -268,26 +190,6 @@ with DAG(
     delete_vm = TpuVmDeleteOperator(task_id="delete_vm", **TRANSIENT_RETRIES).as_teardown(
         setups=[ensure_bucket, create_vm]
     )
-
-    @teardown
-    @task(task_id="record_run")
-    def record_run() -> dict[str, Any]:
-        """Write the run, its steps, metrics and artifacts to the ledger (after the VM is deleted)."""
-        context = get_current_context()
-        derived = context["ti"].xcom_pull(task_ids="validate") or {}
-        run = record_run_from_context(
-            context,
-            model=str(derived.get("model") or context["params"].get("model")),
-            chips=derived.get("chips"),
-            conn_id=LEDGER_CONN_ID,
-            cluster_task_ids=TPU_VM_CLUSTER_TASK_IDS,
-            job_task_ids=(),
-            artifact_task_ids={"actor_checkpoint": "wait_actor_checkpoint", "hf_export": "wait_hf_export"},
-            # A failed destroy fails the run here too (it leaked a billed resource), as the watcher does.
-            teardown_task_ids=(),
-            ignored_task_ids=(WATCHER_TASK_ID,),
-        )
-        return {"run_id": run.run_id, "state": run.state}
 
     chain(
         validated,
@@ -301,14 +203,10 @@ with DAG(
         export_to_huggingface,
         wait_hf_export,
         delete_vm,
-        record_run(),
+        record_run_task(
+            TPU_VM_CLUSTER_TASK_IDS,
+            job_task_ids=(),
+            artifact_task_ids={"actor_checkpoint": "wait_actor_checkpoint", "hf_export": "wait_hf_export"},
+        ),
     )
-
-    @task(task_id=WATCHER_TASK_ID, trigger_rule=TriggerRule.ONE_FAILED, retries=0)
-    def watcher() -> None:
-        """Fail the run when any task failed: teardown failures are otherwise ignored by the run state."""
-        raise AirflowFailException("a task of this run failed (a teardown included); see its log")
-
-    # Setups may not be directly upstream of a ONE_FAILED task; their failure reaches the watcher
-    # through their downstream tasks (upstream_failed).
-    [t for t in dag.tasks if not t.is_setup] >> watcher()
+    add_watcher(dag)

@@ -20,7 +20,7 @@ from airflow_provider_tpu_rl.sandbox.gcs import GcsApi
 from airflow_provider_tpu_rl.sandbox.layout import SandboxLayout
 
 if TYPE_CHECKING:
-    from google.cloud import storage
+    from google.cloud.storage import Client
 
 BINARY_RELATIVE = Path("vendor/fake-gcs-server/bin/fake-gcs-server-linux-amd64")
 
@@ -185,15 +185,15 @@ def api_for(layout: SandboxLayout) -> GcsApi:
     return GcsApi(f"http://127.0.0.1:{info.port}")
 
 
-def gcs_client(emulator_url: str, project: str = "sandbox") -> storage.Client:
+def gcs_client(emulator_url: str, project: str = "sandbox") -> Client:
     """A google-cloud-storage client bound to the emulator (anonymous credentials).
 
     ``STORAGE_EMULATOR_HOST`` is set in this process because the library reads it when the
     client is built.
     """
-    from google.cloud import storage
+    from google.cloud.storage import Client as StorageClient
 
     os.environ["STORAGE_EMULATOR_HOST"] = emulator_url
-    client = storage.Client.create_anonymous_client()
+    client = StorageClient.create_anonymous_client()
     client.project = project
     return client
