@@ -161,20 +161,41 @@ class _GclusterJobOperator(PipelineOperator):
         raise AssertionError("defer() raises")  # pragma: no cover
 
     def _wait_in_worker(self, context: Context, p: GkePipelineSpec, name: str) -> dict[str, Any]:
+        """``deferrable=False``: poll in the worker, following the job's log while it runs."""
         deadline = time.monotonic() + self.job_timeout.total_seconds() if self.job_timeout else None
+        total = self.total_steps(p)
+        tracker = TrainingLogTracker() if total is not None else None
+        followed = False
+        c = p.cluster
         while True:
             job = self._find(p, name)
+            extra: dict[str, Any] = {"metrics": tracker.metrics()} if tracker is not None else {}
             if job is None:
-                return self.execute_complete(context, {"status": "missing", "job_name": name})
+                return self.execute_complete(context, {"status": "missing", "job_name": name, **extra})
             if job.state.finished:
                 status = "success" if job.state is JobState.SUCCEEDED else "failed"
                 return self.execute_complete(
-                    context, {"status": status, "job_name": name, "state": job.state.value}
+                    context, {"status": status, "job_name": name, "state": job.state.value, **extra}
                 )
             if deadline is not None and time.monotonic() > deadline:
                 return self.execute_complete(
-                    context, {"status": "timeout", "job_name": name, "state": job.state.value}
+                    context, {"status": "timeout", "job_name": name, "state": job.state.value, **extra}
                 )
+            if tracker is not None and total is not None and job.state is JobState.RUNNING and not followed:
+                followed = True  # `logs --follow` returns when the pods end; then poll for the state
+                try:
+                    self.hook.stream_job_logs(
+                        name,
+                        c.project,
+                        c.cluster_name,
+                        c.region,
+                        follow=True,
+                        on_line=lambda line: _feed(tracker, line, total, self.log),
+                        timeout=deadline - time.monotonic() if deadline is not None else None,
+                    )
+                except AirflowException as err:
+                    self.log.warning("Could not follow the log of %s: %s", name, str(err).splitlines()[:1])
+                continue
             time.sleep(self.poll_interval)
 
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:

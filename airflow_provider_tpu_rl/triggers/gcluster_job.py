@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -12,8 +13,12 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_tpu_rl.hooks.failures import GclusterOutputError, GclusterTransientError
 from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
-from airflow_provider_tpu_rl.hooks.jobs import GclusterJob, JobState, new_log_lines
+from airflow_provider_tpu_rl.hooks.jobs import GclusterJob, JobState, new_log_lines, workload_log_lines
 from airflow_provider_tpu_rl.maxtext.logs import TrainingLogTracker
+from airflow_provider_tpu_rl.render import gke
+
+SEEN_LINES_KEPT = 2000  # recent workload lines kept to de-duplicate log snapshots
+FOLLOW_DRAIN_SECONDS = 10.0
 
 
 class GclusterJobTrigger(BaseTrigger):
@@ -65,6 +70,7 @@ class GclusterJobTrigger(BaseTrigger):
         self.total_steps = total_steps
         self.deadline = deadline
         self._tracker = TrainingLogTracker()
+        self._follower: asyncio.Task[None] | None = None
         self._seen_log: list[str] = []
         self._log_count = 0
 
@@ -104,8 +110,27 @@ class GclusterJobTrigger(BaseTrigger):
             }
         )
 
+    def _on_log_line(self, line: str) -> None:
+        """One new workload line: into the task log, and into the training metrics."""
+        self.log.info("[%s] %s", self.job_name, line)
+        self._seen_log.append(line)
+        del self._seen_log[:-SEEN_LINES_KEPT]
+        self._log_count += 1
+        if self.total_steps is not None:
+            before = self._tracker.last_step
+            self._tracker.feed(line)
+            if self._tracker.last_step is not None and self._tracker.last_step != before:
+                self.log.info(
+                    "[%s] progress: %s", self.job_name, self._tracker.progress_text(self.total_steps)
+                )
+
     async def _relay_logs(self, hook: GclusterHook) -> None:
-        """Log the workload lines that appeared since the last poll; never fails the trigger."""
+        """Log the workload lines that appeared since the last read; never fails the trigger.
+
+        A snapshot of ``gcluster job logs`` holds only the last lines of each container (kubectl's
+        default with a label selector), so lines between two reads can be missed; following the
+        log (:meth:`_follow_logs`) is preferred and this is the fallback.
+        """
         try:
             snapshot = await hook.async_get_job_logs(
                 self.job_name, self.project, self.cluster, self.location, timeout=self.query_timeout
@@ -114,21 +139,66 @@ class GclusterJobTrigger(BaseTrigger):
             first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
             self.log.warning("Could not read logs of job %s: %s", self.job_name, first_line)
             return
-        fresh = new_log_lines(self._seen_log, snapshot)
-        self._seen_log = snapshot
-        for line in fresh:
-            self.log.info("[%s] %s", self.job_name, line)
-            if self.total_steps is not None:
-                before = self._tracker.last_step
-                self._tracker.feed(line)
-                if self._tracker.last_step is not None and self._tracker.last_step != before:
-                    self.log.info(
-                        "[%s] progress: %s", self.job_name, self._tracker.progress_text(self.total_steps)
-                    )
-        self._log_count += len(fresh)
+        for line in new_log_lines(self._seen_log, snapshot):
+            self._on_log_line(line)
+
+    async def _follow_logs(self, hook: GclusterHook) -> None:
+        """``gcluster job logs NAME --follow``: every line as it is printed, until the pods end."""
+        command = gke.job_logs(self.project, self.cluster, self.location, self.job_name, follow=True)
+
+        def on_line(raw: str) -> None:
+            for line in workload_log_lines([raw]):
+                if line.strip():
+                    self._on_log_line(line)
+
+        try:
+            result = await hook.async_run(command, on_line=on_line, log_output=False)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # following the log is best effort; it must never end the wait
+            self.log.warning(
+                "Following the log of job %s stopped: %s", self.job_name, str(err).splitlines()[:1]
+            )
+            return
+        if not result.ok:
+            self.log.warning(
+                "Following the log of job %s ended with exit code %s; reading snapshots instead",
+                self.job_name,
+                result.exit_code,
+            )
+
+    async def _stop_following(self, follower: asyncio.Task[None] | None) -> None:
+        """Let the follower drain what the finished pods printed, then stop it."""
+        if follower is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(follower), timeout=FOLLOW_DRAIN_SECONDS)
+        except TimeoutError:
+            follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follower
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         hook = self._hook()
+        try:
+            async for event in self._poll(hook):
+                if event is None:  # the job runs: follow its log from now on
+                    if self._follower is None and self.log_follow:
+                        self._follower = asyncio.create_task(self._follow_logs(hook))
+                    continue
+                await self._stop_following(self._follower)
+                if self.log_follow and (event.payload.get("state") is not None or self._seen_log):
+                    await self._relay_logs(hook)  # whatever the follower did not see
+                event.payload["log_lines"] = self._log_count
+                event.payload["metrics"] = self._tracker.metrics() if self.total_steps is not None else None
+                yield event
+                return
+        finally:
+            if self._follower is not None and not self._follower.done():
+                self._follower.cancel()
+
+    async def _poll(self, hook: GclusterHook) -> AsyncIterator[TriggerEvent | None]:
+        """Job states until the end; ``None`` each time the job is seen running."""
         errors_in_a_row = 0
         absent_polls = 0
         last_state: JobState | None = None
@@ -160,9 +230,6 @@ class GclusterJobTrigger(BaseTrigger):
             errors_in_a_row = 0
             job: GclusterJob | None = next((j for j in jobs if j.name == self.job_name), None)
 
-            if self.log_follow and (job is not None or self._seen_log):
-                await self._relay_logs(hook)
-
             if job is None:
                 absent_polls += 1
                 if absent_polls >= self.missing_confirmations:
@@ -188,6 +255,15 @@ class GclusterJobTrigger(BaseTrigger):
                         "failed", job.state, f"job {self.job_name} failed at {job.completion_time}"
                     )
                     return
+                if job.state is JobState.RUNNING:
+                    yield None
+            following = self._follower
+            if (
+                self.log_follow
+                and (following is None or following.done())
+                and (job is not None or self._seen_log)
+            ):
+                await self._relay_logs(hook)  # no live follower: read a snapshot
             if self.deadline is not None and time.time() >= self.deadline:
                 yield self._event(
                     "timeout",

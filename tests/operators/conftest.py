@@ -1,0 +1,26 @@
+"""Fixtures for the operator tests: the session sandbox, entered for one test with its own names."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_tpu_rl.sandbox.control import SandboxInfo
+from airflow_provider_tpu_rl.sandbox.state import reset_faults
+from tests.operators.sandbox_run import SandboxRun, enter_sandbox
+
+
+@pytest.fixture
+def sb(sandbox: SandboxInfo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SandboxRun:
+    """The sandbox in os.environ (shims on PATH, emulator, connections, fast steps and polls)."""
+    return enter_sandbox(sandbox, tmp_path, monkeypatch)
+
+
+@pytest.fixture
+def clean_faults(sb: SandboxRun) -> Iterator[None]:
+    """Transient faults fire once per sandbox: forget earlier firings around the test."""
+    reset_faults(sb.layout)
+    yield
+    reset_faults(sb.layout)

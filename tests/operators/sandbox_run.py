@@ -1,0 +1,327 @@
+"""Run the real operators in-process against the session sandbox (fake gcluster/gcloud + GCS emulator).
+
+Nothing here mocks the hook or the tools: the operators start the sandbox's ``gcluster``/``gcloud``
+shims as subprocesses and read/write the fake-gcs-server, exactly as a worker would. What a test
+checks comes from the sandbox's own records (``calls.jsonl``, ``state/*.json``, job logs, objects).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, TypeVar, cast
+
+import pytest
+from airflow.providers.common.compat.sdk import DAG, BaseOperator, Context, TaskDeferred
+
+from airflow_provider_tpu_rl.operators.gke import (
+    EnsureBucketOperator,
+    GclusterDeployOperator,
+    HfTokenSecretOperator,
+)
+from airflow_provider_tpu_rl.operators.maxtext import MaxTextConvertOperator
+from airflow_provider_tpu_rl.sandbox.control import SandboxInfo
+from airflow_provider_tpu_rl.sandbox.emulator import api_for
+from airflow_provider_tpu_rl.sandbox.gcs import GcsApi
+from airflow_provider_tpu_rl.sandbox.layout import SandboxLayout
+from airflow_provider_tpu_rl.sandbox.state import StateStore, read_calls
+from airflow_provider_tpu_rl.spec import GKE_DAG_ID
+
+STEP_SECONDS = "0.05"
+POLL_INTERVAL = "0.2"
+REGION = "us-east5"
+ZONE = "us-east5-b"
+TRIGGER_DEADLINE_SECONDS = 120.0
+# Env knobs of the fakes that a test may set; none may leak in from the outside.
+SANDBOX_KNOBS = (
+    "TPU_RL_SANDBOX_FAIL",
+    "TPU_RL_SANDBOX_HOLD_FILE",
+    "TPU_RL_SANDBOX_TTL_SCALE",
+    "HF_TOKEN",
+)
+
+OperatorT = TypeVar("OperatorT", bound=BaseOperator)
+
+
+class RecordingTI:
+    """Stands in for the task instance in the context: keeps every ``xcom_push``."""
+
+    def __init__(self, try_number: int = 1) -> None:
+        self.try_number = try_number
+        self.pushed: list[tuple[str, Any]] = []
+
+    def xcom_push(self, key: str, value: Any, **_: Any) -> None:
+        self.pushed.append((key, value))
+
+    def pulled(self, key: str) -> Any:
+        """The last value pushed under ``key``."""
+        return next(value for k, value in reversed(self.pushed) if k == key)
+
+
+def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
+    """Poll ``predicate`` until it is truthy (a deadline against hangs, not a timing assertion)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def defer(operator: BaseOperator, context: Context) -> TaskDeferred:
+    """``operator.execute`` must hand over to a trigger; return the ``TaskDeferred`` it raised."""
+    with pytest.raises(TaskDeferred) as deferred:
+        operator.execute(context)
+    return deferred.value
+
+
+def run_trigger(trigger: Any, alongside: Callable[[], Awaitable[None]] | None = None) -> dict[str, Any]:
+    """Run the trigger's ``run()`` to its first event (optionally with a helper coroutine)."""
+
+    async def first_event() -> dict[str, Any]:
+        async for event in trigger.run():
+            return dict(event.payload)
+        raise AssertionError("the trigger ended without an event")
+
+    async def main() -> dict[str, Any]:
+        if alongside is None:
+            return await asyncio.wait_for(first_event(), TRIGGER_DEADLINE_SECONDS)
+        helper = asyncio.ensure_future(alongside())
+        try:
+            return await asyncio.wait_for(first_event(), TRIGGER_DEADLINE_SECONDS)
+        finally:
+            if not helper.done():
+                helper.cancel()
+            else:
+                helper.result()  # re-raise a failed helper
+
+    return asyncio.run(main())
+
+
+def argv_has(call: dict[str, Any], *words: str) -> bool:
+    return all(word in call["argv"] for word in words)
+
+
+@dataclass
+class SandboxRun:
+    """One test's view of the shared sandbox: its own names, contexts and the sandbox records."""
+
+    info: SandboxInfo
+    work_dir: Path
+    suffix: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
+
+    # -- names -----------------------------------------------------------------------------
+    @property
+    def project(self) -> str:
+        return f"proj-{self.suffix}"
+
+    @property
+    def cluster(self) -> str:
+        return f"c{self.suffix}"
+
+    @property
+    def bucket(self) -> str:
+        return f"bkt-{self.suffix}"
+
+    @property
+    def vm(self) -> str:
+        return f"vm-{self.suffix}"
+
+    def gke_conf(self, **overrides: Any) -> dict[str, Any]:
+        """A small GKE pipeline conf (3 batches) naming this test's project, cluster and bucket."""
+        conf: dict[str, Any] = {
+            "model": "gemma4-26b",
+            "project": self.project,
+            "region": REGION,
+            "zone": ZONE,
+            "cluster_name": self.cluster,
+            "bucket": self.bucket,
+            "reservation": "res-1",
+            "num_batches": 3,
+        }
+        conf.update(overrides)
+        return conf
+
+    def tpu_vm_conf(self, **overrides: Any) -> dict[str, Any]:
+        conf: dict[str, Any] = {
+            "model": "llama3.1-8b-Instruct",
+            "project": self.project,
+            "zone": ZONE,
+            "vm_name": self.vm,
+            "bucket": self.bucket,
+            "reservation": "res-8",
+            "num_batches": 3,
+        }
+        conf.update(overrides)
+        return conf
+
+    # -- operators and contexts ---------------------------------------------------------------
+    @staticmethod
+    def operator(factory: Callable[..., OperatorT], dag_id: str = GKE_DAG_ID, **kwargs: Any) -> OperatorT:
+        """A fresh operator in a fresh DAG object (a new worker process would build it anew)."""
+        return factory(dag=DAG(dag_id, schedule=None), **kwargs)
+
+    @staticmethod
+    def context(
+        operator: BaseOperator,
+        conf: dict[str, Any],
+        *,
+        run_id: str = "manual__2026-03-01T00:00:00+00:00",
+        start_date: datetime | None = None,
+        ti: RecordingTI | None = None,
+    ) -> Context:
+        """What the operators read from an Airflow context, with a recording task instance."""
+        started = start_date or datetime.now(UTC)
+        values = {
+            "params": dict(conf),
+            "run_id": run_id,
+            "dag": operator.dag,
+            "task": operator,
+            "ti": ti or RecordingTI(),
+            "dag_run": SimpleNamespace(
+                dag_id=operator.dag_id, run_id=run_id, start_date=started, logical_date=started, conf=conf
+            ),
+            "ds": started.strftime("%Y-%m-%d"),
+        }
+        return cast(Context, values)
+
+    # -- sandbox records ----------------------------------------------------------------------
+    @property
+    def layout(self) -> SandboxLayout:
+        return SandboxLayout(self.info.root)
+
+    @property
+    def api(self) -> GcsApi:
+        return api_for(self.layout)
+
+    def state(self, document: str) -> dict[str, Any]:
+        return StateStore(self.layout).read(document)
+
+    def calls(self) -> list[dict[str, Any]]:
+        """Recorded fake-tool calls that name this test's project, cluster, bucket or VM."""
+        mine = (self.project, self.cluster, self.bucket, self.vm)
+        return [
+            call for call in read_calls(self.layout) if any(name in " ".join(call["argv"]) for name in mine)
+        ]
+
+    def job_calls(self, verb: str, job_name: str) -> list[dict[str, Any]]:
+        """``gcluster job <verb>`` calls for ``job_name`` (submit: ``--name=``; others: the argument)."""
+        out = []
+        for call in self.calls():
+            argv = call["argv"]
+            if call["tool"] != "gcluster" or argv[:2] != ["job", verb]:
+                continue
+            if (verb == "submit" and f"--name={job_name}" in argv) or (verb != "submit" and job_name in argv):
+                out.append(call)
+        return out
+
+    def cluster_record(self, name: str | None = None) -> dict[str, Any] | None:
+        return self.state("clusters").get(f"{self.project}/{REGION}/{name or self.cluster}")
+
+    def job_record(self, job_name: str) -> dict[str, Any] | None:
+        return self.state("jobs").get(f"{self.project}/{REGION}/{self.cluster}/{job_name}")
+
+    def job_log(self, job: dict[str, Any]) -> str:
+        """The workload's whole log (the current attempt), as the pod wrote it."""
+        path = self.layout.jobs_dir / str(job["uid"]) / f"attempt-{int(job.get('attempt') or 1)}.log"
+        return path.read_text() if path.is_file() else ""
+
+    def job_log_of(self, job_name: str) -> str:
+        """The log of this test's job ``job_name`` ("" while it has none)."""
+        job = self.job_record(job_name)
+        return self.job_log(job) if job else ""
+
+    def objects(self, bucket: str | None = None, prefix: str = "") -> list[str]:
+        return sorted(info.name for info in self.api.iter_objects(bucket or self.bucket, prefix))
+
+    def bucket_exists(self, bucket: str | None = None) -> bool:
+        return self.api.get_bucket(bucket or self.bucket) is not None
+
+    def hold_file(self) -> Path:
+        """A hold file for the simulated MaxText: while it exists, checkpoint commits wait."""
+        path = self.work_dir / f"hold-{uuid.uuid4().hex[:6]}"
+        path.write_text("hold")
+        return path
+
+
+def enter_sandbox(sandbox: SandboxInfo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SandboxRun:
+    """Point this process at the sandbox (os.environ, temp dir) for one test."""
+    for key, value in sandbox.env.items():
+        monkeypatch.setenv(key, value)
+    for key in SANDBOX_KNOBS:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("TPU_RL_SANDBOX_STEP_SECONDS", STEP_SECONDS)
+    monkeypatch.setenv("AIRFLOW__TPU_RL__POLL_INTERVAL", POLL_INTERVAL)
+    # Work dirs, job HOMEs and temp files of this test stay under its tmp_path.
+    work_dir = tmp_path / "work"
+    work_dir.mkdir()
+    monkeypatch.setenv("TMPDIR", str(work_dir))
+    monkeypatch.setattr(tempfile, "tempdir", str(work_dir))
+    return SandboxRun(sandbox, work_dir)
+
+
+# -- pipeline steps shared by the tests ---------------------------------------------------------
+def prepare_cluster(run: SandboxRun, conf: dict[str, Any], **context_kwargs: Any) -> dict[str, Any]:
+    """ensure_bucket → deploy_cluster → sync_hf_token, as the GKE DAG runs them; the deploy's result."""
+    bucket = run.operator(EnsureBucketOperator, task_id="ensure_bucket", pipeline="gke")
+    bucket.execute(run.context(bucket, conf, **context_kwargs))
+    deploy = run.operator(GclusterDeployOperator, task_id="deploy_cluster")
+    deployed: dict[str, Any] = deploy.execute(run.context(deploy, conf, **context_kwargs))
+    token = run.operator(HfTokenSecretOperator, task_id="sync_hf_token", pipeline="gke")
+    token.execute(run.context(token, conf, **context_kwargs))
+    return deployed
+
+
+def run_job_operator(
+    run: SandboxRun, operator: BaseOperator, conf: dict[str, Any], **context_kwargs: Any
+) -> dict[str, Any]:
+    """execute → (deferred) trigger → execute_complete, as the worker and the triggerer would."""
+    context = run.context(operator, conf, **context_kwargs)
+    deferred = defer(operator, context)
+    event = run_trigger(deferred.trigger)
+    result: dict[str, Any] = getattr(operator, deferred.method_name)(context, event)
+    return result
+
+
+def convert_checkpoint(run: SandboxRun, conf: dict[str, Any], **context_kwargs: Any) -> dict[str, Any]:
+    """The HF→MaxText conversion job, run to completion."""
+    convert = run.operator(MaxTextConvertOperator, task_id="convert_to_maxtext", direction="to_maxtext")
+    return run_job_operator(run, convert, conf, **context_kwargs)
+
+
+# -- what the simulated MaxText printed ---------------------------------------------------------
+_REWARD_RE = re.compile(r"(Pre RL Training|Post RL Training):.*mean_reward=([-+0-9.eE]+)")
+_LOSS_RE = re.compile(r"Train step (\d+) training loss: ([-+0-9.eE]+)")
+
+
+def printed_rewards(log_text: str) -> dict[str, float]:
+    """``{"pre": r, "post": r}`` from the ``Pre/Post RL Training`` lines of a trainer log."""
+    found = {}
+    for match in _REWARD_RE.finditer(log_text):
+        found["pre" if match[1].startswith("Pre") else "post"] = float(match[2])
+    return found
+
+
+def printed_losses(log_text: str) -> dict[int, float]:
+    return {int(m[1]): float(m[2]) for m in _LOSS_RE.finditer(log_text)}
+
+
+def iter_files(*roots: Path) -> Iterator[Path]:
+    for root in roots:
+        for path in root.rglob("*"):
+            if path.is_file() and not path.is_symlink():
+                yield path
+
+
+def json_text(value: Any) -> str:
+    return json.dumps(value, default=repr, sort_keys=True)

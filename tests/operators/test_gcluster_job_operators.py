@@ -1,0 +1,284 @@
+"""MaxText job operators against the sandbox: skip, submit-or-attach on retry, every way a job ends."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from airflow.providers.common.compat.sdk import AirflowException, AirflowFailException
+
+from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
+from airflow_provider_tpu_rl.operators.maxtext import MaxTextConvertOperator, PathwaysRLTrainOperator
+from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
+from airflow_provider_tpu_rl.triggers.gcluster_job import GclusterJobTrigger
+from tests.operators.sandbox_run import (
+    RecordingTI,
+    SandboxRun,
+    argv_has,
+    convert_checkpoint,
+    defer,
+    prepare_cluster,
+    run_job_operator,
+    run_trigger,
+    wait_for,
+)
+
+RUN_1 = "manual__2026-03-01T00:00:00+00:00"
+RUN_2 = "manual__2026-03-02T00:00:00+00:00"
+CONVERTED = "gemma4-26b/max-text-format/"
+
+
+def _convert_op(sb: SandboxRun, **kwargs: Any) -> MaxTextConvertOperator:
+    return sb.operator(MaxTextConvertOperator, task_id="convert_to_maxtext", direction="to_maxtext", **kwargs)
+
+
+def _train_op(sb: SandboxRun, **kwargs: Any) -> PathwaysRLTrainOperator:
+    return sb.operator(PathwaysRLTrainOperator, task_id="train", **kwargs)
+
+
+def _job_names(conf: dict[str, Any], run_id: str = RUN_1) -> tuple[str, str, str]:
+    p = gke_pipeline_from_conf(conf, run_id=run_id)
+    return p.convert_job, p.train_job, p.export_job
+
+
+# -- skipping a conversion that is already there -----------------------------------------------------
+def test_conversion_runs_over_an_incomplete_checkpoint_and_is_skipped_once_complete(sb: SandboxRun) -> None:
+    conf = sb.gke_conf()
+    prepare_cluster(sb, conf, run_id=RUN_1)
+    # A conversion that died while writing: data and metadata, but no Orbax commit marker.
+    for name in ("0/_CHECKPOINT_METADATA", "0/items/_METADATA", "0/items/params.decoder/0.0"):
+        sb.api.upload(sb.bucket, CONVERTED + name, b"partial")
+    convert_job, _, _ = _job_names(conf, RUN_1)
+
+    first = run_job_operator(sb, _convert_op(sb), conf, run_id=RUN_1)
+
+    assert first["skipped"] is False
+    assert first["job_name"] == convert_job
+    assert first["checkpoint_uri"] == f"gs://{sb.bucket}/{CONVERTED}0/items/"
+    assert len(sb.job_calls("submit", convert_job)) == 1
+    assert f"{CONVERTED}0/commit_success.txt" in sb.objects()
+
+    # Another run finds the complete checkpoint: no job at all, no TPU time.
+    later_job, _, _ = _job_names(conf, RUN_2)
+    again = _convert_op(sb)
+    ti = RecordingTI()
+    result = again.execute(sb.context(again, conf, run_id=RUN_2, ti=ti))
+
+    assert result["skipped"] is True
+    assert result["job_name"] is None
+    assert result["checkpoint_uri"] == first["checkpoint_uri"]
+    assert sb.job_calls("submit", later_job) == []
+    all_submits = [c for c in sb.calls() if c["argv"][:2] == ["job", "submit"]]
+    assert all_submits == sb.job_calls("submit", convert_job)
+    assert ti.pulled("job_name") == later_job
+
+
+def test_convert_defers_to_the_job_trigger(sb: SandboxRun) -> None:
+    conf = sb.gke_conf()
+    prepare_cluster(sb, conf, run_id=RUN_1)
+    convert_job, _, _ = _job_names(conf)
+    op = _convert_op(sb)
+
+    deferred = defer(op, sb.context(op, conf, run_id=RUN_1))
+
+    assert deferred.method_name == "execute_complete"
+    trigger = deferred.trigger
+    assert isinstance(trigger, GclusterJobTrigger)
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "airflow_provider_tpu_rl.triggers.gcluster_job.GclusterJobTrigger"
+    assert kwargs["job_name"] == convert_job
+    assert kwargs["cluster"] == sb.cluster
+    assert kwargs["project"] == sb.project
+    assert kwargs["location"] == "us-east5"
+    assert kwargs["total_steps"] is None
+    assert kwargs["poll_interval"] == pytest.approx(0.2)
+    assert kwargs["deadline"] is None
+    event = run_trigger(trigger)
+    assert event["status"] == "success"
+
+
+# -- a retry re-attaches to the job of its first try ---------------------------------------------------
+def test_a_retry_attaches_to_the_running_training_job_instead_of_submitting_again(
+    sb: SandboxRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conf = sb.gke_conf()
+    prepare_cluster(sb, conf, run_id=RUN_1)
+    convert_checkpoint(sb, conf, run_id=RUN_1)
+    _, train_job, _ = _job_names(conf)
+    hold = sb.hold_file()  # the job stays running: its final checkpoint waits before the commit
+    monkeypatch.setenv("TPU_RL_SANDBOX_HOLD_FILE", str(hold))
+
+    first_try = _train_op(sb)
+    first = defer(first_try, sb.context(first_try, conf, run_id=RUN_1, ti=RecordingTI(1)))
+    del first_try  # the worker died while the trigger was waiting
+    assert len(sb.job_calls("submit", train_job)) == 1
+
+    second_try = _train_op(sb)
+    context = sb.context(second_try, conf, run_id=RUN_1, ti=RecordingTI(2))
+    second = defer(second_try, context)
+
+    assert second.trigger.serialize() == first.trigger.serialize()
+    _, kwargs = second.trigger.serialize()
+    assert (kwargs["job_name"], kwargs["cluster"], kwargs["total_steps"]) == (train_job, sb.cluster, 3)
+    assert len(sb.job_calls("submit", train_job)) == 1
+    assert sb.job_calls("cancel", train_job) == []
+    job = sb.job_record(train_job)
+    assert job is not None
+    assert job["status"] in ("Suspended", "Running")
+
+    hold.unlink()
+    result = second_try.execute_complete(context, run_trigger(second.trigger))
+
+    assert result["job_name"] == train_job
+    assert (
+        result["checkpoint_uri"]
+        == f"gs://{sb.bucket}/gemma4-26b/trained/rl/checkpoints/actor/3/model_params/"
+    )
+    assert len(sb.job_calls("submit", train_job)) == 1
+
+
+@pytest.mark.usefixtures("clean_faults")
+def test_a_training_job_that_failed_is_cancelled_and_submitted_again_on_retry(
+    sb: SandboxRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # checkpoint_period=1: step 1 is committed before the slice fails, the final step 3 is not.
+    conf = sb.gke_conf(train_overrides={"checkpoint_period": 1})
+    prepare_cluster(sb, conf, run_id=RUN_1)
+    convert_checkpoint(sb, conf, run_id=RUN_1)
+    _, train_job, _ = _job_names(conf)
+    monkeypatch.setenv("TPU_RL_SANDBOX_FAIL", "train:transient")
+
+    first_try = _train_op(sb)
+    context = sb.context(first_try, conf, run_id=RUN_1, ti=RecordingTI(1))
+    event = run_trigger(defer(first_try, context).trigger)
+    assert event["status"] == "failed"
+    assert event["state"] == "Failed"
+    with pytest.raises(AirflowException, match=train_job) as failed:
+        first_try.execute_complete(context, event)
+    assert not isinstance(failed.value, AirflowFailException)  # Airflow may retry it
+
+    second_try = _train_op(sb)
+    result = run_job_operator(sb, second_try, conf, run_id=RUN_1, ti=RecordingTI(2))
+
+    assert len(sb.job_calls("submit", train_job)) == 2
+    assert len(sb.job_calls("cancel", train_job)) == 1
+    submits = sb.job_calls("submit", train_job)
+    (cancel,) = sb.job_calls("cancel", train_job)
+    assert submits[0]["end"] <= cancel["start"]
+    assert cancel["end"] <= submits[1]["start"]
+    assert result["step"] == 3
+    # The new job resumed from the step-1 checkpoint the failed one had committed.
+    log = sb.job_log_of(train_job)
+    assert "Restoring actor from checkpoint step 1" in log
+    assert "Train step 1 " not in log
+
+
+# -- how a job ends ---------------------------------------------------------------------------------
+def test_a_failed_job_fails_the_task(sb: SandboxRun, monkeypatch: pytest.MonkeyPatch) -> None:
+    conf = sb.gke_conf()
+    prepare_cluster(sb, conf, run_id=RUN_1)
+    monkeypatch.setenv("TPU_RL_SANDBOX_FAIL", "convert")
+    convert_job, _, _ = _job_names(conf)
+    op = _convert_op(sb)
+    context = sb.context(op, conf, run_id=RUN_1)
+
+    event = run_trigger(defer(op, context).trigger)
+
+    assert (event["status"], event["state"]) == ("failed", "Failed")
+    with pytest.raises(AirflowException, match=f"job {convert_job} failed"):
+        op.execute_complete(context, event)
+    assert f"{CONVERTED}0/commit_success.txt" not in sb.objects()
+
+
+def test_a_job_past_its_timeout_is_cancelled(sb: SandboxRun, monkeypatch: pytest.MonkeyPatch) -> None:
+    conf = sb.gke_conf()
+    prepare_cluster(sb, conf, run_id=RUN_1)
+    hold = sb.hold_file()  # the conversion never commits while the file exists
+    monkeypatch.setenv("TPU_RL_SANDBOX_HOLD_FILE", str(hold))
+    convert_job, _, _ = _job_names(conf)
+    op = _convert_op(sb, job_timeout=timedelta(seconds=1))
+    context = sb.context(op, conf, run_id=RUN_1)
+
+    before = time.time()
+    deferred = defer(op, context)
+    assert deferred.trigger.deadline >= before + 1
+
+    event = run_trigger(deferred.trigger)
+
+    assert event["status"] == "timeout"
+    assert sb.job_calls("cancel", convert_job) == []
+    with pytest.raises(AirflowFailException, match="cancelled"):
+        op.execute_complete(context, event)
+    (cancel,) = sb.job_calls("cancel", convert_job)
+    assert cancel["exit_code"] == 0
+    assert sb.job_record(convert_job) is None
+    hold.unlink()
+
+
+def test_a_garbage_collected_job_with_complete_output_is_a_success(
+    sb: SandboxRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conf = sb.gke_conf()
+    prepare_cluster(sb, conf, run_id=RUN_1)
+    monkeypatch.setenv("TPU_RL_SANDBOX_TTL_SCALE", "0.0001")  # the JobSet's 1h TTL becomes 0.36 s
+    convert_job, _, _ = _job_names(conf)
+    op = _convert_op(sb)
+    context = sb.context(op, conf, run_id=RUN_1)
+    deferred = defer(op, context)
+
+    def finished_past_ttl() -> bool:
+        job = sb.job_record(convert_job)
+        return bool(job and job["completed_ts"] and time.time() > job["completed_ts"] + job["ttl_effective"])
+
+    wait_for(finished_past_ttl, "the conversion job to finish and outlive its TTL")
+    event = run_trigger(deferred.trigger)
+
+    assert event["status"] == "missing"
+    assert sb.job_record(convert_job) is None  # `job list` garbage-collected it
+    result = op.execute_complete(context, event)
+    assert result["job_name"] == convert_job
+    assert result["checkpoint_uri"] == f"gs://{sb.bucket}/{CONVERTED}0/items/"
+
+
+def test_a_vanished_job_without_its_output_fails_the_task(
+    sb: SandboxRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conf = sb.gke_conf()
+    prepare_cluster(sb, conf, run_id=RUN_1)
+    hold = sb.hold_file()
+    monkeypatch.setenv("TPU_RL_SANDBOX_HOLD_FILE", str(hold))
+    convert_job, _, _ = _job_names(conf)
+    op = _convert_op(sb)
+    context = sb.context(op, conf, run_id=RUN_1)
+    deferred = defer(op, context)
+    wait_for(
+        lambda: "Saving MaxText checkpoint" in sb.job_log_of(convert_job),
+        "the conversion to start writing",
+    )
+    # Someone deletes the JobSet half-way (kubectl delete, a node-pool recreate, ...).
+    assert GclusterHook().cancel_job(convert_job, sb.project, sb.cluster, "us-east5") is True
+
+    event = run_trigger(deferred.trigger)
+
+    assert event["status"] == "missing"
+    with pytest.raises(AirflowException, match="is not complete"):
+        op.execute_complete(context, event)
+    assert f"{CONVERTED}0/commit_success.txt" not in sb.objects()
+    hold.unlink()
+
+
+def test_the_trigger_reports_missing_only_after_two_polls(sb: SandboxRun) -> None:
+    """A job that never existed: two absent polls (not one) before ``missing``."""
+    conf = sb.gke_conf()
+    prepare_cluster(sb, conf, run_id=RUN_1)
+    trigger = GclusterJobTrigger(
+        "never-submitted-job", sb.project, sb.cluster, "us-east5", poll_interval=0.05
+    )
+
+    event = run_trigger(trigger)
+
+    assert event["status"] == "missing"
+    lists = [c for c in sb.calls() if argv_has(c, "list", "--name-contains=never-submitted-job")]
+    assert len(lists) == 2

@@ -1,0 +1,180 @@
+"""Deploy and destroy operators against the sandbox: idempotent deploy, safe destroy, bucket kept."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from structlog.testing import capture_logs
+
+from airflow_provider_tpu_rl.operators.gke import (
+    EnsureBucketOperator,
+    GclusterDeployOperator,
+    GclusterDestroyOperator,
+)
+from airflow_provider_tpu_rl.render import gke
+from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
+from tests.operators.sandbox_run import SandboxRun, prepare_cluster
+
+RUN_ID = "manual__2026-03-01T00:00:00+00:00"
+
+
+def _tfstate(sb: SandboxRun) -> dict[str, Any]:
+    """The Terraform state the deploy keeps in the bucket (GCS backend)."""
+    (name,) = [n for n in sb.objects() if n.endswith("default.tfstate") and f"/{sb.cluster}/" in n]
+    return dict(json.loads(sb.api.download(sb.bucket, name)))
+
+
+def _deploy(sb: SandboxRun, conf: dict[str, Any], start: datetime) -> dict[str, Any]:
+    deploy = sb.operator(GclusterDeployOperator, task_id="deploy_cluster")
+    result: dict[str, Any] = deploy.execute(sb.context(deploy, conf, run_id=RUN_ID, start_date=start))
+    return result
+
+
+def _destroy(sb: SandboxRun, conf: dict[str, Any]) -> dict[str, Any]:
+    destroy = sb.operator(GclusterDestroyOperator, task_id="destroy_cluster")
+    result: dict[str, Any] = destroy.execute(sb.context(destroy, conf, run_id=RUN_ID))
+    return result
+
+
+def _ensure_bucket(sb: SandboxRun, conf: dict[str, Any]) -> None:
+    bucket = sb.operator(EnsureBucketOperator, task_id="ensure_bucket", pipeline="gke")
+    bucket.execute(sb.context(bucket, conf, run_id=RUN_ID))
+
+
+def _deploy_calls(sb: SandboxRun) -> list[dict[str, Any]]:
+    return [c for c in sb.calls() if c["tool"] == "gcluster" and c["argv"][:1] == ["deploy"]]
+
+
+def test_a_second_deploy_with_the_same_conf_changes_nothing(sb: SandboxRun) -> None:
+    conf = sb.gke_conf()
+    start = datetime(2030, 1, 1, 8, 0, tzinfo=UTC)
+    _ensure_bucket(sb, conf)
+    first = _deploy(sb, conf, start)
+    created = sb.cluster_record()
+    assert created is not None
+    state_after_first = _tfstate(sb)
+    assert any(r["kind"] == "cluster" for r in state_after_first["resources"])
+
+    with capture_logs() as logs:
+        second = _deploy(sb, conf, start)
+
+    output = "\n".join(str(entry.get("event")) for entry in logs)
+    assert re.search(
+        rf"Cloud infrastructure in deployment group \S*/{sb.cluster}/\S+ is already applied", output
+    )
+    assert "Running terraform apply" not in output
+    # Terraform wrote no new state and the cluster is the one the first deploy created.
+    assert _tfstate(sb)["serial"] == state_after_first["serial"]
+    again = sb.cluster_record()
+    assert again is not None
+    assert again["created"] == created["created"]
+    assert again["settings_digest"] == created["settings_digest"]
+    deploys = _deploy_calls(sb)
+    assert len(deploys) == 2
+    assert all(call["exit_code"] == 0 for call in deploys)
+    expires = int(start.timestamp()) + 12 * 3600  # max_cluster_hours defaults to 12
+    assert first["expires_at"] == second["expires_at"] == expires
+    assert first["cluster_name"] == sb.cluster
+    assert first["chips"] == 32
+
+
+def test_deploy_writes_the_blueprint_labels_and_the_resource_record(sb: SandboxRun) -> None:
+    conf = sb.gke_conf()
+    start = datetime.now(UTC)
+    _ensure_bucket(sb, conf)
+    result = _deploy(sb, conf, start)
+    expires = int(start.timestamp()) + 12 * 3600
+    assert result["expires_at"] == expires
+
+    pipeline = gke_pipeline_from_conf(conf, run_id=RUN_ID)
+    blueprint = yaml.safe_load(
+        Path(gke.blueprint_path(gke.default_workdir(sb.cluster, pipeline.suffix))).read_text()
+    )
+    modules = {m["id"]: m for group in blueprint["deployment_groups"] for m in group["modules"]}
+    roles = modules["node_pool_service_account"]["settings"]["project_roles"]
+    assert "storage.admin" in roles
+    assert "storage.objectViewer" not in roles
+    wanted = {"tpu-rl-managed": "true", "tpu-rl-expires": str(expires), "tpu-rl-bucket": sb.bucket}
+    assert wanted.items() <= blueprint["vars"]["labels"].items()
+    # The cluster the fake Terraform created carries them, and its node pool may write to GCS.
+    record = sb.cluster_record()
+    assert record is not None
+    assert wanted.items() <= record["labels"].items()
+    assert "storage.admin" in record["node_pool_roles"]
+    # What the janitor needs to destroy it, written in the run's bucket.
+    resource = json.loads(sb.api.download(sb.bucket, gke.resource_record_object(sb.cluster)))
+    assert resource == {
+        "kind": "cluster",
+        "name": sb.cluster,
+        "dag_id": "tpu_rl_gke_pipeline",
+        "run_id": RUN_ID,
+        "conf": conf,
+        "expires_at": expires,
+        "keep": False,
+    }
+    # The tutorial's IAM grants went to both GKE service accounts.
+    grants = [c["argv"] for c in sb.calls() if c["argv"][:2] == ["projects", "add-iam-policy-binding"]]
+    members = sorted(a for argv in grants for a in argv if a.startswith("--member="))
+    assert members == [
+        f"--member=serviceAccount:{sb.cluster}-gke-np-sa@{sb.project}.iam.gserviceaccount.com",
+        f"--member=serviceAccount:{sb.cluster}-gke-wl-sa@{sb.project}.iam.gserviceaccount.com",
+    ]
+
+
+def test_destroying_a_cluster_that_was_never_deployed_succeeds(sb: SandboxRun) -> None:
+    conf = sb.gke_conf()
+    _ensure_bucket(sb, conf)
+    result = _destroy(sb, conf)
+    assert result == {"cluster_name": sb.cluster, "destroyed": True, "bucket_deleted": False}
+    destroys = [c for c in sb.calls() if c["argv"][:1] == ["destroy"]]
+    assert [c["exit_code"] for c in destroys] == [0]
+    assert sb.cluster_record() is None
+    assert sb.bucket_exists()
+
+
+def test_destroy_removes_the_cluster_and_keeps_the_bucket(sb: SandboxRun) -> None:
+    conf = sb.gke_conf()
+    prepare_cluster(sb, conf, run_id=RUN_ID)
+    assert sb.cluster_record() is not None
+    sb.api.upload(sb.bucket, "gemma4-26b/hf-trained/config.json", b"{}")
+    before = sb.objects()
+
+    result = _destroy(sb, conf)
+
+    assert result["destroyed"] is True
+    assert result["bucket_deleted"] is False
+    assert sb.cluster_record() is None
+    assert sb.bucket_exists()
+    assert set(before) <= set(sb.objects())
+    assert not any(c["argv"][:2] == ["storage", "rm"] for c in sb.calls())
+    # The second destroy (a retry of the teardown) finds nothing left and succeeds too.
+    assert _destroy(sb, conf)["destroyed"] is True
+
+
+def test_delete_bucket_true_deletes_the_bucket_after_the_cluster(sb: SandboxRun) -> None:
+    conf = sb.gke_conf(delete_bucket=True)
+    prepare_cluster(sb, conf, run_id=RUN_ID)
+
+    result = _destroy(sb, conf)
+
+    assert result == {"cluster_name": sb.cluster, "destroyed": True, "bucket_deleted": True}
+    assert sb.cluster_record() is None
+    assert not sb.bucket_exists()
+    verbs = [c["argv"][0] if c["tool"] == "gcluster" else " ".join(c["argv"][:2]) for c in sb.calls()]
+    assert verbs.index("destroy") < verbs.index("storage rm")
+
+
+def test_keep_cluster_leaves_the_cluster_running(sb: SandboxRun) -> None:
+    conf = sb.gke_conf(keep_cluster=True)
+    prepare_cluster(sb, conf, run_id=RUN_ID)
+
+    result = _destroy(sb, conf)
+
+    assert result["destroyed"] is False
+    assert sb.cluster_record() is not None
+    assert not [c for c in sb.calls() if c["argv"][:1] == ["destroy"]]

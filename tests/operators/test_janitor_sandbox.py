@@ -1,0 +1,123 @@
+"""The janitor functions against the sandbox: find expired or orphaned resources, destroy them, keep buckets."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from airflow.providers.common.compat.sdk import AirflowException
+
+from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
+from airflow_provider_tpu_rl.operators.gke import EnsureBucketOperator, GclusterDeployOperator
+from airflow_provider_tpu_rl.operators.janitor import (
+    ManagedResource,
+    destroy_resource,
+    find_expired_resources,
+)
+from airflow_provider_tpu_rl.operators.tpu_vm import TpuVmCreateOperator
+from airflow_provider_tpu_rl.render import gke
+from airflow_provider_tpu_rl.spec import GKE_DAG_ID, TPU_VM_DAG_ID
+from tests.operators.sandbox_run import SandboxRun
+
+LONG_AGO = datetime.now(UTC) - timedelta(hours=10)
+
+
+def _deploy(sb: SandboxRun, name: str, run_id: str, start: datetime, **conf: Any) -> None:
+    deploy = sb.operator(GclusterDeployOperator, task_id="deploy_cluster")
+    config = sb.gke_conf(cluster_name=name, **conf)
+    deploy.execute(sb.context(deploy, config, run_id=run_id, start_date=start))
+
+
+def _create_vm(sb: SandboxRun, name: str, run_id: str, start: datetime, **conf: Any) -> None:
+    create = sb.operator(TpuVmCreateOperator, dag_id=TPU_VM_DAG_ID, task_id="create_vm")
+    config = sb.tpu_vm_conf(vm_name=name, **conf)
+    create.execute(sb.context(create, config, run_id=run_id, start_date=start))
+
+
+def _names(resources: list[ManagedResource]) -> set[tuple[str, str]]:
+    return {(r.kind, r.name) for r in resources}
+
+
+def test_janitor_finds_and_destroys_expired_and_orphaned_resources_but_never_the_bucket(
+    sb: SandboxRun,
+) -> None:
+    expired, orphan, kept = f"{sb.cluster}x", f"{sb.cluster}o", f"{sb.cluster}k"
+    vm_expired, vm_orphan = f"{sb.vm}x", f"{sb.vm}o"
+    bucket = sb.operator(EnsureBucketOperator, task_id="ensure_bucket", pipeline="gke")
+    bucket.execute(sb.context(bucket, sb.gke_conf()))
+    now_start = datetime.now(UTC)
+    _deploy(sb, expired, "manual__expired", LONG_AGO, max_cluster_hours=1)
+    _deploy(sb, orphan, "manual__orphan", now_start)
+    _deploy(sb, kept, "manual__kept", now_start, keep_cluster=True)
+    _create_vm(sb, vm_expired, "manual__vm_expired", LONG_AGO, max_vm_hours=1)
+    _create_vm(sb, vm_orphan, "manual__vm_orphan", now_start)
+    hook = GclusterHook()
+    now = time.time()
+
+    by_expiry = find_expired_resources(hook, sb.project, now)
+
+    assert _names(by_expiry) == {("cluster", expired), ("vm", vm_expired)}
+    for resource in by_expiry:
+        expires_at = int(LONG_AGO.timestamp()) + 3600
+        assert resource.expires_at == expires_at
+        assert resource.reason == f"expired at {datetime.fromtimestamp(expires_at, UTC).isoformat()}"
+        assert resource.bucket == sb.bucket
+        assert resource.project == sb.project
+    assert {r.location for r in by_expiry} == {"us-east5", "us-east5-b"}  # cluster: region; VM: zone
+
+    # Runs still going keep their resources; runs that ended orphan theirs unless they asked to keep them.
+    assert _names(find_expired_resources(hook, sb.project, now, run_state=lambda d, r: "running")) == _names(
+        by_expiry
+    )
+    asked: list[tuple[str, str]] = []
+
+    def failed(dag_id: str, run_id: str) -> str:
+        asked.append((dag_id, run_id))
+        return "failed"
+
+    stale = find_expired_resources(hook, sb.project, now, run_state=failed)
+
+    assert _names(stale) == {("cluster", expired), ("cluster", orphan), ("vm", vm_expired), ("vm", vm_orphan)}
+    assert sorted(asked) == sorted([(GKE_DAG_ID, "manual__orphan"), (TPU_VM_DAG_ID, "manual__vm_orphan")])
+    reasons = {r.name: r.reason for r in stale}
+    assert reasons[orphan] == f"its DAG run {GKE_DAG_ID}/manual__orphan is failed"
+    assert reasons[vm_orphan] == f"its DAG run {TPU_VM_DAG_ID}/manual__vm_orphan is failed"
+
+    objects_before = sb.objects()
+    records_before = {
+        name: sb.api.download(sb.bucket, gke.resource_record_object(name))
+        for name in (expired, orphan, kept, vm_expired, vm_orphan)
+    }
+    for resource in stale:
+        destroy_resource(hook, resource)
+
+    clusters = sb.state("clusters")
+    vms = sb.state("vms")
+    for name in (expired, orphan):
+        assert f"{sb.project}/us-east5/{name}" not in clusters
+    assert f"{sb.project}/us-east5/{kept}" in clusters
+    assert not [key for key in vms if key.startswith(f"{sb.project}/")]
+    # The bucket, every object in it and the records are untouched.
+    assert sb.bucket_exists()
+    assert sb.objects() == objects_before
+    for name, data in records_before.items():
+        assert sb.api.download(sb.bucket, gke.resource_record_object(name)) == data
+    assert not [c for c in sb.calls() if c["argv"][:2] == ["storage", "rm"]]
+    assert not [c for c in sb.calls() if c["argv"][:3] == ["storage", "buckets", "delete"]]
+    # Nothing stale is left; the kept cluster is still not a candidate.
+    assert find_expired_resources(hook, sb.project, time.time(), run_state=failed) == []
+
+
+def test_destroying_a_cluster_without_a_record_is_refused(sb: SandboxRun) -> None:
+    """Without its record the janitor cannot rebuild the deployment: it says so instead of guessing."""
+    resource = ManagedResource("cluster", f"{sb.cluster}n", sb.project, "us-east5", 1, sb.bucket)
+    bucket = sb.operator(EnsureBucketOperator, task_id="ensure_bucket", pipeline="gke")
+    bucket.execute(sb.context(bucket, sb.gke_conf()))
+
+    with pytest.raises(AirflowException, match="no record") as refused:
+        destroy_resource(GclusterHook(), resource)
+
+    assert "gcluster destroy" in str(refused.value)
+    assert not [c for c in sb.calls() if c["argv"][:1] == ["destroy"]]

@@ -1,0 +1,141 @@
+"""The single-host pipeline's operators against the sandbox: create → install → convert → train → export → delete."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from structlog.testing import capture_logs
+
+from airflow_provider_tpu_rl.operators.gke import EnsureBucketOperator, HfTokenSecretOperator
+from airflow_provider_tpu_rl.operators.tpu_vm import (
+    TpuVmCreateOperator,
+    TpuVmDeleteOperator,
+    TpuVmStageOperator,
+)
+from airflow_provider_tpu_rl.render import gke
+from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID, tpu_vm_pipeline_from_conf
+from tests.operators.sandbox_run import SandboxRun, printed_rewards
+
+RUN_ID = "manual__2026-03-01T00:00:00+00:00"
+START = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+def _execute(sb: SandboxRun, factory: Any, conf: dict[str, Any], **kwargs: Any) -> Any:
+    op = sb.operator(factory, dag_id=TPU_VM_DAG_ID, **kwargs)
+    return op.execute(sb.context(op, conf, run_id=RUN_ID, start_date=START))
+
+
+def _updated(sb: SandboxRun, prefix: str) -> dict[str, datetime]:
+    """Object name → last write time, as the emulator reports it."""
+    out = {}
+    for info in sb.api.iter_objects(sb.bucket, prefix):
+        seconds, _, fraction = info.updated.rstrip("Z").partition(".")
+        out[info.name] = datetime.fromisoformat(f"{seconds}.{(fraction or '0').ljust(6, '0')[:6]}+00:00")
+    return out
+
+
+def _delete_calls(sb: SandboxRun) -> list[dict[str, Any]]:
+    return [c for c in sb.calls() if c["argv"][:3] == ["compute", "instances", "delete"]]
+
+
+def test_the_whole_vm_pipeline_leaves_checkpoint_and_export_in_gcs(sb: SandboxRun) -> None:
+    conf = sb.tpu_vm_conf()
+    pipeline = tpu_vm_pipeline_from_conf(conf, run_id=RUN_ID)
+    _execute(sb, EnsureBucketOperator, conf, task_id="ensure_bucket", pipeline="tpu_vm")
+    _execute(sb, HfTokenSecretOperator, conf, task_id="sync_hf_token", pipeline="tpu_vm")
+
+    assert _execute(sb, TpuVmCreateOperator, conf, task_id="create_vm") == sb.vm
+
+    vm_key = f"{sb.project}/{conf['zone']}/{sb.vm}"
+    vm = sb.state("vms")[vm_key]
+    expires = int(START.timestamp()) + 6 * 3600  # max_vm_hours defaults to 6
+    wanted = {"tpu-rl-managed": "true", "tpu-rl-expires": str(expires), "tpu-rl-bucket": sb.bucket}
+    assert wanted.items() <= vm["labels"].items()
+    assert vm["machineType"] == "ct6e-standard-8t"
+    assert vm["reservationAffinity"] == {"type": "specific", "reservation": "res-8"}
+    record = json.loads(sb.api.download(sb.bucket, gke.resource_record_object(sb.vm)))
+    assert {k: record[k] for k in ("kind", "name", "expires_at", "keep")} == {
+        "kind": "vm",
+        "name": sb.vm,
+        "expires_at": expires,
+        "keep": False,
+    }
+
+    stages: dict[str, dict[str, Any]] = {}
+    with capture_logs() as logs:
+        for stage in ("install", "convert", "train", "export"):
+            stages[stage] = _execute(sb, TpuVmStageOperator, conf, task_id=stage, stage=stage)
+    output = "\n".join(str(entry.get("event")) for entry in logs)
+
+    # Training: the rewards reported are those MaxText printed over SSH.
+    rewards = printed_rewards(output)
+    metrics = stages["train"]["metrics"]
+    assert set(rewards) == {"pre", "post"}
+    assert metrics["pre"]["mean_reward"] == rewards["pre"]
+    assert metrics["post"]["mean_reward"] == rewards["post"]
+    assert metrics["last_step"] == 3
+    assert stages["train"]["checkpoint_uri"] == pipeline.gcs_actor_checkpoint + "/model_params/"
+
+    # The final checkpoint left /dev/shm for GCS, and its commit marker was written last.
+    bucket_prefix = f"gs://{sb.bucket}/"
+    step_prefix = pipeline.gcs_actor_checkpoint.removeprefix(bucket_prefix) + "/"
+    written = _updated(sb, step_prefix)
+    marker = step_prefix + "commit_success.txt"
+    assert marker in written
+    assert any(name.startswith(step_prefix + "model_params/") for name in written)
+    assert step_prefix + "_CHECKPOINT_METADATA" in written
+    assert max(when for name, when in written.items() if name != marker) < written[marker]
+
+    # The Hugging Face export is complete in GCS: config, tokenizer, index and every shard it lists.
+    export_prefix = pipeline.gcs_export.removeprefix(bucket_prefix) + "/"
+    assert stages["export"]["export_uri"] == pipeline.gcs_export + "/"
+    exported = set(sb.objects(prefix=export_prefix))
+    assert {export_prefix + "config.json", export_prefix + "tokenizer_config.json"} <= exported
+    index = json.loads(sb.api.download(sb.bucket, export_prefix + "model.safetensors.index.json"))
+    shards = {export_prefix + shard for shard in index["weight_map"].values()}
+    assert shards
+    assert shards <= exported
+
+    deleted = _execute(sb, TpuVmDeleteOperator, conf, task_id="delete_vm")
+    assert deleted == {"vm_name": sb.vm, "deleted": True, "bucket_deleted": False}
+    assert vm_key not in sb.state("vms")
+    assert not sb.layout.vm_dir(sb.vm).exists()
+    assert sb.bucket_exists()
+    assert marker in sb.objects(prefix=step_prefix)
+
+
+def test_deleting_a_vm_that_does_not_exist_succeeds(sb: SandboxRun) -> None:
+    conf = sb.tpu_vm_conf()
+
+    result = _execute(sb, TpuVmDeleteOperator, conf, task_id="delete_vm")
+
+    assert result == {"vm_name": sb.vm, "deleted": True, "bucket_deleted": False}
+    (call,) = _delete_calls(sb)
+    assert call["exit_code"] != 0  # gcloud said "not found": counted as already deleted
+
+
+def test_create_reuses_the_vm_of_the_same_run(sb: SandboxRun) -> None:
+    conf = sb.tpu_vm_conf()
+    _execute(sb, EnsureBucketOperator, conf, task_id="ensure_bucket", pipeline="tpu_vm")
+    _execute(sb, TpuVmCreateOperator, conf, task_id="create_vm")
+    created = sb.state("vms")[f"{sb.project}/{conf['zone']}/{sb.vm}"]["created"]
+
+    assert _execute(sb, TpuVmCreateOperator, conf, task_id="create_vm") == sb.vm
+
+    assert sb.state("vms")[f"{sb.project}/{conf['zone']}/{sb.vm}"]["created"] == created
+    creates = [c for c in sb.calls() if c["argv"][:3] == ["compute", "instances", "create"]]
+    assert len(creates) == 2
+
+
+def test_keep_vm_leaves_it_running(sb: SandboxRun) -> None:
+    conf = sb.tpu_vm_conf(keep_vm=True)
+    _execute(sb, EnsureBucketOperator, conf, task_id="ensure_bucket", pipeline="tpu_vm")
+    _execute(sb, TpuVmCreateOperator, conf, task_id="create_vm")
+
+    result = _execute(sb, TpuVmDeleteOperator, conf, task_id="delete_vm")
+
+    assert result["deleted"] is False
+    assert f"{sb.project}/{conf['zone']}/{sb.vm}" in sb.state("vms")
+    assert _delete_calls(sb) == []
