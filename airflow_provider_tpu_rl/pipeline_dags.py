@@ -150,7 +150,9 @@ def validate_task() -> Any:
         """Check the whole conf with the spec; XCom the derived paths the sensors watch."""
         context = get_current_context()
         dag_run = context["dag_run"]
-        return validate_pipeline_conf(dag_run.dag_id, dag_run.run_id, dag_run.conf or {}, dict(context["params"]))
+        return validate_pipeline_conf(
+            dag_run.dag_id, dag_run.run_id, dag_run.conf or {}, dict(context["params"])
+        )
 
     return validate()
 
