@@ -61,7 +61,6 @@ def test_conf_changes_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _plan(capsys, "tpu_rl_gke_pipeline", "--conf", json.dumps(conf))
     assert code == 0
     steps = json.loads(out)["steps"]
-    task_ids = {s["task_id"] for s in steps}
     assert steps[-1]["task_id"] == "destroy_cluster"
     assert steps[-1]["argv"] == ["gcloud", "storage", "rm", "--recursive", "gs://my-tpu-rl-bucket"]
     assert not any(s["argv"][:2] == ["gcluster", "destroy"] for s in steps)

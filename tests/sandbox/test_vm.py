@@ -184,7 +184,7 @@ def test_vm_rules(cli: Cli, prepared: dict[str, str]) -> None:
     code, _, err = ssh(cli, names, vm, "set -e\napt install -y cmake\n")
     assert code == 100  # needs sudo
     # sudo's VAR=value words set the command's environment, as with real sudo.
-    code, out, err = ssh(
+    code, _, err = ssh(
         cli, names, vm, "set -e\nsudo DEBIAN_FRONTEND=noninteractive apt-get install -y cmake\n"
     )
     assert code == 0, err
