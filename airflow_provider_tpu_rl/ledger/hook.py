@@ -247,7 +247,7 @@ class RunLedger:
         if self._connection is None:
             path = default_sqlite_path()
             path.parent.mkdir(parents=True, exist_ok=True)
-            log.info("connection %s is not defined; the run ledger is %s", self.conn_id, path)
+            log.debug("connection %s is not defined; the run ledger is %s", self.conn_id, path)
             return _SqliteFileHook(path)
         if self.dialect is Dialect.BIGQUERY:
             from airflow.providers.google.cloud.hooks.bigquery import BigQueryHook

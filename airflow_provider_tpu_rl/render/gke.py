@@ -150,7 +150,8 @@ def recreate_deployment_folder(cluster: ClusterSpec, workdir: str) -> Command:
 
 def destroy(cluster: ClusterSpec, workdir: str) -> Command:
     return Command(
-        ("gcluster", "destroy", deployment_dir(cluster, workdir), "--auto-approve"),
+        # --robust: gcluster retries the destroy and cleans up firewall rules that block the network.
+        ("gcluster", "destroy", deployment_dir(cluster, workdir), "--auto-approve", "--robust"),
         description=f"destroy GKE cluster {cluster.cluster_name} (the bucket is kept)",
     )
 

@@ -19,6 +19,7 @@ from airflow_provider_tpu_rl.render import gke
 
 SEEN_LINES_KEPT = 2000  # recent workload lines kept to de-duplicate log snapshots
 FOLLOW_DRAIN_SECONDS = 10.0
+MAX_FOLLOW_STARTS = 20  # a follow that ends while the job runs is started again, this many times
 
 
 class GclusterJobTrigger(BaseTrigger):
@@ -71,6 +72,8 @@ class GclusterJobTrigger(BaseTrigger):
         self.deadline = deadline
         self._tracker = TrainingLogTracker()
         self._follower: asyncio.Task[None] | None = None
+        self._follow_starts = 0
+        self._follow_failed = False
         self._seen_log: list[str] = []
         self._log_count = 0
 
@@ -156,11 +159,13 @@ class GclusterJobTrigger(BaseTrigger):
         except asyncio.CancelledError:
             raise
         except Exception as err:  # following the log is best effort; it must never end the wait
+            self._follow_failed = True
             self.log.warning(
                 "Following the log of job %s stopped: %s", self.job_name, str(err).splitlines()[:1]
             )
             return
         if not result.ok:
+            self._follow_failed = True  # read snapshots from now on
             self.log.warning(
                 "Following the log of job %s ended with exit code %s; reading snapshots instead",
                 self.job_name,
@@ -182,16 +187,28 @@ class GclusterJobTrigger(BaseTrigger):
         hook = self._hook()
         try:
             async for event in self._poll(hook):
-                if event is None:  # the job runs: follow its log from now on
-                    if self._follower is None and self.log_follow:
+                if event is None:  # the job exists and has not ended: follow its log
+                    idle = self._follower is None or self._follower.done()
+                    if (
+                        self.log_follow
+                        and idle
+                        and not self._follow_failed
+                        and self._follow_starts < MAX_FOLLOW_STARTS
+                    ):
+                        # A follow of pods not yet running returns at once: start it again later.
+                        self._follow_starts += 1
                         self._follower = asyncio.create_task(self._follow_logs(hook))
                     continue
                 await self._stop_following(self._follower)
                 if self.log_follow and (event.payload.get("state") is not None or self._seen_log):
                     await self._relay_logs(hook)  # whatever the follower did not see
-                event.payload["log_lines"] = self._log_count
-                event.payload["metrics"] = self._tracker.metrics() if self.total_steps is not None else None
-                yield event
+                yield TriggerEvent(
+                    {
+                        **event.payload,
+                        "log_lines": self._log_count,
+                        "metrics": self._tracker.metrics() if self.total_steps is not None else None,
+                    }
+                )
                 return
         finally:
             if self._follower is not None and not self._follower.done():
@@ -255,8 +272,7 @@ class GclusterJobTrigger(BaseTrigger):
                         "failed", job.state, f"job {self.job_name} failed at {job.completion_time}"
                     )
                     return
-                if job.state is JobState.RUNNING:
-                    yield None
+                yield None
             following = self._follower
             if (
                 self.log_follow

@@ -41,6 +41,11 @@ def test_capacity(output):
         "Error from server: etcdserver: request timed out",
         "the server is currently unable to handle the request (get jobsets.jobset.x-k8s.io)",
         "dial tcp 10.1.2.3:443: connect: connection refused",
+        "ssh: connect to host 34.1.2.3 port 22: Connection timed out",
+        "ERROR: (gcloud.compute.instances.delete) Could not fetch resource:\n"
+        " - The resource 'projects/p/zones/us-east5-b/instances/vm' is not ready",
+        "Error: Error waiting for Deleting Network: The network resource 'projects/p/global/networks/c-net-0' "
+        "is already being used by 'projects/p/global/firewalls/c-internal-0'",
     ],
 )
 def test_transient(output):

@@ -106,17 +106,21 @@ async def test_training_trigger_parses_metrics_and_logs_progress(tools):
     post = "Post RL Training: corr=9, total=32, accuracy=28.12%, partial_accuracy=31.25%, format_accuracy=90.62%, mean_reward=0.5678"
     tools.respond(
         {"match": ["job", "list"], "sequence": [
+            {"steps": listing(row("Running"))},  # the follow starts (and fails)
             {"steps": listing(row("Running"))},
             {"steps": listing(row("Running"))},
             {"steps": listing(row("Succeeded", "2026-04-03T12:30:00Z"))},
         ]},
+        # Following the log fails here, so the trigger reads snapshots (its fallback).
+        {"match": ["job", "logs", "--follow"], "steps": [["err", "Error: following is not possible"]], "exit": 1},
         {"match": ["job", "logs"], "sequence": [
             log_snapshot("Starting RL training...", pre),
             log_snapshot(pre, "Train step 1 training loss: 0.500000", "Train step 2 training loss: 0.400000"),
             log_snapshot("Train step 2 training loss: 0.400000", post, "RL Training Completed Successfully!"),
         ]},
     )  # fmt: skip
-    trigger, logger = make_trigger(total_steps=2)
+    # A poll interval long enough for the failing follow to end before the next poll.
+    trigger, logger = make_trigger(total_steps=2, poll_interval=1.0)
     (event,) = await run_to_end(trigger)
     metrics = event["metrics"]
     assert metrics["pre"]["mean_reward"] == 0.1234
@@ -251,3 +255,25 @@ async def test_a_job_still_running_at_its_deadline_ends_with_timeout(tools):
     assert event["status"] == "timeout"
     assert event["state"] == "Running"
     assert len(calls_of(tools, "list")) == 1
+
+
+async def test_following_the_log_sees_lines_that_snapshots_would_miss(tools):
+    pre = "Pre RL Training: corr=3, total=32, accuracy=9.38%, partial_accuracy=12.50%, format_accuracy=40.62%, mean_reward=0.1234"
+    post = "Post RL Training: corr=9, total=32, accuracy=28.12%, partial_accuracy=31.25%, format_accuracy=90.62%, mean_reward=0.5678"
+    steps = [f"Train step {i} training loss: 0.{i:02d}0000" for i in range(1, 21)]
+    whole_log = ["Starting RL training...", pre, *steps, post, "RL Training Completed Successfully!"]
+    tools.respond(
+        {"match": ["job", "list"], "sequence": [
+            {"steps": listing(row("Running"))},
+            {"steps": listing(row("Succeeded", "2026-04-03T12:30:00Z"))},
+        ]},
+        # `logs --follow` streams every line; a snapshot holds only the last ten.
+        {"match": ["job", "logs", "--follow"], "steps": [["out", line] for line in whole_log]},
+        {"match": ["job", "logs"], **log_snapshot(*whole_log[-10:])},
+    )  # fmt: skip
+    trigger, _ = make_trigger(total_steps=20)
+    (event,) = await run_to_end(trigger)
+    assert event["metrics"]["pre"]["mean_reward"] == 0.1234
+    assert event["metrics"]["post"]["mean_reward"] == 0.5678
+    assert [p["step"] for p in event["metrics"]["loss"]] == list(range(1, 21))
+    assert event["log_lines"] == len(whole_log)

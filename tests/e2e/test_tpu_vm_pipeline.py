@@ -1,0 +1,259 @@
+"""``tpu_rl_tpu_vm_pipeline`` end to end in the sandbox: success, faults, ledger.
+
+The VM path's faults (see ``sandbox/fake_gcloud.py``): ``deploy`` = ``gcloud compute instances
+create``, ``ssh`` = ``gcloud compute ssh`` (every stage runs over it), ``destroy`` = ``gcloud
+compute instances delete``. Each scenario is one ``airflow dags test`` subprocess with its own VM
+and bucket, in this module's own sandbox and AIRFLOW_HOME.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from airflow_provider_tpu_rl.render.gke import resource_record_object
+from airflow_provider_tpu_rl.spec import TpuVmPipelineSpec, tpu_vm_pipeline_from_conf
+from tests.e2e.harness import TPU_VM_DAG_ID, DagRunResult, E2EWorld, printed_rewards
+
+pytestmark = pytest.mark.e2e
+
+PROJECT = "tpu-rl-e2e"
+NUM_BATCHES = 3
+PERMANENT_FAULTS = ("deploy", "ssh", "destroy")
+FAILING_TASK = {"deploy": "create_vm", "ssh": "install_maxtext", "destroy": "delete_vm"}
+# Transient faults run one by one (each its own run).
+TRANSIENT_ONE_BY_ONE = ("ssh", "destroy")
+
+
+def conf(name: str, **extra: Any) -> dict[str, Any]:
+    """A run conf with this scenario's own VM and bucket."""
+    return {
+        "project": PROJECT,
+        "vm_name": f"e2e-{name}",
+        "bucket": f"tpu-rl-e2e-vm-{name}",
+        "num_batches": NUM_BATCHES,
+        "train_overrides": {"num_test_batches": 2},
+        **extra,
+    }
+
+
+def spec_of(result: DagRunResult) -> TpuVmPipelineSpec:
+    """The paths the run derived (same pure function the operators use)."""
+    return tpu_vm_pipeline_from_conf(result.conf, dag_id=result.dag_id, run_id=result.run_id)
+
+
+def vm_calls(result: DagRunResult, verb: str) -> list[int]:
+    """Exit codes of ``gcloud compute instances <verb>`` in the run."""
+    return [call.exit_code for call in result.calls_of("gcloud", "compute", "instances", verb)]
+
+
+# ==================================================================================== runs
+@pytest.fixture(scope="module")
+def happy(world: E2EWorld) -> DagRunResult:
+    return world.run_dag(TPU_VM_DAG_ID, conf("ok"))
+
+
+@pytest.fixture(scope="module")
+def fault_run(world: E2EWorld) -> Callable[[str], DagRunResult]:
+    """``fault_run(kind)``: the run with a permanent ``kind`` fault (run once per module)."""
+    done: dict[str, DagRunResult] = {}
+
+    def run(kind: str) -> DagRunResult:
+        if kind not in done:
+            done[kind] = world.run_dag(TPU_VM_DAG_ID, conf(f"f-{kind}"), faults=kind)
+        return done[kind]
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def transient(world: E2EWorld) -> DagRunResult:
+    """The VM create fails once, transiently (a stockout)."""
+    return world.run_dag(TPU_VM_DAG_ID, conf("t-create"), faults="deploy:transient")
+
+
+@pytest.fixture(scope="module")
+def transient_run(world: E2EWorld) -> Callable[[str], DagRunResult]:
+    """``transient_run(kind)``: one step fails once, transiently (run once per module)."""
+    done: dict[str, DagRunResult] = {}
+
+    def run(kind: str) -> DagRunResult:
+        if kind not in done:
+            done[kind] = world.run_dag(TPU_VM_DAG_ID, conf(f"t-{kind}"), faults=f"{kind}:transient")
+        return done[kind]
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def all_runs(
+    happy: DagRunResult,
+    fault_run: Callable[[str], DagRunResult],
+    transient: DagRunResult,
+    transient_run: Callable[[str], DagRunResult],
+) -> list[DagRunResult]:
+    """Every scenario of this module (the ledger tests look at all of them)."""
+    return [
+        happy,
+        *(fault_run(kind) for kind in PERMANENT_FAULTS),
+        transient,
+        *(transient_run(kind) for kind in TRANSIENT_ONE_BY_ONE),
+    ]
+
+
+# =================================================================================== tests
+def test_pipeline_succeeds_with_one_vm_lifecycle(world: E2EWorld, happy: DagRunResult) -> None:
+    assert happy.exit_code == 0, happy.describe()
+    assert happy.state == "success", happy.describe()
+    failed = {t: r.state for t, r in happy.tasks.items() if t != "watcher" and r.state != "success"}
+    assert failed == {}, happy.describe()
+    assert happy.task_state("watcher") == "skipped"
+    assert vm_calls(happy, "create") == [0]
+    assert vm_calls(happy, "delete") == [0]
+    assert happy.submitted_jobs() == []  # no gcluster on this path
+    assert spec_of(happy).vm.vm_name not in world.live_vms()
+
+
+def test_pipeline_copies_checkpoint_and_export_out_of_the_vm(world: E2EWorld, happy: DagRunResult) -> None:
+    """/dev/shm died with the VM: what is left is what was copied to GCS, complete."""
+    spec = spec_of(happy)
+    assert happy.state == "success", happy.describe()
+    assert world.hf_export_problems(spec.gcs_export) == []
+    actor = world.objects(spec.gcs_actor_checkpoint)
+    assert {"commit_success.txt", "_CHECKPOINT_METADATA", "model_params/_METADATA"} <= actor
+
+
+@pytest.mark.parametrize("kind", PERMANENT_FAULTS)
+def test_permanent_fault_fails_the_run_deletes_the_vm_and_keeps_outputs(
+    world: E2EWorld, happy: DagRunResult, fault_run: Callable[[str], DagRunResult], kind: str
+) -> None:
+    result = fault_run(kind)
+    spec = spec_of(result)
+    vm = spec.vm.vm_name
+    assert result.exit_code == 1, result.describe()
+    assert result.state == "failed", result.describe()
+    assert result.task_state(FAILING_TASK[kind]) == "failed", result.describe()
+    assert result.task_state("watcher") == "failed"
+    assert result.task_state("record_run") == "success"
+    assert world.bucket_exists(spec.vm.bucket)
+
+    # The teardown ran.
+    deletes = vm_calls(result, "delete")
+    assert deletes, result.describe()
+    if kind == "deploy":
+        # No VM was ever created: the delete finds none ("was not found"), which counts as done.
+        assert all(code != 0 for code in vm_calls(result, "create")), result.describe()
+        assert result.task_state("delete_vm") == "success", result.describe()
+    if kind == "destroy":
+        # The one case where the VM survives: the run is failed and says so.
+        assert all(code != 0 for code in deletes), result.describe()
+        assert vm in world.live_vms()
+        # The delete task's error names the VM that is left.
+        assert any(f"delete TPU VM {vm} " in message for message in result.raised()), result.describe()
+        (ledger_state,) = world.ledger(
+            "SELECT state FROM run_steps WHERE run_id = ? AND task_id = 'delete_vm'", (result.ledger_run_id,)
+        )[0]
+        assert ledger_state == "failed"
+        assert world.exists(f"gs://{spec.vm.bucket}/{resource_record_object(vm)}")
+        # Everything the finished stages copied out is still there, complete.
+        reference = spec_of(happy)
+        assert world.objects(spec.gcs_actor_checkpoint) == world.objects(reference.gcs_actor_checkpoint)
+        assert world.hf_export_problems(spec.gcs_export) == []
+    else:
+        assert vm not in world.live_vms(), result.describe()
+        assert world.objects(spec.gcs_actor_checkpoint) == set()
+
+
+def test_transient_create_failure_is_retried_and_the_run_succeeds(
+    world: E2EWorld, transient: DagRunResult
+) -> None:
+    assert transient.exit_code == 0, transient.describe()
+    assert transient.state == "success", transient.describe()
+    assert world.fired_faults() == {"deploy"}
+    assert transient.tasks["create_vm"].try_number == 2, transient.describe()
+    assert vm_calls(transient, "create") == [1, 0]
+    assert vm_calls(transient, "delete") == [0]
+    spec = spec_of(transient)
+    assert spec.vm.vm_name not in world.live_vms()
+    assert world.hf_export_problems(spec.gcs_export) == []
+
+
+@pytest.mark.parametrize("kind", TRANSIENT_ONE_BY_ONE)
+def test_transient_failure_is_retried_and_the_run_succeeds(
+    world: E2EWorld, transient_run: Callable[[str], DagRunResult], kind: str
+) -> None:
+    result = transient_run(kind)
+    assert world.fired_faults() == {kind}, result.describe()
+    assert result.tasks[FAILING_TASK[kind]].try_number == 2, result.describe()
+    assert result.state == "success", result.describe()
+    assert result.exit_code == 0
+    spec = spec_of(result)
+    assert vm_calls(result, "delete")[-1] == 0
+    assert spec.vm.vm_name not in world.live_vms()
+    assert world.hf_export_problems(spec.gcs_export) == []
+
+
+def test_ledger_records_the_rewards_the_vm_printed(world: E2EWorld, happy: DagRunResult) -> None:
+    # On this path the training output reaches us only through the SSH session (the task log).
+    printed = printed_rewards(happy.output)
+    assert set(printed) == {"pre", "post"}
+    recorded = dict(
+        world.ledger(
+            "SELECT phase, metric_value FROM run_metrics WHERE run_id = ? AND metric_name = 'mean_reward' "
+            "AND phase IN ('pre', 'post')",
+            (happy.ledger_run_id,),
+        )
+    )
+    assert recorded == pytest.approx(printed, abs=1e-9)
+
+
+def test_ledger_holds_one_row_per_dag_run_with_its_state(
+    world: E2EWorld, all_runs: list[DagRunResult]
+) -> None:
+    dag_runs = dict(world.metadata("SELECT run_id, state FROM dag_run WHERE dag_id = ?", (TPU_VM_DAG_ID,)))
+    dag_runs = {f"{TPU_VM_DAG_ID}/{run_id}": state for run_id, state in dag_runs.items()}
+    assert len(dag_runs) == len(all_runs)
+    ledger_rows = world.ledger("SELECT run_id, state FROM runs WHERE dag_id = ?", (TPU_VM_DAG_ID,))
+    assert len(ledger_rows) == len(dag_runs)  # the retried transient run included: one row, not two
+    assert dict(ledger_rows) == dag_runs
+    assert {run.ledger_run_id: run.state for run in all_runs} == dag_runs
+
+
+def test_ledger_artifacts_exist_in_the_emulator(world: E2EWorld, all_runs: list[DagRunResult]) -> None:
+    happy = all_runs[0]
+    uris = dict(world.ledger("SELECT kind, uri FROM run_artifacts WHERE run_id = ?", (happy.ledger_run_id,)))
+    assert set(uris) == {"actor_checkpoint", "hf_export"}
+    assert world.hf_export_problems(uris["hf_export"]) == []
+    artifacts = world.ledger("SELECT run_id, kind, uri FROM run_artifacts")
+    missing = [(run_id, kind, uri) for run_id, kind, uri in artifacts if not world.objects(uri)]
+    assert missing == []
+
+
+def test_no_vm_is_left_behind_silently(
+    world: E2EWorld, all_runs: list[DagRunResult], fault_run: Callable[[str], DagRunResult]
+) -> None:
+    """Every VM still alive belongs to a failed run whose delete_vm failed (reported)."""
+    reported = {
+        spec_of(run).vm.vm_name
+        for run in all_runs
+        if run.state == "failed" and run.tasks["delete_vm"].state == "failed"
+    }
+    assert spec_of(fault_run("destroy")).vm.vm_name in world.live_vms()
+    assert world.live_vms() <= reported
+
+
+def test_tpu_rl_runs_lists_every_run_with_its_state(world: E2EWorld, all_runs: list[DagRunResult]) -> None:
+    listed = world.tpu_rl("runs", "--limit", "50")
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert any(line.split()[:3] == ["RUN", "MODEL", "STATE"] for line in lines), listed.stdout
+    for run in all_runs:
+        (line,) = [line for line in lines if line.startswith(run.ledger_run_id + " ")]
+        assert line.split()[1:3] == ["llama3.1-8b-Instruct", run.state], line
+    happy = all_runs[0]
+    (happy_line,) = [line for line in lines if line.startswith(happy.ledger_run_id + " ")]
+    printed = printed_rewards(happy.output)
+    assert f"{printed['pre']:.2f}→{printed['post']:.2f}" in happy_line
+    assert happy_line.rstrip("/").endswith(spec_of(happy).gcs_export)
