@@ -57,8 +57,12 @@ _TRANSIENT_PATTERNS = (
     re.compile(r"unexpected EOF", re.IGNORECASE),
     re.compile(r"temporary failure in name resolution", re.IGNORECASE),
     # SSH to a TPU VM that is still booting, or a dropped session (gcloud compute ssh exits 255).
-    re.compile(r"ssh: connect to host .* (?:Connection timed out|Connection refused|No route to host)", re.IGNORECASE),
-    re.compile(r"Connection timed out during banner exchange|Connection closed by remote host", re.IGNORECASE),
+    re.compile(
+        r"ssh: connect to host .* (?:Connection timed out|Connection refused|No route to host)", re.IGNORECASE
+    ),
+    re.compile(
+        r"Connection timed out during banner exchange|Connection closed by remote host", re.IGNORECASE
+    ),
     # Compute Engine operations racing each other ("The resource '…' is not ready").
     re.compile(r"The resource '[^'\n]*' is not ready", re.IGNORECASE),
     re.compile(r"\bresourceNotReady\b"),
