@@ -34,6 +34,9 @@ from airflow_provider_tpu_rl.triggers.gcluster_job import GclusterJobTrigger
 Direction = Literal["to_maxtext", "to_huggingface"]
 
 
+MAX_FOLLOWS = 50  # `logs --follow` calls in one in-worker wait
+
+
 def default_poll_interval() -> float:
     """Seconds between job-state polls: ``[tpu_rl] poll_interval`` in the Airflow config."""
     return conf.getfloat("tpu_rl", "poll_interval", fallback=60.0)
@@ -165,7 +168,7 @@ class _GclusterJobOperator(PipelineOperator):
         deadline = time.monotonic() + self.job_timeout.total_seconds() if self.job_timeout else None
         total = self.total_steps(p)
         tracker = TrainingLogTracker() if total is not None else None
-        followed = False
+        follows = 0
         c = p.cluster
         while True:
             job = self._find(p, name)
@@ -181,8 +184,10 @@ class _GclusterJobOperator(PipelineOperator):
                 return self.execute_complete(
                     context, {"status": "timeout", "job_name": name, "state": job.state.value, **extra}
                 )
-            if tracker is not None and total is not None and job.state is JobState.RUNNING and not followed:
-                followed = True  # `logs --follow` returns when the pods end; then poll for the state
+            if tracker is not None and total is not None and follows < MAX_FOLLOWS:
+                # `logs --follow` returns when the pods end, or at once while they do not run yet;
+                # follow again until the job has ended, then poll for its state.
+                follows += 1
                 try:
                     self.hook.stream_job_logs(
                         name,
