@@ -10,10 +10,10 @@ SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
+$(VENV)/.installed: pyproject.toml sandbox/pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q "uv==0.13.9"
-	$(BIN)/uv pip install -q --python $(BIN)/python -c $(CONSTRAINTS) -e '.[dev]'
+	$(BIN)/uv pip install -q --python $(BIN)/python -c $(CONSTRAINTS) -e '.[dev]' -e ./sandbox
 	touch $@
 
 # The ledger tests run against a real PostgreSQL server (Debian's package), started per test session.
@@ -22,8 +22,8 @@ postgres:
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends postgresql; }
 
 lint: venv
-	$(BIN)/ruff check airflow_provider_tpu_rl dags tests
-	$(BIN)/ruff format --check airflow_provider_tpu_rl dags tests
+	$(BIN)/ruff check airflow_provider_tpu_rl sandbox dags tests
+	$(BIN)/ruff format --check airflow_provider_tpu_rl sandbox dags tests
 	$(BIN)/sqlfluff lint sql/
 
 typecheck: venv
@@ -40,11 +40,11 @@ plan: venv
 # The whole multi-host pipeline in the local sandbox (no cloud). Run it twice: the second run
 # finds the converted checkpoint and skips conversion.
 demo: venv
-	$(BIN)/tpu-rl demo
+	$(BIN)/tpu-rl-sandbox demo
 
 # Benchmarks (not tests): parse time vs stock operators, orchestration overhead, worker-slot time.
 bench: venv
-	$(BIN)/tpu-rl bench
+	$(BIN)/tpu-rl-sandbox bench
 
 clean:
 	rm -rf $(VENV) .sandbox .demo .airflow

@@ -1,4 +1,4 @@
-"""``tpu-rl``: print the plan of a DAG run, drive the local sandbox, read the run ledger."""
+"""``tpu-rl``: print the plan of a DAG run, read the run ledger."""
 
 from __future__ import annotations
 
@@ -60,30 +60,6 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--run-id", default="manual__plan", help="run id the job-name suffix derives from")
     plan.add_argument("--pretty", action="store_true", help="indent the JSON")
     plan.set_defaults(handler=_run_plan)
-    try:
-        from airflow_provider_tpu_rl.sandbox.control import add_sandbox_subcommands
-    except ImportError:  # pragma: no cover - the sandbox extra is not installed
-        pass
-    else:
-        add_sandbox_subcommands(sub)
-    try:
-        from airflow_provider_tpu_rl.sandbox.demo import add_demo_arguments, run_demo_command
-    except ImportError:  # pragma: no cover
-        pass
-    else:
-        demo = sub.add_parser("demo", help="run the GKE pipeline end to end in the local sandbox")
-        add_demo_arguments(demo)
-        demo.set_defaults(handler=run_demo_command)
-    try:
-        from airflow_provider_tpu_rl.sandbox.bench import add_bench_arguments, run_bench_command
-    except ImportError:  # pragma: no cover
-        pass
-    else:
-        bench = sub.add_parser(
-            "bench", help="benchmarks: DAG parse time, orchestration overhead, worker-slot time"
-        )
-        add_bench_arguments(bench)
-        bench.set_defaults(handler=run_bench_command)
     try:
         from airflow_provider_tpu_rl.ledger.cli import add_runs_subcommand
     except ImportError:  # pragma: no cover

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from airflow_provider_tpu_rl.sandbox.control import SandboxInfo, sandbox_down, sandbox_up
+from tpu_rl_sandbox.control import SandboxInfo, sandbox_down, sandbox_up
 
 
 @pytest.fixture(scope="session")

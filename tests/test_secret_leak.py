@@ -29,7 +29,7 @@ from airflow_provider_tpu_rl.operators.gke import (
     HfTokenSecretOperator,
 )
 from airflow_provider_tpu_rl.operators.maxtext import MaxTextConvertOperator, PathwaysRLTrainOperator
-from airflow_provider_tpu_rl.sandbox.control import SandboxInfo
+from tpu_rl_sandbox.control import SandboxInfo
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID
 from tests.operators.sandbox_run import (
     RecordingTI,

@@ -46,6 +46,14 @@ GCLUSTER_CONN_FIELDS: dict[str, dict[str, Any]] = {
         "description": "SHA-256 of gcluster_bundle_<os>_<arch>.tgz; required to download the bundle.",
         "schema": {"type": _STRING},
     },
+    "inherit_env": {
+        "label": "Inherited environment",
+        "description": (
+            "Worker environment variables passed on to gcluster/gcloud besides the built-in allow-list "
+            "(PATH, proxies, CLOUDSDK_*): a JSON list of names; NAME* is a prefix."
+        ),
+        "schema": {"type": ["array", "null"], "items": {"type": "string"}},
+    },
     "download_base_url": {
         "label": "Release download URL",
         "description": "Base URL of the release assets (a mirror); <base>/<version>/<asset>.",

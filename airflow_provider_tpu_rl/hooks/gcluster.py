@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -89,6 +91,21 @@ class GclusterConfig:
     version: str = CLUSTER_TOOLKIT_DEFAULT_VERSION
     sha256: str | Mapping[str, str] | None = None
     download_base_url: str | None = None
+    inherit_env: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        value: Any = self.inherit_env
+        if isinstance(value, str):  # a form field holds text: a JSON list or comma-separated names
+            value = json.loads(value) if value.lstrip().startswith("[") else value.split(",")
+            value = [v.strip() for v in value if v.strip()]
+        names = tuple(value)
+        bad = [n for n in names if not isinstance(n, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*\*?", n)]
+        if bad:
+            raise AirflowFailException(
+                f"gcluster connection: inherit_env: names must match [A-Za-z_][A-Za-z0-9_]*, "
+                f"optionally ending in * (got {bad[0]!r})"
+            )
+        object.__setattr__(self, "inherit_env", names)
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any]) -> GclusterConfig:
@@ -264,6 +281,7 @@ class GclusterHook(BaseHook):
             job_home=job_home,
             cwd=cwd,
             ok_if_output_contains=command.ok_if_output_contains,
+            inherit_env=self.config.inherit_env,
         )
 
     @staticmethod

@@ -52,7 +52,7 @@ INHERITED_ENV_NAMES = frozenset(
         "all_proxy",
     }
 )
-INHERITED_ENV_PREFIXES = ("CLOUDSDK_", "TPU_RL_SANDBOX_")
+INHERITED_ENV_PREFIXES = ("CLOUDSDK_",)
 
 
 @dataclass(frozen=True)
@@ -85,14 +85,15 @@ class Redactor:
         return text
 
 
-def minimal_env(source: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The allow-listed part of ``source`` (default ``os.environ``)."""
+def minimal_env(source: Mapping[str, str] | None = None, inherit: Sequence[str] = ()) -> dict[str, str]:
+    """The allow-listed part of ``source`` (default ``os.environ``).
+
+    ``inherit`` adds names to the allow-list; a name ending in ``*`` is a prefix.
+    """
     source = os.environ if source is None else source
-    return {
-        key: value
-        for key, value in source.items()
-        if key in INHERITED_ENV_NAMES or key.startswith(INHERITED_ENV_PREFIXES)
-    }
+    names = INHERITED_ENV_NAMES | {n for n in inherit if not n.endswith("*")}
+    prefixes = INHERITED_ENV_PREFIXES + tuple(n[:-1] for n in inherit if n.endswith("*") and len(n) > 1)
+    return {key: value for key, value in source.items() if key in names or key.startswith(prefixes)}
 
 
 def _default_gcloud_config(source: Mapping[str, str]) -> str | None:
@@ -140,6 +141,7 @@ def prepare_process(
     cwd: str | os.PathLike[str] | None,
     ok_if_output_contains: Sequence[str] = (),
     base_env: Mapping[str, str] | None = None,
+    inherit_env: Sequence[str] = (),
 ) -> PreparedProcess:
     """Build argv/env: a fresh temp HOME (or ``job_home``) with its own KUBECONFIG."""
     source = os.environ if base_env is None else base_env
@@ -151,7 +153,7 @@ def prepare_process(
         home.mkdir(parents=True, exist_ok=True)
         remove_home = False
     (home / ".kube").mkdir(exist_ok=True)
-    env = minimal_env(source)
+    env = minimal_env(source, inherit_env)
     env["HOME"] = str(home)
     env["KUBECONFIG"] = str(home / ".kube" / "config")
     gcloud_config = _default_gcloud_config(source)

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_tpu_rl.sandbox.control import SandboxInfo, sandbox_down, sandbox_env, sandbox_up
-from airflow_provider_tpu_rl.sandbox.gcs import GcsApi, GcsError, split_gs_url
-from airflow_provider_tpu_rl.sandbox.layout import SandboxLayout
-from airflow_provider_tpu_rl.sandbox.state import FAULT_ENV, StateStore, read_calls, reset_faults
+from tpu_rl_sandbox.control import SandboxInfo, sandbox_down, sandbox_env, sandbox_up
+from tpu_rl_sandbox.gcs import GcsApi, GcsError, split_gs_url
+from tpu_rl_sandbox.layout import SandboxLayout
+from tpu_rl_sandbox.state import FAULT_ENV, StateStore, read_calls, reset_faults
 
 REPO = Path(__file__).resolve().parents[2]
 DAGS_DIR = REPO / "dags"

@@ -10,6 +10,7 @@ from airflow.providers.common.compat.sdk import AirflowFailException
 
 from airflow_provider_tpu_rl.hooks import gcluster as gcluster_module
 from airflow_provider_tpu_rl.hooks.failures import FailureKind, GclusterTransientError
+from airflow_provider_tpu_rl.hooks.gcluster import GclusterConfig
 from airflow_provider_tpu_rl.render.command import Command
 
 SENTINEL = "hf_SENTINELtoken0123456789"
@@ -162,11 +163,36 @@ def test_environment_is_minimal_plus_command_env(make_hook, fake_tools, monkeypa
     assert "AIRFLOW__CORE__FERNET_KEY" not in env
     assert "SOME_RANDOM_TOKEN" not in env
     assert env["STORAGE_EMULATOR_HOST"] == "http://localhost:4443"
-    assert env["TPU_RL_SANDBOX_STATE"] == "/tmp/sandbox"
+    assert "TPU_RL_SANDBOX_STATE" not in env  # not on the allow-list without inherit_env
     assert env["CLOUDSDK_CORE_PROJECT"] == "proj"
     assert env["HTTPS_PROXY"] == "http://proxy:3128"
     assert env["TF_LOG"] == "INFO"
     assert "do-not-leak" not in env.values()
+
+
+def test_inherit_env_extends_the_allow_list(make_hook, fake_tools, monkeypatch):
+    monkeypatch.setenv("MY_TOOL_LEVEL", "3")
+    monkeypatch.setenv("MY_TOOL_OTHER", "4")
+    monkeypatch.setenv("EXACT_NAME", "5")
+    monkeypatch.setenv("EXACT_NAME_LONGER", "do-not-pass")
+    monkeypatch.setenv("SOME_RANDOM_TOKEN", "do-not-leak")
+    fake_tools.respond({"match": [], "steps": []})
+    make_hook(inherit_env=["MY_TOOL_*", "EXACT_NAME"]).run(Command(("gcloud", "version")), timeout=GUARD)
+    env = fake_tools.calls()[0]["env"]
+    assert (env["MY_TOOL_LEVEL"], env["MY_TOOL_OTHER"], env["EXACT_NAME"]) == ("3", "4", "5")
+    assert "EXACT_NAME_LONGER" not in env
+    assert "SOME_RANDOM_TOKEN" not in env
+
+
+@pytest.mark.parametrize("value", [["BAD-NAME"], ["*"], ["A;B"], [3]])
+def test_inherit_env_refuses_bad_names(value):
+    with pytest.raises(AirflowFailException, match="inherit_env"):
+        GclusterConfig(inherit_env=value)
+
+
+def test_inherit_env_from_a_form_field_text():
+    assert GclusterConfig.from_extra({"inherit_env": "A_*, B"}).inherit_env == ("A_*", "B")
+    assert GclusterConfig.from_extra({"inherit_env": '["C"]'}).inherit_env == ("C",)
 
 
 def test_ok_if_output_contains_turns_a_failure_into_success(make_hook, fake_tools, recording_logger):

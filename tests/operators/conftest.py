@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_tpu_rl.sandbox.control import SandboxInfo
-from airflow_provider_tpu_rl.sandbox.state import reset_faults
+from tpu_rl_sandbox.control import SandboxInfo
+from tpu_rl_sandbox.state import reset_faults
 from tests.operators.sandbox_run import SandboxRun, enter_sandbox
 
 

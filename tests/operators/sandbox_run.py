@@ -29,11 +29,11 @@ from airflow_provider_tpu_rl.operators.gke import (
     HfTokenSecretOperator,
 )
 from airflow_provider_tpu_rl.operators.maxtext import MaxTextConvertOperator
-from airflow_provider_tpu_rl.sandbox.control import SandboxInfo
-from airflow_provider_tpu_rl.sandbox.emulator import api_for
-from airflow_provider_tpu_rl.sandbox.gcs import GcsApi
-from airflow_provider_tpu_rl.sandbox.layout import SandboxLayout
-from airflow_provider_tpu_rl.sandbox.state import StateStore, read_calls
+from tpu_rl_sandbox.control import SandboxInfo
+from tpu_rl_sandbox.emulator import api_for
+from tpu_rl_sandbox.gcs import GcsApi
+from tpu_rl_sandbox.layout import SandboxLayout
+from tpu_rl_sandbox.state import StateStore, read_calls
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID
 
 STEP_SECONDS = "0.05"

@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_tpu_rl.sandbox.control import SandboxInfo
-from airflow_provider_tpu_rl.sandbox.emulator import api_for
-from airflow_provider_tpu_rl.sandbox.fake_gcloud import Gcloud
-from airflow_provider_tpu_rl.sandbox.fake_gcluster import Gcluster
-from airflow_provider_tpu_rl.sandbox.flags import GcloudUsageError
-from airflow_provider_tpu_rl.sandbox.gcs import GcsApi
-from airflow_provider_tpu_rl.sandbox.layout import SandboxLayout
-from airflow_provider_tpu_rl.sandbox.state import StateStore, reset_faults
+from tpu_rl_sandbox.control import SandboxInfo
+from tpu_rl_sandbox.emulator import api_for
+from tpu_rl_sandbox.fake_gcloud import Gcloud
+from tpu_rl_sandbox.fake_gcluster import Gcluster
+from tpu_rl_sandbox.flags import GcloudUsageError
+from tpu_rl_sandbox.gcs import GcsApi
+from tpu_rl_sandbox.layout import SandboxLayout
+from tpu_rl_sandbox.state import StateStore, reset_faults
 
 STEP_SECONDS = "0.01"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from airflow_provider_tpu_rl.sandbox.bashsim import CallbackSink, CommandFn, NullSink, Shell, Sink
+from tpu_rl_sandbox.bashsim import CallbackSink, CommandFn, NullSink, Shell, Sink
 
 
 class RecordingHost:

@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from airflow_provider_tpu_rl.sandbox import emulator
-from airflow_provider_tpu_rl.sandbox.control import (
+from tpu_rl_sandbox import emulator
+from tpu_rl_sandbox.control import (
     SandboxInfo,
     add_sandbox_subcommands,
     sandbox_down,
     sandbox_env,
     sandbox_up,
 )
-from airflow_provider_tpu_rl.sandbox.layout import SandboxLayout
+from tpu_rl_sandbox.layout import SandboxLayout
 
 
 def test_up_is_idempotent_and_env_describes_the_sandbox(sandbox: SandboxInfo) -> None:
@@ -37,6 +37,7 @@ def test_up_is_idempotent_and_env_describes_the_sandbox(sandbox: SandboxInfo) ->
             "gcluster_path": str(sandbox.bin_dir / "gcluster"),
             "gcloud_path": str(sandbox.bin_dir / "gcloud"),
             "bundle_dir": str(sandbox.bundle_dir),
+            "inherit_env": ["TPU_RL_SANDBOX_*"],
         },
     }
     assert json.loads(env["AIRFLOW_CONN_HUGGINGFACE_DEFAULT"]) == {
@@ -80,9 +81,9 @@ def test_bundle_blueprint_has_the_real_structure(sandbox: SandboxInfo) -> None:
 def test_env_subcommand_prints_shell_exports(
     sandbox: SandboxInfo, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    parser = argparse.ArgumentParser(prog="tpu-rl")
+    parser = argparse.ArgumentParser(prog="tpu-rl-sandbox")
     add_sandbox_subcommands(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["sandbox", "env", "--dir", str(sandbox.root)])
+    args = parser.parse_args(["env", "--dir", str(sandbox.root)])
     assert args.func(args) == 0
     lines = capsys.readouterr().out.splitlines()
     exported = dict(shlex.split(line[len("export ") :])[0].split("=", 1) for line in lines)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_tpu_rl.sandbox.fake_gcloud import COMMANDS
-from airflow_provider_tpu_rl.sandbox.fake_gcluster import build_tree
-from airflow_provider_tpu_rl.sandbox.flags import (
+from tpu_rl_sandbox.fake_gcloud import COMMANDS
+from tpu_rl_sandbox.fake_gcluster import build_tree
+from tpu_rl_sandbox.flags import (
     CobraError,
     CobraHelp,
     GcloudUsageError,
@@ -15,7 +15,7 @@ from airflow_provider_tpu_rl.sandbox.flags import (
     gcloud_resolve,
     required_flags_error,
 )
-from airflow_provider_tpu_rl.sandbox.gotime import GoDurationError, duration_to_seconds_or_int, parse_duration
+from tpu_rl_sandbox.gotime import GoDurationError, duration_to_seconds_or_int, parse_duration
 
 
 def test_vars_split_on_commas_and_accumulate_when_repeated() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from airflow_provider_tpu_rl.sandbox.state import read_calls
+from tpu_rl_sandbox.state import read_calls
 from tests.sandbox.conftest import Cli, Cluster, deploy_args
 
 

@@ -6,8 +6,8 @@ import datetime as dt
 import re
 from collections.abc import Callable
 
-from airflow_provider_tpu_rl.sandbox.fsview import GcsStore, Router, StorageError, basename, join
-from airflow_provider_tpu_rl.sandbox.gcs import GcsError, split_gs_url
+from tpu_rl_sandbox.fsview import GcsStore, Router, StorageError, basename, join
+from tpu_rl_sandbox.gcs import GcsError, split_gs_url
 
 Write = Callable[[str], None]
 

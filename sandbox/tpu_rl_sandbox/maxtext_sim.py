@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from airflow_provider_tpu_rl.sandbox.fsview import (
+from tpu_rl_sandbox.fsview import (
     ORBAX_COMMIT_MARKER,
     CheckpointWriter,
     Router,
@@ -27,8 +27,8 @@ from airflow_provider_tpu_rl.sandbox.fsview import (
     checkpoint_problem,
     join,
 )
-from airflow_provider_tpu_rl.sandbox.maxtext_keys import MAXTEXT_CONFIG_KEYS
-from airflow_provider_tpu_rl.sandbox.state import FaultSpec
+from tpu_rl_sandbox.maxtext_keys import MAXTEXT_CONFIG_KEYS
+from tpu_rl_sandbox.state import FaultSpec
 
 TO_MAXTEXT = "maxtext.checkpoint_conversion.to_maxtext"
 TRAIN_RL = "maxtext.trainers.post_train.rl.train_rl"

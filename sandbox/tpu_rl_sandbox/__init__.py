@@ -6,8 +6,8 @@ renderer mistakes. Nothing in this package imports Airflow.
 
 Entry points:
 
-* :mod:`airflow_provider_tpu_rl.sandbox.control` -- ``sandbox_up`` / ``sandbox_down`` /
-  ``sandbox_env`` and the ``tpu-rl sandbox`` argparse sub-commands.
-* ``python -m airflow_provider_tpu_rl.sandbox.fake_gcluster`` and ``...fake_gcloud`` -- the
+* :mod:`tpu_rl_sandbox.control` -- ``sandbox_up`` / ``sandbox_down`` /
+  ``sandbox_env`` and the ``tpu-rl-sandbox`` argparse sub-commands.
+* ``python -m tpu_rl_sandbox.fake_gcluster`` and ``...fake_gcloud`` -- the
   fakes (normally reached through the shims in ``<root>/bin``).
 """

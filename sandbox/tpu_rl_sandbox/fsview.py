@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from airflow_provider_tpu_rl.sandbox.gcs import GcsApi, GcsError, split_gs_url
+from tpu_rl_sandbox.gcs import GcsApi, GcsError, split_gs_url
 
 ORBAX_COMMIT_MARKER = "commit_success.txt"
 ORBAX_TMP_SUFFIX = ".orbax-checkpoint-tmp-"

@@ -1,6 +1,6 @@
 """Fake ``gcloud``: the subset the provider uses, with gcloud's argument rules and messages.
 
-Run as ``python -m airflow_provider_tpu_rl.sandbox.fake_gcloud ARGS`` (through the
+Run as ``python -m tpu_rl_sandbox.fake_gcloud ARGS`` (through the
 ``<root>/bin/gcloud`` shim). Buckets and objects live in fake-gcs-server; everything else
 (secrets, IAM, VMs, clusters) in the sandbox state. Secret payloads are never stored: only
 their SHA-256 and length.
@@ -22,9 +22,9 @@ from typing import Any
 
 import yaml
 
-from airflow_provider_tpu_rl.sandbox import cloud, emulator, storage_ops
-from airflow_provider_tpu_rl.sandbox.bashsim import CallbackSink, Shell
-from airflow_provider_tpu_rl.sandbox.flags import (
+from tpu_rl_sandbox import cloud, emulator, storage_ops
+from tpu_rl_sandbox.bashsim import CallbackSink, Shell
+from tpu_rl_sandbox.flags import (
     GcloudCommand,
     GcloudParse,
     GcloudUsageError,
@@ -33,9 +33,9 @@ from airflow_provider_tpu_rl.sandbox.flags import (
     gcloud_parse,
     gcloud_resolve,
 )
-from airflow_provider_tpu_rl.sandbox.fsview import GcsStore, LocalStore, Router
-from airflow_provider_tpu_rl.sandbox.layout import SandboxLayout, layout_from_env, rfc3339
-from airflow_provider_tpu_rl.sandbox.state import (
+from tpu_rl_sandbox.fsview import GcsStore, LocalStore, Router
+from tpu_rl_sandbox.layout import SandboxLayout, layout_from_env, rfc3339
+from tpu_rl_sandbox.state import (
     FAULT_ENV,
     FaultGate,
     StateError,
@@ -994,7 +994,7 @@ class Gcloud:
         return 0
 
     def cmd_compute_ssh(self, parsed: GcloudParse) -> int:
-        from airflow_provider_tpu_rl.sandbox import hosts, maxtext_sim
+        from tpu_rl_sandbox import hosts, maxtext_sim
 
         project = self.project(parsed)
         targets = list(parsed.positionals["USER_AT_INSTANCE"])

@@ -18,17 +18,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from airflow_provider_tpu_rl.sandbox import maxtext_sim
-from airflow_provider_tpu_rl.sandbox.bashsim import (
+from tpu_rl_sandbox import maxtext_sim
+from tpu_rl_sandbox.bashsim import (
     CallbackSink,
     CommandFn,
     Shell,
     Sink,
     absolute,
 )
-from airflow_provider_tpu_rl.sandbox.flags import GcloudUsageError
-from airflow_provider_tpu_rl.sandbox.fsview import GcsStore, LocalStore, Router
-from airflow_provider_tpu_rl.sandbox.state import FaultSpec
+from tpu_rl_sandbox.flags import GcloudUsageError
+from tpu_rl_sandbox.fsview import GcsStore, LocalStore, Router
+from tpu_rl_sandbox.state import FaultSpec
 
 SECRET_REF_RE = re.compile(r"projects/([A-Za-z0-9_.:-]+)/secrets/([A-Za-z0-9_-]+)/versions/([A-Za-z0-9_-]+)")
 SYSTEM_BIN_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
@@ -832,7 +832,7 @@ class VmHost(MachineHost):
     def cmd_gcloud(
         self, shell: Shell, argv: list[str], stdin: str, out: Sink, err: Sink, env: dict[str, str]
     ) -> int:
-        from airflow_provider_tpu_rl.sandbox import fake_gcloud
+        from tpu_rl_sandbox import fake_gcloud
 
         router = Router(
             GcsStore(

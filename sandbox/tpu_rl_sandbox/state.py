@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_tpu_rl.sandbox.layout import SandboxLayout
+from tpu_rl_sandbox.layout import SandboxLayout
 
 FAULT_ENV = "TPU_RL_SANDBOX_FAIL"
 FAULT_KINDS = ("deploy", "convert", "train", "export", "destroy", "ssh")

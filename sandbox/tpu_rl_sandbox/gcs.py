@@ -2,7 +2,7 @@
 
 The fakes run as short-lived CLI processes; importing google-cloud-storage costs about a
 second each time, so they talk to fake-gcs-server over its JSON API directly. Tests and the
-lead can use :func:`airflow_provider_tpu_rl.sandbox.emulator.gcs_client` for the real client.
+lead can use :func:`tpu_rl_sandbox.emulator.gcs_client` for the real client.
 """
 
 from __future__ import annotations

@@ -21,18 +21,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_tpu_rl.sandbox import cloud
-from airflow_provider_tpu_rl.sandbox.flags import CobraParse, required_flags_error
-from airflow_provider_tpu_rl.sandbox.gcluster_deploy import Console
-from airflow_provider_tpu_rl.sandbox.gotime import (
+from tpu_rl_sandbox import cloud
+from tpu_rl_sandbox.flags import CobraParse, required_flags_error
+from tpu_rl_sandbox.gcluster_deploy import Console
+from tpu_rl_sandbox.gotime import (
     GoDurationError,
     duration_to_seconds_or_int,
     format_duration,
     parse_duration,
 )
-from airflow_provider_tpu_rl.sandbox.layout import SandboxLayout, parse_rfc3339, rfc3339
-from airflow_provider_tpu_rl.sandbox.maxtext_sim import HOLD_FILE_ENV, STEP_SECONDS_ENV
-from airflow_provider_tpu_rl.sandbox.state import FAULT_ENV, StateStore, parse_faults
+from tpu_rl_sandbox.layout import SandboxLayout, parse_rfc3339, rfc3339
+from tpu_rl_sandbox.maxtext_sim import HOLD_FILE_ENV, STEP_SECONDS_ENV
+from tpu_rl_sandbox.state import FAULT_ENV, StateStore, parse_faults
 
 DNS_1035_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 ENV_NAME_RE = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
@@ -674,7 +674,7 @@ class JobCommands:
                 [
                     sys.executable,
                     "-m",
-                    "airflow_provider_tpu_rl.sandbox.job_worker",
+                    "tpu_rl_sandbox.job_worker",
                     str(self.layout.root),
                     key,
                     uid,

@@ -1,7 +1,7 @@
 """Detached process that plays one submitted job: Kueue admission, the pods, the program.
 
 Started by ``gcluster job submit`` as
-``python -m airflow_provider_tpu_rl.sandbox.job_worker ROOT JOB_KEY UID`` in its own session.
+``python -m tpu_rl_sandbox.job_worker ROOT JOB_KEY UID`` in its own session.
 Status goes Suspended (until Kueue admits it: the cluster's TPU slices are free) -> Running ->
 Succeeded/Failed; a failed attempt is retried ``--restarts`` times like a JobSet restart
 (each attempt gets a fresh pod file system and a fresh log, as ``kubectl logs`` would show).
@@ -15,14 +15,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_tpu_rl.sandbox import cloud
-from airflow_provider_tpu_rl.sandbox.bashsim import CallbackSink, Shell
-from airflow_provider_tpu_rl.sandbox.emulator import api_for
-from airflow_provider_tpu_rl.sandbox.fsview import GcsStore
-from airflow_provider_tpu_rl.sandbox.hosts import MachineServices, PodHost
-from airflow_provider_tpu_rl.sandbox.layout import SandboxLayout, rfc3339
-from airflow_provider_tpu_rl.sandbox.maxtext_sim import DEFAULT_STEP_SECONDS, Cancelled
-from airflow_provider_tpu_rl.sandbox.state import FaultGate, StateStore, parse_faults
+from tpu_rl_sandbox import cloud
+from tpu_rl_sandbox.bashsim import CallbackSink, Shell
+from tpu_rl_sandbox.emulator import api_for
+from tpu_rl_sandbox.fsview import GcsStore
+from tpu_rl_sandbox.hosts import MachineServices, PodHost
+from tpu_rl_sandbox.layout import SandboxLayout, rfc3339
+from tpu_rl_sandbox.maxtext_sim import DEFAULT_STEP_SECONDS, Cancelled
+from tpu_rl_sandbox.state import FaultGate, StateStore, parse_faults
 
 
 class JobGone(Exception):

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from airflow_provider_tpu_rl.sandbox.gcs import GcsApi
-from airflow_provider_tpu_rl.sandbox.layout import SandboxLayout
+from tpu_rl_sandbox.gcs import GcsApi
+from tpu_rl_sandbox.layout import SandboxLayout
 
 if TYPE_CHECKING:
     from google.cloud.storage import Client
@@ -181,7 +181,7 @@ def api_for(layout: SandboxLayout) -> GcsApi:
     """A :class:`GcsApi` for the sandbox's running emulator."""
     info = read_info(layout)
     if info is None:
-        raise EmulatorError(f"no emulator recorded in {layout.root}; run `tpu-rl sandbox up`")
+        raise EmulatorError(f"no emulator recorded in {layout.root}; run `tpu-rl-sandbox up`")
     return GcsApi(f"http://127.0.0.1:{info.port}")
 
 

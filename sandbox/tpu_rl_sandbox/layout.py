@@ -78,7 +78,7 @@ def layout_from_env(env: Mapping[str, str] | None = None) -> SandboxLayout:
     configured = env.get(SANDBOX_DIR_ENV)
     if not configured:
         raise SandboxNotConfiguredError(
-            f"{SANDBOX_DIR_ENV} is not set: run `tpu-rl sandbox up` and use the shims in <root>/bin"
+            f"{SANDBOX_DIR_ENV} is not set: run `tpu-rl-sandbox up` and use the shims in <root>/bin"
         )
     return SandboxLayout(Path(configured).expanduser().resolve())
 

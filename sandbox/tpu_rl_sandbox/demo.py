@@ -1,4 +1,4 @@
-"""``tpu-rl demo``: the whole multi-host pipeline on this machine, in the sandbox.
+"""``tpu-rl-sandbox demo``: the whole multi-host pipeline on this machine, in the sandbox.
 
 Starts the sandbox, migrates a local SQLite Airflow home, runs ``airflow dags test
 tpu_rl_gke_pipeline`` with the Qwen preset, prints what happened (task states and durations,
@@ -20,10 +20,10 @@ from typing import Any
 
 from airflow_provider_tpu_rl.ledger.hook import sqlite_connection_uri
 from airflow_provider_tpu_rl.render.gke import resource_record_object
-from airflow_provider_tpu_rl.sandbox.control import sandbox_down, sandbox_env, sandbox_up
-from airflow_provider_tpu_rl.sandbox.emulator import gcs_client
-from airflow_provider_tpu_rl.sandbox.layout import SandboxLayout, default_root
-from airflow_provider_tpu_rl.sandbox.state import read_calls
+from tpu_rl_sandbox.control import sandbox_down, sandbox_env, sandbox_up
+from tpu_rl_sandbox.emulator import gcs_client
+from tpu_rl_sandbox.layout import SandboxLayout, default_root
+from tpu_rl_sandbox.state import read_calls
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, gke_pipeline_from_conf
 
 # The Qwen preset as the tutorial has it, plus evaluation batches so the reward lines print
@@ -173,7 +173,7 @@ def run_demo(root: Path, airflow_home: Path, dags_folder: Path, conf: Mapping[st
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tpu-rl demo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="tpu-rl-sandbox demo", description=__doc__)
     add_demo_arguments(parser)
     return run_demo_command(parser.parse_args(argv))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from airflow_provider_tpu_rl.sandbox.state import StateStore
+from tpu_rl_sandbox.state import StateStore
 
 WRITE_ROLES = {
     "roles/storage.admin",
@@ -50,7 +50,7 @@ def find_cluster(store: StateStore, project: str, location: str, name: str) -> d
 
 def secret_value(store: StateStore, project: str, secret: str, version: str) -> tuple[str | None, str]:
     """``(stand-in value, "")`` for an enabled secret version, else ``(None, error text)``."""
-    from airflow_provider_tpu_rl.sandbox.hosts import placeholder_token
+    from tpu_rl_sandbox.hosts import placeholder_token
 
     secrets = store.read("secrets")
     record = secrets.get(f"{project}/{secret}")

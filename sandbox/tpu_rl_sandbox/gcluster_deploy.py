@@ -26,11 +26,11 @@ from typing import Any
 
 import yaml
 
-from airflow_provider_tpu_rl.sandbox import cloud
-from airflow_provider_tpu_rl.sandbox.gcs import GcsApi, GcsError
-from airflow_provider_tpu_rl.sandbox.gotime import go_quote
-from airflow_provider_tpu_rl.sandbox.layout import SandboxLayout, rfc3339
-from airflow_provider_tpu_rl.sandbox.state import FaultGate, StateStore
+from tpu_rl_sandbox import cloud
+from tpu_rl_sandbox.gcs import GcsApi, GcsError
+from tpu_rl_sandbox.gotime import go_quote
+from tpu_rl_sandbox.layout import SandboxLayout, rfc3339
+from tpu_rl_sandbox.state import FaultGate, StateStore
 
 LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
 SA_ACCOUNT_ID_RE = re.compile(r"^[a-z](?:[-a-z0-9]{4,28}[a-z0-9])$")

@@ -1,8 +1,8 @@
-"""``tpu-rl sandbox up|down|env``: create, stop and describe a local sandbox folder.
+"""``tpu-rl-sandbox up|down|env``: create, stop and describe a local sandbox folder.
 
 Library use::
 
-    from airflow_provider_tpu_rl.sandbox.control import sandbox_up, sandbox_down, sandbox_env
+    from tpu_rl_sandbox.control import sandbox_up, sandbox_down, sandbox_env
     info = sandbox_up(Path(".sandbox"))      # starts fake-gcs-server, writes shims and bundle
     env = sandbox_env(info.root)             # variables a process needs to use the sandbox
     sandbox_down(info.root, wipe=False)      # stops the emulator and job workers, keeps data
@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from airflow_provider_tpu_rl.sandbox import emulator
-from airflow_provider_tpu_rl.sandbox.gcluster_jobs import kill_all_workers
-from airflow_provider_tpu_rl.sandbox.layout import SANDBOX_DIR_ENV, SandboxLayout, default_root
+from tpu_rl_sandbox import emulator
+from tpu_rl_sandbox.gcluster_jobs import kill_all_workers
+from tpu_rl_sandbox.layout import SANDBOX_DIR_ENV, SandboxLayout, default_root
 
 SANDBOX_PROJECT = "sandbox-project"
 HF_SANDBOX_TOKEN = "hf_sandbox_not_a_real_token"
@@ -56,15 +56,15 @@ class SandboxInfo:
 
 
 def _shim_text(root: Path, module: str) -> str:
-    package_parent = Path(__file__).resolve().parents[2]
+    package_parent = Path(__file__).resolve().parents[1]
     return (
         "#!/bin/sh\n"
-        "# Sandbox shim written by `tpu-rl sandbox up`.\n"
+        "# Sandbox shim written by `tpu-rl-sandbox up`.\n"
         f"{SANDBOX_DIR_ENV}={shlex.quote(str(root))}\n"
         f"export {SANDBOX_DIR_ENV}\n"
         f"PYTHONPATH={shlex.quote(str(package_parent))}${{PYTHONPATH:+:$PYTHONPATH}}\n"
         "export PYTHONPATH\n"
-        f'exec {shlex.quote(sys.executable)} -m airflow_provider_tpu_rl.sandbox.{module} "$@"\n'
+        f'exec {shlex.quote(sys.executable)} -m tpu_rl_sandbox.{module} "$@"\n'
     )
 
 
@@ -78,7 +78,7 @@ def _write_shims(layout: SandboxLayout) -> None:
 
 def _write_bundle(layout: SandboxLayout) -> None:
     source = (
-        resources.files("airflow_provider_tpu_rl.sandbox")
+        resources.files("tpu_rl_sandbox")
         .joinpath("bundle")
         .joinpath(str(BLUEPRINT_RELATIVE))
     )
@@ -102,6 +102,8 @@ def _connection_env(layout: SandboxLayout) -> dict[str, str]:
                     "gcluster_path": str(layout.bin_dir / "gcluster"),
                     "gcloud_path": str(layout.bin_dir / "gcloud"),
                     "bundle_dir": str(layout.bundle_dir),
+                    # fault injection and timing knobs reach the fakes through the hook's env
+                    "inherit_env": ["TPU_RL_SANDBOX_*"],
                 },
             }
         ),
@@ -116,7 +118,7 @@ def sandbox_env(root: Path) -> dict[str, str]:
     layout = SandboxLayout(Path(root).resolve())
     info = emulator.read_info(layout)
     if info is None:
-        raise emulator.EmulatorError(f"no sandbox running in {layout.root}; run `tpu-rl sandbox up`")
+        raise emulator.EmulatorError(f"no sandbox running in {layout.root}; run `tpu-rl-sandbox up`")
     env = {
         "PATH": f"{layout.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
         "STORAGE_EMULATOR_HOST": info.url,
@@ -170,14 +172,14 @@ def _cmd_up(args: argparse.Namespace) -> int:
     try:
         info = sandbox_up(_root_from_args(args))
     except emulator.EmulatorError as error:
-        print(f"tpu-rl sandbox up: {error}", file=sys.stderr)
+        print(f"tpu-rl-sandbox up: {error}", file=sys.stderr)
         return 1
     print(f"sandbox up in {info.root}")
     print(f"  fake-gcs-server: {info.emulator_url} (pid {info.emulator_pid})")
     print(f"  gcluster shim:   {info.gcluster}")
     print(f"  gcloud shim:     {info.gcloud}")
     print(f"  blueprint:       {info.blueprint}")
-    print(f'run: eval "$(tpu-rl sandbox env{" --dir " + shlex.quote(str(info.root)) if args.dir else ""})"')
+    print(f'run: eval "$(tpu-rl-sandbox env{" --dir " + shlex.quote(str(info.root)) if args.dir else ""})"')
     return 0
 
 
@@ -193,43 +195,23 @@ def _cmd_env(args: argparse.Namespace) -> int:
     try:
         env = sandbox_env(_root_from_args(args))
     except emulator.EmulatorError as error:
-        print(f"tpu-rl sandbox env: {error}", file=sys.stderr)
+        print(f"tpu-rl-sandbox env: {error}", file=sys.stderr)
         return 1
     for key, value in sorted(env.items()):
         print(f"export {key}={shlex.quote(value)}")
     return 0
 
 
-def add_sandbox_subcommands(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
-    """Add ``sandbox up|down|env`` to a ``tpu-rl`` argparse parser.
-
-    Each leaf parser sets ``func``; call ``args.func(args)`` and use its return value as the
-    exit code.
-    """
-    sandbox = subparsers.add_parser("sandbox", help="local sandbox: fake gcluster/gcloud and a GCS emulator")
-    actions = sandbox.add_subparsers(dest="sandbox_command", required=True)
+def add_sandbox_subcommands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``up``, ``down`` and ``env`` to the ``tpu-rl-sandbox`` parser (each sets ``func``)."""
     help_dir = f"sandbox folder (default: ${SANDBOX_DIR_ENV} or ./.sandbox)"
-    up = actions.add_parser("up", help="start the sandbox (reuses a running one)")
+    up = subparsers.add_parser("up", help="start the sandbox (reuses a running one)")
     up.add_argument("--dir", help=help_dir)
     up.set_defaults(func=_cmd_up)
-    down = actions.add_parser("down", help="stop the sandbox (keeps its data unless --wipe)")
+    down = subparsers.add_parser("down", help="stop the sandbox (keeps its data unless --wipe)")
     down.add_argument("--dir", help=help_dir)
     down.add_argument("--wipe", action="store_true", help="also delete the sandbox folder")
     down.set_defaults(func=_cmd_down)
-    env = actions.add_parser("env", help="print `export K=V` lines for the sandbox")
+    env = subparsers.add_parser("env", help="print `export K=V` lines for the sandbox")
     env.add_argument("--dir", help=help_dir)
     env.set_defaults(func=_cmd_env)
-    return sandbox
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m airflow_provider_tpu_rl.sandbox.control up|down|env`` (same as ``tpu-rl sandbox``)."""
-    parser = argparse.ArgumentParser(prog="tpu-rl")
-    subparsers = parser.add_subparsers(dest="command", required=True)
-    add_sandbox_subcommands(subparsers)
-    args = parser.parse_args(["sandbox", *(sys.argv[1:] if argv is None else argv)])
-    return int(args.func(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Fake ``gcluster`` (Cluster Toolkit v1.103.0 CLI surface), with cobra/pflag argument rules.
 
-Run as ``python -m airflow_provider_tpu_rl.sandbox.fake_gcluster ARGS`` (through the
+Run as ``python -m tpu_rl_sandbox.fake_gcluster ARGS`` (through the
 ``<root>/bin/gcluster`` shim). Every call is appended to ``<root>/calls.jsonl``.
 """
 
@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from airflow_provider_tpu_rl.sandbox import emulator
-from airflow_provider_tpu_rl.sandbox.flags import (
+from tpu_rl_sandbox import emulator
+from tpu_rl_sandbox.flags import (
     CobraCommand,
     CobraError,
     CobraHelp,
@@ -21,7 +21,7 @@ from airflow_provider_tpu_rl.sandbox.flags import (
     Flag,
     cobra_parse,
 )
-from airflow_provider_tpu_rl.sandbox.gcluster_deploy import (
+from tpu_rl_sandbox.gcluster_deploy import (
     Console,
     DeploymentRunner,
     Fatal,
@@ -32,11 +32,11 @@ from airflow_provider_tpu_rl.sandbox.gcluster_deploy import (
     run_validators,
     write_deployment,
 )
-from airflow_provider_tpu_rl.sandbox.gcluster_jobs import JobCommands, JobError, JobRegistry
-from airflow_provider_tpu_rl.sandbox.gotime import go_quote
-from airflow_provider_tpu_rl.sandbox.layout import SandboxLayout, layout_from_env
-from airflow_provider_tpu_rl.sandbox.maxtext_sim import context_from_env
-from airflow_provider_tpu_rl.sandbox.state import (
+from tpu_rl_sandbox.gcluster_jobs import JobCommands, JobError, JobRegistry
+from tpu_rl_sandbox.gotime import go_quote
+from tpu_rl_sandbox.layout import SandboxLayout, layout_from_env
+from tpu_rl_sandbox.maxtext_sim import context_from_env
+from tpu_rl_sandbox.state import (
     FAULT_ENV,
     FaultGate,
     StateError,

@@ -1,4 +1,4 @@
-"""``tpu-rl bench``: parse time, orchestration overhead and worker-slot time, measured here.
+"""``tpu-rl-sandbox bench``: parse time, orchestration overhead and worker-slot time, measured here.
 
 1. Parse time of each DAG file in a fresh process (``DagBag`` fill time and process wall time),
    next to an equivalent DAG built from the google provider's stock operators, in the same run.
@@ -28,7 +28,7 @@ from typing import Any
 
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.render.command import Command
-from airflow_provider_tpu_rl.sandbox.control import sandbox_down, sandbox_env, sandbox_up
+from tpu_rl_sandbox.control import sandbox_down, sandbox_env, sandbox_up
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, gke_pipeline_from_conf
 
 PARSE_PROBE = textwrap.dedent(
@@ -246,7 +246,7 @@ def bench_pipeline(dags_dir: Path, train_seconds: float, step_seconds: float) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tpu-rl bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="tpu-rl-sandbox bench", description=__doc__)
     add_bench_arguments(parser)
     return run_bench_command(parser.parse_args(argv))
 
@@ -260,7 +260,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_bench_command(args: argparse.Namespace) -> int:
     dags = args.dags_folder.resolve()
-    print(f"tpu-rl bench on {os.cpu_count()} cores, Python {sys.version.split()[0]}", flush=True)
+    print(f"tpu-rl-sandbox bench on {os.cpu_count()} cores, Python {sys.version.split()[0]}", flush=True)
     for line in bench_parse(dags, args.repeats):
         print(line, flush=True)
     for line in bench_pipeline(dags, args.train_seconds, args.step_seconds):
