@@ -1,0 +1,48 @@
+"""The provider's own errors. Hooks raise these; operators decide what is fatal.
+
+A hook never raises ``AirflowFailException``: an operator turns a :class:`ConfigurationError`,
+or a :class:`CommandError` whose :attr:`~CommandError.retryable` is false, into one (see
+``operators.base.fail_fast``), so a bad setting stops the task without burning its retries.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from airflow.providers.common.compat.sdk import AirflowException
+
+
+class FailureKind(enum.Enum):
+    """Why a command failed, as far as its output tells."""
+
+    CAPACITY = "capacity"  # stockout or quota: worth retrying later
+    TRANSIENT = "transient"  # network, rate limit, 5xx, timeout: worth retrying
+    CONFIG = "config"  # anything else: a retry would fail the same way
+
+    @property
+    def retryable(self) -> bool:
+        return self is not FailureKind.CONFIG
+
+
+class TpuRlError(AirflowException):
+    """Base of every error this provider raises."""
+
+
+class ConfigurationError(TpuRlError):
+    """A setting, connection, secret or local tool is wrong or missing; a retry fails the same way."""
+
+
+class CommandError(TpuRlError):
+    """A ``gcluster``/``gcloud`` command failed; :attr:`kind` says whether a retry may help."""
+
+    def __init__(self, message: str, kind: FailureKind = FailureKind.CONFIG) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+    @property
+    def retryable(self) -> bool:
+        return self.kind.retryable
+
+
+class OutputParseError(TpuRlError):
+    """A command succeeded but printed something this provider cannot parse."""
