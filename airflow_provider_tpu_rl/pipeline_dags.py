@@ -16,6 +16,7 @@ from airflow.providers.common.compat.sdk import (
     AirflowFailException,
     Param,
     TriggerRule,
+    chain,
     get_current_context,
     task,
     teardown,
@@ -179,6 +180,15 @@ def record_run_task(cluster_task_ids: Sequence[str], **collect_options: Any) -> 
         return {"run_id": run.run_id, "state": run.state}
 
     return record_run()
+
+
+def chain_in_order(order: Sequence[str], dag: DAG) -> None:
+    """Chain the DAG's tasks in the pipeline's task order (``GKE_TASK_ORDER`` / ``TPU_VM_TASK_ORDER``)."""
+    by_id = dag.task_dict
+    missing = [task_id for task_id in order if task_id not in by_id]
+    if missing:
+        raise ValueError(f"the DAG lacks tasks of its order: {missing}")
+    chain(*(by_id[task_id] for task_id in order))
 
 
 def add_watcher(dag: DAG) -> None:

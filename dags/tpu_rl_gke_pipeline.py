@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any, Final
 
-from airflow.providers.common.compat.sdk import DAG, chain
+from airflow.providers.common.compat.sdk import DAG
 
 from airflow_provider_tpu_rl.ledger.collect import GKE_CLUSTER_TASK_IDS
 from airflow_provider_tpu_rl.ledger.hook import step_callbacks
@@ -21,8 +21,12 @@ from airflow_provider_tpu_rl.operators.gke import (
     GclusterDestroyOperator,
     HfTokenSecretOperator,
 )
-from airflow_provider_tpu_rl.operators.maxtext import MaxTextConvertOperator, PathwaysRLTrainOperator
-from airflow_provider_tpu_rl.operators.pipeline import transient_retries
+from airflow_provider_tpu_rl.operators.maxtext import (
+    MaxTextConvertOperator,
+    MaxTextExportOperator,
+    PathwaysRLTrainOperator,
+)
+from airflow_provider_tpu_rl.operators.pipeline import gke_task_arguments, transient_retries
 from airflow_provider_tpu_rl.pipeline_dags import (
     CLOUD,
     CLUSTER,
@@ -31,6 +35,7 @@ from airflow_provider_tpu_rl.pipeline_dags import (
     SAFETY,
     WATCHER_TASK_ID,
     add_watcher,
+    chain_in_order,
     model_field,
     optional,
     pipeline_params,
@@ -41,6 +46,7 @@ from airflow_provider_tpu_rl.pipeline_dags import (
 from airflow_provider_tpu_rl.sensors.checkpoint import HuggingFaceExportSensor, MaxTextCheckpointSensor
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, GKE_DEFAULTS, Runner, rules
 from airflow_provider_tpu_rl.spec.cluster import CHIPS_PER_VM, V6E_TOPOLOGIES
+from airflow_provider_tpu_rl.spec.pipeline import GKE_TASK_ORDER
 from airflow_provider_tpu_rl.spec.presets import presets_for
 
 # Only for tasks whose failure can be transient (capacity, API 5xx, network).
@@ -195,11 +201,18 @@ with DAG(
     default_args={"owner": "tpu-rl", "retries": 0, **step_callbacks(LEDGER_CONN_ID)},
 ) as dag:
     validated = validate_task()
-    ensure_bucket = EnsureBucketOperator(task_id="ensure_bucket", pipeline="gke", **TRANSIENT_RETRIES)
-    deploy_cluster = GclusterDeployOperator(task_id="deploy_cluster", **TRANSIENT_RETRIES)
-    sync_hf_token = HfTokenSecretOperator(task_id="sync_hf_token", pipeline="gke", **TRANSIENT_RETRIES)
+    args = gke_task_arguments(xcom)
+    ensure_bucket = EnsureBucketOperator(
+        task_id="ensure_bucket", **args["ensure_bucket"], **TRANSIENT_RETRIES
+    )
+    deploy_cluster = GclusterDeployOperator(
+        task_id="deploy_cluster", **args["deploy_cluster"], **TRANSIENT_RETRIES
+    )
+    sync_hf_token = HfTokenSecretOperator(
+        task_id="sync_hf_token", **args["sync_hf_token"], **TRANSIENT_RETRIES
+    )
     convert_to_maxtext = MaxTextConvertOperator(
-        task_id="convert_to_maxtext", direction="to_maxtext", deferrable=True, **TRANSIENT_RETRIES
+        task_id="convert_to_maxtext", deferrable=True, **args["convert_to_maxtext"], **TRANSIENT_RETRIES
     )
     wait_converted_checkpoint = MaxTextCheckpointSensor(
         task_id="wait_converted_checkpoint",
@@ -210,7 +223,7 @@ with DAG(
         poke_interval=30,
         timeout=timedelta(hours=1).total_seconds(),
     )
-    train = PathwaysRLTrainOperator(task_id="train", deferrable=True, **TRANSIENT_RETRIES)
+    train = PathwaysRLTrainOperator(task_id="train", deferrable=True, **args["train"], **TRANSIENT_RETRIES)
     wait_actor_checkpoint = MaxTextCheckpointSensor(
         task_id="wait_actor_checkpoint",
         checkpoint_root=xcom("actor_root"),
@@ -219,8 +232,8 @@ with DAG(
         poke_interval=60,
         timeout=timedelta(hours=2).total_seconds(),
     )
-    export_to_huggingface = MaxTextConvertOperator(
-        task_id="export_to_huggingface", direction="to_huggingface", deferrable=True, **TRANSIENT_RETRIES
+    export_to_huggingface = MaxTextExportOperator(
+        task_id="export_to_huggingface", deferrable=True, **args["export_to_huggingface"], **TRANSIENT_RETRIES
     )
     wait_hf_export = HuggingFaceExportSensor(
         task_id="wait_hf_export",
@@ -231,22 +244,10 @@ with DAG(
     )
     # The bucket is a setup too: once it exists the destroy runs, also after a deploy that failed
     # half-way (a stockout leaves a cluster without TPU nodes). It also owns delete_bucket.
-    destroy_cluster = GclusterDestroyOperator(task_id="destroy_cluster", **TRANSIENT_RETRIES).as_teardown(
-        setups=[ensure_bucket, deploy_cluster]
-    )
+    destroy_cluster = GclusterDestroyOperator(
+        task_id="destroy_cluster", **args["destroy_cluster"], **TRANSIENT_RETRIES
+    ).as_teardown(setups=[ensure_bucket, deploy_cluster])
 
-    chain(
-        validated,
-        ensure_bucket,
-        deploy_cluster,
-        sync_hf_token,
-        convert_to_maxtext,
-        wait_converted_checkpoint,
-        train,
-        wait_actor_checkpoint,
-        export_to_huggingface,
-        wait_hf_export,
-        destroy_cluster,
-        record_run_task(GKE_CLUSTER_TASK_IDS),
-    )
+    record_run = record_run_task(GKE_CLUSTER_TASK_IDS)
+    chain_in_order(GKE_TASK_ORDER, dag)
     add_watcher(dag)

@@ -11,12 +11,12 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any, Final
 
-from airflow.providers.common.compat.sdk import DAG, chain
+from airflow.providers.common.compat.sdk import DAG
 
 from airflow_provider_tpu_rl.ledger.collect import TPU_VM_CLUSTER_TASK_IDS
 from airflow_provider_tpu_rl.ledger.hook import step_callbacks
 from airflow_provider_tpu_rl.operators.gke import EnsureBucketOperator, HfTokenSecretOperator
-from airflow_provider_tpu_rl.operators.pipeline import transient_retries
+from airflow_provider_tpu_rl.operators.pipeline import tpu_vm_task_arguments, transient_retries
 from airflow_provider_tpu_rl.operators.tpu_vm import (
     TpuVmCreateOperator,
     TpuVmDeleteOperator,
@@ -30,6 +30,7 @@ from airflow_provider_tpu_rl.pipeline_dags import (
     VM,
     WATCHER_TASK_ID,
     add_watcher,
+    chain_in_order,
     model_field,
     optional,
     pipeline_params,
@@ -39,6 +40,7 @@ from airflow_provider_tpu_rl.pipeline_dags import (
 )
 from airflow_provider_tpu_rl.sensors.checkpoint import HuggingFaceExportSensor, MaxTextCheckpointSensor
 from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID, TPU_VM_DEFAULTS, Runner, rules
+from airflow_provider_tpu_rl.spec.pipeline import TPU_VM_TASK_ORDER
 from airflow_provider_tpu_rl.spec.presets import presets_for
 
 # Only for tasks whose failure can be transient (capacity, API 5xx, network, apt/pip mirrors).
@@ -159,14 +161,16 @@ with DAG(
     default_args={"owner": "tpu-rl", "retries": 0, **step_callbacks(LEDGER_CONN_ID)},
 ) as dag:
     validated = validate_task()
-    ensure_bucket = EnsureBucketOperator(task_id="ensure_bucket", pipeline="tpu_vm", **TRANSIENT_RETRIES)
-    sync_hf_token = HfTokenSecretOperator(task_id="sync_hf_token", pipeline="tpu_vm", **TRANSIENT_RETRIES)
-    create_vm = TpuVmCreateOperator(task_id="create_vm", **TRANSIENT_RETRIES)
-    install_maxtext = TpuVmStageOperator(task_id="install_maxtext", stage="install", **TRANSIENT_RETRIES)
-    convert_to_maxtext = TpuVmStageOperator(
-        task_id="convert_to_maxtext", stage="convert", **TRANSIENT_RETRIES
+    args = tpu_vm_task_arguments(xcom)
+    ensure_bucket = EnsureBucketOperator(
+        task_id="ensure_bucket", **args["ensure_bucket"], **TRANSIENT_RETRIES
     )
-    train = TpuVmStageOperator(task_id="train", stage="train", **TRANSIENT_RETRIES)
+    sync_hf_token = HfTokenSecretOperator(
+        task_id="sync_hf_token", **args["sync_hf_token"], **TRANSIENT_RETRIES
+    )
+    create_vm = TpuVmCreateOperator(task_id="create_vm", **args["create_vm"], **TRANSIENT_RETRIES)
+    for task_id in ("install_maxtext", "convert_to_maxtext", "train", "export_to_huggingface"):
+        TpuVmStageOperator(task_id=task_id, **args[task_id], **TRANSIENT_RETRIES)
     wait_actor_checkpoint = MaxTextCheckpointSensor(
         task_id="wait_actor_checkpoint",
         checkpoint_root=xcom("actor_root"),
@@ -174,9 +178,6 @@ with DAG(
         deferrable=True,
         poke_interval=30,
         timeout=timedelta(hours=1).total_seconds(),
-    )
-    export_to_huggingface = TpuVmStageOperator(
-        task_id="export_to_huggingface", stage="export", **TRANSIENT_RETRIES
     )
     wait_hf_export = HuggingFaceExportSensor(
         task_id="wait_hf_export",
@@ -187,26 +188,13 @@ with DAG(
     )
     # The bucket is a setup too: once it exists the delete runs, also after a create that failed
     # after a retry left a VM behind (deleting an absent VM succeeds). It also owns delete_bucket.
-    delete_vm = TpuVmDeleteOperator(task_id="delete_vm", **TRANSIENT_RETRIES).as_teardown(
-        setups=[ensure_bucket, create_vm]
+    delete_vm = TpuVmDeleteOperator(
+        task_id="delete_vm", **args["delete_vm"], **TRANSIENT_RETRIES
+    ).as_teardown(setups=[ensure_bucket, create_vm])
+    record_run = record_run_task(
+        TPU_VM_CLUSTER_TASK_IDS,
+        job_task_ids=(),
+        artifact_task_ids={"actor_checkpoint": "wait_actor_checkpoint", "hf_export": "wait_hf_export"},
     )
-
-    chain(
-        validated,
-        ensure_bucket,
-        sync_hf_token,
-        create_vm,
-        install_maxtext,
-        convert_to_maxtext,
-        train,
-        wait_actor_checkpoint,
-        export_to_huggingface,
-        wait_hf_export,
-        delete_vm,
-        record_run_task(
-            TPU_VM_CLUSTER_TASK_IDS,
-            job_task_ids=(),
-            artifact_task_ids={"actor_checkpoint": "wait_actor_checkpoint", "hf_export": "wait_hf_export"},
-        ),
-    )
+    chain_in_order(TPU_VM_TASK_ORDER, dag)
     add_watcher(dag)

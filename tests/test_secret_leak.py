@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from airflow._shared.logging.structlog import PER_LOGGER_LEVELS
+from airflow.providers.common.compat.sdk import DAG
 from structlog.testing import capture_logs
 
 from airflow_provider_tpu_rl.cli import main as tpu_rl_cli
@@ -28,9 +29,13 @@ from airflow_provider_tpu_rl.operators.gke import (
     GclusterDeployOperator,
     HfTokenSecretOperator,
 )
-from airflow_provider_tpu_rl.operators.maxtext import MaxTextConvertOperator, PathwaysRLTrainOperator
-from tpu_rl_sandbox.control import SandboxInfo
-from airflow_provider_tpu_rl.spec import GKE_DAG_ID
+from airflow_provider_tpu_rl.operators.maxtext import (
+    MaxTextConvertOperator,
+    MaxTextExportOperator,
+    PathwaysRLTrainOperator,
+)
+from airflow_provider_tpu_rl.operators.pipeline import gke_task_arguments
+from airflow_provider_tpu_rl.spec import GKE_DAG_ID, gke_pipeline_from_conf
 from tests.operators.sandbox_run import (
     RecordingTI,
     SandboxRun,
@@ -40,17 +45,16 @@ from tests.operators.sandbox_run import (
     json_text,
     run_trigger,
 )
+from tpu_rl_sandbox.control import SandboxInfo
 
 SENTINEL = f"hf_leakcheck_{uuid.uuid4().hex}"
 SECRET_ID = "tpu-rl-hf-token-huggingface_default"
 RUN_ID = "manual__2026-03-01T00:00:00+00:00"
 
 
-def _templated(conf: dict[str, Any]) -> dict[str, Any]:
-    """``pipeline_conf`` as a DAG author would template it from the params (strings only)."""
-    return {
-        key: "{{ params." + key + " }}" if isinstance(value, str) else value for key, value in conf.items()
-    }
+def _templated(task_id: str) -> dict[str, Any]:
+    """The task's arguments as a DAG author would template them: each from a param."""
+    return gke_task_arguments(lambda key: "{{ params." + key + " }}")[task_id]
 
 
 def _forms(secret: str) -> list[bytes]:
@@ -62,33 +66,28 @@ def _forms(secret: str) -> list[bytes]:
 def _run_pipeline(sb: SandboxRun, conf: dict[str, Any]) -> dict[str, list[Any]]:
     """Every GKE work operator, in DAG order; what each exposed to Airflow (XCom, templates, triggers)."""
     seen: dict[str, list[Any]] = {"xcom": [], "rendered": [], "trigger": [], "results": []}
-    templated = _templated(conf)
-    operators = [
-        sb.operator(EnsureBucketOperator, task_id="ensure_bucket", pipeline="gke", pipeline_conf=templated),
-        sb.operator(GclusterDeployOperator, task_id="deploy_cluster", pipeline_conf=templated),
-        sb.operator(HfTokenSecretOperator, task_id="sync_hf_token", pipeline="gke", pipeline_conf=templated),
-        sb.operator(
-            MaxTextConvertOperator,
-            task_id="convert_to_maxtext",
-            direction="to_maxtext",
-            pipeline_conf=templated,
-        ),
-        sb.operator(PathwaysRLTrainOperator, task_id="train", pipeline_conf=templated),
-        sb.operator(
-            MaxTextConvertOperator,
-            task_id="export_to_huggingface",
-            direction="to_huggingface",
-            pipeline_conf=templated,
-        ),
-    ]
-    for op in operators:
+    resolved = gke_pipeline_from_conf(conf, run_id=RUN_ID).resolved()
+    classes = {
+        "ensure_bucket": EnsureBucketOperator,
+        "deploy_cluster": GclusterDeployOperator,
+        "sync_hf_token": HfTokenSecretOperator,
+        "convert_to_maxtext": MaxTextConvertOperator,
+        "train": PathwaysRLTrainOperator,
+        "export_to_huggingface": MaxTextExportOperator,
+    }
+    for task_id, factory in classes.items():
+        op = factory(
+            task_id=task_id,
+            dag=DAG(GKE_DAG_ID, schedule=None, render_template_as_native_obj=True),
+            **_templated(task_id),
+        )
         ti = RecordingTI()
-        context = sb.context(op, conf, run_id=RUN_ID, ti=ti)
+        context = sb.context(op, resolved, run_id=RUN_ID, ti=ti, apply_arguments=False)
         op.render_template_fields(context)
         rendered = {field: getattr(op, field) for field in op.template_fields}
-        assert rendered["pipeline_conf"] == conf  # the templates really rendered
+        assert rendered["project_id"] == sb.project  # the templates really rendered
         seen["rendered"].append(rendered)
-        if isinstance(op, MaxTextConvertOperator | PathwaysRLTrainOperator):
+        if isinstance(op, MaxTextConvertOperator | MaxTextExportOperator | PathwaysRLTrainOperator):
             deferred = defer(op, context)
             seen["trigger"] += [deferred.trigger.serialize(), deferred.kwargs, deferred.timeout]
             event = run_trigger(deferred.trigger)

@@ -18,7 +18,6 @@ import re
 import shutil
 import stat
 import sys
-import tarfile
 import tempfile
 import urllib.error
 import urllib.parse
@@ -27,9 +26,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from airflow.providers.common.compat.sdk import AirflowFailException
-
-from airflow_provider_tpu_rl.hooks.failures import FailureKind, GclusterTransientError
+from airflow_provider_tpu_rl.exceptions import CommandError, ConfigurationError, FailureKind
 
 log = logging.getLogger(__name__)
 
@@ -63,15 +60,13 @@ def current_platform(system: str | None = None, machine: str | None = None) -> B
     elif system in ("darwin", "mac", "macos"):
         os_name = "mac"
     else:
-        raise AirflowFailException(
-            f"Cluster Toolkit publishes no bundle for OS {system!r}; set gcluster_path"
-        )
+        raise ConfigurationError(f"Cluster Toolkit publishes no bundle for OS {system!r}; set gcluster_path")
     if machine in ("x86_64", "amd64"):
         arch = "amd64"
     elif machine in ("aarch64", "arm64"):
         arch = "arm64"
     else:
-        raise AirflowFailException(
+        raise ConfigurationError(
             f"Cluster Toolkit publishes no bundle for CPU {machine!r}; set gcluster_path"
         )
     return BundlePlatform(os_name, arch)
@@ -97,7 +92,7 @@ def expected_sha256(sha256: str | Mapping[str, str] | None, plat: BundlePlatform
         return None
     value = value.strip().lower().removeprefix("sha256:")
     if not _SHA256_RE.match(value):
-        raise AirflowFailException(f"sha256 for {plat.asset_name} is not 64 hex digits: {value!r}")
+        raise ConfigurationError(f"sha256 for {plat.asset_name} is not 64 hex digits: {value!r}")
     return value
 
 
@@ -125,8 +120,8 @@ def ensure_bundle(
     """The bundle root for ``version`` (holding ``gcluster`` and ``examples/``), downloading it once.
 
     Another process installing the same bundle is waited for (file lock), then its result is used.
-    Raises ``AirflowFailException`` when no checksum is configured, the checksum does not match, or
-    the release cannot be reached (offline); ``GclusterTransientError`` for an HTTP 429/5xx.
+    Raises :class:`ConfigurationError` when no checksum is configured, the checksum does not match,
+    or the release cannot be reached (offline); a retryable :class:`CommandError` for an HTTP 429/5xx.
     """
     plat = plat or current_platform()
     root = bundle_root(cache_dir, version, plat)
@@ -135,7 +130,7 @@ def ensure_bundle(
     digest = expected_sha256(sha256, plat)
     url = f"{(base_url or RELEASE_BASE_URL).rstrip('/')}/{version}/{plat.asset_name}"
     if digest is None:
-        raise AirflowFailException(
+        raise ConfigurationError(
             f"refusing to download an unverified Cluster Toolkit bundle {url}: Cluster Toolkit publishes no "
             f"checksum file, so set the connection extra sha256 (the SHA-256 of {plat.asset_name}), "
             f"or set gcluster_path to an installed gcluster, or extract the bundle to {root}"
@@ -143,7 +138,7 @@ def ensure_bundle(
     try:
         root.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise AirflowFailException(
+        raise ConfigurationError(
             f"cannot create the Cluster Toolkit cache folder {root.parent}: {err}; set cache_dir or gcluster_path"
         ) from err
     with _file_lock(root.parent / f".{plat.key}.lock"):
@@ -166,7 +161,7 @@ def ensure_bundle(
 def _download(url: str, target: Path, digest: str, *, version: str, root: Path, timeout: float) -> None:
     scheme = urllib.parse.urlsplit(url).scheme
     if scheme not in ("https", "http", "file"):
-        raise AirflowFailException(f"unsupported bundle URL scheme {scheme!r} in {url}")
+        raise ConfigurationError(f"unsupported bundle URL scheme {scheme!r} in {url}")
     hasher = hashlib.sha256()
     log.info("Downloading Cluster Toolkit %s from %s", version, url)
     try:
@@ -176,43 +171,45 @@ def _download(url: str, target: Path, digest: str, *, version: str, root: Path, 
                 out.write(chunk)
     except urllib.error.HTTPError as err:
         if err.code == 429 or err.code >= 500:
-            raise GclusterTransientError(
+            raise CommandError(
                 f"cannot download Cluster Toolkit {version} from {url}: HTTP {err.code}",
                 FailureKind.TRANSIENT,
             ) from err
-        raise AirflowFailException(
+        raise ConfigurationError(
             f"cannot download Cluster Toolkit {version} from {url}: HTTP {err.code} {err.reason}; "
             "check the version and download_base_url, or set gcluster_path"
         ) from err
     except (urllib.error.URLError, OSError, TimeoutError) as err:
         reason = getattr(err, "reason", err)
-        raise AirflowFailException(
+        raise ConfigurationError(
             f"cannot download Cluster Toolkit {version} from {url} ({reason}): this worker seems to be "
             f"offline; set gcluster_path in the gcluster connection to an installed gcluster (and "
             f"bundle_dir to its folder), or extract the bundle to {root}"
         ) from err
     actual = hasher.hexdigest()
     if actual != digest:
-        raise AirflowFailException(
+        raise ConfigurationError(
             f"checksum mismatch for {url}: expected sha256 {digest}, got {actual}; refusing the bundle"
         )
 
 
 def _extract(archive: Path, dest: Path) -> Path:
     """Extract with tarfile's ``data`` filter (no absolute paths, ``..``, devices, links out)."""
+    import tarfile
+
     dest.mkdir()
     try:
         with tarfile.open(archive, "r:*") as tar:
             tar.extractall(dest, filter="data")
     except (tarfile.TarError, OSError) as err:
-        raise AirflowFailException(f"cannot extract Cluster Toolkit bundle {archive.name}: {err}") from err
+        raise ConfigurationError(f"cannot extract Cluster Toolkit bundle {archive.name}: {err}") from err
     root = dest
     if not (root / "gcluster").is_file():
         children = [p for p in dest.iterdir() if p.is_dir()]
         if len(children) == 1 and (children[0] / "gcluster").is_file():
             root = children[0]
         else:
-            raise AirflowFailException(f"bundle {archive.name} has no gcluster binary at its root")
+            raise ConfigurationError(f"bundle {archive.name} has no gcluster binary at its root")
     binary = root / "gcluster"
     binary.chmod(binary.stat().st_mode | stat.S_IXUSR | stat.S_IRUSR)
     if not (root / "examples").is_dir():

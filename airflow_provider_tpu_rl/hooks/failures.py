@@ -1,24 +1,17 @@
-"""Classify a failed command's output: capacity, transient, or a configuration error."""
+"""Classify a failed command's output: capacity, transient, or a configuration error.
+
+The kinds (:class:`~airflow_provider_tpu_rl.exceptions.FailureKind`) and the error a failed command
+raises (:class:`~airflow_provider_tpu_rl.exceptions.CommandError`) live in
+:mod:`airflow_provider_tpu_rl.exceptions`.
+"""
 
 from __future__ import annotations
 
-import enum
 import re
 
-from airflow.providers.common.compat.sdk import AirflowException
+from airflow_provider_tpu_rl.exceptions import FailureKind
 
-
-class FailureKind(enum.Enum):
-    """Why a command failed, as far as its output tells."""
-
-    CAPACITY = "capacity"  # stockout or quota: worth retrying later
-    TRANSIENT = "transient"  # network, rate limit, 5xx: worth retrying
-    CONFIG = "config"  # anything else: a retry would fail the same way
-
-    @property
-    def retryable(self) -> bool:
-        return self is not FailureKind.CONFIG
-
+__all__ = ["FailureKind", "classify_failure"]
 
 _CAPACITY_PATTERNS = (
     re.compile(r"GCE_STOCKOUT"),
@@ -83,15 +76,3 @@ def classify_failure(output: str) -> FailureKind:
     if any(p.search(output) for p in _TRANSIENT_PATTERNS):
         return FailureKind.TRANSIENT
     return FailureKind.CONFIG
-
-
-class GclusterTransientError(AirflowException):
-    """A command failed for a reason that may pass (capacity, network): let Airflow retry."""
-
-    def __init__(self, message: str, kind: FailureKind = FailureKind.TRANSIENT) -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
-class GclusterOutputError(AirflowException):
-    """A command succeeded but printed something this provider cannot parse."""

@@ -2,8 +2,10 @@
 
 Every command runs without a shell, with stdin closed (or fed a secret/script, then closed), in a
 fresh HOME and KUBECONFIG, with a minimal environment; each output line goes to the task log with
-secrets redacted. ``run_checked`` turns failures into ``GclusterTransientError`` (capacity/network:
-Airflow retries) or ``AirflowFailException`` (configuration: no retry).
+secrets redacted. ``run_checked`` turns a failure into a :class:`CommandError` whose ``kind`` (and so
+``retryable``) comes from :func:`classify_failure`; a bad connection, a missing tool or secret is a
+:class:`ConfigurationError`; unparsable output an :class:`OutputParseError`. This hook never raises
+``AirflowFailException``: the operator decides what is fatal.
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from airflow.providers.common.compat.sdk import (
-    AirflowException,
-    AirflowFailException,
-    BaseHook,
-    mask_secret,
-)
+from airflow.providers.common.compat.sdk import AirflowException, BaseHook, mask_secret
 
+from airflow_provider_tpu_rl.exceptions import (
+    CommandError,
+    ConfigurationError,
+    FailureKind,
+    OutputParseError,
+)
 from airflow_provider_tpu_rl.hooks.bundle import default_cache_dir, ensure_bundle
 from airflow_provider_tpu_rl.hooks.connection_fields import (
     CLUSTER_TOOLKIT_DEFAULT_VERSION,
@@ -36,12 +39,7 @@ from airflow_provider_tpu_rl.hooks.connection_fields import (
     legacy_field_behaviour,
     legacy_form_widgets,
 )
-from airflow_provider_tpu_rl.hooks.failures import (
-    FailureKind,
-    GclusterOutputError,
-    GclusterTransientError,
-    classify_failure,
-)
+from airflow_provider_tpu_rl.hooks.failures import classify_failure
 from airflow_provider_tpu_rl.hooks.jobs import (
     GclusterJob,
     JobState,
@@ -61,14 +59,15 @@ from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.render.command import Command
 
 __all__ = [
+    "CommandError",
     "CommandResult",
+    "ConfigurationError",
     "FailureKind",
     "GclusterConfig",
     "GclusterHook",
     "GclusterJob",
-    "GclusterOutputError",
-    "GclusterTransientError",
     "JobState",
+    "OutputParseError",
     "classify_failure",
 ]
 
@@ -96,12 +95,25 @@ class GclusterConfig:
     def __post_init__(self) -> None:
         value: Any = self.inherit_env
         if isinstance(value, str):  # a form field holds text: a JSON list or comma-separated names
-            value = json.loads(value) if value.lstrip().startswith("[") else value.split(",")
-            value = [v.strip() for v in value if v.strip()]
+            try:
+                value = json.loads(value) if value.lstrip().startswith("[") else value.split(",")
+            except ValueError as err:
+                raise ConfigurationError(
+                    f"gcluster connection: inherit_env is not a JSON list of names: {err}"
+                ) from err
+            if isinstance(value, list):
+                value = [v.strip() if isinstance(v, str) else v for v in value]
+                value = [v for v in value if v != ""]
+        if not isinstance(value, list | tuple):
+            raise ConfigurationError(
+                f"gcluster connection: inherit_env must be a list of names, got {type(value).__name__}"
+            )
         names = tuple(value)
-        bad = [n for n in names if not isinstance(n, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*\*?", n)]
+        bad = [
+            n for n in names if not isinstance(n, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*\*?", n)
+        ]
         if bad:
-            raise AirflowFailException(
+            raise ConfigurationError(
                 f"gcluster connection: inherit_env: names must match [A-Za-z_][A-Za-z0-9_]*, "
                 f"optionally ending in * (got {bad[0]!r})"
             )
@@ -164,7 +176,7 @@ class GclusterHook(BaseHook):
 
     def _missing_connection(self, err: Exception) -> GclusterConfig:
         if self.gcluster_conn_id != self.default_conn_name:
-            raise AirflowFailException(
+            raise ConfigurationError(
                 f"gcluster connection {self.gcluster_conn_id!r} is not defined: {err}"
             ) from err
         self.log.info("No %r connection: using gcluster defaults", self.default_conn_name)
@@ -216,19 +228,19 @@ class GclusterHook(BaseHook):
             if config.gcluster_path:
                 path = str(Path(config.gcluster_path).expanduser())
                 if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-                    raise AirflowFailException(f"gcluster_path {path!r} is not an executable file")
+                    raise ConfigurationError(f"gcluster_path {path!r} is not an executable file")
             else:
                 path = str(self._install_bundle(config) / "gcluster")
         elif tool == "gcloud":
             configured = config.gcloud_path or "gcloud"
             found = shutil.which(os.path.expanduser(configured))
             if found is None:
-                raise AirflowFailException(
+                raise ConfigurationError(
                     f"gcloud not found ({configured!r}); install the Google Cloud CLI or set gcloud_path"
                 )
             path = found
         else:
-            raise AirflowFailException(f"unknown tool {tool!r}: this hook runs only {', '.join(TOOLS)}")
+            raise ConfigurationError(f"unknown tool {tool!r}: this hook runs only {', '.join(TOOLS)}")
         self._tool_paths[tool] = path
         return path
 
@@ -245,7 +257,7 @@ class GclusterHook(BaseHook):
             candidate = Path(config.gcluster_path).expanduser().resolve().parent
             if (candidate / "examples").is_dir():
                 return candidate
-            raise AirflowFailException(
+            raise ConfigurationError(
                 f"no examples/ next to gcluster_path {config.gcluster_path!r}; set bundle_dir"
             )
         return self._install_bundle(config)
@@ -267,7 +279,7 @@ class GclusterHook(BaseHook):
         if command.stdin_secret:
             payload = secret_values.get(command.stdin_secret)
             if payload is None:
-                raise AirflowFailException(
+                raise ConfigurationError(
                     f"{self._label(command)}: needs the secret {command.stdin_secret!r} on stdin, "
                     "but no value was given for it"
                 )
@@ -342,7 +354,10 @@ class GclusterHook(BaseHook):
     def check_result(
         self, command: Command, result: CommandResult, secrets: Mapping[str, str] | None = None
     ) -> CommandResult:
-        """Return ``result`` if it is a success, else raise the exception its output calls for."""
+        """Return ``result`` if it is a success, else raise a :class:`CommandError`.
+
+        Its ``kind`` is what :func:`classify_failure` makes of the output; a timeout is transient.
+        """
         if result.ok:
             if result.ok_marker:
                 self.log.info("%s: counted as done (%r in output)", self._label(command), result.ok_marker)
@@ -351,12 +366,11 @@ class GclusterHook(BaseHook):
         tail = "\n".join(redact(line) for line in result.output_lines[-ERROR_TAIL_LINES:])
         label = redact(self._label(command))
         if result.timed_out:
-            raise GclusterTransientError(f"{label} timed out; last output:\n{tail}", FailureKind.TRANSIENT)
+            raise CommandError(f"{label} timed out; last output:\n{tail}", FailureKind.TRANSIENT)
         kind = classify_failure(result.output)
-        message = f"{label} failed with exit code {result.exit_code} ({kind.value}); last output:\n{tail}"
-        if kind.retryable:
-            raise GclusterTransientError(message, kind)
-        raise AirflowFailException(message)
+        raise CommandError(
+            f"{label} failed with exit code {result.exit_code} ({kind.value}); last output:\n{tail}", kind
+        )
 
     def run_checked(
         self,
@@ -369,7 +383,7 @@ class GclusterHook(BaseHook):
         job_home: str | os.PathLike[str] | None = None,
         log_output: bool = True,
     ) -> CommandResult:
-        """:meth:`run`, raising ``GclusterTransientError`` (retry) or ``AirflowFailException``."""
+        """:meth:`run`, raising :class:`CommandError` on failure (see :meth:`check_result`)."""
         result = self.run(
             command,
             secrets=secrets,
@@ -432,7 +446,7 @@ class GclusterHook(BaseHook):
             return parse_job_list(result.output_lines)
         except ValueError as err:
             tail = "\n".join(result.output_lines[-ERROR_TAIL_LINES:])
-            raise GclusterOutputError(f"{command.description}: {err}; output:\n{tail}") from err
+            raise OutputParseError(f"{command.description}: {err}; output:\n{tail}") from err
 
     def list_jobs(
         self,

@@ -8,14 +8,39 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow.providers.common.compat.sdk import AirflowException, AirflowFailException, BaseHook, mask_secret
+from airflow.providers.common.compat.sdk import AirflowException, BaseHook, mask_secret
 
+from airflow_provider_tpu_rl.exceptions import CommandError, ConfigurationError, FailureKind
 from airflow_provider_tpu_rl.hooks.connection_fields import (
     HUGGINGFACE_CONN_FIELDS,
     HUGGINGFACE_UI_FIELD_BEHAVIOUR,
     legacy_field_behaviour,
     legacy_form_widgets,
 )
+from airflow_provider_tpu_rl.hooks.failures import classify_failure
+
+# HTTP/gRPC statuses of a Secret Manager call that a retry may get past.
+_TRANSIENT_HTTP_CODES = frozenset({408, 429, 500, 502, 503, 504})
+_TRANSIENT_GRPC_NAMES = frozenset(
+    {"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "INTERNAL", "ABORTED"}
+)
+# google.api_core's retry giving up, google.auth's transport failing.
+_TRANSIENT_ERROR_NAMES = frozenset({"RetryError", "TransportError"})
+
+
+def secret_read_failure_kind(err: BaseException) -> FailureKind:
+    """Whether a failed Secret Manager read may pass (5xx, 429, timeout, network) or not (403, 404)."""
+    code = getattr(err, "code", None)
+    if isinstance(code, int) and code in _TRANSIENT_HTTP_CODES:
+        return FailureKind.TRANSIENT
+    grpc_status = getattr(err, "grpc_status_code", None)
+    if getattr(grpc_status, "name", None) in _TRANSIENT_GRPC_NAMES:
+        return FailureKind.TRANSIENT
+    if isinstance(err, TimeoutError | ConnectionError) or type(err).__name__ in _TRANSIENT_ERROR_NAMES:
+        return FailureKind.TRANSIENT
+    if isinstance(err, PermissionError | FileNotFoundError):
+        return FailureKind.CONFIG
+    return classify_failure(f"{type(err).__name__}: {err}")
 
 
 class HuggingFaceTokenHook(BaseHook):
@@ -39,7 +64,7 @@ class HuggingFaceTokenHook(BaseHook):
         *,
         secret_id: str | None = None,
         secret_project_id: str | None = None,
-        secret_version: str = "latest",  # noqa: S107
+        secret_version: str = "latest",
         gcp_conn_id: str = "google_cloud_default",
         **kwargs: Any,
     ) -> None:
@@ -62,7 +87,11 @@ class HuggingFaceTokenHook(BaseHook):
         return self.get_token()
 
     def get_token(self) -> str:
-        """The token, masked in every log from now on. Raises ``AirflowFailException`` if missing."""
+        """The token, masked in every log from now on.
+
+        Raises :class:`ConfigurationError` when the connection or secret is missing or empty, and
+        :class:`CommandError` when Secret Manager cannot be read (``retryable`` for a 5xx/429/timeout).
+        """
         if self.secret_id:
             token = self._token_from_secret_manager()
             source = f"Secret Manager secret {self.secret_id!r}"
@@ -71,7 +100,7 @@ class HuggingFaceTokenHook(BaseHook):
             source = f"connection {self.hf_conn_id!r}"
         token = token.strip()
         if not token:
-            raise AirflowFailException(f"Hugging Face token: {source} is empty")
+            raise ConfigurationError(f"Hugging Face token: {source} is empty")
         mask_secret(token)
         self.log.info("Hugging Face token read from %s", source)
         return token
@@ -80,7 +109,7 @@ class HuggingFaceTokenHook(BaseHook):
         try:
             conn = self.get_connection(self.hf_conn_id)
         except AirflowException as err:
-            raise AirflowFailException(
+            raise ConfigurationError(
                 f"Hugging Face token: connection {self.hf_conn_id!r} is not defined; create it with the "
                 "token as its password, or name a Secret Manager secret (secret_id)"
             ) from err
@@ -93,7 +122,7 @@ class HuggingFaceTokenHook(BaseHook):
         if token:
             mask_secret(token)
             return token
-        raise AirflowFailException(
+        raise ConfigurationError(
             f"Hugging Face token: connection {self.hf_conn_id!r} has neither a password nor an extra 'token'"
         )
 
@@ -109,11 +138,15 @@ class HuggingFaceTokenHook(BaseHook):
                 secret_version=self.secret_version,
             )
         except Exception as err:
-            raise AirflowFailException(
+            message = (
                 f"Hugging Face token: cannot read Secret Manager secret {self.secret_id!r} "
                 f"(project {self.secret_project_id or 'of ' + self.gcp_conn_id}, "
                 f"version {self.secret_version}): {type(err).__name__}: {str(err)[:300]}"
-            ) from err
+            )
+            kind = secret_read_failure_kind(err)
+            if kind.retryable:
+                raise CommandError(message, kind) from err
+            raise ConfigurationError(message) from err
         data = response.payload.data
         token = data.decode("utf-8") if isinstance(data, bytes) else str(data)
         if token:

@@ -11,6 +11,10 @@ Connection ``tpu_rl_ledger`` picks the database:
 When ``tpu_rl_ledger`` is not defined, the ledger is the SQLite file
 ``$AIRFLOW_HOME/tpu_rl_ledger.db`` (``~/airflow/tpu_rl_ledger.db`` without ``AIRFLOW_HOME``).
 Every write is an upsert, so a retried or re-run ledger task never adds duplicate rows.
+
+A DAG file imports this module for :func:`step_callbacks`, so it imports no database hook or client:
+the SQL hooks and BigQuery are imported when the ledger is first used. A connection that is missing
+(other than the default) or of a type the ledger does not support is a :class:`ConfigurationError`.
 """
 
 from __future__ import annotations
@@ -20,14 +24,14 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote
 
 from airflow.providers.common.compat.sdk import AirflowNotFoundException, BaseHook
-from airflow.providers.sqlite.hooks.sqlite import SqliteHook
 
+from airflow_provider_tpu_rl.exceptions import ConfigurationError
 from airflow_provider_tpu_rl.ledger.collect import collect_run_from_context, state_name
 from airflow_provider_tpu_rl.ledger.dialects import (
     LEDGER_TABLES,
@@ -82,15 +86,22 @@ def sqlite_connection_uri(path: str | os.PathLike[str]) -> str:
     return "sqlite://" + quote(str(Path(path).resolve()), safe="")
 
 
-class _SqliteFileHook(SqliteHook):
-    """A SqliteHook on a file, for the default ledger that has no Airflow connection."""
+@cache
+def _sqlite_file_hook_class() -> type[Any]:
+    """``SqliteHook`` on a file (imported on first use, not when a DAG file imports this module)."""
+    from airflow.providers.sqlite.hooks.sqlite import SqliteHook
 
-    def __init__(self, path: Path) -> None:
-        super().__init__()
-        self._path = path
+    class _SqliteFileHook(SqliteHook):
+        """A SqliteHook on a file, for the default ledger that has no Airflow connection."""
 
-    def get_uri(self) -> str:
-        return f"sqlite:///{self._path}"
+        def __init__(self, path: Path) -> None:
+            super().__init__()
+            self._path = path
+
+        def get_uri(self) -> str:
+            return f"sqlite:///{self._path}"
+
+    return _SqliteFileHook
 
 
 class _Session(Protocol):
@@ -229,9 +240,12 @@ class RunLedger:
         """The Airflow connection, or None when the default connection is not defined."""
         try:
             return BaseHook.get_connection(self.conn_id)
-        except AirflowNotFoundException:
+        except AirflowNotFoundException as err:
             if self.conn_id != DEFAULT_CONN_ID:
-                raise
+                raise ConfigurationError(
+                    f"run ledger: connection {self.conn_id!r} is not defined (only the default "
+                    f"{DEFAULT_CONN_ID!r} falls back to {default_sqlite_path()})"
+                ) from err
             return None
 
     @cached_property
@@ -239,7 +253,10 @@ class RunLedger:
         """sqlite, postgres or bigquery, from the connection type."""
         if self._connection is None:
             return Dialect.SQLITE
-        return dialect_from_conn_type(self._connection.conn_type)
+        try:
+            return dialect_from_conn_type(self._connection.conn_type)
+        except ValueError as err:
+            raise ConfigurationError(f"run ledger: connection {self.conn_id!r}: {err}") from err
 
     @cached_property
     def hook(self) -> Any:
@@ -248,7 +265,7 @@ class RunLedger:
             path = default_sqlite_path()
             path.parent.mkdir(parents=True, exist_ok=True)
             log.debug("connection %s is not defined; the run ledger is %s", self.conn_id, path)
-            return _SqliteFileHook(path)
+            return _sqlite_file_hook_class()(path)
         if self.dialect is Dialect.BIGQUERY:
             from airflow.providers.google.cloud.hooks.bigquery import BigQueryHook
 

@@ -5,172 +5,326 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.providers.common.compat.sdk import Context
-from airflow.providers.google.cloud.hooks.gcs import GCSHook
 
-from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
-from airflow_provider_tpu_rl.hooks.hf_token import get_hf_token
-from airflow_provider_tpu_rl.operators.pipeline import PipelineKind, PipelineOperator, run_expiry
+from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, expiry_of_run, fail_fast
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.render.blueprint import BLUEPRINT_RELPATH, customize_blueprint
-from airflow_provider_tpu_rl.spec import GkePipelineSpec
+from airflow_provider_tpu_rl.spec import rules
+from airflow_provider_tpu_rl.spec.cluster import ClusterSpec
+from airflow_provider_tpu_rl.spec.pipeline import hf_token_spec, run_suffix
+from airflow_provider_tpu_rl.spec.presets import BlueprintEdits, get_preset
+
+if TYPE_CHECKING:
+    from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
 
 
-class EnsureBucketOperator(PipelineOperator):
-    """Create the run's bucket; an existing bucket (and everything in it) is kept as is."""
+class EnsureBucketOperator(GclusterBaseOperator):
+    """Create a GCS bucket; an existing bucket (and everything in it) is kept as is.
 
-    def __init__(self, *, pipeline: PipelineKind = "gke", **kwargs: Any) -> None:
+    :param project_id: project that owns the bucket.
+    :param location: bucket location (the region of the TPUs).
+    :param bucket: bucket name, without ``gs://``.
+    """
+
+    template_fields: Sequence[str] = ("project_id", "location", "bucket", "gcluster_conn_id")
+
+    def __init__(self, *, project_id: str, location: str, bucket: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.pipeline_kind = pipeline
+        self.project_id = project_id
+        self.location = location
+        self.bucket = bucket
 
+    @fail_fast
     def execute(self, context: Context) -> str:
-        p = self.pipeline(context)
-        if isinstance(p, GkePipelineSpec):
-            project, region, bucket = p.cluster.project, p.cluster.region, p.cluster.bucket
-        else:
-            project, region, bucket = p.vm.project, p.region, p.vm.bucket
-        self.hook.run_checked(gke.create_bucket(project, region, bucket))
+        project = rules.project_id("project_id", self.project_id)
+        location = rules.region("location", self.location)
+        bucket = rules.bucket_name("bucket", self.bucket)
+        self.hook.run_checked(gke.create_bucket(project, location, bucket))
         return f"gs://{bucket}"
 
 
-class HfTokenSecretOperator(PipelineOperator):
-    """Put the HF token where the workloads read it: a Secret Manager secret, value over stdin."""
+class HfTokenSecretOperator(GclusterBaseOperator):
+    """Put the HF token where the workloads read it: a Secret Manager secret, value over stdin.
 
-    def __init__(self, *, pipeline: PipelineKind = "gke", **kwargs: Any) -> None:
+    :param project_id: project of the secret.
+    :param hf_token_conn_id: Airflow connection holding the token (password field).
+    :param hf_token_secret: the secret's id; empty = ``tpu-rl-hf-token-<conn id>``.
+    :param sync_from_connection: write the connection's token into the secret (a new version);
+        empty = only when ``hf_token_secret`` is empty (a named secret already holds the token).
+    :param reader_service_accounts: service accounts granted ``secretAccessor`` on the secret.
+    """
+
+    template_fields: Sequence[str] = (
+        "project_id",
+        "hf_token_conn_id",
+        "hf_token_secret",
+        "sync_from_connection",
+        "reader_service_accounts",
+        "gcluster_conn_id",
+    )
+
+    def __init__(
+        self,
+        *,
+        project_id: str,
+        hf_token_conn_id: str = "huggingface_default",
+        hf_token_secret: str | None = None,
+        sync_from_connection: bool | str | None = None,
+        reader_service_accounts: Sequence[str] = (),
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
-        self.pipeline_kind = pipeline
+        self.project_id = project_id
+        self.hf_token_conn_id = hf_token_conn_id
+        self.hf_token_secret = hf_token_secret
+        self.sync_from_connection = sync_from_connection
+        self.reader_service_accounts = reader_service_accounts
 
+    @fail_fast
     def execute(self, context: Context) -> str:
-        p = self.pipeline(context)
-        if isinstance(p, GkePipelineSpec):
-            project = p.cluster.project
-            readers: tuple[str, ...] = (
-                p.cluster.workload_service_account,
-                p.cluster.node_pool_service_account,
+        project = rules.project_id("project_id", self.project_id)
+        token = hf_token_spec(self.hf_token_conn_id, self.hf_token_secret or None)
+        sync = (
+            token.sync_from_connection
+            if self.sync_from_connection in (None, "")
+            else rules.boolean("sync_from_connection", self.sync_from_connection)
+        )
+        readers = tuple(
+            rules.match(
+                "reader_service_accounts", a, rules.SERVICE_ACCOUNT, "must be a service account e-mail"
             )
-        else:
-            project = p.vm.project
-            readers = (p.service_account,) if p.service_account else ()
+            for a in self.reader_service_accounts or ()
+        )
         secrets: dict[str, str] = {}
-        if p.hf_token.sync_from_connection:
-            secrets["hf_token"] = get_hf_token(p.hf_token.conn_id)
-        for command in gke.hf_token_secret(
-            project, p.hf_token.secret_id, readers, sync=p.hf_token.sync_from_connection
-        ):
+        if sync:
+            from airflow_provider_tpu_rl.hooks.hf_token import get_hf_token
+
+            secrets["hf_token"] = get_hf_token(token.conn_id)
+        for command in gke.hf_token_secret(project, token.secret_id, readers, sync=sync):
             self.hook.run_checked(command, secrets=secrets)
-        return p.hf_token.secret_id
+        return token.secret_id
 
 
-def write_blueprint(hook: GclusterHook, pipeline: GkePipelineSpec, expires_at: int) -> str:
-    """Customise the bundle's blueprint (structured YAML edits) into the run's work dir."""
-    workdir = gke.default_workdir(pipeline.cluster.cluster_name, pipeline.suffix)
+class _ClusterOperator(GclusterBaseOperator):
+    """The arguments that name and shape a Cluster Toolkit GKE deployment."""
+
+    template_fields: Sequence[str] = (
+        "project_id",
+        "location",
+        "zone",
+        "cluster_name",
+        "bucket",
+        "reservation",
+        "model",
+        "compute_type",
+        "topology",
+        "num_slices",
+        "authorized_cidr",
+        "max_cluster_hours",
+        "gcluster_conn_id",
+        "gcp_conn_id",
+    )
+
+    def __init__(
+        self,
+        *,
+        project_id: str,
+        location: str,
+        zone: str,
+        cluster_name: str,
+        bucket: str,
+        reservation: str = "",
+        model: str | None = None,
+        compute_type: str | None = None,
+        topology: str | None = None,
+        num_slices: int | str | None = None,
+        authorized_cidr: str = "0.0.0.0/0",
+        max_cluster_hours: int | str = 12,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.project_id = project_id
+        self.location = location
+        self.zone = zone
+        self.cluster_name = cluster_name
+        self.bucket = bucket
+        self.reservation = reservation
+        self.model = model
+        self.compute_type = compute_type
+        self.topology = topology
+        self.num_slices = num_slices
+        self.authorized_cidr = authorized_cidr
+        self.max_cluster_hours = max_cluster_hours
+
+    def cluster_arguments(self) -> dict[str, Any]:
+        """The cluster as plain values (what the janitor's record keeps)."""
+        return {
+            "project": self.project_id,
+            "region": self.location,
+            "zone": self.zone,
+            "cluster_name": self.cluster_name,
+            "bucket": self.bucket,
+            "reservation": self.reservation or "",
+            "compute_type": self.compute_type,
+            "topology": self.topology,
+            "num_slices": self.num_slices,
+            "authorized_cidr": self.authorized_cidr,
+        }
+
+    def cluster(self) -> ClusterSpec:
+        return cluster_spec(self.cluster_arguments(), self.model)
+
+
+def cluster_spec(arguments: Mapping[str, Any], model: str | None) -> ClusterSpec:
+    """The validated cluster; the model preset fills the shape left empty and the blueprint edits."""
+    preset = get_preset(model, "model") if model else None
+    values = dict(arguments)
+    if values.get("num_slices") not in (None, ""):
+        values["num_slices"] = rules.integer("num_slices", values["num_slices"], 1, 64)
+    defaults = {"compute_type": "ct6e-standard-4t", "topology": "4x8", "num_slices": 1}
+    for key, fallback in defaults.items():
+        if values.get(key) in (None, ""):
+            values[key] = getattr(preset, key) if preset is not None else fallback
+    return ClusterSpec(**values, blueprint=preset.blueprint if preset is not None else BlueprintEdits())
+
+
+def write_blueprint(
+    hook: GclusterHook, cluster: ClusterSpec, labels: Mapping[str, str], workdir: str
+) -> None:
+    """Customise the bundle's blueprint (structured YAML edits) into ``workdir``."""
     os.makedirs(workdir, exist_ok=True)
     base = (hook.bundle_dir() / BLUEPRINT_RELPATH).read_text()
-    labels = gke.cluster_labels(pipeline, expires_at)
-    Path(gke.blueprint_path(workdir)).write_text(
-        customize_blueprint(base, pipeline.cluster.blueprint, labels)
-    )
-    return workdir
+    Path(gke.blueprint_path(workdir)).write_text(customize_blueprint(base, cluster.blueprint, labels))
 
 
-def destroy_cluster(hook: GclusterHook, pipeline: GkePipelineSpec, expires_at: int) -> None:
-    """Recreate the deployment folder on this worker (state is in GCS) and destroy from it."""
-    workdir = write_blueprint(hook, pipeline, expires_at)
-    hook.run_checked(gke.recreate_deployment_folder(pipeline.cluster, workdir), cwd=workdir)
-    hook.run_checked(gke.destroy(pipeline.cluster, workdir), cwd=workdir)
-
-
-def write_resource_record(
-    gcp_conn_id: str,
-    bucket: str,
-    name: str,
-    *,
-    kind: str,
-    context: Context,
-    conf: dict[str, Any],
-    expires_at: int,
-    keep: bool,
+def destroy_cluster(
+    hook: GclusterHook, cluster: ClusterSpec, *, dag_id: str, run_id: str, expires_at: int
 ) -> None:
+    """Recreate the deployment folder on this worker (state is in GCS) and destroy from it."""
+    suffix = run_suffix(dag_id, run_id)
+    workdir = gke.default_workdir(cluster.cluster_name, suffix)
+    write_blueprint(hook, cluster, gke.managed_labels(dag_id, suffix, cluster.bucket, expires_at), workdir)
+    hook.run_checked(gke.recreate_deployment_folder(cluster, workdir), cwd=workdir)
+    hook.run_checked(gke.destroy(cluster, workdir), cwd=workdir)
+
+
+def write_resource_record(gcp_conn_id: str, bucket: str, name: str, record: Mapping[str, Any]) -> None:
     """What the janitor needs to destroy a resource this run creates, written before it exists."""
-    record = {
-        "kind": kind,
-        "name": name,
-        "dag_id": context["dag"].dag_id,
-        "run_id": context["run_id"],
-        "conf": conf,
-        "expires_at": expires_at,
-        "keep": keep,
-    }
+    from airflow.providers.google.cloud.hooks.gcs import GCSHook
+
     GCSHook(gcp_conn_id=gcp_conn_id).upload(
         bucket_name=bucket,
         object_name=gke.resource_record_object(name),
-        data=json.dumps(record, sort_keys=True),
+        data=json.dumps(dict(record), sort_keys=True),
         mime_type="application/json",
     )
 
 
-class GclusterDeployOperator(PipelineOperator):
-    """Deploy the Cluster Toolkit GKE cluster (state in GCS) and grant the tutorial's IAM roles.
+class GclusterDeployOperator(_ClusterOperator):
+    """Deploy a Cluster Toolkit GKE cluster with TPU v6e slices (Terraform state in the bucket).
 
     Idempotent: ``gcluster deploy -w`` on a healthy deployment with the same inputs changes nothing.
+
+    :param project_id: project of the cluster.
+    :param location: region of the cluster.
+    :param zone: zone of the TPU node pool (inside ``location``).
+    :param cluster_name: GKE cluster / deployment name (``[a-z][a-z0-9-]*``, at most 20 characters).
+    :param bucket: bucket for the Terraform state and the janitor's record.
+    :param reservation: TPU reservation the node pool consumes; empty for none.
+    :param model: a model preset name: it sets the blueprint edits and the slice shape left empty.
+    :param compute_type: TPU machine type (default the preset's, ``ct6e-standard-4t``).
+    :param topology: slice topology (default the preset's, ``4x8``).
+    :param num_slices: number of TPU node pools (default 1).
+    :param authorized_cidr: CIDR allowed to reach the control plane.
+    :param keep_cluster: recorded for the janitor: a kept cluster is only destroyed at its expiry.
+    :param max_cluster_hours: the cluster's expiry label, counted from the DAG run's start.
     """
 
     ui_color = "#d4e8ff"
+    template_fields: Sequence[str] = (*_ClusterOperator.template_fields, "keep_cluster")
 
+    def __init__(self, *, keep_cluster: bool | str = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.keep_cluster = keep_cluster
+
+    @fail_fast
     def execute(self, context: Context) -> dict[str, Any]:
-        p: GkePipelineSpec = self.pipeline(context)
-        expires_at = run_expiry(context, p.max_cluster_hours)
+        cluster = self.cluster()
+        dag_id, run_id = self.run_ids(context)
+        expires_at = expiry_of_run(context, rules.integer("max_cluster_hours", self.max_cluster_hours, 1))
         write_resource_record(
             self.gcp_conn_id,
-            p.cluster.bucket,
-            p.cluster.cluster_name,
-            kind="cluster",
-            context=context,
-            conf=self.pipeline_conf_for(context),
-            expires_at=expires_at,
-            keep=p.keep_cluster,
+            cluster.bucket,
+            cluster.cluster_name,
+            {
+                "kind": "cluster",
+                "name": cluster.cluster_name,
+                "dag_id": dag_id,
+                "run_id": run_id,
+                "cluster": self.cluster_arguments(),
+                "model": self.model,
+                "expires_at": expires_at,
+                "keep": rules.boolean("keep_cluster", self.keep_cluster),
+            },
         )
-        workdir = write_blueprint(self.hook, p, expires_at)
+        suffix = run_suffix(dag_id, run_id)
+        workdir = gke.default_workdir(cluster.cluster_name, suffix)
+        labels = gke.managed_labels(dag_id, suffix, cluster.bucket, expires_at)
+        write_blueprint(self.hook, cluster, labels, workdir)
         started = time.time()
-        self.hook.run_checked(gke.deploy(p.cluster, workdir), cwd=workdir)
-        for command in gke.iam_grants(p.cluster):
+        self.hook.run_checked(gke.deploy(cluster, workdir), cwd=workdir)
+        for command in gke.iam_grants(cluster):
             self.hook.run_checked(command)
         return {
-            "cluster_name": p.cluster.cluster_name,
-            "chips": p.cluster.total_chips,
+            "cluster_name": cluster.cluster_name,
+            "chips": cluster.total_chips,
             "deploy_seconds": round(time.time() - started, 3),
             "expires_at": expires_at,
         }
 
 
-class GclusterDestroyOperator(PipelineOperator):
+class GclusterDestroyOperator(_ClusterOperator):
     """Destroy the cluster from its GCS state on any worker; an absent cluster is success.
 
-    The bucket (checkpoints, exports) is deleted only with ``delete_bucket=true``.
+    Takes the same arguments as :class:`GclusterDeployOperator`, plus:
+
+    :param keep_cluster: leave the cluster running (it bills until its expiry).
+    :param delete_bucket: also delete the bucket, **with every checkpoint and export in it**.
     """
 
     ui_color = "#ffd9d4"
+    template_fields: Sequence[str] = (*_ClusterOperator.template_fields, "keep_cluster", "delete_bucket")
 
+    def __init__(
+        self, *, keep_cluster: bool | str = False, delete_bucket: bool | str = False, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.keep_cluster = keep_cluster
+        self.delete_bucket = delete_bucket
+
+    @fail_fast
     def execute(self, context: Context) -> dict[str, Any]:
-        p: GkePipelineSpec = self.pipeline(context)
+        cluster = self.cluster()
+        keep, delete_bucket = (
+            rules.boolean("keep_cluster", self.keep_cluster),
+            rules.boolean("delete_bucket", self.delete_bucket),
+        )
         destroyed = False
-        if p.keep_cluster:
-            self.log.warning(
-                "keep_cluster=true: cluster %s is left running (it bills)", p.cluster.cluster_name
-            )
+        if keep:
+            self.log.warning("keep_cluster=true: cluster %s is left running (it bills)", cluster.cluster_name)
         else:
-            destroy_cluster(self.hook, p, run_expiry(context, p.max_cluster_hours))
+            dag_id, run_id = self.run_ids(context)
+            expires_at = expiry_of_run(context, rules.integer("max_cluster_hours", self.max_cluster_hours, 1))
+            destroy_cluster(self.hook, cluster, dag_id=dag_id, run_id=run_id, expires_at=expires_at)
             destroyed = True
-        if p.delete_bucket:
+        if delete_bucket:
             self.log.warning(
-                "delete_bucket=true: deleting gs://%s and every checkpoint in it", p.cluster.bucket
+                "delete_bucket=true: deleting gs://%s and every checkpoint in it", cluster.bucket
             )
-            self.hook.run_checked(gke.delete_bucket(p.cluster.bucket))
-        return {
-            "cluster_name": p.cluster.cluster_name,
-            "destroyed": destroyed,
-            "bucket_deleted": p.delete_bucket,
-        }
+            self.hook.run_checked(gke.delete_bucket(cluster.bucket))
+        return {"cluster_name": cluster.cluster_name, "destroyed": destroyed, "bucket_deleted": delete_bucket}

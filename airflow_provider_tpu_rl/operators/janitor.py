@@ -18,10 +18,9 @@ from airflow.providers.google.cloud.hooks.gcs import GCSHook
 from google.api_core.exceptions import NotFound
 
 from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
-from airflow_provider_tpu_rl.operators.gke import destroy_cluster
+from airflow_provider_tpu_rl.operators.gke import cluster_spec, destroy_cluster
 from airflow_provider_tpu_rl.render import gke, tpu_vm
 from airflow_provider_tpu_rl.render.command import Command
-from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
 
 RunState = Callable[[str, str], str]
 ACTIVE_RUN_STATES = frozenset({"queued", "running"})
@@ -138,7 +137,10 @@ def destroy_resource(
             f"cluster {resource.name}: no record gs://{resource.bucket}/{gke.resource_record_object(resource.name)}; "
             "destroy it by hand with `gcluster destroy`"
         )
-    pipeline = gke_pipeline_from_conf(
-        record["conf"], dag_id=str(record["dag_id"]), run_id=str(record["run_id"])
+    destroy_cluster(
+        hook,
+        cluster_spec(record["cluster"], record.get("model")),
+        dag_id=str(record["dag_id"]),
+        run_id=str(record["run_id"]),
+        expires_at=int(record.get("expires_at") or 0),
     )
-    destroy_cluster(hook, pipeline, int(record.get("expires_at") or 0))

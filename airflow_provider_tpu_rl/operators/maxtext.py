@@ -1,38 +1,42 @@
 """MaxText workloads as gcluster jobs: conversion both ways and GRPO training on Pathways.
 
-Each job name derives from the DAG run, so a retry finds the job its first try submitted and
-re-attaches instead of submitting a duplicate. Waiting is deferred to a trigger.
+Each job name derives from the DAG run and the task, so a retry finds the job its first try
+submitted and re-attaches instead of submitting a duplicate. Waiting is deferred to a trigger.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any
 
 from airflow.providers.common.compat.sdk import AirflowException, AirflowFailException, Context, conf
-from airflow.providers.google.cloud.hooks.gcs import GCSHook
 
 from airflow_provider_tpu_rl.hooks.jobs import GclusterJob, JobState
 from airflow_provider_tpu_rl.links import CloudLoggingJobLink, GCSBrowserLink, GKEWorkloadLink
-from airflow_provider_tpu_rl.maxtext.layout import (
-    checkpoint_event_payload,
-    export_event_payload,
-    parse_gs_uri,
-    probe_checkpoint,
-    probe_hf_export,
-)
 from airflow_provider_tpu_rl.maxtext.logs import TrainingLogTracker
-from airflow_provider_tpu_rl.operators.pipeline import PipelineOperator
+from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, fail_fast
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.render.command import Command
-from airflow_provider_tpu_rl.sensors.checkpoint import run_probe_sync
-from airflow_provider_tpu_rl.spec import GkePipelineSpec
-from airflow_provider_tpu_rl.triggers.gcluster_job import GclusterJobTrigger
-
-Direction = Literal["to_maxtext", "to_huggingface"]
-
+from airflow_provider_tpu_rl.spec import rules
+from airflow_provider_tpu_rl.spec.cluster import GkeJobTarget
+from airflow_provider_tpu_rl.spec.errors import SpecError
+from airflow_provider_tpu_rl.spec.pipeline import (
+    conversion_spec,
+    converted_directory,
+    default_job_name,
+    export_directory,
+    export_spec,
+    hf_token_spec,
+    pathways_gcs_location,
+    secret_version,
+    trained_directory,
+    training_spec,
+)
+from airflow_provider_tpu_rl.spec.presets import POST_TRAINING_IMAGE, ModelPreset, get_preset
+from airflow_provider_tpu_rl.spec.workloads import actor_params_path
 
 MAX_FOLLOWS = 50  # `logs --follow` calls in one in-worker wait
 
@@ -42,10 +46,24 @@ def default_poll_interval() -> float:
     return conf.getfloat("tpu_rl", "poll_interval", fallback=60.0)
 
 
+def default_deferrable() -> bool:
+    """``[operators] default_deferrable``, as the google provider's operators read it."""
+    return conf.getboolean("operators", "default_deferrable", fallback=False)
+
+
 def checkpoint_ready(
     gcp_conn_id: str, root_uri: str, step: int, items: tuple[str, ...]
 ) -> dict[str, Any] | None:
     """The sensor payload when ``root_uri`` holds a committed ``step`` with ``items``, else None."""
+    from airflow.providers.google.cloud.hooks.gcs import GCSHook
+
+    from airflow_provider_tpu_rl.maxtext.layout import (
+        checkpoint_event_payload,
+        parse_gs_uri,
+        probe_checkpoint,
+    )
+    from airflow_provider_tpu_rl.sensors.checkpoint import run_probe_sync
+
     bucket, prefix = parse_gs_uri(root_uri)
     result = run_probe_sync(GCSHook(gcp_conn_id=gcp_conn_id), bucket, probe_checkpoint(prefix, step, items))
     return (
@@ -54,124 +72,230 @@ def checkpoint_ready(
 
 
 def export_ready(gcp_conn_id: str, export_uri: str) -> dict[str, Any] | None:
+    """The sensor payload when ``export_uri`` holds a complete Hugging Face export, else None."""
+    from airflow.providers.google.cloud.hooks.gcs import GCSHook
+
+    from airflow_provider_tpu_rl.maxtext.layout import export_event_payload, parse_gs_uri, probe_hf_export
+    from airflow_provider_tpu_rl.sensors.checkpoint import run_probe_sync
+
     bucket, prefix = parse_gs_uri(export_uri)
     result = run_probe_sync(GCSHook(gcp_conn_id=gcp_conn_id), bucket, probe_hf_export(prefix))
     return export_event_payload(bucket, prefix, result.status) if result.status.complete else None
 
 
-class _GclusterJobOperator(PipelineOperator):
-    """Submit-or-attach, defer, verify the output in GCS."""
+@dataclass(frozen=True)
+class JobPlan:
+    """One job as the operator resolved it from its arguments: where, what, and what it writes."""
+
+    target: GkeJobTarget
+    name: str
+    command: Command
+    output_uri: str
+    total_steps: int | None = None
+
+
+class _GclusterJobOperator(GclusterBaseOperator):
+    """Submit-or-attach a ``gcluster job``, defer while it runs, verify its output in GCS.
+
+    :param project_id: project of the cluster.
+    :param location: region of the cluster.
+    :param cluster_name: the GKE cluster the job runs on.
+    :param bucket: the bucket the model's folders are in (``gs://BUCKET/<model>/…``).
+    :param model: model preset name (``qwen3-30b-a3b``, ``gemma4-26b``): MaxText model and defaults.
+    :param image: workload image; empty = the preset's ``tpu_post_training`` image.
+    :param compute_type: TPU machine type of the job's pods; empty = the preset's.
+    :param topology: slice topology of the job's pods; empty = the preset's.
+    :param job_name: JobSet name (DNS-1035, at most 28 characters); empty = the preset's job
+        prefix and a suffix of the DAG run and task, the same on every retry.
+    :param hf_token_conn_id: the HF token connection, which names the default secret.
+    :param hf_token_secret: the Secret Manager secret the job reads ``HF_TOKEN`` from; empty =
+        ``tpu-rl-hf-token-<hf_token_conn_id>`` (what :class:`HfTokenSecretOperator` writes).
+    :param deferrable: wait in the triggerer (default ``[operators] default_deferrable``).
+    :param poll_interval: seconds between job-state polls (default ``[tpu_rl] poll_interval``).
+    :param job_timeout: cancel the job and fail when it runs longer than this.
+    """
 
     operator_extra_links = (GKEWorkloadLink(), CloudLoggingJobLink(), GCSBrowserLink())
+    template_fields: Sequence[str] = (
+        "project_id",
+        "location",
+        "cluster_name",
+        "bucket",
+        "model",
+        "image",
+        "compute_type",
+        "topology",
+        "job_name",
+        "hf_token_conn_id",
+        "hf_token_secret",
+        "gcluster_conn_id",
+        "gcp_conn_id",
+    )
     pathways = False
+    job_kind = "convert"
 
     def __init__(
         self,
         *,
-        deferrable: bool = True,
+        project_id: str,
+        location: str,
+        cluster_name: str,
+        bucket: str,
+        model: str,
+        image: str | None = None,
+        compute_type: str | None = None,
+        topology: str | None = None,
+        job_name: str | None = None,
+        hf_token_conn_id: str = "huggingface_default",
+        hf_token_secret: str | None = None,
+        deferrable: bool | None = None,
         poll_interval: float | None = None,
         job_timeout: timedelta | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.deferrable = deferrable
+        self.project_id = project_id
+        self.location = location
+        self.cluster_name = cluster_name
+        self.bucket = bucket
+        self.model = model
+        self.image = image
+        self.compute_type = compute_type
+        self.topology = topology
+        self.job_name = job_name
+        self.hf_token_conn_id = hf_token_conn_id
+        self.hf_token_secret = hf_token_secret
+        self.deferrable = default_deferrable() if deferrable is None else deferrable
         # None: the [tpu_rl] poll_interval option (AIRFLOW__TPU_RL__POLL_INTERVAL), default 60 s.
         self.poll_interval = poll_interval if poll_interval is not None else default_poll_interval()
         self.job_timeout = job_timeout
         self._submitted: tuple[str, str, str, str] | None = None
 
-    # what a subclass says
-    def job(self, p: GkePipelineSpec) -> tuple[str, Command]:
+    # -- resolving the arguments (in execute: templates are rendered by then) ---------------------
+    def preset(self) -> ModelPreset:
+        preset = get_preset(self.model, "model")
+        if preset.job_prefixes is None:
+            raise SpecError(
+                "model", f"{preset.model_name} is a single-host preset; it has no GKE jobs", self.model
+            )
+        return preset
+
+    def target(self, preset: ModelPreset, num_slices: int = 1) -> GkeJobTarget:
+        return GkeJobTarget(
+            project=self.project_id,
+            location=self.location,
+            cluster_name=self.cluster_name,
+            image=self.image or preset.image or POST_TRAINING_IMAGE,
+            compute_type=self.compute_type or preset.compute_type,
+            topology=self.topology or preset.topology,
+            num_slices=num_slices,
+        )
+
+    def resolved_job_name(self, context: Context, preset: ModelPreset) -> str:
+        if self.job_name:
+            return rules.job_name("job_name", self.job_name)
+        assert preset.job_prefixes is not None
+        dag_id, run_id = self.run_ids(context)
+        return default_job_name(getattr(preset.job_prefixes, self.job_kind), dag_id, run_id, self.task_id)
+
+    def token_resource(self) -> str:
+        token = hf_token_spec(self.hf_token_conn_id, self.hf_token_secret or None)
+        return secret_version(rules.project_id("project_id", self.project_id), token.secret_id)
+
+    def plan(self, context: Context) -> JobPlan:
+        """The job this task runs (what a subclass renders)."""
         raise NotImplementedError
 
-    def output_ready(self, p: GkePipelineSpec) -> dict[str, Any] | None:
+    def output_ready(self, plan: JobPlan) -> dict[str, Any] | None:
         raise NotImplementedError
 
-    def output_uri(self, p: GkePipelineSpec) -> str:
-        raise NotImplementedError
-
-    # the shared mechanism
-    def _persist_links(self, context: Context, p: GkePipelineSpec, name: str) -> None:
-        c = p.cluster
+    # -- the shared mechanism ------------------------------------------------------------------------
+    def _persist_links(self, context: Context, plan: JobPlan) -> None:
+        t = plan.target
         GKEWorkloadLink.persist(
             context,
-            project_id=c.project,
-            location=c.region,
-            cluster_name=c.cluster_name,
-            jobset_name=name,
+            project_id=t.project,
+            location=t.location,
+            cluster_name=t.cluster_name,
+            jobset_name=plan.name,
             pathways=self.pathways,
         )
         CloudLoggingJobLink.persist(
-            context, project_id=c.project, jobset_name=name, location=c.region, cluster_name=c.cluster_name
+            context,
+            project_id=t.project,
+            jobset_name=plan.name,
+            location=t.location,
+            cluster_name=t.cluster_name,
         )
-        GCSBrowserLink.persist(context, uri=self.output_uri(p), project_id=c.project)
+        GCSBrowserLink.persist(context, uri=plan.output_uri, project_id=t.project)
 
-    def _find(self, p: GkePipelineSpec, name: str) -> GclusterJob | None:
-        c = p.cluster
-        return self.hook.get_job(name, c.project, c.cluster_name, c.region)
+    def _find(self, plan: JobPlan) -> GclusterJob | None:
+        t = plan.target
+        return self.hook.get_job(plan.name, t.project, t.cluster_name, t.location)
 
-    def submit_or_attach(self, p: GkePipelineSpec, name: str, command: Command) -> str:
-        """Submit ``command`` unless a job of this run already exists; a failed one is replaced."""
-        existing = self._find(p, name)
-        c = p.cluster
+    def submit_or_attach(self, plan: JobPlan) -> str:
+        """Submit the job unless this task's job already exists; a failed one is replaced."""
+        existing = self._find(plan)
+        t, name = plan.target, plan.name
         if existing is not None and existing.state is JobState.FAILED:
             self.log.warning("Job %s failed in an earlier try; deleting it and submitting again", name)
-            self.hook.cancel_job(name, c.project, c.cluster_name, c.region)
+            self.hook.cancel_job(name, t.project, t.cluster_name, t.location)
             existing = None
         if existing is None:
             self.log.info("Submitting job %s", name)
             with self.hook.job_session() as home:
-                for auth in gke.docker_auth(c.region):
+                for auth in gke.docker_auth(t.location):
                     self.hook.run_checked(auth, job_home=home)
-                self.hook.run_checked(command, job_home=home)
-            self._submitted = (name, c.project, c.cluster_name, c.region)
+                self.hook.run_checked(plan.command, job_home=home)
+            self._submitted = (name, t.project, t.cluster_name, t.location)
             return "submitted"
         self.log.info(
             "Job %s already exists (%s): re-attaching, nothing submitted", name, existing.state.value
         )
         return "attached"
 
+    @fail_fast
     def execute(self, context: Context) -> dict[str, Any]:
-        p: GkePipelineSpec = self.pipeline(context)
-        name, command = self.job(p)
-        context["ti"].xcom_push(key="job_name", value=name)
-        self._persist_links(context, p, name)
-        ready = self.output_ready(p)
+        from airflow_provider_tpu_rl.triggers.gcluster_job import GclusterJobTrigger
+
+        plan = self.plan(context)
+        context["ti"].xcom_push(key="job_name", value=plan.name)
+        self._persist_links(context, plan)
+        ready = self.output_ready(plan)
         if ready is not None:
             self.log.info(
                 "Output %s is already complete: job %s is skipped, no TPU time spent",
-                self.output_uri(p),
-                name,
+                plan.output_uri,
+                plan.name,
             )
             return {"job_name": None, "skipped": True, **ready}
-        self.submit_or_attach(p, name, command)
-        c = p.cluster
+        self.submit_or_attach(plan)
         if not self.deferrable:
-            return self._wait_in_worker(context, p, name)
+            return self._wait_in_worker(context, plan)
+        t = plan.target
         self.defer(
             trigger=GclusterJobTrigger(
-                job_name=name,
-                project=c.project,
-                cluster=c.cluster_name,
-                location=c.region,
+                job_name=plan.name,
+                project=t.project,
+                cluster=t.cluster_name,
+                location=t.location,
                 gcluster_conn_id=self.gcluster_conn_id,
                 poll_interval=self.poll_interval,
-                total_steps=self.total_steps(p),
+                total_steps=plan.total_steps,
                 deadline=time.time() + self.job_timeout.total_seconds() if self.job_timeout else None,
             ),
             method_name="execute_complete",
         )
         raise AssertionError("defer() raises")  # pragma: no cover
 
-    def _wait_in_worker(self, context: Context, p: GkePipelineSpec, name: str) -> dict[str, Any]:
+    def _wait_in_worker(self, context: Context, plan: JobPlan) -> dict[str, Any]:
         """``deferrable=False``: poll in the worker, following the job's log while it runs."""
         deadline = time.monotonic() + self.job_timeout.total_seconds() if self.job_timeout else None
-        total = self.total_steps(p)
+        total, name, t = plan.total_steps, plan.name, plan.target
         tracker = TrainingLogTracker() if total is not None else None
         follows = 0
-        c = p.cluster
         while True:
-            job = self._find(p, name)
+            job = self._find(plan)
             extra: dict[str, Any] = {"metrics": tracker.metrics()} if tracker is not None else {}
             if job is None:
                 return self.execute_complete(context, {"status": "missing", "job_name": name, **extra})
@@ -191,9 +315,9 @@ class _GclusterJobOperator(PipelineOperator):
                 try:
                     self.hook.stream_job_logs(
                         name,
-                        c.project,
-                        c.cluster_name,
-                        c.region,
+                        t.project,
+                        t.cluster_name,
+                        t.location,
                         follow=True,
                         on_line=lambda line: _feed(tracker, line, total, self.log),
                         timeout=deadline - time.monotonic() if deadline is not None else None,
@@ -203,28 +327,29 @@ class _GclusterJobOperator(PipelineOperator):
                 continue
             time.sleep(self.poll_interval)
 
+    @fail_fast
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
-        p: GkePipelineSpec = self.pipeline(context)
+        plan = self.plan(context)
         event = event or {}
-        name = event.get("job_name") or self.job(p)[0]
+        name = event.get("job_name") or plan.name
         status = event.get("status")
         if status in {"success", "missing"}:
-            ready = self.output_ready(p)
+            ready = self.output_ready(plan)
             if ready is not None:
                 if status == "missing":
                     self.log.info("Job %s is gone (JobSet TTL) but its output is complete: success", name)
-                return {"job_name": name, "skipped": False, **ready, **self.after_success(p, name, event)}
+                return {"job_name": name, "skipped": False, **ready, **self.after_success(plan, event)}
             raise AirflowException(
-                f"job {name} ended ({status}) but {self.output_uri(p)} is not complete: {event.get('message', '')}"
+                f"job {name} ended ({status}) but {plan.output_uri} is not complete: {event.get('message', '')}"
             )
         if status == "timeout":
-            c = p.cluster
+            t = plan.target
             self.log.error(
                 "Job %s exceeded job_timeout=%s: cancelling it so it stops holding TPUs",
                 name,
                 self.job_timeout,
             )
-            self.hook.cancel_job(name, c.project, c.cluster_name, c.region)
+            self.hook.cancel_job(name, t.project, t.cluster_name, t.location)
             raise AirflowFailException(
                 f"job {name} did not finish within {self.job_timeout}; it was cancelled"
             )
@@ -232,11 +357,7 @@ class _GclusterJobOperator(PipelineOperator):
             f"job {name} {status or 'ended'}: {event.get('message', '')} (state {event.get('state')})"
         )
 
-    def total_steps(self, p: GkePipelineSpec) -> int | None:
-        """Training jobs report progress and metrics from their log; others do not."""
-        return None
-
-    def after_success(self, p: GkePipelineSpec, name: str, event: dict[str, Any]) -> dict[str, Any]:
+    def after_success(self, plan: JobPlan, event: dict[str, Any]) -> dict[str, Any]:
         return {}
 
     def on_kill(self) -> None:
@@ -251,69 +372,201 @@ class _GclusterJobOperator(PipelineOperator):
 
 
 class MaxTextConvertOperator(_GclusterJobOperator):
-    """HF→MaxText (``to_maxtext``) or MaxText→HF (``to_huggingface``) as a gcluster job.
+    """Convert a Hugging Face checkpoint to MaxText (``to_maxtext``) as a CPU-only gcluster job.
 
-    Skipped when the target is already complete in GCS: a converted checkpoint with its commit
-    markers, or an export whose index lists shards that all exist.
+    Skipped when the converted checkpoint is already complete in GCS (commit markers present):
+    it depends only on the model, so any run may reuse it.
+
+    Takes the job arguments of :class:`_GclusterJobOperator`, plus:
+
+    :param hf_model_path: HF repo id to convert; empty = the preset's.
+    :param output_directory: where the checkpoint goes; empty = ``gs://BUCKET/<model>/max-text-format/``.
     """
 
-    template_fields: Sequence[str] = (*PipelineOperator.template_fields, "direction")
+    template_fields: Sequence[str] = (
+        *_GclusterJobOperator.template_fields,
+        "hf_model_path",
+        "output_directory",
+    )
+    job_kind = "convert"
 
-    def __init__(self, *, direction: Direction = "to_maxtext", **kwargs: Any) -> None:
+    def __init__(
+        self, *, hf_model_path: str | None = None, output_directory: str | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
-        if direction not in ("to_maxtext", "to_huggingface"):
-            raise ValueError(f"direction must be 'to_maxtext' or 'to_huggingface', got {direction!r}")
-        self.direction = direction
+        self.hf_model_path = hf_model_path
+        self.output_directory = output_directory
 
-    def job(self, p: GkePipelineSpec) -> tuple[str, Command]:
-        if self.direction == "to_maxtext":
-            return p.convert_job, gke.conversion_job(p)
-        return p.export_job, gke.export_job(p)
+    def plan(self, context: Context) -> JobPlan:
+        preset = self.preset()
+        conversion = conversion_spec(
+            preset,
+            self.output_directory or converted_directory(self.bucket, preset.model_name),
+            self.hf_model_path or None,
+        )
+        target, name = self.target(preset), self.resolved_job_name(context, preset)
+        command = gke.conversion_job(target, name, conversion, self.token_resource())
+        return JobPlan(target, name, command, conversion.output_directory)
 
-    def output_uri(self, p: GkePipelineSpec) -> str:
-        return p.conversion.output_directory if self.direction == "to_maxtext" else p.export.output_directory
+    def output_ready(self, plan: JobPlan) -> dict[str, Any] | None:
+        return checkpoint_ready(self.gcp_conn_id, plan.output_uri, 0, ("items",))
 
-    def output_ready(self, p: GkePipelineSpec) -> dict[str, Any] | None:
-        if self.direction == "to_maxtext":
-            return checkpoint_ready(self.gcp_conn_id, p.conversion.output_directory, 0, ("items",))
-        return export_ready(self.gcp_conn_id, p.export.output_directory)
+
+class MaxTextExportOperator(_GclusterJobOperator):
+    """Export a trained actor checkpoint to Hugging Face format (``to_huggingface``) as a gcluster job.
+
+    Skipped when the export is already complete (its index lists shards that all exist).
+
+    Takes the job arguments of :class:`_GclusterJobOperator`, plus:
+
+    :param run_name: the training run whose checkpoint is exported.
+    :param checkpoint_step: the actor checkpoint step; empty = the preset's ``num_batches``.
+    :param load_parameters_path: the parameters to export; empty =
+        ``gs://BUCKET/<model>/trained/<run_name>/checkpoints/actor/<step>/model_params/``.
+    :param output_directory: empty = ``gs://BUCKET/<model>/hf-trained/<run_name>/``.
+    """
+
+    template_fields: Sequence[str] = (
+        *_GclusterJobOperator.template_fields,
+        "run_name",
+        "checkpoint_step",
+        "load_parameters_path",
+        "output_directory",
+    )
+    job_kind = "export"
+
+    def __init__(
+        self,
+        *,
+        run_name: str,
+        checkpoint_step: int | str | None = None,
+        load_parameters_path: str | None = None,
+        output_directory: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.run_name = run_name
+        self.checkpoint_step = checkpoint_step
+        self.load_parameters_path = load_parameters_path
+        self.output_directory = output_directory
+
+    def plan(self, context: Context) -> JobPlan:
+        preset = self.preset()
+        run_name = rules.match("run_name", self.run_name, rules.RUN_NAME, "run name like rl-1")
+        step = (
+            preset.num_batches
+            if self.checkpoint_step in (None, "")
+            else rules.integer("checkpoint_step", self.checkpoint_step, 1)
+        )
+        load = self.load_parameters_path or (
+            actor_params_path(trained_directory(self.bucket, preset.model_name), run_name, step) + "/"
+        )
+        export = export_spec(
+            preset,
+            load_parameters_path=load,
+            output_directory=self.output_directory
+            or export_directory(self.bucket, preset.model_name, run_name),
+            on_cluster=True,
+        )
+        target, name = self.target(preset), self.resolved_job_name(context, preset)
+        command = gke.export_job(target, name, export, self.token_resource())
+        return JobPlan(target, name, command, export.output_directory)
+
+    def output_ready(self, plan: JobPlan) -> dict[str, Any] | None:
+        return export_ready(self.gcp_conn_id, plan.output_uri)
 
 
 class PathwaysRLTrainOperator(_GclusterJobOperator):
-    """GRPO training on Pathways; metrics parsed from MaxText's log lines go to XCom."""
+    """GRPO training on Pathways; progress and metrics parsed from MaxText's log lines go to XCom.
 
+    Skipped when this run's final actor checkpoint is already complete in GCS.
+
+    Takes the job arguments of :class:`_GclusterJobOperator`, plus:
+
+    :param run_name: MaxText ``run_name``: the run's folder under ``base_output_directory``.
+        Re-using a run name resumes that run from its newest checkpoint.
+    :param num_batches: GRPO steps; empty = the preset's (50).
+    :param train_overrides: extra MaxText ``key: value`` overrides, applied after the preset's.
+    :param load_parameters_path: the parameters to start from; empty = the model's converted
+        checkpoint ``gs://BUCKET/<model>/max-text-format/0/items/``.
+    :param base_output_directory: empty = ``gs://BUCKET/<model>/trained/``.
+    :param num_slices: TPU slices the job spans; empty = the preset's.
+    """
+
+    template_fields: Sequence[str] = (
+        *_GclusterJobOperator.template_fields,
+        "run_name",
+        "num_batches",
+        "train_overrides",
+        "load_parameters_path",
+        "base_output_directory",
+        "num_slices",
+    )
     pathways = True
+    job_kind = "train"
 
-    def job(self, p: GkePipelineSpec) -> tuple[str, Command]:
-        return p.train_job, gke.training_job(p)
+    def __init__(
+        self,
+        *,
+        run_name: str,
+        num_batches: int | str | None = None,
+        train_overrides: Mapping[str, Any] | None = None,
+        load_parameters_path: str | None = None,
+        base_output_directory: str | None = None,
+        num_slices: int | str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.run_name = run_name
+        self.num_batches = num_batches
+        self.train_overrides = train_overrides
+        self.load_parameters_path = load_parameters_path
+        self.base_output_directory = base_output_directory
+        self.num_slices = num_slices
 
-    def output_uri(self, p: GkePipelineSpec) -> str:
-        return p.training.actor_checkpoint_root
+    def plan(self, context: Context) -> JobPlan:
+        preset = self.preset()
+        model = preset.model_name
+        training = training_spec(
+            preset,
+            run_name=self.run_name,
+            base_output_directory=self.base_output_directory or trained_directory(self.bucket, model),
+            load_parameters_path=self.load_parameters_path
+            or converted_directory(self.bucket, model) + "0/items/",
+            num_batches=None
+            if self.num_batches in (None, "")
+            else rules.integer("num_batches", self.num_batches, 1),
+            train_overrides=self.train_overrides or {},
+        )
+        slices = preset.num_slices if self.num_slices in (None, "") else self.num_slices
+        target = self.target(preset, rules.integer("num_slices", slices, 1, 64))
+        name = self.resolved_job_name(context, preset)
+        command = gke.training_job(
+            target, name, preset, training, self.token_resource(), pathways_gcs_location(self.bucket)
+        )
+        return JobPlan(target, name, command, training.actor_checkpoint_root, training.final_step)
 
-    def output_ready(self, p: GkePipelineSpec) -> dict[str, Any] | None:
+    def output_ready(self, plan: JobPlan) -> dict[str, Any] | None:
         return checkpoint_ready(
-            self.gcp_conn_id, p.training.actor_checkpoint_root, p.training.final_step, ("model_params",)
+            self.gcp_conn_id, plan.output_uri, int(plan.total_steps or 0), ("model_params",)
         )
 
-    def total_steps(self, p: GkePipelineSpec) -> int | None:
-        return p.training.final_step
-
-    def after_success(self, p: GkePipelineSpec, name: str, event: dict[str, Any]) -> dict[str, Any]:
+    def after_success(self, plan: JobPlan, event: dict[str, Any]) -> dict[str, Any]:
         metrics = event.get("metrics")
         if metrics is None:  # waited in the worker: read what the log still holds
             tracker = TrainingLogTracker()
-            total = p.training.final_step
-            c = p.cluster
+            total = int(plan.total_steps or 0)
+            t = plan.target
             try:
                 self.hook.stream_job_logs(
-                    name,
-                    c.project,
-                    c.cluster_name,
-                    c.region,
+                    plan.name,
+                    t.project,
+                    t.cluster_name,
+                    t.location,
                     on_line=lambda line: _feed(tracker, line, total, self.log),
                 )
             except AirflowException as err:
-                self.log.warning("No workload log for %s (%s): metrics unavailable", name, err)
+                self.log.warning("No workload log for %s (%s): metrics unavailable", plan.name, err)
             metrics = tracker.metrics()
         pre, post = metrics.get("pre"), metrics.get("post")
         if pre and post:

@@ -1,15 +1,13 @@
-"""From a DAG run's params to the pipeline spec, once per task, at execute time."""
+"""The pipeline DAGs' ``validate`` step: from a DAG run's params to the resolved values, once."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any, Literal
 
-from airflow.providers.common.compat.sdk import AirflowFailException, BaseOperator, Context, conf
+from airflow.providers.common.compat.sdk import AirflowFailException, conf
 
-from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
 from airflow_provider_tpu_rl.spec import (
     GKE_DAG_ID,
     GKE_DEFAULTS,
@@ -44,7 +42,7 @@ def build_pipeline(
 def validate_pipeline_conf(
     dag_id: str, run_id: str, conf: Mapping[str, Any] | None, params: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """Refuse unknown conf keys and bad values before anything is spent; return derived paths."""
+    """Refuse unknown conf keys and bad values before anything is spent; return the resolved values."""
     kind: PipelineKind = "gke" if dag_id == GKE_DAG_ID or "cluster_name" in params else "tpu_vm"
     known = GKE_DEFAULTS if kind == "gke" else TPU_VM_DEFAULTS
     unknown = sorted(set(conf or {}) - set(known))
@@ -52,35 +50,7 @@ def validate_pipeline_conf(
         raise AirflowFailException(
             f"invalid pipeline conf: {unknown[0]}: unknown conf key; valid keys are {sorted(known)}"
         )
-    pipeline = build_pipeline(kind, conf_from_params(params, kind), dag_id, run_id)
-    training = pipeline.training
-    derived: dict[str, Any] = {
-        "model": pipeline.preset.model_name,
-        "suffix": pipeline.suffix,
-        "final_step": training.final_step,
-        "run_name": training.run_name,
-    }
-    if isinstance(pipeline, GkePipelineSpec):
-        derived |= {
-            "cluster_name": pipeline.cluster.cluster_name,
-            "chips": pipeline.cluster.total_chips,
-            "converted_root": pipeline.conversion.output_directory,
-            "actor_root": training.actor_checkpoint_root,
-            "export_uri": pipeline.export.output_directory,
-            "jobs": {
-                "convert": pipeline.convert_job,
-                "train": pipeline.train_job,
-                "export": pipeline.export_job,
-            },
-        }
-    else:
-        derived |= {
-            "vm_name": pipeline.vm.vm_name,
-            "chips": pipeline.vm.chips,
-            "actor_root": pipeline.gcs_actor_checkpoint_root,
-            "export_uri": pipeline.gcs_export + "/",
-        }
-    return derived
+    return build_pipeline(kind, conf_from_params(params, kind), dag_id, run_id).resolved()
 
 
 def transient_retries() -> dict[str, Any]:
@@ -98,51 +68,107 @@ def transient_retries() -> dict[str, Any]:
     }
 
 
-def run_expiry(context: Context, hours: int) -> int:
-    """Expiry label: the run's start plus the allowed hours (the same value on every retry)."""
-    dag_run = context.get("dag_run")
-    start = getattr(dag_run, "start_date", None) or getattr(dag_run, "logical_date", None)
-    started = start.timestamp() if start is not None else time.time()
-    return int(started + hours * 3600)
+Value = Callable[[str], Any]
 
 
-class PipelineOperator(BaseOperator):
-    """Base of the pipeline operators: the spec comes from the run's params (or ``pipeline_conf``)."""
+def gke_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
+    """The arguments of each ``tpu_rl_gke_pipeline`` operator, named by task id.
 
-    template_fields: Sequence[str] = ("pipeline_conf",)
-    pipeline_kind: PipelineKind = "gke"
+    ``value(key)`` gives one of ``validate``'s resolved values (``GkePipelineSpec.resolved``): the
+    DAG passes a template that pulls it from XCom; a test passes the value itself.
+    """
+    scope = {"project_id": value("project"), "location": value("region"), "bucket": value("bucket")}
+    cluster = {
+        **scope,
+        "zone": value("zone"),
+        "cluster_name": value("cluster_name"),
+        "reservation": value("reservation"),
+        "model": value("model"),
+        "compute_type": value("compute_type"),
+        "topology": value("topology"),
+        "num_slices": value("num_slices"),
+        "authorized_cidr": value("authorized_cidr"),
+        "max_cluster_hours": value("max_cluster_hours"),
+        "keep_cluster": value("keep_cluster"),
+    }
+    job = {
+        **scope,
+        "cluster_name": value("cluster_name"),
+        "model": value("model"),
+        "image": value("image"),
+        "compute_type": value("compute_type"),
+        "topology": value("topology"),
+        "hf_token_conn_id": value("hf_token_conn_id"),
+        "hf_token_secret": value("hf_token_secret"),
+    }
+    return {
+        "ensure_bucket": scope,
+        "deploy_cluster": cluster,
+        "sync_hf_token": {
+            "project_id": value("project"),
+            "hf_token_conn_id": value("hf_token_conn_id"),
+            "hf_token_secret": value("hf_token_secret"),
+            "sync_from_connection": value("sync_hf_token"),
+            "reader_service_accounts": value("secret_readers"),
+        },
+        "convert_to_maxtext": {**job, "hf_model_path": value("hf_model_path")},
+        "train": {
+            **job,
+            "run_name": value("run_name"),
+            "num_batches": value("num_batches"),
+            "train_overrides": value("train_overrides"),
+            "num_slices": value("num_slices"),
+        },
+        "export_to_huggingface": {
+            **job,
+            "run_name": value("run_name"),
+            "checkpoint_step": value("final_step"),
+        },
+        "destroy_cluster": {**cluster, "delete_bucket": value("delete_bucket")},
+    }
 
-    def __init__(
-        self,
-        *,
-        pipeline_conf: dict[str, Any] | None = None,
-        gcluster_conn_id: str = GclusterHook.default_conn_name,
-        gcp_conn_id: str = "google_cloud_default",
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
-        self.pipeline_conf = pipeline_conf
-        self.gcluster_conn_id = gcluster_conn_id
-        self.gcp_conn_id = gcp_conn_id
-        self._hook: GclusterHook | None = None
 
-    def pipeline_conf_for(self, context: Context) -> dict[str, Any]:
-        """The conf this task runs with: ``pipeline_conf`` or the run's params."""
-        if self.pipeline_conf is not None:
-            return dict(self.pipeline_conf)
-        return conf_from_params(context["params"], self.pipeline_kind)
-
-    def pipeline(self, context: Context) -> Any:
-        return build_pipeline(
-            self.pipeline_kind, self.pipeline_conf_for(context), self.dag_id, context["run_id"]
-        )
-
-    @property
-    def hook(self) -> GclusterHook:
-        if self._hook is None:
-            self._hook = GclusterHook(gcluster_conn_id=self.gcluster_conn_id)
-        return self._hook
-
-    def on_kill(self) -> None:
-        if self._hook is not None:
-            self._hook.terminate()
+def tpu_vm_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
+    """The arguments of each ``tpu_rl_tpu_vm_pipeline`` operator, named by task id (see above)."""
+    vm = {
+        "project_id": value("project"),
+        "zone": value("zone"),
+        "vm_name": value("vm_name"),
+        "bucket": value("bucket"),
+        "model": value("model"),
+    }
+    stage = {
+        **vm,
+        "run_name": value("run_name"),
+        "num_batches": value("num_batches"),
+        "train_overrides": value("train_overrides"),
+        "hf_model_path": value("hf_model_path"),
+        "hf_token_conn_id": value("hf_token_conn_id"),
+        "hf_token_secret": value("hf_token_secret"),
+    }
+    return {
+        "ensure_bucket": {
+            "project_id": value("project"),
+            "location": value("region"),
+            "bucket": value("bucket"),
+        },
+        "sync_hf_token": {
+            "project_id": value("project"),
+            "hf_token_conn_id": value("hf_token_conn_id"),
+            "hf_token_secret": value("hf_token_secret"),
+            "sync_from_connection": value("sync_hf_token"),
+            "reader_service_accounts": value("secret_readers"),
+        },
+        "create_vm": {
+            **vm,
+            "reservation": value("reservation"),
+            "service_account": value("service_account"),
+            "keep_vm": value("keep_vm"),
+            "max_vm_hours": value("max_vm_hours"),
+        },
+        "install_maxtext": {**stage, "stage": "install"},
+        "convert_to_maxtext": {**stage, "stage": "convert"},
+        "train": {**stage, "stage": "train"},
+        "export_to_huggingface": {**stage, "stage": "export"},
+        "delete_vm": {**vm, "keep_vm": value("keep_vm"), "delete_bucket": value("delete_bucket")},
+    }

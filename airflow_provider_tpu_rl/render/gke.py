@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-from collections.abc import Mapping
 
 from airflow_provider_tpu_rl.render.blueprint import BLUEPRINT_FILENAME
 from airflow_provider_tpu_rl.render.command import Command
@@ -18,8 +17,7 @@ from airflow_provider_tpu_rl.render.shell import (
     on_first_pod_only,
     quote_all,
 )
-from airflow_provider_tpu_rl.spec.cluster import ClusterSpec
-from airflow_provider_tpu_rl.spec.pipeline import GkePipelineSpec
+from airflow_provider_tpu_rl.spec.cluster import ClusterSpec, GkeJobTarget
 from airflow_provider_tpu_rl.spec.presets import ModelPreset
 from airflow_provider_tpu_rl.spec.workloads import ConversionSpec, ExportSpec, TrainingSpec
 
@@ -50,10 +48,6 @@ def default_workdir(cluster_name: str, run_suffix: str) -> str:
     """Local folder for the blueprint and the deployment folder, one per DAG run (the Terraform
     state itself lives in GCS, so any worker can recreate this folder)."""
     return os.path.join(tempfile.gettempdir(), "tpu-rl", f"{cluster_name}-{run_suffix}")
-
-
-def secret_resource(project: str, secret_id: str) -> str:
-    return f"projects/{project}/secrets/{secret_id}/versions/latest"
 
 
 # --- cloud set-up -------------------------------------------------------------------------------
@@ -237,10 +231,6 @@ def job_scope(project: str | None, cluster_name: str | None, location: str | Non
     return tuple(f"{flag}={value}" for flag, value in pairs if value)
 
 
-def _job_scope(cluster: ClusterSpec) -> tuple[str, ...]:
-    return job_scope(cluster.project, cluster.cluster_name, cluster.region)
-
-
 def to_maxtext_script(conversion: ConversionSpec, token_resource: str) -> str:
     args = [f"model_name={conversion.model_name}"]
     if conversion.hf_model_path:
@@ -319,41 +309,48 @@ def to_huggingface_script(export: ExportSpec, token_resource: str) -> str:
     return on_first_pod_only(body)
 
 
-def _cpu_job(pipeline: GkePipelineSpec, name: str, command: str, description: str) -> Command:
-    cluster = pipeline.cluster
+def _target_flags(target: GkeJobTarget, num_slices: int) -> tuple[str, ...]:
+    return (
+        f"--num-slices={num_slices}",
+        f"--image={target.image}",
+        f"--compute-type={target.compute_type}",
+        f"--topology={target.topology}",
+    )
+
+
+def _cpu_job(target: GkeJobTarget, name: str, command: str, description: str) -> Command:
     return Command(
         (
             "gcluster",
             "job",
             "submit",
             f"--name={name}",
-            "--num-slices=1",
-            f"--image={pipeline.image}",
-            f"--compute-type={cluster.compute_type}",
-            f"--topology={cluster.topology}",
+            *_target_flags(target, 1),
             f"--command={command}",
-            *_job_scope(cluster),
+            *job_scope(target.project, target.cluster_name, target.location),
         ),
         description=description,
     )
 
 
-def conversion_job(pipeline: GkePipelineSpec) -> Command:
-    token = secret_resource(pipeline.cluster.project, pipeline.hf_token.secret_id)
+def conversion_job(
+    target: GkeJobTarget, name: str, conversion: ConversionSpec, token_resource: str
+) -> Command:
+    """HF→MaxText on pod 0 of a CPU-only job (the tutorials' ``to_maxtext`` job)."""
     return _cpu_job(
-        pipeline,
-        pipeline.convert_job,
-        to_maxtext_script(pipeline.conversion, token),
-        f"convert {pipeline.conversion.hf_model_path or pipeline.preset.model_name} to MaxText",
+        target,
+        name,
+        to_maxtext_script(conversion, token_resource),
+        f"convert {conversion.hf_model_path or conversion.model_name} to MaxText",
     )
 
 
-def export_job(pipeline: GkePipelineSpec) -> Command:
-    token = secret_resource(pipeline.cluster.project, pipeline.hf_token.secret_id)
+def export_job(target: GkeJobTarget, name: str, export: ExportSpec, token_resource: str) -> Command:
+    """MaxText→HF on pod 0 (the tutorials' ``to_huggingface`` job)."""
     return _cpu_job(
-        pipeline,
-        pipeline.export_job,
-        to_huggingface_script(pipeline.export, token),
+        target,
+        name,
+        to_huggingface_script(export, token_resource),
         "export the trained actor to Hugging Face format",
     )
 
@@ -362,31 +359,34 @@ def _env_flags(flag: str, pairs: tuple[tuple[str, str], ...]) -> list[str]:
     return [f"{flag}={pair}" for pair in key_values(pairs)]
 
 
-def training_job(pipeline: GkePipelineSpec) -> Command:
-    cluster = pipeline.cluster
-    token = secret_resource(cluster.project, pipeline.hf_token.secret_id)
+def training_job(
+    target: GkeJobTarget,
+    name: str,
+    preset: ModelPreset,
+    training: TrainingSpec,
+    token_resource: str,
+    pathways_gcs_location: str,
+) -> Command:
+    """GRPO training on Pathways (the tutorials' ``train_rl`` job)."""
     return Command(
         (
             "gcluster",
             "job",
             "submit",
-            f"--name={pipeline.train_job}",
-            f"--num-slices={cluster.num_slices}",
-            f"--image={pipeline.image}",
-            f"--compute-type={cluster.compute_type}",
-            f"--topology={cluster.topology}",
+            f"--name={name}",
+            *_target_flags(target, target.num_slices),
             "--pathways",
-            f"--pathways-gcs-location={pipeline.pathways_gcs_location}",
+            f"--pathways-gcs-location={pathways_gcs_location}",
             f"--gke-ttl-after-finished={TRAINING_TTL}",
             "--restarts=0",
             *_env_flags("--env", PATHWAYS_ENV),
             *_env_flags("--pathways-proxy-env", PATHWAYS_ENV),
             *_env_flags("--pathways-server-env", PATHWAYS_ENV),
             *_env_flags("--pathways-worker-env", PATHWAYS_ENV),
-            f"--command={train_rl_script(pipeline.preset, pipeline.training, token)}",
-            *_job_scope(cluster),
+            f"--command={train_rl_script(preset, training, token_resource)}",
+            *job_scope(target.project, target.cluster_name, target.location),
         ),
-        description=f"GRPO training on Pathways ({pipeline.training.num_batches} batches)",
+        description=f"GRPO training on Pathways ({training.num_batches} batches)",
     )
 
 
@@ -446,10 +446,6 @@ def managed_labels(dag_id: str, suffix: str, bucket: str, expires_at: int) -> di
     if re.fullmatch(r"[a-z0-9_-]{1,63}", bucket):
         labels[BUCKET_LABEL] = bucket
     return labels
-
-
-def cluster_labels(pipeline: GkePipelineSpec, expires_at: int) -> Mapping[str, str]:
-    return managed_labels(pipeline.dag_id, pipeline.suffix, pipeline.cluster.bucket, expires_at)
 
 
 def resource_record_object(name: str) -> str:

@@ -8,7 +8,12 @@ from typing import Any
 
 from airflow_provider_tpu_rl.render import gke, tpu_vm
 from airflow_provider_tpu_rl.render.command import Command
-from airflow_provider_tpu_rl.spec.pipeline import GkePipelineSpec, TpuVmPipelineSpec
+from airflow_provider_tpu_rl.spec.pipeline import (
+    GKE_TASK_ORDER,
+    TPU_VM_TASK_ORDER,
+    GkePipelineSpec,
+    TpuVmPipelineSpec,
+)
 
 
 @dataclass(frozen=True)
@@ -23,35 +28,53 @@ class PlanStep:
         return out
 
 
-def _steps(task_id: str, commands: list[Command]) -> list[PlanStep]:
-    return [PlanStep(task_id, c) for c in commands]
+def _in_task_order(order: tuple[str, ...], commands: dict[str, list[Command]]) -> list[PlanStep]:
+    """The commands of each task, tasks in the DAG's order (the one place that order is written)."""
+    unknown = set(commands) - set(order)
+    if unknown:
+        raise ValueError(f"tasks not in the DAG's task order: {sorted(unknown)}")
+    return [PlanStep(task_id, c) for task_id in order for c in commands.get(task_id, [])]
 
 
 def gke_plan(pipeline: GkePipelineSpec) -> list[PlanStep]:
     """Every command of ``tpu_rl_gke_pipeline`` in execution order (skips are decided at run time)."""
     cluster = pipeline.cluster
     workdir = gke.default_workdir(cluster.cluster_name, pipeline.suffix)
-    readers = (cluster.workload_service_account, cluster.node_pool_service_account)
-    steps = _steps("ensure_bucket", [gke.create_bucket(cluster.project, cluster.region, cluster.bucket)])
-    steps += _steps("deploy_cluster", [gke.deploy(cluster, workdir), *gke.iam_grants(cluster)])
-    steps += _steps(
-        "sync_hf_token",
-        gke.hf_token_secret(
-            cluster.project, pipeline.hf_token.secret_id, readers, sync=pipeline.hf_token.sync_from_connection
-        ),
-    )
+    target, token = pipeline.job_target, pipeline.token_resource
     auth = gke.docker_auth(cluster.region)
-    steps += _steps("convert_to_maxtext", [*auth, gke.conversion_job(pipeline)])
-    steps += _steps("train", [*auth, gke.training_job(pipeline)])
-    steps += _steps("export_to_huggingface", [*auth, gke.export_job(pipeline)])
+    teardown: list[Command] = []
     if not pipeline.keep_cluster:
-        steps += _steps(
-            "destroy_cluster",
-            [gke.recreate_deployment_folder(cluster, workdir), gke.destroy(cluster, workdir)],
-        )
+        teardown += [gke.recreate_deployment_folder(cluster, workdir), gke.destroy(cluster, workdir)]
     if pipeline.delete_bucket:
-        steps += _steps("destroy_cluster", [gke.delete_bucket(cluster.bucket)])
-    return steps
+        teardown.append(gke.delete_bucket(cluster.bucket))
+    commands = {
+        "ensure_bucket": [gke.create_bucket(cluster.project, cluster.region, cluster.bucket)],
+        "deploy_cluster": [gke.deploy(cluster, workdir), *gke.iam_grants(cluster)],
+        "sync_hf_token": gke.hf_token_secret(
+            cluster.project,
+            pipeline.hf_token.secret_id,
+            (cluster.workload_service_account, cluster.node_pool_service_account),
+            sync=pipeline.hf_token.sync_from_connection,
+        ),
+        "convert_to_maxtext": [
+            *auth,
+            gke.conversion_job(target, pipeline.convert_job, pipeline.conversion, token),
+        ],
+        "train": [
+            *auth,
+            gke.training_job(
+                target,
+                pipeline.train_job,
+                pipeline.preset,
+                pipeline.training,
+                token,
+                pipeline.pathways_gcs_location,
+            ),
+        ],
+        "export_to_huggingface": [*auth, gke.export_job(target, pipeline.export_job, pipeline.export, token)],
+        "destroy_cluster": teardown,
+    }
+    return _in_task_order(GKE_TASK_ORDER, commands)
 
 
 def tpu_vm_plan(pipeline: TpuVmPipelineSpec, *, now: float | None = None) -> list[PlanStep]:
@@ -60,23 +83,22 @@ def tpu_vm_plan(pipeline: TpuVmPipelineSpec, *, now: float | None = None) -> lis
     expires = int((now if now is not None else time.time()) + pipeline.max_vm_hours * 3600)
     labelled = type(vm)(**{**vm.__dict__, "labels": tpu_vm.vm_labels(pipeline, expires)})
     readers = (pipeline.service_account,) if pipeline.service_account else ()
-    steps = _steps("ensure_bucket", [gke.create_bucket(vm.project, pipeline.region, vm.bucket)])
-    steps += _steps(
-        "sync_hf_token",
-        gke.hf_token_secret(
+    teardown: list[Command] = [] if pipeline.keep_vm else [tpu_vm.delete_vm(vm)]
+    if pipeline.delete_bucket:
+        teardown.append(gke.delete_bucket(vm.bucket))
+    commands = {
+        "ensure_bucket": [gke.create_bucket(vm.project, pipeline.region, vm.bucket)],
+        "sync_hf_token": gke.hf_token_secret(
             vm.project, pipeline.hf_token.secret_id, readers, sync=pipeline.hf_token.sync_from_connection
         ),
-    )
-    steps += _steps("create_vm", [tpu_vm.create_vm(labelled, pipeline.service_account)])
-    steps += _steps("install_maxtext", [tpu_vm.stage_command(pipeline, "install")])
-    steps += _steps("convert_to_maxtext", [tpu_vm.stage_command(pipeline, "convert")])
-    steps += _steps("train", [tpu_vm.stage_command(pipeline, "train")])
-    steps += _steps("export_to_huggingface", [tpu_vm.stage_command(pipeline, "export")])
-    if not pipeline.keep_vm:
-        steps += _steps("delete_vm", [tpu_vm.delete_vm(vm)])
-    if pipeline.delete_bucket:
-        steps += _steps("delete_vm", [gke.delete_bucket(vm.bucket)])
-    return steps
+        "create_vm": [tpu_vm.create_vm(labelled, pipeline.service_account)],
+        "install_maxtext": [tpu_vm.stage_command(pipeline, "install")],
+        "convert_to_maxtext": [tpu_vm.stage_command(pipeline, "convert")],
+        "train": [tpu_vm.stage_command(pipeline, "train")],
+        "export_to_huggingface": [tpu_vm.stage_command(pipeline, "export")],
+        "delete_vm": teardown,
+    }
+    return _in_task_order(TPU_VM_TASK_ORDER, commands)
 
 
 def plan_document(dag_id: str, steps: list[PlanStep]) -> dict[str, Any]:

@@ -92,21 +92,6 @@ def list_managed_vms(project: str) -> Command:
     )
 
 
-def describe_vm(vm: TpuVmSpec) -> Command:
-    return Command(
-        (
-            "gcloud",
-            "compute",
-            "instances",
-            "describe",
-            vm.vm_name,
-            f"--zone={vm.zone}",
-            f"--project={vm.project}",
-            "--format=json",
-        )
-    )
-
-
 def ssh(vm: TpuVmSpec, script: str, description: str = "") -> Command:
     """Run a stage script on the VM: ``bash -s`` reads it from stdin, so nothing is on argv."""
     return Command(

@@ -1,11 +1,15 @@
 """Sensors that wait for a MaxText checkpoint step, or a Hugging Face export, to be complete on GCS.
 
-Poke mode lists with the google provider's :class:`GCSHook`; deferrable mode (the default) checks
+Poke mode lists with the google provider's ``GCSHook``; deferrable mode (the default) checks
 once, then hands over to the triggers in :mod:`airflow_provider_tpu_rl.triggers.gcs_checkpoint`.
 Both judge the listings with the same rules (:mod:`airflow_provider_tpu_rl.maxtext.layout`) and
 return the same XCom: ``{"status": "success", "uris": [...], "step": N, "checkpoint_uri": "gs://…/N/model_params/"}``
 for a checkpoint, ``{"status": "success", "export_uri": …, "uris": [...], "weight_files": [...]}``
 for an export.
+
+Nothing heavier than the sensor base class is imported with this module: the google provider's GCS
+hook (and the storage client under it) is imported when a sensor first pokes, not when a DAG file is
+parsed.
 """
 
 from __future__ import annotations
@@ -20,8 +24,8 @@ from airflow.providers.common.compat.sdk import (
     BaseSensorOperator,
     PokeReturnValue,
 )
-from airflow.providers.google.cloud.hooks.gcs import GCSHook
 
+from airflow_provider_tpu_rl.exceptions import ConfigurationError
 from airflow_provider_tpu_rl.links import GCSBrowserLink
 from airflow_provider_tpu_rl.maxtext.layout import (
     RL_CHECKPOINT_ITEMS,
@@ -39,6 +43,7 @@ from airflow_provider_tpu_rl.triggers.gcs_checkpoint import HuggingFaceExportTri
 
 if TYPE_CHECKING:
     from airflow.providers.common.compat.sdk import Context
+    from airflow.providers.google.cloud.hooks.gcs import GCSHook
 
 _Result = TypeVar("_Result")
 
@@ -84,7 +89,7 @@ def _step_from_template(step: int | str | None) -> int | None:
     try:
         return int(text)
     except ValueError:
-        raise AirflowFailException(f"step must be an integer or None, got {step!r}") from None
+        raise ConfigurationError(f"step must be an integer or None, got {step!r}") from None
 
 
 class _DeferrableGCSSensor(BaseSensorOperator):
@@ -113,9 +118,21 @@ class _DeferrableGCSSensor(BaseSensorOperator):
         raise NotImplementedError
 
     def _hook(self) -> GCSHook:
+        from airflow.providers.google.cloud.hooks.gcs import GCSHook
+
         return GCSHook(gcp_conn_id=self.gcp_conn_id, impersonation_chain=self.impersonation_chain)
 
     def execute(self, context: Context) -> Any:
+        """Poke once (or in a worker loop when not deferrable), then defer to the trigger.
+
+        A :class:`ConfigurationError` (a bad ``step``) fails the task without retries.
+        """
+        try:
+            return self._execute(context)
+        except ConfigurationError as err:
+            raise AirflowFailException(str(err)) from err
+
+    def _execute(self, context: Context) -> Any:
         GCSBrowserLink.persist(context, uri=self._watched_uri())
         if not self.deferrable:
             return super().execute(context)

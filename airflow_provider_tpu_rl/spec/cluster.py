@@ -130,6 +130,27 @@ class ClusterSpec:
 
 
 @dataclass(frozen=True)
+class GkeJobTarget:
+    """Where a ``gcluster job submit`` runs: the cluster, the slice shape of its pods, the image."""
+
+    project: str
+    location: str
+    cluster_name: str
+    image: str
+    compute_type: str = "ct6e-standard-4t"
+    topology: str = "4x8"
+    num_slices: int = 1
+
+    def __post_init__(self) -> None:
+        rules.project_id("project_id", self.project)
+        rules.region("location", self.location)
+        rules.gke_cluster_name("cluster_name", self.cluster_name)
+        rules.image("image", self.image)
+        SliceShape(self.compute_type, self.topology)
+        rules.int_range("num_slices", self.num_slices, 1, 64)
+
+
+@dataclass(frozen=True)
 class TpuVmSpec:
     """One reservation-bound TPU VM (seed 002: ct6e-standard-8t, v6e-8, topology 2x4)."""
 
@@ -149,7 +170,10 @@ class TpuVmSpec:
         rules.project_id("project", self.project)
         rules.zone("zone", self.zone, None)
         rules.gce_name("vm_name", self.vm_name, "VM name")
-        rules.gce_name("reservation", self.reservation, "reservation name")
+        if self.reservation:  # empty: a spec for a VM that exists already (stages, delete)
+            rules.gce_name("reservation", self.reservation, "reservation name")
+        else:
+            rules.require_str("reservation", self.reservation)
         rules.bucket_name("bucket", self.bucket)
         SliceShape(self.machine_type, self.topology)
         rules.gce_name("image_project", self.image_project, "image project")

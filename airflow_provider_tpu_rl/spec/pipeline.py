@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from airflow_provider_tpu_rl.spec import rules
-from airflow_provider_tpu_rl.spec.cluster import ClusterSpec, TpuVmSpec
+from airflow_provider_tpu_rl.spec.cluster import ClusterSpec, GkeJobTarget, TpuVmSpec
 from airflow_provider_tpu_rl.spec.errors import SpecError
 from airflow_provider_tpu_rl.spec.presets import POST_TRAINING_IMAGE, ModelPreset, Runner, get_preset
 from airflow_provider_tpu_rl.spec.workloads import (
@@ -69,10 +69,53 @@ TPU_VM_DEFAULTS: Final[Mapping[str, Any]] = {
 
 _BOOL_KEYS: Final = {"keep_cluster", "keep_vm", "delete_bucket"}
 
+# The task order of each pipeline DAG, written once: the DAG files chain their tasks in this order,
+# `tpu-rl plan` lists commands in it and the structure test checks both against it.
+GKE_TASK_ORDER: Final = (
+    "validate",
+    "ensure_bucket",
+    "deploy_cluster",
+    "sync_hf_token",
+    "convert_to_maxtext",
+    "wait_converted_checkpoint",
+    "train",
+    "wait_actor_checkpoint",
+    "export_to_huggingface",
+    "wait_hf_export",
+    "destroy_cluster",
+    "record_run",
+)
+TPU_VM_TASK_ORDER: Final = (
+    "validate",
+    "ensure_bucket",
+    "sync_hf_token",
+    "create_vm",
+    "install_maxtext",
+    "convert_to_maxtext",
+    "train",
+    "wait_actor_checkpoint",
+    "export_to_huggingface",
+    "wait_hf_export",
+    "delete_vm",
+    "record_run",
+)
+# The GKE pipeline's job tasks; a job's default name derives from its task id.
+GKE_JOB_TASKS: Final = {"convert": "convert_to_maxtext", "train": "train", "export": "export_to_huggingface"}
+
 
 def run_suffix(dag_id: str, run_id: str) -> str:
     """Six hex characters that identify one DAG run: the same for every retry of its tasks."""
     return hashlib.sha256(f"{dag_id}\x00{run_id}".encode()).hexdigest()[:6]
+
+
+def job_suffix(dag_id: str, run_id: str, task_id: str) -> str:
+    """Six hex characters for one task of one DAG run: stable across retries, distinct per task."""
+    return hashlib.sha256(f"{dag_id}\x00{run_id}\x00{task_id}".encode()).hexdigest()[:6]
+
+
+def default_job_name(prefix: str, dag_id: str, run_id: str, task_id: str) -> str:
+    """The job name a task submits when none is given: the tutorial's prefix and a task suffix."""
+    return job_name(prefix, job_suffix(dag_id, run_id, task_id))
 
 
 def job_name(prefix: str, suffix: str) -> str:
@@ -136,13 +179,74 @@ def _hf_token(merged: Mapping[str, Any]) -> HfTokenSpec:
     )
 
 
-def _training_overrides(preset: ModelPreset, merged: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
-    user = validate_overrides(
-        "train_overrides", {} if merged.get("train_overrides") is None else merged["train_overrides"]
+def gcs_model_prefix(bucket: str, model: str) -> str:
+    return f"gs://{rules.bucket_name('bucket', bucket)}/{model}"
+
+
+def converted_directory(bucket: str, model: str) -> str:
+    """Where ``to_maxtext`` writes a model's converted checkpoint on GKE (one per model)."""
+    return f"{gcs_model_prefix(bucket, model)}/max-text-format/"
+
+
+def trained_directory(bucket: str, model: str) -> str:
+    """MaxText ``base_output_directory`` of the GKE training runs (one folder per run_name)."""
+    return f"{gcs_model_prefix(bucket, model)}/trained/"
+
+
+def export_directory(bucket: str, model: str, run_name: str) -> str:
+    """Where a run's Hugging Face export goes: one folder per run_name, never overwritten by another."""
+    return f"{gcs_model_prefix(bucket, model)}/hf-trained/{run_name}/"
+
+
+def conversion_spec(
+    preset: ModelPreset, output_directory: str, hf_model_path: str | None = None
+) -> ConversionSpec:
+    """HF→MaxText conversion of ``preset`` (``hf_model_path`` empty = the preset's checkpoint)."""
+    return ConversionSpec(
+        model_name=preset.model_name,
+        output_directory=output_directory,
+        scan_layers=preset.scan_layers,
+        hf_model_path=hf_model_path or preset.hf_model_path,
+        lazy_load_tensors=preset.lazy_load_tensors,
+        checkpoint_storage_use_zarr3=preset.checkpoint_storage_use_zarr3,
+        checkpoint_storage_use_ocdbt=preset.checkpoint_storage_use_ocdbt,
     )
+
+
+def training_spec(
+    preset: ModelPreset,
+    *,
+    run_name: str,
+    base_output_directory: str,
+    load_parameters_path: str,
+    num_batches: int | None = None,
+    train_overrides: Mapping[str, Any] | None = None,
+) -> TrainingSpec:
+    """GRPO training of ``preset``: its overrides, then the user's (``train_overrides``)."""
+    user = validate_overrides("train_overrides", {} if train_overrides is None else train_overrides)
     combined = dict(preset.train_overrides)
     combined.update(dict(user))
-    return tuple(combined.items())
+    return TrainingSpec(
+        model_name=preset.model_name,
+        run_name=run_name,
+        base_output_directory=base_output_directory,
+        load_parameters_path=load_parameters_path,
+        num_batches=preset.num_batches if num_batches in (None, "") else num_batches,  # type: ignore[arg-type]
+        overrides=tuple(combined.items()),
+    )
+
+
+def export_spec(
+    preset: ModelPreset, *, load_parameters_path: str, output_directory: str, on_cluster: bool
+) -> ExportSpec:
+    """MaxText→HF export of a trained ``preset`` checkpoint."""
+    return ExportSpec(
+        model_name=preset.export_model_name,
+        load_parameters_path=load_parameters_path,
+        output_directory=output_directory,
+        scan_layers=preset.scan_layers,
+        on_cluster=on_cluster,
+    )
 
 
 def _workloads(
@@ -161,29 +265,19 @@ def _workloads(
     ``exported`` is a format string with ``{run_name}``; ``trailing_slash`` is how the tutorial
     writes the load paths ("/" on GKE, "" on the TPU VM).
     """
-    model = preset.model_name
-    conversion = ConversionSpec(
-        model_name=model,
-        output_directory=converted,
-        scan_layers=preset.scan_layers,
-        hf_model_path=_pick(merged, "hf_model_path", preset.hf_model_path),
-        lazy_load_tensors=preset.lazy_load_tensors,
-        checkpoint_storage_use_zarr3=preset.checkpoint_storage_use_zarr3,
-        checkpoint_storage_use_ocdbt=preset.checkpoint_storage_use_ocdbt,
-    )
-    training = TrainingSpec(
-        model_name=model,
+    conversion = conversion_spec(preset, converted, _pick(merged, "hf_model_path", None))
+    training = training_spec(
+        preset,
         run_name=_pick(merged, "run_name", default_run_name),
         base_output_directory=trained,
         load_parameters_path=conversion.items_path + trailing_slash,
-        num_batches=_pick(merged, "num_batches", preset.num_batches),
-        overrides=_training_overrides(preset, merged),
+        num_batches=_pick(merged, "num_batches", None),
+        train_overrides=merged.get("train_overrides"),
     )
-    export = ExportSpec(
-        model_name=preset.export_model_name,
+    export = export_spec(
+        preset,
         load_parameters_path=training.actor_params_path(training.final_step) + trailing_slash,
         output_directory=exported.format(run_name=training.run_name),
-        scan_layers=preset.scan_layers,
         on_cluster=on_cluster,
     )
     return conversion, training, export
@@ -211,27 +305,98 @@ class GkePipelineSpec:
         return run_suffix(self.dag_id, self.run_id)
 
     @property
-    def model_prefix(self) -> str:
-        return f"gs://{self.cluster.bucket}/{self.preset.model_name}"
+    def pathways_gcs_location(self) -> str:
+        return pathways_gcs_location(self.cluster.bucket)
 
     @property
-    def pathways_gcs_location(self) -> str:
-        return f"gs://{self.cluster.bucket}/pathways/"
+    def job_target(self) -> GkeJobTarget:
+        c = self.cluster
+        return GkeJobTarget(
+            project=c.project,
+            location=c.region,
+            cluster_name=c.cluster_name,
+            image=self.image,
+            compute_type=c.compute_type,
+            topology=c.topology,
+            num_slices=c.num_slices,
+        )
+
+    @property
+    def token_resource(self) -> str:
+        return secret_version(self.cluster.project, self.hf_token.secret_id)
+
+    def _job(self, kind: str) -> str:
+        assert self.preset.job_prefixes is not None
+        prefix = getattr(self.preset.job_prefixes, kind)
+        return default_job_name(prefix, self.dag_id, self.run_id, GKE_JOB_TASKS[kind])
 
     @property
     def convert_job(self) -> str:
-        assert self.preset.job_prefixes is not None
-        return job_name(self.preset.job_prefixes.convert, self.suffix)
+        return self._job("convert")
 
     @property
     def train_job(self) -> str:
-        assert self.preset.job_prefixes is not None
-        return job_name(self.preset.job_prefixes.train, self.suffix)
+        return self._job("train")
 
     @property
     def export_job(self) -> str:
-        assert self.preset.job_prefixes is not None
-        return job_name(self.preset.job_prefixes.export, self.suffix)
+        return self._job("export")
+
+    def resolved(self) -> dict[str, Any]:
+        """Every value the pipeline's operators take, resolved once (``validate``'s XCom)."""
+        c, t = self.cluster, self.training
+        return {
+            "model": self.preset.model_name,
+            "project": c.project,
+            "region": c.region,
+            "zone": c.zone,
+            "cluster_name": c.cluster_name,
+            "bucket": c.bucket,
+            "reservation": c.reservation,
+            "compute_type": c.compute_type,
+            "topology": c.topology,
+            "num_slices": c.num_slices,
+            "authorized_cidr": c.authorized_cidr,
+            "image": self.image,
+            "hf_model_path": self.conversion.hf_model_path,
+            "run_name": t.run_name,
+            "num_batches": t.num_batches,
+            "train_overrides": user_overrides(self.preset, t),
+            "hf_token_conn_id": self.hf_token.conn_id,
+            "hf_token_secret": self.hf_token.secret_id,
+            "sync_hf_token": self.hf_token.sync_from_connection,
+            "secret_readers": [c.workload_service_account, c.node_pool_service_account],
+            "keep_cluster": self.keep_cluster,
+            "delete_bucket": self.delete_bucket,
+            "max_cluster_hours": self.max_cluster_hours,
+            "suffix": self.suffix,
+            "final_step": t.final_step,
+            "chips": c.total_chips,
+            "converted_root": self.conversion.output_directory,
+            "actor_root": t.actor_checkpoint_root,
+            "export_uri": self.export.output_directory,
+            "jobs": {"convert": self.convert_job, "train": self.train_job, "export": self.export_job},
+        }
+
+
+def user_overrides(preset: ModelPreset, training: TrainingSpec) -> dict[str, str]:
+    """The training overrides that are not the preset's own (what ``train_overrides`` added)."""
+    own = dict(preset.train_overrides)
+    return {k: v for k, v in training.overrides if own.get(k) != v}
+
+
+def pathways_gcs_location(bucket: str) -> str:
+    return f"gs://{bucket}/pathways/"
+
+
+def secret_version(project: str, secret_id: str) -> str:
+    """The Secret Manager resource a workload reads the HF token from."""
+    return f"projects/{project}/secrets/{secret_id}/versions/latest"
+
+
+def hf_token_spec(conn_id: str, secret_id: str | None) -> HfTokenSpec:
+    """``secret_id`` given: the token is already there; else it is synced from the connection."""
+    return _hf_token({"hf_token_conn_id": conn_id, "hf_token_secret": secret_id})
 
 
 def gke_pipeline_from_conf(
@@ -258,15 +423,14 @@ def gke_pipeline_from_conf(
         blueprint=preset.blueprint,
     )
     image = rules.image("image", _pick(merged, "image", preset.image or POST_TRAINING_IMAGE))
-    prefix = f"gs://{cluster.bucket}/{preset.model_name}"
     conversion, training, export = _workloads(
         preset,
         merged,
-        converted=f"{prefix}/max-text-format/",
-        trained=f"{prefix}/trained/",
+        converted=converted_directory(cluster.bucket, preset.model_name),
+        trained=trained_directory(cluster.bucket, preset.model_name),
         # One folder per run_name (the tutorial writes hf-trained/ directly): a later run never
         # overwrites an earlier model, and "already exported" means this run's checkpoint.
-        exported=prefix + "/hf-trained/{run_name}/",
+        exported=export_directory(cluster.bucket, preset.model_name, "{run_name}"),
         default_run_name=preset.run_name,
         trailing_slash="/",
         on_cluster=True,
@@ -330,12 +494,51 @@ class TpuVmPipelineSpec:
     def gcs_export(self) -> str:
         return f"{self.gcs_prefix}/hf-trained/{self.training.run_name}"
 
+    def resolved(self) -> dict[str, Any]:
+        """Every value the pipeline's operators take, resolved once (``validate``'s XCom)."""
+        v, t = self.vm, self.training
+        return {
+            "model": self.preset.model_name,
+            "project": v.project,
+            "region": self.region,
+            "zone": v.zone,
+            "vm_name": v.vm_name,
+            "bucket": v.bucket,
+            "reservation": v.reservation,
+            "service_account": self.service_account,
+            "hf_model_path": self.conversion.hf_model_path,
+            "run_name": t.run_name,
+            "num_batches": t.num_batches,
+            "train_overrides": user_overrides(self.preset, t),
+            "hf_token_conn_id": self.hf_token.conn_id,
+            "hf_token_secret": self.hf_token.secret_id,
+            "sync_hf_token": self.hf_token.sync_from_connection,
+            "secret_readers": [self.service_account] if self.service_account else [],
+            "keep_vm": self.keep_vm,
+            "delete_bucket": self.delete_bucket,
+            "max_vm_hours": self.max_vm_hours,
+            "suffix": self.suffix,
+            "final_step": t.final_step,
+            "chips": v.chips,
+            "actor_root": self.gcs_actor_checkpoint_root,
+            "export_uri": self.gcs_export + "/",
+        }
+
 
 def tpu_vm_pipeline_from_conf(
-    conf: Mapping[str, Any] | None, *, dag_id: str = TPU_VM_DAG_ID, run_id: str = "manual__plan"
+    conf: Mapping[str, Any] | None,
+    *,
+    dag_id: str = TPU_VM_DAG_ID,
+    run_id: str = "manual__plan",
+    require_reservation: bool = True,
 ) -> TpuVmPipelineSpec:
-    """Validate a conf for ``tpu_rl_tpu_vm_pipeline`` and derive every spec from it."""
+    """Validate a conf for ``tpu_rl_tpu_vm_pipeline`` and derive every spec from it.
+
+    ``require_reservation=False`` is for the tasks that work on a VM that exists already.
+    """
     merged = _merge_conf(TPU_VM_DEFAULTS, conf)
+    if require_reservation:
+        rules.gce_name("reservation", merged["reservation"], "reservation name")
     preset = get_preset(merged["model"])
     if preset.runner is not Runner.TPU_VM:
         raise SpecError(
@@ -347,7 +550,7 @@ def tpu_vm_pipeline_from_conf(
         project=merged["project"],
         zone=merged["zone"],
         vm_name=merged["vm_name"],
-        reservation=merged["reservation"],
+        reservation=merged["reservation"] or "",
         bucket=merged["bucket"],
         machine_type=preset.compute_type,
         topology=preset.topology,

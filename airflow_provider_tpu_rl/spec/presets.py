@@ -77,9 +77,6 @@ class ModelPreset:
     checkpoint_storage_use_zarr3: int = 0
     checkpoint_storage_use_ocdbt: int = 0
 
-    def override_map(self) -> MappingProxyType[str, str]:
-        return MappingProxyType(dict(self.train_overrides))
-
 
 def _shared_gke_overrides(model_name: str) -> dict[str, str]:
     return {

@@ -164,6 +164,22 @@ def int_range(field: str, value: Any, low: int, high: int | None = None) -> int:
     return value
 
 
+def integer(field: str, value: Any, low: int, high: int | None = None) -> int:
+    """``int_range`` that also takes the text a Jinja template renders an integer to."""
+    if isinstance(value, str) and re.fullmatch(r"-?[0-9]{1,18}", value.strip()):
+        value = int(value.strip())
+    return int_range(field, value, low, high)
+
+
+def boolean(field: str, value: Any) -> bool:
+    """A boolean, or the text a Jinja template renders one to (``True``/``false``)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in {"true", "false"}:
+        return value.strip().lower() == "true"
+    raise SpecError(field, "must be true or false", value)
+
+
 def positive_float(field: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise SpecError(field, "must be a number", value)

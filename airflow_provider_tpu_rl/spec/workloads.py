@@ -206,10 +206,20 @@ class TrainingSpec:
 
     @property
     def actor_checkpoint_root(self) -> str:
-        return f"{self.run_directory}/checkpoints/actor/"
+        return actor_checkpoint_root(self.base_output_directory, self.run_name)
 
     def actor_params_path(self, step: int) -> str:
-        return f"{self.actor_checkpoint_root}{step}/model_params"
+        return actor_params_path(self.base_output_directory, self.run_name, step)
+
+
+def actor_checkpoint_root(base_output_directory: str, run_name: str) -> str:
+    """Where MaxText's RL trainer keeps a run's actor checkpoints (one folder per step)."""
+    return f"{base_output_directory.rstrip('/')}/{run_name}/checkpoints/actor/"
+
+
+def actor_params_path(base_output_directory: str, run_name: str, step: int) -> str:
+    """The parameters of one actor checkpoint: what the export loads."""
+    return f"{actor_checkpoint_root(base_output_directory, run_name)}{step}/model_params"
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from typing import Any
 from airflow.providers.common.compat.sdk import AirflowException
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_provider_tpu_rl.hooks.failures import GclusterOutputError, GclusterTransientError
+from airflow_provider_tpu_rl.exceptions import CommandError, ConfigurationError, OutputParseError
 from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
 from airflow_provider_tpu_rl.hooks.jobs import GclusterJob, JobState, new_log_lines, workload_log_lines
 from airflow_provider_tpu_rl.maxtext.logs import TrainingLogTracker
@@ -27,9 +27,12 @@ class GclusterJobTrigger(BaseTrigger):
 
     The event payload: ``status`` (``success`` | ``failed`` | ``error`` | ``missing`` | ``timeout``), ``job_name``,
     ``state`` (last seen JobSet status or ``None``), ``message``, ``log_lines`` (workload log lines
-    relayed) and ``expect_final_checkpoint`` (passed through for the operator). A job that is absent
-    from the list (its JobSet garbage-collected after ``--gke-ttl-after-finished``) is ``missing``:
-    not a failure by itself, the operator decides by checking the final checkpoint.
+    relayed), ``expect_final_checkpoint`` (passed through for the operator) and ``fatal``: true for
+    an ``error`` a retry cannot fix (a bad connection or tool, a non-retryable ``gcluster job list``
+    failure; list failures that may pass are retried up to ``max_consecutive_errors`` times first).
+    A job that is absent from the list (its JobSet garbage-collected after
+    ``--gke-ttl-after-finished``) is ``missing``: not a failure by itself, the operator decides by
+    checking the final checkpoint.
 
     :param poll_interval: seconds between polls.
     :param log_follow: relay new lines of ``gcluster job logs NAME`` to the log on every poll.
@@ -100,13 +103,16 @@ class GclusterJobTrigger(BaseTrigger):
     def _hook(self) -> GclusterHook:
         return GclusterHook(self.gcluster_conn_id)
 
-    def _event(self, status: str, state: JobState | None, message: str) -> TriggerEvent:
+    def _event(
+        self, status: str, state: JobState | None, message: str, *, fatal: bool = False
+    ) -> TriggerEvent:
         return TriggerEvent(
             {
                 "status": status,
                 "job_name": self.job_name,
                 "state": state.value if state is not None else None,
                 "message": message,
+                "fatal": fatal,
                 "log_lines": self._log_count,
                 "expect_final_checkpoint": self.expect_final_checkpoint,
                 "metrics": self._tracker.metrics() if self.total_steps is not None else None,
@@ -228,7 +234,10 @@ class GclusterJobTrigger(BaseTrigger):
                     name_contains=self.job_name,
                     timeout=self.query_timeout,
                 )
-            except (GclusterTransientError, GclusterOutputError) as err:
+            except (CommandError, OutputParseError) as err:
+                if isinstance(err, CommandError) and not err.retryable:
+                    yield self._event("error", last_state, f"cannot list jobs: {err}", fatal=True)
+                    return
                 errors_in_a_row += 1
                 self.log.warning(
                     "gcluster job list failed (%d/%d): %s",
@@ -242,7 +251,12 @@ class GclusterJobTrigger(BaseTrigger):
                 await asyncio.sleep(self.poll_interval)
                 continue
             except Exception as err:
-                yield self._event("error", last_state, f"cannot list jobs: {type(err).__name__}: {err}")
+                yield self._event(
+                    "error",
+                    last_state,
+                    f"cannot list jobs: {type(err).__name__}: {err}",
+                    fatal=isinstance(err, ConfigurationError),
+                )
                 return
             errors_in_a_row = 0
             job: GclusterJob | None = next((j for j in jobs if j.name == self.job_name), None)

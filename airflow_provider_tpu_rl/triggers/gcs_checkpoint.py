@@ -1,6 +1,6 @@
 """Deferrable triggers that wait for a MaxText checkpoint step or a Hugging Face export on GCS.
 
-Both poll with the google provider's :class:`GCSAsyncHook` and judge what they list with the pure
+Both poll with the google provider's ``GCSAsyncHook`` and judge what they list with the pure
 rules of :mod:`airflow_provider_tpu_rl.maxtext.layout`. Each run yields exactly one event:
 
 * success: ``{"status": "success", "uris": [...], "step": N, "checkpoint_uri": "gs://…/N/model_params/"}``
@@ -8,16 +8,17 @@ rules of :mod:`airflow_provider_tpu_rl.maxtext.layout`. Each run yields exactly 
 * ``{"status": "error", "message": …, "fatal": True}`` when the layout shows the wait can never end
   (a committed step without a required item, an unreadable index json);
 * ``{"status": "error", "message": …}`` on any exception (GCS errors, bad URI).
+
+The GCS hook and ``aiohttp`` are imported in :meth:`run` (in the triggerer), never when a DAG file
+that uses the sensors is parsed.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Generator, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from aiohttp import ClientSession
-from airflow.providers.google.cloud.hooks.gcs import GCSAsyncHook
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_tpu_rl.maxtext.layout import (
@@ -32,6 +33,9 @@ from airflow_provider_tpu_rl.maxtext.layout import (
     probe_hf_export,
 )
 
+if TYPE_CHECKING:
+    from airflow.providers.google.cloud.hooks.gcs import GCSAsyncHook
+
 _Result = TypeVar("_Result")
 
 
@@ -39,6 +43,8 @@ async def run_probe_async(
     hook: GCSAsyncHook, bucket: str, probe: Generator[ProbeRequest, Any, _Result]
 ) -> _Result:
     """Answer a layout probe's list/read requests through ``hook`` and return its verdict."""
+    from aiohttp import ClientSession
+
     async with ClientSession() as session:
         storage = await hook.get_storage_client(session)
         answer: Any = None
@@ -100,6 +106,8 @@ class MaxTextCheckpointTrigger(BaseTrigger):
         )
 
     def _get_async_hook(self) -> GCSAsyncHook:
+        from airflow.providers.google.cloud.hooks.gcs import GCSAsyncHook
+
         return GCSAsyncHook(gcp_conn_id=self.gcp_conn_id, impersonation_chain=self.impersonation_chain)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
@@ -157,6 +165,8 @@ class HuggingFaceExportTrigger(BaseTrigger):
         )
 
     def _get_async_hook(self) -> GCSAsyncHook:
+        from airflow.providers.google.cloud.hooks.gcs import GCSAsyncHook
+
         return GCSAsyncHook(gcp_conn_id=self.gcp_conn_id, impersonation_chain=self.impersonation_chain)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:

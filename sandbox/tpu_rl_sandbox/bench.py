@@ -1,9 +1,14 @@
 """``tpu-rl-sandbox bench``: parse time, orchestration overhead and worker-slot time, measured here.
 
 1. Parse time of each DAG file in a fresh process (``DagBag`` fill time and process wall time),
-   next to an equivalent DAG built from the google provider's stock operators, in the same run.
+   next to an equivalent DAG built from the google provider's stock operators, in the same run;
+   the GKE pipeline's fill against the stock one's (goal: at most 0.30), and any heavy client
+   library (GCS hook, storage/BigQuery clients, kubernetes, ...) a DAG file loads at parse time.
 2. The sandbox GKE pipeline end to end: wall time minus the simulated work (the jobs' own run time
-   as ``gcluster job list`` reports it) = orchestration overhead, per task.
+   as ``gcluster job list`` reports it) = orchestration overhead, per task; next to it a trivial
+   DAG of the same shape (the real DAG's task ids, edges, setup/teardown flags and trigger rules,
+   every task a no-op Python task) run the same way, whose whole wall time is overhead. The
+   pipeline's overhead per task against the trivial DAG's: goal at most 1.5x.
 3. Worker-slot time of the ``train`` task during a 120-second simulated training: the time it
    spends executing in a worker, against the time the training took (the rest is deferred).
 
@@ -28,8 +33,25 @@ from typing import Any
 
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.render.command import Command
-from tpu_rl_sandbox.control import sandbox_down, sandbox_env, sandbox_up
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, gke_pipeline_from_conf
+from tpu_rl_sandbox.control import sandbox_down, sandbox_env, sandbox_up
+
+PARSE_FILL_GOAL = 0.30  # the GKE pipeline's DagBag fill, as a fraction of the stock equivalent's
+OVERHEAD_RATIO_GOAL = 1.5  # the pipeline's orchestration overhead per task vs a trivial DAG's
+GKE_DAG_FILE = f"{GKE_DAG_ID}.py"
+STOCK_DAG_FILE = "stock_equivalent.py"
+TRIVIAL_DAG_ID = f"{GKE_DAG_ID}_trivial_shape"
+
+# Client libraries a DAG file must not load at parse time (they belong in execute/hooks/triggers).
+HEAVY_MODULES = (
+    "airflow.providers.google.cloud.hooks.gcs",
+    "google.cloud.storage",
+    "google.cloud.bigquery",
+    "googleapiclient",
+    "kubernetes",
+    "aiohttp",
+    "airflow.providers.common.sql.hooks.sql",
+)
 
 PARSE_PROBE = textwrap.dedent(
     """
@@ -39,9 +61,68 @@ PARSE_PROBE = textwrap.dedent(
     imported = time.perf_counter()
     bag = DagBag(dag_folder=sys.argv[1])
     filled = time.perf_counter()
-    print(json.dumps({"errors": len(bag.import_errors), "dags": len(bag.dags),
+    heavy = [name for name in json.loads(sys.argv[2]) if name in sys.modules]
+    errors = [str(error).strip().splitlines()[-1] for error in bag.import_errors.values()]
+    print(json.dumps({"errors": len(bag.import_errors), "error": errors[0] if errors else None,
+                      "dags": len(bag.dags), "heavy": heavy,
                       "import_airflow": imported - started, "fill": filled - imported,
                       "wall": filled - started}))
+    """
+)
+
+# The real DAG's shape: task ids, upstream edges, setup/teardown flags, trigger rules.
+SHAPE_PROBE = textwrap.dedent(
+    """
+    import json, sys
+    from airflow.dag_processing.dagbag import DagBag
+    bag = DagBag(dag_folder=sys.argv[1])
+    if sys.argv[2] not in bag.dags:
+        raise SystemExit(f"{sys.argv[2]} is not in {sys.argv[1]}: {bag.import_errors}")
+    dag = bag.dags[sys.argv[2]]
+    print(json.dumps([
+        {
+            "task_id": t.task_id,
+            "upstream": sorted(t.upstream_task_ids),
+            "trigger_rule": str(getattr(t.trigger_rule, "value", t.trigger_rule)),
+            "is_setup": bool(t.is_setup),
+            "is_teardown": bool(t.is_teardown),
+            "on_failure_fail_dagrun": bool(getattr(t, "on_failure_fail_dagrun", False)),
+        }
+        for t in dag.tasks
+    ]))
+    """
+)
+
+# A DAG of the given shape whose every task is a no-op Python task (run in a worker, like a real one;
+# an EmptyOperator would never reach a worker).
+TRIVIAL_DAG = textwrap.dedent(
+    """
+    import json
+    from datetime import datetime
+
+    from airflow.providers.common.compat.sdk import DAG
+    from airflow.providers.standard.operators.python import PythonOperator
+
+    SHAPE = json.loads({shape!r})
+
+
+    def noop():
+        return None
+
+
+    with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1), catchup=False,
+             default_args={{"owner": "bench", "retries": 0}}):
+        tasks = {{}}
+        for spec in SHAPE:
+            op = PythonOperator(task_id=spec["task_id"], python_callable=noop, trigger_rule=spec["trigger_rule"])
+            op.is_setup = spec["is_setup"]
+            op.is_teardown = spec["is_teardown"]
+            if spec["is_teardown"]:
+                op.on_failure_fail_dagrun = spec["on_failure_fail_dagrun"]
+            tasks[spec["task_id"]] = op
+        for spec in SHAPE:
+            for upstream in spec["upstream"]:
+                tasks[upstream] >> tasks[spec["task_id"]]
     """
 )
 
@@ -93,38 +174,74 @@ STOCK_DAG = textwrap.dedent(
 )
 
 
-def _parse_once(path: Path, env: dict[str, str]) -> dict[str, float]:
+class ParseError(RuntimeError):
+    """A DAG file did not parse (an import error, or no DAG in it)."""
+
+
+def _parse_once(path: Path, env: dict[str, str]) -> dict[str, Any]:
     out = subprocess.run(
-        [sys.executable, "-c", PARSE_PROBE, str(path)], env=env, capture_output=True, text=True, check=True
-    )
-    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+        [sys.executable, "-c", PARSE_PROBE, str(path), json.dumps(HEAVY_MODULES)],
+        env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    if out.returncode != 0:
+        raise ParseError(f"the parse probe crashed: {out.stderr.strip().splitlines()[-1:]}")
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     if result["errors"] or not result["dags"]:
-        raise RuntimeError(f"{path} did not parse: {out.stderr[-2000:]}")
+        raise ParseError(result["error"] or "no DAG in the file")
     return result
 
 
-def bench_parse(dags_dir: Path, repeats: int) -> list[str]:
-    env = {**os.environ, "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
+def parse_env(airflow_home: str) -> dict[str, str]:
+    return {**os.environ, "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW_HOME": airflow_home}
+
+
+def bench_parse(dags_dir: Path, repeats: int) -> tuple[list[str], set[str]]:
+    """The parse table, and the names of the files that parsed."""
     with tempfile.TemporaryDirectory() as tmp:
-        stock = Path(tmp) / "stock_equivalent.py"
+        stock = Path(tmp) / STOCK_DAG_FILE
         stock.write_text(STOCK_DAG)
-        env["AIRFLOW_HOME"] = tmp
+        env = parse_env(tmp)
         files = [*sorted(dags_dir.glob("tpu_rl_*.py")), stock]
         medians: dict[str, tuple[float, float]] = {}
+        heavy: dict[str, list[str]] = {}
+        failed: dict[str, str] = {}
         for path in files:
-            runs = [_parse_once(path, env) for _ in range(repeats)]
+            try:
+                runs = [_parse_once(path, env) for _ in range(repeats)]
+            except ParseError as err:
+                failed[path.name] = str(err)
+                continue
             medians[path.name] = (
                 statistics.median(r["fill"] for r in runs),
                 statistics.median(r["wall"] for r in runs),
             )
-    stock_fill = medians["stock_equivalent.py"][0]
+            heavy[path.name] = runs[-1]["heavy"]
+    stock_fill = medians[STOCK_DAG_FILE][0]
     lines = [
-        f"1. DAG parse time, fresh process, median of {repeats} (DagBag fill = import of the file + DAG build)"
+        f"1. DAG parse time, fresh process, median of {repeats} (DagBag fill = import of the file + DAG build)",
+        f"   {'file':<32}{'fill':>9}{'process':>10}{'vs stock':>10}",
     ]
-    lines.append(f"   {'file':<32}{'fill':>9}{'process':>10}{'vs stock':>10}")
     for name, (fill, wall) in medians.items():
         lines.append(f"   {name:<32}{fill:8.3f}s{wall:9.3f}s{fill / stock_fill:9.2f}x")
-    return lines
+    for name, error in failed.items():
+        lines.append(f"   {name:<32}  did not parse: {error[:200]}")
+    if GKE_DAG_FILE in medians:
+        ratio = medians[GKE_DAG_FILE][0] / stock_fill
+        verdict = "met" if ratio <= PARSE_FILL_GOAL else "NOT met"
+        lines.append(
+            f"   {GKE_DAG_FILE} DagBag fill vs {STOCK_DAG_FILE}: "
+            f"ratio {ratio:.2f} (goal ≤ {PARSE_FILL_GOAL:.2f}; {verdict})"
+        )
+    ours = {name: modules for name, modules in heavy.items() if name != STOCK_DAG_FILE}
+    loaded = {name: modules for name, modules in ours.items() if modules}
+    if loaded:
+        for name, modules in loaded.items():
+            lines.append(f"   heavy modules loaded while parsing {name}: {', '.join(modules)}")
+    elif ours:
+        lines.append(
+            f"   heavy modules loaded while parsing tpu_rl_*.py: none (stock: {len(heavy[STOCK_DAG_FILE])})"
+        )
+    return lines, set(medians)
 
 
 _LINE = re.compile(r"^(\S+Z) .*")
@@ -193,6 +310,41 @@ def _job_seconds(env: dict[str, str], conf: dict[str, Any]) -> dict[str, float]:
     return seconds
 
 
+def dag_shape(dag_file: Path, dag_id: str, env: dict[str, str]) -> list[dict[str, Any]]:
+    """The real DAG's tasks: id, upstream ids, setup/teardown flags, trigger rule (loaded by DagBag)."""
+    out = subprocess.run(
+        [sys.executable, "-c", SHAPE_PROBE, str(dag_file), dag_id], env=env, capture_output=True, text=True
+    )
+    if out.returncode != 0:
+        raise ParseError(f"cannot load {dag_id} from {dag_file}: {out.stderr.strip()[-1000:]}")
+    shape: list[dict[str, Any]] = json.loads(out.stdout.strip().splitlines()[-1])
+    return shape
+
+
+def write_trivial_dag(folder: Path, shape: list[dict[str, Any]]) -> Path:
+    """A DAG file of ``shape`` whose tasks do nothing (:data:`TRIVIAL_DAG_ID`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{TRIVIAL_DAG_ID}.py"
+    path.write_text(TRIVIAL_DAG.format(shape=json.dumps(shape), dag_id=TRIVIAL_DAG_ID))
+    return path
+
+
+def _dags_test(
+    airflow: str, dag_id: str, env: dict[str, str], conf: dict[str, Any] | None = None
+) -> tuple[float, list[str]]:
+    """Run ``airflow dags test`` and return its wall time and log lines; raise if the run failed."""
+    argv = [airflow, "dags", "test", dag_id]
+    if conf is not None:
+        argv += ["-c", json.dumps(conf)]
+    started = time.monotonic()
+    run = subprocess.run(argv, env=env, capture_output=True, text=True)
+    wall = time.monotonic() - started
+    log = (run.stdout + run.stderr).splitlines()
+    if run.returncode != 0:
+        raise RuntimeError(f"{dag_id} failed:\n" + "\n".join(log[-40:]))
+    return wall, log
+
+
 def bench_pipeline(dags_dir: Path, train_seconds: float, step_seconds: float) -> list[str]:
     batches = max(1, round(train_seconds / step_seconds))
     conf = {
@@ -217,28 +369,32 @@ def bench_pipeline(dags_dir: Path, train_seconds: float, step_seconds: float) ->
             }
             airflow = str(Path(sys.executable).with_name("airflow"))
             subprocess.run([airflow, "db", "migrate"], env=env, capture_output=True, check=True)
-            started = time.monotonic()
-            run = subprocess.run(
-                [airflow, "dags", "test", GKE_DAG_ID, "-c", json.dumps(conf)],
-                env=env,
-                capture_output=True,
-                text=True,
-            )
-            wall = time.monotonic() - started
-            log = (run.stdout + run.stderr).splitlines()
-            if run.returncode != 0:
-                raise RuntimeError("the pipeline failed:\n" + "\n".join(log[-40:]))
+            shape = dag_shape(dags_dir / GKE_DAG_FILE, GKE_DAG_ID, env)
+            trivial_dir = write_trivial_dag(Path(tmp) / "trivial_dags", shape).parent
+            wall, log = _dags_test(airflow, GKE_DAG_ID, env, conf)
             jobs = _job_seconds(env, conf)
             held, span = worker_slot_seconds(log, "train")
+            # The same shape, the same sandbox, the same Airflow home; only the DAG folder differs.
+            trivial_wall, _ = _dags_test(
+                airflow, TRIVIAL_DAG_ID, {**env, "AIRFLOW__CORE__DAGS_FOLDER": str(trivial_dir)}
+            )
         finally:
             sandbox_down(root, wipe=True)
     work = sum(jobs.values())
-    tasks = 13
+    tasks = len(shape)
+    per_task = (wall - work) / tasks
+    trivial_per_task = trivial_wall / tasks
+    ratio = per_task / trivial_per_task
+    verdict = "met" if ratio <= OVERHEAD_RATIO_GOAL else "NOT met"
     return [
-        f"2. Sandbox GKE pipeline, {batches} training steps x {step_seconds}s (poll interval 1 s)",
-        f"   wall time of `airflow dags test`       {wall:8.1f}s",
-        f"   simulated work (3 jobs, job list)      {work:8.1f}s  {json.dumps({k: round(v) for k, v in jobs.items()})}",
-        f"   orchestration overhead                  {wall - work:8.1f}s  = {(wall - work) / tasks:.1f}s per task ({tasks} tasks)",
+        f"2. Sandbox GKE pipeline, {batches} training steps x {step_seconds}s (poll interval 1 s), {tasks} tasks",
+        f"   wall time of `airflow dags test`        {wall:8.1f}s",
+        f"   simulated work ({len(jobs)} jobs, job list)       {work:8.1f}s  {json.dumps({k: round(v) for k, v in jobs.items()})}",
+        f"   orchestration overhead                  {wall - work:8.1f}s  = {per_task:.2f}s per task",
+        f"   trivial DAG, same shape ({tasks} no-op Python tasks, same edges, setup/teardown, trigger rules)",
+        f"   wall time of `airflow dags test`        {trivial_wall:8.1f}s  = {trivial_per_task:.2f}s per task (all overhead)",
+        f"   overhead per task, pipeline vs trivial  {per_task:.2f}s / {trivial_per_task:.2f}s: "
+        f"ratio {ratio:.2f} (goal ≤ {OVERHEAD_RATIO_GOAL:.2f}; {verdict})",
         "3. Worker slot held by `train` while the job trains",
         f"   train task, first start to end          {span:8.1f}s",
         f"   of which executing in a worker          {held:8.1f}s  ({held / span:.1%}; deferred the rest)",
@@ -256,13 +412,20 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--train-seconds", type=float, default=120.0)
     parser.add_argument("--step-seconds", type=float, default=2.0)
+    parser.add_argument("--parse-only", action="store_true", help="only the DAG parse benchmark (1.)")
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
     dags = args.dags_folder.resolve()
     print(f"tpu-rl-sandbox bench on {os.cpu_count()} cores, Python {sys.version.split()[0]}", flush=True)
-    for line in bench_parse(dags, args.repeats):
+    lines, parsed = bench_parse(dags, args.repeats)
+    for line in lines:
         print(line, flush=True)
+    if args.parse_only:
+        return 0
+    if GKE_DAG_FILE not in parsed:
+        print(f"2./3. skipped: {GKE_DAG_FILE} does not parse", flush=True)
+        return 1
     for line in bench_pipeline(dags, args.train_seconds, args.step_seconds):
         print(line, flush=True)
     return 0

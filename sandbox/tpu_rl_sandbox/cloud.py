@@ -18,6 +18,11 @@ WRITE_ROLES = {
 SECRET_NOT_FOUND = "google.api_core.exceptions.NotFound: 404 Secret [projects/{number}/secrets/{secret}] not found or has no versions."
 
 
+def placeholder_token(sha256: str) -> str:
+    """What a secret "contains" inside the sandbox: a stand-in derived from its hash."""
+    return "hf_sandbox_" + hashlib.sha256(sha256.encode()).hexdigest()[:24]
+
+
 def project_number(project: str) -> str:
     """A stable 12-digit project number for ``project``."""
     return str(100_000_000_000 + int(hashlib.sha256(project.encode()).hexdigest()[:10], 16) % 900_000_000_000)
@@ -50,8 +55,6 @@ def find_cluster(store: StateStore, project: str, location: str, name: str) -> d
 
 def secret_value(store: StateStore, project: str, secret: str, version: str) -> tuple[str | None, str]:
     """``(stand-in value, "")`` for an enabled secret version, else ``(None, error text)``."""
-    from tpu_rl_sandbox.hosts import placeholder_token
-
     secrets = store.read("secrets")
     record = secrets.get(f"{project}/{secret}")
     number = project_number(project)

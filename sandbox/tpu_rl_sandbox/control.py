@@ -77,11 +77,7 @@ def _write_shims(layout: SandboxLayout) -> None:
 
 
 def _write_bundle(layout: SandboxLayout) -> None:
-    source = (
-        resources.files("tpu_rl_sandbox")
-        .joinpath("bundle")
-        .joinpath(str(BLUEPRINT_RELATIVE))
-    )
+    source = resources.files("tpu_rl_sandbox").joinpath("bundle").joinpath(str(BLUEPRINT_RELATIVE))
     target = layout.bundle_dir / BLUEPRINT_RELATIVE
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(source.read_text())

@@ -20,11 +20,11 @@ from typing import Any
 
 from airflow_provider_tpu_rl.ledger.hook import sqlite_connection_uri
 from airflow_provider_tpu_rl.render.gke import resource_record_object
+from airflow_provider_tpu_rl.spec import GKE_DAG_ID, gke_pipeline_from_conf
 from tpu_rl_sandbox.control import sandbox_down, sandbox_env, sandbox_up
 from tpu_rl_sandbox.emulator import gcs_client
 from tpu_rl_sandbox.layout import SandboxLayout, default_root
 from tpu_rl_sandbox.state import read_calls
-from airflow_provider_tpu_rl.spec import GKE_DAG_ID, gke_pipeline_from_conf
 
 # The Qwen preset as the tutorial has it, plus evaluation batches so the reward lines print
 # (the tutorial's num_test_batches=0 prints none). Bucket and project are the sandbox's own.

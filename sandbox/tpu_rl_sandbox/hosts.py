@@ -1,40 +1,49 @@
-"""The machines the sandbox shell runs on: a GKE pod (workload image) and a TPU VM.
+"""The machines the rendered scripts run on: a GKE pod (workload image) and a TPU VM.
 
-Both keep their files in a host folder (:class:`~fsview.LocalStore`). The pod's image already
-has MaxText installed; the VM starts as a bare Ubuntu image and only gets ``uv``, a venv,
-MaxText and its extra dependencies when the script installs them (and ``~/.local/bin`` /
-the venv are only on ``$PATH`` after ``source``-ing their activation scripts, as in a real
-non-login SSH session).
+A machine's files live in a host folder; :mod:`machine` runs the real ``/bin/bash`` over them in
+private namespaces. This module says what each machine holds (its mounts, its fake tools, the
+image's files) and implements the fake tools that run in the supervisor (the tool server calls
+:meth:`MachineHost.run_tool`). The pod's image already has MaxText; the VM starts as a bare
+Ubuntu image and only gets ``uv``, a venv, MaxText and its extra dependencies when the script
+installs them (``~/.local/bin`` and the venv are only on ``$PATH`` after ``source``-ing their
+scripts, as in a real non-login SSH session).
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import hashlib
+import base64
 import json
+import posixpath
 import re
-import shutil
-from collections.abc import Callable
+import shlex
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpu_rl_sandbox import maxtext_sim
-from tpu_rl_sandbox.bashsim import (
-    CallbackSink,
-    CommandFn,
-    Shell,
-    Sink,
-    absolute,
-)
+from tpu_rl_sandbox import machine_stubs, maxtext_sim
 from tpu_rl_sandbox.flags import GcloudUsageError
-from tpu_rl_sandbox.fsview import GcsStore, LocalStore, Router
+from tpu_rl_sandbox.fsview import GcsStore, LocalStore, Router, StorageError
+from tpu_rl_sandbox.gcloud_commands import run_on_vm
+from tpu_rl_sandbox.machine import (
+    MACHINE_PATH,
+    TOOLS_DIR,
+    Machine,
+    MachineSpec,
+    ToolCall,
+    Write,
+    machine_timeout,
+    shim_text,
+)
 from tpu_rl_sandbox.state import FaultSpec
 
-SECRET_REF_RE = re.compile(r"projects/([A-Za-z0-9_.:-]+)/secrets/([A-Za-z0-9_-]+)/versions/([A-Za-z0-9_-]+)")
-SYSTEM_BIN_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
-DEFAULT_PATH = ":".join(SYSTEM_BIN_DIRS)
 UV_INSTALLER_URL_RE = re.compile(r"^https://astral\.sh/uv/(?:[0-9.]+/)?install\.sh$")
-INSTALL_UV_COMMAND = "__tpu_rl_sandbox_install_uv"
+SECRET_ACCESS_RE = re.compile(
+    r"^https://secretmanager\.googleapis\.com/v1/projects/([^/]+)/secrets/([^/]+)/versions/([^/:]+):access$"
+)
+METADATA_PROJECT_URL = "http://metadata.google.internal/computeMetadata/v1/project/project-id"
+UV_VERSION = "0.9.7"
+VENV_PYTHON = "3.12"
+SITE = f"lib/python{VENV_PYTHON}/site-packages"
 
 SecretAccess = Callable[[str, str, str], tuple[str | None, str]]
 
@@ -53,523 +62,325 @@ class MachineServices:
     default_project: str = ""
 
 
+class MachineStore(LocalStore):
+    """A machine's files as the supervisor sees them: its mounts map into its host folder.
+
+    Paths outside the machine's own mounts are the host's read-only system directories there:
+    they can be read (at the same host path) but not written (``EROFS``, as in the machine).
+    """
+
+    def __init__(self, root: Path, mounts: tuple[str, ...]) -> None:
+        super().__init__(root)
+        self.mounts = mounts
+
+    def own(self, path: str) -> bool:
+        clean = posixpath.normpath("/" + path.lstrip("/"))
+        return any(clean == m or clean.startswith(m.rstrip("/") + "/") for m in self.mounts)
+
+    def host_path(self, path: str) -> Path:
+        if self.own(path):
+            return super().host_path(path)
+        return Path(posixpath.normpath("/" + path.lstrip("/")))
+
+    def write(self, path: str, data: bytes) -> None:
+        if not self.own(path):
+            raise StorageError(f"OSError: [Errno 30] Read-only file system: '{path}'")
+        super().write(path, data)
+
+    def rename_dir(self, src: str, dst: str) -> None:
+        if not (self.own(src) and self.own(dst)):
+            raise StorageError(f"OSError: [Errno 30] Read-only file system: '{dst}'")
+        super().rename_dir(src, dst)
+
+
 class MachineHost:
-    """Commands and files shared by the pod and the VM."""
+    """Mounts, fake tools and the tool implementations shared by the pod and the VM."""
 
     platform = "gke"
-    hostname = "sandbox-host"
-    internal_ip = "10.128.0.2"
+    mounts: tuple[str, ...] = ("/tmp", "/root", "/usr/local", "/dev/shm")  # noqa: S108 (machine paths)
+    tools: dict[str, str] = {}
+    python_path = ""
 
-    def __init__(self, fs_root: Path, services: MachineServices) -> None:
-        self.fs = LocalStore(fs_root)
+    def __init__(self, fs_root: Path, services: MachineServices, hostname: str) -> None:
+        self.fs = MachineStore(fs_root, self.mounts)
         self.services = services
+        self.hostname = hostname
         self.router = Router(services.gcs, self.fs)
-        for directory in ("/tmp", "/root", "/etc"):  # noqa: S108 (inside the simulated machine)
+        for directory in self.mounts:
             self.fs.host_path(directory).mkdir(parents=True, exist_ok=True)
 
-    # -- ShellHost ------------------------------------------------------------------------
-    def read_file(self, shell: Shell, path: str) -> str | None:
-        data = self.fs.read(absolute(shell, path))
-        return None if data is None else data.decode("utf-8", "replace")
-
-    def open_sink(self, shell: Shell, path: str, append: bool) -> Sink | None:
-        target = self.fs.host_path(absolute(shell, path))
-        if not target.parent.is_dir():
-            return None
-        handle = target.open("a" if append else "w")
-
-        def write(text: str) -> None:
-            handle.write(text)
-            handle.flush()
-
-        class _FileSink(CallbackSink):
-            def close(self) -> None:
-                handle.close()
-
-        return _FileSink(write)
-
-    def file_test(self, shell: Shell, op: str, path: str) -> bool:
-        target = self.fs.host_path(path)
-        if op == "-f":
-            return target.is_file()
-        if op == "-d":
-            return target.is_dir()
-        if op == "-s":
-            return target.is_file() and target.stat().st_size > 0
-        return target.exists()
-
-    def is_dir(self, shell: Shell, path: str) -> bool:
-        return self.fs.host_path(path).is_dir()
-
-    def resolve_command(self, shell: Shell, name: str) -> CommandFn | None:
-        if "/" in name:
-            path = absolute(shell, name)
-            return self.executable_at(shell, path)
-        for directory in shell.vars.get("PATH", DEFAULT_PATH).split(":"):
-            if not directory:
-                continue
-            if directory in SYSTEM_BIN_DIRS:
-                found = self.system_command(name)
-                if found is not None:
-                    return found
-                continue
-            found = self.executable_at(shell, f"{directory.rstrip('/')}/{name}")
-            if found is not None:
-                return found
-        if name == INSTALL_UV_COMMAND:
-            return self.cmd_install_uv
-        return None
-
-    # -- resolution -----------------------------------------------------------------------
-    def system_command(self, name: str) -> CommandFn | None:
-        table: dict[str, CommandFn] = {
-            "python3": self.cmd_python,
-            "python": self.cmd_python,
-            "hostname": self.cmd_hostname,
-            "awk": self.cmd_awk,
-            "sleep": self.cmd_noop,
-            "date": self.cmd_date,
-            "env": self.cmd_env,
-            "printenv": self.cmd_env,
-            "nproc": lambda s, a, i, o, e, env: self._print(o, "180"),
-            "cat": self.cmd_cat,
-            "mkdir": self.cmd_mkdir,
-            "ls": self.cmd_ls,
-            "rm": self.cmd_rm,
-            "cp": self.cmd_cp,
-            "mv": self.cmd_mv,
-            "touch": self.cmd_touch,
-            "tee": self.cmd_tee,
-            "grep": self.cmd_grep,
-            "head": self.cmd_head,
-            "tail": self.cmd_tail,
-            "wc": self.cmd_wc,
-            "df": lambda s, a, i, o, e, env: self._print(
-                o, "Filesystem Size Used Avail Use% Mounted on\ntmpfs 720G 0 720G 0% /dev/shm"
-            ),
-            "free": lambda s, a, i, o, e, env: self._print(
-                o, "              total        used        free\nMem:          1440G         12G       1428G"
-            ),
-            "which": self.cmd_which,
-            "bash": self.cmd_bash,
-            "sh": self.cmd_bash,
-            "pip": self.cmd_pip,
-            "pip3": self.cmd_pip,
-            "uname": lambda s, a, i, o, e, env: self._print(o, "Linux" if "-m" not in a else "x86_64"),
-            "id": lambda s, a, i, o, e, env: self._print(o, "uid=0(root) gid=0(root) groups=0(root)"),
-            "whoami": lambda s, a, i, o, e, env: self._print(o, env.get("USER", "root")),
-            "sync": self.cmd_noop,
-        }
-        return table.get(name)
-
-    def executable_at(self, shell: Shell, path: str) -> CommandFn | None:
-        data = self.fs.read(path)
-        if data is None:
-            system = path.rsplit("/", 1)
-            if len(system) == 2 and system[0] in SYSTEM_BIN_DIRS:
-                return self.system_command(system[1])
-            return None
-        text = data.decode("utf-8", "replace")
-        match = re.match(r"#!sandbox (\S+)", text)
-        if match:
-            return self.marker_command(match.group(1), path)
-        if text.startswith("#!"):
-            return lambda s, argv, stdin, out, err, env: self.run_script(s, text, argv, stdin, out, err, env)
-        return None
-
-    def marker_command(self, kind: str, path: str) -> CommandFn | None:
-        del kind, path
-        return None
-
-    # -- helpers --------------------------------------------------------------------------
-    @staticmethod
-    def _print(out: Sink, text: str) -> int:
-        out.write(text + "\n")
-        return 0
-
-    def cmd_noop(
-        self, shell: Shell, argv: list[str], stdin: str, out: Sink, err: Sink, env: dict[str, str]
+    # -- running --------------------------------------------------------------------------
+    def run(
+        self,
+        argv: list[str],
+        stdin: bytes | None,
+        stdout: int | Write,
+        stderr: int | Write,
+        env: dict[str, str],
+        cwd: str = "/",
+        caller_env: Mapping[str, str] | None = None,
     ) -> int:
-        return 0
+        """Run ``argv`` (``bash -c ...``) on the machine with ``env``; its exit status."""
+        spec = MachineSpec(
+            root=self.fs.root,
+            hostname=self.hostname,
+            mounts=self.mounts,
+            tools=dict(self.tools),
+            python_path=self.python_path,
+            env=env,
+            cwd=cwd,
+            argv=argv,
+            timeout=machine_timeout(dict(caller_env) if caller_env is not None else None),
+        )
+        return Machine(spec, self.run_tool, self.services.cancelled).run(stdin, stdout, stderr)
 
-    def run_script(
-        self, shell: Shell, text: str, argv: list[str], stdin: str, out: Sink, err: Sink, env: dict[str, str]
-    ) -> int:
-        child = Shell(self, env, shell.cwd, out, err, name=argv[0])
-        return child.run(text, stdin)
-
-    def cmd_bash(
-        self, shell: Shell, argv: list[str], stdin: str, out: Sink, err: Sink, env: dict[str, str]
-    ) -> int:
-        args = argv[1:]
-        child = Shell(self, env, shell.cwd, out, err, name=argv[0].rsplit("/", 1)[-1])
-        options: list[str] = []
-        while args and args[0].startswith("-") and args[0] not in ("-c", "-s", "--"):
-            options.append(args.pop(0))
-        if args and args[0] == "-c":
-            if len(args) < 2:
-                err.write(f"{argv[0]}: -c: option requires an argument\n")
-                return 2
-            self._apply_options(child, options)
-            return child.run(args[1], stdin)
-        if args and args[0] == "--":
-            args = args[1:]
-        if not args or args[0] == "-s":
-            self._apply_options(child, options)
-            return child.run(stdin)
-        text = self.read_file(shell, args[0])
-        if text is None:
-            err.write(f"{argv[0]}: {args[0]}: No such file or directory\n")
+    def run_tool(self, call: ToolCall) -> int:
+        """Dispatch one fake-tool call by its kind (the ``TOOL`` of its shim)."""
+        handler = {
+            "python": self.tool_python,
+            "pip": self.tool_pip,
+            "gcloud": self.tool_gcloud,
+            "gsutil": self.tool_gsutil,
+            "curl": self.tool_curl,
+            "wget": self.tool_wget,
+            "http": self.tool_http,
+        }.get(call.tool)
+        if handler is None:
+            call.err(f"sandbox: no {call.tool!r} on this machine\n")
             return 127
-        self._apply_options(child, options)
-        return child.run(text)
-
-    @staticmethod
-    def _apply_options(shell: Shell, options: list[str]) -> None:
-        for option in options:
-            if option.startswith("-") and not option.startswith("--"):
-                shell.opts.errexit |= "e" in option
-                shell.opts.nounset |= "u" in option
-                shell.opts.xtrace |= "x" in option
-
-    def cmd_hostname(
-        self, shell: Shell, argv: list[str], stdin: str, out: Sink, err: Sink, env: dict[str, str]
-    ) -> int:
-        return self._print(out, f"{self.internal_ip} " if "-I" in argv else self.hostname)
-
-    def cmd_awk(
-        self, shell: Shell, argv: list[str], stdin: str, out: Sink, err: Sink, env: dict[str, str]
-    ) -> int:
-        args = argv[1:]
-        separator: str | None = None
-        if args and args[0].startswith("-F"):
-            separator = args[0][2:] or (args[1] if len(args) > 1 else None)
-            args = args[1:] if args[0] != "-F" else args[2:]
-        if not args:
-            err.write("usage: awk [-F fs] 'program' [file ...]\n")
-            return 2
-        match = re.fullmatch(r"\s*\{\s*print\s+\$(\d+)\s*\}\s*", args[0])
-        if not match:
-            err.write(f"awk: sandbox supports only '{{print $N}}' programs, got {args[0]!r}\n")
-            return 2
-        column = int(match.group(1))
-        text = stdin
-        if len(args) > 1:
-            text = "".join(self.read_file(shell, f) or "" for f in args[1:])
-        for line in text.splitlines():
-            fields = line.split(separator) if separator else line.split()
-            out.write((line if column == 0 else (fields[column - 1] if column <= len(fields) else "")) + "\n")
-        return 0
-
-    def cmd_date(
-        self, shell: Shell, argv: list[str], stdin: str, out: Sink, err: Sink, env: dict[str, str]
-    ) -> int:
-        now = dt.datetime.now(dt.UTC)
-        fmt = next((a[1:] for a in argv[1:] if a.startswith("+")), "%a %b %d %H:%M:%S UTC %Y")
-        return self._print(out, now.strftime(fmt))
-
-    def cmd_env(
-        self, shell: Shell, argv: list[str], stdin: str, out: Sink, err: Sink, env: dict[str, str]
-    ) -> int:
-        for key in sorted(env):
-            out.write(f"{key}={env[key]}\n")
-        return 0
-
-    def cmd_cat(
-        self, shell: Shell, argv: list[str], stdin: str, out: Sink, err: Sink, env: dict[str, str]
-    ) -> int:
-        if len(argv) == 1:
-            out.write(stdin)
-            return 0
-        status = 0
-        for name in argv[1:]:
-            text = self.read_file(shell, name)
-            if text is None:
-                err.write(f"cat: {name}: No such file or directory\n")
-                status = 1
-            else:
-                out.write(text)
-        return status
-
-    def cmd_mkdir(
-        self, shell: Shell, argv: list[str], stdin: str, out: Sink, err: Sink, env: dict[str, str]
-    ) -> int:
-        parents = any(a.startswith("-") and "p" in a for a in argv[1:])
-        status = 0
-        for name in (a for a in argv[1:] if not a.startswith("-")):
-            target = self.fs.host_path(absolute(shell, name))
-            if target.exists() and not parents:
-                err.write(f"mkdir: cannot create directory '{name}': File exists\n")
-                status = 1
-                continue
-            if not parents and not target.parent.is_dir():
-                err.write(f"mkdir: cannot create directory '{name}': No such file or directory\n")
-                status = 1
-                continue
-            target.mkdir(parents=True, exist_ok=True)
-        return status
-
-    def cmd_ls(
-        self, shell: Shell, argv: list[str], stdin: str, out: Sink, err: Sink, env: dict[str, str]
-    ) -> int:
-        names = [a for a in argv[1:] if not a.startswith("-")] or ["."]
-        status = 0
-        for name in names:
-            target = self.fs.host_path(absolute(shell, name))
-            if target.is_dir():
-                for child in sorted(target.iterdir()):
-                    out.write(child.name + "\n")
-            elif target.exists():
-                out.write(name + "\n")
-            else:
-                err.write(f"ls: cannot access '{name}': No such file or directory\n")
-                status = 2
-        return status
-
-    def cmd_rm(
-        self, shell: Shell, argv: list[str], stdin: str, out: Sink, err: Sink, env: dict[str, str]
-    ) -> int:
-        flags = "".join(a[1:] for a in argv[1:] if a.startswith("-"))
-        status = 0
-        for name in (a for a in argv[1:] if not a.startswith("-")):
-            target = self.fs.host_path(absolute(shell, name))
-            if target.is_dir():
-                if "r" not in flags and "R" not in flags:
-                    err.write(f"rm: cannot remove '{name}': Is a directory\n")
-                    status = 1
-                    continue
-                shutil.rmtree(target)
-            elif target.exists():
-                target.unlink()
-            elif "f" not in flags:
-                err.write(f"rm: cannot remove '{name}': No such file or directory\n")
-                status = 1
-        return status
-
-    def cmd_cp(
-        self, shell: Shell, argv: list[str], stdin: str, out: Sink, err: Sink, env: dict[str, str]
-    ) -> int:
-        names = [a for a in argv[1:] if not a.startswith("-")]
-        recursive = any(a.startswith("-") and ("r" in a or "R" in a or "a" in a) for a in argv[1:])
-        if len(names) < 2:
-            err.write("cp: missing destination file operand\n")
-            return 1
-        *sources, destination = names
-        dst = self.fs.host_path(absolute(shell, destination))
-        for source in sources:
-            src = self.fs.host_path(absolute(shell, source))
-            if not src.exists():
-                err.write(f"cp: cannot stat '{source}': No such file or directory\n")
-                return 1
-            target = dst / src.name if dst.is_dir() else dst
-            if src.is_dir():
-                if not recursive:
-                    err.write(f"cp: -r not specified; omitting directory '{source}'\n")
-                    return 1
-                shutil.copytree(src, target, dirs_exist_ok=True)
-            else:
-                shutil.copyfile(src, target)
-        return 0
-
-    def cmd_mv(
-        self, shell: Shell, argv: list[str], stdin: str, out: Sink, err: Sink, env: dict[str, str]
-    ) -> int:
-        names = [a for a in argv[1:] if not a.startswith("-")]
-        if len(names) != 2:
-            err.write("mv: missing destination file operand\n")
-            return 1
-        src = self.fs.host_path(absolute(shell, names[0]))
-        dst = self.fs.host_path(absolute(shell, names[1]))
-        if not src.exists():
-            err.write(f"mv: cannot stat '{names[0]}': No such file or directory\n")
-            return 1
-        shutil.move(src, dst / src.name if dst.is_dir() else dst)
-        return 0
-
-    def cmd_touch(
-        self, shell: Shell, argv: list[str], stdin: str, out: Sink, err: Sink, env: dict[str, str]
-    ) -> int:
-        for name in (a for a in argv[1:] if not a.startswith("-")):
-            target = self.fs.host_path(absolute(shell, name))
-            if not target.parent.is_dir():
-                err.write(f"touch: cannot touch '{name}': No such file or directory\n")
-                return 1
-            target.touch()
-        return 0
-
-    def cmd_tee(
-        self, shell: Shell, argv: list[str], stdin: str, out: Sink, err: Sink, env: dict[str, str]
-    ) -> int:
-        append = "-a" in argv[1:]
-        for name in (a for a in argv[1:] if not a.startswith("-")):
-            sink = self.open_sink(shell, name, append)
-            if sink is None:
-                err.write(f"tee: {name}: No such file or directory\n")
-                return 1
-            sink.write(stdin)
-            getattr(sink, "close", lambda: None)()
-        out.write(stdin)
-        return 0
-
-    def cmd_grep(
-        self, shell: Shell, argv: list[str], stdin: str, out: Sink, err: Sink, env: dict[str, str]
-    ) -> int:
-        args = [a for a in argv[1:] if not a.startswith("-")]
-        quiet = any(a.startswith("-") and "q" in a for a in argv[1:])
-        if not args:
-            err.write("Usage: grep [OPTION]... PATTERNS [FILE]...\n")
-            return 2
-        pattern = re.compile(args[0])
-        text = stdin if len(args) == 1 else "".join(self.read_file(shell, f) or "" for f in args[1:])
-        found = [line for line in text.splitlines() if pattern.search(line)]
-        if not quiet:
-            for line in found:
-                out.write(line + "\n")
-        return 0 if found else 1
-
-    def cmd_head(
-        self, shell: Shell, argv: list[str], stdin: str, out: Sink, err: Sink, env: dict[str, str]
-    ) -> int:
-        count = self._count_arg(argv)
-        for line in stdin.splitlines()[:count]:
-            out.write(line + "\n")
-        return 0
-
-    def cmd_tail(
-        self, shell: Shell, argv: list[str], stdin: str, out: Sink, err: Sink, env: dict[str, str]
-    ) -> int:
-        count = self._count_arg(argv)
-        for line in stdin.splitlines()[-count:] if count else []:
-            out.write(line + "\n")
-        return 0
-
-    @staticmethod
-    def _count_arg(argv: list[str]) -> int:
-        for index, arg in enumerate(argv):
-            if arg == "-n" and index + 1 < len(argv):
-                return int(argv[index + 1])
-            if re.fullmatch(r"-n?\d+", arg):
-                return int(arg.lstrip("-n"))
-        return 10
-
-    def cmd_wc(
-        self, shell: Shell, argv: list[str], stdin: str, out: Sink, err: Sink, env: dict[str, str]
-    ) -> int:
-        return self._print(out, str(len(stdin.splitlines())))
-
-    def cmd_which(
-        self, shell: Shell, argv: list[str], stdin: str, out: Sink, err: Sink, env: dict[str, str]
-    ) -> int:
-        status = 0
-        for name in argv[1:]:
-            if self.resolve_command(shell, name) is None:
-                status = 1
-            else:
-                out.write(f"/usr/bin/{name}\n")
-        return status
-
-    def cmd_pip(
-        self, shell: Shell, argv: list[str], stdin: str, out: Sink, err: Sink, env: dict[str, str]
-    ) -> int:
-        out.write("Requirement already satisfied\n")
-        return 0
+        return handler(call)
 
     # -- python ---------------------------------------------------------------------------
-    def python_packages(self, shell: Shell, interpreter: str) -> set[str] | None:
-        """Packages importable by ``interpreter`` (``None`` = MaxText image: everything)."""
-        del shell, interpreter
+    def python_packages(self, call: ToolCall) -> set[str] | None:
+        """Distributions importable by the calling interpreter (``None`` = the image's: all)."""
         return None
 
-    def cmd_python(
-        self, shell: Shell, argv: list[str], stdin: str, out: Sink, err: Sink, env: dict[str, str]
-    ) -> int:
-        interpreter = argv[0]
-        args = argv[1:]
-        while args and args[0] in ("-u", "-B", "-E", "-s", "-I", "-O"):
+    def tool_python(self, call: ToolCall) -> int:
+        """``python3 -m MODULE``: MaxText's entry points are simulated (:mod:`maxtext_sim`), pip
+        goes to :meth:`tool_pip`; any other module is refused as not simulated."""
+        args = call.argv[1:]
+        while args and args[0] != "-m":
             args = args[1:]
-        if not args:
-            return 0
-        if args[0] == "-c":
-            return self.python_inline(shell, args[1:], out, err, env)
-        if args[0] == "-m" and len(args) > 1:
-            module = args[1]
-            if module in ("pip",):
-                return self.cmd_pip(shell, ["pip", *args[2:]], stdin, out, err, env)
-            packages = self.python_packages(shell, interpreter)
-            top = module.split(".", 1)[0]
-            if packages is not None and top not in packages:
-                err.write(
-                    f"{interpreter}: Error while finding module specification for '{module}' "
-                    f"(ModuleNotFoundError: No module named '{top}')\n"
-                )
-                return 1
-            if module == maxtext_sim.TRAIN_RL and packages is not None and "tunix" not in packages:
-                err.write(
-                    "Traceback (most recent call last):\nModuleNotFoundError: No module named 'tunix'\n"
-                )
-                return 1
-            if module not in maxtext_sim.MODULES:
-                err.write(f"sandbox: python3 -m {module} is not simulated\n")
-                return 1
-            return self.run_maxtext(shell, module, args[2:], out, err, env)
-        err.write(f"sandbox: running Python files ({args[0]}) is not simulated\n")
-        return 1
-
-    def python_inline(self, shell: Shell, args: list[str], out: Sink, err: Sink, env: dict[str, str]) -> int:
-        """``python3 -c CODE [ARGS]``: patch lines succeed; Secret Manager reads are resolved."""
-        text = " ".join(args)
-        match = SECRET_REF_RE.search(text)
-        if match is None:
-            return 0
-        project, secret, version = match.groups()
-        value, problem = self.services.secret_access(project, secret, version)
-        if value is None:
-            err.write('Traceback (most recent call last):\n  File "<string>", line 1, in <module>\n')
-            err.write(f"{problem}\n")
+        if len(args) < 2:
+            call.err(f"{call.argv[0]}: Argument expected for the -m option\n")
+            return 2
+        module = args[1]
+        packages = self.python_packages(call)
+        top = module.split(".", 1)[0]
+        if packages is not None and top not in packages:
+            call.err(
+                f"{call.path}: Error while finding module specification for '{module}' "
+                f"(ModuleNotFoundError: No module named '{top}')\n"
+            )
             return 1
-        out.write(value)
-        return 0
-
-    def run_maxtext(
-        self, shell: Shell, module: str, argv: list[str], out: Sink, err: Sink, env: dict[str, str]
-    ) -> int:
+        if module == "pip":
+            return self.tool_pip(ToolCall(**{**call.__dict__, "argv": ["pip", *args[2:]]}))
+        if module == maxtext_sim.TRAIN_RL and packages is not None and "tunix" not in packages:
+            call.err("Traceback (most recent call last):\nModuleNotFoundError: No module named 'tunix'\n")
+            return 1
+        if module not in maxtext_sim.MODULES:
+            call.err(f"sandbox: python3 -m {module} is not simulated\n")
+            return 1
         services = self.services
         ctx = maxtext_sim.SimContext(
             router=self.router,
-            write=out.write,
+            write=call.out,
             platform=self.platform,
             seed=services.seed,
             fault=services.fault,
-            cancelled=services.cancelled,
+            cancelled=call.cancelled,
             step_seconds=services.step_seconds,
             hold_file=services.hold_file,
         )
-        return maxtext_sim.run(module, argv, env, ctx)
+        try:
+            return maxtext_sim.run(module, args[2:], call.env, ctx)
+        except maxtext_sim.Cancelled:
+            return 137
 
-    def cmd_install_uv(
-        self, shell: Shell, argv: list[str], stdin: str, out: Sink, err: Sink, env: dict[str, str]
-    ) -> int:
-        err.write("sandbox: uv installer is only available on a VM\n")
+    def tool_pip(self, call: ToolCall) -> int:
+        """The image's pip: every requirement of the workload is already installed."""
+        args = call.argv[1:]
+        if not args or args[0] not in ("install", "list", "show", "freeze", "--version"):
+            call.err(f'ERROR: unknown command "{args[0] if args else ""}"\n')
+            return 1
+        if args[0] == "--version":
+            call.out("pip 25.1.1 from /usr/local/lib/python3.12/site-packages/pip (python 3.12)\n")
+            return 0
+        call.out("Requirement already satisfied\n")
+        return 0
+
+    # -- network --------------------------------------------------------------------------
+    def tool_curl(self, call: ToolCall) -> int:
+        """curl(1) without network: only the uv installer URL answers (VM); any other host does
+        not resolve (exit 6, curl's CURLE_COULDNT_RESOLVE_HOST)."""
+        urls = [a for a in call.argv[1:] if a.startswith(("http://", "https://"))]
+        if not urls:
+            call.err(
+                "curl: no URL specified!\ncurl: try 'curl --help' or 'curl --manual' for more information\n"
+            )
+            return 2
+        installer = self.uv_installer(urls[0])
+        if installer is not None:
+            call.out(installer)
+            return 0
+        host = urls[0].split("/")[2]
+        if not any(a.startswith("-") and "s" in a and not a.startswith("--") for a in call.argv[1:]) or any(
+            a.startswith("-") and "S" in a and not a.startswith("--") for a in call.argv[1:]
+        ):
+            call.err(f"curl: (6) Could not resolve host: {host}\n")
+        return 6
+
+    def uv_installer(self, url: str) -> str | None:
+        return None
+
+    def tool_wget(self, call: ToolCall) -> int:
+        """wget(1) without network: name resolution fails (exit 4, wget's network failure)."""
+        urls = [a for a in call.argv[1:] if "://" in a]
+        if not urls:
+            call.err("wget: missing URL\nUsage: wget [OPTION]... [URL]...\n")
+            return 1
+        host = urls[0].split("/")[2]
+        call.err(f"Resolving {host} ({host})... failed: Temporary failure in name resolution.\n")
+        call.err(f"wget: unable to resolve host address '{host}'\n")
+        return 4
+
+    def tool_gsutil(self, call: ToolCall) -> int:
+        """gsutil is not simulated: Google documents ``gcloud storage`` as its replacement, and the
+        rendered scripts use only that; a call is refused rather than half-simulated."""
+        call.err("sandbox: gsutil is not simulated; use `gcloud storage`\n")
         return 1
+
+    # -- google cloud ---------------------------------------------------------------------
+    def identity(self) -> str:
+        return self.services.gcs.identity
+
+    def project(self) -> str:
+        return self.services.default_project
+
+    def secret_access(self, project: str, secret: str, version: str) -> tuple[str | None, str]:
+        return self.services.secret_access(project, secret, version)
+
+    def gcs_for_gcloud(self) -> GcsStore:
+        return self.services.gcs
+
+    def tool_gcloud(self, call: ToolCall) -> int:
+        """The machine's own gcloud (storage copies, Secret Manager reads) with its identity."""
+        router = Router(self.gcs_for_gcloud(), self.fs)
+
+        def absolute_path(path: str) -> str:
+            return path if path.startswith("gs://") else call.absolute(path)
+
+        reads_stdin = "-" in call.argv[1:] or "--data-file=-" in call.argv[1:]
+        try:
+            return run_on_vm(
+                call.argv[1:],
+                router=router,
+                to_absolute=absolute_path,
+                secret_access=self.secret_access,
+                default_project=self.project(),
+                stdout=call.out,
+                stderr=call.err,
+                stdin=call.read_stdin().decode("utf-8", "replace") if reads_stdin else "",
+            )
+        except GcloudUsageError as error:
+            call.err(error.render())
+            return 2
+
+    def tool_http(self, call: ToolCall) -> int:
+        """HTTP answers for in-machine client libraries: Secret Manager ``versions/*:access``
+        (REST v1: ``{"name", "payload": {"data": base64}}`` or a google.rpc error body) and the
+        metadata server's project id (needs ``Metadata-Flavor: Google``, else 403)."""
+        method, url = call.argv[0], call.argv[1]
+        headers = json.loads(call.argv[2]) if len(call.argv) > 2 else {}
+        if url == METADATA_PROJECT_URL:
+            if headers.get("Metadata-Flavor") != "Google":
+                call.data = "Missing Metadata-Flavor:Google header."
+                return 403
+            call.data = self.project()
+            return 200
+        match = SECRET_ACCESS_RE.match(url)
+        if method != "GET" or match is None:
+            call.data = json.dumps({"error": {"code": 404, "message": "Not Found", "status": "NOT_FOUND"}})
+            return 404
+        project, secret, version = match.groups()
+        value, problem = self.secret_access(project, secret, version)
+        if value is None:
+            denied = "PERMISSION_DENIED" in problem
+            code = 403 if denied else 404
+            message = problem.split(": ", 1)[-1]
+            message = re.sub(r"^\d{3} ", "", message)
+            call.data = json.dumps(
+                {
+                    "error": {
+                        "code": code,
+                        "message": message,
+                        "status": "PERMISSION_DENIED" if denied else "NOT_FOUND",
+                    }
+                }
+            )
+            return code
+        payload = base64.b64encode(value.encode()).decode()
+        call.data = json.dumps(
+            {"name": f"projects/{project}/secrets/{secret}/versions/{version}", "payload": {"data": payload}}
+        )
+        return 200
 
 
 class PodHost(MachineHost):
-    """The Pathways head / main container of a GKE job (MaxText image)."""
+    """The Pathways head / main container of a GKE job (``tpu_post_training`` image).
+
+    Python 3.12 image (``python:3.12-slim-bookworm``) with MaxText in ``/deps`` (its WORKDIR),
+    tunix and google-auth in site-packages, gcloud installed; runs as root.
+    """
 
     platform = "gke"
+    mounts = ("/tmp", "/root", "/usr/local", "/deps", "/dev/shm", "/sys/fs/cgroup")  # noqa: S108
+    tools = {
+        "python3": "python",
+        "python": "python",
+        "pip": "pip",
+        "pip3": "pip",
+        "gcloud": "gcloud",
+        "gsutil": "gsutil",
+        "curl": "curl",
+        "wget": "wget",
+    }
+    python_path = machine_stubs.SITE_PACKAGES
+    image_env = {
+        "MAXTEXT_ASSETS_ROOT": "/deps/src/maxtext/assets",
+        "MAXTEXT_PKG_DIR": "/deps/src/maxtext",
+        "MAXTEXT_REPO_ROOT": "/deps",
+        "LANG": "C.UTF-8",
+        "PYTHON_VERSION": "3.12.11",
+    }
+    workdir = "/deps"
 
     def __init__(self, fs_root: Path, services: MachineServices, job_name: str) -> None:
-        super().__init__(fs_root, services)
-        self.hostname = f"{job_name}-0"
-        self.internal_ip = "10.4.0.17"
-        for directory in ("/sys/fs/cgroup", "/deps/src/maxtext/trainers/post_train/rl", "/app"):
-            self.fs.host_path(directory).mkdir(parents=True, exist_ok=True)
+        super().__init__(fs_root, services, f"{job_name}-0")
+        for path, text in machine_stubs.POD_FILES.items():
+            self.fs.write(path, text.encode())
+        # cgroup v2 as a container sees it: no limit until someone writes one.
+        self.fs.write("/sys/fs/cgroup/memory.max", b"max\n")
+
+    def base_env(self) -> dict[str, str]:
+        return {"PATH": MACHINE_PATH, "HOME": "/root", "HOSTNAME": self.hostname, **self.image_env}
 
 
 class VmHost(MachineHost):
-    """A Compute Engine TPU VM (Ubuntu accelerator image)."""
+    """A Compute Engine TPU VM (Ubuntu 22.04 accelerator image), reached over SSH as ``user``."""
 
     platform = "vm"
+    mounts = ("/home", "/tmp", "/root", "/usr/local", "/dev/shm")  # noqa: S108 (machine paths)
+    tools = {
+        "python3": "python",
+        "sudo": "sudo",
+        "apt": "apt",
+        "apt-get": "apt",
+        "curl": "curl",
+        "wget": "wget",
+        "gcloud": "gcloud",
+        "gsutil": "gsutil",
+    }
 
     def __init__(
         self,
@@ -580,294 +391,362 @@ class VmHost(MachineHost):
         project: str,
         scopes: list[str],
     ) -> None:
-        super().__init__(fs_root, services)
-        self.hostname = vm_name
-        self.internal_ip = "10.128.0.5"
+        super().__init__(fs_root, services, vm_name)
         self.user = user
-        self.project = project
+        self.vm_project = project
         self.scopes = scopes
-        for directory in (f"/home/{user}", "/dev/shm", "/var/lib/dpkg"):  # noqa: S108 (simulated VM)
-            self.fs.host_path(directory).mkdir(parents=True, exist_ok=True)
+        self.fs.host_path(self.home).mkdir(parents=True, exist_ok=True)
+        for directory in ("bin", "lib", "sbin", "share"):
+            self.fs.host_path(f"/usr/local/{directory}").mkdir(parents=True, exist_ok=True)
 
     @property
     def home(self) -> str:
         return f"/home/{self.user}"
 
-    def login_env(self, base: dict[str, str]) -> dict[str, str]:
+    def login_env(self, base: Mapping[str, str]) -> dict[str, str]:
+        """What sshd gives a session: HOME, USER, LOGNAME, SHELL, PATH (plus the client's LANG)."""
         env = {
             "HOME": self.home,
             "USER": self.user,
             "LOGNAME": self.user,
-            "PATH": DEFAULT_PATH,
+            "PATH": MACHINE_PATH,
             "SHELL": "/bin/bash",
+            "SSH_CONNECTION": "10.128.0.1 50022 10.128.0.5 22",
         }
         env.update({k: v for k, v in base.items() if k in ("LANG", "LC_ALL", "TERM")})
         return env
 
-    def system_command(self, name: str) -> CommandFn | None:
-        table: dict[str, CommandFn] = {
-            "sudo": self.cmd_sudo,
-            "apt": self.cmd_apt,
-            "apt-get": self.cmd_apt,
-            "curl": self.cmd_curl,
-            "wget": self.cmd_wget,
-            "gcloud": self.cmd_gcloud,
-            "gsutil": self.cmd_gsutil,
-        }
-        if name in table:
-            return table[name]
-        return super().system_command(name)
+    def run_session(
+        self, argv: list[str], stdin: bytes, out: Write, err: Write, caller_env: Mapping[str, str]
+    ) -> int:
+        return self.run(argv, stdin, out, err, self.login_env(caller_env), self.home, caller_env)
+
+    def run_tool(self, call: ToolCall) -> int:
+        handler = {
+            "apt": self.tool_apt,
+            "uv": self.tool_uv,
+            "extra-deps": self.tool_extra_deps,
+            "venv-pip": self.tool_pip,
+        }.get(call.tool)
+        return handler(call) if handler is not None else super().run_tool(call)
 
     # -- installed software ---------------------------------------------------------------
-    def marker_command(self, kind: str, path: str) -> CommandFn | None:
-        if kind == "uv":
-            return self.cmd_uv
-        if kind == "python":
-            return self.cmd_python
-        if kind == "pip":
-            return lambda s, a, i, o, e, env: self.cmd_uv(
-                s, ["uv", "pip", *a[1:]], i, o, e, {**env, "VIRTUAL_ENV": self._venv_of(path)}
-            )
-        if kind == "extra-deps":
-            return lambda s, a, i, o, e, env: self.install_extra_deps(self._venv_of(path), o)
-        return None
-
     @staticmethod
-    def _venv_of(path: str) -> str:
-        return path.rsplit("/bin/", 1)[0]
+    def _venv_of(path: str) -> str | None:
+        directory = posixpath.dirname(path)
+        return posixpath.dirname(directory) if directory.endswith("/bin") else None
 
-    def _packages_file(self, venv: str) -> Path:
-        return self.fs.host_path(f"{venv}/.sandbox-packages.json")
+    def is_venv(self, venv: str | None) -> bool:
+        return venv is not None and (self.fs.host_path(venv) / "pyvenv.cfg").is_file()
 
     def venv_packages(self, venv: str) -> set[str]:
-        try:
-            return set(json.loads(self._packages_file(venv).read_text()))
-        except (OSError, ValueError):
+        site = self.fs.host_path(f"{venv}/{SITE}")
+        if not site.is_dir():
             return set()
+        return {p.name.split("-", 1)[0].lower() for p in site.iterdir() if p.name.endswith(".dist-info")}
 
-    def _add_packages(self, venv: str, names: set[str]) -> None:
-        self._packages_file(venv).write_text(json.dumps(sorted(self.venv_packages(venv) | names)))
+    def add_packages(self, venv: str, packages: Mapping[str, str]) -> None:
+        """Record installed distributions the way pip does: ``<name>-<version>.dist-info``."""
+        for name, version in packages.items():
+            normalized = re.sub(r"[-_.]+", "_", name).lower()
+            self.fs.write(
+                f"{venv}/{SITE}/{normalized}-{version}.dist-info/METADATA",
+                f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+            )
+            self.fs.write(f"{venv}/{SITE}/{normalized}-{version}.dist-info/INSTALLER", b"uv\n")
 
-    def python_packages(self, shell: Shell, interpreter: str) -> set[str] | None:
-        if "/" in interpreter:
-            path = absolute(shell, interpreter)
-            if "/bin/" in path and not path.startswith("/usr/"):
-                return self.venv_packages(self._venv_of(path))
-            return set()
-        for directory in shell.vars.get("PATH", DEFAULT_PATH).split(":"):
-            if directory in SYSTEM_BIN_DIRS:
-                return set()
-            if self.fs.exists(f"{directory.rstrip('/')}/{interpreter}"):
-                return self.venv_packages(directory.rstrip("/").rsplit("/bin", 1)[0])
-        return set()
+    def python_packages(self, call: ToolCall) -> set[str] | None:
+        venv = self._venv_of(call.path)
+        if self.is_venv(venv):
+            assert venv is not None
+            return self.venv_packages(venv)
+        return set()  # the image's /usr/bin/python3: standard library only
 
-    def cmd_install_uv(
-        self, shell: Shell, argv: list[str], stdin: str, out: Sink, err: Sink, env: dict[str, str]
-    ) -> int:
-        home = env.get("HOME", self.home)
-        bin_dir = f"{home}/.local/bin"
-        self.fs.write(f"{bin_dir}/uv", b"#!sandbox uv\n")
-        self.fs.write(f"{bin_dir}/uvx", b"#!sandbox uv\n")
-        self.fs.write(f"{bin_dir}/env", b'export PATH="$HOME/.local/bin:$PATH"\n')
-        out.write(
-            f"downloading uv 0.9.7 x86_64-unknown-linux-gnu\nno checksums to verify\ninstalling to {bin_dir}\n"
+    def _install(self, path: str, tool: str) -> None:
+        target = self.fs.host_path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(shim_text(tool))
+        target.chmod(0o755)
+
+    def uv_installer(self, url: str) -> str | None:
+        """The uv installer script (``curl -LsSf https://astral.sh/uv/install.sh | sh``): puts ``uv``
+        and ``uvx`` into ``$HOME/.local/bin`` and writes ``$HOME/.local/bin/env`` (the PATH
+        snippet of cargo-dist installers), then prints what the real installer prints."""
+        if not UV_INSTALLER_URL_RE.match(url):
+            return None
+        shim = shim_text("uv")
+        env_script = (
+            "#!/bin/sh\n# add binaries to PATH if they aren't added yet\n"
+            "# affix colons on either side of $PATH to simplify matching\n"
+            'case ":${PATH}:" in\n    *:"$HOME/.local/bin":*)\n        ;;\n    *)\n'
+            "        # Prepending path in case a system-installed binary needs to be overridden\n"
+            '        export PATH="$HOME/.local/bin:$PATH"\n        ;;\nesac\n'
         )
-        out.write(
-            "  uv\n  uvx\neverything's installed!\n\nTo add $HOME/.local/bin to your PATH, either restart your shell or run:\n\n"
+        return (
+            "#!/bin/sh\n# uv installer (tpu-rl-sandbox stand-in for astral.sh/uv/install.sh)\nset -eu\n"
+            'dir="${XDG_BIN_HOME:-$HOME/.local/bin}"\n'
+            f'echo "downloading uv {UV_VERSION} x86_64-unknown-linux-gnu"\n'
+            'echo "no checksums to verify"\necho "installing to $dir"\nmkdir -p "$dir"\n'
+            f"for tool in uv uvx; do\ncat > \"$dir/$tool\" <<'TPU_RL_SANDBOX_EOF'\n{shim}TPU_RL_SANDBOX_EOF\n"
+            'chmod +x "$dir/$tool"\necho "  $tool"\ndone\n'
+            f"cat > \"$dir/env\" <<'TPU_RL_SANDBOX_EOF'\n{env_script}TPU_RL_SANDBOX_EOF\n"
+            'echo "everything\'s installed!"\necho\n'
+            'echo "To add $dir to your PATH, either restart your shell or run:"\necho\n'
+            'echo "    source $dir/env (sh, bash, zsh)"\n'
         )
-        out.write("    source $HOME/.local/bin/env (sh, bash, zsh)\n")
-        return 0
 
-    def cmd_uv(
-        self, shell: Shell, argv: list[str], stdin: str, out: Sink, err: Sink, env: dict[str, str]
-    ) -> int:
-        args = argv[1:]
+    def tool_uv(self, call: ToolCall) -> int:
+        """uv's ``--version``, ``python install``, ``venv`` and ``pip install`` (uv 0.9 rules:
+        ``pip install`` needs a virtual environment (``VIRTUAL_ENV`` or ``./.venv``) unless
+        ``--system``; ``venv`` refuses an existing non-empty directory without
+        ``--allow-existing``/``--clear``); other sub-commands are refused like clap does."""
+        args = call.argv[1:]
+        if args in (["--version"], ["-V"], ["version"]):
+            call.out(f"uv {UV_VERSION}\n")
+            return 0
+        home = call.env.get("HOME", self.home)
         if args[:2] == ["python", "install"]:
-            for version in args[2:] or ["3.12"]:
-                self.fs.write(
-                    f"{env.get('HOME', self.home)}/.local/share/uv/python/cpython-{version}/bin/python3",
-                    b"#!sandbox python\n",
-                )
-                err.write(f"Installed Python {version}.9 in 2.31s\n + cpython-{version}.9-linux-x86_64-gnu\n")
+            for version in args[2:] or [VENV_PYTHON]:
+                base = f"{home}/.local/share/uv/python/cpython-{version}.9-linux-x86_64-gnu"
+                self._install(f"{base}/bin/python{version}", "python")
+                call.err(f"Installed Python {version}.9 in 2.31s\n + cpython-{version}.9-linux-x86_64-gnu\n")
             return 0
         if args and args[0] == "venv":
-            flags_with_values = {"--python", "-p"}
-            names: list[str] = []
-            skip = False
-            for item in args[1:]:
-                if skip:
-                    skip = False
-                    continue
-                if item in flags_with_values:
-                    skip = True
-                    continue
-                if not item.startswith("-"):
-                    names.append(item)
-            venv = absolute(shell, names[0] if names else ".venv")
-            self.fs.write(f"{venv}/pyvenv.cfg", b"home = /usr/bin\nversion_info = 3.12.9\n")
-            self.fs.write(f"{venv}/bin/python3", b"#!sandbox python\n")
-            self.fs.write(f"{venv}/bin/python", b"#!sandbox python\n")
-            if "--seed" in args:
-                self.fs.write(f"{venv}/bin/pip", b"#!sandbox pip\n")
-            self.fs.write(
-                f"{venv}/bin/activate",
-                f'export VIRTUAL_ENV="{venv}"\nexport PATH="$VIRTUAL_ENV/bin:$PATH"\n'.encode(),
-            )
-            self._add_packages(venv, {"pip"} if "--seed" in args else set())
-            err.write(
-                f"Using CPython 3.12.9\nCreating virtual environment with seed packages at: {names[0] if names else '.venv'}\n"
-            )
-            err.write(f"Activate with: source {names[0] if names else '.venv'}/bin/activate\n")
-            return 0
+            return self.uv_venv(call, args[1:])
         if args[:2] == ["pip", "install"]:
-            venv = env.get("VIRTUAL_ENV", "")
-            if "--system" in args:
-                venv = ""
-            if not venv or not self.fs.exists(f"{venv}/pyvenv.cfg"):
-                err.write(
+            venv = call.env.get("VIRTUAL_ENV") or call.absolute(".venv")
+            if "--system" in args or not self.is_venv(venv):
+                call.err(
                     "error: No virtual environment found; run `uv venv` to create an environment, or pass "
                     "`--system` to install into a non-virtual environment\n"
                 )
                 return 2
-            requested = {
-                re.split(r"[\[=<>~! ]", a, maxsplit=1)[0].lower() for a in args[2:] if not a.startswith("-")
-            }
-            self._add_packages(venv, requested)
-            if "maxtext" in requested:
-                self.fs.write(f"{venv}/bin/install_tpu_post_train_extra_deps", b"#!sandbox extra-deps\n")
-                self._add_packages(venv, {"maxtext", "jax", "orbax", "transformers", "torch"})
-            err.write(f"Resolved 212 packages in 3.1s\nInstalled {len(requested) + 200} packages in 41.2s\n")
-            return 0
-        err.write(f"sandbox: `uv {' '.join(args)}` is not simulated\n")
+            return self.pip_install(call, venv, args[2:])
+        command = args[0] if args else ""
+        call.err(
+            f"error: unrecognized subcommand '{command}'\n\nUsage: uv [OPTIONS] <COMMAND>\n\n"
+            "For more information, try '--help'.\n"
+            if command
+            else "Usage: uv [OPTIONS] <COMMAND>\n"
+        )
         return 2
 
-    def install_extra_deps(self, venv: str, out: Sink) -> int:
-        self._add_packages(venv, {"tunix", "vllm", "tpu_inference"})
-        out.write("Installing post-training extra dependencies (tunix, vllm, tpu-inference)...\nDone.\n")
+    def uv_venv(self, call: ToolCall, args: list[str]) -> int:
+        names: list[str] = []
+        flags: set[str] = set()
+        skip = False
+        for item in args:
+            if skip:
+                skip = False
+                continue
+            if item in ("--python", "-p", "--prompt"):
+                skip = True
+                continue
+            if item.startswith("-"):
+                if item.split("=", 1)[0] not in (
+                    "--python",
+                    "--seed",
+                    "--allow-existing",
+                    "--clear",
+                    "--prompt",
+                    "-q",
+                    "--quiet",
+                ):
+                    call.err(
+                        f"error: unexpected argument '{item}' found\n\nUsage: uv venv [OPTIONS] [PATH]\n"
+                    )
+                    return 2
+                flags.add(item.split("=", 1)[0])
+                continue
+            names.append(item)
+        if len(names) > 1:
+            call.err(f"error: unexpected argument '{names[1]}' found\n\nUsage: uv venv [OPTIONS] [PATH]\n")
+            return 2
+        shown = names[0] if names else ".venv"
+        venv = call.absolute(shown)
+        target = self.fs.host_path(venv)
+        if not self.fs.own(venv):
+            call.err(f"error: Failed to create directory `{venv}`: Read-only file system (os error 30)\n")
+            return 2
+        if target.exists() and any(target.iterdir()) and not flags & {"--allow-existing", "--clear"}:
+            call.err(
+                f"error: Failed to create virtual environment\n  Caused by: A directory already exists at: {shown}\n\n"
+                "hint: Use the `--clear` flag or set `UV_VENV_CLEAR=1` to replace the existing directory\n"
+                "hint: Use the `--allow-existing` flag or set `UV_VENV_ALLOW_EXISTING=1` to update the existing "
+                "directory\n"
+            )
+            return 2
+        call.err(
+            f"Using CPython {VENV_PYTHON}.9\nCreating virtual environment with seed packages at: {shown}\n"
+        )
+        self.fs.write(
+            f"{venv}/pyvenv.cfg",
+            f"home = {call.env.get('HOME', self.home)}/.local/share/uv/python/cpython-{VENV_PYTHON}.9-linux-x86_64-gnu/bin\n"
+            f"implementation = CPython\nuv = {UV_VERSION}\nversion_info = {VENV_PYTHON}.9\n"
+            "include-system-site-packages = false\n".encode(),
+        )
+        for name in ("python", "python3", f"python{VENV_PYTHON}"):
+            self._install(f"{venv}/bin/{name}", "python")
+        self.fs.write(f"{venv}/bin/activate", activate_script(venv, posixpath.basename(venv)).encode())
+        self.fs.host_path(f"{venv}/{SITE}").mkdir(parents=True, exist_ok=True)
+        if "--seed" in flags:
+            self._install(f"{venv}/bin/pip", "venv-pip")
+            self.add_packages(venv, {"pip": "25.3"})
+            call.err(" + pip==25.3\n")
+        call.err(f"Activate with: source {shown}/bin/activate\n")
+        return 0
+
+    def pip_install(self, call: ToolCall, venv: str, args: list[str]) -> int:
+        requested: dict[str, str] = {}
+        for item in args:
+            if item.startswith("-"):
+                continue
+            name = re.split(r"[\[=<>~! ;]", item, maxsplit=1)[0]
+            pinned = re.search(r"==\s*([0-9][^,; ]*)", item)
+            requested[name.lower()] = pinned.group(1) if pinned else "1.0.0"
+        if not requested:
+            call.err(
+                "error: the following required arguments were not provided:\n  <PACKAGE|--requirements <REQUIREMENTS>>\n"
+            )
+            return 2
+        self.add_packages(venv, requested)
+        if "maxtext" in requested:
+            self._install(f"{venv}/bin/install_tpu_post_train_extra_deps", "extra-deps")
+            self.add_packages(
+                venv,
+                {"jax": "0.8.1", "orbax-checkpoint": "0.11.28", "transformers": "4.57.1", "torch": "2.9.0"},
+            )
+        call.err(f"Resolved 212 packages in 3.1s\nInstalled {len(requested) + 200} packages in 41.2s\n")
+        return 0
+
+    def tool_pip(self, call: ToolCall) -> int:
+        """A venv's seeded pip (``<venv>/bin/pip``); the bare image has no pip."""
+        venv = self._venv_of(call.path)
+        if not self.is_venv(venv) or "pip" not in self.venv_packages(str(venv)):
+            call.err(f"{call.argv[0]}: No module named pip\n")
+            return 1
+        assert venv is not None
+        if call.argv[1:2] == ["install"]:
+            return self.pip_install(call, venv, call.argv[2:])
+        return super().tool_pip(call)
+
+    def tool_extra_deps(self, call: ToolCall) -> int:
+        """MaxText's ``install_tpu_post_train_extra_deps``: tunix, vllm, tpu-inference from GitHub."""
+        venv = self._venv_of(call.path)
+        if not self.is_venv(venv):
+            call.err("install_tpu_post_train_extra_deps: MaxText's virtual environment is gone\n")
+            return 1
+        assert venv is not None
+        self.add_packages(
+            venv, {"google-tunix": "0.1.7", "tunix": "0.1.7", "vllm": "0.11.1", "tpu_inference": "0.11.1"}
+        )
+        call.out("Installing post-training extra dependencies (tunix, vllm, tpu-inference)...\nDone.\n")
         return 0
 
     # -- system tools ---------------------------------------------------------------------
-    def cmd_sudo(
-        self, shell: Shell, argv: list[str], stdin: str, out: Sink, err: Sink, env: dict[str, str]
-    ) -> int:
-        args = argv[1:]
-        while args and args[0].startswith("-"):
-            args = args[1:]
-        # sudo's own syntax: leading VAR=value words set the command's environment (sudoers
-        # permitting, as for an ALL user on a TPU VM).
-        assignments: dict[str, str] = {}
-        while args and "=" in args[0] and args[0].split("=", 1)[0].isidentifier():
-            name, value = args[0].split("=", 1)
-            assignments[name] = value
-            args = args[1:]
-        if not args:
-            err.write("usage: sudo command\n")
-            return 1
-        command = self.resolve_command(shell, args[0])
-        if command is None:
-            err.write(f"sudo: {args[0]}: command not found\n")
-            return 1
-        run_env = {**env, **assignments, "SUDO_USER": self.user, "__SANDBOX_ROOT": "1"}
-        return command(shell, args, stdin, out, err, run_env)
-
-    def cmd_apt(
-        self, shell: Shell, argv: list[str], stdin: str, out: Sink, err: Sink, env: dict[str, str]
-    ) -> int:
-        args = argv[1:]
-        if env.get("__SANDBOX_ROOT") != "1":
-            err.write(
+    def tool_apt(self, call: ToolCall) -> int:
+        """apt/apt-get: root only (dpkg's frontend lock), ``update``/``upgrade``/``install``;
+        without ``-y`` (or ``DEBIAN_FRONTEND=noninteractive``... which does not answer the
+        prompt either) an install that needs confirmation aborts as on a non-terminal stdin."""
+        args = call.argv[1:]
+        if call.env.get("USER") != "root":
+            call.err(
                 "E: Could not open lock file /var/lib/dpkg/lock-frontend - open (13: Permission denied)\n"
-            )
-            err.write(
                 "E: Unable to acquire the dpkg frontend lock (/var/lib/dpkg/lock-frontend), are you root?\n"
             )
             return 100
         action = next((a for a in args if not a.startswith("-")), "")
-        assume_yes = any(a in ("-y", "--yes", "--assume-yes", "-qy", "-yq") for a in args)
+        assume_yes = any(
+            a in ("-y", "--yes", "--assume-yes") or (re.fullmatch(r"-[a-z]*y[a-z]*", a) is not None)
+            for a in args
+        )
         if action == "update":
-            out.write(
+            call.out(
                 "Hit:1 http://us-central1.gce.archive.ubuntu.com/ubuntu jammy InRelease\nReading package lists... Done\n"
             )
             return 0
         if action in ("upgrade", "install", "dist-upgrade", "full-upgrade"):
-            out.write("Reading package lists... Done\nBuilding dependency tree... Done\n")
-            if not assume_yes and env.get("DEBIAN_FRONTEND") != "noninteractive":
-                out.write("Do you want to continue? [Y/n] Abort.\n")
+            call.out("Reading package lists... Done\nBuilding dependency tree... Done\n")
+            if not assume_yes:
+                call.out("Do you want to continue? [Y/n] Abort.\n")
                 return 1
             packages = [a for a in args if not a.startswith("-") and a != action]
-            out.write(f"Setting up {', '.join(packages) or 'upgrades'} ...\n")
+            call.out(f"Setting up {', '.join(packages) or 'upgrades'} ...\n")
             return 0
-        err.write(f"E: Invalid operation {action}\n")
+        call.err(f"E: Invalid operation {action}\n")
         return 100
 
-    def cmd_curl(
-        self, shell: Shell, argv: list[str], stdin: str, out: Sink, err: Sink, env: dict[str, str]
-    ) -> int:
-        urls = [a for a in argv[1:] if a.startswith(("http://", "https://"))]
-        if not urls:
-            err.write("curl: no URL specified!\n")
-            return 2
-        if UV_INSTALLER_URL_RE.match(urls[0]):
-            out.write(f"#!/bin/sh\n# uv installer (sandbox)\n{INSTALL_UV_COMMAND}\n")
-            return 0
-        host = urls[0].split("/")[2]
-        err.write(f"curl: (6) Could not resolve host: {host}\n")
-        return 6
-
-    def cmd_wget(
-        self, shell: Shell, argv: list[str], stdin: str, out: Sink, err: Sink, env: dict[str, str]
-    ) -> int:
-        err.write("Resolving failed: Temporary failure in name resolution.\n")
-        return 4
-
-    def cmd_gsutil(
-        self, shell: Shell, argv: list[str], stdin: str, out: Sink, err: Sink, env: dict[str, str]
-    ) -> int:
-        err.write("sandbox: gsutil is not simulated; use `gcloud storage`\n")
-        return 1
+    # -- google cloud ---------------------------------------------------------------------
+    def project(self) -> str:
+        return self.vm_project
 
     def can_write_gcs(self) -> bool:
         return bool({"cloud-platform", "storage-rw", "storage-full"} & set(self.scopes))
 
-    def cmd_gcloud(
-        self, shell: Shell, argv: list[str], stdin: str, out: Sink, err: Sink, env: dict[str, str]
-    ) -> int:
-        from tpu_rl_sandbox import fake_gcloud
-
-        router = Router(
-            GcsStore(
-                self.services.gcs.api,
-                identity=f"{self.project}-compute@developer.gserviceaccount.com",
-                can_write=lambda bucket: self.can_write_gcs(),
-                denied_detail="Access denied. Provided scope(s) are not authorized.",
-            ),
-            self.fs,
+    def gcs_for_gcloud(self) -> GcsStore:
+        return GcsStore(
+            self.services.gcs.api,
+            identity=f"{self.vm_project}-compute@developer.gserviceaccount.com",
+            can_write=lambda bucket: self.can_write_gcs(),
+            denied_detail="Access denied. Provided scope(s) are not authorized.",
         )
 
-        def absolute_path(path: str) -> str:
-            return path if path.startswith("gs://") else absolute(shell, path)
-
-        try:
-            return fake_gcloud.run_on_vm(
-                argv[1:],
-                router=router,
-                to_absolute=absolute_path,
-                secret_access=self.vm_secret_access,
-                default_project=self.project,
-                stdout=out.write,
-                stderr=err.write,
-                stdin=stdin,
-            )
-        except GcloudUsageError as error:
-            err.write(error.render())
-            return 2
-
-    def vm_secret_access(self, project: str, secret: str, version: str) -> tuple[str | None, str]:
+    def secret_access(self, project: str, secret: str, version: str) -> tuple[str | None, str]:
         if "cloud-platform" not in self.scopes:
             return None, "PERMISSION_DENIED: Request had insufficient authentication scopes."
         return self.services.secret_access(project, secret, version)
 
 
-def placeholder_token(sha256: str) -> str:
-    """What a secret "contains" inside the sandbox: a stand-in derived from its hash."""
-    return "hf_sandbox_" + hashlib.sha256(sha256.encode()).hexdigest()[:24]
+def activate_script(venv: str, prompt: str) -> str:
+    """``bin/activate`` of a uv venv (virtualenv's bash activation template, trimmed of the
+    prompt handling); it must be sourced, and it puts ``$VIRTUAL_ENV/bin`` first on PATH."""
+    return f"""# This file must be used with "source bin/activate" *from bash*
+# you cannot run it directly
+
+if [ "${{BASH_SOURCE-}}" = "$0" ]; then
+    echo "You must source this script: \\$ source $0" >&2
+    exit 33
+fi
+
+deactivate () {{
+    unset -f pydoc >/dev/null 2>&1 || true
+    if ! [ -z "${{_OLD_VIRTUAL_PATH:+_}}" ] ; then
+        PATH="$_OLD_VIRTUAL_PATH"
+        export PATH
+        unset _OLD_VIRTUAL_PATH
+    fi
+    if ! [ -z "${{_OLD_VIRTUAL_PYTHONHOME+_}}" ] ; then
+        PYTHONHOME="$_OLD_VIRTUAL_PYTHONHOME"
+        export PYTHONHOME
+        unset _OLD_VIRTUAL_PYTHONHOME
+    fi
+    hash -r 2>/dev/null
+    unset VIRTUAL_ENV
+    unset VIRTUAL_ENV_PROMPT
+    if [ ! "${{1-}}" = "nondestructive" ] ; then
+        unset -f deactivate
+    fi
+}}
+
+deactivate nondestructive
+
+VIRTUAL_ENV={shlex.quote(venv)}
+export VIRTUAL_ENV
+
+_OLD_VIRTUAL_PATH="$PATH"
+PATH="$VIRTUAL_ENV/bin:$PATH"
+export PATH
+
+VIRTUAL_ENV_PROMPT={shlex.quote(prompt)}
+export VIRTUAL_ENV_PROMPT
+
+if ! [ -z "${{PYTHONHOME+_}}" ] ; then
+    _OLD_VIRTUAL_PYTHONHOME="$PYTHONHOME"
+    unset PYTHONHOME
+fi
+
+hash -r 2>/dev/null || true
+"""
+
+
+__all__ = ["TOOLS_DIR", "MachineHost", "MachineServices", "MachineStore", "PodHost", "VmHost"]

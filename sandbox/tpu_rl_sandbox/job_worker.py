@@ -5,6 +5,8 @@ Started by ``gcluster job submit`` as
 Status goes Suspended (until Kueue admits it: the cluster's TPU slices are free) -> Running ->
 Succeeded/Failed; a failed attempt is retried ``--restarts`` times like a JobSet restart
 (each attempt gets a fresh pod file system and a fresh log, as ``kubectl logs`` would show).
+The container's command runs as ``/bin/bash -c COMMAND`` on a :class:`~hosts.PodHost` (real bash
+in private namespaces, see :mod:`tpu_rl_sandbox.machine`); a cancelled job's pod is killed.
 """
 
 from __future__ import annotations
@@ -16,12 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from tpu_rl_sandbox import cloud
-from tpu_rl_sandbox.bashsim import CallbackSink, Shell
 from tpu_rl_sandbox.emulator import api_for
 from tpu_rl_sandbox.fsview import GcsStore
 from tpu_rl_sandbox.hosts import MachineServices, PodHost
 from tpu_rl_sandbox.layout import SandboxLayout, rfc3339
-from tpu_rl_sandbox.maxtext_sim import DEFAULT_STEP_SECONDS, Cancelled
+from tpu_rl_sandbox.maxtext_sim import DEFAULT_STEP_SECONDS
 from tpu_rl_sandbox.state import FaultGate, StateStore, parse_faults
 
 
@@ -133,12 +134,6 @@ class Worker:
     ) -> int:
         log_path = self.layout.jobs_dir / self.uid / f"attempt-{attempt}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        handle = log_path.open("a")
-
-        def write(text: str) -> None:
-            handle.write(text)
-            handle.flush()
-
         store = self.store
         services = MachineServices(
             gcs=GcsStore(
@@ -156,26 +151,31 @@ class Worker:
         )
         pod_root = self.layout.jobs_dir / self.uid / f"pod-{attempt}"
         host = PodHost(Path(pod_root), services, str(job["name"]))
-        env = {
-            "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            "HOME": "/root",
-            "HOSTNAME": host.hostname,
-            "JOB_COMPLETION_INDEX": "0",
-            "JOBSET_NAME": str(job["name"]),
-            "REPLICATED_JOB_NAME": "pathways-head" if job.get("pathways") else "main-job",
-            "TPU_STDERR_LOG_LEVEL": "0",
-            "TPU_MIN_LOG_LEVEL": "0",
-            "TF_CPP_MIN_LOG_LEVEL": "0",
-        }
+        env = host.base_env()
+        env.update(
+            {
+                "JOB_COMPLETION_INDEX": "0",
+                "JOBSET_NAME": str(job["name"]),
+                "REPLICATED_JOB_NAME": "pathways-head" if job.get("pathways") else "main-job",
+                "TPU_STDERR_LOG_LEVEL": "0",
+                "TPU_MIN_LOG_LEVEL": "0",
+                "TF_CPP_MIN_LOG_LEVEL": "0",
+            }
+        )
         env.update(job.get("env") or {})
-        sink = CallbackSink(write)
-        shell = Shell(host, env, "/app", sink, sink, name="/bin/bash")
-        try:
-            return shell.run(str(job["command"]))
-        except Cancelled:
-            raise JobGone() from None
-        finally:
-            handle.close()
+        with log_path.open("ab") as handle:
+            # The container runs COMMAND with bash -c (as xpk-style job specs do).
+            status = host.run(
+                ["/bin/bash", "-c", str(job["command"])],
+                None,
+                handle.fileno(),
+                handle.fileno(),
+                env,
+                host.workdir,
+            )
+        if self.cancelled():
+            raise JobGone()
+        return status
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -185,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     layout = SandboxLayout(Path(args[0]))
     worker = Worker(layout, args[1], args[2])
+    # SystemExit unwinds through Machine.run, which kills the pod's processes.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     try:
         return worker.run()

@@ -11,6 +11,7 @@ DAGS_DIR = Path(__file__).resolve().parents[2] / "dags"
 GKE_DAG_ID = "tpu_rl_gke_pipeline"
 TPU_VM_DAG_ID = "tpu_rl_tpu_vm_pipeline"
 JANITOR_DAG_ID = "tpu_rl_janitor"
+SWEEP_DAG_ID = "tpu_rl_sweep_example"
 PIPELINE_DAG_IDS = (GKE_DAG_ID, TPU_VM_DAG_ID)
 
 

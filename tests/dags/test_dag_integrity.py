@@ -11,7 +11,14 @@ from typing import Any
 
 import pytest
 
-from tests.dags.conftest import DAGS_DIR, GKE_DAG_ID, JANITOR_DAG_ID, PIPELINE_DAG_IDS, TPU_VM_DAG_ID
+from tests.dags.conftest import (
+    DAGS_DIR,
+    GKE_DAG_ID,
+    JANITOR_DAG_ID,
+    PIPELINE_DAG_IDS,
+    SWEEP_DAG_ID,
+    TPU_VM_DAG_ID,
+)
 
 PARSE_GUARD = Path(__file__).with_name("parse_guard.py")
 CLOUD_TOOLS = ("gcloud", "gcluster", "gsutil", "kubectl", "terraform", "packer", "ssh", "bq")
@@ -56,8 +63,8 @@ def test_every_dag_file_imports_without_errors(guarded_parse: dict[str, Any]) ->
     assert guarded_parse["import_errors"] == {}
 
 
-def test_the_folder_defines_exactly_the_three_dags(guarded_parse: dict[str, Any]) -> None:
-    assert guarded_parse["dag_ids"] == sorted([GKE_DAG_ID, TPU_VM_DAG_ID, JANITOR_DAG_ID])
+def test_the_folder_defines_exactly_the_four_dags(guarded_parse: dict[str, Any]) -> None:
+    assert guarded_parse["dag_ids"] == sorted([GKE_DAG_ID, TPU_VM_DAG_ID, JANITOR_DAG_ID, SWEEP_DAG_ID])
 
 
 def test_parsing_opens_no_socket(guarded_parse: dict[str, Any]) -> None:
@@ -76,7 +83,7 @@ def test_every_python_file_in_dags_is_parsed(dag_bag: Any) -> None:
     assert parsed == files
 
 
-@pytest.mark.parametrize("dag_id", [*PIPELINE_DAG_IDS, JANITOR_DAG_ID])
+@pytest.mark.parametrize("dag_id", [*PIPELINE_DAG_IDS, JANITOR_DAG_ID, SWEEP_DAG_ID])
 def test_default_params_validate(dag_bag: Any, serialized_dags: dict[str, Any], dag_id: str) -> None:
     dag_bag.dags[dag_id].params.validate()
     serialized_dags[dag_id].params.validate()

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from airflow.providers.common.compat.sdk import AirflowFailException
 
+from airflow_provider_tpu_rl.exceptions import CommandError, ConfigurationError, FailureKind
 from airflow_provider_tpu_rl.hooks.bundle import (
     BundlePlatform,
     bundle_root,
     current_platform,
     ensure_bundle,
 )
-from airflow_provider_tpu_rl.hooks.failures import GclusterTransientError
 from airflow_provider_tpu_rl.hooks.gcluster import GclusterConfig, GclusterHook
 
 VERSION = "v1.103.0"
@@ -138,7 +138,7 @@ def test_download_happens_once_even_with_concurrent_installs(tmp_path, served):
 
 def test_checksum_mismatch_is_refused_and_leaves_nothing(tmp_path, served):
     server, _ = served
-    with pytest.raises(AirflowFailException, match="checksum mismatch"):
+    with pytest.raises(ConfigurationError, match="checksum mismatch"):
         ensure_bundle(
             version=VERSION, cache_dir=tmp_path / "cache", sha256="0" * 64, base_url=server.url, plat=PLAT
         )
@@ -148,7 +148,7 @@ def test_checksum_mismatch_is_refused_and_leaves_nothing(tmp_path, served):
 
 def test_no_checksum_means_no_download(tmp_path, served):
     server, _ = served
-    with pytest.raises(AirflowFailException, match="unverified") as info:
+    with pytest.raises(ConfigurationError, match="unverified") as info:
         ensure_bundle(
             version=VERSION, cache_dir=tmp_path / "cache", sha256=None, base_url=server.url, plat=PLAT
         )
@@ -172,7 +172,7 @@ def test_offline_gives_a_clear_failure(tmp_path):
     with socket.socket() as sock:  # a port on which nothing listens
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    with pytest.raises(AirflowFailException) as info:
+    with pytest.raises(ConfigurationError) as info:
         ensure_bundle(
             version=VERSION,
             cache_dir=tmp_path / "c",
@@ -181,17 +181,20 @@ def test_offline_gives_a_clear_failure(tmp_path):
             plat=PLAT,
         )
     message = str(info.value)
+    assert not isinstance(info.value, AirflowFailException)
     assert "cannot download Cluster Toolkit v1.103.0" in message
     assert "gcluster_path" in message
 
 
-def test_http_5xx_is_transient_and_404_is_fatal(tmp_path, release):
+def test_http_5xx_is_transient_and_404_is_a_configuration_error(tmp_path, release):
     base, digest = release
-    with _CountingServer(base, status=503) as server, pytest.raises(GclusterTransientError):
+    with _CountingServer(base, status=503) as server, pytest.raises(CommandError) as info:
         ensure_bundle(
             version=VERSION, cache_dir=tmp_path / "c", sha256=digest, base_url=server.url, plat=PLAT
         )
-    with _CountingServer(base, status=404) as server, pytest.raises(AirflowFailException, match="HTTP 404"):
+    assert info.value.kind is FailureKind.TRANSIENT
+    assert info.value.retryable
+    with _CountingServer(base, status=404) as server, pytest.raises(ConfigurationError, match="HTTP 404"):
         ensure_bundle(
             version=VERSION, cache_dir=tmp_path / "c", sha256=digest, base_url=server.url, plat=PLAT
         )
@@ -201,7 +204,7 @@ def test_tar_members_escaping_the_folder_are_refused(tmp_path):
     asset_dir = tmp_path / "rel" / VERSION
     asset_dir.mkdir(parents=True)
     digest = build_bundle(asset_dir / PLAT.asset_name, extra=(("../../evil.txt", b"pwned"),))
-    with pytest.raises(AirflowFailException, match="cannot extract"):
+    with pytest.raises(ConfigurationError, match="cannot extract"):
         ensure_bundle(
             version=VERSION,
             cache_dir=tmp_path / "cache",
@@ -229,7 +232,7 @@ def test_bundle_with_a_top_level_folder(tmp_path):
 
 
 def test_bad_checksum_format(tmp_path):
-    with pytest.raises(AirflowFailException, match="64 hex"):
+    with pytest.raises(ConfigurationError, match="64 hex"):
         ensure_bundle(
             version=VERSION, cache_dir=tmp_path, sha256="abc", base_url="file:///nowhere", plat=PLAT
         )
@@ -251,7 +254,7 @@ def test_current_platform(system, machine, key):
 
 @pytest.mark.parametrize(("system", "machine"), [("win32", "x86_64"), ("linux", "riscv64")])
 def test_unsupported_platform(system, machine):
-    with pytest.raises(AirflowFailException, match="set gcluster_path"):
+    with pytest.raises(ConfigurationError, match="set gcluster_path"):
         current_platform(system, machine)
 
 
@@ -282,5 +285,5 @@ def test_hook_bundle_dir_next_to_gcluster_path(tmp_path):
 def test_unwritable_cache_is_a_clear_failure(tmp_path):
     blocker = tmp_path / "file-not-dir"
     blocker.write_text("x")
-    with pytest.raises(AirflowFailException, match="cannot create the Cluster Toolkit cache folder"):
+    with pytest.raises(ConfigurationError, match="cannot create the Cluster Toolkit cache folder"):
         ensure_bundle(version=VERSION, cache_dir=blocker, sha256="a" * 64, base_url="file:///x", plat=PLAT)

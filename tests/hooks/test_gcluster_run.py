@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from airflow.providers.common.compat.sdk import AirflowFailException
 
+from airflow_provider_tpu_rl.exceptions import CommandError, ConfigurationError, FailureKind
 from airflow_provider_tpu_rl.hooks import gcluster as gcluster_module
-from airflow_provider_tpu_rl.hooks.failures import FailureKind, GclusterTransientError
 from airflow_provider_tpu_rl.hooks.gcluster import GclusterConfig
 from airflow_provider_tpu_rl.render.command import Command
 
@@ -55,7 +55,7 @@ def test_argv0_is_mapped_to_the_configured_binary_and_no_shell_is_used(make_hook
 
 
 def test_unknown_tool_is_refused(make_hook):
-    with pytest.raises(AirflowFailException, match="unknown tool 'kubectl'"):
+    with pytest.raises(ConfigurationError, match="unknown tool 'kubectl'"):
         make_hook().run(Command(("kubectl", "get", "pods")))
 
 
@@ -101,7 +101,7 @@ def test_secret_is_redacted_in_the_exception_message(make_hook, fake_tools):
         {"match": ["submit"], "steps": [["stdin"], ["err", f"Error: bad token {SENTINEL}"]], "exit": 1}
     )
     command = Command(("gcluster", "job", "submit", "--name", "j"), stdin_secret="hf_token")
-    with pytest.raises(AirflowFailException) as info:
+    with pytest.raises(CommandError) as info:
         make_hook().run_checked(command, secrets={"hf_token": SENTINEL}, timeout=GUARD)
     assert SENTINEL not in str(info.value)
     assert "Error: bad token ***" in str(info.value)
@@ -109,7 +109,7 @@ def test_secret_is_redacted_in_the_exception_message(make_hook, fake_tools):
 
 def test_missing_stdin_secret_fails_before_starting(make_hook, fake_tools):
     command = Command(("gcloud", "secrets", "create", "x", "--data-file=-"), stdin_secret="hf_token")
-    with pytest.raises(AirflowFailException, match="needs the secret 'hf_token'"):
+    with pytest.raises(ConfigurationError, match="needs the secret 'hf_token'"):
         make_hook().run(command, secrets={})
     assert fake_tools.calls() == []
 
@@ -186,7 +186,7 @@ def test_inherit_env_extends_the_allow_list(make_hook, fake_tools, monkeypatch):
 
 @pytest.mark.parametrize("value", [["BAD-NAME"], ["*"], ["A;B"], [3]])
 def test_inherit_env_refuses_bad_names(value):
-    with pytest.raises(AirflowFailException, match="inherit_env"):
+    with pytest.raises(ConfigurationError, match="inherit_env"):
         GclusterConfig(inherit_env=value)
 
 
@@ -225,23 +225,26 @@ def test_ok_if_output_contains_turns_a_failure_into_success(make_hook, fake_tool
         ),
     ],
 )
-def test_retryable_failures_raise_gcluster_transient_error(make_hook, fake_tools, line, kind):
+def test_retryable_failures_raise_a_retryable_command_error(make_hook, fake_tools, line, kind):
     fake_tools.respond({"match": ["deploy"], "steps": [["out", "Planning..."], ["err", line]], "exit": 1})
-    with pytest.raises(GclusterTransientError) as info:
+    with pytest.raises(CommandError) as info:
         make_hook().run_checked(Command(("gcluster", "deploy", "bp.yaml")), timeout=GUARD)
     assert info.value.kind is kind
+    assert info.value.retryable
     assert not isinstance(info.value, AirflowFailException)
     assert line in str(info.value)
     assert "exit code 1" in str(info.value)
 
 
-def test_config_failure_raises_airflow_fail_exception_with_the_last_lines(make_hook, fake_tools):
+def test_config_failure_raises_a_non_retryable_command_error_with_the_last_lines(make_hook, fake_tools):
     steps = [["out", f"noise {i}"] for i in range(100)] + [["err", "Error: unknown flag: --bogus"]]
     fake_tools.respond({"match": ["job"], "steps": steps, "exit": 1})
-    with pytest.raises(AirflowFailException) as info:
+    with pytest.raises(CommandError) as info:
         make_hook().run_checked(Command(("gcluster", "job", "submit", "--bogus")), timeout=GUARD)
     message = str(info.value)
-    assert not isinstance(info.value, GclusterTransientError)
+    assert info.value.kind is FailureKind.CONFIG
+    assert not info.value.retryable
+    assert not isinstance(info.value, AirflowFailException)
     assert "Error: unknown flag: --bogus" in message
     assert "noise 99" in message
     assert "noise 0\n" not in message  # only the tail
@@ -253,8 +256,10 @@ def test_timeout_stops_the_command_and_counts_as_transient(make_hook, fake_tools
     result = hook.run(Command(("gcluster", "deploy", "bp.yaml")), timeout=0.5)
     assert result.timed_out
     assert not result.ok
-    with pytest.raises(GclusterTransientError, match="timed out"):
+    with pytest.raises(CommandError, match="timed out") as info:
         hook.check_result(Command(("gcluster", "deploy", "bp.yaml")), result)
+    assert info.value.kind is FailureKind.TRANSIENT
+    assert info.value.retryable
 
 
 def test_terminate_kills_the_whole_process_group(make_hook, fake_tools):
@@ -280,7 +285,7 @@ def test_run_uses_cwd(make_hook, fake_tools, tmp_path):
 
 def test_gcluster_path_must_be_executable(make_hook, tmp_path):
     missing = tmp_path / "nope"
-    with pytest.raises(AirflowFailException, match="not an executable file"):
+    with pytest.raises(ConfigurationError, match="not an executable file"):
         make_hook(gcluster_path=str(missing)).run(Command(("gcluster", "--version")))
 
 

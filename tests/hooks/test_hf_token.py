@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 from airflow.providers.common.compat.sdk import AirflowFailException
 
+from airflow_provider_tpu_rl.exceptions import CommandError, ConfigurationError, FailureKind
 from airflow_provider_tpu_rl.hooks import hf_token as hf_module
 from airflow_provider_tpu_rl.hooks.hf_token import HuggingFaceTokenHook, get_hf_token
 
@@ -43,13 +44,13 @@ def test_token_from_extra_when_password_is_empty(monkeypatch, masked):
 
 def test_missing_connection_is_a_clear_failure(monkeypatch, masked):
     monkeypatch.delenv("AIRFLOW_CONN_HF_NOPE", raising=False)
-    with pytest.raises(AirflowFailException, match="connection 'hf_nope' is not defined"):
+    with pytest.raises(ConfigurationError, match="connection 'hf_nope' is not defined"):
         HuggingFaceTokenHook("hf_nope").get_token()
 
 
 def test_connection_without_token_is_a_clear_failure(monkeypatch, masked):
     _conn(monkeypatch, "hf_empty", login="someone")
-    with pytest.raises(AirflowFailException, match="neither a password nor an extra 'token'"):
+    with pytest.raises(ConfigurationError, match="neither a password nor an extra 'token'"):
         HuggingFaceTokenHook("hf_empty").get_token()
 
 
@@ -93,13 +94,48 @@ def test_token_from_secret_manager(fake_secret_manager, masked, monkeypatch):
 
 def test_secret_manager_error_is_a_clear_failure(fake_secret_manager, masked):
     fake_secret_manager.error = PermissionError("403 Permission denied on secret")
-    with pytest.raises(AirflowFailException, match="cannot read Secret Manager secret 'hf-token'"):
+    with pytest.raises(ConfigurationError, match="cannot read Secret Manager secret 'hf-token'") as info:
         HuggingFaceTokenHook(secret_id="hf-token").get_token()
+    assert not isinstance(info.value, AirflowFailException)
+
+
+def test_secret_manager_outage_is_a_retryable_command_error(fake_secret_manager, masked):
+    from google.api_core.exceptions import ServiceUnavailable
+
+    fake_secret_manager.error = ServiceUnavailable("the service is down")
+    with pytest.raises(CommandError, match="cannot read Secret Manager secret 'hf-token'") as info:
+        HuggingFaceTokenHook(secret_id="hf-token").get_token()
+    assert info.value.kind is FailureKind.TRANSIENT
+    assert info.value.retryable
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        (TimeoutError("read timed out"), FailureKind.TRANSIENT),
+        (ConnectionResetError("connection reset by peer"), FailureKind.TRANSIENT),
+        (PermissionError("403 denied"), FailureKind.CONFIG),
+        (FileNotFoundError("404 secret not found"), FailureKind.CONFIG),
+        (RuntimeError("Error 503: backendError"), FailureKind.TRANSIENT),
+        (RuntimeError("something else"), FailureKind.CONFIG),
+    ],
+)
+def test_secret_read_failure_kind(error, kind):
+    assert hf_module.secret_read_failure_kind(error) is kind
+
+
+def test_secret_read_failure_kind_of_google_api_errors():
+    from google.api_core import exceptions as api
+
+    assert hf_module.secret_read_failure_kind(api.TooManyRequests("slow down")) is FailureKind.TRANSIENT
+    assert hf_module.secret_read_failure_kind(api.DeadlineExceeded("late")) is FailureKind.TRANSIENT
+    assert hf_module.secret_read_failure_kind(api.NotFound("no such secret")) is FailureKind.CONFIG
+    assert hf_module.secret_read_failure_kind(api.PermissionDenied("denied")) is FailureKind.CONFIG
 
 
 def test_empty_secret_is_a_clear_failure(fake_secret_manager, masked):
     fake_secret_manager.payload = b"  \n"
-    with pytest.raises(AirflowFailException, match="is empty"):
+    with pytest.raises(ConfigurationError, match="is empty"):
         HuggingFaceTokenHook(secret_id="hf-token").get_token()
 
 

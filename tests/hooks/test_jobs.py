@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from airflow.providers.common.compat.sdk import AirflowFailException
 
-from airflow_provider_tpu_rl.hooks.failures import GclusterOutputError
+from airflow_provider_tpu_rl.exceptions import CommandError, FailureKind, OutputParseError
 from airflow_provider_tpu_rl.hooks.jobs import (
     GclusterJob,
     JobState,
@@ -104,16 +104,19 @@ def test_get_job_filters_by_name_and_matches_exactly(make_hook, fake_tools):
 
 def test_list_jobs_with_unparseable_output_raises(make_hook, fake_tools):
     fake_tools.respond({"match": ["job", "list"], "steps": [["out", "something else entirely"]]})
-    with pytest.raises(GclusterOutputError, match="header"):
+    with pytest.raises(OutputParseError, match="header"):
         make_hook().list_jobs("p", "c", "l")
 
 
-def test_list_jobs_config_error_is_fatal(make_hook, fake_tools):
+def test_list_jobs_config_error_is_not_retryable(make_hook, fake_tools):
     fake_tools.respond(
         {"match": ["job", "list"], "steps": [["file", fixture_path("job_list_error.txt")]], "exit": 1}
     )
-    with pytest.raises(AirflowFailException, match="get-credentials"):
+    with pytest.raises(CommandError, match="get-credentials") as info:
         make_hook().list_jobs("p", "c", "l")
+    assert info.value.kind is FailureKind.CONFIG
+    assert not info.value.retryable
+    assert not isinstance(info.value, AirflowFailException)
 
 
 def test_cancel_job_reports_whether_there_was_a_job(make_hook, fake_tools):

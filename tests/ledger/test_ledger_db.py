@@ -253,17 +253,22 @@ def test_without_the_connection_the_ledger_is_sqlite_in_airflow_home(
     assert [run.airflow_run_id for run in RunLedger().latest_runs()] == ["default"]
 
 
-def test_another_missing_connection_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from airflow.providers.common.compat.sdk import AirflowNotFoundException
+def test_another_missing_connection_is_a_configuration_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.providers.common.compat.sdk import AirflowFailException
+
+    from airflow_provider_tpu_rl.exceptions import ConfigurationError
 
     monkeypatch.delenv("AIRFLOW_CONN_NO_SUCH_LEDGER", raising=False)
-    with pytest.raises(AirflowNotFoundException):
+    with pytest.raises(ConfigurationError, match="'no_such_ledger' is not defined") as raised:
         RunLedger("no_such_ledger").latest_runs()
+    assert not isinstance(raised.value, AirflowFailException)
 
 
-def test_an_unsupported_connection_type_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unsupported_connection_type_is_a_configuration_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_provider_tpu_rl.exceptions import ConfigurationError
+
     monkeypatch.setenv("AIRFLOW_CONN_TPU_RL_LEDGER", "mysql://user@localhost/db")
-    with pytest.raises(ValueError, match="does not support conn_type 'mysql'"):
+    with pytest.raises(ConfigurationError, match="does not support conn_type 'mysql'"):
         RunLedger().latest_runs()
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.operators.sandbox_run import SandboxRun, enter_sandbox
 from tpu_rl_sandbox.control import SandboxInfo
 from tpu_rl_sandbox.state import reset_faults
-from tests.operators.sandbox_run import SandboxRun, enter_sandbox
 
 
 @pytest.fixture

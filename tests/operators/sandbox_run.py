@@ -29,13 +29,20 @@ from airflow_provider_tpu_rl.operators.gke import (
     HfTokenSecretOperator,
 )
 from airflow_provider_tpu_rl.operators.maxtext import MaxTextConvertOperator
+from airflow_provider_tpu_rl.operators.pipeline import gke_task_arguments, tpu_vm_task_arguments
+from airflow_provider_tpu_rl.spec import (
+    GKE_DAG_ID,
+    TPU_VM_DAG_ID,
+    gke_pipeline_from_conf,
+    tpu_vm_pipeline_from_conf,
+)
 from tpu_rl_sandbox.control import SandboxInfo
 from tpu_rl_sandbox.emulator import api_for
 from tpu_rl_sandbox.gcs import GcsApi
 from tpu_rl_sandbox.layout import SandboxLayout
 from tpu_rl_sandbox.state import StateStore, read_calls
-from airflow_provider_tpu_rl.spec import GKE_DAG_ID
 
+DEFAULT_RUN_ID = "manual__2026-03-01T00:00:00+00:00"
 STEP_SECONDS = "0.05"
 POLL_INTERVAL = "0.2"
 REGION = "us-east5"
@@ -166,21 +173,48 @@ class SandboxRun:
         return conf
 
     # -- operators and contexts ---------------------------------------------------------------
-    @staticmethod
-    def operator(factory: Callable[..., OperatorT], dag_id: str = GKE_DAG_ID, **kwargs: Any) -> OperatorT:
-        """A fresh operator in a fresh DAG object (a new worker process would build it anew)."""
-        return factory(dag=DAG(dag_id, schedule=None), **kwargs)
+    def task_arguments(self, dag_id: str, task_id: str, conf: dict[str, Any], run_id: str) -> dict[str, Any]:
+        """The arguments the pipeline DAG gives ``task_id`` for ``conf`` (validate's resolved values)."""
+        if dag_id == TPU_VM_DAG_ID:
+            resolved = tpu_vm_pipeline_from_conf(conf, dag_id=dag_id, run_id=run_id).resolved()
+            return tpu_vm_task_arguments(resolved.__getitem__).get(task_id, {})
+        resolved = gke_pipeline_from_conf(conf, dag_id=dag_id, run_id=run_id).resolved()
+        return gke_task_arguments(resolved.__getitem__).get(task_id, {})
 
-    @staticmethod
+    def operator(
+        self,
+        factory: Callable[..., OperatorT],
+        dag_id: str = GKE_DAG_ID,
+        *,
+        conf: dict[str, Any] | None = None,
+        run_id: str = DEFAULT_RUN_ID,
+        **kwargs: Any,
+    ) -> OperatorT:
+        """A fresh operator in a fresh DAG object (a new worker process would build it anew), with
+        the arguments the pipeline DAG gives its task (for this test's default conf unless given)."""
+        if conf is None:
+            conf = self.tpu_vm_conf() if dag_id == TPU_VM_DAG_ID else self.gke_conf()
+        arguments = self.task_arguments(dag_id, kwargs["task_id"], conf, run_id)
+        return factory(dag=DAG(dag_id, schedule=None), **{**arguments, **kwargs})
+
     def context(
+        self,
         operator: BaseOperator,
         conf: dict[str, Any],
         *,
-        run_id: str = "manual__2026-03-01T00:00:00+00:00",
+        run_id: str = DEFAULT_RUN_ID,
         start_date: datetime | None = None,
         ti: RecordingTI | None = None,
+        apply_arguments: bool = True,
     ) -> Context:
-        """What the operators read from an Airflow context, with a recording task instance."""
+        """What the operators read from an Airflow context, with a recording task instance.
+
+        As rendering the DAG's templates would, the operator's arguments are set from ``conf``
+        (``apply_arguments=False``: the test renders the operator's own templates instead).
+        """
+        if apply_arguments:
+            for name, value in self.task_arguments(operator.dag_id, operator.task_id, conf, run_id).items():
+                setattr(operator, name, value)
         started = start_date or datetime.now(UTC)
         values = {
             "params": dict(conf),
@@ -262,6 +296,8 @@ def enter_sandbox(sandbox: SandboxInfo, tmp_path: Path, monkeypatch: pytest.Monk
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("TPU_RL_SANDBOX_STEP_SECONDS", STEP_SECONDS)
     monkeypatch.setenv("AIRFLOW__TPU_RL__POLL_INTERVAL", POLL_INTERVAL)
+    # The job operators' `deferrable` default; a test that waits in the worker says so.
+    monkeypatch.setenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", "True")
     # Work dirs, job HOMEs and temp files of this test stay under its tmp_path.
     work_dir = tmp_path / "work"
     work_dir.mkdir()
@@ -273,11 +309,11 @@ def enter_sandbox(sandbox: SandboxInfo, tmp_path: Path, monkeypatch: pytest.Monk
 # -- pipeline steps shared by the tests ---------------------------------------------------------
 def prepare_cluster(run: SandboxRun, conf: dict[str, Any], **context_kwargs: Any) -> dict[str, Any]:
     """ensure_bucket → deploy_cluster → sync_hf_token, as the GKE DAG runs them; the deploy's result."""
-    bucket = run.operator(EnsureBucketOperator, task_id="ensure_bucket", pipeline="gke")
+    bucket = run.operator(EnsureBucketOperator, task_id="ensure_bucket")
     bucket.execute(run.context(bucket, conf, **context_kwargs))
     deploy = run.operator(GclusterDeployOperator, task_id="deploy_cluster")
     deployed: dict[str, Any] = deploy.execute(run.context(deploy, conf, **context_kwargs))
-    token = run.operator(HfTokenSecretOperator, task_id="sync_hf_token", pipeline="gke")
+    token = run.operator(HfTokenSecretOperator, task_id="sync_hf_token")
     token.execute(run.context(token, conf, **context_kwargs))
     return deployed
 
@@ -295,7 +331,7 @@ def run_job_operator(
 
 def convert_checkpoint(run: SandboxRun, conf: dict[str, Any], **context_kwargs: Any) -> dict[str, Any]:
     """The HF→MaxText conversion job, run to completion."""
-    convert = run.operator(MaxTextConvertOperator, task_id="convert_to_maxtext", direction="to_maxtext")
+    convert = run.operator(MaxTextConvertOperator, task_id="convert_to_maxtext")
     return run_job_operator(run, convert, conf, **context_kwargs)
 
 

@@ -31,7 +31,7 @@ CONVERTED = "gemma4-26b/max-text-format/"
 
 
 def _convert_op(sb: SandboxRun, **kwargs: Any) -> MaxTextConvertOperator:
-    return sb.operator(MaxTextConvertOperator, task_id="convert_to_maxtext", direction="to_maxtext", **kwargs)
+    return sb.operator(MaxTextConvertOperator, task_id="convert_to_maxtext", **kwargs)
 
 
 def _train_op(sb: SandboxRun, **kwargs: Any) -> PathwaysRLTrainOperator:

@@ -42,7 +42,7 @@ def _destroy(sb: SandboxRun, conf: dict[str, Any]) -> dict[str, Any]:
 
 
 def _ensure_bucket(sb: SandboxRun, conf: dict[str, Any]) -> None:
-    bucket = sb.operator(EnsureBucketOperator, task_id="ensure_bucket", pipeline="gke")
+    bucket = sb.operator(EnsureBucketOperator, task_id="ensure_bucket")
     bucket.execute(sb.context(bucket, conf, run_id=RUN_ID))
 
 
@@ -113,7 +113,19 @@ def test_deploy_writes_the_blueprint_labels_and_the_resource_record(sb: SandboxR
         "name": sb.cluster,
         "dag_id": "tpu_rl_gke_pipeline",
         "run_id": RUN_ID,
-        "conf": conf,
+        "cluster": {
+            "project": sb.project,
+            "region": conf["region"],
+            "zone": conf["zone"],
+            "cluster_name": sb.cluster,
+            "bucket": sb.bucket,
+            "reservation": conf["reservation"],
+            "compute_type": "ct6e-standard-4t",
+            "topology": "4x8",
+            "num_slices": 1,
+            "authorized_cidr": "0.0.0.0/0",
+        },
+        "model": conf["model"],
         "expires_at": expires,
         "keep": False,
     }

@@ -45,7 +45,7 @@ def test_janitor_finds_and_destroys_expired_and_orphaned_resources_but_never_the
 ) -> None:
     expired, orphan, kept = f"{sb.cluster}x", f"{sb.cluster}o", f"{sb.cluster}k"
     vm_expired, vm_orphan = f"{sb.vm}x", f"{sb.vm}o"
-    bucket = sb.operator(EnsureBucketOperator, task_id="ensure_bucket", pipeline="gke")
+    bucket = sb.operator(EnsureBucketOperator, task_id="ensure_bucket")
     bucket.execute(sb.context(bucket, sb.gke_conf()))
     now_start = datetime.now(UTC)
     _deploy(sb, expired, "manual__expired", LONG_AGO, max_cluster_hours=1)
@@ -113,7 +113,7 @@ def test_janitor_finds_and_destroys_expired_and_orphaned_resources_but_never_the
 def test_destroying_a_cluster_without_a_record_is_refused(sb: SandboxRun) -> None:
     """Without its record the janitor cannot rebuild the deployment: it says so instead of guessing."""
     resource = ManagedResource("cluster", f"{sb.cluster}n", sb.project, "us-east5", 1, sb.bucket)
-    bucket = sb.operator(EnsureBucketOperator, task_id="ensure_bucket", pipeline="gke")
+    bucket = sb.operator(EnsureBucketOperator, task_id="ensure_bucket")
     bucket.execute(sb.context(bucket, sb.gke_conf()))
 
     with pytest.raises(AirflowException, match="no record") as refused:

@@ -43,8 +43,8 @@ def _delete_calls(sb: SandboxRun) -> list[dict[str, Any]]:
 def test_the_whole_vm_pipeline_leaves_checkpoint_and_export_in_gcs(sb: SandboxRun) -> None:
     conf = sb.tpu_vm_conf()
     pipeline = tpu_vm_pipeline_from_conf(conf, run_id=RUN_ID)
-    _execute(sb, EnsureBucketOperator, conf, task_id="ensure_bucket", pipeline="tpu_vm")
-    _execute(sb, HfTokenSecretOperator, conf, task_id="sync_hf_token", pipeline="tpu_vm")
+    _execute(sb, EnsureBucketOperator, conf, task_id="ensure_bucket")
+    _execute(sb, HfTokenSecretOperator, conf, task_id="sync_hf_token")
 
     assert _execute(sb, TpuVmCreateOperator, conf, task_id="create_vm") == sb.vm
 
@@ -118,7 +118,7 @@ def test_deleting_a_vm_that_does_not_exist_succeeds(sb: SandboxRun) -> None:
 
 def test_create_reuses_the_vm_of_the_same_run(sb: SandboxRun) -> None:
     conf = sb.tpu_vm_conf()
-    _execute(sb, EnsureBucketOperator, conf, task_id="ensure_bucket", pipeline="tpu_vm")
+    _execute(sb, EnsureBucketOperator, conf, task_id="ensure_bucket")
     _execute(sb, TpuVmCreateOperator, conf, task_id="create_vm")
     created = sb.state("vms")[f"{sb.project}/{conf['zone']}/{sb.vm}"]["created"]
 
@@ -131,7 +131,7 @@ def test_create_reuses_the_vm_of_the_same_run(sb: SandboxRun) -> None:
 
 def test_keep_vm_leaves_it_running(sb: SandboxRun) -> None:
     conf = sb.tpu_vm_conf(keep_vm=True)
-    _execute(sb, EnsureBucketOperator, conf, task_id="ensure_bucket", pipeline="tpu_vm")
+    _execute(sb, EnsureBucketOperator, conf, task_id="ensure_bucket")
     _execute(sb, TpuVmCreateOperator, conf, task_id="create_vm")
 
     result = _execute(sb, TpuVmDeleteOperator, conf, task_id="delete_vm")

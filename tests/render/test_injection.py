@@ -44,7 +44,22 @@ def _shell_strings_gke(conf: dict[str, Any]) -> list[str] | None:
     gke_plan(pipeline)  # every command renders
     return [
         c.argv[-4].removeprefix("--command=")
-        for c in (gke.conversion_job(pipeline), gke.training_job(pipeline), gke.export_job(pipeline))
+        for c in (
+            gke.conversion_job(
+                pipeline.job_target, pipeline.convert_job, pipeline.conversion, pipeline.token_resource
+            ),
+            gke.training_job(
+                pipeline.job_target,
+                pipeline.train_job,
+                pipeline.preset,
+                pipeline.training,
+                pipeline.token_resource,
+                pipeline.pathways_gcs_location,
+            ),
+            gke.export_job(
+                pipeline.job_target, pipeline.export_job, pipeline.export, pipeline.token_resource
+            ),
+        )
     ]
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_tpu_rl.render.shell import hf_token_from_secret_manager
 from tpu_rl_sandbox.control import SandboxInfo
 from tpu_rl_sandbox.emulator import api_for
 from tpu_rl_sandbox.fake_gcloud import Gcloud
@@ -199,8 +200,8 @@ class Cluster:
         return f"projects/{self.project}/secrets/{self.secret}/versions/latest"
 
     def token_export(self) -> str:
-        """The Secret Manager read the lead's renderer puts in front of MaxText."""
-        return f"export HF_TOKEN=\"$(python3 -c 'import sys; print(sys.argv[1])' {self.secret_ref})\""
+        """The Secret Manager read the renderer puts in front of MaxText (runs for real in the pod)."""
+        return hf_token_from_secret_manager(self.secret_ref)
 
 
 @pytest.fixture

@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 
-from tpu_rl_sandbox.state import read_calls
 from tests.sandbox.conftest import Cli, Cluster, deploy_args
+from tpu_rl_sandbox.state import read_calls
 
 
 def test_bucket_create_is_not_idempotent_and_describe_reports_it(cli: Cli, names: dict[str, str]) -> None:

@@ -8,6 +8,7 @@ import struct
 import threading
 from pathlib import Path
 
+from airflow_provider_tpu_rl.render.shell import hf_token_from_secret_manager
 from tests.sandbox.conftest import Cli, Cluster, job_status, submit_args, wait_for
 
 CONVERT = (
@@ -39,6 +40,11 @@ PATHWAYS = [
     "--env",
     "GRPC_DNS_RESOLVER=native",
 ]
+
+
+def read_secret_python(resource: str) -> str:
+    """The ``python3 -c ...`` part of the renderer's Secret Manager read."""
+    return hf_token_from_secret_manager(resource).split("=", 1)[1].split(") && export", 1)[0][2:]
 
 
 def convert(cli: Cli, cluster: Cluster, name: str = "qwen-hf-to-mt") -> None:
@@ -227,18 +233,26 @@ def test_token_must_come_from_an_existing_secret(cli: Cli, cluster: Cluster) -> 
     result = cli.gcluster(*submit_args("token-inline", inline, "--await-job-completion", "--restarts", "0"))
     assert result.code == 1
     assert "hf_access_token= was passed on the command line" in logs(cli, "token-inline")
-    missing_secret = CONVERT.format(
-        token=f"export HF_TOKEN=\"$(python3 -c 'print(1)' projects/{cluster.project}/secrets/nope/versions/latest)\"",
-        bucket=cluster.bucket,
-    )
+    nope = f"projects/{cluster.project}/secrets/nope/versions/latest"
+    # The renderer's form: the failed read stops the && chain before MaxText starts.
+    missing_secret = CONVERT.format(token=hf_token_from_secret_manager(nope), bucket=cluster.bucket)
     result = cli.gcluster(
         *submit_args("token-missing", missing_secret, "--await-job-completion", "--restarts", "0")
     )
     assert result.code == 1
     text = logs(cli, "token-missing")
-    assert "404 Secret [projects/" in text
-    assert "secrets/nope] not found" in text
-    assert "GatedRepoError: 401" in text  # export succeeded with an empty token; MaxText then fails
+    assert (
+        "requests.exceptions.HTTPError: 404 Client Error: Not Found for url: "
+        f"https://secretmanager.googleapis.com/v1/{nope}:access"
+    ) in text
+    assert "Loading Hugging Face model" not in text
+    # `export VAR="$(...)"` hides the failure: MaxText starts with an empty token and fails.
+    masked = CONVERT.format(token=f'export HF_TOKEN="$({read_secret_python(nope)})"', bucket=cluster.bucket)
+    result = cli.gcluster(*submit_args("token-masked", masked, "--await-job-completion", "--restarts", "0"))
+    assert result.code == 1
+    text = logs(cli, "token-masked")
+    assert "404 Client Error" in text
+    assert "GatedRepoError: 401" in text
 
 
 def test_writes_need_a_storage_role_for_the_node_pool_account(cli: Cli, names: dict[str, str]) -> None:
@@ -251,7 +265,7 @@ def test_writes_need_a_storage_role_for_the_node_pool_account(cli: Cli, names: d
     assert (
         cli.gcloud("secrets", "create", "hf", f"--project={project}", "--data-file=-", stdin=b"v").code == 0
     )
-    token = f'export HF_TOKEN="$(python3 -c x projects/{project}/secrets/hf/versions/latest)"'
+    token = hf_token_from_secret_manager(f"projects/{project}/secrets/hf/versions/latest")
     command = CONVERT.format(token=token, bucket=bucket)
     result = cli.gcluster(
         *submit_args(

@@ -15,6 +15,7 @@ from airflow.providers.common.compat.sdk import (
     TaskDeferred,
 )
 
+from airflow_provider_tpu_rl.exceptions import ConfigurationError
 from airflow_provider_tpu_rl.links import GCSBrowserLink
 from airflow_provider_tpu_rl.sensors.checkpoint import HuggingFaceExportSensor, MaxTextCheckpointSensor
 from airflow_provider_tpu_rl.triggers.gcs_checkpoint import HuggingFaceExportTrigger, MaxTextCheckpointTrigger
@@ -173,6 +174,19 @@ def test_execute_complete() -> None:
 def test_template_fields() -> None:
     assert {"checkpoint_root", "step"} <= set(MaxTextCheckpointSensor.template_fields)
     assert "export_uri" in HuggingFaceExportSensor.template_fields
+
+
+def test_a_bad_step_is_a_configuration_error_that_execute_makes_fatal() -> None:
+    """The helper raises the provider's ConfigurationError; the sensor (an operator) fails for good."""
+    sensor = MaxTextCheckpointSensor(task_id="s", checkpoint_root="gs://b/r/", step="fifty")
+
+    with pytest.raises(ConfigurationError, match="step must be an integer") as raised:
+        sensor.poke(make_context())
+    assert not isinstance(raised.value, AirflowFailException)
+    for deferrable in (True, False):
+        sensor.deferrable = deferrable
+        with pytest.raises(AirflowFailException, match="step must be an integer"):
+            sensor.execute(make_context())
 
 
 def test_sensor_rejects_empty_items() -> None:

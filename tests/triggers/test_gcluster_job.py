@@ -85,6 +85,7 @@ async def test_success_relays_new_log_lines_once(tools):
             "job_name": JOB,
             "state": "Succeeded",
             "message": f"job {JOB} succeeded at 2026-04-03T12:30:00Z",
+            "fatal": False,
             "log_lines": 3,
             "expect_final_checkpoint": "gs://b/qwen3-30b-a3b/trained/rl/checkpoints/actor/50/",
             "metrics": None,
@@ -194,7 +195,18 @@ async def test_config_error_ends_with_error_at_once(tools):
     events = await run_to_end(make_trigger()[0])
     assert [e["status"] for e in events] == ["error"]
     assert "cluster name is required" in events[0]["message"]
+    assert events[0]["fatal"] is True  # a non-retryable CommandError: the operator need not retry
     assert len(calls_of(tools, "list")) == 1
+
+
+async def test_a_configuration_error_of_the_hook_ends_with_a_fatal_error(tools, monkeypatch):
+    conn = {"conn_type": "gcluster", "extra": {"gcluster_path": str(tools.bin_dir / "no-such-gcluster")}}
+    monkeypatch.setenv("AIRFLOW_CONN_GCLUSTER_TRIGGER_TEST", json.dumps(conn))
+    events = await run_to_end(make_trigger()[0])
+    assert [(e["status"], e["fatal"]) for e in events] == [("error", True)]
+    assert "ConfigurationError" in events[0]["message"]
+    assert "not an executable file" in events[0]["message"]
+    assert calls_of(tools, "list") == []
 
 
 async def test_transient_list_errors_are_retried_then_recover(tools):
@@ -206,12 +218,26 @@ async def test_transient_list_errors_are_retried_then_recover(tools):
     )  # fmt: skip
     events = await run_to_end(make_trigger(log_follow=False)[0])
     assert [e["status"] for e in events] == ["success"]
+    assert events[0]["fatal"] is False
+
+
+async def test_unparsable_list_output_is_retried_like_a_transient_error(tools):
+    tools.respond(
+        {"match": ["job", "list"], "sequence": [
+            {"steps": [["out", "something that is not a job table"]]},
+            {"steps": listing(row("Succeeded", "2026-04-03T12:30:00Z"))},
+        ]},
+    )  # fmt: skip
+    events = await run_to_end(make_trigger(log_follow=False)[0])
+    assert [e["status"] for e in events] == ["success"]
+    assert len(calls_of(tools, "list")) == 2
 
 
 async def test_too_many_transient_errors_end_with_error(tools):
     tools.respond({"match": ["job", "list"], "steps": [["err", "dial tcp: i/o timeout"]], "exit": 1})
     events = await run_to_end(make_trigger(max_consecutive_errors=2)[0])
     assert [e["status"] for e in events] == ["error"]
+    assert events[0]["fatal"] is False  # it may pass: the operator's retries may still help
     assert len(calls_of(tools, "list")) == 2
 
 

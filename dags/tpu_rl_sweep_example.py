@@ -1,0 +1,116 @@
+"""Example: a DAG written by hand from the provider's operators — a learning-rate sweep.
+
+Deploy one cluster, convert the model once, train two runs with different ``learning_rate`` on
+that cluster, wait for both final checkpoints, export both, and tear the cluster down. Every
+argument is a plain, templated operator argument; nothing here depends on the pipeline DAGs.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from airflow.providers.common.compat.sdk import DAG, Param
+
+from airflow_provider_tpu_rl.operators.gke import (
+    EnsureBucketOperator,
+    GclusterDeployOperator,
+    GclusterDestroyOperator,
+    HfTokenSecretOperator,
+)
+from airflow_provider_tpu_rl.operators.maxtext import (
+    MaxTextConvertOperator,
+    MaxTextExportOperator,
+    PathwaysRLTrainOperator,
+)
+from airflow_provider_tpu_rl.sensors.checkpoint import HuggingFaceExportSensor, MaxTextCheckpointSensor
+
+MODEL = "qwen3-30b-a3b"
+LEARNING_RATES = {"a": 3e-6, "b": 1e-6}
+
+with DAG(
+    dag_id="tpu_rl_sweep_example",
+    description="Example: one cluster, two GRPO runs with different learning rates, both exported.",
+    schedule=None,
+    catchup=False,
+    tags=["tpu-rl", "example"],
+    params={
+        "project": Param("my-tpu-project", type="string", description="Set this to your GCP project."),
+        "region": Param("us-east5", type="string"),
+        "zone": Param("us-east5-b", type="string"),
+        "bucket": Param("my-tpu-rl-bucket", type="string", description="Set this to your bucket."),
+        "cluster_name": Param("tpu-rl-sweep", type="string", maxLength=20),
+        "reservation": Param("", type="string"),
+        "num_batches": Param(50, type="integer", minimum=1),
+        "sweep": Param("sweep", type="string", description="Prefix of the two runs' run_name."),
+    },
+    render_template_as_native_obj=True,
+    default_args={"owner": "tpu-rl", "retries": 0},
+) as dag:
+    where = {"project_id": "{{ params.project }}", "location": "{{ params.region }}"}
+    cluster = {
+        **where,
+        "zone": "{{ params.zone }}",
+        "cluster_name": "{{ params.cluster_name }}",
+        "bucket": "{{ params.bucket }}",
+        "reservation": "{{ params.reservation }}",
+        "model": MODEL,
+    }
+    job = {
+        **where,
+        "cluster_name": "{{ params.cluster_name }}",
+        "bucket": "{{ params.bucket }}",
+        "model": MODEL,
+    }
+
+    bucket = EnsureBucketOperator(task_id="ensure_bucket", **where, bucket="{{ params.bucket }}")
+    deploy = GclusterDeployOperator(task_id="deploy_cluster", **cluster)
+    token = HfTokenSecretOperator(
+        task_id="sync_hf_token",
+        project_id="{{ params.project }}",
+        reader_service_accounts=[
+            "{{ params.cluster_name }}-gke-wl-sa@{{ params.project }}.iam.gserviceaccount.com",
+            "{{ params.cluster_name }}-gke-np-sa@{{ params.project }}.iam.gserviceaccount.com",
+        ],
+    )
+    convert = MaxTextConvertOperator(task_id="convert_to_maxtext", deferrable=True, **job)
+    destroy = GclusterDestroyOperator(task_id="destroy_cluster", **cluster).as_teardown(
+        setups=[bucket, deploy]
+    )
+    bucket >> deploy >> token >> convert
+    for key, learning_rate in LEARNING_RATES.items():
+        run_name = "{{ params.sweep }}-lr-" + key
+        train = PathwaysRLTrainOperator(
+            task_id=f"train_{key}",
+            deferrable=True,
+            run_name=run_name,
+            num_batches="{{ params.num_batches }}",
+            train_overrides={"learning_rate": learning_rate},
+            **job,
+        )
+        wait_checkpoint = MaxTextCheckpointSensor(
+            task_id=f"wait_checkpoint_{key}",
+            checkpoint_root="gs://{{ params.bucket }}/"
+            + MODEL
+            + "/trained/"
+            + run_name
+            + "/checkpoints/actor/",
+            step="{{ params.num_batches }}",
+            deferrable=True,
+            poke_interval=30,
+            timeout=timedelta(hours=2).total_seconds(),
+        )
+        export = MaxTextExportOperator(
+            task_id=f"export_{key}",
+            deferrable=True,
+            run_name=run_name,
+            checkpoint_step="{{ params.num_batches }}",
+            **job,
+        )
+        wait_export = HuggingFaceExportSensor(
+            task_id=f"wait_export_{key}",
+            export_uri="gs://{{ params.bucket }}/" + MODEL + "/hf-trained/" + run_name + "/",
+            deferrable=True,
+            poke_interval=30,
+            timeout=timedelta(hours=1).total_seconds(),
+        )
+        convert >> train >> wait_checkpoint >> export >> wait_export >> destroy

@@ -1,0 +1,153 @@
+"""What a DAG file pulls in at parse time: nothing heavier than the operator classes.
+
+Each module a DAG file imports (directly or through the operators) is imported in a FRESH
+interpreter, under ``tests/dags/parse_guard.py`` (sockets refuse to connect, process spawns are
+recorded), and the interpreter's ``sys.modules`` must then hold none of the heavy client libraries:
+those are imported inside ``execute``, the hook methods or a trigger's ``run``.
+
+To cover more, add to :data:`PARSE_TIME_MODULES`: a dotted module name is imported, a path ending
+in ``.py`` (relative to the repository root, e.g. ``dags/tpu_rl_gke_pipeline.py``) is parsed with
+``DagBag`` as the DAG processor would.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PARSE_GUARD = ROOT / "tests" / "dags" / "parse_guard.py"
+
+# Modules imported while a DAG file is parsed (or DAG files, as paths ending in .py).
+PARSE_TIME_MODULES: list[str] = [
+    "airflow_provider_tpu_rl.sensors.checkpoint",
+    "airflow_provider_tpu_rl.triggers.gcs_checkpoint",
+    "airflow_provider_tpu_rl.triggers.gcluster_job",
+    "airflow_provider_tpu_rl.links",
+    "airflow_provider_tpu_rl.hooks.gcluster",
+    "airflow_provider_tpu_rl.hooks.hf_token",
+    "airflow_provider_tpu_rl.ledger",
+    "airflow_provider_tpu_rl.ledger.hook",
+    "airflow_provider_tpu_rl.ledger.collect",
+]
+
+# Must not be in sys.modules after importing one of the modules above.
+FORBIDDEN_AT_PARSE: tuple[str, ...] = (
+    "airflow.providers.google.cloud.hooks.gcs",
+    "google.cloud.storage",
+    "googleapiclient",
+    "kubernetes",
+    "aiohttp",
+    "google.cloud.bigquery",
+    "google.cloud.secretmanager",
+    "airflow.providers.google.cloud.hooks.secret_manager",
+    "airflow.providers.sqlite.hooks.sqlite",
+    "airflow.providers.common.sql.hooks.sql",
+)
+
+# Runs in the fresh interpreter: load the parse guard (it patches socket and Popen on import), then
+# import the module and report what it left in sys.modules.
+PROBE = """
+import importlib, json, sys, time
+sys.path.insert(0, sys.argv[1])
+import parse_guard
+module, forbidden = sys.argv[2], json.loads(sys.argv[3])
+import_errors = {}
+started = time.perf_counter()
+if module.endswith(".py"):
+    from airflow.dag_processing.dagbag import DagBag
+    import_errors = {k: str(v)[-2000:] for k, v in DagBag(dag_folder=module).import_errors.items()}
+else:
+    importlib.import_module(module)
+seconds = time.perf_counter() - started
+print(json.dumps({
+    "import_errors": import_errors,
+    "loaded": [name for name in forbidden if name in sys.modules],
+    "attempts": parse_guard.attempts,
+    "spawned": parse_guard.spawned,
+    "seconds": seconds,
+}))
+"""
+
+# croniter calls platform.architecture(), which runs `file -b <python>`: not a cloud call.
+ALLOWED_SPAWNS = ("file",)
+
+
+def probe_imports(
+    module: str, forbidden: Sequence[str] = FORBIDDEN_AT_PARSE, home: Path | None = None
+) -> dict[str, Any]:
+    """Import ``module`` in a fresh guarded interpreter; what it loaded, connected to and spawned."""
+    env = {**os.environ, "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "PYTHONDONTWRITEBYTECODE": "1"}
+    if home is not None:
+        env["AIRFLOW_HOME"] = str(home)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, str(PARSE_GUARD.parent), module, json.dumps(list(forbidden))],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, f"importing {module} failed:\n{done.stderr[-3000:]}"
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["import_errors"] == {}, f"{module} did not parse: {result['import_errors']}"
+    return result
+
+
+@pytest.fixture(scope="module")
+def probes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """Every module of :data:`PARSE_TIME_MODULES`, probed two at a time."""
+    home = tmp_path_factory.mktemp("airflow-home")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = pool.map(lambda module: probe_imports(module, home=home), PARSE_TIME_MODULES)
+        return dict(zip(PARSE_TIME_MODULES, results, strict=True))
+
+
+@pytest.mark.parametrize("module", PARSE_TIME_MODULES)
+def test_parse_time_module_imports_no_heavy_client(module: str, probes: dict[str, dict[str, Any]]) -> None:
+    result = probes[module]
+    assert result["loaded"] == [], (
+        f"importing {module} loads {result['loaded']} ({result['seconds']:.2f}s): import them inside "
+        "execute / the hook method / the trigger's run, and use TYPE_CHECKING for annotations"
+    )
+
+
+@pytest.mark.parametrize("module", PARSE_TIME_MODULES)
+def test_parse_time_module_neither_connects_nor_spawns(
+    module: str, probes: dict[str, dict[str, Any]]
+) -> None:
+    result = probes[module]
+    assert result["attempts"] == []
+    assert [argv for argv in result["spawned"] if Path(argv[0]).name not in ALLOWED_SPAWNS] == []
+
+
+def test_the_forbidden_modules_are_installed_so_the_check_means_something() -> None:
+    for name in FORBIDDEN_AT_PARSE:
+        assert importlib.util.find_spec(name) is not None, f"{name} is not installed"
+
+
+def test_the_probe_sees_a_heavy_import(tmp_path: Path) -> None:
+    result = probe_imports("airflow.providers.google.cloud.hooks.gcs", home=tmp_path)
+    assert {"airflow.providers.google.cloud.hooks.gcs", "google.cloud.storage"} <= set(result["loaded"])
+
+
+def test_the_probe_parses_a_dag_file_given_as_a_path(tmp_path: Path) -> None:
+    dag_file = tmp_path / "heavy_dag.py"
+    dag_file.write_text(
+        "from datetime import datetime\n"
+        "from airflow.providers.common.compat.sdk import DAG\n"
+        "from airflow.providers.google.cloud.sensors.gcs import GCSObjectExistenceSensor\n"
+        "with DAG('heavy', schedule=None, start_date=datetime(2026, 1, 1)):\n"
+        "    GCSObjectExistenceSensor(task_id='wait', bucket='b', object='o')\n"
+    )
+    result = probe_imports(str(dag_file), home=tmp_path)
+    assert "google.cloud.storage" in result["loaded"]
