@@ -69,8 +69,8 @@ def get_provider_info() -> dict[str, Any]:
                 "description": "Settings of the TPU RL provider.",
                 "options": {
                     "poll_interval": {
-                        "description": "Seconds between polls of gcluster job state and of GCS "
-                        "checkpoints by the deferred tasks.",
+                        "description": "Seconds between polls of gcluster job state by the job operators "
+                        "and their trigger (the GCS sensors use their own poke_interval).",
                         "version_added": "0.1.0",
                         "type": "float",
                         "example": "30",

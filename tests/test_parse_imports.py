@@ -38,6 +38,16 @@ PARSE_TIME_MODULES: list[str] = [
     "airflow_provider_tpu_rl.ledger",
     "airflow_provider_tpu_rl.ledger.hook",
     "airflow_provider_tpu_rl.ledger.collect",
+    "airflow_provider_tpu_rl.operators.gke",
+    "airflow_provider_tpu_rl.operators.maxtext",
+    "airflow_provider_tpu_rl.operators.tpu_vm",
+    "airflow_provider_tpu_rl.operators.janitor",
+    "airflow_provider_tpu_rl.operators.pipeline",
+    "airflow_provider_tpu_rl.pipeline_dags",
+    "dags/tpu_rl_gke_pipeline.py",
+    "dags/tpu_rl_tpu_vm_pipeline.py",
+    "dags/tpu_rl_janitor.py",
+    "dags/tpu_rl_sweep_example.py",
 ]
 
 # Must not be in sys.modules after importing one of the modules above.

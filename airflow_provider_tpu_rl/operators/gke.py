@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.providers.common.compat.sdk import Context
 
+from airflow_provider_tpu_rl.exceptions import ConfigurationError
 from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, expiry_of_run, fail_fast
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.render.blueprint import BLUEPRINT_RELPATH, customize_blueprint
@@ -198,7 +199,13 @@ def write_blueprint(
 ) -> None:
     """Customise the bundle's blueprint (structured YAML edits) into ``workdir``."""
     os.makedirs(workdir, exist_ok=True)
-    base = (hook.bundle_dir() / BLUEPRINT_RELPATH).read_text()
+    source = hook.bundle_dir() / BLUEPRINT_RELPATH
+    if not source.is_file():
+        raise ConfigurationError(
+            f"no blueprint {BLUEPRINT_RELPATH} in the Cluster Toolkit bundle {source.parents[2]}; "
+            "set the gcluster connection's bundle_dir to the folder that holds examples/"
+        )
+    base = source.read_text()
     Path(gke.blueprint_path(workdir)).write_text(customize_blueprint(base, cluster.blueprint, labels))
 
 

@@ -14,8 +14,6 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from airflow.providers.common.compat.sdk import AirflowException
-from airflow.providers.google.cloud.hooks.gcs import GCSHook
-from google.api_core.exceptions import NotFound
 
 from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
 from airflow_provider_tpu_rl.operators.gke import cluster_spec, destroy_cluster
@@ -88,6 +86,9 @@ def read_record(gcp_conn_id: str, bucket: str | None, name: str) -> dict[str, An
     """The resource record the creating task wrote, or None."""
     if not bucket:
         return None
+    from airflow.providers.google.cloud.hooks.gcs import GCSHook
+    from google.api_core.exceptions import NotFound
+
     try:
         raw = GCSHook(gcp_conn_id=gcp_conn_id).download(
             bucket_name=bucket, object_name=gke.resource_record_object(name)

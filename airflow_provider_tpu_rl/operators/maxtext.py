@@ -353,9 +353,10 @@ class _GclusterJobOperator(GclusterBaseOperator):
             raise AirflowFailException(
                 f"job {name} did not finish within {self.job_timeout}; it was cancelled"
             )
-        raise AirflowException(
-            f"job {name} {status or 'ended'}: {event.get('message', '')} (state {event.get('state')})"
-        )
+        message = f"job {name} {status or 'ended'}: {event.get('message', '')} (state {event.get('state')})"
+        if event.get("fatal"):  # the trigger met an error a retry cannot fix (connection, tool)
+            raise AirflowFailException(message)
+        raise AirflowException(message)
 
     def after_success(self, plan: JobPlan, event: dict[str, Any]) -> dict[str, Any]:
         return {}

@@ -1,7 +1,7 @@
 """Model presets: exactly the values of the tutorials, keyed by MaxText ``model_name``.
 
 Every value can be overridden: cluster values through the pipeline params, MaxText keys through
-``train_overrides``. The tutorials' text is in ``shared/seeds``; tests/golden compares against it.
+``train_overrides``. tests/golden/tutorials holds the tutorials' command text and compares against it.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ class GclusterJobTrigger(BaseTrigger):
 
     The event payload: ``status`` (``success`` | ``failed`` | ``error`` | ``missing`` | ``timeout``), ``job_name``,
     ``state`` (last seen JobSet status or ``None``), ``message``, ``log_lines`` (workload log lines
-    relayed), ``expect_final_checkpoint`` (passed through for the operator) and ``fatal``: true for
+    relayed) and ``fatal``: true for
     an ``error`` a retry cannot fix (a bad connection or tool, a non-retryable ``gcluster job list``
     failure; list failures that may pass are retried up to ``max_consecutive_errors`` times first).
     A job that is absent from the list (its JobSet garbage-collected after
@@ -51,7 +51,6 @@ class GclusterJobTrigger(BaseTrigger):
         location: str | None,
         gcluster_conn_id: str = GclusterHook.default_conn_name,
         poll_interval: float = 60.0,
-        expect_final_checkpoint: str | None = None,
         log_follow: bool = True,
         missing_confirmations: int = 2,
         max_consecutive_errors: int = 5,
@@ -66,7 +65,6 @@ class GclusterJobTrigger(BaseTrigger):
         self.location = location
         self.gcluster_conn_id = gcluster_conn_id
         self.poll_interval = poll_interval
-        self.expect_final_checkpoint = expect_final_checkpoint
         self.log_follow = log_follow
         self.missing_confirmations = max(1, missing_confirmations)
         self.max_consecutive_errors = max(1, max_consecutive_errors)
@@ -90,7 +88,6 @@ class GclusterJobTrigger(BaseTrigger):
                 "location": self.location,
                 "gcluster_conn_id": self.gcluster_conn_id,
                 "poll_interval": self.poll_interval,
-                "expect_final_checkpoint": self.expect_final_checkpoint,
                 "log_follow": self.log_follow,
                 "missing_confirmations": self.missing_confirmations,
                 "max_consecutive_errors": self.max_consecutive_errors,
@@ -114,7 +111,6 @@ class GclusterJobTrigger(BaseTrigger):
                 "message": message,
                 "fatal": fatal,
                 "log_lines": self._log_count,
-                "expect_final_checkpoint": self.expect_final_checkpoint,
                 "metrics": self._tracker.metrics() if self.total_steps is not None else None,
             }
         )

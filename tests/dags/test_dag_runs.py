@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-import airflow_provider_tpu_rl
+import tpu_rl_sandbox
 from tests.dags.conftest import DAGS_DIR, GKE_DAG_ID
 
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))
-BUNDLE = Path(airflow_provider_tpu_rl.__file__).parent / "sandbox" / "bundle"
+BUNDLE = Path(tpu_rl_sandbox.__file__).parent / "bundle"
 WORK_TASKS = (
     "ensure_bucket|deploy_cluster|sync_hf_token|convert_to_maxtext|wait_.*|train|export_to_huggingface"
 )

@@ -11,8 +11,15 @@ import pytest
 from airflow.models.dagrun import DagRun
 from airflow.providers.common.compat.sdk import TriggerRule
 
-from airflow_provider_tpu_rl.operators.pipeline import validate_pipeline_conf
+from airflow_provider_tpu_rl.cli import build_plan
+from airflow_provider_tpu_rl.operators.pipeline import (
+    gke_task_arguments,
+    tpu_vm_task_arguments,
+    validate_pipeline_conf,
+)
+from airflow_provider_tpu_rl.pipeline_dags import xcom
 from airflow_provider_tpu_rl.spec import GKE_DEFAULTS, TPU_VM_DEFAULTS
+from airflow_provider_tpu_rl.spec.pipeline import GKE_TASK_ORDER, TPU_VM_TASK_ORDER
 from tests.dags.conftest import GKE_DAG_ID, PIPELINE_DAG_IDS, TPU_VM_DAG_ID
 
 
@@ -166,33 +173,48 @@ def test_retries_only_where_a_failure_can_be_transient(pipeline: tuple[Any, Shap
         assert timedelta(0) < task.retry_delay < task.max_retry_delay, task_id
 
 
-def test_operators_read_the_run_params_and_are_deferrable(pipeline: tuple[Any, Shape]) -> None:
-    dag, _ = pipeline
+def test_the_task_order_is_the_one_the_spec_writes(pipeline: tuple[Any, Shape]) -> None:
+    """DAG, plan and this test read one order (GKE_TASK_ORDER / TPU_VM_TASK_ORDER)."""
+    dag, shape = pipeline
+    order = GKE_TASK_ORDER if dag.dag_id == GKE_DAG_ID else TPU_VM_TASK_ORDER
+    assert shape.order == order
+    plan_tasks = [step["task_id"] for step in build_plan(dag.dag_id, None)["steps"]]
+    assert plan_tasks == sorted(plan_tasks, key=order.index)
+
+
+def test_operators_take_every_value_from_validate_and_jobs_defer(pipeline: tuple[Any, Shape]) -> None:
+    dag, shape = pipeline
+    arguments = (gke_task_arguments if dag.dag_id == GKE_DAG_ID else tpu_vm_task_arguments)(xcom)
+    assert set(arguments) == set(shape.order) - {"validate", "record_run"} - {
+        t for t in shape.order if t.startswith("wait_")
+    }
+    for task_id, expected in arguments.items():
+        task = dag.get_task(task_id)
+        for name, template in expected.items():
+            assert getattr(task, name) == template, (task_id, name)
+            if isinstance(template, str) and "{{" in template:
+                assert name in task.template_fields, (task_id, name)
     for task in dag.tasks:
-        if hasattr(task, "pipeline_conf"):
-            assert task.pipeline_conf is None, task.task_id
         if task.task_id.startswith("wait_") or (
             dag.dag_id == GKE_DAG_ID
             and task.task_id in {"train", "convert_to_maxtext", "export_to_huggingface"}
         ):
             assert task.deferrable is True, task.task_id
-    kind = "gke" if dag.dag_id == GKE_DAG_ID else "tpu_vm"
-    assert dag.get_task("ensure_bucket").pipeline_kind == kind
-    assert dag.get_task("sync_hf_token").pipeline_kind == kind
     if dag.dag_id == GKE_DAG_ID:
-        assert dag.get_task("convert_to_maxtext").direction == "to_maxtext"
-        assert dag.get_task("export_to_huggingface").direction == "to_huggingface"
-    else:
-        stages = {
-            t: dag.get_task(t).stage
-            for t in ("install_maxtext", "convert_to_maxtext", "train", "export_to_huggingface")
-        }
-        assert stages == {
-            "install_maxtext": "install",
-            "convert_to_maxtext": "convert",
-            "train": "train",
-            "export_to_huggingface": "export",
-        }
+        assert type(dag.get_task("convert_to_maxtext")).__name__ == "MaxTextConvertOperator"
+        assert type(dag.get_task("export_to_huggingface")).__name__ == "MaxTextExportOperator"
+
+
+def test_every_operator_argument_renders_to_validates_value(pipeline: tuple[Any, Shape]) -> None:
+    """Rendered against validate's real output, each argument is the resolved value (native types)."""
+    dag, shape = pipeline
+    derived = validate_pipeline_conf(dag.dag_id, "manual__1", {}, dict(shape.defaults))
+    arguments = (gke_task_arguments if dag.dag_id == GKE_DAG_ID else tpu_vm_task_arguments)(
+        derived.__getitem__
+    )
+    for task_id, values in arguments.items():
+        for name, value in values.items():
+            assert render(dag, task_id, name, derived) == value, (task_id, name)
 
 
 class ValidateXCom:

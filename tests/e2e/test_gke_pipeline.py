@@ -76,7 +76,8 @@ def happy(world: E2EWorld) -> DagRunResult:
     Slower simulated steps (0.4 s) so the job trigger surely sees the training job Running and
     follows its log: a job that goes Suspended -> Succeeded between two polls is never followed,
     and the end-of-job snapshot (kubectl's last 10 lines) misses the "Pre RL Training" reward
-    (a known bug of triggers/gcluster_job.py, see the report; not what this scenario is about).
+    (a known limit of triggers/gcluster_job.py, pinned by a strict xfail in tests/operators/test_training_metrics.py; not what
+    this scenario is about).
     """
     return world.run_dag(
         GKE_DAG_ID,

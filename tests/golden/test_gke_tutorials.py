@@ -7,6 +7,7 @@ import pytest
 
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.render.blueprint import customize_blueprint
+from airflow_provider_tpu_rl.render.plan import gke_plan
 from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
 from airflow_provider_tpu_rl.spec.presets import OPENMATH_DATASET, POST_TRAINING_IMAGE
 from tests.golden.shellwords import commands, flags, module_args, python_c_snippets
@@ -81,9 +82,8 @@ def test_job_matches_tutorial(case: str, stage: str, module: str) -> None:
     spec = CASES[case]
     pipeline = _pipeline(spec["model"])
     (tutorial,) = commands(f"{spec['prefix']}_{stage}.sh", _values(spec["model"]))
-    rendered = {"convert": gke.conversion_job, "train": gke.training_job, "export": gke.export_job}[stage](
-        pipeline
-    )
+    task_id = {"convert": "convert_to_maxtext", "train": "train", "export": "export_to_huggingface"}[stage]
+    rendered = [step.command for step in gke_plan(pipeline) if step.task_id == task_id][-1]
     want, got = _submit(tutorial), _submit(rendered.argv)
 
     # Job name: the tutorial's name plus a run suffix, at most 28 characters.

@@ -65,8 +65,13 @@ def test_the_whole_vm_pipeline_leaves_checkpoint_and_export_in_gcs(sb: SandboxRu
 
     stages: dict[str, dict[str, Any]] = {}
     with capture_logs() as logs:
-        for stage in ("install", "convert", "train", "export"):
-            stages[stage] = _execute(sb, TpuVmStageOperator, conf, task_id=stage, stage=stage)
+        for stage, task_id in (
+            ("install", "install_maxtext"),
+            ("convert", "convert_to_maxtext"),
+            ("train", "train"),
+            ("export", "export_to_huggingface"),
+        ):
+            stages[stage] = _execute(sb, TpuVmStageOperator, conf, task_id=task_id)
     output = "\n".join(str(entry.get("event")) for entry in logs)
 
     # Training: the rewards reported are those MaxText printed over SSH.

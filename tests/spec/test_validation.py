@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_tpu_rl.spec import (
+    GKE_DAG_ID,
     ClusterSpec,
     SliceShape,
     SpecError,
@@ -14,6 +15,7 @@ from airflow_provider_tpu_rl.spec import (
     job_name,
     tpu_vm_pipeline_from_conf,
 )
+from airflow_provider_tpu_rl.spec.pipeline import job_suffix
 
 BAD_GKE_CONF: list[tuple[dict[str, Any], str, str]] = [
     ({"cluster_name": "Qwen"}, "cluster_name", "lowercase letter"),
@@ -166,11 +168,12 @@ def test_job_names_are_stable_per_run_and_differ_between_runs() -> None:
     b = gke_pipeline_from_conf({}, run_id="manual__2")
     assert a1.train_job == a2.train_job
     assert a1.train_job != b.train_job
-    assert {a1.convert_job, a1.train_job, a1.export_job} == {
-        "qwen-hf-to-mt-" + a1.suffix,
-        "qwen-rl-" + a1.suffix,
-        "qwen-mt-to-hf-" + a1.suffix,
-    }
+    names = (a1.convert_job, a1.train_job, a1.export_job)
+    prefixes = ("qwen-hf-to-mt-", "qwen-rl-", "qwen-mt-to-hf-")
+    assert all(name.startswith(prefix) for name, prefix in zip(names, prefixes, strict=True))
+    # The suffix is of the run and the task: two jobs of one run never share it.
+    assert len({name.rsplit("-", 1)[1] for name in names}) == 3
+    assert a1.train_job == job_name("qwen-rl", job_suffix(GKE_DAG_ID, "manual__1", "train"))
 
 
 def test_cluster_spec_can_be_built_directly() -> None:
