@@ -71,6 +71,16 @@ def transient_retries() -> dict[str, Any]:
 Value = Callable[[str], Any]
 
 
+def _hf_token_arguments(value: Value) -> dict[str, Any]:
+    return {
+        "project_id": value("project"),
+        "hf_token_conn_id": value("hf_token_conn_id"),
+        "hf_token_secret": value("hf_token_secret"),
+        "sync_from_connection": value("sync_hf_token"),
+        "reader_service_accounts": value("secret_readers"),
+    }
+
+
 def gke_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
     """The arguments of each ``tpu_rl_gke_pipeline`` operator, named by task id.
 
@@ -104,13 +114,7 @@ def gke_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
     return {
         "ensure_bucket": scope,
         "deploy_cluster": cluster,
-        "sync_hf_token": {
-            "project_id": value("project"),
-            "hf_token_conn_id": value("hf_token_conn_id"),
-            "hf_token_secret": value("hf_token_secret"),
-            "sync_from_connection": value("sync_hf_token"),
-            "reader_service_accounts": value("secret_readers"),
-        },
+        "sync_hf_token": _hf_token_arguments(value),
         "convert_to_maxtext": {**job, "hf_model_path": value("hf_model_path")},
         "train": {
             **job,
@@ -152,13 +156,7 @@ def tpu_vm_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
             "location": value("region"),
             "bucket": value("bucket"),
         },
-        "sync_hf_token": {
-            "project_id": value("project"),
-            "hf_token_conn_id": value("hf_token_conn_id"),
-            "hf_token_secret": value("hf_token_secret"),
-            "sync_from_connection": value("sync_hf_token"),
-            "reader_service_accounts": value("secret_readers"),
-        },
+        "sync_hf_token": _hf_token_arguments(value),
         "create_vm": {
             **vm,
             "reservation": value("reservation"),

@@ -358,13 +358,7 @@ class GkePipelineSpec:
             "num_slices": c.num_slices,
             "authorized_cidr": c.authorized_cidr,
             "image": self.image,
-            "hf_model_path": self.conversion.hf_model_path,
-            "run_name": t.run_name,
-            "num_batches": t.num_batches,
-            "train_overrides": user_overrides(self.preset, t),
-            "hf_token_conn_id": self.hf_token.conn_id,
-            "hf_token_secret": self.hf_token.secret_id,
-            "sync_hf_token": self.hf_token.sync_from_connection,
+            **workload_values(self.preset, self.conversion, t, self.hf_token),
             "secret_readers": [c.workload_service_account, c.node_pool_service_account],
             "keep_cluster": self.keep_cluster,
             "delete_bucket": self.delete_bucket,
@@ -377,6 +371,21 @@ class GkePipelineSpec:
             "export_uri": self.export.output_directory,
             "jobs": {"convert": self.convert_job, "train": self.train_job, "export": self.export_job},
         }
+
+
+def workload_values(
+    preset: ModelPreset, conversion: ConversionSpec, training: TrainingSpec, token: HfTokenSpec
+) -> dict[str, Any]:
+    """The resolved workload values both pipelines share."""
+    return {
+        "hf_model_path": conversion.hf_model_path,
+        "run_name": training.run_name,
+        "num_batches": training.num_batches,
+        "train_overrides": user_overrides(preset, training),
+        "hf_token_conn_id": token.conn_id,
+        "hf_token_secret": token.secret_id,
+        "sync_hf_token": token.sync_from_connection,
+    }
 
 
 def user_overrides(preset: ModelPreset, training: TrainingSpec) -> dict[str, str]:
@@ -506,13 +515,7 @@ class TpuVmPipelineSpec:
             "bucket": v.bucket,
             "reservation": v.reservation,
             "service_account": self.service_account,
-            "hf_model_path": self.conversion.hf_model_path,
-            "run_name": t.run_name,
-            "num_batches": t.num_batches,
-            "train_overrides": user_overrides(self.preset, t),
-            "hf_token_conn_id": self.hf_token.conn_id,
-            "hf_token_secret": self.hf_token.secret_id,
-            "sync_hf_token": self.hf_token.sync_from_connection,
+            **workload_values(self.preset, self.conversion, t, self.hf_token),
             "secret_readers": [self.service_account] if self.service_account else [],
             "keep_vm": self.keep_vm,
             "delete_bucket": self.delete_bucket,

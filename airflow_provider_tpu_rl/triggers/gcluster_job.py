@@ -20,6 +20,7 @@ from airflow_provider_tpu_rl.render import gke
 SEEN_LINES_KEPT = 2000  # recent workload lines kept to de-duplicate log snapshots
 FOLLOW_DRAIN_SECONDS = 10.0
 MAX_FOLLOW_STARTS = 20  # a follow that ends while the job runs is started again, this many times
+MIN_FOLLOW_SECONDS = 1.0  # a follow that ended sooner did not follow running pods: no early poll
 
 
 class GclusterJobTrigger(BaseTrigger):
@@ -74,6 +75,7 @@ class GclusterJobTrigger(BaseTrigger):
         self._tracker = TrainingLogTracker()
         self._follower: asyncio.Task[None] | None = None
         self._follow_starts = 0
+        self._follow_started_at = 0.0
         self._follow_failed = False
         self._seen_log: list[str] = []
         self._log_count = 0
@@ -185,6 +187,17 @@ class GclusterJobTrigger(BaseTrigger):
             with contextlib.suppress(asyncio.CancelledError):
                 await follower
 
+    async def _pause(self) -> None:
+        """Wait ``poll_interval`` before the next poll; less when a log follow that really followed
+        ends, since ``logs --follow`` returns when the pods end: the job's end is seen at once."""
+        started = time.monotonic()
+        follower = self._follower
+        if follower is not None and not follower.done():
+            await asyncio.wait({follower}, timeout=self.poll_interval)
+            if follower.done() and time.monotonic() - self._follow_started_at >= MIN_FOLLOW_SECONDS:
+                return
+        await asyncio.sleep(max(0.0, self.poll_interval - (time.monotonic() - started)))
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
         hook = self._hook()
         try:
@@ -199,6 +212,7 @@ class GclusterJobTrigger(BaseTrigger):
                     ):
                         # A follow of pods not yet running returns at once: start it again later.
                         self._follow_starts += 1
+                        self._follow_started_at = time.monotonic()
                         self._follower = asyncio.create_task(self._follow_logs(hook))
                     continue
                 await self._stop_following(self._follower)
@@ -297,4 +311,4 @@ class GclusterJobTrigger(BaseTrigger):
                     f"job {self.job_name} still {getattr(last_state, 'value', 'absent')} at its deadline",
                 )
                 return
-            await asyncio.sleep(self.poll_interval)
+            await self._pause()

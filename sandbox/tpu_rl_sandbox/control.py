@@ -24,6 +24,7 @@ from pathlib import Path
 from tpu_rl_sandbox import emulator
 from tpu_rl_sandbox.gcluster_jobs import kill_all_workers
 from tpu_rl_sandbox.layout import SANDBOX_DIR_ENV, SandboxLayout, default_root
+from tpu_rl_sandbox.state import CALL_START_ENV
 
 SANDBOX_PROJECT = "sandbox-project"
 HF_SANDBOX_TOKEN = "hf_sandbox_not_a_real_token"
@@ -64,6 +65,9 @@ def _shim_text(root: Path, module: str) -> str:
         f"export {SANDBOX_DIR_ENV}\n"
         f"PYTHONPATH={shlex.quote(str(package_parent))}${{PYTHONPATH:+:$PYTHONPATH}}\n"
         "export PYTHONPATH\n"
+        # When the caller started this call, so calls.jsonl times include the interpreter's start-up.
+        f"{CALL_START_ENV}=$(date +%s.%N)\n"
+        f"export {CALL_START_ENV}\n"
         f'exec {shlex.quote(sys.executable)} -m tpu_rl_sandbox.{module} "$@"\n'
     )
 

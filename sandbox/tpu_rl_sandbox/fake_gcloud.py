@@ -40,6 +40,7 @@ from tpu_rl_sandbox.state import (
     FaultGate,
     StateError,
     StateStore,
+    call_start,
     parse_faults,
     record_call,
 )
@@ -1015,7 +1016,7 @@ class Gcloud:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the fake ``gcloud``; records the call in ``<root>/calls.jsonl``."""
     args = list(sys.argv[1:] if argv is None else argv)
-    start = time.time()
+    start = call_start(os.environ, time.time())
     env = dict(os.environ)
     try:
         layout = layout_from_env(env)

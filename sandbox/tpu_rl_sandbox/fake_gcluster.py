@@ -41,6 +41,7 @@ from tpu_rl_sandbox.state import (
     FaultGate,
     StateError,
     StateStore,
+    call_start,
     parse_faults,
     record_call,
 )
@@ -398,7 +399,7 @@ class Gcluster:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the fake ``gcluster``; records the call in ``<root>/calls.jsonl``."""
     args = list(sys.argv[1:] if argv is None else argv)
-    start = time.time()
+    start = call_start(os.environ, time.time())
     env = dict(os.environ)
     try:
         layout = layout_from_env(env)

@@ -157,6 +157,23 @@ def reset_faults(layout: SandboxLayout) -> None:
 
 
 # -- call log ---------------------------------------------------------------------------
+CALL_START_ENV = "TPU_RL_SANDBOX_CALL_START"
+_CALL_START_SLACK = 60.0
+
+
+def call_start(env: Mapping[str, str], now: float) -> float:
+    """When the shim started this call (``$TPU_RL_SANDBOX_CALL_START``), else ``now``.
+
+    A value inherited from an older call (a fake run by a fake) is not this call's: only a stamp
+    from the last minute, not in the future, counts.
+    """
+    try:
+        stamp = float(env.get(CALL_START_ENV, ""))
+    except ValueError:
+        return now
+    return stamp if now - _CALL_START_SLACK <= stamp <= now else now
+
+
 def record_call(
     layout: SandboxLayout,
     tool: str,

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +130,41 @@ async def test_training_trigger_parses_metrics_and_logs_progress(tools):
     assert metrics["completed"] is True
     assert f"[{JOB}] progress: step 2/2" in logger.messages
     assert GclusterJobTrigger(**trigger.serialize()[1]).total_steps == 2
+
+
+async def test_the_end_of_a_followed_log_brings_the_next_poll_forward(tools):
+    """`logs --follow` returns when the pods end: the trigger polls then, not a poll interval later."""
+    tools.respond(
+        {"match": ["job", "list"], "sequence": [
+            {"steps": listing(row("Running"))},
+            {"steps": listing(row("Succeeded", "2026-04-03T12:30:00Z"))},
+        ]},
+        {"match": ["job", "logs", "--follow"], "steps": [["sleep", 1.5], ["err", "RL Training Completed Successfully!"]]},
+        {"match": ["job", "logs"], "steps": []},
+    )  # fmt: skip
+    trigger, _ = make_trigger(poll_interval=60.0)
+    started = time.monotonic()
+    (event,) = await asyncio.wait_for(run_to_end(trigger), timeout=30)
+    assert event["status"] == "success"
+    assert time.monotonic() - started < 30  # with a 60 s poll interval: woken by the follow's end
+    assert len(calls_of(tools, "list")) == 2
+
+
+async def test_a_follow_that_returns_at_once_does_not_speed_up_polling(tools):
+    """Pods not running yet: the follow ends at once, and the trigger still waits its interval."""
+    tools.respond(
+        {"match": ["job", "list"], "sequence": [
+            {"steps": listing(row("Suspended"))},
+            {"steps": listing(row("Succeeded", "2026-04-03T12:30:00Z"))},
+        ]},
+        {"match": ["job", "logs", "--follow"], "steps": [["err", "no pods yet"]]},
+        {"match": ["job", "logs"], "steps": []},
+    )  # fmt: skip
+    trigger, _ = make_trigger(poll_interval=2.0)
+    started = time.monotonic()
+    (event,) = await run_to_end(trigger)
+    assert event["status"] == "success"
+    assert time.monotonic() - started >= 2.0
 
 
 async def test_failed_job(tools):

@@ -1,0 +1,31 @@
+"""The benchmark's arithmetic: simulated cloud work is the union of jobs and fake-CLI calls."""
+
+from __future__ import annotations
+
+import pytest
+
+from tpu_rl_sandbox.bench import union_seconds
+from tpu_rl_sandbox.state import CALL_START_ENV, call_start
+
+
+@pytest.mark.parametrize(
+    ("intervals", "seconds"),
+    [
+        ([], 0.0),
+        ([(0.0, 1.0)], 1.0),
+        ([(0.0, 1.0), (2.0, 3.5)], 2.5),
+        ([(0.0, 2.0), (1.0, 3.0)], 3.0),  # overlapping: counted once
+        ([(0.0, 10.0), (2.0, 3.0), (4.0, 5.0)], 10.0),  # calls during a job add nothing
+        ([(5.0, 6.0), (0.0, 1.0)], 2.0),  # order does not matter
+    ],
+)
+def test_union_seconds(intervals: list[tuple[float, float]], seconds: float) -> None:
+    assert union_seconds(intervals) == pytest.approx(seconds)
+
+
+def test_a_call_starts_when_its_shim_started_unless_the_stamp_is_stale() -> None:
+    assert call_start({CALL_START_ENV: "99.5"}, 100.0) == 99.5
+    assert call_start({CALL_START_ENV: "10.0"}, 100.0) == 100.0  # inherited from an older call
+    assert call_start({CALL_START_ENV: "101.0"}, 100.0) == 100.0  # from the future
+    assert call_start({CALL_START_ENV: "x"}, 100.0) == 100.0
+    assert call_start({}, 100.0) == 100.0
