@@ -108,7 +108,8 @@ with DAG(
         )
         wait_export = HuggingFaceExportSensor(
             task_id=f"wait_export_{key}",
-            export_uri="gs://{{ params.bucket }}/" + MODEL + "/hf-trained/" + run_name + "/",
+            bucket="{{ params.bucket }}",
+            prefix=f"{MODEL}/hf-trained/{run_name}/",
             deferrable=True,
             poke_interval=30,
             timeout=timedelta(hours=1).total_seconds(),

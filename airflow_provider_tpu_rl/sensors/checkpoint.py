@@ -92,6 +92,17 @@ def _step_from_template(step: int | str | None) -> int | None:
         raise ConfigurationError(f"step must be an integer or None, got {step!r}") from None
 
 
+def watched_uri(field: str, uri: str | None, bucket: str | None, prefix: str | None) -> str:
+    """``gs://`` folder a sensor watches: ``uri``, or ``bucket`` and ``prefix`` (not both forms)."""
+    if uri and bucket:
+        raise ConfigurationError(f"give either {field} or bucket (and prefix), not both")
+    if uri:
+        return str(uri)
+    if not bucket:
+        raise ConfigurationError(f"{field} or bucket is required")
+    return f"gs://{str(bucket).removeprefix('gs://').strip('/')}/{str(prefix or '').lstrip('/')}"
+
+
 class _DeferrableGCSSensor(BaseSensorOperator):
     """Shared execute/execute_complete of the two sensors."""
 
@@ -125,7 +136,8 @@ class _DeferrableGCSSensor(BaseSensorOperator):
     def execute(self, context: Context) -> Any:
         """Poke once (or in a worker loop when not deferrable), then defer to the trigger.
 
-        A :class:`ConfigurationError` (a bad ``step``) fails the task without retries.
+        A :class:`ConfigurationError` (a bad ``step``, ``items`` or location) fails the task without
+        retries.
         """
         try:
             return self._execute(context)
@@ -164,6 +176,8 @@ class MaxTextCheckpointSensor(_DeferrableGCSSensor):
     :param checkpoint_root: ``gs://`` folder holding step folders: the RL trainer's
         ``gs://B/M/trained/<run_name>/checkpoints/actor/`` or ``to_maxtext``'s ``gs://B/M/max-text-format/``
         (with ``step=0, items=("items",)``).
+    :param bucket: instead of ``checkpoint_root``: the bucket (without ``gs://``) ...
+    :param prefix: ... and the folder in it.
     :param step: step to wait for; None waits for any complete step and returns the latest.
     :param items: item folders the step must hold.
     :param gcp_conn_id: Google Cloud connection.
@@ -172,13 +186,23 @@ class MaxTextCheckpointSensor(_DeferrableGCSSensor):
     :param poke_interval: seconds between polls.
     """
 
-    template_fields: Sequence[str] = ("checkpoint_root", "step", "items", "impersonation_chain")
+    template_fields: Sequence[str] = (
+        "checkpoint_root",
+        "bucket",
+        "prefix",
+        "step",
+        "items",
+        "gcp_conn_id",
+        "impersonation_chain",
+    )
     ui_color = "#e8f0fe"
 
     def __init__(
         self,
         *,
-        checkpoint_root: str,
+        checkpoint_root: str | None = None,
+        bucket: str | None = None,
+        prefix: str | None = None,
         step: int | str | None = None,
         items: Sequence[str] = RL_CHECKPOINT_ITEMS,
         gcp_conn_id: str = "google_cloud_default",
@@ -194,29 +218,37 @@ class MaxTextCheckpointSensor(_DeferrableGCSSensor):
             poke_interval=poke_interval,
             **kwargs,
         )
-        if not items or isinstance(items, str):
-            raise ValueError("items must be a non-empty sequence of item folder names")
         self.checkpoint_root = checkpoint_root
+        self.bucket = bucket
+        self.prefix = prefix
         self.step = step
-        self.items = tuple(items)
+        self.items = items
 
     def _watched_uri(self) -> str:
-        return self.checkpoint_root
+        return watched_uri("checkpoint_root", self.checkpoint_root, self.bucket, self.prefix)
+
+    def _items(self) -> tuple[str, ...]:
+        if not self.items or isinstance(self.items, str):
+            raise ConfigurationError(
+                f"items must be a non-empty list of item folder names, got {self.items!r}"
+            )
+        return tuple(self.items)
 
     def _trigger(self) -> MaxTextCheckpointTrigger:
         return MaxTextCheckpointTrigger(
-            checkpoint_root=self.checkpoint_root,
+            checkpoint_root=self._watched_uri(),
             step=_step_from_template(self.step),
-            items=tuple(self.items),
+            items=self._items(),
             poke_interval=self.poke_interval,
             gcp_conn_id=self.gcp_conn_id,
             impersonation_chain=self.impersonation_chain,
         )
 
     def poke(self, context: Context) -> bool | PokeReturnValue:
-        bucket, prefix = parse_gs_uri(self.checkpoint_root)
+        root = self._watched_uri()
+        bucket, prefix = parse_gs_uri(root)
         step = _step_from_template(self.step)
-        items = tuple(self.items)
+        items = self._items()
         result = run_probe_sync(self._hook(), bucket, probe_checkpoint(as_folder(prefix), step, items))
         if result.error:
             raise AirflowFailException(result.error)
@@ -228,7 +260,7 @@ class MaxTextCheckpointSensor(_DeferrableGCSSensor):
             self.log.info(
                 "Step %s under %s: %s (missing %s)",
                 result.state.step,
-                self.checkpoint_root,
+                root,
                 result.state.status.value,
                 ", ".join(result.state.missing),
             )
@@ -236,7 +268,7 @@ class MaxTextCheckpointSensor(_DeferrableGCSSensor):
             self.log.info(
                 "No %s under %s yet (steps seen: %s)",
                 f"step {step}" if step is not None else "complete step",
-                self.checkpoint_root,
+                root,
                 {s: state.status.value for s, state in result.states.items()} or "none",
             )
         return False
@@ -246,19 +278,23 @@ class HuggingFaceExportSensor(_DeferrableGCSSensor):
     """Waits until ``export_uri`` holds a complete Hugging Face export (config, all shards, tokenizer).
 
     :param export_uri: ``gs://`` folder ``to_huggingface`` writes to (its ``base_output_directory``).
+    :param bucket: instead of ``export_uri``: the bucket (without ``gs://``) ...
+    :param prefix: ... and the folder in it.
     :param gcp_conn_id: Google Cloud connection.
     :param impersonation_chain: optional service account(s) to impersonate.
     :param deferrable: wait in the triggerer (default) instead of occupying a worker slot.
     :param poke_interval: seconds between polls.
     """
 
-    template_fields: Sequence[str] = ("export_uri", "impersonation_chain")
+    template_fields: Sequence[str] = ("export_uri", "bucket", "prefix", "gcp_conn_id", "impersonation_chain")
     ui_color = "#e8f0fe"
 
     def __init__(
         self,
         *,
-        export_uri: str,
+        export_uri: str | None = None,
+        bucket: str | None = None,
+        prefix: str | None = None,
         gcp_conn_id: str = "google_cloud_default",
         impersonation_chain: str | Sequence[str] | None = None,
         deferrable: bool = True,
@@ -273,20 +309,23 @@ class HuggingFaceExportSensor(_DeferrableGCSSensor):
             **kwargs,
         )
         self.export_uri = export_uri
+        self.bucket = bucket
+        self.prefix = prefix
 
     def _watched_uri(self) -> str:
-        return self.export_uri
+        return watched_uri("export_uri", self.export_uri, self.bucket, self.prefix)
 
     def _trigger(self) -> HuggingFaceExportTrigger:
         return HuggingFaceExportTrigger(
-            export_uri=self.export_uri,
+            export_uri=self._watched_uri(),
             poke_interval=self.poke_interval,
             gcp_conn_id=self.gcp_conn_id,
             impersonation_chain=self.impersonation_chain,
         )
 
     def poke(self, context: Context) -> bool | PokeReturnValue:
-        bucket, prefix = parse_gs_uri(self.export_uri)
+        uri = self._watched_uri()
+        bucket, prefix = parse_gs_uri(uri)
         result = run_probe_sync(self._hook(), bucket, probe_hf_export(as_folder(prefix)))
         if result.error:
             raise AirflowFailException(result.error)
@@ -294,5 +333,5 @@ class HuggingFaceExportSensor(_DeferrableGCSSensor):
             return PokeReturnValue(
                 is_done=True, xcom_value=export_event_payload(bucket, as_folder(prefix), result.status)
             )
-        self.log.info("Export %s incomplete; missing: %s", self.export_uri, ", ".join(result.status.missing))
+        self.log.info("Export %s incomplete; missing: %s", uri, ", ".join(result.status.missing))
         return False

@@ -1,4 +1,4 @@
-"""``tpu-rl sandbox up|down|env`` and the emulator helpers."""
+"""``tpu-rl-sandbox up|down|env`` and the emulator helpers."""
 
 from __future__ import annotations
 

@@ -172,8 +172,10 @@ def test_execute_complete() -> None:
 
 
 def test_template_fields() -> None:
-    assert {"checkpoint_root", "step"} <= set(MaxTextCheckpointSensor.template_fields)
-    assert "export_uri" in HuggingFaceExportSensor.template_fields
+    assert {"checkpoint_root", "bucket", "prefix", "step", "items"} <= set(
+        MaxTextCheckpointSensor.template_fields
+    )
+    assert {"export_uri", "bucket", "prefix"} <= set(HuggingFaceExportSensor.template_fields)
 
 
 def test_a_bad_step_is_a_configuration_error_that_execute_makes_fatal() -> None:
@@ -189,11 +191,35 @@ def test_a_bad_step_is_a_configuration_error_that_execute_makes_fatal() -> None:
             sensor.execute(make_context())
 
 
-def test_sensor_rejects_empty_items() -> None:
-    with pytest.raises(ValueError):
-        MaxTextCheckpointSensor(task_id="s", checkpoint_root="gs://b/r/", items=())
-    with pytest.raises(ValueError):
-        MaxTextCheckpointSensor(task_id="s", checkpoint_root="gs://b/r/", items="model_params")
+@pytest.mark.parametrize("items", [(), "model_params"])
+def test_sensor_refuses_bad_items_in_execute_for_good(items: Any) -> None:
+    sensor = MaxTextCheckpointSensor(task_id="s", checkpoint_root="gs://b/r/", items=items)  # built fine
+    with pytest.raises(AirflowFailException, match="items must be a non-empty list"):
+        sensor.execute(make_context())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({}, "checkpoint_root or bucket is required"),
+        ({"checkpoint_root": "gs://b/r/", "bucket": "b"}, "not both"),
+    ],
+)
+def test_sensor_needs_one_location(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(AirflowFailException, match=message):
+        MaxTextCheckpointSensor(task_id="s", **kwargs).execute(make_context())
+
+
+def test_bucket_and_prefix_name_the_same_folder_as_a_uri(gcs_emulator, actor_root) -> None:
+    gcs_emulator.write_checkpoint_step(actor_root, 50, committed=True)
+    by_uri = checkpoint_sensor(gcs_emulator, actor_root, step=50).poke(make_context())
+    by_parts = MaxTextCheckpointSensor(
+        task_id="s", bucket=gcs_emulator.bucket_name, prefix=actor_root, step=50, poke_interval=0
+    ).poke(make_context())
+    assert isinstance(by_uri, PokeReturnValue)
+    assert isinstance(by_parts, PokeReturnValue)
+    assert by_parts.is_done is True
+    assert by_parts.xcom_value == by_uri.xcom_value
 
 
 # --- Hugging Face export ------------------------------------------------------------------------
