@@ -1,0 +1,160 @@
+"""Every gcloud command the renderer can produce, through the real Google Cloud CLI's parser.
+
+With an empty ``CLOUDSDK_CONFIG`` and no account, gcloud parses the whole command line first and
+then fails with "You do not currently have an active account selected"; a wrong command group,
+flag or flag value fails earlier with a parse error. Nothing reaches the network.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_tpu_rl.render import gke, tpu_vm
+from airflow_provider_tpu_rl.render.command import Command
+from airflow_provider_tpu_rl.render.plan import gke_plan, tpu_vm_plan
+from airflow_provider_tpu_rl.spec import PRESETS, Runner, gke_pipeline_from_conf, tpu_vm_pipeline_from_conf
+
+GCLOUD = shutil.which("gcloud")
+pytestmark = pytest.mark.skipif(
+    GCLOUD is None,
+    reason="the Google Cloud CLI is not installed (Debian/Ubuntu: apt-get install google-cloud-cli, "
+    "or see cloud.google.com/sdk/docs/install); this test runs its real argument parser offline",
+)
+NO_ACCOUNT = "You do not currently have an active account selected"
+PARSE_ERROR = re.compile(
+    r"unrecognized arguments|Invalid choice|argument [-\w]+: |expected one argument|is not a valid|"
+    r"must be specified|Bad value|invalid value",
+    re.IGNORECASE,
+)
+PROJECT = "my-proj-123"
+SERVICE_ACCOUNT = f"tpu-vm-sa@{PROJECT}.iam.gserviceaccount.com"
+
+
+def _gcloud(commands: Iterator[tuple[str, Command]]) -> dict[tuple[str, ...], set[str]]:
+    """Unique gcloud argv → the tasks (or callers) that run it."""
+    found: dict[tuple[str, ...], set[str]] = {}
+    for where, command in commands:
+        if command.tool == "gcloud":
+            found.setdefault(tuple(command.argv), set()).add(where)
+    return found
+
+
+def rendered_gcloud_commands() -> dict[tuple[str, ...], set[str]]:
+    """Every gcloud command of both pipelines (all presets, the switches on and off) and the janitor."""
+
+    def all_commands() -> Iterator[tuple[str, Command]]:
+        for model, preset in PRESETS.items():
+            for extra in (
+                {},
+                {"delete_bucket": True, "hf_token_secret": "my-hf-secret", "keep_cluster": True},
+            ):
+                if preset.runner is Runner.GKE:
+                    conf = {
+                        "model": model,
+                        "project": PROJECT,
+                        "bucket": "my-bkt",
+                        "reservation": "res-1",
+                        **extra,
+                    }
+                    yield from ((s.task_id, s.command) for s in gke_plan(gke_pipeline_from_conf(conf)))
+                else:
+                    extra = {k: v for k, v in extra.items() if k != "keep_cluster"}
+                    conf = {
+                        "model": model,
+                        "project": PROJECT,
+                        "bucket": "my-bkt",
+                        "service_account": SERVICE_ACCOUNT,
+                    }
+                    yield from (
+                        (s.task_id, s.command)
+                        for s in tpu_vm_plan(tpu_vm_pipeline_from_conf({**conf, **extra}))
+                    )
+        yield "janitor", gke.list_managed_clusters(PROJECT)
+        yield "janitor", tpu_vm.list_managed_vms(PROJECT)
+        yield "janitor", tpu_vm.delete_vm_named(PROJECT, "us-east5-b", "tpu-rl-vm")
+
+    return _gcloud(all_commands())
+
+
+COMMANDS = rendered_gcloud_commands()
+
+
+@pytest.fixture(scope="module")
+def parsed(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, ...], tuple[int, str]]:
+    """Each command's exit code and output under the real gcloud, no account, HOME in a temp dir."""
+    home = tmp_path_factory.mktemp("home")
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "CLOUDSDK_CONFIG": str(home / "gcloud"),
+        "CLOUDSDK_CORE_DISABLE_PROMPTS": "1",
+        "LANG": "C.UTF-8",
+    }
+
+    def run(argv: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[int, str]]:
+        done = subprocess.run(
+            [str(GCLOUD), *argv[1:]],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            cwd=home,
+        )
+        return argv, (done.returncode, done.stdout + done.stderr)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(pool.map(run, COMMANDS))
+
+
+def test_the_commands_cover_every_gcloud_task() -> None:
+    tasks = set().union(*COMMANDS.values())
+    assert {"ensure_bucket", "deploy_cluster", "sync_hf_token", "convert_to_maxtext", "create_vm"} <= tasks
+    assert {"install_maxtext", "train", "export_to_huggingface", "delete_vm", "janitor"} <= tasks
+    groups = {argv[1] for argv in COMMANDS}
+    assert groups == {"storage", "projects", "secrets", "auth", "compute", "container"}
+
+
+@pytest.mark.parametrize("argv", list(COMMANDS), ids=lambda a: f"{min(COMMANDS[a])}:{' '.join(a[1:4])}")
+def test_real_gcloud_parses_the_command(
+    parsed: dict[tuple[str, ...], tuple[int, str]], argv: tuple[str, ...]
+) -> None:
+    code, output = parsed[argv]
+    assert not PARSE_ERROR.search(output), f"gcloud refused {' '.join(argv)}:\n{output[-2000:]}"
+    # Parsed: it then stops for lack of an account (or, for a local-only command, succeeds).
+    assert code == 0 or NO_ACCOUNT in output, f"{' '.join(argv)} -> {code}:\n{output[-2000:]}"
+
+
+def test_the_parser_refuses_a_wrong_flag(tmp_path: Path) -> None:
+    """The check above can fail: a misspelt flag is a parse error, not an account error."""
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "CLOUDSDK_CONFIG": str(tmp_path / "g")}
+    done = subprocess.run(
+        [
+            str(GCLOUD),
+            "storage",
+            "buckets",
+            "create",
+            "gs://b",
+            f"--project={PROJECT}",
+            "--locationn=us-east5",
+        ],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert PARSE_ERROR.search(output)
+    assert NO_ACCOUNT not in output
