@@ -18,6 +18,25 @@ class BlueprintError(ValueError):
     """The blueprint does not have the shape the edits expect."""
 
 
+class QuotedStr(str):
+    """A string always written in double quotes.
+
+    gcluster reads blueprints with Go's yaml.v3 (YAML 1.2), where a plain ``123e45`` is a float;
+    PyYAML (YAML 1.1) writes it unquoted. A run suffix or an expiry label can look like that.
+    """
+
+    __slots__ = ()
+
+
+class _BlueprintDumper(yaml.SafeDumper):
+    pass
+
+
+_BlueprintDumper.add_representer(
+    QuotedStr, lambda dumper, value: dumper.represent_scalar("tag:yaml.org,2002:str", str(value), style='"')
+)
+
+
 def _modules(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
     groups = doc.get("deployment_groups")
     if not isinstance(groups, list):
@@ -54,5 +73,5 @@ def customize_blueprint(text: str, edits: BlueprintEdits, labels: Mapping[str, s
     if labels:
         merged = dict(doc["vars"].get("labels") or {})
         merged.update(labels)
-        doc["vars"]["labels"] = merged
-    return yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
+        doc["vars"]["labels"] = {key: QuotedStr(value) for key, value in merged.items()}
+    return yaml.dump(doc, Dumper=_BlueprintDumper, sort_keys=False, default_flow_style=False)

@@ -219,3 +219,16 @@ def test_gemma_blueprint_edits_match_tutorial_seds() -> None:
     assert cluster["system_node_pool_machine_type"] == "e2-standard-8"
     assert cluster["system_node_pool_zones"] == ["$(vars.zone)"]
     assert doc["vars"]["labels"] == labels
+
+
+@pytest.mark.parametrize("suffix", ["123e45", "000123", "1e5678", "abcdef"])
+def test_label_values_are_quoted_for_a_yaml_1_2_reader(suffix: str) -> None:
+    """gcluster (Go yaml.v3, YAML 1.2) reads a plain 123e45 as a float, and GCE refuses the label."""
+    import yaml
+
+    labels = {"tpu-rl-run": suffix, "tpu-rl-expires": "1767225600"}
+    text = customize_blueprint(BLUEPRINT, _pipeline("gemma4-26b").cluster.blueprint, labels)
+    for key, value in labels.items():
+        assert f'{key}: "{value}"' in text
+    doc = yaml.safe_load(text)
+    assert {k: doc["vars"]["labels"][k] for k in labels} == labels
