@@ -87,11 +87,9 @@ def rendered_gcloud_commands() -> dict[tuple[str, ...], set[str]]:
 COMMANDS = rendered_gcloud_commands()
 
 
-@pytest.fixture(scope="module")
-def parsed(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, ...], tuple[int, str]]:
-    """Each command's exit code and output under the real gcloud, no account, HOME in a temp dir."""
-    home = tmp_path_factory.mktemp("home")
-    env = {
+def offline_env(home: Path) -> dict[str, str]:
+    """No account, no prompts, gcloud's config and HOME in a temp dir (never the real HOME)."""
+    return {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(home),
         "CLOUDSDK_CONFIG": str(home / "gcloud"),
@@ -99,18 +97,29 @@ def parsed(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, ...], tu
         "LANG": "C.UTF-8",
     }
 
+
+def run_gcloud(argv: tuple[str, ...], home: Path) -> tuple[int, str]:
+    """The real gcloud on ``argv`` (its ``argv[0]`` is the tool name): exit code and output."""
+    done = subprocess.run(
+        [str(GCLOUD), *argv[1:]],
+        env=offline_env(home),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=home,
+    )
+    return done.returncode, done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def parsed(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, ...], tuple[int, str]]:
+    """Each command's exit code and output under the real gcloud, no account, HOME in a temp dir."""
+    home = tmp_path_factory.mktemp("home")
+
     def run(argv: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[int, str]]:
-        done = subprocess.run(
-            [str(GCLOUD), *argv[1:]],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-            cwd=home,
-        )
-        return argv, (done.returncode, done.stdout + done.stderr)
+        return argv, run_gcloud(argv, home)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         return dict(pool.map(run, COMMANDS))
@@ -136,25 +145,10 @@ def test_real_gcloud_parses_the_command(
 
 def test_the_parser_refuses_a_wrong_flag(tmp_path: Path) -> None:
     """The check above can fail: a misspelt flag is a parse error, not an account error."""
-    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "CLOUDSDK_CONFIG": str(tmp_path / "g")}
-    done = subprocess.run(
-        [
-            str(GCLOUD),
-            "storage",
-            "buckets",
-            "create",
-            "gs://b",
-            f"--project={PROJECT}",
-            "--locationn=us-east5",
-        ],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    code, output = run_gcloud(
+        ("gcloud", "storage", "buckets", "create", "gs://b", f"--project={PROJECT}", "--locationn=us-east5"),
+        tmp_path,
     )
-    output = done.stdout + done.stderr
-    assert done.returncode != 0
+    assert code != 0
     assert PARSE_ERROR.search(output)
     assert NO_ACCOUNT not in output
