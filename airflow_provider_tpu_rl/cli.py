@@ -1,9 +1,11 @@
-"""``tpu-rl``: print the plan of a DAG run, read the run ledger."""
+"""``tpu-rl``: print the plan of a DAG run, check the local toolchain, read the run ledger."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -51,6 +53,47 @@ def _run_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+DOCTOR_PURPOSES = ("deploy", "jobs", "tpu_vm", "all")
+
+
+def _logs_to_stderr() -> None:
+    """Send every log record to stderr (warnings, and this provider's install progress), so
+    stdout holds only the doctor's table."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    for name in (None, *logging.root.manager.loggerDict):
+        logger = logging.getLogger(name)
+        for old in list(logger.handlers):
+            logger.removeHandler(old)
+    logging.root.addHandler(handler)
+    logging.root.setLevel(logging.WARNING)
+    logging.getLogger("airflow_provider_tpu_rl").setLevel(logging.INFO)  # "Downloading terraform ..."
+
+
+def _run_doctor(args: argparse.Namespace) -> int:
+    """Print the toolchain table; 0 when every tool of the chosen purposes is OK, 1 otherwise."""
+    # Importing Airflow may configure logging onto stdout: import with stdout redirected, then
+    # send every log record to stderr.
+    with contextlib.redirect_stdout(sys.stderr):
+        from airflow_provider_tpu_rl.exceptions import TpuRlError
+        from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
+        from airflow_provider_tpu_rl.hooks.toolchain import ToolStatus, format_table, purposes_for
+
+        _logs_to_stderr()
+        try:
+            hook = GclusterHook(args.gcluster_conn_id)
+            memo: dict[str, ToolStatus] = {}
+            chains = [
+                hook.toolchain(purpose, install=not args.no_install, memo=memo)
+                for purpose in purposes_for(args.purpose)
+            ]
+        except TpuRlError as err:
+            print(f"tpu-rl doctor: {err}", file=sys.stderr)
+            return 1
+    sys.stdout.write(format_table(chains) + "\n")
+    return 0 if all(chain.ok for chain in chains) else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tpu-rl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -60,6 +103,21 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--run-id", default="manual__plan", help="run id the job-name suffix derives from")
     plan.add_argument("--pretty", action="store_true", help="indent the JSON")
     plan.set_defaults(handler=_run_plan)
+    doctor = sub.add_parser(
+        "doctor",
+        help="check gcluster's toolchain (gcluster, Terraform, Packer, git, gcloud, kubectl, "
+        "gke-gcloud-auth-plugin): version found, where from, what to do; exit 1 when one is missing",
+    )
+    doctor.add_argument(
+        "--gcluster-conn-id", default="gcluster_default", help="the gcluster connection to use"
+    )
+    doctor.add_argument(
+        "--for", dest="purpose", choices=DOCTOR_PURPOSES, default="all", help="which tasks' tools to check"
+    )
+    doctor.add_argument(
+        "--no-install", action="store_true", help="do not download Terraform/Packer/the gcluster bundle"
+    )
+    doctor.set_defaults(handler=_run_doctor)
     try:
         from airflow_provider_tpu_rl.ledger.cli import add_runs_subcommand
     except ImportError:  # pragma: no cover

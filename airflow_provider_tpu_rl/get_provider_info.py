@@ -30,6 +30,7 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": [
                     "airflow_provider_tpu_rl.hooks.gcluster",
                     "airflow_provider_tpu_rl.hooks.hf_token",
+                    "airflow_provider_tpu_rl.hooks.resource_manager",
                 ],
             }
         ],
@@ -39,6 +40,7 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": [
                     "airflow_provider_tpu_rl.operators.gke",
                     "airflow_provider_tpu_rl.operators.maxtext",
+                    "airflow_provider_tpu_rl.operators.preflight",
                     "airflow_provider_tpu_rl.operators.tpu_vm",
                 ],
             }
@@ -83,6 +85,15 @@ def get_provider_info() -> dict[str, Any]:
                         "type": "float",
                         "example": "300",
                         "default": "120",
+                    },
+                    "resource_manager_endpoint": {
+                        "description": "Resource Manager API endpoint the preflight task tests the "
+                        "caller's IAM permissions against (host:port or http://host:port, for an "
+                        "emulator). Empty: the real cloudresourcemanager.googleapis.com.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "http://127.0.0.1:8085",
+                        "default": "",
                     },
                     "retries": {
                         "description": "Retries of the tasks whose failures can be transient.",

@@ -27,6 +27,7 @@ from airflow_provider_tpu_rl.operators.maxtext import (
     PathwaysRLTrainOperator,
 )
 from airflow_provider_tpu_rl.operators.pipeline import gke_task_arguments, transient_retries
+from airflow_provider_tpu_rl.operators.preflight import TpuRlPreflightOperator
 from airflow_provider_tpu_rl.pipeline_dags import (
     CLOUD,
     CLUSTER,
@@ -175,7 +176,9 @@ MaxText→HF export → cluster destroyed.
 control-plane network. *Model & training*: the model preset ({", ".join(GKE_MODELS)}); every value
 left empty comes from the preset, `train_overrides` adds MaxText keys. The form checks each field;
 `validate` then checks the whole conf (zone in region, slice shape, override ranges, unknown keys)
-and fails the run before anything is created or billed.
+and fails the run before anything is created or billed. `preflight` then checks the worker's
+toolchain (Terraform, Packer, git, kubectl, gke-gcloud-auth-plugin), the project's APIs, the
+caller's IAM permissions and the reservation's free capacity, one line per problem.
 
 **Safety switches.**
 - `keep_cluster` (off): on, the cluster survives the run and keeps billing.
@@ -202,6 +205,8 @@ with DAG(
 ) as dag:
     validated = validate_task()
     args = gke_task_arguments(xcom)
+    # Toolchain, APIs, permissions, reservation: one line per problem, before anything exists.
+    TpuRlPreflightOperator(task_id="preflight", **args["preflight"], **TRANSIENT_RETRIES)
     ensure_bucket = EnsureBucketOperator(
         task_id="ensure_bucket", **args["ensure_bucket"], **TRANSIENT_RETRIES
     )

@@ -22,6 +22,7 @@ from airflow_provider_tpu_rl.operators.maxtext import (
     MaxTextExportOperator,
     PathwaysRLTrainOperator,
 )
+from airflow_provider_tpu_rl.operators.preflight import TpuRlPreflightOperator
 from airflow_provider_tpu_rl.sensors.checkpoint import HuggingFaceExportSensor, MaxTextCheckpointSensor
 
 MODEL = "qwen3-30b-a3b"
@@ -62,6 +63,13 @@ with DAG(
         "model": MODEL,
     }
 
+    preflight = TpuRlPreflightOperator(
+        task_id="preflight",
+        runner="gke",
+        project_id="{{ params.project }}",
+        zone="{{ params.zone }}",
+        reservation="{{ params.reservation }}",
+    )
     bucket = EnsureBucketOperator(task_id="ensure_bucket", **where, bucket="{{ params.bucket }}")
     deploy = GclusterDeployOperator(task_id="deploy_cluster", **cluster)
     token = HfTokenSecretOperator(
@@ -76,7 +84,7 @@ with DAG(
     destroy = GclusterDestroyOperator(task_id="destroy_cluster", **cluster).as_teardown(
         setups=[bucket, deploy]
     )
-    bucket >> deploy >> token >> convert
+    preflight >> bucket >> deploy >> token >> convert
     for key, learning_rate in LEARNING_RATES.items():
         run_name = "{{ params.sweep }}-lr-" + key
         train = PathwaysRLTrainOperator(

@@ -17,6 +17,7 @@ from airflow_provider_tpu_rl.ledger.collect import TPU_VM_CLUSTER_TASK_IDS
 from airflow_provider_tpu_rl.ledger.hook import step_callbacks
 from airflow_provider_tpu_rl.operators.gke import EnsureBucketOperator, HfTokenSecretOperator
 from airflow_provider_tpu_rl.operators.pipeline import tpu_vm_task_arguments, transient_retries
+from airflow_provider_tpu_rl.operators.preflight import TpuRlPreflightOperator
 from airflow_provider_tpu_rl.operators.tpu_vm import (
     TpuVmCreateOperator,
     TpuVmDeleteOperator,
@@ -136,7 +137,9 @@ and the sensors wait for those GCS copies.
 **Trigger form.** *Cloud*: project, zone, bucket, reservation, service account. *VM*: its name.
 *Model & training*: the preset, empty values = the preset's, `train_overrides` adds MaxText keys.
 The form checks each field; `validate` then checks the whole conf (unknown keys included) and fails
-the run before the VM is created.
+the run before the VM is created; `preflight` checks the project's APIs, the caller's IAM
+permissions and the reservation, one line per problem. `create_vm` grants the VM's service account
+(the one named, else the project's default compute account) the token secret and the bucket.
 
 **Safety switches.**
 - `keep_vm` (off): on, the VM survives the run and keeps billing.
@@ -162,6 +165,8 @@ with DAG(
 ) as dag:
     validated = validate_task()
     args = tpu_vm_task_arguments(xcom)
+    # Toolchain, APIs, permissions, reservation: one line per problem, before anything exists.
+    TpuRlPreflightOperator(task_id="preflight", **args["preflight"], **TRANSIENT_RETRIES)
     ensure_bucket = EnsureBucketOperator(
         task_id="ensure_bucket", **args["ensure_bucket"], **TRANSIENT_RETRIES
     )

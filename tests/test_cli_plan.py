@@ -27,6 +27,7 @@ def test_gke_plan_lists_every_step_in_order(capsys: pytest.CaptureFixture[str]) 
     assert plan["dag_id"] == "tpu_rl_gke_pipeline"
     task_ids = [s["task_id"] for s in plan["steps"]]
     order = [
+        "preflight",
         "ensure_bucket",
         "deploy_cluster",
         "sync_hf_token",

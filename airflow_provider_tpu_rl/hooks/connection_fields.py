@@ -10,6 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 CLUSTER_TOOLKIT_DEFAULT_VERSION = "v1.103.0"
+# cluster-toolkit pkg/dependencies/checksums_generated.go (TerraformVersion, PackerVersion); the
+# pinned checksums live in hooks/toolchain.py, which imports these.
+TERRAFORM_DEFAULT_VERSION = "1.12.2"
+PACKER_DEFAULT_VERSION = "1.15.0"
 
 _STRING = ["string", "null"]
 
@@ -59,12 +63,60 @@ GCLUSTER_CONN_FIELDS: dict[str, dict[str, Any]] = {
         "description": "Base URL of the release assets (a mirror); <base>/<version>/<asset>.",
         "schema": {"type": _STRING},
     },
+    "terraform_version": {
+        "label": "Terraform version",
+        "description": (
+            "Minimum Terraform taken from PATH, and the version installed into the cache otherwise "
+            "(default: what the pinned gcluster requires)."
+        ),
+        "schema": {"type": _STRING, "default": TERRAFORM_DEFAULT_VERSION},
+    },
+    "terraform_sha256": {
+        "label": "Terraform zip SHA-256",
+        "description": (
+            "SHA-256 of terraform_<version>_<os>_<arch>.zip, or a JSON object keyed linux_amd64 etc.; "
+            "needed only for a non-default terraform_version."
+        ),
+        "schema": {"type": _STRING},
+    },
+    "packer_version": {
+        "label": "Packer version",
+        "description": "The Packer installed into the cache when none is on PATH.",
+        "schema": {"type": _STRING, "default": PACKER_DEFAULT_VERSION},
+    },
+    "packer_sha256": {
+        "label": "Packer zip SHA-256",
+        "description": (
+            "SHA-256 of packer_<version>_<os>_<arch>.zip, or a JSON object keyed linux_amd64 etc.; "
+            "needed only for a non-default packer_version."
+        ),
+        "schema": {"type": _STRING},
+    },
+    "hashicorp_base_url": {
+        "label": "HashiCorp releases URL",
+        "description": "Base URL for Terraform/Packer zips (a mirror); <base>/<tool>/<version>/<zip>.",
+        "schema": {"type": _STRING},
+    },
+    "install_tools": {
+        "label": "Install Terraform/Packer",
+        "description": (
+            "true (default): download the pinned, checksum-verified Terraform/Packer into the cache "
+            "when PATH lacks them; false: only use what is on PATH."
+        ),
+        "schema": {"type": ["boolean", "null"], "default": True},
+    },
 }
 
 GCLUSTER_UI_FIELD_BEHAVIOUR: dict[str, Any] = {
     "hidden-fields": ["host", "schema", "login", "password", "port"],
     "relabeling": {},
-    "placeholders": {"version": CLUSTER_TOOLKIT_DEFAULT_VERSION, "project": "my-gcp-project"},
+    "placeholders": {
+        "version": CLUSTER_TOOLKIT_DEFAULT_VERSION,
+        "project": "my-gcp-project",
+        "terraform_version": TERRAFORM_DEFAULT_VERSION,
+        "packer_version": PACKER_DEFAULT_VERSION,
+        "install_tools": "true",
+    },
 }
 
 HUGGINGFACE_CONN_FIELDS: dict[str, dict[str, Any]] = {
@@ -106,12 +158,14 @@ def legacy_form_widgets(fields: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """wtforms fields for Airflow < 3.2 (needs flask-appbuilder; ImportError otherwise)."""
     from flask_appbuilder.fieldwidgets import BS3PasswordFieldWidget, BS3TextFieldWidget
     from flask_babel import lazy_gettext
-    from wtforms import PasswordField, StringField
+    from wtforms import BooleanField, PasswordField, StringField
 
     widgets: dict[str, Any] = {}
     for name, spec in fields.items():
         label = lazy_gettext(spec["label"])
-        if spec["schema"].get("format") == "password":
+        if "boolean" in spec["schema"]["type"]:
+            widgets[name] = BooleanField(label, default=spec["schema"].get("default"))
+        elif spec["schema"].get("format") == "password":
             widgets[name] = PasswordField(label, widget=BS3PasswordFieldWidget())
         else:
             widgets[name] = StringField(

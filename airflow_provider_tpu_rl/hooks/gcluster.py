@@ -31,11 +31,18 @@ from airflow_provider_tpu_rl.exceptions import (
     FailureKind,
     OutputParseError,
 )
-from airflow_provider_tpu_rl.hooks.bundle import default_cache_dir, ensure_bundle
+from airflow_provider_tpu_rl.hooks.bundle import (
+    bundle_root,
+    current_platform,
+    default_cache_dir,
+    ensure_bundle,
+)
 from airflow_provider_tpu_rl.hooks.connection_fields import (
     CLUSTER_TOOLKIT_DEFAULT_VERSION,
     GCLUSTER_CONN_FIELDS,
     GCLUSTER_UI_FIELD_BEHAVIOUR,
+    PACKER_DEFAULT_VERSION,
+    TERRAFORM_DEFAULT_VERSION,
     legacy_field_behaviour,
     legacy_form_widgets,
 )
@@ -51,9 +58,17 @@ from airflow_provider_tpu_rl.hooks.process import (
     PreparedProcess,
     Redactor,
     SyncProcess,
+    minimal_env,
     prepare_process,
     run_async,
     run_sync,
+)
+from airflow_provider_tpu_rl.hooks.toolchain import (
+    PURPOSES,
+    Toolchain,
+    ToolStatus,
+    resolve_toolchain,
+    reverify,
 )
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.render.command import Command
@@ -68,12 +83,44 @@ __all__ = [
     "GclusterJob",
     "JobState",
     "OutputParseError",
+    "Toolchain",
     "classify_failure",
 ]
 
 TOOLS = ("gcluster", "gcloud")
 ERROR_TAIL_LINES = 25
 JOB_QUERY_TIMEOUT = 300.0
+# gcluster subcommands that run Terraform (cmd/dependencies.go checks terraform+packer before
+# deploy/destroy/export-outputs; create is here too because the destroy task runs it right before
+# destroy) and the ones that need kubectl + gke-gcloud-auth-plugin (cmd/job/prereq.go).
+DEPLOY_SUBCOMMANDS = frozenset({"deploy", "create", "destroy", "export-outputs"})
+JOB_SUBCOMMAND = "job"
+_TRUE = frozenset({"true", "1", "yes", "on"})
+_FALSE = frozenset({"false", "0", "no", "off", ""})
+
+
+def _sha_setting(name: str, value: Any) -> Any:
+    """A sha256 extra: a string, a mapping, or form text holding a JSON object."""
+    if isinstance(value, str) and value.lstrip().startswith("{"):
+        try:
+            value = json.loads(value)
+        except ValueError as err:
+            raise ConfigurationError(f"gcluster connection: {name} is not a JSON object: {err}") from err
+    if value is not None and not isinstance(value, str | Mapping):
+        raise ConfigurationError(f"gcluster connection: {name} must be a string or an object of strings")
+    return value
+
+
+def command_purpose(command: Command) -> str | None:
+    """The toolchain a gcluster command needs: ``deploy``, ``jobs`` or ``None``."""
+    if command.tool != "gcluster":
+        return None
+    sub = next((a for a in command.argv[1:] if not a.startswith("-")), None)
+    if sub in DEPLOY_SUBCOMMANDS:
+        return "deploy"
+    if sub == JOB_SUBCOMMAND:
+        return "jobs"
+    return None
 
 
 @dataclass(frozen=True)
@@ -91,8 +138,29 @@ class GclusterConfig:
     sha256: str | Mapping[str, str] | None = None
     download_base_url: str | None = None
     inherit_env: tuple[str, ...] = ()
+    terraform_version: str = TERRAFORM_DEFAULT_VERSION
+    terraform_sha256: str | Mapping[str, str] | None = None
+    packer_version: str = PACKER_DEFAULT_VERSION
+    packer_sha256: str | Mapping[str, str] | None = None
+    hashicorp_base_url: str | None = None
+    install_tools: bool = True
 
     def __post_init__(self) -> None:
+        install: Any = self.install_tools
+        if isinstance(install, str):  # a form field holds text
+            text = install.strip().lower()
+            if text not in _TRUE | _FALSE:
+                raise ConfigurationError(
+                    f"gcluster connection: install_tools must be true or false, got {install!r}"
+                )
+            install = text in _TRUE
+        if not isinstance(install, bool):
+            raise ConfigurationError(
+                f"gcluster connection: install_tools must be true or false, got {install!r}"
+            )
+        object.__setattr__(self, "install_tools", install)
+        for name in ("sha256", "terraform_sha256", "packer_sha256"):
+            object.__setattr__(self, name, _sha_setting(name, getattr(self, name)))
         value: Any = self.inherit_env
         if isinstance(value, str):  # a form field holds text: a JSON list or comma-separated names
             try:
@@ -125,9 +193,9 @@ class GclusterConfig:
         values: dict[str, Any] = {}
         for f in fields(cls):
             value = extra.get(f.name)
-            if value in (None, ""):
+            if value is None or value == "":
                 value = extra.get(f"extra__gcluster__{f.name}")
-            if value not in (None, ""):
+            if value is not None and value != "":
                 values[f.name] = value
         return cls(**values)
 
@@ -136,7 +204,9 @@ class GclusterHook(BaseHook):
     """Runs ``gcluster``/``gcloud`` :class:`Command` objects and queries ``gcluster job``.
 
     :param gcluster_conn_id: connection of type ``gcluster`` (extras: project, region, zone,
-        gcluster_path, gcloud_path, bundle_dir, cache_dir, version, sha256, download_base_url).
+        gcluster_path, gcloud_path, bundle_dir, cache_dir, version, sha256, download_base_url,
+        terraform_version, terraform_sha256, packer_version, packer_sha256, hashicorp_base_url,
+        install_tools).
     :param config: use this configuration instead of reading the connection.
     """
 
@@ -156,6 +226,7 @@ class GclusterHook(BaseHook):
         self.gcluster_conn_id = gcluster_conn_id
         self._config = config
         self._tool_paths: dict[str, str] = {}
+        self._toolchains: dict[str, Toolchain] = {}
         self._running: set[SyncProcess] = set()
         self._running_lock = threading.Lock()
 
@@ -212,25 +283,48 @@ class GclusterHook(BaseHook):
     def get_conn(self) -> GclusterConfig:
         return self.config
 
-    def _install_bundle(self, config: GclusterConfig) -> Path:
-        cache_dir = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
+    def _cache_dir(self, config: GclusterConfig) -> Path:
+        return Path(config.cache_dir).expanduser() if config.cache_dir else default_cache_dir()
+
+    def cache_dir(self) -> Path:
+        """The persistent per-worker cache (bundle, Terraform/Packer, plugin cache, SSH keys)."""
+        return self._cache_dir(self.config)
+
+    def ssh_key_file(self) -> Path:
+        """``<cache>/ssh/<conn_id>/google_compute_engine``: one kept SSH key per connection.
+
+        The folder is created (mode 0700); gcloud generates the key itself on first use.
+        """
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", self.gcluster_conn_id) or "default"
+        folder = self.cache_dir() / "ssh" / safe
+        try:
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            folder.chmod(0o700)
+        except OSError as err:
+            raise ConfigurationError(
+                f"cannot create the SSH key folder {folder}: {err}; set cache_dir"
+            ) from err
+        return folder / "google_compute_engine"
+
+    def _install_bundle(self, config: GclusterConfig, *, download: bool = True) -> Path:
         return ensure_bundle(
             version=config.version,
-            cache_dir=cache_dir,
+            cache_dir=self._cache_dir(config),
             sha256=config.sha256,
             base_url=config.download_base_url,
+            download=download,
         )
 
-    def _resolve_tool(self, tool: str, config: GclusterConfig) -> str:
+    def _resolve_tool(self, tool: str, config: GclusterConfig, *, download: bool = True) -> str:
         if tool in self._tool_paths:
             return self._tool_paths[tool]
         if tool == "gcluster":
-            if config.gcluster_path:
-                path = str(Path(config.gcluster_path).expanduser())
-                if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-                    raise ConfigurationError(f"gcluster_path {path!r} is not an executable file")
-            else:
-                path = str(self._install_bundle(config) / "gcluster")
+            if not config.gcluster_path:
+                # The cached bundle is re-verified on every use (never remembered).
+                return str(self._install_bundle(config, download=download) / "gcluster")
+            path = str(Path(config.gcluster_path).expanduser())
+            if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+                raise ConfigurationError(f"gcluster_path {path!r} is not an executable file")
         elif tool == "gcloud":
             configured = config.gcloud_path or "gcloud"
             found = shutil.which(os.path.expanduser(configured))
@@ -243,6 +337,87 @@ class GclusterHook(BaseHook):
             raise ConfigurationError(f"unknown tool {tool!r}: this hook runs only {', '.join(TOOLS)}")
         self._tool_paths[tool] = path
         return path
+
+    def _gcluster_resolver(self, config: GclusterConfig) -> Callable[[bool], tuple[str, str]]:
+        def resolve(install: bool) -> tuple[str, str]:
+            if config.gcluster_path:
+                return self._resolve_tool("gcluster", config), "connection"
+            try:
+                plat = current_platform()
+            except ConfigurationError:
+                had = False
+            else:
+                had = (bundle_root(self._cache_dir(config), config.version, plat) / "gcluster").is_file()
+            path = self._resolve_tool("gcluster", config, download=install)
+            return path, "cache" if had else "downloaded"
+
+        return resolve
+
+    def _resolve_toolchain(
+        self,
+        config: GclusterConfig,
+        purpose: str,
+        install: bool,
+        *,
+        probe: bool = True,
+        memo: dict[str, ToolStatus] | None = None,
+    ) -> Toolchain:
+        return resolve_toolchain(
+            purpose,
+            cache_dir=self._cache_dir(config),
+            install=install and config.install_tools,
+            terraform_version=config.terraform_version,
+            terraform_sha256=config.terraform_sha256,
+            packer_version=config.packer_version,
+            packer_sha256=config.packer_sha256,
+            base_url=config.hashicorp_base_url,
+            gcluster=self._gcluster_resolver(config),
+            gcloud_path=config.gcloud_path,
+            base_env=minimal_env(os.environ, config.inherit_env),
+            probe=probe,
+            memo=memo,
+            gcluster_version="any" if config.gcluster_path else config.version,
+        )
+
+    def toolchain(
+        self, purpose: str, *, install: bool = True, memo: dict[str, ToolStatus] | None = None
+    ) -> Toolchain:
+        """Find every tool ``purpose`` (``deploy``, ``jobs``, ``tpu_vm``) needs; with ``install``
+        (and the connection's ``install_tools``), download the pinned Terraform/Packer when needed.
+
+        Never raises for a missing tool: see :attr:`Toolchain.ok` / :meth:`Toolchain.problem_line`.
+        ``memo`` shares tool statuses between purposes (``tpu-rl doctor --for all``).
+        """
+        if purpose not in PURPOSES:
+            raise ConfigurationError(
+                f"unknown toolchain purpose {purpose!r}; choose one of {', '.join(PURPOSES)}"
+            )
+        chain = self._resolve_toolchain(self.config, purpose, install, memo=memo)
+        if chain.ok:
+            self._toolchains[purpose] = chain
+        return chain
+
+    def require_toolchain(self, purpose: str, *, install: bool = True) -> Toolchain:
+        """:meth:`toolchain`, raising :class:`ConfigurationError` (one line) when a tool is missing."""
+        chain = self.toolchain(purpose, install=install)
+        if not chain.ok:
+            raise ConfigurationError(f"{chain.problem_line()} (run `tpu-rl doctor` for the details)")
+        return chain
+
+    def _ready_toolchain(self, purpose: str, config: GclusterConfig, *, install: bool) -> Toolchain:
+        """The toolchain for one command: remembered per hook, its cached binaries re-verified."""
+        chain = self._toolchains.get(purpose)
+        if chain is not None:
+            problem = reverify(chain)
+            if problem is None:
+                return chain
+            self.log.warning("Re-resolving the %s toolchain: %s", purpose, problem)
+            del self._toolchains[purpose]
+        chain = self._resolve_toolchain(config, purpose, install, probe=False)
+        if not chain.ok:
+            raise ConfigurationError(f"{chain.problem_line()} (run `tpu-rl doctor` for the details)")
+        self._toolchains[purpose] = chain
+        return chain
 
     def tool_path(self, tool: str) -> str:
         """The executable for ``tool`` (``gcluster`` may be downloaded and cached once)."""
@@ -271,6 +446,7 @@ class GclusterHook(BaseHook):
         secrets: Mapping[str, str] | None,
         cwd: str | os.PathLike[str] | None,
         job_home: str | os.PathLike[str] | None,
+        toolchain: Toolchain | None = None,
     ) -> PreparedProcess:
         secret_values = {k: v for k, v in (secrets or {}).items() if v}
         for value in secret_values.values():
@@ -294,6 +470,8 @@ class GclusterHook(BaseHook):
             cwd=cwd,
             ok_if_output_contains=command.ok_if_output_contains,
             inherit_env=self.config.inherit_env,
+            path_prepend=toolchain.bin_dirs if toolchain else (),
+            extra_env=toolchain.env if toolchain else None,
         )
 
     @staticmethod
@@ -339,9 +517,18 @@ class GclusterHook(BaseHook):
         ``secrets`` maps names to values: the one named by ``command.stdin_secret`` is written to
         stdin (exactly, no newline added), and all are masked. ``job_home`` keeps HOME (and so the
         ``gcluster job config set`` context) across calls; by default each call gets a fresh one.
+
+        A gcluster command that runs Terraform (deploy/create/destroy/export-outputs) or a
+        ``gcluster job`` command first needs its toolchain (:meth:`require_toolchain`): a missing
+        tool is a one-line :class:`ConfigurationError` before any process starts; the toolchain's
+        folders go first on the command's PATH, with ``TF_PLUGIN_CACHE_DIR``.
         """
+        purpose = command_purpose(command)
+        toolchain = self._ready_toolchain(purpose, self.config, install=True) if purpose else None
         tool_path = self.tool_path(command.tool)
-        prepared = self._prepare(command, tool_path, secrets=secrets, cwd=cwd, job_home=job_home)
+        prepared = self._prepare(
+            command, tool_path, secrets=secrets, cwd=cwd, job_home=job_home, toolchain=toolchain
+        )
         self.log.info("Running %s", prepared.redact(" ".join(command.argv)))
         mine: list[SyncProcess] = []
         return run_sync(
@@ -424,10 +611,16 @@ class GclusterHook(BaseHook):
         job_home: str | os.PathLike[str] | None = None,
         log_output: bool = True,
     ) -> CommandResult:
-        """The asyncio twin of :meth:`run` (for triggers)."""
+        """The asyncio twin of :meth:`run` (for triggers); it never downloads anything."""
         config = await self.aget_config()
-        tool_path = await asyncio.to_thread(self._resolve_tool, command.tool, config)
-        prepared = self._prepare(command, tool_path, secrets=secrets, cwd=cwd, job_home=job_home)
+        purpose = command_purpose(command)
+        toolchain = None
+        if purpose:
+            toolchain = await asyncio.to_thread(self._ready_toolchain, purpose, config, install=False)
+        tool_path = await asyncio.to_thread(self._resolve_tool, command.tool, config, download=False)
+        prepared = self._prepare(
+            command, tool_path, secrets=secrets, cwd=cwd, job_home=job_home, toolchain=toolchain
+        )
         return await run_async(
             prepared, on_line=self._line_logger(command, on_line, log_output), timeout=timeout
         )

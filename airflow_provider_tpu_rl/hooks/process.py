@@ -142,8 +142,14 @@ def prepare_process(
     ok_if_output_contains: Sequence[str] = (),
     base_env: Mapping[str, str] | None = None,
     inherit_env: Sequence[str] = (),
+    path_prepend: Sequence[str] = (),
+    extra_env: Mapping[str, str] | None = None,
 ) -> PreparedProcess:
-    """Build argv/env: a fresh temp HOME (or ``job_home``) with its own KUBECONFIG."""
+    """Build argv/env: a fresh temp HOME (or ``job_home``) with its own KUBECONFIG.
+
+    ``extra_env`` (e.g. the toolchain's ``TF_PLUGIN_CACHE_DIR``) goes on top of the minimal env,
+    ``command_env`` on top of that; ``path_prepend`` folders come first on PATH, in order.
+    """
     source = os.environ if base_env is None else base_env
     if job_home is None:
         home = Path(tempfile.mkdtemp(prefix="tpu-rl-home-"))
@@ -159,7 +165,11 @@ def prepare_process(
     gcloud_config = _default_gcloud_config(source)
     if gcloud_config and "CLOUDSDK_CONFIG" not in env:
         env["CLOUDSDK_CONFIG"] = gcloud_config
+    env.update(extra_env or {})
     env.update(command_env)
+    if path_prepend:
+        rest = [p for p in env.get("PATH", os.defpath).split(os.pathsep) if p and p not in path_prepend]
+        env["PATH"] = os.pathsep.join([*dict.fromkeys(os.fspath(p) for p in path_prepend), *rest])
     return PreparedProcess(
         argv=list(argv),
         env=env,

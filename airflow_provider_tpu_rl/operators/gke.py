@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
+import shutil
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -197,14 +197,18 @@ def cluster_spec(arguments: Mapping[str, Any], model: str | None) -> ClusterSpec
 def write_blueprint(
     hook: GclusterHook, cluster: ClusterSpec, labels: Mapping[str, str], workdir: str
 ) -> None:
-    """Customise the bundle's blueprint (structured YAML edits) into ``workdir``."""
-    os.makedirs(workdir, exist_ok=True)
+    """Copy the bundle's whole example folder into ``workdir`` and customise its blueprint there.
+
+    The blueprint's ``$(ghpc_stage("./…"))`` files are resolved next to it, so the folder is
+    copied whole; the blueprint is then replaced by its structured YAML edit.
+    """
     source = hook.bundle_dir() / BLUEPRINT_RELPATH
     if not source.is_file():
         raise ConfigurationError(
             f"no blueprint {BLUEPRINT_RELPATH} in the Cluster Toolkit bundle {source.parents[2]}; "
             "set the gcluster connection's bundle_dir to the folder that holds examples/"
         )
+    shutil.copytree(source.parent, workdir, dirs_exist_ok=True)
     base = source.read_text()
     Path(gke.blueprint_path(workdir)).write_text(customize_blueprint(base, cluster.blueprint, labels))
 
@@ -213,6 +217,7 @@ def destroy_cluster(
     hook: GclusterHook, cluster: ClusterSpec, *, dag_id: str, run_id: str, expires_at: int
 ) -> None:
     """Recreate the deployment folder on this worker (state is in GCS) and destroy from it."""
+    hook.require_toolchain("deploy")
     suffix = run_suffix(dag_id, run_id)
     workdir = gke.default_workdir(cluster.cluster_name, suffix)
     write_blueprint(hook, cluster, gke.managed_labels(dag_id, suffix, cluster.bucket, expires_at), workdir)
@@ -262,6 +267,8 @@ class GclusterDeployOperator(_ClusterOperator):
     @fail_fast
     def execute(self, context: Context) -> dict[str, Any]:
         cluster = self.cluster()
+        # Terraform, Packer, git: refused in one line here, never by gcluster's [y/N] prompt
+        self.hook.require_toolchain("deploy")
         dag_id, run_id = self.run_ids(context)
         expires_at = expiry_of_run(context, rules.integer("max_cluster_hours", self.max_cluster_hours, 1))
         write_resource_record(
@@ -284,9 +291,8 @@ class GclusterDeployOperator(_ClusterOperator):
         labels = gke.managed_labels(dag_id, suffix, cluster.bucket, expires_at)
         write_blueprint(self.hook, cluster, labels, workdir)
         started = time.time()
+        # No project-level grants: the blueprint's service-account modules hold the roles.
         self.hook.run_checked(gke.deploy(cluster, workdir), cwd=workdir)
-        for command in gke.iam_grants(cluster):
-            self.hook.run_checked(command)
         return {
             "cluster_name": cluster.cluster_name,
             "chips": cluster.total_chips,

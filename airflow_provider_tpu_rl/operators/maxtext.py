@@ -269,6 +269,8 @@ class _GclusterJobOperator(GclusterBaseOperator):
                 plan.name,
             )
             return {"job_name": None, "skipped": True, **ready}
+        # kubectl and gke-gcloud-auth-plugin: one line here, not gcluster's error after a retry
+        self.hook.require_toolchain("jobs")
         self.submit_or_attach(plan)
         if not self.deferrable:
             return self._wait_in_worker(context, plan)

@@ -112,6 +112,15 @@ def gke_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
         "hf_token_secret": value("hf_token_secret"),
     }
     return {
+        "preflight": {
+            "runner": "gke",
+            "project_id": value("project"),
+            "zone": value("zone"),
+            "reservation": value("reservation"),
+            "compute_type": value("compute_type"),
+            "topology": value("topology"),
+            "num_slices": value("num_slices"),
+        },
         "ensure_bucket": scope,
         "deploy_cluster": cluster,
         "sync_hf_token": _hf_token_arguments(value),
@@ -151,6 +160,15 @@ def tpu_vm_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
         "hf_token_secret": value("hf_token_secret"),
     }
     return {
+        "preflight": {
+            "runner": "tpu_vm",
+            "project_id": value("project"),
+            "zone": value("zone"),
+            "reservation": value("reservation"),
+            "compute_type": value("compute_type"),
+            "topology": value("topology"),
+            "num_slices": 1,
+        },
         "ensure_bucket": {
             "project_id": value("project"),
             "location": value("region"),
@@ -161,6 +179,8 @@ def tpu_vm_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
             **vm,
             "reservation": value("reservation"),
             "service_account": value("service_account"),
+            "hf_token_conn_id": value("hf_token_conn_id"),
+            "hf_token_secret": value("hf_token_secret"),
             "keep_vm": value("keep_vm"),
             "max_vm_hours": value("max_vm_hours"),
         },

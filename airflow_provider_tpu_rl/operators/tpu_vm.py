@@ -8,6 +8,7 @@ from typing import Any
 
 from airflow.providers.common.compat.sdk import Context
 
+from airflow_provider_tpu_rl.exceptions import ConfigurationError
 from airflow_provider_tpu_rl.maxtext.logs import TrainingLogTracker
 from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, expiry_of_run, fail_fast
 from airflow_provider_tpu_rl.operators.gke import write_resource_record
@@ -77,6 +78,11 @@ class TpuVmCreateOperator(_TpuVmOperator):
 
     :param reservation: the v6e-8 reservation the VM is bound to.
     :param service_account: the VM's service account; empty = the project's default.
+    :param hf_token_conn_id: the HF token connection, which names the default secret.
+    :param hf_token_secret: the secret the VM reads the token from; empty = the connection's.
+    :param grant_service_account: grant the VM's service account (the named one or the
+        project's default compute one) read access to the token secret and object access to
+        the bucket, which the stages need.
     :param keep_vm: recorded for the janitor: a kept VM is only deleted at its expiry.
     :param max_vm_hours: the VM's expiry label, counted from the DAG run's start.
     """
@@ -85,6 +91,9 @@ class TpuVmCreateOperator(_TpuVmOperator):
         *_TpuVmOperator.template_fields,
         "reservation",
         "service_account",
+        "hf_token_conn_id",
+        "hf_token_secret",
+        "grant_service_account",
         "keep_vm",
         "max_vm_hours",
         "gcp_conn_id",
@@ -95,6 +104,9 @@ class TpuVmCreateOperator(_TpuVmOperator):
         *,
         reservation: str,
         service_account: str | None = None,
+        hf_token_conn_id: str = "huggingface_default",
+        hf_token_secret: str | None = None,
+        grant_service_account: bool | str = True,
         keep_vm: bool | str = False,
         max_vm_hours: int | str = 6,
         **kwargs: Any,
@@ -102,6 +114,9 @@ class TpuVmCreateOperator(_TpuVmOperator):
         super().__init__(**kwargs)
         self.reservation = reservation
         self.service_account = service_account
+        self.hf_token_conn_id = hf_token_conn_id
+        self.hf_token_secret = hf_token_secret
+        self.grant_service_account = grant_service_account
         self.keep_vm = keep_vm
         self.max_vm_hours = max_vm_hours
 
@@ -115,7 +130,16 @@ class TpuVmCreateOperator(_TpuVmOperator):
             "keep_vm": rules.boolean("keep_vm", self.keep_vm),
             "max_vm_hours": rules.integer("max_vm_hours", self.max_vm_hours, 1, 24 * 7),
         }
-        p = tpu_vm_pipeline_from_conf(conf, dag_id=dag_id, run_id=run_id)
+        grant = rules.boolean("grant_service_account", self.grant_service_account)
+        p = tpu_vm_pipeline_from_conf(
+            {
+                **conf,
+                "hf_token_conn_id": self.hf_token_conn_id,
+                "hf_token_secret": self.hf_token_secret or None,
+            },
+            dag_id=dag_id,
+            run_id=run_id,
+        )
         expires_at = expiry_of_run(context, p.max_vm_hours)
         write_resource_record(
             self.gcp_conn_id,
@@ -133,7 +157,29 @@ class TpuVmCreateOperator(_TpuVmOperator):
         )
         vm = replace(p.vm, labels=tpu_vm.vm_labels(p, expires_at))
         self.hook.run_checked(tpu_vm.create_vm(vm, p.service_account))
+        if grant:
+            self.grant_vm_access(p)
         return vm.vm_name
+
+    def grant_vm_access(self, p: TpuVmPipelineSpec) -> str:
+        """Let the VM's own service account read the token secret and write the bucket."""
+        result = self.hook.run_checked(tpu_vm.vm_service_account(p.vm))
+        # stdout and stderr come merged: the e-mail is the one line that is a service account
+        accounts = [
+            line.strip() for line in result.output_lines if rules.SERVICE_ACCOUNT.fullmatch(line.strip())
+        ]
+        if len(accounts) != 1:
+            raise ConfigurationError(
+                f"TPU VM {p.vm.vm_name} reports no service account: its stages could not read "
+                f"the HF token secret or write gs://{p.vm.bucket}; name one with service_account"
+            )
+        account = accounts[0]
+        for command in tpu_vm.service_account_grants(
+            p.vm.project, p.vm.bucket, p.hf_token.secret_id, account
+        ):
+            self.hook.run_checked(command)
+        self.log.info("Granted %s the HF token secret and object access to gs://%s", account, p.vm.bucket)
+        return account
 
 
 class TpuVmStageOperator(_TpuVmOperator):
@@ -207,7 +253,8 @@ class TpuVmStageOperator(_TpuVmOperator):
                 self.log.info("progress: %s", tracker.progress_text(total))
 
         self.hook.run_checked(
-            tpu_vm.stage_command(p, self.stage), on_line=on_line if self.stage == "train" else None
+            tpu_vm.stage_command(p, self.stage, ssh_key_file=str(self.hook.ssh_key_file())),
+            on_line=on_line if self.stage == "train" else None,
         )
         out: dict[str, Any] = {"stage": self.stage, "vm_name": p.vm.vm_name}
         if self.stage == "train":

@@ -159,26 +159,6 @@ def docker_auth(region: str) -> list[Command]:
     ]
 
 
-def iam_grants(cluster: ClusterSpec) -> list[Command]:
-    """``roles/storage.admin`` for both GKE service accounts, as the tutorial grants."""
-    commands: list[Command] = []
-    for account in (cluster.workload_service_account, cluster.node_pool_service_account):
-        commands.append(
-            Command(
-                (
-                    "gcloud",
-                    "projects",
-                    "add-iam-policy-binding",
-                    cluster.project,
-                    f"--member=serviceAccount:{account}",
-                    "--role=roles/storage.admin",
-                    "--quiet",
-                )
-            )
-        )
-    return commands
-
-
 def hf_token_secret(project: str, secret_id: str, readers: tuple[str, ...], *, sync: bool) -> list[Command]:
     """Secret Manager secret the workloads read HF_TOKEN from; the value goes over stdin only."""
     commands: list[Command] = []
@@ -213,6 +193,9 @@ def hf_token_secret(project: str, secret_id: str, readers: tuple[str, ...], *, s
                     f"--project={project}",
                     f"--member=serviceAccount:{account}",
                     "--role=roles/secretmanager.secretAccessor",
+                    # without it gcloud refuses in non-interactive mode when the policy holds
+                    # a conditional binding (googlecloudsdk/command_lib/iam/iam_util.py)
+                    "--condition=None",
                 )
             )
         )

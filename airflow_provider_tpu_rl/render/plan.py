@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_provider_tpu_rl.render import gke, tpu_vm
+from airflow_provider_tpu_rl.render import gke, preflight, tpu_vm
 from airflow_provider_tpu_rl.render.command import Command
 from airflow_provider_tpu_rl.spec.pipeline import (
     GKE_TASK_ORDER,
@@ -36,6 +36,19 @@ def _in_task_order(order: tuple[str, ...], commands: dict[str, list[Command]]) -
     return [PlanStep(task_id, c) for task_id in order for c in commands.get(task_id, [])]
 
 
+# What the plan shows for values only known at run time.
+PLAN_SSH_KEY_FILE = "<cache_dir>/ssh/gcluster_default/google_compute_engine"
+PLAN_DEFAULT_SERVICE_ACCOUNT = "PROJECT_NUMBER-compute@developer.gserviceaccount.com"
+
+
+def preflight_commands(project: str, zone: str, reservation: str) -> list[Command]:
+    """The gcloud reads of the ``preflight`` task (the permission check is an API call)."""
+    commands = [preflight.enabled_services(project)]
+    if reservation:
+        commands.append(preflight.describe_reservation(project, zone, reservation))
+    return commands
+
+
 def gke_plan(pipeline: GkePipelineSpec) -> list[PlanStep]:
     """Every command of ``tpu_rl_gke_pipeline`` in execution order (skips are decided at run time)."""
     cluster = pipeline.cluster
@@ -48,8 +61,9 @@ def gke_plan(pipeline: GkePipelineSpec) -> list[PlanStep]:
     if pipeline.delete_bucket:
         teardown.append(gke.delete_bucket(cluster.bucket))
     commands = {
+        "preflight": preflight_commands(cluster.project, cluster.zone, cluster.reservation),
         "ensure_bucket": [gke.create_bucket(cluster.project, cluster.region, cluster.bucket)],
-        "deploy_cluster": [gke.deploy(cluster, workdir), *gke.iam_grants(cluster)],
+        "deploy_cluster": [gke.deploy(cluster, workdir)],
         "sync_hf_token": gke.hf_token_secret(
             cluster.project,
             pipeline.hf_token.secret_id,
@@ -82,20 +96,30 @@ def tpu_vm_plan(pipeline: TpuVmPipelineSpec, *, now: float | None = None) -> lis
     vm = pipeline.vm
     expires = int((now if now is not None else time.time()) + pipeline.max_vm_hours * 3600)
     labelled = type(vm)(**{**vm.__dict__, "labels": tpu_vm.vm_labels(pipeline, expires)})
-    readers = (pipeline.service_account,) if pipeline.service_account else ()
+    account = pipeline.service_account or PLAN_DEFAULT_SERVICE_ACCOUNT
     teardown: list[Command] = [] if pipeline.keep_vm else [tpu_vm.delete_vm(vm)]
     if pipeline.delete_bucket:
         teardown.append(gke.delete_bucket(vm.bucket))
     commands = {
+        "preflight": preflight_commands(vm.project, vm.zone, vm.reservation),
         "ensure_bucket": [gke.create_bucket(vm.project, pipeline.region, vm.bucket)],
         "sync_hf_token": gke.hf_token_secret(
-            vm.project, pipeline.hf_token.secret_id, readers, sync=pipeline.hf_token.sync_from_connection
+            vm.project, pipeline.hf_token.secret_id, (), sync=pipeline.hf_token.sync_from_connection
         ),
-        "create_vm": [tpu_vm.create_vm(labelled, pipeline.service_account)],
-        "install_maxtext": [tpu_vm.stage_command(pipeline, "install")],
-        "convert_to_maxtext": [tpu_vm.stage_command(pipeline, "convert")],
-        "train": [tpu_vm.stage_command(pipeline, "train")],
-        "export_to_huggingface": [tpu_vm.stage_command(pipeline, "export")],
+        "create_vm": [
+            tpu_vm.create_vm(labelled, pipeline.service_account),
+            tpu_vm.vm_service_account(vm),
+            *tpu_vm.service_account_grants(vm.project, vm.bucket, pipeline.hf_token.secret_id, account),
+        ],
+        **{
+            task_id: [tpu_vm.stage_command(pipeline, stage, ssh_key_file=PLAN_SSH_KEY_FILE)]
+            for task_id, stage in (
+                ("install_maxtext", "install"),
+                ("convert_to_maxtext", "convert"),
+                ("train", "train"),
+                ("export_to_huggingface", "export"),
+            )
+        },
         "delete_vm": teardown,
     }
     return _in_task_order(TPU_VM_TASK_ORDER, commands)

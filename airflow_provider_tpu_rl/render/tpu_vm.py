@@ -92,8 +92,20 @@ def list_managed_vms(project: str) -> Command:
     )
 
 
-def ssh(vm: TpuVmSpec, script: str, description: str = "") -> Command:
-    """Run a stage script on the VM: ``bash -s`` reads it from stdin, so nothing is on argv."""
+SSH_KEY_LIFETIME = "1d"
+
+
+def ssh(vm: TpuVmSpec, script: str, description: str = "", *, ssh_key_file: str | None = None) -> Command:
+    """Run a stage script on the VM: ``bash -s`` reads it from stdin, so nothing is on argv.
+
+    ``ssh_key_file`` is a key kept across calls: gcloud adds its public key to the project's
+    metadata once (with an expiry) instead of a new key per call from a fresh HOME.
+    """
+    key = (
+        [f"--ssh-key-file={ssh_key_file}", f"--ssh-key-expire-after={SSH_KEY_LIFETIME}"]
+        if ssh_key_file
+        else []
+    )
     return Command(
         (
             "gcloud",
@@ -102,11 +114,66 @@ def ssh(vm: TpuVmSpec, script: str, description: str = "") -> Command:
             vm.vm_name,
             f"--zone={vm.zone}",
             f"--project={vm.project}",
+            *key,
             "--command=bash -s",
         ),
         stdin_text=script,
         description=description,
     )
+
+
+def vm_service_account(vm: TpuVmSpec) -> Command:
+    """The e-mail of the service account the VM runs as (the default compute one if none was named)."""
+    return Command(
+        (
+            "gcloud",
+            "compute",
+            "instances",
+            "describe",
+            vm.vm_name,
+            f"--zone={vm.zone}",
+            f"--project={vm.project}",
+            "--format=value(serviceAccounts[0].email)",
+        ),
+        description=f"read the service account of TPU VM {vm.vm_name}",
+    )
+
+
+def service_account_grants(project: str, bucket: str, secret_id: str, account: str) -> list[Command]:
+    """What the VM's stages need: read the HF token secret, write outputs to the bucket.
+
+    ``--condition=None``: gcloud refuses a binding without it in non-interactive mode when the
+    policy holds a conditional binding (googlecloudsdk/command_lib/iam/iam_util.py).
+    """
+    member = f"--member=serviceAccount:{account}"
+    return [
+        Command(
+            (
+                "gcloud",
+                "secrets",
+                "add-iam-policy-binding",
+                secret_id,
+                f"--project={project}",
+                member,
+                "--role=roles/secretmanager.secretAccessor",
+                "--condition=None",
+            ),
+            description=f"let {account} read the HF token secret",
+        ),
+        Command(
+            (
+                "gcloud",
+                "storage",
+                "buckets",
+                "add-iam-policy-binding",
+                f"gs://{bucket}",
+                member,
+                "--role=roles/storage.objectAdmin",
+                "--condition=None",
+            ),
+            description=f"let {account} write the run's outputs to gs://{bucket}",
+        ),
+    ]
 
 
 def _preamble(pipeline: TpuVmPipelineSpec, *, with_token: bool) -> list[str]:
@@ -228,7 +295,7 @@ def export_script(pipeline: TpuVmPipelineSpec) -> str:
     return "\n".join(lines) + "\n"
 
 
-def stage_command(pipeline: TpuVmPipelineSpec, stage: str) -> Command:
+def stage_command(pipeline: TpuVmPipelineSpec, stage: str, *, ssh_key_file: str | None = None) -> Command:
     scripts = {
         "install": (install_script, "install MaxText and its post-training extras"),
         "convert": (convert_script, "convert the HF checkpoint to MaxText in /dev/shm"),
@@ -239,7 +306,7 @@ def stage_command(pipeline: TpuVmPipelineSpec, stage: str) -> Command:
         raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
     build, description = scripts[stage]
     script = build() if stage == "install" else build(pipeline)  # type: ignore[operator]
-    return ssh(pipeline.vm, script, description)
+    return ssh(pipeline.vm, script, description, ssh_key_file=ssh_key_file)
 
 
 def vm_labels(pipeline: TpuVmPipelineSpec, expires_at: int) -> dict[str, str]:

@@ -73,6 +73,7 @@ _BOOL_KEYS: Final = {"keep_cluster", "keep_vm", "delete_bucket"}
 # `tpu-rl plan` lists commands in it and the structure test checks both against it.
 GKE_TASK_ORDER: Final = (
     "validate",
+    "preflight",
     "ensure_bucket",
     "deploy_cluster",
     "sync_hf_token",
@@ -87,6 +88,7 @@ GKE_TASK_ORDER: Final = (
 )
 TPU_VM_TASK_ORDER: Final = (
     "validate",
+    "preflight",
     "ensure_bucket",
     "sync_hf_token",
     "create_vm",
@@ -516,10 +518,13 @@ class TpuVmPipelineSpec:
             "reservation": v.reservation,
             "service_account": self.service_account,
             **workload_values(self.preset, self.conversion, t, self.hf_token),
-            "secret_readers": [self.service_account] if self.service_account else [],
+            # create_vm grants the VM's own service account (named or the default) access
+            "secret_readers": [],
             "keep_vm": self.keep_vm,
             "delete_bucket": self.delete_bucket,
             "max_vm_hours": self.max_vm_hours,
+            "compute_type": v.machine_type,
+            "topology": v.topology,
             "suffix": self.suffix,
             "final_step": t.final_step,
             "chips": v.chips,

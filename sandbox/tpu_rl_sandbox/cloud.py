@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from tpu_rl_sandbox.layout import SandboxLayout
+from tpu_rl_sandbox.settings import load_settings
 from tpu_rl_sandbox.state import StateStore
 
 WRITE_ROLES = {
@@ -78,3 +80,112 @@ def node_pool_can_write(store: StateStore, cluster: dict[str, Any]) -> bool:
     member = "serviceAccount:" + cluster.get("service_accounts", {}).get("node_pool", "")
     bindings = store.read("iam").get("project_bindings", {}).get(cluster.get("project", ""), {})
     return any(member in bindings.get(role, []) for role in WRITE_ROLES)
+
+
+# ====================================================================================== IAM
+# The conditional binding a project's policy holds when ``settings.conditional_bindings`` is on
+# (what makes gcloud refuse a binding without ``--condition`` in non-interactive mode).
+PROJECT_CONDITIONAL_BINDING: dict[str, Any] = {
+    "role": "roles/compute.viewer",
+    "members": ["group:sandbox-auditors@example.com"],
+    "condition": {
+        "title": "until-2030",
+        "expression": 'request.time < timestamp("2030-01-01T00:00:00Z")',
+    },
+}
+# Predefined roles that hold a permission (the subset the fakes check), from Google's IAM roles
+# reference: roles/editor has the storage object permissions but not secretmanager.versions.access.
+PERMISSION_ROLES: dict[str, frozenset[str]] = {
+    "secretmanager.versions.access": frozenset(
+        {"roles/secretmanager.secretAccessor", "roles/secretmanager.admin", "roles/owner"}
+    ),
+    "storage.objects.create": frozenset(WRITE_ROLES),
+    "storage.objects.delete": frozenset(
+        {
+            "roles/storage.admin",
+            "roles/storage.objectAdmin",
+            "roles/storage.objectUser",
+            "roles/owner",
+            "roles/editor",
+        }
+    ),
+}
+
+
+def parse_iam_resource(resource: str) -> tuple[str, str, str]:
+    """``"projects/P"`` -> ``("project", "P", "")``, ``"projects/P/secrets/S"`` ->
+    ``("secret", "P", "S")``, ``"b/BUCKET"`` -> ``("bucket", "", "BUCKET")``."""
+    parts = resource.strip("/").split("/")
+    if len(parts) == 2 and parts[0] == "projects":
+        return "project", parts[1], ""
+    if len(parts) == 4 and parts[0] == "projects" and parts[2] == "secrets":
+        return "secret", parts[1], parts[3]
+    if len(parts) == 2 and parts[0] == "b":
+        return "bucket", "", parts[1]
+    raise ValueError(f"unknown IAM resource {resource!r}: use projects/P, projects/P/secrets/S or b/BUCKET")
+
+
+def policy_from_docs(
+    docs: dict[str, dict[str, Any]], resource: str, conditional_project: bool
+) -> tuple[dict[str, list[str]], list[dict[str, Any]]]:
+    """``(unconditional role -> members, conditional bindings)`` of ``resource`` from the state
+    documents ``iam``, ``secrets`` and ``buckets`` (copies; no lock taken here)."""
+    kind, project, name = parse_iam_resource(resource)
+    if kind == "project":
+        iam = docs.get("iam", {})
+        plain = iam.get("project_bindings", {}).get(project, {})
+        conditional = list(iam.get("project_conditional", {}).get(project, []))
+        if conditional_project:
+            conditional.insert(0, PROJECT_CONDITIONAL_BINDING)
+    else:
+        record = (
+            docs.get("secrets", {}).get(f"{project}/{name}")
+            if kind == "secret"
+            else docs.get("buckets", {}).get(name)
+        ) or {}
+        plain = record.get("bindings", {})
+        conditional = list(record.get("conditional_bindings", []))
+    return (
+        {role: list(members) for role, members in plain.items()},
+        [
+            {"role": b["role"], "members": list(b["members"]), "condition": dict(b["condition"])}
+            for b in conditional
+        ],
+    )
+
+
+def iam_bindings(layout: SandboxLayout, resource: str) -> dict[str, list[str]]:
+    """The unconditional bindings (role -> members) of an IAM policy in the sandbox.
+
+    ``resource`` is ``"projects/P"`` (the project's policy), ``"projects/P/secrets/S"`` (a Secret
+    Manager secret) or ``"b/BUCKET"`` (a bucket). Conditional bindings grant nothing
+    unconditionally and are left out (:func:`iam_policy` has them).
+    """
+    return iam_policy(layout, resource)[0]
+
+
+def iam_policy(layout: SandboxLayout, resource: str) -> tuple[dict[str, list[str]], list[dict[str, Any]]]:
+    """``(unconditional role -> members, conditional bindings)`` of ``resource``."""
+    settings = load_settings(layout)
+    with StateStore(layout).txn() as txn:
+        docs = {name: txn.doc(name) for name in ("iam", "secrets", "buckets")}
+        return policy_from_docs(docs, resource, settings.conditional_bindings)
+
+
+def member_has_permission(store: StateStore, resources: list[str], member: str, permission: str) -> bool:
+    """Whether ``member`` holds a role with ``permission`` on any of ``resources`` (a resource and
+    its ancestors, e.g. a secret and its project), unconditionally."""
+    roles = PERMISSION_ROLES[permission]
+    with store.txn() as txn:
+        docs = {name: txn.doc(name) for name in ("iam", "secrets", "buckets")}
+        for resource in resources:
+            plain, _ = policy_from_docs(docs, resource, conditional_project=False)
+            if any(member in plain.get(role, []) for role in roles):
+                return True
+    return False
+
+
+def bucket_project(store: StateStore, bucket: str) -> str | None:
+    """The project a bucket was created in (``gcloud storage buckets create``), if known."""
+    record = store.read("buckets").get(bucket)
+    return None if record is None else record.get("project")

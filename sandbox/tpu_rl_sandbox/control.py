@@ -3,7 +3,7 @@
 Library use::
 
     from tpu_rl_sandbox.control import sandbox_up, sandbox_down, sandbox_env
-    info = sandbox_up(Path(".sandbox"))      # starts fake-gcs-server, writes shims and bundle
+    info = sandbox_up(Path(".sandbox"))      # starts fake-gcs-server, writes shims, tool stubs, bundle
     env = sandbox_env(info.root)             # variables a process needs to use the sandbox
     sandbox_down(info.root, wipe=False)      # stops the emulator and job workers, keeps data
 """
@@ -19,12 +19,14 @@ import stat
 import sys
 from dataclasses import dataclass, field
 from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
-from tpu_rl_sandbox import emulator
+from tpu_rl_sandbox import api_server, emulator
 from tpu_rl_sandbox.gcluster_jobs import kill_all_workers
 from tpu_rl_sandbox.layout import SANDBOX_DIR_ENV, SandboxLayout, default_root
 from tpu_rl_sandbox.state import CALL_START_ENV
+from tpu_rl_sandbox.tool_stubs import write_tool_stubs
 
 SANDBOX_PROJECT = "sandbox-project"
 HF_SANDBOX_TOKEN = "hf_sandbox_not_a_real_token"
@@ -80,11 +82,23 @@ def _write_shims(layout: SandboxLayout) -> None:
         shim.chmod(shim.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
+def _copy_tree(source: Traversable, target: Path) -> None:
+    target.mkdir(parents=True, exist_ok=True)
+    for child in source.iterdir():
+        if child.is_dir():
+            _copy_tree(child, target / child.name)
+        elif child.is_file():
+            (target / child.name).write_bytes(child.read_bytes())
+
+
 def _write_bundle(layout: SandboxLayout) -> None:
-    source = resources.files("tpu_rl_sandbox").joinpath("bundle").joinpath(str(BLUEPRINT_RELATIVE))
-    target = layout.bundle_dir / BLUEPRINT_RELATIVE
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(source.read_text())
+    """The stand-in bundle's whole example folder (blueprints and the files they ``ghpc_stage``)."""
+    example = BLUEPRINT_RELATIVE.parent
+    source = resources.files("tpu_rl_sandbox").joinpath("bundle").joinpath(str(example))
+    target = layout.bundle_dir / example
+    if target.is_dir():
+        shutil.rmtree(target)
+    _copy_tree(source, target)
 
 
 def _connection_env(layout: SandboxLayout) -> dict[str, str]:
@@ -102,6 +116,8 @@ def _connection_env(layout: SandboxLayout) -> dict[str, str]:
                     "gcluster_path": str(layout.bin_dir / "gcluster"),
                     "gcloud_path": str(layout.bin_dir / "gcloud"),
                     "bundle_dir": str(layout.bundle_dir),
+                    # the hook's toolchain cache stays inside the sandbox, never in the real ~/.cache
+                    "cache_dir": str(layout.root / "cache"),
                     # fault injection and timing knobs reach the fakes through the hook's env
                     "inherit_env": ["TPU_RL_SANDBOX_*"],
                 },
@@ -124,18 +140,23 @@ def sandbox_env(root: Path) -> dict[str, str]:
         "STORAGE_EMULATOR_HOST": info.url,
         SANDBOX_DIR_ENV: str(layout.root),
     }
+    resource_manager = api_server.api_server_url(layout)
+    if resource_manager is not None:  # preflight's testIamPermissions goes to the fake API
+        env["AIRFLOW__TPU_RL__RESOURCE_MANAGER_ENDPOINT"] = resource_manager
     env.update(_connection_env(layout))
     return env
 
 
 def sandbox_up(root: Path) -> SandboxInfo:
-    """Create the sandbox folder (idempotent), start the emulator, write shims and the bundle."""
+    """Create the sandbox folder (idempotent), start the emulator, write shims, stub tools and the bundle."""
     layout = SandboxLayout(Path(root).resolve())
     layout.root.mkdir(parents=True, exist_ok=True)
     for directory in (layout.state_dir, layout.vms_dir, layout.jobs_dir):
         directory.mkdir(parents=True, exist_ok=True)
     info = emulator.start(layout)
+    api_server.start_api_server(layout)
     _write_shims(layout)
+    write_tool_stubs(layout.bin_dir)
     _write_bundle(layout)
     return SandboxInfo(
         root=layout.root,
@@ -154,6 +175,7 @@ def sandbox_down(root: Path, wipe: bool = False) -> bool:
         return False
     if layout.state_dir.is_dir():
         kill_all_workers(layout)
+    api_server.stop_api_server(layout)
     was_running = emulator.stop(layout)
     if wipe:
         looks_like_sandbox = layout.state_dir.is_dir() or (layout.bin_dir / "gcluster").is_file()

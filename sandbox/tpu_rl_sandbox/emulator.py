@@ -61,7 +61,8 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie counts as dead)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -97,7 +98,7 @@ def read_info(layout: SandboxLayout) -> EmulatorInfo | None:
 def running_info(layout: SandboxLayout) -> EmulatorInfo | None:
     """The recorded emulator if its process is alive and it answers."""
     info = read_info(layout)
-    if info and _pid_alive(info.pid) and answers(info.port):
+    if info and pid_alive(info.pid) and answers(info.port):
         return info
     return None
 
@@ -156,16 +157,16 @@ def stop(layout: SandboxLayout, wait_seconds: float = 5.0) -> bool:
     info = read_info(layout)
     if info is None:
         return False
-    was_alive = _pid_alive(info.pid)
+    was_alive = pid_alive(info.pid)
     if was_alive:
         with contextlib.suppress(ProcessLookupError):
             os.kill(info.pid, signal.SIGTERM)
         deadline = time.monotonic() + wait_seconds
-        while time.monotonic() < deadline and _pid_alive(info.pid):
+        while time.monotonic() < deadline and pid_alive(info.pid):
             with contextlib.suppress(ChildProcessError, OSError):
                 os.waitpid(info.pid, os.WNOHANG)
             time.sleep(0.05)
-        if _pid_alive(info.pid):
+        if pid_alive(info.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(info.pid, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError, OSError):

@@ -2,14 +2,27 @@
 
 Run as ``python -m tpu_rl_sandbox.fake_gcluster ARGS`` (through the
 ``<root>/bin/gcluster`` shim). Every call is appended to ``<root>/calls.jsonl``.
+
+Dependencies as the real binary resolves them (gcluster.go, cmd/dependencies.go,
+pkg/dependencies/resolver.go): the user cache's ``cluster-toolkit/terraform-<v>`` and
+``packer-<v>`` folders go first on PATH; ``deploy``/``destroy``/``export-outputs`` then need
+``terraform`` (at least the pinned version, asked with ``terraform version --json``) and ``packer``
+on PATH, else ask ``[y/N]`` on stdin (EOF is "no") unless ``--download-dependencies`` was given.
+The sandbox's "download" writes its stub tool (:mod:`tool_stubs`) where gcluster would extract
+the real one. ``job submit`` prerequisites are in :mod:`gcluster_jobs`.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import pwd
+import re
+import shutil
+import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from tpu_rl_sandbox import emulator
@@ -45,8 +58,89 @@ from tpu_rl_sandbox.state import (
     parse_faults,
     record_call,
 )
+from tpu_rl_sandbox.tool_stubs import write_tool_stubs
 
 VERSION = "v1.103.0"
+# cmd/dependencies.go initDependencies: the commands whose PersistentPreRun resolves dependencies
+DEPENDENCY_COMMANDS = ("deploy", "destroy", "export-outputs")
+# pkg/dependencies/checksums_generated.go
+TERRAFORM_VERSION = "1.12.2"
+PACKER_VERSION = "1.15.0"
+_GO_VERSION_RE = re.compile(
+    r"^v?([0-9]+(?:\.[0-9]+)*)(?:-([0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*))?(?:\+[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*)?$"
+)
+
+
+class DependencyError(Exception):
+    """An error of pkg/dependencies; cmd/dependencies.go makes it ``Failed to setup dependencies: …``."""
+
+
+def user_cache_dir(env: Mapping[str, str]) -> str:
+    """Go's ``os.UserCacheDir`` on Linux."""
+    cache = env.get("XDG_CACHE_HOME", "")
+    if cache:
+        if not os.path.isabs(cache):
+            raise DependencyError("path in $XDG_CACHE_HOME is relative")
+        return cache
+    home = env.get("HOME", "")
+    if not home:
+        raise DependencyError("neither $XDG_CACHE_HOME nor $HOME are defined")
+    return home + "/.cache"
+
+
+def binary_cache_dir(env: Mapping[str, str], name: str, version: str) -> str:
+    """pkg/dependencies/resolver.go ``getBinaryCacheDir``: ``<cache>/cluster-toolkit/<name>-<version>``."""
+    try:
+        cache = user_cache_dir(env)
+    except DependencyError as error:
+        raise DependencyError(f"failed to determine user cache dir: {error}") from None
+    return os.path.join(cache, "cluster-toolkit", f"{name}-{version}")
+
+
+def patched_path(env: Mapping[str, str]) -> str:
+    """gcluster.go main -> ``dependencies.PatchPath``: the two cache folders first on PATH."""
+    terraform = binary_cache_dir(env, "terraform", TERRAFORM_VERSION)
+    packer = binary_cache_dir(env, "packer", PACKER_VERSION)
+    return os.pathsep.join((terraform, packer, env.get("PATH", "")))
+
+
+def go_version_compare(left: str, right: str) -> int:
+    """hashicorp/go-version ``NewVersion(left).Compare(NewVersion(right))`` (-1, 0, 1)."""
+    parsed = []
+    for text in (left, right):
+        match = _GO_VERSION_RE.match(text)
+        if not match:
+            raise DependencyError(f"invalid version format {go_quote(text)}: Malformed version: {text}")
+        parsed.append(([int(p) for p in match.group(1).split(".")], match.group(2) or ""))
+    (segs_l, pre_l), (segs_r, pre_r) = parsed
+    width = max(len(segs_l), len(segs_r), 3)
+    segs_l += [0] * (width - len(segs_l))
+    segs_r += [0] * (width - len(segs_r))
+    if segs_l != segs_r:
+        return -1 if segs_l < segs_r else 1
+    if pre_l == pre_r:
+        return 0
+    if not pre_l or not pre_r:
+        return 1 if not pre_l else -1
+    return -1 if pre_l < pre_r else 1
+
+
+def _go_json_error(text: str) -> str:
+    """encoding/json's message for output that is not JSON (approximately)."""
+    stripped = text.lstrip()
+    if not stripped:
+        return "unexpected end of JSON input"
+    return f"invalid character '{stripped[0]}' looking for beginning of value"
+
+
+def read_stdin_answer() -> str:
+    """``bufio.Reader.ReadString('\\n')`` with the error ignored: a partial last line counts."""
+    if sys.stdin is None:
+        return ""
+    try:
+        return sys.stdin.readline()
+    except (OSError, ValueError):
+        return ""
 
 
 def _create_flags() -> list[Flag]:
@@ -253,14 +347,21 @@ class Gcluster:
         out: Callable[[str], None],
         err: Callable[[str], None],
         read_line: Callable[[], str | None] = read_stdin_line,
+        read_answer: Callable[[], str] = read_stdin_answer,
     ) -> None:
         self.layout = layout
-        self.env = env
+        self.env = dict(env)
         self.cwd = cwd
         self.console = Console(out, err)
         self.read_line = read_line
+        self.read_answer = read_answer
 
     def run(self, argv: list[str]) -> int:
+        try:
+            self.env["PATH"] = patched_path(self.env)
+        except DependencyError as error:
+            self.console.error(f"Failed to patch PATH with custom binaries directories: {error}")
+            return 1
         root = build_tree()
         try:
             parsed = cobra_parse(root, argv)
@@ -296,6 +397,105 @@ class Gcluster:
             self.console.err(f"Error: sandbox: {error}\n")
             return 1
 
+    # -- dependencies (cmd/dependencies.go, pkg/dependencies/resolver.go) --------------------
+    def ensure_dependencies(self, parsed: CobraParse) -> None:
+        """``initDependencies``: terraform (at least the pinned version) and packer on PATH."""
+        decision = "ask"
+        if "download-dependencies" in parsed.changed:
+            decision = "yes" if parsed.get("download-dependencies") else "no"
+        try:
+            self._ensure_binary("terraform", TERRAFORM_VERSION, decision)
+            self._ensure_binary("packer", PACKER_VERSION, decision)
+        except DependencyError as error:
+            raise Fatal(f"Failed to setup dependencies: {error}") from None
+
+    def _ensure_binary(self, name: str, version: str, decision: str) -> None:
+        path = shutil.which(name, path=self.env["PATH"])
+        if path is None:
+            self._download_flow(name, version, decision)
+            return
+        if name != "terraform":
+            return  # "for packer, just check existence for now"
+        try:
+            installed = self._installed_terraform_version(path)
+        except DependencyError as error:
+            self.console.out(
+                f"Warning: Could not determine installed terraform version: {error}. Proceeding to download "
+                f"recommended version {version}.\n"
+            )
+            self._download_flow(name, version, decision)
+            return
+        try:
+            order = go_version_compare(installed, version)
+        except DependencyError as error:
+            self.console.out(
+                f"Warning: Could not parse installed terraform version {go_quote(installed)}: {error}. Proceeding "
+                f"to download recommended version {version}.\n"
+            )
+            self._download_flow(name, version, decision)
+            return
+        if order > 0:
+            self.console.out(
+                f"WARNING: Terraform version {installed} is currently installed. We recommend using version "
+                f"{version} for compatibility with all features.\n"
+            )
+        elif order < 0:
+            self.console.out(
+                f"Installed terraform version {installed} is older than required version {version}.\n"
+            )
+            self._download_flow(name, version, decision)
+
+    def _installed_terraform_version(self, path: str) -> str:
+        """``getInstalledTfVersion``: ``terraform version --json`` -> ``terraform_version``."""
+        try:
+            done = subprocess.run(
+                [path, "version", "--json"],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                env=self.env,
+                cwd=self.cwd,
+                timeout=60,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise DependencyError("signal: killed") from None
+        except OSError as error:
+            raise DependencyError(f"fork/exec {path}: {error.strerror}") from None
+        if done.returncode != 0:
+            raise DependencyError(f"exit status {done.returncode}")
+        try:
+            data = json.loads(done.stdout)
+        except ValueError:
+            raise DependencyError(_go_json_error(done.stdout)) from None
+        value = data.get("terraform_version", "") if isinstance(data, dict) else ""
+        return value if isinstance(value, str) else ""
+
+    def _download_flow(self, name: str, version: str, decision: str) -> None:
+        """``downloadFlow``: confirm (flag or ``[y/N]`` on stdin), then download into the cache."""
+        if decision == "no":
+            raise DependencyError(
+                f"{name} is missing. Download is explicitly disabled. Enable download by specifying "
+                "--download-dependencies flag."
+            )
+        if decision == "ask":
+            self.console.out(f"{name} v{version} is missing. Do you want to download it? [y/N]: ")
+            answer = self.read_answer().strip().lower()
+            if answer not in ("y", "yes"):
+                raise DependencyError(f"user declined to download {name}")
+        target = Path(binary_cache_dir(self.env, name, version))
+        self.console.out(f"Downloading {name} v{version}...\n")
+        # The sandbox has no releases.hashicorp.com: the "download" is the sandbox's stub, written
+        # where gcluster would extract the real binary (and never into this user's real cache).
+        real_cache = Path(pwd.getpwuid(os.getuid()).pw_dir) / ".cache"
+        resolved = target.resolve()
+        if resolved.is_relative_to(real_cache.resolve()) and not resolved.is_relative_to(self.layout.root):
+            raise StateError(
+                f"refusing to write a stub {name} into {target}: that is this user's real cache, which a real "
+                "gcluster puts first on PATH; run with HOME (or XDG_CACHE_HOME) inside the sandbox"
+            )
+        write_tool_stubs(target, tools=[name])
+
     # -- create / deploy / destroy ----------------------------------------------------------
     def _resolve(self, path: str) -> Path:
         candidate = Path(path)
@@ -314,9 +514,11 @@ class Gcluster:
             self.read_line,
             min(step_seconds, 0.5) / 4,
             registry.delete_cluster_jobs,
+            self.env["PATH"],
         )
 
     def do_create(self, parsed: CobraParse, blueprint_path: Path) -> tuple[Path, str]:
+        blueprint_arg = str(parsed.args[0])
         blueprint = load_blueprint(blueprint_path)
         bp = expand_blueprint(
             blueprint,
@@ -334,7 +536,7 @@ class Gcluster:
         check_overwrite_allowed(
             depl, bp, bool(parsed.get("overwrite-deployment")), bool(parsed.get("force")), display
         )
-        write_deployment(depl, bp)
+        write_deployment(depl, bp, blueprint_arg, Path(self.cwd), self.console)
         return depl, display
 
     def run_infra(self, command: str, parsed: CobraParse) -> int:
@@ -344,6 +546,8 @@ class Gcluster:
             raise CobraError(f"{go_quote(target)} does not exist")
         if command == "destroy" and not resolved.is_dir():
             raise CobraError(f"{go_quote(target)} must be a directory")
+        if command in DEPENDENCY_COMMANDS:
+            self.ensure_dependencies(parsed)
         for name in ("skip", "only"):
             if name in parsed.changed and not parsed.get(name):
                 parsed.values[name] = []

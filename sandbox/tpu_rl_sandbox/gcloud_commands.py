@@ -35,6 +35,13 @@ COMMANDS: tuple[GcloudCommand, ...] = (
     ),
     GcloudCommand(("storage", "buckets", "describe"), (P("URL"),), (F("raw", "bool"),)),
     GcloudCommand(("storage", "buckets", "list"), (P("URLS", required=False, many=True),), (F("filter"),)),
+    # surface/storage/buckets/add_iam_policy_binding.py: iam_util.AddArgsForAddIamPolicyBinding(add_condition=True)
+    GcloudCommand(
+        ("storage", "buckets", "add-iam-policy-binding"),
+        (P("URL"),),
+        (F("member", required=True), F("role", required=True), F("condition"), F("condition-from-file")),
+    ),
+    GcloudCommand(("storage", "buckets", "get-iam-policy"), (P("URL"),), (F("filter"), F("flatten"))),
     GcloudCommand(
         ("storage", "ls"),
         (P("PATH", required=False, many=True),),
@@ -76,6 +83,7 @@ COMMANDS: tuple[GcloudCommand, ...] = (
     ),
     GcloudCommand(("auth", "list"), (), (F("filter"),)),
     GcloudCommand(("config", "get-value"), (P("PROPERTY"),), ()),
+    GcloudCommand(("version",), (), ()),
     GcloudCommand(
         ("projects", "add-iam-policy-binding"),
         (P("PROJECT_ID"),),
@@ -99,8 +107,29 @@ COMMANDS: tuple[GcloudCommand, ...] = (
     GcloudCommand(
         ("secrets", "add-iam-policy-binding"),
         (P("SECRET"),),
-        (F("member", required=True), F("role", required=True), F("condition")),
+        (
+            F("member", required=True),
+            F("role", required=True),
+            F("condition"),
+            F("condition-from-file"),
+            F("location"),
+        ),
     ),
+    GcloudCommand(("secrets", "get-iam-policy"), (P("SECRET"),), (F("location"), F("filter"), F("flatten"))),
+    # surface/services/list.py (GA): --enabled | --available, base.ListCommand's flags
+    GcloudCommand(
+        ("services", "list"),
+        (),
+        (
+            F("enabled", "bool"),
+            F("available", "bool"),
+            F("filter"),
+            F("limit"),
+            F("page-size"),
+            F("sort-by"),
+        ),
+    ),
+    GcloudCommand(("compute", "reservations", "describe"), (P("RESERVATION"),), (F("zone"),)),
     GcloudCommand(
         ("compute", "instances", "create"),
         (P("INSTANCE_NAMES", many=True),),
@@ -154,7 +183,9 @@ COMMANDS: tuple[GcloudCommand, ...] = (
             F("tunnel-through-iap", "bool"),
             F("internal-ip", "bool"),
             F("ssh-key-expire-after"),
+            F("ssh-key-expiration"),
             F("ssh-key-file"),
+            F("force-key-file-overwrite", "bool", negatable=True),
             F("dry-run", "bool"),
             F("plain", "bool"),
             F("troubleshoot", "bool"),
@@ -210,6 +241,19 @@ def _cp_from_stdin(
         )
     storage_ops.cp_stdin(router, data, to_path(sources[1]), err)
     return 0
+
+
+def api_error_text(problem: str, account: str = "") -> str:
+    """How gcloud prints an API error: ``NOT_FOUND: ...`` / ``PERMISSION_DENIED: ...``; for a 403
+    it appends who the command ran as (googlecloudsdk/api_lib/util/exceptions.py
+    HttpErrorPayload + core/credentials/store.py CredentialInfo.GetInfoString)."""
+    message = problem
+    if message.startswith("google.api_core.exceptions."):
+        message = message.split(": ", 1)[-1].replace("404 ", "NOT_FOUND: ", 1)
+    if message.startswith("PERMISSION_DENIED") and account:
+        info = f"This command is authenticated as {account} which is the active account specified by the [core/account] property."
+        message = message + " " + info if message.endswith(".") else message + ". " + info[:-1]
+    return message
 
 
 def run_on_vm(
@@ -270,7 +314,7 @@ def run_on_vm(
                 raise GcloudError("argument --secret: Must be specified.", code=2)
             value, problem = secret_access(str(project), str(secret), str(parsed.positionals["VERSION"]))
             if value is None:
-                raise GcloudError(problem.split(": ", 1)[-1].replace("404 ", "NOT_FOUND: ", 1))
+                raise GcloudError(api_error_text(problem, router.gcs.identity))
             stdout(value)
     except GcloudError as error:
         stderr(f"ERROR: ({command.dotted}) {error.message}\n")

@@ -7,6 +7,10 @@ expanded_blueprint.yaml`` and one folder per group; Terraform state local to the
 is ``<blueprint_name>/<deployment_name>/<group>`` (object ``<prefix>/default.tfstate``). The
 "real world" (clusters, service accounts) lives in the sandbox state, so Terraform's view and
 reality can disagree exactly as they do with a lost local state.
+
+``$(ghpc_stage("./file"))`` values are resolved against the blueprint's folder and copied to
+``<deployment>/.ghpc/staged/`` (pkg/config/staging.go, pkg/modulewriter/modulewriter.go), and the
+first ``terraform init`` of a group needs ``git`` on PATH (the registry modules are git sources).
 """
 
 from __future__ import annotations
@@ -35,6 +39,10 @@ from tpu_rl_sandbox.state import FaultGate, StateStore
 LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
 SA_ACCOUNT_ID_RE = re.compile(r"^[a-z](?:[-a-z0-9]{4,28}[a-z0-9])$")
 VAR_REF_RE = re.compile(r"\$\(vars\.([A-Za-z_][A-Za-z0-9_]*)\)")
+# $(ghpc_stage("./file")) with a string literal (pkg/config/staging.go evaluates the call)
+GHPC_STAGE_RE = re.compile(r'\$\(\s*ghpc_stage\(\s*"((?:[^"\\]|\\.)*)"\s*\)\s*\)')
+# pkg/config/staging.go StagingDir: relative to a deployment group's folder
+STAGING_DIR = "../.ghpc/staged"
 TERRAFORM_VERSION = "1.12.2"
 VALIDATION_HELP = """One or more blueprint validators has failed. See messages above for suggested
 actions. General troubleshooting guidance and instructions for configuring validators are shown below.
@@ -250,6 +258,95 @@ def run_validators(bp: dict[str, Any], console: Console) -> None:
     console.error("Validation failures were treated as a warning, continuing to create blueprint.\n")
 
 
+# ================================================================================== staging
+def _go_base(path: str) -> str:
+    """Go's ``filepath.Base``."""
+    if path == "":
+        return "."
+    stripped = path.rstrip("/")
+    return "/" if stripped == "" else stripped.rsplit("/", 1)[-1]
+
+
+def staged_destination(src: str) -> str:
+    """``makeGhpcStageImpl`` (pkg/config/staging.go): ``../.ghpc/staged/<base>_<md5(src)[:10]>``."""
+    digest = hashlib.md5(src.encode(), usedforsecurity=False).hexdigest()[:10]
+    name = _go_base(src)
+    if name in (".", "..", "/"):
+        name = "file"
+    return os.path.normpath(os.path.join(STAGING_DIR, f"{name}_{digest}"))
+
+
+def _walk_strings(value: Any, visit: Callable[[str], str]) -> Any:
+    if isinstance(value, str):
+        return visit(value)
+    if isinstance(value, list):
+        return [_walk_strings(item, visit) for item in value]
+    if isinstance(value, dict):
+        return {key: _walk_strings(item, visit) for key, item in value.items()}
+    return value
+
+
+def _unescape(literal: str) -> str:
+    return re.sub(r"\\(.)", r"\1", literal)
+
+
+def evaluate_ghpc_stage(bp: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """``Materialize``'s ``ghpc_stage`` evaluation: the blueprint with each call replaced by its
+    staged path, and ``{src: staged path}`` (pkg/config/staging.go, ``stagedFiles``)."""
+    staged: dict[str, str] = {}
+
+    def visit(text: str) -> str:
+        def replace(match: re.Match[str]) -> str:
+            src = _unescape(match.group(1))
+            staged[src] = staged_destination(src)
+            return staged[src]
+
+        return GHPC_STAGE_RE.sub(replace, text)
+
+    result = copy.deepcopy(bp)
+    result["vars"] = _walk_strings(result.get("vars") or {}, visit)
+    for group in result.get("deployment_groups") or []:
+        for module in group.get("modules") or []:
+            module["settings"] = _walk_strings(module.get("settings") or {}, visit)
+    return result, staged
+
+
+def stage_files(
+    depl: Path, staged: dict[str, str], blueprint_arg: str, cwd: Path, console: Console | None
+) -> None:
+    """pkg/modulewriter/modulewriter.go ``stageFiles``: copy each staged file next to the groups.
+
+    A relative ``src`` is resolved against the folder of the blueprint as given on the command
+    line (``StagedFiles``); missing both there and as a previous staged copy is an error.
+    """
+    if not staged:
+        return
+    (depl / ".ghpc" / "staged").mkdir(mode=0o700, parents=True, exist_ok=True)
+    errors: list[str] = []
+    for src, rel in staged.items():
+        abs_src = (
+            src if os.path.isabs(src) else os.path.normpath(os.path.join(os.path.dirname(blueprint_arg), src))
+        )
+        on_disk = Path(abs_src) if os.path.isabs(abs_src) else cwd / abs_src
+        dst = Path(os.path.normpath(depl / "any_group_dir" / rel))
+        src_exists, dst_exists = os.path.lexists(on_disk), os.path.lexists(dst)
+        if not src_exists and not dst_exists:
+            errors.append(f"file for staging {abs_src} does not exists")
+        elif not src_exists:
+            if console is not None:
+                console.error(
+                    f"WARNING: file {abs_src} does not exists, proceeding by using previously staged copy"
+                )
+        elif on_disk.is_dir():
+            shutil.copytree(on_disk, dst, dirs_exist_ok=True)
+        else:
+            shutil.copy(on_disk, dst)
+    if len(errors) == 1:
+        raise Fatal(f"Error: {errors[0]}")
+    if errors:
+        raise Fatal("".join(f"Error: {error}\n" for error in errors))
+
+
 # ============================================================================ the deployment
 def group_names(bp: dict[str, Any]) -> list[str]:
     return [str(group["group"]) for group in bp["deployment_groups"]]
@@ -291,8 +388,20 @@ def _hcl(value: Any) -> str:
     return json.dumps(value)
 
 
-def write_deployment(depl: Path, bp: dict[str, Any]) -> None:
-    """The deployment folder as modulewriter lays it out (Terraform files are simplified)."""
+def write_deployment(
+    depl: Path,
+    bp: dict[str, Any],
+    blueprint_arg: str = "",
+    cwd: Path | None = None,
+    console: Console | None = None,
+) -> None:
+    """The deployment folder as modulewriter lays it out (Terraform files are simplified).
+
+    ``blueprint_arg`` is the blueprint path as given on the command line: ``ghpc_stage`` files
+    are resolved against its folder and copied to ``.ghpc/staged`` (``WriteDeployment``).
+    """
+    expanded = bp
+    bp, staged = evaluate_ghpc_stage(bp)
     ghpc = depl / ".ghpc"
     fresh = not depl.exists()
     depl.mkdir(parents=True, exist_ok=True)
@@ -311,6 +420,7 @@ def write_deployment(depl: Path, bp: dict[str, Any]) -> None:
     for child in depl.iterdir():
         if child.is_dir() and child.name != ".ghpc":
             child.rename(previous / child.name)
+    stage_files(depl, staged, blueprint_arg, cwd or Path.cwd(), console)
     instructions = ["Advanced Deployment Instructions", "================================", ""]
     for group in bp["deployment_groups"]:
         gdir = depl / str(group["group"])
@@ -360,18 +470,26 @@ def write_deployment(depl: Path, bp: dict[str, Any]) -> None:
     ]
     instructions.append(f"gcluster destroy {depl}")
     (depl / "instructions.txt").write_text("\n".join(instructions) + "\n")
-    (artifacts / "expanded_blueprint.yaml").write_text(yaml.safe_dump(bp, sort_keys=False))
+    (artifacts / "expanded_blueprint.yaml").write_text(yaml.safe_dump(expanded, sort_keys=False))
 
 
 # ================================================================================ Terraform
 class TerraformState:
     """The state of one deployment group, in GCS (backend ``gcs``) or the group folder."""
 
-    def __init__(self, group_dir: Path, backend: dict[str, Any] | None, api: GcsApi, shown: str = "") -> None:
+    def __init__(
+        self,
+        group_dir: Path,
+        backend: dict[str, Any] | None,
+        api: GcsApi,
+        shown: str = "",
+        path: str | None = None,
+    ) -> None:
         self.group_dir = group_dir
         self.shown = shown or str(group_dir)
         self.backend = backend
         self.api = api
+        self.path = os.environ.get("PATH", "") if path is None else path
 
     @property
     def location(self) -> str:
@@ -399,7 +517,21 @@ class TerraformState:
                     "storage: bucket doesn't exist",
                     f"initialization of deployment group {self.shown} failed; manually resolve errors",
                 )
-        (self.group_dir / ".terraform").mkdir(exist_ok=True)
+        if (
+            not (self.group_dir / ".terraform" / "modules").is_dir()
+            and shutil.which("git", path=self.path) is None
+        ):
+            # The blueprint's modules use registry modules (terraform-google-modules/...), which the
+            # registry serves as git::https sources: the first init needs git (go-getter).
+            raise hint_error(
+                'exit status 1\n\nError: Failed to download module\n\nCould not download module "vpc" '
+                "(modules/embedded/modules/network/vpc/main.tf:201) source code from "
+                '"git::https://github.com/terraform-google-modules/terraform-google-network.git?ref=v12.0.0": '
+                "error downloading 'https://github.com/terraform-google-modules/terraform-google-network.git"
+                "?ref=v12.0.0': git must be available and on the PATH",
+                f"initialization of deployment group {self.shown} failed; manually resolve errors",
+            )
+        (self.group_dir / ".terraform" / "modules").mkdir(parents=True, exist_ok=True)
         (self.group_dir / ".terraform.lock.hcl").write_text(
             '# This file is maintained automatically by "terraform init".\n'
         )
@@ -614,7 +746,9 @@ class DeploymentRunner:
         read_line: Callable[[], str | None],
         step_seconds: float,
         on_cluster_deleted: Callable[[dict[str, Any]], None],
+        path: str | None = None,
     ) -> None:
+        self.path = path
         self.layout = layout
         self.store = StateStore(layout)
         self.api = api
@@ -695,7 +829,7 @@ class DeploymentRunner:
                 raise Fatal(f"Error: improper deployment: {depl / name} is not a directory for group {name}")
 
     def _terraform_state(self, group: dict[str, Any], group_dir: Path, shown: str) -> TerraformState:
-        return TerraformState(group_dir, group.get("terraform_backend"), self.api, shown)
+        return TerraformState(group_dir, group.get("terraform_backend"), self.api, shown, self.path)
 
     def _deploy_group(self, bp: dict[str, Any], group: dict[str, Any], group_dir: Path, shown: str) -> None:
         tf = self._terraform_state(group, group_dir, shown)

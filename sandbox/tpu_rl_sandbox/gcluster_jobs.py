@@ -7,6 +7,7 @@ process (:mod:`job_worker`) that plays Kueue admission, the pods and the program
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -38,6 +39,7 @@ DNS_1035_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 ENV_NAME_RE = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 TTL_SCALE_ENV = "TPU_RL_SANDBOX_TTL_SCALE"
 PREREQ_FRESHNESS_SECONDS = 24 * 3600
+AUTH_PLUGIN = "gke-gcloud-auth-plugin"
 FINAL = ("Succeeded", "Failed")
 
 PATHWAYS_FLAGS = (
@@ -56,6 +58,10 @@ PATHWAYS_FLAGS = (
     "pathways-server-env",
     "pathways-worker-env",
 )
+
+
+# cmd/job/types.go missingPrereq: (name, commands)
+MissingPrereqs = list[tuple[str, list[str]]]
 
 
 class JobError(Exception):
@@ -248,6 +254,34 @@ class JobCommands:
             )
         return cluster
 
+    def _jobsets_error(self, cluster: dict[str, Any], selector: str) -> str | None:
+        """client-go's error when the kubeconfig's exec credential plugin is not on PATH.
+
+        ``gcluster job list|cancel|logs`` talk to the cluster through client-go
+        (pkg/orchestrator/gke ``getDynamicClient``) with the kubeconfig ``gcloud container clusters
+        get-credentials`` wrote, whose user runs ``gke-gcloud-auth-plugin``
+        (client-go plugin/pkg/client/auth/exec ``wrapCmdRunErrorLocked``).
+        """
+        if shutil.which(AUTH_PLUGIN, path=self.env.get("PATH", "")) is not None:
+            return None
+        digest = hashlib.sha256(str(cluster["name"]).encode()).digest()
+        endpoint = f"34.{digest[0]}.{digest[1]}.{digest[2] or 1}"  # the fake gcloud's cluster endpoint
+        query = urllib.parse.quote(selector, safe="")
+        return (
+            f'Get "https://{endpoint}/apis/jobset.x-k8s.io/v1alpha2/jobsets?labelSelector={query}": getting '
+            f"credentials: exec: executable {AUTH_PLUGIN} not found\n\nIt looks like you are trying to use a "
+            "client-go credential plugin that is not installed.\n\nTo learn more about this feature, consult the "
+            "documentation available at:\n      https://kubernetes.io/docs/reference/access-authn-authz/"
+            f"authentication/#client-go-credential-plugins\n\nInstall {AUTH_PLUGIN} for use with kubectl by "
+            "following https://cloud.google.com/kubernetes-engine/docs/how-to/cluster-access-for-kubectl#install_plugin"
+        )
+
+    def _job_namespace_check(self, cluster: dict[str, Any], job_name: str) -> None:
+        """``DefaultKubeClient.GetJobNamespace``'s list call (cancel, logs)."""
+        error = self._jobsets_error(cluster, f"gcluster.google.com/workload={job_name}")
+        if error is not None:
+            raise JobError(f"failed to search for jobset {job_name} across namespaces: {error}")
+
     def _cluster_key(self, cluster: dict[str, Any]) -> str:
         return cloud.cluster_key(str(cluster["project"]), str(cluster["region"]), str(cluster["name"]))
 
@@ -262,6 +296,9 @@ class JobCommands:
             )
         self.console.info(f"Listing jobs in cluster '{name}'...")
         cluster = self._cluster_or_credentials_error(project, location, name)
+        error = self._jobsets_error(cluster, "gcluster.google.com/workload")
+        if error is not None:
+            raise JobError(f"failed to list jobsets across all namespaces: {error}")
         self.registry.collect_garbage()
         rows = [("NAME", "STATUS", "CREATION_TIME", "COMPLETION_TIME")]
         for job in sorted(self.registry.jobs_of_cluster(self._cluster_key(cluster)), key=lambda j: j["name"]):
@@ -278,10 +315,14 @@ class JobCommands:
         project, location, name = self.context.resolve(parsed)
         self.console.info(f"Fetching logs for job '{job_name}' in cluster '{name}'...")
         cluster = self._cluster_or_credentials_error(project, location, name)
+        self._job_namespace_check(cluster, job_name)
         self.registry.collect_garbage()
         job = self.registry.find(self._cluster_key(cluster), job_name)
         if job is None:
             raise JobError(f"jobset {job_name} not found in any namespace")
+        if shutil.which("kubectl", path=self.env.get("PATH", "")) is None:
+            # GetJobLogs runs `kubectl logs ...`; a command that cannot start has exit code 1 and no output.
+            raise JobError("failed to get logs: \n")
         main_only = bool(parsed.get("main-only"))
         if int(job.get("attempt", 0)) == 0:
             # No pods yet: ``kubectl logs -l ...`` finds nothing.
@@ -351,11 +392,14 @@ class JobCommands:
         job_name = parsed.args[0]
         project, location, name = self.context.resolve(parsed)
         cluster = self._cluster_or_credentials_error(project, location, name)
+        self._job_namespace_check(cluster, job_name)
         self.registry.collect_garbage()
         job = self.registry.find(self._cluster_key(cluster), job_name)
         if job is None:
             raise JobError(f"jobset {job_name} not found in any namespace")
-        condition = job_status_condition(job)
+        # getJobSetStatus runs `kubectl get jobset`; without kubectl its error makes the verb "Cancel".
+        has_kubectl = shutil.which("kubectl", path=self.env.get("PATH", "")) is not None
+        condition = job_status_condition(job) if has_kubectl else ""
         verb = "Cancel"
         if condition in ("Completed", "Failed"):
             verb = "Cleanup"
@@ -398,11 +442,6 @@ class JobCommands:
             "pathways-max-slice-restarts" in parsed.changed and parsed.get("pathways-max-slice-restarts") != 1
         ):
             raise JobError("pathways flags specified but --pathways flag is missing")
-        for flag in ("env", "pathways-proxy-env", "pathways-server-env", "pathways-worker-env"):
-            for item in parsed.get(flag):
-                key, sep, _ = str(item).partition("=")
-                if not sep or not key or not ENV_NAME_RE.match(key):
-                    raise JobError(f'invalid value "{item}" for --{flag}: must be in KEY=VALUE format')
         if not parsed.get("dry-run-out"):
             self.ensure_prerequisites(project, location)
         provisioning = str(parsed.get("gke-nap-provisioning") or "").lower()
@@ -416,13 +455,26 @@ class JobCommands:
             raise JobError(
                 "--gke-nap-reservation should only be provided when --gke-nap-provisioning=reservation"
             )
+        for flag in ("env", "pathways-proxy-env", "pathways-server-env", "pathways-worker-env"):
+            for item in parsed.get(flag):
+                key, sep, _ = str(item).partition("=")
+                if not sep or not key or not ENV_NAME_RE.match(key):
+                    raise JobError(f'invalid value "{item}" for --{flag}: must be in KEY=VALUE format')
         missing = required_flags_error(parsed, ("command", "name", "compute-type"))
         if missing is not None:
             raise missing
         return project, location, cluster_name
 
     def ensure_prerequisites(self, project: str, location: str) -> None:
-        """cmd/job/prereq.go: gcloud on PATH and Docker credential helpers (cached 24h per project)."""
+        """cmd/job/prereq.go ``ensurePrerequisites`` (cached 24h per project in ``~/.gcluster``).
+
+        gcloud on PATH (a hard error), then every missing item listed at once: ``kubectl`` and
+        ``gke-gcloud-auth-plugin`` (run through PATH as gcluster runs them), the Docker credential
+        helpers and the Artifact Registry API (``gcloud services list``: the sandbox's
+        ``state/settings.json`` says whether the API is disabled or the caller lacks
+        ``serviceusage.services.list``). The sandbox stands for a logged-in worker with ADC, so the
+        gcloud-auth and ADC items always pass.
+        """
         home = self.context.home()
         state_file = home / ".gcluster" / "job_prereq_state.json" if home else None
         if state_file and state_file.is_file():
@@ -448,17 +500,43 @@ class JobCommands:
                 "After installation, please run 'gcloud auth login' to authenticate.\nError: exec: \"gcloud\": "
                 "executable file not found in $PATH"
             )
+        missing: MissingPrereqs = []
+        # checkK8sDependencies
+        for tool, argv in (
+            ("kubectl", ["kubectl", "version", "--client", "--output=json"]),
+            ("gke-gcloud-auth-plugin", ["gke-gcloud-auth-plugin", "--version"]),
+        ):
+            if self._exit_code(argv) != 0:
+                if self._component_manager_enabled():
+                    commands = [f"gcloud components install {tool} --quiet"]
+                else:
+                    commands = [f"# Please install {tool} manually for your operating system."]
+                missing.append((tool, commands))
         region = extract_region(location)
         if not self._docker_creds_configured(region):
             commands = ["gcloud auth configure-docker gcr.io --quiet"]
             if region:
                 commands.append(f"gcloud auth configure-docker {region}-docker.pkg.dev --quiet")
-            self.console.out(
-                "\nSome required prerequisites are missing. Please install the dependencies or configure the "
-                "credentials listed below to proceed:\n\n - Docker Credentials\n   Commands:\n"
-                + "".join(f"     {c}\n" for c in commands)
-                + "\n"
+            missing.append(("Docker Credentials", commands))
+        if project and not self._artifact_registry_enabled():
+            missing.append(
+                (
+                    "Artifact Registry API",
+                    [f"gcloud services enable artifactregistry.googleapis.com --project {project} --quiet"],
+                )
             )
+        if missing:
+            text = (
+                "\nSome required prerequisites are missing. Please install the dependencies or configure the "
+                "credentials listed below to proceed:\n"
+            )
+            for name, commands in missing:
+                text += f"\n - {name}\n"
+                if len(commands) == 1:
+                    text += f"   Command: {commands[0]}\n"
+                else:
+                    text += "   Commands:\n" + "".join(f"     {c}\n" for c in commands)
+            self.console.out(text + "\n")
             raise JobError("job could not be submitted because some prerequisites are missing.")
         if state_file is not None:
             state_file.parent.mkdir(parents=True, exist_ok=True)
@@ -466,12 +544,13 @@ class JobCommands:
                 json.dumps(
                     {
                         "gcloud_sdk_installed": True,
+                        "gcloud_project_configured": False,
                         "gcloud_authenticated": True,
                         "adc_configured": True,
                         "kubectl_installed": True,
                         "gke_gcloud_auth_plugin_installed": True,
                         "docker_creds_configured": True,
-                        "artifact_registry_api_enabled": True,
+                        "artifact_registry_api_enabled": bool(project),
                         "last_checked_project_id": project,
                         "last_checked_timestamp": rfc3339(),
                     },
@@ -479,6 +558,53 @@ class JobCommands:
                 )
             )
         self.console.info("Prerequisites checked successfully.")
+
+    def _run(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str] | None:
+        """pkg/shell ``ExecuteCommand`` through this process's PATH; ``None`` if it cannot start."""
+        found = shutil.which(argv[0], path=self.env.get("PATH", ""))
+        if found is None:
+            return None
+        try:
+            return subprocess.run(
+                [found, *argv[1:]],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                env=dict(self.env),
+                cwd=self.cwd,
+                timeout=60,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+
+    def _exit_code(self, argv: Sequence[str]) -> int:
+        done = self._run(argv)
+        return 1 if done is None else done.returncode
+
+    def _component_manager_enabled(self) -> bool:
+        """``isGCloudComponentManagerEnabled``: ``gcloud components list --quiet`` does not say disabled."""
+        done = self._run(["gcloud", "components", "list", "--quiet"])
+        return "component manager is disabled" not in (done.stderr if done is not None else "")
+
+    def _artifact_registry_enabled(self) -> bool:
+        """``gcloud services list --filter=NAME:artifactregistry.googleapis.com`` prints ``ENABLED``.
+
+        Read from the sandbox's ``state/settings.json`` (``disabled_services``,
+        ``denied_permissions``): a disabled API or a caller without ``serviceusage.services.list``
+        prints nothing, which gcluster reads as "not enabled".
+        """
+        try:
+            settings = json.loads((self.layout.state_dir / "settings.json").read_text())
+        except (OSError, ValueError):
+            return True
+        if not isinstance(settings, dict):
+            return True
+        disabled = settings.get("disabled_services") or ()
+        denied = settings.get("denied_permissions") or ()
+        return (
+            "artifactregistry.googleapis.com" not in disabled and "serviceusage.services.list" not in denied
+        )
 
     def _docker_creds_configured(self, region: str) -> bool:
         directory = self.env.get("DOCKER_CONFIG")

@@ -24,6 +24,7 @@ from tpu_rl_sandbox import machine_stubs, maxtext_sim
 from tpu_rl_sandbox.flags import GcloudUsageError
 from tpu_rl_sandbox.fsview import GcsStore, LocalStore, Router, StorageError
 from tpu_rl_sandbox.gcloud_commands import run_on_vm
+from tpu_rl_sandbox.gcs import GcsApi, split_gs_url
 from tpu_rl_sandbox.machine import (
     MACHINE_PATH,
     TOOLS_DIR,
@@ -48,9 +49,17 @@ SITE = f"lib/python{VENV_PYTHON}/site-packages"
 SecretAccess = Callable[[str, str, str], tuple[str | None, str]]
 
 
+# (permission, resources) -> whether the machine's service account holds it on one of them
+Authorize = Callable[[str, list[str]], bool]
+
+
 @dataclass
 class MachineServices:
-    """What a machine can reach outside itself."""
+    """What a machine can reach outside itself.
+
+    ``authorize`` (set for a TPU VM) checks the IAM policy of the machine's service account;
+    ``bucket_project`` names the project a bucket belongs to (its policy is inherited).
+    """
 
     gcs: GcsStore
     secret_access: SecretAccess
@@ -60,6 +69,71 @@ class MachineServices:
     hold_file: str | None
     cancelled: Callable[[], bool]
     default_project: str = ""
+    authorize: Authorize | None = None
+    bucket_project: Callable[[str], str | None] | None = None
+
+
+SCOPE_DENIED = "Access denied. Provided scope(s) are not authorized."
+STORAGE_WRITE_SCOPES = frozenset({"cloud-platform", "storage-rw", "storage-full"})
+
+
+class IamGcsStore(GcsStore):
+    """GCS as a VM's service account sees it: the access scopes first, then IAM on the bucket or
+    its project (``storage.objects.create`` for a new object, also ``storage.objects.delete`` to
+    replace or delete one), with Cloud Storage's 403 texts."""
+
+    def __init__(
+        self,
+        api: GcsApi,
+        identity: str,
+        scopes: list[str],
+        authorize: Authorize,
+        bucket_project: Callable[[str], str | None],
+    ) -> None:
+        super().__init__(
+            api,
+            identity=identity,
+            can_write=lambda bucket: bool(STORAGE_WRITE_SCOPES & set(scopes)),
+            denied_detail=SCOPE_DENIED,
+        )
+        self._scopes = scopes
+        self._authorize = authorize
+        self._bucket_project = bucket_project
+
+    def _resources(self, bucket: str) -> list[str]:
+        project = self._bucket_project(bucket)
+        return [f"b/{bucket}", *([f"projects/{project}"] if project else [])]
+
+    def _require(self, permission: str, bucket: str, key: str, method: str) -> None:
+        if self._authorize(permission, self._resources(bucket)):
+            return
+        url = (
+            f"https://storage.googleapis.com/upload/storage/v1/b/{bucket}/o?uploadType=resumable"
+            if method == "POST"
+            else f"https://storage.googleapis.com/storage/v1/b/{bucket}/o/{key}"
+        )
+        raise StorageError(
+            f"google.api_core.exceptions.Forbidden: 403 {method} {url}: {self.identity} does not have "
+            f"{permission} access to the Google Cloud Storage object. Permission '{permission}' denied on "
+            "resource (or it may not exist)."
+        )
+
+    def write(self, path: str, data: bytes) -> None:
+        bucket, key = split_gs_url(path)
+        if STORAGE_WRITE_SCOPES & set(self._scopes):
+            self._require("storage.objects.create", bucket, key, "POST")
+            if self.exists(path):
+                self._require("storage.objects.delete", bucket, key, "POST")
+        super().write(path, data)
+
+    def check_delete(self, bucket: str, key: str) -> None:
+        """Raise :class:`StorageError` unless the account may delete ``gs://bucket/key``."""
+        if not STORAGE_WRITE_SCOPES & set(self._scopes):
+            raise StorageError(
+                "google.api_core.exceptions.Forbidden: 403 DELETE "
+                f"https://storage.googleapis.com/storage/v1/b/{bucket}/o/{key}: {SCOPE_DENIED}"
+            )
+        self._require("storage.objects.delete", bucket, key, "DELETE")
 
 
 class MachineStore(LocalStore):
@@ -681,19 +755,35 @@ class VmHost(MachineHost):
         return self.vm_project
 
     def can_write_gcs(self) -> bool:
-        return bool({"cloud-platform", "storage-rw", "storage-full"} & set(self.scopes))
+        return bool(STORAGE_WRITE_SCOPES & set(self.scopes))
 
     def gcs_for_gcloud(self) -> GcsStore:
-        return GcsStore(
-            self.services.gcs.api,
-            identity=f"{self.vm_project}-compute@developer.gserviceaccount.com",
-            can_write=lambda bucket: self.can_write_gcs(),
-            denied_detail="Access denied. Provided scope(s) are not authorized.",
+        """The VM's gcloud acts as the VM's service account (the one ``describe`` reports)."""
+        services = self.services
+        if services.authorize is None or services.bucket_project is None:
+            return GcsStore(
+                services.gcs.api,
+                identity=self.identity(),
+                can_write=lambda bucket: self.can_write_gcs(),
+                denied_detail=SCOPE_DENIED,
+            )
+        return IamGcsStore(
+            services.gcs.api, self.identity(), self.scopes, services.authorize, services.bucket_project
         )
 
     def secret_access(self, project: str, secret: str, version: str) -> tuple[str | None, str]:
+        """Secret Manager as the VM's account: the cloud-platform scope, then
+        ``secretmanager.versions.access`` on the secret or its project (Secret Manager's 403)."""
         if "cloud-platform" not in self.scopes:
             return None, "PERMISSION_DENIED: Request had insufficient authentication scopes."
+        authorize = self.services.authorize
+        if authorize is not None and not authorize(
+            "secretmanager.versions.access", [f"projects/{project}/secrets/{secret}", f"projects/{project}"]
+        ):
+            return None, (
+                "PERMISSION_DENIED: Permission 'secretmanager.versions.access' denied for resource "
+                f"'projects/{project}/secrets/{secret}/versions/{version}' (or it may not exist)."
+            )
         return self.services.secret_access(project, secret, version)
 
 
@@ -749,4 +839,4 @@ hash -r 2>/dev/null || true
 """
 
 
-__all__ = ["TOOLS_DIR", "MachineHost", "MachineServices", "MachineStore", "PodHost", "VmHost"]
+__all__ = ["TOOLS_DIR", "IamGcsStore", "MachineHost", "MachineServices", "MachineStore", "PodHost", "VmHost"]

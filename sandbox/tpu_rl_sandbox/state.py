@@ -4,11 +4,20 @@ Documents (each a JSON object):
 
 * ``clusters``  -- GKE clusters made by ``gcluster deploy``, keyed ``project/region/name``
 * ``jobs``      -- JobSets made by ``gcluster job submit``, keyed ``project/location/cluster/name``
-* ``secrets``   -- Secret Manager secrets, keyed ``project/name`` (payload SHA-256 + length only)
-* ``iam``       -- project IAM bindings and service accounts
+* ``secrets``   -- Secret Manager secrets, keyed ``project/name`` (payload SHA-256 + length only;
+  ``bindings`` role -> members and ``conditional_bindings`` of the secret's IAM policy)
+* ``iam``       -- ``project_bindings`` (project -> role -> members), ``project_conditional``
+  (project -> conditional bindings) and ``service_accounts``
 * ``vms``       -- Compute Engine instances, keyed ``project/zone/name``
-* ``buckets``   -- bucket metadata the emulator does not keep (project, location)
+* ``buckets``   -- bucket metadata the emulator does not keep (project, location, IAM bindings)
+* ``project_metadata`` -- Compute Engine project metadata (``ssh-keys`` entries), keyed by project
 * ``faults``    -- which transient faults already fired
+
+The sandbox's settings (conditional bindings, disabled APIs, denied permissions, reservations)
+live apart in ``settings.json`` (:mod:`tpu_rl_sandbox.settings`).
+
+Never call :meth:`StateStore.read` or open another transaction inside :meth:`StateStore.txn`:
+``flock`` locks belong to the open file, so a nested lock in the same process waits forever.
 """
 
 from __future__ import annotations

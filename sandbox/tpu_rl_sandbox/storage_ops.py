@@ -152,9 +152,21 @@ def rsync(
     return count
 
 
+def _check_delete(router: Router, bucket: str, key: str) -> None:
+    """A store that checks IAM (a VM's service account) may refuse the delete."""
+    check = getattr(router.gcs, "check_delete", None)
+    if check is None:
+        return
+    try:
+        check(bucket, key)
+    except StorageError as error:
+        raise StorageOpError(_short_denied(str(error), f"gs://{bucket}/{key}")) from None
+
+
 def _delete(router: Router, path: str) -> None:
     if path.startswith("gs://"):
         bucket, key = split_gs_url(path)
+        _check_delete(router, bucket, key)
         router.gcs.api.delete(bucket, key)
         return
     local = router.local
@@ -254,6 +266,7 @@ def rm(router: Router, urls: list[str], recursive: bool, err: Write) -> int:
         if not names and (key or not recursive):
             raise StorageOpError("The following URLs matched no objects or files:\n-" + url)
         for name in names:
+            _check_delete(router, bucket, name)
             err(f"Removing objects:\nRemoving gs://{bucket}/{name}...\n")
             api.delete(bucket, name)
             removed += 1

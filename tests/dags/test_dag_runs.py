@@ -22,12 +22,11 @@ import pytest
 
 import tpu_rl_sandbox
 from tests.dags.conftest import DAGS_DIR, GKE_DAG_ID
+from tpu_rl_sandbox.tool_stubs import write_tool_stubs
 
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))
 BUNDLE = Path(tpu_rl_sandbox.__file__).parent / "bundle"
-WORK_TASKS = (
-    "ensure_bucket|deploy_cluster|sync_hf_token|convert_to_maxtext|wait_.*|train|export_to_huggingface"
-)
+WORK_TASKS = "preflight|ensure_bucket|deploy_cluster|sync_hf_token|convert_to_maxtext|wait_.*|train|export_to_huggingface"
 
 
 @dataclass
@@ -52,6 +51,7 @@ def dags_test(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., RunResu
             f'#!/bin/sh\necho "{tool} $*" >> "{calls}"\necho "Error: injected failure" >&2\nexit 1\n'
         )
         script.chmod(0o755)
+    write_tool_stubs(bin_dir)  # terraform, packer, kubectl, the auth plugin: the toolchain is there
     home = root / "airflow"
     env = {
         **os.environ,
@@ -119,8 +119,9 @@ def test_a_failed_teardown_fails_the_run(dags_test: Callable[..., RunResult]) ->
     """The work succeeded but the cluster could not be destroyed: the run must not be green."""
     result = dags_test(mark_success=f"^({WORK_TASKS})$")
     assert result.task_states["destroy_cluster"] == "failed"
-    # The destroy was tried (and the fake gcluster failed it).
-    assert [call.split()[0] for call in result.cloud_calls] == ["gcluster"]
+    # The destroy was tried (and the fake gcluster failed it), after the toolchain's version probes.
+    tried = [call for call in result.cloud_calls if "version" not in call]
+    assert [call.split()[:2] for call in tried] == [["gcluster", "create"]]
     assert result.task_states["record_run"] == "success"
     assert result.task_states["watcher"] == "failed"
     assert result.state == "failed"

@@ -39,6 +39,7 @@ SHAPES = {
         teardown="destroy_cluster",
         transient=frozenset(
             {
+                "preflight",
                 "ensure_bucket",
                 "deploy_cluster",
                 "sync_hf_token",
@@ -56,6 +57,7 @@ SHAPES = {
         teardown="delete_vm",
         transient=frozenset(
             {
+                "preflight",
                 "ensure_bucket",
                 "sync_hf_token",
                 "create_vm",

@@ -24,6 +24,7 @@ from typing import Any
 from tpu_rl_sandbox.control import SandboxInfo, sandbox_down, sandbox_env, sandbox_up
 from tpu_rl_sandbox.gcs import GcsApi, GcsError, split_gs_url
 from tpu_rl_sandbox.layout import SandboxLayout
+from tpu_rl_sandbox.settings import DEFAULT_RESERVATIONS, update_settings
 from tpu_rl_sandbox.state import FAULT_ENV, StateStore, read_calls, reset_faults
 
 REPO = Path(__file__).resolve().parents[2]
@@ -285,6 +286,18 @@ def start_world(root: Path) -> E2EWorld:
     """Start a sandbox under ``root`` and migrate a fresh AIRFLOW_HOME next to it."""
     info = sandbox_up(root / "sandbox")
     try:
+        # The runs of a module share one project, and some leave their VM behind on purpose
+        # (keep_vm, a destroy that keeps failing): the v6e-8 reservation holds more than one VM.
+        update_settings(
+            SandboxLayout(info.root),
+            reservations={
+                **DEFAULT_RESERVATIONS,
+                **{
+                    f"us-east5-b/{name}": {"machine_type": "ct6e-standard-8t", "count": 8}
+                    for name in ("res-8", "my-v6e-8-reservation")
+                },
+            },
+        )
         home = root / "airflow"
         home.mkdir()
         (root / "tmp").mkdir()

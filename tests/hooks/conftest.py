@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from tpu_rl_sandbox.tool_stubs import write_tool_stubs
+
 FAKE_TOOL = Path(__file__).with_name("fake_tool.py")
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gcluster"
 
@@ -79,12 +81,20 @@ def _install(bin_dir: Path, name: str) -> None:
 
 
 def make_fake_tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeTools:
-    """Fake ``gcluster``/``gcloud`` in ``tmp_path/bin``, put first on PATH."""
+    """Fake ``gcluster``/``gcloud`` in ``tmp_path/bin``, put first on PATH.
+
+    The sandbox's terraform/packer/kubectl/gke-gcloud-auth-plugin stubs go on PATH too (their own
+    folder), so the toolchain check before ``gcluster deploy``/``job`` passes; the cache is under
+    ``tmp_path``.
+    """
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name in ("gcluster", "gcloud"):
         _install(bin_dir, name)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    stubs = tmp_path / "tool-stubs"  # apart from gcloud's folder, which the toolchain puts on PATH
+    write_tool_stubs(stubs)
+    monkeypatch.setenv("PATH", os.pathsep.join([str(bin_dir), str(stubs), os.environ.get("PATH", "")]))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
     tools = FakeTools(bin_dir)
     tools.respond()
     return tools

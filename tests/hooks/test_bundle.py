@@ -20,6 +20,7 @@ from airflow_provider_tpu_rl.hooks.bundle import (
     bundle_root,
     current_platform,
     ensure_bundle,
+    verify_bundle,
 )
 from airflow_provider_tpu_rl.hooks.gcluster import GclusterConfig, GclusterHook
 
@@ -287,3 +288,85 @@ def test_unwritable_cache_is_a_clear_failure(tmp_path):
     blocker.write_text("x")
     with pytest.raises(ConfigurationError, match="cannot create the Cluster Toolkit cache folder"):
         ensure_bundle(version=VERSION, cache_dir=blocker, sha256="a" * 64, base_url="file:///x", plat=PLAT)
+
+
+# ------------------------------------------------------------------ re-verification before each use
+def _install(tmp_path: Path, server: _CountingServer, digest: str) -> Path:
+    return ensure_bundle(
+        version=VERSION, cache_dir=tmp_path / "cache", sha256=digest, base_url=server.url, plat=PLAT
+    )
+
+
+def test_the_archive_is_kept_with_a_record(tmp_path, served):
+    server, digest = served
+    root = _install(tmp_path, server, digest)
+    kept = root / ".install" / PLAT.asset_name
+    assert hashlib.sha256(kept.read_bytes()).hexdigest() == digest
+    assert verify_bundle(root, digest) is None
+    assert verify_bundle(root, "1" * 64) is not None  # the configured checksum changed
+
+
+def test_a_tampered_cached_gcluster_is_repaired_from_the_kept_archive(tmp_path, served):
+    server, digest = served
+    root = _install(tmp_path, server, digest)
+    original = (root / "gcluster").read_bytes()
+    (root / "gcluster").write_text("#!/bin/sh\necho evil\n")
+    assert "differs" in (verify_bundle(root, digest) or "")
+    again = ensure_bundle(
+        version=VERSION, cache_dir=tmp_path / "cache", sha256=None, base_url="http://127.0.0.1:9/", plat=PLAT
+    )
+    assert again == root
+    assert (root / "gcluster").read_bytes() == original
+    assert len(server.requests) == 1  # no download: the kept archive still verifies
+
+
+def test_a_tampered_archive_is_refused_offline_and_downloaded_again_online(tmp_path, served):
+    server, digest = served
+    root = _install(tmp_path, server, digest)
+    build_bundle(root / ".install" / PLAT.asset_name, extra=(("evil", b"x"),))
+    (root / "gcluster").write_text("#!/bin/sh\necho evil\n")
+    with pytest.raises(ConfigurationError, match="refusing the cached Cluster Toolkit"):
+        ensure_bundle(
+            version=VERSION, cache_dir=tmp_path / "cache", sha256=digest, base_url=server.url, plat=PLAT,
+            download=False,
+        )  # fmt: skip
+    assert len(server.requests) == 1
+    with pytest.raises(ConfigurationError, match="refusing to download an unverified"):
+        ensure_bundle(
+            version=VERSION, cache_dir=tmp_path / "cache", sha256=None, base_url=server.url, plat=PLAT
+        )
+    root = _install(tmp_path, server, digest)
+    assert len(server.requests) == 2
+    assert b"evil" not in (root / "gcluster").read_bytes()
+    assert verify_bundle(root, digest) is None
+
+
+def test_the_hook_re_verifies_the_cached_gcluster_on_every_use(tmp_path, served, monkeypatch):
+    server, digest = served
+    monkeypatch.setattr("airflow_provider_tpu_rl.hooks.bundle.current_platform", lambda: PLAT)
+    hook = GclusterHook(
+        config=GclusterConfig(cache_dir=str(tmp_path / "cache"), sha256=digest, download_base_url=server.url)
+    )
+    path = Path(hook.tool_path("gcluster"))
+    original = path.read_bytes()
+    path.write_text("#!/bin/sh\necho evil\n")
+    assert hook.tool_path("gcluster") == str(path)
+    assert path.read_bytes() == original
+    assert len(server.requests) == 1
+
+
+def test_a_hand_extracted_bundle_without_a_checksum_is_used_unverified(tmp_path):
+    root = bundle_root(tmp_path / "cache", VERSION, PLAT)
+    root.mkdir(parents=True)
+    (root / "gcluster").write_text("#!/bin/sh\n")
+    assert ensure_bundle(version=VERSION, cache_dir=tmp_path / "cache", sha256=None, plat=PLAT) == root
+
+
+def test_not_cached_and_no_download_is_refused(tmp_path, served):
+    server, digest = served
+    with pytest.raises(ConfigurationError, match="may not download"):
+        ensure_bundle(
+            version=VERSION, cache_dir=tmp_path / "cache", sha256=digest, base_url=server.url, plat=PLAT,
+            download=False,
+        )  # fmt: skip
+    assert server.requests == []

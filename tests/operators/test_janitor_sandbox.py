@@ -31,7 +31,10 @@ def _deploy(sb: SandboxRun, name: str, run_id: str, start: datetime, **conf: Any
 
 
 def _create_vm(sb: SandboxRun, name: str, run_id: str, start: datetime, **conf: Any) -> None:
-    create = sb.operator(TpuVmCreateOperator, dag_id=TPU_VM_DAG_ID, task_id="create_vm")
+    # no token secret in these tests: nothing to grant the VM's service account
+    create = sb.operator(
+        TpuVmCreateOperator, dag_id=TPU_VM_DAG_ID, task_id="create_vm", grant_service_account=False
+    )
     config = sb.tpu_vm_conf(vm_name=name, **conf)
     create.execute(sb.context(create, config, run_id=run_id, start_date=start))
 
@@ -52,7 +55,8 @@ def test_janitor_finds_and_destroys_expired_and_orphaned_resources_but_never_the
     _deploy(sb, orphan, "manual__orphan", now_start)
     _deploy(sb, kept, "manual__kept", now_start, keep_cluster=True)
     _create_vm(sb, vm_expired, "manual__vm_expired", LONG_AGO, max_vm_hours=1)
-    _create_vm(sb, vm_orphan, "manual__vm_orphan", now_start)
+    # a v6e-8 reservation holds one VM: the second VM of this project takes another
+    _create_vm(sb, vm_orphan, "manual__vm_orphan", now_start, reservation="my-v6e-8-reservation")
     hook = GclusterHook()
     now = time.time()
 

@@ -20,6 +20,7 @@ from airflow_provider_tpu_rl.operators.maxtext import (
     PathwaysRLTrainOperator,
 )
 from airflow_provider_tpu_rl.operators.pipeline import gke_task_arguments, tpu_vm_task_arguments
+from airflow_provider_tpu_rl.operators.preflight import TpuRlPreflightOperator
 from airflow_provider_tpu_rl.operators.tpu_vm import (
     TpuVmCreateOperator,
     TpuVmDeleteOperator,
@@ -53,6 +54,7 @@ TPU_VM_CONF = {
     "bucket": "tmpl-bucket",
 }
 GKE_CLASSES: dict[str, Any] = {
+    "preflight": TpuRlPreflightOperator,
     "ensure_bucket": EnsureBucketOperator,
     "deploy_cluster": GclusterDeployOperator,
     "sync_hf_token": HfTokenSecretOperator,
@@ -62,6 +64,7 @@ GKE_CLASSES: dict[str, Any] = {
     "destroy_cluster": GclusterDestroyOperator,
 }
 TPU_VM_CLASSES: dict[str, Any] = {
+    "preflight": TpuRlPreflightOperator,
     "ensure_bucket": EnsureBucketOperator,
     "sync_hf_token": HfTokenSecretOperator,
     "create_vm": TpuVmCreateOperator,

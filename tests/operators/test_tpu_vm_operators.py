@@ -124,6 +124,7 @@ def test_deleting_a_vm_that_does_not_exist_succeeds(sb: SandboxRun) -> None:
 def test_create_reuses_the_vm_of_the_same_run(sb: SandboxRun) -> None:
     conf = sb.tpu_vm_conf()
     _execute(sb, EnsureBucketOperator, conf, task_id="ensure_bucket")
+    _execute(sb, HfTokenSecretOperator, conf, task_id="sync_hf_token")
     _execute(sb, TpuVmCreateOperator, conf, task_id="create_vm")
     created = sb.state("vms")[f"{sb.project}/{conf['zone']}/{sb.vm}"]["created"]
 
@@ -137,6 +138,7 @@ def test_create_reuses_the_vm_of_the_same_run(sb: SandboxRun) -> None:
 def test_keep_vm_leaves_it_running(sb: SandboxRun) -> None:
     conf = sb.tpu_vm_conf(keep_vm=True)
     _execute(sb, EnsureBucketOperator, conf, task_id="ensure_bucket")
+    _execute(sb, HfTokenSecretOperator, conf, task_id="sync_hf_token")
     _execute(sb, TpuVmCreateOperator, conf, task_id="create_vm")
 
     result = _execute(sb, TpuVmDeleteOperator, conf, task_id="delete_vm")

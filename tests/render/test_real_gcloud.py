@@ -127,10 +127,10 @@ def parsed(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, ...], tu
 
 def test_the_commands_cover_every_gcloud_task() -> None:
     tasks = set().union(*COMMANDS.values())
-    assert {"ensure_bucket", "deploy_cluster", "sync_hf_token", "convert_to_maxtext", "create_vm"} <= tasks
+    assert {"preflight", "ensure_bucket", "sync_hf_token", "convert_to_maxtext", "create_vm"} <= tasks
     assert {"install_maxtext", "train", "export_to_huggingface", "delete_vm", "janitor"} <= tasks
     groups = {argv[1] for argv in COMMANDS}
-    assert groups == {"storage", "projects", "secrets", "auth", "compute", "container"}
+    assert groups == {"services", "storage", "secrets", "auth", "compute", "container"}
 
 
 @pytest.mark.parametrize("argv", list(COMMANDS), ids=lambda a: f"{min(COMMANDS[a])}:{' '.join(a[1:4])}")

@@ -230,6 +230,7 @@ def cluster(cli: Cli, names: dict[str, str]) -> Cluster:
             names["project"],
             f"--member={member}",
             "--role=roles/storage.admin",
+            "--condition=None",
             "--quiet",
         )
         assert granted.code == 0, granted.text

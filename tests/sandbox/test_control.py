@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import subprocess
 from pathlib import Path
@@ -21,6 +22,7 @@ from tpu_rl_sandbox.control import (
     sandbox_up,
 )
 from tpu_rl_sandbox.layout import SandboxLayout
+from tpu_rl_sandbox.tool_stubs import STUB_TERRAFORM_VERSION, STUB_TOOLS
 
 
 def test_up_is_idempotent_and_env_describes_the_sandbox(sandbox: SandboxInfo) -> None:
@@ -37,6 +39,7 @@ def test_up_is_idempotent_and_env_describes_the_sandbox(sandbox: SandboxInfo) ->
             "gcluster_path": str(sandbox.bin_dir / "gcluster"),
             "gcloud_path": str(sandbox.bin_dir / "gcloud"),
             "bundle_dir": str(sandbox.bundle_dir),
+            "cache_dir": str(sandbox.root / "cache"),
             "inherit_env": ["TPU_RL_SANDBOX_*"],
         },
     }
@@ -76,6 +79,54 @@ def test_bundle_blueprint_has_the_real_structure(sandbox: SandboxInfo) -> None:
     assert "storage.objectViewer" in modules["node_pool_service_account"]["settings"]["project_roles"]
     assert "workload_service_account" in modules
     assert modules["gke-tpu-v6e-cluster"]["settings"]["system_node_pool_machine_type"] == "n2-standard-8"
+    # the real example stages its Kueue configuration from the blueprint's own folder
+    assert (
+        blueprint["vars"]["kueue_configuration_path"] == '$(ghpc_stage("./kueue-configuration.yaml.tftpl"))'
+    )
+    assert modules["workload-manager-install"]["settings"]["kueue"]["config_path"] == (
+        "$(vars.kueue_configuration_path)"
+    )
+
+
+# cluster-toolkit examples/gke-tpu-v6e/ at the pinned release, file for file
+REAL_EXAMPLE_FILES = {
+    "README.md",
+    "gke-tpu-v6e-advanced.yaml",
+    "gke-tpu-v6e-deployment.yaml",
+    "gke-tpu-v6e.yaml",
+    "kueue-configuration.yaml.tftpl",
+    "kueue-job-sample.yaml",
+    "ml-diagnostics-sample-workload-test/Dockerfile",
+    "ml-diagnostics-sample-workload-test/README.md",
+    "ml-diagnostics-sample-workload-test/sample_job.yaml",
+    "ml-diagnostics-sample-workload-test/sample_workload/sample_workload.py",
+    "tpu-multislice.yaml",
+}
+
+
+def test_bundle_mirrors_the_real_example_folder(sandbox: SandboxInfo) -> None:
+    folder = sandbox.blueprint.parent
+    written = {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()}
+    assert written == REAL_EXAMPLE_FILES
+    for name in ("gke-tpu-v6e-advanced.yaml", "gke-tpu-v6e.yaml"):
+        text = (folder / name).read_text()
+        staged = re.findall(r'ghpc_stage\("\./([^"]+)"\)', text)
+        assert "kueue-configuration.yaml.tftpl" in staged
+        for item in staged:
+            assert (folder / item).is_file(), f"{name} stages {item}, which the bundle lacks"
+
+
+def test_up_writes_the_tool_stubs(sandbox: SandboxInfo) -> None:
+    for tool in STUB_TOOLS:
+        assert os.access(sandbox.bin_dir / tool, os.X_OK)
+    done = subprocess.run(
+        [str(sandbox.bin_dir / "terraform"), "version", "-json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
+    assert json.loads(done.stdout)["terraform_version"] == STUB_TERRAFORM_VERSION
 
 
 def test_env_subcommand_prints_shell_exports(

@@ -94,6 +94,7 @@ def test_iam_bindings_need_existing_service_accounts(cli: Cli, cluster: Cluster)
         f"--member={member}",
         "--role=roles/storage.admin",
         "--quiet",
+        "--condition=None",  # the sandbox project's policy holds a conditional binding
         "--format=json",
     )
     assert bound.code == 0
@@ -105,11 +106,17 @@ def test_iam_bindings_need_existing_service_accounts(cli: Cli, cluster: Cluster)
         cluster.project,
         f"--member=serviceAccount:ghost-gke-wl-sa@{cluster.project}.iam.gserviceaccount.com",
         "--role=roles/storage.admin",
+        "--condition=None",
     )
     assert ghost.code == 1
     assert "does not exist" in ghost.err
     bad_role = cli.gcloud(
-        "projects", "add-iam-policy-binding", cluster.project, f"--member={member}", "--role=storage.admin"
+        "projects",
+        "add-iam-policy-binding",
+        cluster.project,
+        f"--member={member}",
+        "--role=storage.admin",
+        "--condition=None",
     )
     assert bad_role.code == 1
     secret_binding = cli.gcloud(

@@ -59,7 +59,7 @@ def create_vm(cli: Cli, names: dict[str, str], vm: str, *extra: str) -> None:
         "--instance-termination-action=DELETE",
         "--provisioning-model=RESERVATION_BOUND",
         "--reservation-affinity=specific",
-        "--reservation=res-1",
+        "--reservation=res-8",  # a v6e-8 reservation: one ct6e-standard-8t VM
         *extra,
     )
     assert result.code == 0, result.text
@@ -84,6 +84,30 @@ def ssh(
     return result.code, result.out, result.err
 
 
+def grant_vm_account(cli: Cli, names: dict[str, str], vm: str) -> str:
+    """Let the VM's service account read the ``hf`` secret and write the bucket; its e-mail."""
+    account = cli.gcloud(
+        "compute",
+        "instances",
+        "describe",
+        vm,
+        f"--zone={names['zone']}",
+        f"--project={names['project']}",
+        "--format=value(serviceAccounts[0].email)",
+    ).out.strip()
+    assert account.endswith("-compute@developer.gserviceaccount.com"), account
+    for grant in (
+        ("secrets", "add-iam-policy-binding", "hf", f"--project={names['project']}"),
+        ("storage", "buckets", "add-iam-policy-binding", f"gs://{names['bucket']}"),
+    ):
+        role = "secretmanager.secretAccessor" if grant[0] == "secrets" else "storage.objectAdmin"
+        done = cli.gcloud(
+            *grant, f"--member=serviceAccount:{account}", f"--role=roles/{role}", "--condition=None"
+        )
+        assert done.code == 0, done.text
+    return account
+
+
 @pytest.fixture
 def prepared(cli: Cli, names: dict[str, str]) -> dict[str, str]:
     assert (
@@ -104,6 +128,7 @@ def prepared(cli: Cli, names: dict[str, str]) -> dict[str, str]:
 def test_vm_pipeline_copies_results_before_delete(cli: Cli, prepared: dict[str, str]) -> None:
     names, vm = prepared, f"vm-{prepared['cluster']}"
     create_vm(cli, names, vm, "--labels=tpu-rl-run=r1", "--scopes=cloud-platform")
+    grant_vm_account(cli, names, vm)
     code, out, err = ssh(cli, names, vm, INSTALL)
     assert code == 0, err
     assert "everything's installed!" in out
@@ -142,7 +167,7 @@ def test_vm_pipeline_copies_results_before_delete(cli: Cli, prepared: dict[str, 
         ).out
     )
     assert described["status"] == "RUNNING"
-    assert described["reservationAffinity"]["values"] == ["res-1"]
+    assert described["reservationAffinity"]["values"] == ["res-8"]
     deleted = cli.gcloud(
         "compute",
         "instances",

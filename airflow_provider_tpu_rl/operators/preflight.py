@@ -1,0 +1,257 @@
+"""``TpuRlPreflightOperator``: check everything a run needs before it creates anything.
+
+The local toolchain, the project's enabled APIs, the caller's IAM permissions and the reservation's
+free capacity. It only reads; every problem found is one line naming what to enable, grant or
+create, and all of them fail the task together (``AirflowFailException``: a retry would not help).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from airflow.providers.common.compat.sdk import AirflowException, AirflowFailException, Context, conf
+
+from airflow_provider_tpu_rl.exceptions import CommandError, ConfigurationError
+from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, fail_fast
+from airflow_provider_tpu_rl.render import preflight as commands
+from airflow_provider_tpu_rl.spec import preflight as checks
+from airflow_provider_tpu_rl.spec import rules
+from airflow_provider_tpu_rl.spec.presets import Runner
+
+COMMAND_TIMEOUT = 180.0
+# The slice shape each runner uses when the task is given none.
+DEFAULT_SHAPES: Mapping[Runner, tuple[str, str]] = {
+    Runner.GKE: ("ct6e-standard-4t", "4x8"),
+    Runner.TPU_VM: ("ct6e-standard-8t", "2x4"),
+}
+TOOLCHAIN_PURPOSE: Mapping[Runner, str] = {Runner.GKE: "deploy", Runner.TPU_VM: "tpu_vm"}
+
+
+def default_resource_manager_endpoint() -> str | None:
+    """``[tpu_rl] resource_manager_endpoint`` in the Airflow config; ``None`` = the real API."""
+    return conf.get("tpu_rl", "resource_manager_endpoint", fallback=None) or None
+
+
+def error_line(message: str) -> str:
+    """The line of a failed command's message that says what went wrong (gcloud's ``ERROR:``)."""
+    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+    for index, line in enumerate(lines):
+        if line.startswith("ERROR:"):
+            # "Could not fetch resource:" is followed by " - <the reason>" lines
+            details = [d for d in lines[index + 1 :] if d.startswith("- ")]
+            return " ".join([line, *details])
+    return lines[-1] if lines else "no output"
+
+
+class TpuRlPreflightOperator(GclusterBaseOperator):
+    """Check the toolchain, APIs, permissions and reservation a run needs; create nothing.
+
+    :param runner: ``gke`` (Cluster Toolkit GKE cluster) or ``tpu_vm`` (one TPU VM).
+    :param project_id: project the run creates its resources in.
+    :param zone: zone of the TPUs (and of the reservation).
+    :param reservation: reservation the run consumes; empty = not checked.
+    :param compute_type: TPU machine type (default the runner's: ct6e-standard-4t / -8t).
+    :param topology: slice topology (default the runner's: 4x8 / 2x4).
+    :param num_slices: slices taken from the reservation (default 1).
+    :param required_services: APIs to require instead of the runner's defaults.
+    :param required_permissions: permissions to require instead of the runner's defaults: a
+        mapping permission -> role that grants it, or a list of permissions.
+    :param impersonation_chain: service account(s) the GCP connection impersonates.
+    :param resource_manager_endpoint: another Resource Manager endpoint (an emulator); default
+        ``[tpu_rl] resource_manager_endpoint``, else the real API.
+    """
+
+    ui_color = "#e8f5e9"
+    template_fields: Sequence[str] = (
+        "runner",
+        "project_id",
+        "zone",
+        "reservation",
+        "compute_type",
+        "topology",
+        "num_slices",
+        "required_services",
+        "required_permissions",
+        "gcluster_conn_id",
+        "gcp_conn_id",
+        "impersonation_chain",
+        "resource_manager_endpoint",
+    )
+
+    def __init__(
+        self,
+        *,
+        runner: str,
+        project_id: str,
+        zone: str,
+        reservation: str | None = "",
+        compute_type: str | None = None,
+        topology: str | None = None,
+        num_slices: int | str | None = 1,
+        required_services: Sequence[str] | None = None,
+        required_permissions: Mapping[str, str] | Sequence[str] | None = None,
+        impersonation_chain: str | Sequence[str] | None = None,
+        resource_manager_endpoint: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.runner = runner
+        self.project_id = project_id
+        self.zone = zone
+        self.reservation = reservation
+        self.compute_type = compute_type
+        self.topology = topology
+        self.num_slices = num_slices
+        self.required_services = required_services
+        self.required_permissions = required_permissions
+        self.impersonation_chain = impersonation_chain
+        self.resource_manager_endpoint = resource_manager_endpoint
+
+    # ------------------------------------------------------------------ arguments
+    def _services(self, run: Runner) -> tuple[str, ...]:
+        if self.required_services is None:
+            return checks.REQUIRED_SERVICES[run]
+        if isinstance(self.required_services, str):
+            raise ConfigurationError("required_services must be a list of API names, not a string")
+        return tuple(checks.service_name(s) for s in self.required_services)
+
+    def _permissions(self, run: Runner) -> dict[str, str]:
+        value = self.required_permissions
+        if value is None:
+            return dict(checks.REQUIRED_PERMISSIONS[run])
+        if isinstance(value, str):
+            raise ConfigurationError("required_permissions must be a mapping or a list, not a string")
+        if isinstance(value, Mapping):
+            return {checks.permission_name(p): str(role or "") for p, role in value.items()}
+        return {checks.permission_name(p): "" for p in value}
+
+    def _need(self, run: Runner) -> checks.ReservationNeed:
+        compute_type, topology = DEFAULT_SHAPES[run]
+        slices = 1 if self.num_slices in (None, "") else rules.integer("num_slices", self.num_slices, 1, 64)
+        return checks.ReservationNeed.for_slices(
+            self.compute_type or compute_type, self.topology or topology, slices
+        )
+
+    # ------------------------------------------------------------------ checks
+    _tool_missing = False
+
+    def _tool_problem(self, err: ConfigurationError) -> list[str]:
+        """A tool that cannot run: one line, unless the toolchain check already named it."""
+        if self._tool_missing:
+            self.log.warning("skipped (toolchain incomplete): %s", err)
+            return []
+        return [str(err)]
+
+    def check_toolchain(self, run: Runner) -> list[str]:
+        try:
+            self.hook.require_toolchain(TOOLCHAIN_PURPOSE[run])
+        except ConfigurationError as err:
+            return [str(err)]
+        return []
+
+    def check_services(self, project: str, services: Sequence[str]) -> list[str]:
+        try:
+            result = self.hook.run_checked(
+                commands.enabled_services(project), log_output=False, timeout=COMMAND_TIMEOUT
+            )
+        except ConfigurationError as err:
+            return self._tool_problem(err)
+        except CommandError as err:
+            if err.retryable:
+                raise
+            return [
+                f"could not list the APIs enabled in project {project} ({error_line(str(err))}): "
+                "the caller needs serviceusage.services.list (roles/serviceusage.serviceUsageConsumer) "
+                "and serviceusage.googleapis.com enabled"
+            ]
+        enabled = checks.parse_enabled_services(result.output_lines)
+        self.log.info("%d APIs enabled in %s", len(enabled), project)
+        return [checks.service_problem(project, s) for s in checks.missing_services(services, enabled)]
+
+    def check_permissions(self, project: str, permissions: Mapping[str, str]) -> list[str]:
+        from airflow_provider_tpu_rl.hooks.resource_manager import ProjectPermissionsHook
+
+        endpoint = self.resource_manager_endpoint or default_resource_manager_endpoint()
+        try:
+            hook = ProjectPermissionsHook(
+                gcp_conn_id=self.gcp_conn_id,
+                impersonation_chain=self.impersonation_chain or None,
+                api_endpoint=endpoint,
+            )
+            granted = hook.test_permissions(project, list(permissions))
+        except ConfigurationError as err:
+            return [f"could not test the caller's permissions on project {project}: {err}"]
+        except CommandError:  # transient (network, 5xx): the task's retries apply
+            raise
+        except AirflowException as err:  # the GCP connection is not defined
+            return [f"could not test the caller's permissions on project {project}: {err}"]
+        self.log.info("caller holds %d of %d required permissions", len(granted), len(permissions))
+        missing = checks.missing_permissions(permissions, granted)
+        return checks.permission_problems(
+            project, missing, permissions, hook.caller_member() if missing else None
+        )
+
+    def check_reservation(
+        self, project: str, zone: str, reservation: str, need: checks.ReservationNeed
+    ) -> list[str]:
+        command = commands.describe_reservation(project, zone, reservation)
+        try:
+            result = self.hook.run(command, log_output=False, timeout=COMMAND_TIMEOUT)
+        except ConfigurationError as err:
+            return self._tool_problem(err)
+        if not result.ok and any(m in result.output for m in commands.RESERVATION_NOT_FOUND):
+            return [checks.reservation_not_found_problem(project, zone, reservation)]
+        try:
+            self.hook.check_result(command, result)
+        except CommandError as err:
+            if err.retryable:
+                raise
+            return [
+                f"could not read reservation {reservation} in zone {zone} ({error_line(str(err))}): "
+                "the Compute Engine API must be enabled and the caller hold compute.reservations.get"
+            ]
+        document = checks.parse_json_document(result.output_lines)
+        if document is None:
+            return [f"gcloud printed no reservation JSON for {reservation} in zone {zone}"]
+        note = checks.reservation_in_use_note(need, document)
+        if note is not None:
+            self.log.warning("%s", note)
+        return checks.reservation_problems(need, document)
+
+    # ------------------------------------------------------------------ execute
+    @fail_fast
+    def execute(self, context: Context) -> dict[str, Any]:
+        run = checks.runner(self.runner)
+        project = rules.project_id("project_id", self.project_id)
+        zone = rules.zone("zone", self.zone, None)
+        reservation = self.reservation or ""
+        if reservation:
+            rules.gce_name("reservation", reservation, "reservation name")
+        services = self._services(run)
+        permissions = self._permissions(run)
+        need = self._need(run)
+
+        problems = self.check_toolchain(run)
+        # A tool the toolchain check reported missing makes the gcloud reads fail the same way.
+        self._tool_missing = bool(problems)
+        problems += self.check_services(project, services)
+        problems += self.check_permissions(project, permissions)
+        if reservation:
+            problems += self.check_reservation(project, zone, reservation, need)
+        else:
+            self.log.info("no reservation named: its capacity is not checked")
+        problems = list(dict.fromkeys(problems))
+        if problems:
+            for problem in problems:
+                self.log.error("preflight: %s", problem)
+            raise AirflowFailException(checks.failure_message(problems))
+        self.log.info("preflight: all checks passed for %s in %s", run.value, project)
+        return {
+            "runner": run.value,
+            "project": project,
+            "services_checked": len(services),
+            "permissions_checked": len(permissions),
+            "reservation": reservation or None,
+            "reservation_vms": need.vms if reservation else None,
+        }

@@ -1,0 +1,266 @@
+"""A stand-in for the Google APIs the provider calls over HTTP: Resource Manager's
+``projects.testIamPermissions`` (v3, and v1 for discovery-based clients).
+
+Runs as a background process per sandbox (``python -m tpu_rl_sandbox.api_server --root ROOT``),
+recorded in ``<root>/api_server.json`` (pid, port) with its log in ``<root>/api_server.log``,
+like the fake-gcs-server emulator. Point a client at :func:`api_server_url`, e.g.
+``ProjectsClient(credentials=AnonymousCredentials(), transport="rest",
+client_options={"api_endpoint": url})``. Any or no ``Authorization`` header is accepted.
+
+``testIamPermissions`` grants every requested permission except ``settings.denied_permissions``
+(the settings are read on each request); with ``cloudresourcemanager.googleapis.com`` in
+``settings.disabled_services`` it answers 403 SERVICE_DISABLED like the real API.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from tpu_rl_sandbox import cloud
+from tpu_rl_sandbox.emulator import pid_alive
+from tpu_rl_sandbox.layout import SandboxLayout
+from tpu_rl_sandbox.settings import load_settings
+
+INFO_FILE = "api_server.json"
+LOG_FILE = "api_server.log"
+HEALTH_PATH = "/sandbox/health"
+RESOURCE_MANAGER = "cloudresourcemanager.googleapis.com"
+TEST_IAM_RE = re.compile(r"^/v([13])/projects/([^/:]+):testIamPermissions$")
+
+
+__all__ = [
+    "ApiServerError",
+    "answer_test_iam_permissions",
+    "api_server_url",
+    "start_api_server",
+    "stop_api_server",
+]
+
+
+class ApiServerError(RuntimeError):
+    """The API server could not be started."""
+
+
+def _info_path(layout: SandboxLayout) -> Path:
+    return layout.root / INFO_FILE
+
+
+def _read_info(layout: SandboxLayout) -> dict[str, int] | None:
+    try:
+        data = json.loads(_info_path(layout).read_text())
+        return {"pid": int(data["pid"]), "port": int(data["port"])}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _answers(port: int, timeout: float = 0.5) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{HEALTH_PATH}", timeout=timeout) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def api_server_url(layout: SandboxLayout) -> str | None:
+    """The URL of the sandbox's running API server, or ``None``."""
+    info = _read_info(layout)
+    if info is None or not pid_alive(info["pid"]) or not _answers(info["port"]):
+        return None
+    return f"http://127.0.0.1:{info['port']}"
+
+
+def start_api_server(layout: SandboxLayout, wait_seconds: float = 15.0) -> str:
+    """Start the API server for ``layout`` (or reuse the running one); its URL."""
+    running = api_server_url(layout)
+    if running is not None:
+        return running
+    layout.root.mkdir(parents=True, exist_ok=True)
+    _info_path(layout).unlink(missing_ok=True)
+    package_parent = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = package_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    with (layout.root / LOG_FILE).open("ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tpu_rl_sandbox.api_server", "--root", str(layout.root)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+        )
+    deadline = time.monotonic() + wait_seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise ApiServerError(f"API server exited with {process.returncode}; see {layout.root / LOG_FILE}")
+        info = _read_info(layout)
+        if info is not None and info["pid"] == process.pid and _answers(info["port"]):
+            return f"http://127.0.0.1:{info['port']}"
+        time.sleep(0.05)
+    process.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=5)
+    raise ApiServerError(f"API server did not answer within {wait_seconds}s; see {layout.root / LOG_FILE}")
+
+
+def stop_api_server(layout: SandboxLayout, wait_seconds: float = 5.0) -> bool:
+    """Stop the recorded API server. True if one was running."""
+    info = _read_info(layout)
+    if info is None:
+        return False
+    pid = info["pid"]
+    was_alive = pid_alive(pid)
+    if was_alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + wait_seconds
+        while time.monotonic() < deadline and pid_alive(pid):
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, os.WNOHANG)
+            time.sleep(0.05)
+        if pid_alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+    _info_path(layout).unlink(missing_ok=True)
+    return was_alive
+
+
+# =================================================================================== server
+def google_error(
+    code: int, status: str, message: str, details: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """Google's JSON error body (google.rpc.Status as the REST frontends send it)."""
+    error: dict[str, Any] = {"code": code, "message": message, "status": status}
+    if details:
+        error["details"] = details
+    return {"error": error}
+
+
+def answer_test_iam_permissions(layout: SandboxLayout, project: str, body: Any) -> tuple[int, dict[str, Any]]:
+    """``(HTTP status, JSON body)`` of ``projects/{project}:testIamPermissions``."""
+    settings = load_settings(layout)
+    if RESOURCE_MANAGER in settings.disabled_services:
+        number = cloud.project_number(project)
+        return 403, google_error(
+            403,
+            "PERMISSION_DENIED",
+            f"Cloud Resource Manager API has not been used in project {number} before or it is disabled. "
+            f"Enable it by visiting https://console.developers.google.com/apis/api/{RESOURCE_MANAGER}/"
+            f"overview?project={number} then retry. If you enabled this API recently, wait a few minutes "
+            "for the action to propagate to our systems and retry.",
+            [
+                {
+                    "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                    "reason": "SERVICE_DISABLED",
+                    "domain": "googleapis.com",
+                    "metadata": {"service": RESOURCE_MANAGER, "consumer": f"projects/{number}"},
+                }
+            ],
+        )
+    permissions = body.get("permissions", []) if isinstance(body, dict) else None
+    if not isinstance(permissions, list) or not all(isinstance(p, str) for p in permissions):
+        return 400, google_error(400, "INVALID_ARGUMENT", "Invalid JSON payload received.")
+    for permission in permissions:
+        if "*" in permission or not re.fullmatch(r"[a-zA-Z0-9]+(\.[a-zA-Z0-9]+){2,}", permission):
+            return 400, google_error(400, "INVALID_ARGUMENT", f"Permission {permission} is not valid.")
+    denied = set(settings.denied_permissions)
+    granted = [p for p in dict.fromkeys(permissions) if p not in denied]
+    return 200, ({"permissions": granted} if granted else {})
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_version = "ESF"
+    layout: SandboxLayout
+
+    def _send(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json; charset=UTF-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _read_body(self) -> bytes:
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def _not_found(self) -> None:
+        self._send(
+            404,
+            google_error(404, "NOT_FOUND", f"The requested URL {self.path} was not found on this server."),
+        )
+
+    def do_GET(self) -> None:
+        if self.path.split("?", 1)[0] == HEALTH_PATH:
+            self._send(200, {"status": "ok"})
+            return
+        self._not_found()
+
+    def do_POST(self) -> None:
+        raw = self._read_body()
+        match = TEST_IAM_RE.match(self.path.split("?", 1)[0])
+        if match is None:
+            self._not_found()
+            return
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError:
+            self._send(400, google_error(400, "INVALID_ARGUMENT", "Invalid JSON payload received."))
+            return
+        status, answer = answer_test_iam_permissions(self.layout, match.group(2), body)
+        self._send(status, answer)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        sys.stderr.write(f"{self.address_string()} {format % args}\n")
+
+
+def serve(layout: SandboxLayout, port: int = 0) -> None:
+    """Serve until SIGTERM; records pid and port in ``<root>/api_server.json``."""
+    handler = type("Handler", (_Handler,), {"layout": layout})
+    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
+    server.daemon_threads = True
+
+    def stop(signum: int, frame: Any) -> None:
+        del signum, frame
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    fd, tmp = tempfile.mkstemp(dir=layout.root, prefix=".api_server.", suffix=".tmp")
+    with os.fdopen(fd, "w") as handle:
+        json.dump({"pid": os.getpid(), "port": server.server_address[1]}, handle)
+    os.replace(tmp, _info_path(layout))
+    try:
+        server.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tpu_rl_sandbox.api_server")
+    parser.add_argument("--root", required=True, help="sandbox folder")
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args(argv)
+    serve(SandboxLayout(Path(args.root).resolve()), args.port)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

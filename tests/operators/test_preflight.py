@@ -1,0 +1,179 @@
+"""``preflight`` against the sandbox: the real operator, fake gcloud/gcluster, the fake Resource Manager.
+
+Each refusal (a missing API, permission, reservation, tool) is one line naming what to do, and the
+operator creates nothing: the only commands it runs are the two gcloud reads.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from airflow.providers.common.compat.sdk import AirflowFailException
+
+from airflow_provider_tpu_rl.operators.preflight import TpuRlPreflightOperator, error_line
+from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID
+from airflow_provider_tpu_rl.spec.pipeline import GKE_DAG_ID
+from tests.hooks.test_resource_manager import api_server
+from tests.operators.sandbox_run import SandboxRun
+from tests.toolpath import path_without
+from tpu_rl_sandbox.settings import reset_settings, update_settings
+
+READS = (("services", "list"), ("compute", "reservations", "describe"))
+
+
+@pytest.fixture
+def pf(sb: SandboxRun, monkeypatch: pytest.MonkeyPatch) -> Iterator[SandboxRun]:
+    """The sandbox with its Resource Manager API server; settings back to the defaults around the test."""
+    reset_settings(sb.layout)
+    try:
+        with api_server(sb.layout) as url:
+            monkeypatch.setenv("AIRFLOW__TPU_RL__RESOURCE_MANAGER_ENDPOINT", url)
+            yield sb
+    finally:
+        reset_settings(sb.layout)
+
+
+def _run(sb: SandboxRun, dag_id: str = GKE_DAG_ID, **conf_overrides: Any) -> dict[str, Any]:
+    conf = sb.tpu_vm_conf(**conf_overrides) if dag_id == TPU_VM_DAG_ID else sb.gke_conf(**conf_overrides)
+    operator = sb.operator(TpuRlPreflightOperator, dag_id, conf=conf, task_id="preflight")
+    result: dict[str, Any] = operator.execute(sb.context(operator, conf))
+    return result
+
+
+def _refusal(sb: SandboxRun, dag_id: str = GKE_DAG_ID, **conf_overrides: Any) -> list[str]:
+    """The failure's lines: the summary first, then one per problem."""
+    with pytest.raises(AirflowFailException) as failed:
+        _run(sb, dag_id, **conf_overrides)
+    lines = str(failed.value).splitlines()
+    assert lines[0] == f"preflight: {len(lines) - 1} problem(s) before anything is created"
+    assert all(line.startswith("- ") for line in lines[1:])
+    return [line[2:] for line in lines[1:]]
+
+
+def _created_nothing(sb: SandboxRun) -> None:
+    """Only the two reads ran; no cluster, VM, bucket or secret exists."""
+    calls = sb.calls()
+    assert calls, "the preflight ran no gcloud command"
+    for call in calls:
+        assert call["tool"] == "gcloud", call
+        assert any(call["argv"][: len(read)] == list(read) for read in READS), call["argv"]
+    assert sb.cluster_record() is None
+    assert not any(key.startswith(f"{sb.project}/") for key in sb.state("vms"))
+    assert not sb.bucket_exists()
+
+
+def test_the_gke_preflight_passes_with_defaults(pf: SandboxRun) -> None:
+    result = _run(pf)
+    assert result["runner"] == "gke"
+    assert result["reservation"] == "res-1"
+    assert result["reservation_vms"] == 8  # v6e-32 (4x8) = 8 ct6e-standard-4t VMs
+    assert result["permissions_checked"] > 0
+    _created_nothing(pf)
+
+
+def test_the_tpu_vm_preflight_passes_with_defaults(pf: SandboxRun) -> None:
+    result = _run(pf, TPU_VM_DAG_ID)
+    assert (result["runner"], result["reservation"], result["reservation_vms"]) == ("tpu_vm", "res-8", 1)
+    _created_nothing(pf)
+
+
+def test_a_disabled_api_is_one_line_naming_the_enable_command(pf: SandboxRun) -> None:
+    update_settings(pf.layout, disabled_services=("container.googleapis.com",))
+    (line,) = _refusal(pf)
+    assert f"gcloud services enable container.googleapis.com --project={pf.project}" in line
+    _created_nothing(pf)
+
+
+def test_a_missing_permission_is_one_line_naming_the_role(pf: SandboxRun) -> None:
+    update_settings(pf.layout, denied_permissions=("compute.instances.create",))
+    (line,) = _refusal(pf, TPU_VM_DAG_ID)
+    assert "compute.instances.create" in line
+    assert "--role=roles/compute.instanceAdmin.v1" in line
+    _created_nothing(pf)
+
+
+def test_a_missing_reservation_is_one_line(pf: SandboxRun) -> None:
+    (line,) = _refusal(pf, reservation="res-nowhere")
+    assert f"reservation res-nowhere does not exist in zone us-east5-b of project {pf.project}" in line
+    _created_nothing(pf)
+
+
+def test_a_reservation_too_small_for_the_slices_is_one_line(pf: SandboxRun) -> None:
+    (line,) = _refusal(pf, num_slices=2)
+    assert "reservation res-1 reserves 8 ct6e-standard-4t VMs" in line
+    assert "needs 16" in line
+
+
+def test_every_problem_is_reported_at_once(pf: SandboxRun) -> None:
+    update_settings(
+        pf.layout,
+        disabled_services=("secretmanager.googleapis.com", "storage.googleapis.com"),
+        denied_permissions=("storage.buckets.create", "secretmanager.secrets.create"),
+    )
+    lines = _refusal(pf, TPU_VM_DAG_ID, reservation="res-nowhere")
+    assert len(lines) == 5
+    assert sum("gcloud services enable" in line for line in lines) == 2
+    assert sum("--role=roles/" in line for line in lines) == 2
+    assert "does not exist" in lines[-1]
+
+
+def test_a_missing_terraform_is_one_line(pf: SandboxRun, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Not on PATH, not next to the configured gcloud, none in a fresh cache, no download allowed.
+    connection = json.loads(pf.info.env["AIRFLOW_CONN_GCLUSTER_DEFAULT"])
+    gcloud_only = pf.work_dir / "gcloud-only"
+    gcloud_only.mkdir()
+    (gcloud_only / "gcloud").symlink_to(connection["extra"]["gcloud_path"])
+    connection["extra"].update(
+        gcloud_path=str(gcloud_only / "gcloud"),
+        install_tools=False,
+        cache_dir=str(pf.work_dir / "empty-cache"),
+    )
+    monkeypatch.setenv("AIRFLOW_CONN_GCLUSTER_DEFAULT", json.dumps(connection))
+    monkeypatch.setenv("PATH", path_without(["terraform"], pf.work_dir / "path"))
+    lines = _refusal(pf)
+    assert len(lines) == 1
+    assert "terraform" in lines[0]
+
+
+def test_a_bad_shape_fails_before_any_command(pf: SandboxRun) -> None:
+    conf = pf.gke_conf()
+    operator = pf.operator(TpuRlPreflightOperator, GKE_DAG_ID, conf=conf, task_id="preflight")
+    context = pf.context(operator, conf)
+    operator.topology = "3x3"
+    with pytest.raises(AirflowFailException, match="topology"):
+        operator.execute(context)
+    assert pf.calls() == []
+
+
+def test_a_caller_who_cannot_list_apis_is_told_what_to_grant(pf: SandboxRun) -> None:
+    update_settings(pf.layout, denied_permissions=("serviceusage.services.list",))
+    listing, permission = _refusal(pf)
+    assert listing.startswith(f"could not list the APIs enabled in project {pf.project} (ERROR:")
+    assert "roles/serviceusage.serviceUsageConsumer" in listing
+    assert "serviceusage.services.list" in permission
+    _created_nothing(pf)
+
+
+def test_a_caller_who_cannot_read_the_reservation_is_told_why(pf: SandboxRun) -> None:
+    update_settings(pf.layout, denied_permissions=("compute.reservations.get",))
+    permission, reading = _refusal(pf)
+    assert reading.startswith("could not read reservation res-1 in zone us-east5-b (ERROR:")
+    assert "Required 'compute.reservations.get' permission" in reading
+    assert permission.startswith("the caller lacks compute.reservations.get")
+
+
+def test_error_line_keeps_gclouds_reason() -> None:
+    message = (
+        "describe reservation failed with exit code 1 (config); last output:\n"
+        "WARNING: noise\n"
+        "ERROR: (gcloud.compute.reservations.describe) Could not fetch resource:\n"
+        " - Required 'compute.reservations.get' permission for 'projects/p/zones/z/reservations/r'\n"
+    )
+    assert error_line(message) == (
+        "ERROR: (gcloud.compute.reservations.describe) Could not fetch resource: "
+        "- Required 'compute.reservations.get' permission for 'projects/p/zones/z/reservations/r'"
+    )
+    assert error_line("just one line") == "just one line"

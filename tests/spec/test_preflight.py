@@ -1,0 +1,307 @@
+"""The preflight's pure core: required APIs and permissions, reservation arithmetic, one-line problems."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+
+from airflow_provider_tpu_rl.render import preflight as render
+from airflow_provider_tpu_rl.spec import preflight
+from airflow_provider_tpu_rl.spec.errors import SpecError
+from airflow_provider_tpu_rl.spec.presets import Runner
+
+PROJECT = "my-tpu-project"
+PERMISSION = re.compile(r"^[a-z][a-zA-Z0-9-]*(?:\.[a-zA-Z0-9]+){2,}$")
+
+
+def _specific(count: Any, in_use: Any, machine_type: str, status: str = "READY") -> dict[str, Any]:
+    """A reservation as ``gcloud compute reservations describe --format=json`` prints it (int64 as strings)."""
+    return {
+        "kind": "compute#reservation",
+        "name": "res-1",
+        "status": status,
+        "zone": "https://www.googleapis.com/compute/v1/projects/p/zones/us-east5-b",
+        "specificReservationRequired": True,
+        "specificReservation": {
+            "count": count,
+            "inUseCount": in_use,
+            "instanceProperties": {"machineType": machine_type},
+        },
+    }
+
+
+def _aggregate(reserved: int, in_use: int, family: str = preflight.V6E_VM_FAMILY) -> dict[str, Any]:
+    accelerator = "projects/p/zones/us-east5-b/acceleratorTypes/ct6e"
+    return {
+        "name": "tpu-res",
+        "status": "READY",
+        "aggregateReservation": {
+            "vmFamily": family,
+            "workloadType": "BATCH",
+            "reservedResources": [
+                {"accelerator": {"acceleratorCount": reserved, "acceleratorType": accelerator}}
+            ],
+            "inUseResources": [{"accelerator": {"acceleratorCount": in_use, "acceleratorType": accelerator}}],
+        },
+    }
+
+
+# -- required APIs and permissions ---------------------------------------------------------------
+def test_every_runner_has_services_and_permissions_with_real_looking_names() -> None:
+    for runner in Runner:
+        services = preflight.REQUIRED_SERVICES[runner]
+        assert services
+        assert len(set(services)) == len(services)
+        assert all(preflight.service_name(s) == s and s.endswith(".googleapis.com") for s in services)
+        permissions = preflight.REQUIRED_PERMISSIONS[runner]
+        assert permissions
+        for permission, role in permissions.items():
+            assert PERMISSION.fullmatch(permission), permission
+            assert "*" not in permission  # testIamPermissions refuses wildcards
+            assert role.startswith("roles/"), (permission, role)
+
+
+def test_gke_needs_what_its_modules_and_gcluster_job_need() -> None:
+    gke = set(preflight.REQUIRED_SERVICES[Runner.GKE])
+    # module metadata (container, compute, iam, storage) and cmd/job/prereq.go (artifactregistry)
+    assert {
+        "container.googleapis.com",
+        "compute.googleapis.com",
+        "iam.googleapis.com",
+        "storage.googleapis.com",
+        "artifactregistry.googleapis.com",
+        "secretmanager.googleapis.com",
+    } <= gke
+    permissions = preflight.REQUIRED_PERMISSIONS[Runner.GKE]
+    assert permissions["container.clusters.create"] == "roles/container.admin"
+    assert permissions["iam.serviceAccounts.actAs"] == "roles/iam.serviceAccountUser"
+    assert permissions["serviceusage.services.list"] == "roles/serviceusage.serviceUsageConsumer"
+
+
+def test_the_tpu_vm_runner_creates_a_compute_instance_not_a_gke_cluster() -> None:
+    permissions = preflight.REQUIRED_PERMISSIONS[Runner.TPU_VM]
+    assert "compute.instances.create" in permissions
+    assert "compute.projects.setCommonInstanceMetadata" in permissions  # gcloud compute ssh's key
+    assert not any(p.startswith("container.") for p in permissions)
+    assert "container.googleapis.com" not in preflight.REQUIRED_SERVICES[Runner.TPU_VM]
+
+
+def test_roles_needed_cover_every_permission_once() -> None:
+    for runner in Runner:
+        table = preflight.roles_needed(runner)
+        listed = [p for permissions in table.values() for p in permissions]
+        assert sorted(listed) == sorted(preflight.REQUIRED_PERMISSIONS[runner])
+    assert "roles/container.admin" in preflight.roles_needed(Runner.GKE)
+    assert "roles/container.admin" not in preflight.roles_needed(Runner.TPU_VM)
+
+
+def test_runner_names() -> None:
+    assert preflight.runner("gke") is Runner.GKE
+    assert preflight.runner("tpu_vm") is Runner.TPU_VM
+    with pytest.raises(SpecError, match="runner: must be one of"):
+        preflight.runner("slurm")
+
+
+@pytest.mark.parametrize("bad", ["compute", "Compute.googleapis.com", "tpu googleapis.com", ""])
+def test_service_names_are_checked(bad: str) -> None:
+    with pytest.raises(SpecError, match="required_services"):
+        preflight.service_name(bad)
+
+
+@pytest.mark.parametrize("bad", ["compute.*", "storage.buckets", "compute.instances.create ", ""])
+def test_permission_names_are_checked(bad: str) -> None:
+    with pytest.raises(SpecError, match="required_permissions"):
+        preflight.permission_name(bad)
+
+
+def test_missing_services_keeps_the_required_order() -> None:
+    required = ("b.googleapis.com", "a.googleapis.com", "c.googleapis.com", "a.googleapis.com")
+    assert preflight.missing_services(required, ["c.googleapis.com"]) == [
+        "b.googleapis.com",
+        "a.googleapis.com",
+    ]
+    assert (
+        preflight.missing_services(required, [" a.googleapis.com", "b.googleapis.com", "c.googleapis.com"])
+        == []
+    )
+
+
+def test_missing_permissions() -> None:
+    required = {"a.b.c": "roles/x", "d.e.f": "roles/y", "g.h.i": "roles/x"}
+    assert preflight.missing_permissions(required, {"d.e.f"}) == ["a.b.c", "g.h.i"]
+    assert preflight.missing_permissions(required, iter(["a.b.c", "d.e.f", "g.h.i", "z.z.z"])) == []
+
+
+def test_enabled_services_are_read_from_gcloud_value_output() -> None:
+    lines = [
+        "WARNING: Some warning on stderr",
+        "compute.googleapis.com",
+        "",
+        "  storage.googleapis.com  ",
+        "Listed 0 items.",
+    ]
+    assert preflight.parse_enabled_services(lines) == ["compute.googleapis.com", "storage.googleapis.com"]
+
+
+# -- one line per problem ------------------------------------------------------------------------
+def test_a_missing_api_names_the_enable_command() -> None:
+    line = preflight.service_problem(PROJECT, "tpu.googleapis.com")
+    assert "\n" not in line
+    assert "gcloud services enable tpu.googleapis.com --project=my-tpu-project" in line
+
+
+def test_missing_permissions_are_one_line_per_role_to_grant() -> None:
+    roles = dict(preflight.REQUIRED_PERMISSIONS[Runner.GKE])
+    missing = ["container.clusters.create", "container.clusters.delete", "iam.serviceAccounts.actAs"]
+    lines = preflight.permission_problems(
+        PROJECT, missing, roles, "serviceAccount:sa@p.iam.gserviceaccount.com"
+    )
+    assert len(lines) == 2
+    assert all("\n" not in line for line in lines)
+    container, act_as = lines
+    assert "container.clusters.create, container.clusters.delete" in container
+    assert "--role=roles/container.admin" in container
+    assert "--member=serviceAccount:sa@p.iam.gserviceaccount.com" in container
+    assert "--condition=None" in container
+    assert "iam.serviceAccounts.actAs" in act_as
+    assert "roles/iam.serviceAccountUser" in act_as
+
+
+def test_a_permission_without_a_known_role_still_gets_its_line() -> None:
+    (line,) = preflight.permission_problems(PROJECT, ["x.y.z"], {"x.y.z": ""})
+    assert "x.y.z" in line
+    assert "CALLER" not in line
+    assert "\n" not in line
+
+
+def test_failure_message_summarises_then_lists() -> None:
+    message = preflight.failure_message(["first", "second"])
+    assert message.splitlines() == [
+        "preflight: 2 problem(s) before anything is created",
+        "- first",
+        "- second",
+    ]
+
+
+# -- reservations ----------------------------------------------------------------------------------
+def test_a_4x8_slice_of_4_chip_vms_takes_8_vms() -> None:
+    need = preflight.ReservationNeed.for_slices("ct6e-standard-4t", "4x8", 1)
+    assert (need.machine_type, need.vms, need.chips) == ("ct6e-standard-4t", 8, 32)
+
+
+def test_a_2x4_slice_on_one_8_chip_vm_takes_1_vm() -> None:
+    need = preflight.ReservationNeed.for_slices("ct6e-standard-8t", "2x4")
+    assert (need.vms, need.chips) == (1, 8)
+
+
+def test_slices_multiply_the_vms() -> None:
+    assert preflight.ReservationNeed.for_slices("ct6e-standard-4t", "4x8", 3).vms == 24
+    assert preflight.ReservationNeed.for_slices("ct6e-standard-4t", "4x4", 2).vms == 8
+
+
+def test_an_impossible_shape_is_a_spec_error() -> None:
+    with pytest.raises(SpecError, match="topology"):
+        preflight.ReservationNeed.for_slices("ct6e-standard-8t", "4x8")
+    with pytest.raises(SpecError, match="num_slices"):
+        preflight.ReservationNeed.for_slices("ct6e-standard-4t", "4x8", 0)
+
+
+def test_a_ready_reservation_with_room_has_no_problem() -> None:
+    need = preflight.ReservationNeed.for_slices("ct6e-standard-4t", "4x8", 2)
+    assert preflight.reservation_problems(need, _specific("20", "4", "ct6e-standard-4t")) == []
+    # integers, and a machine type given as a URL, read the same
+    url = "https://www.googleapis.com/compute/v1/projects/p/zones/z/machineTypes/ct6e-standard-4t"
+    assert preflight.reservation_problems(need, _specific(16, 0, url)) == []
+
+
+def test_a_reservation_smaller_than_the_slices_is_one_line_with_the_numbers() -> None:
+    need = preflight.ReservationNeed.for_slices("ct6e-standard-4t", "4x8", 2)
+    (line,) = preflight.reservation_problems(need, _specific("12", "0", "ct6e-standard-4t"))
+    assert "\n" not in line
+    assert "reserves 12 ct6e-standard-4t VMs, the run needs 16" in line
+
+
+def test_capacity_in_use_is_a_note_not_a_problem() -> None:
+    """What is in use may be this run's own VMs from an earlier try: a retry must not be refused."""
+    need = preflight.ReservationNeed.for_slices("ct6e-standard-4t", "4x8", 1)
+    busy = _specific("8", "1", "ct6e-standard-4t")
+    assert preflight.reservation_problems(need, busy) == []
+    note = preflight.reservation_in_use_note(need, busy)
+    assert note is not None
+    assert "7 free VMs now (8 reserved, 1 in use), the run needs 8" in note
+    assert preflight.reservation_in_use_note(need, _specific("8", "0", "ct6e-standard-4t")) is None
+
+
+def test_a_reservation_of_another_machine_type_is_refused() -> None:
+    need = preflight.ReservationNeed.for_slices("ct6e-standard-8t", "2x4")
+    (line,) = preflight.reservation_problems(need, _specific("4", "0", "ct6e-standard-4t"))
+    assert "reserves ct6e-standard-4t VMs, the run needs ct6e-standard-8t" in line
+
+
+def test_a_reservation_not_ready_is_refused() -> None:
+    need = preflight.ReservationNeed.for_slices("ct6e-standard-8t", "2x4")
+    (line,) = preflight.reservation_problems(need, _specific("1", "0", "ct6e-standard-8t", status="CREATING"))
+    assert "is CREATING, not READY" in line
+
+
+def test_aggregate_tpu_reservations_count_chips() -> None:
+    need = preflight.ReservationNeed.for_slices("ct6e-standard-4t", "4x8", 2)  # 64 chips
+    assert preflight.reservation_problems(need, _aggregate(64, 0)) == []
+    assert preflight.reservation_problems(need, _aggregate(64, 8)) == []
+    note = preflight.reservation_in_use_note(need, _aggregate(64, 8))
+    assert note is not None
+    assert "56 free v6e chips now (64 reserved, 8 in use), the run needs 64" in note
+    (line,) = preflight.reservation_problems(need, _aggregate(32, 0))
+    assert "reserves 32 v6e chips, the run needs 64" in line
+    (line,) = preflight.reservation_problems(need, _aggregate(256, 0, "VM_FAMILY_CLOUD_TPU_POD_SLICE_CT5P"))
+    assert "VM_FAMILY_CLOUD_TPU_POD_SLICE_CT5P" in line
+
+
+def test_a_reservation_without_vms_or_chips_is_refused() -> None:
+    need = preflight.ReservationNeed.for_slices("ct6e-standard-8t", "2x4")
+    (line,) = preflight.reservation_problems(need, {"name": "r", "status": "READY"})
+    assert "reserves no VMs or TPU chips" in line
+
+
+def test_not_found_names_zone_and_project() -> None:
+    line = preflight.reservation_not_found_problem(PROJECT, "us-east5-b", "res-9")
+    assert "res-9" in line
+    assert "us-east5-b" in line
+    assert PROJECT in line
+    assert "\n" not in line
+
+
+def test_the_reservation_json_is_found_after_warnings() -> None:
+    document = _specific("8", "0", "ct6e-standard-4t")
+    lines = ["WARNING: something", *json.dumps(document, indent=2).splitlines()]
+    assert preflight.parse_json_document(lines) == document
+    assert preflight.parse_json_document(["ERROR: nothing"]) is None
+
+
+# -- the commands ----------------------------------------------------------------------------------
+def test_the_commands_only_read() -> None:
+    services = render.enabled_services(PROJECT)
+    assert services.argv == (
+        "gcloud",
+        "services",
+        "list",
+        "--enabled",
+        f"--project={PROJECT}",
+        "--format=value(config.name)",
+    )
+    reservation = render.describe_reservation(PROJECT, "us-east5-b", "res-1")
+    assert reservation.argv == (
+        "gcloud",
+        "compute",
+        "reservations",
+        "describe",
+        "res-1",
+        "--zone=us-east5-b",
+        f"--project={PROJECT}",
+        "--format=json",
+    )
+    assert not services.stdin_secret
+    assert not reservation.stdin_secret

@@ -1,0 +1,140 @@
+"""``tpu-rl doctor`` as a real process: the table on stdout, exit 0 with every tool, 1 (and one
+line naming it) with any one tool hidden from PATH."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.toolpath import path_without
+from tpu_rl_sandbox.tool_stubs import STUB_TOOLS, write_tool_stubs
+
+TPU_RL = Path(sys.executable).with_name("tpu-rl")
+PURPOSE_TOOLS = {
+    "deploy": ("gcluster", "terraform", "packer", "git", "gcloud"),
+    "jobs": ("gcluster", "gcloud", "kubectl", "gke-gcloud-auth-plugin"),
+    "tpu_vm": ("gcloud",),
+}
+
+
+@pytest.fixture
+def gcluster(tmp_path: Path) -> Path:
+    """A stand-in gcluster binary answering ``--version`` like the release (cmd/root.go template)."""
+    path = tmp_path / "gcluster-bin" / "gcluster"
+    path.parent.mkdir()
+    path.write_text(
+        "#!/bin/sh\n"
+        '[ "$1" = --version ] || exit 1\n'
+        "echo 'gcluster version v1.103.0'\n"
+        "echo \"Built from 'main' branch.\"\n"
+    )
+    path.chmod(0o755)
+    return path
+
+
+def doctor(
+    tmp_path: Path, path: str, *args: str, extra: dict[str, object] | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW_CONN_")}
+    env["PATH"] = path
+    env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")
+    if extra is not None:
+        env["AIRFLOW_CONN_GCLUSTER_DEFAULT"] = json.dumps({"conn_type": "gcluster", "extra": extra})
+    return subprocess.run(
+        [str(TPU_RL), "doctor", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+
+
+def stubbed_path(tmp_path: Path, hidden: tuple[str, ...] = ()) -> str:
+    stubs = tmp_path / "stubs"
+    write_tool_stubs(stubs, tools=[t for t in STUB_TOOLS if t not in hidden])
+    # The host has a real (old) terraform, kubectl and the auth plugin: hide those behind the stubs.
+    rest = path_without([*STUB_TOOLS, *hidden], tmp_path / "hidden")
+    return f"{stubs}{os.pathsep}{rest}"
+
+
+def test_doctor_with_every_tool_prints_the_table_and_exits_0(tmp_path: Path, gcluster: Path) -> None:
+    result = doctor(tmp_path, stubbed_path(tmp_path), "--no-install", extra={"gcluster_path": str(gcluster)})
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["TOOL", "NEEDED", "FOR", "WANTED", "FOUND", "FROM", "STATUS"]
+    rows = {line.split()[0]: line for line in lines[1:] if line and not line.startswith(tuple(PURPOSE_TOOLS))}
+    assert set(rows) == {
+        "gcluster",
+        "terraform",
+        "packer",
+        "git",
+        "gcloud",
+        "kubectl",
+        "gke-gcloud-auth-plugin",
+    }
+    assert all(row.endswith("OK") for row in rows.values())
+    assert "1.12.2" in rows["terraform"]
+    assert f"PATH ({tmp_path / 'stubs' / 'terraform'})" in rows["terraform"]
+    assert "1.15.0" in rows["packer"]
+    assert f"connection ({gcluster})" in rows["gcluster"]
+    assert "1.103.0" in rows["gcluster"]
+    assert lines[-3:] == ["deploy: OK", "jobs: OK", "tpu_vm: OK"]
+
+
+def test_doctor_keeps_stdout_clean_without_a_connection(tmp_path: Path) -> None:
+    """No gcluster_default connection: Airflow's log line goes to stderr, never into the table."""
+    result = doctor(tmp_path, stubbed_path(tmp_path), "--for", "tpu_vm")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines()[0].startswith("TOOL ")
+    assert "connection" not in result.stdout
+    assert result.stdout.splitlines()[-1] == "tpu_vm: OK"
+
+
+@pytest.mark.parametrize(
+    "tool", ["terraform", "packer", "git", "kubectl", "gke-gcloud-auth-plugin", "gcloud"]
+)
+def test_doctor_names_a_hidden_tool_in_one_line_and_exits_1(
+    tmp_path: Path, gcluster: Path, tool: str
+) -> None:
+    result = doctor(
+        tmp_path, stubbed_path(tmp_path, (tool,)), "--no-install", extra={"gcluster_path": str(gcluster)}
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    verdicts = result.stdout.splitlines()[-3:]
+    for purpose, line in zip(PURPOSE_TOOLS, verdicts, strict=True):
+        if tool in PURPOSE_TOOLS[purpose]:
+            assert line.startswith(f"{purpose} needs {tool} "), line
+            assert "not on PATH" in line
+        else:
+            assert line == f"{purpose}: OK"
+    row = next(line for line in result.stdout.splitlines() if line.startswith(f"{tool} "))
+    assert "missing" in row
+
+
+def test_doctor_for_one_purpose_and_a_missing_gcluster(tmp_path: Path) -> None:
+    result = doctor(
+        tmp_path,
+        stubbed_path(tmp_path),
+        "--for",
+        "jobs",
+        "--no-install",
+        extra={"gcluster_path": str(tmp_path / "no-such-gcluster")},
+    )
+    assert result.returncode == 1
+    last = result.stdout.splitlines()[-1]
+    assert last.startswith("jobs needs gcluster (gcluster_path")
+    assert "is not an executable file" in last
+    assert "terraform" not in result.stdout  # only the jobs toolchain was checked
+
+
+def test_doctor_unknown_connection_is_an_error_on_stderr(tmp_path: Path) -> None:
+    result = doctor(tmp_path, stubbed_path(tmp_path), "--gcluster-conn-id", "nope")
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert "gcluster connection 'nope' is not defined" in result.stderr

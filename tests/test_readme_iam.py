@@ -1,0 +1,37 @@
+"""The README's roles table and API list say what ``preflight`` checks, role for role."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from airflow_provider_tpu_rl.spec.preflight import REQUIRED_SERVICES, roles_needed
+from airflow_provider_tpu_rl.spec.presets import Runner
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+ROW = re.compile(r"^\| `(roles/[\w.]+)` \| (✓?) \| (✓?) \| .+ \|$")
+
+
+def _section() -> str:
+    text = README.read_text()
+    start = text.index("## Before the first real run")
+    return text[start : text.index("\n## ", start + 1)]
+
+
+def test_the_roles_table_lists_exactly_the_roles_preflight_checks() -> None:
+    rows = [ROW.match(line) for line in _section().splitlines() if line.startswith("| `roles/")]
+    assert rows
+    assert all(rows), "every roles row has the form | `roles/x` | ✓ | ✓ | why |"
+    table = {m[1]: (bool(m[2]), bool(m[3])) for m in rows if m}
+    gke, tpu_vm = roles_needed(Runner.GKE), roles_needed(Runner.TPU_VM)
+    assert {role for role, (g, _) in table.items() if g} == set(gke)
+    assert {role for role, (_, v) in table.items() if v} == set(tpu_vm)
+
+
+def test_the_api_lists_name_every_required_service() -> None:
+    section = _section()
+    gke_line = section[section.index("GKE pipeline:") : section.index("TPU VM pipeline:")]
+    vm_line = section[section.index("TPU VM pipeline:") : section.index("**Roles")]
+    for runner, line in ((Runner.GKE, gke_line), (Runner.TPU_VM, vm_line)):
+        listed = {f"{name}.googleapis.com" for name in re.findall(r"`([a-z]+)`", line)}
+        assert listed == set(REQUIRED_SERVICES[runner]), runner
