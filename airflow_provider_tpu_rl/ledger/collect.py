@@ -5,7 +5,9 @@ the run's state is derived from the other tasks. Task instances come from
 ``dag_run.get_task_instances()`` where the context offers it (Airflow 2, tests); on Airflow 3
 a task can only ask for the states of its run's tasks (``ti.get_task_states``), so start, end
 and try number come from ``recorded_steps``: what :func:`~airflow_provider_tpu_rl.ledger.hook.record_step_callback`
-wrote into the ledger while the run went on.
+wrote into the ledger while the run went on. A task instance without a ``start_date``
+(Airflow 2.11's ``airflow dags test``) gets its start from ``end_date - duration``, else from the
+execute callback's row, else from ``queued_dttm``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from airflow_provider_tpu_rl.ledger.records import (
     RunRecord,
     StepRecord,
     as_utc,
+    task_instance_start,
 )
 
 log = logging.getLogger(__name__)
@@ -76,9 +79,10 @@ def collect_run_from_context(
     own_ti = context["ti"]
     own_task_id = own_ti.task_id
 
-    steps = _steps_from_context(context, dag_run, own_ti)
+    steps, queued = _steps_from_context(context, dag_run, own_ti)
     steps.pop(own_task_id, None)
     steps = _fill_from_recorded(steps, recorded_steps or {})
+    steps = _fill_from_queued(steps, queued)
     steps = _attach_job_names(steps, own_ti, job_task_ids)
 
     teardowns = _teardown_task_ids(context, teardown_task_ids, cluster_task_ids) | {own_task_id}
@@ -114,28 +118,38 @@ def collect_run_from_context(
     return run, sorted(steps.values(), key=lambda step: step.task_id), metrics, artifacts
 
 
-def _steps_from_context(context: Mapping[str, Any], dag_run: Any, own_ti: Any) -> dict[str, StepRecord]:
+def _steps_from_context(
+    context: Mapping[str, Any], dag_run: Any, own_ti: Any
+) -> tuple[dict[str, StepRecord], dict[str, datetime]]:
+    """The steps the context knows, and the earliest ``queued_dttm`` of each task (a start of last resort)."""
     get_task_instances = getattr(dag_run, "get_task_instances", None)
     if callable(get_task_instances):
-        return _merge_mapped(
+        instances = list(get_task_instances())
+        queued: dict[str, datetime] = {}
+        for ti in instances:
+            when = as_utc(getattr(ti, "queued_dttm", None))
+            if when is not None:
+                queued[ti.task_id] = min(when, queued.get(ti.task_id, when))
+        steps = _merge_mapped(
             StepRecord(
                 task_id=ti.task_id,
                 state=state_name(ti.state),
                 try_number=getattr(ti, "try_number", None),
-                started_at=as_utc(getattr(ti, "start_date", None)),
+                started_at=task_instance_start(ti, estimate=False),
                 ended_at=as_utc(getattr(ti, "end_date", None)),
             )
-            for ti in get_task_instances()
+            for ti in instances
         )
+        return steps, queued
     get_task_states = getattr(own_ti, "get_task_states", None)
     if callable(get_task_states):
         by_run = get_task_states(dag_id=dag_run.dag_id, run_ids=[dag_run.run_id])
         states: Mapping[str, Any] = by_run.get(dag_run.run_id, {})
         return {
             task_id: StepRecord(task_id=task_id, state=state_name(state)) for task_id, state in states.items()
-        }
+        }, {}
     log.warning("the context offers no way to list task instances; the ledger records no steps")
-    return {}
+    return {}, {}
 
 
 def _merge_mapped(steps: Iterable[StepRecord]) -> dict[str, StepRecord]:
@@ -180,6 +194,18 @@ def _fill_from_recorded(
             job_name=new.job_name or old.job_name,
         )
     return filled
+
+
+def _fill_from_queued(steps: dict[str, StepRecord], queued: Mapping[str, datetime]) -> dict[str, StepRecord]:
+    """A step that ended with no start known at all starts when it was queued."""
+    return {
+        task_id: (
+            replace(step, started_at=queued[task_id])
+            if step.started_at is None and step.ended_at is not None and task_id in queued
+            else step
+        )
+        for task_id, step in steps.items()
+    }
 
 
 def _attach_job_names(

@@ -62,6 +62,7 @@ from airflow_provider_tpu_rl.ledger.records import (
     StepRecord,
     as_utc,
     make_run_id,
+    task_instance_start,
 )
 from airflow_provider_tpu_rl.ledger.schema import BOOTSTRAP_VERSION, load_migrations, load_query
 
@@ -532,8 +533,9 @@ def step_callbacks(conn_id: str = DEFAULT_CONN_ID) -> dict[str, Callable[[Mappin
     """Task callbacks that upsert each task's step (start, end, try number) into the ledger.
 
     Spread them into a DAG's ``default_args``. On Airflow 3 a task cannot read other task
-    instances' times, so these rows are where the ledger task finds them. A ledger error is
-    logged, never raised: the ledger must not fail a training task.
+    instances' times, so these rows are where the ledger task finds them; on Airflow 2.11's
+    ``airflow dags test``, which sets no ``start_date``, the execute callback's time is the
+    step's start. A ledger error is logged, never raised: the ledger must not fail a training task.
     """
 
     def make(callback_state: str) -> Callable[[Mapping[str, Any]], None]:
@@ -543,11 +545,15 @@ def step_callbacks(conn_id: str = DEFAULT_CONN_ID) -> dict[str, Callable[[Mappin
                 state = (
                     callback_state if callback_state == "running" else state_name(ti.state) or callback_state
                 )
+                started_at = task_instance_start(ti)
+                if started_at is None and callback_state == "running":
+                    # Airflow 2.11's `dags test` sets no start_date; the execute callback runs at the start.
+                    started_at = datetime.now(UTC)
                 step = StepRecord(
                     task_id=ti.task_id,
                     state=state,
                     try_number=getattr(ti, "try_number", None),
-                    started_at=as_utc(getattr(ti, "start_date", None)),
+                    started_at=started_at,
                     ended_at=None if callback_state == "running" else as_utc(getattr(ti, "end_date", None)),
                 )
                 RunLedger(conn_id).record_steps(make_run_id(ti.dag_id, ti.run_id), [step])

@@ -6,7 +6,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 RUN_STATES = ("running", "success", "failed")
@@ -33,6 +33,24 @@ def as_utc(value: datetime | str | None) -> datetime | None:
     if value.tzinfo is None:
         return value.replace(tzinfo=UTC)
     return value.astimezone(UTC)
+
+
+def task_instance_start(ti: Any, *, estimate: bool = True) -> datetime | None:
+    """When a task instance's try started (duck-typed: Airflow 2 and 3 task instances, fakes).
+
+    Its ``start_date``; when that is missing (Airflow 2.11's ``airflow dags test`` never sets it),
+    ``end_date - duration`` where Airflow recorded both, which is as exact. Failing those, and
+    when ``estimate``, its ``queued_dttm``: the try started after it was queued, so a duration
+    from there counts the wait in the queue too.
+    """
+    start = as_utc(getattr(ti, "start_date", None))
+    if start is not None:
+        return start
+    end = as_utc(getattr(ti, "end_date", None))
+    duration = getattr(ti, "duration", None)
+    if end is not None and isinstance(duration, int | float) and not isinstance(duration, bool):
+        return end - timedelta(seconds=duration)
+    return as_utc(getattr(ti, "queued_dttm", None)) if estimate else None
 
 
 def seconds_between(started: datetime | None, ended: datetime | None) -> float | None:

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from airflow.providers.common.compat.sdk import AirflowFailException, conf
 
+from airflow_provider_tpu_rl.compat import exponential_backoff
 from airflow_provider_tpu_rl.spec import (
     GKE_DAG_ID,
     GKE_DEFAULTS,
@@ -58,12 +59,13 @@ def transient_retries() -> dict[str, Any]:
 
     Operators raise ``AirflowFailException`` for configuration errors, which skips the remaining
     retries. The first delay is ``[tpu_rl] retry_delay`` seconds (default 120), doubling up to 30
-    minutes; the multiplier is a float on Airflow 3.3 (``True`` would mean a constant delay).
+    minutes: :func:`~airflow_provider_tpu_rl.compat.exponential_backoff` gives the multiplier
+    each Airflow version expects (``True`` before 3.2, ``2.0`` from 3.2 on).
     """
     return {
         "retries": conf.getint("tpu_rl", "retries", fallback=3),
         "retry_delay": timedelta(seconds=conf.getfloat("tpu_rl", "retry_delay", fallback=120.0)),
-        "retry_exponential_backoff": 2.0,
+        "retry_exponential_backoff": exponential_backoff(2.0),
         "max_retry_delay": timedelta(minutes=30),
     }
 

@@ -12,6 +12,7 @@ from airflow.models.dagrun import DagRun
 from airflow.providers.common.compat.sdk import TriggerRule
 
 from airflow_provider_tpu_rl.cli import build_plan
+from airflow_provider_tpu_rl.compat import AIRFLOW_V_3_2_PLUS, exponential_backoff
 from airflow_provider_tpu_rl.operators.pipeline import (
     gke_task_arguments,
     tpu_vm_task_arguments,
@@ -144,8 +145,10 @@ def test_retries_only_where_a_failure_can_be_transient(pipeline: tuple[Any, Shap
     assert dag.get_task("validate").retries == 0
     for task_id in shape.transient:
         task = dag.get_task(task_id)
-        # On Airflow 3.3 the backoff is a multiplier: True (1.0) would be a constant delay.
-        assert task.retry_exponential_backoff > 1, task_id
+        # Doubling: 2.0 from Airflow 3.2 on (there True, read as 1.0, would be a constant delay),
+        # True before (where a float fails the DAG's import).
+        assert task.retry_exponential_backoff == exponential_backoff(2.0), task_id
+        assert task.retry_exponential_backoff == (2.0 if AIRFLOW_V_3_2_PLUS else True), task_id
         assert timedelta(0) < task.retry_delay < task.max_retry_delay, task_id
 
 

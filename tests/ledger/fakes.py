@@ -21,6 +21,8 @@ class FakeTaskInstance:
     start_date: datetime | None = None
     end_date: datetime | None = None
     map_index: int = -1
+    duration: float | None = None
+    queued_dttm: datetime | None = None
 
 
 @dataclass

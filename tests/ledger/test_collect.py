@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -234,6 +235,71 @@ def test_airflow3_context_uses_task_states_and_recorded_steps() -> None:
     assert by_task["train"] == StepRecord("train", "failed", 3, minutes(30), None)
     assert (run.state, run.cluster_started_at, run.cluster_ended_at) == ("failed", minutes(0), minutes(110))
     assert run.chip_hours == pytest.approx(32 * 110 / 60)
+
+
+def without_start_date(instances: list[FakeTaskInstance], **fallback: str) -> list[FakeTaskInstance]:
+    """Task instances as Airflow 2.11's ``dags test`` leaves them: no start_date.
+
+    ``fallback`` names, per task id, the timestamp Airflow still recorded: "duration" (with
+    end_date) or "queued_dttm" (at the real start); the other tasks have neither.
+    """
+    bare = []
+    for ti in instances:
+        start, kind = ti.start_date, fallback.get(ti.task_id)
+        ti = replace(ti, start_date=None)
+        if kind == "duration" and start is not None and ti.end_date is not None:
+            ti = replace(ti, duration=(ti.end_date - start).total_seconds())
+        elif kind == "queued_dttm":
+            ti = replace(ti, queued_dttm=start)
+        bare.append(ti)
+    return bare
+
+
+def test_without_start_date_steps_start_at_end_minus_duration_or_when_queued() -> None:
+    instances = without_start_date(
+        gke_task_instances(), deploy_cluster="duration", train="duration", destroy_cluster="queued_dttm"
+    )
+    context = context_for(FakeDagRun(instances), SUCCESS_XCOMS)
+    run, steps, _, _ = collect_run_from_context(context, model="m", chips=32, now=NOW)
+
+    by_task = {step.task_id: step for step in steps}
+    assert (by_task["deploy_cluster"].started_at, by_task["deploy_cluster"].duration_seconds) == (
+        minutes(0),
+        20 * 60,
+    )
+    assert by_task["train"].duration_seconds == 79 * 60
+    assert by_task["destroy_cluster"].duration_seconds == 19 * 60
+    assert (by_task["convert_to_maxtext"].started_at, by_task["convert_to_maxtext"].ended_at) == (
+        None,
+        minutes(40),
+    )
+    assert (run.cluster_started_at, run.cluster_ended_at) == (minutes(0), minutes(170))
+    assert run.chip_hours == pytest.approx(32 * 170 / 60)
+
+
+def test_without_start_date_the_execute_callback_row_comes_before_the_queued_time() -> None:
+    instances = without_start_date(gke_task_instances(), deploy_cluster="queued_dttm")
+    instances[0] = replace(instances[0], queued_dttm=minutes(-5))  # queued 5 minutes before it started
+    recorded = {"deploy_cluster": StepRecord("deploy_cluster", "running", 1, minutes(0), None)}
+    context = context_for(FakeDagRun(instances), SUCCESS_XCOMS)
+    run, steps, _, _ = collect_run_from_context(
+        context, model="m", chips=32, recorded_steps=recorded, now=NOW
+    )
+    assert {step.task_id: step for step in steps}["deploy_cluster"].duration_seconds == 20 * 60
+    assert run.chip_hours == pytest.approx(32 * 170 / 60)
+
+    run, steps, _, _ = collect_run_from_context(context, model="m", chips=32, now=NOW)
+    assert {step.task_id: step for step in steps}["deploy_cluster"].duration_seconds == 25 * 60
+    assert run.chip_hours == pytest.approx(32 * 175 / 60)
+
+
+def test_a_start_date_wins_over_the_other_timestamps() -> None:
+    instances = gke_task_instances()
+    instances[0] = replace(instances[0], duration=1.0, queued_dttm=minutes(-5))
+    context = context_for(FakeDagRun(instances), SUCCESS_XCOMS)
+    run, steps, _, _ = collect_run_from_context(context, model="m", chips=32, now=NOW)
+    assert {step.task_id: step for step in steps}["deploy_cluster"].started_at == minutes(0)
+    assert run.chip_hours == pytest.approx(32 * 170 / 60)
 
 
 def test_a_context_without_task_instances_still_records_the_run() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -17,6 +17,7 @@ from tests.ledger.fakes import (
     FakeAirflow3DagRun,
     FakeDagRun,
     FakeLedgerTaskInstance,
+    FakeTaskInstance,
     context_for,
     gke_task_instances,
     minutes,
@@ -36,7 +37,7 @@ class CallbackTaskInstance:
     run_id: str = "manual__a3"
 
 
-def fire(callback: str, ti: CallbackTaskInstance) -> None:
+def fire(callback: str, ti: Any) -> None:
     step_callbacks()[callback]({"ti": ti})
 
 
@@ -107,3 +108,57 @@ def test_failure_callback_without_a_state_records_failed(ledger: RunLedger) -> N
     )
     step = ledger.recorded_steps("tpu_rl_gke_pipeline/manual__a3")["train"]
     assert (step.state, step.try_number, step.ended_at) == ("failed", 1, minutes(1) + timedelta(seconds=5))
+
+
+@dataclass
+class DagsTestTaskInstance:
+    """A task instance under Airflow 2.11's ``airflow dags test``: no start_date, no duration."""
+
+    task_id: str
+    state: str | None
+    end_date: datetime | None = None
+    try_number: int = 1
+    start_date: datetime | None = None
+    duration: float | None = None
+    queued_dttm: datetime | None = None
+    dag_id: str = "tpu_rl_gke_pipeline"
+    run_id: str = "dags_test"
+
+
+def test_airflow2_dags_test_run_gets_step_times_from_the_execute_callbacks(ledger: RunLedger) -> None:
+    """Without start_date the execute callback's time is the start: durations and chip-hours recorded."""
+    before = datetime.now(UTC)
+    fire("on_execute_callback", DagsTestTaskInstance("deploy_cluster", "running"))
+    fire("on_execute_callback", DagsTestTaskInstance("train", "running"))
+    after = datetime.now(UTC)
+    ends = {"deploy_cluster": after + timedelta(minutes=20), "train": after + timedelta(minutes=90)}
+    for task_id, end in ends.items():
+        fire("on_success_callback", DagsTestTaskInstance(task_id, "success", end))
+
+    instances = [FakeTaskInstance(task_id, "success", end_date=end) for task_id, end in ends.items()]
+    instances.append(FakeTaskInstance("destroy_cluster", "success", end_date=after + timedelta(minutes=100)))
+    instances.append(FakeTaskInstance(LEDGER_TASK, "running"))
+    dag_run = FakeDagRun(instances, run_id="dags_test")
+    run = record_run_from_context(context_for(dag_run, {}), model="qwen3-30b-a3b", chips=32)
+
+    steps = ledger.recorded_steps(run.run_id)
+    deploy, train = steps["deploy_cluster"], steps["train"]
+    assert deploy.started_at is not None
+    assert before <= deploy.started_at <= after
+    assert train.started_at is not None
+    assert before <= train.started_at <= after
+    assert 20 * 60 <= (deploy.duration_seconds or 0) <= 20 * 60 + (after - before).total_seconds()
+    assert 90 * 60 <= (train.duration_seconds or 0) <= 90 * 60 + (after - before).total_seconds()
+    # No callback row for destroy_cluster: its start stays unknown, its end still closes the cluster.
+    assert (steps["destroy_cluster"].started_at, steps["destroy_cluster"].ended_at) == (
+        None,
+        after + timedelta(minutes=100),
+    )
+    summary = {row.airflow_run_id: row for row in ledger.latest_runs()}["dags_test"]
+    assert summary.chip_hours is not None
+    assert 32 * 100 / 60 <= summary.chip_hours <= 32 * (100 * 60 + (after - before).total_seconds()) / 3600
+
+
+def test_the_execute_callback_keeps_a_start_date_airflow_gives(ledger: RunLedger) -> None:
+    fire("on_execute_callback", CallbackTaskInstance("train", 1, minutes(30)))
+    assert ledger.recorded_steps("tpu_rl_gke_pipeline/manual__a3")["train"].started_at == minutes(30)
