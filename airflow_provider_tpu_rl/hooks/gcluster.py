@@ -380,26 +380,32 @@ class GclusterHook(BaseHook):
         )
 
     def toolchain(
-        self, purpose: str, *, install: bool = True, memo: dict[str, ToolStatus] | None = None
+        self,
+        purpose: str,
+        *,
+        install: bool = True,
+        memo: dict[str, ToolStatus] | None = None,
+        probe: bool = True,
     ) -> Toolchain:
         """Find every tool ``purpose`` (``deploy``, ``jobs``, ``tpu_vm``) needs; with ``install``
         (and the connection's ``install_tools``), download the pinned Terraform/Packer when needed.
 
         Never raises for a missing tool: see :attr:`Toolchain.ok` / :meth:`Toolchain.problem_line`.
-        ``memo`` shares tool statuses between purposes (``tpu-rl doctor --for all``).
+        ``memo`` shares tool statuses between purposes (``tpu-rl doctor --for all``); ``probe=False``
+        skips asking gcluster and gcloud their versions (any version does; doctor shows them).
         """
         if purpose not in PURPOSES:
             raise ConfigurationError(
                 f"unknown toolchain purpose {purpose!r}; choose one of {', '.join(PURPOSES)}"
             )
-        chain = self._resolve_toolchain(self.config, purpose, install, memo=memo)
+        chain = self._resolve_toolchain(self.config, purpose, install, memo=memo, probe=probe)
         if chain.ok:
             self._toolchains[purpose] = chain
         return chain
 
     def require_toolchain(self, purpose: str, *, install: bool = True) -> Toolchain:
         """:meth:`toolchain`, raising :class:`ConfigurationError` (one line) when a tool is missing."""
-        chain = self.toolchain(purpose, install=install)
+        chain = self.toolchain(purpose, install=install, probe=False)
         if not chain.ok:
             raise ConfigurationError(f"{chain.problem_line()} (run `tpu-rl doctor` for the details)")
         return chain
