@@ -120,7 +120,10 @@ def test_every_problem_is_reported_at_once(pf: SandboxRun) -> None:
     assert "does not exist" in lines[-1]
 
 
-def test_a_missing_terraform_is_one_line(pf: SandboxRun, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("tool", ["terraform", "packer"])
+def test_a_missing_deploy_tool_is_one_line(
+    pf: SandboxRun, monkeypatch: pytest.MonkeyPatch, tool: str
+) -> None:
     # Not on PATH, not next to the configured gcloud, none in a fresh cache, no download allowed.
     connection = json.loads(pf.info.env["AIRFLOW_CONN_GCLUSTER_DEFAULT"])
     gcloud_only = pf.work_dir / "gcloud-only"
@@ -132,10 +135,10 @@ def test_a_missing_terraform_is_one_line(pf: SandboxRun, monkeypatch: pytest.Mon
         cache_dir=str(pf.work_dir / "empty-cache"),
     )
     monkeypatch.setenv("AIRFLOW_CONN_GCLUSTER_DEFAULT", json.dumps(connection))
-    monkeypatch.setenv("PATH", path_without(["terraform"], pf.work_dir / "path"))
+    monkeypatch.setenv("PATH", path_without([tool], pf.work_dir / "path"))
     lines = _refusal(pf)
     assert len(lines) == 1
-    assert "terraform" in lines[0]
+    assert tool in lines[0]
 
 
 def test_a_bad_shape_fails_before_any_command(pf: SandboxRun) -> None:
