@@ -708,6 +708,16 @@ class Gcloud:
                 return
         conditional.append({"role": role, "members": [member], "condition": dict(condition)})
 
+    def _bind_in_record(self, record: dict[str, Any], member: str, role: str, condition: Any) -> None:
+        """Add a binding to a secret's or bucket's stored policy (see :meth:`_add_binding`)."""
+        self._add_binding(
+            record.setdefault("bindings", {}),
+            record.setdefault("conditional_bindings", []),
+            member,
+            role,
+            condition,
+        )
+
     def cmd_projects_add_iam_policy_binding(self, parsed: GcloudParse) -> int:
         project = str(parsed.positionals["PROJECT_ID"])
         member, role = str(parsed.get("member")), str(parsed.get("role"))
@@ -754,6 +764,9 @@ class Gcloud:
         return bucket
 
     def cmd_storage_buckets_add_iam_policy_binding(self, parsed: GcloudParse) -> int:
+        """surface/storage/buckets/add_iam_policy_binding.py: the bucket must exist; the binding is
+        added with iam_util.AddBindingToIamPolicyWithCondition (no --condition on a policy with a
+        conditional binding is refused non-interactively), then the policy is set."""
         member, role = str(parsed.get("member")), str(parsed.get("role"))
         specified, condition = self._condition(parsed, role)
         bucket = self._bucket_of(parsed)
@@ -764,13 +777,7 @@ class Gcloud:
         with self.store.txn() as txn:
             buckets = txn.doc("buckets")
             record = buckets.setdefault(bucket, {})
-            self._add_binding(
-                record.setdefault("bindings", {}),
-                record.setdefault("conditional_bindings", []),
-                member,
-                role,
-                condition,
-            )
+            self._bind_in_record(record, member, role, condition)
             txn.save("buckets")
             plain, conditional = cloud.policy_from_docs({"buckets": buckets}, f"b/{bucket}", False)
         self.out(_format(self._policy(plain, conditional), parsed.get("format")))
@@ -929,13 +936,7 @@ class Gcloud:
                 raise GcloudError(
                     f"NOT_FOUND: Secret [projects/{cloud.project_number(project)}/secrets/{secret}] not found."
                 )
-            self._add_binding(
-                record.setdefault("bindings", {}),
-                record.setdefault("conditional_bindings", []),
-                member,
-                role,
-                condition,
-            )
+            self._bind_in_record(record, member, role, condition)
             txn.save("secrets")
             plain, conditional = cloud.policy_from_docs(
                 {"secrets": secrets}, f"projects/{project}/secrets/{secret}", False
