@@ -23,6 +23,9 @@ AIRFLOW_V_3_0_PLUS: bool = airflow_version() >= (3, 0, 0)
 # Before it (Airflow 2.x and 3.0-3.1) BaseOperator type-checks it as a bool and a true value
 # doubles the delay at each try.
 AIRFLOW_V_3_2_PLUS: bool = airflow_version() >= (3, 2, 0)
+# Airflow 3.3 calls ``BaseTrigger.on_kill`` when a user kills a deferred task; before it a trigger
+# tells a kill from a triggerer restart by the task's state (``safe_to_cancel``).
+AIRFLOW_V_3_3_PLUS: bool = airflow_version() >= (3, 3, 0)
 
 
 def exponential_backoff(multiplier: float = 2.0) -> bool | float:
@@ -42,4 +45,10 @@ def exponential_backoff(multiplier: float = 2.0) -> bool | float:
     return True
 
 
-__all__ = ["AIRFLOW_V_3_0_PLUS", "AIRFLOW_V_3_2_PLUS", "airflow_version", "exponential_backoff"]
+__all__ = [
+    "AIRFLOW_V_3_0_PLUS",
+    "AIRFLOW_V_3_2_PLUS",
+    "AIRFLOW_V_3_3_PLUS",
+    "airflow_version",
+    "exponential_backoff",
+]

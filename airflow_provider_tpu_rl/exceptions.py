@@ -32,8 +32,8 @@ class ConfigurationError(TpuRlError):
     """A setting, connection, secret or local tool is wrong or missing; a retry fails the same way."""
 
 
-class CommandError(TpuRlError):
-    """A ``gcluster``/``gcloud`` command failed; :attr:`kind` says whether a retry may help."""
+class ClassifiedError(TpuRlError):
+    """An error that knows whether a retry may help (:attr:`kind`)."""
 
     def __init__(self, message: str, kind: FailureKind = FailureKind.CONFIG) -> None:
         super().__init__(message)
@@ -44,5 +44,16 @@ class CommandError(TpuRlError):
         return self.kind.retryable
 
 
+class CommandError(ClassifiedError):
+    """A ``gcluster``/``gcloud`` command failed; :attr:`kind` says whether a retry may help."""
+
+
 class OutputParseError(TpuRlError):
     """A command succeeded but printed something this provider cannot parse."""
+
+
+class KubernetesApiError(ClassifiedError):
+    """A GKE or Kubernetes API call failed; :attr:`kind` says whether a retry may help."""
+
+    def __init__(self, message: str, kind: FailureKind = FailureKind.TRANSIENT) -> None:
+        super().__init__(message, kind)

@@ -39,6 +39,7 @@ def get_provider_info() -> dict[str, Any]:
                 "integration-name": INTEGRATION,
                 "python-modules": [
                     "airflow_provider_tpu_rl.operators.gke",
+                    "airflow_provider_tpu_rl.operators.ledger",
                     "airflow_provider_tpu_rl.operators.maxtext",
                     "airflow_provider_tpu_rl.operators.preflight",
                     "airflow_provider_tpu_rl.operators.tpu_vm",
@@ -55,14 +56,16 @@ def get_provider_info() -> dict[str, Any]:
             {
                 "integration-name": INTEGRATION,
                 "python-modules": [
-                    "airflow_provider_tpu_rl.triggers.gcluster_job",
+                    "airflow_provider_tpu_rl.triggers.jobset",
                     "airflow_provider_tpu_rl.triggers.gcs_checkpoint",
                 ],
             }
         ],
         "extra-links": [
+            "airflow_provider_tpu_rl.links.GKEClusterLink",
             "airflow_provider_tpu_rl.links.GKEWorkloadLink",
             "airflow_provider_tpu_rl.links.GCSBrowserLink",
+            "airflow_provider_tpu_rl.links.GCSObjectLink",
             "airflow_provider_tpu_rl.links.CloudLoggingJobLink",
         ],
         "connection-types": connection_types(),
@@ -71,7 +74,7 @@ def get_provider_info() -> dict[str, Any]:
                 "description": "Settings of the TPU RL provider.",
                 "options": {
                     "poll_interval": {
-                        "description": "Seconds between polls of gcluster job state by the job operators "
+                        "description": "Seconds between reads of a job's JobSet by the job operators "
                         "and their trigger (the GCS sensors use their own poke_interval).",
                         "version_added": "0.1.0",
                         "type": "float",
@@ -94,6 +97,24 @@ def get_provider_info() -> dict[str, Any]:
                         "type": "string",
                         "example": "http://127.0.0.1:8085",
                         "default": "",
+                    },
+                    "container_endpoint": {
+                        "description": "GKE API endpoint (REST) the job operators ask for a cluster's "
+                        "Kubernetes API endpoint and CA (host:port or http://host:port, for an emulator). "
+                        "Empty: the real container.googleapis.com.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "http://127.0.0.1:8085",
+                        "default": "",
+                    },
+                    "min_deferral_seconds": {
+                        "description": "The least time a job's trigger waits after the task deferred "
+                        "before it fires, so a job that ends in seconds does not race the scheduler's "
+                        "handling of the deferral (apache/airflow#71580).",
+                        "version_added": "0.1.0",
+                        "type": "float",
+                        "example": "30",
+                        "default": "15",
                     },
                     "retries": {
                         "description": "Retries of the tasks whose failures can be transient.",

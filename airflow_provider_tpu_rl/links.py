@@ -1,4 +1,5 @@
-"""Extra links to the Google Cloud console: the JobSet's head job, its logs, and GCS folders.
+"""Extra links to the Google Cloud console: the GKE cluster, the JobSet's head job, its logs, GCS
+folders and the run's curves (a PNG object).
 
 Each link is persisted like the google provider's ``BaseGoogleLink``: the task calls
 ``SomeLink.persist(context, **values)`` which pushes the values to XCom under the link's key, and
@@ -57,6 +58,12 @@ class _XComPersistedLink(BaseOperatorLink):
         cls.format_url(**values)
         context["ti"].xcom_push(key=cls.key, value=values)
 
+    @classmethod
+    def persist_none(cls, context: Context) -> None:
+        """Say there is no link for this try (an empty value): Airflow 3 resolves every extra link
+        when a task ends and logs an error for a link whose XCom is missing."""
+        context["ti"].xcom_push(key=cls.key, value="")
+
     def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
         value = XCom.get_value(key=self.key, ti_key=ti_key)
         if isinstance(value, str):
@@ -90,6 +97,26 @@ class GKEWorkloadLink(_XComPersistedLink):
         return (
             f"{CONSOLE_URL}/kubernetes/job/{_path_segment(location)}/{_path_segment(cluster_name)}/"
             f"{_path_segment(namespace)}/{_path_segment(job_name)}/details?project={_path_segment(project_id)}"
+        )
+
+
+class GKEClusterLink(_XComPersistedLink):
+    """Console page of a GKE cluster.
+
+    The URL is the google provider's ``KubernetesEngineClusterLink``
+    (``providers/google/cloud/links/kubernetes_engine.py``, ``KUBERNETES_CLUSTER_LINK``).
+    """
+
+    name = "GKE Cluster"
+    key = "tpu_rl_gke_cluster"
+
+    @classmethod
+    def format_url(cls, *, project_id: str, location: str, cluster_name: str) -> str:
+        if not (project_id and location and cluster_name):
+            raise ValueError("project_id, location and cluster_name are required")
+        return (
+            f"{CONSOLE_URL}/kubernetes/clusters/details/{_path_segment(location)}/"
+            f"{_path_segment(cluster_name)}/details?project={_path_segment(project_id)}"
         )
 
 
@@ -161,3 +188,20 @@ class CloudLoggingJobLink(_XComPersistedLink):
             f"{CONSOLE_URL}/logs/query;query={quote(query, safe='')};storageScope=project;"
             f"duration={_path_segment(duration)}?project={_path_segment(project_id)}"
         )
+
+
+class GCSObjectLink(_XComPersistedLink):
+    """Console details page of one ``gs://`` object (it previews an image): the run's curves."""
+
+    name = "Run Curves"
+    key = "tpu_rl_run_curves"
+
+    @classmethod
+    def format_url(cls, *, uri: str, project_id: str | None = None) -> str:
+        bucket, name = parse_gs_uri(uri)
+        if not name or name.endswith("/"):
+            raise ValueError(f"not an object: {uri}")
+        url = f"{CONSOLE_URL}/storage/browser/_details/{_path_segment(bucket)}/{quote(name, safe='/')};tab=live_object"
+        if project_id:
+            url += f"?project={_path_segment(project_id)}"
+        return url

@@ -19,17 +19,30 @@ from airflow.providers.common.compat.sdk import (
     chain,
     get_current_context,
     task,
-    teardown,
 )
 
-from airflow_provider_tpu_rl.ledger.hook import record_run_from_context
-from airflow_provider_tpu_rl.operators.pipeline import validate_pipeline_conf
-from airflow_provider_tpu_rl.spec import PRESETS, Runner, rules
+from airflow_provider_tpu_rl.ledger.collect import task_states
+from airflow_provider_tpu_rl.ledger.hook import step_callbacks
+from airflow_provider_tpu_rl.operators.ledger import RecordRunOperator
+from airflow_provider_tpu_rl.operators.pipeline import (
+    ERROR_XCOM_KEY,
+    fail_in_one_line,
+    failure_summary,
+    note_failure,
+    validate_pipeline_conf,
+)
+from airflow_provider_tpu_rl.spec import GKE_DEFAULTS, PRESETS, Runner, rules
 from airflow_provider_tpu_rl.spec.presets import presets_for
 
 LEDGER_CONN_ID: Final = "tpu_rl_ledger"
 WATCHER_TASK_ID: Final = "watcher"
-CLOUD, CLUSTER, VM, MODEL, SAFETY = "Cloud", "Cluster", "VM", "Model & training", "Safety"
+# The trigger form opens only its default section, "Run Parameters" (where params without a
+# section go): Airflow 3.3's airflow-core/src/airflow/ui/src/components/ConfigForm.tsx renders the
+# FlexibleForm inside <Accordion.Root defaultValue={[flexibleFormDefaultSection]}>, and
+# FlexibleForm.tsx sets flexibleFormDefaultSection = "Run Parameters". The Cloud fields, which every
+# user must change, are in it; the other sections start closed.
+UI_DEFAULT_SECTION: Final = "Run Parameters"
+CLOUD, CLUSTER, VM, MODEL, SAFETY = UI_DEFAULT_SECTION, "Cluster", "VM", "Model & training", "Safety"
 
 
 def optional(pattern: re.Pattern[str]) -> str:
@@ -57,12 +70,20 @@ def model_field(runner: Runner, description: str) -> dict[str, Any]:
     }
 
 
+def replace_example(key: str, what: str) -> str:
+    """Help text for a field prefilled with an example value (the spec's default) to replace."""
+    return f"The prefilled {GKE_DEFAULTS[key]} is an example: replace it with {what}."
+
+
+REPLACE_BUCKET: Final = replace_example("bucket", "a bucket name of your own (bucket names are global)")
+
 # Form metadata of the keys both pipelines have; each DAG adds or overrides its own.
 COMMON_FORM: Final[dict[str, dict[str, Any]]] = {
     "project": {
         "title": "GCP project",
         "section": CLOUD,
-        "description": "Project ID that owns the TPUs, the bucket and the reservation.",
+        "description": "Project ID that owns the TPUs, the bucket and the reservation. "
+        + replace_example("project", "your project ID"),
         "type": "string",
         "pattern": rules.PROJECT_ID.pattern,
     },
@@ -76,7 +97,8 @@ COMMON_FORM: Final[dict[str, dict[str, Any]]] = {
     "bucket": {
         "title": "GCS bucket",
         "section": CLOUD,
-        "description": "Bucket name without gs://. Created if missing, kept afterwards (see delete_bucket).",
+        "description": "Bucket name without gs://. Created if missing, kept afterwards (see delete_bucket). "
+        + REPLACE_BUCKET,
         "type": "string",
         "pattern": rules.BUCKET_CHARS.pattern,
         "minLength": 3,
@@ -140,7 +162,17 @@ COMMON_FORM: Final[dict[str, dict[str, Any]]] = {
 def pipeline_params(defaults: Mapping[str, Any], form: Mapping[str, dict[str, Any]]) -> dict[str, Param]:
     """One Param per conf key: the spec's default and the form metadata (common, then own)."""
     merged = {**COMMON_FORM, **form}
-    return {key: Param(copy.deepcopy(value), **merged[key]) for key, value in defaults.items()}
+    # The open section (the Cloud fields) first, then the others in the spec's order.
+    keys = sorted(defaults, key=lambda key: merged[key].get("section") != CLOUD)
+    return {key: Param(copy.deepcopy(defaults[key]), **merged[key]) for key in keys}
+
+
+def pipeline_callbacks(conn_id: str = LEDGER_CONN_ID) -> dict[str, Any]:
+    """Task callbacks of the pipelines' ``default_args``: the ledger's step rows, and on failure
+    the first line of the error in XCom (what the watcher names)."""
+    callbacks: dict[str, Any] = dict(step_callbacks(conn_id))
+    callbacks["on_failure_callback"] = [callbacks["on_failure_callback"], note_failure]
+    return callbacks
 
 
 def validate_task() -> Any:
@@ -148,38 +180,34 @@ def validate_task() -> Any:
 
     @task(task_id="validate", retries=0)
     def validate() -> dict[str, Any]:
-        """Check the whole conf with the spec; XCom the derived paths the sensors watch."""
+        """Check the whole conf with the spec; XCom the derived paths the sensors watch.
+
+        A bad conf fails the task with its one line (no traceback: it is not a bug).
+        """
         context = get_current_context()
         dag_run = context["dag_run"]
-        return validate_pipeline_conf(
-            dag_run.dag_id, dag_run.run_id, dag_run.conf or {}, dict(context["params"])
-        )
+        try:
+            return validate_pipeline_conf(
+                dag_run.dag_id, dag_run.run_id, dag_run.conf or {}, dict(context["params"])
+            )
+        except AirflowFailException as err:
+            fail_in_one_line(str(err))
 
     return validate()
 
 
-def record_run_task(cluster_task_ids: Sequence[str], **collect_options: Any) -> Any:
-    """``record_run``: a teardown writing the run, its steps, metrics and artifacts to the ledger."""
-
-    @teardown
-    @task(task_id="record_run")
-    def record_run() -> dict[str, Any]:
-        context = get_current_context()
-        derived = context["ti"].xcom_pull(task_ids="validate") or {}
-        run = record_run_from_context(
-            context,
-            model=str(derived.get("model") or context["params"].get("model")),
-            chips=derived.get("chips"),
-            conn_id=LEDGER_CONN_ID,
-            cluster_task_ids=tuple(cluster_task_ids),
-            # A failed destroy fails the run here too (it leaked a billed resource), as the watcher does.
-            teardown_task_ids=(),
-            ignored_task_ids=(WATCHER_TASK_ID,),
-            **collect_options,
-        )
-        return {"run_id": run.run_id, "state": run.state}
-
-    return record_run()
+def record_run_task(cluster_task_ids: Sequence[str], **collect_options: Any) -> RecordRunOperator:
+    """``record_run``: a teardown writing the run, its steps, metrics and artifacts to the ledger,
+    and the run's curves to a PNG in its output folder (linked from the task)."""
+    return RecordRunOperator(
+        task_id="record_run",
+        conn_id=LEDGER_CONN_ID,
+        cluster_task_ids=tuple(cluster_task_ids),
+        # A failed destroy fails the run here too (it leaked a billed resource), as the watcher does.
+        teardown_task_ids=(),
+        ignored_task_ids=(WATCHER_TASK_ID,),
+        collect_options=collect_options,
+    ).as_teardown()
 
 
 def chain_in_order(order: Sequence[str], dag: DAG) -> None:
@@ -200,6 +228,17 @@ def add_watcher(dag: DAG) -> None:
 
     @task(task_id=WATCHER_TASK_ID, trigger_rule=TriggerRule.ONE_FAILED, retries=0)
     def watcher() -> None:
-        raise AirflowFailException("a task of this run failed (a teardown included); see its log")
+        """Fail with one line naming the failed task(s) and the first line of each one's error."""
+        context = get_current_context()
+        ti = context["ti"]
+        dag_tasks = getattr(context.get("dag"), "task_ids", None) or ()
+        fail_in_one_line(
+            failure_summary(
+                task_states(context),
+                lambda task_id: ti.xcom_pull(task_ids=task_id, key=ERROR_XCOM_KEY),
+                order=list(dag_tasks),
+                ignored=(WATCHER_TASK_ID,),
+            )
+        )
 
     [t for t in dag.tasks if not t.is_setup] >> watcher()

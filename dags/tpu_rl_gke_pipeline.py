@@ -14,7 +14,6 @@ from typing import Any, Final
 from airflow.providers.common.compat.sdk import DAG
 
 from airflow_provider_tpu_rl.ledger.collect import GKE_CLUSTER_TASK_IDS
-from airflow_provider_tpu_rl.ledger.hook import step_callbacks
 from airflow_provider_tpu_rl.operators.gke import (
     EnsureBucketOperator,
     GclusterDeployOperator,
@@ -39,6 +38,7 @@ from airflow_provider_tpu_rl.pipeline_dags import (
     chain_in_order,
     model_field,
     optional,
+    pipeline_callbacks,
     pipeline_params,
     record_run_task,
     validate_task,
@@ -53,6 +53,11 @@ from airflow_provider_tpu_rl.spec.presets import presets_for
 # Only for tasks whose failure can be transient (capacity, API 5xx, network).
 TRANSIENT_RETRIES: Final[dict[str, Any]] = transient_retries()
 GKE_MODELS: Final = presets_for(Runner.GKE)
+
+
+def chips_per_vm(count: int) -> str:
+    """``1 chip per VM``, ``4 chips per VM``."""
+    return f"{count} chip per VM" if count == 1 else f"{count} chips per VM"
 
 
 def _chips(topology: str) -> int:
@@ -107,7 +112,7 @@ FORM: Final[dict[str, dict[str, Any]]] = {
         "enum": [None, *sorted(CHIPS_PER_VM)],
         "values_display": {
             None: "(preset value)",
-            **{m: f"{m} ({n} chips per VM)" for m, n in CHIPS_PER_VM.items()},
+            **{m: f"{m} ({chips_per_vm(n)})" for m, n in CHIPS_PER_VM.items()},
         },
     },
     "topology": {
@@ -129,7 +134,14 @@ FORM: Final[dict[str, dict[str, Any]]] = {
     "authorized_cidr": {
         "title": "Control-plane authorized network",
         "section": CLUSTER,
-        "description": "CIDR allowed to reach the GKE control plane. 0.0.0.0/0 (the tutorials') is open.",
+        "description": (
+            "CIDR of the GKE control plane's authorized networks: the addresses allowed to reach the "
+            "cluster's Kubernetes API (kubectl, gcluster job). The default 0.0.0.0/0, as in the "
+            "tutorials, opens it to the whole internet (still behind Google sign-in and IAM). "
+            "Narrow it to the address range Airflow calls from: on Cloud Composer, the environment's "
+            "egress range (its Cloud NAT addresses, or the workers' subnet range for a private IP "
+            "environment), e.g. 203.0.113.0/24."
+        ),
         "type": "string",
         "minLength": 9,
     },
@@ -139,6 +151,16 @@ FORM: Final[dict[str, dict[str, Any]]] = {
         "description": "Container image of the jobs; empty = the preset's tpu_post_training image.",
         "type": ["null", "string"],
         "pattern": optional(rules.IMAGE),
+    },
+    "workload_image_patched": {
+        "title": "Image is patched",
+        "section": MODEL,
+        "description": (
+            "The workload image already holds the tutorials' two start-up patches (built from "
+            "docker/workload.Dockerfile): the train command no longer rewrites installed files. "
+            "Leave off with the stock tpu_post_training image."
+        ),
+        "type": "boolean",
     },
     "run_name": {
         "title": "Training run name",
@@ -172,7 +194,8 @@ GRPO post-training of an LLM with MaxText on a TPU v6e slice on GKE (Pathways), 
 Qwen3-30B-A3B and Gemma 4 tutorials: bucket → cluster → HF→MaxText conversion → training →
 MaxText→HF export → cluster destroyed.
 
-**Trigger form.** *Cloud*: project, region, zone, bucket, reservation. *Cluster*: name, shape,
+**Trigger form.** *Run Parameters* (open): project, region, zone, bucket, reservation; the
+prefilled `my-tpu-project` and `my-tpu-rl-bucket` are examples to replace. *Cluster*: name, shape,
 control-plane network. *Model & training*: the model preset ({", ".join(GKE_MODELS)}); every value
 left empty comes from the preset, `train_overrides` adds MaxText keys. The form checks each field;
 `validate` then checks the whole conf (zone in region, slice shape, override ranges, unknown keys)
@@ -188,8 +211,10 @@ caller's IAM permissions and the reservation's free capacity, one line per probl
 
 **Teardown.** `destroy_cluster` runs once the bucket step succeeded, whether the work succeeded,
 failed or the deploy itself failed half-way; `record_run` writes the run to the ledger
-(`{LEDGER_CONN_ID}`) after it. `{WATCHER_TASK_ID}` fails the run when any task failed, a teardown
-included, so a cluster that could not be destroyed never shows as a green run.
+(`{LEDGER_CONN_ID}`) after it and draws its curves (mean reward, train loss) into a PNG next to the
+checkpoints: its *Run Curves* link opens it. `{WATCHER_TASK_ID}` fails the run when any task failed,
+a teardown included, naming the failed tasks and the first line of each one's error, so a cluster
+that could not be destroyed never shows as a green run.
 """
 
 with DAG(
@@ -201,7 +226,7 @@ with DAG(
     render_template_as_native_obj=True,
     tags=["tpu-rl", "maxtext", "grpo", "gke", "pathways"],
     doc_md=DOC_MD,
-    default_args={"owner": "tpu-rl", "retries": 0, **step_callbacks(LEDGER_CONN_ID)},
+    default_args={"owner": "tpu-rl", "retries": 0, **pipeline_callbacks(LEDGER_CONN_ID)},
 ) as dag:
     validated = validate_task()
     args = gke_task_arguments(xcom)
@@ -221,6 +246,7 @@ with DAG(
     )
     wait_converted_checkpoint = MaxTextCheckpointSensor(
         task_id="wait_converted_checkpoint",
+        project_id=xcom("project"),
         checkpoint_root=xcom("converted_root"),
         step=0,
         items=("items",),
@@ -231,6 +257,7 @@ with DAG(
     train = PathwaysRLTrainOperator(task_id="train", deferrable=True, **args["train"], **TRANSIENT_RETRIES)
     wait_actor_checkpoint = MaxTextCheckpointSensor(
         task_id="wait_actor_checkpoint",
+        project_id=xcom("project"),
         checkpoint_root=xcom("actor_root"),
         step=xcom("final_step"),
         deferrable=True,
@@ -242,6 +269,7 @@ with DAG(
     )
     wait_hf_export = HuggingFaceExportSensor(
         task_id="wait_hf_export",
+        project_id=xcom("project"),
         export_uri=xcom("export_uri"),
         deferrable=True,
         poke_interval=30,

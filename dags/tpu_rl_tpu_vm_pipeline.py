@@ -14,7 +14,6 @@ from typing import Any, Final
 from airflow.providers.common.compat.sdk import DAG
 
 from airflow_provider_tpu_rl.ledger.collect import TPU_VM_CLUSTER_TASK_IDS
-from airflow_provider_tpu_rl.ledger.hook import step_callbacks
 from airflow_provider_tpu_rl.operators.gke import EnsureBucketOperator, HfTokenSecretOperator
 from airflow_provider_tpu_rl.operators.pipeline import tpu_vm_task_arguments, transient_retries
 from airflow_provider_tpu_rl.operators.preflight import TpuRlPreflightOperator
@@ -27,6 +26,7 @@ from airflow_provider_tpu_rl.pipeline_dags import (
     CLOUD,
     LEDGER_CONN_ID,
     MODEL,
+    REPLACE_BUCKET,
     SAFETY,
     VM,
     WATCHER_TASK_ID,
@@ -34,6 +34,7 @@ from airflow_provider_tpu_rl.pipeline_dags import (
     chain_in_order,
     model_field,
     optional,
+    pipeline_callbacks,
     pipeline_params,
     record_run_task,
     validate_task,
@@ -65,7 +66,7 @@ FORM: Final[dict[str, dict[str, Any]]] = {
         "section": CLOUD,
         "description": (
             "Bucket name without gs://. Checkpoint and export are copied here from /dev/shm before the "
-            "VM is deleted; kept afterwards (see delete_bucket)."
+            "VM is deleted; kept afterwards (see delete_bucket). " + REPLACE_BUCKET
         ),
         "type": "string",
         "pattern": rules.BUCKET_CHARS.pattern,
@@ -134,7 +135,8 @@ HF→MaxText conversion → training → MaxText→HF export → VM deleted. The
 is lost with the VM: the train and export stages copy their outputs to the bucket before returning,
 and the sensors wait for those GCS copies.
 
-**Trigger form.** *Cloud*: project, zone, bucket, reservation, service account. *VM*: its name.
+**Trigger form.** *Run Parameters* (open): project, zone, bucket, reservation, service account;
+the prefilled `my-tpu-project` and `my-tpu-rl-bucket` are examples to replace. *VM*: its name.
 *Model & training*: the preset, empty values = the preset's, `train_overrides` adds MaxText keys.
 The form checks each field; `validate` then checks the whole conf (unknown keys included) and fails
 the run before the VM is created; `preflight` checks the project's APIs, the caller's IAM
@@ -149,7 +151,9 @@ permissions and the reservation, one line per problem. `create_vm` grants the VM
 
 **Teardown.** `delete_vm` runs once the bucket step succeeded (an absent VM counts as deleted),
 whether the work succeeded or failed; `record_run` writes the run to the ledger (`{LEDGER_CONN_ID}`)
-after it. `{WATCHER_TASK_ID}` fails the run when any task failed, a teardown included.
+after it and draws its curves into a PNG next to the checkpoints (link *Run Curves*).
+`{WATCHER_TASK_ID}` fails the run when any task failed, a teardown included, naming the failed
+tasks and the first line of each one's error.
 """
 
 with DAG(
@@ -161,7 +165,7 @@ with DAG(
     render_template_as_native_obj=True,
     tags=["tpu-rl", "maxtext", "grpo", "tpu-vm"],
     doc_md=DOC_MD,
-    default_args={"owner": "tpu-rl", "retries": 0, **step_callbacks(LEDGER_CONN_ID)},
+    default_args={"owner": "tpu-rl", "retries": 0, **pipeline_callbacks(LEDGER_CONN_ID)},
 ) as dag:
     validated = validate_task()
     args = tpu_vm_task_arguments(xcom)
@@ -178,6 +182,7 @@ with DAG(
         TpuVmStageOperator(task_id=task_id, **args[task_id], **TRANSIENT_RETRIES)
     wait_actor_checkpoint = MaxTextCheckpointSensor(
         task_id="wait_actor_checkpoint",
+        project_id=xcom("project"),
         checkpoint_root=xcom("actor_root"),
         step=xcom("final_step"),
         deferrable=True,
@@ -186,6 +191,7 @@ with DAG(
     )
     wait_hf_export = HuggingFaceExportSensor(
         task_id="wait_hf_export",
+        project_id=xcom("project"),
         export_uri=xcom("export_uri"),
         deferrable=True,
         poke_interval=30,

@@ -9,7 +9,14 @@ from urllib.parse import unquote
 import pytest
 
 from airflow_provider_tpu_rl import links
-from airflow_provider_tpu_rl.links import CloudLoggingJobLink, GCSBrowserLink, GKEWorkloadLink
+from airflow_provider_tpu_rl.get_provider_info import get_provider_info
+from airflow_provider_tpu_rl.links import (
+    CloudLoggingJobLink,
+    GCSBrowserLink,
+    GCSObjectLink,
+    GKEClusterLink,
+    GKEWorkloadLink,
+)
 
 
 def test_gke_workload_link_points_at_the_pathways_head_job() -> None:
@@ -136,9 +143,88 @@ def test_get_link_reads_the_persisted_values(monkeypatch, stored: Any, expected:
     get_value.assert_called_once_with(key="tpu_rl_gcs_browser", ti_key=ti_key)
 
 
-def test_link_names_and_keys_are_distinct() -> None:
-    link_classes = [GKEWorkloadLink, GCSBrowserLink, CloudLoggingJobLink]
+LINK_CLASSES = [GKEClusterLink, GKEWorkloadLink, GCSBrowserLink, GCSObjectLink, CloudLoggingJobLink]
 
-    assert len({c.name for c in link_classes}) == 3
-    assert len({c.key for c in link_classes}) == 3
-    assert all(c().xcom_key == c.key for c in link_classes)
+
+def test_link_names_and_keys_are_distinct() -> None:
+    assert len({c.name for c in LINK_CLASSES}) == len(LINK_CLASSES)
+    assert len({c.key for c in LINK_CLASSES}) == len(LINK_CLASSES)
+    assert all(c().xcom_key == c.key for c in LINK_CLASSES)
+
+
+def test_every_link_is_registered_with_the_provider() -> None:
+    registered = set(get_provider_info()["extra-links"])
+
+    assert registered == {f"{c.__module__}.{c.__qualname__}" for c in LINK_CLASSES}
+
+
+def test_gke_cluster_link_is_the_google_providers_cluster_page() -> None:
+    from airflow.providers.google.cloud.links.kubernetes_engine import KUBERNETES_CLUSTER_LINK
+
+    url = GKEClusterLink.format_url(project_id="my-proj", location="us-east5", cluster_name="rl-v6e")
+
+    assert url == "https://console.cloud.google.com" + KUBERNETES_CLUSTER_LINK.format(
+        location="us-east5", cluster_name="rl-v6e", project_id="my-proj"
+    )
+    assert url == (
+        "https://console.cloud.google.com/kubernetes/clusters/details/us-east5/rl-v6e/details?project=my-proj"
+    )
+
+
+def test_gke_cluster_link_needs_every_part() -> None:
+    with pytest.raises(ValueError):
+        GKEClusterLink.format_url(project_id="p", location="", cluster_name="c")
+
+
+def test_gcs_object_link_opens_the_objects_details_page() -> None:
+    url = GCSObjectLink.format_url(uri="gs://bkt/qwen3/trained/rl/tpu-rl-curves-ab12.png", project_id="p")
+
+    assert url == (
+        "https://console.cloud.google.com/storage/browser/_details/bkt/qwen3/trained/rl/"
+        "tpu-rl-curves-ab12.png;tab=live_object?project=p"
+    )
+
+
+@pytest.mark.parametrize("uri", ["gs://bkt", "gs://bkt/folder/", "/tmp/x.png"])
+def test_gcs_object_link_refuses_what_is_not_an_object(uri: str) -> None:
+    with pytest.raises(ValueError):
+        GCSObjectLink.format_url(uri=uri)
+
+
+def test_persist_none_leaves_an_empty_link(monkeypatch) -> None:
+    ti = mock.MagicMock()
+
+    GCSObjectLink.persist_none({"ti": ti})
+
+    ti.xcom_push.assert_called_once_with(key="tpu_rl_run_curves", value="")
+    monkeypatch.setattr(links.XCom, "get_value", mock.MagicMock(return_value=""))
+    assert GCSObjectLink().get_link(mock.MagicMock(), ti_key=mock.sentinel.ti_key) == ""
+
+
+def test_provider_info_follows_airflows_schema() -> None:
+    import json
+    from pathlib import Path
+
+    import airflow
+    import jsonschema
+
+    schema = json.loads((Path(airflow.__file__).parent / "provider_info.schema.json").read_text())
+    jsonschema.validate(get_provider_info(), schema)
+    assert "airflow_provider_tpu_rl.operators.ledger" in get_provider_info()["operators"][0]["python-modules"]
+
+
+def test_every_module_the_provider_lists_imports() -> None:
+    import importlib
+
+    info = get_provider_info()
+    modules = [
+        module
+        for kind in ("hooks", "operators", "sensors", "triggers")
+        for entry in info[kind]
+        for module in entry["python-modules"]
+    ]
+    for module in modules:
+        importlib.import_module(module)
+    for link in info["extra-links"]:
+        module, _, name = link.rpartition(".")
+        assert hasattr(importlib.import_module(module), name), link

@@ -31,7 +31,6 @@ PARSE_GUARD = ROOT / "tests" / "dags" / "parse_guard.py"
 PARSE_TIME_MODULES: list[str] = [
     "airflow_provider_tpu_rl.sensors.checkpoint",
     "airflow_provider_tpu_rl.triggers.gcs_checkpoint",
-    "airflow_provider_tpu_rl.triggers.gcluster_job",
     "airflow_provider_tpu_rl.links",
     "airflow_provider_tpu_rl.hooks.gcluster",
     "airflow_provider_tpu_rl.hooks.hf_token",

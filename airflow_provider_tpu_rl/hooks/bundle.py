@@ -329,7 +329,7 @@ def ensure_bundle(
 def _not_cached(version: str, root: Path) -> str:
     return (
         f"Cluster Toolkit {version} is not in the cache ({root}) and this call may not download it "
-        "(the triggerer and `tpu-rl doctor --no-install` never do): run `tpu-rl doctor` on this "
+        "(`tpu-rl doctor --no-install` never does): run `tpu-rl doctor` on this "
         "worker, or set gcluster_path"
     )
 

@@ -51,7 +51,6 @@ from airflow_provider_tpu_rl.hooks.jobs import (
     GclusterJob,
     JobState,
     parse_job_list,
-    workload_log_lines,
 )
 from airflow_provider_tpu_rl.hooks.process import (
     CommandResult,
@@ -60,7 +59,6 @@ from airflow_provider_tpu_rl.hooks.process import (
     SyncProcess,
     minimal_env,
     prepare_process,
-    run_async,
     run_sync,
 )
 from airflow_provider_tpu_rl.hooks.toolchain import (
@@ -606,31 +604,6 @@ class GclusterHook(BaseHook):
         finally:
             shutil.rmtree(home, ignore_errors=True)
 
-    async def async_run(
-        self,
-        command: Command,
-        *,
-        secrets: Mapping[str, str] | None = None,
-        cwd: str | os.PathLike[str] | None = None,
-        on_line: Callable[[str], None] | None = None,
-        timeout: float | None = None,
-        job_home: str | os.PathLike[str] | None = None,
-        log_output: bool = True,
-    ) -> CommandResult:
-        """The asyncio twin of :meth:`run` (for triggers); it never downloads anything."""
-        config = await self.aget_config()
-        purpose = command_purpose(command)
-        toolchain = None
-        if purpose:
-            toolchain = await asyncio.to_thread(self._ready_toolchain, purpose, config, install=False)
-        tool_path = await asyncio.to_thread(self._resolve_tool, command.tool, config, download=False)
-        prepared = self._prepare(
-            command, tool_path, secrets=secrets, cwd=cwd, job_home=job_home, toolchain=toolchain
-        )
-        return await run_async(
-            prepared, on_line=self._line_logger(command, on_line, log_output), timeout=timeout
-        )
-
     # ------------------------------------------------------------------ gcluster job queries
     @staticmethod
     def _scope(
@@ -689,54 +662,3 @@ class GclusterHook(BaseHook):
         command = gke.job_cancel(project, cluster, location, name)
         result = self.run_checked(command, timeout=timeout)
         return result.ok_marker is None
-
-    def stream_job_logs(
-        self,
-        name: str,
-        project: str | None = None,
-        cluster: str | None = None,
-        location: str | None = None,
-        *,
-        follow: bool = False,
-        on_line: Callable[[str], None] | None = None,
-        timeout: float | None = None,
-    ) -> list[str]:
-        """Stream ``gcluster job logs NAME [-f]`` into the task log; return the workload's lines."""
-        project, location = self._scope(self.config, project, location)
-        command = gke.job_logs(project, cluster, location, name, follow=follow)
-        result = self.run_checked(command, on_line=on_line, timeout=timeout)
-        return workload_log_lines(result.output_lines)
-
-    async def async_list_jobs(
-        self,
-        project: str | None = None,
-        cluster: str | None = None,
-        location: str | None = None,
-        *,
-        name_contains: str | None = None,
-        timeout: float | None = JOB_QUERY_TIMEOUT,
-    ) -> list[GclusterJob]:
-        """The asyncio twin of :meth:`list_jobs` (same parser)."""
-        config = await self.aget_config()
-        project, location = self._scope(config, project, location)
-        command = gke.job_list(project, cluster, location, name_contains=name_contains)
-        result = await self.async_run(command, timeout=timeout, log_output=False)
-        self.check_result(command, result)
-        return self._parse_jobs(command, result)
-
-    async def async_get_job_logs(
-        self,
-        name: str,
-        project: str | None = None,
-        cluster: str | None = None,
-        location: str | None = None,
-        *,
-        timeout: float | None = JOB_QUERY_TIMEOUT,
-    ) -> list[str]:
-        """One snapshot of ``gcluster job logs NAME`` (the workload's lines), without logging them."""
-        config = await self.aget_config()
-        project, location = self._scope(config, project, location)
-        command = gke.job_logs(project, cluster, location, name)
-        result = await self.async_run(command, timeout=timeout, log_output=False)
-        self.check_result(command, result)
-        return workload_log_lines(result.output_lines)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -68,9 +68,6 @@ _ROW_RE = re.compile(
     rf"^(?P<name>[a-z0-9](?:[-a-z0-9.]*[a-z0-9])?)\s+(?P<status>[A-Z][A-Za-z]*)\s+"
     rf"(?P<created>{_TIME})(?:\s+(?P<completed>{_TIME}))?\s*$"
 )
-# gcluster's own info lines: logging.Info prints "<RFC3339 UTC>: message" on stdout.
-_GCLUSTER_INFO_RE = re.compile(rf"^{_TIME}: ")
-_NO_LIVE_LOGS = "Job exists but has no live logs available"
 
 
 def strip_ansi(line: str) -> str:
@@ -106,36 +103,3 @@ def parse_job_list(lines: Iterable[str]) -> list[GclusterJob]:
     if not header_seen:
         raise ValueError("no 'NAME STATUS CREATION_TIME COMPLETION_TIME' header in gcluster job list output")
     return jobs
-
-
-def workload_log_lines(lines: Iterable[str]) -> list[str]:
-    """The workload's own lines in ``gcluster job logs`` output, without gcluster's info lines."""
-    out: list[str] = []
-    for raw in lines:
-        line = strip_ansi(raw).rstrip("\r\n")
-        if _GCLUSTER_INFO_RE.match(line) or line.startswith(_NO_LIVE_LOGS):
-            continue
-        out.append(line)
-    # cmd.Println(output) adds a newline after kubectl's own trailing newline.
-    while out and not out[-1].strip():
-        out.pop()
-    return out
-
-
-def new_log_lines(seen: Sequence[str], current: Sequence[str]) -> list[str]:
-    """The lines of snapshot ``current`` that follow snapshot ``seen``.
-
-    ``gcluster job logs`` returns either the whole log (which grows) or, with a label selector, only
-    the last lines of each pod (a window that slides); both are handled: a prefix match first, then
-    the longest tail of ``seen`` that is a head of ``current``. No overlap means a gap: all of
-    ``current`` is new.
-    """
-    n = len(seen)
-    if n == 0:
-        return list(current)
-    if len(current) >= n and list(current[:n]) == list(seen):
-        return list(current[n:])
-    for k in range(min(n, len(current)), 0, -1):
-        if list(seen[n - k :]) == list(current[:k]):
-            return list(current[k:])
-    return list(current)

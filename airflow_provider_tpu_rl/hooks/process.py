@@ -5,7 +5,6 @@ Shared by the sync runner (``subprocess``) and the async one (``asyncio`` subpro
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import shutil
@@ -19,7 +18,6 @@ from pathlib import Path
 
 REDACTED = "***"
 KILL_GRACE_SECONDS = 10.0
-ASYNC_LINE_LIMIT = 1 << 20
 
 # Inherited from the worker; everything else is dropped so Airflow's own variables (and any secret
 # in them) never reach gcluster/gcloud/terraform.
@@ -283,55 +281,3 @@ def run_sync(
         process.stop()
         prepared.cleanup()
     return prepared.result(exit_code, process.timed_out)
-
-
-async def run_async(
-    prepared: PreparedProcess,
-    *,
-    on_line: Callable[[str], None],
-    timeout: float | None,
-) -> CommandResult:
-    """The asyncio twin of :func:`run_sync`; cancelling the coroutine kills the process group."""
-    proc: asyncio.subprocess.Process | None = None
-    timed_out = False
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            *prepared.argv,
-            stdin=asyncio.subprocess.PIPE
-            if prepared.stdin_payload is not None
-            else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            cwd=prepared.cwd,
-            env=prepared.env,
-            start_new_session=True,
-            limit=ASYNC_LINE_LIMIT,
-        )
-
-        async def feed_and_read() -> int:
-            assert proc is not None
-            assert proc.stdout is not None
-            if prepared.stdin_payload is not None and proc.stdin is not None:
-                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                    proc.stdin.write(prepared.stdin_payload.encode())
-                    await proc.stdin.drain()
-                proc.stdin.close()
-            while raw := await proc.stdout.readline():
-                line = prepared.redact(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
-                prepared.output.append(line)
-                on_line(line)
-            return await proc.wait()
-
-        try:
-            exit_code = await asyncio.wait_for(feed_and_read(), timeout)
-        except TimeoutError:
-            timed_out = True
-            kill_process_group(proc.pid, signal.SIGKILL)
-            exit_code = await proc.wait()
-    finally:
-        if proc is not None and proc.returncode is None:
-            kill_process_group(proc.pid, signal.SIGKILL)
-            with contextlib.suppress(ProcessLookupError):
-                await asyncio.shield(proc.wait())
-        prepared.cleanup()
-    return prepared.result(exit_code, timed_out)

@@ -1,15 +1,18 @@
-"""``tpu-rl runs``: the newest pipeline runs from the ledger, as a table."""
+"""``tpu-rl runs``: the newest pipeline runs from the ledger, as a table; ``--plot``: the reward
+trend across runs, as a PNG."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, TextIO
 
 from airflow_provider_tpu_rl.ledger.records import RunSummary
 
 UNKNOWN = "-"
+DEFAULT_PLOT_FILE = "tpu-rl-reward-trend.png"
 RUNS_COLUMNS = ("RUN", "MODEL", "STATE", "DURATION", "MEAN REWARD", "CHIP-HOURS", "EXPORT")
 
 
@@ -29,6 +32,19 @@ def add_runs_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--conn-id", default="tpu_rl_ledger", help="Airflow connection of the ledger (default tpu_rl_ledger)"
     )
+    parser.add_argument(
+        "--plot",
+        action="store_true",
+        help="instead of the table, draw the mean reward before and after training across runs into "
+        "a PNG (every run with a reward, oldest first; needs matplotlib, the 'plot' extra)",
+    )
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help=f"where --plot writes the PNG (default {DEFAULT_PLOT_FILE})",
+    )
     parser.set_defaults(func=run_runs_command)
     return parser
 
@@ -47,6 +63,11 @@ def run_runs_command(args: argparse.Namespace, out: TextIO | None = None, err: T
     out = out or sys.stdout
     err = err or sys.stderr
     ledger = RunLedger(args.conn_id)
+    if getattr(args, "plot", False):
+        return run_plot_command(args, ledger, out, err)
+    if getattr(args, "output", None) is not None:
+        print("tpu-rl runs: --output goes with --plot", file=err)
+        return 2
     try:
         runs = ledger.latest_runs(model=args.model, limit=args.limit)
     except Exception as error:
@@ -117,3 +138,39 @@ def format_runs_table(runs: Sequence[RunSummary]) -> str:
         ]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)
+
+
+def run_plot_command(args: argparse.Namespace, ledger: Any, out: TextIO, err: TextIO) -> int:
+    """Write the reward trend PNG; 0 on success (also when no run has a reward), 1 on an error."""
+    from airflow_provider_tpu_rl.ledger.plots import (
+        PLOT_EXTRA_HINT,
+        figure_png,
+        matplotlib_available,
+        reward_trend_figure,
+        reward_trend_series,
+    )
+
+    if not matplotlib_available():
+        print(f"tpu-rl runs --plot: matplotlib is not installed; {PLOT_EXTRA_HINT}", file=err)
+        return 1
+    try:
+        rows = ledger.reward_trend(model=args.model)
+    except Exception as error:
+        print(f"tpu-rl runs: cannot read the run ledger ({ledger.conn_id}): {error}", file=err)
+        return 1
+    if not rows:
+        which = f" of model {args.model}" if args.model else ""
+        print(
+            f"No runs{which} with a mean reward in the ledger ({ledger.location}); no plot written.", file=out
+        )
+        return 0
+    series = reward_trend_series(rows)
+    output: Path = args.output or Path(DEFAULT_PLOT_FILE)
+    try:
+        output.write_bytes(figure_png(reward_trend_figure(series)))
+    except OSError as error:
+        print(f"tpu-rl runs --plot: cannot write {output}: {error}", file=err)
+        return 1
+    models = ", ".join(one.model for one in series)
+    print(f"Wrote the reward trend of {len(rows)} run(s) ({models}) to {output}", file=out)
+    return 0

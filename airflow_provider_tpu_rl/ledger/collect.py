@@ -300,3 +300,9 @@ def artifacts_from_sensor_result(kind: str, result: Any) -> list[ArtifactRecord]
     primary = result.get("export_uri") or result.get("checkpoint_uri")
     uris = [primary] if primary else list(result.get("uris") or [])
     return [ArtifactRecord(kind, str(uri), step) for uri in uris if uri]
+
+
+def task_states(context: Mapping[str, Any]) -> dict[str, str | None]:
+    """The state of every task of the context's DAG run (mapped instances folded), by task id."""
+    steps, _ = _steps_from_context(context, context["dag_run"], context["ti"])
+    return {task_id: step.state for task_id, step in steps.items()}

@@ -428,6 +428,25 @@ class RunLedger:
             for row in rows
         }
 
+    def run_metrics(self, run_id: str) -> list[MetricRecord]:
+        """The metrics of one run as the ledger holds them, by phase, step and name."""
+        self._ensure_schema()
+        sql = (
+            "SELECT phase, step, metric_name, metric_value FROM run_metrics "
+            "WHERE run_id = :run_id ORDER BY phase, step, metric_name"
+        )
+        with self._session(write=False) as session:
+            rows = session.fetch(sql, {"run_id": run_id})
+        return [
+            MetricRecord(
+                str(row["phase"]),
+                int(row["step"]),
+                str(row["metric_name"]),
+                None if row["metric_value"] is None else float(row["metric_value"]),
+            )
+            for row in rows
+        ]
+
     def _query(self, name: str, params: Mapping[str, Any]) -> list[Row]:
         self._ensure_schema()
         with self._session(write=False) as session:

@@ -127,6 +127,10 @@ def _to_number(text: str) -> int | float:
         return float(text)
 
 
+def _nan_if_none(value: float | None) -> float:
+    return math.nan if value is None else float(value)
+
+
 def _finite(value: float | None) -> float | None:
     if value is None or not math.isfinite(value):
         return None
@@ -232,6 +236,41 @@ class TrainingLogTracker:
     def progress_text(self, total_steps: int) -> str:
         """Short progress for a task log or UI note, e.g. ``step 12/50``."""
         return f"step {self.last_step or 0}/{total_steps}"
+
+    @classmethod
+    def restore(cls, metrics: dict[str, Any] | None) -> TrainingLogTracker:
+        """A tracker holding what :meth:`metrics` returned (a trigger resumed after a restart)."""
+        tracker = cls()
+        if not metrics:
+            return tracker
+
+        def evaluation(phase: EvalPhase, figures: dict[str, Any] | None) -> EvalEvent | None:
+            if not figures:
+                return None
+            return EvalEvent(
+                phase=phase,
+                step=figures.get("step"),
+                corr=corr if isinstance(corr := figures.get("corr"), int) else _nan_if_none(corr),
+                total=int(figures.get("total") or 0),
+                accuracy=_nan_if_none(figures.get("accuracy")),
+                partial_accuracy=_nan_if_none(figures.get("partial_accuracy")),
+                format_accuracy=_nan_if_none(figures.get("format_accuracy")),
+                mean_reward=figures.get("mean_reward"),
+            )
+
+        tracker.pre = evaluation("pre", metrics.get("pre"))
+        tracker.post = evaluation("post", metrics.get("post"))
+        for figures in metrics.get("intermediate") or []:
+            event = evaluation("intermediate", figures)
+            if event is not None and event.step is not None:
+                tracker._intermediate[int(event.step)] = event
+        for item in metrics.get("loss") or []:
+            step = int(item["step"])
+            tracker._losses[step] = TrainLossEvent(step, _nan_if_none(item.get("loss")), None)
+        tracker.reshard_count = int(metrics.get("reshard_count") or 0)
+        tracker.started = bool(metrics.get("started"))
+        tracker.completed = bool(metrics.get("completed"))
+        return tracker
 
     def metrics(self) -> dict[str, Any]:
         """Everything seen so far as a JSON-serialisable dict (non-finite floats become None)."""

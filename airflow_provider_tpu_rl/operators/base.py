@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow.providers.common.compat.sdk import AirflowFailException, BaseOperator, Context
 
-from airflow_provider_tpu_rl.exceptions import CommandError, ConfigurationError
+from airflow_provider_tpu_rl.exceptions import ClassifiedError, ConfigurationError
 from airflow_provider_tpu_rl.spec.errors import SpecError
 
 if TYPE_CHECKING:
@@ -25,8 +25,8 @@ def fail_fast(method: F) -> F:
     """Turn errors a retry cannot fix into ``AirflowFailException`` (no retry is spent on them).
 
     A bad argument (:class:`SpecError`), a :class:`ConfigurationError` and a non-retryable
-    :class:`CommandError` are fatal; a retryable ``CommandError`` (capacity, network, 5xx,
-    timeout) propagates as is, so the task's retries apply.
+    :class:`CommandError` or :class:`KubernetesApiError` are fatal; a retryable one (capacity,
+    network, 5xx, timeout) propagates as is, so the task's retries apply.
     """
 
     @functools.wraps(method)
@@ -37,7 +37,7 @@ def fail_fast(method: F) -> F:
             raise AirflowFailException(f"{self.task_id}: invalid argument: {err}") from None
         except ConfigurationError as err:
             raise AirflowFailException(str(err)) from err
-        except CommandError as err:
+        except ClassifiedError as err:  # a gcluster/gcloud command, a GKE or Kubernetes API call
             if err.retryable:
                 raise
             raise AirflowFailException(str(err)) from err

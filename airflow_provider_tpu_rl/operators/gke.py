@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.providers.common.compat.sdk import Context
 
 from airflow_provider_tpu_rl.exceptions import ConfigurationError
+from airflow_provider_tpu_rl.links import GKEClusterLink
 from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, expiry_of_run, fail_fast
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.render.blueprint import BLUEPRINT_RELPATH, customize_blueprint
@@ -252,13 +253,16 @@ class GclusterDeployOperator(_ClusterOperator):
     :param compute_type: TPU machine type (default the preset's, ``ct6e-standard-4t``).
     :param topology: slice topology (default the preset's, ``4x8``).
     :param num_slices: number of TPU node pools (default 1).
-    :param authorized_cidr: CIDR allowed to reach the control plane.
+    :param authorized_cidr: the control plane's authorized network: the CIDR allowed to reach the
+        cluster's Kubernetes API. ``0.0.0.0/0`` (the tutorials') opens it to any address; narrow it
+        to where Airflow runs (on Cloud Composer, the environment's egress range).
     :param keep_cluster: recorded for the janitor: a kept cluster is only destroyed at its expiry.
     :param max_cluster_hours: the cluster's expiry label, counted from the DAG run's start.
     """
 
     ui_color = "#d4e8ff"
     template_fields: Sequence[str] = (*_ClusterOperator.template_fields, "keep_cluster")
+    operator_extra_links = (GKEClusterLink(),)
 
     def __init__(self, *, keep_cluster: bool | str = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -267,6 +271,10 @@ class GclusterDeployOperator(_ClusterOperator):
     @fail_fast
     def execute(self, context: Context) -> dict[str, Any]:
         cluster = self.cluster()
+        # The link works from the start: the console shows the cluster while it is being created.
+        GKEClusterLink.persist(
+            context, project_id=cluster.project, location=cluster.region, cluster_name=cluster.cluster_name
+        )
         # Terraform, Packer, git: refused in one line here, never by gcluster's [y/N] prompt
         self.hook.require_toolchain("deploy")
         dag_id, run_id = self.run_ids(context)

@@ -1,16 +1,19 @@
 """MaxText workloads as gcluster jobs: conversion both ways and GRPO training on Pathways.
 
 Each job name derives from the DAG run and the task, so a retry finds the job its first try
-submitted and re-attaches instead of submitting a duplicate. Waiting is deferred to a trigger.
+submitted and re-attaches instead of submitting a duplicate. Submission goes through gcluster;
+the wait reads the JobSet and its log through the Kubernetes API (:class:`JobSetTrigger`), in the
+triggerer when deferrable, else in the worker.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.providers.common.compat.sdk import AirflowException, AirflowFailException, Context, conf
 
@@ -36,9 +39,21 @@ from airflow_provider_tpu_rl.spec.pipeline import (
     training_spec,
 )
 from airflow_provider_tpu_rl.spec.presets import POST_TRAINING_IMAGE, ModelPreset, get_preset
-from airflow_provider_tpu_rl.spec.workloads import actor_params_path
+from airflow_provider_tpu_rl.spec.workloads import actor_params_path, check_patched_image
 
-MAX_FOLLOWS = 50  # `logs --follow` calls in one in-worker wait
+if TYPE_CHECKING:
+    from airflow_provider_tpu_rl.hooks.kubernetes import ClusterAccess
+    from airflow_provider_tpu_rl.triggers.jobset import JobSetTrigger
+
+
+def min_deferral_seconds() -> float:
+    """``[tpu_rl] min_deferral_seconds``: the least time a job's trigger waits before firing."""
+    return conf.getfloat("tpu_rl", "min_deferral_seconds", fallback=15.0)
+
+
+def log_cursor_uri(bucket: str, job_name: str, jobset_uid: str) -> str:
+    """Where the trigger keeps how far it relayed a JobSet's log (one object per JobSet)."""
+    return f"gs://{bucket}/tpu-rl/log-cursors/{job_name}-{jobset_uid}.json"
 
 
 def default_poll_interval() -> float:
@@ -113,6 +128,8 @@ class _GclusterJobOperator(GclusterBaseOperator):
     :param deferrable: wait in the triggerer (default ``[operators] default_deferrable``).
     :param poll_interval: seconds between job-state polls (default ``[tpu_rl] poll_interval``).
     :param job_timeout: cancel the job and fail when it runs longer than this.
+    :param cancel_on_kill: delete the job when the task is killed (marked failed, cleared) while
+        it waits, in the worker or deferred.
     """
 
     operator_extra_links = (GKEWorkloadLink(), CloudLoggingJobLink(), GCSBrowserLink())
@@ -151,6 +168,7 @@ class _GclusterJobOperator(GclusterBaseOperator):
         deferrable: bool | None = None,
         poll_interval: float | None = None,
         job_timeout: timedelta | None = None,
+        cancel_on_kill: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -169,6 +187,7 @@ class _GclusterJobOperator(GclusterBaseOperator):
         # None: the [tpu_rl] poll_interval option (AIRFLOW__TPU_RL__POLL_INTERVAL), default 60 s.
         self.poll_interval = poll_interval if poll_interval is not None else default_poll_interval()
         self.job_timeout = job_timeout
+        self.cancel_on_kill = cancel_on_kill
         self._submitted: tuple[str, str, str, str] | None = None
 
     # -- resolving the arguments (in execute: templates are rendered by then) ---------------------
@@ -252,12 +271,34 @@ class _GclusterJobOperator(GclusterBaseOperator):
         self.log.info(
             "Job %s already exists (%s): re-attaching, nothing submitted", name, existing.state.value
         )
+        self._submitted = (name, t.project, t.cluster_name, t.location)
         return "attached"
+
+    def cluster_access(self, plan: JobPlan) -> ClusterAccess:
+        """The cluster's Kubernetes API URL and CA, from the GKE API (in the worker)."""
+        from airflow_provider_tpu_rl.hooks.kubernetes import GkeClusterHook
+
+        t = plan.target
+        return GkeClusterHook(self.gcp_conn_id, t.location).cluster_access(t.cluster_name, t.project)
+
+    def job_trigger(self, plan: JobPlan, access: ClusterAccess) -> JobSetTrigger:
+        """The trigger that waits for ``plan``'s JobSet (also run in the worker when not deferring)."""
+        from airflow_provider_tpu_rl.triggers.jobset import JobSetTrigger
+
+        return JobSetTrigger(
+            job_name=plan.name,
+            cluster_url=access.url,
+            ssl_ca_cert=access.ca_cert,
+            gcp_conn_id=self.gcp_conn_id,
+            pathways=self.pathways,
+            poll_interval=self.poll_interval,
+            total_steps=plan.total_steps,
+            deadline=time.time() + self.job_timeout.total_seconds() if self.job_timeout else None,
+            cancel_on_kill=self.cancel_on_kill,
+        )
 
     @fail_fast
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow_provider_tpu_rl.triggers.gcluster_job import GclusterJobTrigger
-
         plan = self.plan(context)
         context["ti"].xcom_push(key="job_name", value=plan.name)
         self._persist_links(context, plan)
@@ -272,62 +313,20 @@ class _GclusterJobOperator(GclusterBaseOperator):
         # kubectl and gke-gcloud-auth-plugin: one line here, not gcluster's error after a retry
         self.hook.require_toolchain("jobs")
         self.submit_or_attach(plan)
-        if not self.deferrable:
-            return self._wait_in_worker(context, plan)
-        t = plan.target
-        self.defer(
-            trigger=GclusterJobTrigger(
-                job_name=plan.name,
-                project=t.project,
-                cluster=t.cluster_name,
-                location=t.location,
-                gcluster_conn_id=self.gcluster_conn_id,
-                poll_interval=self.poll_interval,
-                total_steps=plan.total_steps,
-                deadline=time.time() + self.job_timeout.total_seconds() if self.job_timeout else None,
-            ),
-            method_name="execute_complete",
-        )
-        raise AssertionError("defer() raises")  # pragma: no cover
+        trigger = self.job_trigger(plan, self.cluster_access(plan))
+        from airflow_provider_tpu_rl.triggers.jobset import first_event
 
-    def _wait_in_worker(self, context: Context, plan: JobPlan) -> dict[str, Any]:
-        """``deferrable=False``: poll in the worker, following the job's log while it runs."""
-        deadline = time.monotonic() + self.job_timeout.total_seconds() if self.job_timeout else None
-        total, name, t = plan.total_steps, plan.name, plan.target
-        tracker = TrainingLogTracker() if total is not None else None
-        follows = 0
-        while True:
-            job = self._find(plan)
-            extra: dict[str, Any] = {"metrics": tracker.metrics()} if tracker is not None else {}
-            if job is None:
-                return self.execute_complete(context, {"status": "missing", "job_name": name, **extra})
-            if job.state.finished:
-                status = "success" if job.state is JobState.SUCCEEDED else "failed"
-                return self.execute_complete(
-                    context, {"status": status, "job_name": name, "state": job.state.value, **extra}
-                )
-            if deadline is not None and time.monotonic() > deadline:
-                return self.execute_complete(
-                    context, {"status": "timeout", "job_name": name, "state": job.state.value, **extra}
-                )
-            if tracker is not None and total is not None and follows < MAX_FOLLOWS:
-                # `logs --follow` returns when the pods end, or at once while they do not run yet;
-                # follow again until the job has ended, then poll for its state.
-                follows += 1
-                try:
-                    self.hook.stream_job_logs(
-                        name,
-                        t.project,
-                        t.cluster_name,
-                        t.location,
-                        follow=True,
-                        on_line=lambda line: _feed(tracker, line, total, self.log),
-                        timeout=deadline - time.monotonic() if deadline is not None else None,
-                    )
-                except AirflowException as err:
-                    self.log.warning("Could not follow the log of %s: %s", name, str(err).splitlines()[:1])
-                continue
-            time.sleep(self.poll_interval)
+        state = asyncio.run(trigger.probe())  # also finds the JobSet's namespace and uid
+        if trigger.jobset_uid:
+            trigger.cursor_uri = log_cursor_uri(self.bucket, plan.name, trigger.jobset_uid)
+        if not self.deferrable or (state is not None and state.finished):
+            if state is not None and state.finished:
+                self.log.info("Job %s already %s: finishing in the worker", plan.name, state.value)
+            return self.execute_complete(context, asyncio.run(first_event(trigger)))
+        # A job that ends seconds after deferring must not race the scheduler (see JobSetTrigger).
+        trigger.not_before = time.time() + min_deferral_seconds()
+        self.defer(trigger=trigger, method_name="execute_complete")
+        raise AssertionError("defer() raises")  # pragma: no cover
 
     @fail_fast
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -365,7 +364,7 @@ class _GclusterJobOperator(GclusterBaseOperator):
 
     def on_kill(self) -> None:
         super().on_kill()
-        if self._submitted:
+        if self._submitted and self.cancel_on_kill:
             name, project, cluster, location = self._submitted
             self.log.warning("Task killed: cancelling job %s", name)
             try:
@@ -494,6 +493,9 @@ class PathwaysRLTrainOperator(_GclusterJobOperator):
         checkpoint ``gs://BUCKET/<model>/max-text-format/0/items/``.
     :param base_output_directory: empty = ``gs://BUCKET/<model>/trained/``.
     :param num_slices: TPU slices the job spans; empty = the preset's.
+    :param workload_image_patched: ``image`` already holds the preset's start-up patches (built
+        from ``docker/workload.Dockerfile``): the train command does not rewrite installed files.
+        Refused with the stock ``tpu_post_training`` image.
     """
 
     template_fields: Sequence[str] = (
@@ -504,6 +506,7 @@ class PathwaysRLTrainOperator(_GclusterJobOperator):
         "load_parameters_path",
         "base_output_directory",
         "num_slices",
+        "workload_image_patched",
     )
     pathways = True
     job_kind = "train"
@@ -517,9 +520,11 @@ class PathwaysRLTrainOperator(_GclusterJobOperator):
         load_parameters_path: str | None = None,
         base_output_directory: str | None = None,
         num_slices: int | str | None = None,
+        workload_image_patched: bool | str = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.workload_image_patched = workload_image_patched
         self.run_name = run_name
         self.num_batches = num_batches
         self.train_overrides = train_overrides
@@ -530,6 +535,7 @@ class PathwaysRLTrainOperator(_GclusterJobOperator):
     def plan(self, context: Context) -> JobPlan:
         preset = self.preset()
         model = preset.model_name
+        patched = rules.boolean("workload_image_patched", self.workload_image_patched)
         training = training_spec(
             preset,
             run_name=self.run_name,
@@ -540,9 +546,11 @@ class PathwaysRLTrainOperator(_GclusterJobOperator):
             if self.num_batches in (None, "")
             else rules.integer("num_batches", self.num_batches, 1),
             train_overrides=self.train_overrides or {},
+            workload_image_patched=patched,
         )
         slices = preset.num_slices if self.num_slices in (None, "") else self.num_slices
         target = self.target(preset, rules.integer("num_slices", slices, 1, 64))
+        check_patched_image(target.image, patched)
         name = self.resolved_job_name(context, preset)
         command = gke.training_job(
             target, name, preset, training, self.token_resource(), pathways_gcs_location(self.bucket)
@@ -555,30 +563,16 @@ class PathwaysRLTrainOperator(_GclusterJobOperator):
         )
 
     def after_success(self, plan: JobPlan, event: dict[str, Any]) -> dict[str, Any]:
-        metrics = event.get("metrics")
-        if metrics is None:  # waited in the worker: read what the log still holds
-            tracker = TrainingLogTracker()
-            total = int(plan.total_steps or 0)
-            t = plan.target
-            try:
-                self.hook.stream_job_logs(
-                    plan.name,
-                    t.project,
-                    t.cluster_name,
-                    t.location,
-                    on_line=lambda line: _feed(tracker, line, total, self.log),
-                )
-            except AirflowException as err:
-                self.log.warning("No workload log for %s (%s): metrics unavailable", plan.name, err)
-            metrics = tracker.metrics()
-        pre, post = metrics.get("pre"), metrics.get("post")
-        if pre and post:
-            self.log.info("mean_reward %s -> %s", pre.get("mean_reward"), post.get("mean_reward"))
+        metrics = event.get("metrics") or TrainingLogTracker().metrics()
+        pre, post = metrics.get("pre") or {}, metrics.get("post") or {}
+        self.log.info(
+            "Training %s: final step %s/%s, mean reward before %s, after %s; checkpoint %s%s/model_params/",
+            plan.name,
+            metrics.get("last_step"),
+            plan.total_steps,
+            pre.get("mean_reward", "-"),
+            post.get("mean_reward", "-"),
+            plan.output_uri,
+            plan.total_steps,
+        )
         return {"metrics": metrics}
-
-
-def _feed(tracker: TrainingLogTracker, line: str, total: int, log: Any) -> None:
-    before = tracker.last_step
-    tracker.feed(line)
-    if tracker.last_step is not None and tracker.last_step != before:
-        log.info("progress: %s", tracker.progress_text(total))

@@ -30,7 +30,9 @@ PATHWAYS_ENV = (
 TRAINING_TTL = "24h"
 _MEMORY = re.compile(r"^[1-9][0-9]*[KMG]$")
 
-# Workarounds from the tutorials, kept verbatim: the stock 0.2.4 image needs them.
+# Workarounds from the tutorials, kept verbatim: the stock 0.2.4 image needs them. An image built
+# from docker/workload.Dockerfile holds the same edits (docker/workload_patches.py applies them at
+# build time; tests/docker checks both give the same files) and skips them (workload_image_patched).
 TUNIX_RESHARD_PATCH = (
     "import pathlib, tunix.generate.vllm_sampler as vs; p = pathlib.Path(vs.__file__); "
     "p.write_text(p.read_text().replace('reshard_chunk_size: Optional[int] = None', "
@@ -247,6 +249,22 @@ def train_rl_args(training: TrainingSpec) -> list[str]:
     return key_values(fixed + [(k, v) for k, v in training.overrides if k != "num_batches"])
 
 
+def startup_patches(preset: ModelPreset, training: TrainingSpec) -> list[tuple[str, str]]:
+    """``(name, python code)`` of each file rewrite the train command runs before training.
+
+    The preset's workarounds for the stock image; none when ``training.workload_image_patched``
+    (the image built from ``docker/workload.Dockerfile`` holds them already).
+    """
+    if training.workload_image_patched:
+        return []
+    patches: list[tuple[str, str]] = []
+    if preset.patch_tunix_reshard_chunk_size:
+        patches.append(("tunix_reshard_chunk_size", TUNIX_RESHARD_PATCH))
+    if preset.patch_adafactor:
+        patches.append(("adafactor", ADAFACTOR_PATCH))
+    return patches
+
+
 def train_rl_script(preset: ModelPreset, training: TrainingSpec, token_resource: str) -> str:
     steps: list[str] = []
     if preset.cgroup_memory_limit:
@@ -258,10 +276,7 @@ def train_rl_script(preset: ModelPreset, training: TrainingSpec, token_resource:
             "/sys/fs/cgroup/memory/memory.limit_in_bytes) 2>/dev/null || true"
         )
     steps += [VLLM_HOST_IP, "export VLLM_ENABLE_V1_MULTIPROCESSING=0"]
-    if preset.patch_tunix_reshard_chunk_size:
-        steps.append(quote_all(["python3", "-c", TUNIX_RESHARD_PATCH]))
-    if preset.patch_adafactor:
-        steps.append(quote_all(["python3", "-c", ADAFACTOR_PATCH]))
+    steps += [quote_all(["python3", "-c", code]) for _, code in startup_patches(preset, training)]
     steps.append(hf_token_from_secret_manager(token_resource))
     steps.append(
         "JAX_PLATFORMS=proxy,cpu ENABLE_PATHWAYS_PERSISTENCE=1 "
@@ -369,7 +384,8 @@ def training_job(
             f"--command={train_rl_script(preset, training, token_resource)}",
             *job_scope(target.project, target.cluster_name, target.location),
         ),
-        description=f"GRPO training on Pathways ({training.num_batches} batches)",
+        description=f"GRPO training on Pathways ({training.num_batches} batches)"
+        + ("; the image is patched, no start-up patches" if training.workload_image_patched else ""),
     )
 
 

@@ -28,6 +28,7 @@ from airflow.providers.common.compat.sdk import (
 from airflow_provider_tpu_rl.exceptions import ConfigurationError
 from airflow_provider_tpu_rl.links import GCSBrowserLink
 from airflow_provider_tpu_rl.maxtext.layout import (
+    COMMIT_SUCCESS_FILE,
     RL_CHECKPOINT_ITEMS,
     ListFolder,
     ProbeRequest,
@@ -103,6 +104,32 @@ def watched_uri(field: str, uri: str | None, bucket: str | None, prefix: str | N
     return f"gs://{str(bucket).removeprefix('gs://').strip('/')}/{str(prefix or '').lstrip('/')}"
 
 
+def _folder_name(uri: str) -> str:
+    return uri.rstrip("/").rsplit("/", 1)[-1]
+
+
+def describe_checkpoint(event: dict[str, Any]) -> str:
+    """What a checkpoint sensor found, in one line (from its success payload)."""
+    uris = [str(uri) for uri in event.get("uris") or []]
+    items = ", ".join(_folder_name(uri) + "/" for uri in uris) or "none"
+    step_folder = str(event.get("checkpoint_uri") or "").rstrip("/").rsplit("/", 1)[0] + "/"
+    return (
+        f"Found checkpoint step {event.get('step')} at {step_folder}: commit marker "
+        f"{COMMIT_SUCCESS_FILE} present; items {items} ({len(uris)} item folder(s))"
+    )
+
+
+def describe_export(event: dict[str, Any]) -> str:
+    """What the export sensor found, in one line (from its success payload)."""
+    uris = [str(uri) for uri in event.get("uris") or []]
+    weights = list(event.get("weight_files") or [])
+    others = sorted(_folder_name(uri) for uri in uris if _folder_name(uri) not in set(weights))
+    return (
+        f"Found a complete Hugging Face export at {event.get('export_uri')}: {len(uris)} objects, "
+        f"{len(weights)} weight file(s), and {', '.join(others) or 'no other file'}"
+    )
+
+
 class _DeferrableGCSSensor(BaseSensorOperator):
     """Shared execute/execute_complete of the two sensors."""
 
@@ -111,6 +138,7 @@ class _DeferrableGCSSensor(BaseSensorOperator):
     def __init__(
         self,
         *,
+        project_id: str | None = None,
         gcp_conn_id: str = "google_cloud_default",
         impersonation_chain: str | Sequence[str] | None = None,
         deferrable: bool = True,
@@ -118,6 +146,7 @@ class _DeferrableGCSSensor(BaseSensorOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(poke_interval=poke_interval, **kwargs)
+        self.project_id = project_id
         self.gcp_conn_id = gcp_conn_id
         self.impersonation_chain = impersonation_chain
         self.deferrable = deferrable
@@ -127,6 +156,14 @@ class _DeferrableGCSSensor(BaseSensorOperator):
 
     def _trigger(self) -> MaxTextCheckpointTrigger | HuggingFaceExportTrigger:
         raise NotImplementedError
+
+    def describe(self, event: dict[str, Any]) -> str:
+        """What the sensor found, in one line, from its success payload."""
+        raise NotImplementedError
+
+    def _found(self, event: dict[str, Any]) -> PokeReturnValue:
+        self.log.info("%s", self.describe(event))
+        return PokeReturnValue(is_done=True, xcom_value=event)
 
     def _hook(self) -> GCSHook:
         from airflow.providers.google.cloud.hooks.gcs import GCSHook
@@ -145,7 +182,8 @@ class _DeferrableGCSSensor(BaseSensorOperator):
             raise AirflowFailException(str(err)) from err
 
     def _execute(self, context: Context) -> Any:
-        GCSBrowserLink.persist(context, uri=self._watched_uri())
+        project = {"project_id": self.project_id} if self.project_id else {}
+        GCSBrowserLink.persist(context, uri=self._watched_uri(), **project)
         if not self.deferrable:
             return super().execute(context)
         done = self.poke(context)
@@ -162,7 +200,7 @@ class _DeferrableGCSSensor(BaseSensorOperator):
         if not event:
             raise AirflowException(f"{self.task_id}: the trigger ended without an event")
         if event.get("status") == "success":
-            self.log.info("Complete: %s", event.get("checkpoint_uri") or event.get("export_uri"))
+            self.log.info("%s", self.describe(event))
             return event
         message = str(event.get("message", event))
         if event.get("fatal"):
@@ -180,6 +218,7 @@ class MaxTextCheckpointSensor(_DeferrableGCSSensor):
     :param prefix: ... and the folder in it.
     :param step: step to wait for; None waits for any complete step and returns the latest.
     :param items: item folders the step must hold.
+    :param project_id: project of the bucket (for the console link).
     :param gcp_conn_id: Google Cloud connection.
     :param impersonation_chain: optional service account(s) to impersonate.
     :param deferrable: wait in the triggerer (default) instead of occupying a worker slot.
@@ -192,6 +231,7 @@ class MaxTextCheckpointSensor(_DeferrableGCSSensor):
         "prefix",
         "step",
         "items",
+        "project_id",
         "gcp_conn_id",
         "impersonation_chain",
     )
@@ -205,6 +245,7 @@ class MaxTextCheckpointSensor(_DeferrableGCSSensor):
         prefix: str | None = None,
         step: int | str | None = None,
         items: Sequence[str] = RL_CHECKPOINT_ITEMS,
+        project_id: str | None = None,
         gcp_conn_id: str = "google_cloud_default",
         impersonation_chain: str | Sequence[str] | None = None,
         deferrable: bool = True,
@@ -212,6 +253,7 @@ class MaxTextCheckpointSensor(_DeferrableGCSSensor):
         **kwargs: Any,
     ) -> None:
         super().__init__(
+            project_id=project_id,
             gcp_conn_id=gcp_conn_id,
             impersonation_chain=impersonation_chain,
             deferrable=deferrable,
@@ -226,6 +268,9 @@ class MaxTextCheckpointSensor(_DeferrableGCSSensor):
 
     def _watched_uri(self) -> str:
         return watched_uri("checkpoint_root", self.checkpoint_root, self.bucket, self.prefix)
+
+    def describe(self, event: dict[str, Any]) -> str:
+        return describe_checkpoint(event)
 
     def _items(self) -> tuple[str, ...]:
         if not self.items or isinstance(self.items, str):
@@ -253,9 +298,7 @@ class MaxTextCheckpointSensor(_DeferrableGCSSensor):
         if result.error:
             raise AirflowFailException(result.error)
         if result.state is not None and result.is_complete:
-            return PokeReturnValue(
-                is_done=True, xcom_value=checkpoint_event_payload(bucket, result.state, items)
-            )
+            return self._found(checkpoint_event_payload(bucket, result.state, items))
         if result.state is not None:
             self.log.info(
                 "Step %s under %s: %s (missing %s)",
@@ -280,13 +323,21 @@ class HuggingFaceExportSensor(_DeferrableGCSSensor):
     :param export_uri: ``gs://`` folder ``to_huggingface`` writes to (its ``base_output_directory``).
     :param bucket: instead of ``export_uri``: the bucket (without ``gs://``) ...
     :param prefix: ... and the folder in it.
+    :param project_id: project of the bucket (for the console link).
     :param gcp_conn_id: Google Cloud connection.
     :param impersonation_chain: optional service account(s) to impersonate.
     :param deferrable: wait in the triggerer (default) instead of occupying a worker slot.
     :param poke_interval: seconds between polls.
     """
 
-    template_fields: Sequence[str] = ("export_uri", "bucket", "prefix", "gcp_conn_id", "impersonation_chain")
+    template_fields: Sequence[str] = (
+        "export_uri",
+        "bucket",
+        "prefix",
+        "project_id",
+        "gcp_conn_id",
+        "impersonation_chain",
+    )
     ui_color = "#e8f0fe"
 
     def __init__(
@@ -295,6 +346,7 @@ class HuggingFaceExportSensor(_DeferrableGCSSensor):
         export_uri: str | None = None,
         bucket: str | None = None,
         prefix: str | None = None,
+        project_id: str | None = None,
         gcp_conn_id: str = "google_cloud_default",
         impersonation_chain: str | Sequence[str] | None = None,
         deferrable: bool = True,
@@ -302,6 +354,7 @@ class HuggingFaceExportSensor(_DeferrableGCSSensor):
         **kwargs: Any,
     ) -> None:
         super().__init__(
+            project_id=project_id,
             gcp_conn_id=gcp_conn_id,
             impersonation_chain=impersonation_chain,
             deferrable=deferrable,
@@ -314,6 +367,9 @@ class HuggingFaceExportSensor(_DeferrableGCSSensor):
 
     def _watched_uri(self) -> str:
         return watched_uri("export_uri", self.export_uri, self.bucket, self.prefix)
+
+    def describe(self, event: dict[str, Any]) -> str:
+        return describe_export(event)
 
     def _trigger(self) -> HuggingFaceExportTrigger:
         return HuggingFaceExportTrigger(
@@ -330,8 +386,6 @@ class HuggingFaceExportSensor(_DeferrableGCSSensor):
         if result.error:
             raise AirflowFailException(result.error)
         if result.status.complete:
-            return PokeReturnValue(
-                is_done=True, xcom_value=export_event_payload(bucket, as_folder(prefix), result.status)
-            )
+            return self._found(export_event_payload(bucket, as_folder(prefix), result.status))
         self.log.info("Export %s incomplete; missing: %s", uri, ", ".join(result.status.missing))
         return False

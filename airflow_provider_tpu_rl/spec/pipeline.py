@@ -16,6 +16,7 @@ from airflow_provider_tpu_rl.spec.workloads import (
     ConversionSpec,
     ExportSpec,
     TrainingSpec,
+    check_patched_image,
     validate_overrides,
 )
 
@@ -33,6 +34,7 @@ GKE_DEFAULTS: Final[Mapping[str, Any]] = {
     "bucket": "my-tpu-rl-bucket",
     "reservation": "",
     "image": None,
+    "workload_image_patched": False,
     "compute_type": None,
     "topology": None,
     "num_slices": None,
@@ -67,7 +69,7 @@ TPU_VM_DEFAULTS: Final[Mapping[str, Any]] = {
     "max_vm_hours": 6,
 }
 
-_BOOL_KEYS: Final = {"keep_cluster", "keep_vm", "delete_bucket"}
+_BOOL_KEYS: Final = {"keep_cluster", "keep_vm", "delete_bucket", "workload_image_patched"}
 
 # The task order of each pipeline DAG, written once: the DAG files chain their tasks in this order,
 # `tpu-rl plan` lists commands in it and the structure test checks both against it.
@@ -223,6 +225,7 @@ def training_spec(
     load_parameters_path: str,
     num_batches: int | None = None,
     train_overrides: Mapping[str, Any] | None = None,
+    workload_image_patched: bool = False,
 ) -> TrainingSpec:
     """GRPO training of ``preset``: its overrides, then the user's (``train_overrides``)."""
     user = validate_overrides("train_overrides", {} if train_overrides is None else train_overrides)
@@ -235,6 +238,7 @@ def training_spec(
         load_parameters_path=load_parameters_path,
         num_batches=preset.num_batches if num_batches in (None, "") else num_batches,  # type: ignore[arg-type]
         overrides=tuple(combined.items()),
+        workload_image_patched=workload_image_patched,
     )
 
 
@@ -275,6 +279,7 @@ def _workloads(
         load_parameters_path=conversion.items_path + trailing_slash,
         num_batches=_pick(merged, "num_batches", None),
         train_overrides=merged.get("train_overrides"),
+        workload_image_patched=merged.get("workload_image_patched", False),
     )
     export = export_spec(
         preset,
@@ -360,6 +365,7 @@ class GkePipelineSpec:
             "num_slices": c.num_slices,
             "authorized_cidr": c.authorized_cidr,
             "image": self.image,
+            "workload_image_patched": t.workload_image_patched,
             **workload_values(self.preset, self.conversion, t, self.hf_token),
             "secret_readers": [c.workload_service_account, c.node_pool_service_account],
             "keep_cluster": self.keep_cluster,
@@ -433,7 +439,10 @@ def gke_pipeline_from_conf(
         authorized_cidr=merged["authorized_cidr"],
         blueprint=preset.blueprint,
     )
-    image = rules.image("image", _pick(merged, "image", preset.image or POST_TRAINING_IMAGE))
+    image = check_patched_image(
+        rules.image("image", _pick(merged, "image", preset.image or POST_TRAINING_IMAGE)),
+        merged["workload_image_patched"],
+    )
     conversion, training, export = _workloads(
         preset,
         merged,

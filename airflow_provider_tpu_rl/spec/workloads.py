@@ -11,6 +11,7 @@ from typing import Any, Final
 
 from airflow_provider_tpu_rl.spec import rules
 from airflow_provider_tpu_rl.spec.errors import SpecError
+from airflow_provider_tpu_rl.spec.presets import POST_TRAINING_IMAGE
 
 SHM_PATH = re.compile(r"^/dev/shm/[A-Za-z0-9._-]+(?:/[A-Za-z0-9._-]+)*/?$")
 
@@ -160,7 +161,12 @@ class ConversionSpec:
 
 @dataclass(frozen=True)
 class TrainingSpec:
-    """``maxtext.trainers.post_train.rl.train_rl`` (GRPO)."""
+    """``maxtext.trainers.post_train.rl.train_rl`` (GRPO).
+
+    ``workload_image_patched``: the job's image already holds the preset's start-up patches (an
+    image built from ``docker/workload.Dockerfile``), so the train command does not rewrite the
+    installed tunix/MaxText files before it starts.
+    """
 
     model_name: str
     run_name: str
@@ -168,8 +174,11 @@ class TrainingSpec:
     load_parameters_path: str
     num_batches: int
     overrides: tuple[tuple[str, str], ...] = ()
+    workload_image_patched: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.workload_image_patched, bool):
+            raise SpecError("workload_image_patched", "must be true or false", self.workload_image_patched)
         rules.match("model", self.model_name, rules.MODEL_NAME, "MaxText model_name like qwen3-30b-a3b")
         rules.match(
             "run_name", self.run_name, rules.RUN_NAME, "run name must match [A-Za-z0-9][A-Za-z0-9._-]{0,62}"
@@ -210,6 +219,22 @@ class TrainingSpec:
 
     def actor_params_path(self, step: int) -> str:
         return actor_params_path(self.base_output_directory, self.run_name, step)
+
+
+def check_patched_image(image: str, workload_image_patched: bool) -> str:
+    """``image``, refused when it is the stock ``tpu_post_training`` image but is said to be patched.
+
+    The stock image still needs the start-up patches; a patched image is one built from
+    ``docker/workload.Dockerfile`` and pushed under another name.
+    """
+    if workload_image_patched and image == POST_TRAINING_IMAGE:
+        raise SpecError(
+            "workload_image_patched",
+            "the stock tpu_post_training:0.2.4 image is not patched; set `image` to one built from "
+            "docker/workload.Dockerfile, or set workload_image_patched to false",
+            workload_image_patched,
+        )
+    return image
 
 
 def actor_checkpoint_root(base_output_directory: str, run_name: str) -> str:

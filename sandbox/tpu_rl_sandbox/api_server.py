@@ -1,11 +1,16 @@
 """A stand-in for the Google APIs the provider calls over HTTP: Resource Manager's
-``projects.testIamPermissions`` (v3, and v1 for discovery-based clients).
+``projects.testIamPermissions`` (v3, and v1 for discovery-based clients), the OAuth 2.0 token
+endpoint ``POST /token`` (:mod:`tpu_rl_sandbox.oauth`), GKE's ``projects.locations.clusters.get``
+(``GET /v1/projects/{p}/locations/{l}/clusters/{c}``) and, on a port per cluster, each fake
+cluster's Kubernetes API (:mod:`tpu_rl_sandbox.kube_api`).
 
 Runs as a background process per sandbox (``python -m tpu_rl_sandbox.api_server --root ROOT``),
 recorded in ``<root>/api_server.json`` (pid, port) with its log in ``<root>/api_server.log``,
 like the fake-gcs-server emulator. Point a client at :func:`api_server_url`, e.g.
 ``ProjectsClient(credentials=AnonymousCredentials(), transport="rest",
-client_options={"api_endpoint": url})``. Any or no ``Authorization`` header is accepted.
+client_options={"api_endpoint": url})``. Resource Manager accepts any or no ``Authorization``
+header; GKE requires a Bearer token the token endpoint issued (or a self-signed JWT of the
+sandbox's service account, as google-api-core clients send) and answers 401 otherwise.
 
 ``testIamPermissions`` grants every requested permission except ``settings.denied_permissions``
 (the settings are read on each request); with ``cloudresourcemanager.googleapis.com`` in
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -23,29 +29,47 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from tpu_rl_sandbox import cloud
+from tpu_rl_sandbox import cloud, oauth
 from tpu_rl_sandbox.emulator import pid_alive
+from tpu_rl_sandbox.kube_api import KubeServers
 from tpu_rl_sandbox.layout import SandboxLayout
 from tpu_rl_sandbox.settings import load_settings
+from tpu_rl_sandbox.state import StateStore
+from tpu_rl_sandbox.tls import ca_base64
 
 INFO_FILE = "api_server.json"
 LOG_FILE = "api_server.log"
 HEALTH_PATH = "/sandbox/health"
 RESOURCE_MANAGER = "cloudresourcemanager.googleapis.com"
+LAST_PORT_FILE = "api_server.port"
 TEST_IAM_RE = re.compile(r"^/v([13])/projects/([^/:]+):testIamPermissions$")
+GET_CLUSTER_RE = re.compile(r"^/v1/projects/([^/]+)/locations/([^/]+)/clusters/([^/:]+)$")
+CONTAINER_AUDIENCES = ("https://container.googleapis.com/",)
+GKE_VERSION = "1.35.1-gke.1000"
+UNAUTHENTICATED = (
+    "Request is missing required authentication credential. Expected OAuth 2 access token, login cookie or other "
+    "valid authentication credential. See https://developers.google.com/identity/sign-in/web/devconsole-project."
+)
+INVALID_CREDENTIALS = (
+    "Request had invalid authentication credentials. Expected OAuth 2 access token, login cookie or other valid "
+    "authentication credential. See https://developers.google.com/identity/sign-in/web/devconsole-project."
+)
 
 
 __all__ = [
     "ApiServerError",
     "answer_test_iam_permissions",
     "api_server_url",
+    "gke_cluster_resource",
     "start_api_server",
     "stop_api_server",
 ]
@@ -93,9 +117,21 @@ def start_api_server(layout: SandboxLayout, wait_seconds: float = 15.0) -> str:
     package_parent = str(Path(__file__).resolve().parents[1])
     env = dict(os.environ)
     env["PYTHONPATH"] = package_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    try:  # the port it had before, so a token_uri handed out earlier stays valid
+        last_port = int((layout.root / LAST_PORT_FILE).read_text().strip())
+    except (OSError, ValueError):
+        last_port = 0
     with (layout.root / LOG_FILE).open("ab") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "tpu_rl_sandbox.api_server", "--root", str(layout.root)],
+            [
+                sys.executable,
+                "-m",
+                "tpu_rl_sandbox.api_server",
+                "--root",
+                str(layout.root),
+                "--port",
+                str(last_port),
+            ],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
@@ -184,9 +220,48 @@ def answer_test_iam_permissions(layout: SandboxLayout, project: str, body: Any) 
     return 200, ({"permissions": granted} if granted else {})
 
 
+def gke_cluster_resource(
+    record: dict[str, Any], port: int, ca_base64: str, enum_int: bool = False
+) -> dict[str, Any]:
+    """container v1 ``Cluster`` (JSON, camelCase) of a fake cluster whose API listens on ``port``."""
+    pools = [{**pool, "version": GKE_VERSION} for pool in cloud.gke_node_pools(record)]
+    # google/container/v1/cluster_service.proto Cluster.Status: RUNNING = 2, DEGRADED = 6
+    status: Any = "RUNNING" if record.get("healthy", True) else "DEGRADED"
+    if enum_int:
+        status = {"RUNNING": 2, "DEGRADED": 6}[status]
+        for pool in pools:
+            pool["status"] = {"RUNNING": 2, "ERROR": 5}[str(pool["status"])]
+    endpoint = f"127.0.0.1:{port}"
+    project, region, name = record["project"], record["region"], record["name"]
+    return {
+        "name": name,
+        "nodePools": pools,
+        "location": region,
+        "zone": region,
+        "locations": [record.get("zone") or f"{region}-b"],
+        "endpoint": endpoint,
+        "masterAuth": {"clusterCaCertificate": ca_base64},
+        "controlPlaneEndpointsConfig": {
+            "ipEndpointsConfig": {"enabled": True, "enablePublicEndpoint": True, "publicEndpoint": endpoint}
+        },
+        "resourceLabels": dict(record.get("labels", {})),
+        "initialClusterVersion": GKE_VERSION,
+        "currentMasterVersion": GKE_VERSION,
+        "currentNodeVersion": GKE_VERSION,
+        "currentNodeCount": sum(int(p["initialNodeCount"]) for p in pools),
+        "createTime": record.get("created", ""),
+        "status": status,
+        "network": "default",
+        "subnetwork": "default",
+        "selfLink": f"https://container.googleapis.com/v1/projects/{project}/locations/{region}/clusters/{name}",
+        "id": hashlib.sha256(f"{project}/{region}/{name}".encode()).hexdigest()[:32],
+    }
+
+
 class _Handler(BaseHTTPRequestHandler):
     server_version = "ESF"
     layout: SandboxLayout
+    kube: KubeServers
 
     def _send(self, status: int, body: dict[str, Any]) -> None:
         data = json.dumps(body).encode()
@@ -207,13 +282,56 @@ class _Handler(BaseHTTPRequestHandler):
         )
 
     def do_GET(self) -> None:
-        if self.path.split("?", 1)[0] == HEALTH_PATH:
+        path, _, query = self.path.partition("?")
+        if path == HEALTH_PATH:
             self._send(200, {"status": "ok"})
+            return
+        match = GET_CLUSTER_RE.match(path)
+        if match is not None:
+            self._get_cluster(match.group(1), match.group(2), match.group(3), query)
             return
         self._not_found()
 
+    def _own_url(self) -> str:
+        address: Any = self.server.server_address
+        return f"http://127.0.0.1:{int(address[1])}"
+
+    def _get_cluster(self, project: str, location: str, name: str, query: str) -> None:
+        """container v1 ``projects.locations.clusters.get``."""
+        authorization = self.headers.get("Authorization")
+        if not oauth.bearer_valid(self.layout, authorization, CONTAINER_AUDIENCES):
+            message = INVALID_CREDENTIALS if authorization else UNAUTHENTICATED
+            self._send(401, google_error(401, "UNAUTHENTICATED", message))
+            return
+        record = cloud.find_cluster(StateStore(self.layout), project, location, name)
+        if record is None:
+            self._send(
+                404,
+                google_error(
+                    404, "NOT_FOUND", f"Not found: projects/{project}/locations/{location}/clusters/{name}."
+                ),
+            )
+            return
+        port = self.kube.ensure(cloud.cluster_key(project, location, name))
+        # google-api-core REST transports ask for integer enums ($alt=json;enum-encoding=int)
+        enum_int = "enum-encoding=int" in urllib.parse.unquote(query)
+        self._send(200, gke_cluster_resource(record, port, ca_base64(self.layout), enum_int))
+
+    def _token(self, raw: bytes) -> None:
+        """OAuth 2.0 token endpoint (JWT-bearer grant), as https://oauth2.googleapis.com/token."""
+        form = {k: v[-1] for k, v in urllib.parse.parse_qs(raw.decode(errors="replace")).items()}
+        try:
+            answer = oauth.grant(self.layout, form, oauth.token_uri(self._own_url()))
+        except oauth.GrantError as error:
+            self._send(400, error.body())
+            return
+        self._send(200, answer)
+
     def do_POST(self) -> None:
         raw = self._read_body()
+        if self.path.split("?", 1)[0] == oauth.TOKEN_PATH:
+            self._token(raw)
+            return
         match = TEST_IAM_RE.match(self.path.split("?", 1)[0])
         if match is None:
             self._not_found()
@@ -232,9 +350,16 @@ class _Handler(BaseHTTPRequestHandler):
 
 def serve(layout: SandboxLayout, port: int = 0) -> None:
     """Serve until SIGTERM; records pid and port in ``<root>/api_server.json``."""
-    handler = type("Handler", (_Handler,), {"layout": layout})
-    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
+    kube = KubeServers(layout)
+    handler = type("Handler", (_Handler,), {"layout": layout, "kube": kube})
+    try:
+        server = ThreadingHTTPServer(("127.0.0.1", port), handler)
+    except OSError:
+        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
+    stop_reconciler = threading.Event()
+    threading.Thread(target=kube.run_reconciler, args=(stop_reconciler,), daemon=True).start()
+    (layout.root / LAST_PORT_FILE).write_text(str(server.server_address[1]))
 
     def stop(signum: int, frame: Any) -> None:
         del signum, frame
@@ -250,6 +375,8 @@ def serve(layout: SandboxLayout, port: int = 0) -> None:
     except KeyboardInterrupt:
         pass
     finally:
+        stop_reconciler.set()
+        kube.close()
         server.server_close()
 
 

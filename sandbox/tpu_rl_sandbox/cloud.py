@@ -189,3 +189,24 @@ def bucket_project(store: StateStore, bucket: str) -> str | None:
     """The project a bucket was created in (``gcloud storage buckets create``), if known."""
     record = store.read("buckets").get(bucket)
     return None if record is None else record.get("project")
+
+
+def gke_node_pools(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """container v1 ``NodePool`` resources (JSON, camelCase) of a fake cluster record."""
+    return [
+        {
+            "name": pool["name"],
+            "config": {
+                "machineType": pool["machine_type"],
+                "serviceAccount": pool.get("service_account", ""),
+            },
+            "initialNodeCount": pool.get("nodes", 1),
+            "status": ("ERROR" if pool.get("failed") else "RUNNING"),
+            **(
+                {"placementPolicy": {"tpuTopology": pool["topology"], "type": "COMPACT"}}
+                if pool.get("topology")
+                else {}
+            ),
+        }
+        for pool in record.get("node_pools", [])
+    ]

@@ -6,6 +6,11 @@ Library use::
     info = sandbox_up(Path(".sandbox"))      # starts fake-gcs-server, writes shims, tool stubs, bundle
     env = sandbox_env(info.root)             # variables a process needs to use the sandbox
     sandbox_down(info.root, wipe=False)      # stops the emulator and job workers, keeps data
+
+The ``google_cloud_default`` connection holds the sandbox's service-account key
+(:mod:`tpu_rl_sandbox.oauth`); its ``token_uri`` is the API server's ``/token``, which also serves
+GKE's ``clusters.get`` (``AIRFLOW__TPU_RL__CONTAINER_ENDPOINT``) pointing at each cluster's fake
+Kubernetes API (:mod:`tpu_rl_sandbox.kube_api`, HTTPS with the CA of :mod:`tpu_rl_sandbox.tls`).
 """
 
 from __future__ import annotations
@@ -22,10 +27,11 @@ from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
-from tpu_rl_sandbox import api_server, emulator
+from tpu_rl_sandbox import api_server, emulator, oauth
 from tpu_rl_sandbox.gcluster_jobs import kill_all_workers
 from tpu_rl_sandbox.layout import SANDBOX_DIR_ENV, SandboxLayout, default_root
 from tpu_rl_sandbox.state import CALL_START_ENV
+from tpu_rl_sandbox.tls import ensure_tls
 from tpu_rl_sandbox.tool_stubs import write_tool_stubs
 
 SANDBOX_PROJECT = "sandbox-project"
@@ -101,13 +107,17 @@ def _write_bundle(layout: SandboxLayout) -> None:
     _copy_tree(source, target)
 
 
-def _connection_env(layout: SandboxLayout) -> dict[str, str]:
+def _gcp_extra(layout: SandboxLayout, api_url: str | None) -> dict[str, object]:
+    """The sandbox service account's key, its ``token_uri`` the API server's ``/token``."""
+    if api_url is None:  # no token endpoint to refresh against
+        return {"is_anonymous": True, "project": SANDBOX_PROJECT}
+    return {"keyfile_dict": oauth.keyfile_dict(layout, api_url, SANDBOX_PROJECT), "project": SANDBOX_PROJECT}
+
+
+def _connection_env(layout: SandboxLayout, api_url: str | None) -> dict[str, str]:
     return {
         "AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT": json.dumps(
-            {
-                "conn_type": "google_cloud_platform",
-                "extra": {"is_anonymous": True, "project": SANDBOX_PROJECT},
-            }
+            {"conn_type": "google_cloud_platform", "extra": _gcp_extra(layout, api_url)}
         ),
         "AIRFLOW_CONN_GCLUSTER_DEFAULT": json.dumps(
             {
@@ -140,10 +150,12 @@ def sandbox_env(root: Path) -> dict[str, str]:
         "STORAGE_EMULATOR_HOST": info.url,
         SANDBOX_DIR_ENV: str(layout.root),
     }
-    resource_manager = api_server.api_server_url(layout)
-    if resource_manager is not None:  # preflight's testIamPermissions goes to the fake API
-        env["AIRFLOW__TPU_RL__RESOURCE_MANAGER_ENDPOINT"] = resource_manager
-    env.update(_connection_env(layout))
+    api_url = api_server.api_server_url(layout)
+    if api_url is not None:
+        # preflight's testIamPermissions and the GKE clusters.get go to the fake API
+        env["AIRFLOW__TPU_RL__RESOURCE_MANAGER_ENDPOINT"] = api_url
+        env["AIRFLOW__TPU_RL__CONTAINER_ENDPOINT"] = api_url
+    env.update(_connection_env(layout, api_url))
     return env
 
 
@@ -154,6 +166,8 @@ def sandbox_up(root: Path) -> SandboxInfo:
     for directory in (layout.state_dir, layout.vms_dir, layout.jobs_dir):
         directory.mkdir(parents=True, exist_ok=True)
     info = emulator.start(layout)
+    oauth.ensure_service_account(layout, SANDBOX_PROJECT)
+    ensure_tls(layout)
     api_server.start_api_server(layout)
     _write_shims(layout)
     write_tool_stubs(layout.bin_dir)

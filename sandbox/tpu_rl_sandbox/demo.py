@@ -42,6 +42,8 @@ DEMO_CONF: dict[str, Any] = {
 # Fast polling for a local run; the defaults (60 s, 120 s) suit real clusters.
 FAST_SETTINGS = {
     "AIRFLOW__TPU_RL__POLL_INTERVAL": "0.5",
+    # `dags test` runs the trigger in-process: no scheduler to race, a short hold is enough.
+    "AIRFLOW__TPU_RL__MIN_DEFERRAL_SECONDS": "1",
     "AIRFLOW__TPU_RL__RETRY_DELAY": "2",
     "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
     "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",

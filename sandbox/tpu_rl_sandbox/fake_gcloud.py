@@ -1542,23 +1542,7 @@ class Gcloud:
 
     # -- container ------------------------------------------------------------------------
     def _cluster_resource(self, record: dict[str, Any]) -> dict[str, Any]:
-        pools = [
-            {
-                "name": pool["name"],
-                "config": {
-                    "machineType": pool["machine_type"],
-                    "serviceAccount": pool.get("service_account", ""),
-                },
-                "initialNodeCount": pool.get("nodes", 1),
-                "status": "ERROR" if pool.get("failed") else "RUNNING",
-                **(
-                    {"placementPolicy": {"tpuTopology": pool["topology"], "type": "COMPACT"}}
-                    if pool.get("topology")
-                    else {}
-                ),
-            }
-            for pool in record.get("node_pools", [])
-        ]
+        pools = cloud.gke_node_pools(record)
         return {
             "name": record["name"],
             "location": record["region"],

@@ -1,28 +1,29 @@
 """``gcluster job submit|list|logs|cancel|config``, following cmd/job/*.go and the GKE orchestrator.
 
-A submitted job becomes a record in ``state/jobs.json`` (the JobSet) plus a detached worker
-process (:mod:`job_worker`) that plays Kueue admission, the pods and the program.
+A submitted job becomes a JobSet in its cluster's fake Kubernetes API (:mod:`kube_api`: a record
+in ``state/jobs.json`` holding the manifest as ``pathways_jobset.tmpl``/``jobset.tmpl`` render it)
+plus a detached worker process (:mod:`job_worker`) that plays Kueue admission, the JobSet/Job
+controllers, the pods and the program. ``job list|cancel|logs`` read and delete the same objects
+the API serves.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import re
 import shutil
-import signal
 import subprocess
-import sys
+import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tpu_rl_sandbox import cloud
+from tpu_rl_sandbox import cloud, kube_api
 from tpu_rl_sandbox.flags import CobraParse, required_flags_error
 from tpu_rl_sandbox.gcluster_deploy import Console
 from tpu_rl_sandbox.gotime import (
@@ -41,6 +42,7 @@ TTL_SCALE_ENV = "TPU_RL_SANDBOX_TTL_SCALE"
 PREREQ_FRESHNESS_SECONDS = 24 * 3600
 AUTH_PLUGIN = "gke-gcloud-auth-plugin"
 FINAL = ("Succeeded", "Failed")
+MAX_FOLLOW_STREAMS = 10  # gcluster's kubectl logs -f --max-log-requests=10
 
 PATHWAYS_FLAGS = (
     "pathways-proxy-server-image",
@@ -62,6 +64,8 @@ PATHWAYS_FLAGS = (
 
 # cmd/job/types.go missingPrereq: (name, commands)
 MissingPrereqs = list[tuple[str, list[str]]]
+# (pod record, container name) of one log stream
+Streams = list[tuple[dict[str, Any], str]]
 
 
 class JobError(Exception):
@@ -153,19 +157,7 @@ class JobRegistry:
 
     def collect_garbage(self) -> None:
         """Delete JobSets finished longer than their ``ttlSecondsAfterFinished`` ago."""
-        now = time.time()
-        with self.store.txn() as txn:
-            jobs = txn.doc("jobs")
-            expired = [
-                key
-                for key, job in jobs.items()
-                if job.get("completed_ts") is not None
-                and now >= float(job["completed_ts"]) + float(job.get("ttl_effective", 3600))
-            ]
-            for key in expired:
-                del jobs[key]
-            if expired:
-                txn.save("jobs")
+        kube_api.collect_garbage(self.store)
 
     def jobs_of_cluster(self, cluster_key: str) -> list[dict[str, Any]]:
         return [job for job in self.store.read("jobs").values() if job.get("cluster_key") == cluster_key]
@@ -178,12 +170,7 @@ class JobRegistry:
 
     def delete(self, job: dict[str, Any]) -> None:
         """Delete the JobSet (its pods stop)."""
-        with self.store.txn() as txn:
-            jobs = txn.doc("jobs")
-            if jobs.get(job["key"], {}).get("uid") == job["uid"]:
-                del jobs[job["key"]]
-                txn.save("jobs")
-        stop_worker(job)
+        kube_api.delete_jobset(self.store, job)
 
     def delete_cluster_jobs(self, cluster: dict[str, Any]) -> None:
         key = cloud.cluster_key(str(cluster["project"]), str(cluster["region"]), str(cluster["name"]))
@@ -192,19 +179,34 @@ class JobRegistry:
 
 
 def stop_worker(job: dict[str, Any]) -> None:
-    pid = job.get("pid")
-    if not pid:
-        return
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        if os.getpgid(int(pid)) == int(pid):
-            os.killpg(int(pid), signal.SIGTERM)
-        else:
-            os.kill(int(pid), signal.SIGTERM)
+    kube_api.stop_worker(job)
 
 
 def job_status_condition(job: dict[str, Any]) -> str:
-    """What ``kubectl get jobset`` reports as the latest condition type."""
-    return str(job.get("condition") or "")
+    """``getJobSetStatus``: the type of the JobSet's last condition whose status is ``True``."""
+    conditions = kube_api.jobset_object(job)["status"].get("conditions") or []
+    true = [c for c in conditions if c.get("status") == "True"]
+    return str(true[-1]["type"]) if true else ""
+
+
+def parse_job_status(obj: dict[str, Any]) -> tuple[str, str]:
+    """pkg/orchestrator/gke ``parseJobStatus``: (status, completion time) of a JobSet object."""
+    status, completion = "Unknown", ""
+    suspend = (obj.get("spec") or {}).get("suspend")
+    if isinstance(suspend, bool):
+        status = "Suspended" if suspend else "Running"
+    body = obj.get("status") or {}
+    completion = str(body.get("completionTime") or "")
+    for condition in body.get("conditions") or []:
+        if condition.get("status") != "True":
+            continue
+        kind = condition.get("type")
+        if kind in ("Completed", "Succeeded", "Failed"):
+            status = "Succeeded" if kind != "Failed" else "Failed"
+            completion = completion or str(condition.get("lastTransitionTime") or "")
+        elif kind == "Suspended":
+            status = "Suspended"
+    return status, completion
 
 
 # ================================================================================= commands
@@ -304,9 +306,13 @@ class JobCommands:
         for job in sorted(self.registry.jobs_of_cluster(self._cluster_key(cluster)), key=lambda j: j["name"]):
             if parsed.get("name-contains") and parsed.get("name-contains") not in job["name"]:
                 continue
-            if status_filter and job["status"].lower() != status_filter.lower():
+            manifest_labels = ((job.get("manifest") or {}).get("metadata") or {}).get("labels") or {}
+            if "gcluster.google.com/workload" not in manifest_labels:
+                continue  # ListJobSets("gcluster.google.com/workload")
+            status, completion = parse_job_status(kube_api.jobset_object(job))
+            if status_filter and status.lower() != status_filter.lower():
                 continue
-            rows.append((job["name"], job["status"], job["created"], job.get("completed") or ""))
+            rows.append((job["name"], status, job["created"], completion))
         self.console.out(tabwriter(rows, padding=3))
 
     # -- logs -----------------------------------------------------------------------------
@@ -324,7 +330,8 @@ class JobCommands:
             # GetJobLogs runs `kubectl logs ...`; a command that cannot start has exit code 1 and no output.
             raise JobError("failed to get logs: \n")
         main_only = bool(parsed.get("main-only"))
-        if int(job.get("attempt", 0)) == 0:
+        streams = self._streams(job, main_only)
+        if not streams:
             # No pods yet: ``kubectl logs -l ...`` finds nothing.
             if parsed.get("follow"):
                 self.console.info(f"Streaming logs for job '{job_name}'...")
@@ -334,12 +341,12 @@ class JobCommands:
                 "Job exists but has no live logs available (it may have finished or failed to start pods)\n\n"
             )
             return
+        # kubectl logs with a label selector defaults to --tail=10 per container (--main-only: whole log)
+        tail = None if main_only else 10
         if not parsed.get("follow"):
-            text = self._log_text(job)
-            lines = text.splitlines(keepends=True)
-            if not main_only:
-                lines = lines[-10:]  # kubectl logs with a label selector defaults to --tail=10
-            output = "".join(lines)
+            output = "".join(
+                self._read_stream(job, pod, container, tail, follow=False) for pod, container in streams
+            )
             if not output.strip():
                 output = (
                     "Job exists but has no live logs available (it may have finished or failed to start pods)"
@@ -348,44 +355,73 @@ class JobCommands:
             self.console.err(output + ("\n" if not output.endswith("\n") else "") + "\n")
             return
         self.console.info(f"Streaming logs for job '{job_name}'...")
-        self._follow(job, main_only)
+        if len(streams) > MAX_FOLLOW_STREAMS:
+            # kubectl logs -f --max-log-requests=10 (staging/src/k8s.io/kubectl/pkg/cmd/logs/logs.go RunLogs)
+            self.console.err(
+                f"error: you are attempting to follow {len(streams)} log streams, but maximum allowed concurrency is "
+                f"{MAX_FOLLOW_STREAMS}, use --max-log-requests to increase the limit\n"
+            )
+            raise JobError("exit status 1")
+        lock = threading.Lock()
 
-    def _log_path(self, job: dict[str, Any], attempt: int) -> Path:
-        return self.registry.log_dir(str(job["uid"])) / f"attempt-{attempt}.log"
+        def follow(pod: dict[str, Any], container: str) -> None:
+            def emit(data: bytes) -> None:
+                with lock:
+                    self.console.out(data.decode(errors="replace"))
 
-    def _log_text(self, job: dict[str, Any]) -> str:
-        path = self._log_path(job, int(job.get("attempt", 1)))
-        return path.read_text(errors="replace") if path.is_file() else ""
+            self._read_stream(job, pod, container, tail, follow=True, emit=emit)
 
-    def _follow(self, job: dict[str, Any], main_only: bool) -> None:
-        attempt = int(job.get("attempt", 1))
-        text = self._log_text(job)
-        lines = text.splitlines(keepends=True)
-        skip = 0 if main_only else max(0, len(lines) - 10)
-        offset = len("".join(lines[:skip]).encode())
-        while True:
-            path = self._log_path(job, attempt)
-            if path.is_file():
-                with path.open("rb") as handle:
-                    handle.seek(offset)
-                    chunk = handle.read()
-                complete = chunk.rfind(b"\n") + 1
-                if complete:
-                    self.console.out(chunk[:complete].decode(errors="replace"))
-                    offset += complete
+        threads = [threading.Thread(target=follow, args=stream, daemon=True) for stream in streams]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        self.console.err("\n")
+
+    def _streams(self, job: dict[str, Any], main_only: bool) -> Streams:
+        """(pod, container) pairs ``kubectl logs -l jobset-name=... --all-containers`` reads, in its order."""
+        pods = sorted(job.get("pods") or [], key=lambda p: str(p["name"]))
+        if main_only:
+            head = "pathways-head" if job.get("pathways") else "main-job"
+            main = [
+                p for p in pods if p["replicatedJob"] == head and p["jobIndex"] == 0 and p["podIndex"] == 0
+            ]
+            return [(main[0], "workload-container")] if main else []
+        return [
+            (pod, container["name"])
+            for pod in pods
+            for container in (pod.get("init") or []) + (pod.get("containers") or [])
+        ]
+
+    def _read_stream(
+        self,
+        job: dict[str, Any],
+        pod: dict[str, Any],
+        container: str,
+        tail: int | None,
+        follow: bool,
+        emit: Callable[[bytes], None] | None = None,
+    ) -> str:
+        """One container's log as the API serves it (``GET .../pods/{pod}/log?container=...``)."""
+        query: dict[str, list[str]] = {"container": [container], "follow": ["true" if follow else "false"]}
+        if tail is not None:
+            query["tailLines"] = [str(tail)]
+        options = kube_api.LogOptions(str(pod["name"]), query)
+        path = kube_api.container_log_path(self.layout, str(job["uid"]), str(pod["name"]), container)
+        chunks: list[bytes] = []
+
+        def running() -> bool:
             current = self.registry.store.read("jobs").get(job["key"])
             if current is None or current.get("uid") != job["uid"]:
-                return
-            if current["status"] in FINAL and int(current.get("attempt", attempt)) == attempt:
-                if path.is_file():
-                    rest = path.read_bytes()[offset:]
-                    if rest:
-                        self.console.out(rest.decode(errors="replace"))
-                return
-            if int(current.get("attempt", attempt)) != attempt:
-                attempt = int(current["attempt"])
-                offset = 0
-            time.sleep(0.05)
+                return False
+            for candidate in current.get("pods") or []:
+                if candidate["name"] == pod["name"]:
+                    states = (candidate.get("init") or []) + (candidate.get("containers") or [])
+                    return any(c["name"] == container and c.get("state") != "terminated" for c in states)
+            return False
+
+        kube_api.read_log(path, options, running, emit or chunks.append)
+        return b"".join(chunks).decode(errors="replace")
 
     # -- cancel ---------------------------------------------------------------------------
     def cancel(self, parsed: CobraParse) -> None:
@@ -740,6 +776,7 @@ class JobCommands:
         topology: str,
         pathways: bool,
     ) -> dict[str, Any]:
+        """Apply the JobSet manifest to the cluster's API and start the worker playing its controllers."""
         try:
             scale = float(self.env.get(TTL_SCALE_ENV, "") or 1.0)
         except ValueError:
@@ -747,15 +784,50 @@ class JobCommands:
         parse_faults(self.env.get(FAULT_ENV))  # refuse bad fault specs at submit time
         uid = uuid.uuid4().hex
         now = time.time()
-        key = cloud.job_key(project, location, str(cluster["name"]), name)
 
         def env_map(flag: str) -> dict[str, str]:
             return dict(str(item).split("=", 1) for item in parsed.get(flag))
 
-        job = {
-            "key": key,
+        compute_type = str(parsed.get("compute-type"))
+        tpu = is_tpu(compute_type)
+        nodes = (
+            max(1, _topology_chips(topology) // _chips_per_vm(compute_type))
+            if tpu
+            else int(parsed.get("num-nodes") or 1)
+        )
+        manifest = jobset_manifest(
+            name=name,
+            command=str(parsed.get("command")),
+            image=str(parsed.get("image") or parsed.get("base-image")),
+            ttl=ttl,
+            max_restarts=int(parsed.get("restarts")),
+            num_slices=int(parsed.get("num-slices")),
+            nodes_per_slice=nodes,
+            compute_type=compute_type,
+            topology=topology,
+            env=env_map("env"),
+            grace_seconds=duration_to_seconds_or_int(str(parsed.get("grace-period")), "--grace-period"),
+            pathways=(
+                {
+                    "proxy_image": str(parsed.get("pathways-proxy-server-image") or DEFAULT_PROXY_IMAGE),
+                    "server_image": str(parsed.get("pathways-server-image") or DEFAULT_SERVER_IMAGE),
+                    "worker_image": str(
+                        parsed.get("pathways-worker-image")
+                        or parsed.get("pathways-server-image")
+                        or DEFAULT_SERVER_IMAGE
+                    ),
+                    "gcs": str(parsed.get("pathways-gcs-location")),
+                    "head_np": str(parsed.get("pathways-head-np") or "cpu-np"),
+                    "proxy_env": env_map("pathways-proxy-env"),
+                    "server_env": env_map("pathways-server-env"),
+                    "worker_env": env_map("pathways-worker-env"),
+                }
+                if pathways
+                else None
+            ),
+        )
+        fields = {
             "uid": uid,
-            "name": name,
             "project": project,
             "location": location,
             "cluster": cluster["name"],
@@ -778,47 +850,25 @@ class JobCommands:
                 "worker": env_map("pathways-worker-env"),
             },
             "image": parsed.get("image") or parsed.get("base-image"),
-            "compute_type": parsed.get("compute-type"),
-            "tpu": is_tpu(str(parsed.get("compute-type"))),
+            "compute_type": compute_type,
+            "tpu": tpu,
             "topology": topology,
             "num_slices": int(parsed.get("num-slices")),
+            "nodes_per_slice": nodes,
             "pathways": pathways,
             "pathways_gcs_location": parsed.get("pathways-gcs-location"),
             "workload_name": f"jobset-{name}-{uid[:5]}",
             "faults": self.env.get(FAULT_ENV, ""),
             "step_seconds": self.env.get(STEP_SECONDS_ENV, ""),
             "hold_file": self.env.get(HOLD_FILE_ENV, ""),
+            "pod_hold_file": self.env.get(kube_api.POD_HOLD_ENV, ""),
             "pid": None,
         }
-        log_dir = self.registry.log_dir(uid)
-        log_dir.mkdir(parents=True, exist_ok=True)
-        with self.registry.store.txn() as txn:
-            txn.doc("jobs")[key] = job
-            txn.save("jobs")
-        with (log_dir / "worker.log").open("ab") as worker_log:
-            process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "tpu_rl_sandbox.job_worker",
-                    str(self.layout.root),
-                    key,
-                    uid,
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=worker_log,
-                stderr=worker_log,
-                start_new_session=True,
-                close_fds=True,
-                env={k: v for k, v in {**os.environ, **self.env}.items() if k != "HF_TOKEN"},
-                cwd=str(self.layout.root),
-            )
-        with self.registry.store.txn() as txn:
-            stored = txn.doc("jobs").get(key)
-            if stored is not None and stored["uid"] == uid:
-                stored["pid"] = process.pid
-                txn.save("jobs")
-        job["pid"] = process.pid
+        try:
+            job = kube_api.create_jobset(self.layout, cluster, kube_api.DEFAULT_NAMESPACE, manifest, fields)
+        except kube_api.KubeError as error:
+            raise JobError(f"failed to apply GKE manifest: Error from server: {error}") from None
+        kube_api.start_worker(self.layout, job, {**os.environ, **self.env})
         return job
 
     def _print_links(self, project: str, location: str, cluster: str, name: str, pathways: bool) -> None:
@@ -877,6 +927,260 @@ class JobCommands:
         )
         self.console.info("gcluster job submit workflow completed.")
         return 0
+
+
+DEFAULT_PROXY_IMAGE = "us-docker.pkg.dev/cloud-tpu-v2-images/pathways/proxy_server:latest"
+DEFAULT_SERVER_IMAGE = "us-docker.pkg.dev/cloud-tpu-v2-images/pathways/server:latest"
+KUEUE_LOCAL_QUEUE = "default-queue"
+# pkg/orchestrator/gke/gke_job_orchestrator.go machineFamilyToLabelMap (TPU part)
+TPU_ACCELERATOR_LABELS = {
+    "ct6e-standard": "tpu-v6e-slice",
+    "ct5lp-hightpu": "tpu-v5-lite-podslice",
+    "ct5p-hightpu": "tpu-v5p-slice",
+    "ct4p-hightpu": "tpu-v4-podslice",
+}
+
+
+def _env_list(values: Mapping[str, str]) -> list[dict[str, Any]]:
+    return [{"name": key, "value": value} for key, value in values.items()]
+
+
+def _field_env(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def jobset_manifest(
+    *,
+    name: str,
+    command: str,
+    image: str,
+    ttl: int,
+    max_restarts: int,
+    num_slices: int,
+    nodes_per_slice: int,
+    compute_type: str,
+    topology: str,
+    env: Mapping[str, str],
+    grace_seconds: int,
+    pathways: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """The JobSet ``gcluster job submit`` applies (cluster-toolkit v1.95.0
+    pkg/orchestrator/gke/templates/pathways_jobset.tmpl and jobset.tmpl, rendered)."""
+    family = "-".join(compute_type.split("-")[:2])
+    accelerator = TPU_ACCELERATOR_LABELS.get(family, "")
+    node_selector = (
+        {"cloud.google.com/gke-tpu-accelerator": accelerator, "cloud.google.com/gke-tpu-topology": topology}
+        if accelerator
+        else {}
+    )
+    chips = _chips_per_vm(compute_type) if accelerator else 0
+    resources = {"resources": {"limits": {"google.com/tpu": str(chips)}}} if chips else {}
+    labels = {"gcluster.google.com/workload": name, kube_api.QUEUE_NAME_KEY: KUEUE_LOCAL_QUEUE}
+    if pathways is None:
+        container: dict[str, Any] = {
+            "name": "workload-container",
+            "image": image,
+            "command": ["/bin/bash", "-c", command],
+            **resources,
+            "env": _env_list(env),
+        }
+        pod_spec: dict[str, Any] = {
+            "terminationGracePeriodSeconds": grace_seconds,
+            "restartPolicy": "Never",
+            "containers": [container],
+        }
+        if accelerator:
+            pod_spec = {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet", **pod_spec}
+            pod_spec["nodeSelector"] = node_selector
+        return {
+            "apiVersion": kube_api.JOBSET_API_VERSION,
+            "kind": "JobSet",
+            "metadata": {
+                "name": name,
+                "labels": labels,
+                "annotations": {
+                    "alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"
+                },
+            },
+            "spec": {
+                "ttlSecondsAfterFinished": ttl,
+                "failurePolicy": {
+                    "maxRestarts": max_restarts,
+                    "rules": [{"action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}],
+                },
+                "replicatedJobs": [
+                    {
+                        "name": "main-job",
+                        "replicas": num_slices,
+                        "template": {
+                            "spec": {
+                                "parallelism": nodes_per_slice,
+                                "completions": nodes_per_slice,
+                                "backoffLimit": 0,
+                                "template": {
+                                    "metadata": {"labels": {"gcluster.google.com/workload": name}},
+                                    "spec": pod_spec,
+                                },
+                            }
+                        },
+                    }
+                ],
+            },
+        }
+    gcs = str(pathways["gcs"])
+    instance_type = f"{compute_type.split('-')[0]}:{topology}"
+    shared_tmp = {"name": "shared-tmp", "hostPath": {"path": "/tmp", "type": "DirectoryOrCreate"}}  # noqa: S108
+    head_spec = {
+        "nodeSelector": {"cloud.google.com/gke-nodepool": pathways["head_np"]},
+        "hostNetwork": True,
+        "dnsPolicy": "ClusterFirstWithHostNet",
+        "restartPolicy": "Never",
+        "initContainers": [
+            {
+                "name": "pathways-proxy",
+                "image": pathways["proxy_image"],
+                "ports": [{"containerPort": 29000}],
+                "args": [
+                    "--server_port=29000",
+                    "--resource_manager_address=$(PATHWAYS_HEAD):29001",
+                    f"--gcs_scratch_location={gcs}",
+                ],
+                "restartPolicy": "Always",
+                "resources": {"limits": {"cpu": "16", "memory": "100Gi"}},
+                **({"env": _env_list(pathways["proxy_env"])} if pathways["proxy_env"] else {}),
+            },
+            {
+                "name": "pathways-rm",
+                "image": pathways["server_image"],
+                "ports": [{"containerPort": 29001}, {"containerPort": 29002}],
+                "args": [
+                    "--server_port=29001",
+                    f"--gcs_scratch_location={gcs}",
+                    "--node_type=resource_manager",
+                    f"--instance_count={num_slices}",
+                    f"--instance_type={instance_type}",
+                ],
+                "env": [
+                    _field_env(
+                        "REPLICATED_JOB_NAME", "metadata.annotations['jobset.sigs.k8s.io/replicatedjob-name']"
+                    ),
+                    _field_env("JOBSET_NAME", "metadata.annotations['jobset.sigs.k8s.io/jobset-name']"),
+                    _field_env("HOST_ADDRESS", "metadata.labels['jobset.sigs.k8s.io/coordinator']"),
+                    {"name": "TPU_SKIP_MDS_QUERY", "value": "true"},
+                    *_env_list(pathways["server_env"]),
+                ],
+                "restartPolicy": "Always",
+                "resources": {"limits": {"cpu": "8", "memory": "32Gi"}},
+                "volumeMounts": [{"mountPath": "/tmp", "name": "shared-tmp"}],  # noqa: S108
+            },
+        ],
+        "containers": [
+            {
+                "name": "workload-container",
+                "image": image,
+                "command": ["/bin/bash", "-c", command + "\n"],
+                **({"env": _env_list(env)} if env else {}),
+            }
+        ],
+        "volumes": [shared_tmp],
+    }
+    worker_spec: dict[str, Any] = {
+        "hostNetwork": True,
+        "dnsPolicy": "ClusterFirstWithHostNet",
+        "restartPolicy": "OnFailure",
+        "terminationGracePeriodSeconds": grace_seconds,
+        "containers": [
+            {
+                "name": "pathways-worker",
+                "image": pathways["worker_image"],
+                "ports": [
+                    {"containerPort": 29005},
+                    {"containerPort": 29006},
+                    {"containerPort": 8471},
+                    {"containerPort": 8080},
+                ],
+                "args": [
+                    "--server_port=29005",
+                    "--resource_manager_address=$(PATHWAYS_HEAD):29001",
+                    f"--gcs_scratch_location={gcs}",
+                ],
+                "env": [
+                    {"name": "XCLOUD_ENVIRONMENT", "value": "GCP"},
+                    {"name": "MEGASCALE_GRPC_ENABLE_XOR_TRACER", "value": "false"},
+                    _field_env(
+                        "MEGASCALE_NUM_SLICES", "metadata.labels['jobset.sigs.k8s.io/replicatedjob-replicas']"
+                    ),
+                    _field_env("JOBSET_NAME", "metadata.annotations['jobset.sigs.k8s.io/jobset-name']"),
+                    _field_env(
+                        "REPLICATED_JOB_NAME", "metadata.annotations['jobset.sigs.k8s.io/replicatedjob-name']"
+                    ),
+                    _field_env("MEGASCALE_SLICE_ID", "metadata.labels['jobset.sigs.k8s.io/job-index']"),
+                    _field_env("PATHWAYS_HEAD", "metadata.labels['jobset.sigs.k8s.io/coordinator']"),
+                    _field_env(
+                        "MEGASCALE_COORDINATOR_ADDRESS", "metadata.labels['jobset.sigs.k8s.io/coordinator']"
+                    ),
+                    *_env_list(pathways["worker_env"]),
+                ],
+                **resources,
+                "volumeMounts": [{"name": "shared-tmp", "mountPath": "/tmp"}],  # noqa: S108
+            }
+        ],
+        "volumes": [shared_tmp],
+        **({"nodeSelector": node_selector} if node_selector else {}),
+    }
+    return {
+        "apiVersion": kube_api.JOBSET_API_VERSION,
+        "kind": "JobSet",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "ttlSecondsAfterFinished": ttl,
+            "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
+            "coordinator": {"replicatedJob": "pathways-head"},
+            "startupPolicy": {"startupPolicyOrder": "InOrder"},
+            "successPolicy": {"operator": "All", "targetReplicatedJobs": ["pathways-head"]},
+            "failurePolicy": {
+                "maxRestarts": max_restarts,
+                "restartStrategy": "Recreate",
+                "rules": [{"action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}],
+            },
+            "replicatedJobs": [
+                {
+                    "name": "pathways-head",
+                    "replicas": 1,
+                    "template": {
+                        "metadata": {
+                            "annotations": {
+                                "alpha.jobset.sigs.k8s.io/exclusive-topology": "kubernetes.io/hostname"
+                            }
+                        },
+                        "spec": {
+                            "completionMode": "Indexed",
+                            "parallelism": 1,
+                            "completions": 1,
+                            "backoffLimit": 0,
+                            "template": {"spec": head_spec},
+                        },
+                    },
+                },
+                {
+                    "name": "worker",
+                    "replicas": num_slices,
+                    "template": {
+                        "spec": {
+                            "completionMode": "Indexed",
+                            "parallelism": nodes_per_slice,
+                            "completions": nodes_per_slice,
+                            "backoffLimit": nodes_per_slice * 4,
+                            "template": {
+                                "metadata": {"labels": {"gcluster.google.com/workload": name}},
+                                "spec": worker_spec,
+                            },
+                        }
+                    },
+                },
+            ],
+        },
+    }
 
 
 def go_q(text: str) -> str:

@@ -1,23 +1,32 @@
 """Detached process that plays one submitted job: Kueue admission, the pods, the program.
 
-Started by ``gcluster job submit`` as
-``python -m tpu_rl_sandbox.job_worker ROOT JOB_KEY UID`` in its own session.
-Status goes Suspended (until Kueue admits it: the cluster's TPU slices are free) -> Running ->
-Succeeded/Failed; a failed attempt is retried ``--restarts`` times like a JobSet restart
-(each attempt gets a fresh pod file system and a fresh log, as ``kubectl logs`` would show).
-The container's command runs as ``/bin/bash -c COMMAND`` on a :class:`~hosts.PodHost` (real bash
-in private namespaces, see :mod:`tpu_rl_sandbox.machine`); a cancelled job's pod is killed.
+Started by ``gcluster job submit`` (or a ``POST`` of a JobSet to the fake Kubernetes API) as
+``python -m tpu_rl_sandbox.job_worker ROOT JOB_KEY UID`` in its own session. It stands for Kueue,
+the JobSet and Job controllers and the kubelet: the JobSet stays suspended until Kueue admits it
+(the cluster's TPU slices are free), then its pods are created (:func:`kube_api.plan_pods`), their
+containers go waiting -> running -> terminated (Pathways: the ``pathways-proxy`` and
+``pathways-rm`` sidecars and the workers first, then ``workload-container``), and the JobSet ends
+Completed or Failed. A failed attempt is retried ``maxRestarts`` times like a JobSet restart: new
+pods (``jobset.sigs.k8s.io/restart-attempt`` + 1), a fresh pod file system and fresh logs.
+
+The program (the workload container's command) runs as ``/bin/bash -c COMMAND`` on a
+:class:`~hosts.PodHost` (real bash in private namespaces, see :mod:`tpu_rl_sandbox.machine`); its
+output becomes the container's CRI log (one timestamp per line, as the API serves it with
+``timestamps=true``) and, as before, ``jobs/<uid>/attempt-N.log``. The sidecars and workers print
+a few plausible lines. A cancelled job's pods are killed.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tpu_rl_sandbox import cloud
+from tpu_rl_sandbox import cloud, kube_api
 from tpu_rl_sandbox.emulator import api_for
 from tpu_rl_sandbox.fsview import GcsStore
 from tpu_rl_sandbox.hosts import MachineServices, PodHost
@@ -101,6 +110,18 @@ class Worker:
                     return
             time.sleep(0.05)
 
+    def update_pods(self, change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+        """Apply ``change`` to each current pod record (one transaction)."""
+        with self.store.txn() as txn:
+            jobs = txn.doc("jobs")
+            job = jobs.get(self.key)
+            if job is None or job.get("uid") != self.uid:
+                raise JobGone()
+            for pod in job.get("pods") or []:
+                change(pod)
+            txn.save("jobs")
+            return dict(job)
+
     def run(self) -> int:
         job = self.job()
         try:
@@ -108,12 +129,20 @@ class Worker:
         except ValueError:
             step = DEFAULT_STEP_SECONDS
         self.wait_for_admission(job, step)
+        # Kueue admits the workload: spec.suspend becomes false
+        job = self.update(suspended=False, admitted=rfc3339())
         attempts = int(job.get("restarts", 1)) + 1
         faults = FaultGate(self.store, parse_faults(job.get("faults")))
         cluster = self.store.read("clusters").get(job["cluster_key"], {})
         node_sa = cluster.get("service_accounts", {}).get("node_pool", "")
         for attempt in range(1, attempts + 1):
-            job = self.update(status="Running", attempt=attempt, started=rfc3339())
+            # a (re)start: the JobSet controller recreates every Job, the Job controller their pods
+            job = self.update(
+                status="Running",
+                attempt=attempt,
+                started=rfc3339(),
+                pods=kube_api.plan_pods(job, attempt - 1),
+            )
             status = self.run_attempt(job, attempt, step, faults, cluster, node_sa)
             if status == 0:
                 self.update(
@@ -122,6 +151,134 @@ class Worker:
                 return 0
         self.update(status="Failed", condition="Failed", completed=rfc3339(), completed_ts=time.time())
         return 0
+
+    def _main_pod(self, job: dict[str, Any]) -> dict[str, Any]:
+        head = str((job.get("workload") or {}).get("replicatedJob") or "")
+        pods = job.get("pods") or []
+        return next(
+            (p for p in pods if p["replicatedJob"] == head and p["jobIndex"] == 0 and p["podIndex"] == 0),
+            pods[0],
+        )
+
+    def _log(self, pod: dict[str, Any], container: str) -> kube_api.CriLog:
+        return kube_api.CriLog(
+            kube_api.container_log_path(self.layout, self.uid, str(pod["name"]), container)
+        )
+
+    def _print(self, pod: dict[str, Any], container: str, lines: list[str]) -> None:
+        log = self._log(pod, container)
+        for line in lines:
+            log.line(line, stream="stderr")
+        log.close()
+
+    def start_pods(self, job: dict[str, Any], main: dict[str, Any], step: float) -> None:
+        """Everything but the workload container starts: sidecars (in order), workers, other pods."""
+        hold = job.get("pod_hold_file")
+        while hold and Path(str(hold)).exists():  # nodes / images not ready yet: containers wait
+            if self.cancelled():
+                raise JobGone()
+            time.sleep(0.05)
+        coordinator = f"{job['name']}-pathways-head-0-0.{job['name']}"
+        workload = _workload_name(job)
+        instance = f"{str(job.get('compute_type') or 'tpu').split('-')[0]}:{job.get('topology') or ''}"
+        workers = sum(1 for p in job.get("pods") or [] if p["replicatedJob"] == "worker")
+        started = rfc3339()
+        for pod in job.get("pods") or []:
+            for container in pod.get("init") or []:
+                if container["name"] == "pathways-proxy":
+                    self._print(
+                        pod,
+                        container["name"],
+                        [
+                            glog("proxy_server_main.cc", 112, "Starting Pathways proxy server on port 29000"),
+                            glog(
+                                "proxy_server.cc",
+                                431,
+                                f"Connecting to resource manager at {coordinator}:29001",
+                            ),
+                        ],
+                    )
+                elif container["name"] == "pathways-rm":
+                    self._print(
+                        pod,
+                        container["name"],
+                        [
+                            glog("server_main.cc", 98, "Starting Pathways resource manager on port 29001"),
+                            glog(
+                                "resource_manager.cc",
+                                254,
+                                f"Waiting for {workers} workers (instance_type={instance}, "
+                                f"instance_count={job.get('num_slices', 1)})",
+                            ),
+                        ],
+                    )
+            for container in pod.get("containers") or []:
+                if pod["name"] == main["name"] and container["name"] == workload:
+                    continue
+                if container["name"] == "pathways-worker":
+                    self._print(
+                        pod,
+                        container["name"],
+                        [
+                            glog("server_main.cc", 98, "Starting Pathways worker on port 29005"),
+                            glog(
+                                "worker.cc",
+                                187,
+                                f"Registered with resource manager {coordinator}:29001 "
+                                f"(slice {pod['jobIndex']}, task {pod['podIndex']})",
+                            ),
+                        ],
+                    )
+                else:
+                    self._log(pod, container["name"]).close()
+
+        def begin(pod: dict[str, Any]) -> None:
+            pod["startTime"] = started
+            pod["phase"] = "Running"
+            for container in pod.get("init") or []:
+                container.update(state="running", startedAt=started, reason=None)
+            for container in pod.get("containers") or []:
+                if pod["name"] == main["name"] and container["name"] == workload:
+                    continue
+                container.update(state="running", startedAt=started, reason=None)
+
+        self.update_pods(begin)
+        time.sleep(max(step, 0.01))
+
+    def finish_pods(self, job: dict[str, Any], main: dict[str, Any], status: int) -> None:
+        """The workload container ended: the sidecars stop, the workers end with the JobSet."""
+        finished = rfc3339()
+        for pod in job.get("pods") or []:
+            for container in pod.get("init") or []:
+                self._print(
+                    pod, container["name"], [glog("server_main.cc", 140, "Received SIGTERM, shutting down")]
+                )
+            if pod["name"] != main["name"]:
+                for container in pod.get("containers") or []:
+                    if container["name"] == "pathways-worker":
+                        self._print(
+                            pod,
+                            container["name"],
+                            [glog("worker.cc", 402, "Resource manager closed; exiting")],
+                        )
+        ok = status == 0
+
+        def end(pod: dict[str, Any]) -> None:
+            for container in pod.get("init") or []:
+                container.update(state="terminated", exitCode=0, reason="Completed", finishedAt=finished)
+            for container in pod.get("containers") or []:
+                code = status if pod["name"] == main["name"] else (0 if ok else 143)
+                container.update(
+                    state="terminated",
+                    exitCode=code,
+                    reason="Completed" if code == 0 else "Error",
+                    startedAt=container.get("startedAt") or finished,
+                    finishedAt=finished,
+                )
+            failed = any(c.get("exitCode") for c in pod.get("containers") or [])
+            pod["phase"] = "Failed" if failed else "Succeeded"
+
+        self.update_pods(end)
 
     def run_attempt(
         self,
@@ -134,6 +291,8 @@ class Worker:
     ) -> int:
         log_path = self.layout.jobs_dir / self.uid / f"attempt-{attempt}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        main = self._main_pod(job)
+        self.start_pods(job, main, step)
         store = self.store
         services = MachineServices(
             gcs=GcsStore(
@@ -163,19 +322,40 @@ class Worker:
             }
         )
         env.update(job.get("env") or {})
-        with log_path.open("ab") as handle:
-            # The container runs COMMAND with bash -c (as xpk-style job specs do).
+        output = kube_api.CriLog(
+            kube_api.container_log_path(self.layout, self.uid, str(main["name"]), _workload_name(job)),
+            log_path,
+        )
+        started = rfc3339()
+
+        def run_main(pod: dict[str, Any]) -> None:
+            if pod["name"] == main["name"]:
+                for container in pod.get("containers") or []:
+                    if container["name"] == _workload_name(job):
+                        container.update(state="running", startedAt=started, reason=None)
+
+        self.update_pods(run_main)
+        try:
+            # The container runs COMMAND with bash -c (pathways_jobset.tmpl / jobset.tmpl).
             status = host.run(
-                ["/bin/bash", "-c", str(job["command"])],
-                None,
-                handle.fileno(),
-                handle.fileno(),
-                env,
-                host.workdir,
+                ["/bin/bash", "-c", str(job["command"])], None, output.write, output.write, env, host.workdir
             )
+        finally:
+            output.close()
         if self.cancelled():
             raise JobGone()
+        self.finish_pods(self.job(), main, status)
         return status
+
+
+def _workload_name(job: dict[str, Any]) -> str:
+    return str((job.get("workload") or {}).get("container") or "workload-container")
+
+
+def glog(source: str, line: int, message: str) -> str:
+    """A line in glog's format (``I1201 13:22:10.123456       1 file.cc:12] message``)."""
+    now = dt.datetime.now(dt.UTC)
+    return f"I{now:%m%d %H:%M:%S}.{now.microsecond:06d}       1 {source}:{line}] {message}"
 
 
 def main(argv: list[str] | None = None) -> int:

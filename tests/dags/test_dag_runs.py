@@ -36,6 +36,13 @@ class RunResult:
     task_states: dict[str, str]
     cloud_calls: list[str]
     ledger_state: str | None
+    output: str
+
+    def task_log(self, task_id: str) -> str:
+        """What ``dags test`` printed while ``task_id`` ran."""
+        start = self.output.index(f"[DAG TEST] starting task_id={task_id} ")
+        end = self.output.index(f"[DAG TEST] end task task_id={task_id} ", start)
+        return self.output[start:end]
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +106,7 @@ def dags_test(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., RunResu
             task_states=states,
             cloud_calls=calls.read_text().splitlines() if calls.exists() else [],
             ledger_state=row[0] if row else None,
+            output=done.stdout + done.stderr,
         )
 
     return run
@@ -127,6 +135,16 @@ def test_a_failed_teardown_fails_the_run(dags_test: Callable[..., RunResult]) ->
     assert result.state == "failed"
     assert result.exit_code == 1
     assert result.ledger_state == "failed"
+    # The watcher names the failed teardown and what its command said (the line after "last output:").
+    watcher_log = result.task_log("watcher")
+    assert "1 task failed: destroy_cluster: " in watcher_log
+    assert "last output: Error: injected failure" in watcher_log
+    assert "Traceback" not in watcher_log
+    # No metric was recorded (train was only marked successful): no picture, one line says so.
+    assert "run curves: the ledger holds no reward or loss for this run; no picture" in result.task_log(
+        "record_run"
+    )
+    assert "XCom not found" not in result.task_log("record_run")
 
 
 def test_a_bad_conf_fails_before_anything_is_created_or_destroyed(
@@ -144,3 +162,12 @@ def test_a_bad_conf_fails_before_anything_is_created_or_destroyed(
     assert result.exit_code == 1
     assert result.cloud_calls == []
     assert result.ledger_state == "failed"
+    # A configuration error is its one line: no traceback in validate's log, and the watcher repeats it.
+    line = "invalid pipeline conf: num_batchez: unknown conf key"
+    validate_log = result.task_log("validate")
+    assert line in validate_log
+    assert "Traceback" not in validate_log
+    assert 'File "' not in validate_log
+    watcher_log = result.task_log("watcher")
+    assert f"1 task failed: validate: {line}" in watcher_log
+    assert "Traceback" not in watcher_log

@@ -231,3 +231,47 @@ def test_sensors_watch_the_paths_validate_derives(pipeline: tuple[Any, Shape]) -
         sensor = dag.get_task("wait_converted_checkpoint")
         assert sensor.step == 0
         assert sensor.items == ("items",)
+
+
+def test_sensor_links_name_the_project(pipeline: tuple[Any, Shape]) -> None:
+    dag, shape = pipeline
+    derived = validate_pipeline_conf(dag.dag_id, "manual__1", {}, dict(shape.defaults))
+    for task in dag.tasks:
+        if task.task_id.startswith("wait_"):
+            assert "project_id" in task.template_fields, task.task_id
+            assert render(dag, task.task_id, "project_id", derived) == derived["project"], task.task_id
+
+
+def test_the_ui_names_each_job_by_its_own_operator(serialized_dags: dict[str, Any]) -> None:
+    """What the UI shows (the serialized operator name): the export is not the convert operator."""
+    for dag_id in (GKE_DAG_ID, "tpu_rl_sweep_example"):
+        dag = serialized_dags[dag_id]
+        for task in dag.tasks:
+            if "export" in task.task_id and not task.task_id.startswith("wait_"):
+                assert task.operator_name == "MaxTextExportOperator", (dag_id, task.task_id)
+            if task.task_id.startswith("convert"):
+                assert task.operator_name == "MaxTextConvertOperator", (dag_id, task.task_id)
+
+
+def test_deploy_and_record_run_carry_their_console_links(
+    serialized_dags: dict[str, Any], pipeline: tuple[Any, Shape]
+) -> None:
+    dag = serialized_dags[pipeline[0].dag_id]
+    assert dag.get_task("record_run").extra_links == ["Run Curves"]
+    assert dag.get_task("record_run").operator_name == "RecordRunOperator"
+    if dag.dag_id == GKE_DAG_ID:
+        assert dag.get_task("deploy_cluster").extra_links == ["GKE Cluster"]
+    for task in dag.tasks:
+        if task.task_id.startswith("wait_"):
+            assert task.extra_links == ["GCS Folder"], task.task_id
+
+
+def test_the_pipelines_note_each_failure_for_the_watcher(pipeline: tuple[Any, Shape]) -> None:
+    from airflow_provider_tpu_rl.operators.pipeline import note_failure
+
+    dag, _ = pipeline
+    for task in dag.tasks:
+        callbacks = task.on_failure_callback
+        callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
+        assert note_failure in callbacks, task.task_id
+        assert len(callbacks) == 2, task.task_id  # and the ledger's step callback

@@ -8,6 +8,7 @@ tables below say for each bad conf which of the two can refuse it and with which
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,9 +20,14 @@ from airflow_provider_tpu_rl.spec.presets import presets_for
 from tests.dags.conftest import GKE_DAG_ID, PIPELINE_DAG_IDS, TPU_VM_DAG_ID, trigger_time_validate
 
 DEFAULTS: dict[str, Mapping[str, Any]] = {GKE_DAG_ID: GKE_DEFAULTS, TPU_VM_DAG_ID: TPU_VM_DEFAULTS}
+# "Run Parameters" is the section the trigger form opens (the Cloud fields).
 SECTIONS = {
-    GKE_DAG_ID: {"Cloud", "Cluster", "Model & training", "Safety"},
-    TPU_VM_DAG_ID: {"Cloud", "VM", "Model & training", "Safety"},
+    GKE_DAG_ID: {"Run Parameters", "Cluster", "Model & training", "Safety"},
+    TPU_VM_DAG_ID: {"Run Parameters", "VM", "Model & training", "Safety"},
+}
+CLOUD_KEYS = {
+    GKE_DAG_ID: ["project", "region", "zone", "bucket", "reservation"],
+    TPU_VM_DAG_ID: ["project", "zone", "bucket", "reservation", "service_account"],
 }
 RUNNERS = {GKE_DAG_ID: Runner.GKE, TPU_VM_DAG_ID: Runner.TPU_VM}
 # Which spec regex each pattern-carrying param must reuse.
@@ -147,7 +153,9 @@ def schemas(dag: Any) -> dict[str, dict[str, Any]]:
 @pytest.mark.parametrize("dag_id", PIPELINE_DAG_IDS)
 def test_one_param_per_spec_key_with_the_spec_default(dag_bag: Any, dag_id: str) -> None:
     params = dag_bag.dags[dag_id].params
-    assert list(params) == list(DEFAULTS[dag_id])
+    # The open section's fields first, then the others in the spec's order.
+    cloud = [key for key in DEFAULTS[dag_id] if key in CLOUD_KEYS[dag_id]]
+    assert list(params) == cloud + [key for key in DEFAULTS[dag_id] if key not in cloud]
     assert {key: params[key] for key in params} == dict(DEFAULTS[dag_id])
 
 
@@ -294,3 +302,53 @@ def test_a_full_custom_gke_conf_passes_both_checks(serialized_dags: dict[str, An
     assert derived["final_step"] == 10
     assert derived["chips"] == 64
     assert derived["actor_root"].startswith("gs://team-tpu-42-rl/gemma4-26b/")
+
+
+@pytest.mark.parametrize("dag_id", PIPELINE_DAG_IDS)
+def test_the_cloud_fields_are_in_the_section_the_form_opens(
+    dag_bag: Any, serialized_dags: dict[str, Any], dag_id: str
+) -> None:
+    """Airflow 3.3's trigger form opens only its default section, "Run Parameters"."""
+    import airflow
+
+    bundle = Path(airflow.__file__).parent / "ui" / "dist" / "assets"
+    assert any("`Run Parameters`" in js.read_text() for js in bundle.glob("index-*.js")), (
+        "the installed Airflow UI no longer names its default form section 'Run Parameters'"
+    )
+    for dag in (dag_bag.dags[dag_id], serialized_dags[dag_id]):
+        sections = {key: dag.params.get_param(key).schema.get("section") for key in dag.params}
+        assert [key for key, section in sections.items() if section == "Run Parameters"] == [
+            key for key in dag.params if key in CLOUD_KEYS[dag_id]
+        ]
+        first = list(dag.params)[: len(CLOUD_KEYS[dag_id])]
+        assert set(first) == set(CLOUD_KEYS[dag_id])
+
+
+@pytest.mark.parametrize("dag_id", PIPELINE_DAG_IDS)
+@pytest.mark.parametrize("key", ["project", "bucket"])
+def test_the_prefilled_examples_say_to_replace_them(dag_bag: Any, dag_id: str, key: str) -> None:
+    param = dag_bag.dags[dag_id].params.get_param(key)
+
+    assert param.value in ("my-tpu-project", "my-tpu-rl-bucket")
+    assert f"prefilled {param.value} is an example: replace it" in param.description
+
+
+def test_authorized_cidr_keeps_the_open_default_and_says_what_it_opens(dag_bag: Any) -> None:
+    param = dag_bag.dags[GKE_DAG_ID].params.get_param("authorized_cidr")
+
+    assert param.value == "0.0.0.0/0"
+    text = param.description
+    assert "control plane's authorized networks" in text
+    assert "0.0.0.0/0" in text
+    assert "whole internet" in text
+    assert "Composer" in text
+    assert "egress range" in text
+
+
+def test_the_machine_type_dropdown_counts_chips_in_good_english(dag_bag: Any) -> None:
+    shown = dag_bag.dags[GKE_DAG_ID].params.get_param("compute_type").schema["values_display"]
+
+    assert shown["ct6e-standard-1t"] == "ct6e-standard-1t (1 chip per VM)"
+    assert shown["ct6e-standard-4t"] == "ct6e-standard-4t (4 chips per VM)"
+    assert shown["ct6e-standard-8t"] == "ct6e-standard-8t (8 chips per VM)"
+    assert not any("1 chips" in text for text in shown.values() if text)

@@ -1,4 +1,4 @@
-"""gcluster job list/logs parsing, and the hook's job commands against the fake gcluster."""
+"""gcluster job list parsing, and the hook's job commands against the fake gcluster."""
 
 from __future__ import annotations
 
@@ -11,9 +11,7 @@ from airflow_provider_tpu_rl.exceptions import CommandError, FailureKind, Output
 from airflow_provider_tpu_rl.hooks.jobs import (
     GclusterJob,
     JobState,
-    new_log_lines,
     parse_job_list,
-    workload_log_lines,
 )
 from tests.hooks.conftest import fixture_path
 
@@ -58,28 +56,6 @@ def test_parse_job_list_without_header_is_an_error():
 def test_rows_before_the_header_are_not_jobs():
     lines = ["fake-row   Running   2026-04-03T11:00:00Z", "NAME STATUS CREATION_TIME COMPLETION_TIME"]
     assert parse_job_list(lines) == []
-
-
-def test_workload_log_lines_drops_gcluster_info_lines():
-    lines = workload_log_lines((FIXTURES / "job_logs.txt").read_text().splitlines())
-    assert lines[0] == "Starting RL training..."
-    assert lines[-1] == "Train step 1 training loss: 0.482100"
-    assert not any(line.startswith("2026-04-03T12:00:00Z:") for line in lines)
-
-
-@pytest.mark.parametrize(
-    ("seen", "current", "new"),
-    [
-        ([], ["a", "b"], ["a", "b"]),
-        (["a", "b"], ["a", "b", "c"], ["c"]),  # whole log, grown
-        (["a", "b"], ["a", "b"], []),
-        (["a", "b", "c"], ["b", "c", "d", "e"], ["d", "e"]),  # sliding tail window
-        (["x", "y"], ["p", "q"], ["p", "q"]),  # a gap: everything is new
-        (["a", "a"], ["a", "a", "a"], ["a"]),
-    ],
-)
-def test_new_log_lines(seen, current, new):
-    assert new_log_lines(seen, current) == new
 
 
 def test_list_jobs_runs_job_list_with_scope_flags(make_hook, fake_tools):
@@ -134,36 +110,3 @@ def test_cancel_job_reports_whether_there_was_a_job(make_hook, fake_tools):
     hook = make_hook()
     assert hook.cancel_job("j", "p", "c", "l") is True
     assert hook.cancel_job("gone", "p", "c", "l") is False
-
-
-def test_stream_job_logs_logs_every_line_and_returns_workload_lines(make_hook, fake_tools, recording_logger):
-    fake_tools.respond({"match": ["job", "logs"], "steps": [["file", fixture_path("job_logs.txt")]]})
-    lines = make_hook().stream_job_logs("qwen-rl-20260403", "p", "c", "l")
-    assert lines[0] == "Starting RL training..."
-    assert "[gcluster] Reshard finished in 3.21s" in recording_logger.messages
-    assert fake_tools.calls()[0]["argv"][:3] == ["job", "logs", "qwen-rl-20260403"]
-
-
-async def test_async_list_jobs_uses_the_same_parser(make_hook, fake_tools):
-    fake_tools.respond({"match": ["job", "list"], "steps": [["file", fixture_path("job_list.txt")]]})
-    hook = make_hook()
-    assert await hook.async_list_jobs("p", "c", "l") == hook.list_jobs("p", "c", "l")
-
-
-async def test_async_run_masks_secrets_and_closes_stdin(make_hook, fake_tools):
-    from airflow_provider_tpu_rl.render.command import Command
-
-    fake_tools.respond({"match": ["secrets"], "steps": [["stdin"], ["prompt"]], "exit": 1})
-    result = await make_hook().async_run(
-        Command(("gcloud", "secrets", "x"), stdin_secret="t"), secrets={"t": "sekret-value-1"}, timeout=30
-    )
-    assert result.output_lines[0] == "received token=***"
-    assert "Error: EOF" in result.output_lines
-
-
-async def test_async_run_timeout_kills_the_process(make_hook, fake_tools):
-    from airflow_provider_tpu_rl.render.command import Command
-
-    fake_tools.respond({"match": [], "steps": [["sleep", 300]]})
-    result = await make_hook().async_run(Command(("gcluster", "job", "logs", "j")), timeout=0.5)
-    assert result.timed_out

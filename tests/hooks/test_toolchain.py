@@ -400,41 +400,6 @@ def test_gcloud_commands_need_no_toolchain(
     assert make_hook().run(Command(("gcloud", "storage", "ls")), timeout=GUARD).ok
 
 
-async def test_async_run_never_downloads(
-    make_hook: Any, fake_tools: Any, served: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    server, digests = served
-    monkeypatch.setenv("PATH", path_without(["terraform"], tmp_path / "noterraform"))
-    hook = make_hook(
-        cache_dir=str(tmp_path / "cache"),
-        hashicorp_base_url=server.url,
-        terraform_sha256=digests["terraform"],
-    )
-    with pytest.raises(ConfigurationError, match="deploy needs terraform"):
-        await hook.async_run(Command(("gcluster", "deploy", "dep")), timeout=GUARD)
-    assert server.requests == []
-    assert fake_tools.calls() == []
-
-
-async def test_async_run_never_downloads_the_bundle(fake_tools: Any, tmp_path: Path) -> None:
-    from tests.hooks.test_bundle import PLAT as BUNDLE_PLAT
-    from tests.hooks.test_bundle import VERSION, build_bundle
-
-    (tmp_path / "rel" / VERSION).mkdir(parents=True)
-    digest = build_bundle(tmp_path / "rel" / VERSION / BUNDLE_PLAT.asset_name)
-    with _CountingServer(tmp_path / "rel") as server:
-        hook = GclusterHook(
-            config=GclusterConfig(
-                cache_dir=str(tmp_path / "cache"), sha256={"linux_amd64": digest, "linux_arm64": digest,
-                "mac_amd64": digest, "mac_arm64": digest}, download_base_url=server.url,
-                gcloud_path=fake_tools.gcloud,
-            )
-        )  # fmt: skip
-        with pytest.raises(ConfigurationError, match="may not download"):
-            await hook.async_run(Command(("gcluster", "job", "list")), timeout=GUARD)
-        assert server.requests == []
-
-
 def test_prepare_process_path_prepend_and_extra_env(tmp_path: Path) -> None:
     prepared = prepare_process(
         ["x"],

@@ -178,16 +178,3 @@ def test_failed_command_carries_its_classified_kind(make_hook, fake_tools) -> No
         hook.run_checked(Command(("gcluster", "destroy", "c")), timeout=30)
     assert (capacity.value.kind, capacity.value.retryable) == (FailureKind.CAPACITY, True)
     assert (config.value.kind, config.value.retryable) == (FailureKind.CONFIG, False)
-
-
-async def test_async_list_jobs_raises_the_same_typed_errors(make_hook, fake_tools) -> None:
-    fake_tools.respond(
-        {"match": ["job", "list", "--name-contains=garbled"], "steps": [["out", "no table here"]]},
-        {"match": ["job", "list"], "steps": [["err", "Error: googleapi: Error 502: bad gateway"]], "exit": 1},
-    )
-    hook = make_hook()
-    with pytest.raises(OutputParseError, match="header"):
-        await hook.async_list_jobs("p", "c", "l", name_contains="garbled")
-    with pytest.raises(CommandError) as info:
-        await hook.async_list_jobs("p", "c", "l", name_contains="other")
-    assert info.value.kind is FailureKind.TRANSIENT

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import tempfile
 import time
@@ -36,9 +37,11 @@ from airflow_provider_tpu_rl.spec import (
     gke_pipeline_from_conf,
     tpu_vm_pipeline_from_conf,
 )
+from tpu_rl_sandbox import kube_access
 from tpu_rl_sandbox.control import SandboxInfo
 from tpu_rl_sandbox.emulator import api_for
 from tpu_rl_sandbox.gcs import GcsApi
+from tpu_rl_sandbox.kube_api import POD_HOLD_ENV
 from tpu_rl_sandbox.layout import SandboxLayout
 from tpu_rl_sandbox.state import StateStore, read_calls
 
@@ -53,6 +56,7 @@ SANDBOX_KNOBS = (
     "TPU_RL_SANDBOX_FAIL",
     "TPU_RL_SANDBOX_HOLD_FILE",
     "TPU_RL_SANDBOX_TTL_SCALE",
+    "TPU_RL_SANDBOX_POD_HOLD_FILE",
     "HF_TOKEN",
 )
 
@@ -86,9 +90,25 @@ def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 60.0) -> 
 
 
 def defer(operator: BaseOperator, context: Context) -> TaskDeferred:
-    """``operator.execute`` must hand over to a trigger; return the ``TaskDeferred`` it raised."""
-    with pytest.raises(TaskDeferred) as deferred:
-        operator.execute(context)
+    """``operator.execute`` must hand over to a trigger; return the ``TaskDeferred`` it raised.
+
+    The job's pods stay pending (waiting containers) until the operator has deferred, so a job
+    that would end within a second is still running when the operator looks at it before
+    deferring (else it would rightly finish in the worker).
+    """
+    hold = Path(tempfile.mkdtemp(prefix="pods-pending-")) / "hold"
+    hold.write_text("hold")
+    previous = os.environ.get(POD_HOLD_ENV)
+    os.environ[POD_HOLD_ENV] = str(hold)
+    try:
+        with pytest.raises(TaskDeferred) as deferred:
+            operator.execute(context)
+    finally:
+        if previous is None:
+            os.environ.pop(POD_HOLD_ENV, None)
+        else:
+            os.environ[POD_HOLD_ENV] = previous
+        hold.unlink(missing_ok=True)
     return deferred.value
 
 
@@ -96,8 +116,12 @@ def run_trigger(trigger: Any, alongside: Callable[[], Awaitable[None]] | None = 
     """Run the trigger's ``run()`` to its first event (optionally with a helper coroutine)."""
 
     async def first_event() -> dict[str, Any]:
-        async for event in trigger.run():
-            return dict(event.payload)
+        events = trigger.run()
+        try:
+            async for event in events:
+                return dict(event.payload)
+        finally:
+            await events.aclose()  # as the triggerer does once the event is taken
         raise AssertionError("the trigger ended without an event")
 
     async def main() -> dict[str, Any]:
@@ -275,6 +299,36 @@ class SandboxRun:
         job = self.job_record(job_name)
         return self.job_log(job) if job else ""
 
+    def kube(self, cluster: str | None = None) -> kube_access.ClusterAccess:
+        """Token, URL and CA of this test's cluster's fake Kubernetes API (as the provider gets them)."""
+        return kube_access.cluster_access(self.layout, self.project, REGION, cluster or self.cluster)
+
+    def pods(self, job_name: str) -> list[dict[str, Any]]:
+        """The JobSet's pods as the Kubernetes API lists them."""
+        access = self.kube()
+        answer = kube_access.request(
+            access,
+            "GET",
+            f"/api/v1/namespaces/default/pods?labelSelector=jobset.sigs.k8s.io/jobset-name%3D{job_name}",
+        )
+        assert answer.status == 200, answer.text
+        items: list[dict[str, Any]] = answer.json()["items"]
+        return items
+
+    def container_log(self, job_name: str, replicated_job: str, container: str) -> list[str]:
+        """The whole log of ``container`` in job 0 / index 0 of ``replicated_job`` (newest restart)."""
+        from airflow_provider_tpu_rl.hooks.kubernetes import head_pod
+
+        pod = head_pod(self.pods(job_name), replicated_job)
+        assert pod is not None, f"no {replicated_job} pod for {job_name}"
+        answer = kube_access.request(
+            self.kube(),
+            "GET",
+            f"/api/v1/namespaces/default/pods/{pod['metadata']['name']}/log?container={container}",
+        )
+        assert answer.status == 200, answer.text
+        return answer.text.splitlines()
+
     def objects(self, bucket: str | None = None, prefix: str = "") -> list[str]:
         return sorted(info.name for info in self.api.iter_objects(bucket or self.bucket, prefix))
 
@@ -296,6 +350,8 @@ def enter_sandbox(sandbox: SandboxInfo, tmp_path: Path, monkeypatch: pytest.Monk
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("TPU_RL_SANDBOX_STEP_SECONDS", STEP_SECONDS)
     monkeypatch.setenv("AIRFLOW__TPU_RL__POLL_INTERVAL", POLL_INTERVAL)
+    # No Airflow scheduler here to race: the job triggers fire as soon as the job ends.
+    monkeypatch.setenv("AIRFLOW__TPU_RL__MIN_DEFERRAL_SECONDS", "0")
     # The job operators' `deferrable` default; a test that waits in the worker says so.
     monkeypatch.setenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", "True")
     # Work dirs, job HOMEs and temp files of this test stay under its tmp_path.
@@ -323,10 +379,13 @@ def run_job_operator(
 ) -> dict[str, Any]:
     """execute → (deferred) trigger → execute_complete, as the worker and the triggerer would."""
     context = run.context(operator, conf, **context_kwargs)
-    deferred = defer(operator, context)
-    event = run_trigger(deferred.trigger)
-    result: dict[str, Any] = getattr(operator, deferred.method_name)(context, event)
-    return result
+    try:
+        finished: dict[str, Any] = operator.execute(context)
+    except TaskDeferred as deferred:
+        event = run_trigger(deferred.trigger)
+        result: dict[str, Any] = getattr(operator, deferred.method_name)(context, event)
+        return result
+    return finished  # skipped, or the job had already ended: no deferral
 
 
 def convert_checkpoint(run: SandboxRun, conf: dict[str, Any], **context_kwargs: Any) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import time
 from datetime import timedelta
 from typing import Any
@@ -12,11 +13,10 @@ from airflow.providers.common.compat.sdk import AirflowException, AirflowFailExc
 from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
 from airflow_provider_tpu_rl.operators.maxtext import MaxTextConvertOperator, PathwaysRLTrainOperator
 from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
-from airflow_provider_tpu_rl.triggers.gcluster_job import GclusterJobTrigger
+from airflow_provider_tpu_rl.triggers.jobset import JobSetTrigger
 from tests.operators.sandbox_run import (
     RecordingTI,
     SandboxRun,
-    argv_has,
     convert_checkpoint,
     defer,
     prepare_cluster,
@@ -85,13 +85,14 @@ def test_convert_defers_to_the_job_trigger(sb: SandboxRun) -> None:
 
     assert deferred.method_name == "execute_complete"
     trigger = deferred.trigger
-    assert isinstance(trigger, GclusterJobTrigger)
+    assert isinstance(trigger, JobSetTrigger)
     classpath, kwargs = trigger.serialize()
-    assert classpath == "airflow_provider_tpu_rl.triggers.gcluster_job.GclusterJobTrigger"
+    assert classpath == "airflow_provider_tpu_rl.triggers.jobset.JobSetTrigger"
     assert kwargs["job_name"] == convert_job
-    assert kwargs["cluster"] == sb.cluster
-    assert kwargs["project"] == sb.project
-    assert kwargs["location"] == "us-east5"
+    # the cluster's Kubernetes API, as the GKE API describes it: no gcluster, no kubeconfig
+    assert kwargs["cluster_url"] == sb.kube().url
+    assert kwargs["namespace"] == "default"
+    assert kwargs["pathways"] is False
     assert kwargs["total_steps"] is None
     assert kwargs["poll_interval"] == pytest.approx(0.2)
     assert kwargs["deadline"] is None
@@ -119,9 +120,10 @@ def test_a_retry_attaches_to_the_running_training_job_instead_of_submitting_agai
     context = sb.context(second_try, conf, run_id=RUN_1, ti=RecordingTI(2))
     second = defer(second_try, context)
 
-    assert second.trigger.serialize() == first.trigger.serialize()
+    _, first_kwargs = first.trigger.serialize()
     _, kwargs = second.trigger.serialize()
-    assert (kwargs["job_name"], kwargs["cluster"], kwargs["total_steps"]) == (train_job, sb.cluster, 3)
+    assert {**kwargs, "not_before": None} == {**first_kwargs, "not_before": None}
+    assert (kwargs["job_name"], kwargs["cluster_url"], kwargs["total_steps"]) == (train_job, sb.kube().url, 3)
     assert len(sb.job_calls("submit", train_job)) == 1
     assert sb.job_calls("cancel", train_job) == []
     job = sb.job_record(train_job)
@@ -269,16 +271,29 @@ def test_a_vanished_job_without_its_output_fails_the_task(
     hold.unlink()
 
 
-def test_the_trigger_reports_missing_only_after_two_polls(sb: SandboxRun) -> None:
+def test_the_trigger_reports_missing_only_after_two_polls(
+    sb: SandboxRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A job that never existed: two absent polls (not one) before ``missing``."""
     conf = sb.gke_conf()
     prepare_cluster(sb, conf, run_id=RUN_1)
-    trigger = GclusterJobTrigger(
-        "never-submitted-job", sb.project, sb.cluster, "us-east5", poll_interval=0.05
+    access = sb.kube()
+    trigger = JobSetTrigger(
+        "never-submitted-job",
+        access.url,
+        base64.b64encode(access.ca_pem.encode()).decode(),
+        poll_interval=0.05,
     )
+    polls: list[object] = []
+    real = JobSetTrigger.job_state
 
+    async def counted(self: JobSetTrigger) -> object:
+        state = await real(self)
+        polls.append(state)
+        return state
+
+    monkeypatch.setattr(JobSetTrigger, "job_state", counted)
     event = run_trigger(trigger)
 
     assert event["status"] == "missing"
-    lists = [c for c in sb.calls() if argv_has(c, "list", "--name-contains=never-submitted-job")]
-    assert len(lists) == 2
+    assert polls == [None, None]

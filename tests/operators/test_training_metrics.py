@@ -7,20 +7,20 @@ MaxText log (tests/fixtures/maxtext/train_rl_gemma4_50_steps.log).
 from __future__ import annotations
 
 import asyncio
-import logging
 import re
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from airflow.providers.common.compat.sdk import Context
 
-from airflow_provider_tpu_rl.hooks.jobs import GclusterJob, JobState
+from airflow_provider_tpu_rl.hooks.kubernetes import LogCursor
 from airflow_provider_tpu_rl.maxtext.logs import TrainingLogTracker
-from airflow_provider_tpu_rl.operators.maxtext import PathwaysRLTrainOperator, _feed
+from airflow_provider_tpu_rl.operators.maxtext import PathwaysRLTrainOperator
 from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
-from airflow_provider_tpu_rl.triggers.gcluster_job import GclusterJobTrigger
+from airflow_provider_tpu_rl.triggers.jobset import JobSetTrigger
 from tests.operators.sandbox_run import (
     SandboxRun,
     convert_checkpoint,
@@ -34,7 +34,6 @@ from tests.operators.sandbox_run import (
 
 RUN_ID = "manual__2026-03-01T00:00:00+00:00"
 RECORDED_LOG = Path(__file__).resolve().parents[1] / "fixtures" / "maxtext" / "train_rl_gemma4_50_steps.log"
-LOG_LINES_PER_SNAPSHOT = 10  # kubectl logs -l ... (what `gcluster job logs` runs) prints the last 10 lines
 
 
 # -- an independent reading of the printed figures ------------------------------------------------
@@ -82,7 +81,7 @@ def _release_after_first_log_read(trigger: Any, hold: Path) -> Callable[[], Any]
     """Let the held job finish once the trigger has received workload log lines."""
 
     async def release() -> None:
-        while not trigger._log_count:
+        while not trigger._cursor.lines:
             await asyncio.sleep(0.02)
         hold.unlink()
 
@@ -114,7 +113,7 @@ def test_reported_rewards_equal_the_rewards_the_training_job_printed(
 ) -> None:
     conf = sb.gke_conf(train_overrides={"num_test_batches": 2})
     train, context, trigger, job_name, hold = _start_held_training(sb, monkeypatch, conf)
-    assert (trigger.job_name, trigger.cluster, trigger.total_steps) == (job_name, sb.cluster, 3)
+    assert (trigger.job_name, trigger.cluster_url, trigger.total_steps) == (job_name, sb.kube().url, 3)
 
     event = run_trigger(trigger, alongside=_release_after_first_log_read(trigger, hold))
     result = train.execute_complete(context, event)
@@ -135,19 +134,11 @@ def test_reported_rewards_equal_the_rewards_the_training_job_printed(
     assert result["checkpoint_uri"].endswith("/trained/rl/checkpoints/actor/3/model_params/")
 
 
-LATE_START_LIMIT = (
-    "Known limit: the trigger follows the log from when it starts; kubectl's label-selected log "
-    "(`gcluster job logs`) begins with only the last 10 lines, so a reward line that scrolled out "
-    "before the trigger started (or restarted) is not seen. The Cloud Logging link has it."
-)
-
-
-@pytest.mark.xfail(strict=True, reason=LATE_START_LIMIT)
 def test_a_reward_line_more_than_ten_lines_before_a_log_read_is_still_reported(
     sb: SandboxRun, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The trigger starts only after six steps printed 12 lines past "Pre RL Training": its first
-    # read of the log, followed or not, begins after the pre-training line.
+    # The trigger starts only after six steps printed 12 lines past "Pre RL Training" (more than
+    # kubectl's 10-line snapshot held): it reads the workload container's log from its start.
     conf = sb.gke_conf(num_batches=6, train_overrides={"num_test_batches": 2})
     train, context, trigger, job_name, hold = _start_held_training(sb, monkeypatch, conf)
 
@@ -161,7 +152,7 @@ def test_a_reward_line_more_than_ten_lines_before_a_log_read_is_still_reported(
 
 
 def test_waiting_in_the_worker_reports_the_printed_rewards(sb: SandboxRun) -> None:
-    """``deferrable=False``: after success the operator reads the log once (the last 10 lines)."""
+    """``deferrable=False``: the worker follows the log the way the trigger does."""
     conf = sb.gke_conf(train_overrides={"num_test_batches": 2})
     prepare_cluster(sb, conf, run_id=RUN_ID)
     convert_checkpoint(sb, conf, run_id=RUN_ID)
@@ -212,43 +203,48 @@ def assert_metrics_match_recording(metrics: dict[str, Any]) -> None:
 
 def test_the_operator_feed_parses_the_recorded_log() -> None:
     tracker = TrainingLogTracker()
-    log = logging.getLogger("test.feed")
     for line in _recorded_lines():
-        _feed(tracker, line, 50, log)
+        tracker.feed(line)
     assert_metrics_match_recording(tracker.metrics())
+    assert_metrics_match_recording(TrainingLogTracker.restore(tracker.metrics()).metrics())
 
 
-class _RecordedJob:
-    """Plays ``gcluster job list``/``logs`` answers for a job printing the recorded log.
-
-    Stands in for the hook's two async queries only, so the trigger's own relay path
-    (snapshot diffing, parsing, the event) runs unchanged.
-    """
-
-    def __init__(self, lines: list[str], lines_per_poll: int) -> None:
-        self.lines = lines
-        self.lines_per_poll = lines_per_poll
-        self.shown = 0
-
-    async def async_list_jobs(self, *args: Any, **kwargs: Any) -> list[GclusterJob]:
-        self.shown = min(len(self.lines), self.shown + self.lines_per_poll)
-        state = JobState.SUCCEEDED if self.shown == len(self.lines) else JobState.RUNNING
-        return [GclusterJob("gemma4-training-abc123", state, "2026-08-22T14:02:00Z")]
-
-    async def async_get_job_logs(self, *args: Any, **kwargs: Any) -> list[str]:
-        return self.lines[: self.shown]
+T0 = 1_796_119_200_000_000_000  # 2026-12-01T10:00:00Z in nanoseconds
 
 
-@pytest.mark.parametrize("lines_per_poll", [7, 64])
-def test_the_trigger_relay_parses_the_recorded_log(lines_per_poll: int) -> None:
-    recorded = _RecordedJob(_recorded_lines(), lines_per_poll)
-    trigger = GclusterJobTrigger(
-        "gemma4-training-abc123", "proj", "cluster", "us-east5", poll_interval=0, total_steps=50
-    )
-    trigger._hook = lambda: recorded  # type: ignore[method-assign,assignment,return-value]
+def _stamp(nanos: int) -> str:
+    """``timestamps=true`` form: RFC 3339 with nanoseconds, as the kubelet writes it."""
+    seconds, frac = divmod(nanos, 1_000_000_000)
+    return datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S") + f".{frac:09d}Z"
 
-    event = run_trigger(trigger)
 
-    assert event["status"] == "success"
-    assert event["log_lines"] == len(_recorded_lines())
-    assert_metrics_match_recording(event["metrics"])
+@pytest.mark.parametrize("restart_after", [None, 7, 64])
+def test_the_trigger_relay_parses_the_recorded_log(restart_after: int | None) -> None:
+    """The recorded log through the trigger's relay; a restart re-reads from ``sinceTime``."""
+    lines = _recorded_lines()
+    # 4 lines per millisecond: several lines share a whole second, some share a nanosecond.
+    stamped = [f"{_stamp(T0 + (i // 4) * 1_000_000)} {line}" for i, line in enumerate(lines)]
+    trigger = JobSetTrigger("gemma4-training-abc123", "https://127.0.0.1:1", "", total_steps=50)
+
+    async def relay(target: JobSetTrigger, items: list[str]) -> None:
+        for item in items:
+            await target._relay(item)
+
+    if restart_after is None:
+        asyncio.run(relay(trigger, stamped))
+        final = trigger
+    else:
+        asyncio.run(relay(trigger, stamped[:restart_after]))
+        final = JobSetTrigger("gemma4-training-abc123", "https://127.0.0.1:1", "", total_steps=50)
+        final._cursor = LogCursor.from_dict(trigger._cursor.as_dict())  # what the GCS cursor keeps
+        final._tracker = TrainingLogTracker.restore(trigger._tracker.metrics())
+        final._cursor.rewind()
+        since = final._cursor.since_time()
+        assert since is not None
+        # the API server sends every line from the whole second of sinceTime on
+        resent = [line for line in stamped if line[:19] >= since[:19]]
+        assert len(resent) > len(stamped) - restart_after  # some lines come twice
+        asyncio.run(relay(final, resent))
+
+    assert final._cursor.lines == len(lines)
+    assert_metrics_match_recording(final._tracker.metrics())

@@ -32,7 +32,11 @@ def test_up_is_idempotent_and_env_describes_the_sandbox(sandbox: SandboxInfo) ->
     assert env["PATH"].split(os.pathsep)[0] == str(sandbox.bin_dir)
     assert env["STORAGE_EMULATOR_HOST"] == sandbox.emulator_url
     assert env["TPU_RL_SANDBOX_DIR"] == str(sandbox.root)
-    assert json.loads(env["AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT"])["extra"]["is_anonymous"] is True
+    gcp_extra = json.loads(env["AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT"])["extra"]
+    first = json.loads(sandbox.env["AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT"])["extra"]
+    assert gcp_extra["keyfile_dict"] == first["keyfile_dict"]  # one key per sandbox, kept across `up`
+    assert gcp_extra["keyfile_dict"]["type"] == "service_account"
+    assert gcp_extra["keyfile_dict"]["token_uri"] == env["AIRFLOW__TPU_RL__CONTAINER_ENDPOINT"] + "/token"
     assert json.loads(env["AIRFLOW_CONN_GCLUSTER_DEFAULT"]) == {
         "conn_type": "gcluster",
         "extra": {

@@ -264,3 +264,72 @@ def test_export_sensor_defers_with_the_export_trigger(gcs_emulator, gcs_prefix) 
         classpath,
         kwargs,
     )
+
+
+# --- what the sensors log, and their console link -----------------------------------------------
+
+
+def test_checkpoint_sensor_logs_what_it_found(gcs_emulator, actor_root, caplog, capsys) -> None:
+    gcs_emulator.write_checkpoint_step(actor_root, 50, committed=True)
+    sensor = checkpoint_sensor(gcs_emulator, actor_root, step=50, items=("model_params", "optimizer_state"))
+
+    with caplog.at_level("INFO"):
+        done_value(sensor.poke(make_context()))
+
+    logged = caplog.text + capsys.readouterr().out
+    step_folder = f"gs://{gcs_emulator.bucket_name}/{actor_root}50/"
+    assert (
+        f"Found checkpoint step 50 at {step_folder}: commit marker commit_success.txt present; "
+        "items model_params/, optimizer_state/ (2 item folder(s))"
+    ) in logged
+
+
+def test_checkpoint_sensor_logs_the_triggers_find_too(caplog, capsys) -> None:
+    sensor = MaxTextCheckpointSensor(task_id="s", checkpoint_root="gs://b/r/")
+    event = {
+        "status": "success",
+        "uris": ["gs://b/r/7/model_params/"],
+        "step": 7,
+        "checkpoint_uri": "gs://b/r/7/model_params/",
+    }
+
+    with caplog.at_level("INFO"):
+        sensor.execute_complete(make_context(), event)
+
+    logged = caplog.text + capsys.readouterr().out
+    assert (
+        "Found checkpoint step 7 at gs://b/r/7/: commit marker commit_success.txt present; items model_params/"
+        in logged
+    )
+
+
+def test_export_sensor_logs_the_object_count_and_files(gcs_emulator, gcs_prefix, caplog, capsys) -> None:
+    folder = f"{gcs_prefix}hf-trained/"
+    gcs_emulator.write_hf_export(folder, shard_count=3)
+    sensor = export_sensor(gcs_emulator, folder)
+
+    with caplog.at_level("INFO"):
+        value = done_value(sensor.poke(make_context()))
+
+    logged = caplog.text + capsys.readouterr().out
+    others = sorted(uri.rsplit("/", 1)[-1] for uri in value["uris"])
+    others = [name for name in others if name not in value["weight_files"]]
+    assert "model.safetensors.index.json" in others
+    assert (
+        f"Found a complete Hugging Face export at gs://{gcs_emulator.bucket_name}/{folder}: "
+        f"{len(value['uris'])} objects, 3 weight file(s), and {', '.join(others)}"
+    ) in logged
+
+
+def test_the_gcs_link_names_the_project_when_given(gcs_emulator, actor_root) -> None:
+    gcs_emulator.write_checkpoint_step(actor_root, 50, committed=True)
+    sensor = checkpoint_sensor(gcs_emulator, actor_root, step=50, project_id="my-proj")
+    ti = mock.MagicMock(name="ti")
+
+    sensor.execute(cast("Context", {"ti": ti}))
+
+    uri = f"gs://{gcs_emulator.bucket_name}/{actor_root}"
+    ti.xcom_push.assert_called_once_with(key=GCSBrowserLink.key, value={"uri": uri, "project_id": "my-proj"})
+    assert GCSBrowserLink.format_url(uri=uri, project_id="my-proj").endswith("?project=my-proj")
+    assert "project_id" in MaxTextCheckpointSensor.template_fields
+    assert "project_id" in HuggingFaceExportSensor.template_fields

@@ -1,0 +1,529 @@
+"""Job state and logs through the GKE and Kubernetes APIs: no process, no binary, no kubeconfig.
+
+The worker asks the GKE API for the cluster's endpoint and CA (:class:`GkeClusterHook`, the google
+provider's ``GKEHook``), the way ``GKEStartJobOperator`` does; the JobSet that ``gcluster job
+submit`` created and its pods are then read with the google provider's ``GKEKubernetesAsyncHook``
+(a bearer token from the GCP connection): :class:`JobSetClient`. The triggerer needs nothing but
+the connection.
+
+Object names and labels, checked at their sources:
+
+* ``gcluster.google.com/workload=<name>`` on the JobSet, namespace found by a cluster-wide list
+  (cluster-toolkit ``pkg/orchestrator/gke`` templates ``jobset.tmpl``/``pathways_jobset.tmpl``,
+  ``DefaultKubeClient.GetJobNamespace``);
+* the JobSet state as ``gcluster job list`` derives it (``parseJobStatus``): :func:`jobset_state`;
+* pod labels of the jobset controller (``jobset.sigs.k8s.io/jobset-name``, ``replicatedjob-name``,
+  ``job-index``, ``restart-attempt``) and of the Job controller (``batch.kubernetes.io/job-completion-index``);
+* the Pathways head pod's ``workload-container`` prints MaxText's progress; its sidecars
+  ``pathways-proxy``/``pathways-rm`` and the workers do not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from airflow.providers.common.compat.sdk import conf
+
+from airflow_provider_tpu_rl.exceptions import ConfigurationError, FailureKind, KubernetesApiError
+from airflow_provider_tpu_rl.hooks.jobs import JobState
+
+if TYPE_CHECKING:
+    from google.cloud.container_v1 import ClusterManagerClient
+    from kubernetes_asyncio.client import ApiClient
+
+JOBSET_GROUP = "jobset.x-k8s.io"
+JOBSET_VERSION = "v1alpha2"
+JOBSET_PLURAL = "jobsets"
+WORKLOAD_LABEL = "gcluster.google.com/workload"
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
+JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
+RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
+COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+PATHWAYS_HEAD_JOB = "pathways-head"
+PATHWAYS_WORKLOAD_CONTAINER = "workload-container"
+MAIN_JOB = "main-job"
+
+API_TIMEOUT = 60.0  # one Kubernetes or GKE API call (not a log stream)
+CONNECT_TIMEOUT = 30.0
+STREAM_IDLE_TIMEOUT = 300.0  # a followed log silent this long is re-opened (from its cursor)
+CLIENT_REUSE_SECONDS = 1800.0  # GCP access tokens live an hour: a client is re-opened after half
+
+
+def container_endpoint() -> str | None:
+    """``[tpu_rl] container_endpoint``: another GKE API endpoint (an emulator); empty = Google's."""
+    return conf.get("tpu_rl", "container_endpoint", fallback="") or None
+
+
+@dataclass(frozen=True)
+class ClusterAccess:
+    """Where a cluster's Kubernetes API is and the CA its serving certificate is signed by."""
+
+    url: str
+    ca_cert: str  # base64 PEM, as the GKE API returns it
+
+
+class GkeClusterHook:
+    """The cluster's endpoint and CA from the GKE API, through the google provider's ``GKEHook``.
+
+    :param gcp_conn_id: the Google Cloud connection.
+    :param location: the cluster's region or zone.
+    :param impersonation_chain: service account(s) to impersonate.
+    :param api_endpoint: another GKE API endpoint (REST); default ``[tpu_rl] container_endpoint``.
+    """
+
+    def __init__(
+        self,
+        gcp_conn_id: str,
+        location: str,
+        impersonation_chain: str | Sequence[str] | None = None,
+        api_endpoint: str | None = None,
+    ) -> None:
+        from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEHook
+
+        endpoint = api_endpoint if api_endpoint is not None else container_endpoint()
+
+        class _Hook(GKEHook):
+            def get_cluster_manager_client(self) -> ClusterManagerClient:
+                if not endpoint:
+                    return super().get_cluster_manager_client()
+                if self._client is None:
+                    from google.api_core.client_options import ClientOptions
+                    from google.cloud.container_v1 import ClusterManagerClient
+
+                    self._client = ClusterManagerClient(
+                        credentials=self.get_credentials(),
+                        transport="rest",
+                        client_options=ClientOptions(api_endpoint=endpoint),
+                    )
+                return self._client
+
+        self.hook = _Hook(gcp_conn_id=gcp_conn_id, location=location, impersonation_chain=impersonation_chain)
+
+    def cluster_access(self, cluster_name: str, project_id: str) -> ClusterAccess:
+        """``https://<endpoint>`` and the CA of ``cluster_name``; errors as the provider's own."""
+        from google.api_core import exceptions as api_exceptions
+        from google.auth import exceptions as auth_exceptions
+
+        try:
+            cluster = self.hook.get_cluster(name=cluster_name, project_id=project_id, timeout=API_TIMEOUT)
+        except api_exceptions.NotFound as err:
+            raise ConfigurationError(
+                f"GKE cluster {cluster_name} not found in {project_id}/{self.hook.location}: {_first(err)}"
+            ) from err
+        except (api_exceptions.Unauthenticated, api_exceptions.PermissionDenied) as err:
+            raise ConfigurationError(
+                f"GKE API refused to describe cluster {cluster_name}: {_first(err)}"
+            ) from err
+        except (api_exceptions.GoogleAPIError, auth_exceptions.TransportError, OSError) as err:
+            raise KubernetesApiError(
+                f"GKE API: cannot describe cluster {cluster_name}: {_first(err)}", FailureKind.TRANSIENT
+            ) from err
+        except auth_exceptions.GoogleAuthError as err:
+            raise ConfigurationError(f"GCP connection has no usable credentials: {_first(err)}") from err
+        if not cluster.endpoint or not cluster.master_auth.cluster_ca_certificate:
+            raise KubernetesApiError(
+                f"GKE cluster {cluster_name} has no endpoint yet (status {cluster.status.name})",
+                FailureKind.TRANSIENT,
+            )
+        return ClusterAccess(f"https://{cluster.endpoint}", cluster.master_auth.cluster_ca_certificate)
+
+
+def _first(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+# ----------------------------------------------------------------------------------- JobSet state
+def jobset_state(obj: Mapping[str, Any]) -> tuple[JobState, str | None]:
+    """The state and completion time ``gcluster job list`` reports for a JobSet object.
+
+    cluster-toolkit ``pkg/orchestrator/gke/gke_job_orchestrator.go`` ``parseJobStatus``: the base
+    state is ``spec.suspend`` (Suspended/Running, Unknown when absent); a ``True`` condition
+    ``Completed``/``Succeeded`` makes it Succeeded, ``Failed`` Failed, ``Suspended`` Suspended, in
+    list order; the completion time is ``status.completionTime``, else that condition's transition.
+    """
+    state = JobState.UNKNOWN
+    spec = obj.get("spec")
+    if isinstance(spec, Mapping) and isinstance(spec.get("suspend"), bool):
+        state = JobState.SUSPENDED if spec["suspend"] else JobState.RUNNING
+    status = obj.get("status")
+    if not isinstance(status, Mapping):
+        return state, None
+    completed = status.get("completionTime") or None
+    for cond in status.get("conditions") or []:
+        if not isinstance(cond, Mapping) or cond.get("status") != "True":
+            continue
+        kind = cond.get("type")
+        if kind in ("Completed", "Succeeded", "Failed"):
+            state = JobState.FAILED if kind == "Failed" else JobState.SUCCEEDED
+            completed = completed or cond.get("lastTransitionTime") or None
+        elif kind == "Suspended":
+            state = JobState.SUSPENDED
+    return state, completed
+
+
+def head_pod(pods: Sequence[Mapping[str, Any]], replicated_job: str) -> Mapping[str, Any] | None:
+    """The pod whose log tells the job's progress: job 0, index 0 of ``replicated_job``, newest
+    restart attempt (a JobSet restart recreates every pod)."""
+
+    def labels(pod: Mapping[str, Any]) -> Mapping[str, str]:
+        return pod.get("metadata", {}).get("labels") or {}
+
+    candidates = [
+        pod
+        for pod in pods
+        if labels(pod).get(REPLICATED_JOB_LABEL) == replicated_job
+        and labels(pod).get(JOB_INDEX_LABEL, "0") == "0"
+        and labels(pod).get(COMPLETION_INDEX_LABEL, "0") == "0"
+    ]
+    if not candidates:
+        return None
+
+    def order(pod: Mapping[str, Any]) -> tuple[int, str]:
+        try:
+            attempt = int(labels(pod).get(RESTART_ATTEMPT_LABEL, "0"))
+        except ValueError:
+            attempt = 0
+        return attempt, str(pod.get("metadata", {}).get("creationTimestamp") or "")
+
+    return max(candidates, key=order)
+
+
+def workload_container(pod: Mapping[str, Any], pathways: bool) -> str | None:
+    """The container printing MaxText's lines: ``workload-container`` on a Pathways head pod, the
+    first container otherwise (jobset.tmpl names it after the workload)."""
+    containers = [c.get("name") for c in pod.get("spec", {}).get("containers") or []]
+    if pathways:
+        return PATHWAYS_WORKLOAD_CONTAINER if PATHWAYS_WORKLOAD_CONTAINER in containers else None
+    return containers[0] if containers else None
+
+
+def container_phase(pod: Mapping[str, Any], container: str) -> str:
+    """``waiting``, ``running`` or ``terminated`` for ``container`` (``waiting`` when not reported)."""
+    status = pod.get("status") or {}
+    for item in [*(status.get("containerStatuses") or []), *(status.get("initContainerStatuses") or [])]:
+        if item.get("name") != container:
+            continue
+        state = item.get("state") or {}
+        for phase in ("terminated", "running", "waiting"):
+            if state.get(phase) is not None:
+                return phase
+    return "waiting"
+
+
+# ------------------------------------------------------------------------------------ log lines
+_TIMESTAMP_RE = re.compile(
+    r"^(?P<date>\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(?:\.(?P<frac>\d{1,9}))?(?P<zone>Z|[+-]\d{2}:\d{2}) ?"
+)
+
+
+def split_timestamp(line: str) -> tuple[int, str] | None:
+    """``(nanoseconds since the epoch, text)`` of a ``timestamps=true`` log line, None without one."""
+    match = _TIMESTAMP_RE.match(line)
+    if match is None:
+        return None
+    zone = "+00:00" if match["zone"] == "Z" else match["zone"]
+    seconds = datetime.fromisoformat(match["date"] + zone).timestamp()
+    nanos = int((match["frac"] or "0").ljust(9, "0"))
+    return int(seconds) * 1_000_000_000 + nanos, line[match.end() :]
+
+
+def format_since_time(nanos: int) -> str:
+    """The whole second at or before ``nanos`` as RFC 3339 (``sinceTime``'s precision is a second
+    on some API servers, so the cursor filters the rest)."""
+    return datetime.fromtimestamp(nanos // 1_000_000_000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class LogCursor:
+    """Where a followed container log is: the pod, the last line's time and how many lines with
+    exactly that time were already relayed, so a re-read from ``sinceTime`` repeats none."""
+
+    pod_uid: str | None = None
+    last_nanos: int = 0
+    at_last: int = 0
+    lines: int = 0
+
+    def accept(self, nanos: int) -> bool:
+        """True if a line written at ``nanos`` is new; the cursor moves past it."""
+        if nanos < self.last_nanos:
+            return False
+        if nanos == self.last_nanos:
+            if self._skip > 0:
+                self._skip -= 1
+                return False
+            self.at_last += 1
+        else:
+            self.last_nanos, self.at_last = nanos, 1
+        self.lines += 1
+        return True
+
+    def rewind(self) -> None:
+        """Before a re-read from ``sinceTime``: the lines at ``last_nanos`` come again, skip them."""
+        self._skip = self.at_last
+
+    def __post_init__(self) -> None:
+        self._skip = 0
+
+    def since_time(self) -> str | None:
+        return format_since_time(self.last_nanos) if self.last_nanos else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "pod_uid": self.pod_uid,
+            "last_nanos": self.last_nanos,
+            "at_last": self.at_last,
+            "lines": self.lines,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> LogCursor:
+        if not data:
+            return cls()
+        return cls(
+            pod_uid=data.get("pod_uid") or None,
+            last_nanos=int(data.get("last_nanos") or 0),
+            at_last=int(data.get("at_last") or 0),
+            lines=int(data.get("lines") or 0),
+        )
+
+
+# ---------------------------------------------------------------------------------- API client
+def _api_error(err: Exception, what: str) -> Exception:
+    """A Kubernetes client error as the provider's own: 401/403 are configuration, the rest may pass."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    if isinstance(err, ApiException):
+        reason = _status_message(err)
+        if err.status in (401, 403):
+            return ConfigurationError(f"Kubernetes API refused {what} ({err.status}): {reason}")
+        kind = (
+            FailureKind.TRANSIENT if err.status in (0, 408, 429) or err.status >= 500 else FailureKind.CONFIG
+        )
+        return KubernetesApiError(f"Kubernetes API: {what} failed ({err.status}): {reason}", kind)
+    return KubernetesApiError(
+        f"Kubernetes API: {what} failed: {type(err).__name__}: {_first(err)}", FailureKind.TRANSIENT
+    )
+
+
+def _status_message(err: Any) -> str:
+    import json
+
+    body = getattr(err, "body", None)
+    if isinstance(body, bytes | str) and body:
+        with contextlib.suppress(ValueError, TypeError):
+            message = json.loads(body).get("message")
+            if message:
+                return _first(Exception(message))
+        return _first(Exception(body if isinstance(body, str) else body.decode(errors="replace")))
+    return str(getattr(err, "reason", "") or err)
+
+
+class JobSetClient:
+    """Read, find and delete a JobSet and read its pods' logs, through ``GKEKubernetesAsyncHook``.
+
+    :param access: the cluster's URL and CA (from :meth:`GkeClusterHook.cluster_access`).
+    :param gcp_conn_id: the GCP connection whose token the Kubernetes API accepts.
+    :param impersonation_chain: service account(s) to impersonate.
+    """
+
+    def __init__(
+        self,
+        access: ClusterAccess,
+        gcp_conn_id: str,
+        impersonation_chain: str | Sequence[str] | None = None,
+    ) -> None:
+        from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEKubernetesAsyncHook
+
+        self.access = access
+        self.hook = GKEKubernetesAsyncHook(
+            cluster_url=access.url,
+            ssl_ca_cert=access.ca_cert,
+            gcp_conn_id=gcp_conn_id,
+            impersonation_chain=impersonation_chain,
+            enable_tcp_keepalive=True,
+        )
+
+    _manager: Any = None
+    _client: ApiClient | None = None
+    _opened_at = 0.0
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[ApiClient]:
+        """The API client, opened once and re-opened (a fresh token) after :data:`CLIENT_REUSE_SECONDS`.
+
+        Opening fetches the GCP connection and a token: done once, not per poll, so the triggerer's
+        event loop is not held by it, and a trigger being cancelled needs no connection lookup.
+        Auth errors surface as :class:`ConfigurationError`. :meth:`close` ends it.
+        """
+        from google.auth import exceptions as auth_exceptions
+
+        if self._client is not None and time.monotonic() - self._opened_at > CLIENT_REUSE_SECONDS:
+            await self.close()
+        if self._client is None:
+            try:
+                manager = self.hook.get_conn()
+                self._client = await manager.__aenter__()
+            except (auth_exceptions.GoogleAuthError, ValueError) as err:
+                raise ConfigurationError(
+                    f"GCP connection has no usable token for the Kubernetes API: {_first(err)}"
+                ) from err
+            self._manager, self._opened_at = manager, time.monotonic()
+        yield self._client
+
+    async def close(self) -> None:
+        """Close the API client (and its connection pool), if open."""
+        manager, self._manager, self._client = self._manager, None, None
+        if manager is not None:
+            with contextlib.suppress(Exception):
+                await manager.__aexit__(None, None, None)
+
+    async def find(self, client: ApiClient, name: str) -> dict[str, Any] | None:
+        """The JobSet ``name`` in any namespace (gcluster's ``GetJobNamespace``); None when absent."""
+        from kubernetes_asyncio.client import CustomObjectsApi
+
+        try:
+            listed = await CustomObjectsApi(client).list_cluster_custom_object(
+                JOBSET_GROUP,
+                JOBSET_VERSION,
+                JOBSET_PLURAL,
+                label_selector=f"{WORKLOAD_LABEL}={name}",
+                _request_timeout=API_TIMEOUT,
+            )
+        except Exception as err:
+            raise _api_error(err, f"list JobSets named {name}") from err
+        items = [item for item in listed.get("items") or [] if item.get("metadata", {}).get("name") == name]
+        if len(items) > 1:
+            namespaces = sorted(str(item["metadata"].get("namespace")) for item in items)
+            raise KubernetesApiError(
+                f"found JobSets named {name} in several namespaces {namespaces}", FailureKind.CONFIG
+            )
+        return items[0] if items else None
+
+    async def get(self, client: ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
+        """The JobSet ``namespace/name``; None when it does not exist (deleted, TTL-collected)."""
+        from kubernetes_asyncio.client import CustomObjectsApi
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            obj: dict[str, Any] = await CustomObjectsApi(client).get_namespaced_custom_object(
+                JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, name, _request_timeout=API_TIMEOUT
+            )
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise _api_error(err, f"get JobSet {namespace}/{name}") from err
+        except Exception as err:
+            raise _api_error(err, f"get JobSet {namespace}/{name}") from err
+        return obj
+
+    async def delete(self, client: ApiClient, namespace: str, name: str) -> bool:
+        """Delete the JobSet and, in the foreground, its jobs and pods; False when already gone."""
+        from kubernetes_asyncio.client import CustomObjectsApi, V1DeleteOptions
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            await CustomObjectsApi(client).delete_namespaced_custom_object(
+                JOBSET_GROUP,
+                JOBSET_VERSION,
+                namespace,
+                JOBSET_PLURAL,
+                name,
+                body=V1DeleteOptions(propagation_policy="Foreground"),
+                _request_timeout=API_TIMEOUT,
+            )
+        except ApiException as err:
+            if err.status == 404:
+                return False
+            raise _api_error(err, f"delete JobSet {namespace}/{name}") from err
+        except Exception as err:
+            raise _api_error(err, f"delete JobSet {namespace}/{name}") from err
+        return True
+
+    async def pods(self, client: ApiClient, namespace: str, jobset: str) -> list[dict[str, Any]]:
+        """The JobSet's pods (as plain dicts, as the API sent them)."""
+        import json
+
+        from kubernetes_asyncio.client import CoreV1Api
+
+        try:
+            response: Any = await CoreV1Api(client).list_namespaced_pod(
+                namespace,
+                label_selector=f"{JOBSET_NAME_LABEL}={jobset}",
+                _preload_content=False,
+                _request_timeout=API_TIMEOUT,
+            )
+            body = await response.read()
+        except Exception as err:
+            raise _api_error(err, f"list pods of JobSet {namespace}/{jobset}") from err
+        items: list[dict[str, Any]] = json.loads(body).get("items") or []
+        return items
+
+    async def log_lines(
+        self,
+        client: ApiClient,
+        namespace: str,
+        pod: str,
+        container: str,
+        *,
+        since_time: str | None,
+        follow: bool,
+    ) -> AsyncIterator[str]:
+        """The container's log lines with their timestamps, from ``since_time``; with ``follow``
+        until the container ends, the stream is idle for :data:`STREAM_IDLE_TIMEOUT` or the
+        connection drops (the caller re-opens from its cursor)."""
+        from aiohttp import ClientTimeout
+
+        query: list[tuple[str, Any]] = [
+            ("container", container),
+            ("timestamps", "true"),
+            ("follow", "true" if follow else "false"),
+        ]
+        if since_time:
+            # sinceTime is a PodLogOptions field the generated client omits (kubernetes#...: only
+            # sinceSeconds is in the OpenAPI operation); the API server reads it as a query parameter.
+            query.append(("sinceTime", since_time))
+        try:
+            response: Any = await client.call_api(
+                "/api/v1/namespaces/{namespace}/pods/{name}/log",
+                "GET",
+                path_params={"namespace": namespace, "name": pod},
+                query_params=query,
+                header_params={"Accept": "text/plain"},
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=ClientTimeout(
+                    connect=CONNECT_TIMEOUT,
+                    sock_connect=CONNECT_TIMEOUT,
+                    sock_read=STREAM_IDLE_TIMEOUT if follow else API_TIMEOUT,
+                ),
+            )
+        except Exception as err:
+            raise _api_error(err, f"read the log of {namespace}/{pod}/{container}") from err
+        try:
+            pending = b""
+            while True:
+                try:
+                    chunk = await response.content.readline()
+                except TimeoutError:
+                    return
+                except Exception as err:  # the connection dropped: the caller re-opens from its cursor
+                    raise _api_error(err, f"stream the log of {namespace}/{pod}/{container}") from err
+                if not chunk:
+                    break
+                pending += chunk
+                if not pending.endswith(b"\n"):
+                    continue  # a line longer than the stream's buffer comes in parts
+                yield pending.decode(errors="replace").rstrip("\r\n")
+                pending = b""
+            if pending:
+                yield pending.decode(errors="replace").rstrip("\r\n")
+        finally:
+            response.release()

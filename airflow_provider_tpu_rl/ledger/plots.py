@@ -1,0 +1,217 @@
+"""Pictures of the ledger: one run's curves, and the reward trend across runs (matplotlib, optional).
+
+matplotlib is the optional extra ``plot`` (``pip install 'airflow-provider-tpu-rl[plot]'``); this
+module imports it only inside the functions that draw, so the ledger works without it:
+:func:`matplotlib_available` says whether it can draw. Figures are built with the object API
+(``matplotlib.figure.Figure``, no pyplot state), so drawing is safe in a worker thread.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_tpu_rl.ledger.records import MetricRecord
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+REWARD_METRIC = "mean_reward"
+LOSS_METRIC = "loss"
+PLOT_EXTRA_HINT = "pip install 'airflow-provider-tpu-rl[plot]'"
+_DPI = 100
+
+
+def matplotlib_available() -> bool:
+    """Whether matplotlib is installed (the optional extra ``plot``)."""
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+@dataclass(frozen=True)
+class RunCurves:
+    """The points of one run's curves: mean reward before, at each evaluation, after; loss per step.
+
+    ``before`` is drawn at step 0 and ``after`` at ``final_step``.
+    """
+
+    run_id: str
+    before: float | None = None
+    evaluations: tuple[tuple[int, float], ...] = ()
+    after: float | None = None
+    loss: tuple[tuple[int, float], ...] = ()
+    final_step: int = 1
+
+    @property
+    def reward_points(self) -> list[tuple[int, float]]:
+        """``(step, mean reward)`` in step order: before at 0, the evaluations, after at the final step."""
+        points = [(0, self.before)] if self.before is not None else []
+        points.extend(self.evaluations)
+        if self.after is not None:
+            points.append((self.final_step, self.after))
+        return points
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to draw."""
+        return not self.reward_points and not self.loss
+
+
+def run_curves(run_id: str, metrics: Iterable[MetricRecord], final_step: int | None = None) -> RunCurves:
+    """The curves of a run from its ledger metrics (``RunLedger.run_metrics``).
+
+    ``final_step`` places the "after" point; by default the last step any metric was recorded at.
+    """
+    before = after = None
+    evaluations: dict[int, float] = {}
+    loss: dict[int, float] = {}
+    for metric in metrics:
+        if metric.value is None or math.isnan(metric.value):
+            continue
+        if metric.name == REWARD_METRIC:
+            if metric.phase == "pre":
+                before = metric.value
+            elif metric.phase == "post":
+                after = metric.value
+            elif metric.phase == "intermediate":
+                evaluations[metric.step] = metric.value
+        elif metric.phase == "train" and metric.name == LOSS_METRIC:
+            loss[metric.step] = metric.value
+    last = max([*evaluations, *loss, 1])
+    return RunCurves(
+        run_id=run_id,
+        before=before,
+        evaluations=tuple(sorted(evaluations.items())),
+        after=after,
+        loss=tuple(sorted(loss.items())),
+        final_step=max(final_step, last) if final_step is not None else last,
+    )
+
+
+def _figure(width: float, height: float) -> Figure:
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), dpi=_DPI, layout="constrained")
+
+
+def run_curves_figure(curves: RunCurves) -> Figure:
+    """Two panels: mean reward by step (before, evaluations, after) and train loss by step."""
+    figure = _figure(10, 4)
+    reward_axes, loss_axes = figure.subplots(1, 2)
+    figure.suptitle(curves.run_id, fontsize="medium")
+
+    reward_axes.set_title("Mean reward")
+    reward_axes.set_xlabel("step")
+    points = curves.reward_points
+    if points:
+        steps, values = zip(*points, strict=True)
+        reward_axes.plot(steps, values, marker="o", color="tab:green", label=REWARD_METRIC)
+        for step, value, label in _reward_labels(curves):
+            reward_axes.annotate(
+                f"{label} {value:.3g}", (step, value), textcoords="offset points", xytext=(0, 6), ha="center"
+            )
+    else:
+        reward_axes.text(
+            0.5, 0.5, "no reward recorded", ha="center", va="center", transform=reward_axes.transAxes
+        )
+    reward_axes.grid(True, alpha=0.3)
+
+    loss_axes.set_title("Train loss")
+    loss_axes.set_xlabel("step")
+    if curves.loss:
+        steps, values = zip(*curves.loss, strict=True)
+        loss_axes.plot(steps, values, color="tab:blue", label=LOSS_METRIC)
+    else:
+        loss_axes.text(0.5, 0.5, "no loss recorded", ha="center", va="center", transform=loss_axes.transAxes)
+    loss_axes.grid(True, alpha=0.3)
+    return figure
+
+
+def _reward_labels(curves: RunCurves) -> list[tuple[int, float, str]]:
+    labels = []
+    if curves.before is not None:
+        labels.append((0, curves.before, "before"))
+    if curves.after is not None:
+        labels.append((curves.final_step, curves.after, "after"))
+    return labels
+
+
+@dataclass(frozen=True)
+class TrendSeries:
+    """One model's runs, oldest first: mean reward before and after training (None when missing)."""
+
+    model: str
+    run_ids: tuple[str, ...] = ()
+    started_at: tuple[datetime | None, ...] = ()
+    before: tuple[float | None, ...] = ()
+    after: tuple[float | None, ...] = ()
+
+    @property
+    def runs(self) -> int:
+        """How many runs the series holds."""
+        return len(self.run_ids)
+
+
+def reward_trend_series(rows: Iterable[Mapping[str, Any]]) -> list[TrendSeries]:
+    """Group ``RunLedger.reward_trend`` rows (ordered by model, then oldest first) by model."""
+    grouped: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        grouped.setdefault(str(row["model"]), []).append(row)
+    return [
+        TrendSeries(
+            model=model,
+            run_ids=tuple(str(row["run_id"]) for row in runs),
+            started_at=tuple(row.get("started_at") for row in runs),
+            before=tuple(_maybe_float(row.get("pre_mean_reward")) for row in runs),
+            after=tuple(_maybe_float(row.get("post_mean_reward")) for row in runs),
+        )
+        for model, runs in grouped.items()
+    ]
+
+
+def _maybe_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def reward_trend_figure(series: Sequence[TrendSeries]) -> Figure:
+    """Mean reward before (dashed) and after (solid) training, run after run, one colour per model.
+
+    The x axis is the run's position among that model's runs (1 = oldest); a missing value is a gap.
+    """
+    figure = _figure(10, 4.5)
+    axes = figure.subplots()
+    axes.set_title("Mean reward across runs")
+    axes.set_xlabel("run (oldest first)")
+    axes.set_ylabel("mean reward")
+    colours = [f"C{index % 10}" for index in range(len(series))]
+    for colour, one in zip(colours, series, strict=True):
+        runs = list(range(1, one.runs + 1))
+        axes.plot(
+            runs, _nan(one.before), linestyle="--", marker="o", color=colour, label=f"{one.model} before"
+        )
+        axes.plot(runs, _nan(one.after), linestyle="-", marker="o", color=colour, label=f"{one.model} after")
+    if not series:
+        axes.text(
+            0.5, 0.5, "no run with a reward in the ledger", ha="center", va="center", transform=axes.transAxes
+        )
+    else:
+        axes.legend(loc="best", fontsize="small")
+        longest = max(one.runs for one in series)
+        axes.set_xticks(range(1, longest + 1))
+    axes.grid(True, alpha=0.3)
+    return figure
+
+
+def _nan(values: Sequence[float | None]) -> list[float]:
+    return [math.nan if value is None else value for value in values]
+
+
+def figure_png(figure: Figure) -> bytes:
+    """The figure as PNG bytes."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=_DPI, facecolor="white")
+    return buffer.getvalue()

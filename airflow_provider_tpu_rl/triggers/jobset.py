@@ -1,0 +1,532 @@
+"""``JobSetTrigger``: wait for a gcluster job's JobSet to end, relaying its workload log line by line.
+
+Everything goes through the Kubernetes API (:mod:`airflow_provider_tpu_rl.hooks.kubernetes`) with
+the GCP connection's token: the triggerer starts no process and needs no binary.
+
+* **State** from the JobSet object, every ``poll_interval`` (gcluster's own status rules).
+* **Log**: only the container that prints MaxText's progress (the Pathways head pod's
+  ``workload-container``; job 0's container otherwise) is followed, with timestamps, from its
+  start. A :class:`~airflow_provider_tpu_rl.hooks.kubernetes.LogCursor` (the last line's time and
+  how many lines had it) is kept with the training metrics in a small JSON object in GCS
+  (``cursor_uri``), saved every few seconds and when the trigger stops; a trigger that starts again
+  (triggerer restart, task retry, the operator's in-worker wait) reads from ``sinceTime`` and
+  drops what it already relayed, so no line is lost or repeated.
+* **No early fire**: the event is held until ``not_before`` (the operator sets it a short while
+  after deferring), so a job that ends in seconds does not race the scheduler's handling of the
+  deferral (apache/airflow#71580, #72716).
+* **Kill**: when a user kills the deferred task, the JobSet is deleted (``cancel_on_kill``):
+  ``on_kill`` on Airflow 3.3+, ``safe_to_cancel`` before it, as the google provider's Dataproc
+  trigger does; a triggerer restart never cancels the job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from airflow_provider_tpu_rl.compat import AIRFLOW_V_3_0_PLUS, AIRFLOW_V_3_3_PLUS
+from airflow_provider_tpu_rl.exceptions import ConfigurationError, KubernetesApiError
+from airflow_provider_tpu_rl.hooks.jobs import JobState
+from airflow_provider_tpu_rl.hooks.kubernetes import (
+    MAIN_JOB,
+    PATHWAYS_HEAD_JOB,
+    ClusterAccess,
+    JobSetClient,
+    LogCursor,
+    container_phase,
+    head_pod,
+    jobset_state,
+    split_timestamp,
+    workload_container,
+)
+from airflow_provider_tpu_rl.maxtext.logs import TrainingLogTracker
+
+CURSOR_SAVE_SECONDS = 2.0  # GCS allows about one write per second to one object
+FOLLOW_DRAIN_SECONDS = 30.0  # after the job ends, time for the follower to read the last lines
+FOLLOW_RETRY_SECONDS = 5.0  # a pod not started yet, or a dropped stream: try again after this
+STORAGE_TIMEOUT = 60
+
+
+class JobSetTrigger(BaseTrigger):
+    """Polls the JobSet ``job_name`` until it ends; yields exactly one event.
+
+    The event: ``status`` (``success`` | ``failed`` | ``missing`` | ``timeout`` | ``error``),
+    ``job_name``, ``state`` (last JobSet state or None), ``message``, ``fatal`` (an ``error`` a retry
+    cannot fix: credentials, permissions), ``log_lines`` (workload lines relayed so far, over every
+    trigger of this job) and ``metrics`` (training jobs: what MaxText's lines said). A JobSet absent
+    ``missing_confirmations`` polls in a row (garbage-collected after its TTL) is ``missing``: the
+    operator decides by the job's output.
+
+    :param job_name: the JobSet (gcluster job) name.
+    :param cluster_url: ``https://<endpoint>`` of the cluster's Kubernetes API.
+    :param ssl_ca_cert: the cluster CA (base64 PEM, as the GKE API gives it).
+    :param gcp_conn_id: the GCP connection whose token the cluster accepts; also writes the cursor.
+    :param impersonation_chain: service account(s) to impersonate.
+    :param namespace: the JobSet's namespace; None = found by its ``gcluster.google.com/workload`` label.
+    :param pathways: a Pathways job (follow the head pod's ``workload-container``).
+    :param poll_interval: seconds between JobSet reads.
+    :param total_steps: training jobs: parse MaxText's lines, log "step N/M", report metrics.
+    :param deadline: epoch seconds; a job still running then ends the wait with ``timeout``.
+    :param not_before: epoch seconds before which no event is fired.
+    :param cursor_uri: ``gs://`` object keeping the log cursor and metrics; None = not kept.
+    :param cancel_on_kill: delete the JobSet when the user kills the deferred task.
+    :param follow_logs: relay the workload log to the task log.
+    :param missing_confirmations: polls without the JobSet before reporting ``missing``.
+    :param max_consecutive_errors: transient API failures tolerated in a row.
+    """
+
+    def __init__(
+        self,
+        job_name: str,
+        cluster_url: str,
+        ssl_ca_cert: str,
+        gcp_conn_id: str = "google_cloud_default",
+        impersonation_chain: str | list[str] | None = None,
+        namespace: str | None = None,
+        pathways: bool = False,
+        poll_interval: float = 60.0,
+        total_steps: int | None = None,
+        deadline: float | None = None,
+        not_before: float | None = None,
+        cursor_uri: str | None = None,
+        cancel_on_kill: bool = True,
+        follow_logs: bool = True,
+        missing_confirmations: int = 2,
+        max_consecutive_errors: int = 5,
+    ) -> None:
+        super().__init__()
+        self.job_name = job_name
+        self.cluster_url = cluster_url
+        self.ssl_ca_cert = ssl_ca_cert
+        self.gcp_conn_id = gcp_conn_id
+        self.impersonation_chain = impersonation_chain
+        self.namespace = namespace
+        self.pathways = pathways
+        self.poll_interval = poll_interval
+        self.total_steps = total_steps
+        self.deadline = deadline
+        self.not_before = not_before
+        self.cursor_uri = cursor_uri
+        self.cancel_on_kill = cancel_on_kill
+        self.follow_logs = follow_logs
+        self.missing_confirmations = max(1, missing_confirmations)
+        self.max_consecutive_errors = max(1, max_consecutive_errors)
+        self._cursor = LogCursor()
+        self._tracker = TrainingLogTracker()
+        self._saved_at = 0.0
+        self._dirty = False
+        self._loaded = False
+        self.jobset_uid: str | None = None  # seen by job_state(); not part of the serialized state
+        self._jobsets: JobSetClient | None = None
+        self._session: Any = None
+        self._storage: Any = None
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "job_name": self.job_name,
+                "cluster_url": self.cluster_url,
+                "ssl_ca_cert": self.ssl_ca_cert,
+                "gcp_conn_id": self.gcp_conn_id,
+                "impersonation_chain": self.impersonation_chain,
+                "namespace": self.namespace,
+                "pathways": self.pathways,
+                "poll_interval": self.poll_interval,
+                "total_steps": self.total_steps,
+                "deadline": self.deadline,
+                "not_before": self.not_before,
+                "cursor_uri": self.cursor_uri,
+                "cancel_on_kill": self.cancel_on_kill,
+                "follow_logs": self.follow_logs,
+                "missing_confirmations": self.missing_confirmations,
+                "max_consecutive_errors": self.max_consecutive_errors,
+            },
+        )
+
+    def client(self) -> JobSetClient:
+        """The Kubernetes API client of this trigger (opened once per run, see :meth:`close`)."""
+        if self._jobsets is None:
+            self._jobsets = JobSetClient(
+                ClusterAccess(self.cluster_url, self.ssl_ca_cert), self.gcp_conn_id, self.impersonation_chain
+            )
+        return self._jobsets
+
+    async def close(self) -> None:
+        """Close the Kubernetes and GCS clients."""
+        jobsets, self._jobsets = self._jobsets, None
+        if jobsets is not None:
+            await jobsets.close()
+        session, self._session, self._storage = self._session, None, None
+        if session is not None:
+            with contextlib.suppress(Exception):
+                await session.close()
+
+    async def probe(self) -> JobState | None:
+        """:meth:`job_state` for the operator before it defers (then closes the clients)."""
+        try:
+            return await self.job_state()
+        finally:
+            await self.close()
+
+    async def _storage_client(self) -> Any:
+        """The GCS client for the cursor, made once: saving it on cancel needs no connection lookup."""
+        if self._storage is None:
+            from aiohttp import ClientSession
+
+            self._session = ClientSession()
+            self._storage = await self._storage_hook().get_storage_client(self._session)
+        return self._storage
+
+    # -- the cursor in GCS -------------------------------------------------------------------------
+    def _storage_hook(self) -> Any:
+        from airflow.providers.google.cloud.hooks.gcs import GCSAsyncHook
+
+        return GCSAsyncHook(gcp_conn_id=self.gcp_conn_id, impersonation_chain=self.impersonation_chain)
+
+    def _cursor_location(self) -> tuple[str, str] | None:
+        if not self.cursor_uri:
+            return None
+        from airflow_provider_tpu_rl.maxtext.layout import parse_gs_uri
+
+        return parse_gs_uri(self.cursor_uri)
+
+    async def _load_cursor(self) -> None:
+        """Read the cursor and the metrics an earlier trigger of this job kept; none is fine."""
+        self._loaded = True
+        location = self._cursor_location()
+        if location is None:
+            return
+        from aiohttp import ClientResponseError
+
+        try:
+            storage = await self._storage_client()
+            raw = await storage.download(*location, timeout=STORAGE_TIMEOUT)
+            document = json.loads(raw)
+        except ClientResponseError as err:
+            if err.status != 404:
+                self.log.warning("Could not read the log cursor %s: %s", self.cursor_uri, err)
+            return
+        except Exception as err:  # a lost cursor means repeated lines, never a failed wait
+            self.log.warning("Could not read the log cursor %s: %s", self.cursor_uri, err)
+            return
+        self._cursor = LogCursor.from_dict(document.get("cursor"))
+        self._tracker = TrainingLogTracker.restore(document.get("metrics"))
+        if self._cursor.lines:
+            self.log.info(
+                "Resuming the log of %s after %d lines already relayed", self.job_name, self._cursor.lines
+            )
+
+    async def _save_cursor(self, force: bool = False) -> None:
+        location = self._cursor_location()
+        if location is None or not self._dirty:
+            return
+        if not force and time.monotonic() - self._saved_at < CURSOR_SAVE_SECONDS:
+            return
+        document = {"cursor": self._cursor.as_dict(), "metrics": self._tracker.metrics()}
+        try:
+            storage = await self._storage_client()
+            await asyncio.wait_for(
+                storage.upload(
+                    *location, json.dumps(document), content_type="application/json", timeout=STORAGE_TIMEOUT
+                ),
+                STORAGE_TIMEOUT,
+            )
+        except Exception as err:
+            self.log.warning("Could not save the log cursor %s: %s", self.cursor_uri, err)
+            return
+        self._saved_at = time.monotonic()
+        self._dirty = False
+
+    # -- the log -----------------------------------------------------------------------------------
+    async def _relay(self, raw: str) -> None:
+        """One line of the followed container: to the task log and the metrics, unless seen."""
+        parsed = split_timestamp(raw)
+        nanos, text = parsed if parsed is not None else (self._cursor.last_nanos, raw)
+        if not self._cursor.accept(nanos):
+            return
+        self._dirty = True
+        self.log.info("[%s] %s", self.job_name, text)
+        if self.total_steps is not None:
+            before = self._tracker.last_step
+            self._tracker.feed(text)
+            if self._tracker.last_step is not None and self._tracker.last_step != before:
+                self.log.info(
+                    "[%s] progress: %s", self.job_name, self._tracker.progress_text(self.total_steps)
+                )
+        await self._save_cursor()
+
+    async def _read_log(self, follow: bool) -> str:
+        """Read the workload container's log from the cursor; ``follow`` streams while it runs.
+
+        Returns the container's phase when the read began (``none`` without a pod yet).
+        """
+        assert self.namespace is not None
+        client = self.client()
+        replicated_job = PATHWAYS_HEAD_JOB if self.pathways else MAIN_JOB
+        async with client.connection() as api:
+            pod = head_pod(await client.pods(api, self.namespace, self.job_name), replicated_job)
+            if pod is None:
+                return "none"
+            container = workload_container(pod, self.pathways)
+            if container is None:
+                return "none"
+            phase = container_phase(pod, container)
+            if phase == "waiting":
+                return phase
+            uid = str(pod["metadata"].get("uid") or pod["metadata"].get("name"))
+            if self._cursor.pod_uid != uid:  # a new pod (a JobSet restart): its log starts afresh
+                self._cursor = LogCursor(pod_uid=uid, lines=self._cursor.lines)
+                self._dirty = True
+            self._cursor.rewind()
+            async for line in client.log_lines(
+                api,
+                self.namespace,
+                str(pod["metadata"]["name"]),
+                container,
+                since_time=self._cursor.since_time(),
+                follow=follow and phase == "running",
+            ):
+                await self._relay(line)
+            return phase
+
+    async def _follow(self) -> None:
+        """Follow the workload log until the container ends; never fails the wait."""
+        while True:
+            try:
+                phase = await self._read_log(follow=True)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
+                self.log.warning("Reading the log of %s: %s (trying again)", self.job_name, str(err)[:300])
+                phase = "error"
+            if phase == "terminated":
+                return
+            await asyncio.sleep(FOLLOW_RETRY_SECONDS if phase != "running" else 0.5)
+
+    async def _stop_follower(self) -> None:
+        follower = self._follower
+        if follower is not None and not follower.done():
+            follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await follower
+
+    async def _finish_log(self, follower: asyncio.Task[None] | None) -> None:
+        """After the job ended: let the follower drain, then read whatever it did not see."""
+        if follower is not None and not follower.done():
+            with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(follower), timeout=FOLLOW_DRAIN_SECONDS)
+            follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await follower
+        if self.follow_logs and self.namespace is not None:
+            try:
+                await self._read_log(follow=False)
+            except Exception as err:
+                self.log.warning(
+                    "Could not read the rest of the log of %s: %s", self.job_name, str(err)[:300]
+                )
+
+    # -- state -------------------------------------------------------------------------------------
+    async def job_state(self) -> JobState | None:
+        """The JobSet's state now (finding its namespace first); None when it does not exist."""
+        client = self.client()
+        async with client.connection() as api:
+            if self.namespace is None:
+                found = await client.find(api, self.job_name)
+                if found is None:
+                    return None
+                self.namespace = str(found["metadata"].get("namespace") or "default")
+                self.jobset_uid = found["metadata"].get("uid")
+                return jobset_state(found)[0]
+            obj = await client.get(api, self.namespace, self.job_name)
+        if obj is None:
+            return None
+        self.jobset_uid = obj["metadata"].get("uid")
+        return jobset_state(obj)[0]
+
+    @staticmethod
+    def _outcome(
+        status: str, state: JobState | None, message: str, fatal: bool = False
+    ) -> tuple[str, JobState | None, str, bool]:
+        return status, state, message, fatal
+
+    def _event(self, status: str, state: JobState | None, message: str, fatal: bool = False) -> TriggerEvent:
+        return TriggerEvent(
+            {
+                "status": status,
+                "job_name": self.job_name,
+                "namespace": self.namespace,
+                "state": state.value if state is not None else None,
+                "message": message,
+                "fatal": fatal,
+                "log_lines": self._cursor.lines,
+                "metrics": self._tracker.metrics() if self.total_steps is not None else None,
+            }
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        try:
+            # The API clients' modules take seconds to import: not on the triggerer's event loop.
+            await asyncio.to_thread(_import_clients)
+            if not self._loaded:
+                await self._load_cursor()
+            status, state, message, fatal = await self._watch()
+            if status != "error" or state is not None:
+                await self._finish_log(self._follower)
+            await self._save_cursor(force=True)
+            event = self._event(status, state, message, fatal)  # with every line read
+            delay = (self.not_before or 0.0) - time.time()
+            if delay > 0:  # never fire right after deferring: the scheduler may not be done with it
+                await asyncio.sleep(delay)
+            yield event
+        except asyncio.CancelledError:
+            await self._stop_follower()  # before saving: no line may be relayed after the save
+            await self._save_cursor(force=True)
+            if not AIRFLOW_V_3_3_PLUS and self.cancel_on_kill:
+                with contextlib.suppress(Exception):
+                    if await self.safe_to_cancel():
+                        await self.on_kill()
+            raise
+        finally:
+            await self._stop_follower()
+            await self.close()
+
+    _follower: asyncio.Task[None] | None = None
+
+    async def _watch(self) -> tuple[str, JobState | None, str, bool]:
+        """Poll until the job ends; the follower runs beside it while the job runs."""
+        errors_in_a_row = 0
+        absent = 0
+        last: JobState | None = None
+        while True:
+            try:
+                state = await self.job_state()
+            except ConfigurationError as err:
+                return self._outcome("error", last, f"cannot read JobSet {self.job_name}: {err}", fatal=True)
+            except KubernetesApiError as err:
+                if not err.retryable:
+                    return self._outcome(
+                        "error", last, f"cannot read JobSet {self.job_name}: {err}", fatal=True
+                    )
+                errors_in_a_row += 1
+                self.log.warning(
+                    "Reading JobSet %s failed (%d/%d): %s",
+                    self.job_name,
+                    errors_in_a_row,
+                    self.max_consecutive_errors,
+                    err,
+                )
+                if errors_in_a_row >= self.max_consecutive_errors:
+                    return self._outcome("error", last, f"cannot read JobSet {self.job_name}: {err}")
+                await asyncio.sleep(self.poll_interval)
+                continue
+            errors_in_a_row = 0
+            if state is None:
+                absent += 1
+                if absent >= self.missing_confirmations:
+                    return self._outcome(
+                        "missing",
+                        last,
+                        f"JobSet {self.job_name} does not exist (garbage-collected after its TTL, deleted, "
+                        "or never created); check the job's output",
+                    )
+            else:
+                absent = 0
+                if state != last:
+                    self.log.info("Job %s is %s", self.job_name, state.value)
+                last = state
+                if state is JobState.SUCCEEDED:
+                    return self._outcome("success", state, f"job {self.job_name} succeeded")
+                if state is JobState.FAILED:
+                    return self._outcome("failed", state, f"job {self.job_name} failed")
+                if self.follow_logs and (self._follower is None or self._follower.done()):
+                    self._follower = asyncio.create_task(self._follow())
+            if self.deadline is not None and time.time() >= self.deadline:
+                return self._outcome(
+                    "timeout",
+                    last,
+                    f"job {self.job_name} still {getattr(last, 'value', 'absent')} at its deadline",
+                )
+            await self._save_cursor()
+            await asyncio.sleep(self.poll_interval)
+
+    # -- kill --------------------------------------------------------------------------------------
+    async def on_kill(self) -> None:
+        """Delete the JobSet when the user kills the deferred task (Airflow 3.3+ calls this)."""
+        if not self.cancel_on_kill:
+            return
+        try:
+            await self._delete_jobset()
+        finally:
+            await self.close()
+
+    async def _delete_jobset(self) -> None:
+        client = self.client()
+        async with client.connection() as api:
+            namespace = self.namespace
+            if namespace is None:
+                found = await client.find(api, self.job_name)
+                if found is None:
+                    return
+                namespace = str(found["metadata"].get("namespace") or "default")
+            self.log.info("Task killed: deleting JobSet %s/%s", namespace, self.job_name)
+            await client.delete(api, namespace, self.job_name)
+
+    async def safe_to_cancel(self) -> bool:
+        """Before Airflow 3.3: the task is no longer deferred, so a user killed it (a triggerer
+        restart leaves it deferred and must not cancel the job)."""
+        from airflow.utils.state import TaskInstanceState
+
+        ti = getattr(self, "task_instance", None)
+        if ti is None:
+            return False
+        if AIRFLOW_V_3_0_PLUS:
+            from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+            from asgiref.sync import sync_to_async
+
+            states = await sync_to_async(RuntimeTaskInstance.get_task_states)(
+                dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id], map_index=ti.map_index
+            )
+            state = states[ti.run_id][ti.task_id]
+        else:  # Airflow 2: the metadata database
+            from asgiref.sync import sync_to_async
+
+            state = await sync_to_async(_task_state_airflow2)(ti)
+        return state != TaskInstanceState.DEFERRED
+
+
+def _import_clients() -> None:
+    """Import what the trigger's first API calls would import (kubernetes_asyncio, the google
+    provider's GKE and GCS hooks, gcloud-aio), so it happens in a thread, not in the event loop."""
+    import kubernetes_asyncio.client  # noqa: F401
+
+
+def _task_state_airflow2(ti: Any) -> Any:
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        current = (
+            session.query(TaskInstance)
+            .filter_by(dag_id=ti.dag_id, task_id=ti.task_id, run_id=ti.run_id, map_index=ti.map_index)
+            .one_or_none()
+        )
+        return None if current is None else current.state
+
+
+async def first_event(trigger: BaseTrigger) -> dict[str, Any]:
+    """Run ``trigger`` to its first event (the operator's in-worker wait) and return its payload."""
+    events = trigger.run()
+    try:
+        async for event in events:
+            return dict(event.payload)
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]  # runs the trigger's clean-up now
+    raise KubernetesApiError(f"{type(trigger).__name__} ended without an event")

@@ -1,0 +1,1351 @@
+"""A fake Kubernetes API server per fake GKE cluster: JobSets, their pods and the pods' logs.
+
+Written from the Kubernetes API reference (https://kubernetes.io/docs/reference/kubernetes-api/)
+and kubernetes-sigs/jobset (api/jobset/v1alpha2/jobset_types.go, pkg/constants/constants.go,
+pkg/controllers/jobset_controller.go), not from any client. It serves only:
+
+* ``GET /apis/jobset.x-k8s.io/v1alpha2/jobsets`` (all namespaces), ``GET|POST
+  /apis/jobset.x-k8s.io/v1alpha2/namespaces/{ns}/jobsets``, ``GET|DELETE .../jobsets/{name}``;
+* ``GET /api/v1/namespaces/{ns}/pods`` (``labelSelector``), ``GET .../pods/{name}``;
+* ``GET /api/v1/namespaces/{ns}/pods/{name}/log`` (``container``, ``follow``, ``timestamps``,
+  ``sinceTime``, ``sinceSeconds``, ``tailLines``, ``limitBytes``, ``previous``).
+
+Every request needs ``Authorization: Bearer <token>`` with a token the sandbox's token endpoint
+issued (:mod:`tpu_rl_sandbox.oauth`), else 401 ``Unauthorized``. TLS with the sandbox CA's
+serving certificate (:mod:`tpu_rl_sandbox.tls`). Each cluster is served on its own port and sees
+only its own objects.
+
+The objects live in the sandbox state: a JobSet is a record of the ``jobs`` document (its
+``manifest`` as applied, plus what the controllers did: ``suspended``, ``attempt``, ``pods``), so
+``gcluster job list|cancel|logs`` and this API read the same thing. Pods and container states are
+written by the job worker (:mod:`tpu_rl_sandbox.job_worker`, standing for the JobSet, Job and
+kubelet controllers); container logs are CRI files (``<RFC3339Nano> stdout F <line>``) under
+``jobs/<uid>/pods/<pod>/<container>.log``, read here as the kubelet does
+(pkg/kubelet/kuberuntime/logs/logs.go ``ReadLogs``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import hashlib
+import json
+import os
+import random
+import re
+import shlex
+import signal
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import uuid
+from collections.abc import Callable, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from tpu_rl_sandbox import cloud, oauth
+from tpu_rl_sandbox.layout import SandboxLayout, rfc3339
+from tpu_rl_sandbox.state import StateStore
+from tpu_rl_sandbox.tls import server_ssl_context
+
+JOBSET_GROUP = "jobset.x-k8s.io"
+JOBSET_VERSION = "v1alpha2"
+JOBSET_API_VERSION = f"{JOBSET_GROUP}/{JOBSET_VERSION}"
+# kubernetes-sigs/jobset api/jobset/v1alpha2/jobset_types.go and pkg/constants/constants.go
+JOBSET_NAME_KEY = "jobset.sigs.k8s.io/jobset-name"
+JOBSET_UID_KEY = "jobset.sigs.k8s.io/jobset-uid"
+REPLICATED_JOB_NAME_KEY = "jobset.sigs.k8s.io/replicatedjob-name"
+REPLICATED_JOB_REPLICAS_KEY = "jobset.sigs.k8s.io/replicatedjob-replicas"
+GLOBAL_REPLICAS_KEY = "jobset.sigs.k8s.io/global-replicas"
+JOB_INDEX_KEY = "jobset.sigs.k8s.io/job-index"
+JOB_GLOBAL_INDEX_KEY = "jobset.sigs.k8s.io/job-global-index"
+JOB_KEY = "jobset.sigs.k8s.io/job-key"
+RESTARTS_KEY = "jobset.sigs.k8s.io/restart-attempt"
+COORDINATOR_KEY = "jobset.sigs.k8s.io/coordinator"
+# kubernetes pkg/apis/batch/types.go (labels and annotation the Job controller sets on pods)
+JOB_COMPLETION_INDEX_KEY = "batch.kubernetes.io/job-completion-index"
+CONTROLLER_UID_KEY = "batch.kubernetes.io/controller-uid"
+JOB_NAME_KEY = "batch.kubernetes.io/job-name"
+QUEUE_NAME_KEY = "kueue.x-k8s.io/queue-name"
+DEFAULT_NAMESPACE = "default"
+# k8s.io/apimachinery/pkg/util/rand: the alphabet of generateName suffixes
+NAME_SUFFIX_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+DNS_1035_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+KUBE_ENDPOINTS_DOC = "kube_endpoints"
+# While this file exists, a submitted job's pods stay Pending with their containers waiting
+# (ContainerCreating / PodInitializing), as while nodes come up or images are pulled.
+POD_HOLD_ENV = "TPU_RL_SANDBOX_POD_HOLD_FILE"
+
+__all__ = [
+    "CriLog",
+    "KubeServers",
+    "collect_garbage",
+    "container_log_path",
+    "create_jobset",
+    "delete_jobset",
+    "jobset_object",
+    "jobset_status",
+    "pod_objects",
+    "read_log",
+]
+
+
+# =============================================================================== time helpers
+def rfc3339_nano(moment_ns: int) -> str:
+    """Go's ``time.RFC3339Nano`` for a UTC time in nanoseconds (trailing zeros trimmed)."""
+    seconds, nanos = divmod(moment_ns, 1_000_000_000)
+    base = dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    fraction = f"{nanos:09d}".rstrip("0")
+    return f"{base}.{fraction}Z" if fraction else f"{base}Z"
+
+
+def parse_rfc3339_ns(text: str) -> int:
+    """Nanoseconds since the epoch of an RFC 3339 time (fractional seconds up to nanoseconds)."""
+    match = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)", text.strip())
+    if match is None:
+        raise ValueError(f"parsing time {text!r} as RFC3339")
+    base = dt.datetime.fromisoformat(match.group(1) + (match.group(3).replace("Z", "+00:00")))
+    nanos = int((match.group(2) or "0").ljust(9, "0"))
+    return int(base.timestamp()) * 1_000_000_000 + nanos
+
+
+# ============================================================================ Status objects
+def status_object(
+    code: int, reason: str, message: str, details: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A ``metav1.Status`` failure as the API server answers it."""
+    body: dict[str, Any] = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+    if details is not None:
+        body["details"] = details
+    return body
+
+
+def not_found(resource: str, name: str, group: str = "") -> dict[str, Any]:
+    qualified = f"{resource}.{group}" if group else resource
+    details = {"name": name, "kind": resource}
+    if group:
+        details["group"] = group
+    return status_object(404, "NotFound", f'{qualified} "{name}" not found', details)
+
+
+class KubeError(Exception):
+    """A request the API refuses: HTTP status and ``Status`` body."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        super().__init__(str(body.get("message")))
+        self.body = body
+        self.code = int(body["code"])
+
+
+def bad_request(message: str) -> KubeError:
+    return KubeError(status_object(400, "BadRequest", message))
+
+
+# ============================================================================ label selectors
+def selector_matches(selector: str, labels: Mapping[str, str]) -> bool:
+    """Equality-based selectors (``a=b``, ``a==b``, ``a!=b``, ``a``, ``!a``), comma-separated (AND).
+
+    k8s.io/apimachinery/pkg/labels/selector.go; a set-based requirement is refused as unparsable.
+    """
+    for raw in selector.split(","):
+        term = raw.strip()
+        if not term:
+            continue
+        if re.search(r"\s(in|notin)\s*\(", term):
+            raise bad_request(f"unable to parse requirement: set-based selector {term!r} is not supported")
+        if "!=" in term:
+            key, value = (part.strip() for part in term.split("!=", 1))
+            if labels.get(key) == value:
+                return False
+        elif "==" in term or "=" in term:
+            key, value = (part.strip() for part in re.split(r"==?", term, maxsplit=1))
+            if labels.get(key) != value:
+                return False
+        elif term.startswith("!"):
+            if term[1:].strip() in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+# ================================================================================ rendering
+def k8s_uid(hex_uid: str) -> str:
+    """The record's hex uid in the dashed form Kubernetes uses."""
+    return str(uuid.UUID(hex=hex_uid))
+
+
+def _resource_version(value: Any) -> str:
+    return str(
+        int(hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:11], 16)
+    )
+
+
+def _condition(kind: str, status: str, reason: str, message: str, when: str) -> dict[str, Any]:
+    return {
+        "type": kind,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": when,
+    }
+
+
+def _pod_finished(pod: Mapping[str, Any]) -> bool:
+    return pod.get("phase") in ("Succeeded", "Failed")
+
+
+def jobset_status(job: Mapping[str, Any]) -> dict[str, Any]:
+    """``JobSetStatus`` as the jobset controller writes it (pkg/controllers/jobset_controller.go)."""
+    manifest = job.get("manifest") or {}
+    conditions: list[dict[str, Any]] = []
+    created = str(job.get("created") or rfc3339())
+    if job.get("suspended", False):
+        conditions.append(_condition("Suspended", "True", "SuspendedJobs", "jobset is suspended", created))
+    elif job.get("admitted"):
+        conditions.append(
+            _condition("Suspended", "False", "ResumeJobs", "jobset is resumed", str(job["admitted"]))
+        )
+    terminal = ""
+    if job.get("condition") == "Completed":
+        terminal = "Completed"
+        conditions.append(
+            _condition(
+                "Completed",
+                "True",
+                "AllJobsCompleted",
+                "jobset completed successfully",
+                str(job.get("completed")),
+            )
+        )
+    elif job.get("condition") == "Failed":
+        terminal = "Failed"
+        conditions.append(
+            _condition(
+                "Failed",
+                "True",
+                "ReachedMaxRestarts",
+                "jobset failed due to reaching max number of restarts",
+                str(job.get("completed")),
+            )
+        )
+    pods = list(job.get("pods") or [])
+    replicated: list[dict[str, Any]] = []
+    for rjob in (manifest.get("spec") or {}).get("replicatedJobs") or []:
+        name = str(rjob.get("name"))
+        replicas = int(rjob.get("replicas", 1))
+        counts: dict[str, int] = {"ready": 0, "succeeded": 0, "failed": 0, "active": 0, "suspended": 0}
+        for index in range(replicas):
+            members = [p for p in pods if p["replicatedJob"] == name and int(p["jobIndex"]) == index]
+            if job.get("suspended", False):
+                counts["suspended"] += 1
+            elif not members:
+                continue
+            elif any(p.get("phase") == "Failed" for p in members):
+                counts["failed"] += 1
+            elif all(p.get("phase") == "Succeeded" for p in members):
+                counts["succeeded"] += 1
+            else:
+                counts["active"] += 1
+                if all(p.get("phase") == "Running" for p in members):
+                    counts["ready"] += 1
+        replicated.append({"name": name, **counts})
+    status: dict[str, Any] = {"restarts": max(0, int(job.get("attempt") or 0) - 1)}
+    if conditions:
+        status["conditions"] = conditions
+    if terminal:
+        status["terminalState"] = terminal
+    if replicated:
+        status["replicatedJobsStatus"] = replicated
+    return status
+
+
+def jobset_object(job: Mapping[str, Any]) -> dict[str, Any]:
+    """The JobSet as ``GET .../jobsets/{name}`` returns it."""
+    manifest = json.loads(json.dumps(job.get("manifest") or {}))
+    metadata = dict(manifest.get("metadata") or {})
+    metadata.update(
+        {
+            "name": job["name"],
+            "namespace": job.get("namespace", DEFAULT_NAMESPACE),
+            "uid": k8s_uid(str(job["uid"])),
+            "generation": 2
+            if job.get("admitted") and (metadata.get("labels") or {}).get(QUEUE_NAME_KEY)
+            else 1,
+            "creationTimestamp": job.get("created"),
+        }
+    )
+    spec = dict(manifest.get("spec") or {})
+    spec["suspend"] = bool(job.get("suspended", False))
+    spec.setdefault("managedBy", "jobset.sigs.k8s.io/jobset-controller")
+    body: dict[str, Any] = {
+        "apiVersion": JOBSET_API_VERSION,
+        "kind": "JobSet",
+        "metadata": metadata,
+        "spec": spec,
+        "status": jobset_status(job),
+    }
+    metadata["resourceVersion"] = _resource_version({"spec": spec, "status": body["status"]})
+    return body
+
+
+def _replicated_jobs(job: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return list(((job.get("manifest") or {}).get("spec") or {}).get("replicatedJobs") or [])
+
+
+def _coordinator(job: Mapping[str, Any]) -> str | None:
+    spec = (job.get("manifest") or {}).get("spec") or {}
+    coordinator = spec.get("coordinator")
+    if not coordinator:
+        return None
+    name = str(job["name"])
+    rjob = coordinator.get("replicatedJob")
+    # jobset_controller.go coordinatorEndpoint: <jobset>-<rjob>-<jobIndex>-<podIndex>.<subdomain>
+    subdomain = (spec.get("network") or {}).get("subdomain") or name
+    return f"{name}-{rjob}-{coordinator.get('jobIndex', 0)}-{coordinator.get('podIndex', 0)}.{subdomain}"
+
+
+def _random_suffix(rng: random.Random) -> str:
+    return "".join(rng.choice(NAME_SUFFIX_ALPHABET) for _ in range(5))
+
+
+def plan_pods(job: Mapping[str, Any], restart_attempt: int) -> list[dict[str, Any]]:
+    """The pods the JobSet and Job controllers create for one restart attempt (all containers waiting).
+
+    Child Job ``<jobset>-<rjob>-<jobIndex>`` (jobset_controller.go ``placeholderPodName``/
+    ``GenJobName``), Indexed pods ``<job>-<index>-<5 random>`` (pkg/controller/job
+    ``podGenerateNameWithIndex``).
+    """
+    rng = random.Random(f"{job['uid']}/{restart_attempt}")
+    pods: list[dict[str, Any]] = []
+    for rjob in _replicated_jobs(job):
+        template = ((rjob.get("template") or {}).get("spec") or {}).get("template") or {}
+        spec = template.get("spec") or {}
+        parallelism = int(((rjob.get("template") or {}).get("spec") or {}).get("parallelism", 1))
+        for job_index in range(int(rjob.get("replicas", 1))):
+            for pod_index in range(parallelism):
+                init = [
+                    {
+                        "name": c["name"],
+                        "state": "waiting",
+                        "reason": "PodInitializing",
+                        "sidecar": c.get("restartPolicy") == "Always",
+                    }
+                    for c in spec.get("initContainers") or []
+                ]
+                waiting = "PodInitializing" if init else "ContainerCreating"
+                pods.append(
+                    {
+                        "name": f"{job['name']}-{rjob['name']}-{job_index}-{pod_index}-{_random_suffix(rng)}",
+                        "uid": str(uuid.UUID(int=rng.getrandbits(128), version=4)),
+                        "jobUid": str(uuid.UUID(int=rng.getrandbits(128), version=4)),
+                        "replicatedJob": rjob["name"],
+                        "jobIndex": job_index,
+                        "podIndex": pod_index,
+                        "restartAttempt": restart_attempt,
+                        "created": rfc3339(),
+                        "phase": "Pending",
+                        "node": f"gke-{str(job.get('cluster', 'cluster'))[:20]}-{rjob['name'][:8]}-{rng.getrandbits(32):08x}",
+                        "init": init,
+                        "containers": [
+                            {"name": c["name"], "state": "waiting", "reason": waiting}
+                            for c in spec.get("containers") or []
+                        ],
+                    }
+                )
+    return pods
+
+
+def _container_status(container: Mapping[str, Any], spec: Mapping[str, Any], pod_uid: str) -> dict[str, Any]:
+    state = container.get("state", "waiting")
+    container_id = "containerd://" + hashlib.sha256(f"{pod_uid}/{container['name']}".encode()).hexdigest()
+    body: dict[str, Any] = {
+        "name": container["name"],
+        "image": spec.get("image", ""),
+        "imageID": "",
+        "lastState": {},
+        "ready": state == "running",
+        "restartCount": 0,
+        "started": state == "running",
+    }
+    if state == "running":
+        body["state"] = {"running": {"startedAt": container.get("startedAt")}}
+        body["containerID"] = container_id
+    elif state == "terminated":
+        body["state"] = {
+            "terminated": {
+                "exitCode": int(container.get("exitCode", 0)),
+                "reason": container.get("reason")
+                or ("Completed" if int(container.get("exitCode", 0)) == 0 else "Error"),
+                "startedAt": container.get("startedAt"),
+                "finishedAt": container.get("finishedAt"),
+                "containerID": container_id,
+            }
+        }
+        body["containerID"] = container_id
+    else:
+        body["state"] = {"waiting": {"reason": container.get("reason", "ContainerCreating")}}
+    return body
+
+
+def _pod_template(job: Mapping[str, Any], rjob_name: str) -> tuple[dict[str, Any], dict[str, Any], int, int]:
+    """(pod template, replicated job, replicas, parallelism) of ``rjob_name``."""
+    for rjob in _replicated_jobs(job):
+        if rjob.get("name") == rjob_name:
+            job_spec = (rjob.get("template") or {}).get("spec") or {}
+            return (
+                job_spec.get("template") or {},
+                rjob,
+                int(rjob.get("replicas", 1)),
+                int(job_spec.get("parallelism", 1)),
+            )
+    return {}, {}, 1, 1
+
+
+def pod_object(job: Mapping[str, Any], pod: Mapping[str, Any]) -> dict[str, Any]:
+    """A pod as ``GET /api/v1/namespaces/{ns}/pods/{name}`` returns it."""
+    template, rjob, replicas, _ = _pod_template(job, str(pod["replicatedJob"]))
+    namespace = str(job.get("namespace", DEFAULT_NAMESPACE))
+    jobset_name = str(job["name"])
+    job_name = f"{jobset_name}-{pod['replicatedJob']}-{pod['jobIndex']}"
+    global_replicas = sum(int(r.get("replicas", 1)) for r in _replicated_jobs(job))
+    offset = 0
+    for other in _replicated_jobs(job):
+        if other.get("name") == pod["replicatedJob"]:
+            break
+        offset += int(other.get("replicas", 1))
+    jobset_keys = {
+        JOBSET_NAME_KEY: jobset_name,
+        JOBSET_UID_KEY: k8s_uid(str(job["uid"])),
+        REPLICATED_JOB_NAME_KEY: str(pod["replicatedJob"]),
+        REPLICATED_JOB_REPLICAS_KEY: str(replicas),
+        GLOBAL_REPLICAS_KEY: str(global_replicas),
+        JOB_INDEX_KEY: str(pod["jobIndex"]),
+        JOB_GLOBAL_INDEX_KEY: str(offset + int(pod["jobIndex"])),
+        JOB_KEY: hashlib.sha1(f"{namespace}/{job_name}".encode()).hexdigest(),  # noqa: S324 (jobset's own choice)
+        RESTARTS_KEY: str(pod["restartAttempt"]),
+    }
+    coordinator = _coordinator(job)
+    if coordinator:
+        jobset_keys[COORDINATOR_KEY] = coordinator
+    template_meta = template.get("metadata") or {}
+    labels = {
+        **dict(template_meta.get("labels") or {}),
+        **jobset_keys,
+        CONTROLLER_UID_KEY: str(pod["jobUid"]),
+        JOB_NAME_KEY: job_name,
+        "controller-uid": str(pod["jobUid"]),
+        "job-name": job_name,
+        JOB_COMPLETION_INDEX_KEY: str(pod["podIndex"]),
+    }
+    annotations = {
+        **dict(((rjob.get("template") or {}).get("metadata") or {}).get("annotations") or {}),
+        **dict(template_meta.get("annotations") or {}),
+        **jobset_keys,
+        JOB_COMPLETION_INDEX_KEY: str(pod["podIndex"]),
+    }
+    spec = json.loads(json.dumps(template.get("spec") or {}))
+    spec["nodeName"] = pod["node"]
+    spec.setdefault("restartPolicy", "Always")
+    network = ((job.get("manifest") or {}).get("spec") or {}).get("network") or {}
+    if network.get("enableDNSHostnames", True):
+        spec["hostname"] = f"{job_name}-{pod['podIndex']}"
+        spec["subdomain"] = network.get("subdomain") or jobset_name
+    specs = {c["name"]: c for c in (spec.get("initContainers") or []) + (spec.get("containers") or [])}
+    status: dict[str, Any] = {"phase": pod.get("phase", "Pending"), "qosClass": "Burstable"}
+    if pod.get("startTime"):
+        status["startTime"] = pod["startTime"]
+        status["hostIP"] = "10.128.0." + str(
+            1 + int(hashlib.sha256(str(pod["node"]).encode()).hexdigest()[:2], 16) % 250
+        )
+        status["podIP"] = status["hostIP"]  # hostNetwork
+    if pod.get("init"):
+        status["initContainerStatuses"] = [
+            _container_status(c, specs.get(c["name"], {}), str(pod["uid"])) for c in pod["init"]
+        ]
+    status["containerStatuses"] = [
+        _container_status(c, specs.get(c["name"], {}), str(pod["uid"])) for c in pod.get("containers") or []
+    ]
+    metadata = {
+        "name": pod["name"],
+        "generateName": f"{job_name}-{pod['podIndex']}-",
+        "namespace": namespace,
+        "uid": pod["uid"],
+        "creationTimestamp": pod["created"],
+        "labels": labels,
+        "annotations": annotations,
+        "ownerReferences": [
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "name": job_name,
+                "uid": pod["jobUid"],
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ],
+    }
+    body = {"metadata": metadata, "spec": spec, "status": status}
+    metadata["resourceVersion"] = _resource_version(status)
+    return {"kind": "Pod", "apiVersion": "v1", **body}
+
+
+def pod_objects(job: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The JobSet's current pods (sorted by name, as etcd lists them)."""
+    return sorted(
+        (pod_object(job, pod) for pod in job.get("pods") or []), key=lambda p: str(p["metadata"]["name"])
+    )
+
+
+# ================================================================================ the store
+def cluster_jobs(store: StateStore, cluster_key: str) -> list[dict[str, Any]]:
+    """The JobSet records of one cluster."""
+    return [job for job in store.read("jobs").values() if job.get("cluster_key") == cluster_key]
+
+
+def record_key(project: str, location: str, cluster: str, name: str, namespace: str) -> str:
+    """The ``jobs`` document key (the namespace shows only when it is not ``default``)."""
+    key = cloud.job_key(project, location, cluster, name)
+    return key if namespace == DEFAULT_NAMESPACE else f"{key}@{namespace}"
+
+
+def stop_worker(job: Mapping[str, Any]) -> None:
+    """Stop the job worker (its pods' processes)."""
+    pid = job.get("pid")
+    if not pid:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if os.getpgid(int(pid)) == int(pid):
+            os.killpg(int(pid), signal.SIGTERM)
+        else:
+            os.kill(int(pid), signal.SIGTERM)
+
+
+def delete_jobset(store: StateStore, job: Mapping[str, Any]) -> bool:
+    """Delete the JobSet (its Jobs and pods go with it: the worker stops). False if already gone."""
+    deleted = False
+    with store.txn() as txn:
+        jobs = txn.doc("jobs")
+        if jobs.get(str(job["key"]), {}).get("uid") == job["uid"]:
+            del jobs[str(job["key"])]
+            txn.save("jobs")
+            deleted = True
+    stop_worker(job)
+    return deleted
+
+
+def collect_garbage(store: StateStore) -> None:
+    """The TTL-after-finished controller: delete JobSets finished longer than their TTL ago."""
+    now = time.time()
+    with store.txn() as txn:
+        jobs = txn.doc("jobs")
+        expired = [
+            key
+            for key, job in jobs.items()
+            if job.get("completed_ts") is not None
+            and now >= float(job["completed_ts"]) + float(job.get("ttl_effective", 3600))
+        ]
+        for key in expired:
+            del jobs[key]
+        if expired:
+            txn.save("jobs")
+
+
+def start_worker(layout: SandboxLayout, job: dict[str, Any], env: Mapping[str, str]) -> int:
+    """Start the detached process that plays the controllers and the pods of ``job``; its pid."""
+    log_dir = layout.jobs_dir / str(job["uid"])
+    log_dir.mkdir(parents=True, exist_ok=True)
+    package_parent = str(Path(__file__).resolve().parents[1])
+    child_env = {k: v for k, v in env.items() if k != "HF_TOKEN"}
+    child_env["PYTHONPATH"] = package_parent + (
+        os.pathsep + child_env["PYTHONPATH"] if child_env.get("PYTHONPATH") else ""
+    )
+    with (log_dir / "worker.log").open("ab") as worker_log:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tpu_rl_sandbox.job_worker",
+                str(layout.root),
+                str(job["key"]),
+                str(job["uid"]),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=worker_log,
+            stderr=worker_log,
+            start_new_session=True,
+            close_fds=True,
+            env=child_env,
+            cwd=str(layout.root),
+        )
+    with StateStore(layout).txn() as txn:
+        stored = txn.doc("jobs").get(str(job["key"]))
+        if stored is not None and stored["uid"] == job["uid"]:
+            stored["pid"] = process.pid
+            txn.save("jobs")
+    job["pid"] = process.pid
+    return process.pid
+
+
+def _workload_container(manifest: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(replicated job name, container) that runs the program: the head's or the main job's."""
+    for rjob in (manifest.get("spec") or {}).get("replicatedJobs") or []:
+        spec = ((((rjob.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec")) or {}
+        for container in spec.get("containers") or []:
+            if (container.get("command") or container.get("args")) and rjob.get("name") != "worker":
+                return str(rjob.get("name")), container
+    return "", {}
+
+
+def create_jobset(
+    layout: SandboxLayout,
+    cluster: Mapping[str, Any],
+    namespace: str,
+    body: Any,
+    sandbox_fields: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Create a JobSet (``POST``); the stored record. Raises :class:`KubeError` as the API refuses.
+
+    Kueue's webhook suspends a JobSet labelled ``kueue.x-k8s.io/queue-name`` until admission.
+    ``sandbox_fields`` are the fake's own knobs (``gcluster job submit`` passes its record fields);
+    a JobSet created through the API gets them from its workload container.
+    """
+    if not isinstance(body, dict):
+        raise bad_request("the object provided is unrecognized (must be of type JobSet)")
+    if body.get("apiVersion") != JOBSET_API_VERSION or body.get("kind") != "JobSet":
+        raise bad_request(
+            f"the API version in the data ({body.get('apiVersion')}) does not match the expected API version "
+            f"({JOBSET_API_VERSION})"
+        )
+    metadata = body.get("metadata") or {}
+    name = str(metadata.get("name") or "")
+    if metadata.get("namespace") not in (None, "", namespace):
+        raise bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request"
+        )
+    if not name:
+        raise KubeError(
+            status_object(
+                422,
+                "Invalid",
+                'JobSet.jobset.x-k8s.io "" is invalid: metadata.name: Required value: name or generateName is required',
+                {
+                    "kind": "JobSet",
+                    "group": JOBSET_GROUP,
+                    "causes": [
+                        {
+                            "reason": "FieldValueRequired",
+                            "message": "Required value: name or generateName is required",
+                            "field": "metadata.name",
+                        }
+                    ],
+                },
+            )
+        )
+    if not DNS_1035_RE.match(name) or len(name) > 63:
+        message = (
+            f'Invalid value: "{name}": a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '
+            "'-', start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or "
+            "'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')"
+        )
+        raise KubeError(
+            status_object(
+                422,
+                "Invalid",
+                f'JobSet.jobset.x-k8s.io "{name}" is invalid: metadata.name: {message}',
+                {
+                    "name": name,
+                    "group": JOBSET_GROUP,
+                    "kind": "JobSet",
+                    "causes": [{"reason": "FieldValueInvalid", "message": message, "field": "metadata.name"}],
+                },
+            )
+        )
+    if not (body.get("spec") or {}).get("replicatedJobs"):
+        raise KubeError(
+            status_object(
+                422,
+                "Invalid",
+                f'JobSet.jobset.x-k8s.io "{name}" is invalid: spec.replicatedJobs: Required value',
+                {"name": name, "group": JOBSET_GROUP, "kind": "JobSet"},
+            )
+        )
+    project, location, cluster_name = str(cluster["project"]), str(cluster["region"]), str(cluster["name"])
+    key = record_key(project, location, cluster_name, name, namespace)
+    manifest: dict[str, Any] = {
+        "apiVersion": JOBSET_API_VERSION,
+        "kind": "JobSet",
+        "metadata": {k: v for k, v in metadata.items() if k in ("name", "labels", "annotations")},
+        "spec": {k: v for k, v in (body.get("spec") or {}).items() if k != "suspend"},
+    }
+    labels = manifest["metadata"].get("labels") or {}
+    suspended = bool((body.get("spec") or {}).get("suspend")) or bool(labels.get(QUEUE_NAME_KEY))
+    spec = manifest["spec"]
+    rjobs = spec["replicatedJobs"]
+    head_name, container = _workload_container(manifest)
+    command = list(container.get("command") or []) + list(container.get("args") or [])
+    if command[:2] == ["/bin/bash", "-c"] and len(command) == 3:
+        shell_command = command[2]
+    else:
+        shell_command = shlex.join(command)
+    workers = next((r for r in rjobs if r.get("name") == "worker"), None)
+    main: dict[str, Any] = next((r for r in rjobs if r.get("name") == head_name), {})
+    slices_from = workers if workers is not None else main
+    selectors = json.dumps(rjobs)
+    now = time.time()
+    record: dict[str, Any] = {
+        "key": key,
+        "uid": uuid.uuid4().hex,
+        "name": name,
+        "namespace": namespace,
+        "project": project,
+        "location": location,
+        "cluster": cluster_name,
+        "cluster_key": cloud.cluster_key(project, location, cluster_name),
+        "status": "Suspended",
+        "suspended": suspended,
+        "condition": None,
+        "created": rfc3339(),
+        "created_ts": now,
+        "completed": None,
+        "completed_ts": None,
+        "ttl_seconds": int(spec.get("ttlSecondsAfterFinished", 3600) or 0),
+        "ttl_effective": float(spec.get("ttlSecondsAfterFinished", 3600) or 0),
+        "restarts": int((spec.get("failurePolicy") or {}).get("maxRestarts", 0)),
+        "attempt": 0,
+        "command": shell_command,
+        "env": {str(e["name"]): str(e["value"]) for e in container.get("env") or [] if "value" in e},
+        "pathways_env": {"proxy": {}, "server": {}, "worker": {}},
+        "image": container.get("image"),
+        "tpu": "gke-tpu-accelerator" in selectors,
+        "num_slices": int((slices_from or {}).get("replicas", 1)),
+        "pathways": any(r.get("name") == "pathways-head" for r in rjobs),
+        "workload_name": f"jobset-{name}-{uuid.uuid4().hex[:5]}",
+        "faults": "",
+        "step_seconds": "",
+        "hold_file": "",
+        "pid": None,
+    }
+    record.update(dict(sandbox_fields or {}))
+    record.update(
+        {"key": key, "name": name, "namespace": namespace, "manifest": manifest, "suspended": suspended}
+    )
+    # the container whose command is the program (its pod: job index 0, pod index 0)
+    record["workload"] = {"replicatedJob": head_name, "container": str(container.get("name", ""))}
+    with StateStore(layout).txn() as txn:
+        jobs = txn.doc("jobs")
+        if key in jobs:
+            raise KubeError(
+                status_object(
+                    409,
+                    "AlreadyExists",
+                    f'jobsets.{JOBSET_GROUP} "{name}" already exists',
+                    {"name": name, "group": JOBSET_GROUP, "kind": "jobsets"},
+                )
+            )
+        jobs[key] = record
+        txn.save("jobs")
+    return record
+
+
+# ===================================================================================== logs
+def container_log_path(layout: SandboxLayout, job_uid: str, pod_name: str, container: str) -> Path:
+    """Where the kubelet keeps a container's CRI log inside the sandbox."""
+    return layout.jobs_dir / job_uid / "pods" / pod_name / f"{container}.log"
+
+
+class CriLog:
+    """Writes a container's output in the CRI log format, one timestamp per line.
+
+    ``<RFC3339Nano> <stream> F <line>`` (containerd's cri log format, kubelet
+    pkg/kubelet/kuberuntime/logs/logs.go ``parseCRILog``); the timestamp is when the line was
+    read from the container. ``raw`` also gets the plain text (what ``attempt-N.log`` held).
+    """
+
+    def __init__(self, path: Path, raw: Path | None = None) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._handle = path.open("ab", buffering=0)
+        self._raw = raw.open("ab", buffering=0) if raw is not None else None
+        self._pending = ""
+        self._lock = threading.Lock()
+
+    def line(self, text: str, stream: str = "stdout") -> None:
+        """Write one complete line (no newline in ``text``)."""
+        stamp = rfc3339_nano(time.time_ns())
+        self._handle.write(f"{stamp} {stream} F {text}\n".encode())
+
+    def write(self, text: str) -> None:
+        """Output chunk of the program (any size; whole lines are stamped as they complete)."""
+        with self._lock:
+            if self._raw is not None:
+                self._raw.write(text.encode())
+            data = self._pending + text
+            *lines, self._pending = data.split("\n")
+            for line in lines:
+                self.line(line)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._pending:
+                self.line(self._pending)
+                self._pending = ""
+            self._handle.close()
+            if self._raw is not None:
+                self._raw.close()
+
+
+def _parse_cri(line: bytes) -> tuple[int, str, bytes] | None:
+    try:
+        stamp, _stream, tag, content = line.rstrip(b"\n").split(b" ", 3)
+    except ValueError:
+        return None
+    try:
+        return parse_rfc3339_ns(stamp.decode()), tag.decode(), content
+    except ValueError:
+        return None
+
+
+class LogOptions:
+    """``PodLogOptions`` from the query (pkg/apis/core/validation ``ValidatePodLogOptions``)."""
+
+    def __init__(self, pod_name: str, query: Mapping[str, list[str]]) -> None:
+        def one(name: str) -> str | None:
+            values = query.get(name)
+            return values[-1] if values else None
+
+        def boolean(name: str) -> bool:
+            value = one(name)
+            if value is None:
+                return False
+            if value.lower() in ("true", "1", "t"):
+                return True
+            if value.lower() in ("false", "0", "f", ""):
+                return False
+            raise bad_request(f'strconv.ParseBool: parsing "{value}": invalid syntax')
+
+        def integer(name: str) -> int | None:
+            value = one(name)
+            if value is None:
+                return None
+            try:
+                return int(value)
+            except ValueError:
+                raise bad_request(f'strconv.ParseInt: parsing "{value}": invalid syntax') from None
+
+        self.container = one("container") or ""
+        self.follow = boolean("follow")
+        self.timestamps = boolean("timestamps")
+        self.previous = boolean("previous")
+        self.tail_lines = integer("tailLines")
+        self.limit_bytes = integer("limitBytes")
+        self.since_seconds = integer("sinceSeconds")
+        since_time = one("sinceTime")
+        self.since_ns: int | None = None
+        if since_time is not None:
+            try:
+                parsed = parse_rfc3339_ns(since_time)
+            except ValueError:
+                raise bad_request(
+                    f'parsing time "{since_time}" as "2006-01-02T15:04:05Z07:00": cannot parse as RFC3339'
+                ) from None
+            # The API server passes sinceTime to the kubelet as time.RFC3339: whole seconds
+            # (pkg/registry/core/pod/strategy.go LogLocation).
+            self.since_ns = parsed - parsed % 1_000_000_000
+        causes = []
+        if self.tail_lines is not None and self.tail_lines < 0:
+            causes.append(
+                (
+                    "tailLines",
+                    "FieldValueInvalid",
+                    f"Invalid value: {self.tail_lines}: must be greater than or equal to 0",
+                )
+            )
+        if self.limit_bytes is not None and self.limit_bytes < 1:
+            causes.append(
+                (
+                    "limitBytes",
+                    "FieldValueInvalid",
+                    f"Invalid value: {self.limit_bytes}: must be greater than 0",
+                )
+            )
+        if self.since_seconds is not None and since_time is not None:
+            causes.append(
+                (
+                    "",
+                    "FieldValueForbidden",
+                    "Forbidden: at most one of `sinceTime` or `sinceSeconds` may be specified",
+                )
+            )
+        elif self.since_seconds is not None and self.since_seconds < 1:
+            causes.append(
+                (
+                    "sinceSeconds",
+                    "FieldValueInvalid",
+                    f"Invalid value: {self.since_seconds}: must be greater than 0",
+                )
+            )
+        if causes:
+            text = ", ".join(f"{field}: {message}" for field, _, message in causes)
+            if len(causes) > 1:
+                text = f"[{text}]"
+            raise KubeError(
+                status_object(
+                    422,
+                    "Invalid",
+                    f'PodLogOptions "{pod_name}" is invalid: {text}',
+                    {
+                        "name": pod_name,
+                        "kind": "PodLogOptions",
+                        "causes": [{"reason": r, "message": m, "field": f} for f, r, m in causes],
+                    },
+                )
+            )
+        if self.since_seconds is not None:
+            self.since_ns = time.time_ns() - self.since_seconds * 1_000_000_000
+
+
+def _tail_offset(path: Path, lines: int) -> int:
+    """Byte offset where the last ``lines`` lines of the file start."""
+    data = path.read_bytes() if path.is_file() else b""
+    if lines == 0:
+        return len(data)
+    ends = [i for i, b in enumerate(data) if b == 0x0A]
+    if len(ends) <= lines:
+        return 0
+    return ends[-lines - 1] + 1
+
+
+def read_log(
+    path: Path,
+    options: LogOptions,
+    running: Callable[[], bool],
+    emit: Callable[[bytes], None],
+    poll: float = 0.05,
+) -> None:
+    """Stream a CRI log as the kubelet does: tail, then since, optional timestamps, follow while running."""
+    offset = _tail_offset(path, options.tail_lines) if options.tail_lines is not None else 0
+    remaining = options.limit_bytes
+    buffer = b""
+    while True:
+        chunk = b""
+        if path.is_file():
+            with path.open("rb") as handle:
+                handle.seek(offset)
+                chunk = handle.read()
+        if chunk:
+            offset += len(chunk)
+            buffer += chunk
+            *complete, buffer = buffer.split(b"\n")
+            out = []
+            for raw in complete:
+                parsed = _parse_cri(raw)
+                if parsed is None:
+                    continue
+                stamp, tag, content = parsed
+                if options.since_ns is not None and stamp < options.since_ns:
+                    continue
+                text = content + (b"\n" if tag == "F" else b"")
+                if options.timestamps:
+                    text = rfc3339_nano(stamp).encode() + b" " + text
+                out.append(text)
+            data = b"".join(out)
+            if remaining is not None:
+                data = data[:remaining]
+                remaining -= len(data)
+            if data:
+                emit(data)
+            if remaining is not None and remaining <= 0:
+                return
+            continue
+        if not options.follow or not running():
+            # one last read: lines written just before the container stopped
+            if options.follow and path.is_file() and path.stat().st_size > offset:
+                continue
+            return
+        time.sleep(poll)
+
+
+# ================================================================================== server
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "kube-apiserver"
+    layout: SandboxLayout
+    cluster_key: str
+    _raw_body: bytes | None = None
+
+    # -- plumbing -------------------------------------------------------------------------
+    def _send_json(self, status: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Cache-Control", "no-cache, private")
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _send_text(self, status: int, text: str) -> None:
+        data = text.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> bytes:
+        """The request body (read once, before anything is answered: the connection is kept alive)."""
+        cached: bytes | None = getattr(self, "_raw_body", None)
+        if cached is None:
+            length = int(self.headers.get("Content-Length") or 0)
+            cached = self.rfile.read(length) if length else b""
+            self._raw_body = cached
+        return cached
+
+    def _authorized(self) -> bool:
+        if oauth.bearer_valid(self.layout, self.headers.get("Authorization")):
+            return True
+        self._send_json(401, status_object(401, "Unauthorized", "Unauthorized"))
+        return False
+
+    def _store(self) -> StateStore:
+        return StateStore(self.layout)
+
+    def _cluster(self) -> dict[str, Any] | None:
+        record = self._store().read("clusters").get(self.cluster_key)
+        return record if record is not None and record.get("exists", True) else None
+
+    def _jobs(self) -> list[dict[str, Any]]:
+        collect_garbage(self._store())
+        return sorted(
+            cluster_jobs(self._store(), self.cluster_key),
+            key=lambda j: (str(j.get("namespace", DEFAULT_NAMESPACE)), str(j["name"])),
+        )
+
+    def _find(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return next(
+            (
+                j
+                for j in self._jobs()
+                if j["name"] == name and j.get("namespace", DEFAULT_NAMESPACE) == namespace
+            ),
+            None,
+        )
+
+    def _route(self, method: str) -> None:
+        parsed = urllib.parse.urlsplit(self.path)
+        query = urllib.parse.parse_qs(parsed.query, keep_blank_values=True)
+        parts = [urllib.parse.unquote(p) for p in parsed.path.strip("/").split("/")]
+        try:
+            if parts[:3] == ["apis", JOBSET_GROUP, JOBSET_VERSION]:
+                self._jobsets(method, parts[3:], query)
+            elif (
+                parts[:2] == ["api", "v1"]
+                and len(parts) >= 5
+                and parts[2] == "namespaces"
+                and parts[4] == "pods"
+            ):
+                self._pods(method, parts[3], parts[5:], query)
+            else:
+                self._send_text(404, "404 page not found\n")
+        except KubeError as error:
+            self._send_json(error.code, error.body)
+
+    def _method_not_allowed(self) -> None:
+        self._send_json(
+            405,
+            status_object(
+                405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
+            ),
+        )
+
+    # -- JobSets --------------------------------------------------------------------------
+    def _jobsets(self, method: str, rest: list[str], query: Mapping[str, list[str]]) -> None:
+        selector = (query.get("labelSelector") or [""])[-1]
+        if rest == ["jobsets"] or (len(rest) == 3 and rest[0] == "namespaces" and rest[2] == "jobsets"):
+            namespace = rest[1] if len(rest) == 3 else None
+            if method == "POST" and namespace is not None:
+                self._create(namespace)
+                return
+            if method != "GET":
+                self._method_not_allowed()
+                return
+            items = [
+                jobset_object(j)
+                for j in self._jobs()
+                if namespace is None or j.get("namespace", DEFAULT_NAMESPACE) == namespace
+            ]
+            items = [i for i in items if selector_matches(selector, i["metadata"].get("labels") or {})]
+            self._send_json(
+                200,
+                {
+                    "apiVersion": JOBSET_API_VERSION,
+                    "kind": "JobSetList",
+                    "metadata": {"resourceVersion": _resource_version(items)},
+                    "items": items,
+                },
+            )
+            return
+        if len(rest) == 4 and rest[0] == "namespaces" and rest[2] == "jobsets":
+            namespace, name = rest[1], rest[3]
+            job = self._find(namespace, name)
+            if job is None:
+                raise KubeError(not_found("jobsets", name, JOBSET_GROUP))
+            if method == "GET":
+                self._send_json(200, jobset_object(job))
+            elif method == "DELETE":
+                self._body()
+                delete_jobset(self._store(), job)
+                # a custom resource's DELETE answers a Success Status (apiextensions-apiserver)
+                self._send_json(
+                    200,
+                    {
+                        "kind": "Status",
+                        "apiVersion": "v1",
+                        "metadata": {},
+                        "status": "Success",
+                        "details": {
+                            "name": name,
+                            "group": JOBSET_GROUP,
+                            "kind": "jobsets",
+                            "uid": k8s_uid(str(job["uid"])),
+                        },
+                    },
+                )
+            else:
+                self._method_not_allowed()
+            return
+        self._send_text(404, "404 page not found\n")
+
+    def _create(self, namespace: str) -> None:
+        raw = self._body()
+        try:
+            body = json.loads(raw or b"null")
+        except ValueError as error:
+            raise bad_request(f"error decoding JSON: {error}") from None
+        cluster = self._cluster()
+        if cluster is None:
+            self._send_text(503, "service unavailable\n")
+            return
+        record = create_jobset(self.layout, cluster, namespace, body)
+        start_worker(self.layout, record, dict(os.environ))
+        self._send_json(201, jobset_object(record))
+
+    # -- pods -----------------------------------------------------------------------------
+    def _pods(self, method: str, namespace: str, rest: list[str], query: Mapping[str, list[str]]) -> None:
+        if method != "GET":
+            self._method_not_allowed()
+            return
+        pods = [
+            (job, pod)
+            for job in self._jobs()
+            if job.get("namespace", DEFAULT_NAMESPACE) == namespace
+            for pod in job.get("pods") or []
+        ]
+        if not rest:
+            selector = (query.get("labelSelector") or [""])[-1]
+            items = sorted(
+                (pod_object(job, pod) for job, pod in pods), key=lambda p: str(p["metadata"]["name"])
+            )
+            items = [i for i in items if selector_matches(selector, i["metadata"]["labels"])]
+            for item in items:
+                item.pop("kind", None)
+                item.pop("apiVersion", None)
+            self._send_json(
+                200,
+                {
+                    "kind": "PodList",
+                    "apiVersion": "v1",
+                    "metadata": {"resourceVersion": _resource_version(items)},
+                    "items": items,
+                },
+            )
+            return
+        name = rest[0]
+        found = next(((job, pod) for job, pod in pods if pod["name"] == name), None)
+        if found is None:
+            raise KubeError(not_found("pods", name))
+        job, pod = found
+        if len(rest) == 1:
+            self._send_json(200, pod_object(job, pod))
+        elif rest[1:] == ["log"]:
+            self._log(job, pod, query)
+        else:
+            self._send_text(404, "404 page not found\n")
+
+    def _log(self, job: dict[str, Any], pod: dict[str, Any], query: Mapping[str, list[str]]) -> None:
+        name = str(pod["name"])
+        options = LogOptions(name, query)
+        init_names = [c["name"] for c in pod.get("init") or []]
+        names = [c["name"] for c in pod.get("containers") or []]
+        container = options.container
+        # pkg/registry/core/pod/strategy.go LogLocation
+        if not container:
+            if len(names) == 1:
+                container = names[0]
+            elif not names:
+                raise bad_request(f"a container name must be specified for pod {name}")
+            else:
+                message = (
+                    f"a container name must be specified for pod {name}, choose one of: [{' '.join(names)}]"
+                )
+                if init_names:
+                    message += f" or one of the init containers: [{' '.join(init_names)}]"
+                raise bad_request(message)
+        elif container not in names and container not in init_names:
+            raise bad_request(f"container {container} is not valid for pod {name}")
+        # pkg/kubelet/kubelet_pods.go validateContainerLogStatus
+        state = next(
+            c for c in (pod.get("init") or []) + (pod.get("containers") or []) if c["name"] == container
+        )
+        if options.previous:
+            raise bad_request(f'previous terminated container "{container}" in pod "{name}" not found')
+        if state.get("state") == "waiting":
+            raise bad_request(
+                f'container "{container}" in pod "{name}" is waiting to start: {state.get("reason", "ContainerCreating")}'
+            )
+        path = container_log_path(self.layout, str(job["uid"]), name, container)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        store = self._store()
+        last = {"at": 0.0, "running": True}
+
+        def running() -> bool:
+            now = time.monotonic()
+            if now - last["at"] >= 0.2:
+                last["at"] = now
+                current = store.read("jobs").get(str(job["key"]))
+                alive = False
+                if current is not None and current.get("uid") == job["uid"]:
+                    for candidate in current.get("pods") or []:
+                        if candidate["name"] == name:
+                            containers = (candidate.get("init") or []) + (candidate.get("containers") or [])
+                            alive = any(
+                                c["name"] == container and c.get("state") != "terminated" for c in containers
+                            )
+                last["running"] = alive
+            return bool(last["running"])
+
+        def emit(data: bytes) -> None:
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+
+        try:
+            read_log(path, options, running, emit)
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError, ssl.SSLError, OSError):
+            self.close_connection = True
+
+    # -- verbs ----------------------------------------------------------------------------
+    def _verb(self, method: str) -> None:
+        self._raw_body = None
+        self._body()
+        if self._authorized():
+            self._route(method)
+
+    def do_GET(self) -> None:
+        self._verb("GET")
+
+    def do_POST(self) -> None:
+        self._verb("POST")
+
+    def do_DELETE(self) -> None:
+        self._verb("DELETE")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        sys.stderr.write(f"kube[{self.cluster_key}] {self.address_string()} {format % args}\n")
+
+
+class _TlsServer(ThreadingHTTPServer):
+    """Accepts plain sockets and does each TLS handshake in the request's own thread."""
+
+    daemon_threads = True
+    ssl_context: ssl.SSLContext
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            request.settimeout(30)
+            tls = self.ssl_context.wrap_socket(request, server_side=True)
+            tls.settimeout(None)
+        except (ssl.SSLError, OSError):
+            self.shutdown_request(request)
+            return
+        super().process_request_thread(tls, client_address)
+
+
+class KubeServers:
+    """One HTTPS Kubernetes API per existing cluster, inside the API server process."""
+
+    def __init__(self, layout: SandboxLayout) -> None:
+        self.layout = layout
+        self._servers: dict[str, tuple[_TlsServer, threading.Thread]] = {}
+        self._lock = threading.Lock()
+        self._context = server_ssl_context(layout)
+
+    def _bind(self, cluster_key: str, preferred: int) -> _TlsServer:
+        handler = type("KubeHandler", (_Handler,), {"layout": self.layout, "cluster_key": cluster_key})
+        for port in ([preferred] if preferred else []) + [0]:
+            try:
+                server = _TlsServer(("127.0.0.1", port), handler)
+            except OSError:
+                continue
+            server.ssl_context = self._context
+            return server
+        raise OSError("no free port")
+
+    def ensure(self, cluster_key: str) -> int:
+        """The port of ``cluster_key``'s API (started if needed; the same port as before if free)."""
+        with self._lock:
+            running = self._servers.get(cluster_key)
+            if running is not None:
+                return int(running[0].server_address[1])
+            store = StateStore(self.layout)
+            preferred = int(store.read(KUBE_ENDPOINTS_DOC).get(cluster_key) or 0)
+            server = self._bind(cluster_key, preferred)
+            thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
+            thread.start()
+            self._servers[cluster_key] = (server, thread)
+            port = int(server.server_address[1])
+            with store.txn() as txn:
+                txn.doc(KUBE_ENDPOINTS_DOC)[cluster_key] = port
+                txn.save(KUBE_ENDPOINTS_DOC)
+            return port
+
+    def stop(self, cluster_key: str) -> None:
+        with self._lock:
+            running = self._servers.pop(cluster_key, None)
+        if running is not None:
+            running[0].shutdown()
+            running[0].server_close()
+
+    def reconcile(self) -> None:
+        """Serve every existing cluster; stop serving deleted ones."""
+        clusters = StateStore(self.layout).read("clusters")
+        live = {key for key, record in clusters.items() if record.get("exists", True)}
+        for key in live:
+            self.ensure(key)
+        for key in [k for k in list(self._servers) if k not in live]:
+            self.stop(key)
+
+    def run_reconciler(self, stop: threading.Event, interval: float = 0.5) -> None:
+        while not stop.wait(interval):
+            with contextlib.suppress(Exception):
+                self.reconcile()
+
+    def close(self) -> None:
+        for key in list(self._servers):
+            self.stop(key)

@@ -1,0 +1,103 @@
+"""The run's curves end to end: ``record_run`` draws the ledger's numbers into a PNG in the bucket,
+links it from the task, and ``tpu-rl runs --plot`` draws the trend, in the sandbox."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image
+
+from airflow_provider_tpu_rl.ledger.hook import RunLedger, sqlite_connection_uri
+from airflow_provider_tpu_rl.ledger.plots import figure_png, run_curves, run_curves_figure
+from airflow_provider_tpu_rl.links import GCSObjectLink
+from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf, tpu_vm_pipeline_from_conf
+from tests.e2e.harness import GKE_DAG_ID, TPU_VM_DAG_ID, DagRunResult, E2EWorld
+
+pytestmark = pytest.mark.e2e
+
+PROJECT = "tpu-rl-e2e"
+NUM_BATCHES = 3
+
+
+CONFS = {
+    GKE_DAG_ID: {"cluster_name": "e2e-curves", "bucket": "tpu-rl-e2e-curves-gke"},
+    TPU_VM_DAG_ID: {"vm_name": "e2e-curves", "bucket": "tpu-rl-e2e-curves-vm"},
+}
+
+
+@pytest.fixture(scope="module", params=[GKE_DAG_ID, TPU_VM_DAG_ID])
+def run(world: E2EWorld, request: pytest.FixtureRequest) -> DagRunResult:
+    """A successful run that prints rewards (num_test_batches > 0); on GKE, slower steps so the
+    trigger follows the training log (see ``happy`` in test_gke_pipeline.py)."""
+    dag_id = request.param
+    return world.run_dag(
+        dag_id,
+        {
+            "project": PROJECT,
+            "num_batches": NUM_BATCHES,
+            "train_overrides": {"num_test_batches": 2},
+            **CONFS[dag_id],
+        },
+        env_overrides={"TPU_RL_SANDBOX_STEP_SECONDS": "0.4"} if dag_id == GKE_DAG_ID else None,
+    )
+
+
+def resolved_values(run: DagRunResult) -> dict[str, Any]:
+    """validate's values for the run (the same pure functions the DAG calls)."""
+    build = gke_pipeline_from_conf if run.dag_id == GKE_DAG_ID else tpu_vm_pipeline_from_conf
+    return build(run.conf, dag_id=run.dag_id, run_id=run.run_id).resolved()
+
+
+def non_blank(png: bytes) -> Image.Image:
+    image = Image.open(io.BytesIO(png))
+    image.load()
+    assert image.format == "PNG"
+    colours = image.convert("RGB").getcolors(maxcolors=1 << 20)
+    assert colours is not None
+    assert len(colours) > 1
+    return image
+
+
+def test_record_run_puts_the_ledgers_curves_next_to_the_checkpoints(
+    world: E2EWorld, run: DagRunResult, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert run.state == "success", run.describe()
+    assert run.task_state("record_run") == "success"
+    resolved = resolved_values(run)
+    folder = resolved["actor_root"].removesuffix("checkpoints/actor/")
+    uri = f"{folder}tpu-rl-curves-{resolved['suffix']}.png"
+    assert f"run curves: {uri}" in run.output, run.describe()
+
+    bucket, _, name = uri.removeprefix("gs://").partition("/")
+    uploaded = world.gcs.download(bucket, name)
+    assert non_blank(uploaded).size == (1000, 400)
+
+    # The picture is exactly the drawing of what the ledger holds for this run.
+    monkeypatch.setenv("AIRFLOW_CONN_TPU_RL_LEDGER", sqlite_connection_uri(world.home / "tpu_rl_ledger.db"))
+    metrics = RunLedger().run_metrics(run.ledger_run_id)
+    assert {(m.phase, m.name) for m in metrics} >= {("pre", "mean_reward"), ("post", "mean_reward")}
+    curves = run_curves(run.ledger_run_id, metrics, final_step=resolved["final_step"])
+    assert uploaded == figure_png(run_curves_figure(curves))
+
+    # The task's "Run Curves" link: Airflow 3 stores the formatted URL when the task ends.
+    ((value,),) = world.metadata(
+        "SELECT value FROM xcom WHERE dag_id = ? AND run_id = ? AND task_id = 'record_run' AND key = ?",
+        (run.dag_id, run.run_id, GCSObjectLink.key),
+    )
+    stored = json.loads(value) if isinstance(value, str | bytes) else value
+    assert stored == GCSObjectLink.format_url(uri=uri, project_id=PROJECT)
+
+
+def test_runs_plot_draws_the_trend_of_the_ledger(world: E2EWorld, run: DagRunResult) -> None:
+    assert run.state == "success", run.describe()
+    model = resolved_values(run)["model"]
+
+    done = world.tpu_rl("runs", "--plot", "--model", model, "--output", "trend.png")
+
+    assert done.returncode == 0, done.stderr
+    assert f"Wrote the reward trend of 1 run(s) ({model}) to trend.png" in done.stdout
+    non_blank((Path(world.root) / "trend.png").read_bytes())

@@ -1,0 +1,159 @@
+"""The pure rules of hooks/kubernetes.py: JobSet state as gcluster derives it, the head pod, the log cursor."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from airflow_provider_tpu_rl.hooks.jobs import JobState
+from airflow_provider_tpu_rl.hooks.kubernetes import (
+    LogCursor,
+    container_phase,
+    format_since_time,
+    head_pod,
+    jobset_state,
+    split_timestamp,
+    workload_container,
+)
+
+
+def _cond(kind: str, status: str = "True", at: str = "2026-12-01T10:00:00Z") -> dict[str, str]:
+    return {"type": kind, "status": status, "lastTransitionTime": at}
+
+
+@pytest.mark.parametrize(
+    ("obj", "state", "completed"),
+    [
+        ({}, JobState.UNKNOWN, None),
+        ({"spec": {"suspend": True}}, JobState.SUSPENDED, None),
+        ({"spec": {"suspend": False}, "status": {}}, JobState.RUNNING, None),
+        # a condition that is not True changes nothing
+        (
+            {"spec": {"suspend": False}, "status": {"conditions": [_cond("Failed", "False")]}},
+            JobState.RUNNING,
+            None,
+        ),
+        (
+            {"spec": {"suspend": False}, "status": {"conditions": [_cond("Completed")]}},
+            JobState.SUCCEEDED,
+            "2026-12-01T10:00:00Z",
+        ),
+        (
+            {
+                "spec": {},
+                "status": {"conditions": [_cond("Failed")], "completionTime": "2026-12-01T11:00:00Z"},
+            },
+            JobState.FAILED,
+            "2026-12-01T11:00:00Z",
+        ),
+        # Kueue suspended it again (preempted): the Suspended condition wins over spec.suspend=false
+        (
+            {"spec": {"suspend": False}, "status": {"conditions": [_cond("Suspended")]}},
+            JobState.SUSPENDED,
+            None,
+        ),
+        # in list order, as parseConditions walks them
+        (
+            {"spec": {"suspend": False}, "status": {"conditions": [_cond("Suspended"), _cond("Completed")]}},
+            JobState.SUCCEEDED,
+            "2026-12-01T10:00:00Z",
+        ),
+    ],
+)
+def test_jobset_state_follows_gcluster_parse_job_status(
+    obj: dict[str, Any], state: JobState, completed: str | None
+) -> None:
+    assert jobset_state(obj) == (state, completed)
+
+
+def _pod(
+    name: str, rjob: str, job: str = "0", index: str = "0", attempt: str = "0", **extra: Any
+) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "uid": f"uid-{name}",
+            "creationTimestamp": extra.pop("created", "2026-12-01T10:00:00Z"),
+            "labels": {
+                "jobset.sigs.k8s.io/replicatedjob-name": rjob,
+                "jobset.sigs.k8s.io/job-index": job,
+                "batch.kubernetes.io/job-completion-index": index,
+                "jobset.sigs.k8s.io/restart-attempt": attempt,
+            },
+        },
+        **extra,
+    }
+
+
+def test_head_pod_is_job_zero_index_zero_of_the_newest_restart_attempt() -> None:
+    pods = [
+        _pod("w-0", "worker"),
+        _pod("w-1", "worker", index="1"),
+        _pod("head-a0", "pathways-head", attempt="0"),
+        _pod("head-a1", "pathways-head", attempt="1"),
+        _pod("head-other-job", "pathways-head", job="1", attempt="2"),
+    ]
+    chosen = head_pod(pods, "pathways-head")
+    assert chosen is not None
+    assert chosen["metadata"]["name"] == "head-a1"
+    assert head_pod(pods, "main-job") is None
+
+
+def test_workload_container_pathways_and_plain() -> None:
+    pathways = {
+        "spec": {
+            "initContainers": [{"name": "pathways-proxy"}],
+            "containers": [{"name": "workload-container"}],
+        }
+    }
+    plain = {"spec": {"containers": [{"name": "qwen-rl-abc"}, {"name": "sidecar"}]}}
+    assert workload_container(pathways, pathways=True) == "workload-container"
+    assert workload_container(plain, pathways=False) == "qwen-rl-abc"
+    assert workload_container(plain, pathways=True) is None
+
+
+@pytest.mark.parametrize(
+    ("state", "phase"),
+    [
+        ({"waiting": {"reason": "ContainerCreating"}}, "waiting"),
+        ({"running": {}}, "running"),
+        ({"terminated": {"exitCode": 0}}, "terminated"),
+    ],
+)
+def test_container_phase(state: dict[str, Any], phase: str) -> None:
+    pod = {
+        "status": {
+            "containerStatuses": [{"name": "other", "state": {"running": {}}}, {"name": "c", "state": state}]
+        }
+    }
+    assert container_phase(pod, "c") == phase
+    assert container_phase({"status": {}}, "c") == "waiting"
+
+
+def test_split_timestamp_reads_rfc3339nano_with_trimmed_zeros() -> None:
+    assert split_timestamp("2026-12-01T10:00:00.5Z Pre RL Training: x") == (
+        1_796_119_200_500_000_000,
+        "Pre RL Training: x",
+    )
+    assert split_timestamp("2026-12-01T10:00:00.000000001Z a") == (1_796_119_200_000_000_001, "a")
+    assert split_timestamp("2026-12-01T11:00:00+01:00 b") == (1_796_119_200_000_000_000, "b")
+    assert split_timestamp("no timestamp") is None
+    assert format_since_time(1_796_119_200_999_999_999) == "2026-12-01T10:00:00Z"
+
+
+def test_cursor_skips_what_it_relayed_when_a_read_restarts_from_since_time() -> None:
+    t = 1_796_119_200_000_000_000
+    cursor = LogCursor(pod_uid="p")
+    first_read = [t, t + 1, t + 1, t + 2]
+    assert [cursor.accept(n) for n in first_read] == [True, True, True, True]
+    # two lines share the last time: a re-read from the whole second repeats all four
+    cursor = LogCursor(pod_uid="p")
+    for n in [t, t + 1, t + 2, t + 2]:
+        cursor.accept(n)
+    assert cursor.since_time() == "2026-12-01T10:00:00Z"
+    restored = LogCursor.from_dict(cursor.as_dict())
+    restored.rewind()
+    again = [t, t + 1, t + 2, t + 2, t + 2, t + 3]
+    assert [restored.accept(n) for n in again] == [False, False, False, False, True, True]
+    assert restored.lines == 6

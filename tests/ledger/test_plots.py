@@ -1,0 +1,266 @@
+"""The run's curves and the reward trend: drawn from what the ledger holds, saved as real PNGs."""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from matplotlib.lines import Line2D
+from PIL import Image
+
+from airflow_provider_tpu_rl.ledger.hook import RunLedger, record_run_from_context
+from airflow_provider_tpu_rl.ledger.plots import (
+    figure_png,
+    reward_trend_figure,
+    reward_trend_series,
+    run_curves,
+    run_curves_figure,
+)
+from airflow_provider_tpu_rl.ledger.records import MetricRecord, RunRecord
+from airflow_provider_tpu_rl.operators import ledger as ledger_operator
+from airflow_provider_tpu_rl.operators.ledger import RecordRunOperator, curves_uri, run_output_folder
+from tests.ledger.fakes import (
+    SUCCESS_XCOMS,
+    T0,
+    FakeDagRun,
+    FakeLedgerTaskInstance,
+    context_for,
+    gke_task_instances,
+    minutes,
+)
+
+MODEL = "qwen3-30b-a3b"
+ACTOR_ROOT = f"gs://bucket/{MODEL}/trained/rl/checkpoints/actor/"
+VALIDATED = {
+    "model": MODEL,
+    "chips": 32,
+    "final_step": 50,
+    "actor_root": ACTOR_ROOT,
+    "suffix": "ab12cd",
+    "project": "my-proj",
+}
+
+
+@pytest.fixture
+def ledger(sqlite_uri: str, monkeypatch: pytest.MonkeyPatch) -> RunLedger:
+    monkeypatch.setenv("AIRFLOW_CONN_TPU_RL_LEDGER", sqlite_uri)
+    return RunLedger()
+
+
+def line_points(line: Line2D) -> list[tuple[float, float]]:
+    return [(float(x), float(y)) for x, y in line.get_xydata()]
+
+
+def decoded(png: bytes) -> Image.Image:
+    """The PNG decoded by Pillow; it must be a real, non-blank image."""
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+    image = Image.open(io.BytesIO(png))
+    image.load()
+    assert image.format == "PNG"
+    colours = image.convert("RGB").getcolors(maxcolors=1 << 20)
+    assert colours is not None
+    assert len(colours) > 1, "the image is blank"
+    return image
+
+
+def test_run_curves_plot_the_ledgers_values(ledger: RunLedger) -> None:
+    context = context_for(FakeDagRun(gke_task_instances(), run_id="good"), SUCCESS_XCOMS)
+    run = record_run_from_context(context, model=MODEL, chips=32)
+
+    metrics = ledger.run_metrics(run.run_id)
+    by_key = {(m.phase, m.step, m.name): m.value for m in metrics}
+    figure = run_curves_figure(run_curves(run.run_id, metrics, final_step=50))
+    reward_axes, loss_axes = figure.axes
+
+    (reward_line,) = reward_axes.get_lines()
+    assert line_points(reward_line) == [
+        (0.0, by_key[("pre", 0, "mean_reward")]),
+        (25.0, by_key[("intermediate", 25, "mean_reward")]),
+        (50.0, by_key[("post", 0, "mean_reward")]),
+    ]
+    assert [y for _, y in line_points(reward_line)] == [0.12, 0.2, 0.34]
+    (loss_line,) = loss_axes.get_lines()
+    assert line_points(loss_line) == [
+        (float(m.step), m.value) for m in metrics if m.phase == "train" and m.name == "loss"
+    ]
+    assert line_points(loss_line) == [(1.0, 2.5), (2.0, 2.25)]
+    assert run.run_id in figure.get_suptitle()
+
+    image = decoded(figure_png(figure))
+    assert image.size == (1000, 400)
+
+
+def test_after_is_drawn_at_the_last_recorded_step_when_the_final_step_is_unknown() -> None:
+    metrics = [
+        MetricRecord("pre", 0, "mean_reward", 0.1),
+        MetricRecord("post", 0, "mean_reward", 0.3),
+        MetricRecord("train", 7, "loss", 1.0),
+        MetricRecord("intermediate", 5, "accuracy", 40.0),  # not a reward: not drawn
+    ]
+
+    curves = run_curves("r", metrics)
+
+    assert curves.reward_points == [(0, 0.1), (7, 0.3)]
+    assert curves.loss == ((7, 1.0),)
+
+
+def test_a_run_without_loss_still_draws_its_rewards() -> None:
+    figure = run_curves_figure(run_curves("r", [MetricRecord("pre", 0, "mean_reward", 0.5)], final_step=3))
+
+    reward_axes, loss_axes = figure.axes
+    assert [line_points(line) for line in reward_axes.get_lines()] == [[(0.0, 0.5)]]
+    assert loss_axes.get_lines() == []
+    assert [text.get_text() for text in loss_axes.texts] == ["no loss recorded"]
+    decoded(figure_png(figure))
+
+
+def test_reward_trend_plots_every_runs_rewards_per_model(ledger: RunLedger) -> None:
+    rewards = {"r1": (0.1, 0.3), "r2": (0.2, 0.5), "r3": (0.15, None)}
+    for index, (name, (pre, post)) in enumerate(rewards.items()):
+        run = RunRecord("tpu_rl_gke_pipeline", name, MODEL, "success", started_at=minutes(60 * index))
+        metrics = [MetricRecord("pre", 0, "mean_reward", pre)]
+        if post is not None:
+            metrics.append(MetricRecord("post", 0, "mean_reward", post))
+        ledger.record(run, metrics=metrics)
+    other = RunRecord("tpu_rl_tpu_vm_pipeline", "v1", "llama3.1-8b", "success", started_at=T0)
+    ledger.record(other, metrics=[MetricRecord("post", 0, "mean_reward", 0.7)])
+
+    rows = ledger.reward_trend()
+    series = reward_trend_series(rows)
+    figure = reward_trend_figure(series)
+
+    lines = {line.get_label(): line for line in figure.axes[0].get_lines()}
+    assert set(lines) == {f"{m} {side}" for m in (MODEL, "llama3.1-8b") for side in ("before", "after")}
+    qwen_rows = [row for row in rows if row["model"] == MODEL]
+    assert [row["run_id"].split("/")[1] for row in qwen_rows] == ["r1", "r2", "r3"]
+    assert line_points(lines[f"{MODEL} before"]) == [
+        (float(i), row["pre_mean_reward"]) for i, row in enumerate(qwen_rows, start=1)
+    ]
+    after = line_points(lines[f"{MODEL} after"])
+    assert after[:2] == [(1.0, 0.3), (2.0, 0.5)]
+    assert after[2][0] == 3.0
+    assert math.isnan(after[2][1])  # a gap where the run has no "after"
+    assert line_points(lines["llama3.1-8b after"]) == [(1.0, 0.7)]
+
+    image = decoded(figure_png(figure))
+    assert image.size == (1000, 450)
+
+
+def test_an_empty_trend_is_a_labelled_empty_picture() -> None:
+    figure = reward_trend_figure([])
+
+    assert figure.axes[0].get_lines() == []
+    assert [text.get_text() for text in figure.axes[0].texts] == ["no run with a reward in the ledger"]
+
+
+@pytest.mark.parametrize(
+    ("actor_root", "folder"),
+    [
+        (ACTOR_ROOT, f"gs://bucket/{MODEL}/trained/rl/"),
+        ("gs://b/llama/post-train/rl-1/checkpoints/actor", "gs://b/llama/post-train/rl-1/"),
+        ("gs://b/elsewhere/", "gs://b/elsewhere/"),
+        (None, None),
+        ("/dev/shm/x/", None),
+    ],
+)
+def test_the_run_output_folder(actor_root: str | None, folder: str | None) -> None:
+    assert run_output_folder(actor_root) == folder
+
+
+@dataclass
+class RecordTaskInstance(FakeLedgerTaskInstance):
+    """The record_run task's own instance: it pulls validate's XCom and pushes its link."""
+
+    pushed: dict[str, Any] = field(default_factory=dict)
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.pushed[key] = value
+
+
+def record_context(run_id: str, xcoms: dict[str, Any]) -> dict[str, Any]:
+    context = context_for(FakeDagRun(gke_task_instances(), run_id=run_id), xcoms)
+    context["ti"] = RecordTaskInstance(xcoms)
+    context["params"] = {"model": MODEL}
+    return context
+
+
+def operator() -> RecordRunOperator:
+    return RecordRunOperator(
+        task_id="record_ledger", cluster_task_ids=("deploy_cluster", "destroy_cluster"), teardown_task_ids=()
+    )
+
+
+def test_record_run_uploads_the_curves_and_links_them(
+    ledger: RunLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    uploads: dict[str, bytes] = {}
+    op = operator()
+    monkeypatch.setattr(op, "upload", lambda uri, data: uploads.__setitem__(uri, data))
+    context = record_context("good", {**SUCCESS_XCOMS, "validate": VALIDATED})
+
+    result = op.execute(context)  # type: ignore[arg-type]
+
+    uri = f"gs://bucket/{MODEL}/trained/rl/tpu-rl-curves-ab12cd.png"
+    assert uri == curves_uri(f"gs://bucket/{MODEL}/trained/rl/", "ab12cd")
+    assert result == {"run_id": "tpu_rl_gke_pipeline/good", "state": "success", "curves_uri": uri}
+    assert list(uploads) == [uri]
+    assert decoded(uploads[uri]).size == (1000, 400)
+    assert context["ti"].pushed == {"tpu_rl_run_curves": {"uri": uri, "project_id": "my-proj"}}
+    assert ledger.count_rows("runs") == 1
+
+
+def test_without_matplotlib_the_run_is_recorded_and_one_line_says_why(
+    ledger: RunLedger, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(ledger_operator, "matplotlib_available", lambda: False)
+    op = operator()
+    monkeypatch.setattr(op, "upload", lambda uri, data: pytest.fail("nothing to upload"))
+    context = record_context("good", {**SUCCESS_XCOMS, "validate": VALIDATED})
+
+    with caplog.at_level(logging.INFO):
+        result = op.execute(context)  # type: ignore[arg-type]
+
+    assert result == {"run_id": "tpu_rl_gke_pipeline/good", "state": "success"}
+    curve_lines = [r.getMessage() for r in caplog.records if "run curves" in r.getMessage()]
+    assert len(curve_lines) == 1
+    assert "matplotlib is not installed" in curve_lines[0]
+    assert "[plot]" in curve_lines[0]
+    assert context["ti"].pushed == {"tpu_rl_run_curves": ""}
+    assert ledger.count_rows("runs") == 1
+
+
+def test_a_failed_upload_does_not_fail_the_ledger_task(
+    ledger: RunLedger, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def refuse(uri: str, data: bytes) -> None:
+        raise PermissionError("403 storage.objects.create denied")
+
+    op = operator()
+    monkeypatch.setattr(op, "upload", refuse)
+    context = record_context("good", {**SUCCESS_XCOMS, "validate": VALIDATED})
+
+    with caplog.at_level(logging.WARNING):
+        result = op.execute(context)  # type: ignore[arg-type]
+
+    assert "curves_uri" not in result
+    assert any("could not upload" in r.getMessage() for r in caplog.records)
+    assert context["ti"].pushed == {"tpu_rl_run_curves": ""}
+    assert ledger.count_rows("runs") == 1
+
+
+def test_a_run_that_failed_at_validate_is_recorded_without_curves(
+    ledger: RunLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    op = operator()
+    monkeypatch.setattr(op, "upload", lambda uri, data: pytest.fail("nothing to upload"))
+    context = record_context("bad", {})
+
+    result = op.execute(context)  # type: ignore[arg-type]
+
+    assert result["state"] == "success"
+    assert "curves_uri" not in result
+    assert ledger.latest_runs()[0].model == MODEL

@@ -1,0 +1,327 @@
+"""JobSetTrigger against the sandbox's Kubernetes API: every line once, restarts, no process, kill.
+
+The training job runs in the sandbox (fake ``gcluster job submit`` creates the JobSet and its pods
+in the fake cluster's Kubernetes API); the trigger reads them as it would a GKE cluster's. What a
+test expects comes from the API itself (the workload container's whole log).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from airflow.providers.common.compat.sdk import Context
+
+from airflow_provider_tpu_rl.hooks import kubernetes
+from airflow_provider_tpu_rl.operators.maxtext import PathwaysRLTrainOperator
+from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
+from airflow_provider_tpu_rl.triggers import jobset as jobset_module
+from airflow_provider_tpu_rl.triggers.jobset import JobSetTrigger
+from tests.operators.sandbox_run import (
+    SandboxRun,
+    convert_checkpoint,
+    defer,
+    prepare_cluster,
+    printed_rewards,
+    run_trigger,
+    wait_for,
+)
+from tpu_rl_sandbox import kube_access
+
+RUN_ID = "manual__2026-03-01T00:00:00+00:00"
+HEAD, WORKLOAD = "pathways-head", "workload-container"
+
+
+class LineRecorder(logging.Handler):
+    """The workload lines a trigger relayed to its log (``[job] line`` records)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.msg == "[%s] %s" and isinstance(record.args, tuple):
+            self.lines.append(str(record.args[1]))
+
+
+@contextlib.contextmanager
+def recording(trigger: JobSetTrigger) -> Iterator[LineRecorder]:
+    recorder = LineRecorder()
+    logger = logging.getLogger(f"tests.jobset_trigger.{id(trigger)}")
+    logger.addHandler(recorder)
+    logger.setLevel(logging.INFO)
+    trigger._log = logger  # a stdlib logger in place of Airflow's structlog one
+    try:
+        yield recorder
+    finally:
+        logger.removeHandler(recorder)
+
+
+def _held_training(
+    sb: SandboxRun, monkeypatch: pytest.MonkeyPatch, **conf_overrides: Any
+) -> tuple[PathwaysRLTrainOperator, Context, JobSetTrigger, str, Path]:
+    """A training job submitted and deferred; it stops before its final checkpoint until released."""
+    conf = sb.gke_conf(train_overrides={"num_test_batches": 2}, **conf_overrides)
+    prepare_cluster(sb, conf, run_id=RUN_ID)
+    convert_checkpoint(sb, conf, run_id=RUN_ID)
+    job_name = gke_pipeline_from_conf(conf, run_id=RUN_ID).train_job
+    hold = sb.hold_file()
+    monkeypatch.setenv("TPU_RL_SANDBOX_HOLD_FILE", str(hold))
+    train = sb.operator(PathwaysRLTrainOperator, task_id="train")
+    context = sb.context(train, conf, run_id=RUN_ID)
+    deferred = defer(train, context)
+    assert isinstance(deferred.trigger, JobSetTrigger)
+    return train, context, deferred.trigger, job_name, hold
+
+
+def _release_when(recorder: LineRecorder, hold: Path, text: str) -> Any:
+    async def release() -> None:
+        while not any(text in line for line in recorder.lines):
+            await asyncio.sleep(0.02)
+        hold.unlink()
+
+    return release
+
+
+def _containers(pods: list[dict[str, Any]]) -> list[str]:
+    return [
+        f"{pod['metadata']['name']}/{c['name']}"
+        for pod in pods
+        for c in [*(pod["spec"].get("initContainers") or []), *pod["spec"]["containers"]]
+    ]
+
+
+def test_the_trigger_state_is_plain_data_and_names_the_cluster(
+    sb: SandboxRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, _, trigger, job_name, hold = _held_training(sb, monkeypatch)
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "airflow_provider_tpu_rl.triggers.jobset.JobSetTrigger"
+    access = sb.kube()
+    assert kwargs["cluster_url"] == access.url
+    assert kwargs["job_name"] == job_name
+    assert kwargs["pathways"] is True
+    assert kwargs["namespace"] == "default"
+    assert kwargs["cursor_uri"].startswith(f"gs://{sb.bucket}/tpu-rl/log-cursors/{job_name}-")
+    assert kwargs["not_before"] is not None
+    rebuilt = JobSetTrigger(**kwargs)
+    assert rebuilt.serialize() == (classpath, kwargs)
+    hold.unlink()
+
+
+def test_a_pathways_job_of_eleven_containers_is_followed_line_for_line(
+    sb: SandboxRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    train, context, trigger, job_name, hold = _held_training(sb, monkeypatch)
+    # v6e-32 (4x8, 4 chips per VM): the head pod's two sidecars and workload container, 8 workers.
+    assert len(_containers(sb.pods(job_name))) == 11
+
+    with recording(trigger) as recorder:
+        event = run_trigger(trigger, alongside=_release_when(recorder, hold, "Pre RL Training"))
+    result = train.execute_complete(context, event)
+
+    full = sb.container_log(job_name, HEAD, WORKLOAD)
+    assert recorder.lines == full
+    assert event["log_lines"] == len(full)
+    rewards = printed_rewards("\n".join(full))
+    assert set(rewards) == {"pre", "post"}
+    assert result["metrics"]["pre"]["mean_reward"] == rewards["pre"]
+    assert result["metrics"]["post"]["mean_reward"] == rewards["post"]
+
+
+def test_a_triggerer_restart_mid_training_loses_and_repeats_no_line(
+    sb: SandboxRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    train, context, trigger, job_name, hold = _held_training(sb, monkeypatch)
+
+    async def until_pre_reward_then_stop() -> None:
+        task = asyncio.ensure_future(anext(aiter(trigger.run())))
+        deadline = time.monotonic() + 120
+        while not any("Pre RL Training" in line for line in first.lines):
+            assert time.monotonic() < deadline, "no Pre RL Training line relayed"
+            assert not task.done(), "the trigger ended before the restart"
+            await asyncio.sleep(0.02)
+        task.cancel()  # what a triggerer shutdown does to its triggers
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    with recording(trigger) as first:
+        asyncio.run(until_pre_reward_then_stop())
+    # The task is still deferred: the job was not cancelled.
+    assert (
+        kube_access.request(
+            sb.kube(), "GET", f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets/{job_name}"
+        ).status
+        == 200
+    )
+
+    # The triggerer that picks the trigger up again builds it from its serialized state.
+    restarted = JobSetTrigger(**trigger.serialize()[1])
+    hold.unlink()
+    with recording(restarted) as second:
+        event = run_trigger(restarted)
+    result = train.execute_complete(context, event)
+
+    full = sb.container_log(job_name, HEAD, WORKLOAD)
+    assert first.lines + second.lines == full
+    assert second.lines, "the restarted trigger relayed nothing"
+    assert event["log_lines"] == len(full)
+    rewards = printed_rewards("\n".join(full))
+    # the pre-training reward was printed before the restart: it survives it
+    assert result["metrics"]["pre"]["mean_reward"] == rewards["pre"]
+    assert result["metrics"]["post"]["mean_reward"] == rewards["post"]
+
+
+def test_the_trigger_starts_no_process(
+    sb: SandboxRun, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _train, _context, trigger, _job_name, hold = _held_training(sb, monkeypatch)
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError(f"the trigger started a process: {args[:1]}")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", refuse)
+    monkeypatch.setattr(asyncio, "create_subprocess_shell", refuse)
+    monkeypatch.setattr(os, "fork", refuse)
+    monkeypatch.setattr(os, "posix_spawn", refuse)
+    monkeypatch.setattr(os, "posix_spawnp", refuse)
+
+    with recording(trigger) as recorder:
+        event = run_trigger(trigger, alongside=_release_when(recorder, hold, "Pre RL Training"))
+    monkeypatch.undo()  # execute_complete may read GCS through its own means
+    assert event["status"] == "success"
+    assert recorder.lines
+
+
+def test_a_job_that_ended_before_the_deferral_completes_in_the_worker(
+    sb: SandboxRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conf = sb.gke_conf(train_overrides={"num_test_batches": 2})
+    prepare_cluster(sb, conf, run_id=RUN_ID)
+    convert_checkpoint(sb, conf, run_id=RUN_ID)
+    job_name = gke_pipeline_from_conf(conf, run_id=RUN_ID).train_job
+    real = kubernetes.GkeClusterHook.cluster_access
+
+    def access_after_the_job_ended(self: Any, cluster_name: str, project_id: str) -> Any:
+        access = real(self, cluster_name, project_id)
+        path = f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets/{job_name}"
+        wait_for(
+            lambda: any(
+                c.get("type") == "Completed" and c.get("status") == "True"
+                for c in kube_access.request(sb.kube(), "GET", path)
+                .json()
+                .get("status", {})
+                .get("conditions", [])
+            ),
+            "the training job to complete",
+        )
+        return access
+
+    monkeypatch.setattr(kubernetes.GkeClusterHook, "cluster_access", access_after_the_job_ended)
+    train = sb.operator(PathwaysRLTrainOperator, task_id="train")
+    result = train.execute(sb.context(train, conf, run_id=RUN_ID))  # no TaskDeferred
+
+    rewards = printed_rewards("\n".join(sb.container_log(job_name, HEAD, WORKLOAD)))
+    assert result["skipped"] is False
+    assert result["metrics"]["pre"]["mean_reward"] == rewards["pre"]
+    assert result["metrics"]["post"]["mean_reward"] == rewards["post"]
+
+
+def test_the_event_is_held_until_not_before(sb: SandboxRun, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, _, trigger, _job_name, hold = _held_training(sb, monkeypatch)
+    hold.unlink()
+    trigger.not_before = time.time() + 3.0
+    event = run_trigger(trigger)
+    assert event["status"] == "success"
+    assert time.time() >= trigger.not_before
+
+
+def test_killing_the_task_deletes_the_jobset(sb: SandboxRun, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, _, trigger, job_name, hold = _held_training(sb, monkeypatch)
+    path = f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets/{job_name}"
+    assert kube_access.request(sb.kube(), "GET", path).status == 200
+    asyncio.run(trigger.on_kill())
+    assert kube_access.request(sb.kube(), "GET", path).status == 404
+    hold.unlink()
+
+
+@pytest.mark.parametrize("killed", [True, False])
+def test_before_airflow_3_3_only_a_kill_cancels_the_job(
+    sb: SandboxRun, monkeypatch: pytest.MonkeyPatch, killed: bool
+) -> None:
+    _, _, trigger, job_name, hold = _held_training(sb, monkeypatch)
+    monkeypatch.setattr(jobset_module, "AIRFLOW_V_3_3_PLUS", False)
+
+    async def safe_to_cancel() -> bool:
+        return killed  # the task left the deferred state: a user killed it; else a restart
+
+    monkeypatch.setattr(trigger, "safe_to_cancel", safe_to_cancel)
+
+    async def run_then_cancel() -> None:
+        task = asyncio.ensure_future(anext(aiter(trigger.run())))
+        await asyncio.sleep(1.0)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(run_then_cancel())
+    path = f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets/{job_name}"
+    assert kube_access.request(sb.kube(), "GET", path).status == (404 if killed else 200)
+    hold.unlink()
+
+
+def test_a_deleted_jobset_is_missing_after_two_polls(sb: SandboxRun, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, _, trigger, job_name, hold = _held_training(sb, monkeypatch)
+    path = f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets/{job_name}"
+    assert kube_access.request(sb.kube(), "DELETE", path).status == 200
+    event = run_trigger(trigger)
+    assert event["status"] == "missing"
+    assert "does not exist" in event["message"]
+    hold.unlink()
+
+
+def test_a_cluster_the_gke_api_does_not_know_is_a_configuration_error(sb: SandboxRun) -> None:
+    from airflow_provider_tpu_rl.exceptions import ConfigurationError
+
+    hook = kubernetes.GkeClusterHook("google_cloud_default", "us-east5")
+    with pytest.raises(
+        ConfigurationError, match=f"GKE cluster no-such-cluster not found in {sb.project}/us-east5"
+    ):
+        hook.cluster_access("no-such-cluster", sb.project)
+
+
+def test_kubernetes_api_errors_say_whether_a_retry_may_help() -> None:
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    from airflow_provider_tpu_rl.exceptions import ConfigurationError, FailureKind, KubernetesApiError
+
+    def api_error(status: int) -> Exception:
+        err = ApiException(status=status, reason="x")
+        err.body = json.dumps({"kind": "Status", "message": f"refused with {status}"})
+        return kubernetes._api_error(err, "get JobSet default/j")
+
+    assert isinstance(api_error(401), ConfigurationError)
+    assert isinstance(api_error(403), ConfigurationError)
+    assert "refused with 403" in str(api_error(403))
+    for status, kind in [
+        (500, FailureKind.TRANSIENT),
+        (429, FailureKind.TRANSIENT),
+        (422, FailureKind.CONFIG),
+    ]:
+        err = api_error(status)
+        assert isinstance(err, KubernetesApiError)
+        assert err.kind is kind
+    assert kubernetes._api_error(OSError("connection reset"), "x").retryable  # type: ignore[attr-defined]

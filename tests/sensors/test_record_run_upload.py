@@ -1,0 +1,65 @@
+"""``record_run`` uploads the run's curves through the google provider's GCSHook (GCS emulator)."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pytest
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import storage
+from PIL import Image
+
+from airflow_provider_tpu_rl.ledger.hook import RunLedger, sqlite_connection_uri
+from airflow_provider_tpu_rl.ledger.records import MetricRecord, RunRecord
+from airflow_provider_tpu_rl.operators.ledger import RecordRunOperator
+
+
+class PushingTI:
+    def __init__(self) -> None:
+        self.pushed: dict[str, Any] = {}
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.pushed[key] = value
+
+
+def test_the_png_lands_in_the_bucket_as_an_image(
+    gcs_emulator, gcs_prefix, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_TPU_RL_LEDGER", sqlite_connection_uri(tmp_path / "ledger.db"))
+    run = RunRecord("tpu_rl_gke_pipeline", "r1", "qwen3-30b-a3b", "success")
+    RunLedger().record(
+        run,
+        metrics=[
+            MetricRecord("pre", 0, "mean_reward", 0.1),
+            MetricRecord("intermediate", 2, "mean_reward", 0.2),
+            MetricRecord("post", 0, "mean_reward", 0.3),
+            MetricRecord("train", 1, "loss", 1.5),
+            MetricRecord("train", 2, "loss", 1.2),
+        ],
+    )
+    actor_root = f"gs://{gcs_emulator.bucket_name}/{gcs_prefix}qwen3-30b-a3b/trained/rl/checkpoints/actor/"
+    op = RecordRunOperator(task_id="record_run")
+    ti = PushingTI()
+
+    uri = op.publish_curves(
+        {"ti": ti},  # type: ignore[arg-type]
+        run.run_id,
+        {"actor_root": actor_root, "final_step": 3, "suffix": "ab12cd", "project": "p"},
+        op.upload,
+    )
+
+    name = f"{gcs_prefix}qwen3-30b-a3b/trained/rl/tpu-rl-curves-ab12cd.png"
+    assert uri == f"gs://{gcs_emulator.bucket_name}/{name}"
+    blob = (
+        storage.Client(project="p", credentials=AnonymousCredentials())
+        .bucket(gcs_emulator.bucket_name)
+        .get_blob(name)
+    )
+    assert blob is not None
+    assert blob.content_type == "image/png"
+    image = Image.open(io.BytesIO(blob.download_as_bytes()))
+    image.load()
+    assert image.size == (1000, 400)
+    assert len(image.convert("RGB").getcolors(maxcolors=1 << 20) or []) > 1
+    assert ti.pushed == {"tpu_rl_run_curves": {"uri": uri, "project_id": "p"}}

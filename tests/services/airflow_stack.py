@@ -1,0 +1,540 @@
+"""Real Airflow 3 services as processes, for the ``services`` tests: start, restart, stop, REST client.
+
+:class:`AirflowStack` runs ``airflow api-server``, ``scheduler``, ``dag-processor`` and
+``triggerer`` (LocalExecutor) on a PostgreSQL metadata database, each in its own process group
+with its own log file under ``root/logs``. Every port is chosen at run time; ``AIRFLOW_HOME``,
+``TMPDIR`` and ``HOME`` are private folders under ``root``. Every process it starts carries the
+variable :data:`STACK_MARKER_ENV` (inherited by task runners, the LocalExecutor's workers and the
+sandbox's job workers), which is how :func:`leftover_processes` finds what is still running.
+
+:class:`AirflowApi` is a small client of the public REST API (``/api/v2``) that logs in the way a
+user of the simple auth manager does: ``POST /auth/token`` with a user of
+``[core] simple_auth_manager_users`` and the password in ``simple_auth_manager_passwords_file``
+(airflow/api_fastapi/auth/managers/simple/routes/login.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from contextlib import suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+
+from tests.ledger.pg_server import PostgresServer, free_port
+
+AIRFLOW = str(Path(sys.executable).with_name("airflow"))
+REPO = Path(__file__).resolve().parents[2]
+DAGS_DIR = REPO / "dags"
+# TPU_RL_SANDBOX_*: the gcluster connection passes these on to the fakes, and so to job workers.
+STACK_MARKER_ENV = "TPU_RL_SANDBOX_SERVICES_STACK"
+SERVICES = ("dag-processor", "scheduler", "triggerer", "api-server")
+ADMIN_USER = "admin"
+FINISHED_RUN_STATES = frozenset({"success", "failed"})
+_INHERITED_PREFIXES = ("AIRFLOW", "TPU_RL_SANDBOX", "STORAGE_EMULATOR_HOST")
+
+MIGRATE_TIMEOUT = 300.0
+STARTUP_TIMEOUT = 180.0
+STOP_TIMEOUT = 30.0
+# Airflow's triggerer gives its triggers 10 s to clean up, then escalates SIGINT, SIGTERM, SIGKILL
+# to the trigger runner 10 s apart (airflow/jobs/triggerer_job_runner.py, sdk supervisor).
+TRIGGERER_STOP_TIMEOUT = 60.0
+HTTP_TIMEOUT = 30.0
+
+T = TypeVar("T")
+
+
+class StackError(RuntimeError):
+    """A service did not start, died, or a wait ran out of time (the message has the logs' tails)."""
+
+
+def wait_for(
+    what: str, probe: Callable[[], T | None], timeout: float, interval: float = 0.5, on_timeout: str = ""
+) -> T:
+    """Call ``probe`` until it returns something truthy, and return that; :class:`StackError` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise StackError(f"timed out after {timeout:.0f} s waiting for {what}\n{on_timeout}".rstrip())
+        time.sleep(interval)
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    if not path.is_file():
+        return f"({path} does not exist)"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def _ps_lines() -> list[str]:
+    done = subprocess.run(
+        ["ps", "-eo", "pid,pgid,stat,args"], capture_output=True, text=True, timeout=30, check=False
+    )
+    return done.stdout.splitlines()[1:]
+
+
+def leftover_processes(marker: str) -> list[str]:
+    """``ps`` lines of live processes whose environment has ``TPU_RL_SANDBOX_SERVICES_STACK=marker``."""
+    needle = f"{STACK_MARKER_ENV}={marker}".encode()
+    found: list[str] = []
+    for line in _ps_lines():
+        fields = line.split(None, 3)
+        if len(fields) < 3 or fields[2].startswith("Z"):  # zombies hold no resources
+            continue
+        try:
+            environ = Path(f"/proc/{fields[0]}/environ").read_bytes()
+        except OSError:  # gone meanwhile, or not ours
+            continue
+        if needle in environ.split(b"\0"):
+            found.append(line.strip())
+    return found
+
+
+def new_marker() -> str:
+    """A value for :data:`STACK_MARKER_ENV` that no other stack uses."""
+    return f"{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not count)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def kill_leftovers(marker: str) -> None:
+    """SIGKILL every process still carrying the marker (the last resort of a teardown)."""
+    for line in leftover_processes(marker):
+        with suppress(ProcessLookupError, PermissionError, ValueError):
+            os.kill(int(line.split()[0]), signal.SIGKILL)
+
+
+@dataclass
+class Service:
+    """One ``airflow <name>`` process, leader of its own process group."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    log_file: Path
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def signal_group(self, signum: int) -> None:
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signum)
+
+    def terminate(self) -> None:
+        """SIGTERM the service's own process: it stops its children itself, as on a real host."""
+        with suppress(ProcessLookupError):
+            self.process.send_signal(signal.SIGTERM)
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> int | None:
+        """SIGTERM the service, wait for it, then SIGKILL whatever is left of its group; the exit code."""
+        if self.alive:
+            self.terminate()
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.signal_group(signal.SIGKILL)
+                with suppress(subprocess.TimeoutExpired):
+                    self.process.wait(timeout=10)
+        # Children that outlived their leader (the group id stays theirs).
+        self.signal_group(signal.SIGKILL)
+        return self.process.returncode
+
+
+@dataclass
+class AirflowStack:
+    """The four Airflow services of one test module, their environment and their databases."""
+
+    root: Path
+    env: dict[str, str]
+    api_url: str
+    metadata_dsn: str
+    ledger_dsn: str
+    admin_password: str
+    marker: str
+    services: dict[str, Service] = field(default_factory=dict)
+    _generations: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def home(self) -> Path:
+        return Path(self.env["AIRFLOW_HOME"])
+
+    @property
+    def log_dir(self) -> Path:
+        return self.root / "logs"
+
+    # -- processes ------------------------------------------------------------------------
+    def start_service(self, name: str) -> Service:
+        """Start ``airflow NAME`` (in a new session, so its whole group can be signalled)."""
+        generation = self._generations.get(name, 0) + 1
+        self._generations[name] = generation
+        log_file = self.log_dir / f"{name}-{generation}.log"
+        argv = [AIRFLOW, name]
+        if name == "api-server":
+            port = self.api_url.rsplit(":", 1)[1]
+            argv += ["--host", "127.0.0.1", "--port", port, "--workers", "1"]
+        with log_file.open("ab") as out:
+            process = subprocess.Popen(
+                argv,
+                env=self.env,
+                cwd=self.root,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        service = Service(name, process, log_file)
+        self.services[name] = service
+        return service
+
+    def check_alive(self) -> None:
+        """:class:`StackError` with the log's tail if a service has exited."""
+        for service in self.services.values():
+            if not service.alive:
+                raise StackError(
+                    f"airflow {service.name} exited with {service.process.returncode}:\n{_tail(service.log_file)}"
+                )
+
+    def diagnostics(self, lines: int = 30) -> str:
+        """The last lines of every service's log (for assertion and timeout messages)."""
+        return "\n".join(
+            f"--- airflow {s.name} ({'alive' if s.alive else f'exit {s.process.returncode}'}): {s.log_file}\n"
+            f"{_tail(s.log_file, lines)}"
+            for s in self.services.values()
+        )
+
+    def restart_triggerer(self, timeout: float = TRIGGERER_STOP_TIMEOUT) -> tuple[int | None, float]:
+        """SIGTERM the triggerer, wait for it to exit, start a new one; the old one's exit code and
+        how many seconds it took to exit."""
+        old = self.services["triggerer"]
+        started = time.monotonic()
+        old.terminate()
+        try:
+            code: int | None = old.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired as error:
+            old.signal_group(signal.SIGKILL)
+            raise StackError(f"the triggerer did not exit {timeout:.0f} s after SIGTERM") from error
+        seconds = time.monotonic() - started
+        old.signal_group(signal.SIGKILL)  # its trigger-runner and log-server children, if any remain
+        self.start_service("triggerer")
+        return code, seconds
+
+    def stop(self) -> None:
+        """Stop every service (API server last, so nothing is left calling it)."""
+        for name in ("scheduler", "triggerer", "dag-processor", "api-server"):
+            service = self.services.get(name)
+            if service is not None:
+                service.stop()
+
+    # -- REST -------------------------------------------------------------------------------
+    def api(self) -> AirflowApi:
+        return AirflowApi(self.api_url, ADMIN_USER, self.admin_password)
+
+    def wait_ready(self, dag_id: str, timeout: float = STARTUP_TIMEOUT) -> AirflowApi:
+        """Wait for the API, for every component to report healthy, and for ``dag_id`` to be parsed."""
+        deadline = time.monotonic() + timeout
+
+        def left() -> float:
+            return max(1.0, deadline - time.monotonic())
+
+        def probe_api() -> AirflowApi | None:
+            self.check_alive()
+            try:
+                api = self.api()
+                api.login()
+            except httpx.HTTPError:
+                return None
+            return api
+
+        api = wait_for("the API server", probe_api, left(), on_timeout=self.diagnostics())
+
+        def healthy() -> bool:
+            self.check_alive()
+            health = api.health()
+            return all(
+                (health.get(part) or {}).get("status") == "healthy"
+                for part in ("metadatabase", "scheduler", "triggerer", "dag_processor")
+            )
+
+        wait_for(
+            "healthy scheduler, triggerer and dag processor", healthy, left(), on_timeout=self.diagnostics()
+        )
+
+        def parsed() -> bool:
+            self.check_alive()
+            return api.get_optional(f"/api/v2/dags/{dag_id}") is not None
+
+        wait_for(f"DAG {dag_id} to be parsed", parsed, left(), on_timeout=self.diagnostics())
+        return api
+
+
+def stack_env(
+    root: Path, sandbox_env: Mapping[str, str], metadata_dsn: str, ledger_dsn: str, marker: str, api_port: int
+) -> dict[str, str]:
+    """The environment of every service: Airflow 3.3 options as variables, the sandbox, private dirs."""
+    home, tmp, user = root / "airflow", root / "tmp", root / "user"
+    api_url = f"http://127.0.0.1:{api_port}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_INHERITED_PREFIXES)}
+    env.update(sandbox_env)
+    env.update(
+        {
+            STACK_MARKER_ENV: marker,
+            "AIRFLOW_HOME": str(home),
+            "TMPDIR": str(tmp),
+            "HOME": str(user),
+            "PYTHONUNBUFFERED": "1",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": metadata_dsn,
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__PARALLELISM": "4",
+            "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_DIR),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{api_url}/execution/",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
+            "AIRFLOW__API__BASE_URL": api_url,
+            "AIRFLOW__API__SECRET_KEY": secrets.token_hex(16),
+            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
+            "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.5",
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+            "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "2",
+            "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True",
+            # the provider's knobs: fast polls, one quick retry (a spurious retry shows as try 2)
+            "AIRFLOW__TPU_RL__POLL_INTERVAL": "0.5",
+            "AIRFLOW__TPU_RL__RETRY_DELAY": "1",
+            "AIRFLOW__TPU_RL__RETRIES": "1",
+            "AIRFLOW_CONN_TPU_RL_LEDGER": ledger_dsn,
+        }
+    )
+    return env
+
+
+def start_stack(
+    root: Path,
+    postgres: PostgresServer,
+    sandbox_env: Mapping[str, str],
+    dag_id: str,
+    marker: str,
+    extra_env: Mapping[str, str] | None = None,
+) -> tuple[AirflowStack, AirflowApi]:
+    """Create the databases, ``airflow db migrate``, start the four services and wait until ready.
+
+    On any failure the services started so far are stopped before the error propagates.
+    """
+    for folder in ("airflow", "tmp", "user", "logs"):
+        (root / folder).mkdir(parents=True, exist_ok=True)
+    suffix = secrets.token_hex(4)
+    metadata = postgres.create_database(f"airflow_{suffix}")
+    ledger = postgres.create_database(f"ledger_{suffix}")
+    api_port = free_port()
+    env = stack_env(
+        root,
+        sandbox_env,
+        metadata.replace("postgresql://", "postgresql+psycopg2://", 1),
+        ledger,
+        marker,
+        api_port,
+    )
+    env.update(extra_env or {})
+    password = secrets.token_urlsafe(12)
+    (root / "airflow" / "passwords.json").write_text(json.dumps({ADMIN_USER: password}) + "\n")
+    stack = AirflowStack(
+        root=root,
+        env=env,
+        api_url=f"http://127.0.0.1:{api_port}",
+        metadata_dsn=metadata,
+        ledger_dsn=ledger,
+        admin_password=password,
+        marker=marker,
+    )
+    migrate_log = stack.log_dir / "db-migrate.log"
+    with migrate_log.open("wb") as out:
+        done = subprocess.run(
+            [AIRFLOW, "db", "migrate"],
+            env=env,
+            cwd=root,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=MIGRATE_TIMEOUT,
+            check=False,
+        )
+    if done.returncode != 0:
+        raise StackError(f"airflow db migrate failed ({done.returncode}):\n{_tail(migrate_log)}")
+    try:
+        for name in SERVICES:
+            stack.start_service(name)
+        api = stack.wait_ready(dag_id)
+    except BaseException:
+        stack.stop()
+        raise
+    return stack, api
+
+
+# ========================================================================================= REST
+@dataclass
+class AirflowApi:
+    """The public REST API (``/api/v2``) with a JWT from the simple auth manager's ``/auth/token``."""
+
+    base_url: str
+    username: str
+    password: str
+    token: str | None = None
+
+    def _client(self) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        return httpx.Client(base_url=self.base_url, timeout=HTTP_TIMEOUT, headers=headers)
+
+    def login(self) -> str:
+        """``POST /auth/token`` (JSON body ``username``/``password``); the token is kept for later calls."""
+        with httpx.Client(base_url=self.base_url, timeout=HTTP_TIMEOUT) as client:
+            response = client.post("/auth/token", json={"username": self.username, "password": self.password})
+        response.raise_for_status()
+        self.token = str(response.json()["access_token"])
+        return self.token
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        if self.token is None:
+            self.login()
+        with self._client() as client:
+            response = client.request(method, path, **kwargs)
+        if response.status_code == 401:  # expired: log in again once
+            self.login()
+            with self._client() as client:
+                response = client.request(method, path, **kwargs)
+        return response
+
+    def get(self, path: str, **params: Any) -> Any:
+        response = self.request("GET", path, params=params)
+        response.raise_for_status()
+        return response.json()
+
+    def get_optional(self, path: str) -> Any | None:
+        """The JSON body, or None on 404."""
+        response = self.request("GET", path)
+        if response.status_code == 404:
+            return None
+        response.raise_for_status()
+        return response.json()
+
+    def health(self) -> dict[str, Any]:
+        return dict(self.get("/api/v2/monitor/health"))
+
+    def unpause(self, dag_id: str) -> None:
+        response = self.request("PATCH", f"/api/v2/dags/{dag_id}", json={"is_paused": False})
+        response.raise_for_status()
+
+    def trigger(self, dag_id: str, run_id: str, conf: Mapping[str, Any]) -> dict[str, Any]:
+        """``POST /dags/{dag_id}/dagRuns``: a manual run with ``conf`` (no logical date, as the UI's form)."""
+        response = self.request(
+            "POST",
+            f"/api/v2/dags/{dag_id}/dagRuns",
+            json={"dag_run_id": run_id, "logical_date": None, "conf": dict(conf)},
+        )
+        if response.status_code >= 400:
+            raise StackError(f"triggering {dag_id} failed: {response.status_code} {response.text}")
+        return dict(response.json())
+
+    def dag_run(self, dag_id: str, run_id: str) -> dict[str, Any]:
+        return dict(self.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}"))
+
+    def task_instances(self, dag_id: str, run_id: str) -> dict[str, dict[str, Any]]:
+        """The run's task instances by task id (unmapped tasks)."""
+        body = self.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances", limit=100)
+        return {ti["task_id"]: ti for ti in body["task_instances"]}
+
+    def tries(self, dag_id: str, run_id: str, task_id: str) -> list[dict[str, Any]]:
+        """Every try of a task instance (``/tries``: the history plus the current one)."""
+        body = self.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/tries")
+        return list(body["task_instances"])
+
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int) -> list[dict[str, Any]]:
+        """The whole log of one try as structured entries (worker and trigger sections)."""
+        path = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}"
+        response = self.request("GET", path, params={"full_content": "true"})
+        if response.status_code == 404:  # kept in the result: a missing log is worth seeing
+            return [{"event": f"(no log for try {try_number}: 404 {response.text})"}]
+        response.raise_for_status()
+        content = response.json().get("content") or []
+        return [entry if isinstance(entry, dict) else {"event": str(entry)} for entry in content]
+
+
+@dataclass
+class RunWatch:
+    """What was seen while waiting for a DAG run: its end state and every task state observed."""
+
+    dag_id: str
+    run_id: str
+    state: str = "queued"
+    seen_states: dict[str, list[str]] = field(default_factory=dict)
+    task_instances: dict[str, dict[str, Any]] = field(default_factory=dict)
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def observe(self, task_instances: dict[str, dict[str, Any]]) -> None:
+        self.task_instances = task_instances
+        for task_id, ti in task_instances.items():
+            history = self.seen_states.setdefault(task_id, [])
+            state = str(ti.get("state"))
+            if not history or history[-1] != state:
+                history.append(state)
+
+    def describe(self) -> str:
+        tasks = ", ".join(
+            f"{task_id}={ti.get('state')}#{ti.get('try_number')}"
+            for task_id, ti in sorted(self.task_instances.items())
+        )
+        seen = "\n  ".join(
+            f"{task_id}: {' > '.join(states)}" for task_id, states in sorted(self.seen_states.items())
+        )
+        notes = "".join(f"\nnote: {note}" for note in self.notes)
+        return f"{self.dag_id} {self.run_id}: {self.state} after {self.seconds:.0f} s\ntasks: {tasks}\nseen:\n  {seen}{notes}"
+
+
+def watch_run(
+    stack: AirflowStack,
+    api: AirflowApi,
+    dag_id: str,
+    run_id: str,
+    timeout: float,
+    until: Callable[[RunWatch], bool] | None = None,
+    watch: RunWatch | None = None,
+    interval: float = 0.5,
+) -> RunWatch:
+    """Poll the run and its task instances until it ends (or ``until(watch)`` holds); bounded."""
+    watch = watch or RunWatch(dag_id, run_id)
+    started = time.monotonic()
+
+    def probe() -> bool:
+        stack.check_alive()
+        watch.state = str(api.dag_run(dag_id, run_id)["state"])
+        watch.observe(api.task_instances(dag_id, run_id))
+        if until is not None:
+            return until(watch)
+        return watch.state in FINISHED_RUN_STATES
+
+    try:
+        wait_for(f"run {run_id}", probe, timeout, interval=interval)
+    except StackError as error:
+        raise StackError(f"{error}\n{watch.describe()}\n{stack.diagnostics()}") from None
+    finally:
+        watch.seconds += time.monotonic() - started
+    return watch

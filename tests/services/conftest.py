@@ -1,0 +1,91 @@
+"""Real Airflow services for the ``services`` marker: one stack (PostgreSQL, sandbox, four services) per module.
+
+Select or skip these tests with ``-m services`` / ``-m "not services"``. The stack is torn down
+even when a test or the start-up fails, and the teardown errors if any process it started
+(service, task runner, sandbox job worker) is still alive afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_tpu_rl.spec import GKE_DAG_ID
+from tests.ledger.pg_server import INSTALL_HINT, PostgresServer, find_postgres_bin
+from tests.services.airflow_stack import (
+    AirflowApi,
+    AirflowStack,
+    kill_leftovers,
+    leftover_processes,
+    new_marker,
+    process_alive,
+    start_stack,
+)
+from tpu_rl_sandbox.control import SandboxInfo, sandbox_down, sandbox_env, sandbox_up
+from tpu_rl_sandbox.layout import SandboxLayout
+from tpu_rl_sandbox.maxtext_sim import HOLD_FILE_ENV, STEP_SECONDS_ENV
+
+# Simulated seconds per MaxText step: long enough that `train` is seen deferred, short enough for
+# a whole run in about a minute on two cores.
+STEP_SECONDS = "0.3"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "services: real Airflow services (api-server, scheduler, dag-processor, triggerer) on PostgreSQL "
+        "with the sandbox (minutes, not seconds)",
+    )
+
+
+@dataclass(frozen=True)
+class ServicesWorld:
+    """A running stack, its REST client and the sandbox it uses."""
+
+    stack: AirflowStack
+    api: AirflowApi
+    sandbox: SandboxInfo
+    hold_file: Path
+
+    @property
+    def layout(self) -> SandboxLayout:
+        return SandboxLayout(self.sandbox.root)
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServicesWorld]:
+    """PostgreSQL + sandbox + the four Airflow services, started once for the module."""
+    bin_dir = find_postgres_bin()
+    if bin_dir is None:
+        pytest.fail(f"PostgreSQL server binaries not found in /usr/lib/postgresql/*/bin: {INSTALL_HINT}")
+    root = tmp_path_factory.mktemp("services")
+    hold_file = root / "hold"
+    stack: AirflowStack | None = None
+    marker = new_marker()
+    with PostgresServer(bin_dir) as postgres:
+        info = sandbox_up(root / "sandbox")
+        try:
+            stack, api = start_stack(
+                root,
+                postgres,
+                sandbox_env(info.root),
+                GKE_DAG_ID,
+                marker,
+                # the fake gcluster copies both into the job it submits (sandbox/.../gcluster_jobs.py)
+                extra_env={STEP_SECONDS_ENV: STEP_SECONDS, HOLD_FILE_ENV: str(hold_file)},
+            )
+            api.unpause(GKE_DAG_ID)
+            yield ServicesWorld(stack=stack, api=api, sandbox=info, hold_file=hold_file)
+        finally:
+            hold_file.unlink(missing_ok=True)
+            if stack is not None:
+                stack.stop()
+            sandbox_down(info.root)
+            left = leftover_processes(marker)
+            sandbox_left = [pid for pid in (info.emulator_pid,) if process_alive(pid)]
+            kill_leftovers(marker)
+    assert not left, "processes left running after the stack was stopped:\n" + "\n".join(left)
+    assert not sandbox_left, f"the sandbox's emulator is still running: {sandbox_left}"
