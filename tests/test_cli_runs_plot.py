@@ -17,6 +17,7 @@ from airflow_provider_tpu_rl.ledger import plots
 from airflow_provider_tpu_rl.ledger.hook import RunLedger, sqlite_connection_uri
 from airflow_provider_tpu_rl.ledger.records import MetricRecord, RunRecord
 from tests.ledger.fakes import minutes
+from tests.png import decoded_png
 
 TPU_RL = str(Path(sys.executable).with_name("tpu-rl"))
 
@@ -41,16 +42,6 @@ def ledger_uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     return uri
 
 
-def non_blank_png(path: Path) -> Image.Image:
-    image = Image.open(path)
-    image.load()
-    assert image.format == "PNG"
-    colours = image.convert("RGB").getcolors(maxcolors=1 << 20)
-    assert colours is not None
-    assert len(colours) > 1
-    return image
-
-
 def test_plot_writes_the_trend_of_one_model(
     ledger_uri: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -67,7 +58,7 @@ def test_plot_writes_the_trend_of_one_model(
     assert main(["runs", "--plot", "--model", "qwen3-30b-a3b", "--output", str(output)]) == 0
 
     assert drawn == [["qwen3-30b-a3b:(0.1, 0.2):(0.3, 0.45)"]]
-    assert non_blank_png(output).size == (1000, 450)
+    assert decoded_png(output.read_bytes()).size == (1000, 450)
     assert (
         capsys.readouterr().out.strip() == f"Wrote the reward trend of 2 run(s) (qwen3-30b-a3b) to {output}"
     )
@@ -121,6 +112,6 @@ def test_the_installed_command_writes_the_png(ledger_uri: str, tmp_path: Path) -
     assert done.returncode == 0, done.stderr
     written = tmp_path / "tpu-rl-reward-trend.png"
     assert f"Wrote the reward trend of 3 run(s) (gemma4-26b, qwen3-30b-a3b) to {written.name}" in done.stdout
-    image = non_blank_png(written)
+    image = decoded_png(written.read_bytes())
     assert image.size == (1000, 450)
     assert Image.open(io.BytesIO(written.read_bytes())).mode in ("RGB", "RGBA")

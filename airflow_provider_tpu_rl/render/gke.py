@@ -399,22 +399,6 @@ def job_list(
     )
 
 
-def job_logs(
-    project: str | None, cluster_name: str | None, location: str | None, name: str, *, follow: bool = False
-) -> Command:
-    return Command(
-        (
-            "gcluster",
-            "job",
-            "logs",
-            name,
-            *(["--follow"] if follow else []),
-            *job_scope(project, cluster_name, location),
-        ),
-        description="gcluster job logs",
-    )
-
-
 def job_cancel(project: str | None, cluster_name: str | None, location: str | None, name: str) -> Command:
     """Deletes the job's JobSet; a job that is already gone counts as done."""
     return Command(

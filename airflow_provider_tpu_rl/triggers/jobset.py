@@ -124,6 +124,7 @@ class JobSetTrigger(BaseTrigger):
         self._loaded = False
         self.jobset_uid: str | None = None  # seen by job_state(); not part of the serialized state
         self._jobsets: JobSetClient | None = None
+        self._follower: asyncio.Task[None] | None = None
         self._session: Any = None
         self._storage: Any = None
 
@@ -351,12 +352,6 @@ class JobSetTrigger(BaseTrigger):
         self.jobset_uid = obj["metadata"].get("uid")
         return jobset_state(obj)[0]
 
-    @staticmethod
-    def _outcome(
-        status: str, state: JobState | None, message: str, fatal: bool = False
-    ) -> tuple[str, JobState | None, str, bool]:
-        return status, state, message, fatal
-
     def _event(self, status: str, state: JobState | None, message: str, fatal: bool = False) -> TriggerEvent:
         return TriggerEvent(
             {
@@ -398,8 +393,6 @@ class JobSetTrigger(BaseTrigger):
             await self._stop_follower()
             await self.close()
 
-    _follower: asyncio.Task[None] | None = None
-
     async def _watch(self) -> tuple[str, JobState | None, str, bool]:
         """Poll until the job ends; the follower runs beside it while the job runs."""
         errors_in_a_row = 0
@@ -409,12 +402,10 @@ class JobSetTrigger(BaseTrigger):
             try:
                 state = await self.job_state()
             except ConfigurationError as err:
-                return self._outcome("error", last, f"cannot read JobSet {self.job_name}: {err}", fatal=True)
+                return "error", last, f"cannot read JobSet {self.job_name}: {err}", True
             except KubernetesApiError as err:
                 if not err.retryable:
-                    return self._outcome(
-                        "error", last, f"cannot read JobSet {self.job_name}: {err}", fatal=True
-                    )
+                    return "error", last, f"cannot read JobSet {self.job_name}: {err}", True
                 errors_in_a_row += 1
                 self.log.warning(
                     "Reading JobSet %s failed (%d/%d): %s",
@@ -424,18 +415,19 @@ class JobSetTrigger(BaseTrigger):
                     err,
                 )
                 if errors_in_a_row >= self.max_consecutive_errors:
-                    return self._outcome("error", last, f"cannot read JobSet {self.job_name}: {err}")
+                    return "error", last, f"cannot read JobSet {self.job_name}: {err}", False
                 await asyncio.sleep(self.poll_interval)
                 continue
             errors_in_a_row = 0
             if state is None:
                 absent += 1
                 if absent >= self.missing_confirmations:
-                    return self._outcome(
+                    return (
                         "missing",
                         last,
                         f"JobSet {self.job_name} does not exist (garbage-collected after its TTL, deleted, "
                         "or never created); check the job's output",
+                        False,
                     )
             else:
                 absent = 0
@@ -443,16 +435,17 @@ class JobSetTrigger(BaseTrigger):
                     self.log.info("Job %s is %s", self.job_name, state.value)
                 last = state
                 if state is JobState.SUCCEEDED:
-                    return self._outcome("success", state, f"job {self.job_name} succeeded")
+                    return "success", state, f"job {self.job_name} succeeded", False
                 if state is JobState.FAILED:
-                    return self._outcome("failed", state, f"job {self.job_name} failed")
+                    return "failed", state, f"job {self.job_name} failed", False
                 if self.follow_logs and (self._follower is None or self._follower.done()):
                     self._follower = asyncio.create_task(self._follow())
             if self.deadline is not None and time.time() >= self.deadline:
-                return self._outcome(
+                return (
                     "timeout",
                     last,
                     f"job {self.job_name} still {getattr(last, 'value', 'absent')} at its deadline",
+                    False,
                 )
             await self._save_cursor()
             await asyncio.sleep(self.poll_interval)

@@ -3,19 +3,18 @@ links it from the task, and ``tpu-rl runs --plot`` draws the trend, in the sandb
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-from PIL import Image
 
 from airflow_provider_tpu_rl.ledger.hook import RunLedger, sqlite_connection_uri
 from airflow_provider_tpu_rl.ledger.plots import figure_png, run_curves, run_curves_figure
 from airflow_provider_tpu_rl.links import GCSObjectLink
 from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf, tpu_vm_pipeline_from_conf
 from tests.e2e.harness import GKE_DAG_ID, TPU_VM_DAG_ID, DagRunResult, E2EWorld
+from tests.png import decoded_png
 
 pytestmark = pytest.mark.e2e
 
@@ -52,16 +51,6 @@ def resolved_values(run: DagRunResult) -> dict[str, Any]:
     return build(run.conf, dag_id=run.dag_id, run_id=run.run_id).resolved()
 
 
-def non_blank(png: bytes) -> Image.Image:
-    image = Image.open(io.BytesIO(png))
-    image.load()
-    assert image.format == "PNG"
-    colours = image.convert("RGB").getcolors(maxcolors=1 << 20)
-    assert colours is not None
-    assert len(colours) > 1
-    return image
-
-
 def test_record_run_puts_the_ledgers_curves_next_to_the_checkpoints(
     world: E2EWorld, run: DagRunResult, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -74,7 +63,7 @@ def test_record_run_puts_the_ledgers_curves_next_to_the_checkpoints(
 
     bucket, _, name = uri.removeprefix("gs://").partition("/")
     uploaded = world.gcs.download(bucket, name)
-    assert non_blank(uploaded).size == (1000, 400)
+    assert decoded_png(uploaded).size == (1000, 400)
 
     # The picture is exactly the drawing of what the ledger holds for this run.
     monkeypatch.setenv("AIRFLOW_CONN_TPU_RL_LEDGER", sqlite_connection_uri(world.home / "tpu_rl_ledger.db"))
@@ -100,4 +89,4 @@ def test_runs_plot_draws_the_trend_of_the_ledger(world: E2EWorld, run: DagRunRes
 
     assert done.returncode == 0, done.stderr
     assert f"Wrote the reward trend of 1 run(s) ({model}) to trend.png" in done.stdout
-    non_blank((Path(world.root) / "trend.png").read_bytes())
+    decoded_png((Path(world.root) / "trend.png").read_bytes())

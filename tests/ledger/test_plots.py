@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import logging
 import math
 from dataclasses import dataclass, field
@@ -10,7 +9,6 @@ from typing import Any
 
 import pytest
 from matplotlib.lines import Line2D
-from PIL import Image
 
 from airflow_provider_tpu_rl.ledger.hook import RunLedger, record_run_from_context
 from airflow_provider_tpu_rl.ledger.plots import (
@@ -32,6 +30,7 @@ from tests.ledger.fakes import (
     gke_task_instances,
     minutes,
 )
+from tests.png import decoded_png
 
 MODEL = "qwen3-30b-a3b"
 ACTOR_ROOT = f"gs://bucket/{MODEL}/trained/rl/checkpoints/actor/"
@@ -53,18 +52,6 @@ def ledger(sqlite_uri: str, monkeypatch: pytest.MonkeyPatch) -> RunLedger:
 
 def line_points(line: Line2D) -> list[tuple[float, float]]:
     return [(float(x), float(y)) for x, y in line.get_xydata()]
-
-
-def decoded(png: bytes) -> Image.Image:
-    """The PNG decoded by Pillow; it must be a real, non-blank image."""
-    assert png.startswith(b"\x89PNG\r\n\x1a\n")
-    image = Image.open(io.BytesIO(png))
-    image.load()
-    assert image.format == "PNG"
-    colours = image.convert("RGB").getcolors(maxcolors=1 << 20)
-    assert colours is not None
-    assert len(colours) > 1, "the image is blank"
-    return image
 
 
 def test_run_curves_plot_the_ledgers_values(ledger: RunLedger) -> None:
@@ -90,7 +77,7 @@ def test_run_curves_plot_the_ledgers_values(ledger: RunLedger) -> None:
     assert line_points(loss_line) == [(1.0, 2.5), (2.0, 2.25)]
     assert run.run_id in figure.get_suptitle()
 
-    image = decoded(figure_png(figure))
+    image = decoded_png(figure_png(figure))
     assert image.size == (1000, 400)
 
 
@@ -115,7 +102,7 @@ def test_a_run_without_loss_still_draws_its_rewards() -> None:
     assert [line_points(line) for line in reward_axes.get_lines()] == [[(0.0, 0.5)]]
     assert loss_axes.get_lines() == []
     assert [text.get_text() for text in loss_axes.texts] == ["no loss recorded"]
-    decoded(figure_png(figure))
+    decoded_png(figure_png(figure))
 
 
 def test_reward_trend_plots_every_runs_rewards_per_model(ledger: RunLedger) -> None:
@@ -146,7 +133,7 @@ def test_reward_trend_plots_every_runs_rewards_per_model(ledger: RunLedger) -> N
     assert math.isnan(after[2][1])  # a gap where the run has no "after"
     assert line_points(lines["llama3.1-8b after"]) == [(1.0, 0.7)]
 
-    image = decoded(figure_png(figure))
+    image = decoded_png(figure_png(figure))
     assert image.size == (1000, 450)
 
 
@@ -208,7 +195,7 @@ def test_record_run_uploads_the_curves_and_links_them(
     assert uri == curves_uri(f"gs://bucket/{MODEL}/trained/rl/", "ab12cd")
     assert result == {"run_id": "tpu_rl_gke_pipeline/good", "state": "success", "curves_uri": uri}
     assert list(uploads) == [uri]
-    assert decoded(uploads[uri]).size == (1000, 400)
+    assert decoded_png(uploads[uri]).size == (1000, 400)
     assert context["ti"].pushed == {"tpu_rl_run_curves": {"uri": uri, "project_id": "my-proj"}}
     assert ledger.count_rows("runs") == 1
 

@@ -37,6 +37,7 @@ from airflow_provider_tpu_rl.spec import (
     gke_pipeline_from_conf,
     tpu_vm_pipeline_from_conf,
 )
+from airflow_provider_tpu_rl.triggers.jobset import first_event
 from tpu_rl_sandbox import kube_access
 from tpu_rl_sandbox.control import SandboxInfo
 from tpu_rl_sandbox.emulator import api_for
@@ -115,21 +116,12 @@ def defer(operator: BaseOperator, context: Context) -> TaskDeferred:
 def run_trigger(trigger: Any, alongside: Callable[[], Awaitable[None]] | None = None) -> dict[str, Any]:
     """Run the trigger's ``run()`` to its first event (optionally with a helper coroutine)."""
 
-    async def first_event() -> dict[str, Any]:
-        events = trigger.run()
-        try:
-            async for event in events:
-                return dict(event.payload)
-        finally:
-            await events.aclose()  # as the triggerer does once the event is taken
-        raise AssertionError("the trigger ended without an event")
-
     async def main() -> dict[str, Any]:
         if alongside is None:
-            return await asyncio.wait_for(first_event(), TRIGGER_DEADLINE_SECONDS)
+            return await asyncio.wait_for(first_event(trigger), TRIGGER_DEADLINE_SECONDS)
         helper = asyncio.ensure_future(alongside())
         try:
-            return await asyncio.wait_for(first_event(), TRIGGER_DEADLINE_SECONDS)
+            return await asyncio.wait_for(first_event(trigger), TRIGGER_DEADLINE_SECONDS)
         finally:
             if not helper.done():
                 helper.cancel()

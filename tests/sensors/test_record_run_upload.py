@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
 import pytest
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
-from PIL import Image
 
 from airflow_provider_tpu_rl.ledger.hook import RunLedger, sqlite_connection_uri
 from airflow_provider_tpu_rl.ledger.records import MetricRecord, RunRecord
 from airflow_provider_tpu_rl.operators.ledger import RecordRunOperator
+from tests.png import decoded_png
 
 
 class PushingTI:
@@ -58,8 +57,5 @@ def test_the_png_lands_in_the_bucket_as_an_image(
     )
     assert blob is not None
     assert blob.content_type == "image/png"
-    image = Image.open(io.BytesIO(blob.download_as_bytes()))
-    image.load()
-    assert image.size == (1000, 400)
-    assert len(image.convert("RGB").getcolors(maxcolors=1 << 20) or []) > 1
+    assert decoded_png(blob.download_as_bytes()).size == (1000, 400)
     assert ti.pushed == {"tpu_rl_run_curves": {"uri": uri, "project_id": "p"}}
