@@ -12,20 +12,35 @@ from typing import Any
 
 from airflow_provider_tpu_rl.render.plan import gke_plan, plan_document, tpu_vm_plan
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, TPU_VM_DAG_ID, SpecError
-from airflow_provider_tpu_rl.spec.pipeline import gke_pipeline_from_conf, tpu_vm_pipeline_from_conf
+from airflow_provider_tpu_rl.spec.pipeline import (
+    PLACEHOLDERS,
+    gke_pipeline_from_conf,
+    placeholders,
+    tpu_vm_pipeline_from_conf,
+)
 
 PLAN_DAG_IDS = (GKE_DAG_ID, TPU_VM_DAG_ID)
 
 
 def build_plan(dag_id: str, conf: dict[str, Any] | None, run_id: str = "manual__plan") -> dict[str, Any]:
-    """The JSON plan of one DAG run: every command in execution order, secrets as ``***``."""
+    """The JSON plan of one DAG run: every command in execution order, secrets as ``***``.
+
+    ``placeholders`` names the fields still holding the form's example (``validate`` refuses
+    them): field → {"value": ..., "todo": what to set}.
+    """
     if dag_id == GKE_DAG_ID:
-        return plan_document(dag_id, gke_plan(gke_pipeline_from_conf(conf, dag_id=dag_id, run_id=run_id)))
-    if dag_id == TPU_VM_DAG_ID:
-        return plan_document(
-            dag_id, tpu_vm_plan(tpu_vm_pipeline_from_conf(conf, dag_id=dag_id, run_id=run_id))
-        )
-    raise SpecError("dag_id", f"unknown DAG; choose one of {list(PLAN_DAG_IDS)}", dag_id)
+        gke = gke_pipeline_from_conf(conf, dag_id=dag_id, run_id=run_id)
+        document, resolved = plan_document(dag_id, gke_plan(gke)), gke.resolved()
+    elif dag_id == TPU_VM_DAG_ID:
+        vm = tpu_vm_pipeline_from_conf(conf, dag_id=dag_id, run_id=run_id)
+        document, resolved = plan_document(dag_id, tpu_vm_plan(vm)), vm.resolved()
+    else:
+        raise SpecError("dag_id", f"unknown DAG; choose one of {list(PLAN_DAG_IDS)}", dag_id)
+    document["placeholders"] = {
+        field: {"value": value, "todo": PLACEHOLDERS[field][1]}
+        for field, value in placeholders(resolved).items()
+    }
+    return document
 
 
 def _load_conf(text: str | None) -> dict[str, Any] | None:
@@ -50,6 +65,12 @@ def _run_plan(args: argparse.Namespace) -> int:
         return 2
     json.dump(document, sys.stdout, indent=2 if args.pretty else None)
     sys.stdout.write("\n")
+    for field, found in document["placeholders"].items():
+        print(
+            f"tpu-rl plan: placeholder {field}={found['value']} (the form's example): "
+            f"{found['todo']}; validate refuses it",
+            file=sys.stderr,
+        )
     return 0
 
 

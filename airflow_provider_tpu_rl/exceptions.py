@@ -57,3 +57,11 @@ class KubernetesApiError(ClassifiedError):
 
     def __init__(self, message: str, kind: FailureKind = FailureKind.TRANSIENT) -> None:
         super().__init__(message, kind)
+
+
+class LeaseHeldError(TpuRlError):
+    """Another run holds the cluster's lease: ``cluster X is in use by run Y until <UTC time>``."""
+
+
+class LeaseLostError(TpuRlError):
+    """This run's cluster lease was released, taken over or keeps changing under it."""

@@ -123,6 +123,24 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "5",
                         "default": "3",
                     },
+                    "janitor_buckets": {
+                        "description": "Comma-separated buckets whose resource records "
+                        "(tpu-rl/resources/*.json) name the projects the janitor scans, besides the "
+                        "buckets named in the run ledger.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "my-tpu-rl-bucket,other-team-bucket",
+                        "default": "",
+                    },
+                    "orphan_minutes": {
+                        "description": "How long a running DAG run may have no running, queued, "
+                        "scheduled, deferred or up-for-retry task (and no change in its task states) "
+                        "before the janitor destroys its cluster or TPU VM.",
+                        "version_added": "0.1.0",
+                        "type": "float",
+                        "example": "60",
+                        "default": "30",
+                    },
                 },
             }
         },

@@ -33,6 +33,7 @@ from airflow_provider_tpu_rl.operators.pipeline import (
 )
 from airflow_provider_tpu_rl.spec import GKE_DEFAULTS, PRESETS, Runner, rules
 from airflow_provider_tpu_rl.spec.presets import presets_for
+from airflow_provider_tpu_rl.timeouts import job_timeout, task_timeout
 
 LEDGER_CONN_ID: Final = "tpu_rl_ledger"
 WATCHER_TASK_ID: Final = "watcher"
@@ -72,8 +73,15 @@ def model_field(runner: Runner, description: str) -> dict[str, Any]:
 
 def replace_example(key: str, what: str) -> str:
     """Help text for a field prefilled with an example value (the spec's default) to replace."""
-    return f"The prefilled {GKE_DEFAULTS[key]} is an example: replace it with {what}."
+    return f"The prefilled {GKE_DEFAULTS[key]} is an example: replace it with {what} (validate refuses it)."
 
+
+RUN_NAME_HELP: Final = (
+    "MaxText run_name: the folder of this run's checkpoints and export (trained/RUN_NAME/, "
+    "hf-trained/RUN_NAME/). Empty = a name unique to this DAG run, so every run trains its own "
+    "model. Give an earlier run's name only on purpose, to resume that run: it goes on from that "
+    "run's checkpoints, and never starts a second job on a folder a live job is writing."
+)
 
 REPLACE_BUCKET: Final = replace_example("bucket", "a bucket name of your own (bucket names are global)")
 
@@ -114,14 +122,14 @@ COMMON_FORM: Final[dict[str, dict[str, Any]]] = {
     "run_name": {
         "title": "Training run name",
         "section": MODEL,
-        "description": "MaxText run_name; empty = the preset's.",
+        "description": RUN_NAME_HELP,
         "type": ["null", "string"],
         "pattern": optional(rules.RUN_NAME),
     },
     "num_batches": {
         "title": "Training batches (steps)",
         "section": MODEL,
-        "description": "GRPO steps; the exported checkpoint is the one of the last step. Empty = 50.",
+        "description": "GRPO steps; the exported checkpoint is the one of the last step. Empty = 50 (at most 10,000,000).",
         "type": ["null", "integer"],
         "minimum": 1,
     },
@@ -129,12 +137,15 @@ COMMON_FORM: Final[dict[str, dict[str, Any]]] = {
         "title": "MaxText overrides",
         "section": MODEL,
         "description": (
-            'Extra train_rl key=value overrides as a JSON object, e.g. {"num_test_batches": 5}. Paths, '
-            "model_name, run_name and the HF token cannot be overridden."
+            'Extra train_rl key=value overrides as a JSON object, e.g. {"num_test_batches": 5}. Keys are '
+            "checked against the MaxText release that runs them (0.2.4 on GKE, 0.2.3 on the TPU VM) and "
+            "values against the key's type; paths, model_name, run_name, num_batches (use its field) "
+            "and the HF token cannot be set here."
         ),
         "type": "object",
         "propertyNames": {"pattern": rules.MAXTEXT_KEY.pattern},
-        "additionalProperties": {"type": ["string", "number", "boolean", "object", "array"]},
+        # null too: a NaN in the JSON reaches the task as null, and validate names it in one line
+        "additionalProperties": {"type": ["null", "string", "number", "boolean", "object", "array"]},
     },
     "hf_token_conn_id": {
         "title": "HF token connection",
@@ -175,10 +186,34 @@ def pipeline_callbacks(conn_id: str = LEDGER_CONN_ID) -> dict[str, Any]:
     return callbacks
 
 
+def bounded(stage: str) -> dict[str, Any]:
+    """``execution_timeout`` of a task of ``stage`` (:func:`~airflow_provider_tpu_rl.timeouts.task_timeout`).
+
+    Given to every task of the shipped DAGs. A job operator's own ``job_timeout`` defaults to a
+    little less (:func:`~airflow_provider_tpu_rl.timeouts.job_timeout`), so it cancels its job first.
+    """
+    return {"execution_timeout": task_timeout(stage)}
+
+
+def sensor_bounds() -> dict[str, Any]:
+    """A checkpoint sensor's ``timeout`` (how long it waits, deferred or not) and its task's bound.
+
+    In Airflow 3 a deferred task's wait is bounded by the trigger's timeout (the sensor's
+    ``timeout``), not by ``execution_timeout``: the worker's deferral request leaves it out
+    (airflow-core ``execution_api/routes/task_instances.py``, "TODO: HANDLE execution timeout
+    later"); Airflow 2.11 bounds it by both (``TaskInstance._defer_task``). Both are set, the
+    sensor's a little shorter so it fails with its own message.
+    """
+    return {
+        "timeout": job_timeout("checkpoint").total_seconds(),
+        "execution_timeout": task_timeout("checkpoint"),
+    }
+
+
 def validate_task() -> Any:
     """``validate``: refuse a bad conf (unknown keys included) before anything is spent."""
 
-    @task(task_id="validate", retries=0)
+    @task(task_id="validate", retries=0, **bounded("validate"))
     def validate() -> dict[str, Any]:
         """Check the whole conf with the spec; XCom the derived paths the sensors watch.
 
@@ -207,6 +242,7 @@ def record_run_task(cluster_task_ids: Sequence[str], **collect_options: Any) -> 
         teardown_task_ids=(),
         ignored_task_ids=(WATCHER_TASK_ID,),
         collect_options=collect_options,
+        **bounded("short"),
     ).as_teardown()
 
 
@@ -226,7 +262,7 @@ def add_watcher(dag: DAG) -> None:
     through their downstream tasks (upstream_failed).
     """
 
-    @task(task_id=WATCHER_TASK_ID, trigger_rule=TriggerRule.ONE_FAILED, retries=0)
+    @task(task_id=WATCHER_TASK_ID, trigger_rule=TriggerRule.ONE_FAILED, retries=0, **bounded("short"))
     def watcher() -> None:
         """Fail with one line naming the failed task(s) and the first line of each one's error."""
         context = get_current_context()

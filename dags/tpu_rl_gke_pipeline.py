@@ -8,7 +8,6 @@ calls a cloud API or renders a command at parse time.
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any, Final
 
 from airflow.providers.common.compat.sdk import DAG
@@ -35,12 +34,14 @@ from airflow_provider_tpu_rl.pipeline_dags import (
     SAFETY,
     WATCHER_TASK_ID,
     add_watcher,
+    bounded,
     chain_in_order,
     model_field,
     optional,
     pipeline_callbacks,
     pipeline_params,
     record_run_task,
+    sensor_bounds,
     validate_task,
     xcom,
 )
@@ -49,6 +50,7 @@ from airflow_provider_tpu_rl.spec import GKE_DAG_ID, GKE_DEFAULTS, Runner, rules
 from airflow_provider_tpu_rl.spec.cluster import CHIPS_PER_VM, V6E_TOPOLOGIES
 from airflow_provider_tpu_rl.spec.pipeline import GKE_TASK_ORDER
 from airflow_provider_tpu_rl.spec.presets import presets_for
+from airflow_provider_tpu_rl.timeouts import dagrun_timeout
 
 # Only for tasks whose failure can be transient (capacity, API 5xx, network).
 TRANSIENT_RETRIES: Final[dict[str, Any]] = transient_retries()
@@ -162,13 +164,7 @@ FORM: Final[dict[str, dict[str, Any]]] = {
         ),
         "type": "boolean",
     },
-    "run_name": {
-        "title": "Training run name",
-        "section": MODEL,
-        "description": "MaxText run_name (folder under trained/ and hf-trained/); empty = the preset's ('rl').",
-        "type": ["null", "string"],
-        "pattern": optional(rules.RUN_NAME),
-    },
+    # run_name: pipeline_dags.COMMON_FORM (empty = unique to the DAG run; a reused name resumes).
     "keep_cluster": {
         "title": "Keep the cluster",
         "section": SAFETY,
@@ -226,23 +222,31 @@ with DAG(
     render_template_as_native_obj=True,
     tags=["tpu-rl", "maxtext", "grpo", "gke", "pathways"],
     doc_md=DOC_MD,
+    # A backstop above the tasks' own bounds: a timed-out run skips its teardown (see timeouts).
+    dagrun_timeout=dagrun_timeout("gke"),
     default_args={"owner": "tpu-rl", "retries": 0, **pipeline_callbacks(LEDGER_CONN_ID)},
 ) as dag:
     validated = validate_task()
     args = gke_task_arguments(xcom)
     # Toolchain, APIs, permissions, reservation: one line per problem, before anything exists.
-    TpuRlPreflightOperator(task_id="preflight", **args["preflight"], **TRANSIENT_RETRIES)
+    TpuRlPreflightOperator(
+        task_id="preflight", **args["preflight"], **TRANSIENT_RETRIES, **bounded("preflight")
+    )
     ensure_bucket = EnsureBucketOperator(
-        task_id="ensure_bucket", **args["ensure_bucket"], **TRANSIENT_RETRIES
+        task_id="ensure_bucket", **args["ensure_bucket"], **TRANSIENT_RETRIES, **bounded("short")
     )
     deploy_cluster = GclusterDeployOperator(
-        task_id="deploy_cluster", **args["deploy_cluster"], **TRANSIENT_RETRIES
+        task_id="deploy_cluster", **args["deploy_cluster"], **TRANSIENT_RETRIES, **bounded("deploy")
     )
     sync_hf_token = HfTokenSecretOperator(
-        task_id="sync_hf_token", **args["sync_hf_token"], **TRANSIENT_RETRIES
+        task_id="sync_hf_token", **args["sync_hf_token"], **TRANSIENT_RETRIES, **bounded("short")
     )
     convert_to_maxtext = MaxTextConvertOperator(
-        task_id="convert_to_maxtext", deferrable=True, **args["convert_to_maxtext"], **TRANSIENT_RETRIES
+        task_id="convert_to_maxtext",
+        deferrable=True,
+        **args["convert_to_maxtext"],
+        **TRANSIENT_RETRIES,
+        **bounded("convert"),
     )
     wait_converted_checkpoint = MaxTextCheckpointSensor(
         task_id="wait_converted_checkpoint",
@@ -252,9 +256,11 @@ with DAG(
         items=("items",),
         deferrable=True,
         poke_interval=30,
-        timeout=timedelta(hours=1).total_seconds(),
+        **sensor_bounds(),
     )
-    train = PathwaysRLTrainOperator(task_id="train", deferrable=True, **args["train"], **TRANSIENT_RETRIES)
+    train = PathwaysRLTrainOperator(
+        task_id="train", deferrable=True, **args["train"], **TRANSIENT_RETRIES, **bounded("train")
+    )
     wait_actor_checkpoint = MaxTextCheckpointSensor(
         task_id="wait_actor_checkpoint",
         project_id=xcom("project"),
@@ -262,10 +268,14 @@ with DAG(
         step=xcom("final_step"),
         deferrable=True,
         poke_interval=60,
-        timeout=timedelta(hours=2).total_seconds(),
+        **sensor_bounds(),
     )
     export_to_huggingface = MaxTextExportOperator(
-        task_id="export_to_huggingface", deferrable=True, **args["export_to_huggingface"], **TRANSIENT_RETRIES
+        task_id="export_to_huggingface",
+        deferrable=True,
+        **args["export_to_huggingface"],
+        **TRANSIENT_RETRIES,
+        **bounded("export"),
     )
     wait_hf_export = HuggingFaceExportSensor(
         task_id="wait_hf_export",
@@ -273,12 +283,12 @@ with DAG(
         export_uri=xcom("export_uri"),
         deferrable=True,
         poke_interval=30,
-        timeout=timedelta(hours=1).total_seconds(),
+        **sensor_bounds(),
     )
     # The bucket is a setup too: once it exists the destroy runs, also after a deploy that failed
     # half-way (a stockout leaves a cluster without TPU nodes). It also owns delete_bucket.
     destroy_cluster = GclusterDestroyOperator(
-        task_id="destroy_cluster", **args["destroy_cluster"], **TRANSIENT_RETRIES
+        task_id="destroy_cluster", **args["destroy_cluster"], **TRANSIENT_RETRIES, **bounded("teardown")
     ).as_teardown(setups=[ensure_bucket, deploy_cluster])
 
     record_run = record_run_task(GKE_CLUSTER_TASK_IDS)

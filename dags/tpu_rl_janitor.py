@@ -1,10 +1,11 @@
-"""Destroy TPU-RL clusters and VMs whose ``tpu-rl-expires`` label has passed.
+"""Destroy TPU-RL clusters and VMs that are expired, unleased or orphaned by their run.
 
 Every GKE cluster and TPU VM the pipelines create carries ``tpu-rl-managed=true`` and
 ``tpu-rl-expires=<epoch seconds>`` (start of the run + ``max_cluster_hours``/``max_vm_hours``). A
 resource whose pipeline could not destroy it (failed teardown, ``keep_cluster``/``keep_vm``, a
-killed worker) is destroyed here within one janitor period after it expires. Buckets are never
-touched. The finding and destroying live in ``airflow_provider_tpu_rl.operators.janitor``; this DAG
+killed worker, a crashed run) is destroyed here within one janitor period after it expires, its
+lease expires, its run ends, or its run is orphaned for ``[tpu_rl] orphan_minutes``. Buckets are
+never touched. The finding and destroying live in ``airflow_provider_tpu_rl.operators.janitor``; this DAG
 only schedules them and logs what they did.
 """
 
@@ -14,13 +15,14 @@ import dataclasses
 import logging
 import time
 from collections.abc import Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from airflow.providers.common.compat.sdk import DAG, AirflowException, Param, get_current_context, task
 
 from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
 from airflow_provider_tpu_rl.spec import rules
+from airflow_provider_tpu_rl.timeouts import dagrun_timeout, task_timeout
 
 JANITOR_DAG_ID: Final = "tpu_rl_janitor"
 GCLUSTER_CONN_ID: Final = "gcluster_default"
@@ -32,11 +34,15 @@ DOC_MD = f"""
 # {JANITOR_DAG_ID}
 
 Every 30 minutes: lists the GKE clusters and Compute Engine TPU VMs labelled `tpu-rl-managed=true`
-in the given projects and destroys those whose `tpu-rl-expires` (epoch seconds) has passed. A
-forgotten cluster therefore bills at most one janitor period past its expiry. Buckets (and the
-models in them) are never deleted here.
+and destroys those whose `tpu-rl-expires` (epoch seconds) or lease has passed, whose DAG run has
+ended (unless kept), or whose DAG run is orphaned: still `running` with no task running, queued,
+scheduled, deferred or up for retry for `[tpu_rl] orphan_minutes` (default 30). A forgotten cluster
+therefore bills at most one janitor period past its expiry. Buckets (and the models in them) are
+never deleted here.
 
-- `projects`: project IDs to scan; empty = the project of the `{GCP_CONN_ID}` connection.
+- `projects`: project IDs to scan; empty = the project of the `{GCP_CONN_ID}` connection plus every
+  project named in the resource records (`tpu-rl/resources/*.json`) of the buckets in
+  `[tpu_rl] janitor_buckets` and in the run ledger.
 - `dry_run`: list what would be destroyed, destroy nothing.
 
 One failed destroy does not stop the others; the run fails afterwards so it shows, and the next
@@ -53,33 +59,25 @@ def describe(resource: Any) -> Any:
     return str(resource)
 
 
-def projects_to_scan(projects: list[str] | None) -> list[str]:
-    """The ``projects`` param, or the default Google Cloud connection's project when it is empty."""
-    if projects:
-        return list(dict.fromkeys(projects))
-    from airflow.providers.google.common.hooks.base_google import GoogleBaseHook
-
-    project = GoogleBaseHook(gcp_conn_id=GCP_CONN_ID).project_id
-    if not project:
-        raise AirflowException(f"no projects given and connection {GCP_CONN_ID!r} names no project")
-    return [project]
-
-
 with DAG(
     dag_id=JANITOR_DAG_ID,
-    description="Destroy expired tpu-rl clusters and TPU VMs (label tpu-rl-expires).",
+    description="Destroy expired, unleased or orphaned tpu-rl clusters and TPU VMs.",
     schedule="*/30 * * * *",
     start_date=datetime(2026, 1, 1, tzinfo=UTC),
     catchup=False,
     max_active_runs=1,
-    dagrun_timeout=timedelta(hours=6),
+    # Its one task ends itself first (janitor_timeout_minutes); a timed-out run only skips it.
+    dagrun_timeout=dagrun_timeout("janitor"),
     tags=["tpu-rl", "janitor"],
     doc_md=DOC_MD,
     params={
         "projects": Param(
             [],
             title="Projects",
-            description="Project IDs to scan; empty = the project of the google_cloud_default connection.",
+            description=(
+                "Project IDs to scan; empty = the google_cloud_default connection's project and every "
+                "project named in the resource records of the known buckets ([tpu_rl] janitor_buckets, the ledger)."
+            ),
             type="array",
             items={"type": "string", "pattern": rules.PROJECT_ID.pattern},
             uniqueItems=True,
@@ -94,21 +92,38 @@ with DAG(
     default_args={"owner": "tpu-rl", "retries": 0},
 ) as dag:
 
-    @task(task_id="destroy_expired", retries=0)
+    @task(task_id="destroy_expired", retries=0, execution_timeout=task_timeout("janitor"))
     def destroy_expired() -> dict[str, list[Any]]:
-        """Find the expired resources of every project, destroy each; fail after trying them all."""
-        from airflow_provider_tpu_rl.operators.janitor import destroy_resource, find_expired_resources
+        """Find the stale resources of every project, destroy each; fail after trying them all."""
+        from airflow_provider_tpu_rl.operators.janitor import (
+            destroy_resource,
+            discover_sources,
+            find_expired_resources,
+            run_probe,
+        )
 
         context = get_current_context()
         params = context["params"]
         hook = GclusterHook(gcluster_conn_id=GCLUSTER_CONN_ID)
         now = int(time.time())
-        # Airflow 3.1+: the state of the run that created a resource (None on older Airflow: the
-        # janitor then goes by the expiry label alone).
-        run_state = getattr(context.get("ti"), "get_dagrun_state", None)
+        # The buckets of [tpu_rl] janitor_buckets and the ledger, and the projects their resource
+        # records name (or exactly the `projects` param).
+        sources = discover_sources(params["projects"], gcp_conn_id=GCP_CONN_ID)
+        # DAG-run and task states of the runs holding the resources: the Task SDK on Airflow 3.1+,
+        # the metadata database on Airflow 2 (None on 3.0: expiry labels and leases alone).
+        runs = run_probe(context)
         report: dict[str, list[Any]] = {"found": [], "destroyed": [], "failed": []}
-        for project in projects_to_scan(params["projects"]):
-            expired = list(find_expired_resources(hook, project, now, run_state=run_state))
+        for project in sources.projects:
+            try:
+                expired = list(
+                    find_expired_resources(
+                        hook, project, now, runs=runs, sources=sources, gcp_conn_id=GCP_CONN_ID
+                    )
+                )
+            except Exception:
+                log.exception("could not scan project %s", project)
+                report["failed"].append({"project": project})
+                continue
             log.info("%s: %d expired tpu-rl resource(s)", project, len(expired))
             for resource in expired:
                 report["found"].append(describe(resource))
@@ -117,7 +132,9 @@ with DAG(
                     continue
                 log.warning("destroying expired %s", describe(resource))
                 try:
-                    destroy_resource(hook, resource)
+                    destroy_resource(
+                        hook, resource, gcp_conn_id=GCP_CONN_ID, janitor_run_id=str(context["run_id"])
+                    )
                 except Exception:
                     log.exception("could not destroy %s", describe(resource))
                     report["failed"].append(describe(resource))
@@ -130,7 +147,9 @@ with DAG(
             len(report["failed"]),
         )
         if report["failed"]:
-            raise AirflowException(f"{len(report['failed'])} expired resource(s) could not be destroyed")
+            raise AirflowException(
+                f"{len(report['failed'])} expired resource(s) or project(s) could not be destroyed or scanned"
+            )
         return report
 
     destroy_expired()

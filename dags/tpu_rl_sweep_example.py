@@ -7,8 +7,6 @@ argument is a plain, templated operator argument; nothing here depends on the pi
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from airflow.providers.common.compat.sdk import DAG, Param
 
 from airflow_provider_tpu_rl.operators.gke import (
@@ -23,7 +21,9 @@ from airflow_provider_tpu_rl.operators.maxtext import (
     PathwaysRLTrainOperator,
 )
 from airflow_provider_tpu_rl.operators.preflight import TpuRlPreflightOperator
+from airflow_provider_tpu_rl.pipeline_dags import bounded, sensor_bounds
 from airflow_provider_tpu_rl.sensors.checkpoint import HuggingFaceExportSensor, MaxTextCheckpointSensor
+from airflow_provider_tpu_rl.timeouts import dagrun_timeout
 
 MODEL = "qwen3-30b-a3b"
 LEARNING_RATES = {"a": 3e-6, "b": 1e-6}
@@ -45,6 +45,8 @@ with DAG(
         "sweep": Param("sweep", type="string", description="Prefix of the two runs' run_name."),
     },
     render_template_as_native_obj=True,
+    # A backstop above the tasks' own bounds: a timed-out run skips its teardown (see timeouts).
+    dagrun_timeout=dagrun_timeout("sweep"),
     default_args={"owner": "tpu-rl", "retries": 0},
 ) as dag:
     where = {"project_id": "{{ params.project }}", "location": "{{ params.region }}"}
@@ -69,9 +71,12 @@ with DAG(
         project_id="{{ params.project }}",
         zone="{{ params.zone }}",
         reservation="{{ params.reservation }}",
+        **bounded("preflight"),
     )
-    bucket = EnsureBucketOperator(task_id="ensure_bucket", **where, bucket="{{ params.bucket }}")
-    deploy = GclusterDeployOperator(task_id="deploy_cluster", **cluster)
+    bucket = EnsureBucketOperator(
+        task_id="ensure_bucket", **where, bucket="{{ params.bucket }}", **bounded("short")
+    )
+    deploy = GclusterDeployOperator(task_id="deploy_cluster", **cluster, **bounded("deploy"))
     token = HfTokenSecretOperator(
         task_id="sync_hf_token",
         project_id="{{ params.project }}",
@@ -79,11 +84,14 @@ with DAG(
             "{{ params.cluster_name }}-gke-wl-sa@{{ params.project }}.iam.gserviceaccount.com",
             "{{ params.cluster_name }}-gke-np-sa@{{ params.project }}.iam.gserviceaccount.com",
         ],
+        **bounded("short"),
     )
-    convert = MaxTextConvertOperator(task_id="convert_to_maxtext", deferrable=True, **job)
-    destroy = GclusterDestroyOperator(task_id="destroy_cluster", **cluster).as_teardown(
-        setups=[bucket, deploy]
+    convert = MaxTextConvertOperator(
+        task_id="convert_to_maxtext", deferrable=True, **job, **bounded("convert")
     )
+    destroy = GclusterDestroyOperator(
+        task_id="destroy_cluster", **cluster, **bounded("teardown")
+    ).as_teardown(setups=[bucket, deploy])
     preflight >> bucket >> deploy >> token >> convert
     for key, learning_rate in LEARNING_RATES.items():
         run_name = "{{ params.sweep }}-lr-" + key
@@ -94,6 +102,7 @@ with DAG(
             num_batches="{{ params.num_batches }}",
             train_overrides={"learning_rate": learning_rate},
             **job,
+            **bounded("train"),
         )
         wait_checkpoint = MaxTextCheckpointSensor(
             task_id=f"wait_checkpoint_{key}",
@@ -105,7 +114,7 @@ with DAG(
             step="{{ params.num_batches }}",
             deferrable=True,
             poke_interval=30,
-            timeout=timedelta(hours=2).total_seconds(),
+            **sensor_bounds(),
         )
         export = MaxTextExportOperator(
             task_id=f"export_{key}",
@@ -113,6 +122,7 @@ with DAG(
             run_name=run_name,
             checkpoint_step="{{ params.num_batches }}",
             **job,
+            **bounded("export"),
         )
         wait_export = HuggingFaceExportSensor(
             task_id=f"wait_export_{key}",
@@ -120,6 +130,6 @@ with DAG(
             prefix=f"{MODEL}/hf-trained/{run_name}/",
             deferrable=True,
             poke_interval=30,
-            timeout=timedelta(hours=1).total_seconds(),
+            **sensor_bounds(),
         )
         convert >> train >> wait_checkpoint >> export >> wait_export >> destroy

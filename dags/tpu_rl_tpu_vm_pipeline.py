@@ -8,7 +8,6 @@ command at parse time.
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any, Final
 
 from airflow.providers.common.compat.sdk import DAG
@@ -31,12 +30,14 @@ from airflow_provider_tpu_rl.pipeline_dags import (
     VM,
     WATCHER_TASK_ID,
     add_watcher,
+    bounded,
     chain_in_order,
     model_field,
     optional,
     pipeline_callbacks,
     pipeline_params,
     record_run_task,
+    sensor_bounds,
     validate_task,
     xcom,
 )
@@ -44,6 +45,7 @@ from airflow_provider_tpu_rl.sensors.checkpoint import HuggingFaceExportSensor, 
 from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID, TPU_VM_DEFAULTS, Runner, rules
 from airflow_provider_tpu_rl.spec.pipeline import TPU_VM_TASK_ORDER
 from airflow_provider_tpu_rl.spec.presets import presets_for
+from airflow_provider_tpu_rl.timeouts import dagrun_timeout
 
 # Only for tasks whose failure can be transient (capacity, API 5xx, network, apt/pip mirrors).
 TRANSIENT_RETRIES: Final[dict[str, Any]] = transient_retries()
@@ -101,13 +103,7 @@ FORM: Final[dict[str, dict[str, Any]]] = {
         "type": ["null", "string"],
         "pattern": optional(rules.HF_REPO_ID),
     },
-    "run_name": {
-        "title": "Training run name",
-        "section": MODEL,
-        "description": "MaxText run_name; empty = rl-<run suffix>, unique per DAG run.",
-        "type": ["null", "string"],
-        "pattern": optional(rules.RUN_NAME),
-    },
+    # run_name: pipeline_dags.COMMON_FORM (empty = unique to the DAG run; a reused name resumes).
     "keep_vm": {
         "title": "Keep the VM",
         "section": SAFETY,
@@ -156,6 +152,13 @@ after it and draws its curves into a PNG next to the checkpoints (link *Run Curv
 tasks and the first line of each one's error.
 """
 
+STAGE_OF_TASK: Final = {
+    "install_maxtext": "install",
+    "convert_to_maxtext": "convert",
+    "train": "train",
+    "export_to_huggingface": "export",
+}
+
 with DAG(
     dag_id=TPU_VM_DAG_ID,
     description="GRPO RL post-training with MaxText on one TPU v6e-8 VM (McJAX over SSH).",
@@ -165,21 +168,28 @@ with DAG(
     render_template_as_native_obj=True,
     tags=["tpu-rl", "maxtext", "grpo", "tpu-vm"],
     doc_md=DOC_MD,
+    # A backstop above the tasks' own bounds: a timed-out run skips its teardown (see timeouts).
+    dagrun_timeout=dagrun_timeout("tpu_vm"),
     default_args={"owner": "tpu-rl", "retries": 0, **pipeline_callbacks(LEDGER_CONN_ID)},
 ) as dag:
     validated = validate_task()
     args = tpu_vm_task_arguments(xcom)
     # Toolchain, APIs, permissions, reservation: one line per problem, before anything exists.
-    TpuRlPreflightOperator(task_id="preflight", **args["preflight"], **TRANSIENT_RETRIES)
+    TpuRlPreflightOperator(
+        task_id="preflight", **args["preflight"], **TRANSIENT_RETRIES, **bounded("preflight")
+    )
     ensure_bucket = EnsureBucketOperator(
-        task_id="ensure_bucket", **args["ensure_bucket"], **TRANSIENT_RETRIES
+        task_id="ensure_bucket", **args["ensure_bucket"], **TRANSIENT_RETRIES, **bounded("short")
     )
     sync_hf_token = HfTokenSecretOperator(
-        task_id="sync_hf_token", **args["sync_hf_token"], **TRANSIENT_RETRIES
+        task_id="sync_hf_token", **args["sync_hf_token"], **TRANSIENT_RETRIES, **bounded("short")
     )
-    create_vm = TpuVmCreateOperator(task_id="create_vm", **args["create_vm"], **TRANSIENT_RETRIES)
-    for task_id in ("install_maxtext", "convert_to_maxtext", "train", "export_to_huggingface"):
-        TpuVmStageOperator(task_id=task_id, **args[task_id], **TRANSIENT_RETRIES)
+    create_vm = TpuVmCreateOperator(
+        task_id="create_vm", **args["create_vm"], **TRANSIENT_RETRIES, **bounded("vm_create")
+    )
+    # Each stage is one SSH session, bounded by its stage's timeout (the session by a bit less).
+    for task_id, stage in STAGE_OF_TASK.items():
+        TpuVmStageOperator(task_id=task_id, **args[task_id], **TRANSIENT_RETRIES, **bounded(stage))
     wait_actor_checkpoint = MaxTextCheckpointSensor(
         task_id="wait_actor_checkpoint",
         project_id=xcom("project"),
@@ -187,7 +197,7 @@ with DAG(
         step=xcom("final_step"),
         deferrable=True,
         poke_interval=30,
-        timeout=timedelta(hours=1).total_seconds(),
+        **sensor_bounds(),
     )
     wait_hf_export = HuggingFaceExportSensor(
         task_id="wait_hf_export",
@@ -195,12 +205,12 @@ with DAG(
         export_uri=xcom("export_uri"),
         deferrable=True,
         poke_interval=30,
-        timeout=timedelta(hours=1).total_seconds(),
+        **sensor_bounds(),
     )
     # The bucket is a setup too: once it exists the delete runs, also after a create that failed
     # after a retry left a VM behind (deleting an absent VM succeeds). It also owns delete_bucket.
     delete_vm = TpuVmDeleteOperator(
-        task_id="delete_vm", **args["delete_vm"], **TRANSIENT_RETRIES
+        task_id="delete_vm", **args["delete_vm"], **TRANSIENT_RETRIES, **bounded("teardown")
     ).as_teardown(setups=[ensure_bucket, create_vm])
     record_run = record_run_task(
         TPU_VM_CLUSTER_TASK_IDS,

@@ -88,6 +88,25 @@ def test_tpu_vm_plan(capsys: pytest.CaptureFixture[str]) -> None:
         ("tpu_rl_gke_pipeline", "{not json", "conf"),
         ("tpu_rl_gke_pipeline", "[1, 2]", "conf"),
         ("tpu_rl_tpu_vm_pipeline", '{"vm_name": "A"}', "vm_name"),
+        # Wrong JSON types and non-finite numbers: one line naming the field, no traceback.
+        ("tpu_rl_gke_pipeline", '{"compute_type": ["ct6e-standard-4t"]}', "compute_type"),
+        ("tpu_rl_gke_pipeline", '{"num_slices": NaN}', "num_slices"),
+        ("tpu_rl_gke_pipeline", '{"max_cluster_hours": Infinity}', "max_cluster_hours"),
+        (
+            "tpu_rl_gke_pipeline",
+            '{"train_overrides": {"learning_rate": NaN}}',
+            "train_overrides.learning_rate",
+        ),
+        ("tpu_rl_gke_pipeline", '{"train_overrides": "lr=1"}', "train_overrides"),
+        (
+            "tpu_rl_gke_pipeline",
+            '{"train_overrides": {"lerning_rate": 1e-5}}',
+            "train_overrides.lerning_rate",
+        ),
+        ("tpu_rl_gke_pipeline", '{"train_overrides": {"num_batches": 5}}', "train_overrides.num_batches"),
+        ("tpu_rl_gke_pipeline", '{"num_batches": 1000000000000000000000000000000}', "num_batches"),
+        ("tpu_rl_tpu_vm_pipeline", '{"keep_vm": [true]}', "keep_vm"),
+        ("tpu_rl_tpu_vm_pipeline", '{"max_vm_hours": NaN}', "max_vm_hours"),
     ],
 )
 def test_bad_conf_exits_non_zero_with_one_line(
@@ -114,3 +133,24 @@ def test_hf_token_in_a_connection_never_reaches_the_plan() -> None:
         )  # fmt: skip
         assert SENTINEL not in result.stdout + result.stderr
         assert json.loads(result.stdout)["steps"]
+
+
+def test_the_forms_examples_are_planned_but_marked_as_placeholders(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = _plan(capsys, "tpu_rl_tpu_vm_pipeline")
+    assert code == 0
+    assert json.loads(out)["placeholders"] == {
+        "project": {"value": "my-tpu-project", "todo": "set project to your GCP project"},
+        "bucket": {"value": "my-tpu-rl-bucket", "todo": "set bucket to a Cloud Storage bucket name of yours"},
+        "reservation": {
+            "value": "my-v6e-8-reservation",
+            "todo": "set reservation to the name of your v6e-8 reservation",
+        },
+    }
+    assert "tpu-rl plan: placeholder project=my-tpu-project (the form's example)" in err
+    conf = {"project": "proj-123", "bucket": "bucket-123"}
+    code, out, err = _plan(capsys, "tpu_rl_gke_pipeline", "--conf", json.dumps(conf))
+    assert code == 0
+    assert json.loads(out)["placeholders"] == {}
+    assert err == ""

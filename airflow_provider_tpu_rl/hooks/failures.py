@@ -39,6 +39,14 @@ _TRANSIENT_PATTERNS = (
     re.compile(r"\bToo Many Requests\b", re.IGNORECASE),
     re.compile(r"connection reset", re.IGNORECASE),
     re.compile(r"connection refused", re.IGNORECASE),
+    # kubectl: "The connection to the server 34.1.2.3 was refused - did you specify the right host
+    # or port?"; Terraform wraps its messages at 78 columns ("connect:\nconnection refused").
+    re.compile(r"\bconnection to the server \S+ was refused", re.IGNORECASE),
+    re.compile(r"\bconnect:\s+connection refused", re.IGNORECASE),
+    # Terraform's state lock is held by another run (or an interrupted one, until it expires or
+    # is unlocked): "Error: Error acquiring the state lock" (internal/command/clistate/state.go,
+    # LockErrorMessage). gcluster plans with tfexec's "-lock-timeout=0s", so it fails at once.
+    re.compile(r"Error acquiring the state lock", re.IGNORECASE),
     re.compile(r"i/o timeout", re.IGNORECASE),
     re.compile(r"TLS handshake timeout", re.IGNORECASE),
     re.compile(r"context deadline exceeded|DEADLINE_EXCEEDED", re.IGNORECASE),
@@ -56,6 +64,8 @@ _TRANSIENT_PATTERNS = (
     re.compile(
         r"Connection timed out during banner exchange|Connection closed by remote host", re.IGNORECASE
     ),
+    # The keepalive of render/tpu_vm.SSH_FLAGS gave up (OpenSSH clientloop.c server_alive_check).
+    re.compile(r"Timeout, server \S+ not responding", re.IGNORECASE),
     # Compute Engine operations racing each other ("The resource '…' is not ready").
     re.compile(r"The resource '[^'\n]*' is not ready", re.IGNORECASE),
     re.compile(r"\bresourceNotReady\b"),

@@ -70,6 +70,12 @@ from airflow_provider_tpu_rl.hooks.toolchain import (
 )
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.render.command import Command
+from airflow_provider_tpu_rl.timeouts import (
+    command_timeout,
+    kill_grace_seconds,
+    stage_command_timeout,
+    terraform_lock_timeout,
+)
 
 __all__ = [
     "CommandError",
@@ -109,11 +115,47 @@ def _sha_setting(name: str, value: Any) -> Any:
     return value
 
 
+def _subcommand(command: Command) -> str | None:
+    return next((a for a in command.argv[1:] if not a.startswith("-")), None)
+
+
+def default_timeout(command: Command) -> float:
+    """Seconds a command may run when its caller gives no ``timeout``.
+
+    ``gcluster deploy`` and ``gcluster destroy`` get their task's bound less a margin
+    (:func:`~airflow_provider_tpu_rl.timeouts.stage_command_timeout`), so the command is stopped
+    and the task fails on its own before Airflow's ``execution_timeout``; every other call gets
+    ``[tpu_rl] command_timeout_minutes``.
+    """
+    sub = _subcommand(command) if command.tool == "gcluster" else None
+    if sub == "deploy":
+        return stage_command_timeout("deploy")
+    if sub == "destroy":
+        return stage_command_timeout("teardown")
+    return command_timeout()
+
+
+def terraform_env() -> dict[str, str]:
+    """Environment giving Terraform's state lock a wait: ``TF_CLI_ARGS_apply=-lock-timeout=Ns``.
+
+    gcluster runs Terraform through terraform-exec (cluster-toolkit v1.95.0 ``pkg/shell/
+    terraform.go``: ``tf.PlanJSON`` then ``tf.Apply``/``tf.ApplyJSON`` of the plan file, for
+    deploy and for destroy, which is ``plan -destroy`` + ``apply``). terraform-exec v0.24.0 passes
+    the worker's environment through (``tfexec/cmd.go`` ``buildEnv``: ``os.Environ()`` when no
+    ``SetEnv``, which gcluster never calls), and Terraform inserts ``TF_CLI_ARGS_<command>`` right
+    after the command name. ``apply`` gets no ``-lock-timeout`` from terraform-exec (its default
+    options have none), so ours holds; ``plan`` gets an explicit ``-lock-timeout=0s`` after it,
+    which wins (Go flags: last one), so a held lock fails the plan at once: that error is
+    transient (:mod:`~airflow_provider_tpu_rl.hooks.failures`) and the task's retries wait.
+    """
+    return {"TF_CLI_ARGS_apply": f"-lock-timeout={int(terraform_lock_timeout())}s"}
+
+
 def command_purpose(command: Command) -> str | None:
     """The toolchain a gcluster command needs: ``deploy``, ``jobs`` or ``None``."""
     if command.tool != "gcluster":
         return None
-    sub = next((a for a in command.argv[1:] if not a.startswith("-")), None)
+    sub = _subcommand(command)
     if sub in DEPLOY_SUBCOMMANDS:
         return "deploy"
     if sub == JOB_SUBCOMMAND:
@@ -465,6 +507,9 @@ class GclusterHook(BaseHook):
                 )
         elif command.stdin_text is not None:
             payload = command.stdin_text
+        extra_env = dict(toolchain.env) if toolchain else {}
+        if command_purpose(command) == "deploy":
+            extra_env.update(terraform_env())
         return prepare_process(
             [tool_path, *command.argv[1:]],
             command_env=command.env,
@@ -475,7 +520,7 @@ class GclusterHook(BaseHook):
             ok_if_output_contains=command.ok_if_output_contains,
             inherit_env=self.config.inherit_env,
             path_prepend=toolchain.bin_dirs if toolchain else (),
-            extra_env=toolchain.env if toolchain else None,
+            extra_env=extra_env,
         )
 
     @staticmethod
@@ -518,6 +563,10 @@ class GclusterHook(BaseHook):
     ) -> CommandResult:
         """Run ``command`` to the end and return its exit code and redacted output lines.
 
+        ``timeout`` (seconds) defaults to :func:`default_timeout`: no call runs unbounded. At the
+        timeout the command's process tree gets SIGTERM, then SIGKILL after ``[tpu_rl]
+        kill_grace_seconds``, and the result says ``timed_out``.
+
         ``secrets`` maps names to values: the one named by ``command.stdin_secret`` is written to
         stdin (exactly, no newline added), and all are masked. ``job_home`` keeps HOME (and so the
         ``gcluster job config set`` context) across calls; by default each call gets a fresh one.
@@ -538,8 +587,9 @@ class GclusterHook(BaseHook):
         return run_sync(
             prepared,
             on_line=self._line_logger(command, on_line, log_output),
-            timeout=timeout,
+            timeout=default_timeout(command) if timeout is None else timeout,
             register=lambda p: self._register(p, mine),
+            grace=kill_grace_seconds(),
         )
 
     def check_result(

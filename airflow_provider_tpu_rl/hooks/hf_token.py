@@ -165,3 +165,29 @@ def get_hf_token(
     return HuggingFaceTokenHook(
         hf_conn_id, secret_id=secret_id, secret_project_id=secret_project_id, gcp_conn_id=gcp_conn_id
     ).get_token()
+
+
+def token_digest(token: str, salt: bytes | None = None) -> str:
+    """``<salt hex>.<HMAC-SHA256(salt, token) hex>``: what the secret's annotation keeps.
+
+    A fresh random salt each time a version is stored; the token itself is never written anywhere
+    but the secret version.
+    """
+    import hashlib
+    import hmac
+    import secrets
+
+    key = salt if salt is not None else secrets.token_bytes(16)
+    return f"{key.hex()}.{hmac.new(key, token.encode(), hashlib.sha256).hexdigest()}"
+
+
+def token_matches_digest(token: str, digest: str | None) -> bool:
+    """Whether ``digest`` (from :func:`token_digest`) was made from ``token``; junk is no match."""
+    import hmac
+
+    salt_hex, _, _ = (digest or "").partition(".")
+    try:
+        salt = bytes.fromhex(salt_hex)
+    except ValueError:
+        return False
+    return bool(salt) and hmac.compare_digest(token_digest(token, salt), str(digest))

@@ -16,12 +16,21 @@ Object names and labels, checked at their sources:
   ``job-index``, ``restart-attempt``) and of the Job controller (``batch.kubernetes.io/job-completion-index``);
 * the Pathways head pod's ``workload-container`` prints MaxText's progress; its sidecars
   ``pathways-proxy``/``pathways-rm`` and the workers do not.
+
+Which run directory a JobSet writes: ``gcluster job submit`` has no label or annotation flag
+(cluster-toolkit ``cmd/job/submit.go``), so the operator records it right after the submit with a
+JSON merge patch of ``metadata.annotations`` (:data:`RUN_DIR_ANNOTATION`, :data:`RUN_ID_ANNOTATION`;
+a custom resource takes ``application/json-patch+json`` and ``application/merge-patch+json``, not
+the strategic merge patch: kubernetes ``apiextensions-apiserver/pkg/apiserver/customresource_handler.go``).
+A JobSet without them (submitted by hand, or the patch never came) is judged by its containers'
+``base_output_directory=``/``run_name=`` arguments: :func:`jobset_run_dir`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
+import shlex
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -49,6 +58,11 @@ COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 PATHWAYS_HEAD_JOB = "pathways-head"
 PATHWAYS_WORKLOAD_CONTAINER = "workload-container"
 MAIN_JOB = "main-job"
+# Annotation values may hold any string (a gs:// path); label values may not (63 characters of
+# [A-Za-z0-9_.-]): k8s.io/apimachinery pkg/api/validation ValidateAnnotations, pkg/util/validation.
+RUN_DIR_ANNOTATION = "tpu-rl.io/run-dir"
+RUN_ID_ANNOTATION = "tpu-rl.io/run-id"
+MERGE_PATCH = "application/merge-patch+json"
 
 API_TIMEOUT = 60.0  # one Kubernetes or GKE API call (not a log stream)
 CONNECT_TIMEOUT = 30.0
@@ -216,6 +230,84 @@ def container_phase(pod: Mapping[str, Any], container: str) -> str:
             if state.get(phase) is not None:
                 return phase
     return "waiting"
+
+
+# ------------------------------------------------------------------------------- run directories
+def run_dir(uri: str) -> str:
+    """A directory URI in one spelling (one trailing ``/``), so two spellings compare equal."""
+    return uri.rstrip("/") + "/"
+
+
+_ARG_RE = re.compile(r"^-{0,2}(base_output_directory|run_name)=(.*)$")
+
+
+def _container_scripts(obj: Mapping[str, Any]) -> list[str]:
+    """Every container's ``command`` + ``args`` in the JobSet's pod templates, one string each."""
+    scripts: list[str] = []
+    for rjob in (obj.get("spec") or {}).get("replicatedJobs") or []:
+        pod = ((((rjob or {}).get("template") or {}).get("spec") or {}).get("template") or {}).get(
+            "spec"
+        ) or {}
+        for container in [*(pod.get("initContainers") or []), *(pod.get("containers") or [])]:
+            words = [str(w) for w in (container.get("command") or []) + (container.get("args") or [])]
+            if words:
+                scripts.append(" ".join(words))
+    return scripts
+
+
+def command_run_dir(script: str) -> str | None:
+    """The directory a MaxText command line writes: ``base_output_directory`` joined with
+    ``run_name`` for a trainer (MaxText's ``<base_output_directory>/<run_name>/``), the directory
+    itself for a checkpoint conversion (``to_maxtext``/``to_huggingface`` ignore ``run_name``)."""
+    try:
+        words = shlex.split(script)
+    except ValueError:  # an unbalanced quote: fall back to whitespace
+        words = script.split()
+    found: dict[str, str] = {}
+    for word in words:
+        match = _ARG_RE.match(word)
+        if match:
+            found[match[1]] = match[2]
+    base = found.get("base_output_directory")
+    if not base:
+        return None
+    if "checkpoint_conversion" in script or not found.get("run_name"):
+        return run_dir(base)
+    return run_dir(f"{base.rstrip('/')}/{found['run_name']}")
+
+
+def jobset_run_dir(obj: Mapping[str, Any]) -> str | None:
+    """The run directory a JobSet writes: its :data:`RUN_DIR_ANNOTATION`, else what its
+    containers' MaxText arguments say; None when neither tells."""
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    if annotations.get(RUN_DIR_ANNOTATION):
+        return run_dir(str(annotations[RUN_DIR_ANNOTATION]))
+    for script in _container_scripts(obj):
+        found = command_run_dir(script)
+        if found:
+            return found
+    return None
+
+
+def jobset_run_id(obj: Mapping[str, Any]) -> str | None:
+    """The ``<dag_id>/<run_id>`` that submitted the JobSet (:data:`RUN_ID_ANNOTATION`), if recorded."""
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    value = annotations.get(RUN_ID_ANNOTATION)
+    return str(value) if value else None
+
+
+@dataclass(frozen=True)
+class RunDirJob:
+    """A JobSet that writes a given run directory."""
+
+    name: str
+    namespace: str
+    state: JobState
+    run_id: str | None  # None: not recorded on the JobSet (judged by its command)
+
+    @property
+    def live(self) -> bool:
+        return self.state not in (JobState.SUCCEEDED, JobState.FAILED)
 
 
 # ------------------------------------------------------------------------------------ log lines
@@ -406,6 +498,67 @@ class JobSetClient:
                 f"found JobSets named {name} in several namespaces {namespaces}", FailureKind.CONFIG
             )
         return items[0] if items else None
+
+    async def list_all(self, client: ApiClient) -> list[dict[str, Any]]:
+        """Every JobSet of the cluster, in every namespace."""
+        from kubernetes_asyncio.client import CustomObjectsApi
+
+        try:
+            listed = await CustomObjectsApi(client).list_cluster_custom_object(
+                JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL, _request_timeout=API_TIMEOUT
+            )
+        except Exception as err:
+            raise _api_error(err, "list JobSets") from err
+        items: list[dict[str, Any]] = listed.get("items") or []
+        return items
+
+    async def writing(self, client: ApiClient, directory: str) -> list[RunDirJob]:
+        """The JobSets (any state, any namespace) that write ``directory`` (:func:`jobset_run_dir`)."""
+        wanted = run_dir(directory)
+        found = []
+        for obj in await self.list_all(client):
+            if jobset_run_dir(obj) != wanted:
+                continue
+            metadata = obj.get("metadata") or {}
+            found.append(
+                RunDirJob(
+                    name=str(metadata.get("name")),
+                    namespace=str(metadata.get("namespace") or "default"),
+                    state=jobset_state(obj)[0],
+                    run_id=jobset_run_id(obj),
+                )
+            )
+        return found
+
+    async def annotate(
+        self, client: ApiClient, namespace: str, name: str, annotations: Mapping[str, str | None]
+    ) -> dict[str, Any] | None:
+        """Set (``None``: remove) annotations of the JobSet with a JSON merge patch (RFC 7386);
+        the patched object, None when the JobSet does not exist."""
+        from kubernetes_asyncio.client import CustomObjectsApi
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        body = {"metadata": {"annotations": dict(annotations)}}
+        try:
+            # Without _content_type the client sends a dict as application/json-patch+json (its
+            # first choice for a custom object); the stubs omit the parameter the code reads.
+            obj: dict[str, Any] = await CustomObjectsApi(client).patch_namespaced_custom_object(  # type: ignore[call-arg]
+                JOBSET_GROUP,
+                JOBSET_VERSION,
+                namespace,
+                JOBSET_PLURAL,
+                name,
+                body,
+                _content_type=MERGE_PATCH,
+                _request_timeout=API_TIMEOUT,
+            )
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise _api_error(err, f"annotate JobSet {namespace}/{name}") from err
+        except Exception as err:
+            raise _api_error(err, f"annotate JobSet {namespace}/{name}") from err
+        return obj
 
     async def get(self, client: ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
         """The JobSet ``namespace/name``; None when it does not exist (deleted, TTL-collected)."""

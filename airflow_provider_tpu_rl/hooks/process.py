@@ -12,6 +12,7 @@ import signal
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -186,12 +187,98 @@ def kill_process_group(pid: int, sig: int = signal.SIGTERM) -> None:
         os.killpg(pid, sig)
 
 
+def _stat(pid: int) -> tuple[int, int] | None:
+    """``(parent pid, process group)`` of a live process from ``/proc/PID/stat`` (Linux), else None."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp ...
+    if fields[0] == "Z":  # a zombie holds no resource; its parent reaps it
+        return None
+    return int(fields[1]), int(fields[2])
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid``, deepest first (empty where ``/proc`` is not available).
+
+    Terraform started by gcluster is one: terraform-exec runs it in a process group of its own
+    (hashicorp/terraform-exec v0.24.0, ``tfexec/cmd_linux.go``: ``Setpgid: true``), so signalling
+    gcluster's group alone never reaches it.
+    """
+    children: dict[int, list[int]] = {}
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return []
+    for entry in proc.iterdir():
+        if entry.name.isdigit() and (stat := _stat(int(entry.name))) is not None:
+            children.setdefault(stat[0], []).append(int(entry.name))
+    found: list[int] = []
+    stack = [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found[::-1]
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a live (not zombie) process is left in the group ``pgid``."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    members = (_stat(int(e.name)) for e in proc.iterdir() if e.name.isdigit())
+    return any(stat is not None and stat[1] == pgid for stat in members)
+
+
+def _signal(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
+
+
+def stop_tree(proc: subprocess.Popen[str], grace: float) -> None:
+    """Stop a process, its process group and every descendant outside that group.
+
+    Descendants in other groups (Terraform under gcluster) get SIGTERM first and up to ``grace``
+    seconds to exit (Terraform then stops cleanly and releases its state lock); then the group
+    gets SIGTERM and the same grace; whatever is left of either gets SIGKILL.
+    """
+    pgid = proc.pid
+    # Once the process is reaped its pid may be another's: only a live process's tree is walked.
+    tree = descendants(proc.pid) if proc.poll() is None else []
+    outside = [pid for pid in tree if (stat := _stat(pid)) is not None and stat[1] != pgid]
+    for pid in outside:
+        _signal(pid, signal.SIGTERM)
+    _wait_gone(lambda: any(_stat(pid) is not None for pid in outside), grace)
+    kill_process_group(pgid, signal.SIGTERM)
+    _wait_gone(lambda: proc.poll() is None or _group_alive(pgid), grace)
+    kill_process_group(pgid, signal.SIGKILL)
+    for pid in outside:
+        if _stat(pid) is not None:
+            _signal(pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace)
+
+
+def _wait_gone(alive: Callable[[], bool], grace: float) -> None:
+    deadline = time.monotonic() + grace
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 class SyncProcess:
     """One running process (sync): stream its lines, stop it on timeout or on request."""
 
-    def __init__(self, prepared: PreparedProcess) -> None:
+    def __init__(self, prepared: PreparedProcess, grace: float = KILL_GRACE_SECONDS) -> None:
         self.prepared = prepared
         self.timed_out = False
+        self.grace = grace
         self._proc: subprocess.Popen[str] | None = None
         self._lock = threading.Lock()
 
@@ -236,20 +323,18 @@ class SyncProcess:
         assert self._proc is not None
         return self._proc.wait()
 
-    def stop(self, *, timed_out: bool = False, grace: float = KILL_GRACE_SECONDS) -> None:
-        """SIGTERM the process group, SIGKILL it after ``grace`` seconds."""
+    def stop(self, *, timed_out: bool = False, grace: float | None = None) -> None:
+        """Stop the process tree (:func:`stop_tree`): SIGTERM, then SIGKILL after ``grace`` seconds.
+
+        Also when the process itself already exited: a child it left behind (holding the output
+        pipe open, or still running) goes too.
+        """
         with self._lock:
             proc = self._proc
-            if proc is None or proc.poll() is not None:
+            if proc is None:
                 return
             self.timed_out = self.timed_out or timed_out
-        kill_process_group(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            kill_process_group(proc.pid, signal.SIGKILL)
-        # Children left in the group (e.g. a kubectl the tool started) go too.
-        kill_process_group(proc.pid, signal.SIGKILL)
+        stop_tree(proc, self.grace if grace is None else grace)
 
 
 def run_sync(
@@ -258,9 +343,16 @@ def run_sync(
     on_line: Callable[[str], None],
     timeout: float | None,
     register: Callable[[SyncProcess | None], None] | None = None,
+    grace: float = KILL_GRACE_SECONDS,
 ) -> CommandResult:
-    """Run ``prepared`` to the end, calling ``on_line`` with every (redacted) line in order."""
-    process = SyncProcess(prepared)
+    """Run ``prepared`` to the end, calling ``on_line`` with every (redacted) line in order.
+
+    After ``timeout`` seconds the process tree is stopped (:meth:`SyncProcess.stop`, SIGTERM then
+    SIGKILL after ``grace`` seconds) and the result says ``timed_out``; the tree is stopped too when
+    the process ends (a child left behind) or when the caller is interrupted (the task's own
+    ``execution_timeout`` raises in this thread).
+    """
+    process = SyncProcess(prepared, grace)
     timer: threading.Timer | None = None
     try:
         process.start()

@@ -6,12 +6,14 @@ import json
 import shutil
 import time
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow.providers.common.compat.sdk import Context
+from airflow.providers.common.compat.sdk import AirflowFailException, Context
 
-from airflow_provider_tpu_rl.exceptions import ConfigurationError
+from airflow_provider_tpu_rl.exceptions import ConfigurationError, LeaseHeldError
+from airflow_provider_tpu_rl.hooks.lease import ClusterLeaseHook, Lease, held_message, utc_text
 from airflow_provider_tpu_rl.links import GKEClusterLink
 from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, expiry_of_run, fail_fast
 from airflow_provider_tpu_rl.render import gke
@@ -19,6 +21,7 @@ from airflow_provider_tpu_rl.render.blueprint import BLUEPRINT_RELPATH, customiz
 from airflow_provider_tpu_rl.spec import rules
 from airflow_provider_tpu_rl.spec.cluster import ClusterSpec
 from airflow_provider_tpu_rl.spec.pipeline import hf_token_spec, run_suffix
+from airflow_provider_tpu_rl.spec.preflight import parse_json_document, parse_json_list
 from airflow_provider_tpu_rl.spec.presets import BlueprintEdits, get_preset
 
 if TYPE_CHECKING:
@@ -102,14 +105,39 @@ class HfTokenSecretOperator(GclusterBaseOperator):
             )
             for a in self.reader_service_accounts or ()
         )
-        secrets: dict[str, str] = {}
         if sync:
             from airflow_provider_tpu_rl.hooks.hf_token import get_hf_token
 
-            secrets["hf_token"] = get_hf_token(token.conn_id)
-        for command in gke.hf_token_secret(project, token.secret_id, readers, sync=sync):
-            self.hook.run_checked(command, secrets=secrets)
+            self.store_token(project, token.secret_id, get_hf_token(token.conn_id))
+        for account in readers:
+            self.hook.run_checked(gke.grant_secret_accessor(project, token.secret_id, account))
         return token.secret_id
+
+    def store_token(self, project: str, secret_id: str, token: str) -> bool:
+        """A new version only when the token differs from the stored one (the secret's annotation
+        holds a salted HMAC of it); the older enabled versions are then disabled. Whether a version
+        was added."""
+        from airflow_provider_tpu_rl.hooks.hf_token import token_digest, token_matches_digest
+
+        self.hook.run_checked(gke.create_secret(project, secret_id))
+        described = self.hook.run_checked(gke.describe_secret(project, secret_id), log_output=False)
+        annotations = (parse_json_document(described.output_lines) or {}).get("annotations") or {}
+        if token_matches_digest(token, annotations.get(gke.TOKEN_DIGEST_ANNOTATION)):
+            self.log.info("secret %s already holds this HF token: no new version", secret_id)
+            return False
+        self.hook.run_checked(gke.add_secret_version(project, secret_id), secrets={"hf_token": token})
+        self.hook.run_checked(gke.annotate_secret_digest(project, secret_id, token_digest(token)))
+        listed = self.hook.run_checked(gke.list_secret_versions(project, secret_id), log_output=False)
+        enabled = sorted(
+            int(str(item["name"]).rsplit("/", 1)[-1])
+            for item in parse_json_list(listed.output_lines) or []
+            if isinstance(item, dict)
+            and item.get("state") == "ENABLED"
+            and str(item.get("name", "")).rsplit("/", 1)[-1].isdigit()
+        )
+        for version in enabled[:-1]:
+            self.hook.run_checked(gke.disable_secret_version(project, secret_id, str(version)))
+        return True
 
 
 class _ClusterOperator(GclusterBaseOperator):
@@ -217,13 +245,22 @@ def write_blueprint(
 def destroy_cluster(
     hook: GclusterHook, cluster: ClusterSpec, *, dag_id: str, run_id: str, expires_at: int
 ) -> None:
-    """Recreate the deployment folder on this worker (state is in GCS) and destroy from it."""
+    """Recreate the deployment folder on this worker (state is in GCS) and destroy from it.
+
+    No lease check here: the callers decide (the destroy task: this run's lease; the janitor:
+    the lease's expiry). The work folder is private and removed at the end.
+    """
     hook.require_toolchain("deploy")
     suffix = run_suffix(dag_id, run_id)
-    workdir = gke.default_workdir(cluster.cluster_name, suffix)
-    write_blueprint(hook, cluster, gke.managed_labels(dag_id, suffix, cluster.bucket, expires_at), workdir)
-    hook.run_checked(gke.recreate_deployment_folder(cluster, workdir), cwd=workdir)
-    hook.run_checked(gke.destroy(cluster, workdir), cwd=workdir)
+    workdir = gke.make_workdir(cluster.cluster_name, suffix)
+    try:
+        write_blueprint(
+            hook, cluster, gke.managed_labels(dag_id, suffix, cluster.bucket, expires_at), workdir
+        )
+        hook.run_checked(gke.recreate_deployment_folder(cluster, workdir), cwd=workdir)
+        hook.run_checked(gke.destroy(cluster, workdir), cwd=workdir)
+    finally:
+        gke.remove_workdir(workdir)
 
 
 def write_resource_record(gcp_conn_id: str, bucket: str, name: str, record: Mapping[str, Any]) -> None:
@@ -235,7 +272,52 @@ def write_resource_record(gcp_conn_id: str, bucket: str, name: str, record: Mapp
         object_name=gke.resource_record_object(name),
         data=json.dumps(dict(record), sort_keys=True),
         mime_type="application/json",
+        timeout=RECORD_TIMEOUT_S,
     )
+
+
+def read_resource_record(gcp_conn_id: str, bucket: str, name: str) -> dict[str, Any] | None:
+    """The resource record, or ``None`` when there is none (or it is not a JSON object)."""
+    from airflow.providers.google.cloud.hooks.gcs import GCSHook
+    from google.api_core.exceptions import NotFound
+
+    try:
+        raw = GCSHook(gcp_conn_id=gcp_conn_id).download(
+            bucket_name=bucket, object_name=gke.resource_record_object(name), timeout=RECORD_TIMEOUT_S
+        )
+    except NotFound:
+        return None
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+RECORD_TIMEOUT_S = 60
+# The least a lease lasts when taken (a late retry of deploy, close to the cluster's expiry).
+LEASE_MIN_SECONDS = 600
+
+
+def lease_ttl(expires_at: int, now: float | None = None) -> timedelta:
+    """How long the deploy's lease lasts: up to the cluster's expiry label (the run's start plus
+    ``max_cluster_hours``, when the janitor destroys the cluster anyway), so it covers the whole
+    run (conversion, training, export) without a renewal; at least ten minutes."""
+    left = expires_at - (time.time() if now is None else now)
+    return timedelta(seconds=max(left, LEASE_MIN_SECONDS))
+
+
+def take_cluster_lease(
+    gcp_conn_id: str, cluster: ClusterSpec, *, dag_id: str, run_id: str, expires_at: int
+) -> Lease:
+    """Take (or renew) the cluster's lease for this run; another run's live lease fails the task
+    in one line ("cluster X is in use by run Y until ...")."""
+    try:
+        return ClusterLeaseHook(gcp_conn_id=gcp_conn_id).acquire(
+            cluster.bucket, cluster.cluster_name, dag_id=dag_id, run_id=run_id, ttl=lease_ttl(expires_at)
+        )
+    except LeaseHeldError as err:
+        raise AirflowFailException(str(err)) from None
 
 
 class GclusterDeployOperator(_ClusterOperator):
@@ -279,6 +361,16 @@ class GclusterDeployOperator(_ClusterOperator):
         self.hook.require_toolchain("deploy")
         dag_id, run_id = self.run_ids(context)
         expires_at = expiry_of_run(context, rules.integer("max_cluster_hours", self.max_cluster_hours, 1))
+        # The lease first: a run that does not hold it never writes the record nor deploys.
+        lease = take_cluster_lease(
+            self.gcp_conn_id, cluster, dag_id=dag_id, run_id=run_id, expires_at=expires_at
+        )
+        self.log.info(
+            "cluster %s: lease held by run %s until %s",
+            cluster.cluster_name,
+            lease.holder,
+            utc_text(lease.expires_at),
+        )
         write_resource_record(
             self.gcp_conn_id,
             cluster.bucket,
@@ -295,38 +387,102 @@ class GclusterDeployOperator(_ClusterOperator):
             },
         )
         suffix = run_suffix(dag_id, run_id)
-        workdir = gke.default_workdir(cluster.cluster_name, suffix)
         labels = gke.managed_labels(dag_id, suffix, cluster.bucket, expires_at)
-        write_blueprint(self.hook, cluster, labels, workdir)
-        started = time.time()
-        # No project-level grants: the blueprint's service-account modules hold the roles.
-        self.hook.run_checked(gke.deploy(cluster, workdir), cwd=workdir)
+        workdir = gke.make_workdir(cluster.cluster_name, suffix)
+        try:
+            write_blueprint(self.hook, cluster, labels, workdir)
+            started = time.time()
+            # No project-level grants: the blueprint's service-account modules hold the roles.
+            self.hook.run_checked(gke.deploy(cluster, workdir), cwd=workdir)
+            deploy_seconds = round(time.time() - started, 3)
+        finally:
+            gke.remove_workdir(workdir)
+        # Renewed after the deploy (which may take long): the lease still runs to the expiry.
+        lease = ClusterLeaseHook(gcp_conn_id=self.gcp_conn_id).renew(
+            cluster.bucket, lease, lease_ttl(expires_at)
+        )
         return {
             "cluster_name": cluster.cluster_name,
             "chips": cluster.total_chips,
-            "deploy_seconds": round(time.time() - started, 3),
+            "deploy_seconds": deploy_seconds,
             "expires_at": expires_at,
+            "lease_expires_at": int(lease.expires_at),
         }
 
 
 class GclusterDestroyOperator(_ClusterOperator):
     """Destroy the cluster from its GCS state on any worker; an absent cluster is success.
 
+    Only a cluster this run holds the lease of is destroyed (or, with no lease at all, one whose
+    resource record says this run created it): a run that failed before taking the lease, or
+    found the cluster in use by another run, leaves it alone. The lease is released at the end
+    (with ``keep_cluster``: marked kept, for a later run naming the cluster to take over), and
+    the cluster's ``secretAccessor`` bindings on the HF token secret are removed.
+
     Takes the same arguments as :class:`GclusterDeployOperator`, plus:
 
     :param keep_cluster: leave the cluster running (it bills until its expiry).
     :param delete_bucket: also delete the bucket, **with every checkpoint and export in it**.
+    :param hf_token_conn_id: the HF token's connection (names the default secret).
+    :param hf_token_secret: the HF token secret the cluster's service accounts were granted.
     """
 
     ui_color = "#ffd9d4"
-    template_fields: Sequence[str] = (*_ClusterOperator.template_fields, "keep_cluster", "delete_bucket")
+    template_fields: Sequence[str] = (
+        *_ClusterOperator.template_fields,
+        "keep_cluster",
+        "delete_bucket",
+        "hf_token_conn_id",
+        "hf_token_secret",
+    )
 
     def __init__(
-        self, *, keep_cluster: bool | str = False, delete_bucket: bool | str = False, **kwargs: Any
+        self,
+        *,
+        keep_cluster: bool | str = False,
+        delete_bucket: bool | str = False,
+        hf_token_conn_id: str = "huggingface_default",
+        hf_token_secret: str | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.keep_cluster = keep_cluster
         self.delete_bucket = delete_bucket
+        self.hf_token_conn_id = hf_token_conn_id
+        self.hf_token_secret = hf_token_secret
+
+    def owned_lease(self, cluster: ClusterSpec, dag_id: str, run_id: str) -> tuple[bool, Lease | None]:
+        """Whether this run may tear the cluster down, and its lease (``None``: nobody's)."""
+        lease = ClusterLeaseHook(gcp_conn_id=self.gcp_conn_id).read(cluster.bucket, cluster.cluster_name)
+        holder = f"{dag_id}/{run_id}"
+        if lease is not None:
+            if lease.holder == holder:
+                return True, lease
+            if lease.kept:
+                why = f"cluster {cluster.cluster_name} is kept by run {lease.holder}"
+            elif lease.expired():
+                why = (
+                    f"cluster {cluster.cluster_name} is leased to run {lease.holder} (expired: the janitor's)"
+                )
+            else:
+                why = held_message(lease)
+            self.log.warning("%s: this run does not hold its lease and leaves it alone", why)
+            return False, lease
+        record = read_resource_record(self.gcp_conn_id, cluster.bucket, cluster.cluster_name)
+        if record is not None and f"{record.get('dag_id')}/{record.get('run_id')}" == holder:
+            return True, None
+        self.log.warning(
+            "cluster %s: nobody holds its lease and this run did not create it (record: %s): left alone",
+            cluster.cluster_name,
+            f"run {record.get('dag_id')}/{record.get('run_id')}" if record else "none",
+        )
+        return False, None
+
+    def revoke_secret_access(self, cluster: ClusterSpec) -> None:
+        """Remove the destroyed cluster's ``secretAccessor`` bindings on the HF token secret."""
+        token = hf_token_spec(self.hf_token_conn_id, self.hf_token_secret or None)
+        for account in (cluster.workload_service_account, cluster.node_pool_service_account):
+            self.hook.run_checked(gke.revoke_secret_accessor(cluster.project, token.secret_id, account))
 
     @fail_fast
     def execute(self, context: Context) -> dict[str, Any]:
@@ -335,17 +491,40 @@ class GclusterDestroyOperator(_ClusterOperator):
             rules.boolean("keep_cluster", self.keep_cluster),
             rules.boolean("delete_bucket", self.delete_bucket),
         )
+        dag_id, run_id = self.run_ids(context)
+        owned, lease = self.owned_lease(cluster, dag_id, run_id)
+        leases = ClusterLeaseHook(gcp_conn_id=self.gcp_conn_id)
         destroyed = False
-        if keep:
+        if not owned:
+            pass
+        elif keep:
             self.log.warning("keep_cluster=true: cluster %s is left running (it bills)", cluster.cluster_name)
+            if lease is not None:
+                leases.release(cluster.bucket, lease, keep=True)
+                self.log.info(
+                    "cluster %s: lease marked kept, for a later run to take over", cluster.cluster_name
+                )
         else:
-            dag_id, run_id = self.run_ids(context)
             expires_at = expiry_of_run(context, rules.integer("max_cluster_hours", self.max_cluster_hours, 1))
             destroy_cluster(self.hook, cluster, dag_id=dag_id, run_id=run_id, expires_at=expires_at)
             destroyed = True
-        if delete_bucket:
+            self.revoke_secret_access(cluster)
+            if lease is not None:
+                leases.release(cluster.bucket, lease)
+        bucket_deleted = False
+        if delete_bucket and not owned and lease is not None:
+            self.log.warning(
+                "delete_bucket=true ignored: gs://%s holds the lease of run %s", cluster.bucket, lease.holder
+            )
+        elif delete_bucket:
             self.log.warning(
                 "delete_bucket=true: deleting gs://%s and every checkpoint in it", cluster.bucket
             )
             self.hook.run_checked(gke.delete_bucket(cluster.bucket))
-        return {"cluster_name": cluster.cluster_name, "destroyed": destroyed, "bucket_deleted": delete_bucket}
+            bucket_deleted = True
+        return {
+            "cluster_name": cluster.cluster_name,
+            "destroyed": destroyed,
+            "bucket_deleted": bucket_deleted,
+            "lease_holder": lease.holder if lease is not None else None,
+        }

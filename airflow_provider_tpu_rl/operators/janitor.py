@@ -1,27 +1,65 @@
 """Find and destroy what this provider created and nobody will destroy any more.
 
-A cluster or TPU VM is stale when its ``tpu-rl-expires`` label has passed, or when the DAG run that
-created it is no longer running and did not ask to keep it (its record in the bucket says which
-run that was). Buckets are never touched.
+A managed cluster or TPU VM (label ``tpu-rl-managed=true``) is judged, in this order:
+
+1. A cluster whose lease (``gs://BUCKET/tpu-rl/leases/CLUSTER.json``) is *kept* (a ``keep_cluster``
+   hand-over) is left alone until the later of the lease's expiry and its ``tpu-rl-expires`` label.
+2. Past its ``tpu-rl-expires`` label: destroyed (``max_cluster_hours``/``max_vm_hours`` are hard caps).
+3. A cluster whose lease has expired: destroyed (its holder stopped renewing it).
+4. The run that holds it (the lease's holder; without a lease, the run in its resource record
+   ``gs://BUCKET/tpu-rl/resources/NAME.json``), unless that run kept it:
+   - its DAG run has ended (success, failed): destroyed;
+   - its DAG run is ``running`` but none of its task instances is running, queued, scheduled,
+     deferred, up for retry/reschedule or restarting, and its task states have not changed for
+     ``[tpu_rl] orphan_minutes``: orphaned, destroyed. "For" is measured from the first janitor scan
+     that saw it so, which writes a marker ``gs://BUCKET/tpu-rl/janitor/orphans/NAME.json``; a scan
+     that sees a live task or changed task states removes or restarts it.
+   - a run this Airflow does not know (deleted, or of another Airflow) protects nothing and
+     condemns nothing: only rules 1-3 apply.
+
+Before destroying a cluster the janitor takes its lease over (a conditional write naming the
+generation it judged), so a run that took the cluster meanwhile keeps it; the lease is released
+after the destroy. Buckets, records and everything else in them are never deleted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 from airflow.providers.common.compat.sdk import AirflowException
 
 from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
+from airflow_provider_tpu_rl.hooks.lease import ClusterLeaseHook, Lease, lease_object
+from airflow_provider_tpu_rl.janitor_sources import (
+    ALIVE_TASK_STATES,
+    DagRunStateOnly,
+    JanitorSources,
+    RunProbe,
+    discover_sources,
+    orphan_minutes,
+    run_probe,
+)
 from airflow_provider_tpu_rl.operators.gke import cluster_spec, destroy_cluster
 from airflow_provider_tpu_rl.render import gke, tpu_vm
 from airflow_provider_tpu_rl.render.command import Command
 
+log = logging.getLogger(__name__)
+
 RunState = Callable[[str, str], str]
 ACTIVE_RUN_STATES = frozenset({"queued", "running"})
+ORPHAN_PREFIX = "tpu-rl/janitor/orphans/"
+JANITOR_DAG_ID = "tpu_rl_janitor"
+# How long the janitor holds a cluster's lease while it destroys it (a hung destroy is killed
+# well before: the teardown timeout); released as soon as the destroy ends.
+JANITOR_LEASE_SECONDS = 3 * 3600
+GCS_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -35,6 +73,8 @@ class ManagedResource:
     expires_at: int | None
     bucket: str | None
     reason: str = ""
+    holder: str = ""  # the run judged: ``dag_id/run_id`` of the lease or of the record
+    lease_generation: int = 0  # generation of the lease the janitor judged (0: none)
 
 
 def parse_json_listing(lines: Iterable[str]) -> list[dict[str, Any]]:
@@ -82,21 +122,153 @@ def _candidates(hook: GclusterHook, project: str) -> list[ManagedResource]:
     return found
 
 
+def _gcs(gcp_conn_id: str) -> Any:
+    from airflow.providers.google.cloud.hooks.gcs import GCSHook
+
+    return GCSHook(gcp_conn_id=gcp_conn_id)
+
+
+def _download_json(gcp_conn_id: str, bucket: str, name: str) -> dict[str, Any] | None:
+    from google.api_core.exceptions import NotFound
+
+    blob = _gcs(gcp_conn_id).get_conn().bucket(bucket).blob(name)
+    try:
+        raw = blob.download_as_bytes(timeout=GCS_TIMEOUT_S)
+    except NotFound:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def read_record(gcp_conn_id: str, bucket: str | None, name: str) -> dict[str, Any] | None:
     """The resource record the creating task wrote, or None."""
     if not bucket:
         return None
-    from airflow.providers.google.cloud.hooks.gcs import GCSHook
+    return _download_json(gcp_conn_id, bucket, gke.resource_record_object(name))
+
+
+def orphan_marker_object(name: str) -> str:
+    """Where the janitor notes when it first saw ``name``'s run without a live task."""
+    return f"{ORPHAN_PREFIX}{name}.json"
+
+
+def _delete_object(gcp_conn_id: str, bucket: str, name: str) -> None:
     from google.api_core.exceptions import NotFound
 
-    try:
-        raw = GCSHook(gcp_conn_id=gcp_conn_id).download(
-            bucket_name=bucket, object_name=gke.resource_record_object(name)
-        )
-    except NotFound:
+    blob = _gcs(gcp_conn_id).get_conn().bucket(bucket).blob(name)
+    with contextlib.suppress(NotFound):
+        blob.delete(timeout=GCS_TIMEOUT_S)
+
+
+def clear_orphan_marker(gcp_conn_id: str, bucket: str, name: str) -> None:
+    """Forget a first-seen-orphaned marker (its run is alive again, or the resource is gone)."""
+    _delete_object(gcp_conn_id, bucket, orphan_marker_object(name))
+
+
+def orphaned_since(
+    gcp_conn_id: str, bucket: str, name: str, holder: str, states: Mapping[str, str | None], now: float
+) -> float:
+    """When the janitor first saw ``holder`` without a live task and with these task states.
+
+    The marker is rewritten (the clock restarts) when the holder or the task states differ from
+    the ones it noted: a run that made progress between two scans is not orphaned.
+    """
+    noted = {str(task): state for task, state in sorted(states.items())}
+    marker = _download_json(gcp_conn_id, bucket, orphan_marker_object(name))
+    if marker and marker.get("holder") == holder and marker.get("task_states") == noted:
+        first_seen = marker.get("first_seen")
+        if isinstance(first_seen, int | float):
+            return float(first_seen)
+    body = {
+        "holder": holder,
+        "first_seen": now,
+        "first_seen_utc": _iso(now),
+        "task_states": noted,
+    }
+    _gcs(gcp_conn_id).upload(
+        bucket_name=bucket,
+        object_name=orphan_marker_object(name),
+        data=json.dumps(body, sort_keys=True),
+        mime_type="application/json",
+        timeout=int(GCS_TIMEOUT_S),
+    )
+    return now
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).isoformat()
+
+
+def _read_lease(gcp_conn_id: str, resource: ManagedResource) -> Lease | None:
+    if resource.kind != "cluster" or not resource.bucket:
         return None
-    record = json.loads(raw)
-    return record if isinstance(record, dict) else None
+    return ClusterLeaseHook(gcp_conn_id=gcp_conn_id).read(resource.bucket, resource.name)
+
+
+def _judge(
+    resource: ManagedResource,
+    now: float,
+    runs: RunProbe | None,
+    orphan_seconds: float,
+    gcp_conn_id: str,
+) -> ManagedResource:
+    """The resource with ``reason`` set when it must be destroyed (see the module's rules)."""
+    lease = _read_lease(gcp_conn_id, resource)
+    if lease is not None:
+        resource = replace(resource, holder=lease.holder, lease_generation=lease.generation)
+        if lease.kept:
+            until = max(lease.expires_at, float(resource.expires_at or 0))
+            if until <= now:
+                return replace(resource, reason=f"kept by run {lease.holder}; expired at {_iso(until)}")
+            return resource
+    if resource.expires_at is not None and resource.expires_at <= now:
+        return replace(resource, reason=f"expired at {_iso(resource.expires_at)}")
+    if lease is not None and lease.expired(now):
+        return replace(
+            resource, reason=f"the lease of run {lease.holder} expired at {_iso(lease.expires_at)}"
+        )
+    if runs is None:
+        return resource
+    record = read_record(gcp_conn_id, resource.bucket, resource.name)
+    if lease is not None:
+        dag_id, run_id = lease.dag_id, lease.run_id
+        kept = bool(
+            record and record.get("keep") and f"{record.get('dag_id')}/{record.get('run_id')}" == lease.holder
+        )
+    elif record is not None:
+        dag_id, run_id = str(record["dag_id"]), str(record["run_id"])
+        kept = bool(record.get("keep"))
+        resource = replace(resource, holder=f"{dag_id}/{run_id}")
+    else:
+        return resource
+    if kept:
+        return resource  # kept: only its expiry ends it
+    state = runs.dagrun_state(dag_id, run_id)
+    if state is None:
+        return resource  # a run this Airflow does not know: the expiry and the lease decide
+    if state not in ACTIVE_RUN_STATES:
+        return replace(resource, reason=f"its DAG run {dag_id}/{run_id} is {state}")
+    if state != "running" or not resource.bucket:
+        return resource
+    states = runs.task_states(dag_id, run_id)
+    if states is None:
+        return resource
+    if any(task_state in ALIVE_TASK_STATES for task_state in states.values()):
+        clear_orphan_marker(gcp_conn_id, resource.bucket, resource.name)
+        return resource
+    since = orphaned_since(gcp_conn_id, resource.bucket, resource.name, f"{dag_id}/{run_id}", states, now)
+    if now - since >= orphan_seconds:
+        return replace(
+            resource,
+            reason=(
+                f"orphaned: its DAG run {dag_id}/{run_id} is running but none of its tasks has been "
+                f"alive since {_iso(since)}"
+            ),
+        )
+    return resource
 
 
 def find_expired_resources(
@@ -105,43 +277,104 @@ def find_expired_resources(
     now: float,
     *,
     run_state: RunState | None = None,
+    runs: RunProbe | None = None,
+    sources: JanitorSources | None = None,
+    orphan_seconds: float | None = None,
     gcp_conn_id: str = "google_cloud_default",
 ) -> list[ManagedResource]:
-    """Managed resources of ``project`` that are past their expiry or orphaned by their run."""
+    """Managed resources of ``project`` that are past their expiry, their lease, or their run.
+
+    ``runs`` reads DAG-run and task states (``janitor_sources.run_probe``); ``run_state`` alone
+    (a ``(dag_id, run_id) -> state`` callable) judges ended runs but finds no orphans. Without
+    either the expiry labels and leases decide. ``sources`` finds the record of a resource whose
+    bucket is not in its labels. ``orphan_seconds`` defaults to ``[tpu_rl] orphan_minutes``.
+    """
+    probe = runs if runs is not None else (DagRunStateOnly(run_state) if run_state is not None else None)
+    orphan_after = orphan_minutes() * 60.0 if orphan_seconds is None else orphan_seconds
     stale: list[ManagedResource] = []
     for resource in _candidates(hook, project):
-        reason = ""
-        if resource.expires_at is not None and resource.expires_at <= now:
-            reason = f"expired at {datetime.fromtimestamp(resource.expires_at, UTC).isoformat()}"
-        elif run_state is not None:
-            record = read_record(gcp_conn_id, resource.bucket, resource.name)
-            if record and not record.get("keep"):
-                state = run_state(str(record["dag_id"]), str(record["run_id"]))
-                if state not in ACTIVE_RUN_STATES:
-                    reason = f"its DAG run {record['dag_id']}/{record['run_id']} is {state}"
-        if reason:
-            stale.append(ManagedResource(**{**resource.__dict__, "reason": reason}))
+        if resource.bucket is None and sources is not None:
+            resource = replace(resource, bucket=sources.bucket_of(project, resource.name))
+        judged = _judge(resource, now, probe, orphan_after, gcp_conn_id)
+        if judged.reason:
+            stale.append(judged)
     return stale
 
 
+def take_lease(
+    gcp_conn_id: str, resource: ManagedResource, *, dag_id: str, run_id: str, now: float | None = None
+) -> Lease | None:
+    """Take ``resource``'s lease for the janitor if it is still the one judged; None if it changed."""
+    from google.api_core.exceptions import PreconditionFailed
+
+    if not resource.bucket:
+        return None
+    start = time.time() if now is None else now
+    mine = Lease(resource.name, dag_id, run_id, start + JANITOR_LEASE_SECONDS, 0)
+    blob = _gcs(gcp_conn_id).get_conn().bucket(resource.bucket).blob(lease_object(resource.name))
+    try:
+        blob.upload_from_string(
+            mine.payload(),
+            content_type="application/json",
+            if_generation_match=resource.lease_generation,
+            timeout=GCS_TIMEOUT_S,
+        )
+    except PreconditionFailed:
+        return None
+    return replace(mine, generation=int(blob.generation or 0))
+
+
 def destroy_resource(
-    hook: GclusterHook, resource: ManagedResource, *, gcp_conn_id: str = "google_cloud_default"
+    hook: GclusterHook,
+    resource: ManagedResource,
+    *,
+    gcp_conn_id: str = "google_cloud_default",
+    janitor_run_id: str | None = None,
 ) -> None:
-    """Delete a VM, or destroy a cluster from its Terraform state in GCS (found via its record)."""
+    """Delete a VM, or destroy a cluster from its Terraform state in GCS (found via its record).
+
+    A cluster's lease is taken over first (only if it is still the one judged: a run that took
+    the cluster since keeps it) and released after the destroy.
+    """
     if resource.kind == "vm":
         command: Command = tpu_vm.delete_vm_named(resource.project, resource.location, resource.name)
         hook.run_checked(command)
+        if resource.bucket:
+            clear_orphan_marker(gcp_conn_id, resource.bucket, resource.name)
         return
     record = read_record(gcp_conn_id, resource.bucket, resource.name)
-    if record is None:
+    if record is None or not resource.bucket:
         raise AirflowException(
             f"cluster {resource.name}: no record gs://{resource.bucket}/{gke.resource_record_object(resource.name)}; "
             "destroy it by hand with `gcluster destroy`"
         )
-    destroy_cluster(
-        hook,
-        cluster_spec(record["cluster"], record.get("model")),
-        dag_id=str(record["dag_id"]),
-        run_id=str(record["run_id"]),
-        expires_at=int(record.get("expires_at") or 0),
+    lease = take_lease(
+        gcp_conn_id, resource, dag_id=JANITOR_DAG_ID, run_id=janitor_run_id or f"janitor-{int(time.time())}"
     )
+    if lease is None:
+        raise AirflowException(
+            f"cluster {resource.name}: its lease changed since the janitor judged it; left for the next scan"
+        )
+    try:
+        destroy_cluster(
+            hook,
+            cluster_spec(record["cluster"], record.get("model")),
+            dag_id=str(record["dag_id"]),
+            run_id=str(record["run_id"]),
+            expires_at=int(record.get("expires_at") or 0),
+        )
+        clear_orphan_marker(gcp_conn_id, resource.bucket, resource.name)
+    finally:
+        ClusterLeaseHook(gcp_conn_id=gcp_conn_id).release(resource.bucket, lease)
+
+
+__all__ = [
+    "ManagedResource",
+    "destroy_resource",
+    "discover_sources",
+    "find_expired_resources",
+    "orphan_marker_object",
+    "read_record",
+    "run_probe",
+    "take_lease",
+]

@@ -4,20 +4,43 @@ Each job name derives from the DAG run and the task, so a retry finds the job it
 submitted and re-attaches instead of submitting a duplicate. Submission goes through gcluster;
 the wait reads the JobSet and its log through the Kubernetes API (:class:`JobSetTrigger`), in the
 triggerer when deferrable, else in the worker.
+
+**Run identity.** A job writes one *run directory*: ``<base_output_directory>/<run_name>/`` for
+training, the export folder for an export, the converted checkpoint's folder for a conversion.
+
+* *Who wrote it*: training and export record the runs (``<dag_id>/<run_id>``) that wrote a run
+  directory, in claim order, with the settings it was started with, in a small object
+  ``gs://BUCKET/tpu-rl/run-dirs/<hash>.json`` (:class:`RunDirRecords`; written with GCS
+  generation preconditions). "Already complete, skip" holds only for outputs this run wrote; a
+  converted checkpoint depends only on the model, so any run's is reused.
+* *Reusing a run_name on purpose resumes that run*: the job continues from the run directory's
+  newest checkpoint, and a complete output of the earlier run is adopted, never silently: a
+  warning names the run it came from and the result's ``resumed_from`` says so. A resume with
+  other settings (a different ``learning_rate``, model or start checkpoint) is refused in one line.
+* *Never two jobs on one directory*: before submitting, the operator lists the cluster's JobSets
+  and finds those writing the same run directory (the ``tpu-rl.io/run-dir`` annotation it puts on
+  every JobSet right after the submit, else the JobSet's MaxText arguments). A live one of this
+  run is re-attached to; one of another run (or of an unknown one) makes the task fail in one
+  line naming it. A conversion waits on another run's live conversion of the same model instead
+  (the output is the same), without cancelling it on kill or timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.providers.common.compat.sdk import AirflowException, AirflowFailException, Context, conf
 
+from airflow_provider_tpu_rl import timeouts
 from airflow_provider_tpu_rl.hooks.jobs import GclusterJob, JobState
+from airflow_provider_tpu_rl.hooks.kubernetes import RUN_DIR_ANNOTATION, RUN_ID_ANNOTATION, run_dir
 from airflow_provider_tpu_rl.links import CloudLoggingJobLink, GCSBrowserLink, GKEWorkloadLink
 from airflow_provider_tpu_rl.maxtext.logs import TrainingLogTracker
 from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, fail_fast
@@ -42,8 +65,11 @@ from airflow_provider_tpu_rl.spec.presets import POST_TRAINING_IMAGE, ModelPrese
 from airflow_provider_tpu_rl.spec.workloads import actor_params_path, check_patched_image
 
 if TYPE_CHECKING:
-    from airflow_provider_tpu_rl.hooks.kubernetes import ClusterAccess
+    from airflow_provider_tpu_rl.hooks.kubernetes import ClusterAccess, RunDirJob
     from airflow_provider_tpu_rl.triggers.jobset import JobSetTrigger
+
+GCS_TIMEOUT_S = 60.0
+RUN_RECORD_ROUNDS = 5  # read-modify-write attempts of a run directory record under contention
 
 
 def min_deferral_seconds() -> float:
@@ -98,15 +124,129 @@ def export_ready(gcp_conn_id: str, export_uri: str) -> dict[str, Any] | None:
     return export_event_payload(bucket, prefix, result.status) if result.status.complete else None
 
 
+def run_record_object(directory: str) -> str:
+    """The object recording who wrote ``directory`` (one per run directory, in the run's bucket)."""
+    return f"tpu-rl/run-dirs/{hashlib.sha256(run_dir(directory).encode()).hexdigest()[:24]}.json"
+
+
+@dataclass(frozen=True)
+class RunDirRecord:
+    """Who wrote a run directory: ``runs`` (``<dag_id>/<run_id>``, first claim first, each once,
+    the current writer last) and the ``settings`` it was started with."""
+
+    directory: str
+    runs: tuple[str, ...] = ()
+    settings: Mapping[str, str] = field(default_factory=dict)
+    generation: int = 0  # the GCS object's generation when read (0: no object)
+
+    @property
+    def owner(self) -> str | None:
+        """The run that claimed the directory last (the one writing or that wrote it)."""
+        return self.runs[-1] if self.runs else None
+
+    def before(self, run: str) -> str | None:
+        """The run that held the directory before ``run`` claimed it (None: ``run`` started it)."""
+        if run not in self.runs:
+            return self.owner
+        index = self.runs.index(run)
+        return self.runs[index - 1] if index else None
+
+    def payload(self) -> str:
+        return json.dumps(
+            {
+                "directory": self.directory,
+                "runs": list(self.runs),
+                "settings": dict(self.settings),
+                "updated": datetime.now(UTC).isoformat(timespec="seconds"),
+            },
+            sort_keys=True,
+        )
+
+
+class RunDirRecords:
+    """Reads and claims run directory records through the google provider's ``GCSHook``."""
+
+    def __init__(self, gcp_conn_id: str) -> None:
+        self.gcp_conn_id = gcp_conn_id
+        self._client: Any = None
+
+    def _blob(self, bucket: str, directory: str) -> Any:
+        if self._client is None:
+            from airflow.providers.google.cloud.hooks.gcs import GCSHook
+
+            self._client = GCSHook(gcp_conn_id=self.gcp_conn_id).get_conn()
+        return self._client.bucket(bucket).blob(run_record_object(directory))
+
+    def read(self, bucket: str, directory: str) -> RunDirRecord:
+        """The record of ``directory`` (an empty one, generation 0, when none exists)."""
+        from google.api_core.exceptions import NotFound, PreconditionFailed
+
+        for _ in range(RUN_RECORD_ROUNDS):
+            blob = self._blob(bucket, directory)
+            try:
+                blob.reload(timeout=GCS_TIMEOUT_S)
+                generation = int(blob.generation or 0)
+                document = json.loads(
+                    blob.download_as_bytes(if_generation_match=generation, timeout=GCS_TIMEOUT_S)
+                )
+            except NotFound:
+                return RunDirRecord(run_dir(directory))
+            except PreconditionFailed:
+                continue  # rewritten between the two calls: read again
+            except ValueError:  # not JSON: nobody's record, treat as unrecorded
+                return RunDirRecord(run_dir(directory), generation=generation)
+            return RunDirRecord(
+                run_dir(directory),
+                tuple(str(run) for run in document.get("runs") or []),
+                {str(k): str(v) for k, v in (document.get("settings") or {}).items()},
+                generation,
+            )
+        raise AirflowException(f"the record of {directory} keeps changing while it is read")
+
+    def claim(self, bucket: str, directory: str, run: str, settings: Mapping[str, str]) -> RunDirRecord:
+        """Make ``run`` the directory's current writer (the settings of its first claim stay)."""
+        from google.api_core.exceptions import PreconditionFailed
+
+        for _ in range(RUN_RECORD_ROUNDS):
+            current = self.read(bucket, directory)
+            if current.owner == run:
+                return current
+            wanted = replace(
+                current,
+                runs=(*(r for r in current.runs if r != run), run),
+                settings=current.settings or dict(settings),
+            )
+            blob = self._blob(bucket, directory)
+            try:
+                blob.upload_from_string(
+                    wanted.payload(),
+                    content_type="application/json",
+                    if_generation_match=current.generation,  # 0: only if it does not exist yet
+                    timeout=GCS_TIMEOUT_S,
+                )
+            except PreconditionFailed:
+                continue  # another run wrote it meanwhile: read again and decide again
+            return replace(wanted, generation=int(blob.generation or 0))
+        raise AirflowException(f"could not record run {run} as the writer of {directory}: it keeps changing")
+
+
 @dataclass(frozen=True)
 class JobPlan:
-    """One job as the operator resolved it from its arguments: where, what, and what it writes."""
+    """One job as the operator resolved it from its arguments: where, what, and what it writes.
+
+    ``run_dir`` is the directory the job writes (see the module's "Run identity"); ``settings``
+    are what a resume of it must keep; ``foreign`` marks another run's job this task waits on
+    without owning it (never cancelled by this task).
+    """
 
     target: GkeJobTarget
     name: str
     command: Command
     output_uri: str
     total_steps: int | None = None
+    run_dir: str = ""
+    settings: Mapping[str, str] = field(default_factory=dict)
+    foreign: bool = False
 
 
 class _GclusterJobOperator(GclusterBaseOperator):
@@ -127,7 +267,10 @@ class _GclusterJobOperator(GclusterBaseOperator):
         ``tpu-rl-hf-token-<hf_token_conn_id>`` (what :class:`HfTokenSecretOperator` writes).
     :param deferrable: wait in the triggerer (default ``[operators] default_deferrable``).
     :param poll_interval: seconds between job-state polls (default ``[tpu_rl] poll_interval``).
-    :param job_timeout: cancel the job and fail when it runs longer than this.
+    :param job_timeout: cancel the job and fail when it exists longer than this (counted from the
+        JobSet's creation, so a retry that re-attaches keeps the deadline); empty =
+        :func:`airflow_provider_tpu_rl.timeouts.job_timeout` of the job's stage (``[tpu_rl]``
+        ``<stage>_timeout_minutes`` less ``job_timeout_margin_minutes``).
     :param cancel_on_kill: delete the job when the task is killed (marked failed, cleared) while
         it waits, in the worker or deferred.
     """
@@ -150,6 +293,9 @@ class _GclusterJobOperator(GclusterBaseOperator):
     )
     pathways = False
     job_kind = "convert"
+    # Outputs owned by one run (training, export): "complete" counts only for the run that wrote
+    # them; a conversion's output depends only on the model and is shared by every run.
+    owns_output: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -186,7 +332,7 @@ class _GclusterJobOperator(GclusterBaseOperator):
         self.deferrable = default_deferrable() if deferrable is None else deferrable
         # None: the [tpu_rl] poll_interval option (AIRFLOW__TPU_RL__POLL_INTERVAL), default 60 s.
         self.poll_interval = poll_interval if poll_interval is not None else default_poll_interval()
-        self.job_timeout = job_timeout
+        self.job_timeout = job_timeout if job_timeout is not None else timeouts.job_timeout(self.job_kind)
         self.cancel_on_kill = cancel_on_kill
         self._submitted: tuple[str, str, str, str] | None = None
 
@@ -253,9 +399,15 @@ class _GclusterJobOperator(GclusterBaseOperator):
         return self.hook.get_job(plan.name, t.project, t.cluster_name, t.location)
 
     def submit_or_attach(self, plan: JobPlan) -> str:
-        """Submit the job unless this task's job already exists; a failed one is replaced."""
-        existing = self._find(plan)
+        """Submit the job unless this task's job already exists; a failed one is replaced.
+
+        ``plan.foreign`` (another run's live conversion of the same model): only waited on.
+        """
         t, name = plan.target, plan.name
+        if plan.foreign:
+            self.log.info("Waiting on job %s of another run: it writes the same %s", name, plan.run_dir)
+            return "attached"
+        existing = self._find(plan)
         if existing is not None and existing.state is JobState.FAILED:
             self.log.warning("Job %s failed in an earlier try; deleting it and submitting again", name)
             self.hook.cancel_job(name, t.project, t.cluster_name, t.location)
@@ -273,6 +425,112 @@ class _GclusterJobOperator(GclusterBaseOperator):
         )
         self._submitted = (name, t.project, t.cluster_name, t.location)
         return "attached"
+
+    # -- run identity (see the module docstring) ----------------------------------------------------
+    def run_identity(self, context: Context) -> str:
+        """``<dag_id>/<run_id>``: what the run directory record and the JobSet annotation hold."""
+        dag_id, run_id = self.run_ids(context)
+        return f"{dag_id}/{run_id}"
+
+    def run_records(self) -> RunDirRecords:
+        return RunDirRecords(self.gcp_conn_id)
+
+    def _jobs_writing(self, plan: JobPlan, access: ClusterAccess) -> list[RunDirJob]:
+        from airflow_provider_tpu_rl.hooks.kubernetes import JobSetClient
+
+        async def listing() -> list[RunDirJob]:
+            client = JobSetClient(access, self.gcp_conn_id)
+            try:
+                async with client.connection() as api:
+                    return await client.writing(api, plan.run_dir)
+            finally:
+                await client.close()
+
+        return asyncio.run(listing())
+
+    def guard_run_dir(self, plan: JobPlan, access: ClusterAccess, run: str) -> JobPlan:
+        """Never two jobs on one directory: the plan to follow, given the live JobSets writing
+        ``plan.run_dir``. This task's own job (a retry) is left to :meth:`submit_or_attach`;
+        another job of this run is re-attached to; another run's fails the task in one line
+        (a conversion waits on it instead: same model, same output)."""
+        for job in self._jobs_writing(plan, access):
+            if not job.live or (job.name == plan.name and job.run_id in (None, run)):
+                continue
+            if job.run_id == run:
+                self.log.warning(
+                    "Job %s of this run already writes %s (%s): re-attaching to it instead of submitting %s",
+                    job.name,
+                    plan.run_dir,
+                    job.state.value,
+                    plan.name,
+                )
+                return replace(plan, name=job.name)
+            if not self.owns_output:
+                self.log.warning(
+                    "Job %s of run %s is writing %s (%s): waiting for it instead of converting again",
+                    job.name,
+                    job.run_id or "(not recorded)",
+                    plan.run_dir,
+                    job.state.value,
+                )
+                return replace(plan, name=job.name, foreign=True)
+            owner = f"run {job.run_id}" if job.run_id else "a run not recorded on the JobSet"
+            raise AirflowFailException(
+                f"{plan.run_dir} is being written by job {job.namespace}/{job.name} of {owner} "
+                f"({job.state.value}); never two jobs on one directory: wait for it to end or cancel it "
+                f"(gcluster job cancel {job.name}), or choose another run_name"
+            )
+        return plan
+
+    def check_resume(self, plan: JobPlan, record: RunDirRecord, run: str) -> None:
+        """A run directory another run started is resumed only with the settings it started with."""
+        if not record.runs or run in record.runs or not record.settings:
+            return
+        changed = sorted(
+            key
+            for key in set(record.settings) | set(plan.settings)
+            if record.settings.get(key) != plan.settings.get(key)
+        )
+        if changed:
+            shown = ", ".join(
+                f"{key}: {record.settings.get(key, '-')} -> {plan.settings.get(key, '-')}"
+                for key in changed[:5]
+            )
+            raise AirflowFailException(
+                f"{plan.run_dir} was started by run {record.runs[0]} with other settings ({shown}); "
+                "reusing a run_name resumes that run and keeps its settings: choose a new run_name"
+            )
+
+    def record_on_jobset(self, plan: JobPlan, access: ClusterAccess, run: str) -> None:
+        """Annotate this task's JobSet with the run directory and run (``gcluster job submit`` has
+        no flag for it); a JobSet already annotated is left alone. Never fails the task: without
+        the annotation the JobSet is still judged by its command line."""
+        from airflow_provider_tpu_rl.hooks.kubernetes import JobSetClient
+
+        async def annotate() -> None:
+            client = JobSetClient(access, self.gcp_conn_id)
+            try:
+                async with client.connection() as api:
+                    found = await client.find(api, plan.name)
+                    if found is None:
+                        return
+                    metadata = found.get("metadata") or {}
+                    annotations = metadata.get("annotations") or {}
+                    if annotations.get(RUN_DIR_ANNOTATION) and annotations.get(RUN_ID_ANNOTATION):
+                        return
+                    await client.annotate(
+                        api,
+                        str(metadata.get("namespace") or "default"),
+                        plan.name,
+                        {RUN_DIR_ANNOTATION: plan.run_dir, RUN_ID_ANNOTATION: run},
+                    )
+            finally:
+                await client.close()
+
+        try:
+            asyncio.run(annotate())
+        except Exception as err:  # the job runs either way
+            self.log.warning("Could not annotate JobSet %s with its run directory: %s", plan.name, err)
 
     def cluster_access(self, plan: JobPlan) -> ClusterAccess:
         """The cluster's Kubernetes API URL and CA, from the GKE API (in the worker)."""
@@ -294,31 +552,65 @@ class _GclusterJobOperator(GclusterBaseOperator):
             poll_interval=self.poll_interval,
             total_steps=plan.total_steps,
             deadline=time.time() + self.job_timeout.total_seconds() if self.job_timeout else None,
-            cancel_on_kill=self.cancel_on_kill,
+            cancel_on_kill=self.cancel_on_kill and not plan.foreign,
         )
 
     @fail_fast
     def execute(self, context: Context) -> dict[str, Any]:
         plan = self.plan(context)
+        run = self.run_identity(context)
         context["ti"].xcom_push(key="job_name", value=plan.name)
         self._persist_links(context, plan)
         ready = self.output_ready(plan)
-        if ready is not None:
+        record = self.run_records().read(self.bucket, plan.run_dir) if self.owns_output else None
+        if ready is not None and (record is None or record.owner == run):
             self.log.info(
-                "Output %s is already complete: job %s is skipped, no TPU time spent",
+                "Output %s is already complete%s: job %s is skipped, no TPU time spent",
                 plan.output_uri,
+                "" if record is None else " (written by this run)",
                 plan.name,
             )
-            return {"job_name": None, "skipped": True, **ready}
+            return {"job_name": None, "skipped": True, "resumed_from": None, **ready}
         # kubectl and gke-gcloud-auth-plugin: one line here, not gcluster's error after a retry
         self.hook.require_toolchain("jobs")
+        access = self.cluster_access(plan)
+        planned = plan.name
+        plan = self.guard_run_dir(plan, access, run)
+        if plan.name != planned:  # re-attached to another job writing the same directory
+            context["ti"].xcom_push(key="job_name", value=plan.name)
+        if record is not None:
+            self.check_resume(plan, record, run)
+            if ready is not None:  # another run's complete output, resumed on purpose: adopted, said so
+                claimed = self.run_records().claim(self.bucket, plan.run_dir, run, plan.settings)
+                previous = claimed.before(run) or "(a run not recorded)"
+                self.log.warning(
+                    "Resuming %s: its output %s is already complete, written by run %s; this run adopts "
+                    "it (resumed_from=%s), no job submitted",
+                    plan.run_dir,
+                    plan.output_uri,
+                    previous,
+                    previous,
+                )
+                return {"job_name": None, "skipped": True, "resumed_from": previous, **ready}
+            claimed = self.run_records().claim(self.bucket, plan.run_dir, run, plan.settings)
+            if claimed.before(run):
+                self.log.warning(
+                    "Resuming %s, started by run %s: the job continues from its newest checkpoint",
+                    plan.run_dir,
+                    claimed.before(run),
+                )
         self.submit_or_attach(plan)
-        trigger = self.job_trigger(plan, self.cluster_access(plan))
+        if not plan.foreign:
+            self.record_on_jobset(plan, access, run)
+        trigger = self.job_trigger(plan, access)
         from airflow_provider_tpu_rl.triggers.jobset import first_event
 
-        state = asyncio.run(trigger.probe())  # also finds the JobSet's namespace and uid
+        state = asyncio.run(trigger.probe())  # also finds the JobSet's namespace, uid and creation
         if trigger.jobset_uid:
             trigger.cursor_uri = log_cursor_uri(self.bucket, plan.name, trigger.jobset_uid)
+        if self.job_timeout and trigger.jobset_created is not None:
+            # job_timeout counts from the job's creation: a retry re-attaching gets the same deadline
+            trigger.deadline = trigger.jobset_created + self.job_timeout.total_seconds()
         if not self.deferrable or (state is not None and state.finished):
             if state is not None and state.finished:
                 self.log.info("Job %s already %s: finishing in the worker", plan.name, state.value)
@@ -339,10 +631,23 @@ class _GclusterJobOperator(GclusterBaseOperator):
             if ready is not None:
                 if status == "missing":
                     self.log.info("Job %s is gone (JobSet TTL) but its output is complete: success", name)
-                return {"job_name": name, "skipped": False, **ready, **self.after_success(plan, event)}
+                resumed_from = None
+                if self.owns_output:
+                    record = self.run_records().read(self.bucket, plan.run_dir)
+                    resumed_from = record.before(self.run_identity(context))
+                return {
+                    "job_name": name,
+                    "skipped": False,
+                    "resumed_from": resumed_from,
+                    **ready,
+                    **self.after_success(plan, event),
+                }
             raise AirflowException(
                 f"job {name} ended ({status}) but {plan.output_uri} is not complete: {event.get('message', '')}"
             )
+        if status == "timeout" and name != plan.name and not self.owns_output:
+            # another run's conversion this task waited on: that run decides about its job
+            raise AirflowFailException(f"job {name} of another run did not finish within {self.job_timeout}")
         if status == "timeout":
             t = plan.target
             self.log.error(
@@ -391,6 +696,7 @@ class MaxTextConvertOperator(_GclusterJobOperator):
         "output_directory",
     )
     job_kind = "convert"
+    owns_output = False
 
     def __init__(
         self, *, hf_model_path: str | None = None, output_directory: str | None = None, **kwargs: Any
@@ -408,7 +714,14 @@ class MaxTextConvertOperator(_GclusterJobOperator):
         )
         target, name = self.target(preset), self.resolved_job_name(context, preset)
         command = gke.conversion_job(target, name, conversion, self.token_resource())
-        return JobPlan(target, name, command, conversion.output_directory)
+        return JobPlan(
+            target,
+            name,
+            command,
+            conversion.output_directory,
+            run_dir=run_dir(conversion.output_directory),
+            settings={"model_name": conversion.model_name, "hf_model_path": conversion.hf_model_path or ""},
+        )
 
     def output_ready(self, plan: JobPlan) -> dict[str, Any] | None:
         return checkpoint_ready(self.gcp_conn_id, plan.output_uri, 0, ("items",))
@@ -417,7 +730,8 @@ class MaxTextConvertOperator(_GclusterJobOperator):
 class MaxTextExportOperator(_GclusterJobOperator):
     """Export a trained actor checkpoint to Hugging Face format (``to_huggingface``) as a gcluster job.
 
-    Skipped when the export is already complete (its index lists shards that all exist).
+    Skipped when this run's export is already complete (its index lists shards that all exist);
+    another run's complete export in the same folder is adopted only as a resume (``resumed_from``).
 
     Takes the job arguments of :class:`_GclusterJobOperator`, plus:
 
@@ -472,7 +786,14 @@ class MaxTextExportOperator(_GclusterJobOperator):
         )
         target, name = self.target(preset), self.resolved_job_name(context, preset)
         command = gke.export_job(target, name, export, self.token_resource())
-        return JobPlan(target, name, command, export.output_directory)
+        return JobPlan(
+            target,
+            name,
+            command,
+            export.output_directory,
+            run_dir=run_dir(export.output_directory),
+            settings={"model_name": export.model_name, "load_parameters_path": export.load_parameters_path},
+        )
 
     def output_ready(self, plan: JobPlan) -> dict[str, Any] | None:
         return export_ready(self.gcp_conn_id, plan.output_uri)
@@ -481,12 +802,16 @@ class MaxTextExportOperator(_GclusterJobOperator):
 class PathwaysRLTrainOperator(_GclusterJobOperator):
     """GRPO training on Pathways; progress and metrics parsed from MaxText's log lines go to XCom.
 
-    Skipped when this run's final actor checkpoint is already complete in GCS.
+    Skipped when this run's final actor checkpoint is already complete in GCS. The run directory
+    ``<base_output_directory>/<run_name>/`` belongs to the runs recorded for it: re-using a
+    ``run_name`` resumes that run (same settings only), never silently; a live job of another run
+    in it fails the task in one line (see the module docstring).
 
     Takes the job arguments of :class:`_GclusterJobOperator`, plus:
 
     :param run_name: MaxText ``run_name``: the run's folder under ``base_output_directory``.
-        Re-using a run name resumes that run from its newest checkpoint.
+        Re-using a run name resumes that run from its newest checkpoint (with the settings it
+        started with; a complete one is adopted and reported as ``resumed_from``).
     :param num_batches: GRPO steps; empty = the preset's (50).
     :param train_overrides: extra MaxText ``key: value`` overrides, applied after the preset's.
     :param load_parameters_path: the parameters to start from; empty = the model's converted
@@ -555,7 +880,22 @@ class PathwaysRLTrainOperator(_GclusterJobOperator):
         command = gke.training_job(
             target, name, preset, training, self.token_resource(), pathways_gcs_location(self.bucket)
         )
-        return JobPlan(target, name, command, training.actor_checkpoint_root, training.final_step)
+        # What a resume must keep: everything MaxText trains with but the step count (raising
+        # num_batches continues a finished run) and the run's own folder.
+        settings = {
+            "model_name": training.model_name,
+            "load_parameters_path": training.load_parameters_path,
+            **{key: str(value) for key, value in training.overrides if key != "num_batches"},
+        }
+        return JobPlan(
+            target,
+            name,
+            command,
+            training.actor_checkpoint_root,
+            training.final_step,
+            run_dir=run_dir(f"{training.base_output_directory.rstrip('/')}/{training.run_name}"),
+            settings=settings,
+        )
 
     def output_ready(self, plan: JobPlan) -> dict[str, Any] | None:
         return checkpoint_ready(

@@ -21,6 +21,7 @@ from airflow_provider_tpu_rl.spec import (
     gke_pipeline_from_conf,
     tpu_vm_pipeline_from_conf,
 )
+from airflow_provider_tpu_rl.spec.pipeline import refuse_placeholders
 
 PipelineKind = Literal["gke", "tpu_vm"]
 
@@ -142,15 +143,21 @@ def build_pipeline(
 def validate_pipeline_conf(
     dag_id: str, run_id: str, conf: Mapping[str, Any] | None, params: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """Refuse unknown conf keys and bad values before anything is spent; return the resolved values."""
+    """Refuse unknown conf keys, bad values and the form's example values before anything is
+    spent; return the resolved values."""
     kind: PipelineKind = "gke" if dag_id == GKE_DAG_ID or "cluster_name" in params else "tpu_vm"
     known = GKE_DEFAULTS if kind == "gke" else TPU_VM_DEFAULTS
-    unknown = sorted(set(conf or {}) - set(known))
+    unknown = sorted(set(conf or {}) - set(known), key=str)
     if unknown:
         raise AirflowFailException(
             f"invalid pipeline conf: {unknown[0]}: unknown conf key; valid keys are {sorted(known)}"
         )
-    return build_pipeline(kind, conf_from_params(params, kind), dag_id, run_id).resolved()
+    resolved = build_pipeline(kind, conf_from_params(params, kind), dag_id, run_id).resolved()
+    try:
+        refuse_placeholders(resolved)
+    except SpecError as err:
+        raise AirflowFailException(f"invalid pipeline conf: {err}") from None
+    return resolved
 
 
 def transient_retries() -> dict[str, Any]:
@@ -221,6 +228,8 @@ def gke_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
             "compute_type": value("compute_type"),
             "topology": value("topology"),
             "num_slices": value("num_slices"),
+            "cluster_name": value("cluster_name"),
+            "bucket": value("bucket"),
         },
         "ensure_bucket": scope,
         "deploy_cluster": cluster,
@@ -239,7 +248,12 @@ def gke_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
             "run_name": value("run_name"),
             "checkpoint_step": value("final_step"),
         },
-        "destroy_cluster": {**cluster, "delete_bucket": value("delete_bucket")},
+        "destroy_cluster": {
+            **cluster,
+            "delete_bucket": value("delete_bucket"),
+            "hf_token_conn_id": value("hf_token_conn_id"),
+            "hf_token_secret": value("hf_token_secret"),
+        },
     }
 
 

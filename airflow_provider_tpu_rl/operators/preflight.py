@@ -7,7 +7,9 @@ create, and all of them fail the task together (``AirflowFailException``: a retr
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
 from airflow.providers.common.compat.sdk import AirflowException, AirflowFailException, Context, conf
@@ -20,6 +22,8 @@ from airflow_provider_tpu_rl.spec import rules
 from airflow_provider_tpu_rl.spec.presets import Runner
 
 COMMAND_TIMEOUT = 180.0
+# While another run holds the cluster's lease, preflight re-reads it this often (deferred).
+LEASE_POLL_SECONDS = 60.0
 # The slice shape each runner uses when the task is given none.
 DEFAULT_SHAPES: Mapping[Runner, tuple[str, str]] = {
     Runner.GKE: ("ct6e-standard-4t", "4x8"),
@@ -31,6 +35,12 @@ TOOLCHAIN_PURPOSE: Mapping[Runner, str] = {Runner.GKE: "deploy", Runner.TPU_VM: 
 def default_resource_manager_endpoint() -> str | None:
     """``[tpu_rl] resource_manager_endpoint`` in the Airflow config; ``None`` = the real API."""
     return conf.get("tpu_rl", "resource_manager_endpoint", fallback=None) or None
+
+
+def lease_wait_seconds() -> float:
+    """``[tpu_rl] lease_wait_minutes``: how long preflight waits for another run's cluster lease
+    (deferred, re-checked every minute); 0 (the default) fails at once."""
+    return max(conf.getfloat("tpu_rl", "lease_wait_minutes", fallback=0.0), 0.0) * 60.0
 
 
 def error_line(message: str) -> str:
@@ -60,6 +70,10 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
     :param impersonation_chain: service account(s) the GCP connection impersonates.
     :param resource_manager_endpoint: another Resource Manager endpoint (an emulator); default
         ``[tpu_rl] resource_manager_endpoint``, else the real API.
+    :param cluster_name: the GKE cluster the run uses: another run's live lease on it is a problem
+        ("cluster X is in use by run Y until ..."), or, with ``[tpu_rl] lease_wait_minutes`` > 0,
+        waited for (deferred, bounded).
+    :param bucket: the bucket holding the cluster's lease (with ``cluster_name``).
     """
 
     ui_color = "#e8f5e9"
@@ -77,6 +91,8 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         "gcp_conn_id",
         "impersonation_chain",
         "resource_manager_endpoint",
+        "cluster_name",
+        "bucket",
     )
 
     def __init__(
@@ -93,6 +109,8 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         required_permissions: Mapping[str, str] | Sequence[str] | None = None,
         impersonation_chain: str | Sequence[str] | None = None,
         resource_manager_endpoint: str | None = None,
+        cluster_name: str | None = None,
+        bucket: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -107,6 +125,8 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         self.required_permissions = required_permissions
         self.impersonation_chain = impersonation_chain
         self.resource_manager_endpoint = resource_manager_endpoint
+        self.cluster_name = cluster_name
+        self.bucket = bucket
 
     # ------------------------------------------------------------------ arguments
     def _services(self, run: Runner) -> tuple[str, ...]:
@@ -219,6 +239,49 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
             self.log.warning("%s", note)
         return checks.reservation_problems(need, document)
 
+    def lease_holder_line(self, context: Context) -> str | None:
+        """Another run's live lease on the cluster, as one line; ``None`` when this run may use it
+        (free, expired, kept for a later run, or already this run's)."""
+        if self.runner != Runner.GKE.value or not self.cluster_name or not self.bucket:
+            return None
+        from airflow_provider_tpu_rl.hooks.lease import ClusterLeaseHook, held_message
+
+        cluster = rules.gke_cluster_name("cluster_name", self.cluster_name)
+        bucket = rules.bucket_name("bucket", self.bucket)
+        lease = ClusterLeaseHook(
+            gcp_conn_id=self.gcp_conn_id, impersonation_chain=self.impersonation_chain
+        ).read(bucket, cluster)
+        dag_id, run_id = self.run_ids(context)
+        if lease is None or lease.kept or lease.expired() or lease.holder == f"{dag_id}/{run_id}":
+            return None
+        return held_message(lease)
+
+    def wait_for_lease(self, context: Context, deadline: float, line: str) -> None:
+        """Defer until the lease may be free (bounded by ``deadline``), or fail with ``line``."""
+        if time.time() >= deadline:
+            self.log.error("preflight: %s", line)
+            raise AirflowFailException(line)
+        from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
+
+        self.log.warning("preflight: %s; waiting for it (until %s)", line, time.ctime(deadline))
+        wait = min(LEASE_POLL_SECONDS, max(deadline - time.time(), 1.0))
+        self.defer(
+            trigger=TimeDeltaTrigger(timedelta(seconds=wait)),
+            method_name="execute_lease_wait",
+            kwargs={"deadline": deadline},
+        )
+
+    @fail_fast
+    def execute_lease_wait(
+        self, context: Context, event: Any = None, deadline: float = 0.0
+    ) -> dict[str, Any]:
+        """Back from a lease wait: check the lease again (the other checks passed already)."""
+        line = self.lease_holder_line(context)
+        if line is not None:
+            self.wait_for_lease(context, deadline, line)
+        self.log.info("preflight: cluster %s is free for this run", self.cluster_name)
+        return {"runner": self.runner, "project": self.project_id, "cluster_lease": "free"}
+
     # ------------------------------------------------------------------ execute
     @fail_fast
     def execute(self, context: Context) -> dict[str, Any]:
@@ -241,11 +304,17 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
             problems += self.check_reservation(project, zone, reservation, need)
         else:
             self.log.info("no reservation named: its capacity is not checked")
+        lease_line = self.lease_holder_line(context)
+        waiting = lease_wait_seconds()
+        if lease_line is not None and (problems or not waiting):
+            problems.append(lease_line)
         problems = list(dict.fromkeys(problems))
         if problems:
             for problem in problems:
                 self.log.error("preflight: %s", problem)
             raise AirflowFailException(checks.failure_message(problems))
+        if lease_line is not None:
+            self.wait_for_lease(context, time.time() + waiting, lease_line)
         self.log.info("preflight: all checks passed for %s in %s", run.value, project)
         return {
             "runner": run.value,

@@ -20,6 +20,7 @@ from airflow_provider_tpu_rl.spec.pipeline import (
     TpuVmPipelineSpec,
     tpu_vm_pipeline_from_conf,
 )
+from airflow_provider_tpu_rl.timeouts import stage_command_timeout
 
 DEFAULT_MODEL = str(TPU_VM_DEFAULTS["model"])
 
@@ -156,7 +157,9 @@ class TpuVmCreateOperator(_TpuVmOperator):
             },
         )
         vm = replace(p.vm, labels=tpu_vm.vm_labels(p, expires_at))
-        self.hook.run_checked(tpu_vm.create_vm(vm, p.service_account))
+        self.hook.run_checked(
+            tpu_vm.create_vm(vm, p.service_account), timeout=stage_command_timeout("vm_create")
+        )
         if grant:
             self.grant_vm_access(p)
         return vm.vm_name
@@ -252,9 +255,11 @@ class TpuVmStageOperator(_TpuVmOperator):
             if tracker.last_step is not None and tracker.last_step != before:
                 self.log.info("progress: %s", tracker.progress_text(total))
 
+        # One SSH session runs the whole stage: it gets the stage's bound, not a short call's.
         self.hook.run_checked(
             tpu_vm.stage_command(p, self.stage, ssh_key_file=str(self.hook.ssh_key_file())),
             on_line=on_line if self.stage == "train" else None,
+            timeout=stage_command_timeout(self.stage),
         )
         out: dict[str, Any] = {"stage": self.stage, "vm_name": p.vm.vm_name}
         if self.stage == "train":
@@ -291,7 +296,7 @@ class TpuVmDeleteOperator(_TpuVmOperator):
         if keep:
             self.log.warning("keep_vm=true: TPU VM %s is left running (it bills)", p.vm.vm_name)
         else:
-            self.hook.run_checked(tpu_vm.delete_vm(p.vm))
+            self.hook.run_checked(tpu_vm.delete_vm(p.vm), timeout=stage_command_timeout("teardown"))
             deleted = True
         if delete_bucket:
             self.log.warning("delete_bucket=true: deleting gs://%s and every checkpoint in it", p.vm.bucket)

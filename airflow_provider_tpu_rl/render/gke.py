@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import tempfile
 
 from airflow_provider_tpu_rl.render.blueprint import BLUEPRINT_FILENAME
@@ -46,10 +47,25 @@ ADAFACTOR_PATCH = (
 VLLM_HOST_IP = "export VLLM_HOST_IP=$(hostname -I | awk '{print $1}')"
 
 
-def default_workdir(cluster_name: str, run_suffix: str) -> str:
-    """Local folder for the blueprint and the deployment folder, one per DAG run (the Terraform
-    state itself lives in GCS, so any worker can recreate this folder)."""
-    return os.path.join(tempfile.gettempdir(), "tpu-rl", f"{cluster_name}-{run_suffix}")
+# What ``tpu-rl plan`` shows for a task's work folder (a fresh ``mkdtemp`` folder at run time).
+PLAN_WORKDIR = "<tmp>/tpu-rl-{cluster}-XXXXXXXX"
+
+
+def make_workdir(cluster_name: str, run_suffix: str) -> str:
+    """A fresh private folder (``mkdtemp``: mode 0700, unpredictable name, created, never an
+    existing path or symlink) for the blueprint and the deployment folder. The Terraform state
+    lives in GCS, so the folder is removed at the end of the task (:func:`remove_workdir`)."""
+    return tempfile.mkdtemp(prefix=f"tpu-rl-{cluster_name}-{run_suffix}-")
+
+
+def remove_workdir(workdir: str) -> None:
+    """Remove a folder from :func:`make_workdir` (``rmtree`` never follows a symlink inside it)."""
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+def plan_workdir(cluster_name: str) -> str:
+    """The placeholder ``tpu-rl plan`` prints for the work folder."""
+    return PLAN_WORKDIR.format(cluster=cluster_name)
 
 
 # --- cloud set-up -------------------------------------------------------------------------------
@@ -161,46 +177,125 @@ def docker_auth(region: str) -> list[Command]:
     ]
 
 
+SECRET_ACCESSOR = "roles/secretmanager.secretAccessor"
+# The secret's own metadata holds a salted HMAC of the token it stores (never the token): a
+# Secret Manager annotation (surface/secrets/update.py: --update-annotations, a map flag whose
+# pairs are split on ","; the value is "<salt hex>.<hmac-sha256 hex>").
+TOKEN_DIGEST_ANNOTATION = "tpu-rl-hf-token-hmac"
+PLAN_TOKEN_DIGEST = "SALT.HMAC_SHA256"
+PLAN_OLDER_VERSION = "OLDER_VERSION"
+# The binding is already gone (iam_util._RemoveBindingFromIamPolicyWithCondition), or the whole
+# secret (surface/secrets/remove_iam_policy_binding.py reports the API's 404 as "Status code: 404").
+BINDING_GONE = ("Policy binding with the specified principal", "Status code: 404.")
+
+
+def create_secret(project: str, secret_id: str) -> Command:
+    """``gcloud secrets create``; an existing secret is kept."""
+    return Command(
+        ("gcloud", "secrets", "create", secret_id, f"--project={project}", "--replication-policy=automatic"),
+        ok_if_output_contains=SECRET_EXISTS,
+        description="create the HF token secret (kept if it exists)",
+    )
+
+
+def describe_secret(project: str, secret_id: str) -> Command:
+    """The secret's metadata as JSON (its annotations hold the stored token's digest)."""
+    return Command(
+        ("gcloud", "secrets", "describe", secret_id, f"--project={project}", "--format=json"),
+        description="read the digest of the stored token (a new version only when the token changed)",
+    )
+
+
+def add_secret_version(project: str, secret_id: str) -> Command:
+    """A new version from stdin: the value never appears in argv."""
+    return Command(
+        ("gcloud", "secrets", "versions", "add", secret_id, f"--project={project}", "--data-file=-"),
+        stdin_secret="hf_token",
+        description="store the HF token from the Airflow connection (value on stdin)",
+    )
+
+
+def annotate_secret_digest(project: str, secret_id: str, digest: str) -> Command:
+    """Record the stored token's salted HMAC in the secret's annotations."""
+    return Command(
+        (
+            "gcloud",
+            "secrets",
+            "update",
+            secret_id,
+            f"--project={project}",
+            f"--update-annotations={TOKEN_DIGEST_ANNOTATION}={digest}",
+        ),
+        description="record the salted HMAC of the stored token (never the token)",
+    )
+
+
+def list_secret_versions(project: str, secret_id: str) -> Command:
+    """Every version of the secret as JSON (name and state)."""
+    return Command(
+        ("gcloud", "secrets", "versions", "list", secret_id, f"--project={project}", "--format=json"),
+        description="list the secret's versions (the older enabled ones are disabled)",
+    )
+
+
+def disable_secret_version(project: str, secret_id: str, version: str) -> Command:
+    """``gcloud secrets versions disable VERSION --secret=SECRET``."""
+    return Command(
+        (
+            "gcloud",
+            "secrets",
+            "versions",
+            "disable",
+            version,
+            f"--secret={secret_id}",
+            f"--project={project}",
+        ),
+        description="disable an older version of the HF token",
+    )
+
+
+def _accessor_binding(verb: str, project: str, secret_id: str, account: str) -> tuple[str, ...]:
+    return (
+        "gcloud",
+        "secrets",
+        f"{verb}-iam-policy-binding",
+        secret_id,
+        f"--project={project}",
+        f"--member=serviceAccount:{account}",
+        f"--role={SECRET_ACCESSOR}",
+        # without it gcloud refuses in non-interactive mode when the policy holds a conditional
+        # binding (googlecloudsdk/command_lib/iam/iam_util.py)
+        "--condition=None",
+    )
+
+
+def grant_secret_accessor(project: str, secret_id: str, account: str) -> Command:
+    return Command(_accessor_binding("add", project, secret_id, account))
+
+
+def revoke_secret_accessor(project: str, secret_id: str, account: str) -> Command:
+    """Remove a ``secretAccessor`` binding; a binding (or secret) already gone is success."""
+    return Command(
+        _accessor_binding("remove", project, secret_id, account),
+        ok_if_output_contains=BINDING_GONE,
+        description="remove the destroyed cluster's read access to the HF token",
+    )
+
+
 def hf_token_secret(project: str, secret_id: str, readers: tuple[str, ...], *, sync: bool) -> list[Command]:
-    """Secret Manager secret the workloads read HF_TOKEN from; the value goes over stdin only."""
+    """Every command the token sync may run, for ``tpu-rl plan`` (the operator decides at run
+    time: no new version when the stored digest matches; only older enabled versions disabled)."""
     commands: list[Command] = []
     if sync:
         commands += [
-            Command(
-                (
-                    "gcloud",
-                    "secrets",
-                    "create",
-                    secret_id,
-                    f"--project={project}",
-                    "--replication-policy=automatic",
-                ),
-                ok_if_output_contains=SECRET_EXISTS,
-                description="create the HF token secret (kept if it exists)",
-            ),
-            Command(
-                ("gcloud", "secrets", "versions", "add", secret_id, f"--project={project}", "--data-file=-"),
-                stdin_secret="hf_token",
-                description="store the HF token from the Airflow connection (value on stdin)",
-            ),
+            create_secret(project, secret_id),
+            describe_secret(project, secret_id),
+            add_secret_version(project, secret_id),
+            annotate_secret_digest(project, secret_id, PLAN_TOKEN_DIGEST),
+            list_secret_versions(project, secret_id),
+            disable_secret_version(project, secret_id, PLAN_OLDER_VERSION),
         ]
-    for account in readers:
-        commands.append(
-            Command(
-                (
-                    "gcloud",
-                    "secrets",
-                    "add-iam-policy-binding",
-                    secret_id,
-                    f"--project={project}",
-                    f"--member=serviceAccount:{account}",
-                    "--role=roles/secretmanager.secretAccessor",
-                    # without it gcloud refuses in non-interactive mode when the policy holds
-                    # a conditional binding (googlecloudsdk/command_lib/iam/iam_util.py)
-                    "--condition=None",
-                )
-            )
-        )
+    commands += [grant_secret_accessor(project, secret_id, account) for account in readers]
     return commands
 
 

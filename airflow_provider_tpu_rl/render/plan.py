@@ -52,12 +52,17 @@ def preflight_commands(project: str, zone: str, reservation: str) -> list[Comman
 def gke_plan(pipeline: GkePipelineSpec) -> list[PlanStep]:
     """Every command of ``tpu_rl_gke_pipeline`` in execution order (skips are decided at run time)."""
     cluster = pipeline.cluster
-    workdir = gke.default_workdir(cluster.cluster_name, pipeline.suffix)
+    workdir = gke.plan_workdir(cluster.cluster_name)
     target, token = pipeline.job_target, pipeline.token_resource
     auth = gke.docker_auth(cluster.region)
     teardown: list[Command] = []
     if not pipeline.keep_cluster:
+        # only when this run holds the cluster's lease (or created it and nobody holds one)
         teardown += [gke.recreate_deployment_folder(cluster, workdir), gke.destroy(cluster, workdir)]
+        teardown += [
+            gke.revoke_secret_accessor(cluster.project, pipeline.hf_token.secret_id, account)
+            for account in (cluster.workload_service_account, cluster.node_pool_service_account)
+        ]
     if pipeline.delete_bucket:
         teardown.append(gke.delete_bucket(cluster.bucket))
     commands = {

@@ -93,6 +93,14 @@ def list_managed_vms(project: str) -> Command:
 
 
 SSH_KEY_LIFETIME = "1d"
+# A session whose VM stopped answering ends within ~5 minutes instead of hanging until the task's
+# execution_timeout: OpenSSH's keepalive (ssh_config(5) ServerAliveInterval/ServerAliveCountMax;
+# the client exits with "Timeout, server ... not responding"), and a bounded connect.
+SSH_FLAGS = (
+    "--ssh-flag=-o ServerAliveInterval=30",
+    "--ssh-flag=-o ServerAliveCountMax=10",
+    "--ssh-flag=-o ConnectTimeout=60",
+)
 
 
 def ssh(vm: TpuVmSpec, script: str, description: str = "", *, ssh_key_file: str | None = None) -> Command:
@@ -115,6 +123,7 @@ def ssh(vm: TpuVmSpec, script: str, description: str = "", *, ssh_key_file: str 
             f"--zone={vm.zone}",
             f"--project={vm.project}",
             *key,
+            *SSH_FLAGS,
             "--command=bash -s",
         ),
         stdin_text=script,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,8 +24,9 @@ from airflow_provider_tpu_rl.spec.workloads import (
 GKE_DAG_ID: Final = "tpu_rl_gke_pipeline"
 TPU_VM_DAG_ID: Final = "tpu_rl_tpu_vm_pipeline"
 
-# Values every run needs that no preset can know. The DAG params show them as defaults; they are
-# placeholders that validate, so `tpu-rl plan` and the local sandbox work without any conf.
+# Values every run needs that no preset can know. The DAG params show them as defaults; the
+# examples among them (PLACEHOLDERS) build a spec, so `tpu-rl plan` works without any conf, but
+# the pipelines' `validate` refuses them.
 GKE_DEFAULTS: Final[Mapping[str, Any]] = {
     "model": "qwen3-30b-a3b",
     "project": "my-tpu-project",
@@ -69,7 +71,50 @@ TPU_VM_DEFAULTS: Final[Mapping[str, Any]] = {
     "max_vm_hours": 6,
 }
 
-_BOOL_KEYS: Final = {"keep_cluster", "keep_vm", "delete_bucket", "workload_image_patched"}
+# The form's examples: a value every user must replace. `validate` refuses them (one line naming
+# the field), `tpu-rl plan` marks them.
+PLACEHOLDERS: Final[Mapping[str, tuple[str, str]]] = {
+    "project": ("my-tpu-project", "set project to your GCP project"),
+    "bucket": ("my-tpu-rl-bucket", "set bucket to a Cloud Storage bucket name of yours"),
+    "reservation": ("my-v6e-8-reservation", "set reservation to the name of your v6e-8 reservation"),
+}
+
+# The JSON type of each conf value: a bool, an integer, a string or an object; "?" = may be
+# null or "" (the preset's value). Checked before anything else, so a wrong type is one line.
+_CONF_TYPES: Final[Mapping[str, str]] = {
+    "model": "str",
+    "project": "str",
+    "region": "str",
+    "zone": "str",
+    "cluster_name": "str",
+    "vm_name": "str",
+    "bucket": "str",
+    "reservation": "str?",
+    "image": "str?",
+    "workload_image_patched": "bool",
+    "compute_type": "str?",
+    "topology": "str?",
+    "num_slices": "int?",
+    "hf_model_path": "str?",
+    "run_name": "str?",
+    "num_batches": "int?",
+    "train_overrides": "object?",
+    "keep_cluster": "bool",
+    "keep_vm": "bool",
+    "delete_bucket": "bool",
+    "hf_token_conn_id": "str",
+    "hf_token_secret": "str?",
+    "service_account": "str?",
+    "authorized_cidr": "str",
+    "max_cluster_hours": "int",
+    "max_vm_hours": "int",
+}
+_TYPE_RULES: Final = {
+    "str": "must be a string",
+    "int": "must be an integer",
+    "bool": "must be true or false",
+    "object": "must be an object of MaxText key → value",
+}
 
 # The task order of each pipeline DAG, written once: the DAG files chain their tasks in this order,
 # `tpu-rl plan` lists commands in it and the structure test checks both against it.
@@ -134,16 +179,54 @@ def secret_id_for_connection(conn_id: str) -> str:
     return "tpu-rl-hf-token-" + re.sub(r"[^a-z0-9_-]", "-", conn_id.lower())
 
 
+def check_conf_type(key: str, value: Any) -> None:
+    """A conf value has its JSON type (one line naming the field otherwise); numbers are finite."""
+    kind = _CONF_TYPES.get(key)
+    if kind is None:
+        return
+    base, nullable = kind.rstrip("?"), kind.endswith("?")
+    if nullable and (value is None or value == ""):
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise SpecError(key, "must be a finite number", value)
+    ok = {
+        "str": isinstance(value, str),
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "bool": isinstance(value, bool),
+        "object": isinstance(value, Mapping),
+    }[base]
+    if not ok:
+        raise SpecError(key, _TYPE_RULES[base], value)
+
+
 def _merge_conf(defaults: Mapping[str, Any], conf: Mapping[str, Any] | None) -> dict[str, Any]:
+    if conf is not None and not isinstance(conf, Mapping):
+        raise SpecError("conf", "must be a JSON object", conf)
     conf = dict(conf or {})
-    unknown = sorted(set(conf) - set(defaults))
+    unknown = sorted(set(conf) - set(defaults), key=str)
     if unknown:
-        raise SpecError(unknown[0], f"unknown conf key; valid keys are {sorted(defaults)}", conf[unknown[0]])
+        raise SpecError(
+            str(unknown[0]), f"unknown conf key; valid keys are {sorted(defaults)}", conf[unknown[0]]
+        )
     merged = {**defaults, **conf}
-    for key in _BOOL_KEYS & merged.keys():
-        if not isinstance(merged[key], bool):
-            raise SpecError(key, "must be true or false", merged[key])
+    for key, value in merged.items():
+        check_conf_type(key, value)
     return merged
+
+
+def placeholders(resolved: Mapping[str, Any]) -> dict[str, str]:
+    """The fields of a conf (or of ``validate``'s resolved values) still holding the form's example."""
+    return {
+        field: value
+        for field, (value, _) in PLACEHOLDERS.items()
+        if field in resolved and resolved[field] == value
+    }
+
+
+def refuse_placeholders(resolved: Mapping[str, Any]) -> None:
+    """SpecError naming the first field that still holds the form's example value."""
+    for field, value in placeholders(resolved).items():
+        raise SpecError(field, f"{PLACEHOLDERS[field][1]} ({value} is the form's example)", show_value=False)
 
 
 def _pick(merged: Mapping[str, Any], key: str, preset_value: Any) -> Any:
@@ -228,11 +311,16 @@ def training_spec(
     workload_image_patched: bool = False,
 ) -> TrainingSpec:
     """GRPO training of ``preset``: its overrides, then the user's (``train_overrides``)."""
-    user = validate_overrides("train_overrides", {} if train_overrides is None else train_overrides)
+    user = validate_overrides(
+        "train_overrides",
+        {} if train_overrides is None else train_overrides,
+        maxtext_version=preset.maxtext_version,
+    )
     combined = dict(preset.train_overrides)
     combined.update(dict(user))
     return TrainingSpec(
         model_name=preset.model_name,
+        maxtext_version=preset.maxtext_version,
         run_name=run_name,
         base_output_directory=base_output_directory,
         load_parameters_path=load_parameters_path,
@@ -278,7 +366,7 @@ def _workloads(
         base_output_directory=trained,
         load_parameters_path=conversion.items_path + trailing_slash,
         num_batches=_pick(merged, "num_batches", None),
-        train_overrides=merged.get("train_overrides"),
+        train_overrides=merged.get("train_overrides") or {},
         workload_image_patched=merged.get("workload_image_patched", False),
     )
     export = export_spec(
@@ -451,7 +539,8 @@ def gke_pipeline_from_conf(
         # One folder per run_name (the tutorial writes hf-trained/ directly): a later run never
         # overwrites an earlier model, and "already exported" means this run's checkpoint.
         exported=export_directory(cluster.bucket, preset.model_name, "{run_name}"),
-        default_run_name=preset.run_name,
+        # Unique per DAG run (outputs are keyed by run_name): a second run trains its own model.
+        default_run_name=f"rl-{run_suffix(dag_id, run_id)}",
         trailing_slash="/",
         on_cluster=True,
     )

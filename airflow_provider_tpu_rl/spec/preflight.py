@@ -66,6 +66,11 @@ _SHARED_PERMISSIONS: Final = {
     # the HF token secret and its readers.
     "secretmanager.secrets.create": "roles/secretmanager.admin",
     "secretmanager.versions.add": "roles/secretmanager.admin",
+    # a new version only when the token changed (the digest annotation), older ones disabled.
+    "secretmanager.secrets.get": "roles/secretmanager.admin",
+    "secretmanager.secrets.update": "roles/secretmanager.admin",
+    "secretmanager.versions.list": "roles/secretmanager.admin",
+    "secretmanager.versions.disable": "roles/secretmanager.admin",
     "secretmanager.secrets.getIamPolicy": "roles/secretmanager.admin",
     "secretmanager.secrets.setIamPolicy": "roles/secretmanager.admin",
     # gcloud services list (preflight, gcluster job's prerequisite check).
@@ -204,6 +209,22 @@ def parse_enabled_services(lines: Iterable[str]) -> list[str]:
         if text and " " not in text and text.endswith(".googleapis.com"):
             out.append(text)
     return out
+
+
+def parse_json_list(lines: Iterable[str]) -> list[Any] | None:
+    """The JSON list a ``--format=json`` list command printed (warnings may come first)."""
+    items = list(lines)
+    decoder = json.JSONDecoder()
+    for index, line in enumerate(items):
+        if not line.lstrip().startswith("["):
+            continue
+        try:
+            value, _ = decoder.raw_decode("\n".join(items[index:]).lstrip())
+        except ValueError:
+            continue
+        if isinstance(value, list):
+            return value
+    return None
 
 
 def parse_json_document(lines: Iterable[str]) -> dict[str, Any] | None:

@@ -16,6 +16,11 @@ from airflow_provider_tpu_rl.spec.errors import SpecError
 POST_TRAINING_IMAGE: Final = "us-docker.pkg.dev/cloud-tpu-images/maxtext-images/tpu_post_training:0.2.4"
 CLUSTER_TOOLKIT_VERSION: Final = "v1.103.0"
 MAXTEXT_PIP_SPEC: Final = "maxtext[tpu-post-train]==0.2.3"
+# The MaxText release each path runs (its config keys: maxtext/config_keys.py): the GKE jobs run
+# the tpu_post_training:0.2.4 image, built from MaxText's maxtext-v0.2.4; the TPU VM installs
+# MAXTEXT_PIP_SPEC. tests/maxtext/test_config_keys.py checks both against the pins above.
+GKE_MAXTEXT_VERSION: Final = POST_TRAINING_IMAGE.rsplit(":", 1)[1]
+TPU_VM_MAXTEXT_VERSION: Final = MAXTEXT_PIP_SPEC.rsplit("==", 1)[1]
 OPENMATH_TEMPLATE: Final = "maxtext/examples/chat_templates/openmathinstruct2_rl.json"
 
 # Explicit dataset selection (difference from the GKE tutorials, see README): without these keys
@@ -67,7 +72,8 @@ class ModelPreset:
     topology: str = "4x8"
     num_slices: int = 1
     num_batches: int = 50
-    run_name: str = "rl"
+    run_name: str = "rl"  # the tutorials' (a pipeline run's default is unique per DAG run)
+    maxtext_version: str = GKE_MAXTEXT_VERSION
     job_prefixes: JobPrefixes | None = None
     blueprint: BlueprintEdits = field(default_factory=BlueprintEdits)
     cgroup_memory_limit: str | None = None
@@ -212,6 +218,7 @@ LLAMA31_8B_INSTRUCT = ModelPreset(
     lazy_load_tensors=False,
     checkpoint_storage_use_zarr3=1,
     checkpoint_storage_use_ocdbt=1,
+    maxtext_version=TPU_VM_MAXTEXT_VERSION,
     train_overrides=(
         ("chips_per_vm", "8"),
         ("num_test_batches", "10"),

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from airflow_provider_tpu_rl.maxtext import config_keys
+from airflow_provider_tpu_rl.maxtext.config_keys import ConfigKey
 from airflow_provider_tpu_rl.spec import rules
 from airflow_provider_tpu_rl.spec.errors import SpecError
 from airflow_provider_tpu_rl.spec.presets import POST_TRAINING_IMAGE
@@ -23,7 +26,11 @@ RESERVED_KEYS: Final[dict[str, str]] = {
     "base_output_directory": "derived from `bucket` and `model`",
     "load_parameters_path": "derived from the converted checkpoint",
     "hf_access_token": "the HF token never goes on a command line; use `hf_token_conn_id`",
+    "num_batches": "set it with the `num_batches` param",
 }
+# The largest num_batches a run may ask for (the tutorials train 50).
+MAX_NUM_BATCHES: Final = 10**7
+_INT64: Final = 2**63 - 1
 
 
 def output_location(field: str, value: Any) -> str:
@@ -52,7 +59,7 @@ def format_value(value: Any) -> str:
             text = f"{mantissa}e{sign}{exponent.lstrip('+-').lstrip('0') or '0'}"
         return text
     if isinstance(value, dict | list):
-        return json.dumps(value)
+        return json.dumps(value, allow_nan=False)
     if isinstance(value, str):
         return value
     raise TypeError(type(value).__name__)
@@ -68,19 +75,21 @@ def _number(field: str, value: str) -> float:
     return number
 
 
-def _int_at_least(low: int) -> Callable[[str, str], None]:
+def _int_between(low: int, high: int) -> Callable[[str, str], None]:
     def check(field: str, value: str) -> None:
         if not re.fullmatch(r"-?[0-9]+", value):
             raise SpecError(field, "must be an integer", value)
         if int(value) < low:
             raise SpecError(field, f"must be >= {low}", value)
+        if int(value) > high:
+            raise SpecError(field, f"must be <= {high}", value)
 
     return check
 
 
-def _positive(field: str, value: str) -> None:
-    if not _number(field, value) > 0:
-        raise SpecError(field, "must be > 0", value)
+def _learning_rate(field: str, value: str) -> None:
+    if not 0 < _number(field, value) <= 1:
+        raise SpecError(field, "must be > 0 and <= 1", value)
 
 
 def _fraction(field: str, value: str) -> None:
@@ -90,26 +99,141 @@ def _fraction(field: str, value: str) -> None:
 
 # Range rules for well-known keys, applied whatever their source (preset, param or override).
 KEY_RULES: Final[dict[str, Callable[[str, str], None]]] = {
-    "num_batches": _int_at_least(1),
-    "num_test_batches": _int_at_least(0),
-    "batch_size": _int_at_least(1),
-    "train_micro_batch_size": _int_at_least(1),
-    "max_target_length": _int_at_least(1),
-    "max_prefill_predict_length": _int_at_least(1),
-    "checkpoint_period": _int_at_least(1),
-    "eval_interval": _int_at_least(1),
-    "learning_rate_schedule_steps": _int_at_least(1),
-    "rl.num_generations": _int_at_least(1),
-    "rl.reshard_chunk_size": _int_at_least(1),
-    "learning_rate": _positive,
+    "num_batches": _int_between(1, MAX_NUM_BATCHES),
+    "num_test_batches": _int_between(0, MAX_NUM_BATCHES),
+    "batch_size": _int_between(1, 2**16),
+    "train_micro_batch_size": _int_between(1, 2**16),
+    "max_target_length": _int_between(1, 2**20),
+    "max_prefill_predict_length": _int_between(1, 2**20),
+    "checkpoint_period": _int_between(1, MAX_NUM_BATCHES),
+    "eval_interval": _int_between(1, MAX_NUM_BATCHES),
+    "learning_rate_schedule_steps": _int_between(1, MAX_NUM_BATCHES),
+    "rl.num_generations": _int_between(1, 1024),
+    "rl.reshard_chunk_size": _int_between(1, 2**20),
+    "learning_rate": _learning_rate,
     "trainer_devices_fraction": _fraction,
     "sampler_devices_fraction": _fraction,
     "hbm_utilization_vllm": _fraction,
 }
 
 
-def validate_overrides(field: str, overrides: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
-    """Check user MaxText overrides; return them as (key, rendered value) pairs."""
+def _did_you_mean(name: str, candidates: Iterable[str], prefix: str = "") -> str:
+    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.75)
+    return f" (did you mean {prefix}{close[0]}?)" if close else ""
+
+
+def maxtext_config_key(where: str, key: str, version: str) -> ConfigKey:
+    """What MaxText ``version``'s ``train_rl`` takes for ``key`` (SpecError if it is no key of it).
+
+    A dotted ``rl.num_generations`` is a field of the nested model ``rl`` (MaxText would ignore
+    an unknown one silently) or a key inside a dict-valued key.
+    """
+    keys = config_keys.KEYS.get(version)
+    if keys is None:
+        raise SpecError("maxtext_version", f"no MaxText key list for {version}", version)
+    head, dot, rest = key.partition(".")
+    if not dot:
+        info = keys.get(key)
+        if info is None:
+            raise SpecError(where, "not a MaxText config key" + _did_you_mean(key, keys), show_value=False)
+        return info
+    nested = config_keys.NESTED[version].get(head)
+    if nested is not None:
+        sub = nested.get(rest)
+        if sub is None:
+            raise SpecError(
+                where,
+                f"not a key of MaxText's `{head}` config" + _did_you_mean(rest, nested, f"{head}."),
+                show_value=False,
+            )
+        return sub
+    info = keys.get(head)
+    if info is not None and info.kind in {"dict", "any"}:
+        return ConfigKey("any")
+    dotted = [f"{h}.{k}" for h, sub_keys in config_keys.NESTED[version].items() for k in sub_keys]
+    raise SpecError(where, "not a MaxText config key" + _did_you_mean(key, dotted), show_value=False)
+
+
+_BOOL_TEXT: Final = frozenset({"true", "false", "t", "f", "yes", "no", "y", "n", "on", "off", "1", "0"})
+
+
+def _as_number(where: str, raw: Any, rule: str) -> float | int:
+    if isinstance(raw, bool) or not isinstance(raw, int | float | str):
+        raise SpecError(where, rule, raw)
+    if isinstance(raw, str):
+        try:
+            number: float | int = int(raw) if re.fullmatch(r"[+-]?[0-9]+", raw.strip()) else float(raw)
+        except ValueError:
+            raise SpecError(where, rule, raw) from None
+    else:
+        number = raw
+    if isinstance(number, float) and not math.isfinite(number):
+        raise SpecError(where, "must be a finite number", raw)
+    return number
+
+
+def check_maxtext_value(where: str, info: ConfigKey, raw: Any) -> None:
+    """``raw`` (a JSON value, or its text on the command line) is a value MaxText takes for the key.
+
+    MaxText reads ``key=value`` with OmegaConf, turns ``none`` into null, and pydantic coerces
+    (``"4"`` is an int, ``"true"`` a bool) within the field's type and bounds.
+    """
+    if isinstance(raw, str) and raw.strip().lower() in {"none", "null"}:
+        if info.nullable or info.kind == "any":
+            return
+        raise SpecError(where, "cannot be null in MaxText", raw)
+    kind = info.kind
+    if kind == "bool":
+        if isinstance(raw, bool) or (isinstance(raw, int) and raw in (0, 1)):
+            return
+        if isinstance(raw, str) and raw.strip().lower() in _BOOL_TEXT:
+            return
+        raise SpecError(where, "must be true or false", raw)
+    if kind in {"int", "float"}:
+        number = _as_number(where, raw, "must be an integer" if kind == "int" else "must be a number")
+        if kind == "int":
+            if isinstance(number, float) and not number.is_integer():
+                raise SpecError(where, "must be an integer", raw)
+            if abs(number) > _INT64:
+                raise SpecError(where, "must fit in a 64-bit integer", raw)
+        _check_bounds(where, info, number, raw)
+        if info.choices and number not in info.choices:
+            raise SpecError(where, f"must be one of {list(info.choices)}", raw)
+        return
+    if kind == "str":
+        if not isinstance(raw, str):
+            raise SpecError(where, "must be a string", raw)
+        if info.choices and raw not in info.choices:
+            shown = list(info.choices)[:12]
+            more = ", ..." if len(info.choices) > 12 else ""
+            raise SpecError(where, f"must be one of {', '.join(map(str, shown))}{more}", raw)
+        return
+    if kind == "list" and not isinstance(raw, list | str):
+        raise SpecError(where, "must be a list", raw)
+    if kind in {"dict", "model"} and not isinstance(raw, Mapping | str):
+        raise SpecError(where, "must be an object", raw)
+
+
+def _check_bounds(where: str, info: ConfigKey, number: float, raw: Any) -> None:
+    for name, ok in (
+        ("ge", info.ge is None or number >= info.ge),
+        ("gt", info.gt is None or number > info.gt),
+        ("le", info.le is None or number <= info.le),
+        ("lt", info.lt is None or number < info.lt),
+    ):
+        if not ok:
+            symbol = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}[name]
+            raise SpecError(where, f"must be {symbol} {getattr(info, name):g} in MaxText", raw)
+
+
+def validate_overrides(
+    field: str, overrides: Mapping[str, Any], maxtext_version: str | None = None
+) -> tuple[tuple[str, str], ...]:
+    """Check user MaxText overrides; return them as (key, rendered value) pairs.
+
+    With ``maxtext_version`` each key must be one of that MaxText's ``train_rl`` config keys and
+    its value of the key's type.
+    """
     if not isinstance(overrides, Mapping):
         raise SpecError(field, "must be an object of MaxText key → value", overrides)
     out: list[tuple[str, str]] = []
@@ -118,15 +242,24 @@ def validate_overrides(field: str, overrides: Mapping[str, Any]) -> tuple[tuple[
         where = f"{field}.{key}"
         if key in RESERVED_KEYS:
             raise SpecError(where, f"cannot be overridden: {RESERVED_KEYS[key]}", raw, show_value=False)
-        if raw is None or not isinstance(raw, str | int | float | bool | dict | list):
+        if raw is None:
+            # Airflow 3 hands a task a NaN or Infinity of the run conf as null (seen in `dags test`).
+            raise SpecError(where, "must not be null (NaN and Infinity arrive as null)", show_value=False)
+        if not isinstance(raw, str | int | float | bool | dict | list):
             raise SpecError(where, "value must be a string, number, boolean, object or list", raw)
+        if isinstance(raw, float) and not math.isfinite(raw):
+            raise SpecError(where, "must be a finite number", raw)
         try:
             value = format_value(raw)
         except (TypeError, ValueError):
             raise SpecError(where, "value must be finite and JSON-serialisable", raw) from None
         rules.single_line(where, value)
+        if maxtext_version is not None:
+            info = maxtext_config_key(where, key, maxtext_version)
         if key in KEY_RULES:
             KEY_RULES[key](where, value)
+        if maxtext_version is not None:
+            check_maxtext_value(where, info, raw)
         out.append((key, value))
     return tuple(out)
 
@@ -175,6 +308,7 @@ class TrainingSpec:
     num_batches: int
     overrides: tuple[tuple[str, str], ...] = ()
     workload_image_patched: bool = False
+    maxtext_version: str | None = None  # check the override keys against this MaxText's
 
     def __post_init__(self) -> None:
         if not isinstance(self.workload_image_patched, bool):
@@ -186,11 +320,16 @@ class TrainingSpec:
         output_location("base_output_directory", self.base_output_directory)
         output_location("load_parameters_path", self.load_parameters_path)
         rules.int_range("num_batches", self.num_batches, 1)
+        if self.num_batches > MAX_NUM_BATCHES:
+            raise SpecError("num_batches", f"must be <= {MAX_NUM_BATCHES}", self.num_batches)
         for key, value in self.overrides:
             rules.maxtext_key("train_overrides", key)
             rules.single_line(f"train_overrides.{key}", value)
             if key in RESERVED_KEYS:
                 raise SpecError(f"train_overrides.{key}", f"cannot be overridden: {RESERVED_KEYS[key]}")
+            if self.maxtext_version is not None:
+                where = f"train_overrides.{key}"
+                check_maxtext_value(where, maxtext_config_key(where, key, self.maxtext_version), value)
             if key in KEY_RULES:
                 KEY_RULES[key](f"train_overrides.{key}", value)
 

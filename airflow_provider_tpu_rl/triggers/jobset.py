@@ -26,6 +26,7 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
+from datetime import datetime
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
@@ -123,6 +124,7 @@ class JobSetTrigger(BaseTrigger):
         self._dirty = False
         self._loaded = False
         self.jobset_uid: str | None = None  # seen by job_state(); not part of the serialized state
+        self.jobset_created: float | None = None  # its creationTimestamp (epoch seconds), likewise
         self._jobsets: JobSetClient | None = None
         self._follower: asyncio.Task[None] | None = None
         self._session: Any = None
@@ -344,13 +346,21 @@ class JobSetTrigger(BaseTrigger):
                 if found is None:
                     return None
                 self.namespace = str(found["metadata"].get("namespace") or "default")
-                self.jobset_uid = found["metadata"].get("uid")
+                self._seen(found)
                 return jobset_state(found)[0]
             obj = await client.get(api, self.namespace, self.job_name)
         if obj is None:
             return None
-        self.jobset_uid = obj["metadata"].get("uid")
+        self._seen(obj)
         return jobset_state(obj)[0]
+
+    def _seen(self, obj: dict[str, Any]) -> None:
+        metadata = obj.get("metadata") or {}
+        self.jobset_uid = metadata.get("uid")
+        created = metadata.get("creationTimestamp")
+        if isinstance(created, str) and created:
+            with contextlib.suppress(ValueError):
+                self.jobset_created = datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp()
 
     def _event(self, status: str, state: JobState | None, message: str, fatal: bool = False) -> TriggerEvent:
         return TriggerEvent(

@@ -17,6 +17,10 @@ WRITE_ROLES = {
     "roles/owner",
     "roles/editor",
 }
+SECRET_VERSION_STATE = (
+    "google.api_core.exceptions.FailedPrecondition: 400 Secret Version "
+    "[projects/{number}/secrets/{secret}/versions/{version}] is in {state} state."
+)
 SECRET_NOT_FOUND = "google.api_core.exceptions.NotFound: 404 Secret [projects/{number}/secrets/{secret}] not found or has no versions."
 
 
@@ -62,13 +66,19 @@ def secret_value(store: StateStore, project: str, secret: str, version: str) -> 
     number = project_number(project)
     if record is None:
         return None, SECRET_NOT_FOUND.format(number=number, secret=secret)
-    versions = [v for v in record.get("versions", []) if v.get("state") == "ENABLED"]
+    versions = list(record.get("versions", []))
+    # "latest" is the newest version whatever its state (Secret Manager's alias): a disabled one
+    # is refused, never skipped for an older enabled one.
     if version == "latest":
         chosen = versions[-1] if versions else None
     else:
         chosen = next((v for v in versions if str(v.get("version")) == version), None)
     if chosen is None:
         return None, SECRET_NOT_FOUND.format(number=number, secret=secret)
+    if chosen.get("state", "ENABLED") != "ENABLED":
+        return None, SECRET_VERSION_STATE.format(
+            number=number, secret=secret, version=chosen["version"], state=chosen.get("state")
+        )
     return placeholder_token(str(chosen["sha256"])), ""
 
 

@@ -294,6 +294,23 @@ def _parse_labels(raw: str | None) -> dict[str, str]:
     return labels
 
 
+# Secret.annotations keys (google/cloud/secretmanager/v1/resources.proto)
+ANNOTATION_KEY = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
+
+
+def _parse_map(command: str, flag: str, raw: str | None) -> dict[str, str]:
+    """map_util's ``KEY=VALUE[,...]`` (arg_parsers.ArgDict): every item needs ``=``."""
+    pairs: dict[str, str] = {}
+    for item in (raw or "").split(","):
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise GcloudUsageError(command, f"argument --{flag}: Bad syntax for dict arg: [{item}].")
+        pairs[key] = value
+    return pairs
+
+
 def _external_ip(name: str) -> str:
     digest = hashlib.sha256(name.encode()).digest()
     return f"34.{digest[0]}.{digest[1]}.{digest[2] or 1}"
@@ -872,7 +889,59 @@ class Gcloud:
         }
         if record.get("labels"):
             resource["labels"] = record["labels"]
+        if record.get("annotations"):
+            resource["annotations"] = record["annotations"]
         self.out(_format(resource, parsed.get("format")))
+        return 0
+
+    def cmd_secrets_update(self, parsed: GcloudParse) -> int:
+        """surface/secrets/update.py: at least one update flag (MinimumArgumentException), the
+        annotation flags are one mutex group; map_util's KEY=VALUE lists (split on ","); the server
+        checks annotation keys (Secret.annotations: 1-63 characters, alphanumeric at both ends,
+        ``-_.`` inside; keys and values under 16 KiB in total)."""
+        project = self.project(parsed)
+        secret = str(parsed.positionals["SECRET"])
+        dotted = parsed.command.dotted
+        annotation_flags = {"update-annotations", "remove-annotations", "clear-annotations"} & parsed.given
+        if len(annotation_flags) > 1:
+            names = " | ".join(f"--{n}" for n in sorted(annotation_flags))
+            raise GcloudUsageError(dotted, f"argument {names}: At most one of these can be specified.")
+        update_flags = annotation_flags | ({"update-labels", "remove-labels", "clear-labels"} & parsed.given)
+        if not update_flags:
+            raise GcloudError(
+                "One of [--clear-labels, --remove-labels, --update-labels, --update-annotations, "
+                "--remove-annotations, --clear-annotations] must be specified.\n"
+                f"No updates requested for secret [{secret}].",
+                code=2,
+            )
+        updates = _parse_map(dotted, "update-annotations", parsed.get("update-annotations"))
+        for key in updates:
+            if not ANNOTATION_KEY.fullmatch(key):
+                raise GcloudError(
+                    f"INVALID_ARGUMENT: Annotation key [{key}] must be 1-63 characters, begin and end "
+                    "with an alphanumeric character and contain only alphanumerics, '-', '_' and '.'."
+                )
+        with self.store.txn() as txn:
+            record = txn.doc("secrets").get(f"{project}/{secret}")
+            if record is None:
+                raise GcloudError(
+                    f"NOT_FOUND: Secret [projects/{cloud.project_number(project)}/secrets/{secret}] not found."
+                )
+            annotations = dict(record.get("annotations") or {})
+            if "clear-annotations" in parsed.given:
+                annotations = {}
+            for key in str(parsed.get("remove-annotations") or "").split(","):
+                annotations.pop(key, None)
+            annotations.update(updates)
+            if sum(len(k) + len(v) for k, v in annotations.items()) >= 16 * 1024:
+                raise GcloudError("INVALID_ARGUMENT: The total size of annotations must be less than 16KiB.")
+            labels = {} if "clear-labels" in parsed.given else dict(record.get("labels") or {})
+            for key in str(parsed.get("remove-labels") or "").split(","):
+                labels.pop(key, None)
+            labels.update(_parse_labels(parsed.get("update-labels")))
+            record["annotations"], record["labels"] = annotations, labels
+            txn.save("secrets")
+        self.err(f"Updated secret [{secret}].\n")
         return 0
 
     def cmd_secrets_delete(self, parsed: GcloudParse) -> int:
@@ -901,6 +970,60 @@ class Gcloud:
             version = self._add_version(txn, f"{project}/{secret}", payload)
             txn.save("secrets")
         self.err(f"Created version [{version}] of the secret [{secret}].\n")
+        return 0
+
+    def _version_resource(self, project: str, secret: str, version: dict[str, Any]) -> dict[str, Any]:
+        """A SecretVersion as the API returns it (name, state, createTime, ...)."""
+        return {
+            "name": f"projects/{cloud.project_number(project)}/secrets/{secret}/versions/{version['version']}",
+            "state": version.get("state", "ENABLED"),
+            "createTime": version.get("created"),
+            "etag": '"'
+            + hashlib.sha256(f"{secret}/{version['version']}/{version.get('state')}".encode()).hexdigest()[
+                :14
+            ]
+            + '"',
+            "replicationStatus": {"automatic": {}},
+        }
+
+    def cmd_secrets_versions_list(self, parsed: GcloudParse) -> int:
+        """surface/secrets/versions/list.py: the secret's versions, newest first (the API's order)."""
+        project = self.project(parsed)
+        secret = str(parsed.positionals["SECRET"])
+        record = self._secret_record(project, secret)
+        versions = [self._version_resource(project, secret, v) for v in reversed(record.get("versions", []))]
+        if parsed.get("filter"):
+            raise GcloudError("the sandbox's gcloud secrets versions list does not evaluate --filter")
+        if parsed.get("uri"):
+            self.out("".join(f"https://secretmanager.googleapis.com/v1/{v['name']}\n" for v in versions))
+            return 0
+        if not versions and not parsed.get("format"):
+            self.err("Listed 0 items.\n")
+            return 0
+        self.out(_format(versions, parsed.get("format")))
+        return 0
+
+    def cmd_secrets_versions_disable(self, parsed: GcloudParse) -> int:
+        """surface/secrets/versions/disable.py: the version must exist; a destroyed one cannot be
+        disabled (FAILED_PRECONDITION)."""
+        project = self.project(parsed)
+        secret = parsed.get("secret")
+        if not secret:
+            raise GcloudError("argument --secret: Must be specified.", code=2)
+        number = str(parsed.positionals["VERSION"])
+        name = f"projects/{cloud.project_number(project)}/secrets/{secret}/versions/{number}"
+        with self.store.txn() as txn:
+            record = txn.doc("secrets").get(f"{project}/{secret}")
+            version = next(
+                (v for v in (record or {}).get("versions", []) if str(v.get("version")) == number), None
+            )
+            if version is None:
+                raise GcloudError(f"NOT_FOUND: Secret Version [{name}] not found.")
+            if version.get("state") == "DESTROYED":
+                raise GcloudError(f"FAILED_PRECONDITION: Secret Version [{name}] is in DESTROYED state.")
+            version["state"] = "DISABLED"
+            txn.save("secrets")
+        self.err(f"Disabled version [{number}] of the secret [{secret}].\n")
         return 0
 
     def cmd_secrets_versions_access(self, parsed: GcloudParse) -> int:
@@ -937,6 +1060,62 @@ class Gcloud:
                     f"NOT_FOUND: Secret [projects/{cloud.project_number(project)}/secrets/{secret}] not found."
                 )
             self._bind_in_record(record, member, role, condition)
+            txn.save("secrets")
+            plain, conditional = cloud.policy_from_docs(
+                {"secrets": secrets}, f"projects/{project}/secrets/{secret}", False
+            )
+        self.err(f"Updated IAM policy for secret [{secret}].\n")
+        self.out(_format(self._policy(plain, conditional), parsed.get("format")))
+        return 0
+
+    def cmd_secrets_remove_iam_policy_binding(self, parsed: GcloudParse) -> int:
+        """surface/secrets/remove_iam_policy_binding.py: get the policy (the secret must exist), then
+        iam_util.RemoveBindingFromIamPolicyWithCondition: no --condition/--all on a policy holding
+        a conditional binding is refused non-interactively; the binding with this member, role and
+        condition must be there; --all removes it under every condition."""
+        project = self.project(parsed)
+        secret = str(parsed.positionals["SECRET"])
+        member, role = str(parsed.get("member")), str(parsed.get("role"))
+        remove_all = bool(parsed.get("all"))
+        if remove_all and {"condition", "condition-from-file"} & parsed.given:
+            raise GcloudUsageError(
+                parsed.command.dotted,
+                "argument --all: At most one of --all | --condition | --condition-from-file can be specified.",
+            )
+        specified, condition = self._condition(parsed, role)
+        with self.store.txn() as txn:
+            secrets = txn.doc("secrets")
+            record = secrets.get(f"{project}/{secret}")
+            if record is None:  # the command's CatchHTTPErrorRaiseHTTPException format
+                raise GcloudError(
+                    f"Status code: 404. Secret [projects/{cloud.project_number(project)}/secrets/{secret}] "
+                    "not found or has no versions.."
+                )
+            plain = record.setdefault("bindings", {})
+            conditional = record.setdefault("conditional_bindings", [])
+            if conditional and not specified and not remove_all:
+                raise GcloudError(
+                    "Removing a binding without specifying a condition from a policy containing conditions "
+                    "is prohibited in non-interactive mode. Run the command again with `--condition=None` "
+                    "to remove a binding without condition or run command with `--all` to remove all "
+                    "bindings of the specified principal and role."
+                )
+            removed = False
+            if (remove_all or condition is None) and member in plain.get(role, []):
+                plain[role].remove(member)
+                if not plain[role]:
+                    del plain[role]
+                removed = True
+            for binding in list(conditional):
+                matches = remove_all or binding["condition"] == condition
+                if binding["role"] == role and member in binding["members"] and matches:
+                    binding["members"].remove(member)
+                    removed = True
+            record["conditional_bindings"] = [b for b in conditional if b["members"]]
+            if not removed:
+                raise GcloudError(
+                    "Policy binding with the specified principal, role, and condition not found!"
+                )
             txn.save("secrets")
             plain, conditional = cloud.policy_from_docs(
                 {"secrets": secrets}, f"projects/{project}/secrets/{secret}", False

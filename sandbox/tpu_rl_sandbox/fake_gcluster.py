@@ -14,6 +14,7 @@ the real one. ``job submit`` prerequisites are in :mod:`gcluster_jobs`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -63,6 +64,51 @@ from tpu_rl_sandbox.tool_stubs import write_tool_stubs
 VERSION = "v1.103.0"
 # cmd/dependencies.go initDependencies: the commands whose PersistentPreRun resolves dependencies
 DEPENDENCY_COMMANDS = ("deploy", "destroy", "export-outputs")
+# Sandbox-only control: ``TPU_RL_SANDBOX_HANG=deploy`` (or ``destroy``) makes that command hang in
+# its "terraform apply" after the infrastructure exists, as a stuck Terraform does. Each hung
+# process leaves ``<root>/hung/<pid>.json`` (its pid, role and how it ended) for the tests.
+HANG_ENV = "TPU_RL_SANDBOX_HANG"
+HANG_COMMANDS = ("deploy", "destroy")
+HUNG_DIR = "hung"
+# The fake "terraform" child: terraform-exec v0.24.0 starts Terraform in a process group of its
+# own with Pdeathsig SIGKILL (tfexec/cmd_linux.go); Terraform stops on SIGINT/SIGTERM, releasing
+# its state lock ("Interrupt received. ... Stopping operation..."), and dies on SIGKILL.
+_HUNG_TERRAFORM = """
+import json, os, signal, sys, time
+from pathlib import Path
+record = Path(sys.argv[1]) / f"{os.getpid()}.json"
+def write(ended):
+    record.write_text(json.dumps({"pid": os.getpid(), "role": "terraform", "ended": ended}))
+def interrupted(signum, frame):
+    print("Interrupt received. Stopping operation...", flush=True)
+    write("interrupted")
+    sys.exit(1)
+signal.signal(signal.SIGTERM, interrupted)
+signal.signal(signal.SIGINT, interrupted)
+write(None)
+print("terraform_data.hang: Still creating... [10s elapsed]", flush=True)
+while True:
+    time.sleep(0.2)
+"""
+
+
+def hung_processes(layout: SandboxLayout) -> list[dict[str, object]]:
+    """The processes ``TPU_RL_SANDBOX_HANG`` left hanging: ``{"pid", "role", "ended"}`` each."""
+    folder = layout.root / HUNG_DIR
+    if not folder.is_dir():
+        return []
+    return [json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))]
+
+
+def _set_pdeathsig() -> None:
+    """``prctl(PR_SET_PDEATHSIG, SIGKILL)`` in the child, as Go's SysProcAttr.Pdeathsig (Linux)."""
+    import ctypes
+    import signal
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG = 1
+
+
 # pkg/dependencies/checksums_generated.go
 TERRAFORM_VERSION = "1.12.2"
 PACKER_VERSION = "1.15.0"
@@ -576,9 +622,32 @@ class Gcluster:
             else:
                 depl, display = self.do_create(parsed, resolved)
             runner.deploy(depl, display, only, skip)
+            self.hang_if_asked("deploy")
             return 0
         runner.destroy(resolved, target, only, skip, bool(parsed.get("robust")))
+        self.hang_if_asked("destroy")
         return 0
+
+    def hang_if_asked(self, command: str) -> None:
+        """Hang like a stuck ``terraform apply`` when ``TPU_RL_SANDBOX_HANG`` names ``command``."""
+        wanted = {c.strip() for c in self.env.get(HANG_ENV, "").split(",") if c.strip()}
+        unknown = wanted - set(HANG_COMMANDS)
+        if unknown:
+            raise StateError(f"bad {HANG_ENV} entry {sorted(unknown)[0]!r}: expected one of {HANG_COMMANDS}")
+        if command not in wanted:
+            return
+        folder = self.layout.root / HUNG_DIR
+        folder.mkdir(exist_ok=True)
+        (folder / f"{os.getpid()}.json").write_text(
+            json.dumps({"pid": os.getpid(), "role": "gcluster", "ended": None})
+        )
+        child = subprocess.Popen(
+            [sys.executable, "-c", _HUNG_TERRAFORM, str(folder)],
+            stdin=subprocess.DEVNULL,
+            process_group=0,
+            preexec_fn=_set_pdeathsig,
+        )
+        child.wait()
 
     # -- job ------------------------------------------------------------------------------
     def run_job(self, path: list[str], parsed: CobraParse) -> int:

@@ -116,6 +116,45 @@ COMMANDS: tuple[GcloudCommand, ...] = (
         ),
     ),
     GcloudCommand(("secrets", "get-iam-policy"), (P("SECRET"),), (F("location"), F("filter"), F("flatten"))),
+    # surface/secrets/remove_iam_policy_binding.py: iam_util.AddArgsForRemoveIamPolicyBinding(add_condition=True)
+    GcloudCommand(
+        ("secrets", "remove-iam-policy-binding"),
+        (P("SECRET"),),
+        (
+            F("member", required=True),
+            F("role", required=True),
+            F("condition"),
+            F("condition-from-file"),
+            F("all", "bool"),
+            F("location"),
+        ),
+    ),
+    # surface/secrets/update.py: labels_util.AddUpdateLabelsFlags, the annotations map flags
+    # (map_util: --update-/--remove-/--clear-annotations, one mutex group), --etag, --location
+    GcloudCommand(
+        ("secrets", "update"),
+        (P("SECRET"),),
+        (
+            F("update-labels"),
+            F("remove-labels"),
+            F("clear-labels", "bool"),
+            F("update-annotations"),
+            F("remove-annotations"),
+            F("clear-annotations", "bool"),
+            F("etag"),
+            F("location"),
+        ),
+    ),
+    # surface/secrets/versions/list.py: a base.ListCommand (--filter/--limit/--page-size/--sort-by/--uri)
+    GcloudCommand(
+        ("secrets", "versions", "list"),
+        (P("SECRET"),),
+        (F("location"), F("filter"), F("limit"), F("page-size"), F("sort-by"), F("uri", "bool")),
+    ),
+    # surface/secrets/versions/disable.py: secrets_args.AddVersion (VERSION + --secret), --etag
+    GcloudCommand(
+        ("secrets", "versions", "disable"), (P("VERSION"),), (F("secret"), F("location"), F("etag"))
+    ),
     # surface/services/list.py (GA): --enabled | --available, base.ListCommand's flags
     GcloudCommand(
         ("services", "list"),

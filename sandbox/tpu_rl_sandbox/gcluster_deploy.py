@@ -733,6 +733,10 @@ def plan_errors(bp: dict[str, Any], record: dict[str, Any], group_dir: Path) -> 
     return errors
 
 
+# While this file exists, ``gcluster deploy`` waits before it applies anything (a slow apply).
+DEPLOY_HOLD_ENV = "TPU_RL_SANDBOX_DEPLOY_HOLD_FILE"
+
+
 class DeploymentRunner:
     """Runs ``deploy``/``destroy`` for one deployment folder."""
 
@@ -790,6 +794,9 @@ class DeploymentRunner:
 
     # -- deploy ---------------------------------------------------------------------------
     def deploy(self, depl: Path, display: str, only: list[str] | None, skip: list[str] | None) -> None:
+        hold = os.environ.get(DEPLOY_HOLD_ENV, "")
+        while hold and Path(hold).exists():  # a long Terraform apply, for tests that overlap runs
+            time.sleep(0.05)
         artifacts = _artifacts(depl)
         if not (artifacts.is_dir() and os.access(artifacts, os.W_OK)):
             raise Fatal(f"Error: {os.path.join(display, '.ghpc', 'artifacts')} must be a writable directory")

@@ -81,8 +81,10 @@ def request(
     body: Any = None,
     token: str | None = "",
     timeout: float = 60.0,
+    content_type: str = "application/json",
 ) -> Response:
-    """One API call (``token=None``: no ``Authorization`` header; ``""``: the access token)."""
+    """One API call (``token=None``: no ``Authorization`` header; ``""``: the access token);
+    ``body`` is sent as JSON with ``content_type`` (``application/merge-patch+json`` for a PATCH)."""
     headers = {"Accept": "application/json"}
     use = access.token if token == "" else token
     if use is not None:
@@ -90,7 +92,7 @@ def request(
     data = None
     if body is not None:
         data = json.dumps(body).encode()
-        headers["Content-Type"] = "application/json"
+        headers["Content-Type"] = content_type
     req = urllib.request.Request(access.url + path, data=data, method=method, headers=headers)  # noqa: S310
     try:
         with urllib.request.urlopen(req, timeout=timeout, context=access.ssl_context()) as answer:  # noqa: S310

@@ -5,7 +5,9 @@ and kubernetes-sigs/jobset (api/jobset/v1alpha2/jobset_types.go, pkg/constants/c
 pkg/controllers/jobset_controller.go), not from any client. It serves only:
 
 * ``GET /apis/jobset.x-k8s.io/v1alpha2/jobsets`` (all namespaces), ``GET|POST
-  /apis/jobset.x-k8s.io/v1alpha2/namespaces/{ns}/jobsets``, ``GET|DELETE .../jobsets/{name}``;
+  /apis/jobset.x-k8s.io/v1alpha2/namespaces/{ns}/jobsets``, ``GET|DELETE|PATCH .../jobsets/{name}``
+  (``PATCH``: JSON merge patch and JSON patch of ``metadata.labels``/``metadata.annotations``,
+  :func:`patch_jobset`);
 * ``GET /api/v1/namespaces/{ns}/pods`` (``labelSelector``), ``GET .../pods/{name}``;
 * ``GET /api/v1/namespaces/{ns}/pods/{name}/log`` (``container``, ``follow``, ``timestamps``,
   ``sinceTime``, ``sinceSeconds``, ``tailLines``, ``limitBytes``, ``previous``).
@@ -273,7 +275,13 @@ def jobset_status(job: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def jobset_object(job: Mapping[str, Any]) -> dict[str, Any]:
-    """The JobSet as ``GET .../jobsets/{name}`` returns it."""
+    """The JobSet as ``GET .../jobsets/{name}`` returns it.
+
+    ``resourceVersion`` changes with every write that changes the object (the controllers', a
+    ``PATCH``'s: ``metadata_writes``) and not with a no-op patch (the API server skips the write
+    when the patched object equals the stored one: apiserver ``pkg/storage/etcd3/store.go``
+    ``GuaranteedUpdate``).
+    """
     manifest = json.loads(json.dumps(job.get("manifest") or {}))
     metadata = dict(manifest.get("metadata") or {})
     metadata.update(
@@ -297,7 +305,15 @@ def jobset_object(job: Mapping[str, Any]) -> dict[str, Any]:
         "spec": spec,
         "status": jobset_status(job),
     }
-    metadata["resourceVersion"] = _resource_version({"spec": spec, "status": body["status"]})
+    metadata["resourceVersion"] = _resource_version(
+        {
+            "spec": spec,
+            "status": body["status"],
+            "labels": metadata.get("labels") or {},
+            "annotations": metadata.get("annotations") or {},
+            "writes": int(job.get("metadata_writes") or 0),
+        }
+    )
     return body
 
 
@@ -760,6 +776,223 @@ def create_jobset(
     return record
 
 
+# ==================================================================================== patch
+# apiextensions-apiserver pkg/apiserver/customresource_handler.go serveResource, verb "patch": a
+# custom resource takes JSON patch, JSON merge patch and server-side apply, never the strategic
+# merge patch (no Go struct to read patch strategies from). The sandbox serves no server-side
+# apply; it answers it as an unsupported type, naming the types it does take.
+PATCH_TYPES = ("application/json-patch+json", "application/merge-patch+json")
+# k8s.io/apimachinery pkg/api/validation/objectmeta.go TotalAnnotationSizeLimitB
+ANNOTATIONS_SIZE_LIMIT = 256 * 1024
+# k8s.io/apimachinery pkg/util/validation/validation.go IsQualifiedName / IsValidLabelValue
+_QUALIFIED_NAME_RE = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_DNS_1123_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def unsupported_media_type() -> KubeError:
+    """apiserver ``pkg/endpoints/handlers/negotiation`` ``NewUnsupportedMediaTypeError`` (415)."""
+    return KubeError(
+        status_object(
+            415,
+            "UnsupportedMediaType",
+            "the body of the request was in an unknown format - accepted media types include: "
+            + ", ".join(PATCH_TYPES),
+        )
+    )
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch (``null`` removes a key; a non-object replaces the target)."""
+    if not isinstance(patch, dict):
+        return json.loads(json.dumps(patch))
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def _pointer(path: str) -> list[str]:
+    if path == "":
+        return []
+    if not path.startswith("/"):
+        raise ValueError(f"JSON pointer must be empty or start with a /: {path!r}")
+    return [part.replace("~1", "/").replace("~0", "~") for part in path[1:].split("/")]
+
+
+def json_patch(target: Any, operations: Any) -> Any:
+    """RFC 6902 JSON patch: ``add``, ``remove``, ``replace`` and ``test`` (evanphx/json-patch)."""
+    if not isinstance(operations, list):
+        raise ValueError("json: cannot unmarshal object into Go value of type jsonpatch.Patch")
+    doc = json.loads(json.dumps(target))
+    for op in operations:
+        if not isinstance(op, dict) or op.get("op") not in ("add", "remove", "replace", "test"):
+            raise ValueError(f"Unexpected kind: {op.get('op') if isinstance(op, dict) else op}")
+        parts = _pointer(str(op.get("path", "")))
+        if not parts:
+            raise ValueError("the whole document cannot be patched here")
+        parent = doc
+        for part in parts[:-1]:
+            if isinstance(parent, dict) and part in parent:
+                parent = parent[part]
+            elif isinstance(parent, list) and part.isdigit() and int(part) < len(parent):
+                parent = parent[int(part)]
+            else:
+                raise ValueError(f"doc is missing path: {op['path']}")
+        last = parts[-1]
+        if not isinstance(parent, dict):
+            raise ValueError(f"unable to patch {op['path']}: only object members are supported")
+        if op["op"] == "add":
+            parent[last] = op.get("value")
+        elif last not in parent:
+            raise ValueError(f"{op['op']} operation does not apply: doc is missing path: {op['path']}")
+        elif op["op"] == "remove":
+            del parent[last]
+        elif op["op"] == "replace":
+            parent[last] = op.get("value")
+        elif parent[last] != op.get("value"):
+            raise ValueError(f"testing value {op['path']} failed: test failed")
+    return doc
+
+
+def _metadata_errors(field: str, values: Any, labels: bool) -> list[tuple[str, str]]:
+    """(field, message) of each invalid label or annotation (ValidateLabels/ValidateAnnotations)."""
+    if values is None:
+        return []
+    if not isinstance(values, dict) or not all(isinstance(v, str) for v in values.values()):
+        return [(field, "Invalid value: must be a map of strings")]
+    errors: list[tuple[str, str]] = []
+    for key, value in values.items():
+        prefix, _, name = key.rpartition("/")
+        if (
+            not name
+            or len(name) > 63
+            or not _QUALIFIED_NAME_RE.match(name)
+            or (prefix and (len(prefix) > 253 or not _DNS_1123_SUBDOMAIN_RE.match(prefix)))
+            or ("/" in key and not prefix)
+        ):
+            errors.append(
+                (
+                    field,
+                    f"Invalid value: \"{key}\": name part must consist of alphanumeric characters, '-', '_' or "
+                    "'.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or "
+                    "'123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]') with an "
+                    "optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')",
+                )
+            )
+        if labels and value and (len(value) > 63 or not _QUALIFIED_NAME_RE.match(value)):
+            errors.append(
+                (
+                    field,
+                    f'Invalid value: "{value}": a valid label must be an empty string or consist of alphanumeric '
+                    "characters, '-', '_' or '.', and must start and end with an alphanumeric character",
+                )
+            )
+    if not labels and sum(len(k) + len(v) for k, v in values.items()) > ANNOTATIONS_SIZE_LIMIT:
+        errors.append((field, f"Too long: must have at most {ANNOTATIONS_SIZE_LIMIT} bytes"))
+    return errors
+
+
+def patch_jobset(store: StateStore, job: Mapping[str, Any], content_type: str, raw: bytes) -> dict[str, Any]:
+    """``PATCH .../jobsets/{name}``: the patched JobSet. Raises :class:`KubeError` as the API does.
+
+    apiserver ``pkg/endpoints/handlers/patch.go`` ``PatchResource``: the content type decides the
+    patch kind (415 for another), the patch applies to the stored object, a ``resourceVersion`` in
+    the patched object is a precondition (409 ``Conflict`` when stale), ``status`` changes are
+    dropped (the status subresource: customresource_handler.go strategy ``PrepareForUpdate``), an
+    unchanged object is not written. The sandbox's JobSets take changes of ``metadata.labels`` and
+    ``metadata.annotations`` only (the jobset webhook keeps most of ``spec`` immutable).
+    """
+    kind = content_type.split(";", 1)[0].strip().lower()
+    if kind not in PATCH_TYPES:
+        raise unsupported_media_type()
+    try:
+        patch = json.loads(raw or b"null")
+    except ValueError as error:
+        raise bad_request(f"error decoding patch: {error}") from None
+    current = jobset_object(job)
+    try:
+        if kind == "application/merge-patch+json":
+            if not isinstance(patch, dict):
+                raise ValueError("json: cannot unmarshal into Go value of type map[string]interface {}")
+            patched = merge_patch(current, patch)
+        else:
+            patched = json_patch(current, patch)
+    except ValueError as error:
+        raise KubeError(
+            status_object(
+                422, "Invalid", f"the server rejected our request due to an error in our request: {error}"
+            )
+        ) from None
+    name = str(job["name"])
+    metadata = patched.get("metadata") if isinstance(patched.get("metadata"), dict) else {}
+    wanted_version = metadata.get("resourceVersion")
+    if wanted_version not in (None, "") and str(wanted_version) != current["metadata"]["resourceVersion"]:
+        raise KubeError(
+            status_object(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on jobsets.{JOBSET_GROUP} "{name}": the object has been modified; '
+                "please apply your changes to the latest version and try again",
+                {"name": name, "group": JOBSET_GROUP, "kind": "jobsets"},
+            )
+        )
+    causes = _metadata_errors("metadata.labels", metadata.get("labels"), labels=True)
+    causes += _metadata_errors("metadata.annotations", metadata.get("annotations"), labels=False)
+
+    def rest(obj: Mapping[str, Any]) -> dict[str, Any]:
+        meta = {
+            k: v
+            for k, v in (obj.get("metadata") or {}).items()
+            if k not in ("labels", "annotations", "resourceVersion")
+        }
+        return {**{k: v for k, v in obj.items() if k not in ("metadata", "status")}, "metadata": meta}
+
+    if rest(patched) != rest(current):
+        causes.append(
+            (
+                "",
+                "Forbidden: the sandbox's JobSets take changes of metadata.labels and metadata.annotations only",
+            )
+        )
+    if causes:
+        text = ", ".join(f"{field}: {message}" if field else message for field, message in causes)
+        raise KubeError(
+            status_object(
+                422,
+                "Invalid",
+                f'JobSet.{JOBSET_GROUP} "{name}" is invalid: {text}',
+                {
+                    "name": name,
+                    "group": JOBSET_GROUP,
+                    "kind": "JobSet",
+                    "causes": [{"reason": "FieldValueInvalid", "message": m, "field": f} for f, m in causes],
+                },
+            )
+        )
+    labels = dict(metadata.get("labels") or {})
+    annotations = dict(metadata.get("annotations") or {})
+    before = current["metadata"]
+    if labels == (before.get("labels") or {}) and annotations == (before.get("annotations") or {}):
+        return current  # nothing changed: no write, the same resourceVersion
+    with store.txn() as txn:
+        jobs = txn.doc("jobs")
+        stored = jobs.get(str(job["key"]))
+        if stored is None or stored.get("uid") != job["uid"]:
+            raise KubeError(not_found("jobsets", name, JOBSET_GROUP))
+        manifest_meta = stored.setdefault("manifest", {}).setdefault("metadata", {})
+        for field, value in (("labels", labels), ("annotations", annotations)):
+            if value:
+                manifest_meta[field] = value
+            else:
+                manifest_meta.pop(field, None)
+        stored["metadata_writes"] = int(stored.get("metadata_writes") or 0) + 1
+        txn.save("jobs")
+        return jobset_object(stored)
+
+
 # ===================================================================================== logs
 def container_log_path(layout: SandboxLayout, job_uid: str, pod_name: str, container: str) -> Path:
     """Where the kubelet keeps a container's CRI log inside the sandbox."""
@@ -1099,10 +1332,16 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if len(rest) == 4 and rest[0] == "namespaces" and rest[2] == "jobsets":
             namespace, name = rest[1], rest[3]
+            if method == "PATCH":
+                content_type = self.headers.get("Content-Type") or ""
+                if content_type.split(";", 1)[0].strip().lower() not in PATCH_TYPES:
+                    raise unsupported_media_type()  # checked before the object is looked up
             job = self._find(namespace, name)
             if job is None:
                 raise KubeError(not_found("jobsets", name, JOBSET_GROUP))
-            if method == "GET":
+            if method == "PATCH":
+                self._send_json(200, patch_jobset(self._store(), job, content_type, self._body()))
+            elif method == "GET":
                 self._send_json(200, jobset_object(job))
             elif method == "DELETE":
                 self._body()
@@ -1265,6 +1504,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_DELETE(self) -> None:
         self._verb("DELETE")
+
+    def do_PATCH(self) -> None:
+        self._verb("PATCH")
 
     def log_message(self, format: str, *args: Any) -> None:
         sys.stderr.write(f"kube[{self.cluster_key}] {self.address_string()} {format % args}\n")

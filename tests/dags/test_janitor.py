@@ -43,23 +43,49 @@ def test_params_are_a_form(janitor: Any) -> None:
 
 
 class FakeJanitor:
-    """Expired resources per project; destroying a resource named in ``broken`` raises."""
+    """Expired resources per project; destroying a resource named in ``broken`` raises, and so
+    does scanning a project named in ``unreadable``. The projects come from the real
+    ``discover_sources`` (no bucket, no ledger) unless ``record_projects`` names more."""
 
     def __init__(
-        self, expired: dict[str, list[dict[str, str]]], broken: frozenset[str] = frozenset()
+        self,
+        expired: dict[str, list[dict[str, str]]],
+        broken: frozenset[str] = frozenset(),
+        *,
+        record_projects: tuple[str, ...] = (),
+        unreadable: frozenset[str] = frozenset(),
     ) -> None:
         self.expired = expired
         self.broken = broken
+        self.record_projects = record_projects
+        self.unreadable = unreadable
         self.scanned: list[tuple[Any, str, int]] = []
+        self.scan_options: list[dict[str, Any]] = []
         self.destroyed: list[str] = []
+        self.destroy_options: list[dict[str, Any]] = []
+        self.probe = object()
+
+    def discover_sources(self, projects: list[str], *, gcp_conn_id: str) -> Any:
+        from airflow_provider_tpu_rl.janitor_sources import JanitorSources, discover_sources
+
+        if self.record_projects and not projects:
+            return JanitorSources(list(self.record_projects), ["bkt-records"])
+        return discover_sources(projects, gcp_conn_id=gcp_conn_id, buckets=[])
+
+    def run_probe(self, context: Any) -> Any:
+        return self.probe
 
     def find_expired_resources(
-        self, hook: Any, project: str, now: int, *, run_state: Any = None
+        self, hook: Any, project: str, now: int, **options: Any
     ) -> list[dict[str, str]]:
         self.scanned.append((hook, project, now))
+        self.scan_options.append(options)
+        if project in self.unreadable:
+            raise RuntimeError(f"cannot list {project}")
         return self.expired.get(project, [])
 
-    def destroy_resource(self, hook: Any, resource: dict[str, str]) -> None:
+    def destroy_resource(self, hook: Any, resource: dict[str, str], **options: Any) -> None:
+        self.destroy_options.append(options)
         if resource["name"] in self.broken:
             raise RuntimeError(f"destroy of {resource['name']} failed")
         self.destroyed.append(resource["name"])
@@ -72,13 +98,15 @@ def run_janitor(janitor: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
 
     def run(fake: FakeJanitor, **params: Any) -> dict[str, list[Any]]:
         module = types.ModuleType(JANITOR_MODULE)
-        module.find_expired_resources = fake.find_expired_resources  # type: ignore[attr-defined]
-        module.destroy_resource = fake.destroy_resource  # type: ignore[attr-defined]
+        for name in ("find_expired_resources", "destroy_resource", "discover_sources", "run_probe"):
+            setattr(module, name, getattr(fake, name))
         monkeypatch.setitem(sys.modules, JANITOR_MODULE, module)
+        # The ledger of this test session names no bucket.
+        monkeypatch.setattr("airflow_provider_tpu_rl.janitor_sources.ledger_buckets", lambda *a, **k: [])
         monkeypatch.setitem(
             function.__globals__,
             "get_current_context",
-            lambda: {"params": {"projects": [], "dry_run": False, **params}},
+            lambda: {"params": {"projects": [], "dry_run": False, **params}, "run_id": "scheduled__janitor"},
         )
         monkeypatch.setitem(function.__globals__, "GclusterHook", lambda **kwargs: ("hook", kwargs))
         return function()
@@ -144,12 +172,47 @@ def test_without_projects_it_scans_the_connections_project(
 
 
 def test_the_provider_janitor_functions_have_the_signatures_the_dag_calls() -> None:
-    module = __import__(JANITOR_MODULE, fromlist=["find_expired_resources", "destroy_resource"])
+    module = __import__(
+        JANITOR_MODULE,
+        fromlist=["find_expired_resources", "destroy_resource", "discover_sources", "run_probe"],
+    )
     find = inspect.signature(module.find_expired_resources)
     assert list(find.parameters)[:3] == ["hook", "project", "now"]
+    find.bind("hook", "project", 0, runs=None, sources=None, gcp_conn_id="google_cloud_default")
     assert "run_state" in find.parameters
     destroy = inspect.signature(module.destroy_resource)
     destroy.bind("hook", "resource")
+    destroy.bind("hook", "resource", gcp_conn_id="google_cloud_default", janitor_run_id="scheduled__x")
+    inspect.signature(module.discover_sources).bind([], gcp_conn_id="google_cloud_default")
+    inspect.signature(module.run_probe).bind({})
+
+
+def test_without_projects_it_scans_every_project_the_records_name(run_janitor: Any) -> None:
+    fake = FakeJanitor(EXPIRED, record_projects=("proj-one-1", "proj-two-2"))
+    report = run_janitor(fake)
+    assert [project for _, project, _ in fake.scanned] == ["proj-one-1", "proj-two-2"]
+    assert fake.destroyed == ["tpu-rl", "tpu-rl-vm", "old-rl"]
+    assert len(report["destroyed"]) == 3
+
+
+def test_the_scan_reads_run_states_and_finds_records_through_the_sources(run_janitor: Any) -> None:
+    fake = FakeJanitor(EXPIRED, record_projects=("proj-one-1",))
+    run_janitor(fake)
+    (options,) = fake.scan_options
+    assert options["runs"] is fake.probe
+    assert options["sources"].projects == ["proj-one-1"]
+    assert options["sources"].buckets == ["bkt-records"]
+    # the janitor takes a cluster's lease under its own run id before destroying it
+    assert {o["janitor_run_id"] for o in fake.destroy_options} == {"scheduled__janitor"}
+
+
+def test_a_project_that_cannot_be_scanned_does_not_stop_the_others_but_fails_the_run(
+    run_janitor: Any,
+) -> None:
+    fake = FakeJanitor(EXPIRED, unreadable=frozenset({"proj-one-1"}))
+    with pytest.raises(AirflowException, match="1 expired resource"):
+        run_janitor(fake, projects=["proj-one-1", "proj-two-2"])
+    assert fake.destroyed == ["old-rl"]
 
 
 def test_without_projects_and_without_a_connection_project_it_fails(

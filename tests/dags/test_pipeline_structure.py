@@ -23,6 +23,13 @@ from airflow_provider_tpu_rl.spec import GKE_DEFAULTS, TPU_VM_DEFAULTS
 from airflow_provider_tpu_rl.spec.pipeline import GKE_TASK_ORDER, TPU_VM_TASK_ORDER
 from tests.dags.conftest import GKE_DAG_ID, PIPELINE_DAG_IDS, TPU_VM_DAG_ID
 
+# validate refuses the form's example project, bucket and reservation: a run names its own.
+OWN_CLOUD = {
+    "project": "tpu-rl-structure",
+    "bucket": "tpu-rl-structure-bucket",
+    "reservation": "tpu-rl-structure-reservation",
+}
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -186,7 +193,7 @@ def test_operators_take_every_value_from_validate_and_jobs_defer(pipeline: tuple
 def test_every_operator_argument_renders_to_validates_value(pipeline: tuple[Any, Shape]) -> None:
     """Rendered against validate's real output, each argument is the resolved value (native types)."""
     dag, shape = pipeline
-    derived = validate_pipeline_conf(dag.dag_id, "manual__1", {}, dict(shape.defaults))
+    derived = validate_pipeline_conf(dag.dag_id, "manual__1", {}, {**shape.defaults, **OWN_CLOUD})
     arguments = (gke_task_arguments if dag.dag_id == GKE_DAG_ID else tpu_vm_task_arguments)(
         derived.__getitem__
     )
@@ -213,7 +220,7 @@ def render(dag: Any, task_id: str, field: str, derived: dict[str, Any]) -> Any:
 
 def test_sensors_watch_the_paths_validate_derives(pipeline: tuple[Any, Shape]) -> None:
     dag, shape = pipeline
-    derived = validate_pipeline_conf(dag.dag_id, "manual__1", {}, dict(shape.defaults))
+    derived = validate_pipeline_conf(dag.dag_id, "manual__1", {}, {**shape.defaults, **OWN_CLOUD})
     actor_root = render(dag, "wait_actor_checkpoint", "checkpoint_root", derived)
     step = render(dag, "wait_actor_checkpoint", "step", derived)
     export_uri = render(dag, "wait_hf_export", "export_uri", derived)
@@ -235,7 +242,7 @@ def test_sensors_watch_the_paths_validate_derives(pipeline: tuple[Any, Shape]) -
 
 def test_sensor_links_name_the_project(pipeline: tuple[Any, Shape]) -> None:
     dag, shape = pipeline
-    derived = validate_pipeline_conf(dag.dag_id, "manual__1", {}, dict(shape.defaults))
+    derived = validate_pipeline_conf(dag.dag_id, "manual__1", {}, {**shape.defaults, **OWN_CLOUD})
     for task in dag.tasks:
         if task.task_id.startswith("wait_"):
             assert "project_id" in task.template_fields, task.task_id

@@ -20,6 +20,15 @@ from airflow_provider_tpu_rl.spec.presets import presets_for
 from tests.dags.conftest import GKE_DAG_ID, PIPELINE_DAG_IDS, TPU_VM_DAG_ID, trigger_time_validate
 
 DEFAULTS: dict[str, Mapping[str, Any]] = {GKE_DAG_ID: GKE_DEFAULTS, TPU_VM_DAG_ID: TPU_VM_DEFAULTS}
+# A user's own project, bucket and reservation: `validate` refuses the form's examples.
+OWN_VALUES: dict[str, dict[str, Any]] = {
+    GKE_DAG_ID: {"project": "tpu-rl-form-test", "bucket": "tpu-rl-form-test-bucket"},
+    TPU_VM_DAG_ID: {
+        "project": "tpu-rl-form-test",
+        "bucket": "tpu-rl-form-test-bucket",
+        "reservation": "res-8",
+    },
+}
 # "Run Parameters" is the section the trigger form opens (the Cloud fields).
 SECTIONS = {
     GKE_DAG_ID: {"Run Parameters", "Cluster", "Model & training", "Safety"},
@@ -143,7 +152,8 @@ BAD_CONFS = [
 
 def run_validate(dag_id: str, conf: dict[str, Any]) -> dict[str, Any]:
     """The ``validate`` task's call: params are the defaults overlaid with the conf, as at run time."""
-    return validate_pipeline_conf(dag_id, "manual__2026-01-01T00:00:00", conf, {**DEFAULTS[dag_id], **conf})
+    params = {**DEFAULTS[dag_id], **OWN_VALUES[dag_id], **conf}
+    return validate_pipeline_conf(dag_id, "manual__2026-01-01T00:00:00", conf, params)
 
 
 def schemas(dag: Any) -> dict[str, dict[str, Any]]:

@@ -33,6 +33,7 @@ AIRFLOW = str(Path(sys.executable).with_name("airflow"))
 TPU_RL = str(Path(sys.executable).with_name("tpu-rl"))
 GKE_DAG_ID = "tpu_rl_gke_pipeline"
 TPU_VM_DAG_ID = "tpu_rl_tpu_vm_pipeline"
+E2E_RESERVATION = "res-8"  # a v6e-8 reservation start_world creates
 RUN_TIMEOUT_SECONDS = 600
 
 # Fast sandbox and fast Airflow: 50 ms per simulated step, job polls every 0.5 s, one retry
@@ -159,6 +160,9 @@ class E2EWorld:
         self, dag_id: str, conf: dict[str, Any], faults: str = "", env_overrides: dict[str, str] | None = None
     ) -> DagRunResult:
         """``airflow dags test DAG -c CONF`` with ``TPU_RL_SANDBOX_FAIL=faults`` (transient faults re-armed)."""
+        if dag_id == TPU_VM_DAG_ID and "reservation" not in conf:
+            # `validate` refuses the form's example reservation: name one of the sandbox's.
+            conf = {**conf, "reservation": E2E_RESERVATION}
         reset_faults(self.layout)
         calls_before = len(read_calls(self.layout))
         env = {**self.env, **(env_overrides or {})}

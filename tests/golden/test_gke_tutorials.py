@@ -13,7 +13,7 @@ from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.render.blueprint import BLUEPRINT_RELPATH, customize_blueprint
 from airflow_provider_tpu_rl.render.plan import gke_plan
 from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
-from airflow_provider_tpu_rl.spec.presets import OPENMATH_DATASET, POST_TRAINING_IMAGE
+from airflow_provider_tpu_rl.spec.presets import OPENMATH_DATASET, POST_TRAINING_IMAGE, PRESETS
 from tests.golden.shellwords import commands, flags, module_args, python_c_snippets
 
 # The sandbox's stand-in bundle mirrors the pinned release's example folder.
@@ -64,6 +64,8 @@ def _pipeline(model: str):
             "cluster_name": v["CLUSTER_NAME"],
             "bucket": v["GCS_BUCKET"],
             "reservation": v["RESERVATION"],
+            # The tutorials' run_name (a pipeline run's default is unique per DAG run).
+            "run_name": PRESETS[model].run_name,
         },
         run_id="scheduled__2026-11-30T00:00:00+00:00",
     )

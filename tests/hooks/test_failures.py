@@ -74,3 +74,47 @@ def test_capacity_wins_over_a_surrounding_5xx():
 
 def test_only_config_is_not_retryable():
     assert [k for k in FailureKind if not k.retryable] == [FailureKind.CONFIG]
+
+
+# Real output, captured from Terraform v1.11.4 (the version the toolchain installs) and kubectl:
+# a local state locked by a running `terraform apply`, then `terraform plan -lock-timeout=1s`.
+TERRAFORM_LOCK_HELD = """\
+Acquiring state lock. This may take a few moments...
+╷
+│ Error: Error acquiring the state lock
+│
+│ Error message: resource temporarily unavailable
+│ Lock Info:
+│   ID:        64f60bee-4f4a-10dd-1a1a-6b81129b9bf1
+│   Path:      terraform.tfstate
+│   Operation: OperationTypeApply
+│   Who:       root@vm
+│   Version:   1.11.4
+│   Created:   2026-12-01 16:36:09.287707208 +0000 UTC
+│   Info:
+│
+│
+│ Terraform acquires a state lock to protect the state from being written
+│ by multiple users at the same time. Please resolve the issue above and try
+│ again. For most commands, you can disable locking with the "-lock=false"
+│ flag, but this is not recommended.
+╵
+"""
+# An http backend whose lock server is down: Terraform wraps the line inside "connect: ... refused".
+TERRAFORM_LOCK_REFUSED = """\
+╷
+│ Error: Error acquiring the state lock
+│
+│ Error message: Failed to lock: LOCK http://127.0.0.1:1/lock giving up after 3
+│ attempt(s): Lock "http://127.0.0.1:1/lock": dial tcp 127.0.0.1:1: connect:
+│ connection refused
+╵
+"""
+KUBECTL_REFUSED = (
+    "The connection to the server 127.0.0.1:1 was refused - did you specify the right host or port?"
+)
+
+
+@pytest.mark.parametrize("output", [TERRAFORM_LOCK_HELD, TERRAFORM_LOCK_REFUSED, KUBECTL_REFUSED])
+def test_lock_and_refused_connections_are_transient(output):
+    assert classify_failure("gcluster deploy ...\n" + output) is FailureKind.TRANSIENT

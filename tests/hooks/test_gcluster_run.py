@@ -295,3 +295,34 @@ def _alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return "State:\tZ" not in state  # a zombie is dead, just not reaped yet
+
+
+def test_a_call_without_timeout_is_stopped_at_the_command_timeout(make_hook, fake_tools, monkeypatch):
+    monkeypatch.setenv("AIRFLOW__TPU_RL__COMMAND_TIMEOUT_MINUTES", "0.01")  # 0.6 s
+    monkeypatch.setenv("AIRFLOW__TPU_RL__KILL_GRACE_SECONDS", "1")
+    fake_tools.respond({"match": ["describe"], "steps": [["out", "started"], ["sleep", 60]]})
+    result = make_hook().run(Command(("gcloud", "container", "clusters", "describe", "c")))
+    assert result.timed_out
+    assert result.output_lines == ("started",)
+
+
+def test_deploy_and_destroy_default_to_their_stage_bound(monkeypatch):
+    monkeypatch.setenv("AIRFLOW__TPU_RL__DEPLOY_TIMEOUT_MINUTES", "30")
+    monkeypatch.setenv("AIRFLOW__TPU_RL__TEARDOWN_TIMEOUT_MINUTES", "60")
+    monkeypatch.setenv("AIRFLOW__TPU_RL__COMMAND_TIMEOUT_MINUTES", "7")
+    deploy = gcluster_module.default_timeout(Command(("gcluster", "deploy", "c", "--auto-approve")))
+    destroy = gcluster_module.default_timeout(Command(("gcluster", "destroy", "c", "--auto-approve")))
+    other = gcluster_module.default_timeout(Command(("gcluster", "job", "list")))
+    assert 0 < deploy < 30 * 60  # stopped before the task's own execution_timeout
+    assert 30 * 60 < destroy < 60 * 60
+    assert other == 7 * 60
+
+
+def test_terraform_commands_get_a_state_lock_timeout(make_hook, fake_tools, monkeypatch):
+    monkeypatch.setenv("AIRFLOW__TPU_RL__TERRAFORM_LOCK_TIMEOUT_MINUTES", "5")
+    fake_tools.respond({"match": [], "steps": [["env", "TF_CLI_ARGS_apply"]]})
+    hook = make_hook()
+    deploy = hook.run(Command(("gcluster", "deploy", "c")), timeout=GUARD)
+    gcloud = hook.run(Command(("gcloud", "version")), timeout=GUARD)
+    assert "TF_CLI_ARGS_apply=-lock-timeout=300s" in deploy.output_lines
+    assert not any(line.startswith("TF_CLI_ARGS_apply=-lock") for line in gcloud.output_lines)

@@ -8,10 +8,15 @@ import pytest
 
 from airflow_provider_tpu_rl.hooks.jobs import JobState
 from airflow_provider_tpu_rl.hooks.kubernetes import (
+    RUN_DIR_ANNOTATION,
+    RUN_ID_ANNOTATION,
     LogCursor,
+    command_run_dir,
     container_phase,
     format_since_time,
     head_pod,
+    jobset_run_dir,
+    jobset_run_id,
     jobset_state,
     split_timestamp,
     workload_container,
@@ -157,3 +162,60 @@ def test_cursor_skips_what_it_relayed_when_a_read_restarts_from_since_time() -> 
     again = [t, t + 1, t + 2, t + 2, t + 2, t + 3]
     assert [restored.accept(n) for n in again] == [False, False, False, False, True, True]
     assert restored.lines == 6
+
+
+# ------------------------------------------------------------------------------- run directories
+TRAIN = (
+    "export VLLM_ENABLE_V1_MULTIPROCESSING=0 && JAX_PLATFORMS=proxy,cpu python3 -m "
+    "maxtext.trainers.post_train.rl.train_rl 'run_name=rl-1' "
+    "'base_output_directory=gs://b/m/trained/' model_name=qwen3-30b-a3b"
+)
+EXPORT = (
+    "python3 -m maxtext.checkpoint_conversion.to_huggingface model_name=q "
+    "load_parameters_path=gs://b/m/trained/rl-1/checkpoints/actor/50/model_params/ "
+    "base_output_directory=gs://b/m/hf-trained/rl-1 run_name=ignored"
+)
+
+
+@pytest.mark.parametrize(
+    ("script", "directory"),
+    [
+        (TRAIN, "gs://b/m/trained/rl-1/"),
+        # a conversion writes base_output_directory itself, whatever run_name says
+        (EXPORT, "gs://b/m/hf-trained/rl-1/"),
+        ("python3 train.py --base_output_directory=gs://b/x --run_name=r", "gs://b/x/r/"),
+        ("echo hello", None),
+        ("unbalanced 'quote base_output_directory=gs://b/y", "gs://b/y/"),
+    ],
+)
+def test_command_run_dir(script: str, directory: str | None) -> None:
+    assert command_run_dir(script) == directory
+
+
+def _jobset(script: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    container = {"name": "workload-container", "command": ["/bin/bash", "-c", script]}
+    return {
+        "metadata": {"name": "j", "annotations": annotations or {}},
+        "spec": {
+            "replicatedJobs": [
+                {
+                    "name": "worker",
+                    "template": {"spec": {"template": {"spec": {"containers": [{"name": "w"}]}}}},
+                },
+                {
+                    "name": "pathways-head",
+                    "template": {"spec": {"template": {"spec": {"containers": [container]}}}},
+                },
+            ]
+        },
+    }
+
+
+def test_jobset_run_dir_prefers_the_annotation_and_falls_back_to_the_command() -> None:
+    plain = _jobset(TRAIN)
+    assert jobset_run_dir(plain) == "gs://b/m/trained/rl-1/"
+    assert jobset_run_id(plain) is None
+    annotated = _jobset(TRAIN, {RUN_DIR_ANNOTATION: "gs://b/other", RUN_ID_ANNOTATION: "dag/run"})
+    assert jobset_run_dir(annotated) == "gs://b/other/"
+    assert jobset_run_id(annotated) == "dag/run"
+    assert jobset_run_dir({"metadata": {}, "spec": {}}) is None

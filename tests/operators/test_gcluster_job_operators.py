@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -13,6 +13,7 @@ from airflow.providers.common.compat.sdk import AirflowException, AirflowFailExc
 from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
 from airflow_provider_tpu_rl.operators.maxtext import MaxTextConvertOperator, PathwaysRLTrainOperator
 from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
+from airflow_provider_tpu_rl.timeouts import job_timeout
 from airflow_provider_tpu_rl.triggers.jobset import JobSetTrigger
 from tests.operators.sandbox_run import (
     RecordingTI,
@@ -24,6 +25,7 @@ from tests.operators.sandbox_run import (
     run_trigger,
     wait_for,
 )
+from tpu_rl_sandbox import kube_access
 
 RUN_1 = "manual__2026-03-01T00:00:00+00:00"
 RUN_2 = "manual__2026-03-02T00:00:00+00:00"
@@ -75,6 +77,11 @@ def test_conversion_runs_over_an_incomplete_checkpoint_and_is_skipped_once_compl
     assert ti.pulled("job_name") == later_job
 
 
+def _run_name(conf: dict[str, Any], run_id: str = RUN_1) -> str:
+    """The run's MaxText run_name (the default is unique to the DAG run)."""
+    return gke_pipeline_from_conf(conf, run_id=run_id).training.run_name
+
+
 def test_convert_defers_to_the_job_trigger(sb: SandboxRun) -> None:
     conf = sb.gke_conf()
     prepare_cluster(sb, conf, run_id=RUN_1)
@@ -95,7 +102,12 @@ def test_convert_defers_to_the_job_trigger(sb: SandboxRun) -> None:
     assert kwargs["pathways"] is False
     assert kwargs["total_steps"] is None
     assert kwargs["poll_interval"] == pytest.approx(0.2)
-    assert kwargs["deadline"] is None
+    # the default job_timeout counts from the JobSet's creation, so a re-attaching retry keeps it
+    answer = kube_access.request(
+        sb.kube(), "GET", f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets/{convert_job}"
+    )
+    created = datetime.fromisoformat(answer.json()["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
+    assert kwargs["deadline"] == pytest.approx(created.timestamp() + job_timeout("convert").total_seconds())
     event = run_trigger(trigger)
     assert event["status"] == "success"
 
@@ -136,7 +148,7 @@ def test_a_retry_attaches_to_the_running_training_job_instead_of_submitting_agai
     assert result["job_name"] == train_job
     assert (
         result["checkpoint_uri"]
-        == f"gs://{sb.bucket}/gemma4-26b/trained/rl/checkpoints/actor/3/model_params/"
+        == f"gs://{sb.bucket}/gemma4-26b/trained/{_run_name(conf)}/checkpoints/actor/3/model_params/"
     )
     assert len(sb.job_calls("submit", train_job)) == 1
 

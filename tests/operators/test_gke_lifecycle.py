@@ -5,19 +5,19 @@ from __future__ import annotations
 import json
 import re
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-import yaml
+import pytest
+from airflow.providers.common.compat.sdk import AirflowFailException
 from structlog.testing import capture_logs
 
+from airflow_provider_tpu_rl.hooks.lease import ClusterLeaseHook, Lease, lease_object
 from airflow_provider_tpu_rl.operators.gke import (
     EnsureBucketOperator,
     GclusterDeployOperator,
     GclusterDestroyOperator,
 )
 from airflow_provider_tpu_rl.render import gke
-from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
 from tests.operators.sandbox_run import SandboxRun, prepare_cluster
 from tpu_rl_sandbox.cloud import iam_bindings
 
@@ -40,6 +40,10 @@ def _destroy(sb: SandboxRun, conf: dict[str, Any]) -> dict[str, Any]:
     destroy = sb.operator(GclusterDestroyOperator, task_id="destroy_cluster")
     result: dict[str, Any] = destroy.execute(sb.context(destroy, conf, run_id=RUN_ID))
     return result
+
+
+def _lease(sb: SandboxRun) -> Lease | None:
+    return ClusterLeaseHook().read(sb.bucket, sb.cluster)
 
 
 def _ensure_bucket(sb: SandboxRun, conf: dict[str, Any]) -> None:
@@ -92,21 +96,14 @@ def test_deploy_writes_the_blueprint_labels_and_the_resource_record(sb: SandboxR
     expires = int(start.timestamp()) + 12 * 3600
     assert result["expires_at"] == expires
 
-    pipeline = gke_pipeline_from_conf(conf, run_id=RUN_ID)
-    blueprint = yaml.safe_load(
-        Path(gke.blueprint_path(gke.default_workdir(sb.cluster, pipeline.suffix))).read_text()
-    )
-    modules = {m["id"]: m for group in blueprint["deployment_groups"] for m in group["modules"]}
-    roles = modules["node_pool_service_account"]["settings"]["project_roles"]
-    assert "storage.admin" in roles
-    assert "storage.objectViewer" not in roles
+    # The blueprint's labels and roles, as the cluster the fake Terraform created from it carries
+    # them (the work folder itself is gone with the task): its node pool may write to GCS.
     wanted = {"tpu-rl-managed": "true", "tpu-rl-expires": str(expires), "tpu-rl-bucket": sb.bucket}
-    assert wanted.items() <= blueprint["vars"]["labels"].items()
-    # The cluster the fake Terraform created carries them, and its node pool may write to GCS.
     record = sb.cluster_record()
     assert record is not None
     assert wanted.items() <= record["labels"].items()
     assert "storage.admin" in record["node_pool_roles"]
+    assert "storage.objectViewer" not in record["node_pool_roles"]
     # What the janitor needs to destroy it, written in the run's bucket.
     resource = json.loads(sb.api.download(sb.bucket, gke.resource_record_object(sb.cluster)))
     assert resource == {
@@ -138,15 +135,32 @@ def test_deploy_writes_the_blueprint_labels_and_the_resource_record(sb: SandboxR
         assert f"serviceAccount:{sb.cluster}-gke-{account}-sa@{sb.project}.iam.gserviceaccount.com" in admins
 
 
-def test_destroying_a_cluster_that_was_never_deployed_succeeds(sb: SandboxRun) -> None:
+def test_destroy_leaves_alone_a_cluster_this_run_never_deployed(sb: SandboxRun) -> None:
+    """No lease and no record of this run: nothing this run made, nothing to tear down."""
     conf = sb.gke_conf()
     _ensure_bucket(sb, conf)
     result = _destroy(sb, conf)
-    assert result == {"cluster_name": sb.cluster, "destroyed": True, "bucket_deleted": False}
-    destroys = [c for c in sb.calls() if c["argv"][:1] == ["destroy"]]
-    assert [c["exit_code"] for c in destroys] == [0]
+    assert result == {
+        "cluster_name": sb.cluster,
+        "destroyed": False,
+        "bucket_deleted": False,
+        "lease_holder": None,
+    }
+    assert not [c for c in sb.calls() if c["argv"][:1] == ["destroy"]]
     assert sb.cluster_record() is None
     assert sb.bucket_exists()
+
+
+def test_a_retried_destroy_after_the_lease_was_released_destroys_again(sb: SandboxRun) -> None:
+    """The record says this run created the cluster: with no lease left, the retry still runs
+    (``gcluster destroy`` of an absent cluster succeeds)."""
+    conf = sb.gke_conf()
+    prepare_cluster(sb, conf, run_id=RUN_ID)
+    assert _destroy(sb, conf)["destroyed"] is True
+    assert _lease(sb) is None
+    assert _destroy(sb, conf)["destroyed"] is True
+    destroys = [c for c in sb.calls() if c["argv"][:1] == ["destroy"]]
+    assert [c["exit_code"] for c in destroys] == [0, 0]
 
 
 def test_destroy_removes_the_cluster_and_keeps_the_bucket(sb: SandboxRun) -> None:
@@ -162,7 +176,10 @@ def test_destroy_removes_the_cluster_and_keeps_the_bucket(sb: SandboxRun) -> Non
     assert result["bucket_deleted"] is False
     assert sb.cluster_record() is None
     assert sb.bucket_exists()
-    assert set(before) <= set(sb.objects())
+    # every object is kept but the lease, released at the end of the teardown
+    assert set(before) - {lease_object(sb.cluster)} <= set(sb.objects())
+    assert lease_object(sb.cluster) in before
+    assert _lease(sb) is None
     assert not any(c["argv"][:2] == ["storage", "rm"] for c in sb.calls())
     # The second destroy (a retry of the teardown) finds nothing left and succeeds too.
     assert _destroy(sb, conf)["destroyed"] is True
@@ -174,7 +191,12 @@ def test_delete_bucket_true_deletes_the_bucket_after_the_cluster(sb: SandboxRun)
 
     result = _destroy(sb, conf)
 
-    assert result == {"cluster_name": sb.cluster, "destroyed": True, "bucket_deleted": True}
+    assert result == {
+        "cluster_name": sb.cluster,
+        "destroyed": True,
+        "bucket_deleted": True,
+        "lease_holder": f"tpu_rl_gke_pipeline/{RUN_ID}",
+    }
     assert sb.cluster_record() is None
     assert not sb.bucket_exists()
     verbs = [c["argv"][0] if c["tool"] == "gcluster" else " ".join(c["argv"][:2]) for c in sb.calls()]
@@ -190,3 +212,78 @@ def test_keep_cluster_leaves_the_cluster_running(sb: SandboxRun) -> None:
     assert result["destroyed"] is False
     assert sb.cluster_record() is not None
     assert not [c for c in sb.calls() if c["argv"][:1] == ["destroy"]]
+
+
+# ------------------------------------------------------------------------------ the lease
+OTHER_RUN_ID = "manual__2026-03-02T00:00:00+00:00"
+
+
+def test_deploy_takes_the_lease_and_a_second_run_is_refused_in_one_line(sb: SandboxRun) -> None:
+    conf = sb.gke_conf()
+    start = datetime.now(UTC)
+    _ensure_bucket(sb, conf)
+    first = _deploy(sb, conf, start)
+    lease = _lease(sb)
+    assert lease is not None
+    assert lease.holder == f"tpu_rl_gke_pipeline/{RUN_ID}"
+    # the lease runs to the cluster's expiry (start + max_cluster_hours): it covers the whole run
+    assert int(lease.expires_at) == first["lease_expires_at"] == first["expires_at"]
+    record_before = sb.api.download(sb.bucket, gke.resource_record_object(sb.cluster))
+    deploys_before = len(_deploy_calls(sb))
+
+    other = sb.operator(GclusterDeployOperator, task_id="deploy_cluster", run_id=OTHER_RUN_ID)
+    with pytest.raises(AirflowFailException) as refused:
+        other.execute(sb.context(other, conf, run_id=OTHER_RUN_ID))
+
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith(f"cluster {sb.cluster} is in use by run tpu_rl_gke_pipeline/{RUN_ID} until ")
+    assert len(_deploy_calls(sb)) == deploys_before  # never deployed over the first run's cluster
+    assert sb.api.download(sb.bucket, gke.resource_record_object(sb.cluster)) == record_before
+    assert _lease(sb) == lease
+
+
+def test_a_run_without_the_lease_never_destroys_the_cluster(sb: SandboxRun) -> None:
+    conf = sb.gke_conf(delete_bucket=True)
+    prepare_cluster(sb, conf, run_id=RUN_ID)
+
+    other = sb.operator(GclusterDestroyOperator, task_id="destroy_cluster", run_id=OTHER_RUN_ID)
+    result = other.execute(sb.context(other, conf, run_id=OTHER_RUN_ID))
+
+    assert result["destroyed"] is False
+    assert result["bucket_deleted"] is False  # the bucket holds the other run's lease and state
+    assert result["lease_holder"] == f"tpu_rl_gke_pipeline/{RUN_ID}"
+    assert sb.cluster_record() is not None
+    assert sb.bucket_exists()
+    assert not [c for c in sb.calls() if c["argv"][:1] == ["destroy"]]
+    # the holder's own teardown still destroys it and releases the lease
+    assert _destroy(sb, conf)["destroyed"] is True
+    assert sb.cluster_record() is None
+    assert not sb.bucket_exists()
+
+
+def test_keep_cluster_hands_the_cluster_to_a_later_run(sb: SandboxRun) -> None:
+    conf = sb.gke_conf(keep_cluster=True)
+    prepare_cluster(sb, conf, run_id=RUN_ID)
+    assert _destroy(sb, conf)["destroyed"] is False
+    kept = _lease(sb)
+    assert kept is not None
+    assert kept.kept
+    assert kept.holder == f"tpu_rl_gke_pipeline/{RUN_ID}"
+
+    later_conf = sb.gke_conf()
+    later = sb.operator(GclusterDeployOperator, task_id="deploy_cluster", run_id=OTHER_RUN_ID)
+    later.execute(sb.context(later, later_conf, run_id=OTHER_RUN_ID))
+    taken = _lease(sb)
+    assert taken is not None
+    assert taken.holder == f"tpu_rl_gke_pipeline/{OTHER_RUN_ID}"
+    assert not taken.kept
+    record = json.loads(sb.api.download(sb.bucket, gke.resource_record_object(sb.cluster)))
+    assert record["run_id"] == OTHER_RUN_ID
+
+    # the first run's teardown, retried now, leaves the later run's cluster alone
+    assert _destroy(sb, conf)["destroyed"] is False
+    destroy = sb.operator(GclusterDestroyOperator, task_id="destroy_cluster", run_id=OTHER_RUN_ID)
+    assert destroy.execute(sb.context(destroy, later_conf, run_id=OTHER_RUN_ID))["destroyed"] is True
+    assert sb.cluster_record() is None
+    assert _lease(sb) is None

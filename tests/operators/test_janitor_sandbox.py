@@ -89,7 +89,12 @@ def test_janitor_finds_and_destroys_expired_and_orphaned_resources_but_never_the
     assert reasons[orphan] == f"its DAG run {GKE_DAG_ID}/manual__orphan is failed"
     assert reasons[vm_orphan] == f"its DAG run {TPU_VM_DAG_ID}/manual__vm_orphan is failed"
 
-    objects_before = sb.objects()
+    # The janitor's own bookkeeping (leases it takes and releases, orphan markers) aside.
+    def kept_objects() -> list[str]:
+        return [name for name in sb.objects() if not name.startswith(("tpu-rl/leases/", "tpu-rl/janitor/"))]
+
+    objects_before = kept_objects()
+    leases_before = set(sb.objects(prefix="tpu-rl/leases/"))
     records_before = {
         name: sb.api.download(sb.bucket, gke.resource_record_object(name))
         for name in (expired, orphan, kept, vm_expired, vm_orphan)
@@ -105,7 +110,13 @@ def test_janitor_finds_and_destroys_expired_and_orphaned_resources_but_never_the
     assert not [key for key in vms if key.startswith(f"{sb.project}/")]
     # The bucket, every object in it and the records are untouched.
     assert sb.bucket_exists()
-    assert sb.objects() == objects_before
+    assert kept_objects() == objects_before
+    # The destroyed clusters' leases are released; the kept cluster's stays.
+    assert set(sb.objects(prefix="tpu-rl/leases/")) == leases_before - {
+        f"tpu-rl/leases/{expired}.json",
+        f"tpu-rl/leases/{orphan}.json",
+    }
+    assert f"tpu-rl/leases/{kept}.json" in leases_before
     for name, data in records_before.items():
         assert sb.api.download(sb.bucket, gke.resource_record_object(name)) == data
     assert not [c for c in sb.calls() if c["argv"][:2] == ["storage", "rm"]]

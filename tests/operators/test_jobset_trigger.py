@@ -213,10 +213,10 @@ def test_a_job_that_ended_before_the_deferral_completes_in_the_worker(
     prepare_cluster(sb, conf, run_id=RUN_ID)
     convert_checkpoint(sb, conf, run_id=RUN_ID)
     job_name = gke_pipeline_from_conf(conf, run_id=RUN_ID).train_job
-    real = kubernetes.GkeClusterHook.cluster_access
+    real = PathwaysRLTrainOperator.record_on_jobset
 
-    def access_after_the_job_ended(self: Any, cluster_name: str, project_id: str) -> Any:
-        access = real(self, cluster_name, project_id)
+    def recorded_after_the_job_ended(self: Any, *args: Any, **kwargs: Any) -> None:
+        real(self, *args, **kwargs)  # right after the submit, before the operator reads the state
         path = f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets/{job_name}"
         wait_for(
             lambda: any(
@@ -228,9 +228,8 @@ def test_a_job_that_ended_before_the_deferral_completes_in_the_worker(
             ),
             "the training job to complete",
         )
-        return access
 
-    monkeypatch.setattr(kubernetes.GkeClusterHook, "cluster_access", access_after_the_job_ended)
+    monkeypatch.setattr(PathwaysRLTrainOperator, "record_on_jobset", recorded_after_the_job_ended)
     train = sb.operator(PathwaysRLTrainOperator, task_id="train")
     result = train.execute(sb.context(train, conf, run_id=RUN_ID))  # no TaskDeferred
 

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
-from airflow.providers.common.compat.sdk import AirflowFailException
+from airflow.providers.common.compat.sdk import AirflowFailException, TaskDeferred
 
+from airflow_provider_tpu_rl.hooks.lease import ClusterLeaseHook, Lease
 from airflow_provider_tpu_rl.operators.preflight import TpuRlPreflightOperator, error_line
 from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID
 from airflow_provider_tpu_rl.spec.pipeline import GKE_DAG_ID
@@ -180,3 +182,78 @@ def test_error_line_keeps_gclouds_reason() -> None:
         "- Required 'compute.reservations.get' permission for 'projects/p/zones/z/reservations/r'"
     )
     assert error_line("just one line") == "just one line"
+
+
+# ------------------------------------------------------------------------------ the cluster lease
+OTHER_RUN = "manual__2026-02-01T00:00:00+00:00"
+
+
+def _gke_preflight(sb: SandboxRun) -> tuple[TpuRlPreflightOperator, Any]:
+    """The GKE preflight with the cluster and bucket it checks the lease of."""
+    conf = sb.gke_conf()
+    operator = sb.operator(
+        TpuRlPreflightOperator,
+        GKE_DAG_ID,
+        conf=conf,
+        task_id="preflight",
+        cluster_name=sb.cluster,
+        bucket=sb.bucket,
+    )
+    return operator, sb.context(operator, conf)
+
+
+def _lease_for(sb: SandboxRun, run_id: str, **kwargs: Any) -> Lease:
+    if not sb.bucket_exists():
+        sb.api.create_bucket(sb.bucket)
+    return ClusterLeaseHook().acquire(
+        sb.bucket, sb.cluster, dag_id=GKE_DAG_ID, run_id=run_id, ttl=kwargs.get("ttl", timedelta(hours=1))
+    )
+
+
+def test_a_cluster_leased_by_another_run_is_one_line(pf: SandboxRun) -> None:
+    _lease_for(pf, OTHER_RUN)
+    operator, context = _gke_preflight(pf)
+    with pytest.raises(AirflowFailException) as failed:
+        operator.execute(context)
+    lines = str(failed.value).splitlines()
+    assert len(lines) == 2, lines
+    assert lines[1].startswith(f"- cluster {pf.cluster} is in use by run {GKE_DAG_ID}/{OTHER_RUN} until ")
+    assert lines[1].endswith(" UTC")
+
+
+def test_a_free_expired_kept_or_own_lease_passes(pf: SandboxRun) -> None:
+    operator, context = _gke_preflight(pf)
+    assert operator.execute(context)["runner"] == "gke"  # no bucket yet: nobody holds a lease
+    expired = _lease_for(pf, OTHER_RUN, ttl=timedelta(seconds=-1))
+    assert operator.execute(context)["runner"] == "gke"
+    hook = ClusterLeaseHook()
+    own = hook.acquire(
+        pf.bucket, pf.cluster, dag_id=GKE_DAG_ID, run_id=str(context["run_id"]), ttl=timedelta(hours=1)
+    )
+    assert own.generation != expired.generation
+    assert operator.execute(context)["runner"] == "gke"
+    hook.release(pf.bucket, own, keep=True)
+    assert operator.execute(context)["runner"] == "gke"
+
+
+def test_preflight_waits_for_a_held_lease_deferred_and_bounded(
+    pf: SandboxRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIRFLOW__TPU_RL__LEASE_WAIT_MINUTES", "30")
+    held = _lease_for(pf, OTHER_RUN)
+    operator, context = _gke_preflight(pf)
+    with pytest.raises(TaskDeferred) as deferred:
+        operator.execute(context)
+    assert deferred.value.method_name == "execute_lease_wait"
+    deadline = deferred.value.kwargs["deadline"]
+    # still held: waits again, until the deadline; past it, the one line
+    with pytest.raises(TaskDeferred):
+        operator.execute_lease_wait(context, None, deadline=deadline)
+    with pytest.raises(AirflowFailException) as failed:
+        operator.execute_lease_wait(context, None, deadline=0.0)
+    assert str(failed.value).startswith(
+        f"cluster {pf.cluster} is in use by run {GKE_DAG_ID}/{OTHER_RUN} until "
+    )
+    # released: the run goes on
+    ClusterLeaseHook().release(pf.bucket, held)
+    assert operator.execute_lease_wait(context, None, deadline=deadline)["cluster_lease"] == "free"

@@ -131,7 +131,8 @@ def test_reported_rewards_equal_the_rewards_the_training_job_printed(
     assert metrics["completed"] is True
     assert metrics["last_step"] == 3
     assert {e["step"]: e["loss"] for e in metrics["loss"]}.items() <= printed_losses(log).items()
-    assert result["checkpoint_uri"].endswith("/trained/rl/checkpoints/actor/3/model_params/")
+    run_name = gke_pipeline_from_conf(conf, run_id=context["run_id"]).training.run_name
+    assert result["checkpoint_uri"].endswith(f"/trained/{run_name}/checkpoints/actor/3/model_params/")
 
 
 def test_a_reward_line_more_than_ten_lines_before_a_log_read_is_still_reported(

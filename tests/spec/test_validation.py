@@ -51,6 +51,14 @@ BAD_GKE_CONF: list[tuple[dict[str, Any], str, str]] = [
     ({"run_name": "../etc"}, "run_name", "run name must match"),
     ({"num_batches": 0}, "num_batches", ">= 1"),
     ({"num_batches": -5}, "num_batches", ">= 1"),
+    ({"num_batches": 10**30}, "num_batches", "must be <= 10000000"),
+    ({"num_batches": float("nan")}, "num_batches", "must be a finite number"),
+    ({"max_cluster_hours": float("inf")}, "max_cluster_hours", "must be a finite number"),
+    ({"max_cluster_hours": 10**30}, "max_cluster_hours", "between 1 and 336"),
+    ({"compute_type": ["ct6e-standard-4t"]}, "compute_type", "must be a string"),
+    ({"topology": {"x": 4}}, "topology", "must be a string"),
+    ({"project": 123456}, "project", "must be a string"),
+    ({"run_name": 5}, "run_name", "must be a string"),
     ({"num_batches": 2.5}, "num_batches", "must be an integer"),
     ({"model": "gpt-5"}, "model", "unknown model"),
     ({"model": "llama3.1-8b-Instruct"}, "model", "use the tpu_rl_tpu_vm_pipeline DAG"),
@@ -68,7 +76,65 @@ BAD_GKE_CONF: list[tuple[dict[str, Any], str, str]] = [
         "train_overrides.sampler_devices_fraction",
         "(0, 1]",
     ),
-    ({"train_overrides": {"num_batches": 0}}, "train_overrides.num_batches", ">= 1"),
+    ({"train_overrides": {"num_batches": 0}}, "train_overrides.num_batches", "the `num_batches` param"),
+    ({"train_overrides": {"num_batches": 60}}, "train_overrides.num_batches", "the `num_batches` param"),
+    ({"train_overrides": {"run_name": "x"}}, "train_overrides.run_name", "the `run_name` param"),
+    ({"train_overrides": {"model_name": "x"}}, "train_overrides.model_name", "the `model` param"),
+    (
+        {"train_overrides": {"load_parameters_path": "gs://x/y"}},
+        "train_overrides.load_parameters_path",
+        "cannot be overridden",
+    ),
+    (
+        {"train_overrides": {"lerning_rate": 1e-5}},
+        "train_overrides.lerning_rate",
+        "not a MaxText config key (did you mean learning_rate?)",
+    ),
+    (
+        {"train_overrides": {"no_such_key_at_all": 1}},
+        "train_overrides.no_such_key_at_all",
+        "not a MaxText config key",
+    ),
+    (
+        {"train_overrides": {"rl.num_generationz": 4}},
+        "train_overrides.rl.num_generationz",
+        "not a key of MaxText's `rl` config (did you mean rl.num_generations?)",
+    ),
+    (
+        {"train_overrides": {"nope.num_generations": 4}},
+        "train_overrides.nope.num_generations",
+        "not a MaxText config key",
+    ),
+    ({"train_overrides": {"learning_rate": float("nan")}}, "train_overrides.learning_rate", "finite"),
+    ({"train_overrides": {"learning_rate": float("inf")}}, "train_overrides.learning_rate", "finite"),
+    ({"train_overrides": {"learning_rate": 5}}, "train_overrides.learning_rate", "<= 1"),
+    (
+        {"train_overrides": {"vllm_hf_overrides": {"x": float("nan")}}},
+        "train_overrides.vllm_hf_overrides",
+        "finite",
+    ),
+    ({"train_overrides": {"batch_size": 10**30}}, "train_overrides.batch_size", "must be <= 65536"),
+    ({"train_overrides": {"kv_cache_buffer": 10**30}}, "train_overrides.kv_cache_buffer", "64-bit integer"),
+    (
+        {"train_overrides": {"kv_cache_buffer": 0}},
+        "train_overrides.kv_cache_buffer",
+        "must be > 0 in MaxText",
+    ),
+    ({"train_overrides": {"kv_cache_buffer": 2.5}}, "train_overrides.kv_cache_buffer", "must be an integer"),
+    (
+        {"train_overrides": {"kv_cache_buffer": "many"}},
+        "train_overrides.kv_cache_buffer",
+        "must be an integer",
+    ),
+    ({"train_overrides": {"debug": "maybe"}}, "train_overrides.debug", "true or false"),
+    ({"train_overrides": {"debug": 2}}, "train_overrides.debug", "true or false"),
+    ({"train_overrides": {"tokenizer_path": 5}}, "train_overrides.tokenizer_path", "must be a string"),
+    ({"train_overrides": {"mu_dtype": ["bfloat16"]}}, "train_overrides.mu_dtype", "must be a string"),
+    ({"train_overrides": {"grad_dtype": "fp8"}}, "train_overrides.grad_dtype", "must be one of"),
+    ({"train_overrides": {"rl.loss_algo": "ppo"}}, "train_overrides.rl.loss_algo", "grpo, gspo-token"),
+    ({"train_overrides": {"stop_strings": 5}}, "train_overrides.stop_strings", "must be a list"),
+    ({"train_overrides": {"vllm_hf_overrides": 5}}, "train_overrides.vllm_hf_overrides", "must be an object"),
+    ({"train_overrides": {"kv_cache_buffer": "none"}}, "train_overrides.kv_cache_buffer", "cannot be null"),
     ({"train_overrides": {"Bad-Key": 1}}, "train_overrides.Bad-Key", "[a-z_][a-z0-9_.]*"),
     ({"train_overrides": {"x; rm": 1}}, "train_overrides.x; rm", "[a-z_][a-z0-9_.]*"),
     ({"train_overrides": {"debug": "a\nb"}}, "train_overrides.debug", "control characters"),
@@ -82,7 +148,7 @@ BAD_GKE_CONF: list[tuple[dict[str, Any], str, str]] = [
         "train_overrides.base_output_directory",
         "cannot be overridden",
     ),
-    ({"train_overrides": {"debug": None}}, "train_overrides.debug", "value must be"),
+    ({"train_overrides": {"debug": None}}, "train_overrides.debug", "must not be null"),
     ({"train_overrides": []}, "train_overrides", "must be an object"),
     ({"hf_token_conn_id": "my conn"}, "hf_token_conn_id", "connection id"),
     ({"hf_token_secret": "a/b"}, "hf_token_secret", "secret id"),
@@ -135,6 +201,75 @@ def test_good_overrides_reach_training_and_win_over_the_preset() -> None:
     assert overrides["rl.num_generations"] == "8"
     assert overrides["eval_interval"] == "10"
     assert overrides["batch_size"] == "8"  # preset value kept
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("debug", "true"),
+        ("debug", False),
+        ("debug", 1),
+        ("kv_cache_buffer", "512"),
+        ("kv_cache_buffer", 512.0),
+        ("max_num_seqs", "None"),  # nullable: MaxText reads "none" as null
+        ("grad_dtype", "bfloat16"),
+        ("rl.loss_algo", "gspo-token"),
+        ("rl.num_iterations", 2),
+        ("num_iterations", 2),  # a nested model's field, given flat (RLConfig routes it)
+        ("vllm_hf_overrides", {"architectures": ["MaxTextForCausalLM"]}),
+        ("vllm_additional_config.maxtext_config", "{}"),  # a key inside a dict-valued key
+        ("stop_strings", ["</answer>"]),
+        ("learning_rate", "3e-6"),
+    ],
+)
+def test_maxtext_values_of_the_keys_type_are_taken(key: str, value: Any) -> None:
+    pipeline = gke_pipeline_from_conf({"train_overrides": {key: value}})
+    assert key in dict(pipeline.training.overrides)
+
+
+def test_tpu_vm_overrides_are_checked_against_the_maxtext_it_installs() -> None:
+    """The TPU VM installs maxtext 0.2.3, whose train_rl does not know data_template_path (0.2.4 does)."""
+    assert gke_pipeline_from_conf({"train_overrides": {"data_template_path": "x.json"}})
+    with pytest.raises(SpecError) as err:
+        tpu_vm_pipeline_from_conf({"train_overrides": {"data_template_path": "x.json"}})
+    assert str(err.value).startswith("train_overrides.data_template_path: not a MaxText config key")
+
+
+def test_the_presets_own_overrides_are_maxtext_keys_of_their_version() -> None:
+    from airflow_provider_tpu_rl.spec.presets import PRESETS
+    from airflow_provider_tpu_rl.spec.workloads import check_maxtext_value, maxtext_config_key
+
+    for preset in PRESETS.values():
+        for key, value in preset.train_overrides:
+            where = f"{preset.model_name}.{key}"
+            check_maxtext_value(where, maxtext_config_key(where, key, preset.maxtext_version), value)
+
+
+def test_gke_default_run_name_is_unique_per_dag_run() -> None:
+    """Outputs are keyed by run_name: two runs with the default settings each train their own model."""
+    first = gke_pipeline_from_conf({}, run_id="manual__1")
+    second = gke_pipeline_from_conf({}, run_id="manual__2")
+    assert first.training.run_name != second.training.run_name
+    assert first.training.run_name == f"rl-{first.suffix}"
+    assert first.training.actor_checkpoint_root != second.training.actor_checkpoint_root
+    assert first.export.output_directory != second.export.output_directory
+    # The same DAG run (a retry) keeps its run_name; an explicit one (resume) is used as is.
+    assert gke_pipeline_from_conf({}, run_id="manual__1").training.run_name == first.training.run_name
+    assert gke_pipeline_from_conf({"run_name": "rl"}, run_id="manual__2").training.run_name == "rl"
+
+
+def test_placeholders_are_named_with_what_to_set() -> None:
+    from airflow_provider_tpu_rl.spec.pipeline import placeholders, refuse_placeholders
+
+    resolved = gke_pipeline_from_conf({}).resolved()
+    assert placeholders(resolved) == {"project": "my-tpu-project", "bucket": "my-tpu-rl-bucket"}
+    with pytest.raises(SpecError) as err:
+        refuse_placeholders(resolved)
+    assert str(err.value) == "project: set project to your GCP project (my-tpu-project is the form's example)"
+    vm = tpu_vm_pipeline_from_conf({"project": "proj-123", "bucket": "bucket-123"}).resolved()
+    with pytest.raises(SpecError, match=r"^reservation: set reservation to the name of your v6e-8"):
+        refuse_placeholders(vm)
+    refuse_placeholders({**vm, "reservation": "res-8"})
 
 
 @pytest.mark.parametrize(

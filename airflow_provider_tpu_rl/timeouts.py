@@ -1,0 +1,199 @@
+"""How long each piece of a pipeline may take: tasks, jobs, CLI calls, DAG runs.
+
+Every bound is read from the ``[tpu_rl]`` section of the Airflow config (minutes, fractions
+allowed) with the defaults below, so a deployment tunes them without editing a DAG:
+``[tpu_rl] <stage>_timeout_minutes`` for a task, ``job_timeout_margin_minutes`` for the gap
+between a job's bound and its task's, ``command_timeout_minutes`` for short CLI calls and
+``dagrun_timeout_hours`` for a whole run.
+
+A task's ``execution_timeout`` also bounds the time it spends deferred: Airflow gives the trigger
+the task's remaining ``execution_timeout`` as its timeout (``BaseOperator.defer``), so a job
+operator's bound covers the whole job wait.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Final
+
+from airflow.providers.common.compat.sdk import conf
+
+SECTION: Final = "tpu_rl"
+
+DEFAULT_TASK_MINUTES: Final[dict[str, float]] = {
+    # Toolchain, API, IAM and reservation checks: a handful of short API calls.
+    "preflight": 20,
+    # Conf checks in the worker, no cloud call.
+    "validate": 10,
+    # Bucket, HF token secret, ledger record, watcher: a few API calls each.
+    "short": 20,
+    # gcluster deploy: Packer-free blueprint, Terraform creates a GKE cluster and its node pools.
+    "deploy": 90,
+    # HF -> MaxText conversion job (a 30B model downloads and rewrites ~60 GB).
+    "convert": 180,
+    # GRPO training job: 48 h.
+    "train": 48 * 60,
+    # MaxText -> HF export job.
+    "export": 180,
+    # gcluster destroy (Terraform destroys node pools and the cluster) or VM delete.
+    "teardown": 90,
+    # Waiting for a checkpoint's files in GCS once the job that writes them finished.
+    "checkpoint": 120,
+    # TPU VM create (queued resources can take a while to be provisioned).
+    "vm_create": 60,
+    # Installing MaxText and its dependencies on every worker of a TPU VM over SSH.
+    "install": 90,
+    # The janitor's scan and the destroys it starts.
+    "janitor": 240,
+}
+
+# The stages a run goes through, each once per try: (stage, retried). A retried stage is one of
+# the tasks given ``[tpu_rl] retries`` (operators/pipeline.transient_retries); the others have none.
+PIPELINE_STAGES: Final[dict[str, tuple[tuple[str, bool], ...]]] = {
+    "gke": (
+        ("validate", False),
+        ("preflight", True),
+        ("short", True),  # ensure_bucket
+        ("deploy", True),
+        ("short", True),  # sync_hf_token
+        ("convert", True),
+        ("checkpoint", False),
+        ("train", True),
+        ("checkpoint", False),
+        ("export", True),
+        ("checkpoint", False),
+        ("teardown", True),
+        ("short", False),  # record_run
+        ("short", False),  # watcher
+    ),
+    "tpu_vm": (
+        ("validate", False),
+        ("preflight", True),
+        ("short", True),  # ensure_bucket
+        ("short", True),  # sync_hf_token
+        ("vm_create", True),
+        ("install", True),
+        ("convert", True),
+        ("train", True),
+        ("checkpoint", False),
+        ("export", True),
+        ("checkpoint", False),
+        ("teardown", True),
+        ("short", False),  # record_run
+        ("short", False),  # watcher
+    ),
+    # Two branches of train/export after one conversion: counted one after the other, as a
+    # pool or the scheduler may run them.
+    "sweep": (
+        ("preflight", False),
+        ("short", False),
+        ("deploy", False),
+        ("short", False),
+        ("convert", False),
+        *((("train", False), ("checkpoint", False), ("export", False), ("checkpoint", False)) * 2),
+        ("teardown", False),
+    ),
+    "janitor": (("janitor", False),),
+}
+_STAGE_ALIASES: Final = {"destroy": "teardown", "conversion": "convert", "training": "train"}
+
+# A job's bound leaves its task this long to cancel the job and fail cleanly.
+DEFAULT_JOB_MARGIN_MINUTES: Final = 10.0
+DEFAULT_COMMAND_MINUTES: Final = 20.0
+DEFAULT_KILL_GRACE_SECONDS: Final = 30.0
+DEFAULT_TERRAFORM_LOCK_MINUTES: Final = 5.0
+# Added to the sum of a DAG run's stages: scheduling, queueing, retry delays.
+DAGRUN_MARGIN: Final = timedelta(hours=2)
+# operators/pipeline.transient_retries: max_retry_delay.
+MAX_RETRY_DELAY: Final = timedelta(minutes=30)
+
+
+def _minutes(option: str, default: float) -> float:
+    value = conf.getfloat(SECTION, option, fallback=default)
+    if not value > 0:
+        raise ValueError(f"[{SECTION}] {option} must be a positive number of minutes, not {value}")
+    return value
+
+
+def task_timeout(stage: str) -> timedelta:
+    """``execution_timeout`` of a task of ``stage``: ``[tpu_rl] <stage>_timeout_minutes``.
+
+    ``stage`` is one of :data:`DEFAULT_TASK_MINUTES` (``destroy`` is ``teardown``).
+    """
+    stage = _STAGE_ALIASES.get(stage, stage)
+    if stage not in DEFAULT_TASK_MINUTES:
+        raise ValueError(f"unknown stage {stage!r}; known: {sorted(DEFAULT_TASK_MINUTES)}")
+    return timedelta(minutes=_minutes(f"{stage}_timeout_minutes", DEFAULT_TASK_MINUTES[stage]))
+
+
+def job_timeout(stage: str) -> timedelta:
+    """Default ``job_timeout`` of a job operator of ``stage`` (``convert``, ``train``, ``export``).
+
+    The task's bound minus ``[tpu_rl] job_timeout_margin_minutes`` (default 10, at most a tenth
+    of the task's bound), so the operator cancels the job and fails before Airflow kills the task;
+    the teardown then runs as after any failure.
+    """
+    task = task_timeout(stage)
+    margin = timedelta(minutes=_minutes("job_timeout_margin_minutes", DEFAULT_JOB_MARGIN_MINUTES))
+    return task - min(margin, task / 10)
+
+
+def stage_command_timeout(stage: str) -> float:
+    """Seconds the one long CLI call of a task of ``stage`` may take (``gcluster deploy``/``destroy``).
+
+    Same margin as :func:`job_timeout`: the command is stopped and the task fails with a one-line
+    "timed out" before Airflow's ``execution_timeout`` interrupts it.
+    """
+    return job_timeout(stage).total_seconds()
+
+
+def kill_grace_seconds() -> float:
+    """Seconds between SIGTERM and SIGKILL of a stopped command: ``[tpu_rl] kill_grace_seconds``.
+
+    Long enough for Terraform, once interrupted, to write its state and release its lock.
+    """
+    value = conf.getfloat(SECTION, "kill_grace_seconds", fallback=DEFAULT_KILL_GRACE_SECONDS)
+    if value < 0:
+        raise ValueError(f"[{SECTION}] kill_grace_seconds must not be negative, not {value}")
+    return value
+
+
+def terraform_lock_timeout() -> float:
+    """Seconds Terraform's ``apply`` waits for a held state lock: ``[tpu_rl] terraform_lock_timeout_minutes``."""
+    return _minutes("terraform_lock_timeout_minutes", DEFAULT_TERRAFORM_LOCK_MINUTES) * 60
+
+
+def command_timeout() -> float:
+    """Seconds a short CLI call may take: ``[tpu_rl] command_timeout_minutes`` (default 20)."""
+    return _minutes("command_timeout_minutes", DEFAULT_COMMAND_MINUTES) * 60
+
+
+def _retries() -> tuple[int, timedelta]:
+    """``[tpu_rl] retries`` and the most their delays add up to (each at most 30 minutes)."""
+    retries = conf.getint(SECTION, "retries", fallback=3)
+    return retries, MAX_RETRY_DELAY * retries
+
+
+def dagrun_timeout(kind: str) -> timedelta:
+    """``dagrun_timeout`` of a DAG (``gke``, ``tpu_vm``, ``sweep``, ``janitor``): a backstop.
+
+    ``[tpu_rl] dagrun_timeout_hours`` when set; otherwise the longest a run can take when every
+    task uses its whole ``execution_timeout`` on every try (with the retry delays), plus
+    :data:`DAGRUN_MARGIN`. A DAG run that times out has its unfinished tasks set to skipped by the
+    scheduler, a running or pending teardown included (airflow-core ``scheduler_job_runner.py``
+    ``_schedule_dag_run``: ``task_instance.state = TaskInstanceState.SKIPPED`` for every
+    unfinished one), so the cluster would be left billing: the run's bound is therefore larger
+    than its tasks', which end the run first, and catches only a run whose tasks cannot end
+    themselves (a task lost between states). Setting ``dagrun_timeout_hours`` below that sum
+    trades the teardown for a shorter bound.
+    """
+    if kind not in PIPELINE_STAGES:
+        raise ValueError(f"unknown DAG kind {kind!r}; known: {sorted(PIPELINE_STAGES)}")
+    hours = conf.getfloat(SECTION, "dagrun_timeout_hours", fallback=0.0)
+    if hours > 0:
+        return timedelta(hours=hours)
+    retries, waits = _retries()
+    total = timedelta()
+    for stage, retried in PIPELINE_STAGES[kind]:
+        total += task_timeout(stage) * (retries + 1 if retried else 1) + (waits if retried else timedelta())
+    return total + DAGRUN_MARGIN

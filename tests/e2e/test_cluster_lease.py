@@ -1,0 +1,245 @@
+"""Two runs naming one ``cluster_name``, end to end in the sandbox: the cluster lease.
+
+The first run's training job is held live (``TPU_RL_SANDBOX_POD_HOLD_FILE``: its pods stay
+pending while the file exists) while a second ``airflow dags test`` of the same DAG names the same
+cluster and bucket. The second run must neither deploy over nor destroy the cluster (also when its
+own deploy would fail), nor overwrite the resource record; the first run then finishes as if
+alone. A run that keeps its cluster hands it to a later run through the lease.
+
+The second run uses its own AIRFLOW_HOME (a copy of the migrated metadata DB): two ``dags test``
+processes never share one SQLite file; both share the module's sandbox.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_tpu_rl.hooks.lease import lease_object
+from airflow_provider_tpu_rl.render.gke import resource_record_object
+from tests.e2e.harness import GKE_DAG_ID, Call, DagRunResult, E2EWorld
+from tpu_rl_sandbox.gcluster_deploy import DEPLOY_HOLD_ENV
+from tpu_rl_sandbox.kube_api import POD_HOLD_ENV
+from tpu_rl_sandbox.state import read_calls
+
+pytestmark = pytest.mark.e2e
+
+PROJECT = "tpu-rl-e2e"
+BUCKET = "tpu-rl-e2e-lease"
+NUM_BATCHES = 3
+# Deadline against hangs while waiting for the first run's training job (not a timing assertion).
+WAIT_SECONDS = 300.0
+
+
+def conf(cluster: str, run_name: str, **extra: Any) -> dict[str, Any]:
+    """One bucket for every run of this module (the lease and the converted checkpoint live there);
+    each run its own run_name, so each trains."""
+    return {
+        "project": PROJECT,
+        "cluster_name": cluster,
+        "bucket": BUCKET,
+        "num_batches": NUM_BATCHES,
+        "run_name": run_name,
+        **extra,
+    }
+
+
+@pytest.fixture(scope="module")
+def second_world(world: E2EWorld) -> E2EWorld:
+    """Another AIRFLOW_HOME on the same sandbox, for a run concurrent with one of ``world``."""
+    root = world.root / "second"
+    home = root / "airflow"
+    home.mkdir(parents=True)
+    shutil.copy2(world.home / "airflow.db", home / "airflow.db")
+    return E2EWorld(root=root, sandbox=world.sandbox, home=home, env={**world.env, "AIRFLOW_HOME": str(home)})
+
+
+@pytest.fixture(scope="module")
+def converted(world: E2EWorld) -> DagRunResult:
+    """A first, plain run on its own cluster: it leaves the converted checkpoint in the bucket, so
+    the later runs skip conversion and their first job on the cluster is the training job."""
+    result = world.run_dag(GKE_DAG_ID, conf("e2e-lease-prep", "prep"))
+    assert result.state == "success", result.describe()
+    return result
+
+
+class Background:
+    """A DAG run in a thread (``world.run_dag``), its training pods (or its deploy) held until
+    :meth:`finish`."""
+
+    def __init__(
+        self, world: E2EWorld, run_conf: dict[str, Any], hold: Path, hold_env: str = POD_HOLD_ENV
+    ) -> None:
+        self.hold = hold
+        hold.write_text("hold")
+        self.result: DagRunResult | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(
+            target=self._run, args=(world, run_conf, {hold_env: str(hold)}), daemon=True
+        )
+        self.thread.start()
+
+    def _run(self, world: E2EWorld, run_conf: dict[str, Any], env: dict[str, str]) -> None:
+        try:
+            self.result = world.run_dag(GKE_DAG_ID, run_conf, env_overrides=env)
+        except BaseException as err:  # reported by finish()
+            self.error = err
+
+    def finish(self) -> DagRunResult:
+        self.hold.unlink(missing_ok=True)
+        self.thread.join(timeout=WAIT_SECONDS * 2)
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None, "the background run did not finish"
+        return self.result
+
+
+def wait_for_training(world: E2EWorld, cluster: str, background: Background) -> Call:
+    """The first run's successful ``gcluster job submit`` of its training job on ``cluster``."""
+    deadline = time.monotonic() + WAIT_SECONDS
+    while time.monotonic() < deadline:
+        for entry in read_calls(world.layout):
+            call = Call(str(entry["tool"]), tuple(entry["argv"]), int(entry["exit_code"]))
+            name = str(call.flag("name"))
+            if (
+                call.is_("gcluster", "job", "submit")
+                and call.flag("cluster") == cluster
+                and call.exit_code == 0
+            ) and "-hf-to-mt-" not in name:
+                return call
+        if not background.thread.is_alive():
+            break
+        time.sleep(0.2)
+    raise AssertionError(f"the first run never submitted its training job on {cluster}")
+
+
+def resource_record(world: E2EWorld, cluster: str) -> dict[str, Any]:
+    return dict(json.loads(world.gcs.download(BUCKET, resource_record_object(cluster))))
+
+
+def lease(world: E2EWorld, cluster: str) -> dict[str, Any] | None:
+    if not world.gcs.exists(BUCKET, lease_object(cluster)):
+        return None
+    return dict(json.loads(world.gcs.download(BUCKET, lease_object(cluster))))
+
+
+def first_run_id(world: E2EWorld) -> str:
+    """The run id of ``world``'s newest run of the DAG (it may still be running)."""
+    (run_id,) = world.metadata_one(
+        "SELECT run_id FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1", (GKE_DAG_ID,)
+    )
+    return str(run_id)
+
+
+Scenario = tuple[DagRunResult, DagRunResult, dict[str, Any], str]
+
+
+@pytest.fixture(scope="module")
+def overlap(
+    world: E2EWorld, second_world: E2EWorld, converted: DagRunResult, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[str], Scenario]:
+    """``overlap(faults)``: run A trains on a cluster; run B names the same cluster (with
+    ``faults`` armed for B: ``"deploy"`` = its deploy would fail); then A finishes.
+    ``(A, B, the record while B had ended, A's run id)``; each variant runs once."""
+    done: dict[str, Scenario] = {}
+
+    def run(faults: str) -> Scenario:
+        if faults not in done:
+            cluster = f"e2e-lease-{faults or 'ok'}"
+            hold = tmp_path_factory.mktemp("hold") / "pods-pending"
+            background = Background(world, conf(cluster, f"a-{faults or 'ok'}"), hold)
+            try:
+                wait_for_training(world, cluster, background)
+                run_a = first_run_id(world)
+                second = second_world.run_dag(GKE_DAG_ID, conf(cluster, f"b-{faults or 'ok'}"), faults=faults)
+                # while A still trains: the cluster is up and the record is A's
+                assert cluster in world.live_clusters(), second.describe()
+                record = resource_record(world, cluster)
+            finally:
+                first = background.finish()
+            done[faults] = (first, second, record, run_a)
+        return done[faults]
+
+    return run
+
+
+@pytest.mark.parametrize("faults", ["", "deploy"], ids=["second-deploys", "second-deploy-fails"])
+def test_a_second_run_never_deploys_over_nor_destroys_a_leased_cluster(
+    world: E2EWorld, overlap: Callable[[str], Scenario], faults: str
+) -> None:
+    first, second, record, run_a = overlap(faults)
+    cluster = first.conf["cluster_name"]
+    # B: refused in one line before it touched the cluster; its teardown left the cluster alone
+    assert second.state == "failed", second.describe()
+    assert second.task_state("deploy_cluster") == "failed", second.describe()
+    expected = f"cluster {cluster} is in use by run {GKE_DAG_ID}/{run_a} until "
+    assert any(m.startswith(expected) for m in second.raised()), second.describe()
+    assert second.calls_of("gcluster", "deploy") == [], second.describe()
+    assert second.calls_of("gcluster", "destroy") == [], second.describe()
+    assert second.calls_of("gcluster", "job", "submit") == [], second.describe()
+    assert second.task_state("destroy_cluster") == "success", second.describe()
+    # the resource record is still A's
+    assert record["run_id"] == run_a
+    # A: trained, exported and tore its own cluster down as if alone
+    assert first.run_id == run_a
+    assert first.state == "success", first.describe()
+    assert first.task_state("train") == "success", first.describe()
+    assert len(first.calls_of("gcluster", "destroy")) == 1, first.describe()
+    assert cluster not in world.live_clusters()
+    assert lease(world, cluster) is None
+
+
+def test_a_second_run_started_while_the_first_deploys_touches_nothing(
+    world: E2EWorld, second_world: E2EWorld, converted: DagRunResult, tmp_path: Path
+) -> None:
+    """The other order: B starts before A's cluster is even up (A's ``gcluster deploy`` is held
+    after A took the lease); B ends first, refused, and A then deploys, trains and tears down."""
+    cluster = "e2e-lease-early"
+    background = Background(world, conf(cluster, "early-a"), tmp_path / "deploy-held", DEPLOY_HOLD_ENV)
+    try:
+        deadline = time.monotonic() + WAIT_SECONDS
+        while lease(world, cluster) is None and background.thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        taken = lease(world, cluster)
+        assert taken is not None, "the first run never took the lease"
+        second = second_world.run_dag(GKE_DAG_ID, conf(cluster, "early-b"))
+        record = resource_record(world, cluster)
+    finally:
+        first = background.finish()
+    assert second.state == "failed", second.describe()
+    assert second.task_state("deploy_cluster") == "failed", second.describe()
+    expected = f"cluster {cluster} is in use by run {GKE_DAG_ID}/{taken['run_id']} until "
+    assert any(m.startswith(expected) for m in second.raised()), second.describe()
+    assert [c for c in second.calls if c.tool == "gcluster"] == [], second.describe()
+    assert record["run_id"] == taken["run_id"] == first.run_id
+    assert first.state == "success", first.describe()
+    assert first.task_state("train") == "success", first.describe()
+    assert len(first.calls_of("gcluster", "deploy")) == 1, first.describe()
+    assert cluster not in world.live_clusters()
+    assert lease(world, cluster) is None
+
+
+def test_keep_cluster_hands_the_cluster_to_a_later_run(world: E2EWorld, converted: DagRunResult) -> None:
+    cluster = "e2e-lease-kept"
+    kept = world.run_dag(GKE_DAG_ID, conf(cluster, "kept-a", keep_cluster=True))
+    assert kept.state == "success", kept.describe()
+    assert cluster in world.live_clusters()
+    handed = lease(world, cluster)
+    assert handed is not None
+    assert handed["kept"] is True
+    assert handed["run_id"] == kept.run_id
+
+    later = world.run_dag(GKE_DAG_ID, conf(cluster, "kept-b"))
+    assert later.state == "success", later.describe()
+    assert later.task_state("train") == "success", later.describe()
+    assert resource_record(world, cluster)["run_id"] == later.run_id
+    assert len(later.calls_of("gcluster", "destroy")) == 1, later.describe()
+    assert cluster not in world.live_clusters()
+    assert lease(world, cluster) is None
