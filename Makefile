@@ -3,9 +3,13 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 CONSTRAINTS := docker/constraints-3.11.txt
+# The test matrix's other two lines: Airflow 2.11.2 with the same providers, and Airflow 2.11.2 with
+# the lowest provider versions pyproject.toml allows (what an older Cloud Composer image has).
+VENV_211 := .venv-211
+VENV_LOWEST := .venv-lowest
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: venv postgres test lint typecheck unit demo plan bench clean
+.PHONY: venv postgres test lint typecheck unit test-airflow-2.11 test-lowest demo plan bench clean
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
 venv: $(VENV)/.installed
@@ -15,6 +19,20 @@ $(VENV)/.installed: pyproject.toml sandbox/pyproject.toml $(CONSTRAINTS)
 	$(BIN)/python -m pip install -q "uv==0.13.9"
 	$(BIN)/uv pip install -q --python $(BIN)/python -c $(CONSTRAINTS) -e '.[dev]' -e ./sandbox
 	touch $@
+
+# One venv per pinned set: $(call pinned_venv,<venv dir>,<constraints file>)
+define pinned_venv
+	$(PYTHON) -m venv $(1)
+	$(1)/bin/python -m pip install -q "uv==0.13.9"
+	$(1)/bin/uv pip install -q --python $(1)/bin/python -c $(2) -e '.[dev]' -e ./sandbox
+	touch $(1)/.installed
+endef
+
+$(VENV_211)/.installed: pyproject.toml sandbox/pyproject.toml docker/constraints-airflow-2.11-3.11.txt
+	$(call pinned_venv,$(VENV_211),docker/constraints-airflow-2.11-3.11.txt)
+
+$(VENV_LOWEST)/.installed: pyproject.toml sandbox/pyproject.toml docker/constraints-lowest-3.11.txt
+	$(call pinned_venv,$(VENV_LOWEST),docker/constraints-lowest-3.11.txt)
 
 # The ledger tests run against a real PostgreSQL server (Debian's package), started per test session.
 postgres:
@@ -32,7 +50,23 @@ typecheck: venv
 unit: venv postgres
 	$(BIN)/pytest -q
 
-test: lint typecheck unit
+# The whole suite and the demo again on Airflow 2.11.2 (lint and type checks run once, above).
+test-airflow-2.11: $(VENV_211)/.installed postgres
+	PATH=$(CURDIR)/$(VENV_211)/bin:$$PATH $(VENV_211)/bin/pytest -q
+	PATH=$(CURDIR)/$(VENV_211)/bin:$$PATH $(VENV_211)/bin/tpu-rl-sandbox demo --dir .sandbox-211 --airflow-home .demo-211/airflow
+
+# The lowest provider versions: the unit tests and the sandbox demo.
+LOWEST_TESTS := tests/spec tests/render tests/hooks tests/sensors tests/triggers tests/maxtext \
+	tests/ledger tests/operators tests/test_compat.py
+test-lowest: $(VENV_LOWEST)/.installed postgres
+	PATH=$(CURDIR)/$(VENV_LOWEST)/bin:$$PATH $(VENV_LOWEST)/bin/pytest -q $(LOWEST_TESTS)
+	PATH=$(CURDIR)/$(VENV_LOWEST)/bin:$$PATH $(VENV_LOWEST)/bin/tpu-rl-sandbox demo --dir .sandbox-lowest --airflow-home .demo-lowest/airflow
+
+# The three legs run two at a time (most of a pytest run keeps one core busy, and this machine has
+# two); each leg's output is printed whole when it ends, and every leg runs even if another fails.
+test: lint typecheck
+	@echo "make test: the suite on Airflow 3.3 (unit), on Airflow 2.11 (test-airflow-2.11) and on the lowest providers (test-lowest), two at a time; each one's output appears when it ends"
+	$(MAKE) --no-print-directory --jobs=2 --keep-going --output-sync=target unit test-airflow-2.11 test-lowest
 
 plan: venv
 	$(BIN)/tpu-rl plan tpu_rl_gke_pipeline
@@ -47,4 +81,4 @@ bench: venv
 	$(BIN)/tpu-rl-sandbox bench
 
 clean:
-	rm -rf $(VENV) .sandbox .demo .airflow
+	rm -rf $(VENV) $(VENV_211) $(VENV_LOWEST) .sandbox .demo .sandbox-211 .demo-211 .sandbox-lowest .demo-lowest .airflow

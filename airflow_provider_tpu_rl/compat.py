@@ -1,13 +1,36 @@
-"""What differs between the Airflow versions the provider supports, decided in one place.
+"""What differs between the Airflow and provider versions the provider supports, decided in one place.
 
 The version flags are computed here from the installed Airflow rather than imported from
 ``airflow.providers.common.compat.version_compat``, which older common-compat releases lack
 (that module itself asks providers to keep their own copy).
+
+The names of ``airflow.providers.common.compat.sdk`` that arrived after common-compat 1.8.0 (the
+first release with the ``sdk`` module, the provider's lower bound) are imported from here: the
+installed common-compat's when it has them, else Airflow's own (see ``SDK_FALLBACKS``).
 """
 
 from __future__ import annotations
 
+import importlib
+import os
+import re
+from typing import TYPE_CHECKING, Any
+
 from packaging.version import Version
+
+if TYPE_CHECKING:
+    from airflow.providers.common.compat.sdk import (
+        AirflowException,
+        AirflowFailException,
+        AirflowNotFoundException,
+        ParamValidationError,
+        TaskDeferred,
+        TaskInstanceKey,
+        conf,
+        mask_secret,
+    )
+    from airflow.providers.google.common.hooks.base_google import GoogleBaseHook
+    from google.api_core.client_options import ClientOptions
 
 
 def airflow_version() -> tuple[int, int, int]:
@@ -26,6 +49,10 @@ AIRFLOW_V_3_2_PLUS: bool = airflow_version() >= (3, 2, 0)
 # Airflow 3.3 calls ``BaseTrigger.on_kill`` when a user kills a deferred task; before it a trigger
 # tells a kill from a triggerer restart by the task's state (``safe_to_cancel``).
 AIRFLOW_V_3_3_PLUS: bool = airflow_version() >= (3, 3, 0)
+# The part of the trigger form that is open when it loads. Airflow 3: the default section "Run
+# Parameters" (params without a section go there too). Airflow 2's www/templates/airflow/trigger.html:
+# the params without a section, in the "DAG conf Parameters" panel; every section starts collapsed.
+FORM_OPEN_SECTION: str | None = "Run Parameters" if AIRFLOW_V_3_0_PLUS else None
 
 
 def exponential_backoff(multiplier: float = 2.0) -> bool | float:
@@ -45,10 +72,99 @@ def exponential_backoff(multiplier: float = 2.0) -> bool | float:
     return True
 
 
+# Airflow 2 fails a task that raised SystemExit with the text "Task failed due to SystemExit(<code>)"
+# (models/taskinstance.py, _run_raw_task), which its failure callbacks then get as the exception.
+_AIRFLOW_2_SYSTEM_EXIT = re.compile(r"Task failed due to SystemExit\((.*)\)", re.DOTALL)
+
+
+def task_error(error: BaseException | str | None) -> BaseException | str | None:
+    """A failure callback's ``context["exception"]`` as the task raised it (Airflow 2's wrapper removed)."""
+    if isinstance(error, str):
+        found = _AIRFLOW_2_SYSTEM_EXIT.fullmatch(error)
+        if found:
+            return found.group(1)
+    return error
+
+
+# name -> where Airflow itself has it (Airflow 3 task SDK first, then Airflow 2), for a
+# common-compat older than the release that added the name to its ``sdk`` module.
+SDK_FALLBACKS: dict[str, tuple[str, ...]] = {
+    "AirflowFailException": ("airflow.sdk.exceptions", "airflow.exceptions"),  # common-compat 1.10.0
+    "TaskDeferred": ("airflow.sdk.exceptions", "airflow.exceptions"),  # 1.10.0
+    "ParamValidationError": ("airflow.sdk.exceptions", "airflow.exceptions"),  # 1.10.0
+    "AirflowException": ("airflow.sdk.exceptions", "airflow.exceptions"),  # 1.11.0
+    "AirflowNotFoundException": ("airflow.sdk.exceptions", "airflow.exceptions"),  # 1.11.0
+    "conf": ("airflow.sdk.configuration", "airflow.configuration"),  # 1.12.0
+    "TaskInstanceKey": ("airflow.sdk.types", "airflow.models.taskinstancekey"),  # 1.13.0
+    "mask_secret": (  # 1.22.0
+        "airflow.sdk.log",
+        "airflow.sdk.execution_time.secrets_masker",
+        "airflow.utils.log.secrets_masker",
+    ),
+}
+
+
+def sdk_name(name: str) -> Any:
+    """``airflow.providers.common.compat.sdk.<name>``, or Airflow's own when that release lacks it."""
+    from airflow.providers.common.compat import sdk
+
+    try:
+        return getattr(sdk, name)
+    except (AttributeError, ImportError):
+        pass
+    for module in SDK_FALLBACKS.get(name, ()):
+        try:
+            return getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            continue
+    raise AttributeError(f"neither common.compat.sdk nor Airflow has {name!r}")
+
+
+def __getattr__(name: str) -> Any:
+    """The ``SDK_FALLBACKS`` names, resolved on first use (importing them loads Airflow)."""
+    if name not in SDK_FALLBACKS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = sdk_name(name)
+    globals()[name] = value
+    return value
+
+
+def client_options(hook: GoogleBaseHook, api_endpoint_override: str | None = None) -> ClientOptions:
+    """``hook.get_client_options(...)``, which the google provider has only since 22.0.0.
+
+    Before it: the same choice, written out (an endpoint override, else the universe domain of
+    ``GOOGLE_CLOUD_UNIVERSE_DOMAIN``, else the defaults).
+    """
+    get_client_options = getattr(hook, "get_client_options", None)
+    if get_client_options is not None:
+        return get_client_options(api_endpoint_override=api_endpoint_override)
+    from google.api_core.client_options import ClientOptions
+
+    if api_endpoint_override:
+        return ClientOptions(api_endpoint=api_endpoint_override)
+    universe_domain = os.getenv("GOOGLE_CLOUD_UNIVERSE_DOMAIN")
+    if universe_domain:
+        return ClientOptions(universe_domain=universe_domain)
+    return ClientOptions()
+
+
 __all__ = [
     "AIRFLOW_V_3_0_PLUS",
     "AIRFLOW_V_3_2_PLUS",
     "AIRFLOW_V_3_3_PLUS",
+    "FORM_OPEN_SECTION",
+    "SDK_FALLBACKS",
+    "AirflowException",
+    "AirflowFailException",
+    "AirflowNotFoundException",
+    "ParamValidationError",
+    "TaskDeferred",
+    "TaskInstanceKey",
     "airflow_version",
+    "client_options",
+    "conf",
     "exponential_backoff",
+    "mask_secret",
+    "sdk_name",
+    "task_error",
 ]

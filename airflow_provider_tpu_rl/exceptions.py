@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 
-from airflow.providers.common.compat.sdk import AirflowException
+from airflow_provider_tpu_rl.compat import AirflowException
 
 
 class FailureKind(enum.Enum):

@@ -17,9 +17,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from airflow.providers.common.compat.sdk import AirflowException, AirflowNotFoundException, BaseHook, conf
+from airflow.providers.common.compat.sdk import BaseHook
 
-from airflow_provider_tpu_rl.compat import AIRFLOW_V_3_0_PLUS
+from airflow_provider_tpu_rl.compat import (
+    AIRFLOW_V_3_0_PLUS,
+    AirflowException,
+    AirflowNotFoundException,
+    conf,
+)
 from airflow_provider_tpu_rl.render import gke
 
 log = logging.getLogger(__name__)

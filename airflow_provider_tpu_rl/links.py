@@ -22,7 +22,9 @@ from airflow.providers.common.compat.sdk import BaseOperatorLink, XCom
 from airflow_provider_tpu_rl.maxtext.layout import parse_gs_uri
 
 if TYPE_CHECKING:
-    from airflow.providers.common.compat.sdk import BaseOperator, Context, TaskInstanceKey
+    from airflow.providers.common.compat.sdk import BaseOperator, Context
+
+    from airflow_provider_tpu_rl.compat import TaskInstanceKey
 
 CONSOLE_URL = "https://console.cloud.google.com"
 

@@ -11,16 +11,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from airflow.providers.common.compat.sdk import (
-    DAG,
-    AirflowFailException,
-    Param,
-    TriggerRule,
-    chain,
-    get_current_context,
-    task,
-)
+from airflow.providers.common.compat.sdk import DAG, Param, TriggerRule, chain, get_current_context, task
 
+from airflow_provider_tpu_rl.compat import FORM_OPEN_SECTION, AirflowFailException
 from airflow_provider_tpu_rl.ledger.collect import task_states
 from airflow_provider_tpu_rl.ledger.hook import step_callbacks
 from airflow_provider_tpu_rl.operators.ledger import RecordRunOperator
@@ -41,7 +34,8 @@ WATCHER_TASK_ID: Final = "watcher"
 # section go): Airflow 3.3's airflow-core/src/airflow/ui/src/components/ConfigForm.tsx renders the
 # FlexibleForm inside <Accordion.Root defaultValue={[flexibleFormDefaultSection]}>, and
 # FlexibleForm.tsx sets flexibleFormDefaultSection = "Run Parameters". The Cloud fields, which every
-# user must change, are in it; the other sections start closed.
+# user must change, are in it; the other sections start closed. Airflow 2's form opens only the
+# params without a section (compat.FORM_OPEN_SECTION): there the Cloud fields have none.
 UI_DEFAULT_SECTION: Final = "Run Parameters"
 CLOUD, CLUSTER, VM, MODEL, SAFETY = UI_DEFAULT_SECTION, "Cluster", "VM", "Model & training", "Safety"
 
@@ -175,7 +169,14 @@ def pipeline_params(defaults: Mapping[str, Any], form: Mapping[str, dict[str, An
     merged = {**COMMON_FORM, **form}
     # The open section (the Cloud fields) first, then the others in the spec's order.
     keys = sorted(defaults, key=lambda key: merged[key].get("section") != CLOUD)
-    return {key: Param(copy.deepcopy(defaults[key]), **merged[key]) for key in keys}
+    return {key: Param(copy.deepcopy(defaults[key]), **form_schema(merged[key])) for key in keys}
+
+
+def form_schema(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """A key's form metadata, its section the one the installed Airflow's trigger form opens."""
+    if metadata.get("section") == CLOUD and FORM_OPEN_SECTION is None:
+        return {name: value for name, value in metadata.items() if name != "section"}
+    return dict(metadata)
 
 
 def pipeline_callbacks(conn_id: str = LEDGER_CONN_ID) -> dict[str, Any]:

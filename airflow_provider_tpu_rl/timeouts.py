@@ -16,7 +16,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Final
 
-from airflow.providers.common.compat.sdk import conf
+from airflow_provider_tpu_rl.compat import conf
 
 SECTION: Final = "tpu_rl"
 

@@ -18,8 +18,9 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from airflow.providers.common.compat.sdk import DAG, AirflowException, Param, get_current_context, task
+from airflow.providers.common.compat.sdk import DAG, Param, get_current_context, task
 
+from airflow_provider_tpu_rl.compat import AirflowException
 from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
 from airflow_provider_tpu_rl.spec import rules
 from airflow_provider_tpu_rl.timeouts import dagrun_timeout, task_timeout

@@ -19,9 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from airflow._shared.logging.structlog import PER_LOGGER_LEVELS
 from airflow.providers.common.compat.sdk import DAG
-from structlog.testing import capture_logs
 
 from airflow_provider_tpu_rl.cli import main as tpu_rl_cli
 from airflow_provider_tpu_rl.operators.gke import (
@@ -36,6 +34,7 @@ from airflow_provider_tpu_rl.operators.maxtext import (
 )
 from airflow_provider_tpu_rl.operators.pipeline import gke_task_arguments
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, gke_pipeline_from_conf
+from tests.compat import capture_task_logs, task_log_debug
 from tests.operators.sandbox_run import (
     RecordingTI,
     SandboxRun,
@@ -112,10 +111,10 @@ def test_the_hf_token_reaches_secret_manager_and_nothing_else(
         "AIRFLOW_CONN_HUGGINGFACE_DEFAULT", json.dumps({"conn_type": "generic", "password": SENTINEL})
     )
     caplog.set_level(logging.DEBUG)
-    monkeypatch.setitem(PER_LOGGER_LEVELS, "", logging.DEBUG)  # task-log (structlog) lines at DEBUG too
+    task_log_debug(monkeypatch)  # task-log lines at DEBUG too
     conf = sb.gke_conf(hf_token_conn_id="huggingface_default", train_overrides={"num_test_batches": 2})
 
-    with capture_logs() as task_log:
+    with capture_task_logs() as task_log:
         seen = _run_pipeline(sb, conf)
 
     # It really reached the secret: the fake Secret Manager holds a version with the token's hash,

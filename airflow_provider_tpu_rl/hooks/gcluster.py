@@ -23,8 +23,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from airflow.providers.common.compat.sdk import AirflowException, BaseHook, mask_secret
+from airflow.providers.common.compat.sdk import BaseHook
 
+from airflow_provider_tpu_rl.compat import AirflowException, mask_secret
 from airflow_provider_tpu_rl.exceptions import (
     CommandError,
     ConfigurationError,

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow.providers.common.compat.sdk import AirflowException, BaseHook, mask_secret
+from airflow.providers.common.compat.sdk import BaseHook
 
+from airflow_provider_tpu_rl.compat import AirflowException, mask_secret
 from airflow_provider_tpu_rl.exceptions import CommandError, ConfigurationError, FailureKind
 from airflow_provider_tpu_rl.hooks.connection_fields import (
     HUGGINGFACE_CONN_FIELDS,

@@ -37,8 +37,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from airflow.providers.common.compat.sdk import conf
-
+from airflow_provider_tpu_rl.compat import conf
 from airflow_provider_tpu_rl.exceptions import ConfigurationError, FailureKind, KubernetesApiError
 from airflow_provider_tpu_rl.hooks.jobs import JobState
 

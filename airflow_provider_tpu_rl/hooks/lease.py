@@ -19,8 +19,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow.providers.common.compat.sdk import AirflowNotFoundException
-
+from airflow_provider_tpu_rl.compat import AirflowNotFoundException
 from airflow_provider_tpu_rl.exceptions import ConfigurationError, LeaseHeldError, LeaseLostError
 
 if TYPE_CHECKING:

@@ -16,6 +16,7 @@ from airflow.providers.google.common.hooks.base_google import GoogleBaseHook
 from google.api_core import exceptions as api_exceptions
 from google.auth import exceptions as auth_exceptions
 
+from airflow_provider_tpu_rl.compat import client_options
 from airflow_provider_tpu_rl.exceptions import CommandError, ConfigurationError, FailureKind
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ class ProjectPermissionsHook(GoogleBaseHook):
             self._client = ProjectsClient(
                 credentials=credentials,
                 client_info=CLIENT_INFO,
-                client_options=self.get_client_options(api_endpoint_override=self.api_endpoint),
+                client_options=client_options(self, self.api_endpoint),
                 transport="rest",
             )
         return self._client

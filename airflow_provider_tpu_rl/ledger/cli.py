@@ -4,8 +4,10 @@ trend across runs, as a PNG."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -56,8 +58,29 @@ def _positive_int(text: str) -> int:
     return value
 
 
+@contextlib.contextmanager
+def quiet_connection_lookups() -> Iterator[None]:
+    """No "Retrieving connection ..." lines in the command's output.
+
+    Airflow 2's ``BaseHook.get_connection`` logs each lookup at INFO, onto stdout with Airflow's
+    default logging config (Airflow 3 logs it at DEBUG).
+    """
+    logger = logging.getLogger("airflow.hooks.base")
+    level = logger.level
+    logger.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def run_runs_command(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Print the runs table; 0 on success, 1 when the ledger cannot be read."""
+    with quiet_connection_lookups():
+        return _runs_command(args, out, err)
+
+
+def _runs_command(args: argparse.Namespace, out: TextIO | None, err: TextIO | None) -> int:
     from airflow_provider_tpu_rl.ledger.hook import RunLedger
 
     out = out or sys.stdout

@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote
 
-from airflow.providers.common.compat.sdk import AirflowNotFoundException, BaseHook
+from airflow.providers.common.compat.sdk import BaseHook
 
+from airflow_provider_tpu_rl.compat import AirflowNotFoundException
 from airflow_provider_tpu_rl.exceptions import ConfigurationError
 from airflow_provider_tpu_rl.ledger.collect import collect_run_from_context, state_name
 from airflow_provider_tpu_rl.ledger.dialects import (
@@ -553,8 +554,9 @@ def step_callbacks(conn_id: str = DEFAULT_CONN_ID) -> dict[str, Callable[[Mappin
 
     Spread them into a DAG's ``default_args``. On Airflow 3 a task cannot read other task
     instances' times, so these rows are where the ledger task finds them; on Airflow 2.11's
-    ``airflow dags test``, which sets no ``start_date``, the execute callback's time is the
-    step's start. A ledger error is logged, never raised: the ledger must not fail a training task.
+    ``airflow dags test``, which sets no ``start_date`` (nor, at these callbacks, an ``end_date``),
+    the callbacks' own times are the step's start and end. A ledger error is logged, never raised:
+    the ledger must not fail a training task.
     """
 
     def make(callback_state: str) -> Callable[[Mapping[str, Any]], None]:
@@ -564,18 +566,30 @@ def step_callbacks(conn_id: str = DEFAULT_CONN_ID) -> dict[str, Callable[[Mappin
                 state = (
                     callback_state if callback_state == "running" else state_name(ti.state) or callback_state
                 )
+                ledger = RunLedger(conn_id)
+                run_id = make_run_id(ti.dag_id, ti.run_id)
+                try_number = getattr(ti, "try_number", None)
                 started_at = task_instance_start(ti)
-                if started_at is None and callback_state == "running":
+                ended_at = None
+                if callback_state == "running":
                     # Airflow 2.11's `dags test` sets no start_date; the execute callback runs at the start.
-                    started_at = datetime.now(UTC)
+                    started_at = started_at or datetime.now(UTC)
+                else:
+                    # Nor an end_date at the task's own end callbacks there: they run at its end, and
+                    # the start is the one the execute callback recorded for this try.
+                    ended_at = as_utc(getattr(ti, "end_date", None)) or datetime.now(UTC)
+                    if started_at is None:
+                        recorded = ledger.recorded_steps(run_id).get(ti.task_id)
+                        if recorded is not None and recorded.try_number == try_number:
+                            started_at = recorded.started_at
                 step = StepRecord(
                     task_id=ti.task_id,
                     state=state,
-                    try_number=getattr(ti, "try_number", None),
+                    try_number=try_number,
                     started_at=started_at,
-                    ended_at=None if callback_state == "running" else as_utc(getattr(ti, "end_date", None)),
+                    ended_at=ended_at,
                 )
-                RunLedger(conn_id).record_steps(make_run_id(ti.dag_id, ti.run_id), [step])
+                ledger.record_steps(run_id, [step])
             except Exception:
                 log.exception("ledger: could not record the step of this task; the task goes on")
 

@@ -7,8 +7,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from airflow.providers.common.compat.sdk import AirflowFailException, BaseOperator, Context
+from airflow.providers.common.compat.sdk import BaseOperator, Context
 
+from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.exceptions import ClassifiedError, ConfigurationError
 from airflow_provider_tpu_rl.spec.errors import SpecError
 

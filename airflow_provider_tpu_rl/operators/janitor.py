@@ -33,8 +33,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from airflow.providers.common.compat.sdk import AirflowException
-
+from airflow_provider_tpu_rl.compat import AirflowException
 from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
 from airflow_provider_tpu_rl.hooks.lease import ClusterLeaseHook, Lease, lease_object
 from airflow_provider_tpu_rl.janitor_sources import (

@@ -36,9 +36,10 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow.providers.common.compat.sdk import AirflowException, AirflowFailException, Context, conf
+from airflow.providers.common.compat.sdk import Context
 
 from airflow_provider_tpu_rl import timeouts
+from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailException, conf
 from airflow_provider_tpu_rl.hooks.jobs import GclusterJob, JobState
 from airflow_provider_tpu_rl.hooks.kubernetes import RUN_DIR_ANNOTATION, RUN_ID_ANNOTATION, run_dir
 from airflow_provider_tpu_rl.links import CloudLoggingJobLink, GCSBrowserLink, GKEWorkloadLink

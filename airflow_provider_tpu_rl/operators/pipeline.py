@@ -8,9 +8,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Final, Literal, NoReturn
 
-from airflow.providers.common.compat.sdk import AirflowFailException, conf
-
-from airflow_provider_tpu_rl.compat import exponential_backoff
+from airflow_provider_tpu_rl.compat import AirflowFailException, conf, exponential_backoff, task_error
 from airflow_provider_tpu_rl.spec import (
     GKE_DAG_ID,
     GKE_DEFAULTS,
@@ -79,7 +77,7 @@ def note_failure(context: Mapping[str, Any]) -> None:
     Never raises: a callback must not hide the task's own failure.
     """
     try:
-        line = first_line(context.get("exception"))
+        line = first_line(task_error(context.get("exception")))
         if line:
             context["ti"].xcom_push(key=ERROR_XCOM_KEY, value=line)
     except Exception:

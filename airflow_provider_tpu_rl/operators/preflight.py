@@ -12,8 +12,9 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
-from airflow.providers.common.compat.sdk import AirflowException, AirflowFailException, Context, conf
+from airflow.providers.common.compat.sdk import Context
 
+from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailException, conf
 from airflow_provider_tpu_rl.exceptions import CommandError, ConfigurationError
 from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, fail_fast
 from airflow_provider_tpu_rl.render import preflight as commands

@@ -18,13 +18,9 @@ from collections.abc import Generator, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from airflow.providers.common.compat.sdk import (
-    AirflowException,
-    AirflowFailException,
-    BaseSensorOperator,
-    PokeReturnValue,
-)
+from airflow.providers.common.compat.sdk import BaseSensorOperator, PokeReturnValue
 
+from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailException
 from airflow_provider_tpu_rl.exceptions import ConfigurationError
 from airflow_provider_tpu_rl.links import GCSBrowserLink
 from airflow_provider_tpu_rl.maxtext.layout import (

@@ -60,9 +60,14 @@ PARSE_PROBE = textwrap.dedent(
     """
     import json, sys, time
     started = time.perf_counter()
-    from airflow.dag_processing.dagbag import DagBag
+    try:
+        from airflow.dag_processing.dagbag import DagBag
+        options = {}
+    except ImportError:  # Airflow 2, which also reads its example DAGs unless told not to
+        from airflow.models.dagbag import DagBag
+        options = {"include_examples": False}
     imported = time.perf_counter()
-    bag = DagBag(dag_folder=sys.argv[1])
+    bag = DagBag(dag_folder=sys.argv[1], **options)
     filled = time.perf_counter()
     heavy = [name for name in json.loads(sys.argv[2]) if name in sys.modules]
     errors = [str(error).strip().splitlines()[-1] for error in bag.import_errors.values()]
@@ -77,8 +82,13 @@ PARSE_PROBE = textwrap.dedent(
 SHAPE_PROBE = textwrap.dedent(
     """
     import json, sys
-    from airflow.dag_processing.dagbag import DagBag
-    bag = DagBag(dag_folder=sys.argv[1])
+    try:
+        from airflow.dag_processing.dagbag import DagBag
+        options = {}
+    except ImportError:  # Airflow 2, which also reads its example DAGs unless told not to
+        from airflow.models.dagbag import DagBag
+        options = {"include_examples": False}
+    bag = DagBag(dag_folder=sys.argv[1], **options)
     if sys.argv[2] not in bag.dags:
         raise SystemExit(f"{sys.argv[2]} is not in {sys.argv[1]}: {bag.import_errors}")
     dag = bag.dags[sys.argv[2]]

@@ -17,9 +17,9 @@ PIPELINE_DAG_IDS = (GKE_DAG_ID, TPU_VM_DAG_ID)
 
 @pytest.fixture(scope="session")
 def dag_bag() -> Any:
-    from airflow.dag_processing.dagbag import DagBag
+    from tests.compat import make_dag_bag
 
-    bag = DagBag(dag_folder=str(DAGS_DIR))
+    bag = make_dag_bag(str(DAGS_DIR))
     assert bag.import_errors == {}, bag.import_errors
     return bag
 
@@ -27,14 +27,13 @@ def dag_bag() -> Any:
 @pytest.fixture(scope="session")
 def serialized_dags(dag_bag: Any) -> dict[str, Any]:
     """The DAGs as the scheduler and the API server see them (serialized and read back)."""
-    from airflow.serialization.serialized_objects import DagSerialization
+    from tests.compat import serialize_roundtrip
 
-    return {
-        dag_id: DagSerialization.from_dict(DagSerialization.to_dict(dag))
-        for dag_id, dag in dag_bag.dags.items()
-    }
+    return {dag_id: serialize_roundtrip(dag) for dag_id, dag in dag_bag.dags.items()}
 
 
 def trigger_time_validate(serialized_dag: Any, conf: dict[str, Any]) -> dict[str, Any]:
     """What creating a run with ``conf`` does to the params (UI, REST API, ``airflow dags trigger``)."""
-    return serialized_dag.params.deep_merge(conf).validate()
+    from tests.compat import trigger_time_validate as _validate
+
+    return _validate(serialized_dag, conf)

@@ -42,9 +42,16 @@ subprocess.Popen.__init__ = _record_popen  # type: ignore[method-assign]
 
 
 def main(folder: str) -> None:
-    from airflow.dag_processing.dagbag import DagBag
+    try:
+        from airflow.dag_processing.dagbag import DagBag
 
-    bag = DagBag(dag_folder=folder)
+        options: dict[str, bool] = {}
+    except ImportError:  # Airflow 2, which also reads its example DAGs unless told not to
+        from airflow.models.dagbag import DagBag
+
+        options = {"include_examples": False}
+
+    bag = DagBag(dag_folder=folder, **options)
     print(
         json.dumps(
             {

@@ -92,7 +92,9 @@ def test_default_params_validate(dag_bag: Any, serialized_dags: dict[str, Any], 
 @pytest.mark.parametrize("dag_id", PIPELINE_DAG_IDS)
 def test_pipelines_are_manual_only(dag_bag: Any, dag_id: str) -> None:
     dag = dag_bag.dags[dag_id]
-    assert dag.schedule is None
+    from tests.compat import dag_schedule
+
+    assert dag_schedule(dag) is None
     assert dag.catchup is False
     assert dag.render_template_as_native_obj is True
     assert {"tpu-rl", "maxtext"} <= set(dag.tags)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -43,7 +44,14 @@ class RunResult:
     def task_log(self, task_id: str) -> str:
         """What ``dags test`` printed while ``task_id`` ran."""
         start = self.output.index(f"[DAG TEST] starting task_id={task_id} ")
-        end = self.output.index(f"[DAG TEST] end task task_id={task_id} ", start)
+        end = self.output.find(f"[DAG TEST] end task task_id={task_id} ", start)
+        if end == -1:
+            # Airflow 2.11 marks no end of a task that raised: `dags test` itself then logs
+            # "Task failed; ti=<TaskInstance: ...>" with the traceback (models/dag.py, DAG.test).
+            failed = re.compile(rf"Task failed; ti=<TaskInstance: \w+\.{re.escape(task_id)} ")
+            found = failed.search(self.output, start)
+            assert found is not None, f"no end of {task_id}'s log in the output"
+            end = self.output.rfind("\n", start, found.start()) + 1
         return self.output[start:end]
 
 

@@ -11,10 +11,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from airflow.providers.common.compat.sdk import AirflowException
 from croniter import croniter
 
+from airflow_provider_tpu_rl.compat import AirflowException
 from airflow_provider_tpu_rl.spec import rules
+from tests.compat import dag_schedule
 from tests.dags.conftest import JANITOR_DAG_ID
 
 JANITOR_MODULE = "airflow_provider_tpu_rl.operators.janitor"
@@ -28,7 +29,7 @@ def janitor(dag_bag: Any) -> Any:
 def test_runs_every_30_minutes_one_run_at_a_time(janitor: Any) -> None:
     assert janitor.catchup is False
     assert janitor.max_active_runs == 1
-    fires = croniter(janitor.schedule, datetime(2026, 3, 1, 0, 7, tzinfo=UTC))
+    fires = croniter(dag_schedule(janitor), datetime(2026, 3, 1, 0, 7, tzinfo=UTC))
     times = [fires.get_next(datetime) for _ in range(49)]
     assert {(b - a).total_seconds() for a, b in itertools.pairwise(times)} == {1800.0}
 

@@ -6,8 +6,8 @@ from typing import Any
 from unittest import mock
 
 import pytest
-from airflow.providers.common.compat.sdk import AirflowFailException
 
+from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.exceptions import CommandError
 from airflow_provider_tpu_rl.operators.pipeline import (
     ERROR_XCOM_KEY,

@@ -287,6 +287,34 @@ def test_ledger_records_the_rewards_the_sandbox_printed(world: E2EWorld, happy: 
     assert recorded == pytest.approx(printed, abs=1e-9)
 
 
+def test_ledger_records_durations_and_chip_hours(world: E2EWorld, happy: DagRunResult) -> None:
+    """Every task that ran has a duration, and the run its chip-hours (the cluster's lifetime x 32
+    chips), on Airflow 2.11 too, whose ``airflow dags test`` sets no task ``start_date``."""
+    ((duration, chips, chip_hours, cluster_started, cluster_ended),) = world.ledger(
+        "SELECT duration_seconds, chips, chip_hours, cluster_started_at, cluster_ended_at FROM runs "
+        "WHERE run_id = ?",
+        (happy.ledger_run_id,),
+    )
+    assert duration is not None
+    assert duration > 0
+    assert chips == 32
+    assert cluster_started is not None
+    assert cluster_ended is not None
+    assert chip_hours is not None
+    assert chip_hours > 0
+    steps = {
+        task_id: (state, seconds)
+        for task_id, state, seconds in world.ledger(
+            "SELECT task_id, state, duration_seconds FROM run_steps WHERE run_id = ?", (happy.ledger_run_id,)
+        )
+    }
+    ran = {task_id for task_id, task in happy.tasks.items() if task.state == "success"}
+    assert {"deploy_cluster", "train", "export_to_huggingface", "destroy_cluster"} <= ran
+    missing = sorted(task_id for task_id in ran if steps.get(task_id, (None, None))[1] is None)
+    assert not missing, f"no duration recorded for {missing}: {steps}"
+    assert all(seconds >= 0 for _, seconds in steps.values() if seconds is not None), steps
+
+
 def test_ledger_holds_one_row_per_dag_run_with_its_state(
     world: E2EWorld, all_runs: list[DagRunResult]
 ) -> None:

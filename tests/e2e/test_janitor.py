@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -106,10 +107,16 @@ def _trigger_running(output: str) -> bool:
     return start >= 0 and "[DAG TEST] running trigger in line" in output[start:]
 
 
+def conf_text(raw: object) -> str:
+    """A ``dag_run.conf`` cell as JSON text: Airflow 3 stores JSON, Airflow 2 a pickle (PickleType)."""
+    if isinstance(raw, bytes) and raw[:1] == b"\x80":  # pickle protocol 2+; our own metadata DB
+        return json.dumps(pickle.loads(raw))  # noqa: S301
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
 def run_id_of(world: E2EWorld, cluster: str) -> str:
     for run_id, raw in world.metadata("SELECT run_id, conf FROM dag_run WHERE dag_id = ?", (GKE_DAG_ID,)):
-        text = raw.decode() if isinstance(raw, bytes) else str(raw)
-        if f'"{cluster}"' in text:
+        if f'"{cluster}"' in conf_text(raw):
             return str(run_id)
     raise AssertionError(f"no DAG run for {cluster}")
 

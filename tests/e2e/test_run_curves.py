@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_tpu_rl.compat import AIRFLOW_V_3_0_PLUS
 from airflow_provider_tpu_rl.ledger.hook import RunLedger, sqlite_connection_uri
 from airflow_provider_tpu_rl.ledger.plots import figure_png, run_curves, run_curves_figure
 from airflow_provider_tpu_rl.links import GCSObjectLink
@@ -72,12 +73,16 @@ def test_record_run_puts_the_ledgers_curves_next_to_the_checkpoints(
     curves = run_curves(run.ledger_run_id, metrics, final_step=resolved["final_step"])
     assert uploaded == figure_png(run_curves_figure(curves))
 
-    # The task's "Run Curves" link: Airflow 3 stores the formatted URL when the task ends.
+    # The task's "Run Curves" link: Airflow 3 stores the formatted URL when the task ends; Airflow 2
+    # (the google provider's BaseGoogleLink.persist) stores the format arguments, formatted on display.
     ((value,),) = world.metadata(
         "SELECT value FROM xcom WHERE dag_id = ? AND run_id = ? AND task_id = 'record_run' AND key = ?",
         (run.dag_id, run.run_id, GCSObjectLink.key),
     )
     stored = json.loads(value) if isinstance(value, str | bytes) else value
+    if not AIRFLOW_V_3_0_PLUS:
+        assert stored == {"uri": uri, "project_id": PROJECT}
+        stored = GCSObjectLink.format_url(**stored)
     assert stored == GCSObjectLink.format_url(uri=uri, project_id=PROJECT)
 
 

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from airflow.providers.common.compat.sdk import AirflowFailException
 
+from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.exceptions import CommandError, ConfigurationError, FailureKind
 from airflow_provider_tpu_rl.hooks.bundle import (
     BundlePlatform,

@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 
 import pytest
-from airflow.providers.common.compat.sdk import AirflowFailException
 
+from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.exceptions import CommandError, ConfigurationError, FailureKind
 from airflow_provider_tpu_rl.hooks import gcluster as gcluster_module
 from airflow_provider_tpu_rl.hooks.gcluster import GclusterConfig

@@ -6,8 +6,8 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from airflow.providers.common.compat.sdk import AirflowFailException
 
+from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.exceptions import CommandError, ConfigurationError, FailureKind
 from airflow_provider_tpu_rl.hooks import hf_token as hf_module
 from airflow_provider_tpu_rl.hooks.hf_token import HuggingFaceTokenHook, get_hf_token

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from airflow.providers.common.compat.sdk import AirflowFailException
 
+from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.exceptions import CommandError, FailureKind, OutputParseError
 from airflow_provider_tpu_rl.hooks.jobs import (
     GclusterJob,

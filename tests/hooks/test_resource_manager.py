@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from airflow.providers.common.compat.sdk import AirflowNotFoundException
 
+from airflow_provider_tpu_rl.compat import AirflowNotFoundException
 from airflow_provider_tpu_rl.exceptions import CommandError, ConfigurationError
 from airflow_provider_tpu_rl.hooks.resource_manager import MAX_PERMISSIONS_PER_CALL, ProjectPermissionsHook
 from airflow_provider_tpu_rl.spec.preflight import REQUIRED_PERMISSIONS

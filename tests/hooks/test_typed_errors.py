@@ -12,10 +12,10 @@ import json
 from pathlib import Path
 
 import pytest
-from airflow.providers.common.compat.sdk import AirflowException, AirflowFailException
 
 import airflow_provider_tpu_rl
 from airflow_provider_tpu_rl import exceptions
+from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailException
 from airflow_provider_tpu_rl.exceptions import (
     CommandError,
     ConfigurationError,

@@ -254,8 +254,7 @@ def test_without_the_connection_the_ledger_is_sqlite_in_airflow_home(
 
 
 def test_another_missing_connection_is_a_configuration_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from airflow.providers.common.compat.sdk import AirflowFailException
-
+    from airflow_provider_tpu_rl.compat import AirflowFailException
     from airflow_provider_tpu_rl.exceptions import ConfigurationError
 
     monkeypatch.delenv("AIRFLOW_CONN_NO_SUCH_LEDGER", raising=False)

@@ -162,3 +162,17 @@ def test_airflow2_dags_test_run_gets_step_times_from_the_execute_callbacks(ledge
 def test_the_execute_callback_keeps_a_start_date_airflow_gives(ledger: RunLedger) -> None:
     fire("on_execute_callback", CallbackTaskInstance("train", 1, minutes(30)))
     assert ledger.recorded_steps("tpu_rl_gke_pipeline/manual__a3")["train"].started_at == minutes(30)
+
+
+def test_an_end_callback_without_an_end_date_ends_the_step_at_its_own_time(ledger: RunLedger) -> None:
+    """The ledger task itself under 2.11's ``dags test``: no end_date at its success callback."""
+    fire("on_execute_callback", DagsTestTaskInstance(LEDGER_TASK, "running"))
+    before = datetime.now(UTC)
+    fire("on_success_callback", DagsTestTaskInstance(LEDGER_TASK, "success"))
+    after = datetime.now(UTC)
+    step = ledger.recorded_steps("tpu_rl_gke_pipeline/dags_test")[LEDGER_TASK]
+    assert step.state == "success"
+    assert step.started_at is not None  # the execute callback's, kept
+    assert step.ended_at is not None
+    assert step.started_at <= before <= step.ended_at <= after
+    assert step.duration_seconds is not None

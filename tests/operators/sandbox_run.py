@@ -22,8 +22,9 @@ from types import SimpleNamespace
 from typing import Any, TypeVar, cast
 
 import pytest
-from airflow.providers.common.compat.sdk import DAG, BaseOperator, Context, TaskDeferred
+from airflow.providers.common.compat.sdk import DAG, BaseOperator, Context
 
+from airflow_provider_tpu_rl.compat import TaskDeferred
 from airflow_provider_tpu_rl.operators.gke import (
     EnsureBucketOperator,
     GclusterDeployOperator,

@@ -6,8 +6,8 @@ from typing import Any, cast
 from unittest import mock
 
 import pytest
-from airflow.providers.common.compat.sdk import AirflowFailException
 
+from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.exceptions import ConfigurationError
 from airflow_provider_tpu_rl.links import GKEClusterLink
 from airflow_provider_tpu_rl.operators.gke import GclusterDeployOperator

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from airflow.providers.common.compat.sdk import AirflowFailException
 
+from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.operators.gke import (
     EnsureBucketOperator,
     GclusterDeployOperator,

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import base64
+import math
 import time
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from airflow.providers.common.compat.sdk import AirflowException, AirflowFailException
 
+from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailException
 from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
 from airflow_provider_tpu_rl.operators.maxtext import MaxTextConvertOperator, PathwaysRLTrainOperator
 from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
@@ -217,7 +218,8 @@ def test_a_job_past_its_timeout_is_cancelled(sb: SandboxRun, monkeypatch: pytest
 
     before = time.time()
     deferred = defer(op, context)
-    assert deferred.trigger.deadline >= before + 1
+    # counted from the JobSet's creationTimestamp, which has whole seconds
+    assert deferred.trigger.deadline >= math.floor(before) + 1
 
     event = run_trigger(deferred.trigger)
 

@@ -8,9 +8,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from airflow.providers.common.compat.sdk import AirflowFailException
-from structlog.testing import capture_logs
 
+from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.hooks.lease import ClusterLeaseHook, Lease, lease_object
 from airflow_provider_tpu_rl.operators.gke import (
     EnsureBucketOperator,
@@ -18,6 +17,7 @@ from airflow_provider_tpu_rl.operators.gke import (
     GclusterDestroyOperator,
 )
 from airflow_provider_tpu_rl.render import gke
+from tests.compat import capture_task_logs
 from tests.operators.sandbox_run import SandboxRun, prepare_cluster
 from tpu_rl_sandbox.cloud import iam_bindings
 
@@ -65,7 +65,7 @@ def test_a_second_deploy_with_the_same_conf_changes_nothing(sb: SandboxRun) -> N
     state_after_first = _tfstate(sb)
     assert any(r["kind"] == "cluster" for r in state_after_first["resources"])
 
-    with capture_logs() as logs:
+    with capture_task_logs() as logs:
         second = _deploy(sb, conf, start)
 
     output = "\n".join(str(entry.get("event")) for entry in logs)

@@ -15,8 +15,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from airflow.providers.common.compat.sdk import AirflowException
 
+from airflow_provider_tpu_rl.compat import AirflowException
 from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
 from airflow_provider_tpu_rl.hooks.lease import ClusterLeaseHook, lease_object
 from airflow_provider_tpu_rl.janitor_sources import discover_sources

@@ -12,8 +12,8 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from airflow.providers.common.compat.sdk import AirflowFailException, TaskDeferred
 
+from airflow_provider_tpu_rl.compat import AirflowFailException, TaskDeferred
 from airflow_provider_tpu_rl.hooks.lease import ClusterLeaseHook, Lease
 from airflow_provider_tpu_rl.operators.preflight import TpuRlPreflightOperator, error_line
 from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID

@@ -6,8 +6,6 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from structlog.testing import capture_logs
-
 from airflow_provider_tpu_rl.operators.gke import EnsureBucketOperator, HfTokenSecretOperator
 from airflow_provider_tpu_rl.operators.tpu_vm import (
     TpuVmCreateOperator,
@@ -16,6 +14,7 @@ from airflow_provider_tpu_rl.operators.tpu_vm import (
 )
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID, tpu_vm_pipeline_from_conf
+from tests.compat import capture_task_logs
 from tests.operators.sandbox_run import SandboxRun, printed_rewards
 
 RUN_ID = "manual__2026-03-01T00:00:00+00:00"
@@ -64,7 +63,7 @@ def test_the_whole_vm_pipeline_leaves_checkpoint_and_export_in_gcs(sb: SandboxRu
     }
 
     stages: dict[str, dict[str, Any]] = {}
-    with capture_logs() as logs:
+    with capture_task_logs() as logs:
         for stage, task_id in (
             ("install", "install_maxtext"),
             ("convert", "convert_to_maxtext"),

@@ -8,13 +8,9 @@ from typing import TYPE_CHECKING, Any, cast
 from unittest import mock
 
 import pytest
-from airflow.providers.common.compat.sdk import (
-    AirflowException,
-    AirflowFailException,
-    PokeReturnValue,
-    TaskDeferred,
-)
+from airflow.providers.common.compat.sdk import PokeReturnValue
 
+from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailException, TaskDeferred
 from airflow_provider_tpu_rl.exceptions import ConfigurationError
 from airflow_provider_tpu_rl.links import GCSBrowserLink
 from airflow_provider_tpu_rl.sensors.checkpoint import HuggingFaceExportSensor, MaxTextCheckpointSensor

@@ -1,16 +1,23 @@
-"""Real Airflow 3 services as processes, for the ``services`` tests: start, restart, stop, REST client.
+"""Real Airflow services as processes, for the ``services`` tests: start, restart, stop, REST client.
 
-:class:`AirflowStack` runs ``airflow api-server``, ``scheduler``, ``dag-processor`` and
-``triggerer`` (LocalExecutor) on a PostgreSQL metadata database, each in its own process group
-with its own log file under ``root/logs``. Every port is chosen at run time; ``AIRFLOW_HOME``,
-``TMPDIR`` and ``HOME`` are private folders under ``root``. Every process it starts carries the
-variable :data:`STACK_MARKER_ENV` (inherited by task runners, the LocalExecutor's workers and the
-sandbox's job workers), which is how :func:`leftover_processes` finds what is still running.
+:class:`AirflowStack` runs the API server, ``scheduler``, ``dag-processor`` and ``triggerer``
+(LocalExecutor) on a PostgreSQL metadata database, each in its own process group with its own log
+file under ``root/logs``. Every port is chosen at run time; ``AIRFLOW_HOME``, ``TMPDIR`` and
+``HOME`` are private folders under ``root``. Every process it starts carries the variable
+:data:`STACK_MARKER_ENV` (inherited by task runners, the LocalExecutor's workers and the sandbox's
+job workers), which is how :func:`leftover_processes` finds what is still running.
 
-:class:`AirflowApi` is a small client of the public REST API (``/api/v2``) that logs in the way a
-user of the simple auth manager does: ``POST /auth/token`` with a user of
-``[core] simple_auth_manager_users`` and the password in ``simple_auth_manager_passwords_file``
-(airflow/api_fastapi/auth/managers/simple/routes/login.py).
+What differs between Airflow 3 and Airflow 2 is decided in one place, :data:`FLAVOR` (and the
+option sets of :func:`_flavor_env`):
+
+- Airflow 3: ``airflow api-server``; :class:`AirflowApi` calls ``/api/v2`` with a JWT that it gets
+  the way a user of the simple auth manager does: ``POST /auth/token`` with a user of
+  ``[core] simple_auth_manager_users`` and the password in ``simple_auth_manager_passwords_file``
+  (airflow/api_fastapi/auth/managers/simple/routes/login.py).
+- Airflow 2 (2.10+): ``airflow webserver`` (FAB auth manager); ``/api/v1`` with HTTP basic auth
+  (``[api] auth_backends``, the FAB provider's ``basic_auth``) for an Admin user made with
+  ``airflow users create``; the DAG processor runs standalone
+  (``[scheduler] standalone_dag_processor``) so that the same four services run and report health.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from airflow_provider_tpu_rl.compat import AIRFLOW_V_3_0_PLUS
 from tests.ledger.pg_server import PostgresServer, free_port
 
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))
@@ -37,12 +45,11 @@ REPO = Path(__file__).resolve().parents[2]
 DAGS_DIR = REPO / "dags"
 # TPU_RL_SANDBOX_*: the gcluster connection passes these on to the fakes, and so to job workers.
 STACK_MARKER_ENV = "TPU_RL_SANDBOX_SERVICES_STACK"
-SERVICES = ("dag-processor", "scheduler", "triggerer", "api-server")
 ADMIN_USER = "admin"
 FINISHED_RUN_STATES = frozenset({"success", "failed"})
 _INHERITED_PREFIXES = ("AIRFLOW", "TPU_RL_SANDBOX", "STORAGE_EMULATOR_HOST")
 
-MIGRATE_TIMEOUT = 300.0
+MIGRATE_TIMEOUT = 300.0  # also for ``airflow users create`` (it loads the FAB app)
 STARTUP_TIMEOUT = 180.0
 STOP_TIMEOUT = 30.0
 # Airflow's triggerer gives its triggers 10 s to clean up, then escalates SIGINT, SIGTERM, SIGKILL
@@ -51,6 +58,31 @@ TRIGGERER_STOP_TIMEOUT = 60.0
 HTTP_TIMEOUT = 30.0
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class AirflowFlavor:
+    """What the stack and its REST client do differently on Airflow 3 and on Airflow 2."""
+
+    v3: bool
+    api_server: str  # the service that serves the UI and the REST API
+    api_prefix: str  # the public REST API's root
+    health_path: str
+
+    def api_server_args(self, port: str) -> list[str]:
+        """The API server's arguments: one worker on 127.0.0.1:port."""
+        host_flag = "--host" if self.v3 else "--hostname"  # `airflow webserver` has -H/--hostname
+        return [host_flag, "127.0.0.1", "--port", port, "--workers", "1"]
+
+
+FLAVOR = (
+    AirflowFlavor(
+        v3=True, api_server="api-server", api_prefix="/api/v2", health_path="/api/v2/monitor/health"
+    )
+    if AIRFLOW_V_3_0_PLUS
+    else AirflowFlavor(v3=False, api_server="webserver", api_prefix="/api/v1", health_path="/api/v1/health")
+)
+SERVICES = ("dag-processor", "scheduler", "triggerer", FLAVOR.api_server)
 
 
 class StackError(RuntimeError):
@@ -187,9 +219,8 @@ class AirflowStack:
         self._generations[name] = generation
         log_file = self.log_dir / f"{name}-{generation}.log"
         argv = [AIRFLOW, name]
-        if name == "api-server":
-            port = self.api_url.rsplit(":", 1)[1]
-            argv += ["--host", "127.0.0.1", "--port", port, "--workers", "1"]
+        if name == FLAVOR.api_server:
+            argv += FLAVOR.api_server_args(self.api_url.rsplit(":", 1)[1])
         with log_file.open("ab") as out:
             process = subprocess.Popen(
                 argv,
@@ -238,7 +269,7 @@ class AirflowStack:
 
     def stop(self) -> None:
         """Stop every service (API server last, so nothing is left calling it)."""
-        for name in ("scheduler", "triggerer", "dag-processor", "api-server"):
+        for name in ("scheduler", "triggerer", "dag-processor", FLAVOR.api_server):
             service = self.services.get(name)
             if service is not None:
                 service.stop()
@@ -279,7 +310,7 @@ class AirflowStack:
 
         def parsed() -> bool:
             self.check_alive()
-            return api.get_optional(f"/api/v2/dags/{dag_id}") is not None
+            return api.get_optional(f"{FLAVOR.api_prefix}/dags/{dag_id}") is not None
 
         wait_for(f"DAG {dag_id} to be parsed", parsed, left(), on_timeout=self.diagnostics())
         return api
@@ -288,7 +319,7 @@ class AirflowStack:
 def stack_env(
     root: Path, sandbox_env: Mapping[str, str], metadata_dsn: str, ledger_dsn: str, marker: str, api_port: int
 ) -> dict[str, str]:
-    """The environment of every service: Airflow 3.3 options as variables, the sandbox, private dirs."""
+    """The environment of every service: Airflow options as variables, the sandbox, private dirs."""
     home, tmp, user = root / "airflow", root / "tmp", root / "user"
     api_url = f"http://127.0.0.1:{api_port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(_INHERITED_PREFIXES)}
@@ -305,17 +336,10 @@ def stack_env(
             "AIRFLOW__CORE__PARALLELISM": "4",
             "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_DIR),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{api_url}/execution/",
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin",
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
-            "AIRFLOW__API__BASE_URL": api_url,
-            "AIRFLOW__API__SECRET_KEY": secrets.token_hex(16),
-            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
             "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
             "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.5",
-            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
             "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "2",
             "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True",
             # the provider's knobs: fast polls, one quick retry (a spurious retry shows as try 2)
@@ -325,7 +349,83 @@ def stack_env(
             "AIRFLOW_CONN_TPU_RL_LEDGER": ledger_dsn,
         }
     )
+    env.update(_flavor_env(home, api_url))
     return env
+
+
+def _flavor_env(home: Path, api_url: str) -> dict[str, str]:
+    """The options that only one major version has (or names differently)."""
+    if FLAVOR.v3:
+        return {
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{api_url}/execution/",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
+            "AIRFLOW__API__BASE_URL": api_url,
+            "AIRFLOW__API__SECRET_KEY": secrets.token_hex(16),
+            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+        }
+    # Airflow 2: no execution API (task runners use the database), the FAB auth manager (its
+    # users live in the metadata database), the webserver's key signs log-server requests.
+    return {
+        "AIRFLOW__WEBSERVER__BASE_URL": api_url,
+        "AIRFLOW__WEBSERVER__SECRET_KEY": secrets.token_hex(16),
+        # basic auth for this client; `session` for the UI, which Airflow 2 would otherwise append
+        # itself with a FutureWarning in every process (configuration.py, _upgrade_auth_backends)
+        "AIRFLOW__API__AUTH_BACKENDS": (
+            "airflow.providers.fab.auth_manager.api.auth.backend.basic_auth,airflow.api.auth.backend.session"
+        ),
+        # gunicorn's workers are not recycled during a test (0 turns the refresh off)
+        "AIRFLOW__WEBSERVER__WORKER_REFRESH_BATCH_SIZE": "0",
+        "AIRFLOW__SCHEDULER__STANDALONE_DAG_PROCESSOR": "True",
+        "AIRFLOW__SCHEDULER__DAG_DIR_LIST_INTERVAL": "5",
+    }
+
+
+def _run_cli(stack: AirflowStack, args: list[str], log_name: str, what: str) -> None:
+    """Run ``airflow ARGS`` to its end (output to ``logs/LOG_NAME``); :class:`StackError` if it fails."""
+    log_file = stack.log_dir / log_name
+    with log_file.open("wb") as out:
+        done = subprocess.run(
+            [AIRFLOW, *args],
+            env=stack.env,
+            cwd=stack.root,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=MIGRATE_TIMEOUT,
+            check=False,
+        )
+    if done.returncode != 0:
+        raise StackError(f"{what} failed ({done.returncode}):\n{_tail(log_file)}")
+
+
+def _create_admin(stack: AirflowStack) -> None:
+    """The user :class:`AirflowApi` logs in as, with ``stack.admin_password``."""
+    if FLAVOR.v3:  # the simple auth manager reads the password from its file
+        (stack.home / "passwords.json").write_text(json.dumps({ADMIN_USER: stack.admin_password}) + "\n")
+        return
+    _run_cli(
+        stack,
+        # `--password=...`: a password starting with "-" must not read as an option
+        [
+            "users",
+            "create",
+            "--role",
+            "Admin",
+            "--username",
+            ADMIN_USER,
+            f"--password={stack.admin_password}",
+            "--email",
+            "admin@example.com",
+            "--firstname",
+            "Admin",
+            "--lastname",
+            "User",
+        ],
+        "users-create.log",
+        "airflow users create",
+    )
 
 
 def start_stack(
@@ -336,7 +436,7 @@ def start_stack(
     marker: str,
     extra_env: Mapping[str, str] | None = None,
 ) -> tuple[AirflowStack, AirflowApi]:
-    """Create the databases, ``airflow db migrate``, start the four services and wait until ready.
+    """Create the databases, ``airflow db migrate``, the admin user, start the four services, wait until ready.
 
     On any failure the services started so far are stopped before the error propagates.
     """
@@ -356,7 +456,6 @@ def start_stack(
     )
     env.update(extra_env or {})
     password = secrets.token_urlsafe(12)
-    (root / "airflow" / "passwords.json").write_text(json.dumps({ADMIN_USER: password}) + "\n")
     stack = AirflowStack(
         root=root,
         env=env,
@@ -366,19 +465,8 @@ def start_stack(
         admin_password=password,
         marker=marker,
     )
-    migrate_log = stack.log_dir / "db-migrate.log"
-    with migrate_log.open("wb") as out:
-        done = subprocess.run(
-            [AIRFLOW, "db", "migrate"],
-            env=env,
-            cwd=root,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            timeout=MIGRATE_TIMEOUT,
-            check=False,
-        )
-    if done.returncode != 0:
-        raise StackError(f"airflow db migrate failed ({done.returncode}):\n{_tail(migrate_log)}")
+    _run_cli(stack, ["db", "migrate"], "db-migrate.log", "airflow db migrate")
+    _create_admin(stack)
     try:
         for name in SERVICES:
             stack.start_service(name)
@@ -392,7 +480,11 @@ def start_stack(
 # ========================================================================================= REST
 @dataclass
 class AirflowApi:
-    """The public REST API (``/api/v2``) with a JWT from the simple auth manager's ``/auth/token``."""
+    """The public REST API (:data:`FLAVOR`'s ``api_prefix``) as the admin user.
+
+    Airflow 3: a JWT from the simple auth manager's ``POST /auth/token``, renewed once on a 401.
+    Airflow 2: HTTP basic auth on every request (the FAB provider's ``basic_auth`` backend).
+    """
 
     base_url: str
     username: str
@@ -400,23 +492,32 @@ class AirflowApi:
     token: str | None = None
 
     def _client(self) -> httpx.Client:
+        if not FLAVOR.v3:
+            return httpx.Client(
+                base_url=self.base_url,
+                timeout=HTTP_TIMEOUT,
+                auth=httpx.BasicAuth(self.username, self.password),
+            )
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         return httpx.Client(base_url=self.base_url, timeout=HTTP_TIMEOUT, headers=headers)
 
-    def login(self) -> str:
-        """``POST /auth/token`` (JSON body ``username``/``password``); the token is kept for later calls."""
+    def login(self) -> None:
+        """Check the credentials (Airflow 3: ``POST /auth/token``, the token is kept for later calls)."""
+        if not FLAVOR.v3:  # basic auth has no session: one authenticated call proves the password
+            with self._client() as client:
+                client.get(f"{FLAVOR.api_prefix}/dags", params={"limit": 1}).raise_for_status()
+            return
         with httpx.Client(base_url=self.base_url, timeout=HTTP_TIMEOUT) as client:
             response = client.post("/auth/token", json={"username": self.username, "password": self.password})
         response.raise_for_status()
         self.token = str(response.json()["access_token"])
-        return self.token
 
     def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        if self.token is None:
+        if FLAVOR.v3 and self.token is None:
             self.login()
         with self._client() as client:
             response = client.request(method, path, **kwargs)
-        if response.status_code == 401:  # expired: log in again once
+        if FLAVOR.v3 and response.status_code == 401:  # expired: log in again once
             self.login()
             with self._client() as client:
                 response = client.request(method, path, **kwargs)
@@ -436,43 +537,55 @@ class AirflowApi:
         return response.json()
 
     def health(self) -> dict[str, Any]:
-        return dict(self.get("/api/v2/monitor/health"))
+        return dict(self.get(FLAVOR.health_path))
 
     def unpause(self, dag_id: str) -> None:
-        response = self.request("PATCH", f"/api/v2/dags/{dag_id}", json={"is_paused": False})
+        response = self.request("PATCH", f"{FLAVOR.api_prefix}/dags/{dag_id}", json={"is_paused": False})
         response.raise_for_status()
 
     def trigger(self, dag_id: str, run_id: str, conf: Mapping[str, Any]) -> dict[str, Any]:
-        """``POST /dags/{dag_id}/dagRuns``: a manual run with ``conf`` (no logical date, as the UI's form)."""
-        response = self.request(
-            "POST",
-            f"/api/v2/dags/{dag_id}/dagRuns",
-            json={"dag_run_id": run_id, "logical_date": None, "conf": dict(conf)},
-        )
+        """``POST /dags/{dag_id}/dagRuns``: a manual run with ``conf``.
+
+        Airflow 3: no logical date, as the UI's form (``logical_date`` is required and nullable in
+        ``TriggerDAGRunPostBody``). Airflow 2: the field is left out, and ``DAGRunSchema`` makes
+        the logical date now (api_connexion/schemas/dag_run_schema.py, ``autogenerate``).
+        """
+        body: dict[str, Any] = {"dag_run_id": run_id, "conf": dict(conf)}
+        if FLAVOR.v3:
+            body["logical_date"] = None
+        response = self.request("POST", f"{FLAVOR.api_prefix}/dags/{dag_id}/dagRuns", json=body)
         if response.status_code >= 400:
             raise StackError(f"triggering {dag_id} failed: {response.status_code} {response.text}")
         return dict(response.json())
 
     def dag_run(self, dag_id: str, run_id: str) -> dict[str, Any]:
-        return dict(self.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}"))
+        return dict(self.get(f"{FLAVOR.api_prefix}/dags/{dag_id}/dagRuns/{run_id}"))
 
     def task_instances(self, dag_id: str, run_id: str) -> dict[str, dict[str, Any]]:
         """The run's task instances by task id (unmapped tasks)."""
-        body = self.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances", limit=100)
+        body = self.get(f"{FLAVOR.api_prefix}/dags/{dag_id}/dagRuns/{run_id}/taskInstances", limit=100)
         return {ti["task_id"]: ti for ti in body["task_instances"]}
 
     def tries(self, dag_id: str, run_id: str, task_id: str) -> list[dict[str, Any]]:
-        """Every try of a task instance (``/tries``: the history plus the current one)."""
-        body = self.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/tries")
+        """Every try of a task instance (``/tries``: the history plus the current one; Airflow 2.10+)."""
+        body = self.get(f"{FLAVOR.api_prefix}/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/tries")
         return list(body["task_instances"])
 
     def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int) -> list[dict[str, Any]]:
-        """The whole log of one try as structured entries (worker and trigger sections)."""
-        path = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}"
-        response = self.request("GET", path, params={"full_content": "true"})
+        """The whole log of one try as entries with an ``event`` (worker and trigger sections).
+
+        Airflow 3 returns structured entries. Airflow 2's JSON ``content`` is the ``str()`` of a
+        list of (host, text) tuples (api_connexion/endpoints/log_endpoint.py, ``fields.Str``), so
+        the log is read as ``text/plain`` instead, and each line becomes one entry.
+        """
+        path = f"{FLAVOR.api_prefix}/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}"
+        headers = {} if FLAVOR.v3 else {"Accept": "text/plain"}
+        response = self.request("GET", path, params={"full_content": "true"}, headers=headers)
         if response.status_code == 404:  # kept in the result: a missing log is worth seeing
             return [{"event": f"(no log for try {try_number}: 404 {response.text})"}]
         response.raise_for_status()
+        if not FLAVOR.v3:
+            return [{"event": line} for line in response.text.splitlines()]
         content = response.json().get("content") or []
         return [entry if isinstance(entry, dict) else {"event": str(entry)} for entry in content]
 

@@ -36,7 +36,8 @@ STEP_SECONDS = "0.3"
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "services: real Airflow services (api-server, scheduler, dag-processor, triggerer) on PostgreSQL "
+        "services: real Airflow services (api-server or webserver, scheduler, dag-processor, triggerer) "
+        "on PostgreSQL "
         "with the sandbox (minutes, not seconds)",
     )
 

@@ -1,8 +1,9 @@
 """``tpu_rl_gke_pipeline`` under real Airflow services, triggered through the REST API.
 
-The api-server, scheduler, dag-processor and triggerer run as processes (LocalExecutor,
-PostgreSQL metadata database) against the sandbox; runs are triggered with ``POST
-/api/v2/dags/{dag_id}/dagRuns`` as a user would, and everything is read back from the outside:
+The API server (Airflow 3's api-server, Airflow 2's webserver), scheduler, dag-processor and
+triggerer run as processes (LocalExecutor, PostgreSQL metadata database) against the sandbox;
+runs are triggered with ``POST /api/v2/dags/{dag_id}/dagRuns`` (Airflow 2: ``/api/v1``) as a user
+would, and everything is read back from the outside:
 the REST API (run and task states, tries, the task log), the sandbox's job logs (what the
 simulated MaxText printed) and the run ledger's PostgreSQL database.
 
