@@ -40,33 +40,46 @@ postgres:
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends postgresql; }
 
 lint: venv
-	$(BIN)/ruff check airflow_provider_tpu_rl sandbox dags tests
-	$(BIN)/ruff format --check airflow_provider_tpu_rl sandbox dags tests
+	$(BIN)/ruff check airflow_provider_tpu_rl sandbox dags tests tools docs/examples
+	$(BIN)/ruff format --check airflow_provider_tpu_rl sandbox dags tests tools docs/examples
 	$(BIN)/sqlfluff lint sql/
 
 typecheck: venv
 	$(BIN)/mypy
 
+# pytest-xdist: each leg spreads its test files over WORKERS processes (--dist loadfile keeps a
+# file's module-scoped sandbox world on one worker). Most tests wait on subprocesses, the emulator
+# or a poll, so a leg keeps more workers than this machine has cores busy.
+WORKERS ?= 3
+PYTEST_ARGS := -q -n $(WORKERS) --dist loadfile
+
+# Tests of code that imports no Airflow and no provider package (the pure spec, renderer and MaxText
+# tables, the golden tutorial commands, the sandbox's fakes, the Docker files): another Airflow line
+# or provider version runs the same code, so they run in `unit` only.
+AIRFLOW_FREE_TESTS := tests/spec tests/render tests/golden tests/maxtext tests/sandbox tests/docker
+
+# The whole suite on Airflow 3.3.
 unit: venv postgres
-	$(BIN)/pytest -q
+	$(BIN)/pytest $(PYTEST_ARGS)
 
-# The whole suite and the demo again on Airflow 2.11.2 (lint and type checks run once, above).
+# Every test that runs Airflow or the providers again on Airflow 2.11.2, the end-to-end runs and the
+# real services included (the demo's run is the e2e happy run there; lint and types run once).
 test-airflow-2.11: $(VENV_211)/.installed postgres
-	PATH=$(CURDIR)/$(VENV_211)/bin:$$PATH $(VENV_211)/bin/pytest -q
-	PATH=$(CURDIR)/$(VENV_211)/bin:$$PATH $(VENV_211)/bin/tpu-rl-sandbox demo --dir .sandbox-211 --airflow-home .demo-211/airflow
+	PATH=$(CURDIR)/$(VENV_211)/bin:$$PATH $(VENV_211)/bin/pytest $(PYTEST_ARGS) $(addprefix --ignore=,$(AIRFLOW_FREE_TESTS))
 
-# The lowest provider versions: the unit tests and the sandbox demo.
-LOWEST_TESTS := tests/spec tests/render tests/hooks tests/sensors tests/triggers tests/maxtext \
-	tests/ledger tests/operators tests/test_compat.py
+# The lowest provider versions: the tests of the code that calls the providers (hooks, sensors,
+# triggers, ledger, operators, the compat fallbacks) and the sandbox demo.
+LOWEST_TESTS := tests/hooks tests/sensors tests/triggers tests/ledger tests/operators tests/test_compat.py
 test-lowest: $(VENV_LOWEST)/.installed postgres
-	PATH=$(CURDIR)/$(VENV_LOWEST)/bin:$$PATH $(VENV_LOWEST)/bin/pytest -q $(LOWEST_TESTS)
+	PATH=$(CURDIR)/$(VENV_LOWEST)/bin:$$PATH $(VENV_LOWEST)/bin/pytest $(PYTEST_ARGS) $(LOWEST_TESTS)
 	PATH=$(CURDIR)/$(VENV_LOWEST)/bin:$$PATH $(VENV_LOWEST)/bin/tpu-rl-sandbox demo --dir .sandbox-lowest --airflow-home .demo-lowest/airflow
 
-# The three legs run two at a time (most of a pytest run keeps one core busy, and this machine has
-# two); each leg's output is printed whole when it ends, and every leg runs even if another fails.
-test: lint typecheck
-	@echo "make test: the suite on Airflow 3.3 (unit), on Airflow 2.11 (test-airflow-2.11) and on the lowest providers (test-lowest), two at a time; each one's output appears when it ends"
-	$(MAKE) --no-print-directory --jobs=2 --keep-going --output-sync=target unit test-airflow-2.11 test-lowest
+# Two at a time, in this order: the Airflow 3.3 leg (the longest) on one side; lint, types, the
+# Airflow 2.11 leg and the lowest-providers leg one after another on the other. Each target's output
+# is printed whole when it ends, and every target runs even if another fails.
+test: venv
+	@echo "make test: lint, typecheck and the suite on Airflow 3.3 (unit), on Airflow 2.11 (test-airflow-2.11) and on the lowest providers (test-lowest), two at a time; each one's output appears when it ends"
+	$(MAKE) --no-print-directory --jobs=2 --keep-going --output-sync=target unit lint typecheck test-airflow-2.11 test-lowest
 
 plan: venv
 	$(BIN)/tpu-rl plan tpu_rl_gke_pipeline

@@ -1,12 +1,45 @@
-"""Session-wide fixtures shared by the test packages."""
+"""Session-wide fixtures shared by the test packages, and a hermetic home for the whole suite.
+
+Before anything imports Airflow, the suite gets a home of its own: ``HOME`` and ``AIRFLOW_HOME``
+point into one temporary folder per pytest invocation (shared by its xdist workers, which inherit
+the environment), so nothing is written under ``~`` (caches and configs follow ``HOME``; the
+``XDG_*`` variables are dropped, as a tool's test sets ``HOME`` to say where its cache goes) and a
+stray ``~/airflow/airflow.cfg`` changes nothing. Tests that need a fresh Airflow (the
+``airflow dags test`` runs, the real services) make their own ``AIRFLOW_HOME`` inside it.
+"""
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
-import pytest
+_HOME_ENV = "TPU_RL_TEST_HOME"
 
-from tpu_rl_sandbox.control import SandboxInfo, sandbox_down, sandbox_up
+
+def _hermetic_home() -> None:
+    home = os.environ.get(_HOME_ENV)
+    if home is None:  # the first process of this invocation: make the folder, remove it at exit
+        home = tempfile.mkdtemp(prefix="tpu-rl-tests-home-")
+        os.environ[_HOME_ENV] = home
+        atexit.register(shutil.rmtree, home, True)
+    for name, sub in (("HOME", ""), ("AIRFLOW_HOME", "airflow")):
+        folder = Path(home, sub)
+        folder.mkdir(parents=True, exist_ok=True)
+        os.environ[name] = str(folder)
+    for name in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME"):
+        os.environ.pop(name, None)
+    os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+
+
+_hermetic_home()
+
+import pytest  # noqa: E402
+
+from tpu_rl_sandbox.control import SandboxInfo, sandbox_down, sandbox_up  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -1,13 +1,14 @@
 """What a DAG file pulls in at parse time: nothing heavier than the operator classes.
 
-Each module a DAG file imports (directly or through the operators) is imported in a FRESH
-interpreter, under ``tests/dags/parse_guard.py`` (sockets refuse to connect, process spawns are
-recorded), and the interpreter's ``sys.modules`` must then hold none of the heavy client libraries:
-those are imported inside ``execute``, the hook methods or a trigger's ``run``.
+The shipped DAG files are parsed with ``DagBag``, as the DAG processor would, one after the other
+in ONE fresh interpreter under ``tests/dags/parse_guard.py`` (sockets refuse to connect, process
+spawns are recorded). After each file, ``sys.modules`` must hold none of the heavy client
+libraries: those are imported inside ``execute``, the hook methods or a trigger's ``run``. Every
+provider module a DAG file imports is imported while it is parsed, so a heavy import anywhere on
+that path is caught, and named after the first DAG file that reached it.
 
 To cover more, add to :data:`PARSE_TIME_MODULES`: a dotted module name is imported, a path ending
-in ``.py`` (relative to the repository root, e.g. ``dags/tpu_rl_gke_pipeline.py``) is parsed with
-``DagBag`` as the DAG processor would.
+in ``.py`` (relative to the repository root) is parsed with ``DagBag``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import os
 import subprocess
 import sys
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -31,20 +31,6 @@ PARSE_GUARD = ROOT / "tests" / "dags" / "parse_guard.py"
 
 # Modules imported while a DAG file is parsed (or DAG files, as paths ending in .py).
 PARSE_TIME_MODULES: list[str] = [
-    "airflow_provider_tpu_rl.sensors.checkpoint",
-    "airflow_provider_tpu_rl.triggers.gcs_checkpoint",
-    "airflow_provider_tpu_rl.links",
-    "airflow_provider_tpu_rl.hooks.gcluster",
-    "airflow_provider_tpu_rl.hooks.hf_token",
-    "airflow_provider_tpu_rl.ledger",
-    "airflow_provider_tpu_rl.ledger.hook",
-    "airflow_provider_tpu_rl.ledger.collect",
-    "airflow_provider_tpu_rl.operators.gke",
-    "airflow_provider_tpu_rl.operators.maxtext",
-    "airflow_provider_tpu_rl.operators.tpu_vm",
-    "airflow_provider_tpu_rl.operators.janitor",
-    "airflow_provider_tpu_rl.operators.pipeline",
-    "airflow_provider_tpu_rl.pipeline_dags",
     "dags/tpu_rl_gke_pipeline.py",
     "dags/tpu_rl_tpu_vm_pipeline.py",
     "dags/tpu_rl_janitor.py",
@@ -66,36 +52,41 @@ FORBIDDEN_AT_PARSE: tuple[str, ...] = (
 )
 
 # Runs in the fresh interpreter: load the parse guard (it patches socket and Popen on import), then
-# import the module and report what it left in sys.modules.
+# import or parse each module in turn and report what each one added to sys.modules, connected to
+# and spawned: one JSON object per module, in order.
 PROBE = """
 import importlib, json, sys, time
 sys.path.insert(0, sys.argv[1])
 import parse_guard
-module, forbidden = sys.argv[2], json.loads(sys.argv[3])
-import_errors = {}
+modules, forbidden = json.loads(sys.argv[2]), json.loads(sys.argv[3])
 import airflow  # what Airflow itself loads is not the module's doing
 preloaded = [name for name in forbidden if name in sys.modules]
-started = time.perf_counter()
-if module.endswith(".py"):
-    try:
-        from airflow.dag_processing.dagbag import DagBag
-        options = {}
-    except ImportError:  # Airflow 2, which also reads its example DAGs unless told not to
-        from airflow.models.dagbag import DagBag
-        options = {"include_examples": False}
-    bag = DagBag(dag_folder=module, **options)
-    import_errors = {k: str(v)[-2000:] for k, v in bag.import_errors.items()}
-else:
-    importlib.import_module(module)
-seconds = time.perf_counter() - started
-print(json.dumps({
-    "import_errors": import_errors,
-    "preloaded": preloaded,
-    "loaded": [name for name in forbidden if name in sys.modules and name not in preloaded],
-    "attempts": parse_guard.attempts,
-    "spawned": parse_guard.spawned,
-    "seconds": seconds,
-}))
+try:
+    from airflow.dag_processing.dagbag import DagBag
+    options = {}
+except ImportError:  # Airflow 2, which also reads its example DAGs unless told not to
+    from airflow.models.dagbag import DagBag
+    options = {"include_examples": False}
+results = []
+for module in modules:
+    before = set(sys.modules)
+    attempts, spawned = len(parse_guard.attempts), len(parse_guard.spawned)
+    import_errors = {}
+    started = time.perf_counter()
+    if module.endswith(".py"):
+        bag = DagBag(dag_folder=module, **options)
+        import_errors = {k: str(v)[-2000:] for k, v in bag.import_errors.items()}
+    else:
+        importlib.import_module(module)
+    results.append({
+        "import_errors": import_errors,
+        "preloaded": preloaded,
+        "loaded": [name for name in forbidden if name in sys.modules and name not in before],
+        "attempts": parse_guard.attempts[attempts:],
+        "spawned": parse_guard.spawned[spawned:],
+        "seconds": time.perf_counter() - started,
+    })
+print(json.dumps(results))
 """
 
 # croniter calls platform.architecture(), which runs `file -b <python>`: not a cloud call.
@@ -103,33 +94,28 @@ ALLOWED_SPAWNS = ("file",)
 
 
 def probe_imports(
-    module: str, forbidden: Sequence[str] = FORBIDDEN_AT_PARSE, home: Path | None = None
-) -> dict[str, Any]:
-    """Import ``module`` in a fresh guarded interpreter; what it loaded, connected to and spawned."""
+    modules: Sequence[str], forbidden: Sequence[str] = FORBIDDEN_AT_PARSE, home: Path | None = None
+) -> dict[str, dict[str, Any]]:
+    """Import or parse ``modules`` in turn in one fresh guarded interpreter; per module, what it
+    added to ``sys.modules``, connected to and spawned."""
     env = {**os.environ, "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "PYTHONDONTWRITEBYTECODE": "1"}
     if home is not None:
         env["AIRFLOW_HOME"] = str(home)
+    argv = [sys.executable, "-c", PROBE, str(PARSE_GUARD.parent), json.dumps(list(modules))]
     done = subprocess.run(
-        [sys.executable, "-c", PROBE, str(PARSE_GUARD.parent), module, json.dumps(list(forbidden))],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        [*argv, json.dumps(list(forbidden))], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300
     )
-    assert done.returncode == 0, f"importing {module} failed:\n{done.stderr[-3000:]}"
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["import_errors"] == {}, f"{module} did not parse: {result['import_errors']}"
-    return result
+    assert done.returncode == 0, f"importing {list(modules)} failed:\n{done.stderr[-3000:]}"
+    results: list[dict[str, Any]] = json.loads(done.stdout.strip().splitlines()[-1])
+    for module, result in zip(modules, results, strict=True):
+        assert result["import_errors"] == {}, f"{module} did not parse: {result['import_errors']}"
+    return dict(zip(modules, results, strict=True))
 
 
 @pytest.fixture(scope="module")
 def probes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    """Every module of :data:`PARSE_TIME_MODULES`, probed two at a time."""
-    home = tmp_path_factory.mktemp("airflow-home")
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = pool.map(lambda module: probe_imports(module, home=home), PARSE_TIME_MODULES)
-        return dict(zip(PARSE_TIME_MODULES, results, strict=True))
+    """Every module of :data:`PARSE_TIME_MODULES`, in one interpreter."""
+    return probe_imports(PARSE_TIME_MODULES, home=tmp_path_factory.mktemp("airflow-home"))
 
 
 @pytest.mark.parametrize("module", PARSE_TIME_MODULES)
@@ -168,7 +154,7 @@ def test_the_forbidden_modules_are_installed_so_the_check_means_something() -> N
 
 
 def test_the_probe_sees_a_heavy_import(tmp_path: Path) -> None:
-    result = probe_imports("airflow.providers.google.cloud.hooks.gcs", home=tmp_path)
+    (result,) = probe_imports(["airflow.providers.google.cloud.hooks.gcs"], home=tmp_path).values()
     assert {"airflow.providers.google.cloud.hooks.gcs", "google.cloud.storage"} <= set(result["loaded"])
 
 
@@ -181,5 +167,5 @@ def test_the_probe_parses_a_dag_file_given_as_a_path(tmp_path: Path) -> None:
         "with DAG('heavy', schedule=None, start_date=datetime(2026, 1, 1)):\n"
         "    GCSObjectExistenceSensor(task_id='wait', bucket='b', object='o')\n"
     )
-    result = probe_imports(str(dag_file), home=tmp_path)
+    (result,) = probe_imports([str(dag_file)], home=tmp_path).values()
     assert "google.cloud.storage" in result["loaded"]

@@ -1,14 +1,14 @@
-"""The README's roles table and API list say what ``preflight`` checks, role for role."""
+"""docs/first-real-run.md's roles table and API list say what ``preflight`` checks, role for role."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-from airflow_provider_tpu_rl.spec.preflight import REQUIRED_SERVICES, roles_needed
+from airflow_provider_tpu_rl.spec.preflight import REQUIRED_PERMISSIONS, REQUIRED_SERVICES
 from airflow_provider_tpu_rl.spec.presets import Runner
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[1] / "docs" / "first-real-run.md"
 ROW = re.compile(r"^\| `(roles/[\w.]+)` \| (✓?) \| (✓?) \| .+ \|$")
 
 
@@ -23,9 +23,9 @@ def test_the_roles_table_lists_exactly_the_roles_preflight_checks() -> None:
     assert rows
     assert all(rows), "every roles row has the form | `roles/x` | ✓ | ✓ | why |"
     table = {m[1]: (bool(m[2]), bool(m[3])) for m in rows if m}
-    gke, tpu_vm = roles_needed(Runner.GKE), roles_needed(Runner.TPU_VM)
-    assert {role for role, (g, _) in table.items() if g} == set(gke)
-    assert {role for role, (_, v) in table.items() if v} == set(tpu_vm)
+    gke, tpu_vm = (set(REQUIRED_PERMISSIONS[runner].values()) for runner in (Runner.GKE, Runner.TPU_VM))
+    assert {role for role, (g, _) in table.items() if g} == gke
+    assert {role for role, (_, v) in table.items() if v} == tpu_vm
 
 
 def test_the_api_lists_name_every_required_service() -> None:

@@ -1,4 +1,4 @@
-"""The provider wheel ships the product only: no fake, simulator, demo or benchmark."""
+"""The provider wheel ships the product only: no fake, simulator, demo, benchmark or developer tool."""
 
 from __future__ import annotations
 
@@ -47,13 +47,19 @@ def test_the_wheel_holds_the_provider_package_only(wheel_files: list[str]) -> No
     packages = {name.split("/")[0] for name in wheel_files if not name.split("/")[0].endswith(".dist-info")}
     assert packages == {"airflow_provider_tpu_rl"}
     assert "airflow_provider_tpu_rl/operators/maxtext.py" in wheel_files
-    assert "airflow_provider_tpu_rl/ledger/sql/0001_schema_migrations.sql" in wheel_files or any(
-        name.startswith("airflow_provider_tpu_rl/ledger/sql/") for name in wheel_files
-    )
+    assert "airflow_provider_tpu_rl/ledger/sql/migrations/0001_schema_migrations.sql" in wheel_files
 
 
 def test_no_test_double_is_in_the_wheel(wheel_files: list[str]) -> None:
     assert [name for name in wheel_files if NOT_PRODUCT.search(name)] == []
+
+
+def test_no_developer_tool_is_in_the_wheel(wheel_files: list[str]) -> None:
+    """tools/ (the config-key generator, ...) stays in the repository."""
+    tools = sorted(path.stem for path in (ROOT / "tools").glob("*.py") if path.stem != "__init__")
+    assert "generate_config_keys" in tools
+    assert [name for name in wheel_files for tool in tools if Path(name).stem == tool] == []
+    assert not any(name.startswith("tools/") for name in wheel_files)
 
 
 def test_no_product_module_knows_the_sandbox() -> None:

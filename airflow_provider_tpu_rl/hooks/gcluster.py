@@ -10,7 +10,6 @@ secrets redacted. ``run_checked`` turns a failure into a :class:`CommandError` w
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -301,21 +300,6 @@ class GclusterHook(BaseHook):
             try:
                 conn = self.get_connection(self.gcluster_conn_id)
             except AirflowException as err:  # AirflowNotFoundException
-                self._config = self._missing_connection(err)
-            else:
-                self._config = self._config_from_connection(conn)
-        return self._config
-
-    async def aget_config(self) -> GclusterConfig:
-        """:attr:`config` for async code (triggers): fetches the connection without blocking."""
-        if self._config is None:
-            try:
-                aget = getattr(BaseHook, "aget_connection", None)
-                if aget is not None:
-                    conn = await aget(self.gcluster_conn_id)
-                else:  # Airflow 2.x
-                    conn = await asyncio.to_thread(self.get_connection, self.gcluster_conn_id)
-            except AirflowException as err:
                 self._config = self._missing_connection(err)
             else:
                 self._config = self._config_from_connection(conn)

@@ -130,8 +130,10 @@ class HuggingFaceTokenHook(BaseHook):
     def _token_from_secret_manager(self) -> str:
         from airflow.providers.google.cloud.hooks.secret_manager import GoogleCloudSecretManagerHook
 
+        from airflow_provider_tpu_rl.hooks.credentials import shared_hook_class
+
         assert self.secret_id is not None
-        hook = GoogleCloudSecretManagerHook(gcp_conn_id=self.gcp_conn_id)
+        hook = shared_hook_class(GoogleCloudSecretManagerHook)(gcp_conn_id=self.gcp_conn_id)
         try:
             response = hook.access_secret(
                 project_id=self.secret_project_id,  # None → the connection's project

@@ -35,6 +35,7 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_tpu_rl.compat import conf
@@ -67,6 +68,8 @@ API_TIMEOUT = 60.0  # one Kubernetes or GKE API call (not a log stream)
 CONNECT_TIMEOUT = 30.0
 STREAM_IDLE_TIMEOUT = 300.0  # a followed log silent this long is re-opened (from its cursor)
 CLIENT_REUSE_SECONDS = 1800.0  # GCP access tokens live an hour: a client is re-opened after half
+# A cluster's endpoint and CA change only when it is re-created; a process re-asks after this.
+CLUSTER_ACCESS_REUSE_SECONDS = 600.0
 
 
 def container_endpoint() -> str | None:
@@ -82,8 +85,16 @@ class ClusterAccess:
     ca_cert: str  # base64 PEM, as the GKE API returns it
 
 
+# (connection, chain, endpoint, project, location, cluster) -> (when asked, what the GKE API said)
+_cluster_access: dict[tuple[Any, ...], tuple[float, ClusterAccess]] = {}
+
+
 class GkeClusterHook:
     """The cluster's endpoint and CA from the GKE API, through the google provider's ``GKEHook``.
+
+    What a cluster answered is kept for :data:`CLUSTER_ACCESS_REUSE_SECONDS` in the process (the
+    convert, train and export tasks of one ``airflow dags test``, a worker running several tasks):
+    one GKE API call per cluster, not one per task.
 
     :param gcp_conn_id: the Google Cloud connection.
     :param location: the cluster's region or zone.
@@ -98,11 +109,21 @@ class GkeClusterHook:
         impersonation_chain: str | Sequence[str] | None = None,
         api_endpoint: str | None = None,
     ) -> None:
+        self.gcp_conn_id = gcp_conn_id
+        self.location = location
+        self.impersonation_chain = impersonation_chain
+        self.endpoint = api_endpoint if api_endpoint is not None else container_endpoint()
+
+    @cached_property
+    def hook(self) -> Any:
+        """The google provider's ``GKEHook`` (on the process's shared credentials)."""
         from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEHook
 
-        endpoint = api_endpoint if api_endpoint is not None else container_endpoint()
+        from airflow_provider_tpu_rl.hooks.credentials import SharedCredentials
 
-        class _Hook(GKEHook):
+        endpoint = self.endpoint
+
+        class _Hook(SharedCredentials, GKEHook):
             def get_cluster_manager_client(self) -> ClusterManagerClient:
                 if not endpoint:
                     return super().get_cluster_manager_client()
@@ -117,10 +138,29 @@ class GkeClusterHook:
                     )
                 return self._client
 
-        self.hook = _Hook(gcp_conn_id=gcp_conn_id, location=location, impersonation_chain=impersonation_chain)
+        return _Hook(
+            gcp_conn_id=self.gcp_conn_id, location=self.location, impersonation_chain=self.impersonation_chain
+        )
 
     def cluster_access(self, cluster_name: str, project_id: str) -> ClusterAccess:
         """``https://<endpoint>`` and the CA of ``cluster_name``; errors as the provider's own."""
+        chain = self.impersonation_chain
+        key = (
+            self.gcp_conn_id,
+            chain if chain is None or isinstance(chain, str) else tuple(chain),
+            self.endpoint,
+            project_id,
+            self.location,
+            cluster_name,
+        )
+        known = _cluster_access.get(key)
+        if known is not None and time.monotonic() - known[0] < CLUSTER_ACCESS_REUSE_SECONDS:
+            return known[1]
+        access = self._describe(cluster_name, project_id)
+        _cluster_access[key] = (time.monotonic(), access)
+        return access
+
+    def _describe(self, cluster_name: str, project_id: str) -> ClusterAccess:
         from google.api_core import exceptions as api_exceptions
         from google.auth import exceptions as auth_exceptions
 
@@ -128,7 +168,7 @@ class GkeClusterHook:
             cluster = self.hook.get_cluster(name=cluster_name, project_id=project_id, timeout=API_TIMEOUT)
         except api_exceptions.NotFound as err:
             raise ConfigurationError(
-                f"GKE cluster {cluster_name} not found in {project_id}/{self.hook.location}: {_first(err)}"
+                f"GKE cluster {cluster_name} not found in {project_id}/{self.location}: {_first(err)}"
             ) from err
         except (api_exceptions.Unauthenticated, api_exceptions.PermissionDenied) as err:
             raise ConfigurationError(
@@ -433,8 +473,13 @@ class JobSetClient:
     ) -> None:
         from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEKubernetesAsyncHook
 
+        from airflow_provider_tpu_rl.hooks.credentials import shared_hook_class
+
+        class _AsyncHook(GKEKubernetesAsyncHook):  # its token from this process's shared credentials
+            sync_hook_class = shared_hook_class(GKEKubernetesAsyncHook.sync_hook_class)
+
         self.access = access
-        self.hook = GKEKubernetesAsyncHook(
+        self.hook = _AsyncHook(
             cluster_url=access.url,
             ssl_ca_cert=access.ca_cert,
             gcp_conn_id=gcp_conn_id,

@@ -114,10 +114,10 @@ class ClusterLeaseHook:
 
     def _blob(self, bucket: str, cluster: str) -> Blob:
         if self._client is None:
-            from airflow.providers.google.cloud.hooks.gcs import GCSHook
+            from airflow_provider_tpu_rl.hooks.credentials import gcs_hook
 
             try:
-                hook = GCSHook(gcp_conn_id=self.gcp_conn_id, impersonation_chain=self.impersonation_chain)
+                hook = gcs_hook(self.gcp_conn_id, self.impersonation_chain)
             except AirflowNotFoundException:
                 raise ConfigurationError(
                     f"connection {self.gcp_conn_id} is not defined: the cluster lease "

@@ -18,6 +18,7 @@ from google.auth import exceptions as auth_exceptions
 
 from airflow_provider_tpu_rl.compat import client_options
 from airflow_provider_tpu_rl.exceptions import CommandError, ConfigurationError, FailureKind
+from airflow_provider_tpu_rl.hooks.credentials import SharedCredentials
 
 if TYPE_CHECKING:
     from google.cloud.resourcemanager_v3 import ProjectsClient
@@ -45,7 +46,7 @@ def _one_line(err: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-class ProjectPermissionsHook(GoogleBaseHook):
+class ProjectPermissionsHook(SharedCredentials, GoogleBaseHook):
     """Tests the GCP connection's permissions on a project (Resource Manager API, REST transport).
 
     :param gcp_conn_id: the Google Cloud connection whose credentials are tested.

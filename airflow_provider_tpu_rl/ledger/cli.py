@@ -1,5 +1,5 @@
-"""``tpu-rl runs``: the newest pipeline runs from the ledger, as a table; ``--plot``: the reward
-trend across runs, as a PNG."""
+"""``tpu-rl runs``: the newest pipeline runs from the ledger, as a table; ``--failed``: the tasks
+that failed in them; ``--plot``: the reward trend across runs, as a PNG."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import argparse
 import contextlib
 import logging
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -16,6 +17,7 @@ from airflow_provider_tpu_rl.ledger.records import RunSummary
 UNKNOWN = "-"
 DEFAULT_PLOT_FILE = "tpu-rl-reward-trend.png"
 RUNS_COLUMNS = ("RUN", "MODEL", "STATE", "DURATION", "MEAN REWARD", "CHIP-HOURS", "EXPORT")
+FAILED_COLUMNS = ("RUN", "MODEL", "TASK", "STATE", "TRY", "JOB", "ENDED")
 
 
 def add_runs_subcommand(subparsers: Any) -> argparse.ArgumentParser:
@@ -33,6 +35,12 @@ def add_runs_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--limit", type=_positive_int, default=20, help="at most this many runs (default 20)")
     parser.add_argument(
         "--conn-id", default="tpu_rl_ledger", help="Airflow connection of the ledger (default tpu_rl_ledger)"
+    )
+    parser.add_argument(
+        "--failed",
+        action="store_true",
+        help="instead of the runs table, list the failed and upstream_failed tasks of the newest "
+        "runs: task, last try, Kubernetes job and when it ended (--limit counts tasks)",
     )
     parser.add_argument(
         "--plot",
@@ -86,11 +94,17 @@ def _runs_command(args: argparse.Namespace, out: TextIO | None, err: TextIO | No
     out = out or sys.stdout
     err = err or sys.stderr
     ledger = RunLedger(args.conn_id)
+    failed = getattr(args, "failed", False)
+    if failed and getattr(args, "plot", False):
+        print("tpu-rl runs: --failed and --plot cannot go together", file=err)
+        return 2
     if getattr(args, "plot", False):
         return run_plot_command(args, ledger, out, err)
     if getattr(args, "output", None) is not None:
         print("tpu-rl runs: --output goes with --plot", file=err)
         return 2
+    if failed:
+        return run_failed_command(args, ledger, out, err)
     try:
         runs = ledger.latest_runs(model=args.model, limit=args.limit)
     except Exception as error:
@@ -150,17 +164,61 @@ def runs_table_rows(runs: Sequence[RunSummary]) -> list[tuple[str, ...]]:
 
 def format_runs_table(runs: Sequence[RunSummary]) -> str:
     """A fixed-width table of runs, aligned columns separated by two spaces."""
-    rows = [RUNS_COLUMNS, *runs_table_rows(runs)]
-    widths = [max(len(row[index]) for row in rows) for index in range(len(RUNS_COLUMNS))]
     right_aligned = {RUNS_COLUMNS.index("DURATION"), RUNS_COLUMNS.index("CHIP-HOURS")}
+    return _format_table(RUNS_COLUMNS, runs_table_rows(runs), right_aligned)
+
+
+def failed_table_rows(steps: Sequence[Mapping[str, Any]]) -> list[tuple[str, ...]]:
+    """The cells of the ledger's ``failed_steps`` rows, in :data:`FAILED_COLUMNS` order."""
+    return [
+        (
+            str(step["run_id"]),
+            step.get("model") or UNKNOWN,
+            str(step["task_id"]),
+            step.get("state") or UNKNOWN,
+            UNKNOWN if step.get("try_number") is None else str(step["try_number"]),
+            step.get("job_name") or UNKNOWN,
+            _format_time(step.get("ended_at")),
+        )
+        for step in steps
+    ]
+
+
+def format_failed_table(steps: Sequence[Mapping[str, Any]]) -> str:
+    """A fixed-width table of failed tasks, aligned like the runs table."""
+    return _format_table(FAILED_COLUMNS, failed_table_rows(steps), {FAILED_COLUMNS.index("TRY")})
+
+
+def _format_time(value: datetime | None) -> str:
+    return UNKNOWN if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _format_table(columns: tuple[str, ...], cells: Sequence[tuple[str, ...]], right_aligned: set[int]) -> str:
+    rows = [columns, *cells]
+    widths = [max(len(row[index]) for row in rows) for index in range(len(columns))]
     lines = []
     for row in rows:
-        cells = [
+        padded = [
             cell.rjust(widths[index]) if index in right_aligned else cell.ljust(widths[index])
             for index, cell in enumerate(row)
         ]
-        lines.append("  ".join(cells).rstrip())
+        lines.append("  ".join(padded).rstrip())
     return "\n".join(lines)
+
+
+def run_failed_command(args: argparse.Namespace, ledger: Any, out: TextIO, err: TextIO) -> int:
+    """Print the failed tasks of the newest runs; 0 on success (also when none failed), 1 on an error."""
+    try:
+        steps = ledger.failed_steps(model=args.model, limit=args.limit)
+    except Exception as error:
+        print(f"tpu-rl runs: cannot read the run ledger ({ledger.conn_id}): {error}", file=err)
+        return 1
+    if not steps:
+        which = f" of model {args.model}" if args.model else ""
+        print(f"No failed tasks in the runs{which} in the ledger ({ledger.location}).", file=out)
+        return 0
+    print(format_failed_table(steps), file=out)
+    return 0
 
 
 def run_plot_command(args: argparse.Namespace, ledger: Any, out: TextIO, err: TextIO) -> int:

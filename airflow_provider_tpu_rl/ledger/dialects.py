@@ -215,8 +215,6 @@ RUN_ARTIFACTS = TableSpec(
     ),
 )
 
-LEDGER_TABLES = (RUNS, RUN_STEPS, RUN_METRICS, RUN_ARTIFACTS)
-
 
 def _merged_value(table: TableSpec, column: Column, new: str, old: str) -> str:
     new_value, old_value = f"{new}.{column.name}", f"{old}.{column.name}"

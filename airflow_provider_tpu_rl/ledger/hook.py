@@ -35,7 +35,6 @@ from airflow_provider_tpu_rl.compat import AirflowNotFoundException
 from airflow_provider_tpu_rl.exceptions import ConfigurationError
 from airflow_provider_tpu_rl.ledger.collect import collect_run_from_context, state_name
 from airflow_provider_tpu_rl.ledger.dialects import (
-    LEDGER_TABLES,
     RUN_ARTIFACTS,
     RUN_METRICS,
     RUN_STEPS,
@@ -354,12 +353,6 @@ class RunLedger:
         self._migrated = True
         return applied_now
 
-    def applied_versions(self) -> list[int]:
-        """Versions recorded in ``schema_migrations``, ascending."""
-        with self._session(write=False) as session:
-            rows = session.fetch("SELECT version FROM schema_migrations ORDER BY version", {})
-        return [int(row["version"]) for row in rows]
-
     def _create_bigquery_dataset(self) -> None:
         client = self.hook.get_client(project_id=self.hook.project_id)
         client.create_dataset(self.bigquery_dataset, exists_ok=True)
@@ -475,27 +468,11 @@ class RunLedger:
         """Pre and post mean reward of every run that has one, per model, oldest first."""
         return self._query("reward_trend", self._model_params(model))
 
-    def cost_per_run(self, model: str | None = None, limit: int = 20) -> list[Row]:
-        """Chips, cluster lifetime and chip-hours per run, newest first."""
-        return self._query(
-            "cost_per_run", {**self._model_params(model), "row_limit": self._check_limit(limit)}
-        )
-
     def failed_steps(self, model: str | None = None, limit: int = 50) -> list[Row]:
-        """Failed and upstream_failed tasks of the newest runs."""
+        """Failed and upstream_failed tasks of the newest runs (``tpu-rl runs --failed``)."""
         return self._query(
             "failed_steps", {**self._model_params(model), "row_limit": self._check_limit(limit)}
         )
-
-    def count_rows(self, table: str, run_id: str | None = None) -> int:
-        """Rows in a ledger table (of one run); for checks and tests."""
-        if table not in {spec.name for spec in LEDGER_TABLES}:
-            raise ValueError(f"not a ledger table: {table}")
-        self._ensure_schema()
-        where = " WHERE run_id = :run_id" if run_id is not None else ""
-        with self._session(write=False) as session:
-            rows = session.fetch(f"SELECT COUNT(*) AS row_count FROM {table}{where}", {"run_id": run_id})  # noqa: S608
-        return int(rows[0]["row_count"])
 
 
 _TIMESTAMP_COLUMNS = frozenset(

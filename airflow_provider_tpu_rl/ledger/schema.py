@@ -18,7 +18,7 @@ from pathlib import Path
 from airflow_provider_tpu_rl.ledger.dialects import Dialect, split_statements
 
 SQL_PACKAGE = "airflow_provider_tpu_rl.ledger"
-QUERY_NAMES = ("latest_runs", "reward_trend", "cost_per_run", "failed_steps")
+QUERY_NAMES = ("latest_runs", "reward_trend", "failed_steps")
 BOOTSTRAP_VERSION = 1  # the migration that creates schema_migrations; it runs before every check
 
 _MIGRATION_FILE = re.compile(r"^(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.sql$")

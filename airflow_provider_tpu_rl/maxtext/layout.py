@@ -146,22 +146,6 @@ def checkpoint_steps(
     return states
 
 
-def latest_complete_step(
-    object_names: Iterable[str], root_prefix: str, items: Sequence[str] = RL_CHECKPOINT_ITEMS
-) -> int | None:
-    """Highest complete step under ``root_prefix``, or None."""
-    complete = [s.step for s in checkpoint_steps(object_names, root_prefix, items).values() if s.is_complete]
-    return max(complete) if complete else None
-
-
-def is_step_complete(
-    object_names: Iterable[str], root_prefix: str, step: int, items: Sequence[str] = RL_CHECKPOINT_ITEMS
-) -> bool:
-    """True when ``step`` is committed and holds every item in ``items``."""
-    state = checkpoint_steps(object_names, root_prefix, items).get(step)
-    return state is not None and state.is_complete
-
-
 def step_item_uris(bucket: str, state: StepState, items: Sequence[str]) -> list[str]:
     """``gs://`` folder URIs of ``items`` in a step, in the order asked for."""
     return [gs_uri(bucket, f"{state.folder}{item}/") for item in items]

@@ -266,9 +266,9 @@ def destroy_cluster(
 
 def write_resource_record(gcp_conn_id: str, bucket: str, name: str, record: Mapping[str, Any]) -> None:
     """What the janitor needs to destroy a resource this run creates, written before it exists."""
-    from airflow.providers.google.cloud.hooks.gcs import GCSHook
+    from airflow_provider_tpu_rl.hooks.credentials import gcs_hook
 
-    GCSHook(gcp_conn_id=gcp_conn_id).upload(
+    gcs_hook(gcp_conn_id).upload(
         bucket_name=bucket,
         object_name=gke.resource_record_object(name),
         data=json.dumps(dict(record), sort_keys=True),
@@ -279,11 +279,12 @@ def write_resource_record(gcp_conn_id: str, bucket: str, name: str, record: Mapp
 
 def read_resource_record(gcp_conn_id: str, bucket: str, name: str) -> dict[str, Any] | None:
     """The resource record, or ``None`` when there is none (or it is not a JSON object)."""
-    from airflow.providers.google.cloud.hooks.gcs import GCSHook
     from google.api_core.exceptions import NotFound
 
+    from airflow_provider_tpu_rl.hooks.credentials import gcs_hook
+
     try:
-        raw = GCSHook(gcp_conn_id=gcp_conn_id).download(
+        raw = gcs_hook(gcp_conn_id).download(
             bucket_name=bucket, object_name=gke.resource_record_object(name), timeout=RECORD_TIMEOUT_S
         )
     except NotFound:

@@ -109,10 +109,10 @@ class RecordRunOperator(BaseOperator):
 
     def upload(self, uri: str, data: bytes) -> None:
         """Write ``data`` to the ``gs://`` object ``uri`` (a PNG)."""
-        from airflow.providers.google.cloud.hooks.gcs import GCSHook
+        from airflow_provider_tpu_rl.hooks.credentials import gcs_hook
 
         bucket, name = parse_gs_uri(uri)
-        GCSHook(gcp_conn_id=self.gcp_conn_id).upload(
+        gcs_hook(self.gcp_conn_id).upload(
             bucket_name=bucket, object_name=name, data=data, mime_type="image/png"
         )
 

@@ -97,8 +97,7 @@ def checkpoint_ready(
     gcp_conn_id: str, root_uri: str, step: int, items: tuple[str, ...]
 ) -> dict[str, Any] | None:
     """The sensor payload when ``root_uri`` holds a committed ``step`` with ``items``, else None."""
-    from airflow.providers.google.cloud.hooks.gcs import GCSHook
-
+    from airflow_provider_tpu_rl.hooks.credentials import gcs_hook
     from airflow_provider_tpu_rl.maxtext.layout import (
         checkpoint_event_payload,
         parse_gs_uri,
@@ -107,7 +106,7 @@ def checkpoint_ready(
     from airflow_provider_tpu_rl.sensors.checkpoint import run_probe_sync
 
     bucket, prefix = parse_gs_uri(root_uri)
-    result = run_probe_sync(GCSHook(gcp_conn_id=gcp_conn_id), bucket, probe_checkpoint(prefix, step, items))
+    result = run_probe_sync(gcs_hook(gcp_conn_id), bucket, probe_checkpoint(prefix, step, items))
     return (
         checkpoint_event_payload(bucket, result.state, items) if result.is_complete and result.state else None
     )
@@ -115,13 +114,12 @@ def checkpoint_ready(
 
 def export_ready(gcp_conn_id: str, export_uri: str) -> dict[str, Any] | None:
     """The sensor payload when ``export_uri`` holds a complete Hugging Face export, else None."""
-    from airflow.providers.google.cloud.hooks.gcs import GCSHook
-
+    from airflow_provider_tpu_rl.hooks.credentials import gcs_hook
     from airflow_provider_tpu_rl.maxtext.layout import export_event_payload, parse_gs_uri, probe_hf_export
     from airflow_provider_tpu_rl.sensors.checkpoint import run_probe_sync
 
     bucket, prefix = parse_gs_uri(export_uri)
-    result = run_probe_sync(GCSHook(gcp_conn_id=gcp_conn_id), bucket, probe_hf_export(prefix))
+    result = run_probe_sync(gcs_hook(gcp_conn_id), bucket, probe_hf_export(prefix))
     return export_event_payload(bucket, prefix, result.status) if result.status.complete else None
 
 
@@ -173,9 +171,9 @@ class RunDirRecords:
 
     def _blob(self, bucket: str, directory: str) -> Any:
         if self._client is None:
-            from airflow.providers.google.cloud.hooks.gcs import GCSHook
+            from airflow_provider_tpu_rl.hooks.credentials import gcs_hook
 
-            self._client = GCSHook(gcp_conn_id=self.gcp_conn_id).get_conn()
+            self._client = gcs_hook(self.gcp_conn_id).get_conn()
         return self._client.bucket(bucket).blob(run_record_object(directory))
 
     def read(self, bucket: str, directory: str) -> RunDirRecord:

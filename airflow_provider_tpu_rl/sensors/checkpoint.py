@@ -162,9 +162,9 @@ class _DeferrableGCSSensor(BaseSensorOperator):
         return PokeReturnValue(is_done=True, xcom_value=event)
 
     def _hook(self) -> GCSHook:
-        from airflow.providers.google.cloud.hooks.gcs import GCSHook
+        from airflow_provider_tpu_rl.hooks.credentials import gcs_hook
 
-        return GCSHook(gcp_conn_id=self.gcp_conn_id, impersonation_chain=self.impersonation_chain)
+        return gcs_hook(self.gcp_conn_id, self.impersonation_chain)
 
     def execute(self, context: Context) -> Any:
         """Poke once (or in a worker loop when not deferrable), then defer to the trigger.

@@ -147,14 +147,6 @@ REQUIRED_PERMISSIONS: Final[Mapping[Runner, Mapping[str, str]]] = MappingProxyTy
 )
 
 
-def roles_needed(run: Runner) -> dict[str, list[str]]:
-    """Role -> the required permissions it is listed for (the README's table of roles)."""
-    table: dict[str, list[str]] = {}
-    for permission, role in REQUIRED_PERMISSIONS[run].items():
-        table.setdefault(role, []).append(permission)
-    return table
-
-
 RESERVATION_READY: Final = "READY"
 # Compute Engine's VM family of v6e capacity in an aggregate (TPU) reservation.
 V6E_VM_FAMILY: Final = "VM_FAMILY_CLOUD_TPU_LITE_POD_SLICE_CT6E"

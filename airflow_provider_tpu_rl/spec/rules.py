@@ -180,14 +180,6 @@ def boolean(field: str, value: Any) -> bool:
     raise SpecError(field, "must be true or false", value)
 
 
-def positive_float(field: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise SpecError(field, "must be a number", value)
-    if not value > 0:
-        raise SpecError(field, "must be > 0", value)
-    return float(value)
-
-
 def fraction(field: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise SpecError(field, "must be a number", value)

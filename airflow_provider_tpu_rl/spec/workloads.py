@@ -333,24 +333,10 @@ class TrainingSpec:
             if key in KEY_RULES:
                 KEY_RULES[key](f"train_overrides.{key}", value)
 
-    def override(self, key: str, default: str | None = None) -> str | None:
-        for k, v in reversed(self.overrides):
-            if k == key:
-                return v
-        return default
-
-    @property
-    def checkpoint_period(self) -> int:
-        return int(self.override("checkpoint_period", "50") or 50)
-
     @property
     def final_step(self) -> int:
         """The step of the last actor checkpoint (the tutorials export ``actor/<num_batches>``)."""
         return self.num_batches
-
-    @property
-    def run_directory(self) -> str:
-        return f"{self.base_output_directory.rstrip('/')}/{self.run_name}"
 
     @property
     def actor_checkpoint_root(self) -> str:

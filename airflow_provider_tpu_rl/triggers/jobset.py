@@ -191,7 +191,12 @@ class JobSetTrigger(BaseTrigger):
     def _storage_hook(self) -> Any:
         from airflow.providers.google.cloud.hooks.gcs import GCSAsyncHook
 
-        return GCSAsyncHook(gcp_conn_id=self.gcp_conn_id, impersonation_chain=self.impersonation_chain)
+        from airflow_provider_tpu_rl.hooks.credentials import shared_hook_class
+
+        class _AsyncHook(GCSAsyncHook):  # its token from this process's shared credentials
+            sync_hook_class = shared_hook_class(GCSAsyncHook.sync_hook_class)
+
+        return _AsyncHook(gcp_conn_id=self.gcp_conn_id, impersonation_chain=self.impersonation_chain)
 
     def _cursor_location(self) -> tuple[str, str] | None:
         if not self.cursor_uri:

@@ -16,6 +16,7 @@ Kubernetes API (:mod:`tpu_rl_sandbox.kube_api`, HTTPS with the CA of :mod:`tpu_r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -228,13 +229,16 @@ def _cmd_down(args: argparse.Namespace) -> int:
 
 
 def _cmd_env(args: argparse.Namespace) -> int:
+    """Print ``export K=V`` lines: stdout carries nothing else (it is ``eval``-ed by a shell)."""
+    exports = sys.stdout
     try:
-        env = sandbox_env(_root_from_args(args))
+        with contextlib.redirect_stdout(sys.stderr):
+            env = sandbox_env(_root_from_args(args))
     except emulator.EmulatorError as error:
         print(f"tpu-rl-sandbox env: {error}", file=sys.stderr)
         return 1
     for key, value in sorted(env.items()):
-        print(f"export {key}={shlex.quote(value)}")
+        print(f"export {key}={shlex.quote(value)}", file=exports)
     return 0
 
 

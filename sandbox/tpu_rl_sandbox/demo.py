@@ -18,7 +18,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_tpu_rl.ledger.hook import sqlite_connection_uri
 from airflow_provider_tpu_rl.render.gke import resource_record_object
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, gke_pipeline_from_conf
 from tpu_rl_sandbox.control import sandbox_down, sandbox_env, sandbox_up
@@ -143,6 +142,8 @@ def _summary(
 
 def run_demo(root: Path, airflow_home: Path, dags_folder: Path, conf: Mapping[str, Any]) -> int:
     """Run the pipeline once in the sandbox and print the summary; return the DAG run's exit code."""
+    from airflow_provider_tpu_rl.ledger.hook import sqlite_connection_uri  # imports Airflow: not at start-up
+
     info = sandbox_up(root)
     try:
         env = {**os.environ, **sandbox_env(root), **FAST_SETTINGS}

@@ -16,6 +16,7 @@ import json
 import posixpath
 import re
 import shlex
+import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -229,6 +230,10 @@ class MachineHost:
         """Distributions importable by the calling interpreter (``None`` = the image's: all)."""
         return None
 
+    def maxtext_version(self, call: ToolCall) -> str:
+        """The MaxText release the calling interpreter imports: the ``tpu_post_training`` image's."""
+        return maxtext_sim.GKE_MAXTEXT_VERSION
+
     def tool_python(self, call: ToolCall) -> int:
         """``python3 -m MODULE``: MaxText's entry points are simulated (:mod:`maxtext_sim`), pip
         goes to :meth:`tool_pip`; any other module is refused as not simulated."""
@@ -261,6 +266,7 @@ class MachineHost:
             write=call.out,
             platform=self.platform,
             seed=services.seed,
+            maxtext_version=self.maxtext_version(call),
             fault=services.fault,
             cancelled=call.cancelled,
             step_seconds=services.step_seconds,
@@ -520,9 +526,13 @@ class VmHost(MachineHost):
         return {p.name.split("-", 1)[0].lower() for p in site.iterdir() if p.name.endswith(".dist-info")}
 
     def add_packages(self, venv: str, packages: Mapping[str, str]) -> None:
-        """Record installed distributions the way pip does: ``<name>-<version>.dist-info``."""
+        """Record installed distributions the way pip does: ``<name>-<version>.dist-info`` (one
+        version of a distribution at a time: installing another replaces it)."""
         for name, version in packages.items():
             normalized = re.sub(r"[-_.]+", "_", name).lower()
+            for old in self.fs.host_path(f"{venv}/{SITE}").glob(f"{normalized}-*.dist-info"):
+                if old.name != f"{normalized}-{version}.dist-info":
+                    shutil.rmtree(old)
             self.fs.write(
                 f"{venv}/{SITE}/{normalized}-{version}.dist-info/METADATA",
                 f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
@@ -535,6 +545,12 @@ class VmHost(MachineHost):
             assert venv is not None
             return self.venv_packages(venv)
         return set()  # the image's /usr/bin/python3: standard library only
+
+    def maxtext_version(self, call: ToolCall) -> str:
+        """The version pip (uv) installed into the calling interpreter's venv (its dist-info)."""
+        site = self.fs.host_path(f"{self._venv_of(call.path)}/{SITE}")
+        installed = sorted(p.name for p in site.glob("maxtext-*.dist-info"))
+        return installed[-1][len("maxtext-") : -len(".dist-info")] if installed else "(not installed)"
 
     def _install(self, path: str, tool: str) -> None:
         target = self.fs.host_path(path)

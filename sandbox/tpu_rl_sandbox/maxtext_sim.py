@@ -1,10 +1,11 @@
 """Simulated MaxText entry points: ``to_maxtext``, ``train_rl``, ``to_huggingface``.
 
 Each reads its arguments the way MaxText does (``key=value`` config overrides checked against
-MaxText's config keys, plus the script's own ``--flags``), reads ``HF_TOKEN`` from the
-environment, checks its inputs exist, prints MaxText/tunix-format log lines and writes an
-output tree with the real layout (Orbax step directories finalized last, Hugging Face export
-files). Contents are small made-up bytes; the structure is what matters.
+the config keys of the MaxText release the machine runs, from the product's generated tables in
+``airflow_provider_tpu_rl.maxtext.config_keys``, plus the script's own ``--flags``), reads
+``HF_TOKEN`` from the environment, checks its inputs exist, prints MaxText/tunix-format log
+lines and writes an output tree with the real layout (Orbax step directories finalized last,
+Hugging Face export files). Contents are small made-up bytes; the structure is what matters.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from airflow_provider_tpu_rl.maxtext.config_keys import KEYS as MAXTEXT_CONFIG_KEYS
+from airflow_provider_tpu_rl.spec.presets import GKE_MAXTEXT_VERSION
 from tpu_rl_sandbox.fsview import (
     ORBAX_COMMIT_MARKER,
     CheckpointWriter,
@@ -27,7 +30,6 @@ from tpu_rl_sandbox.fsview import (
     checkpoint_problem,
     join,
 )
-from tpu_rl_sandbox.maxtext_keys import MAXTEXT_CONFIG_KEYS
 from tpu_rl_sandbox.state import FaultSpec
 
 TO_MAXTEXT = "maxtext.checkpoint_conversion.to_maxtext"
@@ -91,6 +93,8 @@ class SimContext:
     write: Callable[[str], None]
     platform: str  # "gke" or "vm"
     seed: str
+    # The MaxText release the machine runs (the tpu_post_training image's, or what pip installed).
+    maxtext_version: str = GKE_MAXTEXT_VERSION
     fault: Callable[[str], FaultSpec | None] = lambda kind: None
     cancelled: Callable[[], bool] = lambda: False
     step_seconds: float = DEFAULT_STEP_SECONDS
@@ -156,10 +160,27 @@ def _metric_line(
 
 
 # ================================================================================= argument
-def parse_args(module: str, argv: list[str]) -> MaxTextArgs:
-    """Split ``argv`` (after ``-m module``) into config overrides and script flags."""
+def config_keys_of(version: str) -> frozenset[str]:
+    """The keys MaxText ``version``'s pyconfig accepts at the top level of its config."""
+    keys = MAXTEXT_CONFIG_KEYS.get(version)
+    if keys is None:
+        raise WorkloadFailed(
+            f"sandbox: no config key table for MaxText {version} (known: {', '.join(MAXTEXT_CONFIG_KEYS)}); "
+            "the simulated MaxText cannot tell which keys it accepts"
+        )
+    return frozenset(keys)
+
+
+def parse_args(module: str, argv: list[str], maxtext_version: str = GKE_MAXTEXT_VERSION) -> MaxTextArgs:
+    """Split ``argv`` (after ``-m module``) into config overrides and script flags.
+
+    A ``key=value`` whose key (for a dotted ``rl.num_generations``, its first part, the field
+    OmegaConf nests it under) is not a config key of ``maxtext_version`` is refused the way
+    pyconfig's ``_prepare_for_pydantic`` refuses it: a ``ValueError`` naming the valid fields.
+    """
     args = MaxTextArgs(module)
     known = SCRIPT_FLAGS[module]
+    valid = config_keys_of(maxtext_version)
     index = 0
     while index < len(argv):
         item = argv[index]
@@ -182,10 +203,11 @@ def parse_args(module: str, argv: list[str]) -> MaxTextArgs:
         if "=" in item:
             key, _, value = item.partition("=")
             head = key.split(".", 1)[0]
-            if head not in MAXTEXT_CONFIG_KEYS:
+            if head not in valid:
+                first = ", ".join(repr(name) for name in sorted(valid)[:2])
                 raise WorkloadFailed(
-                    f"ValueError: {key!r} not in 'abort_on_inf_loss', 'abort_on_nan_loss', ... "
-                    f"({len(MAXTEXT_CONFIG_KEYS)} valid config keys)."
+                    f"ValueError: {head!r} not in {first}, ... ({len(valid)} valid config keys of "
+                    f"MaxText {maxtext_version})."
                 )
             args.config[key] = value
             continue
@@ -274,7 +296,7 @@ class MaxTextRunner:
         return 0
 
     def dispatch(self) -> None:
-        args = parse_args(self.module, self.argv)
+        args = parse_args(self.module, self.argv, self.ctx.maxtext_version)
         if "hf_access_token" in args.config:
             raise WorkloadFailed(
                 "SandboxPolicyError: hf_access_token= was passed on the command line. The Hugging Face token "

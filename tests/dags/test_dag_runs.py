@@ -55,6 +55,9 @@ class RunResult:
         return self.output[start:end]
 
 
+_NOT_INHERITED = ("AIRFLOW", "TPU_RL_SANDBOX", "STORAGE_EMULATOR_HOST")
+
+
 @pytest.fixture(scope="module")
 def dags_test(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., RunResult]:
     """Run ``airflow dags test`` in a fresh AIRFLOW_HOME with failing fake cloud tools."""
@@ -70,8 +73,11 @@ def dags_test(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., RunResu
         script.chmod(0o755)
     write_tool_stubs(bin_dir)  # terraform, packer, kubectl, the auth plugin: the toolchain is there
     home = root / "airflow"
+    # Nothing of another test's sandbox or Airflow settings (an xdist worker runs many files):
+    # only what this fixture sets.
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith(_NOT_INHERITED)}
     env = {
-        **os.environ,
+        **inherited,
         "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
@@ -87,8 +93,7 @@ def dags_test(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., RunResu
             }
         ),
     }
-    for name in [k for k in env if k.startswith("AIRFLOW_CONN_TPU_RL_LEDGER")]:
-        del env[name]  # the ledger is the default SQLite file in AIRFLOW_HOME
+    # (no AIRFLOW_CONN_TPU_RL_LEDGER: the ledger is the default SQLite file in AIRFLOW_HOME)
     subprocess.run([AIRFLOW, "db", "migrate"], env=env, capture_output=True, check=True, timeout=300)
 
     def run(*, conf: dict[str, Any] | None = None, mark_success: str | None = None) -> RunResult:

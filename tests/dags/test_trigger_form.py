@@ -119,6 +119,39 @@ GKE_BAD_CONFS = [
     ("zero_slices", {"num_slices": 0}, "num_slices: must be between 1 and 64", True),
     ("keep_cluster_text", {"keep_cluster": "yes"}, "keep_cluster: must be true or false", True),
     ("cluster_hours", {"max_cluster_hours": 337}, "max_cluster_hours: must be between 1 and 336", True),
+    # (these six were once `airflow dags test` runs; tests/dags/test_validation_runs.py keeps the
+    # one whose value changes on its way to the task)
+    (
+        "unknown_maxtext_key",
+        {"train_overrides": {"lerning_rate": 1e-5}},
+        "train_overrides.lerning_rate: not a MaxText config key (did you mean learning_rate?)",
+        False,
+    ),
+    (
+        "num_batches_in_overrides",
+        {"num_batches": 50, "train_overrides": {"num_batches": 5}},
+        "train_overrides.num_batches: cannot be overridden: set it with the `num_batches` param",
+        False,
+    ),
+    ("num_batches_too_large", {"num_batches": 10**30}, "num_batches: must be <= 10000000", False),
+    (
+        "placeholder_project",
+        {"project": "my-tpu-project"},
+        "project: set project to your GCP project (my-tpu-project is the form's example)",
+        False,
+    ),
+    (
+        "placeholder_bucket",
+        {"bucket": "my-tpu-rl-bucket"},
+        "bucket: set bucket to a Cloud Storage bucket name of yours (my-tpu-rl-bucket is the form's example)",
+        False,
+    ),
+    (
+        "nan_in_overrides",
+        {"train_overrides": {"learning_rate": float("nan")}},
+        "train_overrides.learning_rate: must be a finite number (got nan)",
+        False,
+    ),
 ]
 TPU_VM_BAD_CONFS = [
     ("gke_key", {"keep_cluster": True}, "keep_cluster: unknown conf key", False),
@@ -228,6 +261,23 @@ def test_bad_conf_is_refused_by_the_form_where_json_schema_can_say_it(
     else:
         # Cross-field rules, override ranges and unknown keys: only the validate task can refuse these.
         trigger_time_validate(serialized_dags[dag_id], conf)
+
+
+# Wrong JSON types and NaN/Infinity for a top-level number: only the form's JSON schema sees them
+# (Airflow's own check when the run is created, the same in the UI, the REST API and `dags test -c`).
+SCHEMA_ONLY_REFUSED = [
+    pytest.param({"compute_type": ["ct6e-standard-4t"]}, id="list-for-compute-type"),
+    pytest.param({"num_batches": float("nan")}, id="nan-for-num-batches"),
+    pytest.param({"max_cluster_hours": float("inf")}, id="infinity-for-max-cluster-hours"),
+]
+
+
+@pytest.mark.parametrize("conf", SCHEMA_ONLY_REFUSED)
+def test_a_wrong_json_type_is_refused_by_the_form(
+    serialized_dags: dict[str, Any], conf: dict[str, Any]
+) -> None:
+    with pytest.raises(ParamValidationError, match=f"Invalid input for param {next(iter(conf))}: "):
+        trigger_time_validate(serialized_dags[GKE_DAG_ID], conf)
 
 
 def integer_bounds() -> list[Any]:

@@ -25,7 +25,7 @@ import yaml
 from tests.docker.dockerfile import DOCKER, REPO, instructions
 
 SCHEMA_DIR = Path(__file__).parent / "schema"
-README_SECTION = "### The local stack (`docker/compose.yaml`)"
+README_SECTION = "## The local stack (`docker/compose.yaml`)"
 AIRFLOW_SERVICES = ("airflow-init", "api-server", "scheduler", "dag-processor", "triggerer")
 LONG_RUNNING = ("api-server", "scheduler", "dag-processor", "triggerer")
 NOT_PUBLISHED = "—"
@@ -82,8 +82,8 @@ def test_the_schema_rejects_a_broken_file(path: tuple[str, ...], value: Any) -> 
 
 
 # ------------------------------------------------------------------------------- README agreement
-def _readme_tables(readme: Path = REPO / "README.md") -> tuple[list[list[str]], list[list[str]]]:
-    """The two tables of README's local-stack section: services, then the Airflow environment."""
+def _readme_tables(readme: Path = REPO / "docs" / "docker.md") -> tuple[list[list[str]], list[list[str]]]:
+    """The two tables of docs/docker.md's local-stack section: services, then the Airflow environment."""
     text = readme.read_text()
     heading = re.search(rf"^{re.escape(README_SECTION)}$", text, re.MULTILINE)
     assert heading is not None, f"{readme.name} has no {README_SECTION!r} section"

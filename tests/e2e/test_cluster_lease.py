@@ -3,8 +3,9 @@
 The first run's training job is held live (``TPU_RL_SANDBOX_POD_HOLD_FILE``: its pods stay
 pending while the file exists) while a second ``airflow dags test`` of the same DAG names the same
 cluster and bucket. The second run is refused at preflight and must neither deploy over nor destroy
-the cluster (also when its own deploy would fail), nor overwrite the resource record; the first run then finishes as if
-alone. A run that keeps its cluster hands it to a later run through the lease.
+the cluster, nor overwrite the resource record; the first run then finishes as if alone. (The
+deploy's own refusal of a leased cluster, for two runs that pass preflight together, and the hand-over
+of a kept cluster to a later run are operator tests: tests/operators/test_gke_lifecycle.py.)
 
 The second run uses its own AIRFLOW_HOME (a copy of the migrated metadata DB): two ``dags test``
 processes never share one SQLite file; both share the module's sandbox.
@@ -16,7 +17,6 @@ import json
 import shutil
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -138,43 +138,31 @@ def first_run_id(world: E2EWorld) -> str:
     return str(run_id)
 
 
-Scenario = tuple[DagRunResult, DagRunResult, dict[str, Any], str]
-
-
 @pytest.fixture(scope="module")
 def overlap(
     world: E2EWorld, second_world: E2EWorld, converted: DagRunResult, tmp_path_factory: pytest.TempPathFactory
-) -> Callable[[str], Scenario]:
-    """``overlap(faults)``: run A trains on a cluster; run B names the same cluster (with
-    ``faults`` armed for B: ``"deploy"`` = its deploy would fail); then A finishes.
-    ``(A, B, the record while B had ended, A's run id)``; each variant runs once."""
-    done: dict[str, Scenario] = {}
-
-    def run(faults: str) -> Scenario:
-        if faults not in done:
-            cluster = f"e2e-lease-{faults or 'ok'}"
-            hold = tmp_path_factory.mktemp("hold") / "pods-pending"
-            background = Background(world, conf(cluster, f"a-{faults or 'ok'}"), hold)
-            try:
-                wait_for_training(world, cluster, background)
-                run_a = first_run_id(world)
-                second = second_world.run_dag(GKE_DAG_ID, conf(cluster, f"b-{faults or 'ok'}"), faults=faults)
-                # while A still trains: the cluster is up and the record is A's
-                assert cluster in world.live_clusters(), second.describe()
-                record = resource_record(world, cluster)
-            finally:
-                first = background.finish()
-            done[faults] = (first, second, record, run_a)
-        return done[faults]
-
-    return run
+) -> tuple[DagRunResult, DagRunResult, dict[str, Any], str]:
+    """Run A trains on a cluster; run B names the same cluster; then A finishes.
+    ``(A, B, the record while B had ended, A's run id)``."""
+    cluster = "e2e-lease-ok"
+    hold = tmp_path_factory.mktemp("hold") / "pods-pending"
+    background = Background(world, conf(cluster, "a-ok"), hold)
+    try:
+        wait_for_training(world, cluster, background)
+        run_a = first_run_id(world)
+        second = second_world.run_dag(GKE_DAG_ID, conf(cluster, "b-ok"))
+        # while A still trains: the cluster is up and the record is A's
+        assert cluster in world.live_clusters(), second.describe()
+        record = resource_record(world, cluster)
+    finally:
+        first = background.finish()
+    return first, second, record, run_a
 
 
-@pytest.mark.parametrize("faults", ["", "deploy"], ids=["second-deploys", "second-deploy-fails"])
 def test_a_second_run_never_deploys_over_nor_destroys_a_leased_cluster(
-    world: E2EWorld, overlap: Callable[[str], Scenario], faults: str
+    world: E2EWorld, overlap: tuple[DagRunResult, DagRunResult, dict[str, Any], str]
 ) -> None:
-    first, second, record, run_a = overlap(faults)
+    first, second, record, run_a = overlap
     cluster = first.conf["cluster_name"]
     # B: refused in one line at preflight, before it touched the cluster (the deploy's own lease
     # check, for two runs passing preflight together, is tested in tests/operators); its teardown
@@ -226,24 +214,5 @@ def test_a_second_run_started_while_the_first_deploys_touches_nothing(
     assert first.state == "success", first.describe()
     assert first.task_state("train") == "success", first.describe()
     assert len(first.calls_of("gcluster", "deploy")) == 1, first.describe()
-    assert cluster not in world.live_clusters()
-    assert lease(world, cluster) is None
-
-
-def test_keep_cluster_hands_the_cluster_to_a_later_run(world: E2EWorld, converted: DagRunResult) -> None:
-    cluster = "e2e-lease-kept"
-    kept = world.run_dag(GKE_DAG_ID, conf(cluster, "kept-a", keep_cluster=True))
-    assert kept.state == "success", kept.describe()
-    assert cluster in world.live_clusters()
-    handed = lease(world, cluster)
-    assert handed is not None
-    assert handed["kept"] is True
-    assert handed["run_id"] == kept.run_id
-
-    later = world.run_dag(GKE_DAG_ID, conf(cluster, "kept-b"))
-    assert later.state == "success", later.describe()
-    assert later.task_state("train") == "success", later.describe()
-    assert resource_record(world, cluster)["run_id"] == later.run_id
-    assert len(later.calls_of("gcluster", "destroy")) == 1, later.describe()
     assert cluster not in world.live_clusters()
     assert lease(world, cluster) is None

@@ -1,9 +1,14 @@
-"""``tpu_rl_gke_pipeline`` end to end in the sandbox: success, a resumed second run, faults, ledger.
+"""``tpu_rl_gke_pipeline`` end to end in the sandbox: success, a second default run, faults, ledger, curves.
 
 Every scenario is one real ``airflow dags test`` subprocess (about 20-30 s each) in this module's
 own sandbox and AIRFLOW_HOME; each scenario has its own cluster and bucket so their outputs
-cannot mask each other (the second run deliberately reuses the first run's bucket). Runs are
+cannot mask each other (the second run deliberately reuses the first run's conf). Runs are
 module fixtures: they run once, the first time a test asks for them.
+
+What a lower-level test pins is not run again here: a permanent fault of the conversion or export
+job takes the same teardown and watcher path as the training fault below (their job operators'
+failure handling is in tests/operators/test_gcluster_job_operators.py); reusing a ``run_name`` on
+purpose (adopt, or refuse other settings) is tests/operators/test_run_identity.py.
 """
 
 from __future__ import annotations
@@ -15,22 +20,18 @@ import pytest
 
 from airflow_provider_tpu_rl.render.gke import resource_record_object
 from airflow_provider_tpu_rl.spec import GkePipelineSpec, gke_pipeline_from_conf
+from tests.e2e.curves import check_curves_next_to_the_checkpoints, check_runs_plot_draws_the_trend
 from tests.e2e.harness import GKE_DAG_ID, DagRunResult, E2EWorld, duplicates, printed_rewards
 
 pytestmark = pytest.mark.e2e
 
 PROJECT = "tpu-rl-e2e"
 NUM_BATCHES = 3
-PERMANENT_FAULTS = ("deploy", "convert", "train", "export", "destroy")
+PERMANENT_FAULTS = ("deploy", "train", "destroy")
 TRANSIENT_WORK_KINDS = ("deploy", "convert", "train", "export")
-TRANSIENT_WORK_FAULTS = ",".join(f"{kind}:transient" for kind in TRANSIENT_WORK_KINDS)
-FAILING_TASK = {
-    "deploy": "deploy_cluster",
-    "convert": "convert_to_maxtext",
-    "train": "train",
-    "export": "export_to_huggingface",
-    "destroy": "destroy_cluster",
-}
+TRANSIENT_KINDS = (*TRANSIENT_WORK_KINDS, "destroy")
+TRANSIENT_FAULTS = ",".join(f"{kind}:transient" for kind in TRANSIENT_KINDS)
+FAILING_TASK = {"deploy": "deploy_cluster", "train": "train", "destroy": "destroy_cluster"}
 # A checkpoint every 2 steps: a train fault (which fires once a checkpoint is saved) stops the
 # job at step 2 of 3, mid-way, with actor/2 already committed.
 MID_WAY_CHECKPOINTS = {"checkpoint_period": 2}
@@ -74,10 +75,7 @@ def happy(world: E2EWorld) -> DagRunResult:
     """All steps fine; num_test_batches > 0 so MaxText prints rewards.
 
     Slower simulated steps (0.4 s) so the job trigger surely sees the training job Running and
-    follows its log: a job that goes Suspended -> Succeeded between two polls is never followed,
-    and the end-of-job snapshot (kubectl's last 10 lines) misses the "Pre RL Training" reward
-    (a known limit of triggers/gcluster_job.py, pinned by a strict xfail in tests/operators/test_training_metrics.py; not what
-    this scenario is about).
+    follows its log from the start, as a real minutes-long training is followed.
     """
     return world.run_dag(
         GKE_DAG_ID,
@@ -88,8 +86,8 @@ def happy(world: E2EWorld) -> DagRunResult:
 
 @pytest.fixture(scope="module")
 def second(world: E2EWorld, happy: DagRunResult) -> DagRunResult:
-    """Same bucket and model as ``happy``, a new run with its own run_name."""
-    return world.run_dag(GKE_DAG_ID, {**happy.conf, "run_name": "rl-second", "train_overrides": {}})
+    """Exactly ``happy``'s conf again (no run_name: the default): a run of its own."""
+    return world.run_dag(GKE_DAG_ID, happy.conf)
 
 
 @pytest.fixture(scope="module")
@@ -108,16 +106,10 @@ def fault_run(world: E2EWorld) -> Callable[[str], DagRunResult]:
 
 @pytest.fixture(scope="module")
 def transient(world: E2EWorld) -> DagRunResult:
-    """Deploy, conversion, training and export each fail once, transiently, in one run."""
+    """Deploy, conversion, training, export and destroy each fail once, transiently, in one run."""
     return world.run_dag(
-        GKE_DAG_ID, conf("t-work", train_overrides=MID_WAY_CHECKPOINTS), faults=TRANSIENT_WORK_FAULTS
+        GKE_DAG_ID, conf("t-work", train_overrides=MID_WAY_CHECKPOINTS), faults=TRANSIENT_FAULTS
     )
-
-
-@pytest.fixture(scope="module")
-def transient_destroy(world: E2EWorld) -> DagRunResult:
-    """The destroy fails once, transiently (a separate run)."""
-    return world.run_dag(GKE_DAG_ID, conf("t-destroy"), faults="destroy:transient")
 
 
 @pytest.fixture(scope="module")
@@ -126,10 +118,9 @@ def all_runs(
     second: DagRunResult,
     fault_run: Callable[[str], DagRunResult],
     transient: DagRunResult,
-    transient_destroy: DagRunResult,
 ) -> list[DagRunResult]:
     """Every scenario of this module (the ledger tests look at all of them)."""
-    return [happy, second, *(fault_run(kind) for kind in PERMANENT_FAULTS), transient, transient_destroy]
+    return [happy, second, *(fault_run(kind) for kind in PERMANENT_FAULTS), transient]
 
 
 # =================================================================================== tests
@@ -155,7 +146,7 @@ def test_pipeline_exports_a_complete_hugging_face_model(world: E2EWorld, happy: 
     assert "commit_success.txt" in world.objects(step_dir(spec, NUM_BATCHES))
 
 
-def test_second_run_on_the_same_bucket_skips_conversion(
+def test_a_second_default_run_trains_its_own_model_and_skips_conversion(
     world: E2EWorld, happy: DagRunResult, second: DagRunResult
 ) -> None:
     converted = spec_of(happy).conversion.output_directory
@@ -167,6 +158,7 @@ def test_second_run_on_the_same_bucket_skips_conversion(
     # The new run still trained and exported its own checkpoint, into its own folder.
     spec = spec_of(second)
     assert submitted == [spec.train_job, spec.export_job], second.describe()
+    assert spec.training.run_name != spec_of(happy).training.run_name
     assert spec.export.output_directory != spec_of(happy).export.output_directory
     assert world.hf_export_problems(spec.export.output_directory) == []
     assert "commit_success.txt" in world.objects(converted.rstrip("/") + "/0")
@@ -213,7 +205,7 @@ def test_permanent_fault_fails_the_run_tears_down_and_keeps_outputs(
     # Nothing a completed step wrote was deleted; the bucket itself is kept.
     assert world.bucket_exists(spec.cluster.bucket)
     reference = spec_of(happy)
-    reached_train = kind in ("train", "export", "destroy")
+    reached_train = kind in ("train", "destroy")
     if reached_train:
         expected = world.objects(reference.conversion.output_directory)
         assert "0/commit_success.txt" in expected
@@ -221,18 +213,18 @@ def test_permanent_fault_fails_the_run_tears_down_and_keeps_outputs(
     if kind == "train":
         # The mid-way checkpoint written before the job failed.
         assert world.objects(step_dir(spec, 2)) == world.objects(step_dir(reference, NUM_BATCHES))
-    if kind in ("export", "destroy"):
+    if kind == "destroy":
         assert world.objects(step_dir(spec, NUM_BATCHES)) == world.objects(step_dir(reference, NUM_BATCHES))
     if kind == "destroy":
         assert world.hf_export_problems(spec.export.output_directory) == []
-    if kind in ("deploy", "convert"):
+    if kind == "deploy":
         assert world.objects(spec.conversion.output_directory) == set()
 
 
 def test_transient_faults_are_retried_and_the_run_succeeds(world: E2EWorld, transient: DagRunResult) -> None:
     assert transient.exit_code == 0, transient.describe()
     assert transient.state == "success", transient.describe()
-    assert world.fired_faults() == set(TRANSIENT_WORK_KINDS), transient.describe()
+    assert world.fired_faults() == set(TRANSIENT_KINDS), transient.describe()
     # deploy and train (a Pathways job with --restarts=0) recover by an Airflow retry; the
     # conversions may already recover inside the job (a JobSet restart) — either way, succeed.
     assert transient.tasks["deploy_cluster"].try_number == 2, transient.describe()
@@ -247,28 +239,20 @@ def test_transient_faults_are_retried_and_the_run_succeeds(world: E2EWorld, tran
     # Training resumed from the mid-way checkpoint and reached the last step.
     assert "commit_success.txt" in world.objects(step_dir(spec, 2))
     assert "commit_success.txt" in world.objects(step_dir(spec, NUM_BATCHES))
-    assert len(transient.calls_of("gcluster", "destroy")) == 1
+    # The transient destroy: `gcluster destroy --robust` retries inside one call (without it the
+    # task retry would do it).
+    destroys = transient.calls_of("gcluster", "destroy")
+    assert all("--robust" in c.argv for c in destroys), transient.describe()
+    assert destroys[-1].exit_code == 0, transient.describe()
     assert spec.cluster.cluster_name not in world.live_clusters()
     assert world.hf_export_problems(spec.export.output_directory) == []
 
 
-def test_transient_destroy_failure_is_retried(world: E2EWorld, transient_destroy: DagRunResult) -> None:
-    result = transient_destroy
-    assert world.fired_faults() == {"destroy"}, result.describe()
-    destroys = result.calls_of("gcluster", "destroy")
-    # `gcluster destroy --robust` retries inside one call; without it the task retry does it.
-    assert all("--robust" in c.argv for c in destroys), result.describe()
-    assert destroys[-1].exit_code == 0, result.describe()
-    assert result.state == "success", result.describe()
-    assert result.exit_code == 0
-    assert spec_of(result).cluster.cluster_name not in world.live_clusters()
-
-
 def rewards_the_sandbox_printed(world: E2EWorld, run: DagRunResult) -> dict[str, float]:
     """Pre/post mean_reward from the simulated training pod's own log (not the Airflow task log)."""
-    bucket = spec_of(run).cluster.bucket
+    actor_root = spec_of(run).training.actor_checkpoint_root  # this run's own run directory
     train_logs = [
-        text for text in world.sandbox_job_logs() if "Pre RL Training" in text and f"gs://{bucket}/" in text
+        text for text in world.sandbox_job_logs() if "Pre RL Training" in text and actor_root in text
     ]
     assert len(train_logs) == 1
     return printed_rewards(train_logs[0])
@@ -370,3 +354,13 @@ def test_tpu_rl_runs_lists_every_run_with_its_state(world: E2EWorld, all_runs: l
     printed = rewards_the_sandbox_printed(world, happy)
     assert f"{printed['pre']:.2f}→{printed['post']:.2f}" in happy_line
     assert happy_line.endswith(spec_of(happy).export.output_directory)
+
+
+def test_record_run_puts_the_ledgers_curves_next_to_the_checkpoints(
+    world: E2EWorld, happy: DagRunResult, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    check_curves_next_to_the_checkpoints(world, happy, monkeypatch)
+
+
+def test_runs_plot_draws_the_trend_of_the_ledger(world: E2EWorld, happy: DagRunResult) -> None:
+    check_runs_plot_draws_the_trend(world, happy)

@@ -1,5 +1,5 @@
 """Golden tests: the plan for a tutorial's own settings carries every flag and MaxText key=value of
-the tutorial's commands with the same value, except the differences the README documents."""
+the tutorial's commands with the same value, except the differences docs/tutorial-differences.md documents."""
 
 from __future__ import annotations
 

@@ -55,10 +55,3 @@ def test_hook_reads_its_connection(monkeypatch):
     )
     config = GclusterHook("gcluster_test").config
     assert (config.project, config.region, config.gcluster_path) == ("p1", "us-east5", "/opt/g")
-
-
-async def test_hook_reads_its_connection_async(monkeypatch):
-    monkeypatch.setenv(
-        "AIRFLOW_CONN_GCLUSTER_TEST", '{"conn_type": "gcluster", "extra": {"zone": "us-east5-b"}}'
-    )
-    assert (await GclusterHook("gcluster_test").aget_config()).zone == "us-east5-b"

@@ -16,7 +16,13 @@ from airflow_provider_tpu_rl.ledger.cli import (
     run_runs_command,
 )
 from airflow_provider_tpu_rl.ledger.hook import RunLedger
-from airflow_provider_tpu_rl.ledger.records import ArtifactRecord, MetricRecord, RunRecord, RunSummary
+from airflow_provider_tpu_rl.ledger.records import (
+    ArtifactRecord,
+    MetricRecord,
+    RunRecord,
+    RunSummary,
+    StepRecord,
+)
 
 T0 = datetime(2026, 3, 1, 8, 0, tzinfo=UTC)
 
@@ -140,3 +146,66 @@ def test_limit_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
     assert "must be >= 1" in capsys.readouterr().err
     args = parse("runs")
     assert (args.model, args.limit, args.conn_id, args.func) == (None, 20, "tpu_rl_ledger", run_runs_command)
+
+
+def test_failed_lists_the_failed_tasks_of_the_newest_runs(
+    sqlite_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_TPU_RL_LEDGER", sqlite_uri)
+    ledger = RunLedger()
+    for index, model in enumerate(["qwen3-30b-a3b", "gemma4-26b"]):
+        start = T0 + timedelta(days=index)
+        ledger.record(
+            RunRecord(
+                "tpu_rl_gke_pipeline", f"run{index}", model, "failed", start, start + timedelta(hours=1)
+            ),
+            [
+                StepRecord("train", "failed", 2, start, start + timedelta(minutes=20), f"rl-{index}"),
+                StepRecord("export_to_huggingface", "upstream_failed"),
+                StepRecord("deploy_cluster", "success", 1, start, start + timedelta(minutes=10)),
+            ],
+        )
+
+    out = io.StringIO()
+    assert run_runs_command(parse("runs", "--failed"), out=out) == 0
+    assert out.getvalue().splitlines() == [
+        "RUN                       MODEL          TASK                   STATE            TRY  JOB   ENDED",
+        "tpu_rl_gke_pipeline/run1  gemma4-26b     export_to_huggingface  upstream_failed    -  -     -",
+        "tpu_rl_gke_pipeline/run1  gemma4-26b     train                  failed             2  rl-1  2026-03-02 08:20:00Z",
+        "tpu_rl_gke_pipeline/run0  qwen3-30b-a3b  export_to_huggingface  upstream_failed    -  -     -",
+        "tpu_rl_gke_pipeline/run0  qwen3-30b-a3b  train                  failed             2  rl-0  2026-03-01 08:20:00Z",
+    ]
+
+    out = io.StringIO()
+    assert (
+        run_runs_command(parse("runs", "--failed", "--model", "qwen3-30b-a3b", "--limit", "1"), out=out) == 0
+    )
+    assert [line.split()[:3] for line in out.getvalue().splitlines()[1:]] == [
+        ["tpu_rl_gke_pipeline/run0", "qwen3-30b-a3b", "export_to_huggingface"]
+    ]
+
+
+def test_failed_on_a_ledger_without_failures(sqlite_uri: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_TPU_RL_LEDGER", sqlite_uri)
+    RunLedger().record(
+        RunRecord("tpu_rl_gke_pipeline", "ok", "gemma4-26b", "success", T0, T0),
+        [StepRecord("train", "success", 1, T0, T0)],
+    )
+    out = io.StringIO()
+    assert run_runs_command(parse("runs", "--failed", "--model", "gemma4-26b"), out=out) == 0
+    assert out.getvalue().startswith("No failed tasks in the runs of model gemma4-26b in the ledger (")
+
+
+def test_failed_reports_an_unreadable_ledger(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_TPU_RL_LEDGER", "mysql://user@localhost/db")
+    out, err = io.StringIO(), io.StringIO()
+    assert run_runs_command(parse("runs", "--failed"), out=out, err=err) == 1
+    assert "cannot read the run ledger" in err.getvalue()
+    assert out.getvalue() == ""
+
+
+def test_failed_does_not_go_with_plot(sqlite_uri: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_TPU_RL_LEDGER", sqlite_uri)
+    out, err = io.StringIO(), io.StringIO()
+    assert run_runs_command(parse("runs", "--failed", "--plot"), out=out, err=err) == 2
+    assert "--failed and --plot cannot go together" in err.getvalue()

@@ -8,7 +8,6 @@ import pytest
 import sqlfluff
 
 from airflow_provider_tpu_rl.ledger.dialects import (
-    LEDGER_TABLES,
     RUN_STEPS,
     RUNS,
     Dialect,
@@ -23,6 +22,7 @@ from airflow_provider_tpu_rl.ledger.dialects import (
     upsert_sql,
 )
 from airflow_provider_tpu_rl.ledger.hook import bigquery_record_script
+from tests.ledger.rows import LEDGER_TABLES
 
 T0 = datetime(2026, 3, 1, 8, 0, tzinfo=UTC)
 

@@ -11,6 +11,7 @@ import pytest
 from airflow_provider_tpu_rl.ledger.dialects import Dialect
 from airflow_provider_tpu_rl.ledger.hook import RunLedger, default_sqlite_path
 from airflow_provider_tpu_rl.ledger.records import ArtifactRecord, MetricRecord, RunRecord, StepRecord
+from tests.ledger.rows import applied_versions, count_rows
 
 T0 = datetime(2026, 3, 1, 8, 0, tzinfo=UTC)
 DAG = "tpu_rl_gke_pipeline"
@@ -53,9 +54,9 @@ def test_migrations_apply_once_and_twice_is_a_no_op(ledger: RunLedger) -> None:
     assert ledger.apply_migrations() == [1, 2, 3]
     assert ledger.apply_migrations() == []
     assert RunLedger().apply_migrations() == []  # a new instance sees the recorded versions
-    assert ledger.applied_versions() == [1, 2, 3]
+    assert applied_versions(ledger) == [1, 2, 3]
     for table in ("runs", "run_steps", "run_metrics", "run_artifacts"):
-        assert ledger.count_rows(table) == 0
+        assert count_rows(ledger, table) == 0
 
 
 def test_dialect_comes_from_the_connection_type(ledger: RunLedger, ledger_uri: str) -> None:
@@ -82,10 +83,10 @@ def test_recording_the_same_run_three_times_keeps_one_row_and_the_latest_try(led
             [ArtifactRecord("hf_export", "gs://bucket/qwen3-30b-a3b/hf-trained/")],
         )
 
-    assert ledger.count_rows("runs") == 1
-    assert ledger.count_rows("run_steps", run.run_id) == 2
-    assert ledger.count_rows("run_metrics", run.run_id) == 2
-    assert ledger.count_rows("run_artifacts", run.run_id) == 1
+    assert count_rows(ledger, "runs") == 1
+    assert count_rows(ledger, "run_steps", run.run_id) == 2
+    assert count_rows(ledger, "run_metrics", run.run_id) == 2
+    assert count_rows(ledger, "run_artifacts", run.run_id) == 1
     train = ledger.recorded_steps(run.run_id)["train"]
     assert (train.state, train.try_number, train.job_name) == ("success", 3, "rl-job-3")
     assert train.started_at == T0 + timedelta(minutes=60)
@@ -149,6 +150,26 @@ def test_failed_run_is_recorded_failed_with_its_failed_steps(ledger: RunLedger) 
         ("export_to_huggingface", "upstream_failed", None),
         ("train", "failed", "rl-bad"),
     ]
+    assert failed[1]["ended_at"] == T0 + timedelta(minutes=3)
+    assert (failed[1]["model"], failed[1]["try_number"]) == ("qwen3-30b-a3b", 1)
+
+
+def test_failed_steps_newest_runs_first_with_model_filter_and_limit(ledger: RunLedger) -> None:
+    for name, model, day in (
+        ("old", "qwen3-30b-a3b", 0),
+        ("new", "qwen3-30b-a3b", 2),
+        ("gem", "gemma4-26b", 1),
+    ):
+        ledger.record(
+            make_run(name, model=model, state="failed", start=T0 + timedelta(days=day)),
+            [StepRecord("train", "failed", 2), StepRecord("convert", "success", 1)],
+        )
+
+    assert [row["run_id"].split("/")[1] for row in ledger.failed_steps()] == ["new", "gem", "old"]
+    assert [row["run_id"].split("/")[1] for row in ledger.failed_steps(model="gemma4-26b")] == ["gem"]
+    assert [row["run_id"].split("/")[1] for row in ledger.failed_steps(limit=1)] == ["new"]
+    with pytest.raises(ValueError, match="limit"):
+        ledger.failed_steps(limit=0)
 
 
 def test_state_changes_when_a_run_is_recorded_again(ledger: RunLedger) -> None:
@@ -194,18 +215,18 @@ def test_reward_trend_per_model_oldest_first(ledger: RunLedger) -> None:
     assert ledger.reward_trend(model="gemma4-26b")[0]["reward_delta"] is None
 
 
-def test_cost_per_run_is_chips_times_cluster_lifetime(ledger: RunLedger) -> None:
+def test_chip_hours_are_chips_times_cluster_lifetime(ledger: RunLedger) -> None:
     ledger.record(make_run("gke", chips=32, hours=2.0))  # cluster lived 1h50m
     ledger.record(
         make_run("vm", model="llama3.1-8b-Instruct", chips=8, hours=1.0, start=T0 + timedelta(days=1))
     )
 
-    costs = {row["run_id"].split("/")[1]: row for row in ledger.cost_per_run()}
-    assert costs["gke"]["chip_hours"] == pytest.approx(32 * (110 / 60))
-    assert costs["vm"]["chip_hours"] == pytest.approx(8 * (50 / 60))
-    assert costs["gke"]["cluster_started_at"] == T0 + timedelta(minutes=10)
-    assert [row["run_id"] for row in ledger.cost_per_run(model="llama3.1-8b-Instruct")] == [f"{DAG}/vm"]
-    assert len(ledger.cost_per_run(limit=1)) == 1
+    runs = {run.airflow_run_id: run for run in ledger.latest_runs()}
+    assert (runs["gke"].chips, runs["vm"].chips) == (32, 8)
+    assert runs["gke"].chip_hours == pytest.approx(32 * (110 / 60))
+    assert runs["vm"].chip_hours == pytest.approx(8 * (50 / 60))
+    [vm] = ledger.latest_runs(model="llama3.1-8b-Instruct")
+    assert vm.chip_hours == pytest.approx(8 * (50 / 60))
 
 
 def test_conf_is_stored_without_secrets(ledger: RunLedger) -> None:
@@ -230,8 +251,8 @@ def test_metrics_and_artifacts_upsert_by_their_keys(ledger: RunLedger) -> None:
         ],
     )
     ledger.record(run, [], [MetricRecord("intermediate", 10, "mean_reward", 0.25)], [])
-    assert ledger.count_rows("run_metrics", run.run_id) == 2
-    assert ledger.count_rows("run_artifacts", run.run_id) == 2
+    assert count_rows(ledger, "run_metrics", run.run_id) == 2
+    assert count_rows(ledger, "run_artifacts", run.run_id) == 2
     with ledger._session(write=False) as session:
         rows = session.fetch(
             "SELECT metric_value FROM run_metrics WHERE run_id = :run_id AND phase = 'intermediate'",
@@ -284,5 +305,5 @@ def test_concurrent_first_writers_apply_each_migration_once(ledger: RunLedger) -
         applied = list(pool.map(first_write, range(4)))
 
     assert sorted(version for versions in applied for version in versions) == [1, 2, 3]
-    assert ledger.applied_versions() == [1, 2, 3]
-    assert ledger.count_rows("run_steps", f"{DAG}/concurrent") == 4
+    assert applied_versions(ledger) == [1, 2, 3]
+    assert count_rows(ledger, "run_steps", f"{DAG}/concurrent") == 4

@@ -30,6 +30,7 @@ from tests.ledger.fakes import (
     gke_task_instances,
     minutes,
 )
+from tests.ledger.rows import count_rows
 from tests.png import decoded_png
 
 MODEL = "qwen3-30b-a3b"
@@ -197,7 +198,7 @@ def test_record_run_uploads_the_curves_and_links_them(
     assert list(uploads) == [uri]
     assert decoded_png(uploads[uri]).size == (1000, 400)
     assert context["ti"].pushed == {"tpu_rl_run_curves": {"uri": uri, "project_id": "my-proj"}}
-    assert ledger.count_rows("runs") == 1
+    assert count_rows(ledger, "runs") == 1
 
 
 def test_without_matplotlib_the_run_is_recorded_and_one_line_says_why(
@@ -217,7 +218,7 @@ def test_without_matplotlib_the_run_is_recorded_and_one_line_says_why(
     assert "matplotlib is not installed" in curve_lines[0]
     assert "[plot]" in curve_lines[0]
     assert context["ti"].pushed == {"tpu_rl_run_curves": ""}
-    assert ledger.count_rows("runs") == 1
+    assert count_rows(ledger, "runs") == 1
 
 
 def test_a_failed_upload_does_not_fail_the_ledger_task(
@@ -236,7 +237,7 @@ def test_a_failed_upload_does_not_fail_the_ledger_task(
     assert "curves_uri" not in result
     assert any("could not upload" in r.getMessage() for r in caplog.records)
     assert context["ti"].pushed == {"tpu_rl_run_curves": ""}
-    assert ledger.count_rows("runs") == 1
+    assert count_rows(ledger, "runs") == 1
 
 
 def test_a_run_that_failed_at_validate_is_recorded_without_curves(

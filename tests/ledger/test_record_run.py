@@ -22,6 +22,7 @@ from tests.ledger.fakes import (
     gke_task_instances,
     minutes,
 )
+from tests.ledger.rows import count_rows
 
 
 @dataclass
@@ -51,15 +52,15 @@ def test_success_failure_and_rerun_give_one_row_per_run(ledger: RunLedger) -> No
         record_run_from_context(context, model="qwen3-30b-a3b", chips=32)
 
     runs = {run.airflow_run_id: run for run in ledger.latest_runs()}
-    assert ledger.count_rows("runs") == 2
+    assert count_rows(ledger, "runs") == 2
     assert (runs["good"].state, runs["bad"].state) == ("success", "failed")
     assert (runs["good"].pre_mean_reward, runs["good"].post_mean_reward) == (0.12, 0.34)
     assert runs["good"].export_uri == f"{BUCKET}/hf-trained/"
     assert (runs["bad"].post_mean_reward, runs["bad"].export_uri) == (None, None)
     assert runs["good"].chip_hours == pytest.approx(32 * 170 / 60)
-    assert ledger.count_rows("run_steps", runs["good"].run_id) == 8
-    assert ledger.count_rows("run_artifacts", runs["good"].run_id) == 3
-    assert ledger.count_rows("run_metrics", runs["good"].run_id) == 9
+    assert count_rows(ledger, "run_steps", runs["good"].run_id) == 8
+    assert count_rows(ledger, "run_artifacts", runs["good"].run_id) == 3
+    assert count_rows(ledger, "run_metrics", runs["good"].run_id) == 9
 
 
 def test_airflow3_run_gets_step_times_from_the_callbacks(ledger: RunLedger) -> None:
@@ -94,7 +95,7 @@ def test_airflow3_run_gets_step_times_from_the_callbacks(ledger: RunLedger) -> N
     steps = ledger.recorded_steps(run.run_id)
     assert steps["train"] == StepRecord("train", "success", 2, minutes(30), minutes(90), "rl-train-a3")
     assert set(steps) == {"deploy_cluster", "train", "destroy_cluster"}
-    assert ledger.count_rows("runs") == 1
+    assert count_rows(ledger, "runs") == 1
 
 
 def test_a_failing_ledger_never_fails_the_task(monkeypatch: pytest.MonkeyPatch) -> None:

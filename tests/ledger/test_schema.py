@@ -82,6 +82,14 @@ def test_queries_load_as_one_statement(name: str) -> None:
     assert load_query(name).lstrip().upper().startswith(("SELECT", "WITH"))
 
 
+def test_every_query_file_is_a_named_query_the_ledger_reads() -> None:
+    """No orphan query file: each one in sql/queries/ is in QUERY_NAMES (and so has a RunLedger method)."""
+    from airflow_provider_tpu_rl.ledger.hook import RunLedger
+
+    assert sorted(path.stem for path in (REPO_SQL / "queries").glob("*.sql")) == sorted(QUERY_NAMES)
+    assert all(callable(getattr(RunLedger, name, None)) for name in QUERY_NAMES)
+
+
 def test_unknown_query_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown ledger query"):
         load_query("drop_everything")

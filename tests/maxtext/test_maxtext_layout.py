@@ -19,8 +19,6 @@ from airflow_provider_tpu_rl.maxtext.layout import (
     checkpoint_steps,
     export_event_payload,
     hf_export_status,
-    is_step_complete,
-    latest_complete_step,
     parse_gs_uri,
     probe_checkpoint,
     probe_hf_export,
@@ -117,11 +115,7 @@ def test_committed_step_is_complete_uncommitted_and_tmp_steps_are_in_progress() 
         150: StepStatus.IN_PROGRESS,
     }
     assert states[100].missing == ("commit_success.txt",)
-    assert latest_complete_step(names, ROOT) == 50
-    assert is_step_complete(names, ROOT, 50)
-    assert not is_step_complete(names, ROOT, 100)
-    assert not is_step_complete(names, ROOT, 150)
-    assert not is_step_complete(names, ROOT, 7)
+    assert [step for step, state in states.items() if state.is_complete] == [50]
 
 
 def test_root_prefix_without_trailing_slash_and_partial_save_folder() -> None:
@@ -142,11 +136,11 @@ def test_leftover_tmp_folder_does_not_hide_a_committed_step() -> None:
 def test_committed_step_without_a_required_item() -> None:
     names = step_objects(50, committed=True, items=("model_params",))
 
-    assert is_step_complete(names, ROOT, 50, items=("model_params",))
+    assert checkpoint_steps(names, ROOT, items=("model_params",))[50].is_complete
     state = checkpoint_steps(names, ROOT, items=("model_params", "optimizer_state"))[50]
     assert state.status is StepStatus.MISSING_ITEMS
     assert state.missing == ("optimizer_state/",)
-    assert latest_complete_step(names, ROOT, items=("model_params", "optimizer_state")) is None
+    assert not state.is_complete
 
 
 def test_marker_alone_is_not_enough() -> None:
@@ -174,8 +168,8 @@ def test_converted_checkpoint_layout() -> None:
         f"{root}0/commit_success.txt",
     ]
 
-    assert is_step_complete(names, root, 0, items=("items",))
-    assert not is_step_complete(names[:-1], root, 0, items=("items",))
+    assert checkpoint_steps(names, root, items=("items",))[0].is_complete
+    assert checkpoint_steps(names[:-1], root, items=("items",))[0].status is StepStatus.IN_PROGRESS
     state = checkpoint_steps(names, root, items=("items",))[0]
     assert checkpoint_event_payload("bkt", state, ("items",)) == {
         "status": "success",
@@ -244,7 +238,8 @@ def test_latest_complete_step_property(steps: dict[int, tuple[bool, bool]]) -> N
         names += step_objects(step, committed=committed, items=("model_params",) if has_params else ())
     expected = max((s for s, (c, p) in steps.items() if c and p), default=None)
 
-    assert latest_complete_step(names, ROOT) == expected
+    complete = [step for step, state in checkpoint_steps(names, ROOT).items() if state.is_complete]
+    assert max(complete, default=None) == expected
     result = drive(probe_checkpoint(ROOT, None, ("model_params",)), names)
     assert (result.state.step if result.is_complete and result.state else None) == expected
 

@@ -8,6 +8,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -143,6 +144,41 @@ def test_env_subcommand_prints_shell_exports(
     lines = capsys.readouterr().out.splitlines()
     exported = dict(shlex.split(line[len("export ") :])[0].split("=", 1) for line in lines)
     assert exported == sandbox_env(sandbox.root)
+
+
+# An Airflow 2-style config: Airflow 3 warns about each moved option when it loads it.
+STRAY_AIRFLOW_CFG = "[core]\nsql_alchemy_conn = sqlite:////tmp/stray.db\n[webserver]\nsecret_key = stray\n"
+
+
+def test_env_prints_only_assignments_with_a_stray_airflow_cfg_in_home(
+    sandbox: SandboxInfo, tmp_path: Path
+) -> None:
+    """``eval "$(tpu-rl-sandbox env)"`` works whatever Airflow config the user's home holds."""
+    (tmp_path / "airflow").mkdir()
+    (tmp_path / "airflow" / "airflow.cfg").write_text(STRAY_AIRFLOW_CFG)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+    env["HOME"] = str(tmp_path)
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("tpu-rl-sandbox")), "env", "--dir", str(sandbox.root)],
+        capture_output=True,
+        env=env,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines
+    assert [line for line in lines if not re.fullmatch(r"export [A-Z_][A-Z0-9_]*=\S.*", line)] == []
+    evaluated = subprocess.run(
+        ["bash", "-c", f'{done.stdout}\necho "$TPU_RL_SANDBOX_DIR"'],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+        env={"PATH": os.environ["PATH"]},
+    )
+    assert evaluated.stdout.strip() == str(sandbox.root)
 
 
 def test_gcs_client_helper_talks_to_the_emulator(

@@ -193,6 +193,27 @@ def test_vm_pipeline_copies_results_before_delete(cli: Cli, prepared: dict[str, 
     assert "was not found" in again.err
 
 
+def test_the_vm_maxtext_takes_the_config_keys_of_the_release_pip_installed(
+    cli: Cli, prepared: dict[str, str]
+) -> None:
+    """maxtext==0.2.3 on the VM: a key that only 0.2.4 (the GKE image) has is refused, as pyconfig does."""
+    names, vm = prepared, f"vmk-{prepared['cluster']}"
+    create_vm(cli, names, vm)
+    code, out, err = ssh(cli, names, vm, INSTALL)
+    assert code == 0, err
+    train = (
+        "source maxtext_venv/bin/activate\n"
+        "python3 -m maxtext.trainers.post_train.rl.train_rl model_name=llama3.1-8b-Instruct "
+        "rl.num_generations=4 {key}=1\n"
+    )
+    code, out, err = ssh(cli, names, vm, train.format(key="inference_rollouts"))
+    assert code == 1
+    assert "ValueError: 'inference_rollouts' not in " in out
+    assert "valid config keys of MaxText 0.2.3" in out
+    code, out, err = ssh(cli, names, vm, train.format(key="degenerate_group_masking"))  # a 0.2.3 key
+    assert "not in " not in out + err
+
+
 def test_vm_rules(cli: Cli, prepared: dict[str, str]) -> None:
     names, vm = prepared, f"vmr-{prepared['cluster']}"
     create_vm(cli, names, vm)

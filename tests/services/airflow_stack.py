@@ -364,6 +364,8 @@ def _flavor_env(home: Path, api_url: str) -> dict[str, str]:
             "AIRFLOW__API__SECRET_KEY": secrets.token_hex(16),
             "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+            # the DAG files do not change during a test: each is parsed once, not every 30 s
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600",
         }
     # Airflow 2: no execution API (task runners use the database), the FAB auth manager (its
     # users live in the metadata database), the webserver's key signs log-server requests.
@@ -379,6 +381,7 @@ def _flavor_env(home: Path, api_url: str) -> dict[str, str]:
         "AIRFLOW__WEBSERVER__WORKER_REFRESH_BATCH_SIZE": "0",
         "AIRFLOW__SCHEDULER__STANDALONE_DAG_PROCESSOR": "True",
         "AIRFLOW__SCHEDULER__DAG_DIR_LIST_INTERVAL": "5",
+        "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "600",
     }
 
 

@@ -1,0 +1,61 @@
+"""The folders the Airflow 2.11 and lowest-provider legs leave out really test code without Airflow.
+
+``make test`` runs the folders of the Makefile's ``AIRFLOW_FREE_TESTS`` on Airflow 3.3 only: another
+Airflow line or provider version runs the same code there. For the pure core's folders that holds
+because neither the tests nor the modules they test import Airflow: importing every test module of
+them in a fresh interpreter must leave ``airflow`` out of ``sys.modules``. (``tests/sandbox`` tests
+the sandbox's fakes, and ``tests/docker`` the Docker files against the provider's pinned values.)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PURE_CORE_TESTS = ("tests/spec", "tests/render", "tests/golden", "tests/maxtext")
+
+PROBE = """
+import importlib, json, pathlib, sys
+sys.path.insert(0, ".")
+first = None
+for folder in json.loads(sys.argv[1]):
+    for path in sorted(pathlib.Path(folder).rglob("*.py")):
+        importlib.import_module(".".join(path.with_suffix("").parts))
+        if first is None and "airflow" in sys.modules:
+            first = str(path)
+print(json.dumps(first))
+"""
+
+
+def airflow_free_folders() -> list[str]:
+    makefile = (ROOT / "Makefile").read_text()
+    match = re.search(r"^AIRFLOW_FREE_TESTS := (.*)$", makefile, re.MULTILINE)
+    assert match is not None, "the Makefile names no AIRFLOW_FREE_TESTS"
+    return match.group(1).split()
+
+
+def test_the_makefile_leaves_out_only_the_known_folders() -> None:
+    folders = airflow_free_folders()
+    assert set(PURE_CORE_TESTS) <= set(folders)
+    assert set(folders) <= {*PURE_CORE_TESTS, "tests/sandbox", "tests/docker"}
+    assert all((ROOT / folder).is_dir() for folder in folders)
+
+
+def test_the_pure_core_tests_import_no_airflow() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(PURE_CORE_TESTS)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) is None, (
+        f"{done.stdout.strip()} imports Airflow: move it out of the Makefile's AIRFLOW_FREE_TESTS "
+        "or its import of Airflow out of the pure core"
+    )
