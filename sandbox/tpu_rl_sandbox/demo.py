@@ -142,6 +142,9 @@ def _summary(
 
 def run_demo(root: Path, airflow_home: Path, dags_folder: Path, conf: Mapping[str, Any]) -> int:
     """Run the pipeline once in the sandbox and print the summary; return the DAG run's exit code."""
+    # This process imports Airflow (the ledger hook, the summary): it reads the demo's own
+    # AIRFLOW_HOME, never the user's ~/airflow.
+    os.environ["AIRFLOW_HOME"] = str(airflow_home)
     from airflow_provider_tpu_rl.ledger.hook import sqlite_connection_uri  # imports Airflow: not at start-up
 
     info = sandbox_up(root)
