@@ -7,7 +7,7 @@ import argparse
 import contextlib
 import logging
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
@@ -105,16 +105,32 @@ def _runs_command(args: argparse.Namespace, out: TextIO | None, err: TextIO | No
         return 2
     if failed:
         return run_failed_command(args, ledger, out, err)
+    return _print_rows(
+        args, ledger, out, err, read=ledger.latest_runs, nothing="No runs", table=format_runs_table
+    )
+
+
+def _print_rows(
+    args: argparse.Namespace,
+    ledger: Any,
+    out: TextIO,
+    err: TextIO,
+    *,
+    read: Callable[..., Sequence[Any]],
+    nothing: str,
+    table: Callable[[Sequence[Any]], str],
+) -> int:
+    """Read rows (``model``/``limit`` from the arguments) and print their table; 0, or 1 on an error."""
     try:
-        runs = ledger.latest_runs(model=args.model, limit=args.limit)
+        rows = read(model=args.model, limit=args.limit)
     except Exception as error:
         print(f"tpu-rl runs: cannot read the run ledger ({ledger.conn_id}): {error}", file=err)
         return 1
-    if not runs:
+    if not rows:
         which = f" of model {args.model}" if args.model else ""
-        print(f"No runs{which} in the ledger ({ledger.location}).", file=out)
+        print(f"{nothing}{which} in the ledger ({ledger.location}).", file=out)
         return 0
-    print(format_runs_table(runs), file=out)
+    print(table(rows), file=out)
     return 0
 
 
@@ -208,17 +224,15 @@ def _format_table(columns: tuple[str, ...], cells: Sequence[tuple[str, ...]], ri
 
 def run_failed_command(args: argparse.Namespace, ledger: Any, out: TextIO, err: TextIO) -> int:
     """Print the failed tasks of the newest runs; 0 on success (also when none failed), 1 on an error."""
-    try:
-        steps = ledger.failed_steps(model=args.model, limit=args.limit)
-    except Exception as error:
-        print(f"tpu-rl runs: cannot read the run ledger ({ledger.conn_id}): {error}", file=err)
-        return 1
-    if not steps:
-        which = f" of model {args.model}" if args.model else ""
-        print(f"No failed tasks in the runs{which} in the ledger ({ledger.location}).", file=out)
-        return 0
-    print(format_failed_table(steps), file=out)
-    return 0
+    return _print_rows(
+        args,
+        ledger,
+        out,
+        err,
+        read=ledger.failed_steps,
+        nothing="No failed tasks in the runs",
+        table=format_failed_table,
+    )
 
 
 def run_plot_command(args: argparse.Namespace, ledger: Any, out: TextIO, err: TextIO) -> int:

@@ -527,7 +527,9 @@ class VmHost(MachineHost):
 
     def add_packages(self, venv: str, packages: Mapping[str, str]) -> None:
         """Record installed distributions the way pip does: ``<name>-<version>.dist-info`` (one
-        version of a distribution at a time: installing another replaces it)."""
+        version of a distribution at a time: installing another replaces it, as pip's
+        ``install_given_reqs`` uninstalls the installed version of a requirement it reinstalls,
+        pip ``_internal/req/__init__.py`` and ``req_install.py``'s ``InstallRequirement.uninstall``)."""
         for name, version in packages.items():
             normalized = re.sub(r"[-_.]+", "_", name).lower()
             for old in self.fs.host_path(f"{venv}/{SITE}").glob(f"{normalized}-*.dist-info"):
