@@ -8,6 +8,10 @@ CONSTRAINTS := docker/constraints-3.11.txt
 VENV_211 := .venv-211
 VENV_LOWEST := .venv-lowest
 export PATH := $(CURDIR)/$(BIN):$(PATH)
+# Python keeps the modules it compiles in __pycache__ (git-ignored) even where the environment
+# asks it not to: without that cache every Airflow process a target starts (a `dags test`, a
+# pytest worker, a real scheduler) compiles its ~4,500 imported modules again, 10 s of CPU each.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: venv postgres test lint typecheck unit test-airflow-2.11 test-lowest demo plan bench clean
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)

@@ -7,9 +7,10 @@
 2. The sandbox GKE pipeline end to end: wall time minus the simulated cloud work (the jobs' own run
    time as ``gcluster job list`` reports it, and the time spent inside the fake ``gcloud``/``gcluster``
    processes, which stand for cloud API calls; their union) = orchestration overhead, per task; next to it a trivial
-   DAG of the same shape (the real DAG's task ids, edges, setup/teardown flags and trigger rules,
-   every task a no-op Python task) run the same way, whose whole wall time is overhead. The
-   pipeline's overhead per task against the trivial DAG's: goal at most 1.5x.
+   DAG of the same shape (the real DAG's task ids, edges, setup/teardown flags, trigger rules and
+   Params, every task a no-op Python task) run the same way, whose whole wall time is overhead.
+   The pipeline's overhead per task against the trivial DAG's: goal at most 1.5x. Each run reads
+   its one DAG file (``--dagfile-path``); the trivial DAG without the Params is shown beside it.
 3. Worker-slot time of the ``train`` task during a 120-second simulated training: the time it
    spends executing in a worker, against the time the training took (the rest is deferred).
 
@@ -92,28 +93,36 @@ SHAPE_PROBE = textwrap.dedent(
     if sys.argv[2] not in bag.dags:
         raise SystemExit(f"{sys.argv[2]} is not in {sys.argv[1]}: {bag.import_errors}")
     dag = bag.dags[sys.argv[2]]
-    print(json.dumps([
-        {
-            "task_id": t.task_id,
-            "upstream": sorted(t.upstream_task_ids),
-            "trigger_rule": str(getattr(t.trigger_rule, "value", t.trigger_rule)),
-            "is_setup": bool(t.is_setup),
-            "is_teardown": bool(t.is_teardown),
-            "on_failure_fail_dagrun": bool(getattr(t, "on_failure_fail_dagrun", False)),
-        }
-        for t in dag.tasks
-    ]))
+    params = {name: dag.params.get_param(name) for name in dag.params}
+    print(json.dumps({
+        "tasks": [
+            {
+                "task_id": t.task_id,
+                "upstream": sorted(t.upstream_task_ids),
+                "trigger_rule": str(getattr(t.trigger_rule, "value", t.trigger_rule)),
+                "is_setup": bool(t.is_setup),
+                "is_teardown": bool(t.is_teardown),
+                "on_failure_fail_dagrun": bool(getattr(t, "on_failure_fail_dagrun", False)),
+            }
+            for t in dag.tasks
+        ],
+        "params": {
+            name: {"default": p.value, "description": p.description, "schema": p.schema}
+            for name, p in params.items()
+        },
+    }))
     """
 )
 
 # A DAG of the given shape whose every task is a no-op Python task (run in a worker, like a real one;
-# an EmptyOperator would never reach a worker).
+# an EmptyOperator would never reach a worker), with the real DAG's trigger form: Airflow validates
+# every Param each time it serializes a task, a cost of the form, not of the tasks.
 TRIVIAL_DAG = textwrap.dedent(
     """
     import json
     from datetime import datetime
 
-    from airflow.providers.common.compat.sdk import DAG
+    from airflow.providers.common.compat.sdk import DAG, Param
     from airflow.providers.standard.operators.python import PythonOperator
 
     SHAPE = json.loads({shape!r})
@@ -124,16 +133,18 @@ TRIVIAL_DAG = textwrap.dedent(
 
 
     with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1), catchup=False,
-             default_args={{"owner": "bench", "retries": 0}}):
+             default_args={{"owner": "bench", "retries": 0}},
+             params={{name: Param(p["default"], description=p["description"], schema=p["schema"])
+                     for name, p in SHAPE["params"].items()}} if {with_form!r} else None):
         tasks = {{}}
-        for spec in SHAPE:
+        for spec in SHAPE["tasks"]:
             op = PythonOperator(task_id=spec["task_id"], python_callable=noop, trigger_rule=spec["trigger_rule"])
             op.is_setup = spec["is_setup"]
             op.is_teardown = spec["is_teardown"]
             if spec["is_teardown"]:
                 op.on_failure_fail_dagrun = spec["on_failure_fail_dagrun"]
             tasks[spec["task_id"]] = op
-        for spec in SHAPE:
+        for spec in SHAPE["tasks"]:
             for upstream in spec["upstream"]:
                 tasks[upstream] >> tasks[spec["task_id"]]
     """
@@ -343,30 +354,34 @@ def union_seconds(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def dag_shape(dag_file: Path, dag_id: str, env: dict[str, str]) -> list[dict[str, Any]]:
-    """The real DAG's tasks: id, upstream ids, setup/teardown flags, trigger rule (loaded by DagBag)."""
+def dag_shape(dag_file: Path, dag_id: str, env: dict[str, str]) -> dict[str, Any]:
+    """The real DAG's tasks (id, upstream ids, setup/teardown flags, trigger rule) and its Params
+    (``tasks``, ``params``), loaded by DagBag."""
     out = subprocess.run(
         [sys.executable, "-c", SHAPE_PROBE, str(dag_file), dag_id], env=env, capture_output=True, text=True
     )
     if out.returncode != 0:
         raise ParseError(f"cannot load {dag_id} from {dag_file}: {out.stderr.strip()[-1000:]}")
-    shape: list[dict[str, Any]] = json.loads(out.stdout.strip().splitlines()[-1])
+    shape: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return shape
 
 
-def write_trivial_dag(folder: Path, shape: list[dict[str, Any]]) -> Path:
-    """A DAG file of ``shape`` whose tasks do nothing (:data:`TRIVIAL_DAG_ID`)."""
+def write_trivial_dag(folder: Path, shape: dict[str, Any], with_form: bool = True) -> Path:
+    """A DAG file of ``shape`` whose tasks do nothing (:data:`TRIVIAL_DAG_ID`), with the real DAG's
+    Params unless ``with_form`` is false."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{TRIVIAL_DAG_ID}.py"
-    path.write_text(TRIVIAL_DAG.format(shape=json.dumps(shape), dag_id=TRIVIAL_DAG_ID))
+    path.write_text(TRIVIAL_DAG.format(shape=json.dumps(shape), dag_id=TRIVIAL_DAG_ID, with_form=with_form))
     return path
 
 
 def _dags_test(
-    airflow: str, dag_id: str, env: dict[str, str], conf: dict[str, Any] | None = None
+    airflow: str, dag_id: str, dag_file: Path, env: dict[str, str], conf: dict[str, Any] | None = None
 ) -> tuple[float, list[str]]:
-    """Run ``airflow dags test`` and return its wall time and log lines; raise if the run failed."""
-    argv = [airflow, "dags", "test", dag_id]
+    """Run ``airflow dags test`` on the one file ``dag_file`` (nothing else in the folder is parsed)
+    and return its wall time and log lines; raise if the run failed."""
+    argv = [airflow, "dags", "test", dag_id, "--dagfile-path", str(dag_file)]
+    env = {**env, "AIRFLOW__CORE__DAGS_FOLDER": str(dag_file.parent)}  # the file's own bundle
     if conf is not None:
         argv += ["-c", json.dumps(conf)]
     started = time.monotonic()
@@ -403,25 +418,32 @@ def bench_pipeline(dags_dir: Path, train_seconds: float, step_seconds: float) ->
             airflow = str(Path(sys.executable).with_name("airflow"))
             subprocess.run([airflow, "db", "migrate"], env=env, capture_output=True, check=True)
             shape = dag_shape(dags_dir / GKE_DAG_FILE, GKE_DAG_ID, env)
-            trivial_dir = write_trivial_dag(Path(tmp) / "trivial_dags", shape).parent
             started_at = time.time()
-            wall, log = _dags_test(airflow, GKE_DAG_ID, env, conf)
+            wall, log = _dags_test(airflow, GKE_DAG_ID, dags_dir / GKE_DAG_FILE, env, conf)
             calls = _call_intervals(root, started_at, time.time())
             jobs = _job_intervals(env, conf)
             held, span = worker_slot_seconds(log, "train")
-            # The same shape, the same sandbox, the same Airflow home; only the DAG folder differs.
+            # The same shape, the same sandbox, the same Airflow home; only the DAG file differs.
             trivial_wall, _ = _dags_test(
-                airflow, TRIVIAL_DAG_ID, {**env, "AIRFLOW__CORE__DAGS_FOLDER": str(trivial_dir)}
+                airflow, TRIVIAL_DAG_ID, write_trivial_dag(Path(tmp) / "trivial", shape), env
+            )
+            formless_wall, _ = _dags_test(
+                airflow,
+                TRIVIAL_DAG_ID,
+                write_trivial_dag(Path(tmp) / "formless", shape, with_form=False),
+                env,
             )
         finally:
             sandbox_down(root, wipe=True)
     job_seconds = {name: end - start for name, (start, end) in jobs.items()}
     work = union_seconds([*jobs.values(), *calls])
-    tasks = len(shape)
+    tasks = len(shape["tasks"])
     per_task = (wall - work) / tasks
     trivial_per_task = trivial_wall / tasks
+    formless_per_task = formless_wall / tasks
     ratio = per_task / trivial_per_task
     verdict = "met" if ratio <= OVERHEAD_RATIO_GOAL else "NOT met"
+    params = len(shape["params"])
     return [
         f"2. Sandbox GKE pipeline, {batches} training steps x {step_seconds}s (poll interval 1 s), {tasks} tasks",
         f"   wall time of `airflow dags test`        {wall:8.1f}s",
@@ -429,8 +451,11 @@ def bench_pipeline(dags_dir: Path, train_seconds: float, step_seconds: float) ->
         f"   time inside the fake cloud CLIs ({len(calls)} calls) {union_seconds(calls):8.1f}s  (gcloud/gcluster stand-ins: API latency here)",
         f"   simulated cloud work (union of both)      {work:8.1f}s",
         f"   orchestration overhead                  {wall - work:8.1f}s  = {per_task:.2f}s per task",
-        f"   trivial DAG, same shape ({tasks} no-op Python tasks, same edges, setup/teardown, trigger rules)",
+        f"   trivial DAG, same shape ({tasks} no-op Python tasks, same edges, setup/teardown, trigger rules,",
+        f"   the same {params} Params)",
         f"   wall time of `airflow dags test`        {trivial_wall:8.1f}s  = {trivial_per_task:.2f}s per task (all overhead)",
+        f"   the same without the Params              {formless_wall:8.1f}s  = {formless_per_task:.2f}s per task "
+        f"(ratio {per_task / formless_per_task:.2f} against it)",
         f"   overhead per task, pipeline vs trivial  {per_task:.2f}s / {trivial_per_task:.2f}s: "
         f"ratio {ratio:.2f} (goal ≤ {OVERHEAD_RATIO_GOAL:.2f}; {verdict})",
         "3. Worker slot held by `train` while the job trains",
