@@ -93,7 +93,7 @@ SHAPE_PROBE = textwrap.dedent(
     if sys.argv[2] not in bag.dags:
         raise SystemExit(f"{sys.argv[2]} is not in {sys.argv[1]}: {bag.import_errors}")
     dag = bag.dags[sys.argv[2]]
-    params = {name: dag.params.get_param(name) for name in dag.params}
+    params = {name: dag.params.get_param(name) for name in dag.params}  # the Param objects
     print(json.dumps({
         "tasks": [
             {
@@ -135,7 +135,7 @@ TRIVIAL_DAG = textwrap.dedent(
     with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1), catchup=False,
              default_args={{"owner": "bench", "retries": 0}},
              params={{name: Param(p["default"], description=p["description"], schema=p["schema"])
-                     for name, p in SHAPE["params"].items()}} if {with_form!r} else None):
+                     for name, p in SHAPE["params"].items()}}):
         tasks = {{}}
         for spec in SHAPE["tasks"]:
             op = PythonOperator(task_id=spec["task_id"], python_callable=noop, trigger_rule=spec["trigger_rule"])
@@ -371,7 +371,9 @@ def write_trivial_dag(folder: Path, shape: dict[str, Any], with_form: bool = Tru
     Params unless ``with_form`` is false."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{TRIVIAL_DAG_ID}.py"
-    path.write_text(TRIVIAL_DAG.format(shape=json.dumps(shape), dag_id=TRIVIAL_DAG_ID, with_form=with_form))
+    if not with_form:
+        shape = {**shape, "params": {}}
+    path.write_text(TRIVIAL_DAG.format(shape=json.dumps(shape), dag_id=TRIVIAL_DAG_ID))
     return path
 
 
