@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import re
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -45,9 +46,34 @@ def optional(pattern: re.Pattern[str]) -> str:
     return f"^$|(?:{pattern.pattern})"
 
 
+VALIDATED_MACRO: Final = "validated"
+# validate's XCom, per task try: (dag_id, run_id, task_id, map_index, try_number) -> the values
+_validated_cache: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+_VALIDATED_CACHE_SIZE: Final = 32
+
+
+def validated(ti: Any) -> Any:
+    """The ``validate`` task's XCom (the derived values), pulled once per task try.
+
+    Every templated field of a pipeline task reads it (:func:`xcom`), and Airflow renders each
+    field on its own: without this, a task makes one XCom request per field (about ten).
+    """
+    key = (ti.dag_id, ti.run_id, ti.task_id, getattr(ti, "map_index", -1), getattr(ti, "try_number", None))
+    if key not in _validated_cache:
+        _validated_cache[key] = ti.xcom_pull(task_ids="validate")
+        while len(_validated_cache) > _VALIDATED_CACHE_SIZE:
+            _validated_cache.popitem(last=False)
+    return _validated_cache[key]
+
+
 def xcom(key: str) -> str:
-    """Template pulling one derived value from the ``validate`` task's XCom."""
-    return "{{ ti.xcom_pull(task_ids='validate')['" + key + "'] }}"
+    """Template reading one derived value from the ``validate`` task's XCom (:func:`validated`;
+    the DAG gets it from :data:`PIPELINE_MACROS`)."""
+    return "{{ " + VALIDATED_MACRO + "(ti)['" + key + "'] }}"
+
+
+# A pipeline DAG's ``user_defined_macros``: what :func:`xcom` templates call.
+PIPELINE_MACROS: Final[dict[str, Any]] = {VALIDATED_MACRO: validated}
 
 
 def model_field(runner: Runner, description: str) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from airflow_provider_tpu_rl.pipeline_dags import (
     CLUSTER,
     LEDGER_CONN_ID,
     MODEL,
+    PIPELINE_MACROS,
     SAFETY,
     WATCHER_TASK_ID,
     add_watcher,
@@ -220,6 +221,7 @@ with DAG(
     catchup=False,
     params=PARAMS,
     render_template_as_native_obj=True,
+    user_defined_macros=PIPELINE_MACROS,
     tags=["tpu-rl", "maxtext", "grpo", "gke", "pathways"],
     doc_md=DOC_MD,
     # A backstop above the tasks' own bounds: a timed-out run skips its teardown (see timeouts).

@@ -25,6 +25,7 @@ from airflow_provider_tpu_rl.pipeline_dags import (
     CLOUD,
     LEDGER_CONN_ID,
     MODEL,
+    PIPELINE_MACROS,
     REPLACE_BUCKET,
     SAFETY,
     VM,
@@ -166,6 +167,7 @@ with DAG(
     catchup=False,
     params=PARAMS,
     render_template_as_native_obj=True,
+    user_defined_macros=PIPELINE_MACROS,
     tags=["tpu-rl", "maxtext", "grpo", "tpu-vm"],
     doc_md=DOC_MD,
     # A backstop above the tasks' own bounds: a timed-out run skips its teardown (see timeouts).

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 import tpu_rl_sandbox
+from tests.airflow_home import migrate_into
 from tests.dags.conftest import DAGS_DIR, GKE_DAG_ID
 from tpu_rl_sandbox.tool_stubs import write_tool_stubs
 
@@ -94,7 +95,7 @@ def dags_test(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., RunResu
         ),
     }
     # (no AIRFLOW_CONN_TPU_RL_LEDGER: the ledger is the default SQLite file in AIRFLOW_HOME)
-    subprocess.run([AIRFLOW, "db", "migrate"], env=env, capture_output=True, check=True, timeout=300)
+    migrate_into(home, env)
 
     def run(*, conf: dict[str, Any] | None = None, mark_success: str | None = None) -> RunResult:
         calls.unlink(missing_ok=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -203,10 +204,16 @@ def test_every_operator_argument_renders_to_validates_value(pipeline: tuple[Any,
 
 
 class ValidateXCom:
-    """Stands in for ``ti`` in a template context: returns the validate task's real output."""
+    """Stands in for ``ti`` in a template context: returns the validate task's real output.
 
-    def __init__(self, derived: dict[str, Any]) -> None:
+    It has a task instance's identity too, a run of its own: ``validated`` keeps what it pulled
+    per task try.
+    """
+
+    def __init__(self, derived: dict[str, Any], task_id: str) -> None:
         self.derived = derived
+        self.dag_id, self.run_id, self.task_id = "tpu_rl_test", f"manual__{uuid.uuid4().hex}", task_id
+        self.map_index, self.try_number = -1, 1
 
     def xcom_pull(self, task_ids: str, **_: Any) -> dict[str, Any]:
         assert task_ids == "validate"
@@ -215,7 +222,9 @@ class ValidateXCom:
 
 def render(dag: Any, task_id: str, field: str, derived: dict[str, Any]) -> Any:
     task = dag.get_task(task_id)
-    return task.render_template(getattr(task, field), {"ti": ValidateXCom(derived)}, dag.get_template_env())
+    return task.render_template(
+        getattr(task, field), {"ti": ValidateXCom(derived, task_id)}, dag.get_template_env()
+    )
 
 
 def test_sensors_watch_the_paths_validate_derives(pipeline: tuple[Any, Shape]) -> None:
@@ -282,3 +291,22 @@ def test_the_pipelines_note_each_failure_for_the_watcher(pipeline: tuple[Any, Sh
         callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
         assert note_failure in callbacks, task.task_id
         assert len(callbacks) == 2, task.task_id  # and the ledger's step callback
+
+
+def test_a_task_pulls_validates_values_once_per_try(pipeline: tuple[Any, Shape]) -> None:
+    """Every templated field reads validate's XCom; the task asks for it once per try."""
+    dag, shape = pipeline
+    derived = validate_pipeline_conf(dag.dag_id, "manual__1", {}, {**shape.defaults, **OWN_CLOUD})
+    task = dag.get_task("wait_actor_checkpoint")
+    ti = ValidateXCom(derived, task.task_id)
+    pulls: list[str] = []
+    pull = ti.xcom_pull
+    ti.xcom_pull = lambda task_ids, **kw: pulls.append(task_ids) or pull(task_ids, **kw)  # type: ignore[method-assign]
+    fields = ("project_id", "checkpoint_root", "step")
+    for field in fields:
+        task.render_template(getattr(task, field), {"ti": ti}, dag.get_template_env())
+    assert pulls == ["validate"]
+    ti.try_number = 2  # a retry reads it again
+    rendered = [task.render_template(getattr(task, f), {"ti": ti}, dag.get_template_env()) for f in fields]
+    assert pulls == ["validate", "validate"]
+    assert rendered == [derived["project"], derived["actor_root"], derived["final_step"]]

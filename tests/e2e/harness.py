@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.airflow_home import migrate_into
 from tpu_rl_sandbox.control import SandboxInfo, sandbox_down, sandbox_env, sandbox_up
 from tpu_rl_sandbox.gcs import GcsApi, GcsError, split_gs_url
 from tpu_rl_sandbox.layout import SandboxLayout
@@ -314,9 +315,7 @@ def start_world(root: Path) -> E2EWorld:
         # TMPDIR holds the per-run deployment folders (gettempdir()/tpu-rl/...), HOME the
         # gcluster/docker config: both private to this module.
         env.update({"AIRFLOW_HOME": str(home), "TMPDIR": str(root / "tmp"), "HOME": str(root / "user")})
-        subprocess.run(
-            [AIRFLOW, "db", "migrate"], env=env, cwd=root, capture_output=True, check=True, timeout=300
-        )
+        migrate_into(home, env)
     except BaseException:
         sandbox_down(info.root)
         raise
