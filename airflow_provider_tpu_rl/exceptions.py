@@ -8,6 +8,7 @@ or a :class:`CommandError` whose :attr:`~CommandError.retryable` is false, into 
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 from airflow_provider_tpu_rl.compat import AirflowException
 
@@ -65,3 +66,12 @@ class LeaseHeldError(TpuRlError):
 
 class LeaseLostError(TpuRlError):
     """This run's cluster lease was released, taken over or keeps changing under it."""
+
+
+class RunDirBusyError(TpuRlError):
+    """Another live run's job claims the run directory (one writer per directory); ``writer`` is
+    its :class:`~airflow_provider_tpu_rl.hooks.run_dirs.WriterClaim`."""
+
+    def __init__(self, message: str, writer: Any) -> None:
+        super().__init__(message)
+        self.writer = writer

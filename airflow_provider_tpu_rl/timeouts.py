@@ -13,6 +13,7 @@ operator's bound covers the whole job wait.
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 from typing import Final
 
@@ -172,6 +173,35 @@ def _retries() -> tuple[int, timedelta]:
     """``[tpu_rl] retries`` and the most their delays add up to (each at most 30 minutes)."""
     retries = conf.getint(SECTION, "retries", fallback=3)
     return retries, MAX_RETRY_DELAY * retries
+
+
+# The stages a pipeline's cluster (or VM) lives through: from its creation to its teardown.
+RESOURCE_STAGES: Final[dict[str, tuple[str, str]]] = {
+    "gke": ("deploy", "teardown"),
+    "tpu_vm": ("vm_create", "teardown"),
+}
+
+
+def resource_stage_bounds(kind: str) -> list[tuple[str, timedelta]]:
+    """Each stage a ``gke``/``tpu_vm`` run waits for while its cluster (VM) exists, with its task
+    bound (one try each): the least the cluster's expiry (``max_cluster_hours``/``max_vm_hours``)
+    must cover, so the janitor never finds a working run's cluster expired."""
+    first, last = RESOURCE_STAGES[kind]
+    stages = [stage for stage, _ in PIPELINE_STAGES[kind]]
+    span = stages[stages.index(first) : len(stages) - stages[::-1].index(last)]
+    return [(stage, task_timeout(stage)) for stage in span]
+
+
+def resource_hours(kind: str) -> int:
+    """:func:`resource_stage_bounds` summed, in whole hours (rounded up)."""
+    total = sum((bound for _, bound in resource_stage_bounds(kind)), timedelta())
+    return math.ceil(total / timedelta(hours=1))
+
+
+def duration_text(bound: timedelta) -> str:
+    """``90 min``, ``48 h``: a bound as a user reads it."""
+    minutes = bound.total_seconds() / 60
+    return f"{minutes:g} min" if minutes < 120 else f"{minutes / 60:g} h"
 
 
 def dagrun_timeout(kind: str) -> timedelta:

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_tpu_rl.compat import conf
 from airflow_provider_tpu_rl.exceptions import ConfigurationError, FailureKind, KubernetesApiError
 from airflow_provider_tpu_rl.hooks.jobs import JobState
+from airflow_provider_tpu_rl.hooks.run_dirs import run_dir
 
 if TYPE_CHECKING:
     from google.cloud.container_v1 import ClusterManagerClient
@@ -272,11 +273,6 @@ def container_phase(pod: Mapping[str, Any], container: str) -> str:
 
 
 # ------------------------------------------------------------------------------- run directories
-def run_dir(uri: str) -> str:
-    """A directory URI in one spelling (one trailing ``/``), so two spellings compare equal."""
-    return uri.rstrip("/") + "/"
-
-
 _ARG_RE = re.compile(r"^-{0,2}(base_output_directory|run_name)=(.*)$")
 
 

@@ -197,6 +197,23 @@ class ClusterLeaseHook:
             current = latest
         raise LeaseLostError(f"cluster {lease.cluster}: the lease keeps changing while it is renewed")
 
+    def extend(self, bucket: str, cluster: str, *, holder: str, until: float) -> bool:
+        """Push the lease of ``holder`` (``<dag_id>/<run_id>``) to at least ``until`` while one of
+        its jobs runs; False (nothing written) when ``holder`` does not hold it."""
+        for _ in range(MAX_ROUNDS):
+            current = self.read(bucket, cluster)
+            if current is None or current.holder != holder or current.kept:
+                return False
+            if current.expires_at >= until:
+                return True
+            try:
+                self._write(bucket, replace(current, expires_at=until), current.generation)
+                return True
+            except Exception as exc:
+                if not _precondition_failed(exc):
+                    raise
+        raise LeaseLostError(f"cluster {cluster}: the lease keeps changing while it is extended")
+
     def release(self, bucket: str, lease: Lease, *, keep: bool = False) -> None:
         """Delete the lease (``keep=True``: mark it kept, for a later run to take over).
 

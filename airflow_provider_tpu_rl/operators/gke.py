@@ -175,7 +175,7 @@ class _ClusterOperator(GclusterBaseOperator):
         topology: str | None = None,
         num_slices: int | str | None = None,
         authorized_cidr: str = "0.0.0.0/0",
-        max_cluster_hours: int | str = 12,
+        max_cluster_hours: int | str = 72,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)

@@ -4,7 +4,9 @@ A managed cluster or TPU VM (label ``tpu-rl-managed=true``) is judged, in this o
 
 1. A cluster whose lease (``gs://BUCKET/tpu-rl/leases/CLUSTER.json``) is *kept* (a ``keep_cluster``
    hand-over) is left alone until the later of the lease's expiry and its ``tpu-rl-expires`` label.
-2. Past its ``tpu-rl-expires`` label: destroyed (``max_cluster_hours``/``max_vm_hours`` are hard caps).
+2. Past its ``tpu-rl-expires`` label: destroyed (``max_cluster_hours``/``max_vm_hours``), unless a
+   live lease holds it: a run's jobs renew its lease while they run, so a training longer than
+   the label keeps its cluster until its run ends (rule 4) or stops renewing (rule 3).
 3. A cluster whose lease has expired: destroyed (its holder stopped renewing it).
 4. The run that holds it (the lease's holder; without a lease, the run in its resource record
    ``gs://BUCKET/tpu-rl/resources/NAME.json``), unless that run kept it:
@@ -223,7 +225,11 @@ def _judge(
             if until <= now:
                 return replace(resource, reason=f"kept by run {lease.holder}; expired at {_iso(until)}")
             return resource
-    if resource.expires_at is not None and resource.expires_at <= now:
+    if (
+        resource.expires_at is not None
+        and resource.expires_at <= now
+        and (lease is None or lease.expired(now))
+    ):
         return replace(resource, reason=f"expired at {_iso(resource.expires_at)}")
     if lease is not None and lease.expired(now):
         return replace(

@@ -7,41 +7,46 @@ triggerer when deferrable, else in the worker.
 
 **Run identity.** A job writes one *run directory*: ``<base_output_directory>/<run_name>/`` for
 training, the export folder for an export, the converted checkpoint's folder for a conversion.
+Its record (:mod:`airflow_provider_tpu_rl.hooks.run_dirs`) says who wrote it and which job writes
+it now.
 
-* *Who wrote it*: training and export record the runs (``<dag_id>/<run_id>``) that wrote a run
-  directory, in claim order, with the settings it was started with, in a small object
-  ``gs://BUCKET/tpu-rl/run-dirs/<hash>.json`` (:class:`RunDirRecords`; written with GCS
-  generation preconditions). "Already complete, skip" holds only for outputs this run wrote; a
-  converted checkpoint depends only on the model, so any run's is reused.
+* *Who wrote it*: "already complete, skip" holds only for outputs this run wrote; a converted
+  checkpoint depends only on the model, so any run's is reused.
 * *Reusing a run_name on purpose resumes that run*: the job continues from the run directory's
   newest checkpoint, and a complete output of the earlier run is adopted, never silently: a
   warning names the run it came from and the result's ``resumed_from`` says so. A resume with
   other settings (a different ``learning_rate``, model or start checkpoint) is refused in one line.
-* *Never two jobs on one directory*: before submitting, the operator lists the cluster's JobSets
-  and finds those writing the same run directory (the ``tpu-rl.io/run-dir`` annotation it puts on
-  every JobSet right after the submit, else the JobSet's MaxText arguments). A live one of this
-  run is re-attached to; one of another run (or of an unknown one) makes the task fail in one
-  line naming it. A conversion waits on another run's live conversion of the same model instead
-  (the output is the same), without cancelling it on kill or timeout.
+* *One writer per directory*, whatever cluster it runs on: before submitting, the task claims the
+  directory for its job in the record (a GCS write with a generation precondition). A claim of
+  another live run refuses the task in one line (a conversion waits on that run's job instead:
+  same model, same output); a claim whose run has finished, or that nobody renewed, is taken
+  over. The job's wait renews the claim while the job runs and the task's end releases it. Right
+  after the submit, the wait also checks the cluster's other JobSets: one that writes the same
+  directory without a claim (submitted by hand) makes it delete this job and fail.
+
+The worker only submits: the cluster's endpoint, the JobSet's deadline, its annotations and the
+check of the other JobSets are the trigger's (:class:`JobSetTrigger`), so a job task holds a
+worker slot for seconds and imports no Kubernetes client.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.providers.common.compat.sdk import Context
 
 from airflow_provider_tpu_rl import timeouts
 from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailException, conf
+from airflow_provider_tpu_rl.exceptions import RunDirBusyError
 from airflow_provider_tpu_rl.hooks.jobs import GclusterJob, JobState
-from airflow_provider_tpu_rl.hooks.kubernetes import RUN_DIR_ANNOTATION, RUN_ID_ANNOTATION, run_dir
+from airflow_provider_tpu_rl.hooks.run_dirs import RunDirRecord, RunDirRecords, WriterClaim, run_dir
+from airflow_provider_tpu_rl.janitor_sources import RunProbe, run_probe
 from airflow_provider_tpu_rl.links import CloudLoggingJobLink, GCSBrowserLink, GKEWorkloadLink
 from airflow_provider_tpu_rl.maxtext.logs import TrainingLogTracker
 from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, fail_fast
@@ -66,11 +71,7 @@ from airflow_provider_tpu_rl.spec.presets import POST_TRAINING_IMAGE, ModelPrese
 from airflow_provider_tpu_rl.spec.workloads import actor_params_path, check_patched_image
 
 if TYPE_CHECKING:
-    from airflow_provider_tpu_rl.hooks.kubernetes import ClusterAccess, RunDirJob
     from airflow_provider_tpu_rl.triggers.jobset import JobSetTrigger
-
-GCS_TIMEOUT_S = 60.0
-RUN_RECORD_ROUNDS = 5  # read-modify-write attempts of a run directory record under contention
 
 
 def min_deferral_seconds() -> float:
@@ -78,9 +79,25 @@ def min_deferral_seconds() -> float:
     return conf.getfloat("tpu_rl", "min_deferral_seconds", fallback=15.0)
 
 
-def log_cursor_uri(bucket: str, job_name: str, jobset_uid: str) -> str:
-    """Where the trigger keeps how far it relayed a JobSet's log (one object per JobSet)."""
-    return f"gs://{bucket}/tpu-rl/log-cursors/{job_name}-{jobset_uid}.json"
+def log_cursor_prefix(bucket: str, job_name: str) -> str:
+    """Where the trigger keeps how far it relayed a JobSet's log: this plus ``-<JobSet uid>.json``
+    (one object per JobSet)."""
+    return f"gs://{bucket}/tpu-rl/log-cursors/{job_name}"
+
+
+def claim_seconds() -> float:
+    """``[tpu_rl] run_dir_claim_minutes``: how long a writer claim (and the cluster lease a job's
+    wait renews) holds unrenewed; the wait renews both every third of it."""
+    return conf.getfloat("tpu_rl", "run_dir_claim_minutes", fallback=30.0) * 60.0
+
+
+def run_finished(probe: RunProbe | None, holder: str) -> bool:
+    """Whether the DAG run ``<dag_id>/<run_id>`` has ended (success or failed), as this Airflow
+    knows it; an unknown run (another Airflow, or Airflow 3.0) is not known to have ended."""
+    if probe is None or "/" not in holder:
+        return False
+    dag_id, run_id = holder.split("/", 1)
+    return probe.dagrun_state(dag_id, run_id) in ("success", "failed")
 
 
 def default_poll_interval() -> float:
@@ -121,112 +138,6 @@ def export_ready(gcp_conn_id: str, export_uri: str) -> dict[str, Any] | None:
     bucket, prefix = parse_gs_uri(export_uri)
     result = run_probe_sync(gcs_hook(gcp_conn_id), bucket, probe_hf_export(prefix))
     return export_event_payload(bucket, prefix, result.status) if result.status.complete else None
-
-
-def run_record_object(directory: str) -> str:
-    """The object recording who wrote ``directory`` (one per run directory, in the run's bucket)."""
-    return f"tpu-rl/run-dirs/{hashlib.sha256(run_dir(directory).encode()).hexdigest()[:24]}.json"
-
-
-@dataclass(frozen=True)
-class RunDirRecord:
-    """Who wrote a run directory: ``runs`` (``<dag_id>/<run_id>``, first claim first, each once,
-    the current writer last) and the ``settings`` it was started with."""
-
-    directory: str
-    runs: tuple[str, ...] = ()
-    settings: Mapping[str, str] = field(default_factory=dict)
-    generation: int = 0  # the GCS object's generation when read (0: no object)
-
-    @property
-    def owner(self) -> str | None:
-        """The run that claimed the directory last (the one writing or that wrote it)."""
-        return self.runs[-1] if self.runs else None
-
-    def before(self, run: str) -> str | None:
-        """The run that held the directory before ``run`` claimed it (None: ``run`` started it)."""
-        if run not in self.runs:
-            return self.owner
-        index = self.runs.index(run)
-        return self.runs[index - 1] if index else None
-
-    def payload(self) -> str:
-        return json.dumps(
-            {
-                "directory": self.directory,
-                "runs": list(self.runs),
-                "settings": dict(self.settings),
-                "updated": datetime.now(UTC).isoformat(timespec="seconds"),
-            },
-            sort_keys=True,
-        )
-
-
-class RunDirRecords:
-    """Reads and claims run directory records through the google provider's ``GCSHook``."""
-
-    def __init__(self, gcp_conn_id: str) -> None:
-        self.gcp_conn_id = gcp_conn_id
-        self._client: Any = None
-
-    def _blob(self, bucket: str, directory: str) -> Any:
-        if self._client is None:
-            from airflow_provider_tpu_rl.hooks.credentials import gcs_hook
-
-            self._client = gcs_hook(self.gcp_conn_id).get_conn()
-        return self._client.bucket(bucket).blob(run_record_object(directory))
-
-    def read(self, bucket: str, directory: str) -> RunDirRecord:
-        """The record of ``directory`` (an empty one, generation 0, when none exists)."""
-        from google.api_core.exceptions import NotFound, PreconditionFailed
-
-        for _ in range(RUN_RECORD_ROUNDS):
-            blob = self._blob(bucket, directory)
-            try:
-                blob.reload(timeout=GCS_TIMEOUT_S)
-                generation = int(blob.generation or 0)
-                document = json.loads(
-                    blob.download_as_bytes(if_generation_match=generation, timeout=GCS_TIMEOUT_S)
-                )
-            except NotFound:
-                return RunDirRecord(run_dir(directory))
-            except PreconditionFailed:
-                continue  # rewritten between the two calls: read again
-            except ValueError:  # not JSON: nobody's record, treat as unrecorded
-                return RunDirRecord(run_dir(directory), generation=generation)
-            return RunDirRecord(
-                run_dir(directory),
-                tuple(str(run) for run in document.get("runs") or []),
-                {str(k): str(v) for k, v in (document.get("settings") or {}).items()},
-                generation,
-            )
-        raise AirflowException(f"the record of {directory} keeps changing while it is read")
-
-    def claim(self, bucket: str, directory: str, run: str, settings: Mapping[str, str]) -> RunDirRecord:
-        """Make ``run`` the directory's current writer (the settings of its first claim stay)."""
-        from google.api_core.exceptions import PreconditionFailed
-
-        for _ in range(RUN_RECORD_ROUNDS):
-            current = self.read(bucket, directory)
-            if current.owner == run:
-                return current
-            wanted = replace(
-                current,
-                runs=(*(r for r in current.runs if r != run), run),
-                settings=current.settings or dict(settings),
-            )
-            blob = self._blob(bucket, directory)
-            try:
-                blob.upload_from_string(
-                    wanted.payload(),
-                    content_type="application/json",
-                    if_generation_match=current.generation,  # 0: only if it does not exist yet
-                    timeout=GCS_TIMEOUT_S,
-                )
-            except PreconditionFailed:
-                continue  # another run wrote it meanwhile: read again and decide again
-            return replace(wanted, generation=int(blob.generation or 0))
-        raise AirflowException(f"could not record run {run} as the writer of {directory}: it keeps changing")
 
 
 @dataclass(frozen=True)
@@ -397,33 +308,33 @@ class _GclusterJobOperator(GclusterBaseOperator):
         t = plan.target
         return self.hook.get_job(plan.name, t.project, t.cluster_name, t.location)
 
-    def submit_or_attach(self, plan: JobPlan) -> str:
-        """Submit the job unless this task's job already exists; a failed one is replaced.
+    def submit_or_attach(self, plan: JobPlan) -> GclusterJob | None:
+        """Submit the job unless this task's job already exists (a failed one is replaced).
 
-        ``plan.foreign`` (another run's live conversion of the same model): only waited on.
+        Returns the job as ``gcluster job list`` showed it when re-attaching, None after a submit.
+        ``plan.foreign`` (another run's conversion of the same model): only waited on.
         """
         t, name = plan.target, plan.name
         if plan.foreign:
             self.log.info("Waiting on job %s of another run: it writes the same %s", name, plan.run_dir)
-            return "attached"
+            return None
         existing = self._find(plan)
         if existing is not None and existing.state is JobState.FAILED:
             self.log.warning("Job %s failed in an earlier try; deleting it and submitting again", name)
             self.hook.cancel_job(name, t.project, t.cluster_name, t.location)
             existing = None
+        self._submitted = (name, t.project, t.cluster_name, t.location)
         if existing is None:
             self.log.info("Submitting job %s", name)
             with self.hook.job_session() as home:
                 for auth in gke.docker_auth(t.location):
                     self.hook.run_checked(auth, job_home=home)
                 self.hook.run_checked(plan.command, job_home=home)
-            self._submitted = (name, t.project, t.cluster_name, t.location)
-            return "submitted"
+            return None
         self.log.info(
             "Job %s already exists (%s): re-attaching, nothing submitted", name, existing.state.value
         )
-        self._submitted = (name, t.project, t.cluster_name, t.location)
-        return "attached"
+        return existing
 
     # -- run identity (see the module docstring) ----------------------------------------------------
     def run_identity(self, context: Context) -> str:
@@ -433,53 +344,6 @@ class _GclusterJobOperator(GclusterBaseOperator):
 
     def run_records(self) -> RunDirRecords:
         return RunDirRecords(self.gcp_conn_id)
-
-    def _jobs_writing(self, plan: JobPlan, access: ClusterAccess) -> list[RunDirJob]:
-        from airflow_provider_tpu_rl.hooks.kubernetes import JobSetClient
-
-        async def listing() -> list[RunDirJob]:
-            client = JobSetClient(access, self.gcp_conn_id)
-            try:
-                async with client.connection() as api:
-                    return await client.writing(api, plan.run_dir)
-            finally:
-                await client.close()
-
-        return asyncio.run(listing())
-
-    def guard_run_dir(self, plan: JobPlan, access: ClusterAccess, run: str) -> JobPlan:
-        """Never two jobs on one directory: the plan to follow, given the live JobSets writing
-        ``plan.run_dir``. This task's own job (a retry) is left to :meth:`submit_or_attach`;
-        another job of this run is re-attached to; another run's fails the task in one line
-        (a conversion waits on it instead: same model, same output)."""
-        for job in self._jobs_writing(plan, access):
-            if not job.live or (job.name == plan.name and job.run_id in (None, run)):
-                continue
-            if job.run_id == run:
-                self.log.warning(
-                    "Job %s of this run already writes %s (%s): re-attaching to it instead of submitting %s",
-                    job.name,
-                    plan.run_dir,
-                    job.state.value,
-                    plan.name,
-                )
-                return replace(plan, name=job.name)
-            if not self.owns_output:
-                self.log.warning(
-                    "Job %s of run %s is writing %s (%s): waiting for it instead of converting again",
-                    job.name,
-                    job.run_id or "(not recorded)",
-                    plan.run_dir,
-                    job.state.value,
-                )
-                return replace(plan, name=job.name, foreign=True)
-            owner = f"run {job.run_id}" if job.run_id else "a run not recorded on the JobSet"
-            raise AirflowFailException(
-                f"{plan.run_dir} is being written by job {job.namespace}/{job.name} of {owner} "
-                f"({job.state.value}); never two jobs on one directory: wait for it to end or cancel it "
-                f"(gcluster job cancel {job.name}), or choose another run_name"
-            )
-        return plan
 
     def check_resume(self, plan: JobPlan, record: RunDirRecord, run: str) -> None:
         """A run directory another run started is resumed only with the settings it started with."""
@@ -500,58 +364,119 @@ class _GclusterJobOperator(GclusterBaseOperator):
                 "reusing a run_name resumes that run and keeps its settings: choose a new run_name"
             )
 
-    def record_on_jobset(self, plan: JobPlan, access: ClusterAccess, run: str) -> None:
-        """Annotate this task's JobSet with the run directory and run (``gcluster job submit`` has
-        no flag for it); a JobSet already annotated is left alone. Never fails the task: without
-        the annotation the JobSet is still judged by its command line."""
-        from airflow_provider_tpu_rl.hooks.kubernetes import JobSetClient
+    def claim_run_dir(self, context: Context, plan: JobPlan, record: RunDirRecord, run: str) -> JobPlan:
+        """One writer per directory: claim ``plan.run_dir`` for this task's job; the plan to follow.
 
-        async def annotate() -> None:
-            client = JobSetClient(access, self.gcp_conn_id)
-            try:
-                async with client.connection() as api:
-                    found = await client.find(api, plan.name)
-                    if found is None:
-                        return
-                    metadata = found.get("metadata") or {}
-                    annotations = metadata.get("annotations") or {}
-                    if annotations.get(RUN_DIR_ANNOTATION) and annotations.get(RUN_ID_ANNOTATION):
-                        return
-                    await client.annotate(
-                        api,
-                        str(metadata.get("namespace") or "default"),
-                        plan.name,
-                        {RUN_DIR_ANNOTATION: plan.run_dir, RUN_ID_ANNOTATION: run},
-                    )
-            finally:
-                await client.close()
-
-        try:
-            asyncio.run(annotate())
-        except Exception as err:  # the job runs either way
-            self.log.warning("Could not annotate JobSet %s with its run directory: %s", plan.name, err)
-
-    def cluster_access(self, plan: JobPlan) -> ClusterAccess:
-        """The cluster's Kubernetes API URL and CA, from the GKE API (in the worker)."""
-        from airflow_provider_tpu_rl.hooks.kubernetes import GkeClusterHook
-
+        This run's claim on a live job of another name (the same DAG run, re-created task) is
+        re-attached to; another live run's claim fails the task in one line, or, for a conversion
+        (same model, same output), makes it wait on that run's job.
+        """
         t = plan.target
-        return GkeClusterHook(self.gcp_conn_id, t.location).cluster_access(t.cluster_name, t.project)
+        held = record.writer
+        if held is not None and held.run == run and held.job != plan.name and held.where == t.where:
+            existing = self.hook.get_job(held.job, t.project, t.cluster_name, t.location)
+            if existing is not None and not existing.state.finished:
+                self.log.warning(
+                    "Job %s of this run already writes %s (%s): re-attaching to it instead of submitting %s",
+                    held.job,
+                    plan.run_dir,
+                    existing.state.value,
+                    plan.name,
+                )
+                plan = replace(plan, name=held.job)
+                context["ti"].xcom_push(key="job_name", value=plan.name)
+        writer = WriterClaim(run, plan.name, t.where, time.time() + claim_seconds())
+        probe = run_probe(context)
+        try:
+            claimed = self.run_records().claim(
+                self.bucket,
+                plan.run_dir,
+                run=run,
+                settings=plan.settings,
+                writer=writer,
+                finished=lambda holder: run_finished(probe, holder),
+            )
+        except RunDirBusyError as busy:
+            other: WriterClaim = busy.writer
+            target = t.at(other.where)
+            if self.owns_output or target is None:
+                raise AirflowFailException(str(busy)) from None
+            self.log.warning(
+                "Job %s of run %s is writing %s (%s): waiting for it instead of converting again",
+                other.job,
+                other.run,
+                plan.run_dir,
+                other.where,
+            )
+            plan = replace(plan, name=other.job, target=target, foreign=True)
+            context["ti"].xcom_push(key="job_name", value=plan.name)
+            return plan
+        previous = claimed.before(run)
+        if self.owns_output and previous:
+            self.log.warning(
+                "Resuming %s, started by run %s (no longer writing it): the job continues from its "
+                "newest checkpoint",
+                plan.run_dir,
+                previous,
+            )
+        return plan
 
-    def job_trigger(self, plan: JobPlan, access: ClusterAccess) -> JobSetTrigger:
+    def saved_metrics(self, plan: JobPlan) -> dict[str, Any] | None:
+        """The metrics the newest wait on ``plan``'s job kept with its log cursor; None without one."""
+        if plan.total_steps is None:
+            return None
+        from airflow_provider_tpu_rl.hooks.credentials import gcs_hook
+        from airflow_provider_tpu_rl.maxtext.layout import parse_gs_uri
+
+        bucket, prefix = parse_gs_uri(log_cursor_prefix(self.bucket, plan.name) + "-")
+        try:
+            blobs = list(gcs_hook(self.gcp_conn_id).get_conn().bucket(bucket).list_blobs(prefix=prefix))
+            if not blobs:
+                return None
+            newest = max(blobs, key=lambda blob: blob.updated or 0)
+            metrics = json.loads(newest.download_as_bytes(timeout=60)).get("metrics")
+        except Exception as err:  # the result stands without them
+            self.log.warning("Could not read the metrics kept for job %s: %s", plan.name, err)
+            return None
+        return metrics if isinstance(metrics, dict) else None
+
+    def release_run_dir(self, plan: JobPlan, run: str, job: str) -> RunDirRecord | None:
+        """The job ended: its claim on the directory goes (never fails the task); the record."""
+        try:
+            return self.run_records().release(self.bucket, plan.run_dir, run=run, job=job)
+        except Exception as err:  # the claim expires on its own; the result stands
+            self.log.warning("Could not release the claim on %s: %s", plan.run_dir, err)
+            return None
+
+    def job_trigger(self, plan: JobPlan, run: str) -> JobSetTrigger:
         """The trigger that waits for ``plan``'s JobSet (also run in the worker when not deferring)."""
         from airflow_provider_tpu_rl.triggers.jobset import JobSetTrigger
 
+        t = plan.target
         return JobSetTrigger(
             job_name=plan.name,
-            cluster_url=access.url,
-            ssl_ca_cert=access.ca_cert,
+            project_id=t.project,
+            location=t.location,
+            cluster_name=t.cluster_name,
             gcp_conn_id=self.gcp_conn_id,
             pathways=self.pathways,
             poll_interval=self.poll_interval,
             total_steps=plan.total_steps,
-            deadline=time.time() + self.job_timeout.total_seconds() if self.job_timeout else None,
+            job_timeout=self.job_timeout.total_seconds() if self.job_timeout else None,
+            cursor_prefix=None if plan.foreign else log_cursor_prefix(self.bucket, plan.name),
             cancel_on_kill=self.cancel_on_kill and not plan.foreign,
+            run_dir=plan.run_dir,
+            run_key=run,
+            foreign=plan.foreign,
+            on_other_writer="fail" if self.owns_output else "wait",
+            keepalive=None
+            if plan.foreign
+            else {
+                "bucket": self.bucket,
+                "until_seconds": claim_seconds(),
+                "claim": True,
+                "lease_cluster": t.cluster_name,
+            },
         )
 
     @fail_fast
@@ -561,26 +486,26 @@ class _GclusterJobOperator(GclusterBaseOperator):
         context["ti"].xcom_push(key="job_name", value=plan.name)
         self._persist_links(context, plan)
         ready = self.output_ready(plan)
-        record = self.run_records().read(self.bucket, plan.run_dir) if self.owns_output else None
-        if ready is not None and (record is None or record.owner == run):
+        record = self.run_records().read(self.bucket, plan.run_dir)
+        if ready is not None and (not self.owns_output or record.owner == run):
             self.log.info(
                 "Output %s is already complete%s: job %s is skipped, no TPU time spent",
                 plan.output_uri,
-                "" if record is None else " (written by this run)",
+                " (written by this run)" if self.owns_output else "",
                 plan.name,
             )
-            return {"job_name": None, "skipped": True, "resumed_from": None, **ready}
+            done = {"job_name": None, "skipped": True, "resumed_from": None, **ready}
+            if self.owns_output:  # an earlier try's job: what its wait read from the log
+                done.update(self.after_success(plan, {"metrics": self.saved_metrics(plan)}))
+            return done
         # kubectl and gke-gcloud-auth-plugin: one line here, not gcluster's error after a retry
         self.hook.require_toolchain("jobs")
-        access = self.cluster_access(plan)
-        planned = plan.name
-        plan = self.guard_run_dir(plan, access, run)
-        if plan.name != planned:  # re-attached to another job writing the same directory
-            context["ti"].xcom_push(key="job_name", value=plan.name)
-        if record is not None:
+        if self.owns_output:
             self.check_resume(plan, record, run)
             if ready is not None:  # another run's complete output, resumed on purpose: adopted, said so
-                claimed = self.run_records().claim(self.bucket, plan.run_dir, run, plan.settings)
+                claimed = self.run_records().claim(
+                    self.bucket, plan.run_dir, run=run, settings=plan.settings, writer=None
+                )
                 previous = claimed.before(run) or "(a run not recorded)"
                 self.log.warning(
                     "Resuming %s: its output %s is already complete, written by run %s; this run adopts "
@@ -591,28 +516,16 @@ class _GclusterJobOperator(GclusterBaseOperator):
                     previous,
                 )
                 return {"job_name": None, "skipped": True, "resumed_from": previous, **ready}
-            claimed = self.run_records().claim(self.bucket, plan.run_dir, run, plan.settings)
-            if claimed.before(run):
-                self.log.warning(
-                    "Resuming %s, started by run %s: the job continues from its newest checkpoint",
-                    plan.run_dir,
-                    claimed.before(run),
-                )
-        self.submit_or_attach(plan)
-        if not plan.foreign:
-            self.record_on_jobset(plan, access, run)
-        trigger = self.job_trigger(plan, access)
+        plan = self.claim_run_dir(context, plan, record, run)
+        existing = self.submit_or_attach(plan)
+        trigger = self.job_trigger(plan, run)
         from airflow_provider_tpu_rl.triggers.jobset import first_event
 
-        state = asyncio.run(trigger.probe())  # also finds the JobSet's namespace, uid and creation
-        if trigger.jobset_uid:
-            trigger.cursor_uri = log_cursor_uri(self.bucket, plan.name, trigger.jobset_uid)
-        if self.job_timeout and trigger.jobset_created is not None:
-            # job_timeout counts from the job's creation: a retry re-attaching gets the same deadline
-            trigger.deadline = trigger.jobset_created + self.job_timeout.total_seconds()
-        if not self.deferrable or (state is not None and state.finished):
-            if state is not None and state.finished:
-                self.log.info("Job %s already %s: finishing in the worker", plan.name, state.value)
+        finished = existing is not None and existing.state.finished
+        if not self.deferrable or finished:
+            if finished:
+                assert existing is not None
+                self.log.info("Job %s already %s: finishing in the worker", plan.name, existing.state.value)
             return self.execute_complete(context, asyncio.run(first_event(trigger)))
         # A job that ends seconds after deferring must not race the scheduler (see JobSetTrigger).
         trigger.not_before = time.time() + min_deferral_seconds()
@@ -625,6 +538,12 @@ class _GclusterJobOperator(GclusterBaseOperator):
         event = event or {}
         name = event.get("job_name") or plan.name
         status = event.get("status")
+        run = self.run_identity(context)
+        record = None
+        if not event.get("foreign") and status in {"success", "missing", "failed", "timeout", "conflict"}:
+            record = self.release_run_dir(
+                plan, run, name
+            )  # the job is over (a timed-out one: cancelled below)
         if status in {"success", "missing"}:
             ready = self.output_ready(plan)
             if ready is not None:
@@ -632,8 +551,8 @@ class _GclusterJobOperator(GclusterBaseOperator):
                     self.log.info("Job %s is gone (JobSet TTL) but its output is complete: success", name)
                 resumed_from = None
                 if self.owns_output:
-                    record = self.run_records().read(self.bucket, plan.run_dir)
-                    resumed_from = record.before(self.run_identity(context))
+                    record = record or self.run_records().read(self.bucket, plan.run_dir)
+                    resumed_from = record.before(run)
                 return {
                     "job_name": name,
                     "skipped": False,
@@ -644,7 +563,9 @@ class _GclusterJobOperator(GclusterBaseOperator):
             raise AirflowException(
                 f"job {name} ended ({status}) but {plan.output_uri} is not complete: {event.get('message', '')}"
             )
-        if status == "timeout" and name != plan.name and not self.owns_output:
+        if status == "conflict":
+            raise AirflowFailException(str(event.get("message")))
+        if status == "timeout" and event.get("foreign"):
             # another run's conversion this task waited on: that run decides about its job
             raise AirflowFailException(f"job {name} of another run did not finish within {self.job_timeout}")
         if status == "timeout":

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Final, Literal, NoReturn
 
+from airflow_provider_tpu_rl import timeouts
 from airflow_provider_tpu_rl.compat import AirflowFailException, conf, exponential_backoff, task_error
 from airflow_provider_tpu_rl.spec import (
     GKE_DAG_ID,
@@ -155,7 +156,26 @@ def validate_pipeline_conf(
         refuse_placeholders(resolved)
     except SpecError as err:
         raise AirflowFailException(f"invalid pipeline conf: {err}") from None
+    refuse_short_expiry(kind, resolved)
     return resolved
+
+
+def refuse_short_expiry(kind: PipelineKind, resolved: Mapping[str, Any]) -> None:
+    """The cluster's (VM's) expiry must cover every stage it lives through: the janitor destroys
+    what is past it, and a run's jobs only renew its lease, not the label."""
+    field = "max_cluster_hours" if kind == "gke" else "max_vm_hours"
+    needed = timeouts.resource_hours(kind)
+    hours = int(resolved[field])
+    if hours >= needed:
+        return
+    stages = ", ".join(
+        f"{stage} {timeouts.duration_text(bound)}" for stage, bound in timeouts.resource_stage_bounds(kind)
+    )
+    raise AirflowFailException(
+        f"invalid pipeline conf: {field}: {hours} h is shorter than the {needed} h the run's stages may "
+        f"take while its {'cluster' if kind == 'gke' else 'VM'} exists ({stages}; [tpu_rl] "
+        "<stage>_timeout_minutes): raise it, or lower those bounds"
+    )
 
 
 def transient_retries() -> dict[str, Any]:

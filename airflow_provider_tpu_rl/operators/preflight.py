@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -299,12 +300,16 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         problems = self.check_toolchain(run)
         # A tool the toolchain check reported missing makes the gcloud reads fail the same way.
         self._tool_missing = bool(problems)
-        problems += self.check_services(project, services)
-        problems += self.check_permissions(project, permissions)
-        if reservation:
-            problems += self.check_reservation(project, zone, reservation, need)
-        else:
-            self.log.info("no reservation named: its capacity is not checked")
+        # The permission check (an API call) runs beside the gcloud reads: independent, read-only.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="preflight") as pool:
+            permission_problems = pool.submit(self.check_permissions, project, permissions)
+            problems += self.check_services(project, services)
+            if reservation:
+                reservation_problems = self.check_reservation(project, zone, reservation, need)
+            else:
+                reservation_problems = []
+                self.log.info("no reservation named: its capacity is not checked")
+            problems += permission_problems.result() + reservation_problems
         lease_line = self.lease_holder_line(context)
         waiting = lease_wait_seconds()
         if lease_line is not None and (problems or not waiting):

@@ -109,7 +109,7 @@ class TpuVmCreateOperator(_TpuVmOperator):
         hf_token_secret: str | None = None,
         grant_service_account: bool | str = True,
         keep_vm: bool | str = False,
-        max_vm_hours: int | str = 6,
+        max_vm_hours: int | str = 72,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)

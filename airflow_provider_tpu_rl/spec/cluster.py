@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Final
 
@@ -148,6 +148,21 @@ class GkeJobTarget:
         rules.image("image", self.image)
         SliceShape(self.compute_type, self.topology)
         rules.int_range("num_slices", self.num_slices, 1, 64)
+
+    @property
+    def where(self) -> str:
+        """``project/location/cluster``: where a run directory's writer claim says the job runs."""
+        return f"{self.project}/{self.location}/{self.cluster_name}"
+
+    def at(self, where: str) -> GkeJobTarget | None:
+        """This target moved to the cluster ``where`` names; None when it names no valid cluster."""
+        parts = where.split("/")
+        if len(parts) != 3:
+            return None
+        try:
+            return replace(self, project=parts[0], location=parts[1], cluster_name=parts[2])
+        except SpecError:
+            return None
 
 
 @dataclass(frozen=True)

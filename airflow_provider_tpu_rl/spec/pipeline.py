@@ -49,7 +49,7 @@ GKE_DEFAULTS: Final[Mapping[str, Any]] = {
     "hf_token_conn_id": "huggingface_default",
     "hf_token_secret": None,
     "authorized_cidr": "0.0.0.0/0",
-    "max_cluster_hours": 12,
+    "max_cluster_hours": 72,
 }
 
 TPU_VM_DEFAULTS: Final[Mapping[str, Any]] = {
@@ -68,7 +68,7 @@ TPU_VM_DEFAULTS: Final[Mapping[str, Any]] = {
     "hf_token_conn_id": "huggingface_default",
     "hf_token_secret": None,
     "service_account": None,
-    "max_vm_hours": 6,
+    "max_vm_hours": 72,
 }
 
 # The form's examples: a value every user must replace. `validate` refuses them (one line naming

@@ -11,6 +11,15 @@ the GCP connection's token: the triggerer starts no process and needs no binary.
   (``cursor_uri``), saved every few seconds and when the trigger stops; a trigger that starts again
   (triggerer restart, task retry, the operator's in-worker wait) reads from ``sinceTime`` and
   drops what it already relayed, so no line is lost or repeated.
+* **What the worker no longer waits for** (it submits and defers at once): the trigger asks the
+  GKE API for the cluster's endpoint (``project_id``/``location``/``cluster_name``), computes the
+  deadline from the JobSet's creation (``job_timeout``), records the run directory and run on the
+  JobSet (annotations, since ``gcluster job submit`` has no flag for them), and checks that no
+  other live JobSet of the cluster writes the same directory: a job submitted outside this
+  provider makes the trigger delete its own job and fail (``on_other_writer="fail"``), or, for a
+  conversion whose output is shared, wait on that job instead (``"wait"``).
+* **Claims outlive the work**: while the job runs, the run directory's writer claim and the
+  cluster's lease are renewed (``keepalive``), so neither expires under a long training.
 * **No early fire**: the event is held until ``not_before`` (the operator sets it a short while
   after deferring), so a job that ends in seconds does not race the scheduler's handling of the
   deferral (apache/airflow#71580, #72716).
@@ -37,6 +46,8 @@ from airflow_provider_tpu_rl.hooks.jobs import JobState
 from airflow_provider_tpu_rl.hooks.kubernetes import (
     MAIN_JOB,
     PATHWAYS_HEAD_JOB,
+    RUN_DIR_ANNOTATION,
+    RUN_ID_ANNOTATION,
     ClusterAccess,
     JobSetClient,
     LogCursor,
@@ -65,8 +76,9 @@ class JobSetTrigger(BaseTrigger):
     operator decides by the job's output.
 
     :param job_name: the JobSet (gcluster job) name.
-    :param cluster_url: ``https://<endpoint>`` of the cluster's Kubernetes API.
-    :param ssl_ca_cert: the cluster CA (base64 PEM, as the GKE API gives it).
+    :param cluster_url: ``https://<endpoint>`` of the cluster's Kubernetes API; None = asked from
+        the GKE API for ``project_id``/``location``/``cluster_name``.
+    :param ssl_ca_cert: the cluster CA (base64 PEM, as the GKE API gives it), with ``cluster_url``.
     :param gcp_conn_id: the GCP connection whose token the cluster accepts; also writes the cursor.
     :param impersonation_chain: service account(s) to impersonate.
     :param namespace: the JobSet's namespace; None = found by its ``gcluster.google.com/workload`` label.
@@ -74,19 +86,35 @@ class JobSetTrigger(BaseTrigger):
     :param poll_interval: seconds between JobSet reads.
     :param total_steps: training jobs: parse MaxText's lines, log "step N/M", report metrics.
     :param deadline: epoch seconds; a job still running then ends the wait with ``timeout``.
+        None = ``job_timeout`` after the JobSet's creation (the same on every retry).
     :param not_before: epoch seconds before which no event is fired.
-    :param cursor_uri: ``gs://`` object keeping the log cursor and metrics; None = not kept.
+    :param cursor_uri: ``gs://`` object keeping the log cursor and metrics; None = not kept, or
+        ``<cursor_prefix>-<JobSet uid>.json`` when ``cursor_prefix`` is given.
     :param cancel_on_kill: delete the JobSet when the user kills the deferred task.
     :param follow_logs: relay the workload log to the task log.
     :param missing_confirmations: polls without the JobSet before reporting ``missing``.
     :param max_consecutive_errors: transient API failures tolerated in a row.
+    :param project_id: the cluster's project (with ``location`` and ``cluster_name``).
+    :param location: the cluster's region or zone.
+    :param cluster_name: the GKE cluster.
+    :param job_timeout: seconds from the JobSet's creation to its deadline (when no ``deadline``).
+    :param cursor_prefix: ``gs://…/<job>``: the cursor object is this plus ``-<JobSet uid>.json``.
+    :param run_dir: the directory the job writes; with ``run_key``, recorded on the JobSet and checked
+        against the other JobSets of the cluster (``on_other_writer``).
+    :param run_key: ``<dag_id>/<run_id>`` of the task that submitted the job.
+    :param foreign: another run's job this task only waits on (nothing recorded, nothing renewed).
+    :param on_other_writer: another live JobSet writes ``run_dir``: ``fail`` (delete this job and
+        end with ``conflict``) or ``wait`` (delete this job and wait on that one).
+    :param keepalive: ``{"bucket", "until_seconds", "claim": bool, "lease_cluster": str | None}``:
+        every ``until_seconds / 3`` while the job runs, push the run directory's writer claim and
+        the cluster's lease (when this run holds them) to ``until_seconds`` from now.
     """
 
     def __init__(
         self,
         job_name: str,
-        cluster_url: str,
-        ssl_ca_cert: str,
+        cluster_url: str | None = None,
+        ssl_ca_cert: str | None = None,
         gcp_conn_id: str = "google_cloud_default",
         impersonation_chain: str | list[str] | None = None,
         namespace: str | None = None,
@@ -100,8 +128,32 @@ class JobSetTrigger(BaseTrigger):
         follow_logs: bool = True,
         missing_confirmations: int = 2,
         max_consecutive_errors: int = 5,
+        project_id: str | None = None,
+        location: str | None = None,
+        cluster_name: str | None = None,
+        job_timeout: float | None = None,
+        cursor_prefix: str | None = None,
+        run_dir: str | None = None,
+        run_key: str | None = None,
+        foreign: bool = False,
+        on_other_writer: str = "fail",
+        keepalive: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
+        if cluster_url is None and not (project_id and location and cluster_name):
+            raise ValueError("JobSetTrigger needs cluster_url or project_id, location and cluster_name")
+        if on_other_writer not in ("fail", "wait"):
+            raise ValueError(f"on_other_writer must be 'fail' or 'wait', not {on_other_writer!r}")
+        self.project_id = project_id
+        self.location = location
+        self.cluster_name = cluster_name
+        self.job_timeout = job_timeout
+        self.cursor_prefix = cursor_prefix
+        self.run_dir = run_dir
+        self.run_key = run_key
+        self.foreign = foreign
+        self.on_other_writer = on_other_writer
+        self.keepalive = keepalive
         self.job_name = job_name
         self.cluster_url = cluster_url
         self.ssl_ca_cert = ssl_ca_cert
@@ -129,6 +181,11 @@ class JobSetTrigger(BaseTrigger):
         self._follower: asyncio.Task[None] | None = None
         self._session: Any = None
         self._storage: Any = None
+        self._first_seen = False  # the JobSet was seen once: deadline, cursor, record, writers
+        self._kept_alive_at = 0.0
+        self._follower_reading = False
+        self._log_ended = asyncio.Event()  # the followed container ended: poll the state now
+        self._quick_delay = 0.25
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -150,16 +207,42 @@ class JobSetTrigger(BaseTrigger):
                 "follow_logs": self.follow_logs,
                 "missing_confirmations": self.missing_confirmations,
                 "max_consecutive_errors": self.max_consecutive_errors,
+                "project_id": self.project_id,
+                "location": self.location,
+                "cluster_name": self.cluster_name,
+                "job_timeout": self.job_timeout,
+                "cursor_prefix": self.cursor_prefix,
+                "run_dir": self.run_dir,
+                "run_key": self.run_key,
+                "foreign": self.foreign,
+                "on_other_writer": self.on_other_writer,
+                "keepalive": self.keepalive,
             },
         )
 
     def client(self) -> JobSetClient:
-        """The Kubernetes API client of this trigger (opened once per run, see :meth:`close`)."""
+        """The Kubernetes API client of this trigger (opened once per run, see :meth:`close`);
+        :meth:`resolve_cluster` first when the trigger was given the cluster's name only."""
         if self._jobsets is None:
+            if self.cluster_url is None or self.ssl_ca_cert is None:
+                raise ConfigurationError(f"the cluster of job {self.job_name} is not resolved")
             self._jobsets = JobSetClient(
                 ClusterAccess(self.cluster_url, self.ssl_ca_cert), self.gcp_conn_id, self.impersonation_chain
             )
         return self._jobsets
+
+    async def resolve_cluster(self) -> None:
+        """The cluster's endpoint and CA from the GKE API (in a thread: a blocking client)."""
+        if self.cluster_url is not None and self.ssl_ca_cert is not None:
+            return
+        from airflow_provider_tpu_rl.hooks.kubernetes import GkeClusterHook
+
+        assert self.location is not None
+        assert self.cluster_name is not None
+        assert self.project_id is not None
+        hook = GkeClusterHook(self.gcp_conn_id, self.location, self.impersonation_chain)
+        access = await asyncio.to_thread(hook.cluster_access, self.cluster_name, self.project_id)
+        self.cluster_url, self.ssl_ca_cert = access.url, access.ca_cert
 
     async def close(self) -> None:
         """Close the Kubernetes and GCS clients."""
@@ -170,13 +253,6 @@ class JobSetTrigger(BaseTrigger):
         if session is not None:
             with contextlib.suppress(Exception):
                 await session.close()
-
-    async def probe(self) -> JobState | None:
-        """:meth:`job_state` for the operator before it defers (then closes the clients)."""
-        try:
-            return await self.job_state()
-        finally:
-            await self.close()
 
     async def _storage_client(self) -> Any:
         """The GCS client for the cursor, made once: saving it on cancel needs no connection lookup."""
@@ -305,8 +381,11 @@ class JobSetTrigger(BaseTrigger):
             return phase
 
     async def _follow(self) -> None:
-        """Follow the workload log until the container ends; never fails the wait."""
+        """Follow the workload log until the container ends; never fails the wait. Its end wakes
+        the state loop (:meth:`_pause`): the JobSet's state is read at once, not a poll later."""
+        look_again = True
         while True:
+            self._follower_reading = True
             try:
                 phase = await self._read_log(follow=True)
             except asyncio.CancelledError:
@@ -314,9 +393,28 @@ class JobSetTrigger(BaseTrigger):
             except Exception as err:
                 self.log.warning("Reading the log of %s: %s (trying again)", self.job_name, str(err)[:300])
                 phase = "error"
+            finally:
+                self._follower_reading = False
             if phase == "terminated":
+                self._log_ended.set()
                 return
+            if phase == "running" and look_again:
+                # The stream ended: most often because the container did. Look again at once; a
+                # stream that keeps ending (dropped connections) is re-opened every half second.
+                look_again = False
+                continue
+            look_again = True
             await asyncio.sleep(FOLLOW_RETRY_SECONDS if phase != "running" else 0.5)
+
+    async def _pause(self) -> None:
+        """Wait ``poll_interval`` between state reads, or less: once the followed container has
+        ended, the JobSet's end follows within moments, so read again after 0.25 s, 0.5 s, 1 s, …"""
+        if self._log_ended.is_set():
+            delay, self._quick_delay = self._quick_delay, self._quick_delay * 2
+            await asyncio.sleep(min(delay, self.poll_interval))
+            return
+        with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+            await asyncio.wait_for(self._log_ended.wait(), timeout=self.poll_interval)
 
     async def _stop_follower(self) -> None:
         follower = self._follower
@@ -326,10 +424,12 @@ class JobSetTrigger(BaseTrigger):
                 await follower
 
     async def _finish_log(self, follower: asyncio.Task[None] | None) -> None:
-        """After the job ended: let the follower drain, then read whatever it did not see."""
+        """After the job ended: let the follower drain (unless it is between two reads), then read
+        whatever it did not see."""
         if follower is not None and not follower.done():
-            with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
-                await asyncio.wait_for(asyncio.shield(follower), timeout=FOLLOW_DRAIN_SECONDS)
+            if self._follower_reading:
+                with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(follower), timeout=FOLLOW_DRAIN_SECONDS)
             follower.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await follower
@@ -376,6 +476,7 @@ class JobSetTrigger(BaseTrigger):
                 "state": state.value if state is not None else None,
                 "message": message,
                 "fatal": fatal,
+                "foreign": self.foreign,
                 "log_lines": self._cursor.lines,
                 "metrics": self._tracker.metrics() if self.total_steps is not None else None,
             }
@@ -385,10 +486,8 @@ class JobSetTrigger(BaseTrigger):
         try:
             # The API clients' modules take seconds to import: not on the triggerer's event loop.
             await asyncio.to_thread(_import_clients)
-            if not self._loaded:
-                await self._load_cursor()
             status, state, message, fatal = await self._watch()
-            if status != "error" or state is not None:
+            if status not in ("error", "conflict") or state is not None:
                 await self._finish_log(self._follower)
             await self._save_cursor(force=True)
             event = self._event(status, state, message, fatal)  # with every line read
@@ -415,7 +514,15 @@ class JobSetTrigger(BaseTrigger):
         last: JobState | None = None
         while True:
             try:
+                await self.resolve_cluster()
                 state = await self.job_state()
+                if state is not None and not self._first_seen:
+                    watched = self.job_name
+                    outcome = await self._on_first_sight()
+                    if outcome is not None:
+                        return outcome
+                    if self.job_name != watched:  # now waiting on another job: read its state
+                        continue
             except ConfigurationError as err:
                 return "error", last, f"cannot read JobSet {self.job_name}: {err}", True
             except KubernetesApiError as err:
@@ -454,6 +561,8 @@ class JobSetTrigger(BaseTrigger):
                 if state is JobState.FAILED:
                     return "failed", state, f"job {self.job_name} failed", False
                 if self.follow_logs and (self._follower is None or self._follower.done()):
+                    self._log_ended.clear()  # a new follower (a JobSet restart: a new pod)
+                    self._quick_delay = 0.25
                     self._follower = asyncio.create_task(self._follow())
             if self.deadline is not None and time.time() >= self.deadline:
                 return (
@@ -462,8 +571,121 @@ class JobSetTrigger(BaseTrigger):
                     f"job {self.job_name} still {getattr(last, 'value', 'absent')} at its deadline",
                     False,
                 )
+            await self._keep_alive()
             await self._save_cursor()
-            await asyncio.sleep(self.poll_interval)
+            await self._pause()
+
+    # -- the first sight of the JobSet --------------------------------------------------------------
+    async def _on_first_sight(self) -> tuple[str, JobState | None, str, bool] | None:
+        """Once the JobSet is seen: its deadline and cursor; for a job of this run, the run
+        directory recorded on it and no other live JobSet writing the same directory.
+
+        Returns the wait's outcome when it must end here (``conflict``), else None.
+        """
+        self._first_seen = True
+        if self.deadline is None and self.job_timeout:
+            self.deadline = (self.jobset_created or time.time()) + self.job_timeout
+        if self.cursor_uri is None and self.cursor_prefix and self.jobset_uid:
+            self.cursor_uri = f"{self.cursor_prefix}-{self.jobset_uid}.json"
+        if not self._loaded:
+            await self._load_cursor()
+        if self.foreign or not self.run_dir:
+            return None
+        client = self.client()
+        async with client.connection() as api:
+            if self.run_key:
+                await self._record_on_jobset(client, api)
+            others = [
+                job
+                for job in await client.writing(api, self.run_dir)
+                if job.live and job.name != self.job_name
+            ]
+        if not others:
+            return None
+        other = others[0]
+        owner = f"run {other.run_id}" if other.run_id else "a run not recorded on the JobSet"
+        mine = self.job_name
+        await self._delete_jobset()
+        if self.on_other_writer == "wait":
+            self.log.warning(
+                "Job %s/%s of %s is writing %s (%s): deleted job %s, waiting for that one instead",
+                other.namespace,
+                other.name,
+                owner,
+                self.run_dir,
+                other.state.value,
+                mine,
+            )
+            self.job_name, self.namespace = other.name, other.namespace
+            self.foreign, self.cancel_on_kill, self.keepalive = True, False, None
+            self.cursor_uri, self.cursor_prefix, self._cursor = None, None, LogCursor()
+            self._first_seen = False
+            return None
+        return (
+            "conflict",
+            None,
+            f"{self.run_dir} is being written by job {other.namespace}/{other.name} of {owner} "
+            f"({other.state.value}); never two jobs on one directory: this run's job {mine} was "
+            f"deleted; wait for that job to end or cancel it (gcluster job cancel {other.name}), "
+            "or choose another run_name",
+            True,
+        )
+
+    async def _record_on_jobset(self, client: JobSetClient, api: Any) -> None:
+        """Annotate the JobSet with its run directory and run (``gcluster job submit`` has no flag
+        for it); one already annotated is left alone. Never ends the wait: without the annotation
+        the JobSet is still judged by its command line."""
+        try:
+            found = await client.find(api, self.job_name)
+            if found is None:
+                return
+            metadata = found.get("metadata") or {}
+            annotations = metadata.get("annotations") or {}
+            if annotations.get(RUN_DIR_ANNOTATION) and annotations.get(RUN_ID_ANNOTATION):
+                return
+            await client.annotate(
+                api,
+                str(metadata.get("namespace") or "default"),
+                self.job_name,
+                {RUN_DIR_ANNOTATION: self.run_dir, RUN_ID_ANNOTATION: self.run_key},
+            )
+        except Exception as err:  # the job runs either way
+            self.log.warning("Could not annotate JobSet %s with its run directory: %s", self.job_name, err)
+
+    # -- keeping the claims alive -------------------------------------------------------------------
+    async def _keep_alive(self) -> None:
+        """Renew the writer claim and the cluster lease every third of their extension."""
+        spec = self.keepalive
+        if not spec or self.foreign:
+            return
+        seconds = float(spec.get("until_seconds") or 0)
+        now = time.monotonic()
+        if seconds <= 0 or (self._kept_alive_at and now - self._kept_alive_at < seconds / 3):
+            return
+        self._kept_alive_at = now
+        try:
+            await asyncio.to_thread(self._renew, spec, time.time() + seconds)
+        except Exception as err:  # the next round tries again; the claims outlast a few misses
+            self.log.warning("Could not renew the claims of job %s: %s", self.job_name, err)
+
+    def _renew(self, spec: dict[str, Any], until: float) -> None:
+        from airflow_provider_tpu_rl.hooks.lease import ClusterLeaseHook
+        from airflow_provider_tpu_rl.hooks.run_dirs import RunDirRecords
+
+        bucket = str(spec["bucket"])
+        if spec.get("claim") and self.run_dir and self.run_key:
+            records = RunDirRecords(self.gcp_conn_id, self.impersonation_chain)
+            if not records.renew(bucket, self.run_dir, run=self.run_key, job=self.job_name, until=until):
+                self.log.warning(
+                    "Job %s no longer holds the writer claim on %s (released, or taken over)",
+                    self.job_name,
+                    self.run_dir,
+                )
+        cluster = spec.get("lease_cluster")
+        if cluster and self.run_key:
+            ClusterLeaseHook(self.gcp_conn_id, self.impersonation_chain).extend(
+                bucket, str(cluster), holder=self.run_key, until=until
+            )
 
     # -- kill --------------------------------------------------------------------------------------
     async def on_kill(self) -> None:
@@ -476,6 +698,7 @@ class JobSetTrigger(BaseTrigger):
             await self.close()
 
     async def _delete_jobset(self) -> None:
+        await self.resolve_cluster()
         client = self.client()
         async with client.connection() as api:
             namespace = self.namespace

@@ -5,7 +5,7 @@
    the GKE pipeline's fill against the stock one's (goal: at most 0.30), and any heavy client
    library (GCS hook, storage/BigQuery clients, kubernetes, ...) a DAG file loads at parse time.
 2. The sandbox GKE pipeline end to end: wall time minus the simulated cloud work (the jobs' own run
-   time as ``gcluster job list`` reports it, and the time spent inside the fake ``gcloud``/``gcluster``
+   time as the sandbox recorded it, and the time spent inside the fake ``gcloud``/``gcluster``
    processes, which stand for cloud API calls; their union) = orchestration overhead, per task; next to it a trivial
    DAG of the same shape (the real DAG's task ids, edges, setup/teardown flags, trigger rules and
    Params, every task a no-op Python task) run the same way, whose whole wall time is overhead.
@@ -33,12 +33,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_tpu_rl.render import gke
-from airflow_provider_tpu_rl.render.command import Command
-from airflow_provider_tpu_rl.spec import GKE_DAG_ID, gke_pipeline_from_conf
+from airflow_provider_tpu_rl.spec import GKE_DAG_ID
 from tpu_rl_sandbox.control import sandbox_down, sandbox_env, sandbox_up
 from tpu_rl_sandbox.layout import SandboxLayout
-from tpu_rl_sandbox.state import read_calls
+from tpu_rl_sandbox.state import StateStore, read_calls
 
 PARSE_FILL_GOAL = 0.30  # the GKE pipeline's DagBag fill, as a fraction of the stock equivalent's
 OVERHEAD_RATIO_GOAL = 1.5  # the pipeline's orchestration overhead per task vs a trivial DAG's
@@ -315,22 +313,13 @@ def worker_slot_seconds(log_lines: list[str], task_id: str) -> tuple[float, floa
     return held, last - first
 
 
-def _job_intervals(env: dict[str, str], conf: dict[str, Any]) -> dict[str, tuple[float, float]]:
-    """Each job's own run (creation → completion) as the sandbox's `gcluster job list` says."""
-    pipeline = gke_pipeline_from_conf(conf)
-    command: Command = gke.job_list(
-        pipeline.cluster.project, pipeline.cluster.cluster_name, pipeline.cluster.region
-    )
-    out = subprocess.run(
-        [str(Path(env["PATH"].split(os.pathsep)[0]) / "gcluster"), *command.argv[1:]],
-        env=env, capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    from airflow_provider_tpu_rl.hooks.jobs import parse_job_list
-
+def _job_intervals(root: Path) -> dict[str, tuple[float, float]]:
+    """Each job's own run (JobSet creation → completion), from the sandbox's job records: to the
+    microsecond (``gcluster job list`` prints whole seconds, ±1 s of noise per job)."""
     intervals: dict[str, tuple[float, float]] = {}
-    for job in parse_job_list((out.stdout + out.stderr).splitlines()):
-        if job.created_at and job.completed_at:
-            intervals[job.name] = (job.created_at.timestamp(), job.completed_at.timestamp())
+    for job in StateStore(SandboxLayout(root)).read("jobs").values():
+        if job.get("created_ts") is not None and job.get("completed_ts") is not None:
+            intervals[str(job["name"])] = (float(job["created_ts"]), float(job["completed_ts"]))
     return intervals
 
 
@@ -428,7 +417,7 @@ def bench_pipeline(dags_dir: Path, train_seconds: float, step_seconds: float) ->
             alone.write_text((dags_dir / GKE_DAG_FILE).read_text())
             wall, log = _dags_test(airflow, GKE_DAG_ID, alone, env, conf)
             calls = _call_intervals(root, started_at, time.time())
-            jobs = _job_intervals(env, conf)
+            jobs = _job_intervals(root)
             held, span = worker_slot_seconds(log, "train")
             # The same shape, the same sandbox, the same Airflow home; only the DAG file differs.
             trivial_wall, _ = _dags_test(

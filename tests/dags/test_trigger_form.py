@@ -17,6 +17,7 @@ from airflow_provider_tpu_rl.compat import FORM_OPEN_SECTION, AirflowFailExcepti
 from airflow_provider_tpu_rl.operators.pipeline import validate_pipeline_conf
 from airflow_provider_tpu_rl.spec import GKE_DEFAULTS, TPU_VM_DEFAULTS, Runner, rules
 from airflow_provider_tpu_rl.spec.presets import presets_for
+from airflow_provider_tpu_rl.timeouts import resource_hours
 from tests.dags.conftest import GKE_DAG_ID, PIPELINE_DAG_IDS, TPU_VM_DAG_ID, trigger_time_validate
 
 DEFAULTS: dict[str, Mapping[str, Any]] = {GKE_DAG_ID: GKE_DEFAULTS, TPU_VM_DAG_ID: TPU_VM_DEFAULTS}
@@ -119,6 +120,14 @@ GKE_BAD_CONFS = [
     ("zero_slices", {"num_slices": 0}, "num_slices: must be between 1 and 64", True),
     ("keep_cluster_text", {"keep_cluster": "yes"}, "keep_cluster: must be true or false", True),
     ("cluster_hours", {"max_cluster_hours": 337}, "max_cluster_hours: must be between 1 and 336", True),
+    (
+        "cluster_hours_below_the_stage_bounds",
+        {"max_cluster_hours": 12},
+        "max_cluster_hours: 12 h is shorter than the 64 h the run's stages may take while its cluster "
+        "exists (deploy 90 min, short 20 min, convert 3 h, checkpoint 2 h, train 48 h, checkpoint 2 h, "
+        "export 3 h, checkpoint 2 h, teardown 90 min",
+        False,
+    ),
     # (these six were once `airflow dags test` runs; tests/dags/test_validation_runs.py keeps the
     # one whose value changes on its way to the task)
     (
@@ -167,6 +176,12 @@ TPU_VM_BAD_CONFS = [
         True,
     ),
     ("vm_hours", {"max_vm_hours": 169}, "max_vm_hours: must be between 1 and 168", True),
+    (
+        "vm_hours_below_the_stage_bounds",
+        {"max_vm_hours": 6},
+        "max_vm_hours: 6 h is shorter than the 62 h",
+        False,
+    ),
     (
         "negative_test_batches",
         {"train_overrides": {"num_test_batches": -1}},
@@ -297,9 +312,11 @@ def test_integer_bounds_of_the_form_are_the_specs(
     schema = serialized_dags[dag_id].params.get_param(key).schema
     inside = [schema["minimum"]] + ([schema["maximum"]] if "maximum" in schema else [])
     outside = [schema["minimum"] - 1] + ([schema["maximum"] + 1] if "maximum" in schema else [])
+    # an expiry must also cover the stage bounds (validate's own rule, read from [tpu_rl])
+    least = {"max_cluster_hours": resource_hours("gke"), "max_vm_hours": resource_hours("tpu_vm")}.get(key, 0)
     for value in inside:
         trigger_time_validate(serialized_dags[dag_id], {key: value})
-        run_validate(dag_id, {key: value})
+        run_validate(dag_id, {key: max(value, least)})
     for value in outside:
         with pytest.raises(ParamValidationError):
             trigger_time_validate(serialized_dags[dag_id], {key: value})
@@ -356,7 +373,7 @@ def test_a_full_custom_gke_conf_passes_both_checks(serialized_dags: dict[str, An
         "train_overrides": {"batch_size": 2, "rl.num_generations": 8},
         "hf_token_secret": "hf-token",
         "authorized_cidr": "10.0.0.0/8",
-        "max_cluster_hours": 4,
+        "max_cluster_hours": 96,
     }
     trigger_time_validate(serialized_dags[GKE_DAG_ID], conf)
     derived = run_validate(GKE_DAG_ID, conf)

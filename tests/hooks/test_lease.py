@@ -149,3 +149,18 @@ def test_damaged_object_reads_as_expired(cluster: str) -> None:
     assert damaged is not None
     assert damaged.expired()
     assert hook.acquire(BUCKET, cluster, dag_id="d", run_id="r", ttl=HOUR).holder == "d/r"
+
+
+def test_extend_pushes_only_the_holders_live_lease(cluster: str) -> None:
+    hook = ClusterLeaseHook()
+    lease = hook.acquire(BUCKET, cluster, dag_id="d", run_id="r1", ttl=HOUR)
+    later = time.time() + 5 * 3600
+    assert hook.extend(BUCKET, cluster, holder="d/r1", until=later) is True
+    extended = hook.read(BUCKET, cluster)
+    assert extended is not None
+    assert extended.expires_at == pytest.approx(later)
+    assert hook.extend(BUCKET, cluster, holder="d/r1", until=lease.expires_at) is True  # never shortened
+    assert hook.read(BUCKET, cluster) == extended
+    assert hook.extend(BUCKET, cluster, holder="d/r2", until=later + 60) is False  # another run's
+    hook.release(BUCKET, extended, keep=True)
+    assert hook.extend(BUCKET, cluster, holder="d/r1", until=later + 60) is False  # handed over

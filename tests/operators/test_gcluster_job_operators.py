@@ -17,6 +17,7 @@ from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
 from airflow_provider_tpu_rl.timeouts import job_timeout
 from airflow_provider_tpu_rl.triggers.jobset import JobSetTrigger
 from tests.operators.sandbox_run import (
+    REGION,
     RecordingTI,
     SandboxRun,
     convert_checkpoint,
@@ -97,20 +98,30 @@ def test_convert_defers_to_the_job_trigger(sb: SandboxRun) -> None:
     classpath, kwargs = trigger.serialize()
     assert classpath == "airflow_provider_tpu_rl.triggers.jobset.JobSetTrigger"
     assert kwargs["job_name"] == convert_job
-    # the cluster's Kubernetes API, as the GKE API describes it: no gcluster, no kubeconfig
-    assert kwargs["cluster_url"] == sb.kube().url
-    assert kwargs["namespace"] == "default"
+    # the worker only submitted: the trigger names the cluster and asks the GKE API for its
+    # Kubernetes API (no gcluster, no kubeconfig), and finds the JobSet's namespace itself
+    assert (kwargs["project_id"], kwargs["location"], kwargs["cluster_name"]) == (
+        sb.project,
+        REGION,
+        sb.cluster,
+    )
+    assert kwargs["cluster_url"] is None
+    assert kwargs["namespace"] is None
     assert kwargs["pathways"] is False
     assert kwargs["total_steps"] is None
     assert kwargs["poll_interval"] == pytest.approx(0.2)
+    assert kwargs["deadline"] is None
+    assert kwargs["job_timeout"] == job_timeout("convert").total_seconds()
+    event = run_trigger(trigger)
+    assert event["status"] == "success"
+    assert trigger.cluster_url == sb.kube().url
+    assert trigger.namespace == "default"
     # the default job_timeout counts from the JobSet's creation, so a re-attaching retry keeps it
     answer = kube_access.request(
         sb.kube(), "GET", f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets/{convert_job}"
     )
     created = datetime.fromisoformat(answer.json()["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
-    assert kwargs["deadline"] == pytest.approx(created.timestamp() + job_timeout("convert").total_seconds())
-    event = run_trigger(trigger)
-    assert event["status"] == "success"
+    assert trigger.deadline == pytest.approx(created.timestamp() + job_timeout("convert").total_seconds())
 
 
 # -- a retry re-attaches to the job of its first try ---------------------------------------------------
@@ -136,7 +147,7 @@ def test_a_retry_attaches_to_the_running_training_job_instead_of_submitting_agai
     _, first_kwargs = first.trigger.serialize()
     _, kwargs = second.trigger.serialize()
     assert {**kwargs, "not_before": None} == {**first_kwargs, "not_before": None}
-    assert (kwargs["job_name"], kwargs["cluster_url"], kwargs["total_steps"]) == (train_job, sb.kube().url, 3)
+    assert (kwargs["job_name"], kwargs["cluster_name"], kwargs["total_steps"]) == (train_job, sb.cluster, 3)
     assert len(sb.job_calls("submit", train_job)) == 1
     assert sb.job_calls("cancel", train_job) == []
     job = sb.job_record(train_job)
@@ -218,10 +229,11 @@ def test_a_job_past_its_timeout_is_cancelled(sb: SandboxRun, monkeypatch: pytest
 
     before = time.time()
     deferred = defer(op, context)
-    # counted from the JobSet's creationTimestamp, which has whole seconds
-    assert deferred.trigger.deadline >= math.floor(before) + 1
 
     event = run_trigger(deferred.trigger)
+    # counted from the JobSet's creationTimestamp, which has whole seconds
+    assert deferred.trigger.deadline is not None
+    assert deferred.trigger.deadline >= math.floor(before) + 1
 
     assert event["status"] == "timeout"
     assert sb.job_calls("cancel", convert_job) == []

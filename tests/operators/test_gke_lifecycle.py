@@ -82,7 +82,7 @@ def test_a_second_deploy_with_the_same_conf_changes_nothing(sb: SandboxRun) -> N
     deploys = _deploy_calls(sb)
     assert len(deploys) == 2
     assert all(call["exit_code"] == 0 for call in deploys)
-    expires = int(start.timestamp()) + 12 * 3600  # max_cluster_hours defaults to 12
+    expires = int(start.timestamp()) + 72 * 3600  # max_cluster_hours defaults to 72
     assert first["expires_at"] == second["expires_at"] == expires
     assert first["cluster_name"] == sb.cluster
     assert first["chips"] == 32
@@ -93,7 +93,7 @@ def test_deploy_writes_the_blueprint_labels_and_the_resource_record(sb: SandboxR
     start = datetime.now(UTC)
     _ensure_bucket(sb, conf)
     result = _deploy(sb, conf, start)
-    expires = int(start.timestamp()) + 12 * 3600
+    expires = int(start.timestamp()) + 72 * 3600
     assert result["expires_at"] == expires
 
     # The blueprint's labels and roles, as the cluster the fake Terraform created from it carries

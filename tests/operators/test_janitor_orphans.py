@@ -23,6 +23,7 @@ from airflow_provider_tpu_rl.janitor_sources import discover_sources
 from airflow_provider_tpu_rl.ledger.hook import RunLedger, sqlite_connection_uri
 from airflow_provider_tpu_rl.ledger.records import RunRecord
 from airflow_provider_tpu_rl.operators.gke import (
+    LEASE_MIN_SECONDS,
     EnsureBucketOperator,
     GclusterDeployOperator,
     write_resource_record,
@@ -247,7 +248,9 @@ def test_projects_named_only_in_a_bucket_record_or_the_ledger_are_scanned(
     assert ledger_project in sources.projects
     assert sources.projects[0] == "sandbox-project"  # the connection's project comes first
     assert sources.bucket_of(other_project, sb.cluster) == other_bucket
-    stale = find_expired_resources(GclusterHook(), other_project, time.time(), sources=sources)
+    # past the ten minutes a late deploy's lease holds the cluster beyond its label
+    later = time.time() + LEASE_MIN_SECONDS + 1
+    stale = find_expired_resources(GclusterHook(), other_project, later, sources=sources)
     assert [(r.name, r.project, r.bucket) for r in stale] == [(sb.cluster, other_project, other_bucket)]
     destroy_resource(GclusterHook(), stale[0])
     assert not _exists(sb, sb.cluster, other_project)
@@ -287,3 +290,23 @@ def test_on_airflow_3_run_states_come_from_the_task_sdk_and_an_unknown_run_is_un
     assert probe.dagrun_state("d", "gone") is None
     assert probe.task_states("d", "r") == {"train": "deferred", "export": None}
     assert ti.asked == [{"dag_id": "d", "run_ids": ["r"]}]
+
+
+def test_a_training_longer_than_its_label_keeps_the_cluster_while_its_lease_is_renewed(
+    sb: SandboxRun,
+) -> None:
+    """The label says the cluster expired hours ago, but the run's train job is still running and
+    its wait renews the lease: the janitor leaves the cluster; once the renewals stop, it goes."""
+    long_run = "manual__long_training"
+    _bucket(sb)
+    _deploy(sb, long_run, LONG_AGO, max_cluster_hours=1)
+    holder = f"{GKE_DAG_ID}/{long_run}"
+    runs = MetadataStandIn({holder: "running"}, {holder: {"train": "deferred"}})
+    renewed_until = time.time() + 3 * 3600  # what JobSetTrigger's keepalive does while the job runs
+    assert ClusterLeaseHook().extend(sb.bucket, sb.cluster, holder=holder, until=renewed_until)
+
+    assert _scan(sb, renewed_until - 60, runs) == []
+    assert _exists(sb, sb.cluster)
+    (stale,) = _scan(sb, renewed_until + 1, runs)
+    expires_at = int(LONG_AGO.timestamp()) + 3600
+    assert stale.reason == f"expired at {datetime.fromtimestamp(expires_at, UTC).isoformat()}"

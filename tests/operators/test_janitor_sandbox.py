@@ -10,7 +10,11 @@ import pytest
 
 from airflow_provider_tpu_rl.compat import AirflowException
 from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
-from airflow_provider_tpu_rl.operators.gke import EnsureBucketOperator, GclusterDeployOperator
+from airflow_provider_tpu_rl.operators.gke import (
+    LEASE_MIN_SECONDS,
+    EnsureBucketOperator,
+    GclusterDeployOperator,
+)
 from airflow_provider_tpu_rl.operators.janitor import (
     ManagedResource,
     destroy_resource,
@@ -58,7 +62,10 @@ def test_janitor_finds_and_destroys_expired_and_orphaned_resources_but_never_the
     # a v6e-8 reservation holds one VM: the second VM of this project takes another
     _create_vm(sb, vm_orphan, "manual__vm_orphan", now_start, reservation="my-v6e-8-reservation")
     hook = GclusterHook()
-    now = time.time()
+    # A deploy of a run that started long ago leases its cluster ten minutes more (a late retry's
+    # deploy must finish); past that, the expired label decides.
+    now = time.time() + LEASE_MIN_SECONDS + 1
+    assert _names(find_expired_resources(hook, sb.project, time.time())) == {("vm", vm_expired)}
 
     by_expiry = find_expired_resources(hook, sb.project, now)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -22,11 +23,15 @@ import pytest
 from airflow.providers.common.compat.sdk import Context
 
 from airflow_provider_tpu_rl.hooks import kubernetes
+from airflow_provider_tpu_rl.hooks.lease import ClusterLeaseHook
+from airflow_provider_tpu_rl.hooks.run_dirs import RunDirRecords
 from airflow_provider_tpu_rl.operators.maxtext import PathwaysRLTrainOperator
 from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
 from airflow_provider_tpu_rl.triggers import jobset as jobset_module
 from airflow_provider_tpu_rl.triggers.jobset import JobSetTrigger
 from tests.operators.sandbox_run import (
+    REGION,
+    RecordingTI,
     SandboxRun,
     convert_checkpoint,
     defer,
@@ -106,15 +111,21 @@ def test_the_trigger_state_is_plain_data_and_names_the_cluster(
     _, _, trigger, job_name, hold = _held_training(sb, monkeypatch)
     classpath, kwargs = trigger.serialize()
     assert classpath == "airflow_provider_tpu_rl.triggers.jobset.JobSetTrigger"
-    access = sb.kube()
-    assert kwargs["cluster_url"] == access.url
+    assert (kwargs["project_id"], kwargs["location"], kwargs["cluster_name"]) == (
+        sb.project,
+        REGION,
+        sb.cluster,
+    )
     assert kwargs["job_name"] == job_name
     assert kwargs["pathways"] is True
-    assert kwargs["namespace"] == "default"
-    assert kwargs["cursor_uri"].startswith(f"gs://{sb.bucket}/tpu-rl/log-cursors/{job_name}-")
+    assert kwargs["cursor_prefix"] == f"gs://{sb.bucket}/tpu-rl/log-cursors/{job_name}"
+    assert kwargs["run_dir"].startswith(f"gs://{sb.bucket}/gemma4-26b/trained/")
+    assert kwargs["run_key"] == f"tpu_rl_gke_pipeline/{RUN_ID}"
+    assert kwargs["keepalive"]["bucket"] == sb.bucket
     assert kwargs["not_before"] is not None
     rebuilt = JobSetTrigger(**kwargs)
     assert rebuilt.serialize() == (classpath, kwargs)
+    assert json.loads(json.dumps(kwargs)) == kwargs  # plain data: what the metadata database keeps
     hold.unlink()
 
 
@@ -123,7 +134,7 @@ def test_a_pathways_job_of_eleven_containers_is_followed_line_for_line(
 ) -> None:
     train, context, trigger, job_name, hold = _held_training(sb, monkeypatch)
     # v6e-32 (4x8, 4 chips per VM): the head pod's two sidecars and workload container, 8 workers.
-    assert len(_containers(sb.pods(job_name))) == 11
+    wait_for(lambda: len(_containers(sb.pods(job_name))) == 11, "the JobSet's pods (after admission)")
 
     with recording(trigger) as recorder:
         event = run_trigger(trigger, alongside=_release_when(recorder, hold, "Pre RL Training"))
@@ -206,37 +217,26 @@ def test_the_trigger_starts_no_process(
     assert recorder.lines
 
 
-def test_a_job_that_ended_before_the_deferral_completes_in_the_worker(
-    sb: SandboxRun, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_retry_after_the_job_ended_keeps_its_result_and_rewards(sb: SandboxRun) -> None:
+    """The first try submitted and deferred, then its worker died; the job ended meanwhile. The
+    retry finds this run's complete checkpoint: nothing is submitted again, and the rewards the
+    first wait read from the log (kept with its cursor in GCS) are still reported."""
     conf = sb.gke_conf(train_overrides={"num_test_batches": 2})
     prepare_cluster(sb, conf, run_id=RUN_ID)
     convert_checkpoint(sb, conf, run_id=RUN_ID)
     job_name = gke_pipeline_from_conf(conf, run_id=RUN_ID).train_job
-    real = PathwaysRLTrainOperator.record_on_jobset
+    first = sb.operator(PathwaysRLTrainOperator, task_id="train")
+    deferred = defer(first, sb.context(first, conf, run_id=RUN_ID))
+    assert run_trigger(deferred.trigger)["status"] == "success"  # the triggerer read the log; no resume
 
-    def recorded_after_the_job_ended(self: Any, *args: Any, **kwargs: Any) -> None:
-        real(self, *args, **kwargs)  # right after the submit, before the operator reads the state
-        path = f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets/{job_name}"
-        wait_for(
-            lambda: any(
-                c.get("type") == "Completed" and c.get("status") == "True"
-                for c in kube_access.request(sb.kube(), "GET", path)
-                .json()
-                .get("status", {})
-                .get("conditions", [])
-            ),
-            "the training job to complete",
-        )
-
-    monkeypatch.setattr(PathwaysRLTrainOperator, "record_on_jobset", recorded_after_the_job_ended)
-    train = sb.operator(PathwaysRLTrainOperator, task_id="train")
-    result = train.execute(sb.context(train, conf, run_id=RUN_ID))  # no TaskDeferred
+    retry = sb.operator(PathwaysRLTrainOperator, task_id="train")
+    result = retry.execute(sb.context(retry, conf, run_id=RUN_ID, ti=RecordingTI(2)))  # no TaskDeferred
 
     rewards = printed_rewards("\n".join(sb.container_log(job_name, HEAD, WORKLOAD)))
-    assert result["skipped"] is False
+    assert result["skipped"] is True
     assert result["metrics"]["pre"]["mean_reward"] == rewards["pre"]
     assert result["metrics"]["post"]["mean_reward"] == rewards["post"]
+    assert len(sb.job_calls("submit", job_name)) == 1
 
 
 def test_the_event_is_held_until_not_before(sb: SandboxRun, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -324,3 +324,38 @@ def test_kubernetes_api_errors_say_whether_a_retry_may_help() -> None:
         assert isinstance(err, KubernetesApiError)
         assert err.kind is kind
     assert kubernetes._api_error(OSError("connection reset"), "x").retryable  # type: ignore[attr-defined]
+
+
+def test_the_wait_renews_the_writer_claim_and_the_lease_while_the_job_runs(
+    sb: SandboxRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIRFLOW__TPU_RL__RUN_DIR_CLAIM_MINUTES", "0.05")  # 3 s: renewed every second
+    train, context, trigger, job_name, hold = _held_training(sb, monkeypatch)
+    run_dir = trigger.run_dir
+    assert run_dir is not None
+    records, leases = RunDirRecords(), ClusterLeaseHook()
+    claimed = records.read(sb.bucket, run_dir).writer
+    assert claimed is not None
+    assert claimed.job == job_name
+    lease = leases.read(sb.bucket, sb.cluster)
+    assert lease is not None
+    # as if the cluster's lease were about to run out under the long training
+    leases._write(sb.bucket, dataclasses.replace(lease, expires_at=time.time() + 1), lease.generation)
+
+    async def release_once_both_renewed() -> None:
+        while True:
+            writer = records.read(sb.bucket, run_dir).writer
+            current = leases.read(sb.bucket, sb.cluster)
+            if (
+                writer
+                and current
+                and writer.expires_at > claimed.expires_at + 1
+                and current.expires_at > time.time() + 1
+            ):
+                break
+            await asyncio.sleep(0.1)
+        hold.unlink()
+
+    event = run_trigger(trigger, alongside=release_once_both_renewed)
+    train.execute_complete(context, event)
+    assert records.read(sb.bucket, run_dir).writer is None  # the job's end released the claim

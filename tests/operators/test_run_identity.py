@@ -4,27 +4,32 @@
   a reused ``run_name`` is adopted as a resume, said in the log and in ``resumed_from``; a resume
   with other settings is refused in one line;
 * never two jobs on one run directory: a second DAG run (a re-created run: new run id, same
-  ``run_name``) refuses in one line while the first run's job is live; the same run re-attaches;
-* the JobSet carries its run directory and run as annotations (a JSON merge patch after the
-  submit); a JobSet without them is judged by its MaxText arguments.
+  ``run_name``) refuses in one line while the first run's claim is live; the same run re-attaches;
+* the JobSet carries its run directory and run as annotations (a JSON merge patch by the job's
+  wait); a JobSet writing the directory without a claim (submitted by hand) is found by its
+  MaxText arguments right after the submit, and the newcomer's job is deleted.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
 from typing import Any
 
 import pytest
 
 from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.hooks.kubernetes import RUN_DIR_ANNOTATION, RUN_ID_ANNOTATION
+from airflow_provider_tpu_rl.hooks.run_dirs import RunDirRecords, run_record_object
 from airflow_provider_tpu_rl.operators.maxtext import (
     MaxTextConvertOperator,
     MaxTextExportOperator,
     PathwaysRLTrainOperator,
-    run_record_object,
 )
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, gke_pipeline_from_conf
 from tests.operators.sandbox_run import (
+    REGION,
     RecordingTI,
     SandboxRun,
     convert_checkpoint,
@@ -32,6 +37,7 @@ from tests.operators.sandbox_run import (
     prepare_cluster,
     run_job_operator,
     run_trigger,
+    wait_for,
 )
 from tpu_rl_sandbox import kube_access
 
@@ -164,8 +170,7 @@ def test_a_recreated_run_refuses_while_the_first_runs_job_is_live(
 
     message = str(refused.value)
     assert "\n" not in message
-    assert f"default/{first_job}" in message
-    assert f"run {GKE_DAG_ID}/{RUN_1}" in message
+    assert f"job {first_job} ({sb.project}/{REGION}/{sb.cluster}) of run {GKE_DAG_ID}/{RUN_1}" in message
     assert _run_dir(sb) in message
     assert sb.job_calls("submit", _train_job(conf, RUN_2)) == []
     assert len(_submits(sb)) == 2  # the conversion and the first run's training, nothing more
@@ -176,7 +181,7 @@ def test_a_recreated_run_refuses_while_the_first_runs_job_is_live(
     assert done["job_name"] == first_job
 
 
-def test_a_job_without_annotations_is_judged_by_its_maxtext_arguments(
+def test_a_job_submitted_without_a_claim_is_found_by_its_arguments_and_the_newcomer_deleted(
     sb: SandboxRun, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     conf = sb.gke_conf(run_name=RUN_NAME)
@@ -185,9 +190,11 @@ def test_a_job_without_annotations_is_judged_by_its_maxtext_arguments(
     hold = sb.hold_file()
     monkeypatch.setenv("TPU_RL_SANDBOX_HOLD_FILE", str(hold))
     first_op = _train(sb)
-    defer(first_op, sb.context(first_op, conf, run_id=RUN_1))
+    first = defer(first_op, sb.context(first_op, conf, run_id=RUN_1))
     first_job = _train_job(conf, RUN_1)
-    # As a JobSet submitted by hand (or whose patch never came): no tpu-rl.io annotations.
+    # As a JobSet submitted by hand: no claim in the run directory's record, no annotations.
+    RunDirRecords().release(sb.bucket, _run_dir(sb), run=f"{GKE_DAG_ID}/{RUN_1}")
+    assert first.trigger.serialize()[1]["run_dir"] == _run_dir(sb)
     removed = kube_access.request(
         sb.kube(),
         "PATCH",
@@ -199,11 +206,21 @@ def test_a_job_without_annotations_is_judged_by_its_maxtext_arguments(
     assert RUN_DIR_ANNOTATION not in (removed.json()["metadata"].get("annotations") or {})
 
     recreated = _train(sb, conf=conf, run_id=RUN_2)
-    with pytest.raises(AirflowFailException) as refused:
-        recreated.execute(sb.context(recreated, conf, run_id=RUN_2))
+    context = sb.context(recreated, conf, run_id=RUN_2)
+    second = defer(recreated, context)  # the claim is free: it submits
+    second_job = _train_job(conf, RUN_2)
+    assert len(sb.job_calls("submit", second_job)) == 1
+    event = run_trigger(second.trigger)  # its wait finds the first job writing the same directory
 
-    assert f"default/{first_job} of a run not recorded on the JobSet" in str(refused.value)
-    assert sb.job_calls("submit", _train_job(conf, RUN_2)) == []
+    assert event["status"] == "conflict"
+    with pytest.raises(AirflowFailException) as refused:
+        recreated.execute_complete(context, event)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert f"default/{first_job} of a run not recorded on the JobSet" in message
+    assert f"job {second_job} was deleted" in message
+    assert kube_access.request(sb.kube(), "GET", f"{JOBSETS}/{second_job}").status == 404
+    assert _jobset(sb, first_job)["metadata"]["name"] == first_job  # the first job runs on
     hold.unlink()
 
 
@@ -245,12 +262,19 @@ def test_the_jobset_carries_its_run_directory_and_run(
     op = _train(sb)
     context = sb.context(op, conf, run_id=RUN_1)
     deferred = defer(op, context)
+    job = _train_job(conf, RUN_1)
+    assert RUN_DIR_ANNOTATION not in (_jobset(sb, job)["metadata"].get("annotations") or {})
 
-    annotations = _jobset(sb, _train_job(conf, RUN_1))["metadata"]["annotations"]
+    async def release_once_annotated() -> None:
+        while RUN_DIR_ANNOTATION not in (_jobset(sb, job)["metadata"].get("annotations") or {}):
+            await asyncio.sleep(0.05)
+        hold.unlink()
+
+    event = run_trigger(deferred.trigger, alongside=release_once_annotated)  # the wait annotates it
+    annotations = _jobset(sb, job)["metadata"]["annotations"]
     assert annotations[RUN_DIR_ANNOTATION] == _run_dir(sb)
     assert annotations[RUN_ID_ANNOTATION] == f"{GKE_DAG_ID}/{RUN_1}"
-    hold.unlink()
-    op.execute_complete(context, run_trigger(deferred.trigger))
+    op.execute_complete(context, event)
 
 
 def test_the_job_operators_have_a_default_job_timeout() -> None:
@@ -293,3 +317,71 @@ def test_a_conversion_waits_on_another_runs_live_conversion_of_the_same_model(
     result = other.execute_complete(context, run_trigger(waiting.trigger))
     assert result["job_name"] == first_job
     assert result["checkpoint_uri"] == f"gs://{sb.bucket}/gemma4-26b/max-text-format/0/items/"
+
+
+class RunStatesTI(RecordingTI):
+    """A task instance that reads other DAG runs' states through the Task SDK (Airflow 3.1+)."""
+
+    def __init__(self, states: dict[str, str], try_number: int = 1) -> None:
+        super().__init__(try_number)
+        self.states = states
+
+    def get_dagrun_state(self, dag_id: str, run_id: str) -> str:
+        return self.states.get(run_id, "running")
+
+    def get_task_states(self, dag_id: str, run_ids: list[str]) -> dict[str, dict[str, str]]:
+        return {}
+
+
+def test_a_run_on_another_cluster_is_refused_while_the_first_lives_and_resumes_after_it_ended(
+    sb: SandboxRun, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The claim is in the bucket, so it holds across clusters: a re-created run on another
+    cluster (same bucket, same run_name) never writes the directory while the first run lives."""
+    conf = sb.gke_conf(run_name=RUN_NAME)
+    elsewhere = {**conf, "cluster_name": f"{sb.cluster}b"}
+    prepare_cluster(sb, conf, run_id=RUN_1)
+    convert_checkpoint(sb, conf, run_id=RUN_1)
+    hold = sb.hold_file()
+    monkeypatch.setenv("TPU_RL_SANDBOX_HOLD_FILE", str(hold))
+    first_op = _train(sb)
+    defer(first_op, sb.context(first_op, conf, run_id=RUN_1))
+    first_job = _train_job(conf, RUN_1)
+    prepare_cluster(sb, elsewhere, run_id=RUN_2)
+
+    later = _train(sb, conf=elsewhere, run_id=RUN_2)
+    with pytest.raises(AirflowFailException) as refused:
+        later.execute(sb.context(later, elsewhere, run_id=RUN_2, ti=RunStatesTI({RUN_1: "running"})))
+    message = str(refused.value)
+    assert "\n" not in message
+    assert f"job {first_job} ({sb.project}/{REGION}/{sb.cluster}) of run {GKE_DAG_ID}/{RUN_1}" in message
+    assert sb.job_calls("submit", _train_job(elsewhere, RUN_2)) == []
+
+    # The first run ends (failed: its teardown destroyed its cluster, the job with it); its pods
+    # are gone before anything is released (a deleted pod's grace period could still commit).
+    worker = int((sb.job_record(first_job) or {})["pid"])
+    assert kube_access.request(sb.kube(), "DELETE", f"{JOBSETS}/{first_job}").status == 200
+    wait_for(lambda: not _alive(worker), "the first job's pods to stop")
+    hold.unlink()
+    capfd.readouterr()
+    context = sb.context(later, elsewhere, run_id=RUN_2, ti=RunStatesTI({RUN_1: "failed"}))
+    resumed = defer(later, context)
+    assert len(sb.job_calls("submit", _train_job(elsewhere, RUN_2))) == 1
+    printed = capfd.readouterr()
+    assert f"Resuming {_run_dir(sb)}, started by run {GKE_DAG_ID}/{RUN_1}" in printed.out + printed.err
+    writer = RunDirRecords().read(sb.bucket, _run_dir(sb)).writer
+    assert writer is not None
+    assert (writer.run, writer.where) == (f"{GKE_DAG_ID}/{RUN_2}", f"{sb.project}/{REGION}/{sb.cluster}b")
+    result = later.execute_complete(context, run_trigger(resumed.trigger))
+    assert result["skipped"] is False
+    assert result["resumed_from"] == f"{GKE_DAG_ID}/{RUN_1}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split()[2] != "Z"  # a zombie has stopped
+    return True

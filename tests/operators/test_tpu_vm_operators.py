@@ -49,7 +49,7 @@ def test_the_whole_vm_pipeline_leaves_checkpoint_and_export_in_gcs(sb: SandboxRu
 
     vm_key = f"{sb.project}/{conf['zone']}/{sb.vm}"
     vm = sb.state("vms")[vm_key]
-    expires = int(START.timestamp()) + 6 * 3600  # max_vm_hours defaults to 6
+    expires = int(START.timestamp()) + 72 * 3600  # max_vm_hours defaults to 72
     wanted = {"tpu-rl-managed": "true", "tpu-rl-expires": str(expires), "tpu-rl-bucket": sb.bucket}
     assert wanted.items() <= vm["labels"].items()
     assert vm["machineType"] == "ct6e-standard-8t"

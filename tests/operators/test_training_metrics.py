@@ -113,7 +113,7 @@ def test_reported_rewards_equal_the_rewards_the_training_job_printed(
 ) -> None:
     conf = sb.gke_conf(train_overrides={"num_test_batches": 2})
     train, context, trigger, job_name, hold = _start_held_training(sb, monkeypatch, conf)
-    assert (trigger.job_name, trigger.cluster_url, trigger.total_steps) == (job_name, sb.kube().url, 3)
+    assert (trigger.job_name, trigger.cluster_name, trigger.total_steps) == (job_name, sb.cluster, 3)
 
     event = run_trigger(trigger, alongside=_release_after_first_log_read(trigger, hold))
     result = train.execute_complete(context, event)

@@ -1,0 +1,291 @@
+"""Run directories: who wrote one, and the one job allowed to write it now.
+
+A *run directory* is what one job writes: ``<base_output_directory>/<run_name>/`` for training, the
+export folder for an export, the converted checkpoint's folder for a conversion. Its record is the
+object ``gs://BUCKET/tpu-rl/run-dirs/<hash>.json``:
+
+* ``runs``: the runs (``<dag_id>/<run_id>``) that wrote the directory, first claim first, each
+  once, the latest writer last; ``settings``: what the first run started it with (a resume must
+  keep them);
+* ``writer``: the claim of the job writing it now: its run, job name, where it runs
+  (``project/location/cluster``) and an expiry the job's wait renews
+  (:meth:`RunDirRecords.renew`) and the job's end clears (:meth:`RunDirRecords.release`).
+
+One writer per directory, whatever cluster or VM the job runs on: a claim held by another live run
+refuses the newcomer (:class:`~airflow_provider_tpu_rl.exceptions.RunDirBusyError`); a claim whose
+expiry has passed, or whose run has finished, is taken over (a resume). Every write names the GCS
+generation it read (``ifGenerationMatch``, 0 for a new object), so of two runs claiming at once
+exactly one wins, the other re-reads and decides again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from airflow_provider_tpu_rl.compat import AirflowNotFoundException
+from airflow_provider_tpu_rl.exceptions import ConfigurationError, RunDirBusyError, TpuRlError
+
+RUN_DIR_PREFIX = "tpu-rl/run-dirs/"
+GCS_TIMEOUT_S = 60.0
+MAX_ROUNDS = 8  # re-read-and-decide rounds after a precondition failure
+
+
+def run_dir(uri: str) -> str:
+    """A directory URI in one spelling (one trailing ``/``), so two spellings compare equal."""
+    return uri.rstrip("/") + "/"
+
+
+def run_record_object(directory: str) -> str:
+    """The object recording who wrote ``directory`` (one per run directory, in the run's bucket)."""
+    return f"{RUN_DIR_PREFIX}{hashlib.sha256(run_dir(directory).encode()).hexdigest()[:24]}.json"
+
+
+def _utc(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+@dataclass(frozen=True)
+class WriterClaim:
+    """The job writing a run directory now: ``run`` (``<dag_id>/<run_id>``), ``job`` (its name),
+    ``where`` it runs (``project/location/cluster``) and until when the claim holds unrenewed."""
+
+    run: str
+    job: str
+    where: str
+    expires_at: float
+
+    def expired(self, now: float | None = None) -> bool:
+        return (time.time() if now is None else now) >= self.expires_at
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "run": self.run,
+            "job": self.job,
+            "where": self.where,
+            "expires_at": self.expires_at,
+            "expires": _utc(self.expires_at),
+        }
+
+    @classmethod
+    def from_dict(cls, body: Any) -> WriterClaim | None:
+        if not isinstance(body, Mapping):
+            return None
+        try:
+            return cls(str(body["run"]), str(body["job"]), str(body["where"]), float(body["expires_at"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def describe(self) -> str:
+        """``job J (where W) of run R, claimed until T``."""
+        return f"job {self.job} ({self.where}) of run {self.run}, claimed until {_utc(self.expires_at)}"
+
+
+@dataclass(frozen=True)
+class RunDirRecord:
+    """One read of a run directory's record (generation 0: no object)."""
+
+    directory: str
+    runs: tuple[str, ...] = ()
+    settings: Mapping[str, str] = field(default_factory=dict)
+    writer: WriterClaim | None = None
+    generation: int = 0
+
+    @property
+    def owner(self) -> str | None:
+        """The run that claimed the directory last (the one writing or that wrote it)."""
+        return self.runs[-1] if self.runs else None
+
+    def before(self, run: str) -> str | None:
+        """The run that held the directory before ``run`` claimed it (None: ``run`` started it)."""
+        if run not in self.runs:
+            return self.owner
+        index = self.runs.index(run)
+        return self.runs[index - 1] if index else None
+
+    def payload(self) -> str:
+        return json.dumps(
+            {
+                "directory": self.directory,
+                "runs": list(self.runs),
+                "settings": dict(self.settings),
+                "writer": self.writer.as_dict() if self.writer is not None else None,
+                "updated": datetime.now(UTC).isoformat(timespec="seconds"),
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def parse(cls, directory: str, text: str | bytes, generation: int) -> RunDirRecord:
+        """A record from its object's text; one that is not JSON reads as unrecorded."""
+        try:
+            document = json.loads(text)
+        except ValueError:
+            return cls(run_dir(directory), generation=generation)
+        if not isinstance(document, Mapping):
+            return cls(run_dir(directory), generation=generation)
+        return cls(
+            run_dir(directory),
+            tuple(str(run) for run in document.get("runs") or []),
+            {str(k): str(v) for k, v in (document.get("settings") or {}).items()},
+            WriterClaim.from_dict(document.get("writer")),
+            generation,
+        )
+
+
+def busy_message(directory: str, writer: WriterClaim) -> str:
+    """The one line refusing a second writer."""
+    return (
+        f"{directory} is being written by {writer.describe()}; never two jobs on one directory: "
+        "wait for that run to end, or choose another run_name"
+    )
+
+
+def _precondition_failed(exc: BaseException) -> bool:
+    from google.api_core.exceptions import PreconditionFailed
+
+    return isinstance(exc, PreconditionFailed)
+
+
+class RunDirRecords:
+    """Reads, claims, renews and releases run directory records through the google provider's
+    ``GCSHook`` (blocking calls; a trigger runs them in a thread).
+
+    :param gcp_conn_id: the GCP connection.
+    :param impersonation_chain: service account(s) to impersonate.
+    """
+
+    def __init__(self, gcp_conn_id: str = "google_cloud_default", impersonation_chain: Any = None) -> None:
+        self.gcp_conn_id = gcp_conn_id
+        self.impersonation_chain = impersonation_chain
+        self._client: Any = None
+
+    def _blob(self, bucket: str, directory: str) -> Any:
+        if self._client is None:
+            from airflow_provider_tpu_rl.hooks.credentials import gcs_hook
+
+            try:
+                hook = gcs_hook(self.gcp_conn_id, self.impersonation_chain)
+            except AirflowNotFoundException:
+                raise ConfigurationError(
+                    f"connection {self.gcp_conn_id} is not defined: the record of {directory} "
+                    f"(gs://{bucket}/{run_record_object(directory)}) cannot be read"
+                ) from None
+            self._client = hook.get_conn()
+        return self._client.bucket(bucket).blob(run_record_object(directory))
+
+    def read(self, bucket: str, directory: str) -> RunDirRecord:
+        """The record of ``directory`` (an empty one, generation 0, when none exists)."""
+        from google.api_core.exceptions import NotFound, PreconditionFailed
+
+        for _ in range(MAX_ROUNDS):
+            blob = self._blob(bucket, directory)
+            try:
+                blob.reload(timeout=GCS_TIMEOUT_S)
+                generation = int(blob.generation or 0)
+                text = blob.download_as_bytes(if_generation_match=generation, timeout=GCS_TIMEOUT_S)
+            except NotFound:
+                return RunDirRecord(run_dir(directory))
+            except PreconditionFailed:
+                continue  # rewritten between the two calls: read again
+            return RunDirRecord.parse(directory, text, generation)
+        raise TpuRlError(f"the record of {directory} keeps changing while it is read")
+
+    def _write(self, bucket: str, record: RunDirRecord) -> RunDirRecord:
+        """Write ``record`` if the object is still at the generation it was read at."""
+        blob = self._blob(bucket, record.directory)
+        blob.upload_from_string(
+            record.payload(),
+            content_type="application/json",
+            if_generation_match=record.generation,  # 0: only if it does not exist yet
+            timeout=GCS_TIMEOUT_S,
+        )
+        return replace(record, generation=int(blob.generation or 0))
+
+    def _update(
+        self, bucket: str, directory: str, change: Callable[[RunDirRecord], RunDirRecord | None]
+    ) -> RunDirRecord:
+        """Read, apply ``change`` (None: nothing to write), write with the generation read;
+        again from the read when another writer got there first."""
+        for _ in range(MAX_ROUNDS):
+            current = self.read(bucket, directory)
+            wanted = change(current)
+            if wanted is None:
+                return current
+            try:
+                return self._write(bucket, wanted)
+            except Exception as exc:
+                if not _precondition_failed(exc):
+                    raise
+        raise TpuRlError(f"the record of {directory} keeps changing while it is written")
+
+    def claim(
+        self,
+        bucket: str,
+        directory: str,
+        *,
+        run: str,
+        settings: Mapping[str, str],
+        writer: WriterClaim | None,
+        finished: Callable[[str], bool] = lambda run: False,
+    ) -> RunDirRecord:
+        """Record ``run`` as the directory's latest writer (the settings of the first claim stay)
+        and, with ``writer``, claim it for that job.
+
+        A claim of another run that has not expired and whose run has not ``finished`` raises
+        :class:`RunDirBusyError` and writes nothing. Returns the record as written.
+        """
+
+        def change(current: RunDirRecord) -> RunDirRecord | None:
+            held = current.writer
+            if (
+                writer is not None
+                and held is not None
+                and held.run != run
+                and not held.expired()
+                and not finished(held.run)
+            ):
+                raise RunDirBusyError(busy_message(current.directory, held), held)
+            runs = (*(r for r in current.runs if r != run), run)
+            new_writer = writer if writer is not None else held  # recording a run is not writing
+            if current.generation and runs == current.runs and new_writer == held:
+                return None
+            return replace(current, runs=runs, settings=current.settings or dict(settings), writer=new_writer)
+
+        return self._update(bucket, directory, change)
+
+    def renew(self, bucket: str, directory: str, *, run: str, job: str, until: float) -> bool:
+        """Push the claim of ``run``'s ``job`` to at least ``until``; False when it holds no claim
+        any more (released, or taken over after it expired)."""
+        held: list[bool] = []
+
+        def change(current: RunDirRecord) -> RunDirRecord | None:
+            held.clear()
+            writer = current.writer
+            if writer is None or writer.run != run or writer.job != job:
+                held.append(False)
+                return None
+            held.append(True)
+            if writer.expires_at >= until:
+                return None
+            return replace(current, writer=replace(writer, expires_at=until))
+
+        self._update(bucket, directory, change)
+        return bool(held and held[0])
+
+    def release(self, bucket: str, directory: str, *, run: str, job: str | None = None) -> RunDirRecord:
+        """Clear the claim when ``run`` (and ``job``, if given) holds it; another's is left alone.
+        Returns the record as it is now."""
+
+        def change(current: RunDirRecord) -> RunDirRecord | None:
+            writer = current.writer
+            if writer is None or writer.run != run or (job is not None and writer.job != job):
+                return None
+            return replace(current, writer=None)
+
+        return self._update(bucket, directory, change)

@@ -1,0 +1,161 @@
+"""``RunDirRecords`` against the real fake-gcs-server emulator (it honours ifGenerationMatch):
+one writer per run directory, whatever cluster its job runs on."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+
+from airflow_provider_tpu_rl.exceptions import RunDirBusyError
+from airflow_provider_tpu_rl.hooks.run_dirs import (
+    RUN_DIR_PREFIX,
+    RunDirRecord,
+    RunDirRecords,
+    WriterClaim,
+    run_dir,
+    run_record_object,
+)
+from tests.sensors.conftest import EMULATOR_BUCKET, GcsEmulator
+from tests.sensors.conftest import gcs_emulator as gcs_emulator  # the session fixture
+
+pytestmark = pytest.mark.usefixtures("gcs_emulator")
+BUCKET = EMULATOR_BUCKET
+SETTINGS = {"model_name": "gemma4-26b", "learning_rate": "2e-05"}
+
+
+@pytest.fixture
+def directory() -> str:
+    return f"gs://{BUCKET}/gemma4-26b/trained/rl-{uuid.uuid4().hex[:8]}"
+
+
+def writer(run: str, job: str = "job-1", where: str = "p/us-east5/c1", seconds: float = 600) -> WriterClaim:
+    return WriterClaim(run, job, where, time.time() + seconds)
+
+
+def test_one_object_per_directory_whatever_its_spelling(directory: str) -> None:
+    assert run_record_object(directory) == run_record_object(directory + "/")
+    assert run_record_object(directory).startswith(RUN_DIR_PREFIX)
+    assert run_dir(directory) == directory + "/"
+
+
+def test_claim_records_the_runs_and_keeps_the_first_settings(directory: str) -> None:
+    records = RunDirRecords()
+    assert records.read(BUCKET, directory) == RunDirRecord(run_dir(directory))
+    first = records.claim(BUCKET, directory, run="d/r1", settings=SETTINGS, writer=writer("d/r1"))
+    assert first.runs == ("d/r1",)
+    assert first.writer is not None
+    assert first.writer.job == "job-1"
+    records.release(BUCKET, directory, run="d/r1", job="job-1")
+    second = records.claim(
+        BUCKET, directory, run="d/r2", settings={"model_name": "other"}, writer=writer("d/r2", "job-2")
+    )
+    assert second.runs == ("d/r1", "d/r2")
+    assert second.settings == SETTINGS  # what the directory was started with
+    assert second.before("d/r2") == "d/r1"
+    assert records.read(BUCKET, directory) == second
+
+
+def test_a_live_claim_of_another_run_refuses_and_writes_nothing(directory: str) -> None:
+    records = RunDirRecords()
+    held = records.claim(BUCKET, directory, run="d/r1", settings=SETTINGS, writer=writer("d/r1"))
+    with pytest.raises(RunDirBusyError) as busy:
+        records.claim(
+            BUCKET, directory, run="d/r2", settings=SETTINGS, writer=writer("d/r2", where="p/europe-west4/c2")
+        )
+    assert busy.value.writer == held.writer
+    message = str(busy.value)
+    assert message.startswith(
+        f"{run_dir(directory)} is being written by job job-1 (p/us-east5/c1) of run d/r1"
+    )
+    assert "never two jobs on one directory" in message
+    assert records.read(BUCKET, directory) == held
+    # recording a run without claiming (adopting a complete output) is not writing: allowed
+    assert records.claim(BUCKET, directory, run="d/r3", settings=SETTINGS, writer=None).writer == held.writer
+
+
+def test_a_claim_of_a_finished_run_or_an_expired_one_is_taken_over(directory: str) -> None:
+    records = RunDirRecords()
+    records.claim(BUCKET, directory, run="d/r1", settings=SETTINGS, writer=writer("d/r1"))
+    taken = records.claim(
+        BUCKET,
+        directory,
+        run="d/r2",
+        settings=SETTINGS,
+        writer=writer("d/r2"),
+        finished=lambda run: run == "d/r1",
+    )
+    assert taken.writer is not None
+    assert taken.writer.run == "d/r2"
+    expired = records.claim(
+        BUCKET, directory, run="d/r2", settings=SETTINGS, writer=writer("d/r2", seconds=-1)
+    )
+    assert expired.writer is not None
+    assert expired.writer.expired()
+    again = records.claim(BUCKET, directory, run="d/r3", settings=SETTINGS, writer=writer("d/r3"))
+    assert again.writer is not None
+    assert again.writer.run == "d/r3"
+    assert again.runs == ("d/r1", "d/r2", "d/r3")
+
+
+def test_renew_and_release_touch_only_the_holders_claim(directory: str) -> None:
+    records = RunDirRecords()
+    claimed = records.claim(
+        BUCKET, directory, run="d/r1", settings=SETTINGS, writer=writer("d/r1", seconds=60)
+    )
+    assert claimed.writer is not None
+    later = time.time() + 3600
+    assert records.renew(BUCKET, directory, run="d/r1", job="job-1", until=later) is True
+    renewed = records.read(BUCKET, directory).writer
+    assert renewed is not None
+    assert renewed.expires_at == pytest.approx(later)
+    assert (
+        records.renew(BUCKET, directory, run="d/r1", job="job-1", until=later - 600) is True
+    )  # never shortened
+    assert records.read(BUCKET, directory).writer == renewed
+    assert records.renew(BUCKET, directory, run="d/r2", job="job-1", until=later + 60) is False
+    assert records.renew(BUCKET, directory, run="d/r1", job="other-job", until=later + 60) is False
+    records.release(BUCKET, directory, run="d/r2")  # not the holder: nothing happens
+    assert records.read(BUCKET, directory).writer == renewed
+    records.release(BUCKET, directory, run="d/r1", job="job-1")
+    assert records.read(BUCKET, directory).writer is None
+    assert records.renew(BUCKET, directory, run="d/r1", job="job-1", until=later) is False
+
+
+def test_racing_claims_exactly_one_wins(directory: str) -> None:
+    runs = [f"d/r{i}" for i in range(6)]
+    start = threading.Barrier(len(runs))
+    won: list[RunDirRecord] = []
+    refused: list[RunDirBusyError] = []
+
+    def contend(run: str) -> None:
+        records = RunDirRecords()
+        records.read(BUCKET, "gs://warm/up")  # connect before the barrier
+        start.wait(timeout=30)
+        try:
+            won.append(records.claim(BUCKET, directory, run=run, settings=SETTINGS, writer=writer(run)))
+        except RunDirBusyError as err:
+            refused.append(err)
+
+    threads = [threading.Thread(target=contend, args=(run,)) for run in runs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(won) == 1, (won, refused)
+    assert len(refused) == len(runs) - 1
+    winner = won[0].writer
+    assert winner is not None
+    assert all(err.writer == winner for err in refused)
+    assert RunDirRecords().read(BUCKET, directory).writer == winner
+
+
+def test_a_damaged_record_reads_as_unrecorded(directory: str) -> None:
+    GcsEmulator(url="", bucket_name=BUCKET).upload([run_record_object(directory)], b"not json")
+    record = RunDirRecords().read(BUCKET, directory)
+    assert (record.runs, record.writer) == ((), None)
+    assert record.generation > 0
+    claimed = RunDirRecords().claim(BUCKET, directory, run="d/r1", settings=SETTINGS, writer=writer("d/r1"))
+    assert claimed.runs == ("d/r1",)
