@@ -268,6 +268,18 @@ def run_probe(context: Mapping[str, Any]) -> RunProbe | None:
     return None  # Airflow 3.0: no way to read another run's state; the janitor goes by expiry
 
 
+def run_finished(probe: RunProbe | None, holder: str) -> bool:
+    """Whether the DAG run ``<dag_id>/<run_id>`` has ended (success or failed), as this Airflow
+    knows it; an unknown run (another Airflow, or Airflow 3.0) is not known to have ended."""
+    if probe is None or "/" not in holder:
+        return False
+    dag_id, run_id = holder.split("/", 1)
+    try:
+        return probe.dagrun_state(dag_id, run_id) in ("success", "failed")
+    except Exception:  # a state this task cannot read: the claim's expiry decides
+        return False
+
+
 __all__ = [
     "ALIVE_TASK_STATES",
     "DagRunStateOnly",
@@ -281,5 +293,6 @@ __all__ = [
     "orphan_minutes",
     "read_bucket_records",
     "record_project",
+    "run_finished",
     "run_probe",
 ]

@@ -290,7 +290,12 @@ with DAG(
     # The bucket is a setup too: once it exists the destroy runs, also after a deploy that failed
     # half-way (a stockout leaves a cluster without TPU nodes). It also owns delete_bucket.
     destroy_cluster = GclusterDestroyOperator(
-        task_id="destroy_cluster", **args["destroy_cluster"], **TRANSIENT_RETRIES, **bounded("teardown")
+        task_id="destroy_cluster",
+        **args["destroy_cluster"],
+        # only the secretAccessor grants this run added (none when the token task never ran)
+        revoke_service_accounts="{{ ti.xcom_pull(task_ids='sync_hf_token', key='granted_accounts') }}",
+        **TRANSIENT_RETRIES,
+        **bounded("teardown"),
     ).as_teardown(setups=[ensure_bucket, deploy_cluster])
 
     record_run = record_run_task(GKE_CLUSTER_TASK_IDS)

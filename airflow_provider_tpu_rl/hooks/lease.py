@@ -34,9 +34,22 @@ GCS_TIMEOUT_S = 60.0
 MAX_ROUNDS = 8
 
 
+# A TPU VM's lease is named ``vms/<vm>``: a GKE cluster name has no "/", so the two never collide.
+VM_LEASE_PREFIX = "vms/"
+
+
 def lease_object(cluster_name: str) -> str:
-    """The lease object's name in the run's bucket."""
+    """The lease object's name in the run's bucket (``vms/<name>`` for a TPU VM)."""
     return f"{LEASE_PREFIX}{cluster_name}.json"
+
+
+def vm_lease_name(vm_name: str) -> str:
+    """The lease name of a TPU VM."""
+    return f"{VM_LEASE_PREFIX}{vm_name}"
+
+
+def _what(name: str) -> str:
+    return f"TPU VM {name[len(VM_LEASE_PREFIX) :]}" if name.startswith(VM_LEASE_PREFIX) else f"cluster {name}"
 
 
 def utc_text(epoch: float) -> str:
@@ -95,7 +108,7 @@ class Lease:
 
 def held_message(lease: Lease) -> str:
     """``cluster X is in use by run Y until <UTC time>``."""
-    return f"cluster {lease.cluster} is in use by run {lease.holder} until {utc_text(lease.expires_at)}"
+    return f"{_what(lease.cluster)} is in use by run {lease.holder} until {utc_text(lease.expires_at)}"
 
 
 def _precondition_failed(exc: BaseException) -> bool:

@@ -50,12 +50,25 @@ class EnsureBucketOperator(GclusterBaseOperator):
         project = rules.project_id("project_id", self.project_id)
         location = rules.region("location", self.location)
         bucket = rules.bucket_name("bucket", self.bucket)
-        self.hook.run_checked(gke.create_bucket(project, location, bucket))
+        result = self.hook.run_checked(gke.create_bucket(project, location, bucket))
+        if not any(marker in result.output for marker in gke.BUCKET_EXISTS):
+            # This run created the bucket: recorded, so delete_bucket may later delete it whole.
+            from airflow_provider_tpu_rl.hooks.bucket_usage import BucketUsage
+
+            dag_id, run_id = self.run_ids(context)
+            BucketUsage(self.gcp_conn_id).record_creator(bucket, f"{dag_id}/{run_id}")
         return f"gs://{bucket}"
+
+
+# XCom key (of the token task) listing the service accounts this run granted secretAccessor.
+GRANTED_XCOM_KEY = "granted_accounts"
 
 
 class HfTokenSecretOperator(GclusterBaseOperator):
     """Put the HF token where the workloads read it: a Secret Manager secret, value over stdin.
+
+    The readers it grants that had no access before are pushed to XCom (``granted_accounts``):
+    a teardown revokes those, never a binding another run (or the user) made.
 
     :param project_id: project of the secret.
     :param hf_token_conn_id: Airflow connection holding the token (password field).
@@ -110,9 +123,29 @@ class HfTokenSecretOperator(GclusterBaseOperator):
             from airflow_provider_tpu_rl.hooks.hf_token import get_hf_token
 
             self.store_token(project, token.secret_id, get_hf_token(token.conn_id))
-        for account in readers:
-            self.hook.run_checked(gke.grant_secret_accessor(project, token.secret_id, account))
+        granted: list[str] = []
+        if readers:
+            present = self.accessors(project, token.secret_id)
+            for account in readers:
+                self.hook.run_checked(gke.grant_secret_accessor(project, token.secret_id, account))
+                if f"serviceAccount:{account}" not in present:
+                    granted.append(account)
+        # What this run added (and only that) is what its teardown may take back.
+        context["ti"].xcom_push(key=GRANTED_XCOM_KEY, value=granted)
         return token.secret_id
+
+    def accessors(self, project: str, secret_id: str) -> set[str]:
+        """The members bound to ``secretAccessor`` on the secret now (unconditionally)."""
+        described = self.hook.run_checked(gke.secret_iam_policy(project, secret_id), log_output=False)
+        policy = parse_json_document(described.output_lines) or {}
+        return {
+            str(member)
+            for binding in policy.get("bindings") or []
+            if isinstance(binding, dict)
+            and binding.get("role") == gke.SECRET_ACCESSOR
+            and not binding.get("condition")
+            for member in binding.get("members") or []
+        }
 
     def store_token(self, project: str, secret_id: str, token: str) -> bool:
         """A new version only when the token differs from the stored one (the secret's annotation
@@ -243,6 +276,18 @@ def write_blueprint(
     Path(gke.blueprint_path(workdir)).write_text(customize_blueprint(base, cluster.blueprint, labels))
 
 
+def blueprint_name(hook: GclusterHook) -> str:
+    """The bundle blueprint's ``blueprint_name`` (the first part of its Terraform state prefix)."""
+    import yaml
+
+    source = hook.bundle_dir() / BLUEPRINT_RELPATH
+    document = yaml.safe_load(source.read_text()) if source.is_file() else None
+    name = document.get("blueprint_name") if isinstance(document, dict) else None
+    if not isinstance(name, str) or not name:
+        raise ConfigurationError(f"the blueprint {source} names no blueprint_name")
+    return name
+
+
 def destroy_cluster(
     hook: GclusterHook, cluster: ClusterSpec, *, dag_id: str, run_id: str, expires_at: int
 ) -> None:
@@ -294,6 +339,52 @@ def read_resource_record(gcp_conn_id: str, bucket: str, name: str) -> dict[str, 
     except ValueError:
         return None
     return record if isinstance(record, dict) else None
+
+
+def delete_run_bucket(
+    operator: GclusterBaseOperator,
+    context: Context,
+    bucket: str,
+    *,
+    state_prefixes: Sequence[str] = (),
+) -> dict[str, Any]:
+    """``delete_bucket=true``, as one run may do it in a bucket other runs may share.
+
+    Another run still using the bucket (a live or kept cluster lease, a live writer claim, a
+    resource record of a run not known to have ended): nothing is deleted, one line says why. The
+    bucket provably this run's (it created it, nothing in it names another run): deleted whole.
+    Otherwise only this run's own folders and records go (``hooks/bucket_usage.py``).
+    """
+    from airflow_provider_tpu_rl.hooks.bucket_usage import BucketUsage, existing
+    from airflow_provider_tpu_rl.janitor_sources import run_finished, run_probe
+
+    dag_id, run_id = operator.run_ids(context)
+    usage = BucketUsage(operator.gcp_conn_id)
+    probe = run_probe(context)
+    use = usage.survey(
+        bucket,
+        f"{dag_id}/{run_id}",
+        finished=lambda holder: run_finished(probe, holder),
+        run_suffix=run_suffix(dag_id, run_id),
+        state_prefixes=state_prefixes,
+    )
+    if use.in_use:
+        operator.log.error("%s", use.refusal())
+        return {"bucket_deleted": False, "objects_deleted": [], "bucket_kept": use.refusal()}
+    if use.whole:
+        operator.log.warning("delete_bucket=true: deleting gs://%s and every checkpoint in it", bucket)
+        operator.hook.run_checked(gke.delete_bucket(bucket))
+        return {"bucket_deleted": True, "objects_deleted": [], "bucket_kept": None}
+    names = existing(use.own, usage, bucket)
+    why = f"gs://{bucket} is not this run's alone (it did not create it, or it holds other runs' objects)"
+    if names:
+        operator.log.warning(
+            "delete_bucket=true: %s; deleting only this run's own: %s", why, ", ".join(names)
+        )
+        operator.hook.run_checked(gke.delete_objects(bucket, names))
+    else:
+        operator.log.warning("delete_bucket=true: %s, and nothing in it is this run's alone", why)
+    return {"bucket_deleted": False, "objects_deleted": names, "bucket_kept": why}
 
 
 RECORD_TIMEOUT_S = 60
@@ -427,6 +518,9 @@ class GclusterDestroyOperator(_ClusterOperator):
     :param delete_bucket: also delete the bucket, **with every checkpoint and export in it**.
     :param hf_token_conn_id: the HF token's connection (names the default secret).
     :param hf_token_secret: the HF token secret the cluster's service accounts were granted.
+    :param revoke_service_accounts: the ``secretAccessor`` grants to take back once the cluster is
+        destroyed: the ones this run added (the token task's ``granted_accounts`` XCom); empty =
+        none. A binding this run did not add is never revoked.
     """
 
     ui_color = "#ffd9d4"
@@ -436,6 +530,7 @@ class GclusterDestroyOperator(_ClusterOperator):
         "delete_bucket",
         "hf_token_conn_id",
         "hf_token_secret",
+        "revoke_service_accounts",
     )
 
     def __init__(
@@ -445,6 +540,7 @@ class GclusterDestroyOperator(_ClusterOperator):
         delete_bucket: bool | str = False,
         hf_token_conn_id: str = "huggingface_default",
         hf_token_secret: str | None = None,
+        revoke_service_accounts: Sequence[str] | str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -452,6 +548,7 @@ class GclusterDestroyOperator(_ClusterOperator):
         self.delete_bucket = delete_bucket
         self.hf_token_conn_id = hf_token_conn_id
         self.hf_token_secret = hf_token_secret
+        self.revoke_service_accounts = revoke_service_accounts
 
     def owned_lease(self, cluster: ClusterSpec, dag_id: str, run_id: str) -> tuple[bool, Lease | None]:
         """Whether this run may tear the cluster down, and its lease (``None``: nobody's)."""
@@ -480,11 +577,21 @@ class GclusterDestroyOperator(_ClusterOperator):
         )
         return False, None
 
-    def revoke_secret_access(self, cluster: ClusterSpec) -> None:
-        """Remove the destroyed cluster's ``secretAccessor`` bindings on the HF token secret."""
+    def revoke_secret_access(self, cluster: ClusterSpec) -> list[str]:
+        """Take back the ``secretAccessor`` grants this run added (``revoke_service_accounts``);
+        what it revoked."""
+        accounts = self.revoke_service_accounts or []
+        if isinstance(accounts, str):
+            accounts = [a.strip() for a in accounts.split(",") if a.strip()]
         token = hf_token_spec(self.hf_token_conn_id, self.hf_token_secret or None)
-        for account in (cluster.workload_service_account, cluster.node_pool_service_account):
+        revoked = []
+        for account in accounts:
+            rules.match(
+                "revoke_service_accounts", account, rules.SERVICE_ACCOUNT, "must be a service account e-mail"
+            )
             self.hook.run_checked(gke.revoke_secret_accessor(cluster.project, token.secret_id, account))
+            revoked.append(account)
+        return revoked
 
     @fail_fast
     def execute(self, context: Context) -> dict[str, Any]:
@@ -497,6 +604,7 @@ class GclusterDestroyOperator(_ClusterOperator):
         owned, lease = self.owned_lease(cluster, dag_id, run_id)
         leases = ClusterLeaseHook(gcp_conn_id=self.gcp_conn_id)
         destroyed = False
+        revoked: list[str] = []
         if not owned:
             pass
         elif keep:
@@ -510,23 +618,17 @@ class GclusterDestroyOperator(_ClusterOperator):
             expires_at = expiry_of_run(context, rules.integer("max_cluster_hours", self.max_cluster_hours, 1))
             destroy_cluster(self.hook, cluster, dag_id=dag_id, run_id=run_id, expires_at=expires_at)
             destroyed = True
-            self.revoke_secret_access(cluster)
+            revoked = self.revoke_secret_access(cluster)
             if lease is not None:
                 leases.release(cluster.bucket, lease)
-        bucket_deleted = False
-        if delete_bucket and not owned and lease is not None:
-            self.log.warning(
-                "delete_bucket=true ignored: gs://%s holds the lease of run %s", cluster.bucket, lease.holder
-            )
-        elif delete_bucket:
-            self.log.warning(
-                "delete_bucket=true: deleting gs://%s and every checkpoint in it", cluster.bucket
-            )
-            self.hook.run_checked(gke.delete_bucket(cluster.bucket))
-            bucket_deleted = True
+        deleted: dict[str, Any] = {"bucket_deleted": False, "objects_deleted": [], "bucket_kept": None}
+        if delete_bucket:
+            state = [gke.state_prefix(blueprint_name(self.hook), cluster.cluster_name)] if destroyed else []
+            deleted = delete_run_bucket(self, context, cluster.bucket, state_prefixes=state)
         return {
             "cluster_name": cluster.cluster_name,
             "destroyed": destroyed,
-            "bucket_deleted": bucket_deleted,
+            "revoked_accounts": revoked,
+            **deleted,
             "lease_holder": lease.holder if lease is not None else None,
         }

@@ -46,7 +46,7 @@ from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailExceptio
 from airflow_provider_tpu_rl.exceptions import RunDirBusyError
 from airflow_provider_tpu_rl.hooks.jobs import GclusterJob, JobState
 from airflow_provider_tpu_rl.hooks.run_dirs import RunDirRecord, RunDirRecords, WriterClaim, run_dir
-from airflow_provider_tpu_rl.janitor_sources import RunProbe, run_probe
+from airflow_provider_tpu_rl.janitor_sources import run_finished, run_probe
 from airflow_provider_tpu_rl.links import CloudLoggingJobLink, GCSBrowserLink, GKEWorkloadLink
 from airflow_provider_tpu_rl.maxtext.logs import TrainingLogTracker
 from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, fail_fast
@@ -89,15 +89,6 @@ def claim_seconds() -> float:
     """``[tpu_rl] run_dir_claim_minutes``: how long a writer claim (and the cluster lease a job's
     wait renews) holds unrenewed; the wait renews both every third of it."""
     return conf.getfloat("tpu_rl", "run_dir_claim_minutes", fallback=30.0) * 60.0
-
-
-def run_finished(probe: RunProbe | None, holder: str) -> bool:
-    """Whether the DAG run ``<dag_id>/<run_id>`` has ended (success or failed), as this Airflow
-    knows it; an unknown run (another Airflow, or Airflow 3.0) is not known to have ended."""
-    if probe is None or "/" not in holder:
-        return False
-    dag_id, run_id = holder.split("/", 1)
-    return probe.dagrun_state(dag_id, run_id) in ("success", "failed")
 
 
 def default_poll_interval() -> float:

@@ -2,24 +2,35 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from airflow.providers.common.compat.sdk import Context
 
-from airflow_provider_tpu_rl.exceptions import ConfigurationError
+from airflow_provider_tpu_rl.compat import AirflowFailException
+from airflow_provider_tpu_rl.exceptions import ConfigurationError, LeaseHeldError, RunDirBusyError
+from airflow_provider_tpu_rl.hooks.lease import ClusterLeaseHook, Lease, held_message, utc_text, vm_lease_name
+from airflow_provider_tpu_rl.hooks.run_dirs import RunDirRecords, WriterClaim, run_dir
 from airflow_provider_tpu_rl.maxtext.logs import TrainingLogTracker
 from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, expiry_of_run, fail_fast
-from airflow_provider_tpu_rl.operators.gke import write_resource_record
-from airflow_provider_tpu_rl.render import gke, tpu_vm
+from airflow_provider_tpu_rl.operators.gke import (
+    delete_run_bucket,
+    lease_ttl,
+    read_resource_record,
+    write_resource_record,
+)
+from airflow_provider_tpu_rl.render import tpu_vm
 from airflow_provider_tpu_rl.spec import rules
+from airflow_provider_tpu_rl.spec.cluster import TpuVmSpec
 from airflow_provider_tpu_rl.spec.errors import SpecError
 from airflow_provider_tpu_rl.spec.pipeline import (
     TPU_VM_DEFAULTS,
     TpuVmPipelineSpec,
     tpu_vm_pipeline_from_conf,
 )
+from airflow_provider_tpu_rl.spec.preflight import parse_json_document
 from airflow_provider_tpu_rl.timeouts import stage_command_timeout
 
 DEFAULT_MODEL = str(TPU_VM_DEFAULTS["model"])
@@ -142,6 +153,20 @@ class TpuVmCreateOperator(_TpuVmOperator):
             run_id=run_id,
         )
         expires_at = expiry_of_run(context, p.max_vm_hours)
+        # The VM's lease first: a run that does not hold it never writes the record nor creates.
+        try:
+            lease = ClusterLeaseHook(gcp_conn_id=self.gcp_conn_id).acquire(
+                p.vm.bucket,
+                vm_lease_name(p.vm.vm_name),
+                dag_id=dag_id,
+                run_id=run_id,
+                ttl=lease_ttl(expires_at),
+            )
+        except LeaseHeldError as err:
+            raise AirflowFailException(str(err)) from None
+        self.log.info(
+            "TPU VM %s: lease held by run %s until %s", p.vm.vm_name, lease.holder, utc_text(lease.expires_at)
+        )
         write_resource_record(
             self.gcp_conn_id,
             p.vm.bucket,
@@ -157,12 +182,29 @@ class TpuVmCreateOperator(_TpuVmOperator):
             },
         )
         vm = replace(p.vm, labels=tpu_vm.vm_labels(p, expires_at))
-        self.hook.run_checked(
+        created = self.hook.run_checked(
             tpu_vm.create_vm(vm, p.service_account), timeout=stage_command_timeout("vm_create")
         )
+        if any(marker in created.output for marker in tpu_vm.VM_EXISTS):
+            self.check_vm_is_this_runs(vm)
         if grant:
             self.grant_vm_access(p)
         return vm.vm_name
+
+    def check_vm_is_this_runs(self, vm: TpuVmSpec) -> None:
+        """ "Already exists" is success only for a VM this run created (an earlier try): its labels
+        name this DAG run; another's VM fails the task in one line, untouched."""
+        described = self.hook.run_checked(tpu_vm.describe_vm_labels(vm), log_output=False)
+        labels = (parse_json_document(described.output_lines) or {}).get("labels") or {}
+        mine = {key: vm.labels[key] for key in ("tpu-rl-dag", "tpu-rl-run")}
+        theirs = {key: labels.get(key) for key in mine}
+        if theirs != mine:
+            raise ConfigurationError(
+                f"TPU VM {vm.vm_name} already exists in {vm.zone} and this run did not create it "
+                f"(its labels: tpu-rl-dag={theirs['tpu-rl-dag']}, tpu-rl-run={theirs['tpu-rl-run']}); "
+                "choose another vm_name"
+            )
+        self.log.info("TPU VM %s already exists: created by an earlier try of this run, reused", vm.vm_name)
 
     def grant_vm_access(self, p: TpuVmPipelineSpec) -> str:
         """Let the VM's own service account read the token secret and write the bucket."""
@@ -255,22 +297,114 @@ class TpuVmStageOperator(_TpuVmOperator):
             if tracker.last_step is not None and tracker.last_step != before:
                 self.log.info("progress: %s", tracker.progress_text(total))
 
-        # One SSH session runs the whole stage: it gets the stage's bound, not a short call's.
-        self.hook.run_checked(
-            tpu_vm.stage_command(p, self.stage, ssh_key_file=str(self.hook.ssh_key_file())),
-            on_line=on_line if self.stage == "train" else None,
-            timeout=stage_command_timeout(self.stage),
-        )
         out: dict[str, Any] = {"stage": self.stage, "vm_name": p.vm.vm_name}
+        run = "/".join(self.run_ids(context))
+        directory = self.output_directory(p)
+        done = self.completed_output(p, directory, run) if directory is not None else None
+        if done is not None:
+            out |= done
+        else:
+            if directory is not None:
+                self.claim_output(context, p, directory, run)
+            try:
+                # One SSH session runs the whole stage: it gets the stage's bound, not a short call's.
+                self.hook.run_checked(
+                    tpu_vm.stage_command(p, self.stage, ssh_key_file=str(self.hook.ssh_key_file())),
+                    on_line=on_line if self.stage == "train" else None,
+                    timeout=stage_command_timeout(self.stage),
+                )
+            finally:
+                if directory is not None:
+                    self.release_output(p, directory, run)
         if self.stage == "train":
             out |= {"metrics": tracker.metrics(), "checkpoint_uri": p.gcs_actor_checkpoint + "/model_params/"}
         if self.stage == "export":
             out["export_uri"] = p.gcs_export + "/"
         return out
 
+    # -- the run directory this stage writes in GCS (train, export) ------------------------------
+    def output_directory(self, p: TpuVmPipelineSpec) -> str | None:
+        """The GCS folder the stage copies its output to: the run's for training, its export's."""
+        if self.stage == "train":
+            return run_dir(f"{p.gcs_prefix}/post-train/{p.training.run_name}")
+        if self.stage == "export":
+            return run_dir(p.gcs_export)
+        return None
+
+    def _ready(self, p: TpuVmPipelineSpec) -> dict[str, Any] | None:
+        from airflow_provider_tpu_rl.operators.maxtext import checkpoint_ready, export_ready
+
+        if self.stage == "train":
+            return checkpoint_ready(
+                self.gcp_conn_id, p.gcs_actor_checkpoint_root, p.training.final_step, ("model_params",)
+            )
+        return export_ready(self.gcp_conn_id, p.gcs_export + "/")
+
+    def completed_output(self, p: TpuVmPipelineSpec, directory: str, run: str) -> dict[str, Any] | None:
+        """The result when the stage's output is already complete: this run's (a retry) is skipped;
+        another run's, under a reused run_name, is adopted as a resume and said so — never written
+        over (an export never overwrites another run's export)."""
+        if self._ready(p) is None:
+            return None
+        records = RunDirRecords(self.gcp_conn_id)
+        record = records.read(p.vm.bucket, directory)
+        if record.owner in (None, run):
+            self.log.info(
+                "%s is already complete (written by this run): the %s stage is skipped", directory, self.stage
+            )
+            return {"skipped": True, "resumed_from": None}
+        claimed = records.claim(p.vm.bucket, directory, run=run, settings={}, writer=None)
+        previous = claimed.before(run) or "(a run not recorded)"
+        self.log.warning(
+            "Resuming %s: it is already complete, written by run %s; this run adopts it "
+            "(resumed_from=%s), nothing is written over it",
+            directory,
+            previous,
+            previous,
+        )
+        return {"skipped": True, "resumed_from": previous}
+
+    def claim_output(self, context: Context, p: TpuVmPipelineSpec, directory: str, run: str) -> None:
+        """One writer per directory: claim it for this stage, or fail in one line."""
+        from airflow_provider_tpu_rl.janitor_sources import run_finished, run_probe
+        from airflow_provider_tpu_rl.operators.maxtext import claim_seconds
+
+        probe = run_probe(context)
+        writer = WriterClaim(
+            run,
+            f"{p.vm.vm_name}/{self.stage}",
+            f"{p.vm.project}/{p.vm.zone}/{p.vm.vm_name}",
+            time.time() + claim_seconds(),
+        )
+        try:
+            claimed = RunDirRecords(self.gcp_conn_id).claim(
+                p.vm.bucket,
+                directory,
+                run=run,
+                settings={},
+                writer=writer,
+                finished=lambda holder: run_finished(probe, holder),
+            )
+        except RunDirBusyError as busy:
+            raise AirflowFailException(str(busy)) from None
+        if claimed.before(run):
+            self.log.warning(
+                "Resuming %s, started by run %s (no longer writing it)", directory, claimed.before(run)
+            )
+
+    def release_output(self, p: TpuVmPipelineSpec, directory: str, run: str) -> None:
+        try:
+            RunDirRecords(self.gcp_conn_id).release(p.vm.bucket, directory, run=run)
+        except Exception as err:  # the claim expires on its own
+            self.log.warning("Could not release the claim on %s: %s", directory, err)
+
 
 class TpuVmDeleteOperator(_TpuVmOperator):
     """Delete the VM (an absent VM is success) unless ``keep_vm``; the bucket only if asked.
+
+    Only a VM this run holds the lease of is deleted (or, with no lease at all, one whose resource
+    record says this run created it): a run that never got the VM, or found it in use by another
+    run, leaves it alone. The lease is released at the end (with ``keep_vm``: marked kept).
 
     :param keep_vm: leave the VM running (it bills until its expiry).
     :param delete_bucket: also delete the bucket, **with every checkpoint and export in it**.
@@ -285,6 +419,23 @@ class TpuVmDeleteOperator(_TpuVmOperator):
         self.keep_vm = keep_vm
         self.delete_bucket = delete_bucket
 
+    def owns_vm(self, p: TpuVmPipelineSpec, lease: Lease | None, holder: str) -> bool:
+        """Whether this run may delete the VM."""
+        if lease is not None:
+            if lease.holder == holder:
+                return True
+            self.log.warning("%s: this run does not hold its lease and leaves it alone", held_message(lease))
+            return False
+        record = read_resource_record(self.gcp_conn_id, p.vm.bucket, p.vm.vm_name)
+        if record is not None and f"{record.get('dag_id')}/{record.get('run_id')}" == holder:
+            return True
+        self.log.warning(
+            "TPU VM %s: nobody holds its lease and this run did not create it (record: %s): left alone",
+            p.vm.vm_name,
+            f"run {record.get('dag_id')}/{record.get('run_id')}" if record else "none",
+        )
+        return False
+
     @fail_fast
     def execute(self, context: Context) -> dict[str, Any]:
         p = self.spec(context)
@@ -293,12 +444,22 @@ class TpuVmDeleteOperator(_TpuVmOperator):
             rules.boolean("delete_bucket", self.delete_bucket),
         )
         deleted = False
-        if keep:
+        dag_id, run_id = self.run_ids(context)
+        leases = ClusterLeaseHook(gcp_conn_id=self.gcp_conn_id)
+        lease = leases.read(p.vm.bucket, vm_lease_name(p.vm.vm_name))
+        owned = self.owns_vm(p, lease, f"{dag_id}/{run_id}")
+        if not owned:
+            pass
+        elif keep:
             self.log.warning("keep_vm=true: TPU VM %s is left running (it bills)", p.vm.vm_name)
+            if lease is not None:
+                leases.release(p.vm.bucket, lease, keep=True)
         else:
             self.hook.run_checked(tpu_vm.delete_vm(p.vm), timeout=stage_command_timeout("teardown"))
             deleted = True
+            if lease is not None:
+                leases.release(p.vm.bucket, lease)
+        result: dict[str, Any] = {"vm_name": p.vm.vm_name, "deleted": deleted, "bucket_deleted": False}
         if delete_bucket:
-            self.log.warning("delete_bucket=true: deleting gs://%s and every checkpoint in it", p.vm.bucket)
-            self.hook.run_checked(gke.delete_bucket(p.vm.bucket))
-        return {"vm_name": p.vm.vm_name, "deleted": deleted, "bucket_deleted": delete_bucket}
+            result |= delete_run_bucket(self, context, p.vm.bucket)
+        return result

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Sequence
 
 from airflow_provider_tpu_rl.render.blueprint import BLUEPRINT_FILENAME
 from airflow_provider_tpu_rl.render.command import Command
@@ -89,11 +90,32 @@ def create_bucket(project: str, region: str, bucket: str) -> Command:
 
 
 def delete_bucket(bucket: str) -> Command:
-    """Deletes the bucket and EVERYTHING in it, trained model included. Only on explicit request."""
+    """Deletes the bucket and EVERYTHING in it, trained model included. Only on explicit request,
+    and only a bucket that is provably the run's (see ``hooks/bucket_usage.py``)."""
     return Command(
         ("gcloud", "storage", "rm", "--recursive", f"gs://{bucket}"),
-        description="delete the bucket and all checkpoints (requested with delete_bucket=true)",
+        description=(
+            "delete_bucket=true: delete the bucket with all checkpoints, when it is provably this "
+            "run's (created by it, nothing in it names another run); otherwise only this run's own "
+            "folders, and nothing while another run still uses the bucket"
+        ),
     )
+
+
+def delete_objects(bucket: str, names: Sequence[str]) -> Command:
+    """Deletes the given objects and folders (``…/``) of the bucket, with everything under them."""
+    if not names:
+        raise ValueError("delete_objects needs at least one object or folder")
+    return Command(
+        ("gcloud", "storage", "rm", "--recursive", *(f"gs://{bucket}/{name}" for name in names)),
+        description="delete_bucket=true: delete this run's own folders and records in the shared bucket",
+    )
+
+
+def state_prefix(blueprint_name: str, cluster_name: str) -> str:
+    """The folder of a deployment's Terraform state in its bucket: the GCS backend's default prefix
+    ``<blueprint_name>/<deployment_name>/<group>`` (cluster-toolkit ``pkg/config`` expandBackend)."""
+    return f"{blueprint_name}/{cluster_name}/"
 
 
 def _deploy_vars(cluster: ClusterSpec) -> list[str]:
@@ -269,6 +291,14 @@ def _accessor_binding(verb: str, project: str, secret_id: str, account: str) -> 
     )
 
 
+def secret_iam_policy(project: str, secret_id: str) -> Command:
+    """The secret's IAM policy as JSON: which bindings exist before this run adds its own."""
+    return Command(
+        ("gcloud", "secrets", "get-iam-policy", secret_id, f"--project={project}", "--format=json"),
+        description="read who may read the HF token secret (the grants this run adds are its own)",
+    )
+
+
 def grant_secret_accessor(project: str, secret_id: str, account: str) -> Command:
     return Command(_accessor_binding("add", project, secret_id, account))
 
@@ -295,6 +325,8 @@ def hf_token_secret(project: str, secret_id: str, readers: tuple[str, ...], *, s
             list_secret_versions(project, secret_id),
             disable_secret_version(project, secret_id, PLAN_OLDER_VERSION),
         ]
+    if readers:
+        commands.append(secret_iam_policy(project, secret_id))
     commands += [grant_secret_accessor(project, secret_id, account) for account in readers]
     return commands
 

@@ -59,6 +59,7 @@ def gke_plan(pipeline: GkePipelineSpec) -> list[PlanStep]:
     if not pipeline.keep_cluster:
         # only when this run holds the cluster's lease (or created it and nobody holds one)
         teardown += [gke.recreate_deployment_folder(cluster, workdir), gke.destroy(cluster, workdir)]
+        # only the grants sync_hf_token added (its granted_accounts XCom); here, as on a first run
         teardown += [
             gke.revoke_secret_accessor(cluster.project, pipeline.hf_token.secret_id, account)
             for account in (cluster.workload_service_account, cluster.node_pool_service_account)

@@ -131,6 +131,23 @@ def ssh(vm: TpuVmSpec, script: str, description: str = "", *, ssh_key_file: str 
     )
 
 
+def describe_vm_labels(vm: TpuVmSpec) -> Command:
+    """The VM's labels as JSON: whose run created it (``tpu-rl-dag``, ``tpu-rl-run``)."""
+    return Command(
+        (
+            "gcloud",
+            "compute",
+            "instances",
+            "describe",
+            vm.vm_name,
+            f"--zone={vm.zone}",
+            f"--project={vm.project}",
+            "--format=json",
+        ),
+        description=f"read the labels of TPU VM {vm.vm_name} (which run created it)",
+    )
+
+
 def vm_service_account(vm: TpuVmSpec) -> Command:
     """The e-mail of the service account the VM runs as (the default compute one if none was named)."""
     return Command(

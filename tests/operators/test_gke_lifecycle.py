@@ -143,7 +143,10 @@ def test_destroy_leaves_alone_a_cluster_this_run_never_deployed(sb: SandboxRun) 
     assert result == {
         "cluster_name": sb.cluster,
         "destroyed": False,
+        "revoked_accounts": [],
         "bucket_deleted": False,
+        "objects_deleted": [],
+        "bucket_kept": None,
         "lease_holder": None,
     }
     assert not [c for c in sb.calls() if c["argv"][:1] == ["destroy"]]
@@ -194,7 +197,10 @@ def test_delete_bucket_true_deletes_the_bucket_after_the_cluster(sb: SandboxRun)
     assert result == {
         "cluster_name": sb.cluster,
         "destroyed": True,
-        "bucket_deleted": True,
+        "revoked_accounts": [],  # none given: revoking is only for what the token task added
+        "bucket_deleted": True,  # it created the bucket, nothing in it names another run
+        "objects_deleted": [],
+        "bucket_kept": None,
         "lease_holder": f"tpu_rl_gke_pipeline/{RUN_ID}",
     }
     assert sb.cluster_record() is None

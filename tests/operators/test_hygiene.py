@@ -13,10 +13,17 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_tpu_rl.operators.gke import GclusterDestroyOperator, HfTokenSecretOperator
+from airflow_provider_tpu_rl.compat import AirflowException
+from airflow_provider_tpu_rl.operators.gke import (
+    GRANTED_XCOM_KEY,
+    EnsureBucketOperator,
+    GclusterDeployOperator,
+    GclusterDestroyOperator,
+    HfTokenSecretOperator,
+)
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID, gke_pipeline_from_conf
-from tests.operators.sandbox_run import DEFAULT_RUN_ID, SandboxRun, prepare_cluster
+from tests.operators.sandbox_run import DEFAULT_RUN_ID, RecordingTI, SandboxRun, prepare_cluster
 from tpu_rl_sandbox import cloud
 from tpu_rl_sandbox.cloud import iam_bindings
 from tpu_rl_sandbox.state import StateStore
@@ -136,19 +143,71 @@ def test_a_new_secret_version_only_when_the_token_changed(
     assert len(_adds(sb)) == 2
 
 
-def test_teardown_removes_the_clusters_secret_accessor_bindings(sb: SandboxRun) -> None:
+def _granted_by_token_task(sb: SandboxRun, conf: dict[str, Any], run_id: str = DEFAULT_RUN_ID) -> list[str]:
+    """Run the token task again as its DAG run does; the accounts it pushed as this run's grants."""
+    token = sb.operator(HfTokenSecretOperator, task_id="sync_hf_token", conf=conf, run_id=run_id)
+    ti = RecordingTI()
+    token.execute(sb.context(token, conf, run_id=run_id, ti=ti))
+    granted: list[str] = ti.pulled(GRANTED_XCOM_KEY)
+    return granted
+
+
+def test_teardown_removes_the_secret_accessor_bindings_this_run_added(sb: SandboxRun) -> None:
     conf = sb.gke_conf()
     pipeline = gke_pipeline_from_conf(conf, run_id=DEFAULT_RUN_ID)
-    prepare_cluster(sb, conf)
+    resource = f"projects/{sb.project}/secrets/{pipeline.hf_token.secret_id}"
+    accounts = [pipeline.cluster.workload_service_account, pipeline.cluster.node_pool_service_account]
+    members = {f"serviceAccount:{a}" for a in accounts}
+    bucket = sb.operator(EnsureBucketOperator, task_id="ensure_bucket")
+    bucket.execute(sb.context(bucket, conf))
+    deploy = sb.operator(GclusterDeployOperator, task_id="deploy_cluster")
+    deploy.execute(sb.context(deploy, conf))
+    granted = _granted_by_token_task(sb, conf)
+    assert sorted(granted) == sorted(accounts)
+    assert members <= set(iam_bindings(sb.layout, resource).get(ACCESSOR, []))
+    assert _granted_by_token_task(sb, conf) == []  # a retry adds nothing: nothing more is its own
+
+    destroy = sb.operator(GclusterDestroyOperator, task_id="destroy_cluster", revoke_service_accounts=granted)
+    done = destroy.execute(sb.context(destroy, conf))
+    assert done["destroyed"] is True
+    assert sorted(done["revoked_accounts"]) == sorted(accounts)
+    assert not members & set(iam_bindings(sb.layout, resource).get(ACCESSOR, []))
+    # a retried teardown finds the bindings gone and still succeeds
+    assert destroy.execute(sb.context(destroy, conf))["destroyed"] is True
+
+
+def test_a_failed_deploys_teardown_keeps_a_live_runs_secret_access(sb: SandboxRun) -> None:
+    """Run A (its own bucket) uses cluster C; run B names C too, in another bucket: its deploy
+    fails (the cluster exists), its token task never runs, and its teardown revokes nothing."""
+    conf_a = sb.gke_conf()
+    run_b = "manual__2026-03-02T00:00:00+00:00"
+    conf_b = {**conf_a, "bucket": f"{sb.bucket}-b"}
+    pipeline = gke_pipeline_from_conf(conf_a, run_id=DEFAULT_RUN_ID)
     resource = f"projects/{sb.project}/secrets/{pipeline.hf_token.secret_id}"
     members = {
         f"serviceAccount:{pipeline.cluster.workload_service_account}",
         f"serviceAccount:{pipeline.cluster.node_pool_service_account}",
     }
+    prepare_cluster(sb, conf_a)
     assert members <= set(iam_bindings(sb.layout, resource).get(ACCESSOR, []))
+    bucket = sb.operator(EnsureBucketOperator, task_id="ensure_bucket", conf=conf_b, run_id=run_b)
+    bucket.execute(sb.context(bucket, conf_b, run_id=run_b))
+    deploy = sb.operator(GclusterDeployOperator, task_id="deploy_cluster", conf=conf_b, run_id=run_b)
+    with pytest.raises(AirflowException):
+        deploy.execute(sb.context(deploy, conf_b, run_id=run_b))
 
-    destroy = sb.operator(GclusterDestroyOperator, task_id="destroy_cluster")
-    assert destroy.execute(sb.context(destroy, conf))["destroyed"] is True
-    assert not members & set(iam_bindings(sb.layout, resource).get(ACCESSOR, []))
-    # a retried teardown finds the bindings gone and still succeeds
-    assert destroy.execute(sb.context(destroy, conf))["destroyed"] is True
+    # the DAG's template: sync_hf_token never ran, so its XCom is None
+    destroy = sb.operator(
+        GclusterDestroyOperator,
+        task_id="destroy_cluster",
+        conf=conf_b,
+        run_id=run_b,
+        revoke_service_accounts=None,
+    )
+    done = destroy.execute(sb.context(destroy, conf_b, run_id=run_b))
+
+    assert done["revoked_accounts"] == []
+    assert members <= set(iam_bindings(sb.layout, resource).get(ACCESSOR, []))
+    record = sb.cluster_record()
+    assert record is not None
+    assert record.get("exists", True) is not False  # A's cluster stands

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
+
+from airflow_provider_tpu_rl.compat import AirflowFailException
+from airflow_provider_tpu_rl.hooks.lease import ClusterLeaseHook, vm_lease_name
 from airflow_provider_tpu_rl.operators.gke import EnsureBucketOperator, HfTokenSecretOperator
 from airflow_provider_tpu_rl.operators.tpu_vm import (
     TpuVmCreateOperator,
@@ -110,14 +114,63 @@ def test_the_whole_vm_pipeline_leaves_checkpoint_and_export_in_gcs(sb: SandboxRu
     assert marker in sb.objects(prefix=step_prefix)
 
 
-def test_deleting_a_vm_that_does_not_exist_succeeds(sb: SandboxRun) -> None:
+def test_deleting_this_runs_vm_that_is_already_gone_succeeds(sb: SandboxRun) -> None:
     conf = sb.tpu_vm_conf()
+    _execute(sb, EnsureBucketOperator, conf, task_id="ensure_bucket")
+    # The run holds the VM's lease, but the VM is gone (its termination action deleted it).
+    ClusterLeaseHook().acquire(
+        sb.bucket, vm_lease_name(sb.vm), dag_id=TPU_VM_DAG_ID, run_id=RUN_ID, ttl=timedelta(hours=1)
+    )
 
     result = _execute(sb, TpuVmDeleteOperator, conf, task_id="delete_vm")
 
     assert result == {"vm_name": sb.vm, "deleted": True, "bucket_deleted": False}
     (call,) = _delete_calls(sb)
     assert call["exit_code"] != 0  # gcloud said "not found": counted as already deleted
+    assert ClusterLeaseHook().read(sb.bucket, vm_lease_name(sb.vm)) is None  # released
+
+
+def test_two_runs_with_one_vm_name_never_share_or_delete_each_others_vm(sb: SandboxRun) -> None:
+    conf = sb.tpu_vm_conf()
+    other_run = "manual__2026-03-02T00:00:00+00:00"
+    _execute(sb, EnsureBucketOperator, conf, task_id="ensure_bucket")
+    _execute(sb, HfTokenSecretOperator, conf, task_id="sync_hf_token")
+    _execute(sb, TpuVmCreateOperator, conf, task_id="create_vm")
+    vm_key = f"{sb.project}/{conf['zone']}/{sb.vm}"
+    created = sb.state("vms")[vm_key]["created"]
+
+    second = sb.operator(TpuVmCreateOperator, dag_id=TPU_VM_DAG_ID, task_id="create_vm", run_id=other_run)
+    with pytest.raises(AirflowFailException) as refused:
+        second.execute(sb.context(second, conf, run_id=other_run, start_date=START))
+    assert str(refused.value).startswith(f"TPU VM {sb.vm} is in use by run {TPU_VM_DAG_ID}/{RUN_ID} until ")
+    # Its teardown leaves the first run's VM, lease and record alone.
+    teardown = sb.operator(TpuVmDeleteOperator, dag_id=TPU_VM_DAG_ID, task_id="delete_vm", run_id=other_run)
+    result = teardown.execute(sb.context(teardown, conf, run_id=other_run, start_date=START))
+    assert result["deleted"] is False
+    assert _delete_calls(sb) == []
+    assert sb.state("vms")[vm_key]["created"] == created
+    record = json.loads(sb.api.download(sb.bucket, gke.resource_record_object(sb.vm)))
+    assert record["run_id"] == RUN_ID
+
+
+def test_a_vm_this_run_did_not_create_is_never_taken_as_its_own(sb: SandboxRun) -> None:
+    """ "Already exists" is success only for this run's VM: one of another run (its lease gone,
+    say, in another bucket) fails the create in one line and is left alone."""
+    conf = sb.tpu_vm_conf()
+    other_run = "manual__2026-03-02T00:00:00+00:00"
+    _execute(sb, EnsureBucketOperator, conf, task_id="ensure_bucket")
+    _execute(sb, HfTokenSecretOperator, conf, task_id="sync_hf_token")
+    _execute(sb, TpuVmCreateOperator, conf, task_id="create_vm")
+    ClusterLeaseHook().release(sb.bucket, ClusterLeaseHook().read(sb.bucket, vm_lease_name(sb.vm)))
+
+    second = sb.operator(TpuVmCreateOperator, dag_id=TPU_VM_DAG_ID, task_id="create_vm", run_id=other_run)
+    with pytest.raises(AirflowFailException) as refused:
+        second.execute(sb.context(second, conf, run_id=other_run, start_date=START))
+
+    message = str(refused.value)
+    assert "\n" not in message
+    assert f"TPU VM {sb.vm} already exists in {conf['zone']} and this run did not create it" in message
+    assert "choose another vm_name" in message
 
 
 def test_create_reuses_the_vm_of_the_same_run(sb: SandboxRun) -> None:
@@ -145,3 +198,29 @@ def test_keep_vm_leaves_it_running(sb: SandboxRun) -> None:
     assert result["deleted"] is False
     assert f"{sb.project}/{conf['zone']}/{sb.vm}" in sb.state("vms")
     assert _delete_calls(sb) == []
+
+
+def test_a_reused_run_name_never_writes_over_another_runs_export(sb: SandboxRun) -> None:
+    conf = sb.tpu_vm_conf(run_name="rl-shared")
+    other_run = "manual__2026-03-02T00:00:00+00:00"
+    _execute(sb, EnsureBucketOperator, conf, task_id="ensure_bucket")
+    _execute(sb, HfTokenSecretOperator, conf, task_id="sync_hf_token")
+    _execute(sb, TpuVmCreateOperator, conf, task_id="create_vm")
+    for task_id in ("install_maxtext", "convert_to_maxtext", "train", "export_to_huggingface"):
+        _execute(sb, TpuVmStageOperator, conf, task_id=task_id)
+    pipeline = tpu_vm_pipeline_from_conf(conf, run_id=RUN_ID)
+    export_prefix = pipeline.gcs_export.removeprefix(f"gs://{sb.bucket}/") + "/"
+    written = _updated(sb, export_prefix)
+    ssh_calls = len([c for c in sb.calls() if c["argv"][:3] == ["compute", "ssh", sb.vm]])
+
+    later = sb.operator(
+        TpuVmStageOperator, dag_id=TPU_VM_DAG_ID, task_id="export_to_huggingface", run_id=other_run
+    )
+    with capture_task_logs() as logs:
+        result = later.execute(sb.context(later, conf, run_id=other_run, start_date=START))
+
+    assert result["skipped"] is True
+    assert result["resumed_from"] == f"{TPU_VM_DAG_ID}/{RUN_ID}"
+    assert _updated(sb, export_prefix) == written  # not one object written again
+    assert len([c for c in sb.calls() if c["argv"][:3] == ["compute", "ssh", sb.vm]]) == ssh_calls
+    assert any("this run adopts it" in str(line.get("event")) for line in logs)
