@@ -8,10 +8,11 @@ raises (:class:`~airflow_provider_tpu_rl.exceptions.CommandError`) live in
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from airflow_provider_tpu_rl.exceptions import FailureKind
 
-__all__ = ["FailureKind", "classify_failure"]
+__all__ = ["FailureKind", "classify_failure", "classify_workload", "error_line"]
 
 _CAPACITY_PATTERNS = (
     re.compile(r"GCE_STOCKOUT"),
@@ -74,6 +75,61 @@ _TRANSIENT_PATTERNS = (
     re.compile(r"is already being used by", re.IGNORECASE),
 )
 
+# A workload that lost its TPUs, in its own words. JAX raises the runtime's status as
+# ``jax.errors.JaxRuntimeError: <CODE>: …`` (``XlaRuntimeError`` before jax 0.4.36); a lost or
+# restarting slice surfaces as DATA_LOSS, UNAVAILABLE or DEADLINE_EXCEEDED: pathwaysutils'
+# ``elastic.py`` treats DATA_LOSS as a slice certainly down and DEADLINE_EXCEEDED as one that may
+# be (AI-Hypercomputer/pathways-utils), and the TPU runtime reports an unreachable worker as
+# UNAVAILABLE. GKE's kubelet ends a pod on a node being reclaimed with "Pod was terminated in
+# response to imminent node shutdown." (kubernetes pkg/kubelet/nodeshutdown, a Spot/preempted VM).
+_WORKLOAD_TRANSIENT_PATTERNS = (
+    re.compile(r"\b(?:Jax|Xla)RuntimeError: (?:UNAVAILABLE|DATA_LOSS|DEADLINE_EXCEEDED|ABORTED)\b"),
+    re.compile(r"\bslice became unhealthy\b", re.IGNORECASE),
+    re.compile(r"terminated in response to imminent node shutdown", re.IGNORECASE),
+    re.compile(r"\bpreempted\b", re.IGNORECASE),
+)
+
+# A line that says what went wrong: a Python exception's last line, gcloud's "ERROR: (gcloud…)",
+# Terraform's "│ Error: …", apt's "E: …", a JAX status code, kubectl's "error: …".
+_ERROR_LINE = re.compile(
+    r"(?:^|[\s│|:])(?:[A-Za-z_][\w.]*(?:Error|Exception)\b|ERROR\b|Error\b|error:|FATAL\b|fatal:|E: )"
+    r"|RESOURCE_EXHAUSTED|\bTraceback\b"
+)
+_TRACEBACK = "Traceback (most recent call last):"
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b.*")
+
+
+def error_line(lines: Sequence[str]) -> str | None:
+    """The line that says what went wrong: the last one that looks like an error (a traceback's
+    exception, ``ERROR:``, Terraform's ``│ Error:``), box drawing and blanks stripped; None if none."""
+    for line in reversed(lines):
+        if _ERROR_LINE.search(line) and "Traceback (most recent call last)" not in line:
+            text = line.strip().strip("│|").strip()
+            if text:
+                return text if len(text) <= 400 else text[:397] + "..."
+    return None
+
+
+def classify_workload(lines: Sequence[str]) -> tuple[FailureKind, str | None]:
+    """What a failed workload's last log lines say: TRANSIENT when they show lost capacity, a lost
+    or restarting slice, a preempted node or a 5xx/429 (a retry may pass); CONFIG (the workload's
+    own error: its config or code, a retry fails the same way) when they end in a Python
+    traceback's exception without any of those; TRANSIENT when they say nothing clear.
+
+    Returns the kind and the error line to quote.
+    """
+    text = "\n".join(lines)
+    line = error_line(lines)
+    if any(
+        p.search(text) for p in (*_CAPACITY_PATTERNS, *_TRANSIENT_PATTERNS, *_WORKLOAD_TRANSIENT_PATTERNS)
+    ):
+        return FailureKind.TRANSIENT, line
+    if _TRACEBACK in text:
+        after = text.rsplit(_TRACEBACK, 1)[1].splitlines()
+        if any(_EXCEPTION_LINE.match(item.strip()) for item in after):
+            return FailureKind.CONFIG, line
+    return FailureKind.TRANSIENT, line
+
 
 def classify_failure(output: str) -> FailureKind:
     """Tell what kind of failure ``output`` (the combined stdout/stderr) shows.
@@ -83,6 +139,6 @@ def classify_failure(output: str) -> FailureKind:
     """
     if any(p.search(output) for p in _CAPACITY_PATTERNS):
         return FailureKind.CAPACITY
-    if any(p.search(output) for p in _TRANSIENT_PATTERNS):
+    if any(p.search(output) for p in (*_TRANSIENT_PATTERNS, *_WORKLOAD_TRANSIENT_PATTERNS)):
         return FailureKind.TRANSIENT
     return FailureKind.CONFIG

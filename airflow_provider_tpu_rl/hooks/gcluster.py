@@ -46,7 +46,7 @@ from airflow_provider_tpu_rl.hooks.connection_fields import (
     legacy_field_behaviour,
     legacy_form_widgets,
 )
-from airflow_provider_tpu_rl.hooks.failures import classify_failure
+from airflow_provider_tpu_rl.hooks.failures import classify_failure, error_line
 from airflow_provider_tpu_rl.hooks.jobs import (
     GclusterJob,
     JobState,
@@ -594,8 +594,13 @@ class GclusterHook(BaseHook):
         if result.timed_out:
             raise CommandError(f"{label} timed out; last output:\n{tail}", FailureKind.TRANSIENT)
         kind = classify_failure(result.output)
+        # The error line first: the one line a watcher or a user reads says what went wrong.
+        said = error_line([redact(line) for line in result.output_lines])
         raise CommandError(
-            f"{label} failed with exit code {result.exit_code} ({kind.value}); last output:\n{tail}", kind
+            f"{label} failed with exit code {result.exit_code} ({kind.value})"
+            + (f": {said}" if said else "")
+            + f"; last output:\n{tail}",
+            kind,
         )
 
     def run_checked(

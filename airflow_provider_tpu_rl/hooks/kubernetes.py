@@ -345,6 +345,33 @@ class RunDirJob:
         return self.state not in (JobState.SUCCEEDED, JobState.FAILED)
 
 
+# ------------------------------------------------------------------------------- pod disruption
+# Why a pod went away under its job, as Kubernetes says it: the pod condition ``DisruptionTarget``
+# (reasons PreemptionByScheduler, TerminationByKubelet, DeletionByTaintManager, EvictionByEvictionAPI:
+# kubernetes pkg/apis/core/types.go, since 1.26), the kubelet's node-shutdown manager
+# (``status.reason`` "Terminated" with "Pod was terminated in response to imminent node shutdown.",
+# pkg/kubelet/nodeshutdown), an eviction (``status.reason`` "Evicted"). A job that failed that way
+# failed for its nodes, not for its workload: a retry may pass.
+_DISRUPTION_REASONS = ("Terminated", "Evicted", "NodeShutdown", "Shutdown", "Preempting", "NodeLost")
+
+
+def pod_disruption(pods: Sequence[Mapping[str, Any]]) -> str | None:
+    """The first pod disruption (preemption, node shutdown, eviction) among ``pods``, as one line."""
+    for pod in pods:
+        name = (pod.get("metadata") or {}).get("name") or "a pod"
+        status = pod.get("status") or {}
+        for cond in status.get("conditions") or []:
+            if (
+                isinstance(cond, Mapping)
+                and cond.get("type") == "DisruptionTarget"
+                and cond.get("status") == "True"
+            ):
+                return f"pod {name}: {cond.get('reason')}: {cond.get('message') or 'disrupted'}"
+        if status.get("reason") in _DISRUPTION_REASONS:
+            return f"pod {name}: {status.get('reason')}: {status.get('message') or 'lost its node'}"
+    return None
+
+
 # ------------------------------------------------------------------------------------ log lines
 _TIMESTAMP_RE = re.compile(
     r"^(?P<date>\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(?:\.(?P<frac>\d{1,9}))?(?P<zone>Z|[+-]\d{2}:\d{2}) ?"

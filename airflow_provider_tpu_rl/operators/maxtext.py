@@ -570,9 +570,17 @@ class _GclusterJobOperator(GclusterBaseOperator):
             raise AirflowFailException(
                 f"job {name} did not finish within {self.job_timeout}; it was cancelled"
             )
-        message = f"job {name} {status or 'ended'}: {event.get('message', '')} (state {event.get('state')})"
+        failure = event.get("failure") or {}
+        if status == "failed" and failure.get("line"):
+            message = f"job {name} failed: {failure['line']}"
+        else:
+            message = (
+                f"job {name} {status or 'ended'}: {event.get('message', '')} (state {event.get('state')})"
+            )
         if event.get("fatal"):  # the trigger met an error a retry cannot fix (connection, tool)
             raise AirflowFailException(message)
+        if failure.get("kind") == "config":  # the workload's own error: a retry fails the same way
+            raise AirflowFailException(f"{message} (the workload's own error: not retried)")
         raise AirflowException(message)
 
     def after_success(self, plan: JobPlan, event: dict[str, Any]) -> dict[str, Any]:

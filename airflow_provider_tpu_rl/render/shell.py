@@ -35,12 +35,23 @@ def hf_token_from_secret_manager(secret_resource: str) -> str:
     return f"HF_TOKEN=$({fetch}) && export HF_TOKEN"
 
 
+# The shell variable (never exported) that holds the token in a TPU VM stage script.
+HF_TOKEN_VAR = "tpu_rl_hf_token"
+
+
 def hf_token_from_gcloud(secret_id: str, project: str) -> list[str]:
-    """The same on a TPU VM, where the gcloud CLI is installed."""
+    """The same on a TPU VM, where the gcloud CLI is installed: into a shell variable that is not
+    exported, so only the command given it by :func:`with_hf_token` sees it (not ``gcloud storage``
+    or anything else the script runs)."""
     access = quote_all(
         ["gcloud", "secrets", "versions", "access", "latest", f"--secret={secret_id}", f"--project={project}"]
     )
-    return [f"HF_TOKEN=$({access})", "export HF_TOKEN"]
+    return [f"{HF_TOKEN_VAR}=$({access})"]
+
+
+def with_hf_token(command: str) -> str:
+    """``command`` (a quoted command line) run with ``HF_TOKEN`` in its environment alone."""
+    return f'HF_TOKEN="${HF_TOKEN_VAR}" {command}'
 
 
 def on_first_pod_only(body: str) -> str:

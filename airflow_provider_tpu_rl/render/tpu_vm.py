@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.render.command import Command
-from airflow_provider_tpu_rl.render.shell import hf_token_from_gcloud, key_values, quote_all
+from airflow_provider_tpu_rl.render.shell import hf_token_from_gcloud, key_values, quote_all, with_hf_token
 from airflow_provider_tpu_rl.spec.cluster import TpuVmSpec
 from airflow_provider_tpu_rl.spec.pipeline import TpuVmPipelineSpec
 from airflow_provider_tpu_rl.spec.presets import MAXTEXT_PIP_SPEC
@@ -249,7 +249,9 @@ def convert_script(pipeline: TpuVmPipelineSpec) -> str:
     )
     args.append(f"--lazy_load_tensors={c.lazy_load_tensors}")
     lines = _preamble(pipeline, with_token=True)
-    lines.append(quote_all(["python3", "-m", "maxtext.checkpoint_conversion.to_maxtext", *args]))
+    lines.append(
+        with_hf_token(quote_all(["python3", "-m", "maxtext.checkpoint_conversion.to_maxtext", *args]))
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -290,7 +292,9 @@ def train_script(pipeline: TpuVmPipelineSpec) -> str:
         ]
     )
     lines = _preamble(pipeline, with_token=True) + tpu_environment(pipeline.vm)
-    lines.append(quote_all(["python3", "-m", "maxtext.trainers.post_train.rl.train_rl", *args]))
+    lines.append(
+        with_hf_token(quote_all(["python3", "-m", "maxtext.trainers.post_train.rl.train_rl", *args]))
+    )
     # /dev/shm is lost with the VM: copy the final actor checkpoint out at once. On a local disk
     # Orbax finalises a step by renaming its folder and may write no commit marker; on GCS the
     # marker is what readers wait for, so it is written last, once every other file is there.
@@ -316,7 +320,9 @@ def export_script(pipeline: TpuVmPipelineSpec) -> str:
         ]
     )
     lines = _preamble(pipeline, with_token=True)
-    lines.append(quote_all(["python3", "-m", "maxtext.checkpoint_conversion.to_huggingface", *args]))
+    lines.append(
+        with_hf_token(quote_all(["python3", "-m", "maxtext.checkpoint_conversion.to_huggingface", *args]))
+    )
     lines.append(rsync_to_gcs(e.output_directory, pipeline.gcs_export))
     return "\n".join(lines) + "\n"
 

@@ -251,7 +251,10 @@ class HfTokenSpec:
             "hf_token_conn_id", self.conn_id, rules.CONN_ID, "connection id must match [A-Za-z0-9_.-]+"
         )
         rules.match(
-            "hf_token_secret", self.secret_id, rules.SECRET_ID, "secret id must match [A-Za-z0-9_-]{1,255}"
+            "hf_token_secret",
+            self.secret_id,
+            rules.SECRET_ID,
+            "secret id must match [A-Za-z0-9_-]{1,255} and not start with '-' (gcloud would take it for a flag)",
         )
 
 

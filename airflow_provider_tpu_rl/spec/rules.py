@@ -26,7 +26,9 @@ MAXTEXT_KEY = re.compile(r"^[a-z_][a-z0-9_.]*$")
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 TOPOLOGY = re.compile(r"^([1-9][0-9]*)x([1-9][0-9]*)$")
 LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
-SECRET_ID = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
+# Secret Manager ids are [A-Za-z0-9_-]{1,255}; one starting with "-" would reach gcloud's argv
+# as a flag ("--help" prints help and exits 0), so the spec refuses it.
+SECRET_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,254}$")
 CONN_ID = re.compile(r"^[A-Za-z0-9_.-]{1,250}$")
 SERVICE_ACCOUNT = re.compile(
     r"^[a-z][a-z0-9-]{4,61}[a-z0-9]@[a-z0-9.-]+\.iam\.gserviceaccount\.com$|^[0-9]+-compute@developer\.gserviceaccount\.com$"

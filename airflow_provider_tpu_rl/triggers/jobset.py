@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import json
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any
@@ -41,7 +42,8 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_tpu_rl.compat import AIRFLOW_V_3_0_PLUS, AIRFLOW_V_3_3_PLUS
-from airflow_provider_tpu_rl.exceptions import ConfigurationError, KubernetesApiError
+from airflow_provider_tpu_rl.exceptions import ConfigurationError, FailureKind, KubernetesApiError
+from airflow_provider_tpu_rl.hooks.failures import classify_workload
 from airflow_provider_tpu_rl.hooks.jobs import JobState
 from airflow_provider_tpu_rl.hooks.kubernetes import (
     MAIN_JOB,
@@ -54,11 +56,13 @@ from airflow_provider_tpu_rl.hooks.kubernetes import (
     container_phase,
     head_pod,
     jobset_state,
+    pod_disruption,
     split_timestamp,
     workload_container,
 )
 from airflow_provider_tpu_rl.maxtext.logs import TrainingLogTracker
 
+TAIL_LINES = 200  # workload lines kept to tell why a failed job failed
 CURSOR_SAVE_SECONDS = 2.0  # GCS allows about one write per second to one object
 FOLLOW_DRAIN_SECONDS = 30.0  # after the job ends, time for the follower to read the last lines
 FOLLOW_RETRY_SECONDS = 5.0  # a pod not started yet, or a dropped stream: try again after this
@@ -184,6 +188,7 @@ class JobSetTrigger(BaseTrigger):
         self._first_seen = False  # the JobSet was seen once: deadline, cursor, record, writers
         self._kept_alive_at = 0.0
         self._follower_reading = False
+        self._tail: deque[str] = deque(maxlen=TAIL_LINES)  # the last lines relayed: why a job failed
         self._log_ended = asyncio.Event()  # the followed container ended: poll the state now
         self._quick_delay = 0.25
 
@@ -336,6 +341,7 @@ class JobSetTrigger(BaseTrigger):
         if not self._cursor.accept(nanos):
             return
         self._dirty = True
+        self._tail.append(text)
         self.log.info("[%s] %s", self.job_name, text)
         if self.total_steps is not None:
             before = self._tracker.last_step
@@ -467,7 +473,28 @@ class JobSetTrigger(BaseTrigger):
             with contextlib.suppress(ValueError):
                 self.jobset_created = datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp()
 
-    def _event(self, status: str, state: JobState | None, message: str, fatal: bool = False) -> TriggerEvent:
+    async def _why_failed(self) -> dict[str, Any]:
+        """Why the job failed: its pods lost to their nodes (preemption, node shutdown, eviction:
+        transient), else what its workload's last lines say (:func:`classify_workload`)."""
+        disrupted = None
+        if self.namespace is not None:
+            with contextlib.suppress(Exception):  # the log still tells
+                client = self.client()
+                async with client.connection() as api:
+                    disrupted = pod_disruption(await client.pods(api, self.namespace, self.job_name))
+        if disrupted is not None:
+            return {"kind": FailureKind.TRANSIENT.value, "line": disrupted}
+        kind, line = classify_workload(list(self._tail))
+        return {"kind": kind.value, "line": line}
+
+    def _event(
+        self,
+        status: str,
+        state: JobState | None,
+        message: str,
+        fatal: bool = False,
+        failure: dict[str, Any] | None = None,
+    ) -> TriggerEvent:
         return TriggerEvent(
             {
                 "status": status,
@@ -477,6 +504,7 @@ class JobSetTrigger(BaseTrigger):
                 "message": message,
                 "fatal": fatal,
                 "foreign": self.foreign,
+                "failure": failure,
                 "log_lines": self._cursor.lines,
                 "metrics": self._tracker.metrics() if self.total_steps is not None else None,
             }
@@ -490,7 +518,8 @@ class JobSetTrigger(BaseTrigger):
             if status not in ("error", "conflict") or state is not None:
                 await self._finish_log(self._follower)
             await self._save_cursor(force=True)
-            event = self._event(status, state, message, fatal)  # with every line read
+            failure = await self._why_failed() if status == "failed" else None
+            event = self._event(status, state, message, fatal, failure)  # with every line read
             delay = (self.not_before or 0.0) - time.time()
             if delay > 0:  # never fire right after deferring: the scheduler may not be done with it
                 await asyncio.sleep(delay)

@@ -209,8 +209,19 @@ class MachineHost:
         )
         return Machine(spec, self.run_tool, self.services.cancelled).run(stdin, stdout, stderr)
 
+    # Every tool call on the machine, with the NAMES of its environment (never values), one JSON
+    # line each, in the machine's own file system: what a test reads to check which process saw a
+    # secret (``/tmp/.sandbox-tool-calls.jsonl``, in the machine's own /tmp).
+    TOOL_CALL_LOG = "/tmp/.sandbox-tool-calls.jsonl"  # noqa: S108  (a path inside the machine)
+
     def run_tool(self, call: ToolCall) -> int:
         """Dispatch one fake-tool call by its kind (the ``TOOL`` of its shim)."""
+        if self.fs.own(self.TOOL_CALL_LOG):
+            log = self.fs.host_path(self.TOOL_CALL_LOG)
+            log.parent.mkdir(parents=True, exist_ok=True)
+            entry = {"tool": call.tool, "argv": call.argv[:4], "env_names": sorted(call.env)}
+            with log.open("a") as handle:
+                handle.write(json.dumps(entry) + "\n")
         handler = {
             "python": self.tool_python,
             "pip": self.tool_pip,

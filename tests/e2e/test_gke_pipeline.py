@@ -213,6 +213,14 @@ def test_permanent_fault_fails_the_run_tears_down_and_keeps_outputs(
     if kind == "train":
         # The mid-way checkpoint written before the job failed.
         assert world.objects(step_dir(spec, 2)) == world.objects(step_dir(reference, NUM_BATCHES))
+        # The workload's own error (out of memory on a fixed config): submitted once, not retried,
+        # and the run's one line quotes it.
+        assert result.submitted_jobs().count(spec.train_job) == 1, result.describe()
+        assert result.tasks["train"].try_number == 1, result.describe()
+        assert any(
+            f"job {spec.train_job} failed: jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED" in message
+            for message in result.raised()
+        ), result.describe()
     if kind == "destroy":
         assert world.objects(step_dir(spec, NUM_BATCHES)) == world.objects(step_dir(reference, NUM_BATCHES))
     if kind == "destroy":

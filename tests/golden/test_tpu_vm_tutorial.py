@@ -54,6 +54,8 @@ def _script_lines(script: str) -> list[list[str]]:
 
 def _module_call(script: str, module: str) -> dict[str, str]:
     for tokens in _script_lines(script):
+        if tokens[:1] == ["HF_TOKEN=$tpu_rl_hf_token"]:  # the token in this command's env alone
+            tokens = tokens[1:]
         if tokens[:3] == ["python3", "-m", module]:
             return {k: v for k, _, v in (t.partition("=") for t in tokens[3:])}
     raise AssertionError(f"{module} not in script")
@@ -123,6 +125,12 @@ def test_token_comes_from_secret_manager_in_every_stage() -> None:
         assert command.stdin_text is not None
         assert "hf_access_token" not in command.stdin_text
         assert (
-            "HF_TOKEN=$(gcloud secrets versions access latest "
+            "tpu_rl_hf_token=$(gcloud secrets versions access latest "
             "--secret=tpu-rl-hf-token-huggingface_default --project=tpu-proj-123)"
         ) in command.stdin_text
+        # Never exported: only the MaxText command gets HF_TOKEN, not the gcloud copies after it.
+        assert "export HF_TOKEN" not in command.stdin_text
+        assert "export tpu_rl_hf_token" not in command.stdin_text
+        token_lines = [line for line in command.stdin_text.splitlines() if "HF_TOKEN" in line]
+        assert len(token_lines) == 1
+        assert token_lines[0].startswith('HF_TOKEN="$tpu_rl_hf_token" python3 -m maxtext.')

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_tpu_rl.hooks.failures import FailureKind, classify_failure
+from airflow_provider_tpu_rl.hooks.failures import (
+    FailureKind,
+    classify_failure,
+    classify_workload,
+    error_line,
+)
+from airflow_provider_tpu_rl.hooks.kubernetes import pod_disruption
 
 
 @pytest.mark.parametrize(
@@ -118,3 +124,83 @@ KUBECTL_REFUSED = (
 @pytest.mark.parametrize("output", [TERRAFORM_LOCK_HELD, TERRAFORM_LOCK_REFUSED, KUBECTL_REFUSED])
 def test_lock_and_refused_connections_are_transient(output):
     assert classify_failure("gcluster deploy ...\n" + output) is FailureKind.TRANSIENT
+
+
+# -- a failed workload, in its own words -------------------------------------------------------------
+# What MaxText/JAX print as the job dies (the sandbox's simulation prints the same lines).
+TRACEBACK = ["I1202 12:00:00 train_rl.py:806] Starting RL training...", "Traceback (most recent call last):"]
+OOM = "jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Error allocating device buffer: Attempting to allocate 2.50G."
+SHAPES = "ValueError: Incompatible shapes for broadcasting: (8, 512) and (4, 640)"
+SLICE_LOST = "jax.errors.JaxRuntimeError: UNAVAILABLE: The TPU slice became unhealthy (worker 3 lost)"
+DATA_LOSS = "jaxlib.xla_extension.XlaRuntimeError: DATA_LOSS: Slice 0 is down"
+HF_503 = "huggingface_hub.errors.HfHubHTTPError: 503 Server Error: Service Unavailable for url: https://hf.co"
+NODE_SHUTDOWN = "Pod was terminated in response to imminent node shutdown."
+
+
+@pytest.mark.parametrize("last", [OOM, SHAPES, "KeyError: 'rl'", "TypeError: unsupported operand"])
+def test_a_traceback_of_the_workloads_own_error_is_not_retryable(last):
+    kind, line = classify_workload([*TRACEBACK, '  File "train_rl.py", line 9, in main', last])
+    assert kind is FailureKind.CONFIG
+    assert line == last
+
+
+@pytest.mark.parametrize("last", [SLICE_LOST, DATA_LOSS, HF_503, NODE_SHUTDOWN])
+def test_a_lost_slice_a_preempted_node_or_a_5xx_is_retryable(last):
+    kind, line = classify_workload([*TRACEBACK, last])
+    assert kind is FailureKind.TRANSIENT
+    assert line == last or last == NODE_SHUTDOWN
+
+
+def test_a_log_that_says_nothing_clear_is_retried():
+    assert classify_workload(["step 3/5", "Reshard finished in 1.1s"]) == (FailureKind.TRANSIENT, None)
+    assert classify_workload([]) == (FailureKind.TRANSIENT, None)
+
+
+def test_the_vm_stage_output_of_a_lost_slice_is_transient():
+    assert classify_failure("\n".join([*TRACEBACK, SLICE_LOST])) is FailureKind.TRANSIENT
+    assert classify_failure("\n".join([*TRACEBACK, OOM])) is FailureKind.CONFIG
+
+
+def test_the_error_line_is_the_last_line_that_says_what_went_wrong():
+    terraform = [
+        "module.gke.google_service_account.service_account[0]: Creating...",
+        "│ Error: Error creating Cluster: googleapi: Error 409: Already exists, alreadyExists",
+        "│ ",
+        "│   with module.gke-tpu-v6e-cluster.google_container_cluster.gke_cluster,",
+        "│ [",
+    ]
+    assert (
+        error_line(terraform)
+        == "Error: Error creating Cluster: googleapi: Error 409: Already exists, alreadyExists"
+    )
+    assert error_line(["ERROR: (gcloud.secrets.create) NOT_FOUND: Project x not found", "done"]) == (
+        "ERROR: (gcloud.secrets.create) NOT_FOUND: Project x not found"
+    )
+    assert error_line(["E: Could not get lock /var/lib/dpkg/lock-frontend"]) == (
+        "E: Could not get lock /var/lib/dpkg/lock-frontend"
+    )
+    assert error_line(["all good", "still good"]) is None
+
+
+def test_a_pod_lost_to_its_node_is_a_disruption():
+    preempted = {
+        "metadata": {"name": "job-worker-0"},
+        "status": {
+            "conditions": [
+                {
+                    "type": "DisruptionTarget",
+                    "status": "True",
+                    "reason": "TerminationByKubelet",
+                    "message": NODE_SHUTDOWN,
+                }
+            ]
+        },
+    }
+    shut_down = {
+        "metadata": {"name": "job-worker-1"},
+        "status": {"reason": "Terminated", "message": NODE_SHUTDOWN},
+    }
+    healthy = {"metadata": {"name": "job-worker-2"}, "status": {"phase": "Failed", "conditions": []}}
+    assert pod_disruption([healthy, preempted]) == f"pod job-worker-0: TerminationByKubelet: {NODE_SHUTDOWN}"
+    assert pod_disruption([shut_down]) == f"pod job-worker-1: Terminated: {NODE_SHUTDOWN}"
+    assert pod_disruption([healthy]) is None

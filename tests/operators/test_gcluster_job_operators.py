@@ -181,9 +181,11 @@ def test_a_training_job_that_failed_is_cancelled_and_submitted_again_on_retry(
     event = run_trigger(defer(first_try, context).trigger)
     assert event["status"] == "failed"
     assert event["state"] == "Failed"
+    assert event["failure"]["kind"] == "transient"  # the slice was lost: a retry may pass
     with pytest.raises(AirflowException, match=train_job) as failed:
         first_try.execute_complete(context, event)
     assert not isinstance(failed.value, AirflowFailException)  # Airflow may retry it
+    assert "JaxRuntimeError: UNAVAILABLE: The TPU slice became unhealthy" in str(failed.value)
 
     second_try = _train_op(sb)
     result = run_job_operator(sb, second_try, conf, run_id=RUN_1, ti=RecordingTI(2))
@@ -213,8 +215,15 @@ def test_a_failed_job_fails_the_task(sb: SandboxRun, monkeypatch: pytest.MonkeyP
     event = run_trigger(defer(op, context).trigger)
 
     assert (event["status"], event["state"]) == ("failed", "Failed")
-    with pytest.raises(AirflowException, match=f"job {convert_job} failed"):
+    # The workload's own error (a traceback, no lost node, no 5xx): not retried, its line quoted.
+    assert event["failure"]["kind"] == "config"
+    with pytest.raises(AirflowFailException) as failed:
         op.execute_complete(context, event)
+    message = str(failed.value)
+    assert message.startswith(f"job {convert_job} failed: RuntimeError: Checkpoint conversion failed during ")
+    assert "tensor shape mismatch" in message
+    assert "not retried" in message
+    assert len(sb.job_calls("submit", convert_job)) == 1
     assert f"{CONVERTED}0/commit_success.txt" not in sb.objects()
 
 

@@ -20,6 +20,7 @@ from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID, tpu_vm_pipeline_from_conf
 from tests.compat import capture_task_logs
 from tests.operators.sandbox_run import SandboxRun, printed_rewards
+from tpu_rl_sandbox.hosts import VmHost
 
 RUN_ID = "manual__2026-03-01T00:00:00+00:00"
 START = datetime(2030, 1, 1, tzinfo=UTC)
@@ -76,6 +77,20 @@ def test_the_whole_vm_pipeline_leaves_checkpoint_and_export_in_gcs(sb: SandboxRu
         ):
             stages[stage] = _execute(sb, TpuVmStageOperator, conf, task_id=task_id)
     output = "\n".join(str(entry.get("event")) for entry in logs)
+
+    # The token reached MaxText's commands only: the copies to GCS on the VM ran without it.
+    calls_on_vm = sb.layout.vm_dir(sb.vm) / VmHost.TOOL_CALL_LOG.lstrip("/")
+    tool_calls = [json.loads(line) for line in calls_on_vm.read_text().splitlines()]
+    copies = [
+        c
+        for c in tool_calls
+        if c["tool"] == "gcloud" and c["argv"][1:3] in (["storage", "rsync"], ["storage", "cp"])
+    ]
+    maxtext = [c for c in tool_calls if c["tool"] == "python" and "-m" in c["argv"]]
+    assert len(copies) >= 3
+    assert maxtext
+    assert not [c["argv"] for c in copies if "HF_TOKEN" in c["env_names"]]
+    assert all("HF_TOKEN" in c["env_names"] for c in maxtext)
 
     # Training: the rewards reported are those MaxText printed over SSH.
     rewards = printed_rewards(output)

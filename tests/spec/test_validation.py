@@ -152,6 +152,7 @@ BAD_GKE_CONF: list[tuple[dict[str, Any], str, str]] = [
     ({"train_overrides": []}, "train_overrides", "must be an object"),
     ({"hf_token_conn_id": "my conn"}, "hf_token_conn_id", "connection id"),
     ({"hf_token_secret": "a/b"}, "hf_token_secret", "secret id"),
+    ({"hf_token_secret": "--help"}, "hf_token_secret", "not start with '-'"),
 ]
 
 
