@@ -60,6 +60,17 @@ def ledger_buckets(conn_id: str | None = None) -> list[str]:
     A ledger that does not exist yet (the default SQLite file not created) or cannot be read
     names none: the janitor then goes by ``[tpu_rl] janitor_buckets`` alone.
     """
+    return ledger_conf_values("bucket", conn_id)
+
+
+def ledger_projects(conn_id: str | None = None) -> list[str]:
+    """Projects named by the run confs in the run ledger: scanned even when their bucket (and the
+    resource records in it) was deleted — a cluster is found by its labels there."""
+    return ledger_conf_values("project", conn_id)
+
+
+def ledger_conf_values(key: str, conn_id: str | None = None) -> list[str]:
+    """The values of one conf key over the ledger's runs, newest first (read only)."""
     from airflow_provider_tpu_rl.ledger.dialects import Dialect
     from airflow_provider_tpu_rl.ledger.hook import DEFAULT_CONN_ID, RunLedger, default_sqlite_path
 
@@ -78,7 +89,7 @@ def ledger_buckets(conn_id: str | None = None) -> list[str]:
     except Exception as error:  # the janitor must not stop at an unreadable ledger
         log.warning("janitor: the run ledger names no bucket (%s)", error)
         return []
-    return _unique(_conf_value(row[0], "bucket") for row in rows or [])
+    return _unique(_conf_value(row[0], key) for row in rows or [])
 
 
 def _conf_value(conf_json: Any, key: str) -> str | None:
@@ -143,7 +154,9 @@ def discover_sources(
     """Buckets from ``[tpu_rl] janitor_buckets`` and the ledger (or ``buckets``), and the projects to scan.
 
     ``projects`` given: exactly those. Empty: the connection's project plus every project the
-    buckets' resource records name. An unreadable bucket is logged and skipped.
+    buckets' resource records and the ledger's run confs name. An unreadable bucket is logged and
+    skipped; its runs' projects are still scanned (managed clusters and VMs are found by their
+    labels, their records or not).
     """
     known = _unique(
         [*(buckets if buckets is not None else janitor_buckets()), *ledger_buckets(ledger_conn_id)]
@@ -162,7 +175,13 @@ def discover_sources(
     if projects:
         scan = _unique(projects)
     else:
-        scan = _unique([_connection_project(gcp_conn_id), *(project for project, _ in record_buckets)])
+        scan = _unique(
+            [
+                _connection_project(gcp_conn_id),
+                *(project for project, _ in record_buckets),
+                *ledger_projects(ledger_conn_id),  # also when a run's bucket (and records) is gone
+            ]
+        )
     if not scan:
         raise AirflowException(
             f"no projects given and connection {gcp_conn_id!r} names no project; no resource record in "
@@ -290,6 +309,8 @@ __all__ = [
     "discover_sources",
     "janitor_buckets",
     "ledger_buckets",
+    "ledger_conf_values",
+    "ledger_projects",
     "orphan_minutes",
     "read_bucket_records",
     "record_project",

@@ -8,8 +8,9 @@ the GCP connection's token: the triggerer starts no process and needs no binary.
   ``workload-container``; job 0's container otherwise) is followed, with timestamps, from its
   start. A :class:`~airflow_provider_tpu_rl.hooks.kubernetes.LogCursor` (the last line's time and
   how many lines had it) is kept with the training metrics in a small JSON object in GCS
-  (``cursor_uri``), saved every few seconds and when the trigger stops; a trigger that starts again
-  (triggerer restart, task retry, the operator's in-worker wait) reads from ``sinceTime`` and
+  (``cursor_uri``), saved before each batch of lines (every few seconds) is relayed and when the
+  trigger stops; a trigger that starts again (triggerer restart, task retry, the operator's
+  in-worker wait, even after a crash) reads from ``sinceTime`` and
   drops what it already relayed, so no line is lost or repeated.
 * **What the worker no longer waits for** (it submits and defers at once): the trigger asks the
   GKE API for the cluster's endpoint (``project_id``/``location``/``cluster_name``), computes the
@@ -178,6 +179,8 @@ class JobSetTrigger(BaseTrigger):
         self._tracker = TrainingLogTracker()
         self._saved_at = 0.0
         self._dirty = False
+        self._pending: list[str] = []  # lines counted into the cursor, not relayed yet
+        self._pending_since = 0.0
         self._loaded = False
         self.jobset_uid: str | None = None  # seen by job_state(); not part of the serialized state
         self.jobset_created: float | None = None  # its creationTimestamp (epoch seconds), likewise
@@ -335,22 +338,37 @@ class JobSetTrigger(BaseTrigger):
 
     # -- the log -----------------------------------------------------------------------------------
     async def _relay(self, raw: str) -> None:
-        """One line of the followed container: to the task log and the metrics, unless seen."""
+        """One line of the followed container, unless seen: counted into the cursor now, relayed
+        with the next :meth:`_flush` (at most :data:`CURSOR_SAVE_SECONDS` later)."""
         parsed = split_timestamp(raw)
         nanos, text = parsed if parsed is not None else (self._cursor.last_nanos, raw)
         if not self._cursor.accept(nanos):
             return
         self._dirty = True
-        self._tail.append(text)
-        self.log.info("[%s] %s", self.job_name, text)
-        if self.total_steps is not None:
-            before = self._tracker.last_step
-            self._tracker.feed(text)
-            if self._tracker.last_step is not None and self._tracker.last_step != before:
-                self.log.info(
-                    "[%s] progress: %s", self.job_name, self._tracker.progress_text(self.total_steps)
-                )
-        await self._save_cursor()
+        if not self._pending:
+            self._pending_since = time.monotonic()
+        self._pending.append(text)
+        if time.monotonic() - self._pending_since >= CURSOR_SAVE_SECONDS:
+            await self._flush()
+
+    async def _flush(self) -> None:
+        """Relay the lines counted so far: the cursor (and the metrics they carry) is saved first,
+        then they go to the task log. A trigger killed between the two has lost those lines from
+        the log (they are in the metrics); one that starts again never relays a line twice."""
+        batch, self._pending = self._pending, []
+        progress: dict[int, str] = {}  # line index → the progress it reports
+        for index, text in enumerate(batch):
+            if self.total_steps is not None:
+                before = self._tracker.last_step
+                self._tracker.feed(text)
+                if self._tracker.last_step is not None and self._tracker.last_step != before:
+                    progress[index] = self._tracker.progress_text(self.total_steps)
+        await self._save_cursor(force=bool(batch))
+        for index, text in enumerate(batch):
+            self._tail.append(text)
+            self.log.info("[%s] %s", self.job_name, text)
+            if index in progress:
+                self.log.info("[%s] progress: %s", self.job_name, progress[index])
 
     async def _read_log(self, follow: bool) -> str:
         """Read the workload container's log from the cursor; ``follow`` streams while it runs.
@@ -384,6 +402,7 @@ class JobSetTrigger(BaseTrigger):
                 follow=follow and phase == "running",
             ):
                 await self._relay(line)
+            await self._flush()
             return phase
 
     async def _follow(self) -> None:
@@ -517,6 +536,7 @@ class JobSetTrigger(BaseTrigger):
             status, state, message, fatal = await self._watch()
             if status not in ("error", "conflict") or state is not None:
                 await self._finish_log(self._follower)
+            await self._flush()
             await self._save_cursor(force=True)
             failure = await self._why_failed() if status == "failed" else None
             event = self._event(status, state, message, fatal, failure)  # with every line read
@@ -525,7 +545,8 @@ class JobSetTrigger(BaseTrigger):
                 await asyncio.sleep(delay)
             yield event
         except asyncio.CancelledError:
-            await self._stop_follower()  # before saving: no line may be relayed after the save
+            await self._stop_follower()  # before saving: no line may be counted after the save
+            await self._flush()
             await self._save_cursor(force=True)
             if not AIRFLOW_V_3_3_PLUS and self.cancel_on_kill:
                 with contextlib.suppress(Exception):
@@ -601,7 +622,7 @@ class JobSetTrigger(BaseTrigger):
                     False,
                 )
             await self._keep_alive()
-            await self._save_cursor()
+            await self._flush()
             await self._pause()
 
     # -- the first sight of the JobSet --------------------------------------------------------------

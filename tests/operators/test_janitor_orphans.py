@@ -310,3 +310,36 @@ def test_a_training_longer_than_its_label_keeps_the_cluster_while_its_lease_is_r
     (stale,) = _scan(sb, renewed_until + 1, runs)
     expires_at = int(LONG_AGO.timestamp()) + 3600
     assert stale.reason == f"expired at {datetime.fromtimestamp(expires_at, UTC).isoformat()}"
+
+
+def test_a_cluster_whose_bucket_and_records_were_deleted_is_still_found_by_its_labels(
+    sb: SandboxRun, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """A run's bucket was deleted (records, lease and all) while its cluster lives on: the ledger
+    still names the run's project, the janitor scans it and finds the cluster by its labels."""
+    project, bucket = f"{sb.project}-g", f"{sb.bucket}-g"
+    _bucket(sb, project=project, bucket=bucket)
+    _deploy(sb, "manual__gone", LONG_AGO, project=project, bucket=bucket, max_cluster_hours=1)
+    monkeypatch.setenv("AIRFLOW_CONN_TPU_RL_LEDGER", sqlite_connection_uri(tmp_path / "ledger.db"))
+    RunLedger().record(
+        RunRecord(
+            dag_id=GKE_DAG_ID,
+            airflow_run_id="manual__gone",
+            model="m",
+            state="failed",
+            conf={"bucket": bucket, "project": project},
+        )
+    )
+    for name in sb.objects(bucket):
+        sb.api.delete(bucket, name)
+    sb.api.delete_bucket(bucket)
+    assert not sb.bucket_exists(bucket)
+
+    sources = discover_sources([], gcp_conn_id="google_cloud_default")
+
+    assert project in sources.projects
+    stale = find_expired_resources(GclusterHook(), project, time.time(), sources=sources)
+    expires_at = int(LONG_AGO.timestamp()) + 3600
+    assert [(r.name, r.reason) for r in stale] == [
+        (sb.cluster, f"expired at {datetime.fromtimestamp(expires_at, UTC).isoformat()}")
+    ]

@@ -13,7 +13,9 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -359,3 +361,67 @@ def test_the_wait_renews_the_writer_claim_and_the_lease_while_the_job_runs(
     event = run_trigger(trigger, alongside=release_once_both_renewed)
     train.execute_complete(context, event)
     assert records.read(sb.bucket, run_dir).writer is None  # the job's end released the claim
+
+
+# A trigger in its own process, its relayed lines appended to a file (flushed line by line): what a
+# triggerer that dies at once (SIGKILL, a lost node) had put in the task log.
+_KILLED_TRIGGER = """
+import asyncio, json, logging, sys
+from airflow_provider_tpu_rl.triggers.jobset import JobSetTrigger
+
+class ToFile(logging.Handler):
+    def emit(self, record):
+        if record.msg == "[%s] %s":
+            with open(sys.argv[2], "a") as out:
+                out.write(str(record.args[1]) + "\\n")
+
+trigger = JobSetTrigger(**json.loads(sys.argv[1]))
+logger = logging.getLogger("killed-trigger")
+logger.addHandler(ToFile())
+logger.setLevel(logging.INFO)
+trigger._log = logger
+
+async def main():
+    async for _ in trigger.run():
+        return
+
+asyncio.run(main())
+"""
+
+
+def test_a_trigger_killed_mid_training_never_relays_a_line_twice(
+    sb: SandboxRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    train, context, trigger, job_name, hold = _held_training(sb, monkeypatch)
+    kwargs = trigger.serialize()[1]
+    relayed = sb.work_dir / "relayed-before-the-kill.txt"
+    killed = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_TRIGGER, json.dumps(kwargs), str(relayed)], env=dict(os.environ)
+    )
+    try:
+        wait_for(
+            lambda: relayed.is_file() and "Pre RL Training" in relayed.read_text(),
+            "the first trigger to relay the pre-training reward",
+            timeout=120,
+        )
+        time.sleep(1.0)  # more lines counted, some not yet relayed
+    finally:
+        killed.send_signal(signal.SIGKILL)  # no clean-up, no last save
+        killed.wait(timeout=30)
+    first = relayed.read_text().splitlines()
+
+    restarted = JobSetTrigger(**kwargs)
+    hold.unlink()
+    with recording(restarted) as second:
+        event = run_trigger(restarted)
+    train.execute_complete(context, event)
+
+    full = sb.container_log(job_name, HEAD, WORKLOAD)
+    combined = first + second.lines
+    # In the container's order, each line at most once: a line may be lost at the kill, never repeated.
+    position = 0
+    for line in combined:
+        assert line in full[position:], f"relayed twice or out of order: {line!r}"
+        position = full.index(line, position) + 1
+    assert second.lines
+    assert full[-1] == combined[-1]

@@ -230,6 +230,7 @@ def test_the_trigger_relay_parses_the_recorded_log(restart_after: int | None) ->
     async def relay(target: JobSetTrigger, items: list[str]) -> None:
         for item in items:
             await target._relay(item)
+        await target._flush()  # as the end of a log read does
 
     if restart_after is None:
         asyncio.run(relay(trigger, stamped))
