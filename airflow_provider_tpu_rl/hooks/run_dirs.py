@@ -20,10 +20,13 @@ exactly one wins, the other re-reads and decides again.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -289,3 +292,25 @@ class RunDirRecords:
             return replace(current, writer=None)
 
         return self._update(bucket, directory, change)
+
+
+@contextmanager
+def claim_kept_alive(
+    records: RunDirRecords, bucket: str, directory: str, *, run: str, job: str, seconds: float
+) -> Iterator[None]:
+    """While the block runs (a long blocking call: a VM stage over SSH), renew the writer claim of
+    ``run``'s ``job`` to ``seconds`` from now, every third of it, from a daemon thread."""
+    stop = threading.Event()
+
+    def renew() -> None:
+        while not stop.wait(seconds / 3):
+            with contextlib.suppress(Exception):  # the next round tries again
+                records.renew(bucket, directory, run=run, job=job, until=time.time() + seconds)
+
+    thread = threading.Thread(target=renew, name=f"claim-{job}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=GCS_TIMEOUT_S)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any
 
@@ -12,7 +14,7 @@ from airflow.providers.common.compat.sdk import Context
 from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.exceptions import ConfigurationError, LeaseHeldError, RunDirBusyError
 from airflow_provider_tpu_rl.hooks.lease import ClusterLeaseHook, Lease, held_message, utc_text, vm_lease_name
-from airflow_provider_tpu_rl.hooks.run_dirs import RunDirRecords, WriterClaim, run_dir
+from airflow_provider_tpu_rl.hooks.run_dirs import RunDirRecords, WriterClaim, claim_kept_alive, run_dir
 from airflow_provider_tpu_rl.maxtext.logs import TrainingLogTracker
 from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, expiry_of_run, fail_fast
 from airflow_provider_tpu_rl.operators.gke import (
@@ -307,12 +309,13 @@ class TpuVmStageOperator(_TpuVmOperator):
             if directory is not None:
                 self.claim_output(context, p, directory, run)
             try:
-                # One SSH session runs the whole stage: it gets the stage's bound, not a short call's.
-                self.hook.run_checked(
-                    tpu_vm.stage_command(p, self.stage, ssh_key_file=str(self.hook.ssh_key_file())),
-                    on_line=on_line if self.stage == "train" else None,
-                    timeout=stage_command_timeout(self.stage),
-                )
+                with self.claim_renewed(p, directory, run):
+                    # One SSH session runs the whole stage: it gets the stage's bound, not a short call's.
+                    self.hook.run_checked(
+                        tpu_vm.stage_command(p, self.stage, ssh_key_file=str(self.hook.ssh_key_file())),
+                        on_line=on_line if self.stage == "train" else None,
+                        timeout=stage_command_timeout(self.stage),
+                    )
             finally:
                 if directory is not None:
                     self.release_output(p, directory, run)
@@ -391,6 +394,23 @@ class TpuVmStageOperator(_TpuVmOperator):
             self.log.warning(
                 "Resuming %s, started by run %s (no longer writing it)", directory, claimed.before(run)
             )
+
+    def claim_renewed(
+        self, p: TpuVmPipelineSpec, directory: str | None, run: str
+    ) -> AbstractContextManager[None]:
+        """The stage's writer claim renewed while its SSH session runs (nothing without one)."""
+        if directory is None:
+            return contextlib.nullcontext()
+        from airflow_provider_tpu_rl.operators.maxtext import claim_seconds
+
+        return claim_kept_alive(
+            RunDirRecords(self.gcp_conn_id),
+            p.vm.bucket,
+            directory,
+            run=run,
+            job=f"{p.vm.vm_name}/{self.stage}",
+            seconds=claim_seconds(),
+        )
 
     def release_output(self, p: TpuVmPipelineSpec, directory: str, run: str) -> None:
         try:

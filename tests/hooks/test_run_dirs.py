@@ -15,6 +15,7 @@ from airflow_provider_tpu_rl.hooks.run_dirs import (
     RunDirRecord,
     RunDirRecords,
     WriterClaim,
+    claim_kept_alive,
     run_dir,
     run_record_object,
 )
@@ -159,3 +160,20 @@ def test_a_damaged_record_reads_as_unrecorded(directory: str) -> None:
     assert record.generation > 0
     claimed = RunDirRecords().claim(BUCKET, directory, run="d/r1", settings=SETTINGS, writer=writer("d/r1"))
     assert claimed.runs == ("d/r1",)
+
+
+def test_a_claim_is_kept_alive_while_a_long_call_runs(directory: str) -> None:
+    records = RunDirRecords()
+    claimed = records.claim(
+        BUCKET, directory, run="d/r1", settings=SETTINGS, writer=writer("d/r1", seconds=1)
+    )
+    assert claimed.writer is not None
+    with claim_kept_alive(records, BUCKET, directory, run="d/r1", job="job-1", seconds=1.2):
+        time.sleep(2.0)  # a VM stage over SSH: longer than the claim's own life
+        held = records.read(BUCKET, directory).writer
+        assert held is not None
+        assert not held.expired()
+        assert held.expires_at > claimed.writer.expires_at
+    after = records.read(BUCKET, directory).writer
+    time.sleep(0.6)
+    assert records.read(BUCKET, directory).writer == after  # stopped with the block
