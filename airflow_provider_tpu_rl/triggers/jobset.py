@@ -178,7 +178,9 @@ class JobSetTrigger(BaseTrigger):
         self._cursor = LogCursor()
         self._tracker = TrainingLogTracker()
         self._saved_at = 0.0
-        self._dirty = False
+        self._version = 0  # bumped by every change of the cursor or the metrics
+        self._saved_version = 0
+        self._save_lock = asyncio.Lock()
         self._pending: list[str] = []  # lines counted into the cursor, not relayed yet
         self._pending_since = 0.0
         self._loaded = False
@@ -316,25 +318,32 @@ class JobSetTrigger(BaseTrigger):
             )
 
     async def _save_cursor(self, force: bool = False) -> None:
-        location = self._cursor_location()
-        if location is None or not self._dirty:
-            return
-        if not force and time.monotonic() - self._saved_at < CURSOR_SAVE_SECONDS:
-            return
-        document = {"cursor": self._cursor.as_dict(), "metrics": self._tracker.metrics()}
-        try:
-            storage = await self._storage_client()
-            await asyncio.wait_for(
-                storage.upload(
-                    *location, json.dumps(document), content_type="application/json", timeout=STORAGE_TIMEOUT
-                ),
-                STORAGE_TIMEOUT,
-            )
-        except Exception as err:
-            self.log.warning("Could not save the log cursor %s: %s", self.cursor_uri, err)
-            return
-        self._saved_at = time.monotonic()
-        self._dirty = False
+        """Save the cursor and metrics as they are now. One save at a time (the follower and the
+        state loop both save): a slower, older upload never lands after a newer one."""
+        async with self._save_lock:
+            location = self._cursor_location()
+            if location is None or self._saved_version == self._version:
+                return
+            if not force and time.monotonic() - self._saved_at < CURSOR_SAVE_SECONDS:
+                return
+            version = self._version
+            document = {"cursor": self._cursor.as_dict(), "metrics": self._tracker.metrics()}
+            try:
+                storage = await self._storage_client()
+                await asyncio.wait_for(
+                    storage.upload(
+                        *location,
+                        json.dumps(document),
+                        content_type="application/json",
+                        timeout=STORAGE_TIMEOUT,
+                    ),
+                    STORAGE_TIMEOUT,
+                )
+            except Exception as err:
+                self.log.warning("Could not save the log cursor %s: %s", self.cursor_uri, err)
+                return
+            self._saved_at = time.monotonic()
+            self._saved_version = version
 
     # -- the log -----------------------------------------------------------------------------------
     async def _relay(self, raw: str) -> None:
@@ -344,7 +353,7 @@ class JobSetTrigger(BaseTrigger):
         nanos, text = parsed if parsed is not None else (self._cursor.last_nanos, raw)
         if not self._cursor.accept(nanos):
             return
-        self._dirty = True
+        self._version += 1
         if not self._pending:
             self._pending_since = time.monotonic()
         self._pending.append(text)
@@ -363,6 +372,8 @@ class JobSetTrigger(BaseTrigger):
                 self._tracker.feed(text)
                 if self._tracker.last_step is not None and self._tracker.last_step != before:
                     progress[index] = self._tracker.progress_text(self.total_steps)
+        if batch:
+            self._version += 1  # the metrics changed (the cursor may have been saved without them)
         await self._save_cursor(force=bool(batch))
         for index, text in enumerate(batch):
             self._tail.append(text)
@@ -391,7 +402,7 @@ class JobSetTrigger(BaseTrigger):
             uid = str(pod["metadata"].get("uid") or pod["metadata"].get("name"))
             if self._cursor.pod_uid != uid:  # a new pod (a JobSet restart): its log starts afresh
                 self._cursor = LogCursor(pod_uid=uid, lines=self._cursor.lines)
-                self._dirty = True
+                self._version += 1
             self._cursor.rewind()
             async for line in client.log_lines(
                 api,

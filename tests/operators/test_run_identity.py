@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 from typing import Any
 
 import pytest
@@ -361,6 +362,8 @@ def test_a_run_on_another_cluster_is_refused_while_the_first_lives_and_resumes_a
     # are gone before anything is released (a deleted pod's grace period could still commit).
     worker = int((sb.job_record(first_job) or {})["pid"])
     assert kube_access.request(sb.kube(), "DELETE", f"{JOBSETS}/{first_job}").status == 200
+    with contextlib.suppress(ProcessLookupError):  # past the pods' grace period: gone for good
+        os.killpg(worker, signal.SIGKILL)
     wait_for(lambda: not _alive(worker), "the first job's pods to stop")
     hold.unlink()
     capfd.readouterr()
