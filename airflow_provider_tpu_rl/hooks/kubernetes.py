@@ -372,6 +372,32 @@ def pod_disruption(pods: Sequence[Mapping[str, Any]]) -> str | None:
     return None
 
 
+TPU_RESOURCE = "google.com/tpu"
+
+
+def _requests_tpu(pod: Mapping[str, Any]) -> bool:
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        resources = container.get("resources") or {}
+        if any(TPU_RESOURCE in (resources.get(kind) or {}) for kind in ("limits", "requests")):
+            return True
+    return False
+
+
+def accelerator_start(pods: Sequence[Mapping[str, Any]]) -> str | None:
+    """When a JobSet's work began on its accelerators: the earliest ``status.startTime`` of its
+    pods that request TPU chips (of all its pods when none does: a CPU job). None when no pod
+    has started."""
+    tpu_pods = [pod for pod in pods if _requests_tpu(pod)]
+    starts = [
+        str(start) for pod in (tpu_pods or pods) if (start := (pod.get("status") or {}).get("startTime"))
+    ]
+    return min(starts, key=_rfc3339_seconds) if starts else None
+
+
+def _rfc3339_seconds(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
 # ------------------------------------------------------------------------------------ log lines
 _TIMESTAMP_RE = re.compile(
     r"^(?P<date>\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(?:\.(?P<frac>\d{1,9}))?(?P<zone>Z|[+-]\d{2}:\d{2}) ?"

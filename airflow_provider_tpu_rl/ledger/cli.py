@@ -12,11 +12,22 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from airflow_provider_tpu_rl.ledger.records import RunSummary
+from airflow_provider_tpu_rl.ledger.records import RunSummary, idle_share
 
 UNKNOWN = "-"
 DEFAULT_PLOT_FILE = "tpu-rl-reward-trend.png"
-RUNS_COLUMNS = ("RUN", "MODEL", "STATE", "DURATION", "MEAN REWARD", "CHIP-HOURS", "EXPORT")
+RUNS_COLUMNS = (
+    "RUN",
+    "MODEL",
+    "STATE",
+    "DURATION",
+    "MEAN REWARD",
+    "TPU CHIP-H",
+    "TRAINED",
+    "IDLE",
+    "COST $",
+    "EXPORT",
+)
 FAILED_COLUMNS = ("RUN", "MODEL", "TASK", "STATE", "TRY", "JOB", "ENDED")
 
 
@@ -162,6 +173,24 @@ def format_chip_hours(chip_hours: float | None) -> str:
     return UNKNOWN if chip_hours is None else f"{chip_hours:.1f}"
 
 
+def format_share(share: float | None) -> str:
+    """A share as a whole percentage; ``-`` when unknown."""
+    return UNKNOWN if share is None else f"{share * 100:.0f}%"
+
+
+def format_cost(usd: float | None) -> str:
+    """Dollars with cents; ``-`` when unknown."""
+    return UNKNOWN if usd is None else f"{usd:,.2f}"
+
+
+def format_tpu_time(billed: float | None, busy: float | None, usd: float | None) -> str:
+    """``billed 4.3 TPU chip-hours, trained 1.2 (idle 72%), est. $11.61``."""
+    return (
+        f"billed {format_chip_hours(billed)} TPU chip-hours, trained {format_chip_hours(busy)} "
+        f"(idle {format_share(idle_share(billed, busy))}), est. ${format_cost(usd)}"
+    )
+
+
 def runs_table_rows(runs: Sequence[RunSummary]) -> list[tuple[str, ...]]:
     """The table's cells, one tuple per run, in :data:`RUNS_COLUMNS` order."""
     return [
@@ -172,6 +201,9 @@ def runs_table_rows(runs: Sequence[RunSummary]) -> list[tuple[str, ...]]:
             format_duration(run.duration_seconds),
             format_reward(run.pre_mean_reward, run.post_mean_reward),
             format_chip_hours(run.chip_hours),
+            format_chip_hours(run.busy_chip_hours),
+            format_share(run.idle_share),
+            format_cost(run.estimated_cost_usd),
             run.export_uri or UNKNOWN,
         )
         for run in runs
@@ -180,7 +212,9 @@ def runs_table_rows(runs: Sequence[RunSummary]) -> list[tuple[str, ...]]:
 
 def format_runs_table(runs: Sequence[RunSummary]) -> str:
     """A fixed-width table of runs, aligned columns separated by two spaces."""
-    right_aligned = {RUNS_COLUMNS.index("DURATION"), RUNS_COLUMNS.index("CHIP-HOURS")}
+    right_aligned = {
+        RUNS_COLUMNS.index(name) for name in ("DURATION", "TPU CHIP-H", "TRAINED", "IDLE", "COST $")
+    }
     return _format_table(RUNS_COLUMNS, runs_table_rows(runs), right_aligned)
 
 

@@ -65,6 +65,7 @@ def collect_run_from_context(
     ignored_task_ids: Iterable[str] = (),
     recorded_steps: Mapping[str, StepRecord] | None = None,
     now: datetime | None = None,
+    usd_per_chip_hour: float | None = None,
 ) -> Collected:
     """The run, its steps, metrics and artifacts, as the ledger stores them.
 
@@ -72,7 +73,8 @@ def collect_run_from_context(
     failed or was upstream_failed, or when Airflow already marked the DAG run failed; else
     ``success``. Teardown tasks are ``teardown_task_ids`` or, when None, the DAG's tasks with
     ``is_teardown``; the calling task is always one. Chip-hours use the cluster's lifetime:
-    start of ``cluster_task_ids[0]`` to end of ``cluster_task_ids[1]`` (or ``now``).
+    start of ``cluster_task_ids[0]`` to end of ``cluster_task_ids[1]`` (or ``now``); the TPU time
+    that trained is :func:`training_span`.
     """
     current = now or datetime.now(UTC)
     dag_run = context["dag_run"]
@@ -97,6 +99,8 @@ def collect_run_from_context(
     if cluster_started is not None:
         cluster_ended = (destroy.ended_at if destroy else None) or current
 
+    train_result = _xcom(own_ti, train_task_id)
+    train_started, train_ended = training_span(train_result, steps.get(train_task_id))
     run = RunRecord(
         dag_id=dag_run.dag_id,
         airflow_run_id=dag_run.run_id,
@@ -108,14 +112,35 @@ def collect_run_from_context(
         cluster_started_at=as_utc(cluster_started),
         cluster_ended_at=as_utc(cluster_ended),
         conf=dict(getattr(dag_run, "conf", None) or {}),
+        train_started_at=train_started,
+        train_ended_at=train_ended,
+        usd_per_chip_hour=usd_per_chip_hour,
     )
-    metrics = metrics_from_train_result(_xcom(own_ti, train_task_id))
+    metrics = metrics_from_train_result(train_result)
     artifacts = [
         artifact
         for kind, task_id in artifact_task_ids.items()
         for artifact in artifacts_from_sensor_result(kind, _xcom(own_ti, task_id))
     ]
     return run, sorted(steps.values(), key=lambda step: step.task_id), metrics, artifacts
+
+
+def training_span(result: Any, step: StepRecord | None) -> tuple[datetime | None, datetime | None]:
+    """When the TPU trained: the training job's own running span where its task returned one
+    (``{"ran": {"started_at", "ended_at"}}``: the JobSet's first pod start to its completion),
+    else the train task's latest try (the TPU VM's training runs inside it). Unknown (None, None)
+    when the training never ended."""
+    ran = result.get("ran") if isinstance(result, Mapping) else None
+    if isinstance(ran, Mapping):
+        try:
+            started, ended = as_utc(ran.get("started_at")), as_utc(ran.get("ended_at"))
+        except (TypeError, ValueError):
+            started = ended = None
+        if started is not None and ended is not None and ended >= started:
+            return started, ended
+    if step is not None and step.started_at is not None and step.ended_at is not None:
+        return as_utc(step.started_at), as_utc(step.ended_at)
+    return None, None
 
 
 def _steps_from_context(

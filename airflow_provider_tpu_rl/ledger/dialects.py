@@ -169,6 +169,11 @@ RUNS = TableSpec(
         Column("chip_hours", "FLOAT64"),
         Column("conf_json", "STRING"),
         Column("recorded_at", "TIMESTAMP", Merge.REPLACE),
+        Column("train_started_at", "TIMESTAMP"),
+        Column("train_ended_at", "TIMESTAMP"),
+        Column("busy_chip_hours", "FLOAT64"),
+        Column("usd_per_chip_hour", "FLOAT64"),
+        Column("estimated_cost_usd", "FLOAT64"),
     ),
 )
 
@@ -322,6 +327,11 @@ def run_row(run: RunRecord, recorded_at: datetime) -> dict[str, Any]:
         "chip_hours": run.chip_hours,
         "conf_json": run.conf_json,
         "recorded_at": as_utc(recorded_at),
+        "train_started_at": as_utc(run.train_started_at),
+        "train_ended_at": as_utc(run.train_ended_at),
+        "busy_chip_hours": run.busy_chip_hours,
+        "usd_per_chip_hour": run.usd_per_chip_hour,
+        "estimated_cost_usd": run.estimated_cost_usd,
     }
 
 

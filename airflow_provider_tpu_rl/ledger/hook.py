@@ -64,12 +64,16 @@ from airflow_provider_tpu_rl.ledger.records import (
     make_run_id,
     task_instance_start,
 )
-from airflow_provider_tpu_rl.ledger.schema import BOOTSTRAP_VERSION, load_migrations, load_query
+from airflow_provider_tpu_rl.ledger.schema import (
+    BOOTSTRAP_VERSION,
+    DEFAULT_SQLITE_FILE,
+    load_migrations,
+    load_query,
+)
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CONN_ID = "tpu_rl_ledger"
-DEFAULT_SQLITE_FILE = "tpu_rl_ledger.db"
 DEFAULT_BIGQUERY_DATASET = "tpu_rl_ledger"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 _POSTGRES_MIGRATION_LOCK = 7_301_946_215  # pg_advisory_xact_lock key: one migrator at a time
@@ -476,7 +480,15 @@ class RunLedger:
 
 
 _TIMESTAMP_COLUMNS = frozenset(
-    {"started_at", "ended_at", "cluster_started_at", "cluster_ended_at", "recorded_at"}
+    {
+        "started_at",
+        "ended_at",
+        "cluster_started_at",
+        "cluster_ended_at",
+        "train_started_at",
+        "train_ended_at",
+        "recorded_at",
+    }
 )
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_tpu_rl.ledger.records import MetricRecord
+from airflow_provider_tpu_rl.ledger.records import MetricRecord, RunRecord, StepRecord, as_utc, idle_share
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -92,16 +92,73 @@ def run_curves(run_id: str, metrics: Iterable[MetricRecord], final_step: int | N
     )
 
 
+@dataclass(frozen=True)
+class RunTimeline:
+    """A run's stages in time, with the TPU's billed and training spans (minutes from the start)."""
+
+    stages: tuple[tuple[str, float, float, str], ...]  # task id, start, end, state
+    billed: tuple[float, float] | None = None
+    trained: tuple[float, float] | None = None
+    idle_share: float | None = None
+
+    @property
+    def empty(self) -> bool:
+        """No stage with a known span."""
+        return not self.stages
+
+
+def run_timeline(run: RunRecord, steps: Iterable[StepRecord]) -> RunTimeline:
+    """The timeline of a run from its ledger row and steps (those with a start and an end)."""
+    spans = [
+        (step.task_id, as_utc(step.started_at), as_utc(step.ended_at), step.state or "")
+        for step in steps
+        if step.started_at is not None and step.ended_at is not None
+    ]
+    known = [when for _, start, end, _ in spans for when in (start, end) if when is not None]
+    if not known:
+        return RunTimeline(stages=())
+    origin = min(known)
+
+    def minutes(when: datetime | None) -> float:
+        assert when is not None
+        return (when - origin).total_seconds() / 60.0
+
+    def span(start: datetime | None, end: datetime | None) -> tuple[float, float] | None:
+        start, end = as_utc(start), as_utc(end)
+        return (minutes(start), minutes(end)) if start is not None and end is not None else None
+
+    stages = tuple(
+        sorted(
+            ((task, minutes(start), minutes(end), state) for task, start, end, state in spans),
+            key=lambda s: s[1],
+        )
+    )
+    return RunTimeline(
+        stages=stages,
+        billed=span(run.cluster_started_at, run.cluster_ended_at),
+        trained=span(run.train_started_at, run.train_ended_at),
+        idle_share=idle_share(run.chip_hours, run.busy_chip_hours),
+    )
+
+
 def _figure(width: float, height: float) -> Figure:
     from matplotlib.figure import Figure
 
     return Figure(figsize=(width, height), dpi=_DPI, layout="constrained")
 
 
-def run_curves_figure(curves: RunCurves) -> Figure:
-    """Two panels: mean reward by step (before, evaluations, after) and train loss by step."""
-    figure = _figure(10, 4)
-    reward_axes, loss_axes = figure.subplots(1, 2)
+def run_curves_figure(curves: RunCurves, timeline: RunTimeline | None = None) -> Figure:
+    """Two panels: mean reward by step (before, evaluations, after) and train loss by step; with a
+    timeline, a third below them: the stages, the TPU's billed span and the part that trained."""
+    with_timeline = timeline is not None and not timeline.empty
+    figure = _figure(10, 8 if with_timeline else 4)
+    if with_timeline:
+        grid = figure.add_gridspec(2, 2)
+        reward_axes, loss_axes = figure.add_subplot(grid[0, 0]), figure.add_subplot(grid[0, 1])
+        assert timeline is not None
+        _draw_timeline(figure.add_subplot(grid[1, :]), timeline)
+    else:
+        reward_axes, loss_axes = figure.subplots(1, 2)
     figure.suptitle(curves.run_id, fontsize="medium")
 
     reward_axes.set_title("Mean reward")
@@ -129,6 +186,24 @@ def run_curves_figure(curves: RunCurves) -> Figure:
         loss_axes.text(0.5, 0.5, "no loss recorded", ha="center", va="center", transform=loss_axes.transAxes)
     loss_axes.grid(True, alpha=0.3)
     return figure
+
+
+def _draw_timeline(axes: Any, timeline: RunTimeline) -> None:
+    share = "-" if timeline.idle_share is None else f"{timeline.idle_share:.0%}"
+    axes.set_title(f"Stages and TPU time (idle {share} of the billed time)")
+    axes.set_xlabel("minutes from the first stage's start")
+    if timeline.billed is not None:
+        axes.axvspan(*timeline.billed, color="tab:red", alpha=0.12, label="TPU billed")
+    if timeline.trained is not None:
+        axes.axvspan(*timeline.trained, color="tab:green", alpha=0.3, label="TPU training")
+    colours = {"success": "tab:blue", "failed": "tab:red", "upstream_failed": "tab:orange"}
+    for row, (_task, start, end, state) in enumerate(timeline.stages):
+        axes.barh(row, max(end - start, 0.01), left=start, color=colours.get(state, "tab:gray"), height=0.6)
+    axes.set_yticks(range(len(timeline.stages)), [task for task, *_ in timeline.stages], fontsize="small")
+    axes.invert_yaxis()
+    if timeline.billed is not None or timeline.trained is not None:
+        axes.legend(loc="lower right", fontsize="small")
+    axes.grid(True, axis="x", alpha=0.3)
 
 
 def _reward_labels(curves: RunCurves) -> list[tuple[int, float, str]]:

@@ -79,6 +79,14 @@ def estimate_chip_hours(started: datetime | None, ended: datetime | None, chips:
     return seconds / 3600.0 * chips
 
 
+def idle_share(billed_chip_hours: float | None, busy_chip_hours: float | None) -> float | None:
+    """The share of billed TPU time that did not train, 0..1; None when either is unknown or
+    nothing was billed."""
+    if billed_chip_hours is None or busy_chip_hours is None or billed_chip_hours <= 0:
+        return None
+    return min(1.0, max(0.0, 1.0 - busy_chip_hours / billed_chip_hours))
+
+
 def redact_conf(conf: Mapping[str, Any] | None) -> dict[str, Any]:
     """A copy of a run conf with values of secret-looking keys (token, password, ...) replaced."""
 
@@ -109,6 +117,9 @@ class RunRecord:
     cluster_started_at: datetime | None = None
     cluster_ended_at: datetime | None = None
     conf: Mapping[str, Any] = field(default_factory=dict)
+    train_started_at: datetime | None = None
+    train_ended_at: datetime | None = None
+    usd_per_chip_hour: float | None = None
 
     def __post_init__(self) -> None:
         if self.state not in RUN_STATES:
@@ -128,8 +139,28 @@ class RunRecord:
 
     @property
     def chip_hours(self) -> float | None:
-        """Estimated TPU chip-hours: cluster lifetime x chips."""
+        """Billed TPU chip-hours: the TPU capacity's lifetime (create to delete) x chips."""
         return estimate_chip_hours(self.cluster_started_at, self.cluster_ended_at, self.chips)
+
+    @property
+    def busy_chip_hours(self) -> float | None:
+        """TPU chip-hours that trained: the training job's running time x chips (never more than
+        billed)."""
+        busy = estimate_chip_hours(self.train_started_at, self.train_ended_at, self.chips)
+        billed = self.chip_hours
+        return busy if busy is None or billed is None else min(busy, billed)
+
+    @property
+    def idle_share(self) -> float | None:
+        """The share of billed TPU time that did not train."""
+        return idle_share(self.chip_hours, self.busy_chip_hours)
+
+    @property
+    def estimated_cost_usd(self) -> float | None:
+        """Billed chip-hours x the price per chip-hour the run was recorded with."""
+        if self.chip_hours is None or self.usd_per_chip_hour is None:
+            return None
+        return self.chip_hours * self.usd_per_chip_hour
 
     @property
     def conf_json(self) -> str:
@@ -200,3 +231,10 @@ class RunSummary:
     pre_mean_reward: float | None
     post_mean_reward: float | None
     export_uri: str | None
+    busy_chip_hours: float | None = None
+    estimated_cost_usd: float | None = None
+
+    @property
+    def idle_share(self) -> float | None:
+        """The share of billed TPU time that did not train."""
+        return idle_share(self.chip_hours, self.busy_chip_hours)

@@ -19,6 +19,7 @@ from airflow_provider_tpu_rl.ledger.dialects import Dialect, split_statements
 
 SQL_PACKAGE = "airflow_provider_tpu_rl.ledger"
 QUERY_NAMES = ("latest_runs", "reward_trend", "failed_steps")
+DEFAULT_SQLITE_FILE = "tpu_rl_ledger.db"  # in $AIRFLOW_HOME, when connection tpu_rl_ledger is not defined
 BOOTSTRAP_VERSION = 1  # the migration that creates schema_migrations; it runs before every check
 
 _MIGRATION_FILE = re.compile(r"^(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.sql$")

@@ -6,8 +6,9 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from airflow.providers.common.compat.sdk import BaseOperator, Context
+from airflow.providers.common.compat.sdk import BaseOperator, Context, conf
 
+from airflow_provider_tpu_rl.ledger.cli import format_tpu_time
 from airflow_provider_tpu_rl.ledger.hook import DEFAULT_CONN_ID, RunLedger, record_run_from_context
 from airflow_provider_tpu_rl.ledger.plots import (
     PLOT_EXTRA_HINT,
@@ -15,7 +16,9 @@ from airflow_provider_tpu_rl.ledger.plots import (
     matplotlib_available,
     run_curves,
     run_curves_figure,
+    run_timeline,
 )
+from airflow_provider_tpu_rl.ledger.records import RunRecord
 from airflow_provider_tpu_rl.links import GCSObjectLink
 from airflow_provider_tpu_rl.maxtext.layout import parse_gs_uri
 
@@ -25,6 +28,16 @@ ACTOR_FOLDER = "checkpoints/actor/"
 CURVES_PREFIX = "tpu-rl-curves"
 
 Upload = Callable[[str, bytes], None]
+
+# Cloud TPU v6e (Trillium) on-demand list price per chip-hour, us-east1, as Google published it at
+# v6e's general availability (December 2024); set [tpu_rl] usd_per_chip_hour for your region or
+# your committed-use or spot price.
+DEFAULT_USD_PER_CHIP_HOUR = 2.70
+
+
+def default_usd_per_chip_hour() -> float:
+    """``[tpu_rl] usd_per_chip_hour``: the price a run's billed chip-hours are costed at."""
+    return conf.getfloat("tpu_rl", "usd_per_chip_hour", fallback=DEFAULT_USD_PER_CHIP_HOUR)
 
 
 def run_output_folder(actor_root: str | None) -> str | None:
@@ -41,6 +54,11 @@ def curves_uri(folder: str, suffix: str | None) -> str:
     return folder.rstrip("/") + "/" + name
 
 
+def tpu_time_line(run: RunRecord) -> str:
+    """One line: billed and training chip-hours, the idle share and the estimated cost."""
+    return format_tpu_time(run.chip_hours, run.busy_chip_hours, run.estimated_cost_usd)
+
+
 class RecordRunOperator(BaseOperator):
     """Record the DAG run in the run ledger, then draw its curves into a PNG next to its checkpoints.
 
@@ -53,12 +71,15 @@ class RecordRunOperator(BaseOperator):
     A failed upload is logged, never raised: the ledger row is what this task is for.
 
     :param conn_id: the ledger's Airflow connection.
-    :param cluster_task_ids: the tasks that create and destroy the billed resource.
+    :param cluster_task_ids: the tasks that create and destroy the billed TPU capacity.
     :param ignored_task_ids: tasks whose failure does not fail the recorded run (the watcher).
     :param teardown_task_ids: teardowns whose failure does not fail the recorded run.
     :param validate_task_id: the task whose XCom holds the resolved values.
     :param plot: draw and upload the curves.
     :param gcp_conn_id: the Google Cloud connection for the upload.
+    :param collect_options: more arguments of the ledger's collector (``train_task_id``, ...).
+    :param usd_per_chip_hour: the price the billed chip-hours are costed at; None =
+        ``[tpu_rl] usd_per_chip_hour`` (default the v6e on-demand list price, 2.70).
     """
 
     operator_extra_links = (GCSObjectLink(),)
@@ -75,9 +96,11 @@ class RecordRunOperator(BaseOperator):
         plot: bool = True,
         gcp_conn_id: str = "google_cloud_default",
         collect_options: Mapping[str, Any] | None = None,
+        usd_per_chip_hour: float | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.usd_per_chip_hour = usd_per_chip_hour
         self.conn_id = conn_id
         self.cluster_task_ids = tuple(cluster_task_ids)
         self.ignored_task_ids = tuple(ignored_task_ids)
@@ -97,10 +120,14 @@ class RecordRunOperator(BaseOperator):
             cluster_task_ids=self.cluster_task_ids,
             teardown_task_ids=self.teardown_task_ids,
             ignored_task_ids=self.ignored_task_ids,
+            usd_per_chip_hour=(
+                default_usd_per_chip_hour() if self.usd_per_chip_hour is None else self.usd_per_chip_hour
+            ),
             **self.collect_options,
         )
+        self.log.info("TPU time of this run: %s", tpu_time_line(run))
         result: dict[str, Any] = {"run_id": run.run_id, "state": run.state}
-        uri = self.publish_curves(context, run.run_id, derived, self.upload) if self.plot else None
+        uri = self.publish_curves(context, run, derived, self.upload) if self.plot else None
         if uri:
             result["curves_uri"] = uri
         else:
@@ -117,9 +144,11 @@ class RecordRunOperator(BaseOperator):
         )
 
     def publish_curves(
-        self, context: Context, run_id: str, derived: Mapping[str, Any], upload: Upload
+        self, context: Context, run: RunRecord, derived: Mapping[str, Any], upload: Upload
     ) -> str | None:
-        """Draw the run's curves from the ledger, upload the PNG, persist the link; the URI or None."""
+        """Draw the run's curves and timeline from the ledger, upload the PNG, persist the link; the
+        URI or None."""
+        run_id = run.run_id
         if not matplotlib_available():
             log.info("run curves: matplotlib is not installed (%s); no picture drawn", PLOT_EXTRA_HINT)
             return None
@@ -128,14 +157,14 @@ class RecordRunOperator(BaseOperator):
             log.info("run curves: the run has no output folder (validate did not run); no picture")
             return None
         final_step = derived.get("final_step")
-        curves = run_curves(
-            run_id, RunLedger(self.conn_id).run_metrics(run_id), int(final_step) if final_step else None
-        )
+        ledger = RunLedger(self.conn_id)
+        curves = run_curves(run_id, ledger.run_metrics(run_id), int(final_step) if final_step else None)
         if curves.empty:
             log.info("run curves: the ledger holds no reward or loss for this run; no picture")
             return None
         uri = curves_uri(folder, derived.get("suffix"))
-        png = figure_png(run_curves_figure(curves))
+        timeline = run_timeline(run, ledger.recorded_steps(run_id).values())
+        png = figure_png(run_curves_figure(curves, timeline))
         try:
             upload(uri, png)
         except Exception:

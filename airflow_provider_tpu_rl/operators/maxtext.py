@@ -549,6 +549,7 @@ class _GclusterJobOperator(GclusterBaseOperator):
                     "skipped": False,
                     "resumed_from": resumed_from,
                     **ready,
+                    **({"ran": event["ran"]} if event.get("ran") else {}),
                     **self.after_success(plan, event),
                 }
             raise AirflowException(

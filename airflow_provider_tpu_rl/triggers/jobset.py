@@ -37,7 +37,7 @@ import json
 import time
 from collections import deque
 from collections.abc import AsyncIterator
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
@@ -54,6 +54,7 @@ from airflow_provider_tpu_rl.hooks.kubernetes import (
     ClusterAccess,
     JobSetClient,
     LogCursor,
+    accelerator_start,
     container_phase,
     head_pod,
     jobset_state,
@@ -186,6 +187,7 @@ class JobSetTrigger(BaseTrigger):
         self._loaded = False
         self.jobset_uid: str | None = None  # seen by job_state(); not part of the serialized state
         self.jobset_created: float | None = None  # its creationTimestamp (epoch seconds), likewise
+        self.jobset_completed: str | None = None  # its completion time (RFC 3339), likewise
         self._jobsets: JobSetClient | None = None
         self._follower: asyncio.Task[None] | None = None
         self._session: Any = None
@@ -498,6 +500,7 @@ class JobSetTrigger(BaseTrigger):
     def _seen(self, obj: dict[str, Any]) -> None:
         metadata = obj.get("metadata") or {}
         self.jobset_uid = metadata.get("uid")
+        self.jobset_completed = jobset_state(obj)[1]
         created = metadata.get("creationTimestamp")
         if isinstance(created, str) and created:
             with contextlib.suppress(ValueError):
@@ -517,6 +520,23 @@ class JobSetTrigger(BaseTrigger):
         kind, line = classify_workload(list(self._tail))
         return {"kind": kind.value, "line": line}
 
+    async def _ran(self) -> dict[str, str] | None:
+        """The job's running span: its first accelerator pod's start to the JobSet's completion
+        (what the ledger counts as TPU time that trained); None when unknown."""
+        if self.namespace is None:
+            return None
+        try:
+            client = self.client()
+            async with client.connection() as api:
+                started = accelerator_start(await client.pods(api, self.namespace, self.job_name))
+        except Exception:  # the span is for the ledger: never fail the wait over it
+            self.log.warning("Could not read the pods of %s: its running span is not recorded", self.job_name)
+            return None
+        if started is None:
+            return None
+        ended = self.jobset_completed or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return {"started_at": started, "ended_at": ended}
+
     def _event(
         self,
         status: str,
@@ -524,6 +544,7 @@ class JobSetTrigger(BaseTrigger):
         message: str,
         fatal: bool = False,
         failure: dict[str, Any] | None = None,
+        ran: dict[str, str] | None = None,
     ) -> TriggerEvent:
         return TriggerEvent(
             {
@@ -535,6 +556,7 @@ class JobSetTrigger(BaseTrigger):
                 "fatal": fatal,
                 "foreign": self.foreign,
                 "failure": failure,
+                "ran": ran,
                 "log_lines": self._cursor.lines,
                 "metrics": self._tracker.metrics() if self.total_steps is not None else None,
             }
@@ -550,7 +572,8 @@ class JobSetTrigger(BaseTrigger):
             await self._flush()
             await self._save_cursor(force=True)
             failure = await self._why_failed() if status == "failed" else None
-            event = self._event(status, state, message, fatal, failure)  # with every line read
+            ran = await self._ran() if status in ("success", "failed") and not self.foreign else None
+            event = self._event(status, state, message, fatal, failure, ran)  # with every line read
             delay = (self.not_before or 0.0) - time.time()
             if delay > 0:  # never fire right after deferring: the scheduler may not be done with it
                 await asyncio.sleep(delay)

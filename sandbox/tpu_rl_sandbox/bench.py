@@ -20,9 +20,11 @@ A benchmark, not a test: it prints numbers and asserts nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -33,6 +35,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_tpu_rl.ledger.records import idle_share
+from airflow_provider_tpu_rl.ledger.schema import DEFAULT_SQLITE_FILE
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID
 from tpu_rl_sandbox.control import sandbox_down, sandbox_env, sandbox_up
 from tpu_rl_sandbox.layout import SandboxLayout
@@ -40,6 +44,7 @@ from tpu_rl_sandbox.state import StateStore, read_calls
 
 PARSE_FILL_GOAL = 0.30  # the GKE pipeline's DagBag fill, as a fraction of the stock equivalent's
 OVERHEAD_RATIO_GOAL = 1.5  # the pipeline's orchestration overhead per task vs a trivial DAG's
+TPU_IDLE_GOAL = 0.15  # the share of billed TPU time that does not train
 GKE_DAG_FILE = f"{GKE_DAG_ID}.py"
 STOCK_DAG_FILE = "stock_equivalent.py"
 TRIVIAL_DAG_ID = f"{GKE_DAG_ID}_trivial_shape"
@@ -384,6 +389,51 @@ def _dags_test(
     return wall, log
 
 
+def ledger_tpu_time(airflow_home: Path, dag_id: str) -> dict[str, Any] | None:
+    """The newest run of ``dag_id`` as the product's ledger recorded it: the TPU capacity's span,
+    the training span and their chip-hours (the ledger file Airflow's default connection uses)."""
+    path = airflow_home / DEFAULT_SQLITE_FILE
+    if not path.exists():
+        return None
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.row_factory = sqlite3.Row
+        row = db.execute(
+            "SELECT cluster_started_at, cluster_ended_at, train_started_at, train_ended_at, chip_hours,"
+            " busy_chip_hours FROM runs WHERE dag_id = ? ORDER BY recorded_at DESC LIMIT 1",
+            (dag_id,),
+        ).fetchone()
+    if row is None:
+        return None
+
+    def seconds(start: str | None, end: str | None) -> float | None:
+        if not start or not end:
+            return None
+        return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+
+    billed = seconds(row["cluster_started_at"], row["cluster_ended_at"])
+    trained = seconds(row["train_started_at"], row["train_ended_at"])
+    return {
+        "billed_seconds": billed,
+        "trained_seconds": trained,
+        "idle_share": idle_share(row["chip_hours"], row["busy_chip_hours"]),
+    }
+
+
+def tpu_time_lines(number: str, tpu: dict[str, Any] | None) -> list[str]:
+    """The bench's lines of TPU billed vs trained time, from the ledger."""
+    if tpu is None or tpu["billed_seconds"] is None:
+        return [f"{number}. TPU time: the ledger recorded no billed span"]
+    share = tpu["idle_share"]
+    trained = tpu["trained_seconds"]
+    return [
+        f"{number}. TPU time, as the run ledger recorded it (sandbox durations, not the seeds' proportions)",
+        f"   TPU billed (capacity create to delete)  {tpu['billed_seconds']:8.1f}s",
+        f"   TPU training (the training job ran)     {(trained if trained is not None else float('nan')):8.1f}s",
+        f"   idle share of the billed time           {('-' if share is None else f'{share:.0%}'):>8}"
+        f"  (goal ≤ {TPU_IDLE_GOAL:.0%})",
+    ]
+
+
 def bench_pipeline(dags_dir: Path, train_seconds: float, step_seconds: float) -> list[str]:
     batches = max(1, round(train_seconds / step_seconds))
     conf = {
@@ -416,6 +466,7 @@ def bench_pipeline(dags_dir: Path, train_seconds: float, step_seconds: float) ->
             alone.parent.mkdir()
             alone.write_text((dags_dir / GKE_DAG_FILE).read_text())
             wall, log = _dags_test(airflow, GKE_DAG_ID, alone, env, conf)
+            tpu = ledger_tpu_time(home, GKE_DAG_ID)
             calls = _call_intervals(root, started_at, time.time())
             jobs = _job_intervals(root)
             held, span = worker_slot_seconds(log, "train")
@@ -457,6 +508,7 @@ def bench_pipeline(dags_dir: Path, train_seconds: float, step_seconds: float) ->
         "3. Worker slot held by `train` while the job trains",
         f"   train task, first start to end          {span:8.1f}s",
         f"   of which executing in a worker          {held:8.1f}s  ({held / span:.1%}; deferred the rest)",
+        *tpu_time_lines("4", tpu),
     ]
 
 

@@ -72,6 +72,7 @@ def _summary(
     os.environ.update(
         {k: env[k] for k in ("AIRFLOW_HOME", "STORAGE_EMULATOR_HOST", "AIRFLOW_CONN_TPU_RL_LEDGER")}
     )
+    from airflow_provider_tpu_rl.ledger.cli import format_tpu_time
     from airflow_provider_tpu_rl.ledger.hook import RunLedger
 
     ledger = RunLedger(conn_id="tpu_rl_ledger")
@@ -92,6 +93,10 @@ def _summary(
             f"  {step.task_id:<28}{step.state or 'not run':<16}{step.try_number or 0:>4}{_fmt_seconds(duration):>10}"
         )
     lines.append("")
+    lines.append(
+        "TPU time (the ledger's): "
+        + format_tpu_time(run.chip_hours, run.busy_chip_hours, run.estimated_cost_usd)
+    )
     pre, post = run.pre_mean_reward, run.post_mean_reward
     lines.append(
         f"mean_reward: {'-' if pre is None else f'{pre:.4f}'} before -> {'-' if post is None else f'{post:.4f}'} after training"

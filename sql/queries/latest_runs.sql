@@ -34,6 +34,8 @@ SELECT
     r.duration_seconds,
     r.chips,
     r.chip_hours,
+    r.busy_chip_hours,
+    r.estimated_cost_usd,
     rewards.pre_mean_reward,
     rewards.post_mean_reward,
     exports.export_uri

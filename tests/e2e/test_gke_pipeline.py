@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_tpu_rl.ledger.records import as_utc
 from airflow_provider_tpu_rl.render.gke import resource_record_object
 from airflow_provider_tpu_rl.spec import GkePipelineSpec, gke_pipeline_from_conf
 from tests.e2e.curves import check_curves_next_to_the_checkpoints, check_runs_plot_draws_the_trend
@@ -281,7 +282,8 @@ def test_ledger_records_the_rewards_the_sandbox_printed(world: E2EWorld, happy: 
 
 def test_ledger_records_durations_and_chip_hours(world: E2EWorld, happy: DagRunResult) -> None:
     """Every task that ran has a duration, and the run its chip-hours (the cluster's lifetime x 32
-    chips), on Airflow 2.11 too, whose ``airflow dags test`` sets no task ``start_date``."""
+    chips) and those that trained, on Airflow 2.11 too, whose ``airflow dags test`` sets no task
+    ``start_date``."""
     ((duration, chips, chip_hours, cluster_started, cluster_ended),) = world.ledger(
         "SELECT duration_seconds, chips, chip_hours, cluster_started_at, cluster_ended_at FROM runs "
         "WHERE run_id = ?",
@@ -294,6 +296,17 @@ def test_ledger_records_durations_and_chip_hours(world: E2EWorld, happy: DagRunR
     assert cluster_ended is not None
     assert chip_hours is not None
     assert chip_hours > 0
+    # the TPU time that trained: the training JobSet's span, inside the billed span, costed
+    ((train_started, train_ended, busy, price, cost),) = world.ledger(
+        "SELECT train_started_at, train_ended_at, busy_chip_hours, usd_per_chip_hour, estimated_cost_usd "
+        "FROM runs WHERE run_id = ?",
+        (happy.ledger_run_id,),
+    )
+    span = [as_utc(when) for when in (cluster_started, train_started, train_ended, cluster_ended)]
+    assert span == sorted(span)
+    assert 0 < busy < chip_hours
+    assert busy == pytest.approx(32 * (span[2] - span[1]).total_seconds() / 3600)
+    assert (price, cost) == (2.70, pytest.approx(chip_hours * 2.70))
     steps = {
         task_id: (state, seconds)
         for task_id, state, seconds in world.ledger(

@@ -11,6 +11,7 @@ from airflow_provider_tpu_rl.hooks.kubernetes import (
     RUN_DIR_ANNOTATION,
     RUN_ID_ANNOTATION,
     LogCursor,
+    accelerator_start,
     command_run_dir,
     container_phase,
     format_since_time,
@@ -219,3 +220,23 @@ def test_jobset_run_dir_prefers_the_annotation_and_falls_back_to_the_command() -
     assert jobset_run_dir(annotated) == "gs://b/other/"
     assert jobset_run_id(annotated) == "dag/run"
     assert jobset_run_dir({"metadata": {}, "spec": {}}) is None
+
+
+def test_accelerator_start_is_the_first_tpu_pods_start() -> None:
+    def pod(start: str | None, tpu: bool) -> dict[str, Any]:
+        limits = {"google.com/tpu": "4"} if tpu else {"cpu": "8"}
+        return {
+            "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]},
+            "status": {"startTime": start} if start else {},
+        }
+
+    pods = [
+        pod("2026-03-01T08:00:00Z", tpu=False),  # the Pathways head on the CPU pool, first up
+        pod("2026-03-01T08:05:09Z", tpu=True),
+        pod("2026-03-01T08:04:59Z", tpu=True),
+        pod(None, tpu=True),  # not started yet
+    ]
+    assert accelerator_start(pods) == "2026-03-01T08:04:59Z"
+    assert accelerator_start(pods[:1]) == "2026-03-01T08:00:00Z"  # a CPU job: its own pods
+    assert accelerator_start([pod(None, tpu=True)]) is None
+    assert accelerator_start([]) is None

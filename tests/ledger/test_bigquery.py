@@ -87,7 +87,7 @@ def test_migrations_create_the_dataset_and_run_each_bigquery_file(
 ) -> None:
     ledger, client = bigquery_ledger
     client.applied_versions = [1]
-    assert ledger.apply_migrations() == [2]
+    assert ledger.apply_migrations() == [2, 3]
     assert client.datasets == ["my-project.rl_results"]
     sqls = [sql for sql, _ in client.jobs]
     assert sqls[0].startswith("CREATE TABLE IF NOT EXISTS schema_migrations")
@@ -96,6 +96,11 @@ def test_migrations_create_the_dataset_and_run_each_bigquery_file(
     assert sqls[3] == "INSERT INTO schema_migrations (version, applied_at) VALUES (@version, @applied_at)"
     version_type, version = parameters(client.jobs[3][1])["version"]
     assert (version_type, version) == ("INT64", 2)
+    assert sqls[4].splitlines()[2:4] == [
+        "ALTER TABLE runs",
+        "ADD COLUMN IF NOT EXISTS train_started_at TIMESTAMP,",
+    ]
+    assert parameters(client.jobs[5][1])["version"] == ("INT64", 3)
     for _, job_config in client.jobs:
         assert str(job_config.default_dataset) == "my-project.rl_results"
 

@@ -13,6 +13,7 @@ from airflow_provider_tpu_rl.ledger.cli import (
     format_duration,
     format_reward,
     format_runs_table,
+    format_tpu_time,
     run_runs_command,
 )
 from airflow_provider_tpu_rl.ledger.hook import RunLedger
@@ -75,6 +76,8 @@ def test_table_is_aligned_with_dashes_for_unknowns() -> None:
                 "gke/manual__1",
                 duration_seconds=7325,
                 chip_hours=61.33,
+                busy_chip_hours=18.4,
+                estimated_cost_usd=165.591,
                 pre_mean_reward=0.12,
                 post_mean_reward=0.34,
                 export_uri="gs://b/qwen3-30b-a3b/hf-trained/",
@@ -83,10 +86,15 @@ def test_table_is_aligned_with_dashes_for_unknowns() -> None:
         ]
     )
     assert table.splitlines() == [
-        "RUN              MODEL                 STATE    DURATION  MEAN REWARD  CHIP-HOURS  EXPORT",
-        "gke/manual__1    qwen3-30b-a3b         success     2h02m  0.12→0.34          61.3  gs://b/qwen3-30b-a3b/hf-trained/",
-        "vm/scheduled__2  llama3.1-8b-Instruct  failed          -  -                     -  -",
+        "RUN              MODEL                 STATE    DURATION  MEAN REWARD  TPU CHIP-H  TRAINED  IDLE  COST $  EXPORT",
+        "gke/manual__1    qwen3-30b-a3b         success     2h02m  0.12→0.34          61.3     18.4   70%  165.59  gs://b/qwen3-30b-a3b/hf-trained/",
+        "vm/scheduled__2  llama3.1-8b-Instruct  failed          -  -                     -        -     -       -  -",
     ]
+
+
+def test_tpu_time_line_says_billed_trained_idle_and_cost() -> None:
+    assert format_tpu_time(4.0, 1.0, 10.8) == "billed 4.0 TPU chip-hours, trained 1.0 (idle 75%), est. $10.80"
+    assert format_tpu_time(None, None, None) == "billed - TPU chip-hours, trained - (idle -), est. $-"
 
 
 def test_runs_command_prints_the_ledger(sqlite_uri: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -105,6 +113,9 @@ def test_runs_command_prints_the_ledger(sqlite_uri: str, monkeypatch: pytest.Mon
                 32,
                 start,
                 start + timedelta(minutes=30),
+                train_started_at=start + timedelta(minutes=10),
+                train_ended_at=start + timedelta(minutes=25),
+                usd_per_chip_hour=2.7,
             ),
             [],
             [MetricRecord("pre", 0, "mean_reward", 0.1 * index), MetricRecord("post", 0, "mean_reward", 0.5)],
@@ -116,7 +127,7 @@ def test_runs_command_prints_the_ledger(sqlite_uri: str, monkeypatch: pytest.Mon
     assert lines[0].startswith("RUN")
     assert [line.split()[0] for line in lines[1:]] == ["tpu_rl_gke_pipeline/run2", "tpu_rl_gke_pipeline/run0"]
     assert "0.20→0.50" in lines[1]
-    assert "16.0" in lines[1]
+    assert lines[1].split()[5:9] == ["16.0", "8.0", "50%", "43.20"]  # billed, trained, idle, cost
     assert "1h00m" in lines[1]
     assert lines[1].rstrip().endswith("gs://b/qwen3-30b-a3b/hf-trained/")
 

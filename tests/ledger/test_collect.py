@@ -344,3 +344,49 @@ def test_sensor_results_fall_back_to_their_uris() -> None:
     ]
     assert artifacts_from_sensor_result("hf_export", None) == []
     assert artifacts_from_sensor_result("hf_export", {"uris": []}) == []
+
+
+def test_trained_time_is_the_training_jobs_own_span_when_its_task_returned_one() -> None:
+    ran = {"started_at": minutes(50).isoformat().replace("+00:00", "Z"), "ended_at": minutes(110).isoformat()}
+    xcoms = {**SUCCESS_XCOMS, "train": {**train_result(), "ran": ran}}
+    run, *_ = collect_run_from_context(
+        context_for(FakeDagRun(gke_task_instances()), xcoms),
+        model="qwen3-30b-a3b",
+        chips=32,
+        now=NOW,
+        usd_per_chip_hour=2.7,
+    )
+    assert (run.train_started_at, run.train_ended_at) == (minutes(50), minutes(110))
+    assert run.busy_chip_hours == pytest.approx(32 * 60 / 60)
+    assert run.idle_share == pytest.approx(1 - 60 / 170)
+    assert run.estimated_cost_usd == pytest.approx(32 * 170 / 60 * 2.7)
+
+
+@pytest.mark.parametrize(
+    "ran",
+    [
+        None,
+        {"started_at": "soon", "ended_at": None},
+        {"started_at": "2026-03-01T09:00:00Z", "ended_at": "2026-03-01T08:00:00Z"},
+    ],
+)
+def test_trained_time_falls_back_to_the_train_tasks_try(ran: Any) -> None:
+    """The TPU VM trains inside its task; a span that is missing or makes no sense is not used."""
+    xcoms = {**SUCCESS_XCOMS, "train": {**train_result(), "ran": ran}}
+    run, *_ = collect_run_from_context(
+        context_for(FakeDagRun(gke_task_instances()), xcoms), model="qwen3-30b-a3b", chips=32, now=NOW
+    )
+    assert (run.train_started_at, run.train_ended_at) == (minutes(41), minutes(120))
+    assert run.estimated_cost_usd is None  # no price given
+
+
+def test_training_that_never_ended_trained_nothing_known() -> None:
+    instances = [
+        replace(ti, end_date=None, state="running") if ti.task_id == "train" else ti
+        for ti in gke_task_instances()
+    ]
+    xcoms = {k: v for k, v in SUCCESS_XCOMS.items() if k != "train"}
+    run, *_ = collect_run_from_context(
+        context_for(FakeDagRun(instances), xcoms), model="qwen3-30b-a3b", chips=32, now=NOW
+    )
+    assert (run.train_started_at, run.busy_chip_hours, run.idle_share) == (None, None, None)

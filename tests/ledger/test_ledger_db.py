@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from airflow_provider_tpu_rl.ledger import hook as hook_module
 from airflow_provider_tpu_rl.ledger.dialects import Dialect
 from airflow_provider_tpu_rl.ledger.hook import RunLedger, default_sqlite_path
 from airflow_provider_tpu_rl.ledger.records import ArtifactRecord, MetricRecord, RunRecord, StepRecord
+from airflow_provider_tpu_rl.ledger.schema import Migration, load_migrations
 from tests.ledger.rows import applied_versions, count_rows
 
 T0 = datetime(2026, 3, 1, 8, 0, tzinfo=UTC)
@@ -41,6 +43,26 @@ def make_run(
     )
 
 
+def test_a_migration_that_fails_halfway_leaves_no_trace(
+    ledger: RunLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ADD COLUMN migration runs once: in the transaction that records its version."""
+    real = load_migrations(ledger.dialect)
+    broken = Migration(
+        len(real) + 1,
+        "broken",
+        "ALTER TABLE runs ADD COLUMN probe INTEGER;\n\nALTER TABLE no_such_table ADD COLUMN x INTEGER;\n",
+    )
+    monkeypatch.setattr(hook_module, "load_migrations", lambda dialect: [*real, broken])
+    with pytest.raises(Exception, match="no_such_table"):
+        ledger.apply_migrations()
+    monkeypatch.setattr(hook_module, "load_migrations", load_migrations)
+    assert ledger.apply_migrations() == [1, 2, 3, 4]  # the failed try left nothing behind
+    ledger.record(make_run("after"), [], [], [])
+    with pytest.raises(Exception, match="probe"), ledger._session(write=False) as session:
+        session.fetch("SELECT probe FROM runs", {})
+
+
 def rewards(pre: float | None, post: float | None) -> list[MetricRecord]:
     metrics = []
     if pre is not None:
@@ -51,10 +73,10 @@ def rewards(pre: float | None, post: float | None) -> list[MetricRecord]:
 
 
 def test_migrations_apply_once_and_twice_is_a_no_op(ledger: RunLedger) -> None:
-    assert ledger.apply_migrations() == [1, 2, 3]
+    assert ledger.apply_migrations() == [1, 2, 3, 4]
     assert ledger.apply_migrations() == []
     assert RunLedger().apply_migrations() == []  # a new instance sees the recorded versions
-    assert applied_versions(ledger) == [1, 2, 3]
+    assert applied_versions(ledger) == [1, 2, 3, 4]
     for table in ("runs", "run_steps", "run_metrics", "run_artifacts"):
         assert count_rows(ledger, table) == 0
 
@@ -304,6 +326,6 @@ def test_concurrent_first_writers_apply_each_migration_once(ledger: RunLedger) -
     with ThreadPoolExecutor(max_workers=4) as pool:
         applied = list(pool.map(first_write, range(4)))
 
-    assert sorted(version for versions in applied for version in versions) == [1, 2, 3]
-    assert applied_versions(ledger) == [1, 2, 3]
+    assert sorted(version for versions in applied for version in versions) == [1, 2, 3, 4]
+    assert applied_versions(ledger) == [1, 2, 3, 4]
     assert count_rows(ledger, "run_steps", f"{DAG}/concurrent") == 4

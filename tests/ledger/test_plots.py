@@ -17,6 +17,7 @@ from airflow_provider_tpu_rl.ledger.plots import (
     reward_trend_series,
     run_curves,
     run_curves_figure,
+    run_timeline,
 )
 from airflow_provider_tpu_rl.ledger.records import MetricRecord, RunRecord
 from airflow_provider_tpu_rl.operators import ledger as ledger_operator
@@ -80,6 +81,32 @@ def test_run_curves_plot_the_ledgers_values(ledger: RunLedger) -> None:
 
     image = decoded_png(figure_png(figure))
     assert image.size == (1000, 400)
+
+
+def test_the_timeline_marks_the_stages_the_tpu_billed_span_and_its_training(ledger: RunLedger) -> None:
+    ran = {"started_at": minutes(50).isoformat(), "ended_at": minutes(110).isoformat()}
+    xcoms = {**SUCCESS_XCOMS, "train": {**SUCCESS_XCOMS["train"], "ran": ran}}
+    run = record_run_from_context(
+        context_for(FakeDagRun(gke_task_instances(), run_id="t"), xcoms), model=MODEL, chips=32
+    )
+    timeline = run_timeline(run, ledger.recorded_steps(run.run_id).values())
+
+    assert timeline.stages[0][:3] == ("deploy_cluster", 0.0, 20.0)
+    assert [task for task, *_ in timeline.stages][-1] == "destroy_cluster"
+    assert (timeline.billed, timeline.trained) == ((0.0, 170.0), (50.0, 110.0))
+    assert timeline.idle_share == pytest.approx(1 - 60 / 170)
+    figure = run_curves_figure(run_curves(run.run_id, ledger.run_metrics(run.run_id)), timeline)
+    _, _, stage_axes = figure.axes
+    bars = [
+        (patch.get_x(), patch.get_x() + patch.get_width())
+        for patch in stage_axes.patches
+        if patch.get_height() == pytest.approx(0.6)
+    ]
+    assert bars == [(start, end) for _, start, end, _ in timeline.stages]
+    assert [text.get_text() for text in stage_axes.get_legend().get_texts()] == ["TPU billed", "TPU training"]
+    assert "idle 65%" in stage_axes.get_title()
+    assert decoded_png(figure_png(figure)).size == (1000, 800)
+    assert run_timeline(run, []).empty
 
 
 def test_after_is_drawn_at_the_last_recorded_step_when_the_final_step_is_unknown() -> None:
@@ -196,7 +223,7 @@ def test_record_run_uploads_the_curves_and_links_them(
     assert uri == curves_uri(f"gs://bucket/{MODEL}/trained/rl/", "ab12cd")
     assert result == {"run_id": "tpu_rl_gke_pipeline/good", "state": "success", "curves_uri": uri}
     assert list(uploads) == [uri]
-    assert decoded_png(uploads[uri]).size == (1000, 400)
+    assert decoded_png(uploads[uri]).size == (1000, 800)  # the curves and the run's timeline
     assert context["ti"].pushed == {"tpu_rl_run_curves": {"uri": uri, "project_id": "my-proj"}}
     assert count_rows(ledger, "runs") == 1
 

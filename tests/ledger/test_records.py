@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
@@ -13,6 +14,7 @@ from airflow_provider_tpu_rl.ledger.records import (
     StepRecord,
     as_utc,
     estimate_chip_hours,
+    idle_share,
     make_run_id,
     redact_conf,
 )
@@ -55,6 +57,23 @@ def test_run_record_derives_duration_and_chip_hours() -> None:
     run = RunRecord("d", "r", "m", "success", T0, T0 + timedelta(hours=2), 32, T0, T0 + timedelta(hours=1))
     assert (run.duration_seconds, run.chip_hours) == (7200.0, 32.0)
     assert RunRecord("d", "r", "m", "success").chip_hours is None
+
+
+def test_run_record_splits_billed_tpu_time_into_trained_and_idle() -> None:
+    hour = timedelta(hours=1)
+    run = RunRecord(
+        "d", "r", "m", "success", T0, T0 + 3 * hour, 32, T0, T0 + 2 * hour,
+        train_started_at=T0 + hour / 2, train_ended_at=T0 + hour, usd_per_chip_hour=2.7,
+    )  # fmt: skip
+    assert (run.chip_hours, run.busy_chip_hours) == (64.0, 16.0)
+    assert run.idle_share == pytest.approx(0.75)
+    assert run.estimated_cost_usd == pytest.approx(64 * 2.7)
+    # a training span reported past the capacity's end never counts more than was billed
+    longer = replace(run, train_started_at=T0 - hour, train_ended_at=T0 + 3 * hour)
+    assert (longer.busy_chip_hours, longer.idle_share) == (64.0, 0.0)
+    unknown = replace(run, train_started_at=None, usd_per_chip_hour=None)
+    assert (unknown.busy_chip_hours, unknown.idle_share, unknown.estimated_cost_usd) == (None, None, None)
+    assert idle_share(0.0, 0.0) is None
 
 
 def test_records_validate_their_enumerations() -> None:

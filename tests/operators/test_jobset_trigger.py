@@ -192,6 +192,17 @@ def test_a_triggerer_restart_mid_training_loses_and_repeats_no_line(
     # the pre-training reward was printed before the restart: it survives it
     assert result["metrics"]["pre"]["mean_reward"] == rewards["pre"]
     assert result["metrics"]["post"]["mean_reward"] == rewards["post"]
+    # the TPU time that trained: the first TPU worker's start to the JobSet's completion, as the
+    # API reports them (the CPU head is left out: test_kubernetes)
+    pods = sb.pods(job_name)
+    workers = [pod for pod in pods if pod["metadata"]["labels"][kubernetes.REPLICATED_JOB_LABEL] == "worker"]
+    assert len(workers) == 8
+    assert result["ran"]["started_at"] == min(pod["status"]["startTime"] for pod in workers)
+    answer = kube_access.request(
+        sb.kube(), "GET", f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets/{job_name}"
+    )
+    assert result["ran"]["ended_at"] == kubernetes.jobset_state(answer.json())[1]
+    assert result["ran"]["started_at"] < result["ran"]["ended_at"]
 
 
 def test_the_trigger_starts_no_process(

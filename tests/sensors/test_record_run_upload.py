@@ -43,7 +43,7 @@ def test_the_png_lands_in_the_bucket_as_an_image(
 
     uri = op.publish_curves(
         {"ti": ti},  # type: ignore[arg-type]
-        run.run_id,
+        run,
         {"actor_root": actor_root, "final_step": 3, "suffix": "ab12cd", "project": "p"},
         op.upload,
     )

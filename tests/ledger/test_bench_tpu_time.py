@@ -1,0 +1,37 @@
+"""`make bench` reads a run's TPU billed and training time from the ledger the product wrote."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_tpu_rl.ledger.hook import RunLedger, default_sqlite_path
+from airflow_provider_tpu_rl.ledger.records import RunRecord
+from airflow_provider_tpu_rl.spec import GKE_DAG_ID
+from tpu_rl_sandbox.bench import ledger_tpu_time, tpu_time_lines
+
+T0 = datetime(2026, 3, 1, 8, 0, tzinfo=UTC)
+
+
+def test_the_bench_reads_the_newest_runs_tpu_time_from_the_default_ledger(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    monkeypatch.delenv("AIRFLOW_CONN_TPU_RL_LEDGER", raising=False)
+    assert default_sqlite_path() == tmp_path / "tpu_rl_ledger.db"
+    assert ledger_tpu_time(tmp_path, GKE_DAG_ID) is None  # no ledger yet
+    minute = timedelta(minutes=1)
+    run = RunRecord(
+        GKE_DAG_ID, "r1", "qwen3-30b-a3b", "success", T0, T0 + 60 * minute, 32, T0, T0 + 40 * minute,
+        train_started_at=T0 + 10 * minute, train_ended_at=T0 + 30 * minute,
+    )  # fmt: skip
+    RunLedger().record(run, [], [], [])
+    tpu = ledger_tpu_time(tmp_path, GKE_DAG_ID)
+    assert tpu == {"billed_seconds": 2400.0, "trained_seconds": 1200.0, "idle_share": pytest.approx(0.5)}
+    lines = tpu_time_lines("4", tpu)
+    assert lines[1].split()[-1] == "2400.0s"
+    assert lines[2].split()[-1] == "1200.0s"
+    assert lines[3].split()[-4:] == ["50%", "(goal", "≤", "15%)"]
+    assert ledger_tpu_time(tmp_path, "another_dag") is None
