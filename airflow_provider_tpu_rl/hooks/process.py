@@ -264,6 +264,9 @@ def stop_tree(proc: subprocess.Popen[str], grace: float) -> None:
             _signal(pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=grace)
+    # SIGKILL is not death: a process exits after it is delivered, closing its files (the output
+    # pipe reads EOF) before it is a zombie. Return when the tree is gone, not when it was told.
+    _wait_gone(lambda: any(_stat(pid) is not None for pid in outside), grace)
 
 
 def _wait_gone(alive: Callable[[], bool], grace: float) -> None:
@@ -329,12 +332,12 @@ class SyncProcess:
         Also when the process itself already exited: a child it left behind (holding the output
         pipe open, or still running) goes too.
         """
-        with self._lock:
+        with self._lock:  # one stop at a time: a second one returns when the first has ended
             proc = self._proc
             if proc is None:
                 return
             self.timed_out = self.timed_out or timed_out
-        stop_tree(proc, self.grace if grace is None else grace)
+            stop_tree(proc, self.grace if grace is None else grace)
 
 
 def run_sync(

@@ -107,12 +107,14 @@ class RunTimeline:
         return not self.stages
 
 
-def run_timeline(run: RunRecord, steps: Iterable[StepRecord]) -> RunTimeline:
-    """The timeline of a run from its ledger row and steps (those with a start and an end)."""
+def run_timeline(run: RunRecord, steps: Iterable[StepRecord], ignored: Iterable[str] = ()) -> RunTimeline:
+    """The timeline of a run from its ledger row and steps (those with a start and an end, but
+    the ``ignored`` tasks: the one drawing it)."""
+    left_out = set(ignored)
     spans = [
         (step.task_id, as_utc(step.started_at), as_utc(step.ended_at), step.state or "")
         for step in steps
-        if step.started_at is not None and step.ended_at is not None
+        if step.started_at is not None and step.ended_at is not None and step.task_id not in left_out
     ]
     known = [when for _, start, end, _ in spans for when in (start, end) if when is not None]
     if not known:

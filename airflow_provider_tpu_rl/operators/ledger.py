@@ -163,7 +163,7 @@ class RecordRunOperator(BaseOperator):
             log.info("run curves: the ledger holds no reward or loss for this run; no picture")
             return None
         uri = curves_uri(folder, derived.get("suffix"))
-        timeline = run_timeline(run, ledger.recorded_steps(run_id).values())
+        timeline = run_timeline(run, ledger.recorded_steps(run_id).values(), ignored=(self.task_id,))
         png = figure_png(run_curves_figure(curves, timeline))
         try:
             upload(uri, png)

@@ -53,7 +53,7 @@ from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, fail_fa
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.render.command import Command
 from airflow_provider_tpu_rl.spec import rules
-from airflow_provider_tpu_rl.spec.cluster import GkeJobTarget
+from airflow_provider_tpu_rl.spec.cluster import CPU_COMPUTE_TYPE, GkeJobTarget
 from airflow_provider_tpu_rl.spec.errors import SpecError
 from airflow_provider_tpu_rl.spec.pipeline import (
     conversion_spec,
@@ -159,8 +159,11 @@ class _GclusterJobOperator(GclusterBaseOperator):
     :param bucket: the bucket the model's folders are in (``gs://BUCKET/<model>/…``).
     :param model: model preset name (``qwen3-30b-a3b``, ``gemma4-26b``): MaxText model and defaults.
     :param image: workload image; empty = the preset's ``tpu_post_training`` image.
-    :param compute_type: TPU machine type of the job's pods; empty = the preset's.
-    :param topology: slice topology of the job's pods; empty = the preset's.
+    :param compute_type: machine type of the job's pods; empty = the preset's TPU type for
+        training, ``n4-standard-64`` on the cluster's CPU node pool (``cpu-np``) for the
+        conversions, which are CPU programs (a ``ct6e-…`` type runs a conversion on the TPU slice,
+        as the tutorials do).
+    :param topology: slice topology of the job's pods (TPU types only); empty = the preset's.
     :param job_name: JobSet name (DNS-1035, at most 28 characters); empty = the preset's job
         prefix and a suffix of the DAG run and task, the same on every retry.
     :param hf_token_conn_id: the HF token connection, which names the default secret.
@@ -194,6 +197,8 @@ class _GclusterJobOperator(GclusterBaseOperator):
     )
     pathways = False
     job_kind = "convert"
+    # The conversions are CPU programs (MaxText's converters set jax_platforms=cpu).
+    on_tpu: ClassVar[bool] = True
     # Outputs owned by one run (training, export): "complete" counts only for the run that wrote
     # them; a conversion's output depends only on the model and is shared by every run.
     owns_output: ClassVar[bool] = True
@@ -247,15 +252,24 @@ class _GclusterJobOperator(GclusterBaseOperator):
         return preset
 
     def target(self, preset: ModelPreset, num_slices: int = 1) -> GkeJobTarget:
-        return GkeJobTarget(
+        on_cpu = not self.on_tpu and not (self.compute_type or "").startswith("ct")
+        if on_cpu and self.topology:
+            raise SpecError(
+                "topology",
+                f"the {self.job_kind} job runs on CPU ({self.compute_type or CPU_COMPUTE_TYPE}): leave it "
+                "empty, or set a ct6e compute_type to run it on the TPU slice",
+                self.topology,
+            )
+        target = GkeJobTarget(
             project=self.project_id,
             location=self.location,
             cluster_name=self.cluster_name,
             image=self.image or preset.image or POST_TRAINING_IMAGE,
-            compute_type=self.compute_type or preset.compute_type,
+            compute_type=(None if on_cpu else self.compute_type) or preset.compute_type,
             topology=self.topology or preset.topology,
             num_slices=num_slices,
         )
+        return target.on_cpu(self.compute_type or CPU_COMPUTE_TYPE) if on_cpu else target
 
     def resolved_job_name(self, context: Context, preset: ModelPreset) -> str:
         if self.job_name:
@@ -615,6 +629,7 @@ class MaxTextConvertOperator(_GclusterJobOperator):
         "hf_model_path",
         "output_directory",
     )
+    on_tpu = False
     job_kind = "convert"
     owns_output = False
 
@@ -669,6 +684,7 @@ class MaxTextExportOperator(_GclusterJobOperator):
         "load_parameters_path",
         "output_directory",
     )
+    on_tpu = False
     job_kind = "export"
 
     def __init__(

@@ -237,6 +237,8 @@ def gke_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
         "hf_token_conn_id": value("hf_token_conn_id"),
         "hf_token_secret": value("hf_token_secret"),
     }
+    # the conversions are CPU programs: the cluster's CPU node pool, not the slice's shape
+    cpu_job = {key: item for key, item in job.items() if key not in ("compute_type", "topology")}
     return {
         "preflight": {
             "runner": "gke",
@@ -252,7 +254,7 @@ def gke_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
         "ensure_bucket": scope,
         "deploy_cluster": cluster,
         "sync_hf_token": _hf_token_arguments(value),
-        "convert_to_maxtext": {**job, "hf_model_path": value("hf_model_path")},
+        "convert_to_maxtext": {**cpu_job, "hf_model_path": value("hf_model_path")},
         "train": {
             **job,
             "run_name": value("run_name"),
@@ -262,7 +264,7 @@ def gke_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
             "workload_image_patched": value("workload_image_patched"),
         },
         "export_to_huggingface": {
-            **job,
+            **cpu_job,
             "run_name": value("run_name"),
             "checkpoint_step": value("final_step"),
         },

@@ -12,6 +12,7 @@ from airflow_provider_tpu_rl.spec.presets import BlueprintEdits
 BLUEPRINT_RELPATH = "examples/gke-tpu-v6e/gke-tpu-v6e-advanced.yaml"
 BLUEPRINT_FILENAME = "gke-tpu-v6e-advanced.yaml"
 NODE_POOL_SA_MODULE = "node_pool_service_account"
+KUBECTL_APPLY_SOURCE = "modules/management/kubectl-apply"
 
 
 class BlueprintError(ValueError):
@@ -70,8 +71,34 @@ def customize_blueprint(text: str, edits: BlueprintEdits, labels: Mapping[str, s
             cluster["settings"]["system_node_pool_machine_type"] = edits.system_node_pool_machine_type
         if edits.pin_system_node_pool_zone:
             cluster["settings"]["system_node_pool_zones"] = ["$(vars.zone)"]
+    _queue_cpu_jobs(doc, modules)
     if labels:
         merged = dict(doc["vars"].get("labels") or {})
         merged.update(labels)
         doc["vars"]["labels"] = {key: QuotedStr(value) for key, value in merged.items()}
     return yaml.dump(doc, Dumper=_BlueprintDumper, sort_keys=False, default_flow_style=False)
+
+
+def _queue_cpu_jobs(doc: dict[str, Any], modules: list[dict[str, Any]]) -> None:
+    """Let Kueue admit the CPU jobs (the conversions) on the CPU node pool.
+
+    The example's own ``kueue-configuration.yaml.tftpl`` gives the ClusterQueue quota for
+    ``google.com/tpu`` only, so a job asking for CPUs is never admitted. Without ``config_path``,
+    the kubectl-apply module applies its default for Pathways clusters
+    (``kueue/kueue-configuration-pathways.yaml.tftpl``: the same TPU quota and a ``cpu``/``memory``
+    flavor pinned to ``cpu-np``), from the ``config_template_vars`` the example already sets.
+    ``cpu-np`` exists only with ``enable_pathways_for_tpus`` (gke-cluster ``cpu_np``).
+    """
+    if doc["vars"].get("enable_pathways_for_tpus") is not True:
+        raise BlueprintError(
+            "blueprint must set vars.enable_pathways_for_tpus: true (it adds the cpu-np node pool the "
+            "conversions run on)"
+        )
+    kubectl = next((m for m in modules if str(m.get("source", "")).endswith(KUBECTL_APPLY_SOURCE)), None)
+    kueue = ((kubectl or {}).get("settings") or {}).get("kueue")
+    if not isinstance(kueue, dict):
+        raise BlueprintError(f"blueprint has no {KUBECTL_APPLY_SOURCE} module with kueue settings")
+    template_vars = kueue.get("config_template_vars") or {}
+    if "accelerator_type" not in template_vars or "tpu_quota" not in template_vars:
+        raise BlueprintError("the kueue config_template_vars must set accelerator_type and tpu_quota")
+    kueue.pop("config_path", None)

@@ -19,7 +19,7 @@ from airflow_provider_tpu_rl.render.shell import (
     on_first_pod_only,
     quote_all,
 )
-from airflow_provider_tpu_rl.spec.cluster import ClusterSpec, GkeJobTarget
+from airflow_provider_tpu_rl.spec.cluster import NODE_POOL_LABEL, ClusterSpec, GkeJobTarget
 from airflow_provider_tpu_rl.spec.presets import ModelPreset
 from airflow_provider_tpu_rl.spec.workloads import ConversionSpec, ExportSpec, TrainingSpec
 
@@ -435,12 +435,14 @@ def to_huggingface_script(export: ExportSpec, token_resource: str) -> str:
 
 
 def _target_flags(target: GkeJobTarget, num_slices: int) -> tuple[str, ...]:
-    return (
-        f"--num-slices={num_slices}",
-        f"--image={target.image}",
-        f"--compute-type={target.compute_type}",
-        f"--topology={target.topology}",
-    )
+    flags = [f"--num-slices={num_slices}", f"--image={target.image}", f"--compute-type={target.compute_type}"]
+    if target.topology:
+        flags.append(f"--topology={target.topology}")
+    if target.node_pool:
+        flags.append(f"--node-constraint={NODE_POOL_LABEL}={target.node_pool}")
+    if target.service_account:
+        flags.append(f"--service-account={target.service_account}")
+    return tuple(flags)
 
 
 def _cpu_job(target: GkeJobTarget, name: str, command: str, description: str) -> Command:

@@ -78,7 +78,7 @@ def gke_plan(pipeline: GkePipelineSpec) -> list[PlanStep]:
         ),
         "convert_to_maxtext": [
             *auth,
-            gke.conversion_job(target, pipeline.convert_job, pipeline.conversion, token),
+            gke.conversion_job(pipeline.cpu_job_target, pipeline.convert_job, pipeline.conversion, token),
         ],
         "train": [
             *auth,
@@ -91,7 +91,10 @@ def gke_plan(pipeline: GkePipelineSpec) -> list[PlanStep]:
                 pipeline.pathways_gcs_location,
             ),
         ],
-        "export_to_huggingface": [*auth, gke.export_job(target, pipeline.export_job, pipeline.export, token)],
+        "export_to_huggingface": [
+            *auth,
+            gke.export_job(pipeline.cpu_job_target, pipeline.export_job, pipeline.export, token),
+        ],
         "destroy_cluster": teardown,
     }
     return _in_task_order(GKE_TASK_ORDER, commands)

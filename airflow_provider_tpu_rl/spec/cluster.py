@@ -15,6 +15,16 @@ CHIPS_PER_VM: Final = MappingProxyType({"ct6e-standard-1t": 1, "ct6e-standard-4t
 # v6e slice shapes (chips = product of the topology).
 V6E_TOPOLOGIES: Final = frozenset({"1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"})
 SYSTEM_MACHINE_TYPE = rules.re.compile(r"^[a-z][a-z0-9]*-[a-z]+(?:-[0-9]+)?$")
+# Where the CPU programs (the checkpoint conversions) run on the GKE cluster: the CPU node pool the
+# advanced blueprint's gke-cluster module adds for Pathways (`enable_pathways_for_tpus`:
+# google_container_node_pool "cpu_np", n4-standard-64, autoscaling 0-100), as the Kubernetes
+# service account `configure_workload_identity_sa` binds to the workload service account
+# (Workload Identity; CPU pods get no host network, so not the node's account).
+CPU_COMPUTE_TYPE: Final = "n4-standard-64"
+CPU_NODE_POOL: Final = "cpu-np"
+WORKLOAD_KSA: Final = "workload-identity-k8s-sa"
+NODE_POOL_LABEL: Final = "cloud.google.com/gke-nodepool"
+K8S_NAME = rules.re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 @dataclass(frozen=True)
@@ -131,7 +141,9 @@ class ClusterSpec:
 
 @dataclass(frozen=True)
 class GkeJobTarget:
-    """Where a ``gcluster job submit`` runs: the cluster, the slice shape of its pods, the image."""
+    """Where a ``gcluster job submit`` runs: the cluster, the machines of its pods (a TPU slice
+    shape, or a CPU machine type with no topology), the image, the node pool and the pods'
+    Kubernetes service account."""
 
     project: str
     location: str
@@ -140,14 +152,47 @@ class GkeJobTarget:
     compute_type: str = "ct6e-standard-4t"
     topology: str = "4x8"
     num_slices: int = 1
+    node_pool: str = ""
+    service_account: str = ""
 
     def __post_init__(self) -> None:
         rules.project_id("project_id", self.project)
         rules.region("location", self.location)
         rules.gke_cluster_name("cluster_name", self.cluster_name)
         rules.image("image", self.image)
-        SliceShape(self.compute_type, self.topology)
         rules.int_range("num_slices", self.num_slices, 1, 64)
+        if self.tpu:
+            SliceShape(self.compute_type, self.topology)
+        else:
+            rules.match(
+                "compute_type", self.compute_type, SYSTEM_MACHINE_TYPE, "a machine type like n4-standard-64"
+            )
+            if self.topology:
+                # gcluster: "topology is not allowed for GPU and CPU jobs" (addTopologyLabel)
+                raise SpecError("topology", "must be empty for a CPU machine type", self.topology)
+            if self.num_slices != 1:
+                raise SpecError("num_slices", "a CPU job runs on one node", str(self.num_slices))
+        for name in ("node_pool", "service_account"):
+            value = getattr(self, name)
+            if value:
+                rules.match(name, value, K8S_NAME, "a Kubernetes name like cpu-np")
+
+    @property
+    def tpu(self) -> bool:
+        """Whether the pods run on TPU VMs (``ct6e-…``)."""
+        return self.compute_type.startswith("ct")
+
+    def on_cpu(self, compute_type: str = CPU_COMPUTE_TYPE) -> GkeJobTarget:
+        """The same cluster and image, on the CPU node pool as the workload's Kubernetes service
+        account: where the conversions run."""
+        return replace(
+            self,
+            compute_type=compute_type,
+            topology="",
+            num_slices=1,
+            node_pool=CPU_NODE_POOL,
+            service_account=WORKLOAD_KSA,
+        )
 
     @property
     def where(self) -> str:

@@ -420,6 +420,11 @@ class GkePipelineSpec:
         )
 
     @property
+    def cpu_job_target(self) -> GkeJobTarget:
+        """Where the conversions run: the cluster's CPU node pool (they are CPU programs)."""
+        return self.job_target.on_cpu()
+
+    @property
     def token_resource(self) -> str:
         return secret_version(self.cluster.project, self.hf_token.secret_id)
 

@@ -84,12 +84,41 @@ def secret_value(store: StateStore, project: str, secret: str, version: str) -> 
 
 def node_pool_can_write(store: StateStore, cluster: dict[str, Any]) -> bool:
     """Whether pods (running as the node-pool service account) may create GCS objects."""
-    roles = {f"roles/{r}" if not r.startswith("roles/") else r for r in cluster.get("node_pool_roles", [])}
+    return account_can_write(store, cluster, "node_pool")
+
+
+def account_can_write(store: StateStore, cluster: dict[str, Any], account: str) -> bool:
+    """Whether the cluster's ``account`` (``node_pool`` or ``workload``) may create GCS objects: a
+    writing role from its blueprint module, or one bound on the project."""
+    granted = cluster.get(f"{account}_roles", [])
+    roles = {f"roles/{r}" if not r.startswith("roles/") else r for r in granted}
     if roles & WRITE_ROLES:
         return True
-    member = "serviceAccount:" + cluster.get("service_accounts", {}).get("node_pool", "")
+    member = "serviceAccount:" + cluster.get("service_accounts", {}).get(account, "")
     bindings = store.read("iam").get("project_bindings", {}).get(cluster.get("project", ""), {})
     return any(member in bindings.get(role, []) for role in WRITE_ROLES)
+
+
+def pod_identity(cluster: dict[str, Any], job: dict[str, Any]) -> tuple[str, str | None]:
+    """Who a job's program is to Google APIs, and which of the cluster's accounts that is.
+
+    TPU pods use the host network, so the node's service account (the TPU pool's); other pods
+    get Workload Identity (the cluster's node pools run GKE_METADATA): their Kubernetes service
+    account's Google service account, which only ``configure_workload_identity_sa``'s
+    ``workload-identity-k8s-sa`` has (bound to the workload account); any other is the bare
+    Workload Identity principal, with no role.
+    """
+    accounts = cluster.get("service_accounts", {})
+    if job.get("tpu"):
+        return accounts.get("node_pool", ""), "node_pool"
+    ksa = str(job.get("service_account") or "default")
+    if ksa == cluster.get("workload_identity_ksa"):
+        return accounts.get("workload", ""), "workload"
+    project = cluster.get("project", "")
+    return (
+        f"principal://iam.googleapis.com/projects/{project_number(project)}/locations/global/workloadIdentityPools/{project}.svc.id.goog/subject/ns/default/sa/{ksa}",
+        None,
+    )
 
 
 # ====================================================================================== IAM

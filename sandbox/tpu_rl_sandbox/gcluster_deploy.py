@@ -616,8 +616,11 @@ def _chips_in_topology(topology: str) -> int:
     return total
 
 
-def desired_cluster(bp: dict[str, Any], group: dict[str, Any]) -> dict[str, Any]:
-    """The cluster record the group's configuration describes."""
+def desired_cluster(
+    bp: dict[str, Any], group: dict[str, Any], group_dir: Path | None = None
+) -> dict[str, Any]:
+    """The cluster record the group's configuration describes (``group_dir``: where Terraform
+    reads the group's files from, for the Kueue configuration file)."""
     variables = bp["vars"]
     project, region, zone = variables.get("project_id"), variables.get("region"), variables.get("zone")
     deployment = str(variables["deployment_name"])
@@ -625,6 +628,7 @@ def desired_cluster(bp: dict[str, Any], group: dict[str, Any]) -> dict[str, Any]
     node_pool_roles: list[str] = []
     workload_roles: list[str] = []
     cluster_settings: dict[str, Any] = {}
+    kueue_settings: dict[str, Any] | None = None
     pools: list[dict[str, Any]] = []
     for module in group["modules"]:
         source = str(module.get("source", ""))
@@ -637,6 +641,8 @@ def desired_cluster(bp: dict[str, Any], group: dict[str, Any]) -> dict[str, Any]
                 workload_roles = roles
         elif source.endswith("scheduler/gke-cluster"):
             cluster_settings = settings
+        elif source.endswith("management/kubectl-apply"):
+            kueue_settings = dict(settings.get("kueue") or {})
         elif source.endswith("compute/gke-node-pool"):
             machine = str(settings.get("machine_type") or variables.get("machine_type") or "")
             topology = (
@@ -671,7 +677,8 @@ def desired_cluster(bp: dict[str, Any], group: dict[str, Any]) -> dict[str, Any]
         all_pools.append(
             {
                 "name": "cpu-np",
-                "machine_type": "n2-standard-64",
+                # modules/scheduler/gke-cluster/main.tf google_container_node_pool "cpu_np"
+                "machine_type": "n4-standard-64",
                 "nodes": 1,
                 "service_account": accounts["node_pool"],
             }
@@ -696,11 +703,87 @@ def desired_cluster(bp: dict[str, Any], group: dict[str, Any]) -> dict[str, Any]
         "workload_roles": workload_roles,
         "service_accounts": accounts,
         "pathways": bool(cluster_settings.get("enable_pathways_for_tpus")),
+        # gke-cluster variables.tf k8s_service_account_name (default), made by
+        # configure_workload_identity_sa and bound to the workload service account
+        "workload_identity_ksa": (
+            str(cluster_settings.get("k8s_service_account_name") or "workload-identity-k8s-sa")
+            if cluster_settings.get("configure_workload_identity_sa")
+            else None
+        ),
+        "kueue": cluster_queue(
+            kueue_settings, bool(cluster_settings.get("enable_pathways_for_tpus")), group_dir
+        ),
     }
     record["settings_digest"] = hashlib.sha256(
         json.dumps(record, sort_keys=True, default=str).encode()
     ).hexdigest()[:16]
     return record
+
+
+# modules/management/kubectl-apply/main.tf kueue_config_template_vars: the defaults the module merges
+# under the blueprint's config_template_vars.
+KUEUE_TEMPLATE_DEFAULTS = {"pathways_cpu_quota": 480, "pathways_memory_quota": "2000G", "tpu_quota": "999999"}
+# kueue/kueue-configuration-pathways.yaml.tftpl: the queue the module applies on a Pathways cluster
+# when the blueprint names no config_path (TPU quota, and cpu/memory on a flavor pinned to cpu-np).
+PATHWAYS_QUEUE_RESOURCES = ("google.com/tpu", "cpu", "memory")
+_TEMPLATE_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def cluster_queue(kueue: dict[str, Any] | None, pathways: bool, group_dir: Path | None) -> dict[str, Any]:
+    """The Kueue ClusterQueue the kubectl-apply module configures: the resources it covers and
+    its nominal quotas (``{"covered": [...], "quota": {...}}``; ``error`` for a failed precondition).
+
+    kubectl-apply main.tf: a blueprint ``config_path`` is rendered with the template vars and
+    applied instead of the default; without one, a Pathways cluster gets
+    ``kueue-configuration-pathways.yaml.tftpl`` (its precondition wants ``accelerator_type``).
+    """
+    if not kueue or not kueue.get("install"):
+        return {"covered": [], "quota": {}}
+    template_vars = {**KUEUE_TEMPLATE_DEFAULTS, **dict(kueue.get("config_template_vars") or {})}
+    config_path = str(kueue.get("config_path") or "")
+    staged = GHPC_STAGE_RE.fullmatch(config_path.strip())
+    if staged:  # evaluated at create: the copy next to the groups
+        config_path = staged_destination(_unescape(staged.group(1)))
+    if not config_path:
+        if not pathways:
+            return {"covered": [], "quota": {}}
+        if "accelerator_type" not in (kueue.get("config_template_vars") or {}):
+            return {
+                "covered": [],
+                "quota": {},
+                "error": "Error: Resource precondition failed\n\n  on modules/embedded/modules/management/"
+                "kubectl-apply/main.tf\n\naccelerator_type must be set in kueue.config_template_vars when "
+                "using the default pathways configuration.",
+            }
+        return {
+            "covered": list(PATHWAYS_QUEUE_RESOURCES),
+            "quota": {
+                "google.com/tpu": template_vars["tpu_quota"],
+                "cpu": template_vars["pathways_cpu_quota"],
+                "memory": template_vars["pathways_memory_quota"],
+            },
+        }
+    path = Path(config_path) if os.path.isabs(config_path) or group_dir is None else group_dir / config_path
+    try:
+        text = path.read_text()
+    except OSError:
+        return {
+            "covered": [],
+            "quota": {},
+            "error": f"Error: Invalid function argument\n\nno file exists at {config_path}",
+        }
+    rendered = _TEMPLATE_REF.sub(lambda m: str(template_vars.get(m.group(1), "")), text)
+    covered: list[str] = []
+    quota: dict[str, Any] = {}
+    for doc in yaml.safe_load_all(rendered):
+        if not isinstance(doc, dict) or doc.get("kind") != "ClusterQueue":
+            continue
+        for group in (doc.get("spec") or {}).get("resourceGroups") or []:
+            covered += [str(r) for r in group.get("coveredResources") or []]
+            for flavor in group.get("flavors") or []:
+                for resource in flavor.get("resources") or []:
+                    quota[str(resource.get("name"))] = resource.get("nominalQuota")
+    return {"covered": covered, "quota": quota}
 
 
 def plan_errors(bp: dict[str, Any], record: dict[str, Any], group_dir: Path) -> list[str]:
@@ -727,6 +810,9 @@ def plan_errors(bp: dict[str, Any], record: dict[str, Any], group_dir: Path) -> 
                 f"  with module.{address}.google_service_account.service_account[0],\n"
                 f'  on modules/embedded/modules/project/service-account/main.tf line 42, in resource "google_service_account" "service_account":'
             )
+    queue = record.get("kueue") or {}
+    if queue.get("error"):
+        errors.append(queue["error"])
     if len(str(record["name"])) > 40:
         errors.append(f"Error: expected length of name to be in the range (1 - 40), got {record['name']}")
     del group_dir
@@ -846,7 +932,7 @@ class DeploymentRunner:
         self.console.info(
             f"Testing if deployment group {shown} requires adding or changing cloud infrastructure"
         )
-        desired = desired_cluster(bp, group)
+        desired = desired_cluster(bp, group, group_dir)
         problems = plan_errors(bp, desired, group_dir)
         if problems:
             raise hint_error(
@@ -1100,7 +1186,7 @@ class DeploymentRunner:
         tf.init()
         self.console.info(f"Testing if deployment group {shown} requires destroying cloud infrastructure")
         state = tf.load()
-        desired = desired_cluster(bp, group)
+        desired = desired_cluster(bp, group, group_dir)
         key = cloud.cluster_key(str(desired["project"]), str(desired["region"]), str(desired["name"]))
         world = self.store.read("clusters").get(key)
         world_exists = bool(world and world.get("exists", True))

@@ -72,6 +72,11 @@ class JobError(Exception):
     """A RunE error: cobra prints ``Error: <message>``, exit code 1."""
 
 
+# vCPUs of the CPU machine types a cluster here can have (Compute Engine machine types; n4 has two
+# threads per core, so getEffectiveCPUs keeps guestCpus).
+CPU_MACHINE_VCPUS = {"n4-standard-64": 64, "n2-standard-8": 8, "e2-standard-4": 4}
+
+
 def is_tpu(machine_type: str) -> bool:
     """Cluster Toolkit's ``config.IsTPU``: ``ct*`` machine types and ``tpu``/``v<N>`` shorthands."""
     lowered = machine_type.lower()
@@ -712,6 +717,11 @@ class JobCommands:
                 f"no matching machine types found in cluster for shorthand {go_q(compute_type)}. Available candidates: "
                 f"[{' '.join(sorted({str(p.get('machine_type')) for p in pools}))}]"
             )
+        if not is_tpu(compute_type) and topology:
+            raise JobError(
+                "failed to generate GKE manifest: failed to build node selector: topology is not allowed "
+                "for GPU and CPU jobs"
+            )
         if is_tpu(compute_type):
             discovered = sorted({str(p["topology"]) for p in machine_pools if p.get("topology")})
             if topology:
@@ -807,6 +817,8 @@ class JobCommands:
             topology=topology,
             env=env_map("env"),
             grace_seconds=duration_to_seconds_or_int(str(parsed.get("grace-period")), "--grace-period"),
+            node_constraint=dict(parsed.get("node-constraint") or {}),
+            service_account=str(parsed.get("service-account") or ""),
             pathways=(
                 {
                     "proxy_image": str(parsed.get("pathways-proxy-server-image") or DEFAULT_PROXY_IMAGE),
@@ -852,6 +864,8 @@ class JobCommands:
             "image": parsed.get("image") or parsed.get("base-image"),
             "compute_type": compute_type,
             "tpu": tpu,
+            "cpu_request": 0 if tpu else max(1, int(CPU_MACHINE_VCPUS.get(compute_type, 1) * 0.95)) * nodes,
+            "service_account": str(parsed.get("service-account") or ""),
             "topology": topology,
             "num_slices": int(parsed.get("num-slices")),
             "nodes_per_slice": nodes,
@@ -963,9 +977,17 @@ def jobset_manifest(
     env: Mapping[str, str],
     grace_seconds: int,
     pathways: Mapping[str, Any] | None,
+    node_constraint: Mapping[str, str] | None = None,
+    service_account: str = "",
 ) -> dict[str, Any]:
     """The JobSet ``gcluster job submit`` applies (cluster-toolkit v1.95.0
-    pkg/orchestrator/gke/templates/pathways_jobset.tmpl and jobset.tmpl, rendered)."""
+    pkg/orchestrator/gke/templates/pathways_jobset.tmpl and jobset.tmpl, rendered).
+
+    A CPU machine type (gke_job_orchestrator.go ``determineIfCPUMachine``) gets a ``cpu`` limit of
+    95% of its vCPUs (resource_resolver.go ``calculateResourceLimits``), no accelerator label and
+    no host network (``HostNetworkEnabled: isTPU || isGPU``); ``--node-constraint`` pairs join
+    the nodeSelector (``buildNodeSelector``), ``--service-account`` is the pods'
+    ``serviceAccountName``."""
     family = "-".join(compute_type.split("-")[:2])
     accelerator = TPU_ACCELERATOR_LABELS.get(family, "")
     node_selector = (
@@ -973,8 +995,13 @@ def jobset_manifest(
         if accelerator
         else {}
     )
+    node_selector = {**node_selector, **dict(node_constraint or {})}
     chips = _chips_per_vm(compute_type) if accelerator else 0
-    resources = {"resources": {"limits": {"google.com/tpu": str(chips)}}} if chips else {}
+    if chips:
+        resources: dict[str, Any] = {"resources": {"limits": {"google.com/tpu": str(chips)}}}
+    else:
+        cpus = CPU_MACHINE_VCPUS.get(compute_type, 0)
+        resources = {"resources": {"limits": {"cpu": str(max(1, int(cpus * 0.95)))}}} if cpus else {}
     labels = {"gcluster.google.com/workload": name, kube_api.QUEUE_NAME_KEY: KUEUE_LOCAL_QUEUE}
     if pathways is None:
         container: dict[str, Any] = {
@@ -991,7 +1018,10 @@ def jobset_manifest(
         }
         if accelerator:
             pod_spec = {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet", **pod_spec}
+        if node_selector:
             pod_spec["nodeSelector"] = node_selector
+        if service_account:
+            pod_spec["serviceAccountName"] = service_account
         return {
             "apiVersion": kube_api.JOBSET_API_VERSION,
             "kind": "JobSet",

@@ -81,7 +81,10 @@ class Worker:
 
     # -- phases ---------------------------------------------------------------------------
     def wait_for_admission(self, job: dict[str, Any], step: float) -> None:
-        """Kueue: a TPU job waits until the cluster has enough free slices (FIFO)."""
+        """Kueue: a TPU job waits until the cluster has enough free slices (FIFO); a CPU job until
+        the ClusterQueue's cpu quota has room, and for ever when the queue covers no ``cpu`` (Kueue
+        admits a workload only when every resource it requests is covered: "resource cpu
+        unavailable in ClusterQueue")."""
         time.sleep(max(step * 2, 0.02))
         while True:
             with self.store.txn() as txn:
@@ -89,9 +92,12 @@ class Worker:
                 me = jobs.get(self.key)
                 if me is None or me.get("uid") != self.uid:
                     raise JobGone()
-                if not me.get("tpu"):
-                    return
                 cluster = txn.doc("clusters").get(me["cluster_key"], {})
+                if not me.get("tpu"):
+                    if self._cpu_fits(me, jobs, cluster):
+                        return
+                    time.sleep(0.05)
+                    continue
                 quota = int(cluster.get("num_slices") or 0)
                 same_cluster = [
                     j for j in jobs.values() if j.get("cluster_key") == me["cluster_key"] and j.get("tpu")
@@ -109,6 +115,28 @@ class Worker:
                 if not earlier_waiting and running + int(me.get("num_slices", 1)) <= quota:
                     return
             time.sleep(0.05)
+
+    def _cpu_fits(self, me: dict[str, Any], jobs: dict[str, Any], cluster: dict[str, Any]) -> bool:
+        wanted = int(me.get("cpu_request") or 0)
+        if not wanted:
+            return True
+        queue = cluster.get("kueue") or {}
+        if "cpu" not in (queue.get("covered") or []):
+            return False
+        try:
+            quota = float(str((queue.get("quota") or {}).get("cpu")))
+        except ValueError:
+            return False
+        same_cluster = [
+            j for j in jobs.values() if j.get("cluster_key") == me["cluster_key"] and not j.get("tpu")
+        ]
+        used = sum(int(j.get("cpu_request") or 0) for j in same_cluster if j.get("status") == "Running")
+        earlier = [
+            j
+            for j in same_cluster
+            if j.get("status") == "Suspended" and j["created_ts"] < me["created_ts"] and j["uid"] != self.uid
+        ]
+        return not earlier and used + wanted <= quota
 
     def update_pods(self, change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
         """Apply ``change`` to each current pod record (one transaction)."""
@@ -134,7 +162,7 @@ class Worker:
         attempts = int(job.get("restarts", 1)) + 1
         faults = FaultGate(self.store, parse_faults(job.get("faults")))
         cluster = self.store.read("clusters").get(job["cluster_key"], {})
-        node_sa = cluster.get("service_accounts", {}).get("node_pool", "")
+        identity, account = cloud.pod_identity(cluster, job)
         for attempt in range(1, attempts + 1):
             # a (re)start: the JobSet controller recreates every Job, the Job controller their pods
             job = self.update(
@@ -143,7 +171,7 @@ class Worker:
                 started=rfc3339(),
                 pods=kube_api.plan_pods(job, attempt - 1),
             )
-            status = self.run_attempt(job, attempt, step, faults, cluster, node_sa)
+            status = self.run_attempt(job, attempt, step, faults, cluster, identity, account)
             if status == 0:
                 self.update(
                     status="Succeeded", condition="Completed", completed=rfc3339(), completed_ts=time.time()
@@ -287,7 +315,8 @@ class Worker:
         step: float,
         faults: FaultGate,
         cluster: dict[str, Any],
-        node_sa: str,
+        identity: str,
+        account: str | None,
     ) -> int:
         log_path = self.layout.jobs_dir / self.uid / f"attempt-{attempt}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -297,8 +326,10 @@ class Worker:
         services = MachineServices(
             gcs=GcsStore(
                 api_for(self.layout),
-                identity=node_sa,
-                can_write=lambda bucket: cloud.node_pool_can_write(store, cluster),
+                identity=identity,
+                can_write=lambda bucket: (
+                    account is not None and cloud.account_can_write(store, cluster, account)
+                ),
             ),
             secret_access=lambda p, s, v: cloud.secret_value(store, p, s, v),
             fault=faults.fire,

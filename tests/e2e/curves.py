@@ -12,7 +12,8 @@ import pytest
 
 from airflow_provider_tpu_rl.compat import AIRFLOW_V_3_0_PLUS
 from airflow_provider_tpu_rl.ledger.hook import RunLedger, sqlite_connection_uri
-from airflow_provider_tpu_rl.ledger.plots import figure_png, run_curves, run_curves_figure
+from airflow_provider_tpu_rl.ledger.plots import figure_png, run_curves, run_curves_figure, run_timeline
+from airflow_provider_tpu_rl.ledger.records import RunRecord, as_utc
 from airflow_provider_tpu_rl.links import GCSObjectLink
 from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf, tpu_vm_pipeline_from_conf
 from tests.e2e.harness import GKE_DAG_ID, DagRunResult, E2EWorld
@@ -38,14 +39,29 @@ def check_curves_next_to_the_checkpoints(
 
     bucket, _, name = uri.removeprefix("gs://").partition("/")
     uploaded = world.gcs.download(bucket, name)
-    assert decoded_png(uploaded).size == (1000, 400)
+    assert decoded_png(uploaded).size == (1000, 800)  # the curves and the timeline of the stages
 
     # The picture is exactly the drawing of what the ledger holds for this run.
     monkeypatch.setenv("AIRFLOW_CONN_TPU_RL_LEDGER", sqlite_connection_uri(world.home / "tpu_rl_ledger.db"))
     metrics = RunLedger().run_metrics(run.ledger_run_id)
     assert {(m.phase, m.name) for m in metrics} >= {("pre", "mean_reward"), ("post", "mean_reward")}
     curves = run_curves(run.ledger_run_id, metrics, final_step=resolved["final_step"])
-    assert uploaded == figure_png(run_curves_figure(curves))
+    ((chips, cluster_started, cluster_ended, train_started, train_ended),) = world.ledger(
+        "SELECT chips, cluster_started_at, cluster_ended_at, train_started_at, train_ended_at FROM runs "
+        "WHERE run_id = ?",
+        (run.ledger_run_id,),
+    )
+    recorded = RunRecord(
+        run.dag_id, run.run_id, "m", "success", chips=chips,
+        cluster_started_at=as_utc(cluster_started), cluster_ended_at=as_utc(cluster_ended),
+        train_started_at=as_utc(train_started), train_ended_at=as_utc(train_ended),
+    )  # fmt: skip
+    steps = RunLedger().recorded_steps(run.ledger_run_id).values()
+    timeline = run_timeline(recorded, steps, ignored=("record_run",))  # the task drawing it
+    assert "train" in {task for task, *_ in timeline.stages}
+    assert timeline.billed is not None
+    assert timeline.trained is not None
+    assert uploaded == figure_png(run_curves_figure(curves, timeline))
 
     # The task's "Run Curves" link: Airflow 3 stores the formatted URL when the task ends; Airflow 2
     # (the google provider's BaseGoogleLink.persist) stores the format arguments, formatted on display.

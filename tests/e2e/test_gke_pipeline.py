@@ -137,6 +137,21 @@ def test_pipeline_succeeds_with_one_cluster_lifecycle(world: E2EWorld, happy: Da
     assert happy.submitted_jobs() == [spec.convert_job, spec.train_job, spec.export_job]
     assert duplicates(happy.submitted_jobs()) == []
     assert spec.cluster.cluster_name not in world.live_clusters()
+    # only training asks for the TPU slice; the conversions run on the CPU node pool
+    shapes = {
+        str(call.flag("name")): (
+            call.flag("compute-type"),
+            call.flag("topology"),
+            call.flag("node-constraint"),
+        )
+        for call in happy.calls_of("gcluster", "job", "submit")
+    }
+    cpu_np = ("n4-standard-64", None, "cloud.google.com/gke-nodepool=cpu-np")
+    assert shapes == {
+        spec.convert_job: cpu_np,
+        spec.train_job: ("ct6e-standard-4t", "4x8", None),
+        spec.export_job: cpu_np,
+    }
 
 
 def test_pipeline_exports_a_complete_hugging_face_model(world: E2EWorld, happy: DagRunResult) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 import tpu_rl_sandbox
 from airflow_provider_tpu_rl.render import gke
-from airflow_provider_tpu_rl.render.blueprint import BLUEPRINT_RELPATH, customize_blueprint
+from airflow_provider_tpu_rl.render.blueprint import BLUEPRINT_RELPATH, BlueprintError, customize_blueprint
 from airflow_provider_tpu_rl.render.plan import gke_plan
 from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
 from airflow_provider_tpu_rl.spec.presets import OPENMATH_DATASET, POST_TRAINING_IMAGE, PRESETS
@@ -104,6 +104,15 @@ def test_job_matches_tutorial(case: str, stage: str, module: str) -> None:
     assert got.pop("--cluster") == ["rl-cluster"]
     assert got.pop("--location") == ["us-east5"]
 
+    if stage != "train":
+        # Documented difference: the conversions are CPU programs (MaxText's converters set
+        # jax_platforms=cpu); they run on the CPU node pool, not on the slice the tutorials hold.
+        assert want.pop("--compute-type") == ["ct6e-standard-4t"]
+        assert want.pop("--topology") == ["4x8"]
+        assert got.pop("--compute-type") == ["n4-standard-64"]
+        assert got.pop("--node-constraint") == ["cloud.google.com/gke-nodepool=cpu-np"]
+        assert got.pop("--service-account") == ["workload-identity-k8s-sa"]
+        assert "--topology" not in got
     tutorial_command = want.pop("--command")[0]
     our_command = got.pop("--command")[0]
     for flag, values in want.items():
@@ -199,6 +208,8 @@ blueprint_name: gke-tpu-v6e
 vars:
   project_id:
   deployment_name: gke-tpu-v6e
+  enable_pathways_for_tpus: true
+  kueue_configuration_path: $(ghpc_stage("./kueue-configuration.yaml.tftpl"))
 deployment_groups:
 - group: primary
   modules:
@@ -217,7 +228,59 @@ deployment_groups:
     source: modules/scheduler/gke-cluster
     settings:
       system_node_pool_machine_type: "n2-standard-8"
+  - id: workload-manager-install
+    source: modules/management/kubectl-apply
+    use: [gke-tpu-v6e-cluster]
+    settings:
+      kueue:
+        install: true
+        config_path: $(vars.kueue_configuration_path)
+        config_template_vars:
+          tpu_quota: 32
+          accelerator_type: tpu-v6e-slice
+          namespace: default
 """
+
+
+def test_kueue_gets_the_modules_pathways_queue_so_cpu_jobs_are_admitted() -> None:
+    """The example's own Kueue config has TPU quota only; without config_path the kubectl-apply
+    module applies its Pathways default (TPU quota plus cpu/memory on cpu-np)."""
+    import yaml
+
+    for text in (BLUEPRINT, (SANDBOX_BUNDLE / BLUEPRINT_RELPATH).read_text()):
+        doc = yaml.safe_load(customize_blueprint(text, _pipeline("qwen3-30b-a3b").cluster.blueprint))
+        (kubectl,) = [
+            m
+            for g in doc["deployment_groups"]
+            for m in g["modules"]
+            if m["source"] == "modules/management/kubectl-apply"
+        ]
+        kueue = kubectl["settings"]["kueue"]
+        assert "config_path" not in kueue
+        assert {"tpu_quota", "accelerator_type"} <= set(kueue["config_template_vars"])
+        assert doc["vars"]["enable_pathways_for_tpus"] is True
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: d["vars"].update(enable_pathways_for_tpus=False), "enable_pathways_for_tpus"),
+        (lambda d: d["deployment_groups"][0]["modules"].pop(), "kubectl-apply"),
+        (
+            lambda d: d["deployment_groups"][0]["modules"][-1]["settings"]["kueue"][
+                "config_template_vars"
+            ].pop("accelerator_type"),
+            "accelerator_type",
+        ),
+    ],
+)
+def test_a_blueprint_without_a_cpu_queue_is_refused(change: Any, message: str) -> None:
+    import yaml
+
+    doc = yaml.safe_load(BLUEPRINT)
+    change(doc)
+    with pytest.raises(BlueprintError, match=message):
+        customize_blueprint(yaml.safe_dump(doc), _pipeline("qwen3-30b-a3b").cluster.blueprint)
 
 
 def test_qwen_blueprint_edit_matches_tutorial_roles() -> None:

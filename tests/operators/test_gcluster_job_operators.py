@@ -12,8 +12,12 @@ import pytest
 
 from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailException
 from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
-from airflow_provider_tpu_rl.operators.maxtext import MaxTextConvertOperator, PathwaysRLTrainOperator
-from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
+from airflow_provider_tpu_rl.operators.maxtext import (
+    MaxTextConvertOperator,
+    MaxTextExportOperator,
+    PathwaysRLTrainOperator,
+)
+from airflow_provider_tpu_rl.spec import SpecError, gke_pipeline_from_conf
 from airflow_provider_tpu_rl.timeouts import job_timeout
 from airflow_provider_tpu_rl.triggers.jobset import JobSetTrigger
 from tests.operators.sandbox_run import (
@@ -122,6 +126,12 @@ def test_convert_defers_to_the_job_trigger(sb: SandboxRun) -> None:
     )
     created = datetime.fromisoformat(answer.json()["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
     assert trigger.deadline == pytest.approx(created.timestamp() + job_timeout("convert").total_seconds())
+    # a CPU program on the CPU node pool: no TPU asked for, the workload's Kubernetes account
+    (replicated,) = answer.json()["spec"]["replicatedJobs"]
+    pod = replicated["template"]["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"cloud.google.com/gke-nodepool": "cpu-np"}
+    assert pod["serviceAccountName"] == "workload-identity-k8s-sa"
+    assert [c["resources"] for c in pod["containers"]] == [{"limits": {"cpu": "60"}}]
 
 
 # -- a retry re-attaches to the job of its first try ---------------------------------------------------
@@ -332,3 +342,34 @@ def test_the_trigger_reports_missing_only_after_two_polls(
 
     assert event["status"] == "missing"
     assert polls == [None, None]
+
+
+@pytest.mark.parametrize(
+    ("operator", "arguments", "shape"),
+    [
+        (MaxTextConvertOperator, {}, ("n4-standard-64", "", "cpu-np")),
+        (MaxTextExportOperator, {"run_name": "rl-1"}, ("n4-standard-64", "", "cpu-np")),
+        (PathwaysRLTrainOperator, {"run_name": "rl-1"}, ("ct6e-standard-4t", "4x8", "")),
+        # a ct6e type keeps a conversion on the slice, as the tutorials run it
+        (MaxTextConvertOperator, {"compute_type": "ct6e-standard-4t"}, ("ct6e-standard-4t", "4x8", "")),
+        (MaxTextConvertOperator, {"compute_type": "n4-highmem-32"}, ("n4-highmem-32", "", "cpu-np")),
+    ],
+)
+def test_the_conversions_run_on_the_cpu_pool_and_training_on_the_slice(
+    operator: type[Any], arguments: dict[str, Any], shape: tuple[str, str, str]
+) -> None:
+    op = operator(
+        task_id="t", project_id="p-123456", location="us-east5", cluster_name="c1", bucket="b-1",
+        model="qwen3-30b-a3b", **arguments,
+    )  # fmt: skip
+    target = op.target(op.preset())
+    assert (target.compute_type, target.topology, target.node_pool) == shape
+
+
+def test_a_topology_for_a_conversion_on_cpu_is_one_clear_error() -> None:
+    op = MaxTextConvertOperator(
+        task_id="t", project_id="p-123456", location="us-east5", cluster_name="c1", bucket="b-1",
+        model="qwen3-30b-a3b", topology="4x8",
+    )  # fmt: skip
+    with pytest.raises(SpecError, match="runs on CPU"):
+        op.target(op.preset())

@@ -207,6 +207,11 @@ class Cluster:
 @pytest.fixture
 def cluster(cli: Cli, names: dict[str, str]) -> Cluster:
     """Everything the seed does before the first ``gcluster job submit``."""
+    return make_cluster(cli, names, cli.info.blueprint)
+
+
+def make_cluster(cli: Cli, names: dict[str, str], blueprint: Path) -> Cluster:
+    """The seed's set-up before the first ``gcluster job submit``, deploying ``blueprint``."""
     assert (
         cli.gcloud(
             "storage",
@@ -218,7 +223,7 @@ def cluster(cli: Cli, names: dict[str, str]) -> Cluster:
         ).code
         == 0
     )
-    result = cli.gcluster("deploy", str(cli.info.blueprint), *deploy_args(names))
+    result = cli.gcluster("deploy", str(blueprint), *deploy_args(names))
     assert result.code == 0, result.text
     for account in ("np", "wl"):
         member = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from airflow_provider_tpu_rl.spec import (
     job_name,
     tpu_vm_pipeline_from_conf,
 )
+from airflow_provider_tpu_rl.spec.cluster import GkeJobTarget
 from airflow_provider_tpu_rl.spec.pipeline import job_suffix
 
 BAD_GKE_CONF: list[tuple[dict[str, Any], str, str]] = [
@@ -324,3 +326,22 @@ def test_cluster_spec_can_be_built_directly() -> None:
 def test_override_values_cannot_break_the_one_line_command(breaker: str) -> None:
     with pytest.raises(SpecError, match="control characters or newlines"):
         gke_pipeline_from_conf({"train_overrides": {"debug": f"a{breaker}b"}})
+
+
+def test_a_job_target_is_a_tpu_slice_or_a_cpu_machine_on_one_node() -> None:
+    tpu = GkeJobTarget(project="p-123456", location="us-east5", cluster_name="c1", image="gcr.io/p/i:1")
+    assert (tpu.tpu, tpu.compute_type, tpu.topology, tpu.node_pool, tpu.service_account) == (
+        True, "ct6e-standard-4t", "4x8", "", ""
+    )  # fmt: skip
+    cpu = tpu.on_cpu()
+    assert (cpu.tpu, cpu.compute_type, cpu.topology, cpu.num_slices) == (False, "n4-standard-64", "", 1)
+    assert (cpu.node_pool, cpu.service_account) == ("cpu-np", "workload-identity-k8s-sa")
+    assert cpu.where == tpu.where  # the same cluster
+    with pytest.raises(SpecError, match="topology"):
+        dataclasses.replace(cpu, topology="4x8")  # gcluster: no topology for CPU jobs
+    with pytest.raises(SpecError, match="num_slices"):
+        dataclasses.replace(cpu, num_slices=2)
+    with pytest.raises(SpecError, match="node_pool"):
+        dataclasses.replace(cpu, node_pool="CPU_NP;")
+    with pytest.raises(SpecError, match="compute_type"):
+        dataclasses.replace(cpu, compute_type="n4 standard")
