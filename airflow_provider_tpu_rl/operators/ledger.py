@@ -6,8 +6,9 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from airflow.providers.common.compat.sdk import BaseOperator, Context, conf
+from airflow.providers.common.compat.sdk import BaseOperator, Context
 
+from airflow_provider_tpu_rl.compat import conf
 from airflow_provider_tpu_rl.ledger.cli import format_tpu_time
 from airflow_provider_tpu_rl.ledger.hook import DEFAULT_CONN_ID, RunLedger, record_run_from_context
 from airflow_provider_tpu_rl.ledger.plots import (
