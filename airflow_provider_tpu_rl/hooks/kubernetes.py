@@ -391,10 +391,11 @@ def accelerator_start(pods: Sequence[Mapping[str, Any]]) -> str | None:
     starts = [
         str(start) for pod in (tpu_pods or pods) if (start := (pod.get("status") or {}).get("startTime"))
     ]
-    return min(starts, key=_rfc3339_seconds) if starts else None
+    return min(starts, key=rfc3339_seconds) if starts else None
 
 
-def _rfc3339_seconds(text: str) -> float:
+def rfc3339_seconds(text: str) -> float:
+    """Epoch seconds of an RFC 3339 time as the Kubernetes API writes it (``…Z``)."""
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 

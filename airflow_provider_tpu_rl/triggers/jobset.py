@@ -59,6 +59,7 @@ from airflow_provider_tpu_rl.hooks.kubernetes import (
     head_pod,
     jobset_state,
     pod_disruption,
+    rfc3339_seconds,
     split_timestamp,
     workload_container,
 )
@@ -504,7 +505,7 @@ class JobSetTrigger(BaseTrigger):
         created = metadata.get("creationTimestamp")
         if isinstance(created, str) and created:
             with contextlib.suppress(ValueError):
-                self.jobset_created = datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp()
+                self.jobset_created = rfc3339_seconds(created)
 
     async def _why_failed(self) -> dict[str, Any]:
         """Why the job failed: its pods lost to their nodes (preemption, node shutdown, eviction:

@@ -77,6 +77,13 @@ class JobError(Exception):
 CPU_MACHINE_VCPUS = {"n4-standard-64": 64, "n2-standard-8": 8, "e2-standard-4": 4}
 
 
+def cpu_limit(compute_type: str) -> int:
+    """gcluster's ``cpu`` limit for a CPU machine type: 95% of its vCPUs, at least 1
+    (resource_resolver.go ``calculateResourceLimits``); 0 for a type not in the table."""
+    cpus = CPU_MACHINE_VCPUS.get(compute_type, 0)
+    return max(1, int(cpus * 0.95)) if cpus else 0
+
+
 def is_tpu(machine_type: str) -> bool:
     """Cluster Toolkit's ``config.IsTPU``: ``ct*`` machine types and ``tpu``/``v<N>`` shorthands."""
     lowered = machine_type.lower()
@@ -864,7 +871,7 @@ class JobCommands:
             "image": parsed.get("image") or parsed.get("base-image"),
             "compute_type": compute_type,
             "tpu": tpu,
-            "cpu_request": 0 if tpu else max(1, int(CPU_MACHINE_VCPUS.get(compute_type, 1) * 0.95)) * nodes,
+            "cpu_request": 0 if tpu else max(1, cpu_limit(compute_type)) * nodes,
             "service_account": str(parsed.get("service-account") or ""),
             "topology": topology,
             "num_slices": int(parsed.get("num-slices")),
@@ -1000,8 +1007,8 @@ def jobset_manifest(
     if chips:
         resources: dict[str, Any] = {"resources": {"limits": {"google.com/tpu": str(chips)}}}
     else:
-        cpus = CPU_MACHINE_VCPUS.get(compute_type, 0)
-        resources = {"resources": {"limits": {"cpu": str(max(1, int(cpus * 0.95)))}}} if cpus else {}
+        cpus = cpu_limit(compute_type)
+        resources = {"resources": {"limits": {"cpu": str(cpus)}}} if cpus else {}
     labels = {"gcluster.google.com/workload": name, kube_api.QUEUE_NAME_KEY: KUEUE_LOCAL_QUEUE}
     if pathways is None:
         container: dict[str, Any] = {
