@@ -59,3 +59,35 @@ def test_the_pure_core_tests_import_no_airflow() -> None:
         f"{done.stdout.strip()} imports Airflow: move it out of the Makefile's AIRFLOW_FREE_TESTS "
         "or its import of Airflow out of the pure core"
     )
+
+
+# ------------------------------------------------------------------------ the lowest providers' leg
+PROVIDER_IMPORT = re.compile(r"\bairflow\.providers\.(?!common\.compat\b)\w+")
+
+
+def lowest_leg_tests() -> list[Path]:
+    """The test files ``make test-lowest`` runs (its folders expanded)."""
+    makefile = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    match = re.search(r"^LOWEST_TESTS := (.*)$", makefile, re.MULTILINE)
+    assert match is not None, "the Makefile names no LOWEST_TESTS"
+    files: list[Path] = []
+    for name in match.group(1).split():
+        path = ROOT / name
+        assert path.exists(), f"LOWEST_TESTS names {name}, which does not exist"
+        files += sorted(path.rglob("test_*.py")) if path.is_dir() else [path]
+    return files
+
+
+def test_the_lowest_leg_tests_every_module_that_calls_a_provider_itself() -> None:
+    """A product module that imports a provider (other than common.compat) is imported by a test of
+    the lowest leg: the other operator tests reach the providers only through those modules."""
+    package = ROOT / "airflow_provider_tpu_rl"
+    calling = {
+        ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        for path in package.rglob("*.py")
+        if PROVIDER_IMPORT.search(path.read_text())
+    }
+    assert "airflow_provider_tpu_rl.triggers.jobset" in calling
+    imported = " ".join(path.read_text() for path in lowest_leg_tests())
+    untested = sorted(module for module in calling if not re.search(rf"\b{re.escape(module)}\b", imported))
+    assert untested == [], f"add a test of {untested} to the Makefile's LOWEST_TESTS"

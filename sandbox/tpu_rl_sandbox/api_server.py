@@ -40,7 +40,7 @@ from typing import Any
 
 from tpu_rl_sandbox import cloud, oauth
 from tpu_rl_sandbox.emulator import pid_alive
-from tpu_rl_sandbox.kube_api import KubeServers
+from tpu_rl_sandbox.kube_server import KubeServers
 from tpu_rl_sandbox.layout import SandboxLayout
 from tpu_rl_sandbox.settings import load_settings
 from tpu_rl_sandbox.state import StateStore

@@ -10,8 +10,6 @@ import signal
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -79,6 +77,9 @@ def pid_alive(pid: int) -> bool:
 
 def answers(port: int, timeout: float = 0.5) -> bool:
     """True when the emulator's JSON API responds on ``port``."""
+    import urllib.error  # here: most fake tool calls never ask
+    import urllib.request
+
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/storage/v1/b", timeout=timeout) as response:
             return bool(response.status == 200)

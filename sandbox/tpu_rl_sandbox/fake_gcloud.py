@@ -22,9 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from tpu_rl_sandbox import cloud, emulator, hosts, maxtext_sim, storage_ops
+from tpu_rl_sandbox import cloud, emulator, storage_ops
 from tpu_rl_sandbox.cloud import iam_bindings
 from tpu_rl_sandbox.flags import GcloudParse, GcloudUsageError, gcloud_parse, gcloud_resolve
 from tpu_rl_sandbox.fsview import GcsStore, LocalStore, Router
@@ -208,6 +206,8 @@ def _format(value: Any, fmt: str | None, default: str = "yaml") -> str:
         for row in rows:
             lines.append("\t".join(str(_dig(row, key) if _dig(row, key) is not None else "") for key in keys))
         return "\n".join(lines) + ("\n" if lines else "")
+    import yaml  # imported where used: each fake call is a fresh interpreter
+
     if isinstance(value, list):
         return "".join("---\n" + yaml.safe_dump(item, sort_keys=True) for item in value)
     return yaml.safe_dump(value, sort_keys=True)
@@ -665,6 +665,8 @@ class Gcloud:
             if not condition.get("expression") or not condition.get("title"):
                 raise GcloudError(CONDITION_FORMAT_ERROR)
         elif "condition-from-file" in parsed.given:
+            import yaml
+
             source = str(parsed.get("condition-from-file"))
             try:
                 loaded = yaml.safe_load(Path(source).expanduser().read_text())
@@ -1539,6 +1541,9 @@ class Gcloud:
         command = parsed.get("command")
         if command is None and extra:
             command = " ".join(extra)
+        # the VM's simulated machine, imported only by the calls that reach it
+        from tpu_rl_sandbox import hosts, maxtext_sim
+
         step_seconds, hold_file = maxtext_sim.context_from_env(dict(self.env))
         store = self.store
         faults = self.faults()
@@ -1812,6 +1817,8 @@ class Gcloud:
             self.env.get("KUBECONFIG") or Path(self.env.get("HOME", str(Path.home()))) / ".kube" / "config"
         )
         context = f"gke_{record['project']}_{record['region']}_{record['name']}"
+        import yaml
+
         try:
             config = yaml.safe_load(kubeconfig.read_text()) or {}
         except (OSError, yaml.YAMLError):

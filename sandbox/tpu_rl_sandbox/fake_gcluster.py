@@ -49,7 +49,6 @@ from tpu_rl_sandbox.gcluster_deploy import (
 from tpu_rl_sandbox.gcluster_jobs import JobCommands, JobError, JobRegistry
 from tpu_rl_sandbox.gotime import go_quote
 from tpu_rl_sandbox.layout import SandboxLayout, layout_from_env
-from tpu_rl_sandbox.maxtext_sim import context_from_env
 from tpu_rl_sandbox.state import (
     FAULT_ENV,
     FaultGate,
@@ -548,6 +547,8 @@ class Gcluster:
         return candidate if candidate.is_absolute() else Path(self.cwd) / candidate
 
     def _runner(self, parsed: CobraParse) -> DeploymentRunner:
+        from tpu_rl_sandbox.maxtext_sim import context_from_env  # the simulated MaxText: not on every call
+
         step_seconds, _ = context_from_env(self.env)
         store = StateStore(self.layout)
         registry = JobRegistry(self.layout)

@@ -28,8 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+# yaml is imported by the functions that read or write YAML: each fake call is a new interpreter,
+# and `gcluster job` commands need none of it.
 from tpu_rl_sandbox import cloud
 from tpu_rl_sandbox.gcs import GcsApi, GcsError
 from tpu_rl_sandbox.gotime import go_quote
@@ -111,6 +111,8 @@ def _substitute(value: Any, variables: dict[str, Any]) -> Any:
 
 
 def load_blueprint(path: Path) -> dict[str, Any]:
+    import yaml
+
     try:
         text = path.read_text()
     except OSError as error:
@@ -126,6 +128,8 @@ def load_blueprint(path: Path) -> dict[str, Any]:
 
 def yaml_scalar(text: str) -> Any:
     """How gcluster reads ``--vars k=v`` values: YAML, so ``1`` is a number and ``''`` is null."""
+    import yaml
+
     try:
         return yaml.safe_load(text) if text != "" else None
     except yaml.YAMLError:
@@ -400,6 +404,8 @@ def write_deployment(
     ``blueprint_arg`` is the blueprint path as given on the command line: ``ghpc_stage`` files
     are resolved against its folder and copied to ``.ghpc/staged`` (``WriteDeployment``).
     """
+    import yaml
+
     expanded = bp
     bp, staged = evaluate_ghpc_stage(bp)
     ghpc = depl / ".ghpc"
@@ -737,6 +743,8 @@ def cluster_queue(kueue: dict[str, Any] | None, pathways: bool, group_dir: Path 
     applied instead of the default; without one, a Pathways cluster gets
     ``kueue-configuration-pathways.yaml.tftpl`` (its precondition wants ``accelerator_type``).
     """
+    import yaml
+
     if not kueue or not kueue.get("install"):
         return {"covered": [], "quota": {}}
     template_vars = {**KUEUE_TEMPLATE_DEFAULTS, **dict(kueue.get("config_template_vars") or {})}
@@ -819,10 +827,6 @@ def plan_errors(bp: dict[str, Any], record: dict[str, Any], group_dir: Path) -> 
     return errors
 
 
-# While this file exists, ``gcluster deploy`` waits before it applies anything (a slow apply).
-DEPLOY_HOLD_ENV = "TPU_RL_SANDBOX_DEPLOY_HOLD_FILE"
-
-
 class DeploymentRunner:
     """Runs ``deploy``/``destroy`` for one deployment folder."""
 
@@ -880,9 +884,6 @@ class DeploymentRunner:
 
     # -- deploy ---------------------------------------------------------------------------
     def deploy(self, depl: Path, display: str, only: list[str] | None, skip: list[str] | None) -> None:
-        hold = os.environ.get(DEPLOY_HOLD_ENV, "")
-        while hold and Path(hold).exists():  # a long Terraform apply, for tests that overlap runs
-            time.sleep(0.05)
         artifacts = _artifacts(depl)
         if not (artifacts.is_dir() and os.access(artifacts, os.W_OK)):
             raise Fatal(f"Error: {os.path.join(display, '.ghpc', 'artifacts')} must be a writable directory")

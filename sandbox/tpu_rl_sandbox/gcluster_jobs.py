@@ -33,7 +33,6 @@ from tpu_rl_sandbox.gotime import (
     parse_duration,
 )
 from tpu_rl_sandbox.layout import SandboxLayout, parse_rfc3339, rfc3339
-from tpu_rl_sandbox.maxtext_sim import HOLD_FILE_ENV, STEP_SECONDS_ENV
 from tpu_rl_sandbox.state import FAULT_ENV, StateStore, parse_faults
 
 DNS_1035_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -845,6 +844,8 @@ class JobCommands:
                 else None
             ),
         )
+        from tpu_rl_sandbox.maxtext_sim import HOLD_FILE_ENV, STEP_SECONDS_ENV  # the simulation's knobs
+
         fields = {
             "uid": uid,
             "project": project,

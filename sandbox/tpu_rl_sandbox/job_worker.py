@@ -202,7 +202,7 @@ class Worker:
     def start_pods(self, job: dict[str, Any], main: dict[str, Any], step: float) -> None:
         """Everything but the workload container starts: sidecars (in order), workers, other pods."""
         hold = job.get("pod_hold_file")
-        while hold and Path(str(hold)).exists():  # nodes / images not ready yet: containers wait
+        while hold and _held(Path(str(hold)), job):  # nodes / images not ready yet: containers wait
             if self.cancelled():
                 raise JobGone()
             time.sleep(0.05)
@@ -377,6 +377,15 @@ class Worker:
             raise JobGone()
         self.finish_pods(self.job(), main, status)
         return status
+
+
+def _held(hold: Path, job: dict[str, Any]) -> bool:
+    """Whether ``job``'s pods wait on the hold file (:data:`kube_api.POD_HOLD_ENV`)."""
+    try:
+        scope = hold.read_text().strip()
+    except OSError:  # no file: nothing is held
+        return False
+    return scope != kube_api.POD_HOLD_TPU_ONLY or bool(job.get("tpu"))
 
 
 def _workload_name(job: dict[str, Any]) -> str:

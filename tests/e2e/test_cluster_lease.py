@@ -1,11 +1,13 @@
 """Two runs naming one ``cluster_name``, end to end in the sandbox: the cluster lease.
 
-The first run's training job is held live (``TPU_RL_SANDBOX_POD_HOLD_FILE``: its pods stay
-pending while the file exists) while a second ``airflow dags test`` of the same DAG names the same
-cluster and bucket. The second run is refused at preflight and must neither deploy over nor destroy
-the cluster, nor overwrite the resource record; the first run then finishes as if alone. (The
-deploy's own refusal of a leased cluster, for two runs that pass preflight together, and the hand-over
-of a kept cluster to a later run are operator tests: tests/operators/test_gke_lifecycle.py.)
+The first run's training job is held live (``TPU_RL_SANDBOX_POD_HOLD_FILE`` reading ``tpu``: the
+pods of its TPU jobs stay pending while the file exists; its conversion, on CPU, goes on) while a
+second ``airflow dags test`` of the same DAG names the same cluster and bucket. The second run is
+refused at preflight and must neither deploy over nor destroy the cluster, nor overwrite the
+resource record; the first run then finishes as if alone. (Preflight's refusal of a lease taken
+before the cluster is up is tests/operators/test_preflight.py; the deploy's own refusal of a leased
+cluster, for two runs that pass preflight together, and the hand-over of a kept cluster to a later
+run are tests/operators/test_gke_lifecycle.py.)
 
 The second run uses its own AIRFLOW_HOME (a copy of the migrated metadata DB): two ``dags test``
 processes never share one SQLite file; both share the module's sandbox.
@@ -25,8 +27,7 @@ import pytest
 from airflow_provider_tpu_rl.hooks.lease import lease_object
 from airflow_provider_tpu_rl.render.gke import resource_record_object
 from tests.e2e.harness import GKE_DAG_ID, Call, DagRunResult, E2EWorld
-from tpu_rl_sandbox.gcluster_deploy import DEPLOY_HOLD_ENV
-from tpu_rl_sandbox.kube_api import POD_HOLD_ENV
+from tpu_rl_sandbox.kube_api import POD_HOLD_ENV, POD_HOLD_TPU_ONLY
 from tpu_rl_sandbox.state import read_calls
 
 pytestmark = pytest.mark.e2e
@@ -61,28 +62,17 @@ def second_world(world: E2EWorld) -> E2EWorld:
     return E2EWorld(root=root, sandbox=world.sandbox, home=home, env={**world.env, "AIRFLOW_HOME": str(home)})
 
 
-@pytest.fixture(scope="module")
-def converted(world: E2EWorld) -> DagRunResult:
-    """A first, plain run on its own cluster: it leaves the converted checkpoint in the bucket, so
-    the later runs skip conversion and their first job on the cluster is the training job."""
-    result = world.run_dag(GKE_DAG_ID, conf("e2e-lease-prep", "prep"))
-    assert result.state == "success", result.describe()
-    return result
-
-
 class Background:
-    """A DAG run in a thread (``world.run_dag``), its training pods (or its deploy) held until
+    """A DAG run in a thread (``world.run_dag``), its training pods held until
     :meth:`finish`."""
 
-    def __init__(
-        self, world: E2EWorld, run_conf: dict[str, Any], hold: Path, hold_env: str = POD_HOLD_ENV
-    ) -> None:
+    def __init__(self, world: E2EWorld, run_conf: dict[str, Any], hold: Path) -> None:
         self.hold = hold
-        hold.write_text("hold")
+        hold.write_text(POD_HOLD_TPU_ONLY)
         self.result: DagRunResult | None = None
         self.error: BaseException | None = None
         self.thread = threading.Thread(
-            target=self._run, args=(world, run_conf, {hold_env: str(hold)}), daemon=True
+            target=self._run, args=(world, run_conf, {POD_HOLD_ENV: str(hold)}), daemon=True
         )
         self.thread.start()
 
@@ -140,7 +130,7 @@ def first_run_id(world: E2EWorld) -> str:
 
 @pytest.fixture(scope="module")
 def overlap(
-    world: E2EWorld, second_world: E2EWorld, converted: DagRunResult, tmp_path_factory: pytest.TempPathFactory
+    world: E2EWorld, second_world: E2EWorld, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[DagRunResult, DagRunResult, dict[str, Any], str]:
     """Run A trains on a cluster; run B names the same cluster; then A finishes.
     ``(A, B, the record while B had ended, A's run id)``."""
@@ -183,36 +173,5 @@ def test_a_second_run_never_deploys_over_nor_destroys_a_leased_cluster(
     assert first.state == "success", first.describe()
     assert first.task_state("train") == "success", first.describe()
     assert len(first.calls_of("gcluster", "destroy")) == 1, first.describe()
-    assert cluster not in world.live_clusters()
-    assert lease(world, cluster) is None
-
-
-def test_a_second_run_started_while_the_first_deploys_touches_nothing(
-    world: E2EWorld, second_world: E2EWorld, converted: DagRunResult, tmp_path: Path
-) -> None:
-    """The other order: B starts before A's cluster is even up (A's ``gcluster deploy`` is held
-    after A took the lease); B ends first, refused, and A then deploys, trains and tears down."""
-    cluster = "e2e-lease-early"
-    background = Background(world, conf(cluster, "early-a"), tmp_path / "deploy-held", DEPLOY_HOLD_ENV)
-    try:
-        deadline = time.monotonic() + WAIT_SECONDS
-        while lease(world, cluster) is None and background.thread.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        taken = lease(world, cluster)
-        assert taken is not None, "the first run never took the lease"
-        second = second_world.run_dag(GKE_DAG_ID, conf(cluster, "early-b"))
-        record = resource_record(world, cluster)
-    finally:
-        first = background.finish()
-    assert second.state == "failed", second.describe()
-    assert second.task_state("preflight") == "failed", second.describe()
-    assert second.task_state("deploy_cluster") == "upstream_failed", second.describe()
-    expected = f"cluster {cluster} is in use by run {GKE_DAG_ID}/{taken['run_id']} until "
-    assert f"\n- {expected}" in second.output, second.describe()  # preflight's list of problems
-    assert [c for c in second.calls if c.tool == "gcluster"] == [], second.describe()
-    assert record["run_id"] == taken["run_id"] == first.run_id
-    assert first.state == "success", first.describe()
-    assert first.task_state("train") == "success", first.describe()
-    assert len(first.calls_of("gcluster", "deploy")) == 1, first.describe()
     assert cluster not in world.live_clusters()
     assert lease(world, cluster) is None

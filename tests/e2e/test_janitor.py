@@ -1,14 +1,14 @@
 """The janitor DAG end to end in the sandbox: a crashed run's cluster goes, a live run's stays.
 
-After a plain run that leaves the converted checkpoint in the bucket, two GKE pipeline runs are started with ``airflow dags test`` and killed (SIGKILL of their process
-group) once their training job is submitted, its pods held pending: each DAG run stays
+Two GKE pipeline runs are started with ``airflow dags test`` and killed (SIGKILL of their process
+group) once their training job is submitted, its TPU pods held pending: each DAG run stays
 ``running`` in the metadata DB with its ``train`` task deferred, as a dead worker leaves it. For
 the crashed run the test then marks that task ``failed``, as the scheduler does to a task whose
 worker stopped heart-beating; the other run's task stays ``deferred`` (a triggerer would pick it
 up again): it is alive. The janitor (``airflow dags test tpu_rl_janitor``) finds both clusters
 through the bucket named in ``[tpu_rl] janitor_buckets`` (their project is neither the
 connection's nor a param), reads the runs' states through the Task SDK, notes the crashed run
-as orphaned, and destroys its cluster once the note is ``orphan_minutes`` old.
+as orphaned, and destroys its cluster (``orphan_minutes`` 0 here).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import pytest
 from airflow_provider_tpu_rl.hooks.lease import lease_object
 from airflow_provider_tpu_rl.operators.janitor import orphan_marker_object
 from tests.e2e.harness import AIRFLOW, GKE_DAG_ID, E2EWorld
-from tpu_rl_sandbox.kube_api import POD_HOLD_ENV
+from tpu_rl_sandbox.kube_api import POD_HOLD_ENV, POD_HOLD_TPU_ONLY
 from tpu_rl_sandbox.state import read_calls
 
 pytestmark = pytest.mark.e2e
@@ -37,10 +37,12 @@ pytestmark = pytest.mark.e2e
 JANITOR_DAG_ID = "tpu_rl_janitor"
 PROJECT = "tpu-rl-e2e-far"
 BUCKET = "tpu-rl-e2e-janitor"
-CRASHED, ALIVE, PREP = "e2e-jan-crashed", "e2e-jan-alive", "e2e-jan-prep"
+CRASHED, ALIVE = "e2e-jan-crashed", "e2e-jan-alive"
 # Deadline against hangs while waiting for a run's training job (not a timing assertion).
 WAIT_SECONDS = 300.0
-JANITOR_ENV = {"AIRFLOW__TPU_RL__JANITOR_BUCKETS": BUCKET, "AIRFLOW__TPU_RL__ORPHAN_MINUTES": "30"}
+# orphan_minutes 0: one scan notes the crashed run and destroys its cluster (that a noted run is
+# destroyed only once it has been orphaned for orphan_minutes is tests/operators/test_janitor_orphans.py)
+JANITOR_ENV = {"AIRFLOW__TPU_RL__JANITOR_BUCKETS": BUCKET, "AIRFLOW__TPU_RL__ORPHAN_MINUTES": "0"}
 
 
 def conf(cluster: str) -> dict[str, Any]:
@@ -69,7 +71,7 @@ def training_submitted(world: E2EWorld, cluster: str) -> bool:
 
 def crash_mid_training(world: E2EWorld, cluster: str, hold: Path) -> str:
     """Start the pipeline for ``cluster``, SIGKILL it once its training job is submitted; its run id."""
-    hold.write_text("hold")
+    hold.write_text(POD_HOLD_TPU_ONLY)
     env = {**world.env, POD_HOLD_ENV: str(hold)}
     log = (world.root / f"crashed-{cluster}.log").open("w")
     process = subprocess.Popen(
@@ -136,10 +138,8 @@ def task_state(world: E2EWorld, cluster: str, task_id: str) -> str | None:
 @pytest.fixture(scope="module")
 def crashed_runs(world: E2EWorld, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """Two killed runs: the crashed one's train task failed (a purged zombie), the other's deferred."""
-    # A first, plain run leaves the converted checkpoint in the bucket: the two runs below skip
-    # conversion, and the first job they submit (and are held at) is the training job.
-    prep = world.run_dag(GKE_DAG_ID, conf(PREP))
-    assert prep.state == "success", prep.describe()
+    # Only TPU jobs are held: the first run converts on CPU, then waits at its training job; the
+    # second finds the converted checkpoint in the shared bucket.
     holds = tmp_path_factory.mktemp("holds")
     runs = {cluster: crash_mid_training(world, cluster, holds / cluster) for cluster in (CRASHED, ALIVE)}
     with world_db(world) as db:
@@ -172,7 +172,7 @@ def marker(world: E2EWorld, cluster: str) -> dict[str, Any] | None:
     return dict(json.loads(world.gcs.download(BUCKET, orphan_marker_object(cluster))))
 
 
-def test_a_crashed_runs_cluster_goes_after_orphan_minutes_and_a_live_runs_cluster_stays(
+def test_a_crashed_runs_cluster_goes_and_a_live_runs_cluster_stays(
     world: E2EWorld, crashed_runs: dict[str, str]
 ) -> None:
     states = {
@@ -185,29 +185,21 @@ def test_a_crashed_runs_cluster_goes_after_orphan_minutes_and_a_live_runs_cluste
     assert task_state(world, ALIVE, "train") == "deferred"
     assert {CRASHED, ALIVE} <= world.live_clusters()
 
-    first = world.run_dag(JANITOR_DAG_ID, {}, env_overrides=JANITOR_ENV)
+    janitor = world.run_dag(JANITOR_DAG_ID, {}, env_overrides=JANITOR_ENV)
 
-    assert first.state == "success", first.describe()
-    assert {CRASHED, ALIVE} <= world.live_clusters()  # noted, not yet orphan_minutes old
-    noted = marker(world, CRASHED)
-    assert noted is not None, first.describe()
-    assert noted["holder"] == f"{GKE_DAG_ID}/{crashed_runs[CRASHED]}"
-    assert marker(world, ALIVE) is None
-    # As if 31 minutes had passed since that scan.
-    noted["first_seen"] -= 31 * 60
-    world.gcs.upload(BUCKET, orphan_marker_object(CRASHED), json.dumps(noted).encode())
-
-    second = world.run_dag(JANITOR_DAG_ID, {}, env_overrides=JANITOR_ENV)
-
-    assert second.state == "success", second.describe()
-    assert CRASHED not in world.live_clusters(), second.describe()
-    assert ALIVE in world.live_clusters(), second.describe()
-    destroyed = second.calls_of("gcluster", "destroy")
-    assert len(destroyed) == 1, second.describe()
-    assert any(CRASHED in arg for arg in destroyed[0].argv), second.describe()
+    assert janitor.state == "success", janitor.describe()
+    assert f"orphaned: its DAG run {GKE_DAG_ID}/{crashed_runs[CRASHED]} is running" in janitor.output, (
+        janitor.describe()
+    )
+    assert CRASHED not in world.live_clusters(), janitor.describe()
+    assert ALIVE in world.live_clusters(), janitor.describe()
+    destroyed = janitor.calls_of("gcluster", "destroy")
+    assert len(destroyed) == 1, janitor.describe()
+    assert any(CRASHED in arg for arg in destroyed[0].argv), janitor.describe()
     # the crashed run's lease released, its marker gone; the live run's lease is still its own
     assert not world.gcs.exists(BUCKET, lease_object(CRASHED))
     assert marker(world, CRASHED) is None
+    assert marker(world, ALIVE) is None
     alive_lease = json.loads(world.gcs.download(BUCKET, lease_object(ALIVE)))
     assert alive_lease["run_id"] == crashed_runs[ALIVE]
     assert world.bucket_exists(BUCKET)

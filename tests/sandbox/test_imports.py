@@ -44,3 +44,29 @@ def test_no_import_cycles() -> None:
     assert cycles == []
     assert "hosts" not in graph["cloud"]
     assert "fake_gcloud" not in graph["hosts"]
+
+
+def test_a_fake_tool_starts_without_the_modules_only_some_commands_use() -> None:
+    """Each fake ``gcloud``/``gcluster`` call is a new interpreter: the suite makes thousands."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, tpu_rl_sandbox.fake_gcloud, tpu_rl_sandbox.fake_gcluster; "
+        "print(' '.join(sorted(sys.modules)))"
+    )
+    loaded = set(
+        subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+        ).stdout.split()
+    )
+    heavy = {
+        "yaml",  # YAML output, blueprints, kubeconfig
+        "urllib.request",  # the emulator's HTTP client: commands that touch a bucket
+        "http.server",
+        "cryptography",  # the API server's TLS and token signatures
+        "tpu_rl_sandbox.hosts",  # the simulated VM and pods
+        "tpu_rl_sandbox.maxtext_sim",
+        "tpu_rl_sandbox.kube_server",
+    }
+    assert sorted(heavy & loaded) == []

@@ -531,3 +531,18 @@ def test_pathways_v6e_32_job_has_11_containers_and_its_workload_is_followed_in_f
     assert snapshot.code == 0
     assert snapshot.err.count("workload line") == 10  # kubectl's --tail=10 per container with a selector
     assert "Starting Pathways resource manager on port 29001" in snapshot.err
+
+
+def test_a_hold_file_reading_tpu_holds_only_the_jobs_that_request_tpus(tmp_path: Path) -> None:
+    from tpu_rl_sandbox.job_worker import _held
+    from tpu_rl_sandbox.kube_api import POD_HOLD_TPU_ONLY
+
+    hold = tmp_path / "hold"
+    tpu_job, cpu_job = {"tpu": 32}, {"tpu": 0}
+    assert not _held(hold, tpu_job)  # no file: nothing waits
+    hold.write_text("hold")
+    assert _held(hold, tpu_job)
+    assert _held(hold, cpu_job)
+    hold.write_text(POD_HOLD_TPU_ONLY + "\n")
+    assert _held(hold, tpu_job)
+    assert not _held(hold, cpu_job)

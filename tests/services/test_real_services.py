@@ -7,14 +7,14 @@ would, and everything is read back from the outside:
 the REST API (run and task states, tries, the task log), the sandbox's job logs (what the
 simulated MaxText printed) and the run ledger's PostgreSQL database.
 
-Two runs (module fixtures, each run once): a plain one, and one whose triggerer is restarted
-(SIGTERM, exit, a new process) while ``train`` is deferred and its job is held mid-training.
+One run (a module fixture): its triggerer is restarted (SIGTERM, exit, a new process) while
+``train`` is deferred and its job is held mid-training. The same run shows the plain path: every
+task succeeds in one try, ``train`` waits in the triggerer, the rewards reach the ledger.
 """
 
 from __future__ import annotations
 
 import re
-import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass
@@ -34,9 +34,7 @@ pytestmark = pytest.mark.services
 
 RUN_TIMEOUT = 300.0
 HOLD_TIMEOUT = 90.0  # below the simulated job's own 120 s limit on a hold
-DEFER_WAIT = 60.0
 PROJECT = "tpu-rl-services"
-# Both runs share the bucket: the second finds the converted checkpoint and skips conversion.
 BUCKET = "tpu-rl-services-gke"
 # 4 steps, an evaluation every 2 (so "Intermediate Eval" lines print) and a checkpoint every 2:
 # the restart scenario holds the job at step 2's checkpoint, mid-training.
@@ -152,38 +150,6 @@ def _train_state(watch: RunWatch) -> str | None:
 
 
 @pytest.fixture(scope="module")
-def plain_run(services: ServicesWorld) -> ServicesRun:
-    """A run left alone, except that the training job holds at step 2 until ``train`` is seen deferred.
-
-    The hold makes "train waited in the triggerer" independent of timing: the job cannot end
-    before the operator has deferred (an operator that finds a finished job does not defer). If
-    ``train`` does not defer within ``DEFER_WAIT`` seconds the hold is released anyway and the
-    run goes on (``test_train_waited_in_the_triggerer`` reports it).
-    """
-    world = services
-    conf, run_id = trigger(world, "plain")
-    watch = RunWatch(GKE_DAG_ID, run_id)
-    try:
-        watch_run(world.stack, world.api, GKE_DAG_ID, run_id, RUN_TIMEOUT, until=_converted, watch=watch)
-        world.hold_file.write_text("held by test_real_services\n")
-        deadline = time.monotonic() + DEFER_WAIT
-        watch_run(
-            world.stack,
-            world.api,
-            GKE_DAG_ID,
-            run_id,
-            DEFER_WAIT + 30,
-            until=lambda w: (
-                _train_state(w) == "deferred" or w.state in FINISHED or time.monotonic() > deadline
-            ),
-            watch=watch,
-        )
-    finally:
-        world.hold_file.unlink(missing_ok=True)
-    return finish(world, conf, watch)
-
-
-@pytest.fixture(scope="module")
 def restarted_run(services: ServicesWorld) -> ServicesRun:
     """The triggerer is restarted while ``train`` is deferred and its job holds at step 2.
 
@@ -232,58 +198,52 @@ def restarted_run(services: ServicesWorld) -> ServicesRun:
 
 
 # =================================================================================== tests
-def test_run_triggered_through_the_rest_api_succeeds(plain_run: ServicesRun) -> None:
-    assert plain_run.watch.state == "success", plain_run.describe()
+def test_run_triggered_through_the_rest_api_succeeds(restarted_run: ServicesRun) -> None:
+    assert restarted_run.watch.state == "success", restarted_run.describe()
     failed = {
         task_id: ti.get("state")
-        for task_id, ti in plain_run.watch.task_instances.items()
+        for task_id, ti in restarted_run.watch.task_instances.items()
         if task_id != "watcher" and ti.get("state") != "success"
     }
-    assert failed == {}, plain_run.describe()
+    assert failed == {}, restarted_run.describe()
 
 
-def test_train_waited_in_the_triggerer(plain_run: ServicesRun) -> None:
+def test_train_waited_in_the_triggerer(restarted_run: ServicesRun) -> None:
     """REST showed ``train`` deferred, and its log (REST) has a triggerer section with the job's lines."""
-    assert "deferred" in plain_run.watch.seen_states.get("train", []), plain_run.describe()
-    events = log_events(plain_run.train_log)
+    assert "deferred" in restarted_run.watch.seen_states.get("train", []), restarted_run.describe()
+    events = log_events(restarted_run.train_log)
     # The API server lists the files it read: a triggerer's is `<task log>.trigger.<triggerer id>.log`.
     assert any(".log.trigger." in event for event in events), events[:20]
-    printed = workload_lines(plain_run.job_log)
-    assert printed, plain_run.job_log[-2000:]
+    printed = workload_lines(restarted_run.job_log)
+    assert printed, restarted_run.job_log[-2000:]
     relayed = [line for line in printed if any(line in event for event in events)]
     assert relayed, f"none of the {len(printed)} lines the job printed is in train's log: {events[-20:]}"
 
 
-def test_no_task_has_a_second_try(services: ServicesWorld, plain_run: ServicesRun) -> None:
+def test_no_task_has_a_second_try(services: ServicesWorld, restarted_run: ServicesRun) -> None:
     tries = {
-        task_id: int(ti.get("try_number") or 0) for task_id, ti in plain_run.watch.task_instances.items()
+        task_id: int(ti.get("try_number") or 0) for task_id, ti in restarted_run.watch.task_instances.items()
     }
-    assert {task_id: n for task_id, n in tries.items() if n > 1} == {}, plain_run.describe()
-    history = services.api.tries(GKE_DAG_ID, plain_run.run_id, "train")
+    assert {task_id: n for task_id, n in tries.items() if n > 1} == {}, restarted_run.describe()
+    history = services.api.tries(GKE_DAG_ID, restarted_run.run_id, "train")
     assert [t["try_number"] for t in history] == [1], history
 
 
-def test_ledger_holds_the_pre_and_post_reward(services: ServicesWorld, plain_run: ServicesRun) -> None:
-    printed = printed_rewards(plain_run.job_log)
-    assert set(printed) == {"pre", "post"}, plain_run.job_log[-2000:]
+def test_ledger_holds_the_pre_and_post_reward(services: ServicesWorld, restarted_run: ServicesRun) -> None:
+    printed = printed_rewards(restarted_run.job_log)
+    assert set(printed) == {"pre", "post"}, restarted_run.job_log[-2000:]
     with psycopg.connect(services.stack.ledger_dsn, connect_timeout=30) as connection:
         rows = connection.execute(
             "SELECT phase, metric_value FROM run_metrics WHERE run_id = %s AND metric_name = 'mean_reward' "
             "AND phase IN ('pre', 'post')",
-            (plain_run.ledger_run_id,),
+            (restarted_run.ledger_run_id,),
         ).fetchall()
         everything = connection.execute(
             "SELECT run_id, phase, metric_name, metric_value FROM run_metrics ORDER BY run_id"
         ).fetchall()
     assert dict(rows) == pytest.approx(printed, abs=1e-9), (
-        f"ledger rows: {everything}\n{plain_run.describe()}"
+        f"ledger rows: {everything}\n{restarted_run.describe()}"
     )
-
-
-def test_run_with_a_triggerer_restart_succeeds(restarted_run: ServicesRun) -> None:
-    assert restarted_run.watch.state == "success", restarted_run.describe()
-    train = restarted_run.watch.task_instances["train"]
-    assert (train.get("state"), train.get("try_number")) == ("success", 1), restarted_run.describe()
 
 
 def test_triggerer_restart_loses_and_repeats_no_log_line(restarted_run: ServicesRun) -> None:
