@@ -100,11 +100,25 @@ def test_doctor_keeps_stdout_clean_without_a_connection(tmp_path: Path) -> None:
     "tool", ["terraform", "packer", "git", "kubectl", "gke-gcloud-auth-plugin", "gcloud"]
 )
 def test_doctor_names_a_hidden_tool_in_one_line_and_exits_1(
-    tmp_path: Path, gcluster: Path, tool: str
+    tmp_path: Path,
+    gcluster: Path,
+    tool: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    result = doctor(
-        tmp_path, stubbed_path(tmp_path, (tool,)), "--no-install", extra={"gcluster_path": str(gcluster)}
+    """In this process (``tpu-rl doctor``'s own process, its stdout and exit code, is the test above):
+    the command's ``main`` with the tool hidden from PATH."""
+    from airflow_provider_tpu_rl import cli
+
+    monkeypatch.setattr(cli, "_logs_to_stderr", lambda: None)  # keeps pytest's log capture
+    monkeypatch.setenv("PATH", stubbed_path(tmp_path, (tool,)))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_GCLUSTER_DEFAULT",
+        json.dumps({"conn_type": "gcluster", "extra": {"gcluster_path": str(gcluster)}}),
     )
+    code = cli.main(["doctor", "--no-install"])
+    result = subprocess.CompletedProcess(["tpu-rl", "doctor"], code, *capsys.readouterr())
     assert result.returncode == 1, result.stdout + result.stderr
     verdicts = result.stdout.splitlines()[-3:]
     for purpose, line in zip(PURPOSE_TOOLS, verdicts, strict=True):
