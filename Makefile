@@ -13,7 +13,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 # pytest worker, a real scheduler) compiles its ~4,500 imported modules again, 10 s of CPU each.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: venv postgres test lint typecheck unit test-airflow-2.11 test-lowest demo plan bench clean
+.PHONY: venv postgres test test-all lint typecheck unit test-airflow-2.11 test-lowest demo plan bench clean
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
 venv: $(VENV)/.installed
@@ -66,10 +66,26 @@ AIRFLOW_FREE_TESTS := tests/spec tests/render tests/golden tests/maxtext tests/s
 unit: venv postgres
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-# Every test that runs Airflow or the providers again on Airflow 2.11.2, the end-to-end runs and the
-# real services included (the demo's run is the e2e happy run there; lint and types run once).
+# Tests that use Airflow but whose behaviour no Airflow line changes: the operator tests that call
+# execute() with a plain-dict context and check the provider's own logic against the sandbox (run
+# identity, shared buckets, cleanup, the cluster's lifecycle, the job operators' failure handling,
+# metrics, the JobSet trigger's recovery without its cancel path), the lease race between two runs (GCS preconditions and preflight) and the sweep example
+# (the same operators in a hand-written DAG). On Airflow 2.11 the pipelines' end-to-end runs drive
+# every operator through real tasks, tests/operators/test_templating.py
+# renders every argument, and the JobSet trigger, janitor and preflight tests run there too;
+# tests/test_airflow_free.py checks that none of these files branches on the Airflow version and
+# that every module that does is tested on 2.11. `make test-all` runs them on 2.11 as well.
+SAME_ON_EVERY_AIRFLOW := tests/operators/test_bucket_sharing.py tests/operators/test_jobset_trigger_recovery.py tests/operators/test_first_real_run.py \
+	tests/operators/test_gcluster_job_operators.py tests/operators/test_gke_lifecycle.py \
+	tests/operators/test_hygiene.py tests/operators/test_run_identity.py \
+	tests/operators/test_tpu_vm_operators.py tests/operators/test_training_metrics.py \
+	tests/e2e/test_cluster_lease.py tests/e2e/test_sweep_example.py
+
+# Every other test that runs Airflow or the providers, again on Airflow 2.11.2, the end-to-end runs
+# and the real services included (lint and types run once).
 test-airflow-2.11: $(VENV_211)/.installed postgres
-	PATH=$(CURDIR)/$(VENV_211)/bin:$$PATH $(VENV_211)/bin/pytest $(PYTEST_ARGS) $(addprefix --ignore=,$(AIRFLOW_FREE_TESTS))
+	PATH=$(CURDIR)/$(VENV_211)/bin:$$PATH $(VENV_211)/bin/pytest $(PYTEST_ARGS) \
+	  $(addprefix --ignore=,$(AIRFLOW_FREE_TESTS) $(SAME_ON_EVERY_AIRFLOW))
 
 # The lowest provider versions: the tests of the code that calls the providers. The hooks, sensors,
 # triggers, ledger and compat fallbacks, and the operator tests of the modules that call a provider
@@ -92,6 +108,11 @@ test-lowest: $(VENV_LOWEST)/.installed postgres
 test: venv
 	@echo "make test: lint, typecheck and the suite on Airflow 3.3 (unit), on Airflow 2.11 (test-airflow-2.11) and on the lowest providers (test-lowest), two at a time; each one's output appears when it ends"
 	$(MAKE) --no-print-directory --jobs=2 --keep-going --output-sync=target unit lint typecheck test-airflow-2.11 test-lowest
+
+# `make test`, then the tests it runs on Airflow 3.3 only because no Airflow line changes what they
+# check (SAME_ON_EVERY_AIRFLOW) on Airflow 2.11 too.
+test-all: test $(VENV_211)/.installed postgres
+	PATH=$(CURDIR)/$(VENV_211)/bin:$$PATH $(VENV_211)/bin/pytest $(PYTEST_ARGS) $(SAME_ON_EVERY_AIRFLOW)
 
 plan: venv
 	$(BIN)/tpu-rl plan tpu_rl_gke_pipeline

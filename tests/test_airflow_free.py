@@ -1,4 +1,4 @@
-"""The folders the Airflow 2.11 and lowest-provider legs leave out really test code without Airflow.
+"""What the Airflow 2.11 and lowest-provider legs leave out really behaves the same there.
 
 ``make test`` runs the folders of the Makefile's ``AIRFLOW_FREE_TESTS`` on Airflow 3.3 only: another
 Airflow line or provider version runs the same code there. For the pure core's folders that holds
@@ -65,17 +65,22 @@ def test_the_pure_core_tests_import_no_airflow() -> None:
 PROVIDER_IMPORT = re.compile(r"\bairflow\.providers\.(?!common\.compat\b)\w+")
 
 
-def lowest_leg_tests() -> list[Path]:
-    """The test files ``make test-lowest`` runs (its folders expanded)."""
+def makefile_tests(variable: str) -> list[Path]:
+    """The test files a Makefile variable names (its folders expanded)."""
     makefile = (ROOT / "Makefile").read_text().replace("\\\n", " ")
-    match = re.search(r"^LOWEST_TESTS := (.*)$", makefile, re.MULTILINE)
-    assert match is not None, "the Makefile names no LOWEST_TESTS"
+    match = re.search(rf"^{variable} := (.*)$", makefile, re.MULTILINE)
+    assert match is not None, f"the Makefile names no {variable}"
     files: list[Path] = []
     for name in match.group(1).split():
         path = ROOT / name
-        assert path.exists(), f"LOWEST_TESTS names {name}, which does not exist"
+        assert path.exists(), f"{variable} names {name}, which does not exist"
         files += sorted(path.rglob("test_*.py")) if path.is_dir() else [path]
     return files
+
+
+def lowest_leg_tests() -> list[Path]:
+    """The test files ``make test-lowest`` runs."""
+    return makefile_tests("LOWEST_TESTS")
 
 
 def test_the_lowest_leg_tests_every_module_that_calls_a_provider_itself() -> None:
@@ -91,3 +96,41 @@ def test_the_lowest_leg_tests_every_module_that_calls_a_provider_itself() -> Non
     imported = " ".join(path.read_text() for path in lowest_leg_tests())
     untested = sorted(module for module in calling if not re.search(rf"\b{re.escape(module)}\b", imported))
     assert untested == [], f"add a test of {untested} to the Makefile's LOWEST_TESTS"
+
+
+# --------------------------------------------------------------------------- the Airflow 2.11 leg
+VERSION_BRANCH = re.compile(r"\bAIRFLOW_V_\d|\bairflow_version\b|\bFORM_OPEN_SECTION\b")
+
+
+def airflow_211_leg_tests() -> list[Path]:
+    """The test files ``make test-airflow-2.11`` runs: all but the Airflow-free and same-everywhere ones."""
+    left_out = {*makefile_tests("SAME_ON_EVERY_AIRFLOW")}
+    for folder in airflow_free_folders():
+        left_out |= set((ROOT / folder).rglob("test_*.py"))
+    return [path for path in sorted((ROOT / "tests").rglob("test_*.py")) if path not in left_out]
+
+
+def test_no_test_left_out_of_the_2_11_leg_branches_on_the_airflow_version() -> None:
+    same = makefile_tests("SAME_ON_EVERY_AIRFLOW")
+    assert same, "SAME_ON_EVERY_AIRFLOW is empty"
+    branching = [str(path.relative_to(ROOT)) for path in same if VERSION_BRANCH.search(path.read_text())]
+    assert branching == [], f"{branching} check something per Airflow version: run them on 2.11"
+
+
+def test_the_2_11_leg_tests_every_module_that_branches_on_the_airflow_version() -> None:
+    """A product module with an Airflow-version branch (or a provider import) is imported by a
+    test that runs on Airflow 2.11, besides the end-to-end runs."""
+    package = ROOT / "airflow_provider_tpu_rl"
+    branching = {
+        ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        for path in package.rglob("*.py")
+        if VERSION_BRANCH.search(path.read_text()) or PROVIDER_IMPORT.search(path.read_text())
+    }
+    assert {"airflow_provider_tpu_rl.compat", "airflow_provider_tpu_rl.janitor_sources"} <= branching
+    imported = " ".join(
+        path.read_text() for path in airflow_211_leg_tests() if "tests/e2e/" not in path.as_posix()
+    )
+    untested = sorted(module for module in branching if not re.search(rf"\b{re.escape(module)}\b", imported))
+    assert untested == [], (
+        f"{untested} are tested on Airflow 3.3 only: take their tests out of SAME_ON_EVERY_AIRFLOW"
+    )

@@ -1,5 +1,8 @@
 """A hung CLI call is killed at its timeout and the teardown still runs (sandbox, GKE pipeline).
 
+This run is also the pipeline's deploy that fails for good (no retry is left): the teardown
+destroys what the deploy created, nothing is converted, and the bucket and the ledger row stay.
+
 The fake gcluster's ``deploy`` creates the cluster, then hangs in a fake "terraform apply" that,
 like the real one under terraform-exec, runs in a process group of its own and dies with its
 parent (``TPU_RL_SANDBOX_HANG``). The deploy task's bound is set to seconds through ``[tpu_rl]``.
@@ -11,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
 from tests.e2e.harness import GKE_DAG_ID, DagRunResult, E2EWorld
 from tpu_rl_sandbox.fake_gcluster import HANG_ENV, hung_processes
 
@@ -70,3 +74,15 @@ def test_the_teardown_still_ran_and_destroyed_the_cluster(world: E2EWorld, hung:
     assert destroys, hung.describe()
     assert destroys[-1].exit_code == 0, hung.describe()
     assert CLUSTER not in world.live_clusters(), hung.describe()
+
+
+def test_the_failed_deploy_converted_nothing_and_kept_the_bucket_and_the_record(
+    world: E2EWorld, hung: DagRunResult
+) -> None:
+    spec = gke_pipeline_from_conf(hung.conf, dag_id=hung.dag_id, run_id=hung.run_id)
+    assert hung.calls_of("gcluster", "job", "submit") == [], hung.describe()
+    assert world.objects(spec.conversion.output_directory) == set()
+    assert world.bucket_exists(spec.cluster.bucket)
+    assert hung.task_state("record_run") == "success", hung.describe()
+    (ledger_state,) = world.ledger("SELECT state FROM runs WHERE run_id = ?", (hung.ledger_run_id,))[0]
+    assert ledger_state == "failed"

@@ -145,6 +145,30 @@ def test_deleting_this_runs_vm_that_is_already_gone_succeeds(sb: SandboxRun) -> 
     assert ClusterLeaseHook().read(sb.bucket, vm_lease_name(sb.vm)) is None  # released
 
 
+def test_a_delete_that_fails_for_good_names_the_vm_it_leaves_and_keeps_its_records(
+    sb: SandboxRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one case where the VM survives its run: the task fails at once, naming the VM, and the
+    lease and the resource record stay for a retry or the janitor."""
+    conf = sb.tpu_vm_conf()
+    _execute(sb, EnsureBucketOperator, conf, task_id="ensure_bucket")
+    _execute(sb, HfTokenSecretOperator, conf, task_id="sync_hf_token")
+    _execute(sb, TpuVmCreateOperator, conf, task_id="create_vm")
+    monkeypatch.setenv("TPU_RL_SANDBOX_FAIL", "destroy")
+
+    with pytest.raises(AirflowFailException) as failed:
+        _execute(sb, TpuVmDeleteOperator, conf, task_id="delete_vm")
+
+    assert f"delete TPU VM {sb.vm} " in str(failed.value)
+    assert [call["exit_code"] != 0 for call in _delete_calls(sb)] == [True]
+    assert f"{sb.project}/{conf['zone']}/{sb.vm}" in sb.state("vms")
+    lease = ClusterLeaseHook().read(sb.bucket, vm_lease_name(sb.vm))
+    assert lease is not None
+    assert lease.holder == f"{TPU_VM_DAG_ID}/{RUN_ID}"
+    record = json.loads(sb.api.download(sb.bucket, gke.resource_record_object(sb.vm)))
+    assert record["run_id"] == RUN_ID
+
+
 def test_two_runs_with_one_vm_name_never_share_or_delete_each_others_vm(sb: SandboxRun) -> None:
     conf = sb.tpu_vm_conf()
     other_run = "manual__2026-03-02T00:00:00+00:00"
