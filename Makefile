@@ -52,10 +52,11 @@ typecheck: venv
 	$(BIN)/mypy
 
 # pytest-xdist: each leg spreads its test files over WORKERS processes (--dist loadfile keeps a
-# file's module-scoped sandbox world on one worker). Most tests wait on subprocesses, the emulator
-# or a poll, so a leg keeps more workers than this machine has cores busy.
+# file's module-scoped sandbox world on one worker), the longest files first (tests/conftest.py;
+# --no-loadscope-reorder keeps that order). Most tests wait on subprocesses, the emulator or a
+# poll, so a leg keeps more workers than this machine has cores busy.
 WORKERS ?= 3
-PYTEST_ARGS := -q -n $(WORKERS) --dist loadfile
+PYTEST_ARGS := -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
 # Tests of code that imports no Airflow and no provider package (the pure spec, renderer and MaxText
 # tables, the golden tutorial commands, the sandbox's fakes, the Docker files): another Airflow line

@@ -92,7 +92,8 @@ FORM: Final[dict[str, dict[str, Any]]] = {
     "reservation": {
         "title": "TPU reservation",
         "section": CLOUD,
-        "description": "Name of the v6e reservation the node pool consumes; empty for none.",
+        "description": "Name of the v6e reservation the TPU node pool consumes. Empty: no reservation, "
+        "the pool takes on-demand capacity (the zone needs free v6e capacity and quota).",
         "type": ["null", "string"],
         "pattern": optional(rules.GCE_NAME),
     },

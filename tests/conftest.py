@@ -41,6 +41,33 @@ import pytest  # noqa: E402
 
 from tpu_rl_sandbox.control import SandboxInfo, sandbox_down, sandbox_up  # noqa: E402
 
+# The longest files first (the Makefile runs pytest-xdist with --dist loadfile and
+# --no-loadscope-reorder): xdist hands whole files to its workers in collection order, one more as
+# a worker runs low, so a long end-to-end file collected last would run alone at the end of a leg
+# (by default xdist puts the files with the most tests first, which are the quick ones).
+LONGEST_FIRST = (
+    "tests/services/",
+    "tests/e2e/test_gke_pipeline.py",
+    "tests/e2e/",
+    "tests/docs/test_operator_guide.py",
+    "tests/operators/test_jobset_trigger.py",
+    "tests/operators/test_jobset_trigger_recovery.py",
+    "tests/operators/test_run_identity.py",
+    "tests/operators/",
+    "tests/dags/test_dag_runs.py",
+    "tests/sandbox/",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        return next(
+            (i for i, prefix in enumerate(LONGEST_FIRST) if item.nodeid.startswith(prefix)),
+            len(LONGEST_FIRST),
+        )
+
+    items.sort(key=rank)  # stable: a file's tests keep their order
+
 
 @pytest.fixture(scope="session")
 def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxInfo]:

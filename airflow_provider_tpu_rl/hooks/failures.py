@@ -48,6 +48,9 @@ _TRANSIENT_PATTERNS = (
     # is unlocked): "Error: Error acquiring the state lock" (internal/command/clistate/state.go,
     # LockErrorMessage). gcluster plans with tfexec's "-lock-timeout=0s", so it fails at once.
     re.compile(r"Error acquiring the state lock", re.IGNORECASE),
+    # apt or dpkg busy on a VM (its image's unattended-upgrades after boot): apt-pkg's GetLock says
+    # "Could not get lock /var/lib/dpkg/lock-frontend. It is held by process 1033 (unattended-upgr)".
+    re.compile(r"Could not get lock /var/(?:lib/(?:dpkg|apt/lists)|cache/apt/archives)/"),
     re.compile(r"i/o timeout", re.IGNORECASE),
     re.compile(r"TLS handshake timeout", re.IGNORECASE),
     re.compile(r"context deadline exceeded|DEADLINE_EXCEEDED", re.IGNORECASE),

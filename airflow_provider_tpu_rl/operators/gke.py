@@ -273,7 +273,9 @@ def write_blueprint(
         )
     shutil.copytree(source.parent, workdir, dirs_exist_ok=True)
     base = source.read_text()
-    Path(gke.blueprint_path(workdir)).write_text(customize_blueprint(base, cluster.blueprint, labels))
+    Path(gke.blueprint_path(workdir)).write_text(
+        customize_blueprint(base, cluster.blueprint, labels, reservation=bool(cluster.reservation))
+    )
 
 
 def blueprint_name(hook: GclusterHook) -> str:
@@ -423,7 +425,7 @@ class GclusterDeployOperator(_ClusterOperator):
     :param zone: zone of the TPU node pool (inside ``location``).
     :param cluster_name: GKE cluster / deployment name (``[a-z][a-z0-9-]*``, at most 20 characters).
     :param bucket: bucket for the Terraform state and the janitor's record.
-    :param reservation: TPU reservation the node pool consumes; empty for none.
+    :param reservation: TPU reservation the node pool consumes; empty: none, the pool is on-demand.
     :param model: a model preset name: it sets the blueprint edits and the slice shape left empty.
     :param compute_type: TPU machine type (default the preset's, ``ct6e-standard-4t``).
     :param topology: slice topology (default the preset's, ``4x8``).

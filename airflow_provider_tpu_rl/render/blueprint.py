@@ -13,6 +13,8 @@ BLUEPRINT_RELPATH = "examples/gke-tpu-v6e/gke-tpu-v6e-advanced.yaml"
 BLUEPRINT_FILENAME = "gke-tpu-v6e-advanced.yaml"
 NODE_POOL_SA_MODULE = "node_pool_service_account"
 KUBECTL_APPLY_SOURCE = "modules/management/kubectl-apply"
+NODE_POOL_SOURCE = "modules/compute/gke-node-pool"
+RESERVATION_VAR = "$(vars.reservation)"
 
 
 class BlueprintError(ValueError):
@@ -45,8 +47,17 @@ def _modules(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [m for g in groups for m in (g.get("modules") or []) if isinstance(m, dict)]
 
 
-def customize_blueprint(text: str, edits: BlueprintEdits, labels: Mapping[str, str] | None = None) -> str:
-    """Apply the tutorial edits to the blueprint text and return the new YAML."""
+def customize_blueprint(
+    text: str,
+    edits: BlueprintEdits,
+    labels: Mapping[str, str] | None = None,
+    *,
+    reservation: bool = True,
+) -> str:
+    """Apply the tutorial edits to the blueprint text and return the new YAML.
+
+    ``reservation=False``: the run names no reservation, so the TPU node pool consumes none.
+    """
     doc = yaml.safe_load(text)
     if not isinstance(doc, dict) or not isinstance(doc.get("vars"), dict):
         raise BlueprintError("blueprint must be a mapping with a 'vars' mapping")
@@ -72,6 +83,8 @@ def customize_blueprint(text: str, edits: BlueprintEdits, labels: Mapping[str, s
         if edits.pin_system_node_pool_zone:
             cluster["settings"]["system_node_pool_zones"] = ["$(vars.zone)"]
     _queue_cpu_jobs(doc, modules)
+    if not reservation:
+        _consume_no_reservation(modules)
     if labels:
         merged = dict(doc["vars"].get("labels") or {})
         merged.update(labels)
@@ -102,3 +115,30 @@ def _queue_cpu_jobs(doc: dict[str, Any], modules: list[dict[str, Any]]) -> None:
     if "accelerator_type" not in template_vars or "tpu_quota" not in template_vars:
         raise BlueprintError("the kueue config_template_vars must set accelerator_type and tpu_quota")
     kueue.pop("config_path", None)
+
+
+def _consume_no_reservation(modules: list[dict[str, Any]]) -> None:
+    """Switch the node pools bound to ``vars.reservation`` to ``NO_RESERVATION``.
+
+    The example binds its TPU pool with ``SPECIFIC_RESERVATION`` and ``name: $(vars.reservation)``;
+    with an empty name, gke-node-pool's reservation precondition fails at plan time
+    (``modules/compute/gke-node-pool/main.tf``: a ``specific_reservations`` entry must name a
+    reservation that exists in the pool's zones), after the network is made. ``NO_RESERVATION``
+    (with no ``specific_reservations``, the other precondition there) takes on-demand capacity.
+    """
+    bound = [
+        m
+        for m in modules
+        if str(m.get("source", "")).endswith(NODE_POOL_SOURCE)
+        and any(
+            isinstance(r, dict) and r.get("name") == RESERVATION_VAR
+            for r in ((m.get("settings") or {}).get("reservation_affinity") or {}).get(
+                "specific_reservations"
+            )
+            or []
+        )
+    ]
+    if not bound:
+        raise BlueprintError(f"blueprint has no {NODE_POOL_SOURCE} module reserved by {RESERVATION_VAR}")
+    for module in bound:
+        module["settings"]["reservation_affinity"] = {"consume_reservation_type": "NO_RESERVATION"}

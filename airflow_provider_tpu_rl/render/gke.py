@@ -127,8 +127,9 @@ def _deploy_vars(cluster: ClusterSpec) -> list[str]:
         ("num_slices", str(cluster.num_slices)),
         ("tpu_topology", cluster.topology),
         ("authorized_cidr", cluster.authorized_cidr),
-        ("reservation", cluster.reservation),
     ]
+    if cluster.reservation:  # none: the blueprint's TPU pool consumes no reservation (customize_blueprint)
+        pairs.append(("reservation", cluster.reservation))
     argv: list[str] = []
     for pair in key_values(pairs):
         argv += ["--vars", pair]

@@ -209,14 +209,36 @@ def _preamble(pipeline: TpuVmPipelineSpec, *, with_token: bool) -> list[str]:
     return lines
 
 
+# A freshly booted Ubuntu image runs its own apt work first: apt-daily's update (apt's lists lock),
+# then unattended-upgrades (dpkg's frontend lock). apt waits for dpkg's lock up to
+# DPkg::Lock::Timeout seconds ("Waiting for cache lock: …"), but `apt-get update` takes the lists
+# lock without waiting whatever the option says (apt 2.6.1, tried: "E: Could not get lock
+# /var/lib/apt/lists/lock. It is held by process …"): that one is retried while the lock is the
+# reason, for as long as the upgrade may wait.
+APT_LOCK_SECONDS = 600
+APT_LOCK_WAIT = f"-o DPkg::Lock::Timeout={APT_LOCK_SECONDS}"
+APT_RETRY_SECONDS = 5
+APT_UPDATE_AFTER_BOOT = (
+    "apt_tries=0",
+    "until apt_error=$(sudo apt-get update 2>&1 >/dev/null); do",
+    '  if ! grep -q "Could not get lock" <<<"${apt_error}" '
+    f"|| [ $((apt_tries += 1)) -ge {APT_LOCK_SECONDS // APT_RETRY_SECONDS} ]; then",
+    '    echo "${apt_error}" >&2',
+    "    exit 100",
+    "  fi",
+    f"  sleep {APT_RETRY_SECONDS}",
+    "done",
+)
+
+
 def install_script() -> str:
     return (
         "\n".join(
             [
                 "set -euo pipefail",
-                "sudo apt-get update",
-                "sudo DEBIAN_FRONTEND=noninteractive apt-get upgrade -y --fix-missing",
-                "sudo DEBIAN_FRONTEND=noninteractive apt-get install -y build-essential cmake ninja-build",
+                *APT_UPDATE_AFTER_BOOT,
+                f"sudo DEBIAN_FRONTEND=noninteractive apt-get {APT_LOCK_WAIT} upgrade -y --fix-missing",
+                f"sudo DEBIAN_FRONTEND=noninteractive apt-get {APT_LOCK_WAIT} install -y build-essential cmake ninja-build",
                 "curl -LsSf https://astral.sh/uv/install.sh | sh",
                 'source "${HOME}/.local/bin/env"',
                 "uv python install 3.12",

@@ -575,6 +575,11 @@ class JobSetTrigger(BaseTrigger):
             failure = await self._why_failed() if status == "failed" else None
             ran = await self._ran() if status in ("success", "failed") and not self.foreign else None
             event = self._event(status, state, message, fatal, failure, ran)  # with every line read
+            # Closed before the event, not only in `finally`: a caller may leave this generator
+            # suspended at its yield (`dags test` takes the first event with `anext` and ends its
+            # loop, which cancels the generator's clean-up), and each open client holds a session.
+            await self._stop_follower()
+            await self.close()
             delay = (self.not_before or 0.0) - time.time()
             if delay > 0:  # never fire right after deferring: the scheduler may not be done with it
                 await asyncio.sleep(delay)

@@ -1575,8 +1575,16 @@ class Gcloud:
             authorize=authorize,
             bucket_project=bucket_project,
         )
+        booted = dt.datetime.fromisoformat(str(record["created"]).replace("Z", "+00:00")).timestamp()
+        boot_apt = load_settings(self.layout).boot_apt_seconds
         vm = hosts.VmHost(
-            self.layout.vm_dir(name), services, name, user, project, list(record.get("scopes", []))
+            self.layout.vm_dir(name),
+            services,
+            name,
+            user,
+            project,
+            list(record.get("scopes", [])),
+            apt_busy_until=(booted + boot_apt / 2, booted + boot_apt),
         )
         stdin = self.read_stdin()
         if command is None:

@@ -658,7 +658,8 @@ def desired_cluster(
             )
             slices = settings.get("num_slices") or 1
             nodes = max(1, _chips_in_topology(str(topology)) // _chips_per_vm(machine)) if topology else 1
-            reservations = (settings.get("reservation_affinity") or {}).get("specific_reservations") or []
+            affinity = settings.get("reservation_affinity") or {}
+            reservations = affinity.get("specific_reservations") or []
             pools.append(
                 {
                     "name": str(settings.get("name") or module["id"]),
@@ -668,6 +669,10 @@ def desired_cluster(
                     "nodes": nodes * (int(slices) if str(slices).isdigit() else 1),
                     "zones": settings.get("zones"),
                     "reservation": reservations[0].get("name") if reservations else None,
+                    "reservation_affinity": {
+                        "type": affinity.get("consume_reservation_type"),
+                        "names": [r.get("name") if isinstance(r, dict) else None for r in reservations],
+                    },
                     "service_account": accounts["node_pool"],
                 }
             )
@@ -818,6 +823,8 @@ def plan_errors(bp: dict[str, Any], record: dict[str, Any], group_dir: Path) -> 
                 f"  with module.{address}.google_service_account.service_account[0],\n"
                 f'  on modules/embedded/modules/project/service-account/main.tf line 42, in resource "google_service_account" "service_account":'
             )
+    for pool in record["node_pools"]:
+        errors += _reservation_errors(pool)
     queue = record.get("kueue") or {}
     if queue.get("error"):
         errors.append(queue["error"])
@@ -825,6 +832,35 @@ def plan_errors(bp: dict[str, Any], record: dict[str, Any], group_dir: Path) -> 
         errors.append(f"Error: expected length of name to be in the range (1 - 40), got {record['name']}")
     del group_dir
     return errors
+
+
+_NODE_POOL_TF = "modules/embedded/modules/compute/gke-node-pool/main.tf"
+
+
+def _reservation_errors(pool: dict[str, Any]) -> list[str]:
+    """gke-node-pool's two reservation preconditions (``modules/compute/gke-node-pool/main.tf``):
+    ``SPECIFIC_RESERVATION`` takes exactly one ``specific_reservations`` entry and the other types
+    none; an entry must name a reservation that exists in the pool's zones, which no empty or
+    missing name does (``reservation_definitions.tf`` looks it up by name)."""
+    affinity = pool.get("reservation_affinity")
+    if not affinity:
+        return []
+    kind, names = affinity.get("type"), affinity.get("names") or []
+    where = f'\n\n  on {_NODE_POOL_TF}, in resource "google_container_node_pool" "node_pool":'
+    if (kind == "SPECIFIC_RESERVATION") != (len(names) == 1) or (kind != "SPECIFIC_RESERVATION" and names):
+        return [
+            f"Error: Resource precondition failed{where}\n\nWhen using NO_RESERVATION or ANY_RESERVATION as "
+            "the `consume_reservation_type`, `specific_reservations` cannot be set.\nOn the other hand, with "
+            "SPECIFIC_RESERVATION you must set `specific_reservations`."
+        ]
+    if names and names[0] in (None, ""):
+        return [
+            f"Error: Resource precondition failed{where}\n\nCheck if your reservation is configured correctly:\n"
+            "- A reservation with the name must exist in the specified project and all of the specified zones "
+            "(var.zones must be explicitly provided when var.is_reservation_active is true)\n\n"
+            '- Its consumption type must be "specific"'
+        ]
+    return []
 
 
 class DeploymentRunner:

@@ -17,6 +17,7 @@ import posixpath
 import re
 import shlex
 import shutil
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -457,6 +458,32 @@ class PodHost(MachineHost):
         return {"PATH": MACHINE_PATH, "HOME": "/root", "HOSTNAME": self.hostname, **self.image_env}
 
 
+APT_LISTS_LOCK = "/var/lib/apt/lists/lock"
+DPKG_FRONTEND_LOCK = "/var/lib/dpkg/lock-frontend"
+BOOT_APT_PID, UPGRADES_PID = 812, 1033
+
+
+def _apt_arguments(argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """apt's command line without its ``-o NAME=VALUE`` options, and those options (names
+    lower-cased: apt's configuration names are case-insensitive)."""
+    args: list[str] = []
+    options: dict[str, str] = {}
+    items = iter(argv)
+    for arg in items:
+        if arg in ("-o", "--option"):
+            setting = next(items, "")
+        elif arg.startswith("-o") and len(arg) > 2 and not arg.startswith("--"):
+            setting = arg[2:]
+        elif arg.startswith("--option="):
+            setting = arg.split("=", 1)[1]
+        else:
+            args.append(arg)
+            continue
+        name, _, value = setting.partition("=")
+        options[name.lower()] = value
+    return args, options
+
+
 class VmHost(MachineHost):
     """A Compute Engine TPU VM (Ubuntu 22.04 accelerator image), reached over SSH as ``user``."""
 
@@ -481,11 +508,15 @@ class VmHost(MachineHost):
         user: str,
         project: str,
         scopes: list[str],
+        apt_busy_until: tuple[float, float] = (0.0, 0.0),
     ) -> None:
         super().__init__(fs_root, services, vm_name)
         self.user = user
         self.vm_project = project
         self.scopes = scopes
+        # The image's own apt work after boot: apt-daily's update holds apt's lists lock until the
+        # first time, then unattended-upgrades holds dpkg's frontend lock until the second.
+        self.lists_busy_until, self.dpkg_busy_until = apt_busy_until
         self.fs.host_path(self.home).mkdir(parents=True, exist_ok=True)
         for directory in ("bin", "lib", "sbin", "share"):
             self.fs.host_path(f"/usr/local/{directory}").mkdir(parents=True, exist_ok=True)
@@ -751,7 +782,7 @@ class VmHost(MachineHost):
         """apt/apt-get: root only (dpkg's frontend lock), ``update``/``upgrade``/``install``;
         without ``-y`` (or ``DEBIAN_FRONTEND=noninteractive``... which does not answer the
         prompt either) an install that needs confirmation aborts as on a non-terminal stdin."""
-        args = call.argv[1:]
+        args, options = _apt_arguments(call.argv[1:])
         if call.env.get("USER") != "root":
             call.err(
                 "E: Could not open lock file /var/lib/dpkg/lock-frontend - open (13: Permission denied)\n"
@@ -763,6 +794,17 @@ class VmHost(MachineHost):
             a in ("-y", "--yes", "--assume-yes") or (re.fullmatch(r"-[a-z]*y[a-z]*", a) is not None)
             for a in args
         )
+        if action == "update" and time.time() < self.lists_busy_until:
+            # apt-pkg/contrib/fileutl.cc GetLock: the lists lock is taken without waiting,
+            # whatever DPkg::Lock::Timeout says (that one is dpkg's lock only).
+            call.out("Reading package lists...\n")
+            call.err(
+                f"E: Could not get lock {APT_LISTS_LOCK}. It is held by process {BOOT_APT_PID} (apt-get)\n"
+                "E: Unable to lock directory /var/lib/apt/lists/\n"
+            )
+            return 100
+        if action != "update" and not self._dpkg_lock(call, options):
+            return 100
         if action == "update":
             call.out(
                 "Hit:1 http://us-central1.gce.archive.ubuntu.com/ubuntu jammy InRelease\nReading package lists... Done\n"
@@ -778,6 +820,29 @@ class VmHost(MachineHost):
             return 0
         call.err(f"E: Invalid operation {action}\n")
         return 100
+
+    def _dpkg_lock(self, call: ToolCall, options: Mapping[str, str]) -> bool:
+        """dpkg's frontend lock, waited for up to ``DPkg::Lock::Timeout`` seconds (apt-pkg's
+        debSystem::Lock: "Waiting for cache lock: …" while it waits), else refused at once."""
+        held_by = (
+            f"Could not get lock {DPKG_FRONTEND_LOCK}. It is held by process {UPGRADES_PID} (unattended-upgr)"
+        )
+        try:
+            wait = max(0.0, float(options.get("dpkg::lock::timeout", "0")))
+        except ValueError:
+            wait = 0.0
+        deadline = time.time() + wait
+        while time.time() < self.dpkg_busy_until:
+            if time.time() >= deadline:
+                call.err(
+                    f"E: {held_by}\n"
+                    f"E: Unable to acquire the dpkg frontend lock ({DPKG_FRONTEND_LOCK}), is another process "
+                    "using it?\n"
+                )
+                return False
+            call.out(f"Waiting for cache lock: {held_by}...\n")
+            time.sleep(min(0.5, max(0.01, self.dpkg_busy_until - time.time())))
+        return True
 
     # -- google cloud ---------------------------------------------------------------------
     def project(self) -> str:

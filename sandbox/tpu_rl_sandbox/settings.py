@@ -57,6 +57,9 @@ class SandboxSettings:
       out; the fake gcloud commands that need them fail with PERMISSION_DENIED).
     * ``reservations``: ``"<zone>/<name>" -> {"machine_type", "count", "status",
       "specific_reservation_required"}``.
+    * ``boot_apt_seconds``: how long a new TPU VM's own apt work runs after it is created (an
+      Ubuntu cloud image's apt-daily then unattended-upgrades): apt's lists lock is held for the
+      first half, dpkg's frontend lock for the second.
     """
 
     conditional_bindings: bool = True
@@ -65,6 +68,7 @@ class SandboxSettings:
     reservations: Mapping[str, dict[str, Any]] = field(
         default_factory=lambda: {key: dict(value) for key, value in DEFAULT_RESERVATIONS.items()}
     )
+    boot_apt_seconds: float = 2.0
 
     def reservation(self, zone: str, name: str) -> dict[str, Any] | None:
         """The reservation ``name`` in ``zone`` with defaults filled in, or ``None``."""

@@ -138,6 +138,8 @@ def test_pipeline_succeeds_with_one_cluster_lifecycle(world: E2EWorld, happy: Da
     spec = spec_of(happy)
     assert happy.submitted_jobs() == [spec.convert_job, spec.train_job, spec.export_job]
     assert duplicates(happy.submitted_jobs()) == []
+    # Each job's trigger closed its Kubernetes and GCS sessions (`dags test` never closes it).
+    assert "Unclosed client session" not in happy.output
     assert spec.cluster.cluster_name not in world.live_clusters()
     # only training asks for the TPU slice; the conversions run on the CPU node pool
     shapes = {

@@ -326,3 +326,37 @@ def test_label_values_are_quoted_for_a_yaml_1_2_reader(suffix: str) -> None:
         assert f'{key}: "{value}"' in text
     doc = yaml.safe_load(text)
     assert {k: doc["vars"]["labels"][k] for k in labels} == labels
+
+
+def test_a_run_without_a_reservation_binds_its_tpu_pool_to_none() -> None:
+    """An empty reservation would leave the example's SPECIFIC_RESERVATION with an empty name, which
+    gke-node-pool's precondition refuses: the pool consumes no reservation and no var names one."""
+    import yaml
+
+    reserved_run = _pipeline("qwen3-30b-a3b")
+    conf = {"model": "qwen3-30b-a3b", "project": "my-proj-123", "bucket": "my-bkt", "reservation": ""}
+    unreserved_run = gke_pipeline_from_conf(conf)
+    assert "reservation=" not in " ".join(gke.deploy(unreserved_run.cluster, "/tmp/w").argv)
+    assert "reservation=" in " ".join(gke.deploy(reserved_run.cluster, "/tmp/w").argv)
+
+    text = (SANDBOX_BUNDLE / BLUEPRINT_RELPATH).read_text()
+
+    def tpu_pool(blueprint_text: str, **kwargs: bool) -> dict[str, Any]:
+        doc = yaml.safe_load(customize_blueprint(blueprint_text, unreserved_run.cluster.blueprint, **kwargs))
+        (pool,) = [
+            m["settings"]
+            for g in doc["deployment_groups"]
+            for m in g["modules"]
+            if m["source"] == "modules/compute/gke-node-pool"
+        ]
+        return dict(pool)
+
+    assert tpu_pool(text)["reservation_affinity"] == {
+        "consume_reservation_type": "SPECIFIC_RESERVATION",
+        "specific_reservations": [{"name": "$(vars.reservation)"}],
+    }
+    assert tpu_pool(text, reservation=False)["reservation_affinity"] == {
+        "consume_reservation_type": "NO_RESERVATION"
+    }
+    with pytest.raises(BlueprintError, match="reserved by"):
+        tpu_pool(text.replace("$(vars.reservation)", "fixed-name"), reservation=False)

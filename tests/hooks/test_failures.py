@@ -120,8 +120,21 @@ KUBECTL_REFUSED = (
     "The connection to the server 127.0.0.1:1 was refused - did you specify the right host or port?"
 )
 
+# apt 2.6.1 with the lock held by another process (tried): `apt-get update`, then `apt-get install`.
+APT_LISTS_LOCKED = (
+    "Reading package lists...\n"
+    "E: Could not get lock /var/lib/apt/lists/lock. It is held by process 812 (apt-get)\n"
+    "E: Unable to lock directory /var/lib/apt/lists/"
+)
+DPKG_LOCKED = (
+    "E: Could not get lock /var/lib/dpkg/lock-frontend. It is held by process 1033 (unattended-upgr)\n"
+    "E: Unable to acquire the dpkg frontend lock (/var/lib/dpkg/lock-frontend), is another process using it?"
+)
 
-@pytest.mark.parametrize("output", [TERRAFORM_LOCK_HELD, TERRAFORM_LOCK_REFUSED, KUBECTL_REFUSED])
+
+@pytest.mark.parametrize(
+    "output", [TERRAFORM_LOCK_HELD, TERRAFORM_LOCK_REFUSED, KUBECTL_REFUSED, APT_LISTS_LOCKED, DPKG_LOCKED]
+)
 def test_lock_and_refused_connections_are_transient(output):
     assert classify_failure("gcluster deploy ...\n" + output) is FailureKind.TRANSIENT
 

@@ -12,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import json
 import logging
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -200,6 +202,35 @@ def test_a_triggerer_restart_mid_training_loses_and_repeats_no_line(
     )
     assert result["ran"]["ended_at"] == kubernetes.jobset_state(answer.json())[1]
     assert result["ran"]["started_at"] < result["ran"]["ended_at"]
+
+
+def test_the_trigger_closes_its_sessions_before_its_event(
+    sb: SandboxRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A caller may take the first event and never close the generator (``dags test`` takes it with
+    ``anext`` and ends its loop; a triggerer may stop a trigger at its event): no Kubernetes or GCS
+    session of the trigger may be left open then."""
+    from aiohttp import ClientSession
+
+    def open_sessions() -> set[int]:
+        return {id(o) for o in gc.get_objects() if isinstance(o, ClientSession) and not o.closed}
+
+    _, _, trigger, _job_name, hold = _held_training(sb, monkeypatch)
+    hold.unlink()
+    before = open_sessions()
+    events = trigger.run()
+    loop = asyncio.new_event_loop()
+    try:
+        event = loop.run_until_complete(anext(events))
+        left_open = open_sessions() - before
+    finally:
+        loop.close()  # the generator stays suspended at its yield: its `finally` never runs
+    assert event.payload["status"] == "success"
+    assert left_open == set()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # closing the abandoned generator on a closed loop
+        del events
+        gc.collect()
 
 
 def test_killing_the_task_deletes_the_jobset(sb: SandboxRun, monkeypatch: pytest.MonkeyPatch) -> None:

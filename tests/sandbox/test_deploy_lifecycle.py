@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 from typing import Any
 
 import yaml
 
+from airflow_provider_tpu_rl.render.blueprint import customize_blueprint
+from airflow_provider_tpu_rl.spec.presets import PRESETS
 from tests.sandbox.conftest import Cli, deploy_args
 
 
@@ -159,3 +163,52 @@ def test_destroy_and_deploy_argument_errors(cli: Cli, names: dict[str, str]) -> 
     )
     assert validated.code == 1
     assert "Validation failed due to the issues listed above" in validated.err
+
+
+# ------------------------------------------------------------------ a run that names no reservation
+def _no_reservation_args(names: dict[str, str]) -> list[str]:
+    args = deploy_args(names)
+    return [arg.replace(",reservation=res-1", "") if arg.startswith("project_id=") else arg for arg in args]
+
+
+def test_an_empty_reservation_name_fails_the_tpu_pools_precondition(cli: Cli, names: dict[str, str]) -> None:
+    """The example binds its TPU pool to ``$(vars.reservation)``: with the name empty, gke-node-pool's
+    reservation precondition fails the plan, and nothing is created."""
+    assert (
+        cli.gcloud(
+            "storage", "buckets", "create", f"gs://{names['bucket']}", f"--project={names['project']}"
+        ).code
+        == 0
+    )
+    args = [arg.replace("reservation=res-1", "reservation=") for arg in deploy_args(names)]
+
+    result = cli.gcluster("deploy", str(cli.info.blueprint), *args)
+
+    assert result.code != 0
+    assert "Error: Resource precondition failed" in result.text
+    assert "Check if your reservation is configured correctly" in result.text
+    assert clusters_of(cli, names["project"]) == []
+
+
+def test_the_provider_blueprint_without_a_reservation_deploys_an_unreserved_tpu_pool(
+    cli: Cli, names: dict[str, str], tmp_path: Path
+) -> None:
+    folder = tmp_path / "blueprint"
+    shutil.copytree(cli.info.blueprint.parent, folder)
+    edited = folder / cli.info.blueprint.name
+    preset = PRESETS["qwen3-30b-a3b"].blueprint
+    edited.write_text(customize_blueprint(cli.info.blueprint.read_text(), preset, reservation=False))
+    assert (
+        cli.gcloud(
+            "storage", "buckets", "create", f"gs://{names['bucket']}", f"--project={names['project']}"
+        ).code
+        == 0
+    )
+
+    result = cli.gcluster("deploy", str(edited), *_no_reservation_args(names))
+
+    assert result.code == 0, result.text
+    (cluster,) = [c for c in cli.state("clusters").values() if c["name"] == names["cluster"]]
+    (tpu_pool,) = [pool for pool in cluster["node_pools"] if pool.get("topology")]
+    assert tpu_pool["reservation"] is None
+    assert tpu_pool["reservation_affinity"] == {"type": "NO_RESERVATION", "names": []}

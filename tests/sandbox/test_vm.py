@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Iterator
+from datetime import datetime
 
 import pytest
 
+from airflow_provider_tpu_rl.render.tpu_vm import install_script
 from tests.sandbox.conftest import Cli
+from tpu_rl_sandbox.settings import reset_settings, update_settings
 
 INSTALL = """set -euo pipefail
 sudo apt update && sudo apt upgrade -y --fix-missing
@@ -109,7 +114,17 @@ def grant_vm_account(cli: Cli, names: dict[str, str], vm: str) -> str:
 
 
 @pytest.fixture
-def prepared(cli: Cli, names: dict[str, str]) -> dict[str, str]:
+def boot_apt_seconds(cli: Cli, request: pytest.FixtureRequest) -> Iterator[float]:
+    """How long a new VM's image keeps apt busy (default none: these tests run the tutorial's own
+    install, which races it; the tests below pin the race); the defaults come back afterwards."""
+    seconds = float(getattr(request, "param", 0.0))
+    update_settings(cli.layout, boot_apt_seconds=seconds)
+    yield seconds
+    reset_settings(cli.layout)
+
+
+@pytest.fixture
+def prepared(cli: Cli, names: dict[str, str], boot_apt_seconds: float) -> dict[str, str]:
     assert (
         cli.gcloud(
             "storage", "buckets", "create", f"gs://{names['bucket']}", f"--project={names['project']}"
@@ -288,3 +303,67 @@ def test_ssh_and_vm_create_faults(cli: Cli, prepared: dict[str, str]) -> None:
             assert "port 22: Connection timed out" in err
     code, _, err = ssh(cli, names, vm, "true\n", env={"TPU_RL_SANDBOX_FAIL": "ssh"})
     assert code == 255
+
+
+# ------------------------------------------------- apt on a VM whose image is still updating itself
+def _created(cli: Cli, names: dict[str, str], vm: str) -> float:
+    record = cli.state("vms")[f"{names['project']}/{names['zone']}/{vm}"]
+    return datetime.fromisoformat(str(record["created"]).replace("Z", "+00:00")).timestamp()
+
+
+@pytest.mark.parametrize("boot_apt_seconds", [6.0], indirect=True)
+def test_a_new_vms_image_holds_apts_locks_as_apt_reports_them(
+    cli: Cli, prepared: dict[str, str], boot_apt_seconds: float
+) -> None:
+    """apt-daily's update holds the lists lock, which ``apt-get update`` never waits for; then
+    unattended-upgrades holds dpkg's frontend lock, which apt waits for only with
+    ``DPkg::Lock::Timeout`` (the messages are apt 2.6.1's, tried with the locks held)."""
+    names, vm = prepared, f"vma-{prepared['cluster']}"
+    create_vm(cli, names, vm)
+    created = _created(cli, names, vm)
+
+    code, _, err = ssh(cli, names, vm, "sudo apt-get -o DPkg::Lock::Timeout=60 update")
+    assert code == 100
+    assert "E: Could not get lock /var/lib/apt/lists/lock. It is held by process 812 (apt-get)" in err
+
+    time.sleep(max(0.0, created + boot_apt_seconds / 2 + 0.2 - time.time()))
+    code, _, err = ssh(cli, names, vm, "sudo apt-get install -y cmake")
+    assert code == 100
+    assert (
+        "E: Could not get lock /var/lib/dpkg/lock-frontend. It is held by process 1033 (unattended-upgr)"
+        in err
+    )
+    code, out, err = ssh(cli, names, vm, "sudo apt-get -o DPkg::Lock::Timeout=60 install -y cmake")
+    assert code == 0, err
+    assert "Waiting for cache lock: Could not get lock /var/lib/dpkg/lock-frontend." in out
+    assert time.time() >= created + boot_apt_seconds
+    assert ssh(cli, names, vm, "sudo apt-get update")[0] == 0
+
+
+@pytest.mark.parametrize("boot_apt_seconds", [4.0], indirect=True)
+def test_the_providers_install_waits_for_the_images_apt_work(cli: Cli, prepared: dict[str, str]) -> None:
+    """The tutorial's ``sudo apt update`` fails on a VM that has just booted; install_maxtext's
+    apt commands wait for the locks and go on."""
+    names = prepared
+    tutorial_vm, provider_vm = f"vmt-{names['cluster']}", f"vmp-{names['cluster']}"
+    apt_lines = install_script().split("\ncurl ", 1)[0] + "\n"
+    assert "apt-get" in apt_lines
+    assert "curl" not in apt_lines
+    create_vm(cli, names, tutorial_vm)
+    code, _, err = ssh(cli, names, tutorial_vm, INSTALL)
+    assert code == 100
+    assert "Could not get lock /var/lib/apt/lists/lock" in err
+
+    deleted = cli.gcloud(
+        "compute",
+        "instances",
+        "delete",
+        tutorial_vm,
+        f"--zone={names['zone']}",
+        f"--project={names['project']}",
+        "--quiet",
+    )
+    assert deleted.code == 0, deleted.text
+    create_vm(cli, names, provider_vm)
+    code, _, err = ssh(cli, names, provider_vm, apt_lines)
+    assert code == 0, err
