@@ -111,6 +111,13 @@ def held_message(lease: Lease) -> str:
     return f"{_what(lease.cluster)} is in use by run {lease.holder} until {utc_text(lease.expires_at)}"
 
 
+def _not_found(exc: BaseException) -> bool:
+    from google.api_core.exceptions import NotFound
+
+    response = getattr(exc, "response", None)
+    return isinstance(exc, NotFound) or getattr(response, "status_code", None) == 404
+
+
 def _precondition_failed(exc: BaseException) -> bool:
     from google.api_core.exceptions import PreconditionFailed
 
@@ -157,14 +164,27 @@ class ClusterLeaseHook:
         raise LeaseLostError(f"cluster {cluster}: the lease keeps changing while it is read")
 
     def _write(self, bucket: str, lease: Lease, if_generation_match: int) -> Lease:
-        """Write ``lease`` if the object's generation is ``if_generation_match``; the new read."""
+        """Write ``lease`` if the object's generation is ``if_generation_match``; the new read.
+
+        A bucket that does not exist is a :class:`ConfigurationError` in one line: an upload to it
+        answers 404 (``NotFound``, or google-resumable-media's ``InvalidResponse`` where the
+        storage client lets it through), which reads like a missing object.
+        """
         blob = self._blob(bucket, lease.cluster)
-        blob.upload_from_string(
-            lease.payload(),
-            content_type="application/json",
-            if_generation_match=if_generation_match,
-            timeout=GCS_TIMEOUT_S,
-        )
+        try:
+            blob.upload_from_string(
+                lease.payload(),
+                content_type="application/json",
+                if_generation_match=if_generation_match,
+                timeout=GCS_TIMEOUT_S,
+            )
+        except Exception as exc:
+            if _not_found(exc):
+                raise ConfigurationError(
+                    f"bucket gs://{bucket} does not exist: the lease of {_what(lease.cluster)} cannot be "
+                    "written (create the bucket first, e.g. with EnsureBucketOperator)"
+                ) from None
+            raise
         return replace(lease, generation=int(blob.generation or 0))
 
     def acquire(self, bucket: str, cluster: str, *, dag_id: str, run_id: str, ttl: timedelta) -> Lease:

@@ -461,7 +461,8 @@ class GclusterDeployOperator(_ClusterOperator):
             self.gcp_conn_id, cluster, dag_id=dag_id, run_id=run_id, expires_at=expires_at
         )
         self.log.info(
-            "cluster %s: lease held by run %s until %s",
+            "cluster %s: lease held by run %s until %s, or until a GclusterDestroyOperator of this run "
+            "releases it; without one, no other run may deploy or destroy it until then",
             cluster.cluster_name,
             lease.holder,
             utc_text(lease.expires_at),

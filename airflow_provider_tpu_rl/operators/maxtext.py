@@ -43,7 +43,7 @@ from airflow.providers.common.compat.sdk import Context
 
 from airflow_provider_tpu_rl import timeouts
 from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailException, conf
-from airflow_provider_tpu_rl.exceptions import RunDirBusyError
+from airflow_provider_tpu_rl.exceptions import ConfigurationError, RunDirBusyError
 from airflow_provider_tpu_rl.hooks.jobs import GclusterJob, JobState
 from airflow_provider_tpu_rl.hooks.run_dirs import RunDirRecord, RunDirRecords, WriterClaim, run_dir
 from airflow_provider_tpu_rl.janitor_sources import run_finished, run_probe
@@ -67,6 +67,7 @@ from airflow_provider_tpu_rl.spec.pipeline import (
     trained_directory,
     training_spec,
 )
+from airflow_provider_tpu_rl.spec.preflight import parse_json_list
 from airflow_provider_tpu_rl.spec.presets import POST_TRAINING_IMAGE, ModelPreset, get_preset
 from airflow_provider_tpu_rl.spec.workloads import actor_params_path, check_patched_image
 
@@ -278,6 +279,28 @@ class _GclusterJobOperator(GclusterBaseOperator):
         dag_id, run_id = self.run_ids(context)
         return default_job_name(getattr(preset.job_prefixes, self.job_kind), dag_id, run_id, self.task_id)
 
+    def require_token_secret(self) -> None:
+        """The job's pod reads ``HF_TOKEN`` from Secret Manager: a secret that does not exist or
+        has no enabled version would fail the pod after the job was submitted and admitted, as a
+        generic job failure. Checked before submitting, it is one line and no retry."""
+        project = rules.project_id("project_id", self.project_id)
+        secret_id = hf_token_spec(self.hf_token_conn_id, self.hf_token_secret or None).secret_id
+        command = gke.list_secret_versions(project, secret_id)
+        listed = self.hook.run(command, log_output=False)
+        fix = "run HfTokenSecretOperator first (the pipelines' sync_hf_token) or name another hf_token_secret"
+        if not listed.ok and "NOT_FOUND" in listed.output:
+            raise ConfigurationError(
+                f"HF token secret {secret_id} does not exist in project {project}: the job could not read "
+                f"its token; {fix}"
+            )
+        self.hook.check_result(command, listed)
+        versions = parse_json_list(listed.output_lines) or []
+        if not any(isinstance(v, dict) and v.get("state") == "ENABLED" for v in versions):
+            raise ConfigurationError(
+                f"HF token secret {secret_id} in project {project} has no enabled version: the job could "
+                f"not read its token; {fix}"
+            )
+
     def token_resource(self) -> str:
         token = hf_token_spec(self.hf_token_conn_id, self.hf_token_secret or None)
         return secret_version(rules.project_id("project_id", self.project_id), token.secret_id)
@@ -330,6 +353,7 @@ class _GclusterJobOperator(GclusterBaseOperator):
             existing = None
         self._submitted = (name, t.project, t.cluster_name, t.location)
         if existing is None:
+            self.require_token_secret()
             self.log.info("Submitting job %s", name)
             with self.hook.job_session() as home:
                 for auth in gke.docker_auth(t.location):

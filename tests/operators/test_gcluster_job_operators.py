@@ -12,11 +12,13 @@ import pytest
 
 from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailException
 from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
+from airflow_provider_tpu_rl.operators.gke import EnsureBucketOperator, GclusterDeployOperator
 from airflow_provider_tpu_rl.operators.maxtext import (
     MaxTextConvertOperator,
     MaxTextExportOperator,
     PathwaysRLTrainOperator,
 )
+from airflow_provider_tpu_rl.render.command import Command
 from airflow_provider_tpu_rl.spec import SpecError, gke_pipeline_from_conf
 from airflow_provider_tpu_rl.timeouts import job_timeout
 from airflow_provider_tpu_rl.triggers.jobset import JobSetTrigger
@@ -373,3 +375,35 @@ def test_a_topology_for_a_conversion_on_cpu_is_one_clear_error() -> None:
     )  # fmt: skip
     with pytest.raises(SpecError, match="runs on CPU"):
         op.target(op.preset())
+
+
+# -- a job operator used alone -------------------------------------------------------------------------
+@pytest.mark.parametrize("secret", ["missing", "no enabled version"])
+def test_a_job_without_its_token_secret_fails_in_one_line_before_submitting(
+    sb: SandboxRun, secret: str
+) -> None:
+    """A DAG of the user's own with no HfTokenSecretOperator: the conversion's pod could not read
+    its token; the operator says so before anything is submitted, and does not retry."""
+    conf = sb.gke_conf(hf_token_secret="my-hf-token")
+    bucket = sb.operator(EnsureBucketOperator, task_id="ensure_bucket")
+    bucket.execute(sb.context(bucket, conf, run_id=RUN_1))
+    deploy = sb.operator(GclusterDeployOperator, task_id="deploy_cluster")
+    deploy.execute(sb.context(deploy, conf, run_id=RUN_1))
+    if secret == "no enabled version":
+        gcloud = GclusterHook()
+        created = gcloud.run(
+            Command(("gcloud", "secrets", "create", "my-hf-token", f"--project={sb.project}"))
+        )
+        assert created.ok, created.output
+
+    convert = _convert_op(sb)
+    with pytest.raises(AirflowFailException) as failed:
+        convert.execute(sb.context(convert, conf, run_id=RUN_1))
+
+    message = str(failed.value)
+    assert "\n" not in message
+    detail = "does not exist in project" if secret == "missing" else "has no enabled version"
+    assert message.startswith(f"HF token secret my-hf-token {'' if secret == 'missing' else 'in project '}")
+    assert detail in message
+    assert "HfTokenSecretOperator" in message
+    assert sb.job_calls("submit", _job_names(conf)[0]) == []

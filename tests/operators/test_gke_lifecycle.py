@@ -293,3 +293,34 @@ def test_keep_cluster_hands_the_cluster_to_a_later_run(sb: SandboxRun) -> None:
     assert destroy.execute(sb.context(destroy, later_conf, run_id=OTHER_RUN_ID))["destroyed"] is True
     assert sb.cluster_record() is None
     assert _lease(sb) is None
+
+
+# ------------------------------------------------------------------------ the deploy used alone
+def test_a_deploy_without_its_bucket_fails_in_one_line_before_anything_is_created(sb: SandboxRun) -> None:
+    """A DAG of the user's own with no EnsureBucketOperator: the lease cannot be written; the task
+    fails at once with what to do, no retry, and gcluster never runs."""
+    conf = sb.gke_conf()
+    with pytest.raises(AirflowFailException) as failed:
+        _deploy(sb, conf, datetime(2030, 1, 1, tzinfo=UTC))
+
+    message = str(failed.value)
+    assert "\n" not in message
+    assert message.startswith(f"bucket gs://{sb.bucket} does not exist: the lease of cluster {sb.cluster} ")
+    assert "EnsureBucketOperator" in message
+    assert _deploy_calls(sb) == []
+    assert sb.cluster_record() is None
+
+
+def test_the_deploy_says_how_long_it_holds_the_lease_and_what_releases_it(sb: SandboxRun) -> None:
+    conf = sb.gke_conf()
+    _ensure_bucket(sb, conf)
+    with capture_task_logs() as logs:
+        _deploy(sb, conf, datetime(2030, 1, 1, tzinfo=UTC))
+    lease = _lease(sb)
+    assert lease is not None
+    lines = [str(entry.get("event")) for entry in logs]
+    assert any(
+        line.startswith(f"cluster {sb.cluster}: lease held by run {lease.holder} until ")
+        and "until a GclusterDestroyOperator of this run releases it" in line
+        for line in lines
+    ), lines
