@@ -13,7 +13,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 # pytest worker, a real scheduler) compiles its ~4,500 imported modules again, 10 s of CPU each.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: venv postgres test test-all lint typecheck unit unit-e2e unit-rest test-airflow-2.11 test-lowest demo plan bench clean
+.PHONY: venv postgres test test-all lint typecheck unit test-airflow-2.11 test-lowest demo plan bench clean
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
 venv: $(VENV)/.installed
@@ -63,15 +63,9 @@ PYTEST_ARGS := -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 # or provider version runs the same code, so they run in `unit` only.
 AIRFLOW_FREE_TESTS := tests/spec tests/render tests/golden tests/maxtext tests/sandbox tests/docker
 
-# The whole suite on Airflow 3.3, in two pytest runs (`make test` packs them beside the other legs):
-# the end-to-end runs, and everything else.
-unit: unit-rest unit-e2e
-
-unit-e2e: venv postgres
-	$(BIN)/pytest $(PYTEST_ARGS) tests/e2e
-
-unit-rest: venv postgres
-	$(BIN)/pytest $(PYTEST_ARGS) --ignore=tests/e2e
+# The whole suite on Airflow 3.3.
+unit: venv postgres
+	$(BIN)/pytest $(PYTEST_ARGS)
 
 # Tests that use Airflow but whose behaviour no Airflow line changes: the operator tests that call
 # execute() with a plain-dict context and check the provider's own logic against the sandbox (run
@@ -109,14 +103,12 @@ test-lowest: $(VENV_LOWEST)/.installed postgres
 	PATH=$(CURDIR)/$(VENV_LOWEST)/bin:$$PATH $(VENV_LOWEST)/bin/pytest -qq --collect-only tests/operators
 	PATH=$(CURDIR)/$(VENV_LOWEST)/bin:$$PATH $(VENV_LOWEST)/bin/tpu-rl-sandbox demo --dir .sandbox-lowest --airflow-home .demo-lowest/airflow
 
-# Two at a time, the longest first (the Airflow 3.3 leg without e2e, the Airflow 2.11 leg, the 3.3
-# e2e runs, the lowest-providers leg, types, lint): a target starts when one ends, so both cores
-# stay busy to the end. Each target's output is printed whole when it ends, and every target runs
-# even if another fails.
+# Two at a time, in this order: the Airflow 3.3 leg (the longest) on one side; lint, types, the
+# Airflow 2.11 leg and the lowest-providers leg one after another on the other. Each target's output
+# is printed whole when it ends, and every target runs even if another fails.
 test: venv
-	@echo "make test: the suite on Airflow 3.3 (unit-rest, unit-e2e), on Airflow 2.11 (test-airflow-2.11) and on the lowest providers (test-lowest), typecheck and lint, two at a time; each one's output appears when it ends"
-	$(MAKE) --no-print-directory --jobs=2 --keep-going --output-sync=target \
-	  unit-rest test-airflow-2.11 unit-e2e test-lowest typecheck lint
+	@echo "make test: lint, typecheck and the suite on Airflow 3.3 (unit), on Airflow 2.11 (test-airflow-2.11) and on the lowest providers (test-lowest), two at a time; each one's output appears when it ends"
+	$(MAKE) --no-print-directory --jobs=2 --keep-going --output-sync=target unit lint typecheck test-airflow-2.11 test-lowest
 
 # `make test`, then the tests it runs on Airflow 3.3 only because no Airflow line changes what they
 # check (SAME_ON_EVERY_AIRFLOW) on Airflow 2.11 too.
