@@ -5,7 +5,7 @@ Airflow directly:
 
     from tests.compat import (
         AIRFLOW_V_3_0_PLUS, DagBag, serialize_roundtrip, trigger_time_validate,
-        dag_schedule, capture_task_logs, task_log_debug,
+        dag_schedule, capture_task_logs, task_log_debug, dags_test_task_log,
     )
 
 Checked against the installed sources: Airflow 2.11.2 (airflow.models.dagbag.DagBag,
@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -162,3 +163,21 @@ __all__ = [
     "task_log_debug",
     "trigger_time_validate",
 ]
+
+
+# --- `airflow dags test` output ------------------------------------------------------------------
+def dags_test_task_log(output: str, task_id: str) -> str:
+    """What ``airflow dags test`` printed while ``task_id`` ran.
+
+    Airflow 3 ends a task's part with ``[DAG TEST] end task task_id=...``; Airflow 2.11 marks no end
+    of a task that raised: ``dags test`` then logs "Task failed; ti=<TaskInstance: ...>" with the
+    traceback (models/dag.py, DAG.test).
+    """
+    start = output.index(f"[DAG TEST] starting task_id={task_id} ")
+    end = output.find(f"[DAG TEST] end task task_id={task_id} ", start)
+    if end == -1:
+        failed = re.compile(rf"Task failed; ti=<TaskInstance: \w+\.{re.escape(task_id)} ")
+        found = failed.search(output, start)
+        assert found is not None, f"no end of {task_id}'s log in the output"
+        end = output.rfind("\n", start, found.start()) + 1
+    return output[start:end]

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.airflow_home import migrate_into
+from tests.compat import dags_test_task_log
 from tpu_rl_sandbox.control import SandboxInfo, sandbox_down, sandbox_env, sandbox_up
 from tpu_rl_sandbox.gcs import GcsApi, GcsError, split_gs_url
 from tpu_rl_sandbox.layout import SandboxLayout
@@ -114,6 +115,12 @@ class DagRunResult:
     def submitted_jobs(self) -> list[str]:
         """Names of the ``gcluster job submit`` calls, in order (failed submits included)."""
         return [str(call.flag("name")) for call in self.calls_of("gcluster", "job", "submit")]
+
+    def task_log(self, task_id: str) -> str:
+        """What ``dags test`` printed while ``task_id`` ran (its last try)."""
+        return dags_test_task_log(
+            self.output[self.output.rindex(f"[DAG TEST] starting task_id={task_id} ") :], task_id
+        )
 
     def raised(self) -> list[str]:
         """Messages of the exceptions the run's tasks raised (``pkg.SomeException: message`` lines)."""

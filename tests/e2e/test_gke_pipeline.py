@@ -207,10 +207,16 @@ def test_permanent_fault_fails_the_run_tears_down_and_keeps_outputs(
         # The one case where the cluster survives: the run is failed and says so.
         assert all(call.exit_code != 0 for call in destroys), result.describe()
         assert cluster in world.live_clusters()
-        # The destroy task's error names the cluster that is left.
+        # The destroy task's error names the cluster that is left, and the watcher repeats it in
+        # one line, without a traceback.
         assert any(f"destroy GKE cluster {cluster} " in message for message in result.raised()), (
             result.describe()
         )
+        watcher_log = result.task_log("watcher")
+        assert f"1 task failed: destroy_cluster: destroy GKE cluster {cluster} " in watcher_log, watcher_log
+        assert "Traceback" not in watcher_log
+        # record_run ran after the failed teardown and recorded the run as failed
+        assert "XCom not found" not in result.task_log("record_run")
         (ledger_state,) = world.ledger(
             "SELECT state FROM run_steps WHERE run_id = ? AND task_id = 'destroy_cluster'",
             (result.ledger_run_id,),

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 
-from airflow_provider_tpu_rl.exceptions import LeaseHeldError, LeaseLostError, TpuRlError
+from airflow_provider_tpu_rl.exceptions import ConfigurationError, LeaseHeldError, LeaseLostError, TpuRlError
 from airflow_provider_tpu_rl.hooks.lease import (
     LEASE_PREFIX,
     ClusterLeaseHook,
@@ -164,3 +164,14 @@ def test_extend_pushes_only_the_holders_live_lease(cluster: str) -> None:
     assert hook.extend(BUCKET, cluster, holder="d/r2", until=later + 60) is False  # another run's
     hook.release(BUCKET, extended, keep=True)
     assert hook.extend(BUCKET, cluster, holder="d/r1", until=later + 60) is False  # handed over
+
+
+def test_an_undefined_connection_is_a_configuration_error_naming_it(cluster: str) -> None:
+    """Without its GCS connection a teardown cannot know whether it holds the cluster: one line, no
+    retry (the destroy then destroys nothing: tests/operators/test_gke_lifecycle.py)."""
+    with pytest.raises(ConfigurationError) as refused:
+        ClusterLeaseHook(gcp_conn_id="tpu_rl_no_such_connection").read(BUCKET, cluster)
+    assert str(refused.value) == (
+        f"connection tpu_rl_no_such_connection is not defined: the cluster lease "
+        f"(gs://{BUCKET}/{lease_object(cluster)}) cannot be read"
+    )

@@ -248,6 +248,25 @@ def test_without_matplotlib_the_run_is_recorded_and_one_line_says_why(
     assert count_rows(ledger, "runs") == 1
 
 
+def test_a_run_without_rewards_or_losses_is_recorded_without_a_picture_and_one_line_says_so(
+    ledger: RunLedger, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``train`` left no result (marked successful, or failed before printing): nothing to draw."""
+    op = operator()
+    monkeypatch.setattr(op, "upload", lambda uri, data: pytest.fail("nothing to upload"))
+    xcoms = {key: value for key, value in SUCCESS_XCOMS.items() if key != "train"}
+    context = record_context("no-metrics", {**xcoms, "validate": VALIDATED})
+
+    with caplog.at_level(logging.INFO):
+        result = op.execute(context)  # type: ignore[arg-type]
+
+    assert result == {"run_id": "tpu_rl_gke_pipeline/no-metrics", "state": "success"}
+    curve_lines = [r.getMessage() for r in caplog.records if "run curves" in r.getMessage()]
+    assert curve_lines == ["run curves: the ledger holds no reward or loss for this run; no picture"]
+    assert context["ti"].pushed == {"tpu_rl_run_curves": ""}
+    assert count_rows(ledger, "runs") == 1
+
+
 def test_a_failed_upload_does_not_fail_the_ledger_task(
     ledger: RunLedger, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

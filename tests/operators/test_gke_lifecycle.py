@@ -154,6 +154,26 @@ def test_destroy_leaves_alone_a_cluster_this_run_never_deployed(sb: SandboxRun) 
     assert sb.bucket_exists()
 
 
+def test_a_destroy_without_its_gcs_connection_destroys_nothing_and_fails_in_one_line(sb: SandboxRun) -> None:
+    """The cluster is this run's, but without GCS the destroy cannot read the lease that says so: it
+    destroys nothing (a run never destroys a cluster it does not hold) and fails at once, no retry;
+    the cluster stays for the janitor."""
+    conf = sb.gke_conf()
+    prepare_cluster(sb, conf, run_id=RUN_ID)
+    destroy = sb.operator(
+        GclusterDestroyOperator, task_id="destroy_cluster", gcp_conn_id="tpu_rl_no_such_connection"
+    )
+    with pytest.raises(AirflowFailException) as failed:
+        destroy.execute(sb.context(destroy, conf, run_id=RUN_ID))
+    message = str(failed.value)
+    assert "\n" not in message
+    assert message.startswith("connection tpu_rl_no_such_connection is not defined: the cluster lease "), (
+        message
+    )
+    assert not [c for c in sb.calls() if c["argv"][:1] == ["destroy"]]
+    assert sb.cluster_record() is not None
+
+
 def test_a_retried_destroy_after_the_lease_was_released_destroys_again(sb: SandboxRun) -> None:
     """The record says this run created the cluster: with no lease left, the retry still runs
     (``gcluster destroy`` of an absent cluster succeeds)."""
