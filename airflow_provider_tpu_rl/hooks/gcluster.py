@@ -31,6 +31,7 @@ from airflow_provider_tpu_rl.exceptions import (
     FailureKind,
     OutputParseError,
 )
+from airflow_provider_tpu_rl.hooks.adc import AdcStatus, find_adc
 from airflow_provider_tpu_rl.hooks.bundle import (
     bundle_root,
     current_platform,
@@ -634,6 +635,23 @@ class GclusterHook(BaseHook):
             process.stop()
 
     on_kill = terminate
+
+    def adc_status(self, *, timeout: float = 20.0) -> AdcStatus:
+        """Whether ``gcluster job submit`` would find usable Application Default Credentials in
+        the environment it runs with here (the minimal env, a fresh HOME): :func:`find_adc`."""
+        prepared = prepare_process(
+            ["gcluster"],
+            command_env={},
+            stdin_payload=None,
+            secrets=(),
+            job_home=None,
+            cwd=None,
+            inherit_env=self.config.inherit_env,
+        )
+        try:
+            return find_adc(prepared.env, timeout=timeout)
+        finally:
+            prepared.cleanup()
 
     @contextlib.contextmanager
     def job_session(self) -> Iterator[Path]:

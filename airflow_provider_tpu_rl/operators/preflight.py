@@ -1,6 +1,7 @@
 """``TpuRlPreflightOperator``: check everything a run needs before it creates anything.
 
-The local toolchain, the project's enabled APIs, the caller's IAM permissions and the reservation's
+The local toolchain, gcloud's active account and (GKE) the Application Default Credentials
+``gcluster job submit`` needs, the project's enabled APIs, the caller's IAM permissions and the reservation's
 free capacity. It only reads; every problem found is one line naming what to enable, grant or
 create, and all of them fail the task together (``AirflowFailException``: a retry would not help).
 """
@@ -24,6 +25,8 @@ from airflow_provider_tpu_rl.spec import rules
 from airflow_provider_tpu_rl.spec.presets import Runner
 
 COMMAND_TIMEOUT = 180.0
+# Each request of the ADC check (a token from the key's token_uri, or the metadata server).
+ADC_TIMEOUT = 20.0
 # While another run holds the cluster's lease, preflight re-reads it this often (deferred).
 LEASE_POLL_SECONDS = 60.0
 # The slice shape each runner uses when the task is given none.
@@ -157,6 +160,7 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
 
     # ------------------------------------------------------------------ checks
     _tool_missing = False
+    _account_missing = False
 
     def _tool_problem(self, err: ConfigurationError) -> list[str]:
         """A tool that cannot run: one line, unless the toolchain check already named it."""
@@ -164,6 +168,37 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
             self.log.warning("skipped (toolchain incomplete): %s", err)
             return []
         return [str(err)]
+
+    def _skipped_without_account(self, what: str, err: object) -> bool:
+        """A gcloud read that failed because gcloud has no account (already one line): skipped."""
+        if self._account_missing:
+            self.log.warning("skipped %s (gcloud has no active account): %s", what, error_line(str(err)))
+        return self._account_missing
+
+    def check_gcloud_account(self, run: Runner) -> list[str]:
+        """gcloud's active account (cmd/job/prereq.go ``ensureGCloudAuthenticated``): exit 0 and
+        an account on stdout; every gcloud command of the run needs one."""
+        try:
+            result = self.hook.run(commands.active_account(), log_output=False, timeout=COMMAND_TIMEOUT)
+        except ConfigurationError as err:
+            return self._tool_problem(err)
+        account = checks.parse_active_account(result.output_lines) if result.ok else None
+        if account is None:
+            self._account_missing = True
+            return [checks.no_account_problem(run)]
+        self.log.info("gcloud's active account: %s", account)
+        return []
+
+    def check_adc(self) -> list[str]:
+        """Application Default Credentials where gcluster runs (cmd/job/prereq.go
+        ``getADCSetupCommand``): ``job submit`` refuses without them, after the cluster exists."""
+        from airflow_provider_tpu_rl.hooks.adc import worker_adc_file
+
+        status = self.hook.adc_status(timeout=ADC_TIMEOUT)
+        if status.ok:
+            self.log.info("gcluster finds Application Default Credentials in %s", status.source)
+            return []
+        return [checks.no_adc_problem(status.problem or "", worker_adc_file())]
 
     def check_toolchain(self, run: Runner) -> list[str]:
         try:
@@ -180,6 +215,8 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         except ConfigurationError as err:
             return self._tool_problem(err)
         except CommandError as err:
+            if self._skipped_without_account("the API check", err):
+                return []
             if err.retryable:
                 raise
             return [
@@ -222,6 +259,8 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
             result = self.hook.run(command, log_output=False, timeout=COMMAND_TIMEOUT)
         except ConfigurationError as err:
             return self._tool_problem(err)
+        if not result.ok and self._skipped_without_account("the reservation check", result.output):
+            return []
         if not result.ok and any(m in result.output for m in commands.RESERVATION_NOT_FOUND):
             return [checks.reservation_not_found_problem(project, zone, reservation)]
         try:
@@ -300,6 +339,10 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         problems = self.check_toolchain(run)
         # A tool the toolchain check reported missing makes the gcloud reads fail the same way.
         self._tool_missing = bool(problems)
+        # gcloud without an account fails every read below the same way: one line, the others skip.
+        problems += self.check_gcloud_account(run)
+        if run is Runner.GKE:
+            problems += self.check_adc()
         # The permission check (an API call) runs beside the gcloud reads: independent, read-only.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="preflight") as pool:
             permission_problems = pool.submit(self.check_permissions, project, permissions)

@@ -38,3 +38,12 @@ def describe_reservation(project: str, zone: str, reservation: str) -> Command:
         ),
         description=f"describe reservation {reservation} in {zone}",
     )
+
+
+def active_account() -> Command:
+    """gcloud's active credentialed account, the read Cluster Toolkit's ``job submit`` makes
+    (cmd/job/prereq.go ``ensureGCloudAuthenticated``): exit 0 and an account on stdout, or nothing."""
+    return Command(
+        ("gcloud", "auth", "list", "--filter=status:ACTIVE", "--format=value(account)"),
+        description="read gcloud's active account",
+    )

@@ -406,6 +406,49 @@ def reservation_in_use_note(need: ReservationNeed, reservation: Mapping[str, Any
     )
 
 
+def parse_active_account(lines: Iterable[str]) -> str | None:
+    """The account ``gcloud auth list --format=value(account)`` printed, if any (the output also
+    holds gcloud's ``WARNING:``/``ERROR:`` lines: with no account it prints only a warning)."""
+    for line in lines:
+        text = line.strip()
+        if text and " " not in text and not text.startswith(("WARNING:", "ERROR:")):
+            return text
+    return None
+
+
+def no_account_problem(runner: Runner) -> str:
+    """gcloud has no active account: every gcloud command of the run (and gcluster's ``job
+    submit``, cmd/job/prereq.go ``ensureGCloudAuthenticated``) would refuse."""
+    who = "gcluster job submit and every gcloud command" if runner is Runner.GKE else "every gcloud command"
+    return (
+        f"gcloud has no active account, so {who} of the run would fail: run `gcloud auth login` "
+        "(a user) or `gcloud auth activate-service-account --key-file=KEY.json` on the worker, as the "
+        "user Airflow runs as (on Cloud Composer gcloud uses the environment's service account: "
+        "check the environment's service account and that CLOUDSDK_CONFIG points at no other config)"
+    )
+
+
+def no_adc_problem(reason: str, worker_file: str | None = None) -> str:
+    """No usable Application Default Credentials where gcluster runs (cmd/job/prereq.go
+    ``getADCSetupCommand``: golang.org/x/oauth2 ``FindDefaultCredentials`` and a token).
+
+    ``worker_file`` is an ADC file the worker has that gcluster does not read (gcluster runs with
+    a fresh HOME, and golang/oauth2 reads ``$HOME/.config/gcloud``, never ``CLOUDSDK_CONFIG``).
+    """
+    if worker_file:
+        fix = (
+            f"gcluster runs with a fresh HOME and does not read {worker_file}: set "
+            f"GOOGLE_APPLICATION_CREDENTIALS={worker_file} in the worker's environment"
+        )
+    else:
+        fix = (
+            "set GOOGLE_APPLICATION_CREDENTIALS in the worker's environment to a service-account key "
+            "file (or to the file `gcloud auth application-default login` writes), or run on Google "
+            "Cloud (GCE/GKE/Cloud Composer), where the metadata server provides them"
+        )
+    return f"gcluster job submit needs Application Default Credentials and finds none ({reason}): {fix}"
+
+
 def summary_line(problems: Iterable[str]) -> str:
     """The first line of the preflight's failure: how many problems, nothing created yet."""
     count = len(list(problems))

@@ -28,7 +28,7 @@ from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
-from tpu_rl_sandbox import api_server, emulator, oauth
+from tpu_rl_sandbox import adc, api_server, emulator, oauth
 from tpu_rl_sandbox.gcluster_jobs import kill_all_workers
 from tpu_rl_sandbox.layout import SANDBOX_DIR_ENV, SandboxLayout, default_root
 from tpu_rl_sandbox.state import CALL_START_ENV
@@ -156,6 +156,9 @@ def sandbox_env(root: Path) -> dict[str, str]:
         # preflight's testIamPermissions and the GKE clusters.get go to the fake API
         env["AIRFLOW__TPU_RL__RESOURCE_MANAGER_ENDPOINT"] = api_url
         env["AIRFLOW__TPU_RL__CONTAINER_ENDPOINT"] = api_url
+        # Application Default Credentials for gcluster (cmd/job/prereq.go getADCSetupCommand) and
+        # any google-auth client: the sandbox's key, its token_uri the API server.
+        env[adc.ADC_ENV] = str(adc.write_adc_key(layout, api_url, SANDBOX_PROJECT))
     env.update(_connection_env(layout, api_url))
     return env
 

@@ -126,6 +126,25 @@ API_OF_GROUP: dict[str, tuple[str, str]] = {
     "container": ("container.googleapis.com", "Kubernetes Engine API"),
 }
 LOCAL_COMMANDS = {("container", "clusters", "get-credentials")}
+# Commands that run without credentials (they call no API): every other one needs an active account.
+ACCOUNT_FREE_COMMANDS = {
+    ("auth", "list"),
+    ("auth", "configure-docker"),
+    ("version",),
+    ("config", "get-value"),
+}
+# googlecloudsdk/core/credentials/exceptions.py NoActiveAccountException, as AuthenticationException
+# words it (should_relogin, not for_adc: the login command, then the switch-account text).
+NO_ACTIVE_ACCOUNT = (
+    "You do not currently have an active account selected.\nPlease run:\n\n  $ gcloud auth login\n\n"
+    "to obtain new credentials.\n\nIf you have already logged in with a different account, run:\n\n"
+    "  $ gcloud config set account ACCOUNT\n\nto select an already authenticated account to use."
+)
+# surface/auth/list.py Epilog when no account was displayed (printed only with the default format).
+NO_CREDENTIALED_ACCOUNTS = (
+    "\nNo credentialed accounts.\n\nTo login, run:\n  $ gcloud auth login `ACCOUNT`\n\n"
+)
+_FILTER_KEY_RE = re.compile(r"([A-Za-z_][\w.]*)\s*(?:!=|<=|>=|[:=~<>])")
 DEFAULT_SSH_KEY_FILE = "~/.ssh/google_compute_engine"  # command_lib/util/ssh/ssh.py Keys.DEFAULT_KEY_FILE
 # gcloud topic datetimes: a duration is ISO 8601 (P1D, PT2H) or digits with s/m/h/d units (1h30m)
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -411,6 +430,8 @@ class Gcloud:
         handler = getattr(self, "cmd_" + "_".join(part.replace("-", "_") for part in command.path))
         try:
             parse_faults(self.env.get(FAULT_ENV))
+            if command.path not in ACCOUNT_FREE_COMMANDS and not load_settings(self.layout).gcloud_logged_in:
+                raise GcloudError(NO_ACTIVE_ACCOUNT)
             self._require_service(command.path, parsed)
             result: int = handler(parsed)
         except GcloudError as error:
@@ -567,6 +588,17 @@ class Gcloud:
         return 0
 
     def cmd_auth_list(self, parsed: GcloudParse) -> int:
+        if not load_settings(self.layout).gcloud_logged_in:
+            # No account to display: display_taps.py Filterer.Done warns about every filter key
+            # (none was present in any resource), then the command's Epilog (default format only).
+            keys = sorted(set(_FILTER_KEY_RE.findall(str(parsed.get("filter") or ""))))
+            if keys:
+                self.err(
+                    f"WARNING: The following filter keys were not present in any resource : {', '.join(keys)}\n"
+                )
+            if not parsed.get("format"):
+                self.err(NO_CREDENTIALED_ACCOUNTS)
+            return 0
         account = self.env.get("CLOUDSDK_CORE_ACCOUNT", "sandbox-user@example.com")
         self.out(
             _format(

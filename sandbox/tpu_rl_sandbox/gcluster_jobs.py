@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tpu_rl_sandbox import cloud, kube_api
+from tpu_rl_sandbox import adc, cloud, kube_api
 from tpu_rl_sandbox.flags import CobraParse, required_flags_error
 from tpu_rl_sandbox.gcluster_deploy import Console
 from tpu_rl_sandbox.gotime import (
@@ -519,8 +519,10 @@ class JobCommands:
         ``gke-gcloud-auth-plugin`` (run through PATH as gcluster runs them), the Docker credential
         helpers and the Artifact Registry API (``gcloud services list``: the sandbox's
         ``state/settings.json`` says whether the API is disabled or the caller lacks
-        ``serviceusage.services.list``). The sandbox stands for a logged-in worker with ADC, so the
-        gcloud-auth and ADC items always pass.
+        ``serviceusage.services.list``). Before them, as gcluster orders them: the active gcloud
+        account (``ensureGCloudAuthenticated``: ``gcloud auth list`` through PATH, so the fake
+        gcloud's ``gcloud_logged_in`` setting decides) and ADC (``getADCSetupCommand``: the
+        golang/oauth2 search over this process's env and a token fetch, :mod:`tpu_rl_sandbox.adc`).
         """
         home = self.context.home()
         state_file = home / ".gcluster" / "job_prereq_state.json" if home else None
@@ -548,6 +550,15 @@ class JobCommands:
                 "executable file not found in $PATH"
             )
         missing: MissingPrereqs = []
+        # ensureGCloudAuthenticated: exit 0 and a non-empty stdout
+        auth = self._run(["gcloud", "auth", "list", "--filter=status:ACTIVE", "--format=value(account)"])
+        if auth is None or auth.returncode != 0 or not auth.stdout.strip():
+            missing.append(("Google Cloud Authentication", ["gcloud auth login"]))
+        # getADCSetupCommand: FindDefaultCredentials(cloud-platform), then a token
+        if adc.find_adc_problem(self.env) is not None:
+            missing.append(
+                ("Application Default Credentials (ADC)", ["gcloud auth application-default login"])
+            )
         # checkK8sDependencies
         for tool, argv in (
             ("kubectl", ["kubectl", "version", "--client", "--output=json"]),
@@ -638,8 +649,9 @@ class JobCommands:
         """``gcloud services list --filter=NAME:artifactregistry.googleapis.com`` prints ``ENABLED``.
 
         Read from the sandbox's ``state/settings.json`` (``disabled_services``,
-        ``denied_permissions``): a disabled API or a caller without ``serviceusage.services.list``
-        prints nothing, which gcluster reads as "not enabled".
+        ``denied_permissions``, ``gcloud_logged_in``): a disabled API, a caller without
+        ``serviceusage.services.list`` or no gcloud account prints nothing, which gcluster reads as
+        "not enabled".
         """
         try:
             settings = json.loads((self.layout.state_dir / "settings.json").read_text())
@@ -647,6 +659,8 @@ class JobCommands:
             return True
         if not isinstance(settings, dict):
             return True
+        if not settings.get("gcloud_logged_in", True):
+            return False  # gcloud without an account prints only its error, on stderr
         disabled = settings.get("disabled_services") or ()
         denied = settings.get("denied_permissions") or ()
         return (

@@ -1,6 +1,6 @@
 """Knobs of the fake cloud that a real project sets outside the pipeline: whether the project's IAM
 policy holds a conditional binding, which APIs are disabled, which permissions the caller lacks,
-and which TPU reservations exist.
+which TPU reservations exist, and whether the machine's gcloud is logged in.
 
 Stored as ``<root>/state/settings.json`` (written atomically, read on every use, so a running
 fake or API server sees a change at once). Tests change them with :func:`update_settings`.
@@ -60,6 +60,11 @@ class SandboxSettings:
     * ``boot_apt_seconds``: how long a new TPU VM's own apt work runs after it is created (an
       Ubuntu cloud image's apt-daily then unattended-upgrades): apt's lists lock is held for the
       first half, dpkg's frontend lock for the second.
+    * ``gcloud_logged_in``: the machine's gcloud has a credentialed active account (as after
+      ``gcloud auth login``). ``False`` is a fresh gcloud config: ``gcloud auth list`` lists no
+      account and every command that calls an API refuses with gcloud's "You do not currently
+      have an active account selected." (googlecloudsdk/core/credentials/exceptions.py
+      ``NoActiveAccountException``).
     """
 
     conditional_bindings: bool = True
@@ -69,6 +74,7 @@ class SandboxSettings:
         default_factory=lambda: {key: dict(value) for key, value in DEFAULT_RESERVATIONS.items()}
     )
     boot_apt_seconds: float = 2.0
+    gcloud_logged_in: bool = True
 
     def reservation(self, zone: str, name: str) -> dict[str, Any] | None:
         """The reservation ``name`` in ``zone`` with defaults filled in, or ``None``."""

@@ -1,7 +1,7 @@
 """``preflight`` against the sandbox: the real operator, fake gcloud/gcluster, the fake Resource Manager.
 
 Each refusal (a missing API, permission, reservation, tool) is one line naming what to do, and the
-operator creates nothing: the only commands it runs are the two gcloud reads.
+operator creates nothing: the only commands it runs are gcloud reads.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from tests.operators.sandbox_run import SandboxRun
 from tests.toolpath import path_without
 from tpu_rl_sandbox.settings import reset_settings, update_settings
 
-READS = (("services", "list"), ("compute", "reservations", "describe"))
+READS = (("auth", "list"), ("services", "list"), ("compute", "reservations", "describe"))
 
 
 @pytest.fixture
@@ -56,7 +56,7 @@ def _refusal(sb: SandboxRun, dag_id: str = GKE_DAG_ID, **conf_overrides: Any) ->
 
 
 def _created_nothing(sb: SandboxRun) -> None:
-    """Only the two reads ran; no cluster, VM, bucket or secret exists."""
+    """Only the reads ran; no cluster, VM, bucket or secret exists."""
     calls = sb.calls()
     assert calls, "the preflight ran no gcloud command"
     for call in calls:
@@ -257,3 +257,62 @@ def test_preflight_waits_for_a_held_lease_deferred_and_bounded(
     # released: the run goes on
     ClusterLeaseHook().release(pf.bucket, held)
     assert operator.execute_lease_wait(context, None, deadline=deadline)["cluster_lease"] == "free"
+
+
+# -- gcloud's account and gcluster's ADC (cmd/job/prereq.go ensureGCloudAuthenticated / getADCSetupCommand)
+@pytest.mark.parametrize("dag_id", [GKE_DAG_ID, TPU_VM_DAG_ID])
+def test_no_gcloud_account_is_one_line_and_no_other_gcloud_line(pf: SandboxRun, dag_id: str) -> None:
+    update_settings(pf.layout, gcloud_logged_in=False)
+    problems = _refusal(pf, dag_id)
+    assert len(problems) == 1, problems
+    assert problems[0].startswith("gcloud has no active account")
+    assert "`gcloud auth login`" in problems[0]
+    assert "gcloud auth activate-service-account" in problems[0]
+    assert "Cloud Composer" in problems[0]
+    _created_nothing(pf)
+
+
+def test_no_adc_where_gcluster_runs_is_one_line(pf: SandboxRun, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS")
+    # off Google Cloud: nothing answers as a metadata server (GCE_METADATA_HOST is not inherited)
+    monkeypatch.setattr("airflow_provider_tpu_rl.hooks.adc.METADATA_HOST", "127.0.0.1:9")
+    problems = _refusal(pf)
+    assert len(problems) == 1, problems
+    assert problems[0].startswith("gcluster job submit needs Application Default Credentials and finds none")
+    assert "GOOGLE_APPLICATION_CREDENTIALS" in problems[0]
+    assert "gcloud auth application-default login" in problems[0]
+    _created_nothing(pf)
+
+
+def test_an_adc_file_the_worker_has_but_gcluster_cannot_see_is_named(
+    pf: SandboxRun, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    key = pf.layout.root / "credentials" / "adc_service_account.json"
+    config = tmp_path / "gcloud-config"
+    config.mkdir()
+    (config / "application_default_credentials.json").write_text(key.read_text())
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS")
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(config))
+    monkeypatch.setattr("airflow_provider_tpu_rl.hooks.adc.METADATA_HOST", "127.0.0.1:9")
+    (problem,) = _refusal(pf)
+    wanted = f"GOOGLE_APPLICATION_CREDENTIALS={config / 'application_default_credentials.json'}"
+    assert "gcluster runs with a fresh HOME" in problem, problem
+    assert wanted in problem, problem
+
+
+def test_an_adc_key_that_gives_no_token_is_one_line(
+    pf: SandboxRun, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    key = json.loads((pf.layout.root / "credentials" / "adc_service_account.json").read_text())
+    key["token_uri"] = "http://127.0.0.1:9/token"  # nothing listens there
+    broken = tmp_path / "key.json"
+    broken.write_text(json.dumps(key))
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(broken))
+    (problem,) = _refusal(pf)
+    assert f"GOOGLE_APPLICATION_CREDENTIALS={broken}" in problem, problem
+
+
+def test_the_tpu_vm_preflight_needs_no_adc(pf: SandboxRun, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS")
+    monkeypatch.setattr("airflow_provider_tpu_rl.hooks.adc.METADATA_HOST", "127.0.0.1:9")
+    assert _run(pf, TPU_VM_DAG_ID)["runner"] == "tpu_vm"
