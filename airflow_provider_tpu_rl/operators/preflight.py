@@ -1,8 +1,9 @@
 """``TpuRlPreflightOperator``: check everything a run needs before it creates anything.
 
 The local toolchain, gcloud's active account and (GKE) the Application Default Credentials
-``gcluster job submit`` needs, the project's enabled APIs, the caller's IAM permissions and the reservation's
-free capacity. It only reads; every problem found is one line naming what to enable, grant or
+``gcluster job submit`` needs, the project's enabled APIs, the caller's IAM permissions and the
+reservation's free capacity; for a TPU VM also its network, the firewall rule SSH needs and OS
+Login. It only reads; every problem found is one line naming what to enable, grant or
 create, and all of them fail the task together (``AirflowFailException``: a retry would not help).
 """
 
@@ -79,6 +80,9 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         ("cluster X is in use by run Y until ..."), or, with ``[tpu_rl] lease_wait_minutes`` > 0,
         waited for (deferred, bounded).
     :param bucket: the bucket holding the cluster's lease (with ``cluster_name``).
+    :param ssh_source_ranges: (``tpu_vm``) the CIDR ranges the Airflow workers' SSH sessions come
+        from (their egress addresses): a firewall rule must let tcp:22 in from all of them. Default:
+        a rule allowing tcp:22 from any source range counts.
     """
 
     ui_color = "#e8f5e9"
@@ -98,6 +102,7 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         "resource_manager_endpoint",
         "cluster_name",
         "bucket",
+        "ssh_source_ranges",
     )
 
     def __init__(
@@ -116,6 +121,7 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         resource_manager_endpoint: str | None = None,
         cluster_name: str | None = None,
         bucket: str | None = None,
+        ssh_source_ranges: Sequence[str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -132,6 +138,7 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         self.resource_manager_endpoint = resource_manager_endpoint
         self.cluster_name = cluster_name
         self.bucket = bucket
+        self.ssh_source_ranges = ssh_source_ranges
 
     # ------------------------------------------------------------------ arguments
     def _services(self, run: Runner) -> tuple[str, ...]:
@@ -228,7 +235,9 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         self.log.info("%d APIs enabled in %s", len(enabled), project)
         return [checks.service_problem(project, s) for s in checks.missing_services(services, enabled)]
 
-    def check_permissions(self, project: str, permissions: Mapping[str, str]) -> list[str]:
+    def check_permissions(
+        self, project: str, permissions: Mapping[str, str], reasons: Mapping[str, str] | None = None
+    ) -> list[str]:
         from airflow_provider_tpu_rl.hooks.resource_manager import ProjectPermissionsHook
 
         endpoint = self.resource_manager_endpoint or default_resource_manager_endpoint()
@@ -248,7 +257,7 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         self.log.info("caller holds %d of %d required permissions", len(granted), len(permissions))
         missing = checks.missing_permissions(permissions, granted)
         return checks.permission_problems(
-            project, missing, permissions, hook.caller_member() if missing else None
+            project, missing, permissions, hook.caller_member() if missing else None, reasons
         )
 
     def check_reservation(
@@ -279,6 +288,71 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         if note is not None:
             self.log.warning("%s", note)
         return checks.reservation_problems(need, document)
+
+    def _read_json(
+        self, command: Any, what: str, needs: str, *, as_list: bool = False
+    ) -> tuple[Any, list[str]]:
+        """Run a read; its JSON, or ``(None, [one line])`` when it fails (``None, []``: not found)."""
+        try:
+            result = self.hook.run(command, log_output=False, timeout=COMMAND_TIMEOUT)
+        except ConfigurationError as err:
+            return None, self._tool_problem(err)
+        if not result.ok and any(m in result.output for m in commands.NOT_FOUND):
+            return None, []
+        try:
+            self.hook.check_result(command, result)
+        except CommandError as err:
+            if err.retryable:
+                raise
+            return None, [f"could not read {what} ({error_line(str(err))}): the caller needs {needs}"]
+        lines = result.output_lines
+        document = checks.parse_json_list(lines) if as_list else checks.parse_json_document(lines)
+        if document is None:
+            return None, [f"gcloud printed no JSON for {what}"]
+        return document, []
+
+    def check_os_login(self, project: str) -> tuple[bool, list[str]]:
+        """Whether the project's metadata enforces OS Login (``enable-oslogin``)."""
+        if self._skipped_without_account("the OS Login check", "no account"):
+            return False, []
+        info, problems = self._read_json(
+            commands.describe_project_info(project),
+            f"project {project}'s metadata",
+            "compute.projects.get (roles/compute.instanceAdmin.v1)",
+        )
+        if info is None:
+            return False, problems or [f"project {project} has no Compute Engine metadata"]
+        enabled = checks.os_login_enabled(info)
+        self.log.info("OS Login %s in %s", "enforced" if enabled else "not enforced", project)
+        return enabled, []
+
+    def check_vm_network(self, project: str, sources: Sequence[str]) -> list[str]:
+        """The TPU VM's network exists and a firewall rule lets the SSH sessions in."""
+        if self._skipped_without_account("the network check", "no account"):
+            return []
+        network = checks.VM_NETWORK
+        found, problems = self._read_json(
+            commands.describe_network(project, network),
+            f"network {network}",
+            "compute.networks.get (roles/compute.networkViewer)",
+        )
+        if problems:
+            return problems
+        if found is None:
+            return [checks.network_not_found_problem(project, network)]
+        rules_found, problems = self._read_json(
+            commands.list_firewall_rules(project),
+            f"the firewall rules of project {project}",
+            "compute.firewalls.list (roles/compute.networkViewer)",
+            as_list=True,
+        )
+        if problems:
+            return problems
+        rule = checks.ssh_allowing_rule(rules_found, network, sources)
+        if rule is None:
+            return [checks.ssh_firewall_problem(project, network, sources)]
+        self.log.info("firewall rule %s lets SSH reach network %s", rule, network)
+        return []
 
     def lease_holder_line(self, context: Context) -> str | None:
         """Another run's live lease on the cluster, as one line; ``None`` when this run may use it
@@ -335,6 +409,7 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         services = self._services(run)
         permissions = self._permissions(run)
         need = self._need(run)
+        sources = checks.ssh_source_ranges(self.ssh_source_ranges)
 
         problems = self.check_toolchain(run)
         # A tool the toolchain check reported missing makes the gcloud reads fail the same way.
@@ -343,10 +418,20 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         problems += self.check_gcloud_account(run)
         if run is Runner.GKE:
             problems += self.check_adc()
+        reasons: dict[str, str] = {}
+        if run is Runner.TPU_VM:
+            # Under OS Login, sudo on the VM needs admin login: tested with the other permissions.
+            os_login, os_login_problems = self.check_os_login(project)
+            problems += os_login_problems
+            if os_login:
+                permissions.setdefault(checks.OS_ADMIN_LOGIN, checks.OS_ADMIN_LOGIN_ROLE)
+                reasons[permissions[checks.OS_ADMIN_LOGIN]] = checks.os_login_reason(project)
         # The permission check (an API call) runs beside the gcloud reads: independent, read-only.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="preflight") as pool:
-            permission_problems = pool.submit(self.check_permissions, project, permissions)
+            permission_problems = pool.submit(self.check_permissions, project, permissions, reasons)
             problems += self.check_services(project, services)
+            if run is Runner.TPU_VM:
+                problems += self.check_vm_network(project, sources)
             if reservation:
                 reservation_problems = self.check_reservation(project, zone, reservation, need)
             else:

@@ -6,6 +6,7 @@ from airflow_provider_tpu_rl.render.command import Command
 
 # gcloud's error for a describe of a resource that does not exist (Compute API 404).
 RESERVATION_NOT_FOUND = ("was not found", "notFound")
+NOT_FOUND = RESERVATION_NOT_FOUND
 
 
 def enabled_services(project: str) -> Command:
@@ -46,4 +47,36 @@ def active_account() -> Command:
     return Command(
         ("gcloud", "auth", "list", "--filter=status:ACTIVE", "--format=value(account)"),
         description="read gcloud's active account",
+    )
+
+
+def describe_network(project: str, network: str) -> Command:
+    """The VPC network the TPU VM is created on (a missing one is gcloud's "was not found")."""
+    return Command(
+        (
+            "gcloud",
+            "compute",
+            "networks",
+            "describe",
+            network,
+            f"--project={project}",
+            "--format=json",
+        ),
+        description=f"describe network {network}",
+    )
+
+
+def list_firewall_rules(project: str) -> Command:
+    """The project's VPC firewall rules (direction, priority, sources, targets, allowed/denied)."""
+    return Command(
+        ("gcloud", "compute", "firewall-rules", "list", f"--project={project}", "--format=json"),
+        description=f"list the firewall rules of project {project}",
+    )
+
+
+def describe_project_info(project: str) -> Command:
+    """The project's Compute Engine metadata (``enable-oslogin`` among its items)."""
+    return Command(
+        ("gcloud", "compute", "project-info", "describe", f"--project={project}", "--format=json"),
+        description=f"read project {project}'s Compute Engine metadata",
     )

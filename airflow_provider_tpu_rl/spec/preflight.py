@@ -7,6 +7,7 @@ functions turn them into problems, one line each, naming what to enable, grant o
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -130,6 +131,9 @@ _TPU_VM_PERMISSIONS: Final = {
     "compute.subnetworks.useExternalIp": "roles/compute.instanceAdmin.v1",
     "compute.reservations.get": "roles/compute.instanceAdmin.v1",
     "compute.zoneOperations.get": "roles/compute.instanceAdmin.v1",
+    # preflight's reads of the VM's network and its firewall rules.
+    "compute.networks.get": "roles/compute.networkViewer",
+    "compute.firewalls.list": "roles/compute.networkViewer",
     # gcloud compute ssh: reads the project and adds its key to the project's metadata.
     "compute.projects.get": "roles/compute.instanceAdmin.v1",
     "compute.projects.setCommonInstanceMetadata": "roles/compute.instanceAdmin.v1",
@@ -245,11 +249,16 @@ def service_problem(project: str, service: str) -> str:
 
 
 def permission_problems(
-    project: str, missing: Iterable[str], roles: Mapping[str, str], member: str | None = None
+    project: str,
+    missing: Iterable[str],
+    roles: Mapping[str, str],
+    member: str | None = None,
+    reasons: Mapping[str, str] | None = None,
 ) -> list[str]:
     """One line per role to grant, naming the missing permissions it holds.
 
-    ``member`` is the caller as an IAM member (``serviceAccount:...``) when it is known.
+    ``member`` is the caller as an IAM member (``serviceAccount:...``) when it is known;
+    ``reasons`` says why a role is needed (role -> text), for the roles that need saying.
     """
     who = member or "CALLER"
     by_role: dict[str, list[str]] = {}
@@ -258,14 +267,15 @@ def permission_problems(
     lines = []
     for role, permissions in by_role.items():
         names = ", ".join(permissions)
+        why = f" ({reasons[role]})" if reasons and role in reasons else ""
         if role:
             lines.append(
-                f"the caller lacks {names} on project {project}: grant it {role} "
+                f"the caller lacks {names} on project {project}{why}: grant it {role} "
                 f"(gcloud projects add-iam-policy-binding {project} --member={who} --role={role} "
                 "--condition=None) or a role with these permissions"
             )
         else:
-            lines.append(f"the caller lacks {names} on project {project}: grant a role that holds it")
+            lines.append(f"the caller lacks {names} on project {project}{why}: grant a role that holds it")
     return lines
 
 
@@ -459,3 +469,190 @@ def failure_message(problems: Iterable[str]) -> str:
     """The summary line, then one line per problem."""
     items = list(problems)
     return "\n".join([summary_line(items), *(f"- {p}" for p in items)])
+
+
+# ---------------------------------------------------------------------------- the TPU VM's network
+# ``gcloud compute instances create`` without ``--network`` puts the VM's one interface on the
+# project's ``default`` network with an external IP (render/tpu_vm.py create_vm passes neither
+# ``--network`` nor ``--no-address``), and ``gcloud compute ssh`` reaches that external IP on port 22.
+VM_NETWORK: Final = "default"
+SSH_PORT: Final = 22
+# Where IAP's TCP forwarding connects from (``gcloud compute ssh --tunnel-through-iap``).
+IAP_SOURCE_RANGE: Final = "35.235.240.0/20"
+ANYWHERE: Final = "0.0.0.0/0"
+# ``enable-oslogin`` in the project's metadata: googlecloudsdk/command_lib/util/ssh/ssh.py
+# (OSLOGIN_ENABLE_METADATA_KEY, MetadataHasEnable: the first item with that key, ``.lower() == 'true'``).
+OS_LOGIN_KEY: Final = "enable-oslogin"
+# Under OS Login, sudo on the VM needs the admin login permission (roles/compute.osAdminLogin);
+# roles/compute.osLogin logs in without sudo, and the stage scripts run sudo apt-get.
+OS_ADMIN_LOGIN: Final = "compute.instances.osAdminLogin"
+OS_ADMIN_LOGIN_ROLE: Final = "roles/compute.osAdminLogin"
+
+
+def _last_segment(url: Any) -> str:
+    return str(url or "").rstrip("/").rsplit("/", 1)[-1]
+
+
+def _covers_port(ports: Any, port: int) -> bool:
+    """A Compute API ``allowed``/``denied`` entry's ``ports`` (``["22"]``, ``["0-65535"]``; none =
+    every port) holds ``port``."""
+    if not ports:
+        return True
+    for item in ports:
+        low, _, high = str(item).partition("-")
+        try:
+            if int(low) <= port <= int(high or low):
+                return True
+        except ValueError:
+            continue
+    return False
+
+
+def _matches_tcp_port(entries: Any, port: int) -> bool:
+    for entry in entries or ():
+        if (
+            isinstance(entry, Mapping)
+            and str(entry.get("IPProtocol", "")).lower() in ("tcp", "all", "6")
+            and _covers_port(entry.get("ports"), port)
+        ):
+            return True
+    return False
+
+
+def _networks(ranges: Iterable[str]) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    out = []
+    for text in ranges:
+        try:
+            out.append(ipaddress.ip_network(str(text).strip(), strict=False))
+        except ValueError:
+            continue
+    return out
+
+
+def _source_covered(rule_ranges: list[Any], source: ipaddress.IPv4Network | ipaddress.IPv6Network) -> bool:
+    return any(
+        source.version == have.version and source.subnet_of(have)  # type: ignore[arg-type]
+        for have in rule_ranges
+    )
+
+
+def ssh_source_ranges(values: Iterable[Any] | None) -> tuple[str, ...]:
+    """The CIDR ranges the provider's SSH sessions come from (``ssh_source_ranges``), validated."""
+    out = []
+    for value in values or ():
+        try:
+            out.append(str(ipaddress.ip_network(str(value).strip(), strict=False)))
+        except ValueError:
+            raise SpecError("ssh_source_ranges", "must be CIDR ranges like 203.0.113.0/24", value) from None
+    return tuple(out)
+
+
+def _applies_to_the_vm(rule: Mapping[str, Any], network: str) -> bool:
+    """An enabled ingress rule of ``network`` that targets every instance: the VM is created with
+    no network tags, and a rule for named service accounts is not counted (it may not be the VM's)."""
+    return (
+        _last_segment(rule.get("network")) == network
+        and str(rule.get("direction") or "INGRESS") == "INGRESS"
+        and not rule.get("disabled")
+        and not rule.get("targetTags")
+        and not rule.get("targetServiceAccounts")
+    )
+
+
+def _rule_sources(rule: Mapping[str, Any]) -> list[Any]:
+    """The source ranges an ingress rule matches; with no source at all, the API's 0.0.0.0/0
+    (firewalls_utils.AddCommonArgs: "If neither --source-ranges nor --source-tags are specified,
+    --source-ranges defaults to 0.0.0.0/0"). Tags and service accounts match no external address."""
+    ranges = rule.get("sourceRanges")
+    if not ranges and not rule.get("sourceTags") and not rule.get("sourceServiceAccounts"):
+        ranges = [ANYWHERE]
+    return _networks(ranges or ())
+
+
+def _reaches_from_outside(ranges: list[Any]) -> bool:
+    """Some range holds a public address other than IAP's: the VM's external IP is reached from
+    the internet (a private range such as default-allow-internal's 10.128.0.0/9 is not)."""
+    iap = ipaddress.ip_network(IAP_SOURCE_RANGE)
+    return any(
+        not net.is_private and not (net.version == iap.version and net.subnet_of(iap))  # type: ignore[arg-type]
+        for net in ranges
+    )
+
+
+def _priority(rule: Mapping[str, Any]) -> int:
+    return _count(rule.get("priority") if rule.get("priority") is not None else 1000)
+
+
+def ssh_allowing_rule(
+    rules: Iterable[Mapping[str, Any]], network: str, sources: Iterable[str] = ()
+) -> str | None:
+    """The name of a firewall rule that lets SSH (tcp:22) from every range in ``sources`` reach a
+    VM on ``network`` (when ``sources`` is empty: from some public address, IAP's range and private
+    ranges not counted, since the provider connects to the external IP); ``None`` when none does.
+
+    ``rules`` is ``gcloud compute firewall-rules list --format=json`` (Compute API Firewall
+    resources). An allow rule counts only when no deny rule for tcp:22 from the same sources has
+    the same or a higher priority (a lower number; at equal priority deny wins).
+    """
+    candidates = [r for r in rules if isinstance(r, Mapping) and _applies_to_the_vm(r, network)]
+    wanted = _networks(sources)
+    denies = [
+        (_priority(r), _rule_sources(r)) for r in candidates if _matches_tcp_port(r.get("denied"), SSH_PORT)
+    ]
+    allows = sorted((r for r in candidates if _matches_tcp_port(r.get("allowed"), SSH_PORT)), key=_priority)
+    for rule in allows:
+        have = _rule_sources(rule)
+        if not have or (not wanted and not _reaches_from_outside(have)):
+            continue
+        if wanted and not all(_source_covered(have, source) for source in wanted):
+            continue
+        checked = wanted or have
+        if any(
+            priority <= _priority(rule) and all(_source_covered(denied, s) for s in checked)  # type: ignore[arg-type]
+            for priority, denied in denies
+        ):
+            continue
+        return str(rule.get("name") or "")
+    return None
+
+
+def network_not_found_problem(project: str, network: str) -> str:
+    return (
+        f"network {network} does not exist in project {project}: the TPU VM is created on it "
+        f"(gcloud compute instances create without --network); create it with gcloud compute networks "
+        f"create {network} --project={project} --subnet-mode=auto, and a firewall rule for SSH"
+    )
+
+
+def ssh_firewall_problem(
+    project: str, network: str, sources: Iterable[str] = (), *, iap: bool = False
+) -> str:
+    """No ingress rule lets SSH reach the VM: ``gcloud compute ssh`` would time out on port 22."""
+    ranges = ",".join(sources) or (IAP_SOURCE_RANGE if iap else ANYWHERE)
+    origin = "IAP's range" if iap else ("the provider's address" if sources else "anywhere")
+    return (
+        f"no firewall rule on network {network} of project {project} allows SSH (tcp:{SSH_PORT}) "
+        f"from {origin} ({ranges}): every SSH stage would time out; create one with gcloud compute "
+        f"firewall-rules create tpu-rl-allow-ssh --project={project} --network={network} "
+        f"--direction=INGRESS --allow=tcp:{SSH_PORT} --source-ranges={ranges}"
+    )
+
+
+def os_login_enabled(project_info: Mapping[str, Any]) -> bool:
+    """Whether the project's metadata (``gcloud compute project-info describe --format=json``)
+    enforces OS Login: ``commonInstanceMetadata.items`` holds ``enable-oslogin`` = true (any case),
+    its first such item deciding, as ssh.py MetadataHasEnable reads it."""
+    metadata = project_info.get("commonInstanceMetadata") or {}
+    items = metadata.get("items") if isinstance(metadata, Mapping) else None
+    for item in items or ():
+        if isinstance(item, Mapping) and item.get("key") == OS_LOGIN_KEY:
+            return str(item.get("value") or "").lower() == "true"
+    return False
+
+
+def os_login_reason(project: str) -> str:
+    """Why the caller needs compute.instances.osAdminLogin, for its permission line."""
+    return (
+        f"OS Login is enforced in project {project} ({OS_LOGIN_KEY}=TRUE in its metadata): "
+        "gcloud compute ssh logs in through OS Login and the stages' sudo needs admin login"
+    )

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tpu_rl_sandbox import cloud, emulator, storage_ops
+from tpu_rl_sandbox import cloud, emulator, storage_ops, vpc
 from tpu_rl_sandbox.cloud import iam_bindings
 from tpu_rl_sandbox.flags import GcloudParse, GcloudUsageError, gcloud_parse, gcloud_resolve
 from tpu_rl_sandbox.fsview import GcsStore, LocalStore, Router
@@ -328,6 +328,14 @@ def _parse_map(command: str, flag: str, raw: str | None) -> dict[str, str]:
             raise GcloudUsageError(command, f"argument --{flag}: Bad syntax for dict arg: [{item}].")
         pairs[key] = value
     return pairs
+
+
+def _posix_username(account: str) -> str:
+    """The OS Login POSIX username of an account: ``sa_<unique id>`` for a service account, the
+    e-mail with every other character as ``_`` for a user (OS Login docs, "username"), 32 at most."""
+    if account.endswith(".gserviceaccount.com"):
+        return "sa_" + str(int(hashlib.sha256(account.encode()).hexdigest()[:15], 16))[:18]
+    return re.sub(r"[^a-z0-9_]", "_", account.lower())[:32]
 
 
 def _external_ip(name: str) -> str:
@@ -1220,6 +1228,13 @@ class Gcloud:
         self._require_permission(
             "compute.instances.create", project, f"projects/{project}/zones/{zone}/instances/{names[0]}"
         )
+        # Without --network the interface goes on the project's `default` network
+        # (api_lib/compute/instances/utils.py CreateNetworkInterfaceMessage: "By default interface is
+        # attached to default network");
+        # the insert fails with the API's 404 when that network does not exist.
+        network = str(parsed.get("network") or vpc.DEFAULT_NETWORK)
+        if network not in vpc.read_vpc(self.store, project)["networks"]:
+            raise self._network_missing(project, network)
         machine_type = str(parsed.get("machine-type") or "n1-standard-1")
         created: list[dict[str, Any]] = []
         with self.store.txn() as txn:
@@ -1243,6 +1258,7 @@ class Gcloud:
                     "zone": zone,
                     "status": "RUNNING",
                     "machineType": machine_type,
+                    "network": network,
                     "labels": labels,
                     "scopes": self._scopes(parsed.get("scopes")),
                     "serviceAccount": parsed.get("service-account")
@@ -1544,6 +1560,12 @@ class Gcloud:
             txn.save("project_metadata")
         return True
 
+    def _os_login(self, project: str) -> bool:
+        """command_lib/util/ssh/ssh.py FeatureEnabledInMetadata / MetadataHasEnable: the project's
+        ``enable-oslogin`` item, ``.lower() == 'true'`` (the sandbox's VMs carry no instance metadata)."""
+        value = self._project_metadata(project).get("enable-oslogin")
+        return isinstance(value, str) and value.lower() == "true"
+
     def cmd_compute_ssh(self, parsed: GcloudParse) -> int:
         project = self.project(parsed)
         targets = list(parsed.positionals["USER_AT_INSTANCE"])
@@ -1560,12 +1582,42 @@ class Gcloud:
             )
         expiration = self._ssh_key_expiration(parsed)
         public_key = self._ensure_ssh_key(parsed, user)
-        if self._add_project_ssh_key(project, user, public_key, expiration):
+        os_login = self._os_login(project)
+        keys_newly_added = False
+        if os_login:
+            # command_lib/util/ssh/ssh.py GetOsloginState: the key goes to the caller's OS Login
+            # profile, not the metadata, and the session's user is the profile's POSIX username.
+            user = _posix_username(self.account())
+        elif self._add_project_ssh_key(project, user, public_key, expiration):
+            keys_newly_added = True
             self.err(
                 "Updating project ssh metadata...⠹Updated "
                 f"[https://www.googleapis.com/compute/v1/projects/{project}].\n"
                 "Updating project ssh metadata...done.\nWaiting for SSH key to propagate.\n"
             )
+        # The connection: from the worker's address to the external IP, or from IAP's range with
+        # --tunnel-through-iap; a firewall that lets neither in leaves ssh's connect to time out.
+        # surface/compute/ssh.py: after a new key, the poller retries until SSH_KEY_PROPAGATION_TIMEOUT
+        # and raises ssh_utils.NetworkError; otherwise ssh's own exit 255 is reported.
+        source = vpc.IAP_ADDRESS if parsed.get("tunnel-through-iap") else vpc.CALLER_ADDRESS
+        network = str(record.get("network") or vpc.DEFAULT_NETWORK)
+        if not vpc.ingress_allowed(vpc.read_vpc(self.store, project), network, source, 22):
+            self.err(f"ssh: connect to host {_external_ip(name)} port 22: Connection timed out\n")
+            if keys_newly_added:
+                raise GcloudError(
+                    "Could not SSH into the instance.  It is possible that your SSH key has not propagated to the "
+                    "instance yet. Try running this command again.  If you still cannot connect, verify that the "
+                    "firewall and instance are set to accept ssh traffic."
+                )
+            self.err("ERROR: (gcloud.compute.ssh) [/usr/bin/ssh] exited with return code [255].\n")
+            return 255
+        denied = load_settings(self.layout).denied_permissions
+        if os_login and {"compute.instances.osLogin", "compute.instances.osAdminLogin"} <= set(denied):
+            # the guest's OS Login authorizes neither login: sshd refuses the key.
+            self.err(f"{user}@{_external_ip(name)}: Permission denied (publickey).\n")
+            self.err("ERROR: (gcloud.compute.ssh) [/usr/bin/ssh] exited with return code [255].\n")
+            return 255
+        sudoer = not os_login or "compute.instances.osAdminLogin" not in denied
         if self.faults().fire("ssh") is not None:
             self.err(f"ssh: connect to host {_external_ip(name)} port 22: Connection timed out\n")
             self.err("ERROR: (gcloud.compute.ssh) [/usr/bin/ssh] exited with return code [255].\n")
@@ -1617,6 +1669,7 @@ class Gcloud:
             project,
             list(record.get("scopes", [])),
             apt_busy_until=(booted + boot_apt / 2, booted + boot_apt),
+            sudoer=sudoer,
         )
         stdin = self.read_stdin()
         if command is None:
@@ -1625,6 +1678,186 @@ class Gcloud:
             return vm.run_session(["-bash"], stdin, self.out, self.err, self.env)
         # sshd runs a command as `<login shell> -c <command>`.
         return vm.run_session(["bash", "-c", str(command)], stdin, self.out, self.err, self.env)
+
+    # -- networks, firewall rules, project metadata ----------------------------------------
+    def _network_missing(self, project: str, network: str) -> GcloudError:
+        """The Compute API's 404 for a network that does not exist, as gcloud prints it."""
+        return GcloudError(
+            f"Could not fetch resource:\n - The resource 'projects/{project}/global/networks/{network}' was not found"
+        )
+
+    def cmd_compute_networks_describe(self, parsed: GcloudParse) -> int:
+        project = self.project(parsed)
+        name = str(parsed.positionals["NAME"])
+        self._require_permission(
+            "compute.networks.get", project, f"projects/{project}/global/networks/{name}"
+        )
+        record = vpc.read_vpc(self.store, project)["networks"].get(name)
+        if record is None:
+            raise self._network_missing(project, name)
+        self.out(_format(vpc.network_resource(project, record), parsed.get("format")))
+        return 0
+
+    def cmd_compute_firewall_rules_list(self, parsed: GcloudParse) -> int:
+        project = self.project(parsed)
+        self._require_permission("compute.firewalls.list", project)
+        wanted = set(parsed.positionals["NAME"])
+        resources = [
+            vpc.firewall_resource(project, rule)
+            for name, rule in sorted(vpc.read_vpc(self.store, project)["firewalls"].items())
+            if not wanted or name in wanted
+        ]
+        resources = [r for r in resources if matches_filter(r, parsed.get("filter"))]
+        if parsed.get("format"):
+            self.out(_format(resources, parsed.get("format")))
+        elif resources:
+            rows = [["NAME", "NETWORK", "DIRECTION", "PRIORITY", "ALLOW", "DENY", "DISABLED"]]
+            for r in resources:
+                allow = ",".join(
+                    e["IPProtocol"] + (":" + ",".join(e["ports"]) if e.get("ports") else "")
+                    for e in r.get("allowed", [])
+                )
+                deny = ",".join(e["IPProtocol"] for e in r.get("denied", []))
+                rows.append(
+                    [
+                        r["name"],
+                        r["network"].rsplit("/", 1)[-1],
+                        r["direction"],
+                        str(r["priority"]),
+                        allow,
+                        deny,
+                        str(r["disabled"]),
+                    ]
+                )
+            self.out(_table(rows))
+        else:
+            self.err("Listed 0 items.\n")
+        return 0
+
+    @staticmethod
+    def _firewall_entries(raw: str) -> list[dict[str, Any]]:
+        """api_lib/compute/firewalls_utils.py ParseRules: ``PROTOCOL[:PORT[-PORT]]`` each."""
+        entries = []
+        for spec in [item for item in raw.split(",") if item]:
+            match = re.fullmatch(r"(?P<protocol>[a-zA-Z0-9+.-]+)(:(?P<ports>\d+(-\d+)?))?", spec)
+            if not match:
+                raise GcloudError(
+                    f"Firewall rules must be of the form PROTOCOL[:PORT[-PORT]]; received [{spec}]."
+                )
+            entry: dict[str, Any] = {"IPProtocol": match.group("protocol")}
+            if match.group("ports"):
+                entry["ports"] = [match.group("ports")]
+            entries.append(entry)
+        return entries
+
+    def cmd_compute_firewall_rules_create(self, parsed: GcloudParse) -> int:
+        """surface/compute/firewall_rules/create.py _CreateFirewall: --rules and --allow exclusive,
+        --action only with --rules; INGRESS unless EGRESS/OUT; the network must exist (the API's 404);
+        with no source given, the rule's source is 0.0.0.0/0 (firewalls_utils.AddCommonArgs)."""
+        project = self.project(parsed)
+        name = str(parsed.positionals["NAME"])
+        if parsed.get("rules") and parsed.get("allow"):
+            raise GcloudError("Can NOT specify --rules and --allow in the same request.")
+        if bool(parsed.get("action")) ^ bool(parsed.get("rules")):
+            raise GcloudError("Must specify --rules with --action.")
+        network = str(parsed.get("network") or vpc.DEFAULT_NETWORK)
+        self._require_permission(
+            "compute.firewalls.create", project, f"projects/{project}/global/firewalls/{name}"
+        )
+        key = "denied" if parsed.get("action") == "DENY" else "allowed"
+        entries = self._firewall_entries(str(parsed.get("rules") or parsed.get("allow") or ""))
+
+        def listed(flag: str) -> list[str]:
+            return [item for item in str(parsed.get(flag) or "").split(",") if item]
+
+        sources, source_tags = listed("source-ranges"), listed("source-tags")
+        direction = "EGRESS" if parsed.get("direction") in ("EGRESS", "OUT") else "INGRESS"
+        rule = {
+            "name": name,
+            "network": network,
+            "direction": direction,
+            "priority": int(parsed.get("priority") or vpc.DEFAULT_PRIORITY),
+            "sourceRanges": sources or ([] if source_tags or direction == "EGRESS" else ["0.0.0.0/0"]),
+            "sourceTags": source_tags,
+            "targetTags": listed("target-tags"),
+            "targetServiceAccounts": listed("target-service-accounts"),
+            key: entries,
+            "description": parsed.get("description") or "",
+            "disabled": bool(parsed.get("disabled")),
+        }
+        with self.store.txn() as txn:
+            state = vpc.vpc_for_update(txn, project)
+            if network not in state["networks"]:
+                raise self._network_missing(project, network)
+            if name in state["firewalls"]:
+                raise GcloudError(
+                    f"Could not fetch resource:\n - The resource 'projects/{project}/global/firewalls/{name}' already exists"
+                )
+            state["firewalls"][name] = rule
+            txn.save(vpc.DOC)
+        self.err(
+            f"Creating firewall...⠹Created [https://www.googleapis.com/compute/v1/projects/{project}/global/firewalls/{name}].\n"
+            "Creating firewall...done.\n"
+        )
+        return 0
+
+    def cmd_compute_firewall_rules_delete(self, parsed: GcloudParse) -> int:
+        project = self.project(parsed)
+        names = list(parsed.positionals["NAME"])
+        with self.store.txn() as txn:
+            state = vpc.vpc_for_update(txn, project)
+            for name in names:
+                self._require_permission(
+                    "compute.firewalls.delete", project, f"projects/{project}/global/firewalls/{name}"
+                )
+                if name not in state["firewalls"]:
+                    raise GcloudError(
+                        f"Could not fetch resource:\n - The resource 'projects/{project}/global/firewalls/{name}' was not found"
+                    )
+                del state["firewalls"][name]
+            txn.save(vpc.DOC)
+        for name in names:
+            self.err(
+                f"Deleted [https://www.googleapis.com/compute/v1/projects/{project}/global/firewalls/{name}].\n"
+            )
+        return 0
+
+    def _project_metadata(self, project: str) -> dict[str, Any]:
+        return dict(self.store.read("project_metadata").get(project, {}))
+
+    def cmd_compute_project_info_describe(self, parsed: GcloudParse) -> int:
+        """A Compute API Project: ``commonInstanceMetadata.items`` (``ssh-keys`` as one newline-joined
+        value, as compute/ssh_utils writes it)."""
+        project = self.project(parsed)
+        self._require_permission("compute.projects.get", project)
+        items = []
+        for key, value in sorted(self._project_metadata(project).items()):
+            items.append({"key": key, "value": "\n".join(value) if isinstance(value, list) else str(value)})
+        resource = {
+            "kind": "compute#project",
+            "name": project,
+            "id": str(cloud.project_number(project)),
+            "commonInstanceMetadata": {"kind": "compute#metadata", "items": items},
+            "selfLink": f"https://www.googleapis.com/compute/v1/projects/{project}",
+        }
+        self.out(_format(resource, parsed.get("format")))
+        return 0
+
+    def cmd_compute_project_info_add_metadata(self, parsed: GcloudParse) -> int:
+        """surface/compute/project_info/add_metadata.py: ``--metadata KEY=VALUE,...`` merged in."""
+        project = self.project(parsed)
+        values = _parse_map("gcloud.compute.project-info.add-metadata", "metadata", parsed.get("metadata"))
+        if not values:
+            raise GcloudError(
+                "At least one of [--metadata] or [--metadata-from-file] must be provided.", code=2
+            )
+        self._require_permission("compute.projects.setCommonInstanceMetadata", project)
+        with self.store.txn() as txn:
+            metadata = txn.doc("project_metadata").setdefault(project, {})
+            metadata.update(values)
+            txn.save("project_metadata")
+        self.err(f"Updated [https://www.googleapis.com/compute/v1/projects/{project}].\n")
+        return 0
 
     # -- services -------------------------------------------------------------------------
     def cmd_services_list(self, parsed: GcloudParse) -> int:

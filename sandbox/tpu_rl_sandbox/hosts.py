@@ -509,9 +509,15 @@ class VmHost(MachineHost):
         project: str,
         scopes: list[str],
         apt_busy_until: tuple[float, float] = (0.0, 0.0),
+        sudoer: bool = True,
     ) -> None:
         super().__init__(fs_root, services, vm_name)
         self.user = user
+        if not sudoer:
+            # An OS Login user without admin login (compute.instances.osAdminLogin) is in no
+            # sudoers file (the guest's google_oslogin_nss writes /var/google-sudoers.d only for
+            # admins): sudo wants a password it cannot read without a terminal.
+            self.tools = {**self.tools, "sudo": "sudo-denied"}
         self.vm_project = project
         self.scopes = scopes
         # The image's own apt work after boot: apt-daily's update holds apt's lists lock until the
@@ -549,6 +555,7 @@ class VmHost(MachineHost):
             "uv": self.tool_uv,
             "extra-deps": self.tool_extra_deps,
             "venv-pip": self.tool_pip,
+            "sudo-denied": self.tool_sudo_denied,
         }.get(call.tool)
         return handler(call) if handler is not None else super().run_tool(call)
 
@@ -778,6 +785,16 @@ class VmHost(MachineHost):
         return 0
 
     # -- system tools ---------------------------------------------------------------------
+    @staticmethod
+    def tool_sudo_denied(call: ToolCall) -> int:
+        """sudo 1.9 (Ubuntu 22.04) for a user without a sudoers entry and no terminal: tgetpass.c's
+        "a terminal is required..." then check.c's "a password is required", exit 1."""
+        call.err(
+            "sudo: a terminal is required to read the password; either use the -S option to read from "
+            "standard input or configure an askpass helper\nsudo: a password is required\n"
+        )
+        return 1
+
     def tool_apt(self, call: ToolCall) -> int:
         """apt/apt-get: root only (dpkg's frontend lock), ``update``/``upgrade``/``install``;
         without ``-y`` (or ``DEBIAN_FRONTEND=noninteractive``... which does not answer the

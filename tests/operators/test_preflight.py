@@ -21,9 +21,18 @@ from airflow_provider_tpu_rl.spec.pipeline import GKE_DAG_ID
 from tests.hooks.test_resource_manager import api_server
 from tests.operators.sandbox_run import SandboxRun
 from tests.toolpath import path_without
+from tpu_rl_sandbox import vpc
+from tpu_rl_sandbox.fake_gcloud import Gcloud
 from tpu_rl_sandbox.settings import reset_settings, update_settings
 
-READS = (("auth", "list"), ("services", "list"), ("compute", "reservations", "describe"))
+READS = (
+    ("auth", "list"),
+    ("services", "list"),
+    ("compute", "reservations", "describe"),
+    ("compute", "networks", "describe"),
+    ("compute", "firewall-rules", "list"),
+    ("compute", "project-info", "describe"),
+)
 
 
 @pytest.fixture
@@ -95,6 +104,78 @@ def test_a_missing_permission_is_one_line_naming_the_role(pf: SandboxRun) -> Non
     assert "compute.instances.create" in line
     assert "--role=roles/compute.instanceAdmin.v1" in line
     _created_nothing(pf)
+
+
+def _gcloud(sb: SandboxRun, *argv: str) -> str:
+    """A fake gcloud command run in-process (not among the recorded calls): the project's set-up."""
+    err: list[str] = []
+    code = Gcloud(sb.layout, {}, lambda: b"", lambda _: None, err.append).run(list(argv))
+    assert code == 0, "".join(err)
+    return "".join(err)
+
+
+def test_the_tpu_vms_missing_network_is_one_line(pf: SandboxRun) -> None:
+    vpc.delete_network(pf.layout, pf.project, "default")
+    (line,) = _refusal(pf, TPU_VM_DAG_ID)
+    assert line.startswith(f"network default does not exist in project {pf.project}:")
+    assert f"gcloud compute networks create default --project={pf.project}" in line
+    _created_nothing(pf)
+
+
+def test_no_firewall_rule_for_ssh_is_one_line_naming_the_rule_to_create(pf: SandboxRun) -> None:
+    _gcloud(pf, "compute", "firewall-rules", "delete", "default-allow-ssh", f"--project={pf.project}")
+    (line,) = _refusal(pf, TPU_VM_DAG_ID)
+    fix = (
+        f"gcloud compute firewall-rules create tpu-rl-allow-ssh --project={pf.project} --network=default "
+        "--direction=INGRESS --allow=tcp:22 --source-ranges=0.0.0.0/0"
+    )
+    assert line.startswith(f"no firewall rule on network default of project {pf.project} allows SSH (tcp:22)")
+    assert line.endswith(fix)
+    _created_nothing(pf)
+    # the named fix is what the fake gcloud accepts, and preflight then passes
+    _gcloud(pf, *fix.split()[1:])
+    assert _run(pf, TPU_VM_DAG_ID)["runner"] == "tpu_vm"
+
+
+def test_a_rule_not_covering_the_workers_ranges_is_one_line(pf: SandboxRun) -> None:
+    _gcloud(pf, "compute", "firewall-rules", "delete", "default-allow-ssh", f"--project={pf.project}")
+    _gcloud(
+        pf,
+        "compute",
+        "firewall-rules",
+        "create",
+        "office-ssh",
+        f"--project={pf.project}",
+        "--allow=tcp:22",
+        "--source-ranges=198.51.100.0/24",
+    )
+    conf = pf.tpu_vm_conf()
+    operator = pf.operator(TpuRlPreflightOperator, TPU_VM_DAG_ID, conf=conf, task_id="preflight")
+    operator.ssh_source_ranges = ["203.0.113.0/28"]
+    with pytest.raises(AirflowFailException) as failed:
+        operator.execute(pf.context(operator, conf))
+    assert "from the provider's address (203.0.113.0/28)" in str(failed.value)
+    operator.ssh_source_ranges = ["198.51.100.7/32"]
+    assert operator.execute(pf.context(operator, conf))["runner"] == "tpu_vm"
+
+
+def test_os_login_without_admin_login_is_one_line(pf: SandboxRun) -> None:
+    _run(pf, TPU_VM_DAG_ID)  # OS Login not enforced: osAdminLogin is not asked for
+    update_settings(pf.layout, denied_permissions=("compute.instances.osAdminLogin",))
+    assert _run(pf, TPU_VM_DAG_ID)["runner"] == "tpu_vm"
+    _gcloud(
+        pf,
+        "compute",
+        "project-info",
+        "add-metadata",
+        f"--project={pf.project}",
+        "--metadata=enable-oslogin=TRUE",
+    )
+    (line,) = _refusal(pf, TPU_VM_DAG_ID)
+    assert line.startswith(
+        f"the caller lacks compute.instances.osAdminLogin on project {pf.project} (OS Login is enforced"
+    )
+    assert "--role=roles/compute.osAdminLogin" in line
 
 
 def test_a_missing_reservation_is_one_line(pf: SandboxRun) -> None:

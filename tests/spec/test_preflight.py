@@ -301,3 +301,85 @@ def test_the_commands_only_read() -> None:
     )
     assert not services.stdin_secret
     assert not reservation.stdin_secret
+
+
+# ---------------------------------------------------------------- the TPU VM's network, SSH, OS Login
+def _fw(name: str, **fields: Any) -> dict[str, Any]:
+    rule: dict[str, Any] = {
+        "name": name,
+        "network": "https://www.googleapis.com/compute/v1/projects/p/global/networks/default",
+        "direction": "INGRESS",
+        "priority": 1000,
+        "sourceRanges": ["0.0.0.0/0"],
+        "allowed": [{"IPProtocol": "tcp", "ports": ["22"]}],
+    }
+    rule.update(fields)
+    return rule
+
+
+def test_ssh_allowing_rule_reads_the_compute_api_firewall_rules() -> None:
+    internal = _fw(
+        "default-allow-internal",
+        sourceRanges=["10.128.0.0/9"],
+        allowed=[{"IPProtocol": "tcp", "ports": ["0-65535"]}],
+    )
+    assert preflight.ssh_allowing_rule([_fw("ssh")], "default") == "ssh"
+    assert preflight.ssh_allowing_rule([internal], "default") is None  # private sources only
+    assert preflight.ssh_allowing_rule([_fw("iap", sourceRanges=["35.235.240.0/20"])], "default") is None
+    assert preflight.ssh_allowing_rule([_fw("all", allowed=[{"IPProtocol": "all"}])], "default") == "all"
+    assert preflight.ssh_allowing_rule([_fw("no-source", sourceRanges=[])], "default") == "no-source"
+    for other in (
+        _fw("rdp", allowed=[{"IPProtocol": "tcp", "ports": ["3389"]}]),
+        _fw("udp", allowed=[{"IPProtocol": "udp", "ports": ["22"]}]),
+        _fw("off", disabled=True),
+        _fw("egress", direction="EGRESS"),
+        _fw("tagged", targetTags=["ssh"]),
+        _fw("sa", targetServiceAccounts=["a@p.iam.gserviceaccount.com"]),
+        _fw("elsewhere", network="projects/p/global/networks/other"),
+    ):
+        assert preflight.ssh_allowing_rule([other], "default") is None, other["name"]
+    deny = _fw("deny", allowed=None, denied=[{"IPProtocol": "tcp"}], priority=1000)
+    assert preflight.ssh_allowing_rule([_fw("ssh"), deny], "default") is None  # deny wins a tie
+    assert preflight.ssh_allowing_rule([_fw("ssh", priority=900), deny], "default") == "ssh"
+
+
+def test_ssh_allowing_rule_covers_every_given_source_range() -> None:
+    rule = _fw("office", sourceRanges=["198.51.100.0/24"])
+    assert preflight.ssh_allowing_rule([rule], "default", ["198.51.100.7/32"]) == "office"
+    assert preflight.ssh_allowing_rule([rule], "default", ["198.51.100.7/32", "203.0.113.0/28"]) is None
+    assert preflight.ssh_source_ranges(["198.51.100.7"]) == ("198.51.100.7/32",)
+    with pytest.raises(SpecError, match="ssh_source_ranges"):
+        preflight.ssh_source_ranges(["not-a-range"])
+
+
+def test_ssh_problem_names_the_firewall_rule_to_create() -> None:
+    line = preflight.ssh_firewall_problem("p", "default", ["203.0.113.0/28"])
+    assert line.endswith(
+        "gcloud compute firewall-rules create tpu-rl-allow-ssh --project=p --network=default "
+        "--direction=INGRESS --allow=tcp:22 --source-ranges=203.0.113.0/28"
+    )
+    assert "--source-ranges=35.235.240.0/20" in preflight.ssh_firewall_problem("p", "default", iap=True)
+
+
+def test_os_login_is_read_from_the_projects_metadata_as_gcloud_reads_it() -> None:
+    def info(*items: tuple[str, str]) -> dict[str, Any]:
+        return {"commonInstanceMetadata": {"items": [{"key": k, "value": v} for k, v in items]}}
+
+    assert preflight.os_login_enabled(info(("enable-oslogin", "TRUE")))
+    assert preflight.os_login_enabled(info(("enable-oslogin", "true"), ("enable-oslogin", "FALSE")))
+    assert not preflight.os_login_enabled(info(("enable-oslogin", "FALSE")))
+    assert not preflight.os_login_enabled(info(("ssh-keys", "u:ssh-rsa AAAA u")))
+    assert not preflight.os_login_enabled({})
+
+
+def test_the_os_login_permission_line_says_why() -> None:
+    (line,) = preflight.permission_problems(
+        "p",
+        [preflight.OS_ADMIN_LOGIN],
+        {preflight.OS_ADMIN_LOGIN: preflight.OS_ADMIN_LOGIN_ROLE},
+        reasons={preflight.OS_ADMIN_LOGIN_ROLE: preflight.os_login_reason("p")},
+    )
+    assert line.startswith(
+        "the caller lacks compute.instances.osAdminLogin on project p (OS Login is enforced"
+    )
+    assert "--role=roles/compute.osAdminLogin" in line
