@@ -108,11 +108,18 @@ def _run_doctor(args: argparse.Namespace) -> int:
                 hook.toolchain(purpose, install=not args.no_install, memo=memo)
                 for purpose in purposes_for(args.purpose)
             ]
+            # With every deploy tool found, gcluster's own check (what its deploy would ask for).
+            problems: dict[str, str] = {}
+            for chain in chains:
+                if chain.purpose == "deploy" and chain.ok:
+                    line = hook.gcluster_dependency_problem(chain)
+                    if line:
+                        problems[chain.purpose] = line
         except TpuRlError as err:
             print(f"tpu-rl doctor: {err}", file=sys.stderr)
             return 1
-    sys.stdout.write(format_table(chains) + "\n")
-    return 0 if all(chain.ok for chain in chains) else 1
+    sys.stdout.write(format_table(chains, problems) + "\n")
+    return 0 if all(chain.ok for chain in chains) and not problems else 1
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 
 from tests.toolpath import path_without
+from tpu_rl_sandbox.control import SandboxInfo
+from tpu_rl_sandbox.layout import SandboxLayout
+from tpu_rl_sandbox.settings import reset_settings, update_settings
 from tpu_rl_sandbox.tool_stubs import STUB_TOOLS, write_tool_stubs
 
 TPU_RL = Path(sys.executable).with_name("tpu-rl")
@@ -152,3 +155,35 @@ def test_doctor_unknown_connection_is_an_error_on_stderr(tmp_path: Path) -> None
     assert result.returncode == 1
     assert result.stdout == ""
     assert "gcluster connection 'nope' is not defined" in result.stderr
+
+
+def test_doctor_names_the_terraform_a_newer_gcluster_would_ask_for(
+    tmp_path: Path,
+    sandbox: SandboxInfo,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Every tool found, but the sandbox's gcluster plays a (hypothetical) newer release that
+    requires Terraform 1.14.0: its own check would stop the deploy at a [y/N] prompt on a closed
+    stdin; doctor runs that check without a prompt and fails the deploy purpose in one line."""
+    from airflow_provider_tpu_rl import cli
+
+    monkeypatch.setattr(cli, "_logs_to_stderr", lambda: None)
+    monkeypatch.setenv("PATH", stubbed_path(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    extra = {"gcluster_path": str(sandbox.gcluster)}  # the shim names its sandbox itself
+    layout = SandboxLayout(sandbox.root)
+    monkeypatch.setenv("AIRFLOW_CONN_GCLUSTER_DEFAULT", json.dumps({"conn_type": "gcluster", "extra": extra}))
+    update_settings(layout, gcluster_release={"version": "v1.200.0", "terraform": "1.14.0"})
+    try:
+        code = cli.main(["doctor", "--no-install"])
+    finally:
+        reset_settings(layout)
+    out = capsys.readouterr().out
+    assert code == 1, out
+    deploy, jobs, tpu_vm = out.splitlines()[-3:]
+    assert deploy.startswith(
+        "deploy: gcluster v1.200.0 requires terraform >= 1.14.0 (found terraform 1.12.2 at "
+    )
+    assert "terraform_version=1.14.0 and terraform_sha256" in deploy
+    assert (jobs, tpu_vm) == ("jobs: OK", "tpu_vm: OK")

@@ -48,6 +48,10 @@ from airflow_provider_tpu_rl.hooks.connection_fields import (
     legacy_form_widgets,
 )
 from airflow_provider_tpu_rl.hooks.failures import classify_failure, error_line
+from airflow_provider_tpu_rl.hooks.gcluster_dependencies import (
+    dependency_problem_line,
+    parse_dependency_check,
+)
 from airflow_provider_tpu_rl.hooks.jobs import (
     GclusterJob,
     JobState,
@@ -64,12 +68,16 @@ from airflow_provider_tpu_rl.hooks.process import (
 )
 from airflow_provider_tpu_rl.hooks.toolchain import (
     PURPOSES,
+    VERSION_TIMEOUT,
     Toolchain,
     ToolStatus,
+    hashicorp_platform,
+    query_version,
     resolve_toolchain,
     reverify,
 )
 from airflow_provider_tpu_rl.render import gke
+from airflow_provider_tpu_rl.render import preflight as preflight_commands
 from airflow_provider_tpu_rl.render.command import Command
 from airflow_provider_tpu_rl.timeouts import (
     command_timeout,
@@ -95,6 +103,8 @@ __all__ = [
 TOOLS = ("gcluster", "gcloud")
 ERROR_TAIL_LINES = 25
 JOB_QUERY_TIMEOUT = 300.0
+# gcluster's dependency check runs `terraform version --json` at most: bounded like a version query.
+DEPENDENCY_CHECK_TIMEOUT = 2 * VERSION_TIMEOUT
 # gcluster subcommands that run Terraform (cmd/dependencies.go checks terraform+packer before
 # deploy/destroy/export-outputs; create is here too because the destroy task runs it right before
 # destroy) and the ones that need kubectl + gke-gcloud-auth-plugin (cmd/job/prereq.go).
@@ -450,6 +460,69 @@ class GclusterHook(BaseHook):
             raise ConfigurationError(f"{chain.problem_line()} (run `tpu-rl doctor` for the details)")
         self._toolchains[purpose] = chain
         return chain
+
+    def gcluster_dependency_problem(
+        self, chain: Toolchain, *, timeout: float = DEPENDENCY_CHECK_TIMEOUT
+    ) -> str | None:
+        """Run gcluster's own Terraform/Packer check with ``chain`` (the ``deploy`` toolchain, as
+        the deploy will run); one line saying what it refuses and what to set, or ``None``.
+
+        gcluster checks its dependencies itself at ``deploy``/``destroy`` and, short of them, asks
+        ``[y/N]`` on stdin, which this provider closes: the deploy would die "user declined to
+        download terraform". Here the check runs without a prompt (``--download-dependencies=false``)
+        and without side effects (:func:`~airflow_provider_tpu_rl.render.preflight.gcluster_dependency_check`),
+        in a fresh HOME like every command. Raises :class:`ConfigurationError` when gcluster cannot
+        be resolved.
+        """
+        tool_path = self.tool_path("gcluster")
+        with tempfile.TemporaryDirectory(prefix="tpu-rl-dependency-check-") as folder:
+            group = Path(folder) / "deployment" / "primary"
+            group.mkdir(parents=True)
+            command = preflight_commands.gcluster_dependency_check(str(group))
+            prepared = self._prepare(
+                command, tool_path, secrets=None, cwd=folder, job_home=None, toolchain=chain
+            )
+            self.log.info("Running %s", " ".join(command.argv))
+            mine: list[SyncProcess] = []
+            result = run_sync(
+                prepared,
+                on_line=self._line_logger(command, None, True),
+                timeout=timeout,
+                register=lambda p: self._register(p, mine),
+                grace=kill_grace_seconds(),
+            )
+        config = self.config
+        gcluster_status = next((s for s in chain.statuses if s.tool == "gcluster"), None)
+        version = gcluster_status.version if gcluster_status else None
+        if result.timed_out:
+            return (
+                f"gcluster's dependency check (`gcluster export-outputs <empty folder> "
+                f"--download-dependencies=false`) did not finish in {timeout:g}s"
+            )
+        check = parse_dependency_check(result.output_lines)
+        if not check.failed:
+            if check.newer_warning:
+                self.log.warning("gcluster: %s", check.newer_warning)
+            return None
+        if version is None:
+            _, version, _ = query_version(
+                "gcluster",
+                tool_path,
+                path=os.environ.get("PATH", os.defpath),
+                base_env=minimal_env(os.environ, config.inherit_env),
+            )
+        try:
+            plat = hashicorp_platform()
+        except ConfigurationError:
+            plat = "<os>_<arch>"
+        return dependency_problem_line(
+            check,
+            gcluster_version=f"v{version}" if version else None,
+            terraform=next((s for s in chain.statuses if s.tool == "terraform"), None),
+            configured_terraform=config.terraform_version,
+            default_terraform=TERRAFORM_DEFAULT_VERSION,
+            platform=plat,
+        )
 
     def tool_path(self, tool: str) -> str:
         """The executable for ``tool`` (``gcluster`` may be downloaded and cached once)."""

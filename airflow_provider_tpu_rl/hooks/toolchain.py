@@ -644,9 +644,10 @@ def reverify(toolchain: Toolchain) -> str | None:
 
 
 # --------------------------------------------------------------------------------------- doctor
-def format_table(toolchains: Sequence[Toolchain]) -> str:
+def format_table(toolchains: Sequence[Toolchain], problems: Mapping[str, str] | None = None) -> str:
     """The ``tpu-rl doctor`` table: one row per tool (with the purposes needing it), then each
-    purpose's verdict line."""
+    purpose's verdict line; ``problems`` (purpose -> one line) fails a purpose whose tools are all
+    OK (gcluster's own dependency check)."""
     rows: dict[str, tuple[ToolStatus, list[str]]] = {}
     for chain in toolchains:
         for s in chain.statuses:
@@ -666,8 +667,14 @@ def format_table(toolchains: Sequence[Toolchain]) -> str:
         "  ".join(cell.ljust(w) for cell, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in table
     ]
     lines.append("")
+    problems = problems or {}
     for chain in toolchains:
-        lines.append(f"{chain.purpose}: OK" if chain.ok else chain.problem_line())
+        if not chain.ok:
+            lines.append(chain.problem_line())
+        elif problems.get(chain.purpose):
+            lines.append(f"{chain.purpose}: {problems[chain.purpose]}")
+        else:
+            lines.append(f"{chain.purpose}: OK")
     return "\n".join(line.rstrip() for line in lines)
 
 

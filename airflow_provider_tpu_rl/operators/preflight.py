@@ -209,7 +209,11 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
 
     def check_toolchain(self, run: Runner) -> list[str]:
         try:
-            self.hook.require_toolchain(TOOLCHAIN_PURPOSE[run])
+            chain = self.hook.require_toolchain(TOOLCHAIN_PURPOSE[run])
+            if run is Runner.GKE:
+                # gcluster's own check, which would otherwise stop the deploy at a [y/N] prompt
+                line = self.hook.gcluster_dependency_problem(chain)
+                return [line] if line else []
         except ConfigurationError as err:
             return [str(err)]
         return []

@@ -1,4 +1,4 @@
-"""The ``gcloud`` reads of the ``preflight`` task: nothing here creates or changes anything."""
+"""The reads of the ``preflight`` task: nothing here creates or changes anything."""
 
 from __future__ import annotations
 
@@ -79,4 +79,19 @@ def describe_project_info(project: str) -> Command:
     return Command(
         ("gcloud", "compute", "project-info", "describe", f"--project={project}", "--format=json"),
         description=f"read project {project}'s Compute Engine metadata",
+    )
+
+
+def gcluster_dependency_check(group_dir: str) -> Command:
+    """gcluster's own Terraform/Packer check, without a prompt and without side effects.
+
+    ``export-outputs`` is one of the commands whose PersistentPreRun checks the dependencies
+    (cluster-toolkit ``cmd/dependencies.go`` ``initDependencies``); ``--download-dependencies=false``
+    turns the ``[y/N]`` prompt into an error naming the tool (``pkg/dependencies/resolver.go``
+    ``confirmDownload``). ``group_dir`` is an empty folder whose parent holds no ``.ghpc``: a check
+    that passes ends at "… must be a writable directory" (``cmd/export.go``), before any Terraform.
+    """
+    return Command(
+        ("gcluster", "export-outputs", group_dir, "--download-dependencies=false"),
+        description="gcluster's dependency check (export-outputs of an empty folder)",
     )

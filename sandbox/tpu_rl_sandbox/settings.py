@@ -65,6 +65,9 @@ class SandboxSettings:
       account and every command that calls an API refuses with gcloud's "You do not currently
       have an active account selected." (googlecloudsdk/core/credentials/exceptions.py
       ``NoActiveAccountException``).
+    * ``gcluster_release``: the release the fake ``gcluster`` plays, ``{"version", "terraform",
+      "packer"}`` (what ``--version`` prints, and the Terraform/Packer versions its dependency
+      check requires); empty: the pinned release (``fake_gcluster.PINNED_RELEASE``).
     """
 
     conditional_bindings: bool = True
@@ -75,6 +78,7 @@ class SandboxSettings:
     )
     boot_apt_seconds: float = 2.0
     gcloud_logged_in: bool = True
+    gcluster_release: Mapping[str, str] = field(default_factory=dict)
 
     def reservation(self, zone: str, name: str) -> dict[str, Any] | None:
         """The reservation ``name`` in ``zone`` with defaults filled in, or ``None``."""
@@ -94,6 +98,10 @@ def _from_json(data: Mapping[str, Any]) -> SandboxSettings:
     for name in ("disabled_services", "denied_permissions"):
         if name in values:
             values[name] = tuple(str(v) for v in values[name])
+    if "gcluster_release" in values:
+        values["gcluster_release"] = {
+            str(k): str(v) for k, v in dict(values["gcluster_release"] or {}).items()
+        }
     if "reservations" in values:
         values["reservations"] = {str(k): dict(v) for k, v in dict(values["reservations"]).items()}
     return SandboxSettings(**values)
@@ -131,6 +139,7 @@ def update_settings(layout: SandboxLayout, **changes: Any) -> SandboxSettings:
         updated = _from_json({**asdict(current), **changes})
         data = asdict(updated)
         data["reservations"] = {k: dict(v) for k, v in updated.reservations.items()}
+        data["gcluster_release"] = dict(updated.gcluster_release)
         fd, tmp = tempfile.mkstemp(dir=layout.state_dir, prefix=".settings.", suffix=".tmp")
         with os.fdopen(fd, "w") as handle:
             json.dump(data, handle, indent=1, sort_keys=True)

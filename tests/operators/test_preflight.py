@@ -1,7 +1,9 @@
 """``preflight`` against the sandbox: the real operator, fake gcloud/gcluster, the fake Resource Manager.
 
-Each refusal (a missing API, permission, reservation, tool) is one line naming what to do, and the
-operator creates nothing: the only commands it runs are gcloud reads.
+Each refusal (a missing API, permission, reservation, tool, account, a Terraform gcluster itself
+would refuse, a TPU VM network SSH cannot reach) is one line naming what to do, and the operator
+creates nothing: the only commands it runs are gcloud reads and, for the GKE runner, gcluster's
+own dependency check.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from tests.toolpath import path_without
 from tpu_rl_sandbox import vpc
 from tpu_rl_sandbox.fake_gcloud import Gcloud
 from tpu_rl_sandbox.settings import reset_settings, update_settings
+from tpu_rl_sandbox.state import read_calls
 
 READS = (
     ("auth", "list"),
@@ -222,6 +225,31 @@ def test_a_missing_deploy_tool_is_one_line(
     lines = _refusal(pf)
     assert len(lines) == 1
     assert tool in lines[0]
+
+
+def test_a_newer_gcluster_wanting_a_newer_terraform_is_one_line_naming_the_extra(pf: SandboxRun) -> None:
+    """A gcluster release newer than the connection's terraform_version pin (here a hypothetical
+    v1.200.0 requiring Terraform 1.14.0) would stop the deploy at its [y/N] prompt: preflight
+    runs gcluster's own check without a prompt and says what to set, before anything is created."""
+    update_settings(pf.layout, gcluster_release={"version": "v1.200.0", "terraform": "1.14.0"})
+    before = len(read_calls(pf.layout))
+    (line,) = _refusal(pf)
+    assert line.startswith("gcluster v1.200.0 requires terraform >= 1.14.0 (found terraform 1.12.2 at "), line
+    assert "the gcluster connection extra `terraform_version`" in line
+    assert "set the gcluster connection extras terraform_version=1.14.0 and terraform_sha256" in line
+    assert "terraform_1.14.0_SHA256SUMS" in line
+    _created_nothing(pf)
+    gcluster_calls = [call["argv"] for call in read_calls(pf.layout)[before:] if call["tool"] == "gcluster"]
+    # the check, then `gcluster --version` for the line: nothing else
+    assert [argv[0] for argv in gcluster_calls] == ["export-outputs", "--version"], gcluster_calls
+    assert gcluster_calls[0][-1] == "--download-dependencies=false"
+
+
+def test_the_gke_preflight_runs_gclusters_dependency_check(pf: SandboxRun) -> None:
+    before = len(read_calls(pf.layout))
+    assert _run(pf)["runner"] == "gke"
+    gcluster_calls = [call["argv"] for call in read_calls(pf.layout)[before:] if call["tool"] == "gcluster"]
+    assert [argv[0] for argv in gcluster_calls] == ["export-outputs"]
 
 
 def test_a_bad_shape_fails_before_any_command(pf: SandboxRun) -> None:

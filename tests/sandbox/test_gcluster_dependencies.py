@@ -442,3 +442,62 @@ def test_staged_file_is_copied_into_the_deployment_folder(cli: Cli, names: dict[
     assert again.code == 0, again.text
     assert f"WARNING: file {source} does not exists, proceeding by using previously staged copy" in again.err
     assert staged.is_file()
+
+
+# ====================================================== a newer release, gcluster's own check
+# A hypothetical release newer than the pinned one whose checksums_generated.go pins a newer
+# Terraform: the sandbox's gcluster plays it through the settings' gcluster_release.
+NEWER_RELEASE = {"version": "v1.200.0", "terraform": "1.14.0"}
+
+
+def test_a_newer_release_wants_its_own_terraform_and_a_closed_stdin_declines(
+    cli: Cli, names: dict[str, str]
+) -> None:
+    update_settings(cli.layout, gcluster_release=NEWER_RELEASE)
+    try:
+        version = _gcluster(cli, cli.env["PATH"], "--version")
+        result = _gcluster(
+            cli, cli.env["PATH"], "deploy", str(_example(cli)), *deploy_args(names, backend=False)
+        )
+    finally:
+        reset_settings(cli.layout)
+    assert version.out.startswith("gcluster version v1.200.0\n")
+    assert result.code == 1
+    # the sandbox's terraform is the pinned 1.12.2: enough for v1.103.0, too old for this release
+    assert "Installed terraform version 1.12.2 is older than required version 1.14.0.\n" in result.out
+    assert _prompt("terraform", "1.14.0") in result.out
+    assert result.err.rstrip().endswith("Failed to setup dependencies: user declined to download terraform")
+    assert not (cli.cwd / names["cluster"]).exists()
+    assert names["cluster"] not in json.dumps(cli.state("clusters"))
+
+
+def test_export_outputs_of_an_empty_folder_checks_the_dependencies_and_stops(
+    cli: Cli, tmp_path: Path
+) -> None:
+    """cmd/export.go: checkDir, then initDependencies, then the artifacts folder: nothing runs."""
+    root = tmp_path / "probe"
+    group = root / "deployment" / "primary"
+    group.mkdir(parents=True)
+    passed = _gcluster(cli, cli.env["PATH"], "export-outputs", str(group), "--download-dependencies=false")
+    assert passed.code == 1
+    assert "Failed to setup dependencies" not in passed.text
+    assert f"Error: {root / 'deployment' / '.ghpc' / 'artifacts'} must be a writable directory" in passed.err
+    assert sorted(p.name for p in root.rglob("*")) == ["deployment", "primary"]
+    not_a_dir = _gcluster(cli, cli.env["PATH"], "export-outputs", str(root / "nope"))
+    assert not_a_dir.code == 1
+    assert f'Error: "{root / "nope"}" must be a directory' in not_a_dir.err
+    update_settings(cli.layout, gcluster_release=NEWER_RELEASE)
+    try:
+        refused = _gcluster(
+            cli, cli.env["PATH"], "export-outputs", str(group), "--download-dependencies=false", stdin=b"y\n"
+        )
+    finally:
+        reset_settings(cli.layout)
+    assert refused.code == 1
+    assert "[y/N]" not in refused.out
+    assert "Installed terraform version 1.12.2 is older than required version 1.14.0.\n" in refused.out
+    assert (
+        "Failed to setup dependencies: terraform is missing. Download is explicitly disabled. Enable download by "
+        "specifying --download-dependencies flag." in refused.err
+    )
+    assert "writable directory" not in refused.err
