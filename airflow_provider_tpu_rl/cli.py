@@ -109,17 +109,51 @@ def _run_doctor(args: argparse.Namespace) -> int:
                 for purpose in purposes_for(args.purpose)
             ]
             # With every deploy tool found, gcluster's own check (what its deploy would ask for).
-            problems: dict[str, str] = {}
+            problems: dict[str, list[str]] = {chain.purpose: [] for chain in chains}
             for chain in chains:
                 if chain.purpose == "deploy" and chain.ok:
                     line = hook.gcluster_dependency_problem(chain)
                     if line:
-                        problems[chain.purpose] = line
+                        problems[chain.purpose].append(line)
+            for purpose, line in credential_problems(hook, chains).items():
+                problems[purpose].append(line)
         except TpuRlError as err:
             print(f"tpu-rl doctor: {err}", file=sys.stderr)
             return 1
     sys.stdout.write(format_table(chains, problems) + "\n")
-    return 0 if all(chain.ok for chain in chains) and not problems else 1
+    return 0 if all(chain.ok for chain in chains) and not any(problems.values()) else 1
+
+
+# The runner whose commands each doctor purpose stands for (the wording of the account line).
+_PURPOSE_RUNNER = {"deploy": "gke", "jobs": "gke", "tpu_vm": "tpu_vm"}
+
+
+def credential_problems(hook: Any, chains: Sequence[Any]) -> dict[str, str]:
+    """What gcloud and gcluster would refuse for lack of credentials, as preflight checks it: no
+    active gcloud account (every purpose's gcloud commands), no Application Default Credentials
+    where ``gcluster job submit`` runs (``jobs``; cluster-toolkit cmd/job/prereq.go). Purposes whose
+    tools are missing are skipped: their line already says what to install."""
+    from airflow_provider_tpu_rl.exceptions import ConfigurationError
+    from airflow_provider_tpu_rl.spec import preflight as checks
+
+    ready = [chain.purpose for chain in chains if chain.ok]
+    if not ready:
+        return {}
+    try:
+        account = hook.active_gcloud_account()
+    except ConfigurationError as err:  # gcloud cannot run
+        return dict.fromkeys(ready, str(err))
+    found: dict[str, str] = {}
+    if account is None:
+        for purpose in ready:
+            found[purpose] = checks.no_account_problem(checks.runner(_PURPOSE_RUNNER[purpose]))
+    if "jobs" in ready and "jobs" not in found:
+        from airflow_provider_tpu_rl.hooks.adc import worker_adc_file
+
+        status = hook.adc_status()
+        if not status.ok:
+            found["jobs"] = checks.no_adc_problem(status.problem or "", worker_adc_file())
+    return found
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,10 +1,14 @@
 """``tpu-rl doctor`` as a real process: the table on stdout, exit 0 with every tool, 1 (and one
-line naming it) with any one tool hidden from PATH."""
+line naming it) with any one tool hidden from PATH, without a gcloud account or without ADC.
+
+The real gcloud signs in as the sandbox's service account (``auth activate-service-account``
+fetches a token from the key's ``token_uri``, the sandbox's API server), and that key is the ADC."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +42,31 @@ def gcluster(tmp_path: Path) -> Path:
     )
     path.chmod(0o755)
     return path
+
+
+@pytest.fixture(scope="module")
+def signed_in(sandbox: SandboxInfo, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A gcloud config whose active account is the sandbox's service account, and that key as ADC."""
+    key = sandbox.env["GOOGLE_APPLICATION_CREDENTIALS"]
+    config = tmp_path_factory.mktemp("gcloud-config")
+    done = subprocess.run(
+        [str(shutil.which("gcloud")), "auth", "activate-service-account", f"--key-file={key}"],
+        env={**os.environ, "CLOUDSDK_CONFIG": str(config)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return {"CLOUDSDK_CONFIG": str(config), "GOOGLE_APPLICATION_CREDENTIALS": key}
+
+
+@pytest.fixture(autouse=True)
+def credentials(signed_in: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Every test runs signed in, unless it takes the credentials away."""
+    for name, value in signed_in.items():
+        monkeypatch.setenv(name, value)
+    return signed_in
 
 
 def doctor(
@@ -187,3 +216,46 @@ def test_doctor_names_the_terraform_a_newer_gcluster_would_ask_for(
     )
     assert "terraform_version=1.14.0 and terraform_sha256" in deploy
     assert (jobs, tpu_vm) == ("jobs: OK", "tpu_vm: OK")
+
+
+def test_doctor_without_a_gcloud_account_names_it_for_every_purpose(
+    tmp_path: Path, gcluster: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh gcloud config (the real gcloud lists no account): every purpose's gcloud commands
+    would refuse; one line each, exit 1."""
+    fresh = tmp_path / "fresh-gcloud-config"
+    fresh.mkdir()
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(fresh))
+    result = doctor(tmp_path, stubbed_path(tmp_path), "--no-install", extra={"gcluster_path": str(gcluster)})
+    assert result.returncode == 1, result.stdout + result.stderr
+    verdicts = result.stdout.splitlines()[-3:]
+    assert [line.split(":", 1)[0] for line in verdicts] == ["deploy", "jobs", "tpu_vm"]
+    for line in verdicts:
+        assert ": gcloud has no active account, so " in line, line
+        assert "gcloud auth login" in line
+
+
+def test_doctor_without_adc_names_it_for_the_jobs(
+    tmp_path: Path, gcluster: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Signed in, but no ADC where gcluster runs (off Google Cloud: no metadata server answers):
+    ``gcluster job submit`` would refuse (cluster-toolkit cmd/job/prereq.go); one line for jobs."""
+    from airflow_provider_tpu_rl import cli
+
+    monkeypatch.setattr(cli, "_logs_to_stderr", lambda: None)
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS")
+    monkeypatch.setattr("airflow_provider_tpu_rl.hooks.adc.METADATA_HOST", "127.0.0.1:9")
+    monkeypatch.setenv("PATH", stubbed_path(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_GCLUSTER_DEFAULT",
+        json.dumps({"conn_type": "gcluster", "extra": {"gcluster_path": str(gcluster)}}),
+    )
+    code = cli.main(["doctor", "--no-install"])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    deploy, jobs, tpu_vm = out.splitlines()[-3:]
+    assert (deploy, tpu_vm) == ("deploy: OK", "tpu_vm: OK")
+    assert jobs.startswith(
+        "jobs: gcluster job submit needs Application Default Credentials and finds none"
+    ), jobs

@@ -709,6 +709,16 @@ class GclusterHook(BaseHook):
 
     on_kill = terminate
 
+    def active_gcloud_account(self, *, timeout: float = 180.0) -> str | None:
+        """gcloud's active credentialed account, or ``None`` (cluster-toolkit cmd/job/prereq.go
+        ``ensureGCloudAuthenticated``: exit 0 and an account on stdout). ``ConfigurationError``
+        when gcloud cannot run."""
+        from airflow_provider_tpu_rl.render.preflight import active_account
+        from airflow_provider_tpu_rl.spec.preflight import parse_active_account
+
+        result = self.run(active_account(), log_output=False, timeout=timeout)
+        return parse_active_account(result.output_lines) if result.ok else None
+
     def adc_status(self, *, timeout: float = 20.0) -> AdcStatus:
         """Whether ``gcluster job submit`` would find usable Application Default Credentials in
         the environment it runs with here (the minimal env, a fresh HOME): :func:`find_adc`."""

@@ -644,10 +644,10 @@ def reverify(toolchain: Toolchain) -> str | None:
 
 
 # --------------------------------------------------------------------------------------- doctor
-def format_table(toolchains: Sequence[Toolchain], problems: Mapping[str, str] | None = None) -> str:
+def format_table(toolchains: Sequence[Toolchain], problems: Mapping[str, Sequence[str]] | None = None) -> str:
     """The ``tpu-rl doctor`` table: one row per tool (with the purposes needing it), then each
-    purpose's verdict line; ``problems`` (purpose -> one line) fails a purpose whose tools are all
-    OK (gcluster's own dependency check)."""
+    purpose's verdict line; ``problems`` (purpose -> lines) fails a purpose whose tools are all OK
+    (gcluster's own dependency check, gcloud's account, ADC), one ``purpose: line`` each."""
     rows: dict[str, tuple[ToolStatus, list[str]]] = {}
     for chain in toolchains:
         for s in chain.statuses:
@@ -672,7 +672,7 @@ def format_table(toolchains: Sequence[Toolchain], problems: Mapping[str, str] | 
         if not chain.ok:
             lines.append(chain.problem_line())
         elif problems.get(chain.purpose):
-            lines.append(f"{chain.purpose}: {problems[chain.purpose]}")
+            lines.extend(f"{chain.purpose}: {line}" for line in problems[chain.purpose])
         else:
             lines.append(f"{chain.purpose}: OK")
     return "\n".join(line.rstrip() for line in lines)

@@ -186,10 +186,9 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         """gcloud's active account (cmd/job/prereq.go ``ensureGCloudAuthenticated``): exit 0 and
         an account on stdout; every gcloud command of the run needs one."""
         try:
-            result = self.hook.run(commands.active_account(), log_output=False, timeout=COMMAND_TIMEOUT)
+            account = self.hook.active_gcloud_account(timeout=COMMAND_TIMEOUT)
         except ConfigurationError as err:
             return self._tool_problem(err)
-        account = checks.parse_active_account(result.output_lines) if result.ok else None
         if account is None:
             self._account_missing = True
             return [checks.no_account_problem(run)]
