@@ -60,6 +60,10 @@ class SandboxSettings:
     * ``boot_apt_seconds``: how long a new TPU VM's own apt work runs after it is created (an
       Ubuntu cloud image's apt-daily then unattended-upgrades): apt's lists lock is held for the
       first half, dpkg's frontend lock for the second.
+    * ``iam_propagation_seconds``: how long a new ``secretAccessor`` grant on a secret takes to
+      take effect: until then the member's reads get Secret Manager's 403. Real IAM: "typically
+      2 minutes, but could potentially take 7 minutes or longer" (Google Cloud IAM docs, "Access
+      change propagation"); the sandbox's default is short so the suite stays fast.
     """
 
     conditional_bindings: bool = True
@@ -69,6 +73,7 @@ class SandboxSettings:
         default_factory=lambda: {key: dict(value) for key, value in DEFAULT_RESERVATIONS.items()}
     )
     boot_apt_seconds: float = 2.0
+    iam_propagation_seconds: float = 0.5
 
     def reservation(self, zone: str, name: str) -> dict[str, Any] | None:
         """The reservation ``name`` in ``zone`` with defaults filled in, or ``None``."""
