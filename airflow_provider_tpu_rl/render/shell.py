@@ -8,14 +8,37 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterable
 
+# How long the pod waits for the HF token secret to become readable: a 403 on the read is retried
+# until then. The grant (HfTokenSecretOperator) can only come after the deploy, which creates the
+# service accounts the pods run as, and a new IAM grant is not effective at once: "Changes to allow
+# or deny policies typically propagate in 2 minutes, but could potentially take 7 minutes or
+# longer" (Google Cloud IAM docs, "Access change propagation",
+# https://cloud.google.com/iam/docs/access-change-propagation). Only the pod's own identity can
+# observe when its grant took effect, so the pod waits, not an Airflow worker (the job operators are
+# deferred meanwhile); 10 minutes covers the documented 7 with room; a grant still missing by then
+# fails the read with the 403 as before.
+SECRET_GRANT_WAIT_SECONDS = 600
+
 # Reads one Secret Manager secret version with the workload's own credentials (workload identity
 # on GKE). Runs inside the workload image, which has google-auth and requests (MaxText needs both
 # for GCS), so the token never travels through Airflow, argv or the JobSet spec.
+# A 403 (PERMISSION_DENIED: the grant has not propagated yet) is asked again, after a pause of half
+# the time waited so far (1 s at least, 15 s at most), until SECRET_GRANT_WAIT_SECONDS; each wait
+# prints one line to stderr naming the secret (never its value). Any other answer ends the loop:
+# raise_for_status fails the && chain on an error (404, or a 403 past the wait).
+# One line (pathways_jobset.tmpl puts the command in a YAML block scalar), so the loop is
+# ``next()`` over ``iter(get, 0)`` (a sentinel never returned) with the wait as its filter.
 # It holds no single quote, so ``shlex.quote`` wraps it in plain single quotes.
 _READ_SECRET_PY = (
-    "import sys,base64,google.auth,google.auth.transport.requests as r;"
+    "import sys,time,base64,google.auth,google.auth.transport.requests as r;"
     'c,_=google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"]);'
-    'x=r.AuthorizedSession(c).get("https://secretmanager.googleapis.com/v1/"+sys.argv[1]+":access");'
+    's=r.AuthorizedSession(c);u="https://secretmanager.googleapis.com/v1/"+sys.argv[1]+":access";'
+    f"t=time.monotonic();d=t+{SECRET_GRANT_WAIT_SECONDS};"
+    "w=lambda x:x.status_code==403 and time.monotonic()<d and sys.stderr.write("
+    '"HF token secret "+sys.argv[1]+" not readable yet (403 PERMISSION_DENIED: a new IAM grant takes '
+    'minutes to take effect); waited %d of %d s, retrying\\n"%(time.monotonic()-t,d-t))>=0 '
+    "and time.sleep(min(15,max(1,(time.monotonic()-t)/2))) is None;"
+    "x=next(x for x in iter(lambda:s.get(u),0) if not w(x));"
     'x.raise_for_status();sys.stdout.write(base64.b64decode(x.json()["payload"]["data"]).decode())'
 )
 

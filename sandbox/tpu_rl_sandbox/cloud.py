@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import Any
 
 from tpu_rl_sandbox.layout import SandboxLayout
@@ -22,6 +23,14 @@ SECRET_VERSION_STATE = (
     "[projects/{number}/secrets/{secret}/versions/{version}] is in {state} state."
 )
 SECRET_NOT_FOUND = "google.api_core.exceptions.NotFound: 404 Secret [projects/{number}/secrets/{secret}] not found or has no versions."
+# Secret Manager's answer to a caller without secretmanager.versions.access on the secret or its
+# project, whether or not the secret exists (the API's google.rpc status, as the client libraries
+# print it, e.g. googleapis/python-secret-manager#389: "403 Permission
+# 'secretmanager.versions.access' denied for resource 'projects/…/versions/1' (or it may not exist).").
+SECRET_ACCESS_DENIED = (
+    "PERMISSION_DENIED: Permission 'secretmanager.versions.access' denied for resource "
+    "'projects/{project}/secrets/{secret}/versions/{version}' (or it may not exist)."
+)
 
 
 def placeholder_token(sha256: str) -> str:
@@ -80,6 +89,20 @@ def secret_value(store: StateStore, project: str, secret: str, version: str) -> 
             number=number, secret=secret, version=chosen["version"], state=chosen.get("state")
         )
     return placeholder_token(str(chosen["sha256"])), ""
+
+
+def pod_secret_value(
+    store: StateStore, identity: str, project: str, secret: str, version: str
+) -> tuple[str | None, str]:
+    """:func:`secret_value` as a pod reads it: its identity (:func:`pod_identity`: a service
+    account e-mail or a Workload Identity principal) needs ``secretmanager.versions.access`` on the
+    secret or its project, granted long enough ago to be in effect (:func:`member_has_permission`),
+    else Secret Manager's 403 (:data:`SECRET_ACCESS_DENIED`)."""
+    member = identity if identity.startswith("principal://") else f"serviceAccount:{identity}"
+    resources = [f"projects/{project}/secrets/{secret}", f"projects/{project}"]
+    if not member_has_permission(store, resources, member, "secretmanager.versions.access"):
+        return None, SECRET_ACCESS_DENIED.format(project=project, secret=secret, version=version)
+    return secret_value(store, project, secret, version)
 
 
 def node_pool_can_write(store: StateStore, cluster: dict[str, Any]) -> bool:
@@ -213,15 +236,38 @@ def iam_policy(layout: SandboxLayout, resource: str) -> tuple[dict[str, list[str
 
 def member_has_permission(store: StateStore, resources: list[str], member: str, permission: str) -> bool:
     """Whether ``member`` holds a role with ``permission`` on any of ``resources`` (a resource and
-    its ancestors, e.g. a secret and its project), unconditionally."""
+    its ancestors, e.g. a secret and its project), unconditionally and in effect now: a binding
+    with a recorded grant time counts only once ``iam_propagation_seconds`` have passed since it
+    was added (IAM is eventually consistent: "Changes to allow or deny policies typically
+    propagate in 2 minutes, but could potentially take 7 minutes or longer", Google Cloud IAM docs,
+    "Access change propagation"). Only a secret's bindings carry a grant time
+    (``gcloud secrets add-iam-policy-binding``), the grant a workload uses right after it is made."""
     roles = PERMISSION_ROLES[permission]
+    delay = load_settings(store.layout).iam_propagation_seconds
+    now = time.time()
     with store.txn() as txn:
         docs = {name: txn.doc(name) for name in ("iam", "secrets", "buckets")}
         for resource in resources:
             plain, _ = policy_from_docs(docs, resource, conditional_project=False)
-            if any(member in plain.get(role, []) for role in roles):
-                return True
+            granted_at = grant_times(docs, resource)
+            for role in roles:
+                if member in plain.get(role, []) and now >= granted_at.get(role, {}).get(member, 0.0) + delay:
+                    return True
     return False
+
+
+def grant_times(docs: dict[str, dict[str, Any]], resource: str) -> dict[str, dict[str, float]]:
+    """``role -> member -> time.time()`` of the bindings of ``resource`` whose grant time was
+    recorded (a secret's, see :data:`GRANTED_AT`); the others have been in effect all along."""
+    kind, project, name = parse_iam_resource(resource)
+    if kind != "secret":
+        return {}
+    record = docs.get("secrets", {}).get(f"{project}/{name}") or {}
+    return {role: dict(members) for role, members in (record.get(GRANTED_AT) or {}).items()}
+
+
+# The key of a secret record that holds when each unconditional binding was added.
+GRANTED_AT = "granted_at"
 
 
 def bucket_project(store: StateStore, bucket: str) -> str | None:

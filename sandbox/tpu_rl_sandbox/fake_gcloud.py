@@ -1084,7 +1084,8 @@ class Gcloud:
     def cmd_secrets_add_iam_policy_binding(self, parsed: GcloudParse) -> int:
         """surface/secrets/add_iam_policy_binding.py: get the policy (the secret must exist), add the
         binding with iam_util.AddBindingToIamPolicyWithCondition, set it (the server checks the
-        principal and the role)."""
+        principal and the role). A new unconditional member's grant time is recorded: reads as that
+        member are refused until it has propagated (cloud.member_has_permission)."""
         project = self.project(parsed)
         secret = str(parsed.positionals["SECRET"])
         member, role = str(parsed.get("member")), str(parsed.get("role"))
@@ -1101,7 +1102,10 @@ class Gcloud:
                 raise GcloudError(
                     f"NOT_FOUND: Secret [projects/{cloud.project_number(project)}/secrets/{secret}] not found."
                 )
+            new_member = condition is None and member not in record.get("bindings", {}).get(role, [])
             self._bind_in_record(record, member, role, condition)
+            if new_member:  # an unchanged policy has nothing to propagate
+                record.setdefault(cloud.GRANTED_AT, {}).setdefault(role, {})[member] = time.time()
             txn.save("secrets")
             plain, conditional = cloud.policy_from_docs(
                 {"secrets": secrets}, f"projects/{project}/secrets/{secret}", False
@@ -1147,6 +1151,7 @@ class Gcloud:
                 plain[role].remove(member)
                 if not plain[role]:
                     del plain[role]
+                record.get(cloud.GRANTED_AT, {}).get(role, {}).pop(member, None)
                 removed = True
             for binding in list(conditional):
                 matches = remove_all or binding["condition"] == condition

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpu_rl_sandbox import machine_stubs, maxtext_sim
+from tpu_rl_sandbox import cloud, machine_stubs, maxtext_sim
 from tpu_rl_sandbox.flags import GcloudUsageError
 from tpu_rl_sandbox.fsview import GcsStore, LocalStore, Router, StorageError
 from tpu_rl_sandbox.gcloud_commands import run_on_vm
@@ -891,10 +891,7 @@ class VmHost(MachineHost):
         if authorize is not None and not authorize(
             "secretmanager.versions.access", [f"projects/{project}/secrets/{secret}", f"projects/{project}"]
         ):
-            return None, (
-                "PERMISSION_DENIED: Permission 'secretmanager.versions.access' denied for resource "
-                f"'projects/{project}/secrets/{secret}/versions/{version}' (or it may not exist)."
-            )
+            return None, cloud.SECRET_ACCESS_DENIED.format(project=project, secret=secret, version=version)
         return self.services.secret_access(project, secret, version)
 
 

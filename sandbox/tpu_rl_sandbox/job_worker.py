@@ -331,7 +331,8 @@ class Worker:
                     account is not None and cloud.account_can_write(store, cluster, account)
                 ),
             ),
-            secret_access=lambda p, s, v: cloud.secret_value(store, p, s, v),
+            # the pod reads as its own identity: it needs the grant, in effect
+            secret_access=lambda p, s, v: cloud.pod_secret_value(store, identity, p, s, v),
             fault=faults.fire,
             seed=f"{job['key']}",
             step_seconds=step,

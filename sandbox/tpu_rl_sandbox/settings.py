@@ -68,6 +68,10 @@ class SandboxSettings:
     * ``gcluster_release``: the release the fake ``gcluster`` plays, ``{"version", "terraform",
       "packer"}`` (what ``--version`` prints, and the Terraform/Packer versions its dependency
       check requires); empty: the pinned release (``fake_gcluster.PINNED_RELEASE``).
+    * ``iam_propagation_seconds``: how long a new ``secretAccessor`` grant on a secret takes to
+      take effect: until then the member's reads get Secret Manager's 403. Real IAM: "typically
+      2 minutes, but could potentially take 7 minutes or longer" (Google Cloud IAM docs, "Access
+      change propagation"); the sandbox's default is short so the suite stays fast.
     """
 
     conditional_bindings: bool = True
@@ -79,6 +83,7 @@ class SandboxSettings:
     boot_apt_seconds: float = 2.0
     gcloud_logged_in: bool = True
     gcluster_release: Mapping[str, str] = field(default_factory=dict)
+    iam_propagation_seconds: float = 0.5
 
     def reservation(self, zone: str, name: str) -> dict[str, Any] | None:
         """The reservation ``name`` in ``zone`` with defaults filled in, or ``None``."""

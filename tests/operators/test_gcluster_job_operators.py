@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import math
 import time
@@ -34,6 +35,7 @@ from tests.operators.sandbox_run import (
     wait_for,
 )
 from tpu_rl_sandbox import kube_access
+from tpu_rl_sandbox.settings import reset_settings, update_settings
 
 RUN_1 = "manual__2026-03-01T00:00:00+00:00"
 RUN_2 = "manual__2026-03-02T00:00:00+00:00"
@@ -407,3 +409,39 @@ def test_a_job_without_its_token_secret_fails_in_one_line_before_submitting(
     assert detail in message
     assert "HfTokenSecretOperator" in message
     assert sb.job_calls("submit", _job_names(conf)[0]) == []
+
+
+# -- the HF token secret's new grant -------------------------------------------------------------------
+def test_the_conversion_waits_for_its_new_token_grant_to_take_effect(sb: SandboxRun) -> None:
+    """The token task grants the cluster's accounts secretAccessor just before the conversion, and
+    IAM takes minutes to make a grant effective: the conversion's pod waits on the 403 until it is,
+    instead of failing its JobSet (a wasted attempt and a task retry)."""
+    conf = sb.gke_conf()
+    convert_job, _, _ = _job_names(conf)
+    # far longer than the gap between the grant and the pod's read; ended by hand below
+    update_settings(sb.layout, iam_propagation_seconds=600.0)
+    try:
+        prepare_cluster(sb, conf, run_id=RUN_1)
+        op = _convert_op(sb)
+        context = sb.context(op, conf, run_id=RUN_1)
+        deferred = defer(op, context)
+
+        async def grant_takes_effect() -> None:
+            while "not readable yet (403 PERMISSION_DENIED" not in sb.job_log_of(convert_job):
+                await asyncio.sleep(0.1)
+            update_settings(sb.layout, iam_propagation_seconds=0.0)
+
+        event = run_trigger(deferred.trigger, alongside=grant_takes_effect)
+    finally:
+        reset_settings(sb.layout)
+
+    assert event["status"] == "success", event
+    assert op.execute_complete(context, event)["skipped"] is False
+    job = sb.job_record(convert_job)
+    assert job is not None
+    assert (job["status"], job["attempt"]) == ("Succeeded", 1)  # no failed attempt, no restart
+    log = sb.job_log(job)
+    pipeline = gke_pipeline_from_conf(conf, run_id=RUN_1)
+    assert f"HF token secret {pipeline.token_resource} not readable yet (403 PERMISSION_DENIED" in log
+    assert len(sb.job_calls("submit", convert_job)) == 1
+    assert f"{CONVERTED}0/commit_success.txt" in sb.objects()

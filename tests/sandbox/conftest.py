@@ -174,7 +174,8 @@ def deploy_args(names: dict[str, str], *, backend: bool = True, extra_vars: str 
 
 @dataclass
 class Cluster:
-    """A deployed cluster ready for jobs (bucket, storage.admin for the node SA, docker creds, context)."""
+    """A deployed cluster ready for jobs (bucket, storage.admin and secretAccessor for the cluster's
+    accounts, docker creds, context)."""
 
     names: dict[str, str]
     secret: str
@@ -225,20 +226,24 @@ def make_cluster(cli: Cli, names: dict[str, str], blueprint: Path) -> Cluster:
     )
     result = cli.gcluster("deploy", str(blueprint), *deploy_args(names))
     assert result.code == 0, result.text
+    # secretAccessor project-wide (the pipeline grants it on its secret alone): a read of a secret
+    # that does not exist is then Secret Manager's 404, not the 403 "(or it may not exist)" that the
+    # pod's read waits on for a grant to propagate.
     for account in ("np", "wl"):
         member = (
             f"serviceAccount:{names['cluster']}-gke-{account}-sa@{names['project']}.iam.gserviceaccount.com"
         )
-        granted = cli.gcloud(
-            "projects",
-            "add-iam-policy-binding",
-            names["project"],
-            f"--member={member}",
-            "--role=roles/storage.admin",
-            "--condition=None",
-            "--quiet",
-        )
-        assert granted.code == 0, granted.text
+        for role in ("roles/storage.admin", "roles/secretmanager.secretAccessor"):
+            granted = cli.gcloud(
+                "projects",
+                "add-iam-policy-binding",
+                names["project"],
+                f"--member={member}",
+                f"--role={role}",
+                "--condition=None",
+                "--quiet",
+            )
+            assert granted.code == 0, granted.text
     assert cli.gcloud("auth", "configure-docker", "gcr.io", "--quiet").code == 0
     assert cli.gcloud("auth", "configure-docker", f"{names['region']}-docker.pkg.dev", "--quiet").code == 0
     for key, value in (

@@ -14,6 +14,7 @@ from airflow_provider_tpu_rl.render.blueprint import customize_blueprint
 from airflow_provider_tpu_rl.spec.presets import PRESETS
 from tests.sandbox.conftest import Cli, Cluster, job_status, make_cluster, wait_for
 from tests.sandbox.test_jobs import CONVERT
+from tpu_rl_sandbox.cloud import project_number
 
 CPU_FLAGS = (
     "--compute-type",
@@ -82,6 +83,20 @@ def test_a_cpu_job_without_the_workload_identity_account_cannot_write(
     cli: Cli, cpu_queue_cluster: Cluster
 ) -> None:
     cluster = cpu_queue_cluster
+    # the default Kubernetes account's Workload Identity principal may read the token, not write
+    principal = (
+        f"principal://iam.googleapis.com/projects/{project_number(cluster.project)}/locations/global/"
+        f"workloadIdentityPools/{cluster.project}.svc.id.goog/subject/ns/default/sa/default"
+    )
+    granted = cli.gcloud(
+        "secrets",
+        "add-iam-policy-binding",
+        cluster.secret,
+        f"--project={cluster.project}",
+        f"--member={principal}",
+        "--role=roles/secretmanager.secretAccessor",
+    )
+    assert granted.code == 0, granted.text
     result = cli.gcluster(*cpu_submit(cluster, "cpu-default-ksa", "--await-job-completion"))
     assert result.code == 1
     text = cli.gcluster("job", "logs", "cpu-default-ksa", "--main-only").err

@@ -6,7 +6,11 @@ import hashlib
 import json
 
 from tests.sandbox.conftest import Cli, Cluster, deploy_args
-from tpu_rl_sandbox.state import read_calls
+from tpu_rl_sandbox import cloud
+from tpu_rl_sandbox.settings import reset_settings, update_settings
+from tpu_rl_sandbox.state import StateStore, read_calls
+
+ACCESSOR = "roles/secretmanager.secretAccessor"
 
 
 def test_bucket_create_is_not_idempotent_and_describe_reports_it(cli: Cli, names: dict[str, str]) -> None:
@@ -133,6 +137,58 @@ def test_iam_bindings_need_existing_service_accounts(cli: Cli, cluster: Cluster)
     )
     assert missing_flag.code == 2
     assert "argument --member: Must be specified." in missing_flag.err
+
+
+def test_a_new_secret_grant_is_refused_until_it_has_propagated(cli: Cli, names: dict[str, str]) -> None:
+    """IAM is eventually consistent: the policy shows a new binding at once, the member's reads are
+    refused with Secret Manager's 403 until ``iam_propagation_seconds`` have passed."""
+    project = names["project"]
+    store = StateStore(cli.layout)
+    reader = (
+        f"principal://iam.googleapis.com/projects/{cloud.project_number(project)}/locations/global/"
+        f"workloadIdentityPools/{project}.svc.id.goog/subject/ns/default/sa/reader"
+    )
+    binding = ("hf", f"--project={project}", f"--member={reader}", f"--role={ACCESSOR}")
+    denied = (
+        None,
+        f"PERMISSION_DENIED: Permission 'secretmanager.versions.access' denied for resource "
+        f"'projects/{project}/secrets/hf/versions/latest' (or it may not exist).",
+    )
+
+    def read() -> tuple[str | None, str]:
+        return cloud.pod_secret_value(store, reader, project, "hf", "latest")
+
+    def propagate() -> None:
+        """As if the propagation delay had passed since the grant."""
+        with store.txn() as txn:
+            secrets = txn.doc("secrets")
+            secrets[f"{project}/hf"][cloud.GRANTED_AT][ACCESSOR][reader] -= 61.0
+            txn.save("secrets")
+
+    update_settings(cli.layout, iam_propagation_seconds=60.0)
+    try:
+        created = cli.gcloud("secrets", "create", "hf", f"--project={project}", "--data-file=-", stdin=b"v")
+        assert created.code == 0, created.text
+        assert read() == denied  # no grant
+        assert cli.gcloud("secrets", "add-iam-policy-binding", *binding).code == 0
+        assert reader in cloud.iam_bindings(cli.layout, f"projects/{project}/secrets/hf")[ACCESSOR]
+        assert read() == denied  # granted, not in effect yet
+        propagate()
+        value, problem = read()
+        assert (problem, str(value).startswith("hf_sandbox_")) == ("", True)
+        # the same grant again changes no policy: nothing to propagate
+        assert cli.gcloud("secrets", "add-iam-policy-binding", *binding).code == 0
+        assert read()[0] == value
+        # taken back and granted anew: a new grant, not in effect yet
+        assert cli.gcloud("secrets", "remove-iam-policy-binding", *binding).code == 0
+        assert read() == denied
+        assert cli.gcloud("secrets", "add-iam-policy-binding", *binding).code == 0
+        assert read() == denied
+        # no delay: a grant is in effect at once
+        update_settings(cli.layout, iam_propagation_seconds=0.0)
+        assert read()[0] == value
+    finally:
+        reset_settings(cli.layout)
 
 
 def test_cluster_list_filters_on_blueprint_labels(cli: Cli, names: dict[str, str]) -> None:

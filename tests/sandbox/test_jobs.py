@@ -265,6 +265,16 @@ def test_writes_need_a_storage_role_for_the_node_pool_account(cli: Cli, names: d
     assert (
         cli.gcloud("secrets", "create", "hf", f"--project={project}", "--data-file=-", stdin=b"v").code == 0
     )
+    reader = f"serviceAccount:{cluster_name}-gke-np-sa@{project}.iam.gserviceaccount.com"
+    granted = cli.gcloud(
+        "secrets",
+        "add-iam-policy-binding",
+        "hf",
+        f"--project={project}",
+        f"--member={reader}",
+        "--role=roles/secretmanager.secretAccessor",
+    )
+    assert granted.code == 0, granted.text  # the token is readable: only the write is refused
     token = hf_token_from_secret_manager(f"projects/{project}/secrets/hf/versions/latest")
     command = CONVERT.format(token=token, bucket=bucket)
     result = cli.gcluster(
