@@ -115,15 +115,43 @@ def _run_doctor(args: argparse.Namespace) -> int:
                     line = hook.gcluster_dependency_problem(chain)
                     if line:
                         problems[chain.purpose].append(line)
-            for purpose, line in credential_problems(hook, chains).items():
+            credential_lines = credential_problems(hook, chains)
+            for purpose, line in credential_lines.items():
                 problems[purpose].append(line)
-        except TpuRlError as err:
+            # The project's side of the TPU VM's SSH, once the tools and the account are there.
+            vm_ready = any(chain.purpose == "tpu_vm" and chain.ok for chain in chains)
+            if args.project and vm_ready and not problems["tpu_vm"]:
+                problems["tpu_vm"] += vm_access_problems(hook, args.project, args.ssh_source_ranges)
+        except (TpuRlError, SpecError) as err:
             print(f"tpu-rl doctor: {err}", file=sys.stderr)
             return 1
     sys.stdout.write(format_table(chains, problems) + "\n")
     return 0 if all(chain.ok for chain in chains) and not any(problems.values()) else 1
 
 
+def vm_access_problems(hook: Any, project: str, source_ranges: Sequence[str] | None) -> list[str]:
+    """What would stop the TPU VM's SSH sessions in ``project``, as preflight checks it: the
+    network, a firewall rule for tcp:22 from ``source_ranges``; OS Login, when enforced, is a note on
+    stderr (preflight tests the caller's compute.instances.osAdminLogin)."""
+    from airflow_provider_tpu_rl.hooks.vm_access import VmAccessReader
+    from airflow_provider_tpu_rl.spec import preflight as checks
+    from airflow_provider_tpu_rl.spec import rules
+
+    project = rules.project_id("project", project)
+    sources = checks.ssh_source_ranges(source_ranges)
+    reader = VmAccessReader(hook, timeout=VM_READ_TIMEOUT)
+    enforced, problems = reader.os_login(project)
+    if enforced:
+        print(
+            f"tpu-rl doctor: {checks.os_login_reason(project)}: the run's account needs "
+            f"{checks.OS_ADMIN_LOGIN} ({checks.OS_ADMIN_LOGIN_ROLE}); preflight tests it",
+            file=sys.stderr,
+        )
+    return problems + reader.network_problems(project, sources)
+
+
+# Each gcloud read of the TPU VM checks (``--project``).
+VM_READ_TIMEOUT = 180.0
 # The runner whose commands each doctor purpose stands for (the wording of the account line).
 _PURPOSE_RUNNER = {"deploy": "gke", "jobs": "gke", "tpu_vm": "tpu_vm"}
 
@@ -178,6 +206,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     doctor.add_argument(
         "--no-install", action="store_true", help="do not download Terraform/Packer/the gcluster bundle"
+    )
+    doctor.add_argument(
+        "--project",
+        help="also check what the TPU VM's SSH sessions need in this project: the default network, a "
+        "firewall rule for tcp:22, OS Login (read-only gcloud calls)",
+    )
+    doctor.add_argument(
+        "--ssh-source-range",
+        dest="ssh_source_ranges",
+        action="append",
+        metavar="CIDR",
+        help="where the workers' SSH sessions come from (repeatable; default: any public address)",
     )
     doctor.set_defaults(handler=_run_doctor)
     try:

@@ -259,3 +259,62 @@ def test_doctor_without_adc_names_it_for_the_jobs(
     assert jobs.startswith(
         "jobs: gcluster job submit needs Application Default Credentials and finds none"
     ), jobs
+
+
+def test_doctor_with_a_project_checks_what_the_tpu_vms_ssh_needs_there(
+    tmp_path: Path,
+    sandbox: SandboxInfo,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--project``: the sandbox's project has the default network and its SSH rule (OK); without
+    the rule, one line naming the rule to create; a missing network is one line too; an enforced
+    OS Login is a note on stderr (preflight tests the permission)."""
+    from airflow_provider_tpu_rl import cli
+    from tpu_rl_sandbox.vpc import delete_network
+
+    monkeypatch.setattr(cli, "_logs_to_stderr", lambda: None)
+    for name, value in sandbox.env.items():
+        monkeypatch.setenv(name, value)  # the sandbox's gcloud first on PATH
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    project = "tpu-rl-doctor-vm"
+
+    def doctor_vm() -> tuple[int, str, str]:
+        code = cli.main(["doctor", "--for", "tpu_vm", "--no-install", "--project", project])
+        out, err = capsys.readouterr()
+        return code, out.splitlines()[-1], err
+
+    def gcloud(*argv: str) -> None:
+        done = subprocess.run(
+            ["gcloud", *argv, f"--project={project}"],
+            env=sandbox.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+
+    assert doctor_vm()[:2] == (0, "tpu_vm: OK")
+
+    gcloud("compute", "project-info", "add-metadata", "--metadata=enable-oslogin=TRUE")
+    code, verdict, err = doctor_vm()
+    assert (code, verdict) == (0, "tpu_vm: OK")
+    assert f"OS Login is enforced in project {project}" in err
+    assert "compute.instances.osAdminLogin (roles/compute.osAdminLogin)" in err
+
+    gcloud("compute", "firewall-rules", "delete", "default-allow-ssh")
+    code, verdict, _ = doctor_vm()
+    assert code == 1
+    assert verdict.startswith(
+        f"tpu_vm: no firewall rule on network default of project {project} allows SSH (tcp:22)"
+    )
+    assert verdict.endswith(
+        f"gcloud compute firewall-rules create tpu-rl-allow-ssh --project={project} --network=default "
+        "--direction=INGRESS --allow=tcp:22 --source-ranges=0.0.0.0/0"
+    )
+
+    delete_network(SandboxLayout(sandbox.root), project, "default")
+    code, verdict, _ = doctor_vm()
+    assert code == 1
+    assert verdict.startswith(f"tpu_vm: network default does not exist in project {project}: "), verdict

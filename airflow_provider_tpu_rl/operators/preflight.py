@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.providers.common.compat.sdk import Context
 
@@ -23,7 +23,11 @@ from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, fail_fa
 from airflow_provider_tpu_rl.render import preflight as commands
 from airflow_provider_tpu_rl.spec import preflight as checks
 from airflow_provider_tpu_rl.spec import rules
+from airflow_provider_tpu_rl.spec.preflight import error_line
 from airflow_provider_tpu_rl.spec.presets import Runner
+
+if TYPE_CHECKING:
+    from airflow_provider_tpu_rl.hooks.vm_access import VmAccessReader
 
 COMMAND_TIMEOUT = 180.0
 # Each request of the ADC check (a token from the key's token_uri, or the metadata server).
@@ -47,17 +51,6 @@ def lease_wait_seconds() -> float:
     """``[tpu_rl] lease_wait_minutes``: how long preflight waits for another run's cluster lease
     (deferred, re-checked every minute); 0 (the default) fails at once."""
     return max(conf.getfloat("tpu_rl", "lease_wait_minutes", fallback=0.0), 0.0) * 60.0
-
-
-def error_line(message: str) -> str:
-    """The line of a failed command's message that says what went wrong (gcloud's ``ERROR:``)."""
-    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
-    for index, line in enumerate(lines):
-        if line.startswith("ERROR:"):
-            # "Could not fetch resource:" is followed by " - <the reason>" lines
-            details = [d for d in lines[index + 1 :] if d.startswith("- ")]
-            return " ".join([line, *details])
-    return lines[-1] if lines else "no output"
 
 
 class TpuRlPreflightOperator(GclusterBaseOperator):
@@ -292,70 +285,28 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
             self.log.warning("%s", note)
         return checks.reservation_problems(need, document)
 
-    def _read_json(
-        self, command: Any, what: str, needs: str, *, as_list: bool = False
-    ) -> tuple[Any, list[str]]:
-        """Run a read; its JSON, or ``(None, [one line])`` when it fails (``None, []``: not found)."""
-        try:
-            result = self.hook.run(command, log_output=False, timeout=COMMAND_TIMEOUT)
-        except ConfigurationError as err:
-            return None, self._tool_problem(err)
-        if not result.ok and any(m in result.output for m in commands.NOT_FOUND):
-            return None, []
-        try:
-            self.hook.check_result(command, result)
-        except CommandError as err:
-            if err.retryable:
-                raise
-            return None, [f"could not read {what} ({error_line(str(err))}): the caller needs {needs}"]
-        lines = result.output_lines
-        document = checks.parse_json_list(lines) if as_list else checks.parse_json_document(lines)
-        if document is None:
-            return None, [f"gcloud printed no JSON for {what}"]
-        return document, []
+    def _vm_access(self) -> VmAccessReader:
+        from airflow_provider_tpu_rl.hooks.vm_access import VmAccessReader
+
+        return VmAccessReader(self.hook, timeout=COMMAND_TIMEOUT)
 
     def check_os_login(self, project: str) -> tuple[bool, list[str]]:
         """Whether the project's metadata enforces OS Login (``enable-oslogin``)."""
         if self._skipped_without_account("the OS Login check", "no account"):
             return False, []
-        info, problems = self._read_json(
-            commands.describe_project_info(project),
-            f"project {project}'s metadata",
-            "compute.projects.get (roles/compute.instanceAdmin.v1)",
-        )
-        if info is None:
-            return False, problems or [f"project {project} has no Compute Engine metadata"]
-        enabled = checks.os_login_enabled(info)
-        self.log.info("OS Login %s in %s", "enforced" if enabled else "not enforced", project)
-        return enabled, []
+        try:
+            return self._vm_access().os_login(project)
+        except ConfigurationError as err:
+            return False, self._tool_problem(err)
 
     def check_vm_network(self, project: str, sources: Sequence[str]) -> list[str]:
         """The TPU VM's network exists and a firewall rule lets the SSH sessions in."""
         if self._skipped_without_account("the network check", "no account"):
             return []
-        network = checks.VM_NETWORK
-        found, problems = self._read_json(
-            commands.describe_network(project, network),
-            f"network {network}",
-            "compute.networks.get (roles/compute.networkViewer)",
-        )
-        if problems:
-            return problems
-        if found is None:
-            return [checks.network_not_found_problem(project, network)]
-        rules_found, problems = self._read_json(
-            commands.list_firewall_rules(project),
-            f"the firewall rules of project {project}",
-            "compute.firewalls.list (roles/compute.networkViewer)",
-            as_list=True,
-        )
-        if problems:
-            return problems
-        rule = checks.ssh_allowing_rule(rules_found, network, sources)
-        if rule is None:
-            return [checks.ssh_firewall_problem(project, network, sources)]
-        self.log.info("firewall rule %s lets SSH reach network %s", rule, network)
-        return []
+        try:
+            return self._vm_access().network_problems(project, sources)
+        except ConfigurationError as err:
+            return self._tool_problem(err)
 
     def lease_holder_line(self, context: Context) -> str | None:
         """Another run's live lease on the cluster, as one line; ``None`` when this run may use it

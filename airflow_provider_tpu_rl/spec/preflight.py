@@ -656,3 +656,14 @@ def os_login_reason(project: str) -> str:
         f"OS Login is enforced in project {project} ({OS_LOGIN_KEY}=TRUE in its metadata): "
         "gcloud compute ssh logs in through OS Login and the stages' sudo needs admin login"
     )
+
+
+def error_line(message: str) -> str:
+    """The line of a failed command's message that says what went wrong (gcloud's ``ERROR:``)."""
+    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+    for index, line in enumerate(lines):
+        if line.startswith("ERROR:"):
+            # "Could not fetch resource:" is followed by " - <the reason>" lines
+            details = [d for d in lines[index + 1 :] if d.startswith("- ")]
+            return " ".join([line, *details])
+    return lines[-1] if lines else "no output"

@@ -22,7 +22,6 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from tpu_rl_sandbox import oauth
 from tpu_rl_sandbox.layout import SandboxLayout
 
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
@@ -99,6 +98,8 @@ def find_adc_problem(env: Mapping[str, str]) -> str | None:
 def write_adc_key(layout: SandboxLayout, api_url: str, project: str) -> Path:
     """The sandbox's service-account key (``token_uri`` the API server) as a file for
     ``GOOGLE_APPLICATION_CREDENTIALS`` (mode 0600, replaced atomically)."""
+    from tpu_rl_sandbox import oauth  # RSA signing: not on every fake gcluster call
+
     path = layout.root / oauth.CREDENTIALS_DIR / ADC_KEY_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".adc.", suffix=".tmp")

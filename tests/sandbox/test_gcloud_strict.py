@@ -7,6 +7,7 @@ import dataclasses
 import datetime as dt
 import json
 import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -578,6 +579,7 @@ def test_inside_the_vm_gcloud_acts_as_the_default_compute_account(cli: Cli, prep
         ),
     ):
         assert cli.gcloud(*grant, f"--member=serviceAccount:{account}", "--condition=None").code == 0
+    time.sleep(load_settings(cli.layout).iam_propagation_seconds)  # a new secret grant takes effect
     code, out, err = ssh(
         cli, names, vm, VM_READ.format(project=project) + VM_WRITE.format(bucket=names["bucket"]) * 2
     )
