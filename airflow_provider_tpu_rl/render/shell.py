@@ -25,7 +25,8 @@ SECRET_GRANT_WAIT_SECONDS = 600
 # A 403 (PERMISSION_DENIED: the grant has not propagated yet) is asked again, after a pause of half
 # the time waited so far (1 s at least, 15 s at most), until SECRET_GRANT_WAIT_SECONDS; each wait
 # prints one line to stderr naming the secret (never its value). Any other answer ends the loop:
-# raise_for_status fails the && chain on an error (404, or a 403 past the wait).
+# raise_for_status fails the && chain on an error (404, or a 403 past the wait); each request has
+# a 60 s timeout.
 # One line (pathways_jobset.tmpl puts the command in a YAML block scalar), so the loop is
 # ``next()`` over ``iter(get, 0)`` (a sentinel never returned) with the wait as its filter.
 # It holds no single quote, so ``shlex.quote`` wraps it in plain single quotes.
@@ -38,7 +39,7 @@ _READ_SECRET_PY = (
     '"HF token secret "+sys.argv[1]+" not readable yet (403 PERMISSION_DENIED: a new IAM grant takes '
     'minutes to take effect); waited %d of %d s, retrying\\n"%(time.monotonic()-t,d-t))>=0 '
     "and time.sleep(min(15,max(1,(time.monotonic()-t)/2))) is None;"
-    "x=next(x for x in iter(lambda:s.get(u),0) if not w(x));"
+    "x=next(x for x in iter(lambda:s.get(u,timeout=60),0) if not w(x));"
     'x.raise_for_status();sys.stdout.write(base64.b64decode(x.json()["payload"]["data"]).decode())'
 )
 
