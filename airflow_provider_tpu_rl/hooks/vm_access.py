@@ -29,7 +29,9 @@ class VmAccessReader:
         self.hook = hook
         self.timeout = timeout
 
-    def read_json(self, command: Any, what: str, needs: str, *, as_list: bool = False) -> tuple[Any, list[str]]:
+    def read_json(
+        self, command: Any, what: str, needs: str, *, as_list: bool = False
+    ) -> tuple[Any, list[str]]:
         """Run a read; its JSON, or ``(None, [one line])`` when it fails (``None, []``: not found).
         A transient failure raises (the task's retries apply)."""
         result = self.hook.run(command, log_output=False, timeout=self.timeout)
