@@ -129,6 +129,13 @@ def __getattr__(name: str) -> Any:
     return value
 
 
+def default_deferrable() -> bool:
+    """``[operators] default_deferrable`` (default false): the default ``deferrable`` of every job
+    operator and sensor of this provider, read as the google provider's operators read it
+    (``conf.getboolean("operators", "default_deferrable", fallback=False)``)."""
+    return bool(sdk_name("conf").getboolean("operators", "default_deferrable", fallback=False))
+
+
 def client_options(hook: GoogleBaseHook, api_endpoint_override: str | None = None) -> ClientOptions:
     """``hook.get_client_options(...)``, which the google provider has only since 22.0.0.
 
@@ -163,6 +170,7 @@ __all__ = [
     "airflow_version",
     "client_options",
     "conf",
+    "default_deferrable",
     "exponential_backoff",
     "mask_secret",
     "sdk_name",

@@ -17,7 +17,7 @@ import re
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -162,6 +162,40 @@ def terraform_env() -> dict[str, str]:
     return {"TF_CLI_ARGS_apply": f"-lock-timeout={int(terraform_lock_timeout())}s"}
 
 
+def impersonation_env(chain: str | Sequence[str] | None, command: Command) -> dict[str, str]:
+    """The environment that makes ``command`` act as the impersonated service account.
+
+    - ``gcloud`` reads its ``auth/impersonate_service_account`` property from
+      ``CLOUDSDK_AUTH_IMPERSONATE_SERVICE_ACCOUNT``: one account, or a comma-separated delegation
+      chain whose last account is the target (googlecloudsdk/core/credentials/store.py
+      ``ParseImpersonationAccounts``). ``gcluster job`` runs gcloud and kubectl, whose
+      ``gke-gcloud-auth-plugin`` takes its token from ``gcloud config config-helper``
+      (surface/config/config_helper.py: ``store.Load``, impersonation allowed): both get it.
+    - Terraform's google provider, run by ``gcluster deploy``/``destroy`` with the worker's
+      environment (see :func:`terraform_env`), reads ``impersonate_service_account`` from
+      ``GOOGLE_IMPERSONATE_SERVICE_ACCOUNT`` (hashicorp/terraform-provider-google, the provider's
+      schema); its ``impersonate_service_account_delegates`` has no environment variable, so a
+      delegation chain cannot reach it: a :class:`ConfigurationError` for those commands.
+
+    gcluster's own Go calls (the deploy validators, ``cmd/destroy.go``, ``cmd/job/prereq.go``:
+    ``google.FindDefaultCredentials``) use the worker's Application Default Credentials and are
+    not impersonated.
+    """
+    if not chain:
+        return {}
+    accounts = [chain] if isinstance(chain, str) else list(chain)
+    env = {"CLOUDSDK_AUTH_IMPERSONATE_SERVICE_ACCOUNT": ",".join(accounts)}
+    if command_purpose(command) == "deploy":
+        if len(accounts) > 1:
+            raise ConfigurationError(
+                f"impersonation_chain {accounts} has delegates, which Terraform under gcluster "
+                f"{_subcommand(command)} cannot take (GOOGLE_IMPERSONATE_SERVICE_ACCOUNT is one account): "
+                "impersonate the last account directly"
+            )
+        env["GOOGLE_IMPERSONATE_SERVICE_ACCOUNT"] = accounts[0]
+    return env
+
+
 def command_purpose(command: Command) -> str | None:
     """The toolchain a gcluster command needs: ``deploy``, ``jobs`` or ``None``."""
     if command.tool != "gcluster":
@@ -259,6 +293,8 @@ class GclusterHook(BaseHook):
         terraform_version, terraform_sha256, packer_version, packer_sha256, hashicorp_base_url,
         install_tools).
     :param config: use this configuration instead of reading the connection.
+    :param impersonation_chain: service account(s) every command impersonates
+        (:func:`impersonation_env`); ``None``: the worker's own identity.
     """
 
     conn_name_attr = "gcluster_conn_id"
@@ -271,11 +307,13 @@ class GclusterHook(BaseHook):
         gcluster_conn_id: str = default_conn_name,
         *,
         config: GclusterConfig | None = None,
+        impersonation_chain: str | Sequence[str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.gcluster_conn_id = gcluster_conn_id
         self._config = config
+        self.impersonation_chain = impersonation_chain
         self._tool_paths: dict[str, str] = {}
         self._toolchains: dict[str, Toolchain] = {}
         self._running: set[SyncProcess] = set()
@@ -569,6 +607,7 @@ class GclusterHook(BaseHook):
         extra_env = dict(toolchain.env) if toolchain else {}
         if command_purpose(command) == "deploy":
             extra_env.update(terraform_env())
+        extra_env.update(impersonation_env(self.impersonation_chain, command))
         return prepare_process(
             [tool_path, *command.argv[1:]],
             command_env=command.env,

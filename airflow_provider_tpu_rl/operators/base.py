@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow.providers.common.compat.sdk import BaseOperator, Context
@@ -46,6 +46,47 @@ def fail_fast(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def chain_of(impersonation_chain: str | Sequence[str] | None) -> str | list[str] | None:
+    """A rendered ``impersonation_chain``: empty (``""``, ``[]``, ``None``, empty items) is none.
+
+    As in the google provider: a string is the one account to impersonate; a list is a delegation
+    chain, each account impersonating the next, the last one's token used.
+    """
+    if not impersonation_chain:
+        return None
+    if isinstance(impersonation_chain, str):
+        return impersonation_chain.strip() or None
+    chain = [str(account).strip() for account in impersonation_chain if str(account or "").strip()]
+    return chain or None
+
+
+def connection_project(gcp_conn_id: str, impersonation_chain: str | Sequence[str] | None) -> str:
+    """The project of the Google Cloud connection, as the google provider's hooks default it.
+
+    ``GoogleBaseHook.project_id``: the connection's ``project`` extra, else the key file's (or the
+    ADC's) project. A one-line :class:`ConfigurationError` when there is none.
+    """
+    from airflow.providers.google.common.hooks.base_google import GoogleBaseHook
+
+    from airflow_provider_tpu_rl.hooks.credentials import shared_hook_class
+
+    try:
+        hook = shared_hook_class(GoogleBaseHook)(
+            gcp_conn_id=gcp_conn_id, impersonation_chain=chain_of(impersonation_chain)
+        )
+        project = hook.project_id
+    except Exception as err:  # no such connection, unreadable key file, no ADC
+        raise ConfigurationError(
+            f"project_id is empty and the project of connection {gcp_conn_id!r} cannot be read: {err}"
+        ) from err
+    if not project:
+        raise ConfigurationError(
+            f"project_id is empty and connection {gcp_conn_id!r} names no project: "
+            "pass project_id or set the connection's project"
+        )
+    return str(project)
+
+
 def expiry_of_run(context: Context, hours: int) -> int:
     """Expiry label: the run's start plus the allowed hours (the same value on every retry)."""
     dag_run = context.get("dag_run")
@@ -59,27 +100,55 @@ class GclusterBaseOperator(BaseOperator):
 
     :param gcluster_conn_id: the ``gcluster`` connection (tool paths, bundle, inherited env).
     :param gcp_conn_id: the Google Cloud connection for GCS reads and writes.
+    :param impersonation_chain: service account to impersonate, or a delegation chain (a list, the
+        last account's token used), as in the google provider's operators. The provider's Google
+        API calls (GCS, GKE, Kubernetes) use it through the google provider's hooks; ``gcloud``
+        and ``gcluster`` get it as ``CLOUDSDK_AUTH_IMPERSONATE_SERVICE_ACCOUNT``, Terraform (under
+        ``gcluster deploy``/``destroy``) as ``GOOGLE_IMPERSONATE_SERVICE_ACCOUNT``
+        (:func:`~airflow_provider_tpu_rl.hooks.gcluster.impersonation_env`). Empty: none.
     """
+
+    project_id: str | None  # set by the operators that take one
 
     def __init__(
         self,
         *,
         gcluster_conn_id: str = GCLUSTER_CONN_ID,
         gcp_conn_id: str = GCP_CONN_ID,
+        impersonation_chain: str | Sequence[str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.gcluster_conn_id = gcluster_conn_id
         self.gcp_conn_id = gcp_conn_id
+        self.impersonation_chain = impersonation_chain
         self._hook: GclusterHook | None = None
+
+    @property
+    def chain(self) -> str | list[str] | None:
+        """The rendered ``impersonation_chain``, ``None`` when empty."""
+        return chain_of(self.impersonation_chain)
 
     @property
     def hook(self) -> GclusterHook:
         if self._hook is None:
             from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
 
-            self._hook = GclusterHook(gcluster_conn_id=self.gcluster_conn_id)
+            self._hook = GclusterHook(gcluster_conn_id=self.gcluster_conn_id, impersonation_chain=self.chain)
         return self._hook
+
+    def resolve_project_id(self) -> str:
+        """``project_id`` as rendered, or (empty) the GCP connection's project; set on the task.
+
+        Called at the start of ``execute`` (templates are rendered by then), as the google
+        provider's operators fall back to ``GoogleBaseHook.project_id``.
+        """
+        if not self.project_id:
+            self.project_id = connection_project(self.gcp_conn_id, self.chain)
+            self.log.info(
+                "project_id is empty: using connection %s's project %s", self.gcp_conn_id, self.project_id
+            )
+        return str(self.project_id)
 
     def run_ids(self, context: Context) -> tuple[str, str]:
         """``(dag_id, run_id)`` of the running task: what retry-stable names derive from."""

@@ -32,14 +32,21 @@ if TYPE_CHECKING:
 class EnsureBucketOperator(GclusterBaseOperator):
     """Create a GCS bucket; an existing bucket (and everything in it) is kept as is.
 
-    :param project_id: project that owns the bucket.
+    :param project_id: project that owns the bucket; empty: the GCP connection's.
     :param location: bucket location (the region of the TPUs).
     :param bucket: bucket name, without ``gs://``.
     """
 
-    template_fields: Sequence[str] = ("project_id", "location", "bucket", "gcluster_conn_id")
+    template_fields: Sequence[str] = (
+        "project_id",
+        "location",
+        "bucket",
+        "gcluster_conn_id",
+        "gcp_conn_id",
+        "impersonation_chain",
+    )
 
-    def __init__(self, *, project_id: str, location: str, bucket: str, **kwargs: Any) -> None:
+    def __init__(self, *, location: str, bucket: str, project_id: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.project_id = project_id
         self.location = location
@@ -47,7 +54,7 @@ class EnsureBucketOperator(GclusterBaseOperator):
 
     @fail_fast
     def execute(self, context: Context) -> str:
-        project = rules.project_id("project_id", self.project_id)
+        project = rules.project_id("project_id", self.resolve_project_id())
         location = rules.region("location", self.location)
         bucket = rules.bucket_name("bucket", self.bucket)
         result = self.hook.run_checked(gke.create_bucket(project, location, bucket))
@@ -56,7 +63,7 @@ class EnsureBucketOperator(GclusterBaseOperator):
             from airflow_provider_tpu_rl.hooks.bucket_usage import BucketUsage
 
             dag_id, run_id = self.run_ids(context)
-            BucketUsage(self.gcp_conn_id).record_creator(bucket, f"{dag_id}/{run_id}")
+            BucketUsage(self.gcp_conn_id, self.chain).record_creator(bucket, f"{dag_id}/{run_id}")
         return f"gs://{bucket}"
 
 
@@ -85,12 +92,14 @@ class HfTokenSecretOperator(GclusterBaseOperator):
         "sync_from_connection",
         "reader_service_accounts",
         "gcluster_conn_id",
+        "gcp_conn_id",
+        "impersonation_chain",
     )
 
     def __init__(
         self,
         *,
-        project_id: str,
+        project_id: str | None = None,
         hf_token_conn_id: str = "huggingface_default",
         hf_token_secret: str | None = None,
         sync_from_connection: bool | str | None = None,
@@ -106,7 +115,7 @@ class HfTokenSecretOperator(GclusterBaseOperator):
 
     @fail_fast
     def execute(self, context: Context) -> str:
-        project = rules.project_id("project_id", self.project_id)
+        project = rules.project_id("project_id", self.resolve_project_id())
         token = hf_token_spec(self.hf_token_conn_id, self.hf_token_secret or None)
         sync = (
             token.sync_from_connection
@@ -192,12 +201,12 @@ class _ClusterOperator(GclusterBaseOperator):
         "max_cluster_hours",
         "gcluster_conn_id",
         "gcp_conn_id",
+        "impersonation_chain",
     )
 
     def __init__(
         self,
         *,
-        project_id: str,
         location: str,
         zone: str,
         cluster_name: str,
@@ -209,6 +218,7 @@ class _ClusterOperator(GclusterBaseOperator):
         num_slices: int | str | None = None,
         authorized_cidr: str = "0.0.0.0/0",
         max_cluster_hours: int | str = 72,
+        project_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -241,6 +251,8 @@ class _ClusterOperator(GclusterBaseOperator):
         }
 
     def cluster(self) -> ClusterSpec:
+        """The validated cluster; an empty ``project_id`` becomes the GCP connection's project."""
+        self.resolve_project_id()
         return cluster_spec(self.cluster_arguments(), self.model)
 
 
@@ -311,11 +323,17 @@ def destroy_cluster(
         gke.remove_workdir(workdir)
 
 
-def write_resource_record(gcp_conn_id: str, bucket: str, name: str, record: Mapping[str, Any]) -> None:
+def write_resource_record(
+    gcp_conn_id: str,
+    bucket: str,
+    name: str,
+    record: Mapping[str, Any],
+    impersonation_chain: str | Sequence[str] | None = None,
+) -> None:
     """What the janitor needs to destroy a resource this run creates, written before it exists."""
     from airflow_provider_tpu_rl.hooks.credentials import gcs_hook
 
-    gcs_hook(gcp_conn_id).upload(
+    gcs_hook(gcp_conn_id, impersonation_chain).upload(
         bucket_name=bucket,
         object_name=gke.resource_record_object(name),
         data=json.dumps(dict(record), sort_keys=True),
@@ -324,14 +342,16 @@ def write_resource_record(gcp_conn_id: str, bucket: str, name: str, record: Mapp
     )
 
 
-def read_resource_record(gcp_conn_id: str, bucket: str, name: str) -> dict[str, Any] | None:
+def read_resource_record(
+    gcp_conn_id: str, bucket: str, name: str, impersonation_chain: str | Sequence[str] | None = None
+) -> dict[str, Any] | None:
     """The resource record, or ``None`` when there is none (or it is not a JSON object)."""
     from google.api_core.exceptions import NotFound
 
     from airflow_provider_tpu_rl.hooks.credentials import gcs_hook
 
     try:
-        raw = gcs_hook(gcp_conn_id).download(
+        raw = gcs_hook(gcp_conn_id, impersonation_chain).download(
             bucket_name=bucket, object_name=gke.resource_record_object(name), timeout=RECORD_TIMEOUT_S
         )
     except NotFound:
@@ -361,7 +381,7 @@ def delete_run_bucket(
     from airflow_provider_tpu_rl.janitor_sources import run_finished, run_probe
 
     dag_id, run_id = operator.run_ids(context)
-    usage = BucketUsage(operator.gcp_conn_id)
+    usage = BucketUsage(operator.gcp_conn_id, operator.chain)
     probe = run_probe(context)
     use = usage.survey(
         bucket,
@@ -403,12 +423,18 @@ def lease_ttl(expires_at: int, now: float | None = None) -> timedelta:
 
 
 def take_cluster_lease(
-    gcp_conn_id: str, cluster: ClusterSpec, *, dag_id: str, run_id: str, expires_at: int
+    gcp_conn_id: str,
+    cluster: ClusterSpec,
+    *,
+    dag_id: str,
+    run_id: str,
+    expires_at: int,
+    impersonation_chain: str | Sequence[str] | None = None,
 ) -> Lease:
     """Take (or renew) the cluster's lease for this run; another run's live lease fails the task
     in one line ("cluster X is in use by run Y until ...")."""
     try:
-        return ClusterLeaseHook(gcp_conn_id=gcp_conn_id).acquire(
+        return ClusterLeaseHook(gcp_conn_id, impersonation_chain).acquire(
             cluster.bucket, cluster.cluster_name, dag_id=dag_id, run_id=run_id, ttl=lease_ttl(expires_at)
         )
     except LeaseHeldError as err:
@@ -420,7 +446,7 @@ class GclusterDeployOperator(_ClusterOperator):
 
     Idempotent: ``gcluster deploy -w`` on a healthy deployment with the same inputs changes nothing.
 
-    :param project_id: project of the cluster.
+    :param project_id: project of the cluster; empty: the GCP connection's project.
     :param location: region of the cluster.
     :param zone: zone of the TPU node pool (inside ``location``).
     :param cluster_name: GKE cluster / deployment name (``[a-z][a-z0-9-]*``, at most 20 characters).
@@ -458,7 +484,12 @@ class GclusterDeployOperator(_ClusterOperator):
         expires_at = expiry_of_run(context, rules.integer("max_cluster_hours", self.max_cluster_hours, 1))
         # The lease first: a run that does not hold it never writes the record nor deploys.
         lease = take_cluster_lease(
-            self.gcp_conn_id, cluster, dag_id=dag_id, run_id=run_id, expires_at=expires_at
+            self.gcp_conn_id,
+            cluster,
+            dag_id=dag_id,
+            run_id=run_id,
+            expires_at=expires_at,
+            impersonation_chain=self.chain,
         )
         self.log.info(
             "cluster %s: lease held by run %s until %s, or until a GclusterDestroyOperator of this run "
@@ -481,6 +512,7 @@ class GclusterDeployOperator(_ClusterOperator):
                 "expires_at": expires_at,
                 "keep": rules.boolean("keep_cluster", self.keep_cluster),
             },
+            self.chain,
         )
         suffix = run_suffix(dag_id, run_id)
         labels = gke.managed_labels(dag_id, suffix, cluster.bucket, expires_at)
@@ -494,11 +526,12 @@ class GclusterDeployOperator(_ClusterOperator):
         finally:
             gke.remove_workdir(workdir)
         # Renewed after the deploy (which may take long): the lease still runs to the expiry.
-        lease = ClusterLeaseHook(gcp_conn_id=self.gcp_conn_id).renew(
+        lease = ClusterLeaseHook(self.gcp_conn_id, self.chain).renew(
             cluster.bucket, lease, lease_ttl(expires_at)
         )
         return {
             "cluster_name": cluster.cluster_name,
+            "project": cluster.project,
             "chips": cluster.total_chips,
             "deploy_seconds": deploy_seconds,
             "expires_at": expires_at,
@@ -555,7 +588,7 @@ class GclusterDestroyOperator(_ClusterOperator):
 
     def owned_lease(self, cluster: ClusterSpec, dag_id: str, run_id: str) -> tuple[bool, Lease | None]:
         """Whether this run may tear the cluster down, and its lease (``None``: nobody's)."""
-        lease = ClusterLeaseHook(gcp_conn_id=self.gcp_conn_id).read(cluster.bucket, cluster.cluster_name)
+        lease = ClusterLeaseHook(self.gcp_conn_id, self.chain).read(cluster.bucket, cluster.cluster_name)
         holder = f"{dag_id}/{run_id}"
         if lease is not None:
             if lease.holder == holder:
@@ -570,7 +603,7 @@ class GclusterDestroyOperator(_ClusterOperator):
                 why = held_message(lease)
             self.log.warning("%s: this run does not hold its lease and leaves it alone", why)
             return False, lease
-        record = read_resource_record(self.gcp_conn_id, cluster.bucket, cluster.cluster_name)
+        record = read_resource_record(self.gcp_conn_id, cluster.bucket, cluster.cluster_name, self.chain)
         if record is not None and f"{record.get('dag_id')}/{record.get('run_id')}" == holder:
             return True, None
         self.log.warning(
@@ -605,7 +638,7 @@ class GclusterDestroyOperator(_ClusterOperator):
         )
         dag_id, run_id = self.run_ids(context)
         owned, lease = self.owned_lease(cluster, dag_id, run_id)
-        leases = ClusterLeaseHook(gcp_conn_id=self.gcp_conn_id)
+        leases = ClusterLeaseHook(self.gcp_conn_id, self.chain)
         destroyed = False
         revoked: list[str] = []
         if not owned:

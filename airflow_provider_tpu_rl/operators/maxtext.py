@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow.providers.common.compat.sdk import Context
 
 from airflow_provider_tpu_rl import timeouts
-from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailException, conf
+from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailException, conf, default_deferrable
 from airflow_provider_tpu_rl.exceptions import ConfigurationError, RunDirBusyError
 from airflow_provider_tpu_rl.hooks.jobs import GclusterJob, JobState
 from airflow_provider_tpu_rl.hooks.run_dirs import RunDirRecord, RunDirRecords, WriterClaim, run_dir
@@ -97,13 +97,12 @@ def default_poll_interval() -> float:
     return conf.getfloat("tpu_rl", "poll_interval", fallback=60.0)
 
 
-def default_deferrable() -> bool:
-    """``[operators] default_deferrable``, as the google provider's operators read it."""
-    return conf.getboolean("operators", "default_deferrable", fallback=False)
-
-
 def checkpoint_ready(
-    gcp_conn_id: str, root_uri: str, step: int, items: tuple[str, ...]
+    gcp_conn_id: str,
+    root_uri: str,
+    step: int,
+    items: tuple[str, ...],
+    impersonation_chain: str | Sequence[str] | None = None,
 ) -> dict[str, Any] | None:
     """The sensor payload when ``root_uri`` holds a committed ``step`` with ``items``, else None."""
     from airflow_provider_tpu_rl.hooks.credentials import gcs_hook
@@ -115,20 +114,24 @@ def checkpoint_ready(
     from airflow_provider_tpu_rl.sensors.checkpoint import run_probe_sync
 
     bucket, prefix = parse_gs_uri(root_uri)
-    result = run_probe_sync(gcs_hook(gcp_conn_id), bucket, probe_checkpoint(prefix, step, items))
+    result = run_probe_sync(
+        gcs_hook(gcp_conn_id, impersonation_chain), bucket, probe_checkpoint(prefix, step, items)
+    )
     return (
         checkpoint_event_payload(bucket, result.state, items) if result.is_complete and result.state else None
     )
 
 
-def export_ready(gcp_conn_id: str, export_uri: str) -> dict[str, Any] | None:
+def export_ready(
+    gcp_conn_id: str, export_uri: str, impersonation_chain: str | Sequence[str] | None = None
+) -> dict[str, Any] | None:
     """The sensor payload when ``export_uri`` holds a complete Hugging Face export, else None."""
     from airflow_provider_tpu_rl.hooks.credentials import gcs_hook
     from airflow_provider_tpu_rl.maxtext.layout import export_event_payload, parse_gs_uri, probe_hf_export
     from airflow_provider_tpu_rl.sensors.checkpoint import run_probe_sync
 
     bucket, prefix = parse_gs_uri(export_uri)
-    result = run_probe_sync(gcs_hook(gcp_conn_id), bucket, probe_hf_export(prefix))
+    result = run_probe_sync(gcs_hook(gcp_conn_id, impersonation_chain), bucket, probe_hf_export(prefix))
     return export_event_payload(bucket, prefix, result.status) if result.status.complete else None
 
 
@@ -154,7 +157,7 @@ class JobPlan:
 class _GclusterJobOperator(GclusterBaseOperator):
     """Submit-or-attach a ``gcluster job``, defer while it runs, verify its output in GCS.
 
-    :param project_id: project of the cluster.
+    :param project_id: project of the cluster; empty: the GCP connection's project.
     :param location: region of the cluster.
     :param cluster_name: the GKE cluster the job runs on.
     :param bucket: the bucket the model's folders are in (``gs://BUCKET/<model>/…``).
@@ -195,6 +198,7 @@ class _GclusterJobOperator(GclusterBaseOperator):
         "hf_token_secret",
         "gcluster_conn_id",
         "gcp_conn_id",
+        "impersonation_chain",
     )
     pathways = False
     job_kind = "convert"
@@ -207,11 +211,11 @@ class _GclusterJobOperator(GclusterBaseOperator):
     def __init__(
         self,
         *,
-        project_id: str,
         location: str,
         cluster_name: str,
         bucket: str,
         model: str,
+        project_id: str | None = None,
         image: str | None = None,
         compute_type: str | None = None,
         topology: str | None = None,
@@ -262,7 +266,7 @@ class _GclusterJobOperator(GclusterBaseOperator):
                 self.topology,
             )
         target = GkeJobTarget(
-            project=self.project_id,
+            project=self.resolve_project_id(),
             location=self.location,
             cluster_name=self.cluster_name,
             image=self.image or preset.image or POST_TRAINING_IMAGE,
@@ -283,7 +287,7 @@ class _GclusterJobOperator(GclusterBaseOperator):
         """The job's pod reads ``HF_TOKEN`` from Secret Manager: a secret that does not exist or
         has no enabled version would fail the pod after the job was submitted and admitted, as a
         generic job failure. Checked before submitting, it is one line and no retry."""
-        project = rules.project_id("project_id", self.project_id)
+        project = rules.project_id("project_id", self.resolve_project_id())
         secret_id = hf_token_spec(self.hf_token_conn_id, self.hf_token_secret or None).secret_id
         command = gke.list_secret_versions(project, secret_id)
         listed = self.hook.run(command, log_output=False)
@@ -303,7 +307,7 @@ class _GclusterJobOperator(GclusterBaseOperator):
 
     def token_resource(self) -> str:
         token = hf_token_spec(self.hf_token_conn_id, self.hf_token_secret or None)
-        return secret_version(rules.project_id("project_id", self.project_id), token.secret_id)
+        return secret_version(rules.project_id("project_id", self.resolve_project_id()), token.secret_id)
 
     def plan(self, context: Context) -> JobPlan:
         """The job this task runs (what a subclass renders)."""
@@ -372,7 +376,7 @@ class _GclusterJobOperator(GclusterBaseOperator):
         return f"{dag_id}/{run_id}"
 
     def run_records(self) -> RunDirRecords:
-        return RunDirRecords(self.gcp_conn_id)
+        return RunDirRecords(self.gcp_conn_id, self.chain)
 
     def check_resume(self, plan: JobPlan, record: RunDirRecord, run: str) -> None:
         """A run directory another run started is resumed only with the settings it started with."""
@@ -459,7 +463,9 @@ class _GclusterJobOperator(GclusterBaseOperator):
 
         bucket, prefix = parse_gs_uri(log_cursor_prefix(self.bucket, plan.name) + "-")
         try:
-            blobs = list(gcs_hook(self.gcp_conn_id).get_conn().bucket(bucket).list_blobs(prefix=prefix))
+            blobs = list(
+                gcs_hook(self.gcp_conn_id, self.chain).get_conn().bucket(bucket).list_blobs(prefix=prefix)
+            )
             if not blobs:
                 return None
             newest = max(blobs, key=lambda blob: blob.updated or 0)
@@ -488,6 +494,7 @@ class _GclusterJobOperator(GclusterBaseOperator):
             location=t.location,
             cluster_name=t.cluster_name,
             gcp_conn_id=self.gcp_conn_id,
+            impersonation_chain=self.chain,
             pathways=self.pathways,
             poll_interval=self.poll_interval,
             total_steps=plan.total_steps,
@@ -683,7 +690,7 @@ class MaxTextConvertOperator(_GclusterJobOperator):
         )
 
     def output_ready(self, plan: JobPlan) -> dict[str, Any] | None:
-        return checkpoint_ready(self.gcp_conn_id, plan.output_uri, 0, ("items",))
+        return checkpoint_ready(self.gcp_conn_id, plan.output_uri, 0, ("items",), self.chain)
 
 
 class MaxTextExportOperator(_GclusterJobOperator):
@@ -756,7 +763,7 @@ class MaxTextExportOperator(_GclusterJobOperator):
         )
 
     def output_ready(self, plan: JobPlan) -> dict[str, Any] | None:
-        return export_ready(self.gcp_conn_id, plan.output_uri)
+        return export_ready(self.gcp_conn_id, plan.output_uri, self.chain)
 
 
 class PathwaysRLTrainOperator(_GclusterJobOperator):
@@ -859,7 +866,7 @@ class PathwaysRLTrainOperator(_GclusterJobOperator):
 
     def output_ready(self, plan: JobPlan) -> dict[str, Any] | None:
         return checkpoint_ready(
-            self.gcp_conn_id, plan.output_uri, int(plan.total_steps or 0), ("model_params",)
+            self.gcp_conn_id, plan.output_uri, int(plan.total_steps or 0), ("model_params",), self.chain
         )
 
     def after_success(self, plan: JobPlan, event: dict[str, Any]) -> dict[str, Any]:

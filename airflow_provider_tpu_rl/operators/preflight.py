@@ -57,7 +57,7 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
     """Check the toolchain, APIs, permissions and reservation a run needs; create nothing.
 
     :param runner: ``gke`` (Cluster Toolkit GKE cluster) or ``tpu_vm`` (one TPU VM).
-    :param project_id: project the run creates its resources in.
+    :param project_id: project the run creates its resources in; empty: the GCP connection's.
     :param zone: zone of the TPUs (and of the reservation).
     :param reservation: reservation the run consumes; empty = not checked.
     :param compute_type: TPU machine type (default the runner's: ct6e-standard-4t / -8t).
@@ -102,8 +102,8 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         self,
         *,
         runner: str,
-        project_id: str,
         zone: str,
+        project_id: str | None = None,
         reservation: str | None = "",
         compute_type: str | None = None,
         topology: str | None = None,
@@ -349,13 +349,13 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         if line is not None:
             self.wait_for_lease(context, deadline, line)
         self.log.info("preflight: cluster %s is free for this run", self.cluster_name)
-        return {"runner": self.runner, "project": self.project_id, "cluster_lease": "free"}
+        return {"runner": self.runner, "project": self.resolve_project_id(), "cluster_lease": "free"}
 
     # ------------------------------------------------------------------ execute
     @fail_fast
     def execute(self, context: Context) -> dict[str, Any]:
         run = checks.runner(self.runner)
-        project = rules.project_id("project_id", self.project_id)
+        project = rules.project_id("project_id", self.resolve_project_id())
         zone = rules.zone("zone", self.zone, None)
         reservation = self.reservation or ""
         if reservation:

@@ -41,23 +41,32 @@ DEFAULT_MODEL = str(TPU_VM_DEFAULTS["model"])
 class _TpuVmOperator(GclusterBaseOperator):
     """The arguments that name the VM.
 
-    :param project_id: project of the VM.
+    :param project_id: project of the VM; empty: the GCP connection's project.
     :param zone: zone of the VM (and its reservation).
     :param vm_name: the VM's name.
     :param bucket: the run's bucket (outputs are copied there; the janitor's record).
     :param model: the single-host model preset (``llama3.1-8b-Instruct``).
     """
 
-    template_fields: Sequence[str] = ("project_id", "zone", "vm_name", "bucket", "model", "gcluster_conn_id")
+    template_fields: Sequence[str] = (
+        "project_id",
+        "zone",
+        "vm_name",
+        "bucket",
+        "model",
+        "gcluster_conn_id",
+        "gcp_conn_id",
+        "impersonation_chain",
+    )
 
     def __init__(
         self,
         *,
-        project_id: str,
         zone: str,
         vm_name: str,
         bucket: str,
         model: str = DEFAULT_MODEL,
+        project_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -70,7 +79,7 @@ class _TpuVmOperator(GclusterBaseOperator):
     def conf(self) -> dict[str, Any]:
         """The VM's arguments as pipeline conf keys."""
         return {
-            "project": self.project_id,
+            "project": self.resolve_project_id(),
             "zone": self.zone,
             "vm_name": self.vm_name,
             "bucket": self.bucket,
@@ -110,7 +119,6 @@ class TpuVmCreateOperator(_TpuVmOperator):
         "grant_service_account",
         "keep_vm",
         "max_vm_hours",
-        "gcp_conn_id",
     )
 
     def __init__(
@@ -157,7 +165,7 @@ class TpuVmCreateOperator(_TpuVmOperator):
         expires_at = expiry_of_run(context, p.max_vm_hours)
         # The VM's lease first: a run that does not hold it never writes the record nor creates.
         try:
-            lease = ClusterLeaseHook(gcp_conn_id=self.gcp_conn_id).acquire(
+            lease = ClusterLeaseHook(self.gcp_conn_id, self.chain).acquire(
                 p.vm.bucket,
                 vm_lease_name(p.vm.vm_name),
                 dag_id=dag_id,
@@ -182,6 +190,7 @@ class TpuVmCreateOperator(_TpuVmOperator):
                 "expires_at": expires_at,
                 "keep": p.keep_vm,
             },
+            self.chain,
         )
         vm = replace(p.vm, labels=tpu_vm.vm_labels(p, expires_at))
         created = self.hook.run_checked(
@@ -339,9 +348,13 @@ class TpuVmStageOperator(_TpuVmOperator):
 
         if self.stage == "train":
             return checkpoint_ready(
-                self.gcp_conn_id, p.gcs_actor_checkpoint_root, p.training.final_step, ("model_params",)
+                self.gcp_conn_id,
+                p.gcs_actor_checkpoint_root,
+                p.training.final_step,
+                ("model_params",),
+                self.chain,
             )
-        return export_ready(self.gcp_conn_id, p.gcs_export + "/")
+        return export_ready(self.gcp_conn_id, p.gcs_export + "/", self.chain)
 
     def completed_output(self, p: TpuVmPipelineSpec, directory: str, run: str) -> dict[str, Any] | None:
         """The result when the stage's output is already complete: this run's (a retry) is skipped;
@@ -349,7 +362,7 @@ class TpuVmStageOperator(_TpuVmOperator):
         over (an export never overwrites another run's export)."""
         if self._ready(p) is None:
             return None
-        records = RunDirRecords(self.gcp_conn_id)
+        records = RunDirRecords(self.gcp_conn_id, self.chain)
         record = records.read(p.vm.bucket, directory)
         if record.owner in (None, run):
             self.log.info(
@@ -380,7 +393,7 @@ class TpuVmStageOperator(_TpuVmOperator):
             time.time() + claim_seconds(),
         )
         try:
-            claimed = RunDirRecords(self.gcp_conn_id).claim(
+            claimed = RunDirRecords(self.gcp_conn_id, self.chain).claim(
                 p.vm.bucket,
                 directory,
                 run=run,
@@ -404,7 +417,7 @@ class TpuVmStageOperator(_TpuVmOperator):
         from airflow_provider_tpu_rl.operators.maxtext import claim_seconds
 
         return claim_kept_alive(
-            RunDirRecords(self.gcp_conn_id),
+            RunDirRecords(self.gcp_conn_id, self.chain),
             p.vm.bucket,
             directory,
             run=run,
@@ -414,7 +427,7 @@ class TpuVmStageOperator(_TpuVmOperator):
 
     def release_output(self, p: TpuVmPipelineSpec, directory: str, run: str) -> None:
         try:
-            RunDirRecords(self.gcp_conn_id).release(p.vm.bucket, directory, run=run)
+            RunDirRecords(self.gcp_conn_id, self.chain).release(p.vm.bucket, directory, run=run)
         except Exception as err:  # the claim expires on its own
             self.log.warning("Could not release the claim on %s: %s", directory, err)
 
@@ -446,7 +459,7 @@ class TpuVmDeleteOperator(_TpuVmOperator):
                 return True
             self.log.warning("%s: this run does not hold its lease and leaves it alone", held_message(lease))
             return False
-        record = read_resource_record(self.gcp_conn_id, p.vm.bucket, p.vm.vm_name)
+        record = read_resource_record(self.gcp_conn_id, p.vm.bucket, p.vm.vm_name, self.chain)
         if record is not None and f"{record.get('dag_id')}/{record.get('run_id')}" == holder:
             return True
         self.log.warning(
@@ -465,7 +478,7 @@ class TpuVmDeleteOperator(_TpuVmOperator):
         )
         deleted = False
         dag_id, run_id = self.run_ids(context)
-        leases = ClusterLeaseHook(gcp_conn_id=self.gcp_conn_id)
+        leases = ClusterLeaseHook(self.gcp_conn_id, self.chain)
         lease = leases.read(p.vm.bucket, vm_lease_name(p.vm.vm_name))
         owned = self.owns_vm(p, lease, f"{dag_id}/{run_id}")
         if not owned:

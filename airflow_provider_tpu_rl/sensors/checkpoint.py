@@ -1,7 +1,8 @@
 """Sensors that wait for a MaxText checkpoint step, or a Hugging Face export, to be complete on GCS.
 
-Poke mode lists with the google provider's ``GCSHook``; deferrable mode (the default) checks
-once, then hands over to the triggers in :mod:`airflow_provider_tpu_rl.triggers.gcs_checkpoint`.
+Poke mode lists with the google provider's ``GCSHook``; deferrable mode (``deferrable=True``; the
+default is ``[operators] default_deferrable``, as for the job operators) checks once, then hands
+over to the triggers in :mod:`airflow_provider_tpu_rl.triggers.gcs_checkpoint`.
 Both judge the listings with the same rules (:mod:`airflow_provider_tpu_rl.maxtext.layout`) and
 return the same XCom: ``{"status": "success", "uris": [...], "step": N, "checkpoint_uri": "gs://…/N/model_params/"}``
 for a checkpoint, ``{"status": "success", "export_uri": …, "uris": [...], "weight_files": [...]}``
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow.providers.common.compat.sdk import BaseSensorOperator, PokeReturnValue
 
-from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailException
+from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailException, default_deferrable
 from airflow_provider_tpu_rl.exceptions import ConfigurationError
 from airflow_provider_tpu_rl.links import GCSBrowserLink
 from airflow_provider_tpu_rl.maxtext.layout import (
@@ -137,7 +138,7 @@ class _DeferrableGCSSensor(BaseSensorOperator):
         project_id: str | None = None,
         gcp_conn_id: str = "google_cloud_default",
         impersonation_chain: str | Sequence[str] | None = None,
-        deferrable: bool = True,
+        deferrable: bool | None = None,
         poke_interval: float = 60,
         **kwargs: Any,
     ) -> None:
@@ -145,7 +146,7 @@ class _DeferrableGCSSensor(BaseSensorOperator):
         self.project_id = project_id
         self.gcp_conn_id = gcp_conn_id
         self.impersonation_chain = impersonation_chain
-        self.deferrable = deferrable
+        self.deferrable = default_deferrable() if deferrable is None else deferrable
 
     def _watched_uri(self) -> str:
         raise NotImplementedError
@@ -164,7 +165,7 @@ class _DeferrableGCSSensor(BaseSensorOperator):
     def _hook(self) -> GCSHook:
         from airflow_provider_tpu_rl.hooks.credentials import gcs_hook
 
-        return gcs_hook(self.gcp_conn_id, self.impersonation_chain)
+        return gcs_hook(self.gcp_conn_id, self.impersonation_chain or None)
 
     def execute(self, context: Context) -> Any:
         """Poke once (or in a worker loop when not deferrable), then defer to the trigger.
@@ -217,7 +218,8 @@ class MaxTextCheckpointSensor(_DeferrableGCSSensor):
     :param project_id: project of the bucket (for the console link).
     :param gcp_conn_id: Google Cloud connection.
     :param impersonation_chain: optional service account(s) to impersonate.
-    :param deferrable: wait in the triggerer (default) instead of occupying a worker slot.
+    :param deferrable: wait in the triggerer instead of occupying a worker slot (default
+        ``[operators] default_deferrable``, as the job operators and the google provider).
     :param poke_interval: seconds between polls.
     """
 
@@ -244,7 +246,7 @@ class MaxTextCheckpointSensor(_DeferrableGCSSensor):
         project_id: str | None = None,
         gcp_conn_id: str = "google_cloud_default",
         impersonation_chain: str | Sequence[str] | None = None,
-        deferrable: bool = True,
+        deferrable: bool | None = None,
         poke_interval: float = 60,
         **kwargs: Any,
     ) -> None:
@@ -282,7 +284,7 @@ class MaxTextCheckpointSensor(_DeferrableGCSSensor):
             items=self._items(),
             poke_interval=self.poke_interval,
             gcp_conn_id=self.gcp_conn_id,
-            impersonation_chain=self.impersonation_chain,
+            impersonation_chain=self.impersonation_chain or None,
         )
 
     def poke(self, context: Context) -> bool | PokeReturnValue:
@@ -322,7 +324,8 @@ class HuggingFaceExportSensor(_DeferrableGCSSensor):
     :param project_id: project of the bucket (for the console link).
     :param gcp_conn_id: Google Cloud connection.
     :param impersonation_chain: optional service account(s) to impersonate.
-    :param deferrable: wait in the triggerer (default) instead of occupying a worker slot.
+    :param deferrable: wait in the triggerer instead of occupying a worker slot (default
+        ``[operators] default_deferrable``, as the job operators and the google provider).
     :param poke_interval: seconds between polls.
     """
 
@@ -345,7 +348,7 @@ class HuggingFaceExportSensor(_DeferrableGCSSensor):
         project_id: str | None = None,
         gcp_conn_id: str = "google_cloud_default",
         impersonation_chain: str | Sequence[str] | None = None,
-        deferrable: bool = True,
+        deferrable: bool | None = None,
         poke_interval: float = 60,
         **kwargs: Any,
     ) -> None:
@@ -372,7 +375,7 @@ class HuggingFaceExportSensor(_DeferrableGCSSensor):
             export_uri=self._watched_uri(),
             poke_interval=self.poke_interval,
             gcp_conn_id=self.gcp_conn_id,
-            impersonation_chain=self.impersonation_chain,
+            impersonation_chain=self.impersonation_chain or None,
         )
 
     def poke(self, context: Context) -> bool | PokeReturnValue:

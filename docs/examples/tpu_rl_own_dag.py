@@ -33,7 +33,10 @@ with DAG(
     catchup=False,
     tags=["tpu-rl", "example"],
     params={
-        "project": Param("my-tpu-project", type="string", description="Your GCP project."),
+        # Empty: the project of the GCP connection (google_cloud_default), as the google provider does.
+        "project": Param("", type="string", description="Your GCP project; empty: the connection's."),
+        # Empty: the connection's own identity; else the service account every call acts as.
+        "impersonation_chain": Param("", type="string", description="Service account to impersonate."),
         "region": Param("us-east5", type="string"),
         "zone": Param("us-east5-b", type="string"),
         "bucket": Param("my-tpu-rl-bucket", type="string", description="Your bucket."),
@@ -49,8 +52,12 @@ with DAG(
     dagrun_timeout=dagrun_timeout("gke"),
     default_args={"owner": "tpu-rl", "retries": 0},
 ) as dag:
-    cluster = {
+    google = {  # the google provider's conventions, given to every task
         "project_id": "{{ params.project }}",
+        "impersonation_chain": "{{ params.impersonation_chain }}",
+    }
+    cluster = {
+        **google,
         "location": "{{ params.region }}",
         "zone": "{{ params.zone }}",
         "cluster_name": "{{ params.cluster_name }}",
@@ -60,10 +67,10 @@ with DAG(
     }
     bucket = EnsureBucketOperator(
         task_id="ensure_bucket",
-        project_id="{{ params.project }}",
         location="{{ params.region }}",
         bucket="{{ params.bucket }}",
         execution_timeout=task_timeout("short"),
+        **google,
     )
     deploy = GclusterDeployOperator(
         task_id="deploy_cluster",
@@ -82,20 +89,22 @@ with DAG(
     # [/guide:cluster]
 
     # [guide:token]
+    # the project the deploy used (params.project, or the connection's)
+    project = "{{ ti.xcom_pull('deploy_cluster')['project'] }}"
     token = HfTokenSecretOperator(
         task_id="sync_hf_token",
-        project_id="{{ params.project }}",
         reader_service_accounts=[
-            "{{ params.cluster_name }}-gke-wl-sa@{{ params.project }}.iam.gserviceaccount.com",
-            "{{ params.cluster_name }}-gke-np-sa@{{ params.project }}.iam.gserviceaccount.com",
+            "{{ params.cluster_name }}-gke-wl-sa@" + project + ".iam.gserviceaccount.com",
+            "{{ params.cluster_name }}-gke-np-sa@" + project + ".iam.gserviceaccount.com",
         ],
         execution_timeout=task_timeout("short"),
+        **google,
     )
     # [/guide:token]
 
     # [guide:jobs]
     job: dict[str, Any] = {
-        "project_id": "{{ params.project }}",
+        **google,
         "location": "{{ params.region }}",
         "cluster_name": "{{ params.cluster_name }}",
         "bucket": "{{ params.bucket }}",
@@ -122,7 +131,6 @@ with DAG(
     # [guide:sensor]
     wait_checkpoint = MaxTextCheckpointSensor(
         task_id="wait_actor_checkpoint",
-        project_id="{{ params.project }}",
         checkpoint_root=(
             "gs://{{ params.bucket }}/" + MODEL + "/trained/{{ params.run_name }}/checkpoints/actor/"
         ),
@@ -131,6 +139,7 @@ with DAG(
         poke_interval=30,
         timeout=job_timeout("checkpoint").total_seconds(),
         execution_timeout=task_timeout("checkpoint"),
+        **google,
     )
     # [/guide:sensor]
 

@@ -126,7 +126,8 @@ API_OF_GROUP: dict[str, tuple[str, str]] = {
     "container": ("container.googleapis.com", "Kubernetes Engine API"),
 }
 LOCAL_COMMANDS = {("container", "clusters", "get-credentials")}
-# Commands that run without credentials (they call no API): every other one needs an active account.
+# Commands that run without credentials (they call no API): every other one needs an active account,
+# and is the one that says it impersonates.
 ACCOUNT_FREE_COMMANDS = {
     ("auth", "list"),
     ("auth", "configure-docker"),
@@ -145,6 +146,7 @@ NO_CREDENTIALED_ACCOUNTS = (
     "\nNo credentialed accounts.\n\nTo login, run:\n  $ gcloud auth login `ACCOUNT`\n\n"
 )
 _FILTER_KEY_RE = re.compile(r"([A-Za-z_][\w.]*)\s*(?:!=|<=|>=|[:=~<>])")
+IMPERSONATE_ENV = "CLOUDSDK_AUTH_IMPERSONATE_SERVICE_ACCOUNT"  # the auth/impersonate_service_account property
 DEFAULT_SSH_KEY_FILE = "~/.ssh/google_compute_engine"  # command_lib/util/ssh/ssh.py Keys.DEFAULT_KEY_FILE
 # gcloud topic datetimes: a duration is ISO 8601 (P1D, PT2H) or digits with s/m/h/d units (1h30m)
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -362,6 +364,7 @@ class Gcloud:
         self.err = stderr
         self.store = StateStore(layout)
         self._router: Router | None = None
+        self._impersonated: str | None = None
 
     @property
     def router(self) -> Router:
@@ -389,7 +392,20 @@ class Gcloud:
         return FaultGate.from_env(self.store, self.env)
 
     def account(self) -> str:
-        return self.env.get("CLOUDSDK_CORE_ACCOUNT", "sandbox-user@example.com")
+        """Who the API calls run as: the impersonated target while impersonating, else the account."""
+        return self._impersonated or self.env.get("CLOUDSDK_CORE_ACCOUNT", "sandbox-user@example.com")
+
+    def impersonation(self, parsed: GcloudParse) -> tuple[str, list[str]] | None:
+        """``(target, delegates)`` of the ``auth/impersonate_service_account`` property: the
+        ``--impersonate-service-account`` flag, else ``CLOUDSDK_AUTH_IMPERSONATE_SERVICE_ACCOUNT``
+        (a flag sets its property for the invocation; properties.py reads ``CLOUDSDK_<SECTION>_<NAME>``).
+        A comma-separated list is a delegation chain, the last account the target
+        (googlecloudsdk/core/credentials/store.py ``ParseImpersonationAccounts``)."""
+        value = parsed.get("impersonate-service-account") or self.env.get(IMPERSONATE_ENV)
+        if not value:
+            return None
+        accounts = [account.strip() for account in str(value).split(",")]
+        return accounts[-1], accounts[:-1]
 
     def _require_service(self, path: tuple[str, ...], parsed: GcloudParse) -> None:
         """An API call to a service disabled in the project (``settings.disabled_services``) fails
@@ -438,8 +454,17 @@ class Gcloud:
         handler = getattr(self, "cmd_" + "_".join(part.replace("-", "_") for part in command.path))
         try:
             parse_faults(self.env.get(FAULT_ENV))
-            if command.path not in ACCOUNT_FREE_COMMANDS and not load_settings(self.layout).gcloud_logged_in:
+            loads_credentials = command.path not in ACCOUNT_FREE_COMMANDS
+            if loads_credentials and not load_settings(self.layout).gcloud_logged_in:
                 raise GcloudError(NO_ACTIVE_ACCOUNT)
+            impersonated = self.impersonation(parsed) if loads_credentials else None
+            if impersonated is not None:
+                # store.py Load(): said on stderr whenever credentials are loaded while impersonating
+                self._impersonated = impersonated[0]
+                self.err(
+                    "WARNING: This command is using service account impersonation. All API calls will be "
+                    f"executed as [{impersonated[0]}].\n"
+                )
             self._require_service(command.path, parsed)
             result: int = handler(parsed)
         except GcloudError as error:

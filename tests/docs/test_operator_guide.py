@@ -9,13 +9,14 @@ import pytest
 
 from tests.docs.conftest import EXAMPLES_DIR, REPO
 from tests.e2e.harness import DagRunResult, E2EWorld
+from tpu_rl_sandbox.control import SANDBOX_PROJECT
 
 GUIDE = REPO / "docs" / "operators.md"
 EXAMPLE = EXAMPLES_DIR / "tpu_rl_own_dag.py"
 DAG_ID = "tpu_rl_own_dag"
 MODEL = "qwen3-30b-a3b"
+# No "project": the DAG's empty default makes every task use the GCP connection's project.
 CONF = {
-    "project": "tpu-rl-docs-guide",
     "bucket": "tpu-rl-docs-guide",
     "cluster_name": "docs-guide",
     "run_name": "guide-run",
@@ -66,6 +67,11 @@ def test_the_example_dag_parses_without_import_errors() -> None:
     assert dag.get_task("destroy_cluster").is_teardown
     assert dag.get_task("convert_to_maxtext").deferrable
     assert dag.get_task("train").deferrable
+    for task in dag.tasks:  # the google provider's conventions reach every task
+        assert task.impersonation_chain == "{{ params.impersonation_chain }}", task.task_id
+        assert task.project_id in ("{{ params.project }}", None), task.task_id
+    assert dag.params["project"] == ""
+    assert dag.params["impersonation_chain"] == ""
 
 
 def test_the_guide_quotes_the_example_exactly() -> None:
@@ -130,6 +136,8 @@ def test_the_jobs_ran_and_the_sensor_found_the_checkpoint(
 ) -> None:
     submits = guide_run.calls_of("gcluster", "job", "submit")
     assert len(submits) == 2, guide_run.describe()  # the conversion, then the training
+    # the project came from google_cloud_default, the DAG's project param being empty
+    assert [call.flag("project") for call in submits] == [SANDBOX_PROJECT] * 2, guide_run.describe()
     assert re.search(r"learning_rate=1e-0?6\b", str(submits[1].flag("command"))), guide_run.describe()
     step_folder = f"gs://{CONF['bucket']}/{MODEL}/trained/guide-run/checkpoints/actor/3"
     assert "commit_success.txt" in examples_world.objects(step_folder)

@@ -135,3 +135,55 @@ def test_the_identifiers_reach_the_rendered_command_not_a_default() -> None:
     ):
         assert expected in argv, expected
     assert plan.name == resolved["jobs"]["train"]  # the default name is the one validate announced
+
+
+@pytest.mark.parametrize(
+    "cls",
+    sorted({*GKE_CLASSES.values(), *TPU_VM_CLASSES.values()}, key=lambda cls: cls.__name__),
+    ids=lambda cls: cls.__name__,
+)
+def test_the_google_conventions_render_from_templates(cls: Any) -> None:
+    """``impersonation_chain`` and ``gcp_conn_id`` are templated on every operator, as in the
+    google provider; a list renders item by item."""
+    fields = set(cls.template_fields)
+    assert {"impersonation_chain", "gcp_conn_id", "project_id"} <= fields, sorted(
+        {"impersonation_chain", "gcp_conn_id", "project_id"} - fields
+    )
+    dag = DAG("tmpl_google", schedule=None, render_template_as_native_obj=True)
+    # only the arguments each class requires; project_id may be left out (the connection's)
+    required = {
+        "location": "us-east5",
+        "zone": "us-east5-b",
+        "bucket": "tmpl-bucket",
+        "cluster_name": "tmpl-c",
+        "model": "qwen3-30b-a3b",
+        "run_name": "r1",
+        "vm_name": "tmpl-vm",
+        "runner": "gke",
+        "stage": "train",
+        "reservation": "tmpl-res",
+    }
+    import inspect
+
+    accepted = set()
+    for klass in cls.__mro__:
+        if "__init__" in vars(klass):
+            accepted |= set(inspect.signature(klass.__init__).parameters)
+    op = cls(
+        task_id="t",
+        dag=dag,
+        gcp_conn_id="{{ params.conn }}",
+        impersonation_chain=["{{ params.hop }}", "{{ params.target }}"],
+        **{name: value for name, value in required.items() if name in accepted},
+    )
+    op.render_template_fields(
+        {
+            "params": {
+                "conn": "gcp_tmpl",
+                "hop": "hop@p.iam.gserviceaccount.com",
+                "target": "t@p.iam.gserviceaccount.com",
+            }
+        }  # type: ignore[arg-type]
+    )
+    assert op.gcp_conn_id == "gcp_tmpl"
+    assert op.impersonation_chain == ["hop@p.iam.gserviceaccount.com", "t@p.iam.gserviceaccount.com"]

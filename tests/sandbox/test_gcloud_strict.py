@@ -688,3 +688,39 @@ def test_a_disabled_api_fails_its_commands(cli: Cli, names: dict[str, str], sett
     assert "secretmanager.googleapis.com/overview?project=" in created.err
     listed = cli.gcloud("compute", "instances", "list", f"--project={names['project']}")
     assert listed.code == 0
+
+
+# ============================================================================== impersonation
+def test_impersonation_runs_the_api_calls_as_the_target_and_says_so(
+    cli: Cli, names: dict[str, str], settings: None
+) -> None:
+    """``--impersonate-service-account`` or ``CLOUDSDK_AUTH_IMPERSONATE_SERVICE_ACCOUNT``: gcloud
+    warns, and the API calls run as the chain's last account (store.py Load,
+    ParseImpersonationAccounts): a refusal names that account."""
+    project = names["project"]
+    target = f"deployer@{project}.iam.gserviceaccount.com"
+    update_settings(cli.layout, denied_permissions=("resourcemanager.projects.setIamPolicy",))
+    bind = ("projects", "add-iam-policy-binding", project, "--member=user:a@example.com")
+    bind += ("--role=roles/browser", "--condition=None")
+    warning = (
+        "WARNING: This command is using service account impersonation. All API calls will be executed as "
+        f"[{target}]."
+    )
+    by_env = cli.gcloud(
+        *bind,
+        env={
+            "CLOUDSDK_AUTH_IMPERSONATE_SERVICE_ACCOUNT": f"first@{project}.iam.gserviceaccount.com,{target}"
+        },
+    )
+    assert by_env.code == 1
+    assert warning in by_env.err
+    assert (
+        f"[{target}] does not have permission to access projects instance [{project}:setIamPolicy]"
+        in by_env.err
+    )
+    by_flag = cli.gcloud(*bind, f"--impersonate-service-account={target}")
+    assert warning in by_flag.err
+    assert f"[{target}] does not have permission" in by_flag.err
+    plain = cli.gcloud(*bind)
+    assert "impersonation" not in plain.err
+    assert f"[{target}]" not in plain.err

@@ -120,7 +120,7 @@ def test_poke_mode_execute_returns_the_payload_and_persists_the_link(gcs_emulato
 
 def test_deferrable_execute_defers_to_the_trigger(gcs_emulator, actor_root) -> None:
     gcs_emulator.write_checkpoint_step(actor_root, 50, committed=False)
-    sensor = checkpoint_sensor(gcs_emulator, actor_root, step=50, timeout=3600)
+    sensor = checkpoint_sensor(gcs_emulator, actor_root, step=50, timeout=3600, deferrable=True)
 
     with pytest.raises(TaskDeferred) as deferred:
         sensor.execute(make_context())
@@ -146,7 +146,7 @@ def test_deferrable_execute_defers_to_the_trigger(gcs_emulator, actor_root) -> N
 def test_deferrable_execute_returns_at_once_when_already_complete(gcs_emulator, actor_root) -> None:
     gcs_emulator.write_checkpoint_step(actor_root, 50, committed=True)
 
-    result = checkpoint_sensor(gcs_emulator, actor_root, step=50).execute(make_context())
+    result = checkpoint_sensor(gcs_emulator, actor_root, step=50, deferrable=True).execute(make_context())
 
     assert result["checkpoint_uri"].endswith("/50/model_params/")
 
@@ -249,7 +249,7 @@ def test_export_sensor_defers_with_the_export_trigger(gcs_emulator, gcs_prefix) 
     gcs_emulator.upload([f"{folder}config.json"])
 
     with pytest.raises(TaskDeferred) as deferred:
-        export_sensor(gcs_emulator, folder).execute(make_context())
+        export_sensor(gcs_emulator, folder, deferrable=True).execute(make_context())
 
     trigger = deferred.value.trigger
     assert isinstance(trigger, HuggingFaceExportTrigger)
