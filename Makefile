@@ -92,8 +92,9 @@ test-airflow-2.11: $(VENV_211)/.installed postgres
 # triggers, ledger and compat fallbacks, and the operator tests of the modules that call a provider
 # themselves (the JobSet client and trigger, the janitor's GCSHook, the links, preflight's
 # TimeDeltaTrigger, the operators' connection-project default; tests/test_airflow_free.py checks
-# the list). Every operator module is collected there, and the sandbox demo runs both pipelines through every operator; the other operator tests
-# reach the providers only through the hooks tested here, and run on 3.3 and 2.11.
+# the list). Every operator module is collected there, and the sandbox demo runs both pipelines
+# through every operator; the other operator tests reach the providers only through the hooks tested
+# here, and run on 3.3 and 2.11.
 LOWEST_TESTS := tests/hooks tests/sensors tests/triggers tests/ledger tests/test_compat.py \
 	tests/operators/test_jobset_trigger.py tests/operators/test_run_identity_kube_patch.py \
 	tests/operators/test_janitor_orphans.py tests/operators/test_janitor_sandbox.py \
