@@ -22,7 +22,7 @@ from airflow_provider_tpu_rl.render.blueprint import BLUEPRINT_RELPATH, customiz
 from airflow_provider_tpu_rl.spec import rules
 from airflow_provider_tpu_rl.spec.cluster import ClusterSpec
 from airflow_provider_tpu_rl.spec.pipeline import hf_token_spec, run_suffix
-from airflow_provider_tpu_rl.spec.preflight import parse_json_document, parse_json_list
+from airflow_provider_tpu_rl.spec.preflight import enabled_secret_versions, parse_json_document
 from airflow_provider_tpu_rl.spec.presets import BlueprintEdits, get_preset
 
 if TYPE_CHECKING:
@@ -171,13 +171,7 @@ class HfTokenSecretOperator(GclusterBaseOperator):
         self.hook.run_checked(gke.add_secret_version(project, secret_id), secrets={"hf_token": token})
         self.hook.run_checked(gke.annotate_secret_digest(project, secret_id, token_digest(token)))
         listed = self.hook.run_checked(gke.list_secret_versions(project, secret_id), log_output=False)
-        enabled = sorted(
-            int(str(item["name"]).rsplit("/", 1)[-1])
-            for item in parse_json_list(listed.output_lines) or []
-            if isinstance(item, dict)
-            and item.get("state") == "ENABLED"
-            and str(item.get("name", "")).rsplit("/", 1)[-1].isdigit()
-        )
+        enabled = enabled_secret_versions(listed.output_lines)
         for version in enabled[:-1]:
             self.hook.run_checked(gke.disable_secret_version(project, secret_id, str(version)))
         return True

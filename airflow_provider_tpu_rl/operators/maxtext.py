@@ -67,7 +67,7 @@ from airflow_provider_tpu_rl.spec.pipeline import (
     trained_directory,
     training_spec,
 )
-from airflow_provider_tpu_rl.spec.preflight import parse_json_list
+from airflow_provider_tpu_rl.spec.preflight import enabled_secret_versions
 from airflow_provider_tpu_rl.spec.presets import POST_TRAINING_IMAGE, ModelPreset, get_preset
 from airflow_provider_tpu_rl.spec.workloads import actor_params_path, check_patched_image
 
@@ -287,8 +287,7 @@ class _GclusterJobOperator(GclusterBaseOperator):
         """The job's pod reads ``HF_TOKEN`` from Secret Manager: a secret that does not exist or
         has no enabled version would fail the pod after the job was submitted and admitted, as a
         generic job failure. Checked before submitting, it is one line and no retry."""
-        project = rules.project_id("project_id", self.resolve_project_id())
-        secret_id = hf_token_spec(self.hf_token_conn_id, self.hf_token_secret or None).secret_id
+        project, secret_id = self.token_secret()
         command = gke.list_secret_versions(project, secret_id)
         listed = self.hook.run(command, log_output=False)
         fix = "run HfTokenSecretOperator first (the pipelines' sync_hf_token) or name another hf_token_secret"
@@ -298,16 +297,19 @@ class _GclusterJobOperator(GclusterBaseOperator):
                 f"its token; {fix}"
             )
         self.hook.check_result(command, listed)
-        versions = parse_json_list(listed.output_lines) or []
-        if not any(isinstance(v, dict) and v.get("state") == "ENABLED" for v in versions):
+        if not enabled_secret_versions(listed.output_lines):
             raise ConfigurationError(
                 f"HF token secret {secret_id} in project {project} has no enabled version: the job could "
                 f"not read its token; {fix}"
             )
 
-    def token_resource(self) -> str:
+    def token_secret(self) -> tuple[str, str]:
+        """``(project, secret id)`` of the HF token secret the job's pod reads."""
         token = hf_token_spec(self.hf_token_conn_id, self.hf_token_secret or None)
-        return secret_version(rules.project_id("project_id", self.resolve_project_id()), token.secret_id)
+        return rules.project_id("project_id", self.resolve_project_id()), token.secret_id
+
+    def token_resource(self) -> str:
+        return secret_version(*self.token_secret())
 
     def plan(self, context: Context) -> JobPlan:
         """The job this task runs (what a subclass renders)."""

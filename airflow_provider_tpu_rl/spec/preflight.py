@@ -223,6 +223,17 @@ def parse_json_list(lines: Iterable[str]) -> list[Any] | None:
     return None
 
 
+def enabled_secret_versions(lines: Iterable[str]) -> list[int]:
+    """The ENABLED version numbers ``gcloud secrets versions list --format=json`` printed, ascending."""
+    return sorted(
+        int(str(item["name"]).rsplit("/", 1)[-1])
+        for item in parse_json_list(lines) or []
+        if isinstance(item, dict)
+        and item.get("state") == "ENABLED"
+        and str(item.get("name", "")).rsplit("/", 1)[-1].isdigit()
+    )
+
+
 def parse_json_document(lines: Iterable[str]) -> dict[str, Any] | None:
     """The JSON object a ``--format=json`` command printed, skipping lines before it (stderr
     warnings share the stream); ``None`` when there is none."""

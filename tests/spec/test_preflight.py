@@ -383,3 +383,22 @@ def test_the_os_login_permission_line_says_why() -> None:
         "the caller lacks compute.instances.osAdminLogin on project p (OS Login is enforced"
     )
     assert "--role=roles/compute.osAdminLogin" in line
+
+
+def test_enabled_secret_versions_are_the_enabled_numbered_ones_ascending() -> None:
+    listed = [
+        "WARNING: a line gcloud may print first",
+        json.dumps(
+            [
+                {"name": "projects/1/secrets/hf/versions/10", "state": "ENABLED"},
+                {"name": "projects/1/secrets/hf/versions/2", "state": "ENABLED"},
+                {"name": "projects/1/secrets/hf/versions/3", "state": "DISABLED"},
+                {"name": "projects/1/secrets/hf/versions/4", "state": "DESTROYED"},
+                {"name": "projects/1/secrets/hf/versions/latest", "state": "ENABLED"},
+                "not a version",
+            ]
+        ),
+    ]
+    assert preflight.enabled_secret_versions(listed) == [2, 10]
+    assert preflight.enabled_secret_versions(["[]"]) == []
+    assert preflight.enabled_secret_versions(["ERROR: (gcloud.secrets.versions.list) NOT_FOUND"]) == []
