@@ -39,7 +39,7 @@ PROJECT = "tpu-rl-e2e-far"
 BUCKET = "tpu-rl-e2e-janitor"
 CRASHED, ALIVE = "e2e-jan-crashed", "e2e-jan-alive"
 # Deadline against hangs while waiting for a run's training job (not a timing assertion).
-WAIT_SECONDS = 300.0
+WAIT_SECONDS = 900.0
 # orphan_minutes 0: one scan notes the crashed run and destroys its cluster (that a noted run is
 # destroyed only once it has been orphaned for orphan_minutes is tests/operators/test_janitor_orphans.py)
 JANITOR_ENV = {"AIRFLOW__TPU_RL__JANITOR_BUCKETS": BUCKET, "AIRFLOW__TPU_RL__ORPHAN_MINUTES": "0"}
