@@ -512,23 +512,11 @@ class GclusterHook(BaseHook):
         in a fresh HOME like every command. Raises :class:`ConfigurationError` when gcluster cannot
         be resolved.
         """
-        tool_path = self.tool_path("gcluster")
         with tempfile.TemporaryDirectory(prefix="tpu-rl-dependency-check-") as folder:
             group = Path(folder) / "deployment" / "primary"
             group.mkdir(parents=True)
             command = preflight_commands.gcluster_dependency_check(str(group))
-            prepared = self._prepare(
-                command, tool_path, secrets=None, cwd=folder, job_home=None, toolchain=chain
-            )
-            self.log.info("Running %s", " ".join(command.argv))
-            mine: list[SyncProcess] = []
-            result = run_sync(
-                prepared,
-                on_line=self._line_logger(command, None, True),
-                timeout=timeout,
-                register=lambda p: self._register(p, mine),
-                grace=kill_grace_seconds(),
-            )
+            result = self._run_with(command, chain, cwd=folder, timeout=timeout)
         config = self.config
         gcluster_status = next((s for s in chain.statuses if s.tool == "gcluster"), None)
         version = gcluster_status.version if gcluster_status else None
@@ -545,7 +533,7 @@ class GclusterHook(BaseHook):
         if version is None:
             _, version, _ = query_version(
                 "gcluster",
-                tool_path,
+                self.tool_path("gcluster"),
                 path=os.environ.get("PATH", os.defpath),
                 base_env=minimal_env(os.environ, config.inherit_env),
             )
@@ -676,6 +664,30 @@ class GclusterHook(BaseHook):
         """
         purpose = command_purpose(command)
         toolchain = self._ready_toolchain(purpose, self.config, install=True) if purpose else None
+        return self._run_with(
+            command,
+            toolchain,
+            secrets=secrets,
+            cwd=cwd,
+            job_home=job_home,
+            on_line=on_line,
+            timeout=default_timeout(command) if timeout is None else timeout,
+            log_output=log_output,
+        )
+
+    def _run_with(
+        self,
+        command: Command,
+        toolchain: Toolchain | None,
+        *,
+        timeout: float,
+        secrets: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        job_home: str | os.PathLike[str] | None = None,
+        on_line: Callable[[str], None] | None = None,
+        log_output: bool = True,
+    ) -> CommandResult:
+        """Run ``command`` with ``toolchain``'s folders first on PATH, bounded by ``timeout``."""
         tool_path = self.tool_path(command.tool)
         prepared = self._prepare(
             command, tool_path, secrets=secrets, cwd=cwd, job_home=job_home, toolchain=toolchain
@@ -685,7 +697,7 @@ class GclusterHook(BaseHook):
         return run_sync(
             prepared,
             on_line=self._line_logger(command, on_line, log_output),
-            timeout=default_timeout(command) if timeout is None else timeout,
+            timeout=timeout,
             register=lambda p: self._register(p, mine),
             grace=kill_grace_seconds(),
         )
