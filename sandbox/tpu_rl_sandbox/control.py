@@ -39,6 +39,17 @@ SANDBOX_PROJECT = "sandbox-project"
 HF_SANDBOX_TOKEN = "hf_sandbox_not_a_real_token"
 BLUEPRINT_RELATIVE = Path("examples/gke-tpu-v6e/gke-tpu-v6e-advanced.yaml")
 SHIMS = {"gcluster": "fake_gcluster", "gcloud": "fake_gcloud"}
+# The trigger forms' per-environment defaults (the provider's `[tpu_rl] default_*` options), so the
+# untouched forms run here: the sandbox's project, a bucket, its zone and the v6e-8 reservation the
+# fake project defines (settings.DEFAULT_RESERVATIONS). The GKE form keeps its own default, no
+# reservation (on-demand capacity, which the fake project always has).
+SANDBOX_FORM_DEFAULTS = {
+    "default_project": SANDBOX_PROJECT,
+    "default_region": "us-east5",
+    "default_zone": "us-east5-b",
+    "default_bucket": "tpu-rl-sandbox-bucket",
+    "default_tpu_vm_reservation": "res-8",
+}
 
 
 @dataclass(frozen=True)
@@ -160,6 +171,9 @@ def sandbox_env(root: Path) -> dict[str, str]:
         # any google-auth client: the sandbox's key, its token_uri the API server.
         env[adc.ADC_ENV] = str(adc.write_adc_key(layout, api_url, SANDBOX_PROJECT))
     env.update(_connection_env(layout, api_url))
+    env.update(
+        {f"AIRFLOW__TPU_RL__{option.upper()}": value for option, value in SANDBOX_FORM_DEFAULTS.items()}
+    )
     return env
 
 

@@ -268,7 +268,17 @@ def test_placeholders_are_named_with_what_to_set() -> None:
     assert placeholders(resolved) == {"project": "my-tpu-project", "bucket": "my-tpu-rl-bucket"}
     with pytest.raises(SpecError) as err:
         refuse_placeholders(resolved)
-    assert str(err.value) == "project: set project to your GCP project (my-tpu-project is the form's example)"
+    # Every placeholder in one line: the untouched form is refused once, not once per field.
+    assert str(err.value) == (
+        "project, bucket: set project to your GCP project (my-tpu-project is the form's example); "
+        "set bucket to a Cloud Storage bucket name of yours (my-tpu-rl-bucket is the form's example)"
+    )
+    with pytest.raises(SpecError) as err:
+        refuse_placeholders({**resolved, "bucket": "bucket-123"}, {"project": "default_project"})
+    assert str(err.value) == (
+        "project: set project to your GCP project (my-tpu-project is the form's example); "
+        "or set [tpu_rl] default_project once for this Airflow"
+    )
     vm = tpu_vm_pipeline_from_conf({"project": "proj-123", "bucket": "bucket-123"}).resolved()
     with pytest.raises(SpecError, match=r"^reservation: set reservation to the name of your v6e-8"):
         refuse_placeholders(vm)
