@@ -28,6 +28,7 @@ from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
+from airflow_provider_tpu_rl.spec.pipeline import ENVIRONMENT_OPTIONS
 from tpu_rl_sandbox import adc, api_server, emulator, oauth
 from tpu_rl_sandbox.gcluster_jobs import kill_all_workers
 from tpu_rl_sandbox.layout import SANDBOX_DIR_ENV, SandboxLayout, default_root
@@ -50,6 +51,15 @@ SANDBOX_FORM_DEFAULTS = {
     "default_bucket": "tpu-rl-sandbox-bucket",
     "default_tpu_vm_reservation": "res-8",
 }
+
+
+def sandbox_form_defaults(kind: str) -> dict[str, str]:
+    """The conf values the sandbox's environment prefills on pipeline ``kind``'s form."""
+    return {
+        key: SANDBOX_FORM_DEFAULTS[option]
+        for key, option in ENVIRONMENT_OPTIONS[kind].items()
+        if option in SANDBOX_FORM_DEFAULTS
+    }
 
 
 @dataclass(frozen=True)
