@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -525,6 +526,40 @@ class AirflowApi:
             with self._client() as client:
                 response = client.request(method, path, **kwargs)
         return response
+
+    def ui_client(self) -> httpx.Client:
+        """A client logged in to the UI as a browser is (the caller closes it).
+
+        Airflow 3: the simple auth manager's JWT in the UI's ``_token`` cookie
+        (``COOKIE_NAME_JWT_TOKEN``). Airflow 2: FAB's login form (``/login/``, with its CSRF token),
+        which leaves a session cookie.
+        """
+        client = httpx.Client(base_url=self.base_url, timeout=HTTP_TIMEOUT)
+        try:
+            if FLAVOR.v3:
+                self.login()
+                client.cookies.set("_token", str(self.token))
+                return client
+            form = client.get("/login/")
+            form.raise_for_status()
+            found = re.search(r'name="csrf_token"[^>]*value="([^"]+)"', form.text)
+            if found is None:
+                raise StackError(f"no csrf_token in the login form: {form.text[:500]}")
+            done = client.post(
+                "/login/",
+                data={"username": self.username, "password": self.password, "csrf_token": found.group(1)},
+            )
+            if done.status_code not in (200, 302) or "session" not in client.cookies:
+                raise StackError(f"UI login failed: {done.status_code} {done.text[:500]}")
+        except BaseException:
+            client.close()
+            raise
+        return client
+
+    def task_links(self, dag_id: str, run_id: str, task_id: str) -> dict[str, Any]:
+        """The task's extra links by name (``/links``), as the UI shows them."""
+        path = f"{FLAVOR.api_prefix}/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/links"
+        return dict(self.get(path))
 
     def get(self, path: str, **params: Any) -> Any:
         response = self.request("GET", path, params=params)
