@@ -130,7 +130,7 @@ class RecordRunOperator(BaseOperator):
         )
         self.log.info("TPU time of this run: %s", tpu_time_line(run))
         result: dict[str, Any] = {"run_id": run.run_id, "state": run.state}
-        uri = self.publish_curves(context, run, derived, self.upload) if self.plot else None
+        uri = self.publish_curves(run, derived, self.upload) if self.plot else None
         if uri:
             result["curves_uri"] = uri
         RunDashboardLink.persist(context, dag_id=run.dag_id, run_id=run.airflow_run_id)
@@ -145,9 +145,7 @@ class RecordRunOperator(BaseOperator):
             bucket_name=bucket, object_name=name, data=data, mime_type="image/png"
         )
 
-    def publish_curves(
-        self, context: Context, run: RunRecord, derived: Mapping[str, Any], upload: Upload
-    ) -> str | None:
+    def publish_curves(self, run: RunRecord, derived: Mapping[str, Any], upload: Upload) -> str | None:
         """Draw the run's curves and timeline from the ledger, upload the PNG, list it in the run's
         artifacts; the URI or None."""
         run_id = run.run_id
