@@ -315,7 +315,8 @@ def test_the_runs_dashboard_shows_the_finished_run_to_a_logged_in_user(
         assert trend.status_code == 200, trend.text[:2000]
         assert decoded_png(trend.content).size == (1000, 450)
 
-    # Anonymous: refused (Airflow 3: 401; Airflow 2: sent to the login page), nothing of the run shown.
+    # Anonymous: refused (Airflow 3: 401; Airflow 2: sent to the login page, whose link names the
+    # page asked for), nothing of the run shown.
     curves_path = f"{DASHBOARD_PREFIX}/curves/{GKE_DAG_ID}/{restarted_run.run_id}"
     with httpx.Client(base_url=services.stack.api_url, timeout=30) as anonymous:
         for path in (f"{DASHBOARD_PREFIX}/", run_path, curves_path, f"{DASHBOARD_PREFIX}/trend.png"):
@@ -325,4 +326,5 @@ def test_the_runs_dashboard_shows_the_finished_run_to_a_logged_in_user(
             else:
                 assert response.status_code == 302, (path, response.status_code, response.text[:500])
                 assert "/login/" in response.headers["location"], response.headers
-            assert restarted_run.ledger_run_id not in response.text
+            assert html.escape(before_after) not in response.text
+            assert response.headers.get("content-type") != "image/png"
