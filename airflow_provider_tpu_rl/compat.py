@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         AirflowException,
         AirflowFailException,
         AirflowNotFoundException,
+        AirflowPlugin,
         ParamValidationError,
         TaskDeferred,
         TaskInstanceKey,
@@ -94,6 +95,7 @@ SDK_FALLBACKS: dict[str, tuple[str, ...]] = {
     "ParamValidationError": ("airflow.sdk.exceptions", "airflow.exceptions"),  # 1.10.0
     "AirflowException": ("airflow.sdk.exceptions", "airflow.exceptions"),  # 1.11.0
     "AirflowNotFoundException": ("airflow.sdk.exceptions", "airflow.exceptions"),  # 1.11.0
+    "AirflowPlugin": ("airflow.sdk.plugins_manager", "airflow.plugins_manager"),  # not in 1.8.0
     "conf": ("airflow.sdk.configuration", "airflow.configuration"),  # 1.12.0
     "TaskInstanceKey": ("airflow.sdk.types", "airflow.models.taskinstancekey"),  # 1.13.0
     "mask_secret": (  # 1.22.0
@@ -136,6 +138,14 @@ def default_deferrable() -> bool:
     return bool(sdk_name("conf").getboolean("operators", "default_deferrable", fallback=False))
 
 
+def web_base_url() -> str:
+    """The Airflow UI's URL without a trailing slash: ``[api] base_url`` on Airflow 3 (the API
+    server serves the UI), ``[webserver] base_url`` on Airflow 2; empty when not set."""
+    section = "api" if AIRFLOW_V_3_0_PLUS else "webserver"
+    value = sdk_name("conf").get(section, "base_url", fallback="") or ""
+    return str(value).rstrip("/")
+
+
 def client_options(hook: GoogleBaseHook, api_endpoint_override: str | None = None) -> ClientOptions:
     """``hook.get_client_options(...)``, which the google provider has only since 22.0.0.
 
@@ -164,6 +174,7 @@ __all__ = [
     "AirflowException",
     "AirflowFailException",
     "AirflowNotFoundException",
+    "AirflowPlugin",
     "ParamValidationError",
     "TaskDeferred",
     "TaskInstanceKey",
@@ -175,4 +186,5 @@ __all__ = [
     "mask_secret",
     "sdk_name",
     "task_error",
+    "web_base_url",
 ]

@@ -65,7 +65,7 @@ def get_provider_info() -> dict[str, Any]:
             "airflow_provider_tpu_rl.links.GKEClusterLink",
             "airflow_provider_tpu_rl.links.GKEWorkloadLink",
             "airflow_provider_tpu_rl.links.GCSBrowserLink",
-            "airflow_provider_tpu_rl.links.GCSObjectLink",
+            "airflow_provider_tpu_rl.links.RunDashboardLink",
             "airflow_provider_tpu_rl.links.CloudLoggingJobLink",
         ],
         "connection-types": connection_types(),

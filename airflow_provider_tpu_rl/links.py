@@ -1,5 +1,5 @@
-"""Extra links to the Google Cloud console: the GKE cluster, the JobSet's head job, its logs, GCS
-folders and the run's curves (a PNG object).
+"""Extra links: to the Google Cloud console (the GKE cluster, the JobSet's head job, its logs, GCS
+folders) and to the run's page on the provider's runs dashboard inside Airflow (its curves).
 
 Each link is persisted like the google provider's ``BaseGoogleLink``: the task calls
 ``SomeLink.persist(context, **values)`` which pushes the values to XCom under the link's key, and
@@ -19,6 +19,7 @@ from urllib.parse import quote
 
 from airflow.providers.common.compat.sdk import BaseOperatorLink, XCom
 
+from airflow_provider_tpu_rl.compat import web_base_url
 from airflow_provider_tpu_rl.maxtext.layout import parse_gs_uri
 
 if TYPE_CHECKING:
@@ -27,6 +28,14 @@ if TYPE_CHECKING:
     from airflow_provider_tpu_rl.compat import TaskInstanceKey
 
 CONSOLE_URL = "https://console.cloud.google.com"
+# Where the provider's plugin serves the runs dashboard, on the API server (Airflow 3) or the
+# webserver (Airflow 2): the same path on both.
+DASHBOARD_PREFIX = "/tpu-rl"
+
+
+def run_page_path(dag_id: str, run_id: str) -> str:
+    """The dashboard's page of one DAG run, from the web server's root."""
+    return f"{DASHBOARD_PREFIX}/runs/{_path_segment(dag_id)}/{_path_segment(run_id)}"
 
 
 def _path_segment(value: str) -> str:
@@ -61,15 +70,14 @@ class _XComPersistedLink(BaseOperatorLink):
         context["ti"].xcom_push(key=cls.key, value=values)
 
     @classmethod
-    def persist_none(cls, context: Context) -> None:
-        """Say there is no link for this try (an empty value): Airflow 3 resolves every extra link
-        when a task ends and logs an error for a link whose XCom is missing."""
-        context["ti"].xcom_push(key=cls.key, value="")
+    def is_own_url(cls, url: str) -> bool:
+        """Whether a URL stored in the link's XCom is one this link makes (Airflow 3 stores it)."""
+        return url.startswith(CONSOLE_URL)
 
     def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
         value = XCom.get_value(key=self.key, ti_key=ti_key)
         if isinstance(value, str):
-            return value if value.startswith(CONSOLE_URL) else ""
+            return value if self.is_own_url(value) else ""
         if isinstance(value, dict):
             try:
                 return self.format_url(**value)
@@ -192,18 +200,22 @@ class CloudLoggingJobLink(_XComPersistedLink):
         )
 
 
-class GCSObjectLink(_XComPersistedLink):
-    """Console details page of one ``gs://`` object (it previews an image): the run's curves."""
+class RunDashboardLink(_XComPersistedLink):
+    """The run's page on the provider's runs dashboard in Airflow: its rewards, TPU time and curves.
+
+    The URL starts at ``[api] base_url`` (Airflow 2: ``[webserver] base_url``); without one it is
+    the path alone, which the browser resolves against the Airflow UI it is on.
+    """
 
     name = "Run Curves"
     key = "tpu_rl_run_curves"
 
     @classmethod
-    def format_url(cls, *, uri: str, project_id: str | None = None) -> str:
-        bucket, name = parse_gs_uri(uri)
-        if not name or name.endswith("/"):
-            raise ValueError(f"not an object: {uri}")
-        url = f"{CONSOLE_URL}/storage/browser/_details/{_path_segment(bucket)}/{quote(name, safe='/')};tab=live_object"
-        if project_id:
-            url += f"?project={_path_segment(project_id)}"
-        return url
+    def format_url(cls, *, dag_id: str, run_id: str) -> str:
+        if not (dag_id and run_id):
+            raise ValueError("dag_id and run_id are required")
+        return web_base_url() + run_page_path(dag_id, run_id)
+
+    @classmethod
+    def is_own_url(cls, url: str) -> bool:
+        return url.startswith(web_base_url() + DASHBOARD_PREFIX + "/runs/")

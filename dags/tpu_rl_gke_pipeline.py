@@ -211,7 +211,7 @@ caller's IAM permissions and the reservation's free capacity, one line per probl
 **Teardown.** `destroy_cluster` runs once the bucket step succeeded, whether the work succeeded,
 failed or the deploy itself failed half-way; `record_run` writes the run to the ledger
 (`{LEDGER_CONN_ID}`) after it and draws its curves (mean reward, train loss) into a PNG next to the
-checkpoints: its *Run Curves* link opens it. `{WATCHER_TASK_ID}` fails the run when any task failed,
+checkpoints: its *Run Curves* link opens the run's page on the runs dashboard (`/tpu-rl`). `{WATCHER_TASK_ID}` fails the run when any task failed,
 a teardown included, naming the failed tasks and the first line of each one's error, so a cluster
 that could not be destroyed never shows as a green run.
 """

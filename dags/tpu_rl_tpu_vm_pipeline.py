@@ -148,7 +148,8 @@ permissions and the reservation, one line per problem. `create_vm` grants the VM
 
 **Teardown.** `delete_vm` runs once the bucket step succeeded (an absent VM counts as deleted),
 whether the work succeeded or failed; `record_run` writes the run to the ledger (`{LEDGER_CONN_ID}`)
-after it and draws its curves into a PNG next to the checkpoints (link *Run Curves*).
+after it and draws its curves into a PNG next to the checkpoints (link *Run Curves*: the run's page on the
+runs dashboard, `/tpu-rl`).
 `{WATCHER_TASK_ID}` fails the run when any task failed, a teardown included, naming the failed
 tasks and the first line of each one's error.
 """

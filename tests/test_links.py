@@ -13,9 +13,9 @@ from airflow_provider_tpu_rl.get_provider_info import get_provider_info
 from airflow_provider_tpu_rl.links import (
     CloudLoggingJobLink,
     GCSBrowserLink,
-    GCSObjectLink,
     GKEClusterLink,
     GKEWorkloadLink,
+    RunDashboardLink,
 )
 
 
@@ -143,7 +143,7 @@ def test_get_link_reads_the_persisted_values(monkeypatch, stored: Any, expected:
     get_value.assert_called_once_with(key="tpu_rl_gcs_browser", ti_key=ti_key)
 
 
-LINK_CLASSES = [GKEClusterLink, GKEWorkloadLink, GCSBrowserLink, GCSObjectLink, CloudLoggingJobLink]
+LINK_CLASSES = [GKEClusterLink, GKEWorkloadLink, GCSBrowserLink, RunDashboardLink, CloudLoggingJobLink]
 
 
 def test_link_names_and_keys_are_distinct() -> None:
@@ -176,29 +176,45 @@ def test_gke_cluster_link_needs_every_part() -> None:
         GKEClusterLink.format_url(project_id="p", location="", cluster_name="c")
 
 
-def test_gcs_object_link_opens_the_objects_details_page() -> None:
-    url = GCSObjectLink.format_url(uri="gs://bkt/qwen3/trained/rl/tpu-rl-curves-ab12.png", project_id="p")
+def test_run_curves_link_opens_the_runs_page_on_the_dashboard(monkeypatch) -> None:
+    monkeypatch.setattr(links, "web_base_url", lambda: "https://airflow.example.com/base")
 
-    assert url == (
-        "https://console.cloud.google.com/storage/browser/_details/bkt/qwen3/trained/rl/"
-        "tpu-rl-curves-ab12.png;tab=live_object?project=p"
+    url = RunDashboardLink.format_url(
+        dag_id="tpu_rl_gke_pipeline", run_id="manual__2026-12-01T10:00:00+00:00"
     )
 
-
-@pytest.mark.parametrize("uri", ["gs://bkt", "gs://bkt/folder/", "/tmp/x.png"])
-def test_gcs_object_link_refuses_what_is_not_an_object(uri: str) -> None:
+    assert url == (
+        "https://airflow.example.com/base/tpu-rl/runs/tpu_rl_gke_pipeline/"
+        "manual__2026-12-01T10%3A00%3A00%2B00%3A00"
+    )
     with pytest.raises(ValueError):
-        GCSObjectLink.format_url(uri=uri)
+        RunDashboardLink.format_url(dag_id="d", run_id="")
 
 
-def test_persist_none_leaves_an_empty_link(monkeypatch) -> None:
-    ti = mock.MagicMock()
+def test_the_web_base_url_is_the_ui_s_configured_one(monkeypatch) -> None:
+    from airflow_provider_tpu_rl import compat
 
-    GCSObjectLink.persist_none({"ti": ti})
+    section = "API" if compat.AIRFLOW_V_3_0_PLUS else "WEBSERVER"
+    monkeypatch.setenv(f"AIRFLOW__{section}__BASE_URL", "http://host:8080/")
+    assert compat.web_base_url() == "http://host:8080"
+    assert RunDashboardLink.format_url(dag_id="d", run_id="r") == "http://host:8080/tpu-rl/runs/d/r"
 
-    ti.xcom_push.assert_called_once_with(key="tpu_rl_run_curves", value="")
-    monkeypatch.setattr(links.XCom, "get_value", mock.MagicMock(return_value=""))
-    assert GCSObjectLink().get_link(mock.MagicMock(), ti_key=mock.sentinel.ti_key) == ""
+
+@pytest.mark.parametrize(
+    ("stored", "expected"),
+    [
+        ({"dag_id": "d", "run_id": "r 1"}, "http://ui/tpu-rl/runs/d/r%201"),
+        ("http://ui/tpu-rl/runs/d/r", "http://ui/tpu-rl/runs/d/r"),  # Airflow 3 stores the URL
+        ("https://console.cloud.google.com/storage/browser/_details/b/x.png", ""),
+        ("javascript:alert(1)", ""),
+        ("", ""),
+    ],
+)
+def test_run_curves_link_reads_only_its_own_urls(monkeypatch, stored: Any, expected: str) -> None:
+    monkeypatch.setattr(links, "web_base_url", lambda: "http://ui")
+    monkeypatch.setattr(links.XCom, "get_value", mock.MagicMock(return_value=stored))
+
+    assert RunDashboardLink().get_link(mock.MagicMock(), ti_key=mock.sentinel.ti_key) == expected
 
 
 def test_provider_info_follows_airflows_schema() -> None:

@@ -463,10 +463,43 @@ class RunLedger:
 
     def latest_runs(self, model: str | None = None, limit: int = 20) -> list[RunSummary]:
         """Newest runs first, optionally of one model."""
-        rows = self._query(
-            "latest_runs", {**self._model_params(model), "row_limit": self._check_limit(limit)}
-        )
-        return [RunSummary(**row) for row in rows]
+        return self._summaries(model=model, run_id=None, limit=self._check_limit(limit))
+
+    def run_summary(self, run_id: str) -> RunSummary | None:
+        """One run's ``latest_runs`` row, or None when the ledger does not hold it."""
+        found = self._summaries(model=None, run_id=run_id, limit=1)
+        return found[0] if found else None
+
+    def _summaries(self, *, model: str | None, run_id: str | None, limit: int) -> list[RunSummary]:
+        params = {
+            **self._model_params(model),
+            "any_run": 1 if run_id is None else 0,
+            "run_id": run_id,
+            "row_limit": limit,
+        }
+        return [RunSummary(**row) for row in self._query("latest_runs", params)]
+
+    def run_artifacts(self, run_id: str) -> list[ArtifactRecord]:
+        """Where one run's outputs are (checkpoints, export, curves), by kind and URI."""
+        self._ensure_schema()
+        sql = "SELECT kind, uri, step FROM run_artifacts WHERE run_id = :run_id ORDER BY kind, uri"
+        with self._session(write=False) as session:
+            rows = session.fetch(sql, {"run_id": run_id})
+        return [
+            ArtifactRecord(
+                str(row["kind"]), str(row["uri"]), None if row["step"] is None else int(row["step"])
+            )
+            for row in rows
+        ]
+
+    def record_artifacts(
+        self, run_id: str, artifacts: Iterable[ArtifactRecord], *, recorded_at: datetime | None = None
+    ) -> None:
+        """Upsert artifacts of a run already recorded (the curves, once uploaded)."""
+        self._ensure_schema()
+        when = recorded_at or datetime.now(UTC)
+        rows = [artifact_row(run_id, artifact, when) for artifact in artifacts]
+        self._write([(RUN_ARTIFACTS, dedupe_rows(RUN_ARTIFACTS, rows))])
 
     def reward_trend(self, model: str | None = None) -> list[Row]:
         """Pre and post mean reward of every run that has one, per model, oldest first."""

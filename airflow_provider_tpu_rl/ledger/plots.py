@@ -187,9 +187,17 @@ def run_curves_figure(curves: RunCurves, timeline: RunTimeline | None = None) ->
         steps, values = zip(*points, strict=True)
         reward_axes.plot(steps, values, marker="o", color="tab:green", label=REWARD_METRIC)
         for step, value, label in _reward_labels(curves):
+            # "before" sits at the left edge and "after" at the right: each label runs inwards, and
+            # the margins keep it inside the axes (clear of the y ticks and of the title).
+            inwards = "left" if label == "before" else "right"
             reward_axes.annotate(
-                f"{label} {value:.3g}", (step, value), textcoords="offset points", xytext=(0, 6), ha="center"
+                f"{label} {value:.3g}",
+                (step, value),
+                textcoords="offset points",
+                xytext=(4 if inwards == "left" else -4, 6),
+                ha=inwards,
             )
+        reward_axes.margins(x=0.05, y=0.3)
     else:
         reward_axes.text(
             0.5,
@@ -278,30 +286,63 @@ def _maybe_float(value: Any) -> float | None:
 
 
 def reward_trend_figure(series: Sequence[TrendSeries]) -> Figure:
-    """Mean reward before (dashed) and after (solid) training, run after run, one colour per model.
+    """Mean reward before (hollow marker) and after (filled) training of every run, at the run's
+    start time, one colour per model; a line joins each run's before to its after, so the gain shows
+    with a single run too. Runs without a start time are left out; a missing value is no marker."""
+    from matplotlib.dates import AutoDateLocator, ConciseDateFormatter, date2num
+    from matplotlib.lines import Line2D
 
-    The x axis is the run's position among that model's runs (1 = oldest); a missing value is a gap.
-    """
     figure = _figure(10, 4.5)
     axes = figure.subplots()
     axes.set_title("Mean reward across runs")
-    axes.set_xlabel("run (oldest first)")
+    axes.set_xlabel("run start (UTC)")
     axes.set_ylabel("mean reward")
-    colours = [f"C{index % 10}" for index in range(len(series))]
-    for colour, one in zip(colours, series, strict=True):
-        runs = list(range(1, one.runs + 1))
+    drawn: list[tuple[str, str]] = []  # (model, colour)
+    for index, one in enumerate(series):
+        colour = f"C{index % 10}"
+        when = [as_utc(moment) for moment in one.started_at]
+        runs = [
+            (float(date2num(moment)), before, after)
+            for moment, before, after in zip(when, one.before, one.after, strict=True)
+            if moment is not None
+        ]
+        if not runs:
+            continue
+        drawn.append((one.model, colour))
+        times = [moment for moment, _, _ in runs]
         axes.plot(
-            runs, _nan(one.before), linestyle="--", marker="o", color=colour, label=f"{one.model} before"
-        )
-        axes.plot(runs, _nan(one.after), linestyle="-", marker="o", color=colour, label=f"{one.model} after")
-    if not series:
+            times, _nan([b for _, b, _ in runs]), linestyle="none", marker="o", markersize=7,
+            markerfacecolor="white", markeredgecolor=colour, label=f"{one.model} before",
+        )  # fmt: skip
+        axes.plot(
+            times, _nan([a for _, _, a in runs]), linestyle="none", marker="o", markersize=7,
+            color=colour, label=f"{one.model} after",
+        )  # fmt: skip
+        for moment, before, after in runs:
+            if before is not None and after is not None:
+                axes.annotate(
+                    "", (moment, after), (moment, before),
+                    arrowprops={"arrowstyle": "->", "color": colour, "lw": 1.2},
+                )  # fmt: skip
+    if not drawn:
         axes.text(
             0.5, 0.5, "no run with a reward in the ledger", ha="center", va="center", transform=axes.transAxes
         )
     else:
-        axes.legend(loc="best", fontsize="small")
-        longest = max(one.runs for one in series)
-        axes.set_xticks(range(1, longest + 1))
+        locator = AutoDateLocator()
+        axes.xaxis.set_major_locator(locator)
+        axes.xaxis.set_major_formatter(ConciseDateFormatter(locator))
+        axes.margins(x=0.08, y=0.15)
+        models = [
+            Line2D([], [], color=colour, marker="o", linestyle="-", label=model) for model, colour in drawn
+        ]
+        sides = [
+            Line2D(
+                [], [], color="black", marker="o", markerfacecolor="white", linestyle="none", label="before"
+            ),
+            Line2D([], [], color="black", marker="o", linestyle="none", label="after"),
+        ]
+        axes.legend(handles=[*models, *sides], loc="best", fontsize="small")
     axes.grid(True, alpha=0.3)
     return figure
 

@@ -11,7 +11,7 @@ from typing import Any
 
 RUN_STATES = ("running", "success", "failed")
 METRIC_PHASES = ("pre", "intermediate", "post", "train")
-ARTIFACT_KINDS = ("converted_checkpoint", "actor_checkpoint", "hf_export")
+ARTIFACT_KINDS = ("converted_checkpoint", "actor_checkpoint", "hf_export", "curves")
 
 _SECRET_KEY = re.compile(
     r"token|secret|password|passwd|credential|api[_-]?key|private[_-]?key", re.IGNORECASE
@@ -201,7 +201,8 @@ class MetricRecord:
 
 @dataclass(frozen=True)
 class ArtifactRecord:
-    """Where an output of the run is: kind converted_checkpoint|actor_checkpoint|hf_export."""
+    """Where an output of the run is: kind converted_checkpoint|actor_checkpoint|hf_export|curves
+    (the run's curves PNG)."""
 
     kind: str
     uri: str

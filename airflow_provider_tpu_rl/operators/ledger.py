@@ -19,8 +19,8 @@ from airflow_provider_tpu_rl.ledger.plots import (
     run_curves_figure,
     run_timeline,
 )
-from airflow_provider_tpu_rl.ledger.records import RunRecord
-from airflow_provider_tpu_rl.links import GCSObjectLink
+from airflow_provider_tpu_rl.ledger.records import ArtifactRecord, RunRecord
+from airflow_provider_tpu_rl.links import RunDashboardLink
 from airflow_provider_tpu_rl.maxtext.layout import parse_gs_uri
 
 log = logging.getLogger(__name__)
@@ -68,8 +68,10 @@ class RecordRunOperator(BaseOperator):
     whose ``validate`` failed is still recorded (without curves). The curves (mean reward before,
     at each evaluation, after; train loss per step) are read back from the ledger, drawn with
     matplotlib (the optional extra ``plot``; without it the picture is skipped with one log line)
-    and uploaded to ``<run folder>/tpu-rl-curves-<suffix>.png``; the *Run Curves* link opens it.
-    A failed upload is logged, never raised: the ledger row is what this task is for.
+    and uploaded to ``<run folder>/tpu-rl-curves-<suffix>.png``, which the ledger lists among the
+    run's artifacts (kind ``curves``). The *Run Curves* link opens the run's page on the runs
+    dashboard in Airflow, which shows that picture. A failed upload is logged, never raised: the
+    ledger row is what this task is for.
 
     :param conn_id: the ledger's Airflow connection.
     :param cluster_task_ids: the tasks that create and destroy the billed TPU capacity.
@@ -83,7 +85,7 @@ class RecordRunOperator(BaseOperator):
         ``[tpu_rl] usd_per_chip_hour`` (default the v6e on-demand list price, 2.70).
     """
 
-    operator_extra_links = (GCSObjectLink(),)
+    operator_extra_links = (RunDashboardLink(),)
     ui_color = "#eef5e8"
 
     def __init__(
@@ -128,11 +130,10 @@ class RecordRunOperator(BaseOperator):
         )
         self.log.info("TPU time of this run: %s", tpu_time_line(run))
         result: dict[str, Any] = {"run_id": run.run_id, "state": run.state}
-        uri = self.publish_curves(context, run, derived, self.upload) if self.plot else None
+        uri = self.publish_curves(run, derived, self.upload) if self.plot else None
         if uri:
             result["curves_uri"] = uri
-        else:
-            GCSObjectLink.persist_none(context)
+        RunDashboardLink.persist(context, dag_id=run.dag_id, run_id=run.airflow_run_id)
         return result
 
     def upload(self, uri: str, data: bytes) -> None:
@@ -144,11 +145,9 @@ class RecordRunOperator(BaseOperator):
             bucket_name=bucket, object_name=name, data=data, mime_type="image/png"
         )
 
-    def publish_curves(
-        self, context: Context, run: RunRecord, derived: Mapping[str, Any], upload: Upload
-    ) -> str | None:
-        """Draw the run's curves and timeline from the ledger, upload the PNG, persist the link; the
-        URI or None."""
+    def publish_curves(self, run: RunRecord, derived: Mapping[str, Any], upload: Upload) -> str | None:
+        """Draw the run's curves and timeline from the ledger, upload the PNG, list it in the run's
+        artifacts; the URI or None."""
         run_id = run.run_id
         if not matplotlib_available():
             log.info("run curves: matplotlib is not installed (%s); no picture drawn", PLOT_EXTRA_HINT)
@@ -171,7 +170,7 @@ class RecordRunOperator(BaseOperator):
         except Exception:
             log.warning("run curves: could not upload %s; the run is recorded without it", uri, exc_info=True)
             return None
-        GCSObjectLink.persist(context, uri=uri, project_id=derived.get("project") or None)
+        ledger.record_artifacts(run_id, [ArtifactRecord("curves", uri)])
         log.info(
             "run curves: %s (%d reward points, %d loss points)",
             uri,

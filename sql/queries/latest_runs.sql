@@ -1,6 +1,7 @@
 -- Newest runs first, with pre/post mean reward (and the evaluation's num_test_batches, which says
 -- why a reward is missing) and the Hugging Face export.
--- Parameters: :any_model (1 = all models, 0 = only :model), :row_limit.
+-- Parameters: :any_model (1 = all models, 0 = only :model), :any_run (1 = all runs, 0 = only
+-- :run_id), :row_limit.
 WITH rewards AS (
     SELECT
         m.run_id,
@@ -49,6 +50,8 @@ SELECT
 FROM runs AS r
 LEFT JOIN rewards ON r.run_id = rewards.run_id
 LEFT JOIN exports ON r.run_id = exports.run_id
-WHERE (:any_model = 1 OR r.model = :model)
+WHERE
+    (:any_model = 1 OR r.model = :model)
+    AND (:any_run = 1 OR r.run_id = :run_id)
 ORDER BY COALESCE(r.started_at, r.recorded_at) DESC, r.run_id DESC
 LIMIT :row_limit

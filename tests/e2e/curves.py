@@ -7,6 +7,7 @@ import json
 import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
@@ -14,7 +15,7 @@ from airflow_provider_tpu_rl.compat import AIRFLOW_V_3_0_PLUS
 from airflow_provider_tpu_rl.ledger.hook import RunLedger, sqlite_connection_uri
 from airflow_provider_tpu_rl.ledger.plots import figure_png, run_curves, run_curves_figure, run_timeline
 from airflow_provider_tpu_rl.ledger.records import RunRecord, as_utc
-from airflow_provider_tpu_rl.links import GCSObjectLink
+from airflow_provider_tpu_rl.links import RunDashboardLink
 from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf, tpu_vm_pipeline_from_conf
 from tests.e2e.harness import GKE_DAG_ID, DagRunResult, E2EWorld
 from tests.png import decoded_png
@@ -63,18 +64,23 @@ def check_curves_next_to_the_checkpoints(
     assert timeline.trained is not None
     assert uploaded == figure_png(run_curves_figure(curves, timeline))
 
-    # The task's "Run Curves" link: Airflow 3 stores the formatted URL when the task ends; Airflow 2
-    # (the google provider's BaseGoogleLink.persist) stores the format arguments, formatted on display.
+    # The PNG is listed among the run's artifacts, which the dashboard's run page reads.
+    ((listed,),) = world.ledger(
+        "SELECT uri FROM run_artifacts WHERE run_id = ? AND kind = 'curves'", (run.ledger_run_id,)
+    )
+    assert listed == uri
+
+    # The task's "Run Curves" link opens the run's page on the dashboard: Airflow 3 stores the
+    # formatted URL when the task ends; Airflow 2 stores the format arguments, formatted on display.
     ((value,),) = world.metadata(
         "SELECT value FROM xcom WHERE dag_id = ? AND run_id = ? AND task_id = 'record_run' AND key = ?",
-        (run.dag_id, run.run_id, GCSObjectLink.key),
+        (run.dag_id, run.run_id, RunDashboardLink.key),
     )
     stored = json.loads(value) if isinstance(value, str | bytes) else value
-    project = run.conf["project"]
     if not AIRFLOW_V_3_0_PLUS:
-        assert stored == {"uri": uri, "project_id": project}
-        stored = GCSObjectLink.format_url(**stored)
-    assert stored == GCSObjectLink.format_url(uri=uri, project_id=project)
+        assert stored == {"dag_id": run.dag_id, "run_id": run.run_id}
+        stored = RunDashboardLink.format_url(**stored)
+    assert stored.endswith(f"/tpu-rl/runs/{run.dag_id}/{quote(run.run_id, safe='')}"), stored
 
 
 def check_runs_plot_draws_the_trend(world: E2EWorld, run: DagRunResult) -> None:

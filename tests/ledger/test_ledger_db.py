@@ -234,6 +234,24 @@ def test_latest_runs_say_why_a_run_has_no_reward(ledger: RunLedger) -> None:
     assert (runs["on"].pre_mean_reward, runs["on"].post_mean_reward) == (0.1, 0.3)
 
 
+def test_one_runs_summary_and_its_artifacts_curves_added_after_the_run(ledger: RunLedger) -> None:
+    """What the dashboard's run page reads, on SQLite and PostgreSQL."""
+    ledger.record(make_run("r1", start=T0), [], rewards(0.1, 0.2))
+    ledger.record(make_run("r2", start=T0 + timedelta(days=1)))
+    ledger.record_artifacts(
+        f"{DAG}/r1", [ArtifactRecord("curves", "gs://b/m/trained/r1/tpu-rl-curves-x.png")]
+    )
+
+    summary = ledger.run_summary(f"{DAG}/r1")
+    assert summary is not None
+    assert (summary.airflow_run_id, summary.pre_mean_reward, summary.post_mean_reward) == ("r1", 0.1, 0.2)
+    assert ledger.run_summary(f"{DAG}/nope") is None
+    assert ledger.run_artifacts(f"{DAG}/r1") == [
+        ArtifactRecord("curves", "gs://b/m/trained/r1/tpu-rl-curves-x.png")
+    ]
+    assert ledger.run_artifacts(f"{DAG}/r2") == []
+
+
 def test_reward_trend_per_model_oldest_first(ledger: RunLedger) -> None:
     ledger.record(make_run("q2", start=T0 + timedelta(days=1)), [], rewards(0.30, 0.45))
     ledger.record(make_run("q1", start=T0), [], rewards(0.10, 0.25))

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.dates import date2num
 from matplotlib.lines import Line2D
 
 from airflow_provider_tpu_rl.ledger.hook import RunLedger, record_run_from_context
@@ -19,12 +21,11 @@ from airflow_provider_tpu_rl.ledger.plots import (
     run_curves_figure,
     run_timeline,
 )
-from airflow_provider_tpu_rl.ledger.records import MetricRecord, RunRecord
+from airflow_provider_tpu_rl.ledger.records import ArtifactRecord, MetricRecord, RunRecord
 from airflow_provider_tpu_rl.operators import ledger as ledger_operator
 from airflow_provider_tpu_rl.operators.ledger import RecordRunOperator, curves_uri, run_output_folder
 from tests.ledger.fakes import (
     SUCCESS_XCOMS,
-    T0,
     FakeDagRun,
     FakeLedgerTaskInstance,
     context_for,
@@ -157,7 +158,7 @@ def test_a_run_without_loss_still_draws_its_rewards() -> None:
     decoded_png(figure_png(figure))
 
 
-def test_reward_trend_plots_every_runs_rewards_per_model(ledger: RunLedger) -> None:
+def test_reward_trend_plots_every_runs_rewards_per_model_at_its_start_time(ledger: RunLedger) -> None:
     rewards = {"r1": (0.1, 0.3), "r2": (0.2, 0.5), "r3": (0.15, None)}
     for index, (name, (pre, post)) in enumerate(rewards.items()):
         run = RunRecord("tpu_rl_gke_pipeline", name, MODEL, "success", started_at=minutes(60 * index))
@@ -165,7 +166,7 @@ def test_reward_trend_plots_every_runs_rewards_per_model(ledger: RunLedger) -> N
         if post is not None:
             metrics.append(MetricRecord("post", 0, "mean_reward", post))
         ledger.record(run, metrics=metrics)
-    other = RunRecord("tpu_rl_tpu_vm_pipeline", "v1", "llama3.1-8b", "success", started_at=T0)
+    other = RunRecord("tpu_rl_tpu_vm_pipeline", "v1", "llama3.1-8b", "success", started_at=minutes(30))
     ledger.record(other, metrics=[MetricRecord("post", 0, "mean_reward", 0.7)])
 
     rows = ledger.reward_trend()
@@ -176,17 +177,76 @@ def test_reward_trend_plots_every_runs_rewards_per_model(ledger: RunLedger) -> N
     assert set(lines) == {f"{m} {side}" for m in (MODEL, "llama3.1-8b") for side in ("before", "after")}
     qwen_rows = [row for row in rows if row["model"] == MODEL]
     assert [row["run_id"].split("/")[1] for row in qwen_rows] == ["r1", "r2", "r3"]
+    # x is the run's start time (not its rank among its model's runs): the models' runs interleave
     assert line_points(lines[f"{MODEL} before"]) == [
-        (float(i), row["pre_mean_reward"]) for i, row in enumerate(qwen_rows, start=1)
+        (date2num(minutes(60 * i)), row["pre_mean_reward"]) for i, row in enumerate(qwen_rows)
     ]
     after = line_points(lines[f"{MODEL} after"])
-    assert after[:2] == [(1.0, 0.3), (2.0, 0.5)]
-    assert after[2][0] == 3.0
-    assert math.isnan(after[2][1])  # a gap where the run has no "after"
-    assert line_points(lines["llama3.1-8b after"]) == [(1.0, 0.7)]
+    assert after[:2] == [(date2num(minutes(0)), 0.3), (date2num(minutes(60)), 0.5)]
+    assert math.isnan(after[2][1])  # no "after" marker where the run has none
+    assert line_points(lines["llama3.1-8b after"]) == [(date2num(minutes(30)), 0.7)]
+    # before is a hollow marker, after a filled one, in the model's colour
+    assert lines[f"{MODEL} before"].get_markerfacecolor() == "white"
+    assert lines[f"{MODEL} after"].get_markerfacecolor() == lines[f"{MODEL} after"].get_color()
 
     image = decoded_png(figure_png(figure))
     assert image.size == (1000, 450)
+
+
+def test_with_one_run_per_model_the_trend_still_tells_before_from_after() -> None:
+    """Two models, one run each: each run's gain is drawn (an arrow from before to after), the
+    runs sit at their own times, and the legend names the models and the two markers."""
+    rows = [
+        {
+            "model": "a",
+            "run_id": "d/1",
+            "started_at": minutes(0),
+            "pre_mean_reward": 0.1,
+            "post_mean_reward": 0.3,
+        },
+        {
+            "model": "b",
+            "run_id": "d/2",
+            "started_at": minutes(90),
+            "pre_mean_reward": 0.2,
+            "post_mean_reward": 0.25,
+        },
+    ]
+    axes = reward_trend_figure(reward_trend_series(rows)).axes[0]
+
+    arrows = [(a.xy, a.xyann) for a in axes.texts if getattr(a, "arrow_patch", None) is not None]
+    assert arrows == [
+        ((date2num(minutes(0)), 0.3), (date2num(minutes(0)), 0.1)),
+        ((date2num(minutes(90)), 0.25), (date2num(minutes(90)), 0.2)),
+    ]
+    legend = [text.get_text() for text in axes.get_legend().get_texts()]
+    assert legend == ["a", "b", "before", "after"]
+
+
+def test_the_reward_labels_stay_inside_the_reward_panel() -> None:
+    """ "before 0.0884" clears the y axis' tick labels and "after 0.245" the panel's title."""
+    metrics = [
+        MetricRecord("pre", 0, "mean_reward", 0.0884),
+        MetricRecord("intermediate", 2, "mean_reward", 0.15),
+        MetricRecord("post", 0, "mean_reward", 0.245),
+        MetricRecord("train", 1, "loss", 1.0),
+    ]
+    figure = run_curves_figure(run_curves("d/r", metrics, final_step=4))
+    renderer = FigureCanvasAgg(figure).get_renderer()
+    figure.draw(renderer)
+    axes = figure.axes[0]
+    inside = axes.get_window_extent(renderer)
+    labels = {text.get_text(): text.get_window_extent(renderer) for text in axes.texts}
+
+    assert set(labels) == {"before 0.0884", "after 0.245"}
+    for text, box in labels.items():
+        assert inside.x0 <= box.x0, text
+        assert box.x1 <= inside.x1, text
+        assert inside.y0 <= box.y0, text
+        assert box.y1 <= inside.y1, text
+    ticks = [label.get_window_extent(renderer) for label in axes.get_yticklabels() if label.get_text()]
+    assert all(not box.overlaps(labels["before 0.0884"]) for box in ticks)
+    assert not axes.title.get_window_extent(renderer).overlaps(labels["after 0.245"])
 
 
 def test_an_empty_trend_is_a_labelled_empty_picture() -> None:
@@ -248,8 +308,10 @@ def test_record_run_uploads_the_curves_and_links_them(
     assert result == {"run_id": "tpu_rl_gke_pipeline/good", "state": "success", "curves_uri": uri}
     assert list(uploads) == [uri]
     assert decoded_png(uploads[uri]).size == (1000, 800)  # the curves and the run's timeline
-    assert context["ti"].pushed == {"tpu_rl_run_curves": {"uri": uri, "project_id": "my-proj"}}
+    # the "Run Curves" link opens the run's page on the dashboard; the ledger lists the PNG
+    assert context["ti"].pushed == {"tpu_rl_run_curves": {"dag_id": "tpu_rl_gke_pipeline", "run_id": "good"}}
     assert count_rows(ledger, "runs") == 1
+    assert ArtifactRecord("curves", uri) in ledger.run_artifacts("tpu_rl_gke_pipeline/good")
 
 
 def test_without_matplotlib_the_run_is_recorded_and_one_line_says_why(
@@ -268,7 +330,7 @@ def test_without_matplotlib_the_run_is_recorded_and_one_line_says_why(
     assert len(curve_lines) == 1
     assert "matplotlib is not installed" in curve_lines[0]
     assert "[plot]" in curve_lines[0]
-    assert context["ti"].pushed == {"tpu_rl_run_curves": ""}
+    assert context["ti"].pushed == {"tpu_rl_run_curves": {"dag_id": "tpu_rl_gke_pipeline", "run_id": "good"}}
     assert count_rows(ledger, "runs") == 1
 
 
@@ -287,7 +349,9 @@ def test_a_run_without_rewards_or_losses_is_recorded_without_a_picture_and_one_l
     assert result == {"run_id": "tpu_rl_gke_pipeline/no-metrics", "state": "success"}
     curve_lines = [r.getMessage() for r in caplog.records if "run curves" in r.getMessage()]
     assert curve_lines == ["run curves: the ledger holds no reward or loss for this run; no picture"]
-    assert context["ti"].pushed == {"tpu_rl_run_curves": ""}
+    assert context["ti"].pushed == {
+        "tpu_rl_run_curves": {"dag_id": "tpu_rl_gke_pipeline", "run_id": "no-metrics"}
+    }
     assert count_rows(ledger, "runs") == 1
 
 
@@ -306,8 +370,8 @@ def test_a_failed_upload_does_not_fail_the_ledger_task(
 
     assert "curves_uri" not in result
     assert any("could not upload" in r.getMessage() for r in caplog.records)
-    assert context["ti"].pushed == {"tpu_rl_run_curves": ""}
     assert count_rows(ledger, "runs") == 1
+    assert "curves" not in {a.kind for a in ledger.run_artifacts("tpu_rl_gke_pipeline/good")}
 
 
 def test_a_run_that_failed_at_validate_is_recorded_without_curves(

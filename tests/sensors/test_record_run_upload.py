@@ -2,24 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 
 from airflow_provider_tpu_rl.ledger.hook import RunLedger, sqlite_connection_uri
-from airflow_provider_tpu_rl.ledger.records import MetricRecord, RunRecord
+from airflow_provider_tpu_rl.ledger.records import ArtifactRecord, MetricRecord, RunRecord
 from airflow_provider_tpu_rl.operators.ledger import RecordRunOperator
 from tests.png import decoded_png
-
-
-class PushingTI:
-    def __init__(self) -> None:
-        self.pushed: dict[str, Any] = {}
-
-    def xcom_push(self, key: str, value: Any) -> None:
-        self.pushed[key] = value
 
 
 def test_the_png_lands_in_the_bucket_as_an_image(
@@ -39,10 +29,8 @@ def test_the_png_lands_in_the_bucket_as_an_image(
     )
     actor_root = f"gs://{gcs_emulator.bucket_name}/{gcs_prefix}qwen3-30b-a3b/trained/rl/checkpoints/actor/"
     op = RecordRunOperator(task_id="record_run")
-    ti = PushingTI()
 
     uri = op.publish_curves(
-        {"ti": ti},  # type: ignore[arg-type]
         run,
         {"actor_root": actor_root, "final_step": 3, "suffix": "ab12cd", "project": "p"},
         op.upload,
@@ -58,4 +46,4 @@ def test_the_png_lands_in_the_bucket_as_an_image(
     assert blob is not None
     assert blob.content_type == "image/png"
     assert decoded_png(blob.download_as_bytes()).size == (1000, 400)
-    assert ti.pushed == {"tpu_rl_run_curves": {"uri": uri, "project_id": "p"}}
+    assert ArtifactRecord("curves", uri) in RunLedger().run_artifacts(run.run_id)  # the dashboard reads it

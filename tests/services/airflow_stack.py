@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
-from contextlib import suppress
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -525,6 +526,37 @@ class AirflowApi:
             with self._client() as client:
                 response = client.request(method, path, **kwargs)
         return response
+
+    @contextmanager
+    def ui_client(self) -> Iterator[httpx.Client]:
+        """A client logged in to the UI as a browser is.
+
+        Airflow 3: the simple auth manager's JWT in the UI's ``_token`` cookie
+        (``COOKIE_NAME_JWT_TOKEN``). Airflow 2: FAB's login form (``/login/``, with its CSRF token),
+        which leaves a session cookie.
+        """
+        with httpx.Client(base_url=self.base_url, timeout=HTTP_TIMEOUT) as client:
+            if FLAVOR.v3:
+                self.login()
+                client.cookies.set("_token", str(self.token))
+            else:
+                form = client.get("/login/")
+                form.raise_for_status()
+                found = re.search(r'name="csrf_token"[^>]*value="([^"]+)"', form.text)
+                if found is None:
+                    raise StackError(f"no csrf_token in the login form: {form.text[:500]}")
+                done = client.post(
+                    "/login/",
+                    data={"username": self.username, "password": self.password, "csrf_token": found.group(1)},
+                )
+                if done.status_code not in (200, 302) or "session" not in client.cookies:
+                    raise StackError(f"UI login failed: {done.status_code} {done.text[:500]}")
+            yield client
+
+    def task_links(self, dag_id: str, run_id: str, task_id: str) -> dict[str, Any]:
+        """The task's extra links by name (``/links``), as the UI shows them."""
+        path = f"{FLAVOR.api_prefix}/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/links"
+        return dict(self.get(path))
 
     def get(self, path: str, **params: Any) -> Any:
         response = self.request("GET", path, params=params)

@@ -14,6 +14,7 @@ task succeeds in one try, ``train`` waits in the triggerer, the rewards reach th
 
 from __future__ import annotations
 
+import html
 import re
 import uuid
 from collections import Counter
@@ -21,13 +22,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 
+from airflow_provider_tpu_rl.ledger.cli import format_reward
+from airflow_provider_tpu_rl.links import DASHBOARD_PREFIX, run_page_path
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, GkePipelineSpec, gke_pipeline_from_conf
 from tests.e2e.harness import printed_rewards
+from tests.png import decoded_png
 from tests.services.airflow_stack import FINISHED_RUN_STATES as FINISHED
-from tests.services.airflow_stack import RunWatch, StackError, wait_for, watch_run
+from tests.services.airflow_stack import FLAVOR, RunWatch, StackError, wait_for, watch_run
 from tests.services.conftest import ServicesWorld
 
 pytestmark = pytest.mark.services
@@ -259,3 +264,67 @@ def test_triggerer_restart_loses_and_repeats_no_log_line(restarted_run: Services
         f"{len(lost)} of {len(expected)} lines lost, {len(repeated)} repeated\n{restarted_run.describe()}"
     )
     assert Counter(expected).most_common(1)[0][1] == 1  # the expected lines are distinct
+
+
+# ========================================================================== the runs dashboard
+def test_the_runs_dashboard_shows_the_finished_run_to_a_logged_in_user(
+    services: ServicesWorld, restarted_run: ServicesRun
+) -> None:
+    """The provider's plugin on the real API server (Airflow 2: webserver): the runs table lists the
+    run with its rewards before→after, the run's page shows its curves (a PNG read from GCS), and
+    the record_run task's "Run Curves" link opens that page."""
+    assert restarted_run.watch.state in FINISHED, restarted_run.describe()
+    with psycopg.connect(services.stack.ledger_dsn, connect_timeout=30) as connection:
+        rewards = dict(
+            connection.execute(
+                "SELECT phase, metric_value FROM run_metrics WHERE run_id = %s "
+                "AND metric_name = 'mean_reward' AND phase IN ('pre', 'post')",
+                (restarted_run.ledger_run_id,),
+            ).fetchall()
+        )
+        curves = connection.execute(
+            "SELECT uri FROM run_artifacts WHERE run_id = %s AND kind = 'curves'",
+            (restarted_run.ledger_run_id,),
+        ).fetchall()
+    assert set(rewards) == {"pre", "post"}, rewards
+    assert len(curves) == 1, curves  # the PNG is listed among the run's artifacts
+    before_after = format_reward(rewards["pre"], rewards["post"])
+    run_path = run_page_path(GKE_DAG_ID, restarted_run.run_id)
+    links = services.api.task_links(GKE_DAG_ID, restarted_run.run_id, "record_run")
+    links = links.get("extra_links", links)  # Airflow 3 wraps them; Airflow 2 does not
+    assert links["Run Curves"] == services.stack.api_url + run_path, links
+
+    with services.api.ui_client() as client:
+        index = client.get(f"{DASHBOARD_PREFIX}/")
+        assert index.status_code == 200, index.text[:2000]
+        row = re.search(rf"<tr>.*?{re.escape(restarted_run.ledger_run_id)}.*?</tr>", index.text)
+        assert row is not None, index.text[:3000]
+        assert html.escape(before_after) in row.group(0), row.group(0)
+
+        page = client.get(links["Run Curves"])
+        assert page.status_code == 200, page.text[:2000]
+        assert html.escape(before_after) in page.text
+        image = re.search(r"<img src='([^']+)' alt='run curves'>", page.text)
+        assert image is not None, page.text[:3000]
+        png = client.get(html.unescape(image.group(1)))
+        assert png.status_code == 200, png.text[:2000]
+        assert png.headers["content-type"] == "image/png"
+        assert decoded_png(png.content).size == (1000, 800)
+
+        trend = client.get(f"{DASHBOARD_PREFIX}/trend.png")
+        assert trend.status_code == 200, trend.text[:2000]
+        assert decoded_png(trend.content).size == (1000, 450)
+
+    # Anonymous: refused (Airflow 3: 401; Airflow 2: sent to the login page, whose link names the
+    # page asked for), nothing of the run shown.
+    curves_path = f"{DASHBOARD_PREFIX}/curves/{GKE_DAG_ID}/{restarted_run.run_id}"
+    with httpx.Client(base_url=services.stack.api_url, timeout=30) as anonymous:
+        for path in (f"{DASHBOARD_PREFIX}/", run_path, curves_path, f"{DASHBOARD_PREFIX}/trend.png"):
+            response = anonymous.get(path)
+            if FLAVOR.v3:
+                assert response.status_code == 401, (path, response.status_code, response.text[:500])
+            else:
+                assert response.status_code == 302, (path, response.status_code, response.text[:500])
+                assert "/login/" in response.headers["location"], response.headers
+            assert html.escape(before_after) not in response.text
+            assert response.headers.get("content-type") != "image/png"
