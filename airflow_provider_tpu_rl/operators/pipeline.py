@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 ERROR_XCOM_KEY: Final = "tpu_rl_error"
 """XCom key under which a failed task of a pipeline leaves the first line of its error."""
-_MAX_ERROR_CHARS = 300
+_MAX_ERROR_CHARS = 500
 
 
 class OneLineFailure(SystemExit):
@@ -59,7 +59,8 @@ def fail_in_one_line(message: str) -> NoReturn:
 def first_line(error: BaseException | str | None) -> str:
     """The first non-empty line of an error's message (its class name when the message is empty).
 
-    A first line ending in ``:`` gets the next line too (a command error's "last output:").
+    A first line ending in ``:`` gets the next line too (a command error's "last output:", the
+    first item of a list such as preflight's problems, its ``- `` dropped).
     """
     if error is None:
         return ""
@@ -68,7 +69,7 @@ def first_line(error: BaseException | str | None) -> str:
         return type(error).__name__
     line = lines[0]
     if line.endswith(":") and len(lines) > 1:  # "...; last output:" announces the line that says why
-        line = f"{line} {lines[1]}"
+        line = f"{line} {lines[1].removeprefix('- ')}"
     return line if len(line) <= _MAX_ERROR_CHARS else line[: _MAX_ERROR_CHARS - 1] + "…"
 
 
@@ -117,7 +118,9 @@ def failure_summary(
             error = errors(task_id)
         except Exception:
             error = None
-        parts.append(f"{task_id}: {first_line(error)}" if error else f"{task_id} (see its log)")
+        # an error that starts with its task's id ("preflight: 2 problems ...") is not named twice
+        said = first_line(error).removeprefix(f"{task_id}: ") if error else ""
+        parts.append(f"{task_id}: {said}" if said else f"{task_id} (see its log)")
     noun = "task" if len(failed) == 1 else "tasks"
     return f"{len(failed)} {noun} failed: " + "; ".join(parts)
 
