@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 ERROR_XCOM_KEY: Final = "tpu_rl_error"
 """XCom key under which a failed task of a pipeline leaves the first line of its error."""
 _MAX_ERROR_CHARS = 500
+INVALID_CONF: Final = "invalid pipeline conf: "
+"""How ``validate``'s refusal of a conf starts."""
 
 
 class OneLineFailure(SystemExit):
@@ -139,7 +141,7 @@ def build_pipeline(
             return gke_pipeline_from_conf(conf, dag_id=dag_id, run_id=run_id)
         return tpu_vm_pipeline_from_conf(conf, dag_id=dag_id, run_id=run_id)
     except SpecError as err:
-        raise AirflowFailException(f"invalid pipeline conf: {err}") from None
+        raise AirflowFailException(f"{INVALID_CONF}{err}") from None
 
 
 def validate_pipeline_conf(
@@ -152,13 +154,13 @@ def validate_pipeline_conf(
     unknown = sorted(set(conf or {}) - set(known), key=str)
     if unknown:
         raise AirflowFailException(
-            f"invalid pipeline conf: {unknown[0]}: unknown conf key; valid keys are {sorted(known)}"
+            f"{INVALID_CONF}{unknown[0]}: unknown conf key; valid keys are {sorted(known)}"
         )
     resolved = build_pipeline(kind, conf_from_params(params, kind), dag_id, run_id).resolved()
     try:
         refuse_placeholders(resolved)
     except SpecError as err:
-        raise AirflowFailException(f"invalid pipeline conf: {err}") from None
+        raise AirflowFailException(f"{INVALID_CONF}{err}") from None
     refuse_short_expiry(kind, resolved)
     return resolved
 
@@ -175,7 +177,7 @@ def refuse_short_expiry(kind: PipelineKind, resolved: Mapping[str, Any]) -> None
         f"{stage} {timeouts.duration_text(bound)}" for stage, bound in timeouts.resource_stage_bounds(kind)
     )
     raise AirflowFailException(
-        f"invalid pipeline conf: {field}: {hours} h is shorter than the {needed} h the run's stages may "
+        f"{INVALID_CONF}{field}: {hours} h is shorter than the {needed} h the run's stages may "
         f"take while its {'cluster' if kind == 'gke' else 'VM'} exists ({stages}; [tpu_rl] "
         "<stage>_timeout_minutes): raise it, or lower those bounds"
     )
