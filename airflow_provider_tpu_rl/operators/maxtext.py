@@ -48,7 +48,7 @@ from airflow_provider_tpu_rl.hooks.jobs import GclusterJob, JobState
 from airflow_provider_tpu_rl.hooks.run_dirs import RunDirRecord, RunDirRecords, WriterClaim, run_dir
 from airflow_provider_tpu_rl.janitor_sources import run_finished, run_probe
 from airflow_provider_tpu_rl.links import CloudLoggingJobLink, GCSBrowserLink, GKEWorkloadLink
-from airflow_provider_tpu_rl.maxtext.logs import TrainingLogTracker
+from airflow_provider_tpu_rl.maxtext.logs import TrainingLogTracker, training_summary
 from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, fail_fast
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.render.command import Command
@@ -873,15 +873,6 @@ class PathwaysRLTrainOperator(_GclusterJobOperator):
 
     def after_success(self, plan: JobPlan, event: dict[str, Any]) -> dict[str, Any]:
         metrics = event.get("metrics") or TrainingLogTracker().metrics()
-        pre, post = metrics.get("pre") or {}, metrics.get("post") or {}
-        self.log.info(
-            "Training %s: final step %s/%s, mean reward before %s, after %s; checkpoint %s%s/model_params/",
-            plan.name,
-            metrics.get("last_step"),
-            plan.total_steps,
-            pre.get("mean_reward", "-"),
-            post.get("mean_reward", "-"),
-            plan.output_uri,
-            plan.total_steps,
-        )
+        checkpoint = f"{plan.output_uri}{plan.total_steps}/model_params/"
+        self.log.info("%s", training_summary(plan.name, metrics, plan.total_steps, checkpoint))
         return {"metrics": metrics}
