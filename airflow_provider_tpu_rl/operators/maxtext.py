@@ -537,6 +537,14 @@ class _GclusterJobOperator(GclusterBaseOperator):
     @fail_fast
     def execute(self, context: Context) -> dict[str, Any]:
         plan = self.plan(context)
+        # Said before the first GCS and GKE calls: their clients' imports and the connection
+        # lookups take seconds, which would otherwise be silent in the task log.
+        self.log.info(
+            "Job %s on cluster %s: looking for its output %s and for the job",
+            plan.name,
+            plan.target.cluster_name,
+            plan.output_uri,
+        )
         run = self.run_identity(context)
         context["ti"].xcom_push(key="job_name", value=plan.name)
         self._persist_links(context, plan)
