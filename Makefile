@@ -13,7 +13,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 # pytest worker, a real scheduler) compiles its ~4,500 imported modules again, 10 s of CPU each.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: venv postgres test test-all lint typecheck unit test-airflow-2.11 test-lowest demo plan bench clean
+.PHONY: venv postgres test test-side-unit test-side-others test-all lint typecheck unit test-airflow-2.11 test-lowest demo plan bench clean
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
 venv: $(VENV)/.installed
@@ -61,7 +61,7 @@ PYTEST_ARGS := -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 # Tests of code that imports no Airflow and no provider package (the pure spec, renderer and MaxText
 # tables, the golden tutorial commands, the sandbox's fakes, the Docker files): another Airflow line
 # or provider version runs the same code, so they run in `unit` only.
-AIRFLOW_FREE_TESTS := tests/spec tests/render tests/golden tests/maxtext tests/sandbox tests/docker
+AIRFLOW_FREE_TESTS := tests/spec tests/render tests/golden tests/maxtext tests/sql tests/sandbox tests/docker
 
 # The whole suite on Airflow 3.3.
 unit: venv postgres
@@ -70,8 +70,10 @@ unit: venv postgres
 # Tests that use Airflow but whose behaviour no Airflow line changes: the operator tests that call
 # execute() with a plain-dict context and check the provider's own logic against the sandbox (run
 # identity, shared buckets, cleanup, the cluster's lifecycle, the job operators' failure handling,
-# metrics, the JobSet trigger's recovery without its cancel path), the lease race between two runs (GCS preconditions and preflight) and the sweep example
-# (the same operators in a hand-written DAG). On Airflow 2.11 the pipelines' end-to-end runs drive
+# metrics, the JobSet trigger's recovery without its cancel path), the lease race between two runs
+# (GCS preconditions and preflight), the sweep example (the same operators in a hand-written DAG),
+# `tpu-rl doctor` (tools, gcloud and ADC; its connection lookup is the hooks' own, tested on 2.11)
+# and the wheel's contents (built from the sources alone). On Airflow 2.11 the pipelines' end-to-end runs drive
 # every operator through real tasks, tests/operators/test_templating.py
 # renders every argument, and the JobSet trigger, janitor and preflight tests run there too;
 # tests/test_airflow_free.py checks that none of these files branches on the Airflow version and
@@ -80,7 +82,7 @@ SAME_ON_EVERY_AIRFLOW := tests/operators/test_bucket_sharing.py tests/operators/
 	tests/operators/test_gcluster_job_operators.py tests/operators/test_gke_lifecycle.py \
 	tests/operators/test_hygiene.py tests/operators/test_run_identity.py \
 	tests/operators/test_tpu_vm_operators.py tests/operators/test_training_metrics.py \
-	tests/e2e/test_cluster_lease.py tests/e2e/test_sweep_example.py
+	tests/e2e/test_cluster_lease.py tests/e2e/test_sweep_example.py tests/test_doctor.py tests/test_wheel.py
 
 # Every other test that runs Airflow or the providers, again on Airflow 2.11.2, the end-to-end runs
 # and the real services included (lint and types run once).
@@ -105,12 +107,20 @@ test-lowest: $(VENV_LOWEST)/.installed postgres
 	PATH=$(CURDIR)/$(VENV_LOWEST)/bin:$$PATH $(VENV_LOWEST)/bin/pytest -qq --collect-only tests/operators
 	PATH=$(CURDIR)/$(VENV_LOWEST)/bin:$$PATH $(VENV_LOWEST)/bin/tpu-rl-sandbox demo --dir .sandbox-lowest --airflow-home .demo-lowest/airflow
 
-# Two at a time, in this order: the Airflow 3.3 leg (the longest) on one side; lint, types, the
-# Airflow 2.11 leg and the lowest-providers leg one after another on the other. Each target's output
-# is printed whole when it ends, and every target runs even if another fails.
-test: venv
-	@echo "make test: lint, typecheck and the suite on Airflow 3.3 (unit), on Airflow 2.11 (test-airflow-2.11) and on the lowest providers (test-lowest), two at a time; each one's output appears when it ends"
-	$(MAKE) --no-print-directory --jobs=2 --keep-going --output-sync=target unit lint typecheck test-airflow-2.11 test-lowest
+# Two sides at once: the Airflow 3.3 leg (the longest) on one; lint, types, the Airflow 2.11 leg and
+# the lowest-providers leg one after another on the other. (Left to itself, make -j2 started the
+# 3.3 leg last.) Each target's output is printed whole when it ends; every target runs even if
+# another fails, and make test fails if any did.
+SIDE_B := lint typecheck test-airflow-2.11 test-lowest
+test: venv postgres $(VENV_211)/.installed $(VENV_LOWEST)/.installed
+	@echo "make test: the suite on Airflow 3.3 (unit) beside lint, typecheck, the suite on Airflow 2.11 (test-airflow-2.11) and on the lowest providers (test-lowest); each one's output appears when it ends"
+	$(MAKE) --no-print-directory --jobs=2 --keep-going --output-sync=target test-side-unit test-side-others
+
+test-side-unit:
+	@$(MAKE) --no-print-directory unit
+
+test-side-others:
+	@status=0; for target in $(SIDE_B); do $(MAKE) --no-print-directory $$target || status=$$?; done; exit $$status
 
 # `make test`, then the tests it runs on Airflow 3.3 only because no Airflow line changes what they
 # check (SAME_ON_EVERY_AIRFLOW) on Airflow 2.11 too.

@@ -132,6 +132,78 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "my-tpu-rl-bucket,other-team-bucket",
                         "default": "",
                     },
+                    "default_project": {
+                        "description": "The GCP project the trigger forms of both pipelines are prefilled with (the project that owns the TPUs, the bucket and the reservation). Empty: the example my-tpu-project, which validate refuses. Read when the DAG files are parsed; a value the "
+                        "form would refuse fails their parse, naming the option.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "my-team-project",
+                        "default": "",
+                    },
+                    "default_region": {
+                        "description": "The region the GKE pipeline's form is prefilled with (the cluster's and the bucket's). Empty: us-east5. Read when the DAG files are parsed; a value the "
+                        "form would refuse fails their parse, naming the option.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "us-east5",
+                        "default": "",
+                    },
+                    "default_zone": {
+                        "description": "The zone both forms are prefilled with (the TPUs' and their reservation's; inside default_region). Empty: us-east5-b. Read when the DAG files are parsed; a value the "
+                        "form would refuse fails their parse, naming the option.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "us-east5-b",
+                        "default": "",
+                    },
+                    "default_bucket": {
+                        "description": "The GCS bucket (name without gs://) both forms are prefilled with. Empty: the example my-tpu-rl-bucket, which validate refuses. Read when the DAG files are parsed; a value the "
+                        "form would refuse fails their parse, naming the option.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "my-team-tpu-rl-bucket",
+                        "default": "",
+                    },
+                    "default_gke_reservation": {
+                        "description": "The v6e reservation the GKE pipeline's form is prefilled with. Empty: no reservation (on-demand capacity). Read when the DAG files are parsed; a value the "
+                        "form would refuse fails their parse, naming the option.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "my-v6e-32-reservation",
+                        "default": "",
+                    },
+                    "default_tpu_vm_reservation": {
+                        "description": "The v6e-8 reservation the TPU VM pipeline's form is prefilled with. Empty: the example my-v6e-8-reservation, which validate refuses. Read when the DAG files are parsed; a value the "
+                        "form would refuse fails their parse, naming the option.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "my-v6e-8-reservation",
+                        "default": "",
+                    },
+                    "default_authorized_cidr": {
+                        "description": "The CIDR the GKE pipeline's form prefills as the control plane's authorized network (on Cloud Composer, the environment's egress range). Empty: 0.0.0.0/0. Read when the DAG files are parsed; a value the "
+                        "form would refuse fails their parse, naming the option.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "203.0.113.0/24",
+                        "default": "",
+                    },
+                    "default_service_account": {
+                        "description": "The service account e-mail the TPU VM pipeline's form prefills for the VM. Empty: the project's default compute account. Read when the DAG files are parsed; a value the "
+                        "form would refuse fails their parse, naming the option.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "tpu-rl-vm@my-team-project.iam.gserviceaccount.com",
+                        "default": "",
+                    },
+                    "default_hf_token_secret": {
+                        "description": "The Secret Manager secret holding the Hugging Face token that both forms prefill. Empty: sync the token from the hf_token_conn_id connection. Read when the DAG files are parsed; a value the "
+                        "form would refuse fails their parse, naming the option.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "hf-token",
+                        "default": "",
+                    },
                     "orphan_minutes": {
                         "description": "How long a running DAG run may have no running, queued, "
                         "scheduled, deferred or up-for-retry task (and no change in its task states) "

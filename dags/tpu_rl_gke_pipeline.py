@@ -49,7 +49,7 @@ from airflow_provider_tpu_rl.pipeline_dags import (
 from airflow_provider_tpu_rl.sensors.checkpoint import HuggingFaceExportSensor, MaxTextCheckpointSensor
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, GKE_DEFAULTS, Runner, rules
 from airflow_provider_tpu_rl.spec.cluster import CHIPS_PER_VM, V6E_TOPOLOGIES
-from airflow_provider_tpu_rl.spec.pipeline import GKE_TASK_ORDER
+from airflow_provider_tpu_rl.spec.pipeline import ENVIRONMENT_OPTIONS, GKE_TASK_ORDER
 from airflow_provider_tpu_rl.spec.presets import presets_for
 from airflow_provider_tpu_rl.timeouts import dagrun_timeout
 
@@ -188,7 +188,7 @@ FORM: Final[dict[str, dict[str, Any]]] = {
     },
 }
 
-PARAMS: Final = pipeline_params(GKE_DEFAULTS, FORM)
+PARAMS: Final = pipeline_params(GKE_DEFAULTS, FORM, ENVIRONMENT_OPTIONS["gke"])
 
 DOC_MD = f"""
 # {GKE_DAG_ID}
@@ -198,7 +198,8 @@ Qwen3-30B-A3B and Gemma 4 tutorials: bucket → cluster → HF→MaxText convers
 MaxText→HF export → cluster destroyed.
 
 **Trigger form.** *Run Parameters* (open): project, region, zone, bucket, reservation; the
-prefilled `my-tpu-project` and `my-tpu-rl-bucket` are examples to replace. *Cluster*: name, shape,
+prefilled `my-tpu-project` and `my-tpu-rl-bucket` are examples to replace,
+or set once for this Airflow in `[tpu_rl] default_project`, `default_bucket`, ... (the fields' defaults). *Cluster*: name, shape,
 control-plane network. *Model & training*: the model preset ({", ".join(GKE_MODELS)}); every value
 left empty comes from the preset, `train_overrides` adds MaxText keys. The form checks each field;
 `validate` then checks the whole conf (zone in region, slice shape, override ranges, unknown keys)

@@ -26,7 +26,6 @@ from airflow_provider_tpu_rl.pipeline_dags import (
     LEDGER_CONN_ID,
     MODEL,
     PIPELINE_MACROS,
-    REPLACE_BUCKET,
     SAFETY,
     VM,
     WATCHER_TASK_ID,
@@ -44,7 +43,7 @@ from airflow_provider_tpu_rl.pipeline_dags import (
 )
 from airflow_provider_tpu_rl.sensors.checkpoint import HuggingFaceExportSensor, MaxTextCheckpointSensor
 from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID, TPU_VM_DEFAULTS, Runner, rules
-from airflow_provider_tpu_rl.spec.pipeline import TPU_VM_TASK_ORDER
+from airflow_provider_tpu_rl.spec.pipeline import ENVIRONMENT_OPTIONS, TPU_VM_TASK_ORDER
 from airflow_provider_tpu_rl.spec.presets import presets_for
 from airflow_provider_tpu_rl.timeouts import dagrun_timeout
 
@@ -70,7 +69,7 @@ FORM: Final[dict[str, dict[str, Any]]] = {
         "section": CLOUD,
         "description": (
             "Bucket name without gs://. Checkpoint and export are copied here from /dev/shm before the "
-            "VM is deleted; kept afterwards (see delete_bucket). " + REPLACE_BUCKET
+            "VM is deleted; kept afterwards (see delete_bucket); bucket names are global."
         ),
         "type": "string",
         "pattern": rules.BUCKET_CHARS.pattern,
@@ -127,7 +126,7 @@ FORM: Final[dict[str, dict[str, Any]]] = {
     },
 }
 
-PARAMS: Final = pipeline_params(TPU_VM_DEFAULTS, FORM)
+PARAMS: Final = pipeline_params(TPU_VM_DEFAULTS, FORM, ENVIRONMENT_OPTIONS["tpu_vm"])
 
 DOC_MD = f"""
 # {TPU_VM_DAG_ID}
@@ -139,7 +138,8 @@ is lost with the VM: the train and export stages copy their outputs to the bucke
 and the sensors wait for those GCS copies.
 
 **Trigger form.** *Run Parameters* (open): project, zone, bucket, reservation, service account;
-the prefilled `my-tpu-project` and `my-tpu-rl-bucket` are examples to replace. *VM*: its name.
+the prefilled `my-tpu-project` and `my-tpu-rl-bucket` are examples to replace,
+or set once for this Airflow in `[tpu_rl] default_project`, `default_bucket`, ... (the fields' defaults). *VM*: its name.
 *Model & training*: the preset, empty values = the preset's, `train_overrides` adds MaxText keys.
 The form checks each field; `validate` then checks the whole conf (unknown keys included) and fails
 the run before the VM is created; `preflight` checks the project's APIs, the caller's IAM

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PURE_CORE_TESTS = ("tests/spec", "tests/render", "tests/golden", "tests/maxtext")
+PURE_CORE_TESTS = ("tests/spec", "tests/render", "tests/golden", "tests/maxtext", "tests/sql")
 
 PROBE = """
 import importlib, json, pathlib, sys

@@ -42,8 +42,9 @@ def test_gke_plan_lists_every_step_in_order(capsys: pytest.CaptureFixture[str]) 
     # gcluster checks Docker credentials in the submitting HOME, so each job task sets them first.
     for task in ("convert_to_maxtext", "train", "export_to_huggingface"):
         argvs = [s["argv"] for s in plan["steps"] if s["task_id"] == task]
-        assert [a[:3] for a in argvs] == [["gcloud", "auth", "configure-docker"]] * 2 + [
-            ["gcluster", "job", "submit"]
+        assert [a[:3] for a in argvs] == [
+            ["gcloud", "auth", "configure-docker"],
+            ["gcluster", "job", "submit"],
         ]
         assert isinstance(step["env"], dict)
     (secret_add,) = [s for s in plan["steps"] if s["argv"][:4] == ["gcloud", "secrets", "versions", "add"]]

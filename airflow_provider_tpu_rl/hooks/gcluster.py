@@ -31,6 +31,7 @@ from airflow_provider_tpu_rl.exceptions import (
     FailureKind,
     OutputParseError,
 )
+from airflow_provider_tpu_rl.hooks import job_prereqs
 from airflow_provider_tpu_rl.hooks.adc import AdcStatus, find_adc
 from airflow_provider_tpu_rl.hooks.bundle import (
     bundle_root,
@@ -194,6 +195,14 @@ def impersonation_env(chain: str | Sequence[str] | None, command: Command) -> di
             )
         env["GOOGLE_IMPERSONATE_SERVICE_ACCOUNT"] = accounts[0]
     return env
+
+
+def is_job_submit(command: Command) -> bool:
+    """``gcluster job submit``: the command that runs gcluster's prerequisite check."""
+    if command_purpose(command) != "jobs":
+        return False
+    words = [a for a in command.argv[1:] if not a.startswith("-")]
+    return words[1:2] == ["submit"]
 
 
 def command_purpose(command: Command) -> str | None:
@@ -692,15 +701,21 @@ class GclusterHook(BaseHook):
         prepared = self._prepare(
             command, tool_path, secrets=secrets, cwd=cwd, job_home=job_home, toolchain=toolchain
         )
+        submit = job_home is not None and is_job_submit(command)
+        if submit and job_prereqs.seed(prepared.home, prepared.env):
+            self.log.info("gcluster's prerequisite check passed within the hour here: not repeated")
         self.log.info("Running %s", prepared.redact(" ".join(command.argv)))
         mine: list[SyncProcess] = []
-        return run_sync(
+        result = run_sync(
             prepared,
             on_line=self._line_logger(command, on_line, log_output),
             timeout=timeout,
             register=lambda p: self._register(p, mine),
             grace=kill_grace_seconds(),
         )
+        if submit and result.ok:
+            job_prereqs.keep(prepared.home, prepared.env)
+        return result
 
     def check_result(
         self, command: Command, result: CommandResult, secrets: Mapping[str, str] | None = None

@@ -159,8 +159,11 @@ def format_duration(seconds: float | None) -> str:
     return f"{secs}s"
 
 
-def format_reward(pre: float | None, post: float | None) -> str:
-    """``0.12→0.34``; ``-`` for a side that is unknown, ``-`` alone when both are."""
+def format_reward(pre: float | None, post: float | None, num_test_batches: float | None = None) -> str:
+    """``0.12→0.34``; ``-`` for a side that is unknown, ``-`` alone when both are, and why when
+    the run evaluated nothing (``- (num_test_batches=0, evaluation off)``)."""
+    if num_test_batches is not None and num_test_batches <= 0 and pre is None and post is None:
+        return f"{UNKNOWN} (num_test_batches=0, evaluation off)"
     if pre is None and post is None:
         return UNKNOWN
     left = UNKNOWN if pre is None else f"{pre:.2f}"
@@ -202,7 +205,7 @@ def runs_table_rows(runs: Sequence[RunSummary]) -> list[tuple[str, ...]]:
             run.model or UNKNOWN,
             run.state or UNKNOWN,
             format_duration(run.duration_seconds),
-            format_reward(run.pre_mean_reward, run.post_mean_reward),
+            format_reward(run.pre_mean_reward, run.post_mean_reward, run.num_test_batches),
             format_chip_hours(run.chip_hours),
             format_chip_hours(run.busy_chip_hours),
             format_share(run.idle_share),

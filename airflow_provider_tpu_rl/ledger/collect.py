@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from airflow_provider_tpu_rl.ledger.records import (
+    NUM_TEST_BATCHES_METRIC,
     ArtifactRecord,
     MetricRecord,
     RunRecord,
@@ -284,14 +285,19 @@ def _step_number(value: Any) -> int | None:
 
 
 def metrics_from_train_result(result: Any) -> list[MetricRecord]:
-    """Metrics from the train task's return value ``{"metrics": {"pre", "post", "intermediate", "loss"}}``.
+    """Metrics from the train task's return value ``{"metrics": {"pre", "post", "intermediate", "loss"},
+    "num_test_batches": N}``.
 
-    pre and post are stored at step 0; every numeric field becomes one metric.
+    pre and post are stored at step 0; every numeric field becomes one metric; ``num_test_batches``
+    (the evaluation's size, 0 = off) is a ``train`` metric at step 0.
     """
     if not isinstance(result, Mapping) or not isinstance(result.get("metrics"), Mapping):
         return []
     found = result["metrics"]
     metrics: list[MetricRecord] = []
+    evaluated = _number(result.get(NUM_TEST_BATCHES_METRIC))
+    if evaluated is not None:
+        metrics.append(MetricRecord("train", 0, NUM_TEST_BATCHES_METRIC, evaluated))
     for phase in ("pre", "post"):
         values = found.get(phase)
         if isinstance(values, Mapping):

@@ -16,7 +16,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_tpu_rl.ledger.records import MetricRecord, RunRecord, StepRecord, as_utc, idle_share
+from airflow_provider_tpu_rl.ledger.records import (
+    NUM_TEST_BATCHES_METRIC,
+    MetricRecord,
+    RunRecord,
+    StepRecord,
+    as_utc,
+    idle_share,
+    no_reward_reason,
+)
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -45,6 +53,7 @@ class RunCurves:
     after: float | None = None
     loss: tuple[tuple[int, float], ...] = ()
     final_step: int = 1
+    num_test_batches: float | None = None  # the evaluation's size (0 = off), when recorded
 
     @property
     def reward_points(self) -> list[tuple[int, float]]:
@@ -54,6 +63,11 @@ class RunCurves:
         if self.after is not None:
             points.append((self.final_step, self.after))
         return points
+
+    @property
+    def no_reward_reason(self) -> str | None:
+        """Why the run has no mean reward before or after training, when the ledger knows."""
+        return no_reward_reason(self.num_test_batches, self.before, self.after)
 
     @property
     def empty(self) -> bool:
@@ -66,7 +80,7 @@ def run_curves(run_id: str, metrics: Iterable[MetricRecord], final_step: int | N
 
     ``final_step`` places the "after" point; by default the last step any metric was recorded at.
     """
-    before = after = None
+    before = after = num_test_batches = None
     evaluations: dict[int, float] = {}
     loss: dict[int, float] = {}
     for metric in metrics:
@@ -81,6 +95,8 @@ def run_curves(run_id: str, metrics: Iterable[MetricRecord], final_step: int | N
                 evaluations[metric.step] = metric.value
         elif metric.phase == "train" and metric.name == LOSS_METRIC:
             loss[metric.step] = metric.value
+        elif metric.phase == "train" and metric.name == NUM_TEST_BATCHES_METRIC:
+            num_test_batches = metric.value
     last = max([*evaluations, *loss, 1])
     return RunCurves(
         run_id=run_id,
@@ -89,6 +105,7 @@ def run_curves(run_id: str, metrics: Iterable[MetricRecord], final_step: int | N
         after=after,
         loss=tuple(sorted(loss.items())),
         final_step=max(final_step, last) if final_step is not None else last,
+        num_test_batches=num_test_batches,
     )
 
 
@@ -175,7 +192,13 @@ def run_curves_figure(curves: RunCurves, timeline: RunTimeline | None = None) ->
             )
     else:
         reward_axes.text(
-            0.5, 0.5, "no reward recorded", ha="center", va="center", transform=reward_axes.transAxes
+            0.5,
+            0.5,
+            (curves.no_reward_reason or "no reward recorded").replace(": ", ":\n", 1),
+            ha="center",
+            va="center",
+            wrap=True,
+            transform=reward_axes.transAxes,
         )
     reward_axes.grid(True, alpha=0.3)
 

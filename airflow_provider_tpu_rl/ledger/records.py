@@ -215,6 +215,39 @@ class ArtifactRecord:
             raise ValueError("artifact uri must not be empty")
 
 
+# The train task records how many test batches MaxText evaluated before and after training (the
+# preset's value or the run's override; 0 = no evaluation, so no reward), phase "train", step 0.
+NUM_TEST_BATCHES_METRIC = "num_test_batches"
+
+
+def no_reward_reason(num_test_batches: float | None, pre: float | None, post: float | None) -> str | None:
+    """Why a run has no mean reward before or after training, when the ledger knows; else None."""
+    if num_test_batches is None or (pre is not None and post is not None):
+        return None
+    if num_test_batches <= 0:
+        return "no reward: num_test_batches=0, evaluation off"
+    missing = " and ".join(side for side, value in (("before", pre), ("after", post)) if value is None)
+    return (
+        f"no reward {missing} training: evaluation was on (num_test_batches={int(num_test_batches)}) "
+        "but the training log held no such line"
+    )
+
+
+def reward_summary(metrics: Mapping[str, Any], num_test_batches: float | None) -> str:
+    """``mean reward before 0.12, after 0.34`` from the train task's metrics, and why a side is
+    missing when the evaluation's size says (``no reward: num_test_batches=0, evaluation off``)."""
+
+    def mean(phase: str) -> float | None:
+        values = metrics.get(phase)
+        value = values.get("mean_reward") if isinstance(values, Mapping) else None
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    pre, post = mean("pre"), mean("post")
+    line = f"mean reward before {'-' if pre is None else pre}, after {'-' if post is None else post}"
+    reason = no_reward_reason(num_test_batches, pre, post)
+    return f"{line} ({reason})" if reason else line
+
+
 @dataclass(frozen=True)
 class RunSummary:
     """One row of ``latest_runs``: what ``tpu-rl runs`` prints."""
@@ -235,8 +268,14 @@ class RunSummary:
     busy_chip_hours: float | None = None
     estimated_cost_usd: float | None = None
     refusal: str | None = None
+    num_test_batches: float | None = None
 
     @property
     def idle_share(self) -> float | None:
         """The share of billed TPU time that did not train."""
         return idle_share(self.chip_hours, self.busy_chip_hours)
+
+    @property
+    def no_reward_reason(self) -> str | None:
+        """Why the run has no mean reward before or after training, when the ledger knows."""
+        return no_reward_reason(self.num_test_batches, self.pre_mean_reward, self.post_mean_reward)

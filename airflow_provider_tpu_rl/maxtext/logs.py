@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -285,13 +284,3 @@ class TrainingLogTracker:
             "completed": self.completed,
             "reshard_count": self.reshard_count,
         }
-
-
-def training_summary(name: str, metrics: Mapping[str, Any], total_steps: object, checkpoint: str) -> str:
-    """The one line a training task logs at its end: final step, mean reward before and after
-    (``-`` when MaxText printed none), and where the checkpoint is."""
-    pre, post = metrics.get("pre") or {}, metrics.get("post") or {}
-    return (
-        f"Training {name}: final step {metrics.get('last_step')}/{total_steps}, mean reward before "
-        f"{pre.get('mean_reward', '-')}, after {post.get('mean_reward', '-')}; checkpoint {checkpoint}"
-    )

@@ -47,8 +47,9 @@ from airflow_provider_tpu_rl.exceptions import ConfigurationError, RunDirBusyErr
 from airflow_provider_tpu_rl.hooks.jobs import GclusterJob, JobState
 from airflow_provider_tpu_rl.hooks.run_dirs import RunDirRecord, RunDirRecords, WriterClaim, run_dir
 from airflow_provider_tpu_rl.janitor_sources import run_finished, run_probe
+from airflow_provider_tpu_rl.ledger.records import NUM_TEST_BATCHES_METRIC, reward_summary
 from airflow_provider_tpu_rl.links import CloudLoggingJobLink, GCSBrowserLink, GKEWorkloadLink
-from airflow_provider_tpu_rl.maxtext.logs import TrainingLogTracker, training_summary
+from airflow_provider_tpu_rl.maxtext.logs import TrainingLogTracker
 from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, fail_fast
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.render.command import Command
@@ -69,7 +70,7 @@ from airflow_provider_tpu_rl.spec.pipeline import (
 )
 from airflow_provider_tpu_rl.spec.preflight import enabled_secret_versions
 from airflow_provider_tpu_rl.spec.presets import POST_TRAINING_IMAGE, ModelPreset, get_preset
-from airflow_provider_tpu_rl.spec.workloads import actor_params_path, check_patched_image
+from airflow_provider_tpu_rl.spec.workloads import actor_params_path, check_patched_image, num_test_batches
 
 if TYPE_CHECKING:
     from airflow_provider_tpu_rl.triggers.jobset import JobSetTrigger
@@ -898,6 +899,14 @@ class PathwaysRLTrainOperator(_GclusterJobOperator):
 
     def after_success(self, plan: JobPlan, event: dict[str, Any]) -> dict[str, Any]:
         metrics = event.get("metrics") or self.kept_metrics(plan, event.get("metrics_uri"))
-        checkpoint = f"{plan.output_uri}{plan.total_steps}/model_params/"
-        self.log.info("%s", training_summary(plan.name, metrics, plan.total_steps, checkpoint))
-        return {"metrics": metrics}
+        evaluated = num_test_batches(plan.settings or {})
+        self.log.info(
+            "Training %s: final step %s/%s, %s; checkpoint %s%s/model_params/",
+            plan.name,
+            metrics.get("last_step"),
+            plan.total_steps,
+            reward_summary(metrics, evaluated),
+            plan.output_uri,
+            plan.total_steps,
+        )
+        return {"metrics": metrics, NUM_TEST_BATCHES_METRIC: evaluated}

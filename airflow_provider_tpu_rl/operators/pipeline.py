@@ -20,7 +20,7 @@ from airflow_provider_tpu_rl.spec import (
     gke_pipeline_from_conf,
     tpu_vm_pipeline_from_conf,
 )
-from airflow_provider_tpu_rl.spec.pipeline import refuse_placeholders
+from airflow_provider_tpu_rl.spec.pipeline import ENVIRONMENT_OPTIONS, refuse_placeholders
 
 PipelineKind = Literal["gke", "tpu_vm"]
 
@@ -147,8 +147,8 @@ def build_pipeline(
 def validate_pipeline_conf(
     dag_id: str, run_id: str, conf: Mapping[str, Any] | None, params: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """Refuse unknown conf keys, bad values and the form's example values before anything is
-    spent; return the resolved values."""
+    """Refuse unknown conf keys, bad values and the form's example values (all of them in one
+    line) before anything is spent; return the resolved values."""
     kind: PipelineKind = "gke" if dag_id == GKE_DAG_ID or "cluster_name" in params else "tpu_vm"
     known = GKE_DEFAULTS if kind == "gke" else TPU_VM_DEFAULTS
     unknown = sorted(set(conf or {}) - set(known), key=str)
@@ -158,7 +158,7 @@ def validate_pipeline_conf(
         )
     resolved = build_pipeline(kind, conf_from_params(params, kind), dag_id, run_id).resolved()
     try:
-        refuse_placeholders(resolved)
+        refuse_placeholders(resolved, ENVIRONMENT_OPTIONS[kind])
     except SpecError as err:
         raise AirflowFailException(f"{INVALID_CONF}{err}") from None
     refuse_short_expiry(kind, resolved)

@@ -15,7 +15,8 @@ from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.exceptions import ConfigurationError, LeaseHeldError, RunDirBusyError
 from airflow_provider_tpu_rl.hooks.lease import ClusterLeaseHook, Lease, held_message, utc_text, vm_lease_name
 from airflow_provider_tpu_rl.hooks.run_dirs import RunDirRecords, WriterClaim, claim_kept_alive, run_dir
-from airflow_provider_tpu_rl.maxtext.logs import TrainingLogTracker, training_summary
+from airflow_provider_tpu_rl.ledger.records import NUM_TEST_BATCHES_METRIC, reward_summary
+from airflow_provider_tpu_rl.maxtext.logs import TrainingLogTracker
 from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, expiry_of_run, fail_fast
 from airflow_provider_tpu_rl.operators.gke import (
     delete_run_bucket,
@@ -329,10 +330,14 @@ class TpuVmStageOperator(_TpuVmOperator):
                 if directory is not None:
                     self.release_output(p, directory, run)
         if self.stage == "train":
-            out |= {"metrics": tracker.metrics(), "checkpoint_uri": p.gcs_actor_checkpoint + "/model_params/"}
-            self.log.info(
-                "%s", training_summary(p.training.run_name, out["metrics"], total, out["checkpoint_uri"])
-            )
+            metrics, evaluated = tracker.metrics(), p.training.num_test_batches
+            out |= {
+                "metrics": metrics,
+                NUM_TEST_BATCHES_METRIC: evaluated,
+                "checkpoint_uri": p.gcs_actor_checkpoint + "/model_params/",
+            }
+            if done is None:  # a stage that ran now (a completed one was trained by an earlier try)
+                self.log.info("Training: %s", reward_summary(metrics, evaluated))
         if self.stage == "export":
             out["export_uri"] = p.gcs_export + "/"
         return out

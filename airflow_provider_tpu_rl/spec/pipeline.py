@@ -79,6 +79,29 @@ PLACEHOLDERS: Final[Mapping[str, tuple[str, str]]] = {
     "reservation": ("my-v6e-8-reservation", "set reservation to the name of your v6e-8 reservation"),
 }
 
+# The values every run of one Airflow environment shares: each form field's default comes from its
+# ``[tpu_rl]`` option when the option is set (pipeline_dags.pipeline_params reads them when the DAG
+# is parsed), else from the defaults above. Per pipeline: the two reservations differ in shape.
+ENVIRONMENT_OPTIONS: Final[Mapping[str, Mapping[str, str]]] = {
+    "gke": {
+        "project": "default_project",
+        "region": "default_region",
+        "zone": "default_zone",
+        "bucket": "default_bucket",
+        "reservation": "default_gke_reservation",
+        "authorized_cidr": "default_authorized_cidr",
+        "hf_token_secret": "default_hf_token_secret",
+    },
+    "tpu_vm": {
+        "project": "default_project",
+        "zone": "default_zone",
+        "bucket": "default_bucket",
+        "reservation": "default_tpu_vm_reservation",
+        "service_account": "default_service_account",
+        "hf_token_secret": "default_hf_token_secret",
+    },
+}
+
 # The JSON type of each conf value: a bool, an integer, a string or an object; "?" = may be
 # null or "" (the preset's value). Checked before anything else, so a wrong type is one line.
 _CONF_TYPES: Final[Mapping[str, str]] = {
@@ -223,10 +246,21 @@ def placeholders(resolved: Mapping[str, Any]) -> dict[str, str]:
     }
 
 
-def refuse_placeholders(resolved: Mapping[str, Any]) -> None:
-    """SpecError naming the first field that still holds the form's example value."""
-    for field, value in placeholders(resolved).items():
-        raise SpecError(field, f"{PLACEHOLDERS[field][1]} ({value} is the form's example)", show_value=False)
+def refuse_placeholders(resolved: Mapping[str, Any], options: Mapping[str, str] | None = None) -> None:
+    """One SpecError naming every field that still holds the form's example value.
+
+    ``options`` (field → ``[tpu_rl]`` option, :data:`ENVIRONMENT_OPTIONS`) adds where to set them
+    once for the whole Airflow environment.
+    """
+    found = placeholders(resolved)
+    if not found:
+        return
+    todo = "; ".join(
+        f"{PLACEHOLDERS[field][1]} ({value} is the form's example)" for field, value in found.items()
+    )
+    named = [options[field] for field in found if options and field in options]
+    once = f"; or set [tpu_rl] {', '.join(named)} once for this Airflow" if named else ""
+    raise SpecError(", ".join(found), todo + once, show_value=False)
 
 
 def _pick(merged: Mapping[str, Any], key: str, preset_value: Any) -> Any:

@@ -165,7 +165,9 @@ QWEN3_30B_A3B = ModelPreset(
     train_overrides=_gke_overrides(
         "qwen3-30b-a3b",
         {
-            "num_test_batches": "0",
+            # The tutorial's 0 evaluates nothing and records no reward; 2 batches of 8 prompts
+            # before and after training and every eval_interval (10) steps (docs/tutorial-differences.md).
+            "num_test_batches": "2",
             "batch_size": "8",
             "train_micro_batch_size": "8",
             "max_target_length": "512",

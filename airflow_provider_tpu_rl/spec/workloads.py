@@ -290,6 +290,19 @@ class ConversionSpec:
         return self.output_directory.rstrip("/") + "/0/items"
 
 
+# MaxText's own num_test_batches when neither the preset nor the run sets it: 5
+# (src/maxtext/configs/post_train/rl.yml and types.RLConfig at maxtext-v0.2.3 and maxtext-v0.2.4).
+# train_rl evaluates that many batches (eval_batch_size, else batch_size, prompts each) before
+# training, after it and every eval_interval steps, only when it is > 0.
+MAXTEXT_NUM_TEST_BATCHES: Final = 5
+
+
+def num_test_batches(overrides: Mapping[str, Any]) -> int:
+    """The test batches MaxText evaluates with these train overrides (0: no evaluation, no reward)."""
+    value = overrides.get("num_test_batches")
+    return MAXTEXT_NUM_TEST_BATCHES if value is None or value == "" else int(value)
+
+
 @dataclass(frozen=True)
 class TrainingSpec:
     """``maxtext.trainers.post_train.rl.train_rl`` (GRPO).
@@ -328,6 +341,11 @@ class TrainingSpec:
                 check_maxtext_value(where, maxtext_config_key(where, key, self.maxtext_version), value)
             if key in KEY_RULES:
                 KEY_RULES[key](f"train_overrides.{key}", value)
+
+    @property
+    def num_test_batches(self) -> int:
+        """The test batches MaxText evaluates before and after training (0: no reward recorded)."""
+        return num_test_batches(dict(self.overrides))
 
     @property
     def final_step(self) -> int:

@@ -28,6 +28,7 @@ from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
+from airflow_provider_tpu_rl.spec.pipeline import ENVIRONMENT_OPTIONS
 from tpu_rl_sandbox import adc, api_server, emulator, oauth
 from tpu_rl_sandbox.gcluster_jobs import kill_all_workers
 from tpu_rl_sandbox.layout import SANDBOX_DIR_ENV, SandboxLayout, default_root
@@ -39,6 +40,26 @@ SANDBOX_PROJECT = "sandbox-project"
 HF_SANDBOX_TOKEN = "hf_sandbox_not_a_real_token"
 BLUEPRINT_RELATIVE = Path("examples/gke-tpu-v6e/gke-tpu-v6e-advanced.yaml")
 SHIMS = {"gcluster": "fake_gcluster", "gcloud": "fake_gcloud"}
+# The trigger forms' per-environment defaults (the provider's `[tpu_rl] default_*` options), so the
+# untouched forms run here: the sandbox's project, a bucket, its zone and the v6e-8 reservation the
+# fake project defines (settings.DEFAULT_RESERVATIONS). The GKE form keeps its own default, no
+# reservation (on-demand capacity, which the fake project always has).
+SANDBOX_FORM_DEFAULTS = {
+    "default_project": SANDBOX_PROJECT,
+    "default_region": "us-east5",
+    "default_zone": "us-east5-b",
+    "default_bucket": "tpu-rl-sandbox-bucket",
+    "default_tpu_vm_reservation": "res-8",
+}
+
+
+def sandbox_form_defaults(kind: str) -> dict[str, str]:
+    """The conf values the sandbox's environment prefills on pipeline ``kind``'s form."""
+    return {
+        key: SANDBOX_FORM_DEFAULTS[option]
+        for key, option in ENVIRONMENT_OPTIONS[kind].items()
+        if option in SANDBOX_FORM_DEFAULTS
+    }
 
 
 @dataclass(frozen=True)
@@ -160,6 +181,9 @@ def sandbox_env(root: Path) -> dict[str, str]:
         # any google-auth client: the sandbox's key, its token_uri the API server.
         env[adc.ADC_ENV] = str(adc.write_adc_key(layout, api_url, SANDBOX_PROJECT))
     env.update(_connection_env(layout, api_url))
+    env.update(
+        {f"AIRFLOW__TPU_RL__{option.upper()}": value for option, value in SANDBOX_FORM_DEFAULTS.items()}
+    )
     return env
 
 

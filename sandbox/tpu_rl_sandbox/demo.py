@@ -20,23 +20,15 @@ from typing import Any
 
 from airflow_provider_tpu_rl.render.gke import resource_record_object
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, gke_pipeline_from_conf
-from tpu_rl_sandbox.control import sandbox_down, sandbox_env, sandbox_up
+from tpu_rl_sandbox.control import sandbox_down, sandbox_env, sandbox_form_defaults, sandbox_up
 from tpu_rl_sandbox.emulator import gcs_client
 from tpu_rl_sandbox.layout import SandboxLayout, default_root
 from tpu_rl_sandbox.state import read_calls
 
-# The Qwen preset as the tutorial has it, plus evaluation batches so the reward lines print
-# (the tutorial's num_test_batches=0 prints none). Bucket and project are the sandbox's own.
-DEMO_CONF: dict[str, Any] = {
-    "model": "qwen3-30b-a3b",
-    "project": "tpu-rl-demo",
-    "region": "us-east5",
-    "zone": "us-east5-b",
-    "cluster_name": "tpu-rl-demo",
-    "bucket": "tpu-rl-demo-bucket",
-    "reservation": "demo-v6e-32",
-    "train_overrides": {"num_test_batches": 2, "eval_interval": 10},
-}
+# The untouched form (the Qwen preset, which evaluates before and after training) but for the
+# cluster's name and the sandbox's v6e-32 reservation: project, region, zone and bucket are the
+# form's defaults, which `tpu-rl-sandbox env` sets to the sandbox's ([tpu_rl] default_*).
+DEMO_CONF: dict[str, Any] = {"cluster_name": "tpu-rl-demo", "reservation": "demo-v6e-32"}
 
 # Fast polling for a local run; the defaults (60 s, 120 s) suit real clusters.
 FAST_SETTINGS = {
@@ -98,13 +90,17 @@ def _summary(
         + format_tpu_time(run.chip_hours, run.busy_chip_hours, run.estimated_cost_usd)
     )
     pre, post = run.pre_mean_reward, run.post_mean_reward
+    reason = run.no_reward_reason
     lines.append(
         f"mean_reward: {'-' if pre is None else f'{pre:.4f}'} before -> {'-' if post is None else f'{post:.4f}'} after training"
+        + (f" ({reason})" if reason else "")
     )
+    if run.state == "success" and (pre is None or post is None) and run.num_test_batches != 0:
+        lines.append("DEMO FAILED: no reward before and after training, and evaluation was not turned off")
     calls = read_calls(SandboxLayout(root))[calls_before:]
     submits = [c["argv"] for c in calls if c["tool"] == "gcluster" and c["argv"][:2] == ["job", "submit"]]
     converted = any(any(a.startswith("--name=") and "-hf-to-mt-" in a for a in argv) for argv in submits)
-    pipeline = gke_pipeline_from_conf(conf, run_id=run.airflow_run_id)
+    pipeline = gke_pipeline_from_conf({**sandbox_form_defaults("gke"), **conf}, run_id=run.airflow_run_id)
     client = gcs_client(env["STORAGE_EMULATOR_HOST"])
     bucket = pipeline.cluster.bucket
 
@@ -169,7 +165,10 @@ def run_demo(root: Path, airflow_home: Path, dags_folder: Path, conf: Mapping[st
         started = time.monotonic()
         print("running: airflow dags test tpu_rl_gke_pipeline (Qwen3-30B-A3B preset) ...", flush=True)
         code = _run([airflow, "dags", "test", GKE_DAG_ID, "-c", json.dumps(dict(conf))], env, log)
-        print("\n".join(_summary(root, conf, env, calls_before, time.monotonic() - started)))
+        summary = _summary(root, conf, env, calls_before, time.monotonic() - started)
+        print("\n".join(summary))
+        if any(line.startswith("DEMO FAILED") for line in summary) and code == 0:
+            code = 1
         runs = subprocess.run(
             [str(Path(sys.executable).with_name("tpu-rl")), "runs", "--limit", "5"],
             env=env,

@@ -1,4 +1,5 @@
--- Newest runs first, with pre/post mean reward and the Hugging Face export.
+-- Newest runs first, with pre/post mean reward (and the evaluation's num_test_batches, which says
+-- why a reward is missing) and the Hugging Face export.
 -- Parameters: :any_model (1 = all models, 0 = only :model), :row_limit.
 WITH rewards AS (
     SELECT
@@ -8,9 +9,14 @@ WITH rewards AS (
         ) AS pre_mean_reward,
         MAX(
             CASE WHEN m.phase = 'post' AND m.metric_name = 'mean_reward' THEN m.metric_value END
-        ) AS post_mean_reward
+        ) AS post_mean_reward,
+        MAX(
+            CASE WHEN m.phase = 'train' AND m.metric_name = 'num_test_batches' THEN m.metric_value END
+        ) AS num_test_batches
     FROM run_metrics AS m
-    WHERE m.metric_name = 'mean_reward' AND m.phase IN ('pre', 'post')
+    WHERE
+        (m.metric_name = 'mean_reward' AND m.phase IN ('pre', 'post'))
+        OR (m.metric_name = 'num_test_batches' AND m.phase = 'train')
     GROUP BY m.run_id
 ),
 
@@ -39,6 +45,7 @@ SELECT
     r.refusal,
     rewards.pre_mean_reward,
     rewards.post_mean_reward,
+    rewards.num_test_batches,
     exports.export_uri
 FROM runs AS r
 LEFT JOIN rewards ON r.run_id = rewards.run_id

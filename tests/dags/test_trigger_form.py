@@ -19,7 +19,7 @@ from airflow_provider_tpu_rl.pipeline_dags import form_schema
 from airflow_provider_tpu_rl.spec import GKE_DEFAULTS, TPU_VM_DEFAULTS, Runner, rules
 from airflow_provider_tpu_rl.spec.presets import presets_for
 from airflow_provider_tpu_rl.timeouts import resource_hours
-from tests.dags.conftest import GKE_DAG_ID, PIPELINE_DAG_IDS, TPU_VM_DAG_ID, trigger_time_validate
+from tests.dags.conftest import DAGS_DIR, GKE_DAG_ID, PIPELINE_DAG_IDS, TPU_VM_DAG_ID, trigger_time_validate
 
 DEFAULTS: dict[str, Mapping[str, Any]] = {GKE_DAG_ID: GKE_DEFAULTS, TPU_VM_DAG_ID: TPU_VM_DEFAULTS}
 # A user's own project, bucket and reservation: `validate` refuses the form's examples.
@@ -190,6 +190,17 @@ TPU_VM_BAD_CONFS = [
         False,
     ),
     ("keep_vm_number", {"keep_vm": 1}, "keep_vm: must be true or false", True),
+    (
+        # Every placeholder in one refusal: the untouched form fails once, not once per field.
+        "all_placeholders",
+        {"project": "my-tpu-project", "bucket": "my-tpu-rl-bucket", "reservation": "my-v6e-8-reservation"},
+        "project, bucket, reservation: set project to your GCP project (my-tpu-project is the form's "
+        "example); set bucket to a Cloud Storage bucket name of yours (my-tpu-rl-bucket is the form's "
+        "example); set reservation to the name of your v6e-8 reservation (my-v6e-8-reservation is the "
+        "form's example); or set [tpu_rl] default_project, default_bucket, default_tpu_vm_reservation "
+        "once for this Airflow",
+        False,
+    ),
 ]
 BAD_CONFS = [
     pytest.param(GKE_DAG_ID, conf, message, schema_refuses, id=f"gke-{case}")
@@ -453,7 +464,93 @@ def test_the_prefilled_examples_say_to_replace_them(dag_bag: Any, dag_id: str, k
     param = dag_bag.dags[dag_id].params.get_param(key)
 
     assert param.value in ("my-tpu-project", "my-tpu-rl-bucket")
-    assert f"prefilled {param.value} is an example: replace it" in param.description
+    assert f"prefilled {param.value} is an example: set {key} to" in param.description
+    assert f"or have [tpu_rl] default_{key} prefill it for this Airflow" in param.description
+
+
+ENVIRONMENT = {
+    "AIRFLOW__TPU_RL__DEFAULT_PROJECT": "team-tpu-project",
+    "AIRFLOW__TPU_RL__DEFAULT_REGION": "europe-west4",
+    "AIRFLOW__TPU_RL__DEFAULT_ZONE": "europe-west4-a",
+    "AIRFLOW__TPU_RL__DEFAULT_BUCKET": "team-tpu-rl-bucket",
+    "AIRFLOW__TPU_RL__DEFAULT_GKE_RESERVATION": "team-v6e-32",
+    "AIRFLOW__TPU_RL__DEFAULT_TPU_VM_RESERVATION": "team-v6e-8",
+    "AIRFLOW__TPU_RL__DEFAULT_AUTHORIZED_CIDR": "203.0.113.0/24",
+    "AIRFLOW__TPU_RL__DEFAULT_SERVICE_ACCOUNT": "tpu-rl-vm@team-tpu-project.iam.gserviceaccount.com",
+    "AIRFLOW__TPU_RL__DEFAULT_HF_TOKEN_SECRET": "team-hf-token",
+}
+ENVIRONMENT_DEFAULTS = {
+    GKE_DAG_ID: {
+        "project": "team-tpu-project",
+        "region": "europe-west4",
+        "zone": "europe-west4-a",
+        "bucket": "team-tpu-rl-bucket",
+        "reservation": "team-v6e-32",
+        "authorized_cidr": "203.0.113.0/24",
+        "hf_token_secret": "team-hf-token",
+    },
+    TPU_VM_DAG_ID: {
+        "project": "team-tpu-project",
+        "zone": "europe-west4-a",
+        "bucket": "team-tpu-rl-bucket",
+        "reservation": "team-v6e-8",
+        "service_account": "tpu-rl-vm@team-tpu-project.iam.gserviceaccount.com",
+        "hf_token_secret": "team-hf-token",
+    },
+}
+
+
+def parse_dag_file(dag_id: str) -> Any:
+    """The DAG file imported afresh (what the DAG processor does), so it reads the config now."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"{dag_id}_env_test", DAGS_DIR / f"{dag_id}.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("dag_id", PIPELINE_DAG_IDS)
+def test_the_environment_options_prefill_the_form_and_the_untouched_form_validates(
+    monkeypatch: pytest.MonkeyPatch, dag_id: str
+) -> None:
+    for name, value in ENVIRONMENT.items():
+        monkeypatch.setenv(name, value)
+    params = parse_dag_file(dag_id).PARAMS
+
+    prefilled = {key: params[key].value for key in ENVIRONMENT_DEFAULTS[dag_id]}
+    assert prefilled == ENVIRONMENT_DEFAULTS[dag_id]
+    for key in ENVIRONMENT_DEFAULTS[dag_id]:
+        assert "Prefilled from this Airflow's [tpu_rl] default_" in params[key].description
+        assert "is an example" not in params[key].description
+    # The untouched form (no conf at all) passes validate.
+    values = {key: param.value for key, param in params.items()}
+    resolved = validate_pipeline_conf(dag_id, "manual__2026-01-01T00:00:00", {}, values)
+    assert {key: resolved[key] for key in ("project", "bucket", "reservation")} == {
+        key: ENVIRONMENT_DEFAULTS[dag_id][key] for key in ("project", "bucket", "reservation")
+    }
+
+
+def test_an_environment_option_the_form_would_refuse_fails_the_parse_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AIRFLOW__TPU_RL__DEFAULT_ZONE", "Europe West")
+    with pytest.raises(ValueError, match=r"^\[tpu_rl\] default_zone: 'Europe West' is not a valid Zone"):
+        parse_dag_file(GKE_DAG_ID)
+
+
+def test_every_environment_option_is_declared_in_the_provider_config() -> None:
+    from airflow_provider_tpu_rl.get_provider_info import get_provider_info
+    from airflow_provider_tpu_rl.spec.pipeline import ENVIRONMENT_OPTIONS
+
+    declared = get_provider_info()["config"]["tpu_rl"]["options"]
+    for options in ENVIRONMENT_OPTIONS.values():
+        for option in options.values():
+            assert declared[option]["default"] == ""
+            assert declared[option]["type"] == "string"
+            assert "prefill" in declared[option]["description"]
 
 
 def test_authorized_cidr_keeps_the_open_default_and_says_what_it_opens(dag_bag: Any) -> None:

@@ -76,14 +76,15 @@ def assert_no_duplicate_submits(result: DagRunResult) -> None:
 # ==================================================================================== runs
 @pytest.fixture(scope="module")
 def happy(world: E2EWorld) -> DagRunResult:
-    """All steps fine; num_test_batches > 0 so MaxText prints rewards.
+    """All steps fine; the Qwen preset as it is, which evaluates before and after training
+    (num_test_batches=2), so MaxText prints rewards.
 
     Slower simulated steps (0.4 s) so the job trigger surely sees the training job Running and
     follows its log from the start, as a real minutes-long training is followed.
     """
     return world.run_dag(
         GKE_DAG_ID,
-        conf("ok", train_overrides={"num_test_batches": 2}),
+        conf("ok"),
         env_overrides={"TPU_RL_SANDBOX_STEP_SECONDS": "0.4"},
     )
 
@@ -301,6 +302,12 @@ def test_ledger_records_the_rewards_the_sandbox_printed(world: E2EWorld, happy: 
         )
     )
     assert recorded == pytest.approx(printed, abs=1e-9)
+    # ... and the evaluation's size, the preset's default (what a missing reward is explained by).
+    assert world.ledger(
+        "SELECT metric_value FROM run_metrics WHERE run_id = ? AND phase = 'train' "
+        "AND metric_name = 'num_test_batches'",
+        (happy.ledger_run_id,),
+    ) == [(2.0,)]
 
 
 def test_ledger_records_durations_and_chip_hours(world: E2EWorld, happy: DagRunResult) -> None:

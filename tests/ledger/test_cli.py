@@ -67,6 +67,10 @@ def test_format_reward() -> None:
     assert format_reward(None, 0.5) == "-→0.50"
     assert format_reward(0.5, None) == "0.50→-"
     assert format_reward(None, None) == "-"
+    # A run that evaluated nothing says so; one that evaluated keeps its dashes.
+    assert format_reward(None, None, 0.0) == "- (num_test_batches=0, evaluation off)"
+    assert format_reward(None, None, 2.0) == "-"
+    assert format_reward(0.1, 0.2, 2.0) == "0.10→0.20"
 
 
 def test_table_is_aligned_with_dashes_for_unknowns() -> None:

@@ -321,6 +321,17 @@ def test_train_results_without_metrics_give_none(result: Any) -> None:
     assert metrics_from_train_result(result) == []
 
 
+def test_the_evaluations_size_is_recorded_as_a_train_metric() -> None:
+    """So the ledger can say why a run has no reward (num_test_batches=0: evaluation off)."""
+    result = {"metrics": {"pre": None, "post": None}, "num_test_batches": 0}
+    assert metrics_from_train_result(result) == [MetricRecord("train", 0, "num_test_batches", 0.0)]
+    result = {"metrics": {"pre": {"mean_reward": 0.1}}, "num_test_batches": 2}
+    assert metrics_from_train_result(result) == [
+        MetricRecord("train", 0, "num_test_batches", 2.0),
+        MetricRecord("pre", 0, "mean_reward", 0.1),
+    ]
+
+
 def test_train_metrics_skip_entries_without_a_step_or_number() -> None:
     result = {
         "metrics": {

@@ -219,6 +219,21 @@ def test_latest_runs_newest_first_with_model_filter_and_limit(ledger: RunLedger)
         ledger.latest_runs(limit=0)
 
 
+def test_latest_runs_say_why_a_run_has_no_reward(ledger: RunLedger) -> None:
+    off = [MetricRecord("train", 0, "num_test_batches", 0.0)]
+    on = [MetricRecord("train", 0, "num_test_batches", 2.0), *rewards(0.1, 0.3)]
+    ledger.record(make_run("off"), [], off)
+    ledger.record(make_run("on", start=T0 + timedelta(days=1)), [], on)
+    ledger.record(make_run("unknown", start=T0 + timedelta(days=2)))
+
+    runs = {run.airflow_run_id: run for run in ledger.latest_runs()}
+    assert [runs[name].num_test_batches for name in ("off", "on", "unknown")] == [0.0, 2.0, None]
+    assert runs["off"].no_reward_reason == "no reward: num_test_batches=0, evaluation off"
+    assert runs["on"].no_reward_reason is None
+    assert runs["unknown"].no_reward_reason is None
+    assert (runs["on"].pre_mean_reward, runs["on"].post_mean_reward) == (0.1, 0.3)
+
+
 def test_reward_trend_per_model_oldest_first(ledger: RunLedger) -> None:
     ledger.record(make_run("q2", start=T0 + timedelta(days=1)), [], rewards(0.30, 0.45))
     ledger.record(make_run("q1", start=T0), [], rewards(0.10, 0.25))

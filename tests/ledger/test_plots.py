@@ -123,6 +123,30 @@ def test_after_is_drawn_at_the_last_recorded_step_when_the_final_step_is_unknown
     assert curves.loss == ((7, 1.0),)
 
 
+@pytest.mark.parametrize(
+    ("evaluated", "text"),
+    [
+        (0.0, "no reward:\nnum_test_batches=0, evaluation off"),
+        (
+            2.0,
+            "no reward before and after training:\nevaluation was on (num_test_batches=2) but the training "
+            "log held no such line",
+        ),
+        (None, "no reward recorded"),  # a run recorded before the evaluation's size was
+    ],
+)
+def test_the_reward_panel_says_why_there_is_no_reward(evaluated: float | None, text: str) -> None:
+    metrics = [MetricRecord("train", 1, "loss", 1.0)]
+    if evaluated is not None:
+        metrics.append(MetricRecord("train", 0, "num_test_batches", evaluated))
+    figure = run_curves_figure(run_curves("r", metrics, final_step=1))
+
+    reward_axes, _ = figure.axes
+    assert reward_axes.get_lines() == []
+    assert [t.get_text() for t in reward_axes.texts] == [text]
+    decoded_png(figure_png(figure))
+
+
 def test_a_run_without_loss_still_draws_its_rewards() -> None:
     figure = run_curves_figure(run_curves("r", [MetricRecord("pre", 0, "mean_reward", 0.5)], final_step=3))
 

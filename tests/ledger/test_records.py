@@ -17,6 +17,7 @@ from airflow_provider_tpu_rl.ledger.records import (
     idle_share,
     make_run_id,
     redact_conf,
+    reward_summary,
 )
 
 T0 = datetime(2026, 3, 1, 8, 0, tzinfo=UTC)
@@ -119,3 +120,16 @@ def test_as_utc_accepts_naive_aware_and_text() -> None:
     assert as_utc("2026-03-01T08:00:00.000000+00:00") == T0
     assert as_utc(None) is None
     assert as_utc(T0).tzinfo is UTC  # type: ignore[union-attr]
+
+
+def test_the_train_summary_says_why_a_reward_is_missing() -> None:
+    both = {"pre": {"mean_reward": 0.125}, "post": {"mean_reward": 0.5}}
+    assert reward_summary(both, 2) == "mean reward before 0.125, after 0.5"
+    assert reward_summary({"pre": None, "post": None}, 0) == (
+        "mean reward before -, after - (no reward: num_test_batches=0, evaluation off)"
+    )
+    assert reward_summary({"pre": {"mean_reward": 0.125}, "post": None}, 2) == (
+        "mean reward before 0.125, after - (no reward after training: evaluation was on "
+        "(num_test_batches=2) but the training log held no such line)"
+    )
+    assert reward_summary({}, None) == "mean reward before -, after -"

@@ -16,7 +16,6 @@ from airflow_provider_tpu_rl.maxtext.logs import (
     TrainingStartedEvent,
     TrainLossEvent,
     parse_log_line,
-    training_summary,
 )
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "maxtext" / "train_rl_gemma4_50_steps.log"
@@ -230,13 +229,3 @@ def test_feed_splits_a_multi_line_chunk() -> None:
 
     assert [type(e) for e in events] == [TrainingStartedEvent, TrainLossEvent]
     assert tracker.last_step == 1
-
-
-def test_training_summary_is_one_line_with_the_rewards_or_dashes() -> None:
-    metrics = {"last_step": 50, "pre": {"mean_reward": 0.12}, "post": {"mean_reward": 0.34}}
-    assert training_summary("rl-a", metrics, 50, "gs://b/ckpt/50/model_params/") == (
-        "Training rl-a: final step 50/50, mean reward before 0.12, after 0.34; checkpoint gs://b/ckpt/50/model_params/"
-    )
-    assert training_summary("rl-a", {"last_step": 7, "pre": None}, 50, "gs://b/c/") == (
-        "Training rl-a: final step 7/50, mean reward before -, after -; checkpoint gs://b/c/"
-    )

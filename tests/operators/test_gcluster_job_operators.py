@@ -37,6 +37,7 @@ from tests.operators.sandbox_run import (
 )
 from tpu_rl_sandbox import kube_access
 from tpu_rl_sandbox.settings import reset_settings, update_settings
+from tpu_rl_sandbox.state import read_calls
 
 RUN_1 = "manual__2026-03-01T00:00:00+00:00"
 RUN_2 = "manual__2026-03-02T00:00:00+00:00"
@@ -212,6 +213,13 @@ def test_a_training_job_that_failed_is_cancelled_and_submitted_again_on_retry(
 
     assert len(sb.job_calls("submit", train_job)) == 2
     assert len(sb.job_calls("cancel", train_job)) == 1
+    # gcluster's prerequisite check (its `gcloud auth list`) ran at most once for the
+    # conversion's and both trainings' submits: the hook carried its state between sessions.
+    submits = [c for c in sb.calls() if c["tool"] == "gcluster" and c["argv"][:2] == ["job", "submit"]]
+    every_call = read_calls(sb.layout)
+    checks = [c for c in every_call if c["tool"] == "gcloud" and c["argv"][:2] == ["auth", "list"]]
+    assert len(submits) >= 3
+    assert len([c for c in checks if any(s["start"] <= c["start"] <= s["end"] for s in submits)]) <= 1
     submits = sb.job_calls("submit", train_job)
     (cancel,) = sb.job_calls("cancel", train_job)
     assert submits[0]["end"] <= cancel["start"]

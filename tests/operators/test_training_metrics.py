@@ -138,6 +138,7 @@ def test_reported_rewards_equal_the_rewards_the_training_job_printed(
     assert_same_figures(metrics["post"], printed["post"])
     assert metrics["completed"] is True
     assert metrics["last_step"] == 3
+    assert result["num_test_batches"] == 2  # what the ledger says a missing reward by
     assert {e["step"]: e["loss"] for e in metrics["loss"]}.items() <= printed_losses(log).items()
     run_name = gke_pipeline_from_conf(conf, run_id=context["run_id"]).training.run_name
     assert result["checkpoint_uri"].endswith(f"/trained/{run_name}/checkpoints/actor/3/model_params/")
@@ -161,8 +162,10 @@ def test_a_reward_line_more_than_ten_lines_before_a_log_read_is_still_reported(
 
 
 def test_waiting_in_the_worker_reports_the_printed_rewards(sb: SandboxRun) -> None:
-    """``deferrable=False``: the worker follows the log the way the trigger does."""
-    conf = sb.gke_conf(train_overrides={"num_test_batches": 2})
+    """``deferrable=False``: the worker follows the log the way the trigger does. The Qwen preset
+    untouched: it evaluates before and after training by default (the tutorial's
+    num_test_batches=0 printed no reward)."""
+    conf = sb.gke_conf(model="qwen3-30b-a3b")
     prepare_cluster(sb, conf, run_id=RUN_ID)
     convert_checkpoint(sb, conf, run_id=RUN_ID)
     train = _train(sb, deferrable=False)
@@ -170,9 +173,11 @@ def test_waiting_in_the_worker_reports_the_printed_rewards(sb: SandboxRun) -> No
     result = train.execute(sb.context(train, conf, run_id=RUN_ID))
 
     rewards = printed_rewards(sb.job_log_of(result["job_name"]))
+    assert set(rewards) == {"pre", "post"}
     assert result["metrics"]["post"]["mean_reward"] == rewards["post"]
     assert result["metrics"]["pre"] is not None
     assert result["metrics"]["pre"]["mean_reward"] == rewards["pre"]
+    assert result["num_test_batches"] == 2
 
 
 # -- a recorded MaxText log ------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from airflow_provider_tpu_rl.spec.pipeline import ENVIRONMENT_OPTIONS
 from tpu_rl_sandbox import emulator
 from tpu_rl_sandbox.control import (
     SandboxInfo,
@@ -23,6 +24,7 @@ from tpu_rl_sandbox.control import (
     sandbox_up,
 )
 from tpu_rl_sandbox.layout import SandboxLayout
+from tpu_rl_sandbox.settings import DEFAULT_RESERVATIONS
 from tpu_rl_sandbox.tool_stubs import STUB_TERRAFORM_VERSION, STUB_TOOLS
 
 
@@ -52,6 +54,20 @@ def test_up_is_idempotent_and_env_describes_the_sandbox(sandbox: SandboxInfo) ->
         "conn_type": "generic",
         "password": "hf_sandbox_not_a_real_token",
     }
+    # The trigger forms' defaults are the sandbox's own values, so the untouched forms run here.
+    defaults = {k: v for k, v in env.items() if k.startswith("AIRFLOW__TPU_RL__DEFAULT_")}
+    assert defaults == {
+        "AIRFLOW__TPU_RL__DEFAULT_PROJECT": "sandbox-project",
+        "AIRFLOW__TPU_RL__DEFAULT_REGION": "us-east5",
+        "AIRFLOW__TPU_RL__DEFAULT_ZONE": "us-east5-b",
+        "AIRFLOW__TPU_RL__DEFAULT_BUCKET": "tpu-rl-sandbox-bucket",
+        "AIRFLOW__TPU_RL__DEFAULT_TPU_VM_RESERVATION": "res-8",
+    }
+    options = {option for fields in ENVIRONMENT_OPTIONS.values() for option in fields.values()}
+    assert {name.removeprefix("AIRFLOW__TPU_RL__").lower() for name in defaults} <= options
+    # ... and the reservation is one the fake project defines, of the TPU VM's shape.
+    reservation = DEFAULT_RESERVATIONS["us-east5-b/res-8"]
+    assert (reservation["machine_type"], reservation["count"]) == ("ct6e-standard-8t", 1)
 
 
 def test_shims_run_the_fakes_with_the_sandbox_baked_in(sandbox: SandboxInfo, tmp_path: Path) -> None:

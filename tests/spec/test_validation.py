@@ -268,7 +268,17 @@ def test_placeholders_are_named_with_what_to_set() -> None:
     assert placeholders(resolved) == {"project": "my-tpu-project", "bucket": "my-tpu-rl-bucket"}
     with pytest.raises(SpecError) as err:
         refuse_placeholders(resolved)
-    assert str(err.value) == "project: set project to your GCP project (my-tpu-project is the form's example)"
+    # Every placeholder in one line: the untouched form is refused once, not once per field.
+    assert str(err.value) == (
+        "project, bucket: set project to your GCP project (my-tpu-project is the form's example); "
+        "set bucket to a Cloud Storage bucket name of yours (my-tpu-rl-bucket is the form's example)"
+    )
+    with pytest.raises(SpecError) as err:
+        refuse_placeholders({**resolved, "bucket": "bucket-123"}, {"project": "default_project"})
+    assert str(err.value) == (
+        "project: set project to your GCP project (my-tpu-project is the form's example); "
+        "or set [tpu_rl] default_project once for this Airflow"
+    )
     vm = tpu_vm_pipeline_from_conf({"project": "proj-123", "bucket": "bucket-123"}).resolved()
     with pytest.raises(SpecError, match=r"^reservation: set reservation to the name of your v6e-8"):
         refuse_placeholders(vm)
@@ -345,3 +355,17 @@ def test_a_job_target_is_a_tpu_slice_or_a_cpu_machine_on_one_node() -> None:
         dataclasses.replace(cpu, node_pool="CPU_NP;")
     with pytest.raises(SpecError, match="compute_type"):
         dataclasses.replace(cpu, compute_type="n4 standard")
+
+
+@pytest.mark.parametrize(
+    ("model", "batches"), [("qwen3-30b-a3b", 2), ("gemma4-26b", 5), ("llama3.1-8b-Instruct", 10)]
+)
+def test_every_preset_evaluates_before_and_after_training_by_default(model: str, batches: int) -> None:
+    """MaxText's train_rl evaluates (and prints the rewards) only when num_test_batches > 0; Gemma
+    keeps MaxText's own default (5), the Qwen tutorial's 0 is raised to 2."""
+    build = tpu_vm_pipeline_from_conf if model == "llama3.1-8b-Instruct" else gke_pipeline_from_conf
+    training = build({"model": model}).training
+    assert training.num_test_batches == batches
+    assert dict(training.overrides).get("num_test_batches", "5") == str(batches)
+    off = build({"model": model, "train_overrides": {"num_test_batches": 0}}).training
+    assert off.num_test_batches == 0

@@ -1,25 +1,18 @@
-"""sqlfluff passes on sql/ (portable SQL as postgres, sql/bigquery/ as bigquery)."""
+"""sql/ parses in the dialects it is written for: BigQuery DDL as BigQuery, the portable SQL as ANSI.
+
+``make lint`` runs ``sqlfluff lint sql/`` itself (its rules, the dialect per folder); these tests
+check what linting does not: that each file parses, in the dialect each target database speaks.
+They import no Airflow, so they run in the Airflow 3.3 leg only (``AIRFLOW_FREE_TESTS``)."""
 
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import sqlfluff
 
 SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
-SQLFLUFF = Path(sys.executable).parent / "sqlfluff"
-
-
-def test_sqlfluff_lint_passes_on_sql_folder() -> None:
-    assert SQLFLUFF.exists(), f"sqlfluff not installed next to {sys.executable}"
-    result = subprocess.run(
-        [str(SQLFLUFF), "lint", str(SQL_DIR)], capture_output=True, text=True, check=False, timeout=300
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("path", sorted((SQL_DIR / "bigquery").glob("*.sql")), ids=lambda path: path.name)
