@@ -78,7 +78,7 @@ unit: venv postgres
 # renders every argument, and the JobSet trigger, janitor and preflight tests run there too;
 # tests/test_airflow_free.py checks that none of these files branches on the Airflow version and
 # that every module that does is tested on 2.11. `make test-all` runs them on 2.11 as well.
-SAME_ON_EVERY_AIRFLOW := tests/operators/test_bucket_sharing.py tests/operators/test_jobset_trigger_recovery.py tests/operators/test_first_real_run.py \
+SAME_ON_EVERY_AIRFLOW := tests/operators/test_bucket_sharing.py tests/operators/test_ensure_bucket.py tests/operators/test_jobset_trigger_recovery.py tests/operators/test_first_real_run.py \
 	tests/operators/test_gcluster_job_operators.py tests/operators/test_gke_lifecycle.py \
 	tests/operators/test_hygiene.py tests/operators/test_run_identity.py \
 	tests/operators/test_tpu_vm_operators.py tests/operators/test_training_metrics.py \

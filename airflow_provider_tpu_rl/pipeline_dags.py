@@ -118,6 +118,7 @@ COMMON_FORM: Final[dict[str, dict[str, Any]]] = {
         "description": "Project ID that owns the TPUs, the bucket and the reservation.",
         "type": "string",
         "pattern": rules.PROJECT_ID.pattern,
+        "rule": rules.PROJECT_ID_RULE,
     },
     "zone": {
         "title": "Zone",
@@ -125,6 +126,7 @@ COMMON_FORM: Final[dict[str, dict[str, Any]]] = {
         "description": "Zone of the TPUs and their reservation, e.g. us-east5-b.",
         "type": "string",
         "pattern": rules.ZONE.pattern,
+        "rule": rules.ZONE_RULE,
     },
     "bucket": {
         "title": "GCS bucket",
@@ -133,6 +135,7 @@ COMMON_FORM: Final[dict[str, dict[str, Any]]] = {
         "bucket names are global.",
         "type": "string",
         "pattern": rules.BUCKET_CHARS.pattern,
+        "rule": rules.BUCKET_CHARS_RULE,
         "minLength": 3,
         "maxLength": 222,
     },
@@ -142,6 +145,7 @@ COMMON_FORM: Final[dict[str, dict[str, Any]]] = {
         "description": "HF repo id to convert (org/model); empty = the preset's.",
         "type": ["null", "string"],
         "pattern": optional(rules.HF_REPO_ID),
+        "rule": rules.HF_REPO_ID_RULE,
     },
     "run_name": {
         "title": "Training run name",
@@ -149,6 +153,7 @@ COMMON_FORM: Final[dict[str, dict[str, Any]]] = {
         "description": RUN_NAME_HELP,
         "type": ["null", "string"],
         "pattern": optional(rules.RUN_NAME),
+        "rule": rules.RUN_NAME_RULE,
     },
     "num_batches": {
         "title": "Training batches (steps)",
@@ -173,6 +178,7 @@ COMMON_FORM: Final[dict[str, dict[str, Any]]] = {
         ),
         "type": "object",
         "propertyNames": {"pattern": rules.MAXTEXT_KEY.pattern},
+        "rule": rules.MAXTEXT_KEY_RULE,
         # null too: a NaN in the JSON reaches the task as null, and validate names it in one line
         "additionalProperties": {"type": ["null", "string", "number", "boolean", "object", "array"]},
     },
@@ -182,6 +188,7 @@ COMMON_FORM: Final[dict[str, dict[str, Any]]] = {
         "description": "Airflow connection holding the Hugging Face token (synced to Secret Manager).",
         "type": "string",
         "pattern": rules.CONN_ID.pattern,
+        "rule": rules.CONN_ID_RULE,
     },
     "hf_token_secret": {
         "title": "HF token secret",
@@ -189,6 +196,7 @@ COMMON_FORM: Final[dict[str, dict[str, Any]]] = {
         "description": "Existing Secret Manager secret with the token; empty = sync from the connection.",
         "type": ["null", "string"],
         "pattern": optional(rules.SECRET_ID),
+        "rule": rules.SECRET_ID_RULE,
     },
     "delete_bucket": {
         "title": "Delete the bucket",
@@ -242,10 +250,22 @@ def environment_default(option: str, metadata: Mapping[str, Any]) -> str | None:
 
 
 def form_schema(metadata: Mapping[str, Any]) -> dict[str, Any]:
-    """A key's form metadata, its section the one the installed Airflow's trigger form opens."""
-    if metadata.get("section") == CLOUD and FORM_OPEN_SECTION is None:
-        return {name: value for name, value in metadata.items() if name != "section"}
-    return dict(metadata)
+    """A key's form metadata, its section the one the installed Airflow's trigger form opens.
+
+    A field with a ``pattern`` carries the spec's ``rule`` for it (what ``validate`` says of a value
+    the pattern refuses): it is added to the description, which the form shows next to the field,
+    since the form's own refusal is a raw JSON-schema dump of the regex.
+    """
+    schema = dict(metadata)
+    rule = schema.pop("rule", None)
+    patterned = "pattern" in schema or "pattern" in schema.get("propertyNames", {})
+    if patterned and not rule:
+        raise ValueError(f"form field {schema.get('title')!r} has a pattern but no rule to show")
+    if rule:
+        schema["description"] = f"{schema['description']} Rule: {rule}."
+    if schema.get("section") == CLOUD and FORM_OPEN_SECTION is None:
+        del schema["section"]
+    return schema
 
 
 def pipeline_callbacks(conn_id: str = LEDGER_CONN_ID) -> dict[str, Any]:

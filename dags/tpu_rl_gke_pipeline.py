@@ -81,6 +81,7 @@ FORM: Final[dict[str, dict[str, Any]]] = {
         "description": "Region of the GKE cluster and the bucket, e.g. us-east5.",
         "type": "string",
         "pattern": rules.REGION.pattern,
+        "rule": rules.REGION_RULE,
     },
     "zone": {
         "title": "Zone",
@@ -88,6 +89,7 @@ FORM: Final[dict[str, dict[str, Any]]] = {
         "description": "Zone of the TPU node pool; must be inside the region (checked by validate).",
         "type": "string",
         "pattern": rules.ZONE.pattern,
+        "rule": rules.ZONE_RULE,
     },
     "reservation": {
         "title": "TPU reservation",
@@ -96,6 +98,7 @@ FORM: Final[dict[str, dict[str, Any]]] = {
         "the pool takes on-demand capacity (the zone needs free v6e capacity and quota).",
         "type": ["null", "string"],
         "pattern": optional(rules.GCE_NAME),
+        "rule": rules.gce_name_rule("reservation name"),
     },
     "cluster_name": {
         "title": "Cluster name",
@@ -106,6 +109,7 @@ FORM: Final[dict[str, dict[str, Any]]] = {
         ),
         "type": "string",
         "pattern": rules.GKE_CLUSTER_NAME.pattern,
+        "rule": rules.GKE_CLUSTER_NAME_RULE,
         "maxLength": 20,
     },
     "compute_type": {
@@ -155,6 +159,7 @@ FORM: Final[dict[str, dict[str, Any]]] = {
         "description": "Container image of the jobs; empty = the preset's tpu_post_training image.",
         "type": ["null", "string"],
         "pattern": optional(rules.IMAGE),
+        "rule": rules.IMAGE_RULE,
     },
     "workload_image_patched": {
         "title": "Image is patched",

@@ -62,6 +62,7 @@ FORM: Final[dict[str, dict[str, Any]]] = {
         "description": "Zone of the TPU VM and its reservation, e.g. us-east5-b (the bucket goes to its region).",
         "type": "string",
         "pattern": rules.ZONE.pattern,
+        "rule": rules.ZONE_RULE,
     },
     "bucket": {
         "title": "GCS bucket",
@@ -72,6 +73,7 @@ FORM: Final[dict[str, dict[str, Any]]] = {
         ),
         "type": "string",
         "pattern": rules.BUCKET_CHARS.pattern,
+        "rule": rules.BUCKET_CHARS_RULE,
         "minLength": 3,
         "maxLength": 222,
     },
@@ -81,6 +83,7 @@ FORM: Final[dict[str, dict[str, Any]]] = {
         "description": "Name of the v6e-8 reservation the VM is bound to (RESERVATION_BOUND).",
         "type": "string",
         "pattern": rules.GCE_NAME.pattern,
+        "rule": rules.gce_name_rule("reservation name"),
     },
     "service_account": {
         "title": "VM service account",
@@ -88,6 +91,7 @@ FORM: Final[dict[str, dict[str, Any]]] = {
         "description": "E-mail of the VM's service account (reads the HF token secret); empty = the default one.",
         "type": ["null", "string"],
         "pattern": optional(rules.SERVICE_ACCOUNT),
+        "rule": rules.SERVICE_ACCOUNT_RULE,
     },
     "vm_name": {
         "title": "VM name",
@@ -95,6 +99,7 @@ FORM: Final[dict[str, dict[str, Any]]] = {
         "description": "Compute Engine instance name. Two runs at the same time must not share it.",
         "type": "string",
         "pattern": rules.GCE_NAME.pattern,
+        "rule": rules.gce_name_rule("VM name"),
     },
     "hf_model_path": {
         "title": "Hugging Face checkpoint",
@@ -102,6 +107,7 @@ FORM: Final[dict[str, dict[str, Any]]] = {
         "description": "HF repo id to convert (org/model); empty = MaxText's checkpoint for the model.",
         "type": ["null", "string"],
         "pattern": optional(rules.HF_REPO_ID),
+        "rule": rules.HF_REPO_ID_RULE,
     },
     # run_name: pipeline_dags.COMMON_FORM (empty = unique to the DAG run; a reused name resumes).
     "keep_vm": {

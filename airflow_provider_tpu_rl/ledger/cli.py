@@ -195,9 +195,12 @@ def format_tpu_time(billed: float | None, busy: float | None, usd: float | None)
 
 
 def runs_table_rows(runs: Sequence[RunSummary]) -> list[tuple[str, ...]]:
-    """The table's cells, one tuple per run, in :data:`RUNS_COLUMNS` order."""
+    """The table's cells, one tuple per run, in :data:`RUNS_COLUMNS` order. A run refused before
+    anything was spent has no values past STATE: its row ends with why (one cell spanning them)."""
     return [
-        (
+        (run.run_id, run.model or UNKNOWN, run.state or UNKNOWN, run.refusal)
+        if run.refusal
+        else (
             run.run_id,
             run.model or UNKNOWN,
             run.state or UNKNOWN,
@@ -247,12 +250,20 @@ def _format_time(value: datetime | None) -> str:
 
 
 def _format_table(columns: tuple[str, ...], cells: Sequence[tuple[str, ...]], right_aligned: set[int]) -> str:
+    """Aligned columns; a row shorter than ``columns`` ends with one cell that spans the rest
+    (it takes no part in their widths)."""
     rows = [columns, *cells]
-    widths = [max(len(row[index]) for row in rows) for index in range(len(columns))]
+    full = [row for row in rows if len(row) == len(columns)]
+    widths = [max(len(row[index]) for row in full) for index in range(len(columns))]
     lines = []
     for row in rows:
+        last = len(row) - 1
         padded = [
-            cell.rjust(widths[index]) if index in right_aligned else cell.ljust(widths[index])
+            cell
+            if index == last and len(row) < len(columns)
+            else cell.rjust(widths[index])
+            if index in right_aligned
+            else cell.ljust(widths[index])
             for index, cell in enumerate(row)
         ]
         lines.append("  ".join(padded).rstrip())

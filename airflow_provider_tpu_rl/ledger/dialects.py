@@ -174,6 +174,7 @@ RUNS = TableSpec(
         Column("busy_chip_hours", "FLOAT64"),
         Column("usd_per_chip_hour", "FLOAT64"),
         Column("estimated_cost_usd", "FLOAT64"),
+        Column("refusal", "STRING", Merge.REPLACE),
     ),
 )
 
@@ -332,6 +333,7 @@ def run_row(run: RunRecord, recorded_at: datetime) -> dict[str, Any]:
         "busy_chip_hours": run.busy_chip_hours,
         "usd_per_chip_hour": run.usd_per_chip_hour,
         "estimated_cost_usd": run.estimated_cost_usd,
+        "refusal": run.refusal,
     }
 
 

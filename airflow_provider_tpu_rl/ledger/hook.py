@@ -19,6 +19,7 @@ the SQL hooks and BigQuery are imported when the ledger is first used. A connect
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -536,10 +537,12 @@ def record_run_from_context(
     model: str,
     chips: int | None,
     conn_id: str = DEFAULT_CONN_ID,
+    refusal: str | None = None,
     **collect_options: Any,
 ) -> RunRecord:
     """The ledger task's body: collect the run from the context and upsert it; returns the run.
 
+    ``refusal`` is why the run was refused before anything was spent (``refused at validate: ...``).
     ``collect_options`` go to :func:`~airflow_provider_tpu_rl.ledger.collect.collect_run_from_context`
     (cluster_task_ids, train_task_id, ...). Steps that :func:`step_callbacks` recorded fill in what
     the context does not know.
@@ -550,6 +553,8 @@ def record_run_from_context(
     run, steps, metrics, artifacts = collect_run_from_context(
         context, model=model, chips=chips, recorded_steps=recorded, **collect_options
     )
+    if refusal:
+        run = dataclasses.replace(run, refusal=refusal)
     ledger.record(run, steps, metrics, artifacts)
     log.info(
         "ledger: recorded run %s (%s): %d steps, %d metrics, %d artifacts in %s",

@@ -120,6 +120,7 @@ class RunRecord:
     train_started_at: datetime | None = None
     train_ended_at: datetime | None = None
     usd_per_chip_hour: float | None = None
+    refusal: str | None = None  # "refused at validate: ..." for a run refused before anything was spent
 
     def __post_init__(self) -> None:
         if self.state not in RUN_STATES:
@@ -267,6 +268,7 @@ class RunSummary:
     export_uri: str | None
     busy_chip_hours: float | None = None
     estimated_cost_usd: float | None = None
+    refusal: str | None = None
     num_test_batches: float | None = None
 
     @property

@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 
 
 class EnsureBucketOperator(GclusterBaseOperator):
-    """Create a GCS bucket; an existing bucket (and everything in it) is kept as is.
+    """Create a GCS bucket; one that exists in the project already (and everything in it) is kept
+    as is. A name another project holds fails the task in one line: the run could not write there.
 
     :param project_id: project that owns the bucket; empty: the GCP connection's.
     :param location: bucket location (the region of the TPUs).
@@ -57,14 +58,35 @@ class EnsureBucketOperator(GclusterBaseOperator):
         project = rules.project_id("project_id", self.resolve_project_id())
         location = rules.region("location", self.location)
         bucket = rules.bucket_name("bucket", self.bucket)
-        result = self.hook.run_checked(gke.create_bucket(project, location, bucket))
-        if not any(marker in result.output for marker in gke.BUCKET_EXISTS):
+        command = gke.create_bucket(project, location, bucket)
+        result = self.hook.run(command)
+        if not result.ok and not result.timed_out and bucket_name_taken(result.output):
+            raise ConfigurationError(
+                f"gs://{bucket}: the bucket name is taken by another project (bucket names are global, "
+                f"and Cloud Storage says it is not {project}'s): set bucket to a name of your own"
+            )
+        self.hook.check_result(command, result)
+        if result.ok_marker:
+            self.log.info(
+                "gs://%s exists in project %s already (Cloud Storage: you own it): kept as is",
+                bucket,
+                project,
+            )
+        else:
             # This run created the bucket: recorded, so delete_bucket may later delete it whole.
             from airflow_provider_tpu_rl.hooks.bucket_usage import BucketUsage
 
             dag_id, run_id = self.run_ids(context)
             BucketUsage(self.gcp_conn_id, self.chain).record_creator(bucket, f"{dag_id}/{run_id}")
         return f"gs://{bucket}"
+
+
+def bucket_name_taken(output: str) -> bool:
+    """Cloud Storage refused to create the bucket because another project holds the name: a 409
+    that does not say the bucket is already ours (``render/gke.py``, ``BUCKET_TAKEN``)."""
+    return any(marker in output for marker in gke.BUCKET_TAKEN) and not any(
+        marker in output for marker in gke.BUCKET_OURS
+    )
 
 
 # XCom key (of the token task) listing the service accounts this run granted secretAccessor.

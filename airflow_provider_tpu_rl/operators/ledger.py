@@ -10,6 +10,7 @@ from airflow.providers.common.compat.sdk import BaseOperator, Context
 
 from airflow_provider_tpu_rl.compat import conf
 from airflow_provider_tpu_rl.ledger.cli import format_tpu_time
+from airflow_provider_tpu_rl.ledger.collect import task_states
 from airflow_provider_tpu_rl.ledger.hook import DEFAULT_CONN_ID, RunLedger, record_run_from_context
 from airflow_provider_tpu_rl.ledger.plots import (
     PLOT_EXTRA_HINT,
@@ -22,6 +23,7 @@ from airflow_provider_tpu_rl.ledger.plots import (
 from airflow_provider_tpu_rl.ledger.records import ArtifactRecord, RunRecord
 from airflow_provider_tpu_rl.links import RunDashboardLink
 from airflow_provider_tpu_rl.maxtext.layout import parse_gs_uri
+from airflow_provider_tpu_rl.operators.pipeline import ERROR_XCOM_KEY, INVALID_CONF
 
 log = logging.getLogger(__name__)
 
@@ -115,11 +117,15 @@ class RecordRunOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         derived = context["ti"].xcom_pull(task_ids=self.validate_task_id) or {}
+        refusal = self.refusal(context)
+        if refusal:
+            self.log.info("The run was %s", refusal)
         run = record_run_from_context(
             context,
             model=str(derived.get("model") or context["params"].get("model")),
             chips=derived.get("chips"),
             conn_id=self.conn_id,
+            refusal=refusal,
             cluster_task_ids=self.cluster_task_ids,
             teardown_task_ids=self.teardown_task_ids,
             ignored_task_ids=self.ignored_task_ids,
@@ -135,6 +141,14 @@ class RecordRunOperator(BaseOperator):
             result["curves_uri"] = uri
         RunDashboardLink.persist(context, dag_id=run.dag_id, run_id=run.airflow_run_id)
         return result
+
+    def refusal(self, context: Context) -> str | None:
+        """``refused at validate: <its error's first line>`` when the validate task failed, else None."""
+        if task_states(context).get(self.validate_task_id) != "failed":
+            return None
+        said = context["ti"].xcom_pull(task_ids=self.validate_task_id, key=ERROR_XCOM_KEY)
+        reason = str(said).removeprefix(INVALID_CONF) if said else "see its log"
+        return f"refused at {self.validate_task_id}: {reason}"
 
     def upload(self, uri: str, data: bytes) -> None:
         """Write ``data`` to the ``gs://`` object ``uri`` (a PNG)."""

@@ -478,6 +478,23 @@ class _GclusterJobOperator(GclusterBaseOperator):
             return None
         return metrics if isinstance(metrics, dict) else None
 
+    def kept_metrics(self, plan: JobPlan, uri: str | None) -> dict[str, Any]:
+        """The metrics the trigger kept in GCS with its cursor (``uri``; else the newest cursor of
+        ``plan``'s job); none found: empty metrics."""
+        metrics = None
+        if uri:
+            from airflow_provider_tpu_rl.hooks.credentials import gcs_hook
+            from airflow_provider_tpu_rl.maxtext.layout import parse_gs_uri
+
+            try:
+                document = json.loads(gcs_hook(self.gcp_conn_id, self.chain).download(*parse_gs_uri(uri)))
+                metrics = document.get("metrics")
+            except Exception as err:  # the newest cursor of the job, then none: the result stands
+                self.log.warning("Could not read the metrics kept in %s: %s", uri, err)
+        if not isinstance(metrics, dict):
+            metrics = self.saved_metrics(plan)
+        return metrics if isinstance(metrics, dict) else TrainingLogTracker().metrics()
+
     def release_run_dir(self, plan: JobPlan, run: str, job: str) -> RunDirRecord | None:
         """The job ended: its claim on the directory goes (never fails the task); the record."""
         try:
@@ -521,6 +538,14 @@ class _GclusterJobOperator(GclusterBaseOperator):
     @fail_fast
     def execute(self, context: Context) -> dict[str, Any]:
         plan = self.plan(context)
+        # Said before the first GCS and GKE calls: their clients' imports and the connection
+        # lookups take seconds, which would otherwise be silent in the task log.
+        self.log.info(
+            "Job %s on cluster %s: looking for its output %s and for the job",
+            plan.name,
+            plan.target.cluster_name,
+            plan.output_uri,
+        )
         run = self.run_identity(context)
         context["ti"].xcom_push(key="job_name", value=plan.name)
         self._persist_links(context, plan)
@@ -873,7 +898,7 @@ class PathwaysRLTrainOperator(_GclusterJobOperator):
         )
 
     def after_success(self, plan: JobPlan, event: dict[str, Any]) -> dict[str, Any]:
-        metrics = event.get("metrics") or TrainingLogTracker().metrics()
+        metrics = event.get("metrics") or self.kept_metrics(plan, event.get("metrics_uri"))
         evaluated = num_test_batches(plan.settings or {})
         self.log.info(
             "Training %s: final step %s/%s, %s; checkpoint %s%s/model_params/",

@@ -28,7 +28,9 @@ log = logging.getLogger(__name__)
 
 ERROR_XCOM_KEY: Final = "tpu_rl_error"
 """XCom key under which a failed task of a pipeline leaves the first line of its error."""
-_MAX_ERROR_CHARS = 300
+_MAX_ERROR_CHARS = 500
+INVALID_CONF: Final = "invalid pipeline conf: "
+"""How ``validate``'s refusal of a conf starts."""
 
 
 class OneLineFailure(SystemExit):
@@ -59,7 +61,8 @@ def fail_in_one_line(message: str) -> NoReturn:
 def first_line(error: BaseException | str | None) -> str:
     """The first non-empty line of an error's message (its class name when the message is empty).
 
-    A first line ending in ``:`` gets the next line too (a command error's "last output:").
+    A first line ending in ``:`` gets the next line too (a command error's "last output:", the
+    first item of a list such as preflight's problems, its ``- `` dropped).
     """
     if error is None:
         return ""
@@ -68,7 +71,7 @@ def first_line(error: BaseException | str | None) -> str:
         return type(error).__name__
     line = lines[0]
     if line.endswith(":") and len(lines) > 1:  # "...; last output:" announces the line that says why
-        line = f"{line} {lines[1]}"
+        line = f"{line} {lines[1].removeprefix('- ')}"
     return line if len(line) <= _MAX_ERROR_CHARS else line[: _MAX_ERROR_CHARS - 1] + "…"
 
 
@@ -117,7 +120,9 @@ def failure_summary(
             error = errors(task_id)
         except Exception:
             error = None
-        parts.append(f"{task_id}: {first_line(error)}" if error else f"{task_id} (see its log)")
+        # an error that starts with its task's id ("preflight: 2 problems ...") is not named twice
+        said = first_line(error).removeprefix(f"{task_id}: ") if error else ""
+        parts.append(f"{task_id}: {said}" if said else f"{task_id} (see its log)")
     noun = "task" if len(failed) == 1 else "tasks"
     return f"{len(failed)} {noun} failed: " + "; ".join(parts)
 
@@ -136,7 +141,7 @@ def build_pipeline(
             return gke_pipeline_from_conf(conf, dag_id=dag_id, run_id=run_id)
         return tpu_vm_pipeline_from_conf(conf, dag_id=dag_id, run_id=run_id)
     except SpecError as err:
-        raise AirflowFailException(f"invalid pipeline conf: {err}") from None
+        raise AirflowFailException(f"{INVALID_CONF}{err}") from None
 
 
 def validate_pipeline_conf(
@@ -149,13 +154,13 @@ def validate_pipeline_conf(
     unknown = sorted(set(conf or {}) - set(known), key=str)
     if unknown:
         raise AirflowFailException(
-            f"invalid pipeline conf: {unknown[0]}: unknown conf key; valid keys are {sorted(known)}"
+            f"{INVALID_CONF}{unknown[0]}: unknown conf key; valid keys are {sorted(known)}"
         )
     resolved = build_pipeline(kind, conf_from_params(params, kind), dag_id, run_id).resolved()
     try:
         refuse_placeholders(resolved, ENVIRONMENT_OPTIONS[kind])
     except SpecError as err:
-        raise AirflowFailException(f"invalid pipeline conf: {err}") from None
+        raise AirflowFailException(f"{INVALID_CONF}{err}") from None
     refuse_short_expiry(kind, resolved)
     return resolved
 
@@ -172,7 +177,7 @@ def refuse_short_expiry(kind: PipelineKind, resolved: Mapping[str, Any]) -> None
         f"{stage} {timeouts.duration_text(bound)}" for stage, bound in timeouts.resource_stage_bounds(kind)
     )
     raise AirflowFailException(
-        f"invalid pipeline conf: {field}: {hours} h is shorter than the {needed} h the run's stages may "
+        f"{INVALID_CONF}{field}: {hours} h is shorter than the {needed} h the run's stages may "
         f"take while its {'cluster' if kind == 'gke' else 'VM'} exists ({stages}; [tpu_rl] "
         "<stage>_timeout_minutes): raise it, or lower those bounds"
     )

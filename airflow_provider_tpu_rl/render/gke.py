@@ -23,7 +23,17 @@ from airflow_provider_tpu_rl.spec.cluster import NODE_POOL_LABEL, ClusterSpec, G
 from airflow_provider_tpu_rl.spec.presets import ModelPreset
 from airflow_provider_tpu_rl.spec.workloads import ConversionSpec, ExportSpec, TrainingSpec
 
-BUCKET_EXISTS = ("409", "already own it", "already exists")
+# What Cloud Storage answers (HTTP 409) to creating a bucket name that exists. Only "you already own
+# it" means the bucket is ours (in the project of the request): the JSON API's 409 for a bucket you
+# own, "Your previous request to create the named bucket succeeded and you already own it."
+# (cloud.google.com/storage/docs/json_api/v1/status-codes, "409 Conflict"). A name another project
+# holds is "The requested bucket name is not available. The bucket namespace is shared by all users
+# of the system. Please select a different name and try again." (the XML API's BucketNameUnavailable,
+# and googleapi "Error 409: ..., conflict", GoogleCloudPlatform/mlops-with-vertex-ai issue 26) or,
+# in older answers, "Sorry, that name is not available. Please try a different one.": any 409
+# without "already own it" is a name that is taken.
+BUCKET_OURS = ("already own it",)
+BUCKET_TAKEN = ("HTTPError 409:", "name is not available")
 SECRET_EXISTS = ("ALREADY_EXISTS", "already exists")
 PATHWAYS_ENV = (
     ("GRPC_DNS_RESOLVER", "native"),
@@ -73,7 +83,8 @@ def plan_workdir(cluster_name: str) -> str:
 
 
 def create_bucket(project: str, region: str, bucket: str) -> Command:
-    """``gcloud storage buckets create``; an existing bucket is success (the tutorial's ``|| true``)."""
+    """``gcloud storage buckets create``; a bucket of the same project that exists already is
+    success (GCS says "you already own it"), a name another project holds is not."""
     return Command(
         (
             "gcloud",
@@ -84,8 +95,8 @@ def create_bucket(project: str, region: str, bucket: str) -> Command:
             f"--project={project}",
             f"--location={region}",
         ),
-        ok_if_output_contains=BUCKET_EXISTS,
-        description="create the bucket (an existing one is kept as is)",
+        ok_if_output_contains=BUCKET_OURS,
+        description="create the bucket (one of this project's that exists is kept as is)",
     )
 
 

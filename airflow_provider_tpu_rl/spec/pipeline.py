@@ -281,14 +281,12 @@ class HfTokenSpec:
     sync_from_connection: bool
 
     def __post_init__(self) -> None:
-        rules.match(
-            "hf_token_conn_id", self.conn_id, rules.CONN_ID, "connection id must match [A-Za-z0-9_.-]+"
-        )
+        rules.match("hf_token_conn_id", self.conn_id, rules.CONN_ID, rules.CONN_ID_RULE)
         rules.match(
             "hf_token_secret",
             self.secret_id,
             rules.SECRET_ID,
-            "secret id must match [A-Za-z0-9_-]{1,255} and not start with '-' (gcloud would take it for a flag)",
+            rules.SECRET_ID_RULE,
         )
 
 
@@ -297,7 +295,7 @@ def _hf_token(merged: Mapping[str, Any]) -> HfTokenSpec:
     secret = merged.get("hf_token_secret")
     if secret:
         return HfTokenSpec(conn_id=conn_id, secret_id=secret, sync_from_connection=False)
-    rules.match("hf_token_conn_id", conn_id, rules.CONN_ID, "connection id must match [A-Za-z0-9_.-]+")
+    rules.match("hf_token_conn_id", conn_id, rules.CONN_ID, rules.CONN_ID_RULE)
     return HfTokenSpec(
         conn_id=conn_id, secret_id=secret_id_for_connection(conn_id), sync_from_connection=True
     )
@@ -731,7 +729,7 @@ def tpu_vm_pipeline_from_conf(
                 "service_account",
                 merged["service_account"],
                 rules.SERVICE_ACCOUNT,
-                "must be a service account e-mail",
+                rules.SERVICE_ACCOUNT_RULE,
             )
             if merged["service_account"]
             else None

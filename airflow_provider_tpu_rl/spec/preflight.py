@@ -471,14 +471,20 @@ def no_adc_problem(reason: str, worker_file: str | None = None) -> str:
 
 
 def summary_line(problems: Iterable[str]) -> str:
-    """The first line of the preflight's failure: how many problems, nothing created yet."""
+    """The first line of the preflight's failure: how many problems, nothing created yet. It ends
+    in ``:``, so a one-line summary of the failure (the watcher's) takes the first problem too."""
     count = len(list(problems))
-    return f"preflight: {count} problem(s) before anything is created"
+    return f"preflight: {count} problem{'' if count == 1 else 's'} before anything is created:"
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line: its lines joined by a space, blank ones dropped."""
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
 def failure_message(problems: Iterable[str]) -> str:
-    """The summary line, then one line per problem."""
-    items = list(problems)
+    """The summary line, then each problem on one line of its own (``- `` first)."""
+    items = [one_line(p) for p in problems]
     return "\n".join([summary_line(items), *(f"- {p}" for p in items)])
 
 

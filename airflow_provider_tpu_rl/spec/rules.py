@@ -34,6 +34,31 @@ SERVICE_ACCOUNT = re.compile(
     r"^[a-z][a-z0-9-]{4,61}[a-z0-9]@[a-z0-9.-]+\.iam\.gserviceaccount\.com$|^[0-9]+-compute@developer\.gserviceaccount\.com$"
 )
 DURATION = re.compile(r"^[0-9]+(?:s|m|h)$")
+# What the spec says when a value breaks a pattern: SpecError's rule, and the trigger form's
+# description of the field (pipeline_dags.py), so the form shows it next to the field.
+GKE_CLUSTER_NAME_RULE = (
+    "GKE cluster name must start with a lowercase letter, use only [a-z0-9-] and not end with '-'"
+)
+PROJECT_ID_RULE = "project ID must be 6-30 characters of [a-z0-9-], start with a letter, not end with '-'"
+REGION_RULE = "region must look like 'us-east5' or 'europe-west4'"
+ZONE_RULE = "zone must look like 'us-east5-b'"
+BUCKET_CHARS_RULE = "bucket name must use [a-z0-9._-] and start and end with a letter or digit"
+IMAGE_RULE = "container image must be registry/path[:tag][@sha256:digest]"
+HF_REPO_ID_RULE = "Hugging Face repo id like org/model"
+RUN_NAME_RULE = "run name must match [A-Za-z0-9][A-Za-z0-9._-]{0,62}"
+CONN_ID_RULE = "connection id must match [A-Za-z0-9_.-]+"
+SECRET_ID_RULE = (
+    "secret id must match [A-Za-z0-9_-]{1,255} and not start with '-' (gcloud would take it for a flag)"
+)
+SERVICE_ACCOUNT_RULE = "must be a service account e-mail"
+MAXTEXT_KEY_RULE = "MaxText override keys must match [a-z_][a-z0-9_.]*"
+
+
+def gce_name_rule(what: str) -> str:
+    """The rule of a Compute Engine name (``what``: "VM name", "reservation name", ...)."""
+    return f"{what} must match [a-z]([-a-z0-9]{{0,61}}[a-z0-9])?"
+
+
 # C0/C1 controls and the Unicode line separators: YAML (the JobSet spec gcluster writes) and
 # Python both break lines at \x85, \u2028 and \u2029, not only at \n.
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
@@ -63,7 +88,7 @@ def gke_cluster_name(field: str, value: Any) -> str:
         field,
         value,
         GKE_CLUSTER_NAME,
-        "GKE cluster name must start with a lowercase letter, use only [a-z0-9-] and not end with '-'",
+        GKE_CLUSTER_NAME_RULE,
     )
     return max_len(field, text, 20)
 
@@ -78,16 +103,16 @@ def project_id(field: str, value: Any) -> str:
         field,
         value,
         PROJECT_ID,
-        "project ID must be 6-30 characters of [a-z0-9-], start with a letter, not end with '-'",
+        PROJECT_ID_RULE,
     )
 
 
 def region(field: str, value: Any) -> str:
-    return match(field, value, REGION, "region must look like 'us-east5' or 'europe-west4'")
+    return match(field, value, REGION, REGION_RULE)
 
 
 def zone(field: str, value: Any, in_region: str | None) -> str:
-    text = match(field, value, ZONE, "zone must look like 'us-east5-b'")
+    text = match(field, value, ZONE, ZONE_RULE)
     if in_region is not None:
         found = ZONE.fullmatch(text)
         assert found is not None
@@ -97,7 +122,7 @@ def zone(field: str, value: Any, in_region: str | None) -> str:
 
 
 def gce_name(field: str, value: Any, what: str) -> str:
-    return match(field, value, GCE_NAME, f"{what} must match [a-z]([-a-z0-9]{{0,61}}[a-z0-9])?")
+    return match(field, value, GCE_NAME, gce_name_rule(what))
 
 
 def bucket_name(field: str, value: Any) -> str:
@@ -108,7 +133,7 @@ def bucket_name(field: str, value: Any) -> str:
     if not BUCKET_CHARS.fullmatch(text):
         raise SpecError(
             field,
-            "bucket name must use [a-z0-9._-] and start and end with a letter or digit",
+            BUCKET_CHARS_RULE,
             value,
         )
     if ".." in text or ".-" in text or "-." in text:
@@ -143,7 +168,7 @@ def gs_uri(field: str, value: Any) -> str:
 
 
 def image(field: str, value: Any) -> str:
-    return match(field, value, IMAGE, "container image must be registry/path[:tag][@sha256:digest]")
+    return match(field, value, IMAGE, IMAGE_RULE)
 
 
 def cidr(field: str, value: Any) -> str:
@@ -198,4 +223,4 @@ def single_line(field: str, value: str) -> str:
 
 
 def maxtext_key(field: str, key: Any) -> str:
-    return match(field, key, MAXTEXT_KEY, "MaxText override keys must match [a-z_][a-z0-9_.]*")
+    return match(field, key, MAXTEXT_KEY, MAXTEXT_KEY_RULE)

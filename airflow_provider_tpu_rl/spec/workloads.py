@@ -280,9 +280,7 @@ class ConversionSpec:
         rules.match("model", self.model_name, rules.MODEL_NAME, "MaxText model_name like qwen3-30b-a3b")
         output_location("output_directory", self.output_directory)
         if self.hf_model_path is not None:
-            rules.match(
-                "hf_model_path", self.hf_model_path, rules.HF_REPO_ID, "Hugging Face repo id like org/model"
-            )
+            rules.match("hf_model_path", self.hf_model_path, rules.HF_REPO_ID, rules.HF_REPO_ID_RULE)
         for name in ("checkpoint_storage_use_zarr3", "checkpoint_storage_use_ocdbt"):
             rules.int_range(name, getattr(self, name), 0, 1)
 
@@ -327,9 +325,7 @@ class TrainingSpec:
         if not isinstance(self.workload_image_patched, bool):
             raise SpecError("workload_image_patched", "must be true or false", self.workload_image_patched)
         rules.match("model", self.model_name, rules.MODEL_NAME, "MaxText model_name like qwen3-30b-a3b")
-        rules.match(
-            "run_name", self.run_name, rules.RUN_NAME, "run name must match [A-Za-z0-9][A-Za-z0-9._-]{0,62}"
-        )
+        rules.match("run_name", self.run_name, rules.RUN_NAME, rules.RUN_NAME_RULE)
         output_location("base_output_directory", self.base_output_directory)
         output_location("load_parameters_path", self.load_parameters_path)
         rules.int_range("num_batches", self.num_batches, 1)

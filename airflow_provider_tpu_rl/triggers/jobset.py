@@ -78,7 +78,9 @@ class JobSetTrigger(BaseTrigger):
     The event: ``status`` (``success`` | ``failed`` | ``missing`` | ``timeout`` | ``error``),
     ``job_name``, ``state`` (last JobSet state or None), ``message``, ``fatal`` (an ``error`` a retry
     cannot fix: credentials, permissions), ``log_lines`` (workload lines relayed so far, over every
-    trigger of this job) and ``metrics`` (training jobs: what MaxText's lines said). A JobSet absent
+    trigger of this job) and ``metrics`` (training jobs: what MaxText's lines said; None when they
+    are kept in GCS with the cursor, ``metrics_uri``: the triggerer logs every event whole, and the
+    metrics are kilobytes, so the event stays a few hundred bytes). A JobSet absent
     ``missing_confirmations`` polls in a row (garbage-collected after its TTL) is ``missing``: the
     operator decides by the job's output.
 
@@ -547,6 +549,8 @@ class JobSetTrigger(BaseTrigger):
         failure: dict[str, Any] | None = None,
         ran: dict[str, str] | None = None,
     ) -> TriggerEvent:
+        # Metrics the cursor object holds as they are now are read from there by the operator.
+        kept = self.total_steps is not None and self._metrics_kept()
         return TriggerEvent(
             {
                 "status": status,
@@ -559,8 +563,17 @@ class JobSetTrigger(BaseTrigger):
                 "failure": failure,
                 "ran": ran,
                 "log_lines": self._cursor.lines,
-                "metrics": self._tracker.metrics() if self.total_steps is not None else None,
+                "metrics": self._tracker.metrics() if self.total_steps is not None and not kept else None,
+                "metrics_uri": self.cursor_uri if kept else None,
             }
+        )
+
+    def _metrics_kept(self) -> bool:
+        """The cursor object in GCS holds the metrics as they are now (its last save succeeded)."""
+        return (
+            self._cursor_location() is not None
+            and self._saved_version == self._version
+            and self._saved_at > 0
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:

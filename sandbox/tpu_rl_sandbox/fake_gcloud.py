@@ -493,6 +493,11 @@ class Gcloud:
             with self.store.txn() as txn:
                 buckets = txn.doc("buckets")
                 if api.get_bucket(bucket) is not None:
+                    # Cloud Storage's two 409s: a name another project holds (the XML API's
+                    # BucketNameUnavailable text, the JSON API's "Error 409: ..., conflict" as
+                    # googleapi relays it: GoogleCloudPlatform/mlops-with-vertex-ai issue 26), and
+                    # a bucket of the request's project (cloud.google.com/storage/docs/json_api/v1/
+                    # status-codes, "409 Conflict"). gcloud storage prints "HTTPError 409: <message>".
                     owner = buckets.get(bucket, {}).get("project", project)
                     if owner != project:
                         raise GcloudError(

@@ -43,6 +43,7 @@ SELECT
     r.chip_hours,
     r.busy_chip_hours,
     r.estimated_cost_usd,
+    r.refusal,
     rewards.pre_mean_reward,
     rewards.post_mean_reward,
     rewards.num_test_batches,

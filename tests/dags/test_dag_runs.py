@@ -43,6 +43,7 @@ class RunResult:
     task_states: dict[str, str]
     cloud_calls: list[str]
     ledger_state: str | None
+    ledger_refusal: str | None  # the ledger row's "refused at validate: ..."
     output: str
 
     def task_log(self, task_id: str) -> str:
@@ -112,13 +113,16 @@ def dags_test(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., RunResu
         row = None
         if run_id is not None:
             with closing(sqlite3.connect(home / "tpu_rl_ledger.db")) as ledger:
-                row = ledger.execute("SELECT state FROM runs WHERE airflow_run_id = ?", (run_id,)).fetchone()
+                row = ledger.execute(
+                    "SELECT state, refusal FROM runs WHERE airflow_run_id = ?", (run_id,)
+                ).fetchone()
         return RunResult(
             exit_code=done.returncode,
             state=run_state,
             task_states=states,
             cloud_calls=calls.read_text().splitlines() if calls.exists() else [],
             ledger_state=row[0] if row else None,
+            ledger_refusal=row[1] if row else None,
             output=done.stdout + done.stderr,
         )
 
@@ -153,6 +157,7 @@ def test_a_bad_conf_fails_before_anything_is_created_or_destroyed(
     assert result.exit_code == 1
     assert result.cloud_calls == []
     assert result.ledger_state == "failed"
+    assert result.ledger_refusal == f"refused at validate: {NAN_REFUSAL}"
     # A configuration error is its one line: no traceback in validate's log, and the watcher repeats it.
     line = f"invalid pipeline conf: {NAN_REFUSAL}"
     validate_log = result.task_log("validate")

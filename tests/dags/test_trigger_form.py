@@ -15,6 +15,7 @@ import pytest
 
 from airflow_provider_tpu_rl.compat import FORM_OPEN_SECTION, AirflowFailException, ParamValidationError
 from airflow_provider_tpu_rl.operators.pipeline import validate_pipeline_conf
+from airflow_provider_tpu_rl.pipeline_dags import form_schema
 from airflow_provider_tpu_rl.spec import GKE_DEFAULTS, TPU_VM_DEFAULTS, Runner, rules
 from airflow_provider_tpu_rl.spec.presets import presets_for
 from airflow_provider_tpu_rl.timeouts import resource_hours
@@ -287,6 +288,30 @@ def test_bad_conf_is_refused_by_the_form_where_json_schema_can_say_it(
     else:
         # Cross-field rules, override ranges and unknown keys: only the validate task can refuse these.
         trigger_time_validate(serialized_dags[dag_id], conf)
+
+
+@pytest.mark.parametrize("dag_id", PIPELINE_DAG_IDS)
+def test_a_patterned_fields_description_shows_what_validate_says_of_a_bad_value(
+    dag_bag: Any, dag_id: str
+) -> None:
+    """The form's own refusal is Airflow's JSON-schema dump (the regex); the spec's rule, the one
+    line validate gives, is in the field's description, which the form shows next to it."""
+    for key in PATTERNS[dag_id]:
+        with pytest.raises(AirflowFailException) as refused:
+            run_validate(dag_id, {key: "Bad Value!"})
+        said = str(refused.value)
+        rule = said.split(f"{key}: ", 1)[1].rsplit(" (got ", 1)[0]
+        description = dag_bag.dags[dag_id].params.get_param(key).description
+        assert description.endswith(f" Rule: {rule}."), (key, rule, description)
+    overrides = dag_bag.dags[dag_id].params.get_param("train_overrides").description
+    assert overrides.endswith(f" Rule: {rules.MAXTEXT_KEY_RULE}.")
+
+
+def test_a_form_field_with_a_pattern_must_carry_its_rule() -> None:
+    field = {"title": "X", "description": "An x.", "type": "string", "pattern": "^x$"}
+    with pytest.raises(ValueError, match="has a pattern but no rule"):
+        form_schema(field)
+    assert form_schema({**field, "rule": "x only"})["description"] == "An x. Rule: x only."
 
 
 # Wrong JSON types and NaN/Infinity for a top-level number: only the form's JSON schema sees them

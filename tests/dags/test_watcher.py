@@ -17,6 +17,7 @@ from airflow_provider_tpu_rl.operators.pipeline import (
     first_line,
     note_failure,
 )
+from airflow_provider_tpu_rl.spec.preflight import failure_message as preflight_failure_message
 
 ORDER = ["validate", "ensure_bucket", "deploy_cluster", "train", "destroy_cluster", "record_run", "watcher"]
 
@@ -45,7 +46,7 @@ def test_first_line(error: Any, line: str) -> None:
 
 def test_first_line_is_bounded() -> None:
     line = first_line(RuntimeError("x" * 5000))
-    assert len(line) == 300
+    assert len(line) == 500
     assert line.endswith("…")
 
 
@@ -68,6 +69,31 @@ def test_summary_names_each_failed_task_in_dag_order_with_its_error() -> None:
     assert summary == (
         "2 tasks failed: deploy_cluster: gcluster deploy failed with exit code 1 (capacity); last output:; "
         "destroy_cluster: terraform destroy failed"
+    )
+
+
+def test_a_preflight_refusal_is_named_with_its_first_problem_and_the_task_id_once() -> None:
+    problems = [
+        "p: the API tpu-rl needs is not enabled: gcloud services enable container.googleapis.com",
+        "reservation res-1 is not READY",
+    ]
+    error = AirflowFailException(preflight_failure_message(problems))
+    ti = mock.MagicMock()
+    note_failure({"ti": ti, "exception": error})
+    noted = ti.xcom_push.call_args.kwargs["value"]
+
+    summary = failure_summary({"validate": "success", "preflight": "failed"}, {"preflight": noted}.get)
+
+    assert summary == (
+        "1 task failed: preflight: 2 problems before anything is created: p: the API tpu-rl needs is "
+        "not enabled: gcloud services enable container.googleapis.com"
+    )
+
+
+def test_an_error_that_names_its_task_does_not_name_it_twice() -> None:
+    errors = {"deploy_cluster": "deploy_cluster: invalid argument: zone: bad"}
+    assert failure_summary({"deploy_cluster": "failed"}, errors.get) == (
+        "1 task failed: deploy_cluster: invalid argument: zone: bad"
     )
 
 

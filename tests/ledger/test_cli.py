@@ -96,6 +96,20 @@ def test_table_is_aligned_with_dashes_for_unknowns() -> None:
     ]
 
 
+def test_a_refused_run_says_why_in_place_of_the_dashes() -> None:
+    refusal = "refused at validate: cluster_name: GKE cluster name must start with a lowercase letter"
+    table = format_runs_table(
+        [
+            summary("gke/manual__1", duration_seconds=60, chip_hours=1.0, export_uri="gs://b/x/"),
+            summary("gke/manual__2", state="failed", refusal=refusal),
+        ]
+    )
+    lines = table.splitlines()
+    assert lines[2] == f"gke/manual__2  qwen3-30b-a3b  failed   {refusal}"
+    # the other rows keep their own widths: the refusal spans the columns, it does not widen them
+    assert lines[0].startswith("RUN            MODEL          STATE    DURATION  MEAN REWARD")
+
+
 def test_tpu_time_line_says_billed_trained_idle_and_cost() -> None:
     assert format_tpu_time(4.0, 1.0, 10.8) == "billed 4.0 TPU chip-hours, trained 1.0 (idle 75%), est. $10.80"
     assert format_tpu_time(None, None, None) == "billed - TPU chip-hours, trained - (idle -), est. $-"

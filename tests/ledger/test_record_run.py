@@ -10,6 +10,8 @@ import pytest
 
 from airflow_provider_tpu_rl.ledger.hook import RunLedger, record_run_from_context, step_callbacks
 from airflow_provider_tpu_rl.ledger.records import StepRecord
+from airflow_provider_tpu_rl.operators.ledger import RecordRunOperator
+from airflow_provider_tpu_rl.operators.pipeline import ERROR_XCOM_KEY
 from tests.ledger.fakes import (
     BUCKET,
     LEDGER_TASK,
@@ -61,6 +63,39 @@ def test_success_failure_and_rerun_give_one_row_per_run(ledger: RunLedger) -> No
     assert count_rows(ledger, "run_steps", runs["good"].run_id) == 8
     assert count_rows(ledger, "run_artifacts", runs["good"].run_id) == 3
     assert count_rows(ledger, "run_metrics", runs["good"].run_id) == 9
+
+
+class KeyedLedgerTaskInstance(FakeLedgerTaskInstance):
+    """A ledger task instance whose XComs have keys: ``xcoms`` maps (task_id, key) to a value."""
+
+    def xcom_pull(self, task_ids: str, key: str = "return_value") -> Any:
+        return self.xcoms.get((task_ids, key))
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        """The task's own XComs (its link's): not looked at here."""
+
+
+def test_a_run_refused_at_validate_is_recorded_with_its_reason(ledger: RunLedger) -> None:
+    states = {"validate": "failed", "deploy_cluster": "upstream_failed", "record_run": "running"}
+    said = "invalid pipeline conf: cluster_name: GKE cluster name must start with a lowercase letter"
+    ti = KeyedLedgerTaskInstance({("validate", ERROR_XCOM_KEY): said}, task_states=states)
+    context: dict[str, Any] = {
+        "dag_run": FakeAirflow3DagRun(),
+        "ti": ti,
+        "params": {"model": "qwen3-30b-a3b"},
+    }
+    operator = RecordRunOperator(task_id="record_run", plot=False)
+
+    result = operator.execute(context)  # type: ignore[arg-type]
+
+    (run,) = ledger.latest_runs()
+    assert (result["state"], run.state) == ("failed", "failed")
+    assert run.refusal == (
+        "refused at validate: cluster_name: GKE cluster name must start with a lowercase letter"
+    )
+    # a run whose validate passed has none
+    ti = KeyedLedgerTaskInstance({}, task_states={**states, "validate": "success"})
+    assert operator.refusal({"dag_run": FakeAirflow3DagRun(), "ti": ti}) is None  # type: ignore[arg-type]
 
 
 def test_airflow3_run_gets_step_times_from_the_callbacks(ledger: RunLedger) -> None:

@@ -23,6 +23,7 @@ from airflow_provider_tpu_rl.render.command import Command
 from airflow_provider_tpu_rl.spec import SpecError, gke_pipeline_from_conf
 from airflow_provider_tpu_rl.timeouts import job_timeout
 from airflow_provider_tpu_rl.triggers.jobset import JobSetTrigger
+from tests.compat import capture_task_logs
 from tests.operators.sandbox_run import (
     REGION,
     RecordingTI,
@@ -77,7 +78,12 @@ def test_conversion_runs_over_an_incomplete_checkpoint_and_is_skipped_once_compl
     later_job, _, _ = _job_names(conf, RUN_2)
     again = _convert_op(sb)
     ti = RecordingTI()
-    result = again.execute(sb.context(again, conf, run_id=RUN_2, ti=ti))
+    with capture_task_logs() as logs:
+        result = again.execute(sb.context(again, conf, run_id=RUN_2, ti=ti))
+    # the task's first line comes before any slow client import or connection lookup (Airflow
+    # warns first that a test calls execute outside of the Task Runner / TaskInstance)
+    said = [str(entry["event"]) for entry in logs if "cannot be called outside" not in str(entry["event"])]
+    assert said[0].startswith(f"Job {later_job} on cluster {sb.cluster}: looking for its output")
 
     assert result["skipped"] is True
     assert result["job_name"] is None

@@ -62,7 +62,8 @@ def _refusal(sb: SandboxRun, dag_id: str = GKE_DAG_ID, **conf_overrides: Any) ->
     with pytest.raises(AirflowFailException) as failed:
         _run(sb, dag_id, **conf_overrides)
     lines = str(failed.value).splitlines()
-    assert lines[0] == f"preflight: {len(lines) - 1} problem(s) before anything is created"
+    count = len(lines) - 1
+    assert lines[0] == f"preflight: {count} problem{'' if count == 1 else 's'} before anything is created:"
     assert all(line.startswith("- ") for line in lines[1:])
     return [line[2:] for line in lines[1:]]
 

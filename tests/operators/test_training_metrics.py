@@ -7,6 +7,7 @@ MaxText log (tests/fixtures/maxtext/train_rl_gemma4_50_steps.log).
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -17,6 +18,7 @@ import pytest
 from airflow.providers.common.compat.sdk import Context
 
 from airflow_provider_tpu_rl.hooks.kubernetes import LogCursor
+from airflow_provider_tpu_rl.maxtext.layout import parse_gs_uri
 from airflow_provider_tpu_rl.maxtext.logs import TrainingLogTracker
 from airflow_provider_tpu_rl.operators.maxtext import PathwaysRLTrainOperator
 from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
@@ -123,7 +125,13 @@ def test_reported_rewards_equal_the_rewards_the_training_job_printed(
     rewards = printed_rewards(log)
     assert set(rewards) == {"pre", "post"}
     metrics = result["metrics"]
-    assert metrics == event["metrics"]
+    # The event stays small (the triggerer logs it whole): the operator reads the metrics the
+    # trigger kept with its cursor in GCS.
+    assert event["metrics"] is None
+    assert event["metrics_uri"] == trigger.cursor_uri
+    assert trigger.cursor_uri is not None
+    assert metrics == json.loads(sb.api.download(*parse_gs_uri(trigger.cursor_uri)))["metrics"]
+    assert len(json.dumps(event)) < 1000
     assert metrics["pre"]["mean_reward"] == rewards["pre"]
     assert metrics["post"]["mean_reward"] == rewards["post"]
     assert_same_figures(metrics["pre"], printed["pre"])

@@ -34,6 +34,20 @@ def test_bucket_create_is_not_idempotent_and_describe_reports_it(cli: Cli, names
     assert "gs://no-such-bucket-zz not found: 404." in missing.err
 
 
+def test_bucket_create_on_a_name_another_project_holds_says_it_is_not_available(
+    cli: Cli, names: dict[str, str]
+) -> None:
+    url = f"gs://{names['bucket']}"
+    assert cli.gcloud("storage", "buckets", "create", url, f"--project=other-{names['project']}").code == 0
+    taken = cli.gcloud("storage", "buckets", "create", url, f"--project={names['project']}")
+    assert taken.code == 1
+    assert taken.err == (
+        f"Creating {url}/...\nERROR: (gcloud.storage.buckets.create) HTTPError 409: The requested bucket "
+        "name is not available. The bucket namespace is shared by all users of the system. Please select "
+        "a different name and try again.\n"
+    )
+
+
 def test_storage_ls_and_rm(cli: Cli, names: dict[str, str]) -> None:
     bucket = names["bucket"]
     assert (

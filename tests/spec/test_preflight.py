@@ -173,13 +173,16 @@ def test_a_permission_without_a_known_role_still_gets_its_line() -> None:
     assert "\n" not in line
 
 
-def test_failure_message_summarises_then_lists() -> None:
-    message = preflight.failure_message(["first", "second"])
+def test_failure_message_summarises_then_lists_each_problem_on_one_line() -> None:
+    message = preflight.failure_message(["first", "second\n  spread over\n\nlines"])
     assert message.splitlines() == [
-        "preflight: 2 problem(s) before anything is created",
+        "preflight: 2 problems before anything is created:",
         "- first",
-        "- second",
+        "- second spread over lines",
     ]
+    assert preflight.failure_message(["only"]).splitlines()[0] == (
+        "preflight: 1 problem before anything is created:"
+    )
 
 
 # -- reservations ----------------------------------------------------------------------------------
