@@ -133,11 +133,15 @@ def test_queries_use_at_parameters(bigquery_ledger: tuple[RunLedger, FakeClient]
     client.applied_versions = [1, 2]
     assert ledger.latest_runs(model="gemma4-26b", limit=5) == []
     sql, job_config = client.jobs[-1]
-    assert "WHERE (@any_model = 1 OR r.model = @model)" in sql
+    assert "WHERE (@any_model = 1 OR r.model = @model) AND (@any_run = 1 OR r.run_id = @run_id)" in " ".join(
+        sql.split()
+    )
     assert sql.rstrip().endswith("LIMIT @row_limit")
     assert parameters(job_config) == {
         "any_model": ("INT64", 0),
         "model": ("STRING", "gemma4-26b"),
+        "any_run": ("INT64", 1),
+        "run_id": ("STRING", None),
         "row_limit": ("INT64", 5),
     }
     sqlfluff.parse(sql, dialect="bigquery")
