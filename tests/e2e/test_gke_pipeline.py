@@ -372,7 +372,7 @@ def test_ledger_artifacts_exist_in_the_emulator(world: E2EWorld, all_runs: list[
         kind
         for (kind,) in world.ledger("SELECT kind FROM run_artifacts WHERE run_id = ?", (happy.ledger_run_id,))
     }
-    assert kinds == {"converted_checkpoint", "actor_checkpoint", "hf_export"}
+    assert kinds == {"converted_checkpoint", "actor_checkpoint", "hf_export", "curves"}
     artifacts = world.ledger("SELECT run_id, kind, uri FROM run_artifacts")
     missing = [(run_id, kind, uri) for run_id, kind, uri in artifacts if not world.objects(uri)]
     assert missing == []

@@ -181,7 +181,7 @@ def test_ledger_holds_one_row_per_dag_run_with_its_state(
 def test_ledger_artifacts_exist_in_the_emulator(world: E2EWorld, all_runs: list[DagRunResult]) -> None:
     happy = all_runs[0]
     uris = dict(world.ledger("SELECT kind, uri FROM run_artifacts WHERE run_id = ?", (happy.ledger_run_id,)))
-    assert set(uris) == {"actor_checkpoint", "hf_export"}
+    assert set(uris) == {"actor_checkpoint", "hf_export", "curves"}
     assert world.hf_export_problems(uris["hf_export"]) == []
     artifacts = world.ledger("SELECT run_id, kind, uri FROM run_artifacts")
     missing = [(run_id, kind, uri) for run_id, kind, uri in artifacts if not world.objects(uri)]
