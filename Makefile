@@ -13,7 +13,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 # pytest worker, a real scheduler) compiles its ~4,500 imported modules again, 10 s of CPU each.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: venv postgres test test-side-unit test-side-others test-all lint typecheck unit test-airflow-2.11 test-lowest demo plan bench clean
+.PHONY: venv postgres test test-side-unit test-side-others test-all lint typecheck unit unit-airflow unit-airflow-free test-airflow-2.11 test-lowest demo plan bench clean
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
 venv: $(VENV)/.installed
@@ -63,9 +63,15 @@ PYTEST_ARGS := -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 # or provider version runs the same code, so they run in `unit` only.
 AIRFLOW_FREE_TESTS := tests/spec tests/render tests/golden tests/maxtext tests/sql tests/sandbox tests/docker
 
-# The whole suite on Airflow 3.3.
+# The whole suite on Airflow 3.3; `make test` runs it in two parts, one on each side.
 unit: venv postgres
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+unit-airflow: venv postgres
+	$(BIN)/pytest $(PYTEST_ARGS) $(addprefix --ignore=,$(AIRFLOW_FREE_TESTS))
+
+unit-airflow-free: venv
+	$(BIN)/pytest $(PYTEST_ARGS) $(AIRFLOW_FREE_TESTS)
 
 # Tests that use Airflow but whose behaviour no Airflow line changes: the operator tests that call
 # execute() with a plain-dict context and check the provider's own logic against the sandbox (run
@@ -107,17 +113,18 @@ test-lowest: $(VENV_LOWEST)/.installed postgres
 	PATH=$(CURDIR)/$(VENV_LOWEST)/bin:$$PATH $(VENV_LOWEST)/bin/pytest -qq --collect-only tests/operators
 	PATH=$(CURDIR)/$(VENV_LOWEST)/bin:$$PATH $(VENV_LOWEST)/bin/tpu-rl-sandbox demo --dir .sandbox-lowest --airflow-home .demo-lowest/airflow
 
-# Two sides at once: the Airflow 3.3 leg (the longest) on one; lint, types, the Airflow 2.11 leg and
-# the lowest-providers leg one after another on the other. (Left to itself, make -j2 started the
-# 3.3 leg last.) Each target's output is printed whole when it ends; every target runs even if
+# Two sides at once: the Airflow 3.3 leg's tests that use Airflow (the longest part) on one; lint,
+# types, the Airflow 2.11 leg, the lowest-providers leg and the 3.3 leg's Airflow-free folders one
+# after another on the other, so both sides take about as long. (Left to itself, make -j2 started
+# the 3.3 leg last.) Each target's output is printed whole when it ends; every target runs even if
 # another fails, and make test fails if any did.
-SIDE_B := lint typecheck test-airflow-2.11 test-lowest
+SIDE_B := lint typecheck test-airflow-2.11 test-lowest unit-airflow-free
 test: venv postgres $(VENV_211)/.installed $(VENV_LOWEST)/.installed
-	@echo "make test: the suite on Airflow 3.3 (unit) beside lint, typecheck, the suite on Airflow 2.11 (test-airflow-2.11) and on the lowest providers (test-lowest); each one's output appears when it ends"
+	@echo "make test: the suite on Airflow 3.3 (unit-airflow, unit-airflow-free) beside lint, typecheck, the suite on Airflow 2.11 (test-airflow-2.11) and on the lowest providers (test-lowest); each one's output appears when it ends"
 	$(MAKE) --no-print-directory --jobs=2 --keep-going --output-sync=target test-side-unit test-side-others
 
 test-side-unit:
-	@$(MAKE) --no-print-directory unit
+	@$(MAKE) --no-print-directory unit-airflow
 
 test-side-others:
 	@status=0; for target in $(SIDE_B); do $(MAKE) --no-print-directory $$target || status=$$?; done; exit $$status
