@@ -116,10 +116,11 @@ test-lowest: $(VENV_LOWEST)/.installed postgres
 # Two sides at once: the Airflow 3.3 leg's tests that use Airflow (the longest part) on one; lint,
 # types, the Airflow 2.11 leg, the lowest-providers leg and the 3.3 leg's Airflow-free folders one
 # after another on the other, so both sides take about as long. (Left to itself, make -j2 started
-# the 3.3 leg last.) Each target's output is printed whole when it ends; every target runs even if
+# the 3.3 leg last.) The 2.11 and lowest-providers venvs are built on the second side, beside the
+# 3.3 leg, not before both. Each target's output is printed whole when it ends; every target runs even if
 # another fails, and make test fails if any did.
 SIDE_B := lint typecheck test-airflow-2.11 test-lowest unit-airflow-free
-test: venv postgres $(VENV_211)/.installed $(VENV_LOWEST)/.installed
+test: venv postgres
 	@echo "make test: the suite on Airflow 3.3 (unit-airflow, unit-airflow-free) beside lint, typecheck, the suite on Airflow 2.11 (test-airflow-2.11) and on the lowest providers (test-lowest); each one's output appears when it ends"
 	$(MAKE) --no-print-directory --jobs=2 --keep-going --output-sync=target test-side-unit test-side-others
 
