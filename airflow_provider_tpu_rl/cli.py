@@ -7,12 +7,13 @@ import contextlib
 import json
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow_provider_tpu_rl.render.plan import gke_plan, plan_document, tpu_vm_plan
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, TPU_VM_DAG_ID, SpecError
 from airflow_provider_tpu_rl.spec.pipeline import (
+    ENVIRONMENT_OPTIONS,
     PLACEHOLDERS,
     gke_pipeline_from_conf,
     placeholders,
@@ -22,12 +23,21 @@ from airflow_provider_tpu_rl.spec.pipeline import (
 PLAN_DAG_IDS = (GKE_DAG_ID, TPU_VM_DAG_ID)
 
 
-def build_plan(dag_id: str, conf: dict[str, Any] | None, run_id: str = "manual__plan") -> dict[str, Any]:
+def build_plan(
+    dag_id: str,
+    conf: dict[str, Any] | None,
+    run_id: str = "manual__plan",
+    environment: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
     """The JSON plan of one DAG run: every command in execution order, secrets as ``***``.
 
-    ``placeholders`` names the fields still holding the form's example (``validate`` refuses
-    them): field → {"value": ..., "todo": what to set}.
+    ``environment`` (field → value, :func:`plan_environment`) is what the untouched trigger form
+    holds besides its own defaults; ``conf`` overrides it. ``placeholders`` names the fields still
+    holding the form's example (``validate`` refuses them): field → {"value": ..., "todo": what to
+    set}.
     """
+    if environment:
+        conf = {**environment, **(conf or {})}
     if dag_id == GKE_DAG_ID:
         gke = gke_pipeline_from_conf(conf, dag_id=dag_id, run_id=run_id)
         document, resolved = plan_document(dag_id, gke_plan(gke)), gke.resolved()
@@ -41,6 +51,18 @@ def build_plan(dag_id: str, conf: dict[str, Any] | None, run_id: str = "manual__
         for field, value in placeholders(resolved).items()
     }
     return document
+
+
+def plan_environment(dag_id: str) -> dict[str, str]:
+    """The ``[tpu_rl] default_*`` options this Airflow's trigger form of ``dag_id`` is prefilled
+    with (``pipeline_dags.environment_defaults``, the form's own function): field → value.
+
+    Imported here, not at the top: the rest of this module (``build_plan``) stays free of Airflow.
+    """
+    from airflow_provider_tpu_rl.pipeline_dags import environment_defaults
+
+    kind = "gke" if dag_id == GKE_DAG_ID else "tpu_vm"
+    return environment_defaults(ENVIRONMENT_OPTIONS[kind])
 
 
 def _load_conf(text: str | None) -> dict[str, Any] | None:
@@ -59,7 +81,12 @@ def _load_conf(text: str | None) -> dict[str, Any] | None:
 
 def _run_plan(args: argparse.Namespace) -> int:
     try:
-        document = build_plan(args.dag_id, _load_conf(args.conf), args.run_id)
+        environment = plan_environment(args.dag_id)
+    except ValueError as err:
+        print(f"tpu-rl plan: {err}", file=sys.stderr)
+        return 2
+    try:
+        document = build_plan(args.dag_id, _load_conf(args.conf), args.run_id, environment)
     except SpecError as err:
         print(f"tpu-rl plan: invalid conf: {err}", file=sys.stderr)
         return 2

@@ -221,17 +221,34 @@ def pipeline_params(
     merged = {**COMMON_FORM, **form}
     values = dict(defaults)
     metadata = {key: dict(merged[key]) for key in defaults}
-    for key, option in (options or {}).items():
-        configured = environment_default(option, metadata[key])
-        if configured is not None:
-            values[key] = configured
-            metadata[key]["description"] += " " + from_environment(option)
+    for key, configured in environment_defaults(options or {}, merged).items():
+        values[key] = configured
+        metadata[key]["description"] += " " + from_environment((options or {})[key])
     for key, (example, todo) in PLACEHOLDERS.items():
         if key in values and values[key] == example:
             metadata[key]["description"] += " " + replace_example(example, todo, (options or {}).get(key))
     # The open section (the Cloud fields) first, then the others in the spec's order.
     keys = sorted(defaults, key=lambda key: metadata[key].get("section") != CLOUD)
     return {key: Param(copy.deepcopy(values[key]), **form_schema(metadata[key])) for key in keys}
+
+
+def environment_defaults(
+    options: Mapping[str, str], form: Mapping[str, Mapping[str, Any]] = COMMON_FORM
+) -> dict[str, str]:
+    """field → its ``[tpu_rl]`` option's value, for the fields of ``options`` (field → option,
+    ``spec.pipeline.ENVIRONMENT_OPTIONS[kind]``) whose option is set.
+
+    What an untouched trigger form holds besides its own defaults: the forms
+    (:func:`pipeline_params`), ``tpu-rl plan`` and the hand-written example DAGs all read them here.
+    A value is checked against its field's pattern in ``form`` (the shared fields' by default; the
+    spec checks the others): one that would be refused raises one line naming the option.
+    """
+    found = {}
+    for key, option in options.items():
+        configured = environment_default(option, form.get(key, {}))
+        if configured is not None:
+            found[key] = configured
+    return found
 
 
 def environment_default(option: str, metadata: Mapping[str, Any]) -> str | None:

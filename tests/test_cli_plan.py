@@ -14,6 +14,13 @@ from airflow_provider_tpu_rl.cli import main
 SENTINEL = "hf_SENTINEL_token_must_never_appear_1234567890"
 
 
+@pytest.fixture(autouse=True)
+def _no_form_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plans here are of the forms' own defaults, unless a test sets a ``[tpu_rl] default_*``."""
+    for name in [n for n in os.environ if n.startswith("AIRFLOW__TPU_RL__DEFAULT_")]:
+        monkeypatch.delenv(name)
+
+
 def _plan(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     code = main(["plan", *args])
     out, err = capsys.readouterr()
@@ -155,3 +162,38 @@ def test_the_forms_examples_are_planned_but_marked_as_placeholders(
     assert code == 0
     assert json.loads(out)["placeholders"] == {}
     assert err == ""
+
+
+@pytest.mark.parametrize("dag_id", ["tpu_rl_gke_pipeline", "tpu_rl_tpu_vm_pipeline"])
+def test_the_plan_of_the_untouched_form_reads_the_forms_tpu_rl_defaults(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, dag_id: str
+) -> None:
+    """``[tpu_rl] default_*`` prefill the trigger form, so they are what an untouched form runs."""
+    monkeypatch.setenv("AIRFLOW__TPU_RL__DEFAULT_PROJECT", "env-project-123")
+    monkeypatch.setenv("AIRFLOW__TPU_RL__DEFAULT_BUCKET", "env-bucket-123")
+    code, out, err = _plan(capsys, dag_id)
+    assert code == 0, err
+    plan = json.loads(out)
+    argvs = [" ".join(step["argv"]) for step in plan["steps"]]
+    assert any("env-project-123" in argv for argv in argvs)
+    assert any("env-bucket-123" in argv for argv in argvs)
+    assert not any("my-tpu-project" in argv or "my-tpu-rl-bucket" in argv for argv in argvs)
+    assert set(plan["placeholders"]) <= {"reservation"}
+    assert "placeholder project=" not in err
+    # the run's conf still overrides every field
+    code, out, _ = _plan(capsys, dag_id, "--conf", json.dumps({"project": "conf-project-1"}))
+    assert code == 0
+    argvs = [" ".join(step["argv"]) for step in json.loads(out)["steps"]]
+    assert any("conf-project-1" in argv for argv in argvs)
+    assert not any("env-project-123" in argv for argv in argvs)
+
+
+def test_a_tpu_rl_default_the_form_would_refuse_fails_the_plan_in_one_line_naming_it(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIRFLOW__TPU_RL__DEFAULT_ZONE", "Europe West")
+    code, out, err = _plan(capsys, "tpu_rl_gke_pipeline")
+    assert code == 2
+    assert out == ""
+    (line,) = err.strip().splitlines()
+    assert line.startswith("tpu-rl plan: [tpu_rl] default_zone: 'Europe West' is not a valid Zone")
