@@ -21,12 +21,16 @@ from airflow_provider_tpu_rl.operators.maxtext import (
     PathwaysRLTrainOperator,
 )
 from airflow_provider_tpu_rl.operators.preflight import TpuRlPreflightOperator
-from airflow_provider_tpu_rl.pipeline_dags import bounded, sensor_bounds
+from airflow_provider_tpu_rl.pipeline_dags import bounded, environment_defaults, sensor_bounds
 from airflow_provider_tpu_rl.sensors.checkpoint import HuggingFaceExportSensor, MaxTextCheckpointSensor
+from airflow_provider_tpu_rl.spec.pipeline import ENVIRONMENT_OPTIONS
 from airflow_provider_tpu_rl.timeouts import dagrun_timeout
 
 MODEL = "qwen3-30b-a3b"
 LEARNING_RATES = {"a": 3e-6, "b": 1e-6}
+# This Airflow's project, region, zone, bucket and reservation: the [tpu_rl] default_* options the
+# pipelines' forms are prefilled with (docs/settings.md). An option left empty keeps the example.
+ENVIRONMENT = environment_defaults(ENVIRONMENT_OPTIONS["gke"])
 
 with DAG(
     dag_id="tpu_rl_sweep_example",
@@ -35,12 +39,20 @@ with DAG(
     catchup=False,
     tags=["tpu-rl", "example"],
     params={
-        "project": Param("my-tpu-project", type="string", description="Set this to your GCP project."),
-        "region": Param("us-east5", type="string"),
-        "zone": Param("us-east5-b", type="string"),
-        "bucket": Param("my-tpu-rl-bucket", type="string", description="Set this to your bucket."),
+        "project": Param(
+            ENVIRONMENT.get("project", "my-tpu-project"),
+            type="string",
+            description="Your GCP project ([tpu_rl] default_project).",
+        ),
+        "region": Param(ENVIRONMENT.get("region", "us-east5"), type="string"),
+        "zone": Param(ENVIRONMENT.get("zone", "us-east5-b"), type="string"),
+        "bucket": Param(
+            ENVIRONMENT.get("bucket", "my-tpu-rl-bucket"),
+            type="string",
+            description="Your bucket ([tpu_rl] default_bucket).",
+        ),
         "cluster_name": Param("tpu-rl-sweep", type="string", maxLength=20),
-        "reservation": Param("", type="string"),
+        "reservation": Param(ENVIRONMENT.get("reservation", ""), type="string"),
         "num_batches": Param(50, type="integer", minimum=1),
         "sweep": Param("sweep", type="string", description="Prefix of the two runs' run_name."),
     },

@@ -7,6 +7,7 @@ tables below say for each bad conf which of the two can refuse it and with which
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,14 @@ from airflow_provider_tpu_rl.pipeline_dags import form_schema
 from airflow_provider_tpu_rl.spec import GKE_DEFAULTS, TPU_VM_DEFAULTS, Runner, rules
 from airflow_provider_tpu_rl.spec.presets import presets_for
 from airflow_provider_tpu_rl.timeouts import resource_hours
-from tests.dags.conftest import DAGS_DIR, GKE_DAG_ID, PIPELINE_DAG_IDS, TPU_VM_DAG_ID, trigger_time_validate
+from tests.dags.conftest import (
+    DAGS_DIR,
+    GKE_DAG_ID,
+    PIPELINE_DAG_IDS,
+    SWEEP_DAG_ID,
+    TPU_VM_DAG_ID,
+    trigger_time_validate,
+)
 
 DEFAULTS: dict[str, Mapping[str, Any]] = {GKE_DAG_ID: GKE_DEFAULTS, TPU_VM_DAG_ID: TPU_VM_DEFAULTS}
 # A user's own project, bucket and reservation: `validate` refuses the form's examples.
@@ -572,3 +580,26 @@ def test_the_machine_type_dropdown_counts_chips_in_good_english(dag_bag: Any) ->
     assert shown["ct6e-standard-4t"] == "ct6e-standard-4t (4 chips per VM)"
     assert shown["ct6e-standard-8t"] == "ct6e-standard-8t (8 chips per VM)"
     assert not any("1 chips" in text for text in shown.values() if text)
+
+
+def test_the_sweep_example_takes_its_cloud_fields_from_the_same_environment_options(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The hand-written example reads the forms' ``[tpu_rl] default_*`` (``environment_defaults``)."""
+    for name in [n for n in os.environ if n.startswith("AIRFLOW__TPU_RL__DEFAULT_")]:
+        monkeypatch.delenv(name)
+    cloud = ("project", "region", "zone", "bucket", "reservation")
+    params = parse_dag_file(SWEEP_DAG_ID).dag.params
+    assert {key: params[key] for key in cloud} == {
+        "project": "my-tpu-project",
+        "region": "us-east5",
+        "zone": "us-east5-b",
+        "bucket": "my-tpu-rl-bucket",
+        "reservation": "",
+    }
+    for name, value in ENVIRONMENT.items():
+        monkeypatch.setenv(name, value)
+    params = parse_dag_file(SWEEP_DAG_ID).dag.params
+    assert {key: params[key] for key in cloud} == {
+        key: ENVIRONMENT_DEFAULTS[GKE_DAG_ID][key] for key in cloud
+    }
