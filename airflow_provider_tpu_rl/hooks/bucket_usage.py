@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,7 @@ BUCKET_OWNER_OBJECT = "tpu-rl/bucket.json"
 RESOURCE_PREFIX = "tpu-rl/resources/"
 LOG_CURSOR_PREFIX = "tpu-rl/log-cursors/"
 ORPHAN_PREFIX = "tpu-rl/janitor/orphans/"
+WRITE_CHECK_PREFIX = "tpu-rl/write-checks/"
 GCS_TIMEOUT_S = 60.0
 
 
@@ -101,6 +103,36 @@ class BucketUsage:
         except PreconditionFailed:
             return False
         return True
+
+    def check_writable(self, bucket: str) -> None:
+        """Raise :class:`ConfigurationError` (one line naming the bucket) unless this connection
+        can create and delete objects in ``bucket``: what a run does there (its leases, records and
+        run directories are created, replaced and deleted).
+
+        A real write, not a question: a new marker object under ``tpu-rl/write-checks/`` (a fresh
+        random name, uploaded with ``ifGenerationMatch=0`` so it can never replace an object),
+        deleted at once with ``ifGenerationMatch`` of the generation just written (so only that
+        marker goes). Cloud Storage authorizes both as it will the run's own writes, with every
+        cause of a refusal at once: IAM, the bucket's retention policy, VPC Service Controls.
+        ``Bucket.test_iam_permissions`` would answer for IAM only, and the GCS emulator the sandbox
+        runs (fake-gcs-server) has no ``iam/testPermissions`` route to test it against. A marker
+        whose delete is refused stays (it is empty); the refusal says why.
+        """
+        from google.api_core.exceptions import Forbidden, NotFound, PreconditionFailed
+
+        blob = self._bucket(bucket).blob(f"{WRITE_CHECK_PREFIX}{uuid.uuid4().hex}")
+        try:
+            blob.upload_from_string(b"", if_generation_match=0, timeout=GCS_TIMEOUT_S)
+            blob.delete(if_generation_match=blob.generation, timeout=GCS_TIMEOUT_S)
+        except (NotFound, PreconditionFailed):
+            return  # authorized (GCS checks access first); someone else's doing since: not ours to judge
+        except Forbidden as err:
+            reason = " ".join(str(err.message or err).split())[:300]
+            raise ConfigurationError(
+                f"gs://{bucket}: the bucket is this project's, but connection {self.gcp_conn_id} cannot "
+                f"write to it (Cloud Storage: {reason}): grant it roles/storage.objectAdmin on the "
+                "bucket, or set bucket to one it can write to"
+            ) from None
 
     def _json(self, blob: Any) -> Any:
         from google.api_core.exceptions import NotFound

@@ -31,7 +31,9 @@ if TYPE_CHECKING:
 
 class EnsureBucketOperator(GclusterBaseOperator):
     """Create a GCS bucket; one that exists in the project already (and everything in it) is kept
-    as is. A name another project holds fails the task in one line: the run could not write there.
+    as is, once a marker object written and deleted there shows the GCP connection can write to it.
+    A name another project holds, or a bucket of ours the connection cannot write to, fails the
+    task in one line: the run could not write there.
 
     :param project_id: project that owns the bucket; empty: the GCP connection's.
     :param location: bucket location (the region of the TPUs).
@@ -66,18 +68,23 @@ class EnsureBucketOperator(GclusterBaseOperator):
                 f"and Cloud Storage says it is not {project}'s): set bucket to a name of your own"
             )
         self.hook.check_result(command, result)
+        from airflow_provider_tpu_rl.hooks.bucket_usage import BucketUsage
+
+        usage = BucketUsage(self.gcp_conn_id, self.chain)
         if result.ok_marker:
+            # Ours, but "you own it" says nothing of this connection's object permissions.
+            usage.check_writable(bucket)
             self.log.info(
-                "gs://%s exists in project %s already (Cloud Storage: you own it): kept as is",
+                "gs://%s exists in project %s already (Cloud Storage: you own it) and %s can write "
+                "to it: kept as is",
                 bucket,
                 project,
+                self.gcp_conn_id,
             )
         else:
             # This run created the bucket: recorded, so delete_bucket may later delete it whole.
-            from airflow_provider_tpu_rl.hooks.bucket_usage import BucketUsage
-
             dag_id, run_id = self.run_ids(context)
-            BucketUsage(self.gcp_conn_id, self.chain).record_creator(bucket, f"{dag_id}/{run_id}")
+            usage.record_creator(bucket, f"{dag_id}/{run_id}")
         return f"gs://{bucket}"
 
 
