@@ -11,7 +11,13 @@ import sqlfluff
 
 from airflow_provider_tpu_rl.ledger.dialects import Dialect
 from airflow_provider_tpu_rl.ledger.hook import RunLedger
-from airflow_provider_tpu_rl.ledger.records import MetricRecord, RunRecord, StepRecord
+from airflow_provider_tpu_rl.ledger.records import (
+    ArtifactRecord,
+    MetricRecord,
+    RunRecord,
+    RunSummary,
+    StepRecord,
+)
 
 T0 = datetime(2026, 3, 1, 8, 0, tzinfo=UTC)
 
@@ -37,11 +43,16 @@ class FakeClient:
     applied_versions: list[int] = field(default_factory=list)
     jobs: list[tuple[str, Any]] = field(default_factory=list)
     datasets: list[str] = field(default_factory=list)
+    # (a text the query holds, the rows BigQuery answers it with); any other query answers no row
+    answers: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)
 
     def query(self, sql: str, job_config: Any) -> FakeJob:
         self.jobs.append((sql, job_config))
         if sql.startswith("SELECT version FROM schema_migrations"):
             return FakeJob([FakeRow({"version": version}) for version in self.applied_versions])
+        for marker, rows in self.answers:
+            if marker in sql:
+                return FakeJob([FakeRow(dict(row)) for row in rows])
         return FakeJob([])
 
     def create_dataset(self, dataset: str, exists_ok: bool) -> None:
@@ -144,4 +155,90 @@ def test_queries_use_at_parameters(bigquery_ledger: tuple[RunLedger, FakeClient]
         "run_id": ("STRING", None),
         "row_limit": ("INT64", 5),
     }
+    sqlfluff.parse(sql, dialect="bigquery")
+
+
+# The dashboard's two reads of one run (``RunLedger.run_summary``, ``RunLedger.run_artifacts``).
+SUMMARY_ROW: dict[str, Any] = {
+    "run_id": "tpu_rl_gke_pipeline/manual__a",
+    "dag_id": "tpu_rl_gke_pipeline",
+    "airflow_run_id": "manual__a",
+    "model": "qwen3-30b-a3b",
+    "state": "success",
+    "started_at": T0,  # BigQuery's TIMESTAMP: an aware datetime
+    "ended_at": datetime(2026, 3, 1, 9, 15, tzinfo=UTC),
+    "duration_seconds": 4500.0,
+    "chips": 32,
+    "chip_hours": 40.0,
+    "busy_chip_hours": 30.0,
+    "estimated_cost_usd": 108.0,
+    "refusal": None,
+    "pre_mean_reward": 0.0884,
+    "post_mean_reward": 0.245,
+    "num_test_batches": 2.0,
+    "export_uri": "gs://bkt/qwen3-30b-a3b/hf-trained/rl/",
+}
+
+
+def test_run_summary_is_the_latest_runs_query_for_one_run_id_with_at_parameters(
+    bigquery_ledger: tuple[RunLedger, FakeClient],
+) -> None:
+    ledger, client = bigquery_ledger
+    client.applied_versions = [1, 2, 3, 4]
+    client.answers = [("FROM runs AS r", [SUMMARY_ROW])]
+
+    summary = ledger.run_summary("tpu_rl_gke_pipeline/manual__a")
+
+    assert summary == RunSummary(**SUMMARY_ROW)
+    assert summary.idle_share == 0.25
+    sql, job_config = client.jobs[-1]
+    assert "AND (@any_run = 1 OR r.run_id = @run_id)" in " ".join(sql.split())
+    assert ":run_id" not in sql
+    assert sql.rstrip().endswith("LIMIT @row_limit")
+    assert parameters(job_config) == {
+        "any_model": ("INT64", 1),
+        "model": ("STRING", None),
+        "any_run": ("INT64", 0),
+        "run_id": ("STRING", "tpu_rl_gke_pipeline/manual__a"),
+        "row_limit": ("INT64", 1),
+    }
+    assert str(job_config.default_dataset) == "my-project.rl_results"
+    sqlfluff.parse(sql, dialect="bigquery")
+    client.answers = []
+    assert ledger.run_summary("tpu_rl_gke_pipeline/never") is None
+
+
+def test_run_artifacts_reads_one_runs_artifacts_with_an_at_parameter(
+    bigquery_ledger: tuple[RunLedger, FakeClient],
+) -> None:
+    ledger, client = bigquery_ledger
+    client.applied_versions = [1, 2, 3, 4]
+    client.answers = [
+        (
+            "FROM run_artifacts",
+            [
+                {
+                    "kind": "actor_checkpoint",
+                    "uri": "gs://bkt/qwen3-30b-a3b/trained/rl/checkpoints/actor/",
+                    "step": 50,
+                },
+                {
+                    "kind": "curves",
+                    "uri": "gs://bkt/qwen3-30b-a3b/trained/rl/tpu-rl-curves-ab.png",
+                    "step": None,
+                },
+            ],
+        )
+    ]
+
+    artifacts = ledger.run_artifacts("tpu_rl_gke_pipeline/manual__a")
+
+    assert artifacts == [
+        ArtifactRecord("actor_checkpoint", "gs://bkt/qwen3-30b-a3b/trained/rl/checkpoints/actor/", 50),
+        ArtifactRecord("curves", "gs://bkt/qwen3-30b-a3b/trained/rl/tpu-rl-curves-ab.png", None),
+    ]
+    sql, job_config = client.jobs[-1]
+    assert sql == "SELECT kind, uri, step FROM run_artifacts WHERE run_id = @run_id ORDER BY kind, uri"
+    assert parameters(job_config) == {"run_id": ("STRING", "tpu_rl_gke_pipeline/manual__a")}
+    assert str(job_config.default_dataset) == "my-project.rl_results"
     sqlfluff.parse(sql, dialect="bigquery")
