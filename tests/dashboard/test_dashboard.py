@@ -4,7 +4,6 @@ and their auth on Airflow 3, and the plugin that registers it."""
 from __future__ import annotations
 
 import importlib.metadata
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,37 +14,9 @@ from airflow_provider_tpu_rl.dashboard.pages import run_page, runs_page
 from airflow_provider_tpu_rl.dashboard.plugin import TpuRlDashboardPlugin
 from airflow_provider_tpu_rl.dashboard.reads import DashboardReader, NotFound
 from airflow_provider_tpu_rl.ledger.cli import format_reward
-from airflow_provider_tpu_rl.ledger.hook import RunLedger, sqlite_connection_uri
-from airflow_provider_tpu_rl.ledger.records import ArtifactRecord, MetricRecord, RunRecord
-from tests.ledger.fakes import minutes
+from airflow_provider_tpu_rl.ledger.hook import RunLedger
+from tests.dashboard.conftest import CURVES, GKE, VM
 from tests.png import decoded_png
-
-GKE, VM = "tpu_rl_gke_pipeline", "tpu_rl_tpu_vm_pipeline"
-CURVES = "gs://bkt/qwen/trained/rl/tpu-rl-curves-ab.png"
-
-
-@pytest.fixture
-def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> RunLedger:
-    """Two runs of the GKE DAG (one with curves) and one of the TPU VM DAG."""
-    monkeypatch.setenv("AIRFLOW_CONN_TPU_RL_LEDGER", sqlite_connection_uri(tmp_path / "ledger.db"))
-    ledger = RunLedger()
-    rewards = [MetricRecord("pre", 0, "mean_reward", 0.0884), MetricRecord("post", 0, "mean_reward", 0.245)]
-    ledger.record(
-        RunRecord(
-            GKE, "manual__a+1", "qwen3-30b-a3b", "success", started_at=minutes(0), ended_at=minutes(75)
-        ),
-        metrics=rewards,
-        artifacts=[
-            ArtifactRecord("hf_export", "gs://bkt/qwen/hf-trained/rl/"),
-            ArtifactRecord("curves", CURVES),
-        ],
-    )
-    ledger.record(RunRecord(GKE, "<b>odd</b>", "qwen3-30b-a3b", "failed", started_at=minutes(90)))
-    ledger.record(
-        RunRecord(VM, "vm1", "llama3.1-8b", "success", started_at=minutes(30)),
-        metrics=[MetricRecord("post", 0, "mean_reward", 0.7)],
-    )
-    return ledger
 
 
 def test_the_runs_page_lists_runs_with_rewards_before_after_and_links_each_run(ledger: RunLedger) -> None:
