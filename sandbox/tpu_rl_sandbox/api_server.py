@@ -52,6 +52,12 @@ HEALTH_PATH = "/sandbox/health"
 RESOURCE_MANAGER = "cloudresourcemanager.googleapis.com"
 LAST_PORT_FILE = "api_server.port"
 TEST_IAM_RE = re.compile(r"^/v([13])/projects/([^/:]+):testIamPermissions$")
+GENERATE_ACCESS_TOKEN_RE = re.compile(r"^/v1/projects/-/serviceAccounts/([^/:]+):generateAccessToken$")
+GET_ACCESS_TOKEN = "iam.serviceAccounts.getAccessToken"
+SERVICE_ACCOUNT_RE = re.compile(
+    r"^[a-z][a-z0-9-]{4,28}[a-z0-9]@[a-z][a-z0-9-]{4,28}[a-z0-9]\.iam\.gserviceaccount\.com$"
+)
+MAX_TOKEN_LIFETIME_S = 3600  # without the iam.allowServiceAccountCredentialLifetimeExtension policy
 GET_CLUSTER_RE = re.compile(r"^/v1/projects/([^/]+)/locations/([^/]+)/clusters/([^/:]+)$")
 CONTAINER_AUDIENCES = ("https://container.googleapis.com/",)
 GKE_VERSION = "1.35.1-gke.1000"
@@ -67,6 +73,7 @@ INVALID_CREDENTIALS = (
 
 __all__ = [
     "ApiServerError",
+    "answer_generate_access_token",
     "answer_test_iam_permissions",
     "api_server_url",
     "gke_cluster_resource",
@@ -186,6 +193,59 @@ def google_error(
     if details:
         error["details"] = details
     return {"error": error}
+
+
+def _duration_seconds(text: Any) -> float | None:
+    """A protobuf JSON ``Duration`` (``"3600s"``, ``"1.5s"``) in seconds, or ``None``."""
+    match = re.fullmatch(r"(\d+(?:\.\d{1,9})?)s", text) if isinstance(text, str) else None
+    return float(match.group(1)) if match else None
+
+
+def answer_generate_access_token(
+    layout: SandboxLayout, authorization: str | None, account: str, raw: bytes
+) -> tuple[int, dict[str, Any]]:
+    """``(HTTP status, JSON body)`` of IAM Credentials v1
+    ``projects/-/serviceAccounts/{account}:generateAccessToken``, as its REST reference states it:
+    the caller's OAuth token (401 without a valid one); a body of ``scope`` (required, one scope at
+    least), ``delegates`` and ``lifetime`` (a Duration, default and at most 3600 s); the caller needs
+    ``iam.serviceAccounts.getAccessToken`` on the account (``settings.denied_permissions`` takes it
+    away: a 403 that, as Google's, does not say whether the account exists). The answer is
+    ``{"accessToken", "expireTime"}`` (RFC 3339 UTC, whole seconds: google-auth parses it with
+    ``%Y-%m-%dT%H:%M:%SZ``); the token is one the other fake APIs accept, issued to the account."""
+    if not oauth.bearer_valid(layout, authorization):
+        message = INVALID_CREDENTIALS if authorization else UNAUTHENTICATED
+        return 401, google_error(401, "UNAUTHENTICATED", message)
+    try:
+        body = json.loads(raw or b"{}")
+    except ValueError:
+        return 400, google_error(400, "INVALID_ARGUMENT", "Invalid JSON payload received.")
+    if not isinstance(body, dict):
+        return 400, google_error(400, "INVALID_ARGUMENT", "Invalid JSON payload received.")
+    scopes = body.get("scope")
+    if not isinstance(scopes, list) or not scopes or not all(isinstance(x, str) and x for x in scopes):
+        return 400, google_error(400, "INVALID_ARGUMENT", "Scope required.")
+    delegates = body.get("delegates") or []  # proto3 JSON: null is the empty list
+    if not isinstance(delegates, list) or not all(isinstance(x, str) for x in delegates):
+        return 400, google_error(400, "INVALID_ARGUMENT", "Invalid JSON payload received.")
+    lifetime = _duration_seconds(body.get("lifetime", f"{MAX_TOKEN_LIFETIME_S}s"))
+    if lifetime is None or not 0 < lifetime <= MAX_TOKEN_LIFETIME_S:
+        return 400, google_error(
+            400,
+            "INVALID_ARGUMENT",
+            f"The lifetime of the access token must be between 1s and {MAX_TOKEN_LIFETIME_S}s.",
+        )
+    accounts = [name.rsplit("/", 1)[-1] for name in delegates] + [account]
+    denied = GET_ACCESS_TOKEN in load_settings(layout).denied_permissions
+    for name in accounts:
+        if denied or not SERVICE_ACCOUNT_RE.match(name):
+            return 403, google_error(
+                403,
+                "PERMISSION_DENIED",
+                f"Permission '{GET_ACCESS_TOKEN}' denied on resource (or it may not exist).",
+            )
+    token, expires = oauth.issue(layout, account, " ".join(scopes), lifetime)
+    expire_time = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(expires)))
+    return 200, {"accessToken": token, "expireTime": expire_time}
 
 
 def answer_test_iam_permissions(layout: SandboxLayout, project: str, body: Any) -> tuple[int, dict[str, Any]]:
@@ -331,6 +391,13 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self._read_body()
         if self.path.split("?", 1)[0] == oauth.TOKEN_PATH:
             self._token(raw)
+            return
+        impersonated = GENERATE_ACCESS_TOKEN_RE.match(self.path.split("?", 1)[0])
+        if impersonated is not None:
+            account = urllib.parse.unquote(impersonated.group(1))
+            self._send(
+                *answer_generate_access_token(self.layout, self.headers.get("Authorization"), account, raw)
+            )
             return
         match = TEST_IAM_RE.match(self.path.split("?", 1)[0])
         if match is None:

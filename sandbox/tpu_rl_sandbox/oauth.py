@@ -225,9 +225,16 @@ def grant(layout: SandboxLayout, form: Mapping[str, str], own_token_uri: str) ->
     scope = str(claims.get("scope") or "")
     if not scope.strip():
         raise GrantError("invalid_scope", "Invalid OAuth scope or ID token audience provided.")
-    token = "ya29.sandbox-" + secrets.token_urlsafe(48)
-    _remember(layout, token, str(account["client_email"]), scope, time.time() + TOKEN_LIFETIME)
+    token, _ = issue(layout, str(account["client_email"]), scope, TOKEN_LIFETIME)
     return {"access_token": token, "expires_in": TOKEN_LIFETIME, "token_type": "Bearer"}
+
+
+def issue(layout: SandboxLayout, email: str, scope: str, lifetime: float) -> tuple[str, float]:
+    """A new access token of ``email`` (remembered, so the fake APIs accept it) and its expiry."""
+    token = "ya29.sandbox-" + secrets.token_urlsafe(48)
+    expires = time.time() + lifetime
+    _remember(layout, token, email, scope, expires)
+    return token, expires
 
 
 def token_valid(layout: SandboxLayout, token: str) -> bool:
@@ -267,6 +274,14 @@ def bearer_valid(
         return True
     audiences = list(self_signed_audiences)
     return bool(audiences) and self_signed_jwt_valid(layout, token, audiences)
+
+
+def iam_credentials_endpoint(api_url: str) -> str:
+    """The API server's ``generateAccessToken`` URL in the form of google-auth's
+    ``google.auth.iam._IAM_ENDPOINT`` (``{}`` the account). google-auth's impersonated credentials
+    post to ``https://iamcredentials.googleapis.com`` and no hook lets a caller say otherwise, so a
+    test that impersonates sets that attribute to this (there is no DNS for Google here)."""
+    return f"{api_url}/v1/projects/-/serviceAccounts/{{}}:generateAccessToken"
 
 
 def access_token(layout: SandboxLayout, api_url: str, project: str = "sandbox-project") -> str:

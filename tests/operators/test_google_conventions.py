@@ -15,8 +15,10 @@ from airflow_provider_tpu_rl.operators.gke import EnsureBucketOperator
 from airflow_provider_tpu_rl.operators.maxtext import PathwaysRLTrainOperator
 from airflow_provider_tpu_rl.sensors.checkpoint import HuggingFaceExportSensor, MaxTextCheckpointSensor
 from tests.operators.sandbox_run import REGION, SandboxRun
+from tpu_rl_sandbox import oauth
+from tpu_rl_sandbox.api_server import api_server_url
 from tpu_rl_sandbox.control import SANDBOX_PROJECT
-from tpu_rl_sandbox.state import read_calls
+from tpu_rl_sandbox.state import StateStore, read_calls
 
 DEPLOYER = f"deployer@{SANDBOX_PROJECT}.iam.gserviceaccount.com"
 IMPERSONATE_ENV = "CLOUDSDK_AUTH_IMPERSONATE_SERVICE_ACCOUNT"
@@ -32,6 +34,18 @@ def _bucket_creates(sb: SandboxRun) -> list[dict[str, Any]]:
     ]
 
 
+@pytest.fixture
+def iam_credentials(sb: SandboxRun, monkeypatch: pytest.MonkeyPatch) -> None:
+    """google-auth's impersonated credentials get their token from the sandbox's IAM Credentials."""
+    from google.auth import iam
+
+    url = api_server_url(sb.layout)
+    assert url is not None
+    monkeypatch.setattr(iam, "_IAM_ENDPOINT", oauth.iam_credentials_endpoint(url))
+    credentials.clear()
+
+
+@pytest.mark.usefixtures("iam_credentials")
 def test_an_empty_project_is_the_connections_and_gcloud_impersonates_the_chain(
     sb: SandboxRun, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -55,6 +69,9 @@ def test_an_empty_project_is_the_connections_and_gcloud_impersonates_the_chain(
     assert all(f"--project={SANDBOX_PROJECT}" in call["argv"] for call in creates)
     assert IMPERSONATE_ENV not in creates[0]["env_names"]
     assert IMPERSONATE_ENV in creates[1]["env_names"]
+    # the write check went through google-auth's impersonated credentials: a token of the deployer
+    tokens = StateStore(sb.layout).read(oauth.TOKENS_DOC).values()
+    assert DEPLOYER in {token["email"] for token in tokens}
     logged = caplog.text + capsys.readouterr().out
     assert f"All API calls will be executed as [{DEPLOYER}]" in logged
     assert f"using connection google_cloud_default's project {SANDBOX_PROJECT}" in logged

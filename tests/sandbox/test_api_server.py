@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from google.api_core import exceptions as api_exceptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud.resourcemanager_v3 import ProjectsClient
 
+from tpu_rl_sandbox import oauth
 from tpu_rl_sandbox.api_server import api_server_url, start_api_server, stop_api_server
 from tpu_rl_sandbox.layout import SandboxLayout
 from tpu_rl_sandbox.settings import update_settings
+from tpu_rl_sandbox.state import StateStore
 
 WANTED = ["compute.instances.create", "storage.buckets.create", "serviceusage.services.list"]
 
@@ -109,3 +113,81 @@ def test_the_server_runs_in_its_own_process(server: tuple[SandboxLayout, str]) -
     pid = json.loads((layout.root / "api_server.json").read_text())["pid"]
     assert pid != os.getpid()
     assert (layout.root / "api_server.log").exists()
+
+
+TARGET = "deployer@sandbox-project.iam.gserviceaccount.com"
+CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
+
+
+def _generate(url: str, token: str | None, body: dict[str, Any], account: str = TARGET) -> tuple[int, Any]:
+    headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {token}"} if token else {})
+    request = urllib.request.Request(  # noqa: S310 (the local server)
+        oauth.iam_credentials_endpoint(url).format(account), data=json.dumps(body).encode(), headers=headers
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:  # noqa: S310
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_impersonated_credentials_get_a_token_of_the_target_the_apis_accept(
+    server: tuple[SandboxLayout, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from google.auth import iam, impersonated_credentials
+    from google.auth.credentials import Credentials
+    from google.auth.transport.requests import Request
+
+    layout, url = server
+    source_token, _ = oauth.issue(
+        layout, "caller@sandbox-project.iam.gserviceaccount.com", CLOUD_PLATFORM, 600
+    )
+
+    class Source(Credentials):  # an already valid token, as a refreshed service-account key holds
+        def __init__(self) -> None:
+            super().__init__()
+            self.token = source_token
+
+        def refresh(self, request: Any) -> None:
+            del request
+
+    monkeypatch.setattr(iam, "_IAM_ENDPOINT", oauth.iam_credentials_endpoint(url))
+    target = impersonated_credentials.Credentials(
+        source_credentials=Source(), target_principal=TARGET, target_scopes=[CLOUD_PLATFORM], lifetime=1200
+    )
+    target.refresh(Request())
+    assert target.token.startswith("ya29.sandbox-")
+    assert target.token != source_token
+    assert oauth.token_valid(layout, target.token)
+    records = StateStore(layout).read(oauth.TOKENS_DOC).values()
+    assert {"email": TARGET, "scope": CLOUD_PLATFORM} in [
+        {k: r[k] for k in ("email", "scope")} for r in records
+    ]
+    assert target.expiry is not None
+    assert (
+        1100
+        < (target.expiry - datetime.datetime.now(datetime.UTC).replace(tzinfo=None)).total_seconds()
+        <= 1200
+    )
+
+
+def test_generate_access_token_refuses_as_iam_credentials_does(server: tuple[SandboxLayout, str]) -> None:
+    layout, url = server
+    token, _ = oauth.issue(layout, "caller@sandbox-project.iam.gserviceaccount.com", CLOUD_PLATFORM, 600)
+    good = {"scope": [CLOUD_PLATFORM], "delegates": [], "lifetime": "3600s"}
+    assert _generate(url, None, good)[0] == 401
+    assert _generate(url, "ya29.made-up", good)[0] == 401
+    for body in ({"delegates": []}, {"scope": []}, {**good, "lifetime": "3601s"}, {**good, "lifetime": "1h"}):
+        status, answer = _generate(url, token, body)
+        assert (status, answer["error"]["status"]) == (400, "INVALID_ARGUMENT"), body
+    status, answer = _generate(url, token, good, account="not-an-account")
+    assert (status, answer["error"]["status"]) == (403, "PERMISSION_DENIED")
+    status, answer = _generate(url, token, good)
+    assert status == 200
+    assert set(answer) == {"accessToken", "expireTime"}
+    update_settings(layout, denied_permissions=("iam.serviceAccounts.getAccessToken",))
+    status, answer = _generate(url, token, good)
+    assert status == 403
+    assert answer["error"]["message"] == (
+        "Permission 'iam.serviceAccounts.getAccessToken' denied on resource (or it may not exist)."
+    )
