@@ -113,19 +113,19 @@ test-lowest: $(VENV_LOWEST)/.installed postgres
 	PATH=$(CURDIR)/$(VENV_LOWEST)/bin:$$PATH $(VENV_LOWEST)/bin/pytest -qq --collect-only tests/operators
 	PATH=$(CURDIR)/$(VENV_LOWEST)/bin:$$PATH $(VENV_LOWEST)/bin/tpu-rl-sandbox demo --dir .sandbox-lowest --airflow-home .demo-lowest/airflow
 
-# Two sides at once: the Airflow 3.3 leg's tests that use Airflow (the longest part) on one; lint,
-# types, the Airflow 2.11 leg, the lowest-providers leg and the 3.3 leg's Airflow-free folders one
-# after another on the other, so both sides take about as long. (Left to itself, make -j2 started
+# Two sides at once: the whole Airflow 3.3 leg (`unit`, one pytest session: its short Airflow-free
+# files fill its workers' tails) on one; lint, types, the Airflow 2.11 leg and the lowest-providers
+# leg one after another on the other, so both sides take about as long. (Left to itself, make -j2 started
 # the 3.3 leg last.) The 2.11 and lowest-providers venvs are built on the second side, beside the
 # 3.3 leg, not before both. Each target's output is printed whole when it ends; every target runs even if
 # another fails, and make test fails if any did.
-SIDE_B := lint typecheck test-airflow-2.11 test-lowest unit-airflow-free
+SIDE_B := lint typecheck test-airflow-2.11 test-lowest
 test: venv postgres
-	@echo "make test: the suite on Airflow 3.3 (unit-airflow, unit-airflow-free) beside lint, typecheck, the suite on Airflow 2.11 (test-airflow-2.11) and on the lowest providers (test-lowest); each one's output appears when it ends"
+	@echo "make test: the suite on Airflow 3.3 (unit) beside lint, typecheck, the suite on Airflow 2.11 (test-airflow-2.11) and on the lowest providers (test-lowest); each one's output appears when it ends"
 	$(MAKE) --no-print-directory --jobs=2 --keep-going --output-sync=target test-side-unit test-side-others
 
 test-side-unit:
-	@$(MAKE) --no-print-directory unit-airflow
+	@$(MAKE) --no-print-directory unit
 
 test-side-others:
 	@status=0; for target in $(SIDE_B); do $(MAKE) --no-print-directory $$target || status=$$?; done; exit $$status

@@ -56,6 +56,7 @@ LONGEST_FIRST = (
     "tests/operators/",
     "tests/dags/test_dag_runs.py",
     "tests/sandbox/",
+    "tests/render/test_real_gcloud.py",
 )
 
 

@@ -603,3 +603,20 @@ def test_the_sweep_example_takes_its_cloud_fields_from_the_same_environment_opti
     assert {key: params[key] for key in cloud} == {
         key: ENVIRONMENT_DEFAULTS[GKE_DAG_ID][key] for key in cloud
     }
+
+
+@pytest.mark.parametrize("dag_id", PIPELINE_DAG_IDS)
+def test_every_field_is_draft_07_and_its_dialect_still_refuses(dag_bag: Any, dag_id: str) -> None:
+    """Each Param's schema names draft-07 (the cheaper metaschema jsonschema checks it against on
+    every resolve), is valid draft-07, and Airflow's resolve still refuses what its keywords refuse."""
+    from jsonschema import Draft7Validator, validators
+
+    params = dag_bag.dags[dag_id].params
+    for key in params:
+        schema = params.get_param(key).schema
+        assert validators.validator_for(schema) is Draft7Validator, key
+        Draft7Validator.check_schema(schema)
+    bad = {"project": "Bad Value!", "num_batches": 0, "model": "no-such-model"}
+    for key, value in bad.items():
+        with pytest.raises(ParamValidationError):
+            params.get_param(key).resolve(value)
