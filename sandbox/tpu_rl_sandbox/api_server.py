@@ -211,7 +211,10 @@ def answer_generate_access_token(
     ``iam.serviceAccounts.getAccessToken`` on the account (``settings.denied_permissions`` takes it
     away: a 403 that, as Google's, does not say whether the account exists). The answer is
     ``{"accessToken", "expireTime"}`` (RFC 3339 UTC, whole seconds: google-auth parses it with
-    ``%Y-%m-%dT%H:%M:%SZ``); the token is one the other fake APIs accept, issued to the account."""
+    ``%Y-%m-%dT%H:%M:%SZ`` in ``google/auth/impersonated_credentials.py``
+    ``_make_iam_token_request``, which reads nothing else); the token is one the other fake APIs
+    accept, issued to the account. The statuses and the 403's text are Google's; the 400s' messages
+    are the sandbox's own words (clients read only the status)."""
     if not oauth.bearer_valid(layout, authorization):
         message = INVALID_CREDENTIALS if authorization else UNAUTHENTICATED
         return 401, google_error(401, "UNAUTHENTICATED", message)
@@ -389,17 +392,18 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         raw = self._read_body()
-        if self.path.split("?", 1)[0] == oauth.TOKEN_PATH:
+        path = self.path.split("?", 1)[0]
+        if path == oauth.TOKEN_PATH:
             self._token(raw)
             return
-        impersonated = GENERATE_ACCESS_TOKEN_RE.match(self.path.split("?", 1)[0])
+        impersonated = GENERATE_ACCESS_TOKEN_RE.match(path)
         if impersonated is not None:
             account = urllib.parse.unquote(impersonated.group(1))
             self._send(
                 *answer_generate_access_token(self.layout, self.headers.get("Authorization"), account, raw)
             )
             return
-        match = TEST_IAM_RE.match(self.path.split("?", 1)[0])
+        match = TEST_IAM_RE.match(path)
         if match is None:
             self._not_found()
             return
