@@ -69,6 +69,11 @@ class ProjectPermissionsHook(SharedCredentials, GoogleBaseHook):
         self.api_endpoint = api_endpoint or None
         self._client: ProjectsClient | None = None
 
+    @staticmethod
+    def load_client_library() -> None:
+        """Import the Resource Manager client library (heavy), e.g. ahead of the call, in a thread."""
+        import google.cloud.resourcemanager_v3  # noqa: F401
+
     def get_conn(self) -> ProjectsClient:
         """The Resource Manager ``ProjectsClient`` (REST), built once."""
         if self._client is None:

@@ -40,6 +40,17 @@ def matplotlib_available() -> bool:
     return importlib.util.find_spec("matplotlib") is not None
 
 
+def load_matplotlib() -> bool:
+    """Import what drawing a PNG needs (about half a second), ahead of the drawing, e.g. in a thread;
+    False when it cannot be imported (the drawing imports it again and says why)."""
+    try:
+        import matplotlib.backends.backend_agg
+        import matplotlib.figure  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 @dataclass(frozen=True)
 class RunCurves:
     """The points of one run's curves: mean reward before, at each evaluation, after; loss per step.

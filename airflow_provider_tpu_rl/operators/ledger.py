@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -15,6 +16,7 @@ from airflow_provider_tpu_rl.ledger.hook import DEFAULT_CONN_ID, RunLedger, reco
 from airflow_provider_tpu_rl.ledger.plots import (
     PLOT_EXTRA_HINT,
     figure_png,
+    load_matplotlib,
     matplotlib_available,
     run_curves,
     run_curves_figure,
@@ -116,6 +118,9 @@ class RecordRunOperator(BaseOperator):
         self.collect_options = dict(collect_options or {})
 
     def execute(self, context: Context) -> dict[str, Any]:
+        if self.plot and matplotlib_available():
+            # matplotlib's import (about half a second) runs while the run is being recorded.
+            threading.Thread(target=load_matplotlib, name="record_run-plot-import", daemon=True).start()
         derived = context["ti"].xcom_pull(task_ids=self.validate_task_id) or {}
         refusal = self.refusal(context)
         if refusal:

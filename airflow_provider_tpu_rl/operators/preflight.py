@@ -53,6 +53,14 @@ def lease_wait_seconds() -> float:
     return max(conf.getfloat("tpu_rl", "lease_wait_minutes", fallback=0.0), 0.0) * 60.0
 
 
+def load_permission_client() -> None:
+    """Import the permission check's hook and its Resource Manager client (about 0.6 s of imports);
+    an import error shows again, with its message, when the check itself imports them."""
+    from airflow_provider_tpu_rl.hooks.resource_manager import ProjectPermissionsHook
+
+    ProjectPermissionsHook.load_client_library()
+
+
 class TpuRlPreflightOperator(GclusterBaseOperator):
     """Check the toolchain, APIs, permissions and reservation a run needs; create nothing.
 
@@ -365,23 +373,25 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         need = self._need(run)
         sources = checks.ssh_source_ranges(self.ssh_source_ranges)
 
-        problems = self.check_toolchain(run)
-        # A tool the toolchain check reported missing makes the gcloud reads fail the same way.
-        self._tool_missing = bool(problems)
-        # gcloud without an account fails every read below the same way: one line, the others skip.
-        problems += self.check_gcloud_account(run)
-        if run is Runner.GKE:
-            problems += self.check_adc()
-        reasons: dict[str, str] = {}
-        if run is Runner.TPU_VM:
-            # Under OS Login, sudo on the VM needs admin login: tested with the other permissions.
-            os_login, os_login_problems = self.check_os_login(project)
-            problems += os_login_problems
-            if os_login:
-                permissions.setdefault(checks.OS_ADMIN_LOGIN, checks.OS_ADMIN_LOGIN_ROLE)
-                reasons[permissions[checks.OS_ADMIN_LOGIN]] = checks.os_login_reason(project)
         # The permission check (an API call) runs beside the gcloud reads: independent, read-only.
+        # Its client is a heavy import, loaded in the same thread while the first gcloud reads run.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="preflight") as pool:
+            pool.submit(load_permission_client)
+            problems = self.check_toolchain(run)
+            # A tool the toolchain check reported missing makes the gcloud reads fail the same way.
+            self._tool_missing = bool(problems)
+            # gcloud without an account fails every read below the same way: one line, the others skip.
+            problems += self.check_gcloud_account(run)
+            if run is Runner.GKE:
+                problems += self.check_adc()
+            reasons: dict[str, str] = {}
+            if run is Runner.TPU_VM:
+                # Under OS Login, sudo on the VM needs admin login: tested with the other permissions.
+                os_login, os_login_problems = self.check_os_login(project)
+                problems += os_login_problems
+                if os_login:
+                    permissions.setdefault(checks.OS_ADMIN_LOGIN, checks.OS_ADMIN_LOGIN_ROLE)
+                    reasons[permissions[checks.OS_ADMIN_LOGIN]] = checks.os_login_reason(project)
             permission_problems = pool.submit(self.check_permissions, project, permissions, reasons)
             problems += self.check_services(project, services)
             if run is Runner.TPU_VM:

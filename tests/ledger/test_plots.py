@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,6 +125,32 @@ def test_after_is_drawn_at_the_last_recorded_step_when_the_final_step_is_unknown
 
     assert curves.reward_points == [(0, 0.1), (7, 0.3)]
     assert curves.loss == ((7, 1.0),)
+
+
+# A fresh interpreter: what load_matplotlib imported, then what drawing a run's PNG imported besides.
+DRAW_AFTER_LOAD = """
+import json, sys
+from airflow_provider_tpu_rl.ledger.plots import figure_png, load_matplotlib, run_curves, run_curves_figure
+from airflow_provider_tpu_rl.ledger.records import MetricRecord
+before = set(sys.modules)
+assert load_matplotlib()
+loaded = set(sys.modules)
+metrics = [MetricRecord("pre", 0, "mean_reward", 0.1), MetricRecord("train", 3, "loss", 1.0)]
+png = figure_png(run_curves_figure(run_curves("r", metrics, final_step=3)))
+print(json.dumps({"loaded": len(loaded - before), "drawing imported": sorted(set(sys.modules) - loaded),
+                  "png": png[:8].hex()}))
+"""
+
+
+def test_load_matplotlib_imports_all_that_drawing_a_png_needs() -> None:
+    """record_run loads matplotlib in a thread while it records the run: the drawing then imports
+    nothing of matplotlib's own."""
+    out = subprocess.run([sys.executable, "-c", DRAW_AFTER_LOAD], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert found["loaded"] > 0
+    assert [name for name in found["drawing imported"] if name.split(".")[0] == "matplotlib"] == []
+    assert found["png"] == "89504e470d0a1a0a"
 
 
 @pytest.mark.parametrize(
