@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 ACTOR_FOLDER = "checkpoints/actor/"
 CURVES_PREFIX = "tpu-rl-curves"
+PLOT_IMPORT_THREAD = "record_run-plot-import"
 
 Upload = Callable[[str, bytes], None]
 
@@ -118,9 +119,21 @@ class RecordRunOperator(BaseOperator):
         self.collect_options = dict(collect_options or {})
 
     def execute(self, context: Context) -> dict[str, Any]:
+        loader = None
         if self.plot and matplotlib_available():
-            # matplotlib's import (about half a second) runs while the run is being recorded.
-            threading.Thread(target=load_matplotlib, name="record_run-plot-import", daemon=True).start()
+            # matplotlib's import (about half a second) runs while the run is being recorded. The task
+            # waits for it before it ends: an import still running in a thread as the process exits
+            # can abort the interpreter (numpy's and Pillow's C modules during finalization).
+            loader = threading.Thread(target=load_matplotlib, name=PLOT_IMPORT_THREAD)
+            loader.start()
+        try:
+            return self.record(context)
+        finally:
+            if loader is not None:
+                loader.join()
+
+    def record(self, context: Context) -> dict[str, Any]:
+        """Record the run in the ledger, draw and upload its curves, persist its dashboard link."""
         derived = context["ti"].xcom_pull(task_ids=self.validate_task_id) or {}
         refusal = self.refusal(context)
         if refusal:

@@ -7,6 +7,8 @@ import logging
 import math
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -382,6 +384,29 @@ def test_a_run_without_rewards_or_losses_is_recorded_without_a_picture_and_one_l
         "tpu_rl_run_curves": {"dag_id": "tpu_rl_gke_pipeline", "run_id": "no-metrics"}
     }
     assert count_rows(ledger, "runs") == 1
+
+
+def test_record_run_ends_only_after_its_matplotlib_import(
+    ledger: RunLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run with nothing to draw ends before the import would: the task still waits for it (an
+    import left running as the task's process exits aborted the interpreter, exit -6)."""
+    imported = threading.Event()
+
+    def slow_load() -> bool:
+        time.sleep(0.5)
+        imported.set()
+        return True
+
+    monkeypatch.setattr(ledger_operator, "load_matplotlib", slow_load)
+    op = operator()
+    monkeypatch.setattr(op, "upload", lambda uri, data: pytest.fail("nothing to upload"))
+    context = record_context("bad", {})
+
+    assert op.execute(context)["state"] == "success"  # type: ignore[arg-type]
+
+    assert imported.is_set()
+    assert ledger_operator.PLOT_IMPORT_THREAD not in {t.name for t in threading.enumerate()}
 
 
 def test_a_failed_upload_does_not_fail_the_ledger_task(
