@@ -46,8 +46,10 @@ def load_matplotlib() -> bool:
     try:
         import matplotlib.backends.backend_agg
         import matplotlib.figure  # noqa: F401
+        from PIL import Image
     except ImportError:
         return False
+    Image.preinit()  # the image plugins Pillow imports on its first save
     return True
 
 

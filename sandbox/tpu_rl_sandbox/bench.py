@@ -8,7 +8,8 @@
    time as the sandbox recorded it, and the time spent inside the fake ``gcloud``/``gcluster``
    processes, which stand for cloud API calls; their union) = orchestration overhead, per task; next to it a trivial
    DAG of the same shape (the real DAG's task ids, edges, setup/teardown flags, trigger rules and
-   Params, every task a no-op Python task) run the same way, whose whole wall time is overhead.
+   Params, every task a no-op Python task) run the same way, whose whole wall time is overhead
+   (the median of three runs of it).
    The pipeline's overhead per task against the trivial DAG's: goal at most 1.5x. Each run reads
    its one DAG file (``--dagfile-path``); the trivial DAG without the Params is shown beside it.
 3. Worker-slot time of the ``train`` task during a 120-second simulated training: the time it
@@ -44,6 +45,7 @@ from tpu_rl_sandbox.state import StateStore, read_calls
 
 PARSE_FILL_GOAL = 0.30  # the GKE pipeline's DagBag fill, as a fraction of the stock equivalent's
 OVERHEAD_RATIO_GOAL = 1.5  # the pipeline's orchestration overhead per task vs a trivial DAG's
+BASELINE_RUNS = 3  # runs of each trivial DAG; the median is the baseline
 TPU_IDLE_GOAL = 0.15  # the share of billed TPU time that does not train
 GKE_DAG_FILE = f"{GKE_DAG_ID}.py"
 STOCK_DAG_FILE = "stock_equivalent.py"
@@ -471,21 +473,22 @@ def bench_pipeline(dags_dir: Path, train_seconds: float, step_seconds: float) ->
             jobs = _job_intervals(root)
             held, span = worker_slot_seconds(log, "train")
             # The same shape, the same sandbox, the same Airflow home; only the DAG file differs.
-            trivial_wall, _ = _dags_test(
-                airflow, TRIVIAL_DAG_ID, write_trivial_dag(Path(tmp) / "trivial", shape), env
-            )
-            formless_wall, _ = _dags_test(
-                airflow,
-                TRIVIAL_DAG_ID,
-                write_trivial_dag(Path(tmp) / "formless", shape, with_form=False),
-                env,
-            )
+            # Each baseline is the median of a few runs: one run of it varies by about ±10% here.
+            trivial = write_trivial_dag(Path(tmp) / "trivial", shape)
+            formless = write_trivial_dag(Path(tmp) / "formless", shape, with_form=False)
+            trivial_walls = [
+                _dags_test(airflow, TRIVIAL_DAG_ID, trivial, env)[0] for _ in range(BASELINE_RUNS)
+            ]
+            formless_walls = [
+                _dags_test(airflow, TRIVIAL_DAG_ID, formless, env)[0] for _ in range(BASELINE_RUNS)
+            ]
         finally:
             sandbox_down(root, wipe=True)
     job_seconds = {name: end - start for name, (start, end) in jobs.items()}
     work = union_seconds([*jobs.values(), *calls])
     tasks = len(shape["tasks"])
     per_task = (wall - work) / tasks
+    trivial_wall, formless_wall = statistics.median(trivial_walls), statistics.median(formless_walls)
     trivial_per_task = trivial_wall / tasks
     formless_per_task = formless_wall / tasks
     ratio = per_task / trivial_per_task
@@ -500,9 +503,10 @@ def bench_pipeline(dags_dir: Path, train_seconds: float, step_seconds: float) ->
         f"   orchestration overhead                  {wall - work:8.1f}s  = {per_task:.2f}s per task",
         f"   trivial DAG, same shape ({tasks} no-op Python tasks, same edges, setup/teardown, trigger rules,",
         f"   the same {params} Params)",
-        f"   wall time of `airflow dags test`        {trivial_wall:8.1f}s  = {trivial_per_task:.2f}s per task (all overhead)",
+        f"   wall time of `airflow dags test`        {trivial_wall:8.1f}s  = {trivial_per_task:.2f}s per task (all overhead;",
+        f"   median of {BASELINE_RUNS} runs: {', '.join(f'{w:.1f}s' for w in trivial_walls)})",
         f"   the same without the Params              {formless_wall:8.1f}s  = {formless_per_task:.2f}s per task "
-        f"(ratio {per_task / formless_per_task:.2f} against it)",
+        f"(ratio {per_task / formless_per_task:.2f} against it; {', '.join(f'{w:.1f}s' for w in formless_walls)})",
         f"   overhead per task, pipeline vs trivial  {per_task:.2f}s / {trivial_per_task:.2f}s: "
         f"ratio {ratio:.2f} (goal ≤ {OVERHEAD_RATIO_GOAL:.2f}; {verdict})",
         "3. Worker slot held by `train` while the job trains",

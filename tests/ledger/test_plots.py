@@ -146,12 +146,12 @@ print(json.dumps({"loaded": len(loaded - before), "drawing imported": sorted(set
 
 def test_load_matplotlib_imports_all_that_drawing_a_png_needs() -> None:
     """record_run loads matplotlib in a thread while it records the run: the drawing then imports
-    nothing of matplotlib's own."""
+    nothing (neither matplotlib's modules nor the plugins Pillow loads on its first save)."""
     out = subprocess.run([sys.executable, "-c", DRAW_AFTER_LOAD], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     found = json.loads(out.stdout.strip().splitlines()[-1])
     assert found["loaded"] > 0
-    assert [name for name in found["drawing imported"] if name.split(".")[0] == "matplotlib"] == []
+    assert found["drawing imported"] == []
     assert found["png"] == "89504e470d0a1a0a"
 
 
