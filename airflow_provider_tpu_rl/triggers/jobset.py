@@ -602,9 +602,16 @@ class JobSetTrigger(BaseTrigger):
             await self._flush()
             await self._save_cursor(force=True)
             if not AIRFLOW_V_3_3_PLUS and self.cancel_on_kill:
-                with contextlib.suppress(Exception):
+                try:
                     if await self.safe_to_cancel():
                         await self.on_kill()
+                except Exception:  # the cancellation still propagates; the JobSet may be left running
+                    self.log.error(
+                        "Could not delete JobSet %s after the task was killed: it runs until its "
+                        "cluster is destroyed, or `gcluster job cancel` deletes it",
+                        self.job_name,
+                        exc_info=True,
+                    )
             raise
         finally:
             await self._stop_follower()
@@ -808,6 +815,7 @@ class JobSetTrigger(BaseTrigger):
             if namespace is None:
                 found = await client.find(api, self.job_name)
                 if found is None:
+                    self.log.info("Task killed: JobSet %s does not exist, nothing to delete", self.job_name)
                     return
                 namespace = str(found["metadata"].get("namespace") or "default")
             self.log.info("Task killed: deleting JobSet %s/%s", namespace, self.job_name)

@@ -267,6 +267,47 @@ def test_before_airflow_3_3_only_a_kill_cancels_the_job(
     hold.unlink()
 
 
+def test_a_kill_whose_delete_fails_says_so_and_still_cancels(
+    sb: SandboxRun, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before Airflow 3.3 the delete runs on the cancel path: its failure is logged with what to do
+    (the JobSet keeps running), and the cancellation still reaches the caller."""
+    from airflow_provider_tpu_rl.exceptions import FailureKind, KubernetesApiError
+
+    _, _, trigger, job_name, hold = _held_training(sb, monkeypatch)
+    monkeypatch.setattr(jobset_module, "AIRFLOW_V_3_3_PLUS", False)
+
+    async def safe_to_cancel() -> bool:
+        return True
+
+    async def refused() -> None:
+        raise KubernetesApiError("delete JobSet: 403 forbidden", FailureKind.CONFIG)
+
+    monkeypatch.setattr(trigger, "safe_to_cancel", safe_to_cancel)
+    monkeypatch.setattr(trigger, "on_kill", refused)
+
+    async def run_then_cancel() -> bool:
+        task = asyncio.ensure_future(anext(aiter(trigger.run())))
+        await asyncio.sleep(1.0)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            return True
+        return False
+
+    with caplog.at_level(logging.ERROR, logger=f"tests.jobset_trigger.{id(trigger)}"), recording(trigger):
+        assert asyncio.run(run_then_cancel()) is True
+    (record,) = [r for r in caplog.records if "Could not delete JobSet" in r.getMessage()]
+    assert job_name in record.getMessage()
+    assert "gcluster job cancel" in record.getMessage()
+    assert record.exc_info is not None
+    assert "403 forbidden" in str(record.exc_info[1])
+    path = f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets/{job_name}"
+    assert kube_access.request(sb.kube(), "GET", path).status == 200
+    hold.unlink()
+
+
 def test_a_deleted_jobset_is_missing_after_two_polls(sb: SandboxRun, monkeypatch: pytest.MonkeyPatch) -> None:
     _, _, trigger, job_name, hold = _held_training(sb, monkeypatch)
     path = f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets/{job_name}"
