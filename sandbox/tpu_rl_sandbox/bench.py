@@ -8,8 +8,9 @@
    time as the sandbox recorded it, and the time spent inside the fake ``gcloud``/``gcluster``
    processes, which stand for cloud API calls; their union) = orchestration overhead, per task; next to it a trivial
    DAG of the same shape (the real DAG's task ids, edges, setup/teardown flags, trigger rules and
-   Params, every task a no-op Python task) run the same way, whose whole wall time is overhead
-   (the median of three runs of it).
+   Params, every task a no-op Python task) run the same way right after it, whose whole wall time is
+   overhead. Three rounds (each pipeline run in a fresh sandbox and Airflow home; the first trains
+   ``--train-seconds``, the others 10 s); the overhead and the baseline are the medians of the rounds.
    The pipeline's overhead per task against the trivial DAG's: goal at most 1.5x. Each run reads
    its one DAG file (``--dagfile-path``); the trivial DAG without the Params is shown beside it.
 3. Worker-slot time of the ``train`` task during a 120-second simulated training: the time it
@@ -32,6 +33,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -45,7 +47,10 @@ from tpu_rl_sandbox.state import StateStore, read_calls
 
 PARSE_FILL_GOAL = 0.30  # the GKE pipeline's DagBag fill, as a fraction of the stock equivalent's
 OVERHEAD_RATIO_GOAL = 1.5  # the pipeline's orchestration overhead per task vs a trivial DAG's
-BASELINE_RUNS = 3  # runs of each trivial DAG; the median is the baseline
+# Rounds of section 2: each a pipeline run in a fresh sandbox, then the trivial DAGs. One run of either
+# varies by about ±10% here; the overhead and the baselines are the medians of the rounds.
+ROUNDS = 3
+SHORT_TRAIN_SECONDS = 10.0  # the simulated training of every round but the first
 TPU_IDLE_GOAL = 0.15  # the share of billed TPU time that does not train
 GKE_DAG_FILE = f"{GKE_DAG_ID}.py"
 STOCK_DAG_FILE = "stock_equivalent.py"
@@ -436,8 +441,32 @@ def tpu_time_lines(number: str, tpu: dict[str, Any] | None) -> list[str]:
     ]
 
 
-def bench_pipeline(dags_dir: Path, train_seconds: float, step_seconds: float) -> list[str]:
-    batches = max(1, round(train_seconds / step_seconds))
+@dataclass(frozen=True)
+class PipelineRun:
+    """One ``airflow dags test`` of the GKE pipeline in its own sandbox and Airflow home."""
+
+    batches: int
+    wall: float
+    jobs: dict[str, tuple[float, float]]  # job name -> (created, completed)
+    calls: list[tuple[float, float]]  # fake CLI calls
+    log: list[str]
+    tpu: dict[str, Any] | None
+
+    @property
+    def work(self) -> float:
+        """Simulated cloud work: the union of the jobs' runs and the CLI calls."""
+        return union_seconds([*self.jobs.values(), *self.calls])
+
+    @property
+    def overhead(self) -> float:
+        return self.wall - self.work
+
+
+def _pipeline_round(
+    dags_dir: Path, folder: Path, batches: int, step_seconds: float
+) -> tuple[PipelineRun, dict[str, Any], float, float]:
+    """In a fresh sandbox and Airflow home: the pipeline run, then the trivial DAG of its shape with
+    and without the Params; (the run, the shape, the two trivial walls)."""
     conf = {
         "project": "tpu-rl-bench",
         "cluster_name": "tpu-rl-bench",
@@ -445,74 +474,103 @@ def bench_pipeline(dags_dir: Path, train_seconds: float, step_seconds: float) ->
         "num_batches": batches,
         "keep_cluster": True,  # keep the jobs listable afterwards; the sandbox is wiped at the end
     }
+    root, home = folder / "sandbox", folder / "airflow"
+    sandbox_up(root)
+    try:
+        env = {
+            **os.environ,
+            **sandbox_env(root),
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__DAGS_FOLDER": str(dags_dir),
+            "AIRFLOW__TPU_RL__POLL_INTERVAL": "1",
+            "TPU_RL_SANDBOX_STEP_SECONDS": str(step_seconds),
+        }
+        airflow = str(Path(sys.executable).with_name("airflow"))
+        subprocess.run([airflow, "db", "migrate"], env=env, capture_output=True, check=True)
+        shape = dag_shape(dags_dir / GKE_DAG_FILE, GKE_DAG_ID, env)
+        started_at = time.time()
+        # The DAG file alone in its folder, as the trivial DAGs are: the bundle parsed around
+        # the run holds that one file, not the other DAGs of dags/.
+        alone = folder / "pipeline" / GKE_DAG_FILE
+        alone.parent.mkdir()
+        alone.write_text((dags_dir / GKE_DAG_FILE).read_text())
+        wall, log = _dags_test(airflow, GKE_DAG_ID, alone, env, conf)
+        run = PipelineRun(
+            batches=batches,
+            wall=wall,
+            jobs=_job_intervals(root),
+            calls=_call_intervals(root, started_at, time.time()),
+            log=log,
+            tpu=ledger_tpu_time(home, GKE_DAG_ID),
+        )
+        # The same shape, the same sandbox, the same Airflow home, right after: only the DAG file differs.
+        trivial = write_trivial_dag(folder / "trivial", shape)
+        formless = write_trivial_dag(folder / "formless", shape, with_form=False)
+        trivial_wall = _dags_test(airflow, TRIVIAL_DAG_ID, trivial, env)[0]
+        formless_wall = _dags_test(airflow, TRIVIAL_DAG_ID, formless, env)[0]
+    finally:
+        sandbox_down(root, wipe=True)
+    return run, shape, trivial_wall, formless_wall
+
+
+def _seconds(values: list[float]) -> str:
+    return ", ".join(f"{v:.1f}s" for v in values)
+
+
+def bench_pipeline(dags_dir: Path, train_seconds: float, step_seconds: float) -> list[str]:
+    """Sections 2-4: :data:`ROUNDS` rounds, each a pipeline run and the two trivial DAGs after it;
+    the first round trains ``train_seconds`` (the worker slot and TPU time are read from it), the
+    others :data:`SHORT_TRAIN_SECONDS`. Overheads and baselines are the medians of the rounds."""
+    runs: list[PipelineRun] = []
+    trivial_walls: list[float] = []
+    formless_walls: list[float] = []
+    shape: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        root, home = Path(tmp) / "sandbox", Path(tmp) / "airflow"
-        sandbox_up(root)
-        try:
-            env = {
-                **os.environ,
-                **sandbox_env(root),
-                "AIRFLOW_HOME": str(home),
-                "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-                "AIRFLOW__CORE__DAGS_FOLDER": str(dags_dir),
-                "AIRFLOW__TPU_RL__POLL_INTERVAL": "1",
-                "TPU_RL_SANDBOX_STEP_SECONDS": str(step_seconds),
-            }
-            airflow = str(Path(sys.executable).with_name("airflow"))
-            subprocess.run([airflow, "db", "migrate"], env=env, capture_output=True, check=True)
-            shape = dag_shape(dags_dir / GKE_DAG_FILE, GKE_DAG_ID, env)
-            started_at = time.time()
-            # The DAG file alone in its folder, as the trivial DAGs are: the bundle parsed around
-            # the run holds that one file, not the other DAGs of dags/.
-            alone = Path(tmp) / "pipeline" / GKE_DAG_FILE
-            alone.parent.mkdir()
-            alone.write_text((dags_dir / GKE_DAG_FILE).read_text())
-            wall, log = _dags_test(airflow, GKE_DAG_ID, alone, env, conf)
-            tpu = ledger_tpu_time(home, GKE_DAG_ID)
-            calls = _call_intervals(root, started_at, time.time())
-            jobs = _job_intervals(root)
-            held, span = worker_slot_seconds(log, "train")
-            # The same shape, the same sandbox, the same Airflow home; only the DAG file differs.
-            # Each baseline is the median of a few runs: one run of it varies by about ±10% here.
-            trivial = write_trivial_dag(Path(tmp) / "trivial", shape)
-            formless = write_trivial_dag(Path(tmp) / "formless", shape, with_form=False)
-            trivial_walls = [
-                _dags_test(airflow, TRIVIAL_DAG_ID, trivial, env)[0] for _ in range(BASELINE_RUNS)
-            ]
-            formless_walls = [
-                _dags_test(airflow, TRIVIAL_DAG_ID, formless, env)[0] for _ in range(BASELINE_RUNS)
-            ]
-        finally:
-            sandbox_down(root, wipe=True)
-    job_seconds = {name: end - start for name, (start, end) in jobs.items()}
-    work = union_seconds([*jobs.values(), *calls])
+        for number in range(ROUNDS):
+            seconds = train_seconds if number == 0 else min(train_seconds, SHORT_TRAIN_SECONDS)
+            batches = max(1, round(seconds / step_seconds))
+            run, shape, trivial_wall, formless_wall = _pipeline_round(
+                dags_dir, Path(tmp) / f"round-{number}", batches, step_seconds
+            )
+            runs.append(run)
+            trivial_walls.append(trivial_wall)
+            formless_walls.append(formless_wall)
+    first = runs[0]
+    job_seconds = {name: end - start for name, (start, end) in first.jobs.items()}
+    held, span = worker_slot_seconds(first.log, "train")
     tasks = len(shape["tasks"])
-    per_task = (wall - work) / tasks
+    overheads = [run.overhead for run in runs]
+    overhead = statistics.median(overheads)
+    per_task = overhead / tasks
     trivial_wall, formless_wall = statistics.median(trivial_walls), statistics.median(formless_walls)
     trivial_per_task = trivial_wall / tasks
     formless_per_task = formless_wall / tasks
     ratio = per_task / trivial_per_task
     verdict = "met" if ratio <= OVERHEAD_RATIO_GOAL else "NOT met"
     params = len(shape["params"])
+    steps = ", ".join(f"{o:.1f}s ({run.batches} steps)" for o, run in zip(overheads, runs, strict=True))
     return [
-        f"2. Sandbox GKE pipeline, {batches} training steps x {step_seconds}s (poll interval 1 s), {tasks} tasks",
-        f"   wall time of `airflow dags test`        {wall:8.1f}s",
-        f"   the jobs' own run time ({len(jobs)} jobs)          {sum(job_seconds.values()):8.1f}s  {json.dumps({k: round(v) for k, v in job_seconds.items()})}",
-        f"   time inside the fake cloud CLIs ({len(calls)} calls) {union_seconds(calls):8.1f}s  (gcloud/gcluster stand-ins: API latency here)",
-        f"   simulated cloud work (union of both)      {work:8.1f}s",
-        f"   orchestration overhead                  {wall - work:8.1f}s  = {per_task:.2f}s per task",
+        f"2. Sandbox GKE pipeline, {first.batches} training steps x {step_seconds}s (poll interval 1 s), {tasks} tasks",
+        f"   wall time of `airflow dags test`        {first.wall:8.1f}s",
+        f"   the jobs' own run time ({len(first.jobs)} jobs)          {sum(job_seconds.values()):8.1f}s  {json.dumps({k: round(v) for k, v in job_seconds.items()})}",
+        f"   time inside the fake cloud CLIs ({len(first.calls)} calls) {union_seconds(first.calls):8.1f}s  (gcloud/gcluster stand-ins: API latency here)",
+        f"   simulated cloud work (union of both)      {first.work:8.1f}s",
+        f"   orchestration overhead                  {first.overhead:8.1f}s",
+        f"   orchestration overhead, median of {ROUNDS} runs {overhead:6.1f}s  = {per_task:.2f}s per task ({steps})",
         f"   trivial DAG, same shape ({tasks} no-op Python tasks, same edges, setup/teardown, trigger rules,",
-        f"   the same {params} Params)",
+        f"   the same {params} Params), run after each pipeline run",
         f"   wall time of `airflow dags test`        {trivial_wall:8.1f}s  = {trivial_per_task:.2f}s per task (all overhead;",
-        f"   median of {BASELINE_RUNS} runs: {', '.join(f'{w:.1f}s' for w in trivial_walls)})",
+        f"   median of {ROUNDS} runs: {_seconds(trivial_walls)})",
         f"   the same without the Params              {formless_wall:8.1f}s  = {formless_per_task:.2f}s per task "
-        f"(ratio {per_task / formless_per_task:.2f} against it; {', '.join(f'{w:.1f}s' for w in formless_walls)})",
+        f"(ratio {per_task / formless_per_task:.2f} against it; {_seconds(formless_walls)})",
         f"   overhead per task, pipeline vs trivial  {per_task:.2f}s / {trivial_per_task:.2f}s: "
         f"ratio {ratio:.2f} (goal ≤ {OVERHEAD_RATIO_GOAL:.2f}; {verdict})",
+        f"   each round's ratio: {', '.join(f'{o / w:.2f}' for o, w in zip(overheads, trivial_walls, strict=True))}",
         "3. Worker slot held by `train` while the job trains",
         f"   train task, first start to end          {span:8.1f}s",
         f"   of which executing in a worker          {held:8.1f}s  ({held / span:.1%}; deferred the rest)",
-        *tpu_time_lines("4", tpu),
+        *tpu_time_lines("4", first.tpu),
     ]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tpu_rl_sandbox.bench import union_seconds
+from tpu_rl_sandbox.bench import PipelineRun, union_seconds
 from tpu_rl_sandbox.state import CALL_START_ENV, call_start
 
 
@@ -21,6 +21,19 @@ from tpu_rl_sandbox.state import CALL_START_ENV, call_start
 )
 def test_union_seconds(intervals: list[tuple[float, float]], seconds: float) -> None:
     assert union_seconds(intervals) == pytest.approx(seconds)
+
+
+def test_a_pipeline_runs_overhead_is_its_wall_time_outside_jobs_and_calls() -> None:
+    run = PipelineRun(
+        batches=5,
+        wall=30.0,
+        jobs={"convert": (100.0, 110.0), "train": (112.0, 120.0)},
+        calls=[(99.0, 101.0), (110.5, 111.0), (115.0, 116.0)],  # the last one during a job
+        log=[],
+        tpu=None,
+    )
+    assert run.work == pytest.approx(19.5)  # 99-110, 110.5-111, 112-120
+    assert run.overhead == pytest.approx(10.5)
 
 
 def test_a_call_starts_when_its_shim_started_unless_the_stamp_is_stale() -> None:
