@@ -13,7 +13,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 # pytest worker, a real scheduler) compiles its ~4,500 imported modules again, 10 s of CPU each.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: venv postgres test test-side-unit test-side-others test-all lint typecheck unit unit-airflow unit-airflow-free test-airflow-2.11 test-lowest demo plan bench clean
+.PHONY: venv postgres chromium test test-side-unit test-side-others test-all lint typecheck unit unit-airflow unit-airflow-free test-airflow-2.11 test-lowest demo plan bench clean
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
 venv: $(VENV)/.installed
@@ -43,6 +43,12 @@ postgres:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends postgresql; }
 
+# The browser test drives the Airflow UI with Debian's Chromium (Playwright, from the dev extra,
+# launches /usr/bin/chromium; it never downloads a browser).
+chromium:
+	@ls /usr/bin/chromium >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends chromium; }
+
 lint: venv
 	$(BIN)/ruff check airflow_provider_tpu_rl sandbox dags tests tools docs/examples
 	$(BIN)/ruff format --check airflow_provider_tpu_rl sandbox dags tests tools docs/examples
@@ -64,10 +70,10 @@ PYTEST_ARGS := -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 AIRFLOW_FREE_TESTS := tests/spec tests/render tests/golden tests/maxtext tests/sql tests/sandbox tests/docker
 
 # The whole suite on Airflow 3.3; `make test` runs it in two parts, one on each side.
-unit: venv postgres
+unit: venv postgres chromium
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-unit-airflow: venv postgres
+unit-airflow: venv postgres chromium
 	$(BIN)/pytest $(PYTEST_ARGS) $(addprefix --ignore=,$(AIRFLOW_FREE_TESTS))
 
 unit-airflow-free: venv
@@ -92,7 +98,7 @@ SAME_ON_EVERY_AIRFLOW := tests/operators/test_bucket_sharing.py tests/operators/
 
 # Every other test that runs Airflow or the providers, again on Airflow 2.11.2, the end-to-end runs
 # and the real services included (lint and types run once).
-test-airflow-2.11: $(VENV_211)/.installed postgres
+test-airflow-2.11: $(VENV_211)/.installed postgres chromium
 	PATH=$(CURDIR)/$(VENV_211)/bin:$$PATH $(VENV_211)/bin/pytest $(PYTEST_ARGS) \
 	  $(addprefix --ignore=,$(AIRFLOW_FREE_TESTS) $(SAME_ON_EVERY_AIRFLOW))
 
@@ -120,7 +126,7 @@ test-lowest: $(VENV_LOWEST)/.installed postgres
 # 3.3 leg, not before both. Each target's output is printed whole when it ends; every target runs even if
 # another fails, and make test fails if any did.
 SIDE_B := lint typecheck test-airflow-2.11 test-lowest
-test: venv postgres
+test: venv postgres chromium
 	@echo "make test: the suite on Airflow 3.3 (unit) beside lint, typecheck, the suite on Airflow 2.11 (test-airflow-2.11) and on the lowest providers (test-lowest); each one's output appears when it ends"
 	$(MAKE) --no-print-directory --jobs=2 --keep-going --output-sync=target test-side-unit test-side-others
 
@@ -132,7 +138,7 @@ test-side-others:
 
 # `make test`, then the tests it runs on Airflow 3.3 only because no Airflow line changes what they
 # check (SAME_ON_EVERY_AIRFLOW) on Airflow 2.11 too.
-test-all: test $(VENV_211)/.installed postgres
+test-all: test $(VENV_211)/.installed postgres chromium
 	PATH=$(CURDIR)/$(VENV_211)/bin:$$PATH $(VENV_211)/bin/pytest $(PYTEST_ARGS) $(SAME_ON_EVERY_AIRFLOW)
 
 plan: venv

@@ -54,6 +54,10 @@ AIRFLOW_V_3_3_PLUS: bool = airflow_version() >= (3, 3, 0)
 # Parameters" (params without a section go there too). Airflow 2's www/templates/airflow/trigger.html:
 # the params without a section, in the "DAG conf Parameters" panel; every section starts collapsed.
 FORM_OPEN_SECTION: str | None = "Run Parameters" if AIRFLOW_V_3_0_PLUS else None
+# Whether the trigger form's dropdown can submit null. Airflow 2's trigger.html writes every enum
+# option as its str(), so a null choice submits the string "None", which the enum then refuses: the
+# untouched form could not be submitted. There a nullable choice is a text field proposing the choices.
+FORM_NULL_CHOICE: bool = AIRFLOW_V_3_0_PLUS
 
 
 def exponential_backoff(multiplier: float = 2.0) -> bool | float:
@@ -169,6 +173,7 @@ __all__ = [
     "AIRFLOW_V_3_0_PLUS",
     "AIRFLOW_V_3_2_PLUS",
     "AIRFLOW_V_3_3_PLUS",
+    "FORM_NULL_CHOICE",
     "FORM_OPEN_SECTION",
     "SDK_FALLBACKS",
     "AirflowException",

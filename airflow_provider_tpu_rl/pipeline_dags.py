@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from airflow.providers.common.compat.sdk import DAG, Param, TriggerRule, chain, get_current_context, task
 
-from airflow_provider_tpu_rl.compat import FORM_OPEN_SECTION, AirflowFailException, conf
+from airflow_provider_tpu_rl.compat import FORM_NULL_CHOICE, FORM_OPEN_SECTION, AirflowFailException, conf
 from airflow_provider_tpu_rl.ledger.collect import task_states
 from airflow_provider_tpu_rl.ledger.hook import step_callbacks
 from airflow_provider_tpu_rl.operators.ledger import RecordRunOperator
@@ -282,8 +282,16 @@ def form_schema(metadata: Mapping[str, Any]) -> dict[str, Any]:
     A field with a ``pattern`` carries the spec's ``rule`` for it (what ``validate`` says of a value
     the pattern refuses): it is added to the description, which the form shows next to the field,
     since the form's own refusal is a raw JSON-schema dump of the regex.
+
+    A dropdown with a null choice ("the preset's value") where the form cannot submit null
+    (``FORM_NULL_CHOICE``, Airflow 2) becomes a text field proposing the other choices; empty
+    submits null, and ``anyOf`` still refuses anything but null and the choices.
     """
     schema = dict(metadata)
+    if not FORM_NULL_CHOICE and None in schema.get("enum", ()):
+        choices = [choice for choice in schema.pop("enum") if choice is not None]
+        schema["examples"] = choices
+        schema["anyOf"] = [{"type": "null"}, {"enum": choices}]
     rule = schema.pop("rule", None)
     patterned = "pattern" in schema or "pattern" in schema.get("propertyNames", {})
     if patterned and not rule:

@@ -99,7 +99,7 @@ def test_the_lowest_leg_tests_every_module_that_calls_a_provider_itself() -> Non
 
 
 # --------------------------------------------------------------------------- the Airflow 2.11 leg
-VERSION_BRANCH = re.compile(r"\bAIRFLOW_V_\d|\bairflow_version\b|\bFORM_OPEN_SECTION\b")
+VERSION_BRANCH = re.compile(r"\bAIRFLOW_V_\d|\bairflow_version\b|\bFORM_OPEN_SECTION\b|\bFORM_NULL_CHOICE\b")
 
 
 def airflow_211_leg_tests() -> list[Path]:

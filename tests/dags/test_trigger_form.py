@@ -14,7 +14,12 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_tpu_rl.compat import FORM_OPEN_SECTION, AirflowFailException, ParamValidationError
+from airflow_provider_tpu_rl.compat import (
+    FORM_NULL_CHOICE,
+    FORM_OPEN_SECTION,
+    AirflowFailException,
+    ParamValidationError,
+)
 from airflow_provider_tpu_rl.operators.pipeline import validate_pipeline_conf
 from airflow_provider_tpu_rl.pipeline_dags import form_schema
 from airflow_provider_tpu_rl.spec import GKE_DEFAULTS, TPU_VM_DEFAULTS, Runner, rules
@@ -395,6 +400,22 @@ def test_preset_choices_of_the_gke_form_are_accepted_by_the_spec(serialized_dags
     for topology in ("4x4", "4x8", "8x8"):
         trigger_time_validate(gke, {"topology": topology})
         assert run_validate(GKE_DAG_ID, {"topology": topology})["chips"] == chips_of(topology)
+
+
+def test_the_gke_forms_shape_choices_left_at_the_preset_value_can_be_submitted(
+    serialized_dags: dict[str, Any],
+) -> None:
+    """The shape dropdowns default to null (the preset's value). Airflow 2's form submits a null
+    option as the string "None" (compat.FORM_NULL_CHOICE): there the fields are text fields
+    proposing the choices, and empty submits null; either way "None" is refused."""
+    gke = serialized_dags[GKE_DAG_ID]
+    for key in ("compute_type", "topology"):
+        schema = gke.params.get_param(key).schema
+        assert (None in schema.get("enum", ())) is FORM_NULL_CHOICE, schema
+        assert ("examples" in schema) is not FORM_NULL_CHOICE, schema
+        trigger_time_validate(gke, {key: None})
+        with pytest.raises(ParamValidationError, match=f"Invalid input for param {key}"):
+            trigger_time_validate(gke, {key: "None"})
 
 
 def chips_of(topology: str) -> int:

@@ -30,7 +30,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +69,7 @@ class AirflowFlavor:
     api_server: str  # the service that serves the UI and the REST API
     api_prefix: str  # the public REST API's root
     health_path: str
+    ui_login_path: str  # the UI's login page (a form with Username, Password and "Sign in")
 
     def api_server_args(self, port: str) -> list[str]:
         """The API server's arguments: one worker on 127.0.0.1:port."""
@@ -78,10 +79,20 @@ class AirflowFlavor:
 
 FLAVOR = (
     AirflowFlavor(
-        v3=True, api_server="api-server", api_prefix="/api/v2", health_path="/api/v2/monitor/health"
+        v3=True,
+        api_server="api-server",
+        api_prefix="/api/v2",
+        health_path="/api/v2/monitor/health",
+        ui_login_path="/auth/login",  # the simple auth manager's page
     )
     if AIRFLOW_V_3_0_PLUS
-    else AirflowFlavor(v3=False, api_server="webserver", api_prefix="/api/v1", health_path="/api/v1/health")
+    else AirflowFlavor(
+        v3=False,
+        api_server="webserver",
+        api_prefix="/api/v1",
+        health_path="/api/v1/health",
+        ui_login_path="/login/",  # FAB's page
+    )
 )
 SERVICES = ("dag-processor", "scheduler", "triggerer", FLAVOR.api_server)
 
@@ -279,8 +290,8 @@ class AirflowStack:
     def api(self) -> AirflowApi:
         return AirflowApi(self.api_url, ADMIN_USER, self.admin_password)
 
-    def wait_ready(self, dag_id: str, timeout: float = STARTUP_TIMEOUT) -> AirflowApi:
-        """Wait for the API, for every component to report healthy, and for ``dag_id`` to be parsed."""
+    def wait_ready(self, dag_ids: Sequence[str], timeout: float = STARTUP_TIMEOUT) -> AirflowApi:
+        """Wait for the API, for every component to report healthy, and for each of ``dag_ids`` to be parsed."""
         deadline = time.monotonic() + timeout
 
         def left() -> float:
@@ -311,9 +322,11 @@ class AirflowStack:
 
         def parsed() -> bool:
             self.check_alive()
-            return api.get_optional(f"{FLAVOR.api_prefix}/dags/{dag_id}") is not None
+            return all(
+                api.get_optional(f"{FLAVOR.api_prefix}/dags/{dag_id}") is not None for dag_id in dag_ids
+            )
 
-        wait_for(f"DAG {dag_id} to be parsed", parsed, left(), on_timeout=self.diagnostics())
+        wait_for(f"DAGs {', '.join(dag_ids)} to be parsed", parsed, left(), on_timeout=self.diagnostics())
         return api
 
 
@@ -436,11 +449,12 @@ def start_stack(
     root: Path,
     postgres: PostgresServer,
     sandbox_env: Mapping[str, str],
-    dag_id: str,
+    dag_ids: Sequence[str],
     marker: str,
     extra_env: Mapping[str, str] | None = None,
 ) -> tuple[AirflowStack, AirflowApi]:
-    """Create the databases, ``airflow db migrate``, the admin user, start the four services, wait until ready.
+    """Create the databases, ``airflow db migrate``, the admin user, start the four services, wait
+    until they are ready and ``dag_ids`` are parsed.
 
     On any failure the services started so far are stopped before the error propagates.
     """
@@ -474,7 +488,7 @@ def start_stack(
     try:
         for name in SERVICES:
             stack.start_service(name)
-        api = stack.wait_ready(dag_id)
+        api = stack.wait_ready(dag_ids)
     except BaseException:
         stack.stop()
         raise
@@ -540,13 +554,13 @@ class AirflowApi:
                 self.login()
                 client.cookies.set("_token", str(self.token))
             else:
-                form = client.get("/login/")
+                form = client.get(FLAVOR.ui_login_path)
                 form.raise_for_status()
                 found = re.search(r'name="csrf_token"[^>]*value="([^"]+)"', form.text)
                 if found is None:
                     raise StackError(f"no csrf_token in the login form: {form.text[:500]}")
                 done = client.post(
-                    "/login/",
+                    FLAVOR.ui_login_path,
                     data={"username": self.username, "password": self.password, "csrf_token": found.group(1)},
                 )
                 if done.status_code not in (200, 302) or "session" not in client.cookies:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_tpu_rl.spec import GKE_DAG_ID
+from airflow_provider_tpu_rl.spec import GKE_DAG_ID, TPU_VM_DAG_ID
 from tests.ledger.pg_server import INSTALL_HINT, PostgresServer, find_postgres_bin
 from tests.services.airflow_stack import (
     AirflowApi,
@@ -31,6 +31,8 @@ from tpu_rl_sandbox.maxtext_sim import HOLD_FILE_ENV, STEP_SECONDS_ENV
 # Simulated seconds per MaxText step: long enough that `train` is seen deferred, short enough for
 # a whole run in about a minute on two cores.
 STEP_SECONDS = "0.3"
+# Both pipelines, unpaused once parsed (neither has a schedule: only a trigger starts a run).
+PIPELINE_DAG_IDS = (GKE_DAG_ID, TPU_VM_DAG_ID)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -39,6 +41,10 @@ def pytest_configure(config: pytest.Config) -> None:
         "services: real Airflow services (api-server or webserver, scheduler, dag-processor, triggerer) "
         "on PostgreSQL "
         "with the sandbox (minutes, not seconds)",
+    )
+    config.addinivalue_line(
+        "markers",
+        "browser: drives the services stack's UI with Chromium (Playwright; make chromium installs it)",
     )
 
 
@@ -58,7 +64,7 @@ class ServicesWorld:
 
 @pytest.fixture(scope="module")
 def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServicesWorld]:
-    """PostgreSQL + sandbox + the four Airflow services, started once for the module."""
+    """PostgreSQL + sandbox + the four Airflow services, started once for the module; both pipelines unpaused."""
     bin_dir = find_postgres_bin()
     if bin_dir is None:
         pytest.fail(f"PostgreSQL server binaries not found in /usr/lib/postgresql/*/bin: {INSTALL_HINT}")
@@ -73,12 +79,13 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServicesWorld
                 root,
                 postgres,
                 sandbox_env(info.root),
-                GKE_DAG_ID,
+                PIPELINE_DAG_IDS,
                 marker,
                 # the fake gcluster copies both into the job it submits (sandbox/.../gcluster_jobs.py)
                 extra_env={STEP_SECONDS_ENV: STEP_SECONDS, HOLD_FILE_ENV: str(hold_file)},
             )
-            api.unpause(GKE_DAG_ID)
+            for dag_id in PIPELINE_DAG_IDS:
+                api.unpause(dag_id)
             yield ServicesWorld(stack=stack, api=api, sandbox=info, hold_file=hold_file)
         finally:
             hold_file.unlink(missing_ok=True)
