@@ -463,10 +463,11 @@ class PipelineRun:
 
 
 def _pipeline_round(
-    dags_dir: Path, folder: Path, batches: int, step_seconds: float
+    dags_dir: Path, folder: Path, batches: int, step_seconds: float, shape: dict[str, Any] | None
 ) -> tuple[PipelineRun, dict[str, Any], float, float]:
     """In a fresh sandbox and Airflow home: the pipeline run, then the trivial DAG of its shape with
-    and without the Params; (the run, the shape, the two trivial walls)."""
+    and without the Params; (the run, the shape, the two trivial walls). The shape is read from the
+    DAG file unless an earlier round passes it."""
     conf = {
         "project": "tpu-rl-bench",
         "cluster_name": "tpu-rl-bench",
@@ -488,7 +489,8 @@ def _pipeline_round(
         }
         airflow = str(Path(sys.executable).with_name("airflow"))
         subprocess.run([airflow, "db", "migrate"], env=env, capture_output=True, check=True)
-        shape = dag_shape(dags_dir / GKE_DAG_FILE, GKE_DAG_ID, env)
+        if shape is None:
+            shape = dag_shape(dags_dir / GKE_DAG_FILE, GKE_DAG_ID, env)
         started_at = time.time()
         # The DAG file alone in its folder, as the trivial DAGs are: the bundle parsed around
         # the run holds that one file, not the other DAGs of dags/.
@@ -525,13 +527,13 @@ def bench_pipeline(dags_dir: Path, train_seconds: float, step_seconds: float) ->
     runs: list[PipelineRun] = []
     trivial_walls: list[float] = []
     formless_walls: list[float] = []
-    shape: dict[str, Any] = {}
+    shape: dict[str, Any] = {}  # read in the first round, passed on to the others
     with tempfile.TemporaryDirectory() as tmp:
         for number in range(ROUNDS):
             seconds = train_seconds if number == 0 else min(train_seconds, SHORT_TRAIN_SECONDS)
             batches = max(1, round(seconds / step_seconds))
             run, shape, trivial_wall, formless_wall = _pipeline_round(
-                dags_dir, Path(tmp) / f"round-{number}", batches, step_seconds
+                dags_dir, Path(tmp) / f"round-{number}", batches, step_seconds, shape or None
             )
             runs.append(run)
             trivial_walls.append(trivial_wall)
