@@ -1689,6 +1689,7 @@ class Gcloud:
             seed=f"{project}/{zone}/{name}",
             step_seconds=step_seconds,
             hold_file=hold_file,
+            minute_seconds=load_settings(self.layout).minute_seconds,
             cancelled=lambda: False,
             default_project=project,
             authorize=authorize,

@@ -32,6 +32,7 @@ from tpu_rl_sandbox.fsview import GcsStore
 from tpu_rl_sandbox.hosts import MachineServices, PodHost
 from tpu_rl_sandbox.layout import SandboxLayout, rfc3339
 from tpu_rl_sandbox.maxtext_sim import DEFAULT_STEP_SECONDS
+from tpu_rl_sandbox.settings import load_settings
 from tpu_rl_sandbox.state import FaultGate, StateStore, parse_faults
 
 
@@ -336,6 +337,7 @@ class Worker:
             fault=faults.fire,
             seed=f"{job['key']}",
             step_seconds=step,
+            minute_seconds=load_settings(self.layout).minute_seconds,
             hold_file=job.get("hold_file") or None,
             cancelled=self.cancelled,
             default_project=str(job["project"]),

@@ -31,6 +31,7 @@ from tpu_rl_sandbox.fsview import (
     join,
 )
 from tpu_rl_sandbox.state import FaultSpec
+from tpu_rl_sandbox.timescale import CONVERT, EXPORT, TRAIN, stage_seconds
 
 TO_MAXTEXT = "maxtext.checkpoint_conversion.to_maxtext"
 TRAIN_RL = "maxtext.trainers.post_train.rl.train_rl"
@@ -98,6 +99,8 @@ class SimContext:
     fault: Callable[[str], FaultSpec | None] = lambda kind: None
     cancelled: Callable[[], bool] = lambda: False
     step_seconds: float = DEFAULT_STEP_SECONDS
+    # The time scale (sandbox setting ``minute_seconds``): 0 = off, stages last a few steps.
+    minute_seconds: float = 0.0
     hold_file: str | None = None
     clock: Callable[[], float] = time.time
     sleep: Callable[[float], None] = time.sleep
@@ -456,7 +459,7 @@ class MaxTextRunner:
             f"Loading Hugging Face model {repo} (lazy_load_tensors={args.flags.get('lazy_load_tensors', 'True')})"
         )
         self.require_token(repo)
-        total = self.ctx.step_seconds * 8
+        total = stage_seconds(self.ctx.minute_seconds, model, CONVERT, self.ctx.step_seconds * 8)
         self.wait(total / 4)
         self.log("Peak memory usage: 12.41 GB")
         self.check_fault("loading weights")
@@ -526,15 +529,20 @@ class MaxTextRunner:
             fmt = round(min(100.0, partial + 10.0 + self.rng.random() * 10), 4)
             return corr, accuracy, partial, fmt
 
-        self.wait(self.ctx.step_seconds * 2)
+        # One unit per step, two for the first evaluation, two for XLA's compilation: with the time
+        # scale on, the whole run (start-up and every step) lasts the stage's minutes.
+        unit = stage_seconds(
+            self.ctx.minute_seconds, model, TRAIN, self.ctx.step_seconds * (num_batches + 4)
+        ) / (num_batches + 4)
+        self.wait(unit * 2)
         if num_test_batches > 0:
             corr, acc, partial, fmt = metrics(pre)
             self.log(_metric_line("Pre RL Training", corr, total, acc, partial, fmt, pre), level="W")
         self.log("Starting RL training...", level="W")
-        self.wait(self.ctx.step_seconds * 2)  # XLA compilation pause
+        self.wait(unit * 2)  # XLA compilation pause
         wrote_checkpoint = False
         for step in range(start + 1, num_batches + 1):
-            self.wait(self.ctx.step_seconds)
+            self.wait(unit)
             self.log(f"Reshard finished in {0.8 + self.rng.random():.2f}s", source="reshard.py")
             loss = max(0.0005, 0.05 * (1 - step / (num_batches + 1)) + self.rng.random() * 0.01)
             self.log(
@@ -616,7 +624,7 @@ class MaxTextRunner:
         self.load_checkpoint(load_path, model, scan_layers)
         self.log(f"Loading tokenizer from {repo}")
         self.require_token(repo)
-        total = self.ctx.step_seconds * 8
+        total = stage_seconds(self.ctx.minute_seconds, model, EXPORT, self.ctx.step_seconds * 8)
         self.wait(total / 4)
         self.check_fault("weight conversion")
         architecture, model_type = _arch(model)

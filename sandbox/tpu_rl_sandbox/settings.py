@@ -72,6 +72,12 @@ class SandboxSettings:
       take effect: until then the member's reads get Secret Manager's 403. Real IAM: "typically
       2 minutes, but could potentially take 7 minutes or longer" (Google Cloud IAM docs, "Access
       change propagation"); the sandbox's default is short so the suite stays fast.
+    * ``kueue_admits``: ``False`` makes Kueue admit no new workload (as when other workloads hold
+      the ClusterQueue's whole quota): every JobSet submitted stays ``Suspended`` until it is
+      ``True`` again.
+    * ``minute_seconds``: the time scale. 0 (the default): every stage lasts a few
+      ``step_seconds``. Above 0: conversion, training, export and the TPU VM's install last their
+      real minutes (``timescale.STAGE_MINUTES``) times this, as ``make bench`` plays them.
     """
 
     conditional_bindings: bool = True
@@ -84,6 +90,8 @@ class SandboxSettings:
     gcloud_logged_in: bool = True
     gcluster_release: Mapping[str, str] = field(default_factory=dict)
     iam_propagation_seconds: float = 0.5
+    minute_seconds: float = 0.0
+    kueue_admits: bool = True
 
     def reservation(self, zone: str, name: str) -> dict[str, Any] | None:
         """The reservation ``name`` in ``zone`` with defaults filled in, or ``None``."""

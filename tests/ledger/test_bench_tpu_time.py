@@ -30,8 +30,8 @@ def test_the_bench_reads_the_newest_runs_tpu_time_from_the_default_ledger(
     RunLedger().record(run, [], [], [])
     tpu = ledger_tpu_time(tmp_path, GKE_DAG_ID)
     assert tpu == {"billed_seconds": 2400.0, "trained_seconds": 1200.0, "idle_share": pytest.approx(0.5)}
-    lines = tpu_time_lines("4", tpu)
+    lines = tpu_time_lines("   GKE", tpu)
     assert lines[1].split()[-1] == "2400.0s"
     assert lines[2].split()[-1] == "1200.0s"
-    assert lines[3].split()[-4:] == ["50%", "(goal", "≤", "15%)"]
+    assert lines[3].split()[-6:] == ["50%", "(goal", "≤", "15%;", "NOT", "met)"]
     assert ledger_tpu_time(tmp_path, "another_dag") is None

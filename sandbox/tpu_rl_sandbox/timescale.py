@@ -1,0 +1,44 @@
+"""How long each stage of a run takes in the sandbox when it plays the tutorials' durations.
+
+Off by default: every stage then lasts a few ``step_seconds`` so the suite stays fast. With the
+sandbox setting ``minute_seconds`` above zero (``tpu-rl-sandbox bench`` sets it), a stage lasts
+its real minutes below times ``minute_seconds``, so the TPU billed and busy spans a run records
+keep the proportions of a real run.
+
+Real minutes: the tutorials' where they state them (seed 002, the Llama 3.1 8B TPU VM: conversion
+"about 5 minutes", training "about 10 minutes"), otherwise the estimates in the reference's
+"Where the TPU time goes" (the seeds state no GKE durations): midpoints of conversion 15-30 min,
+training start-up and 50 steps 20-50 min, export 15-30 min for the 26-30B models; the TPU VM's
+install 15-30 min; its export a third of the 9-22 min of copy, export and delete.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Final
+
+CONVERT, TRAIN, EXPORT = "convert", "train", "export"
+
+_LARGE: Final = MappingProxyType({CONVERT: 22.5, TRAIN: 35.0, EXPORT: 22.5})
+_SINGLE_HOST: Final = MappingProxyType({CONVERT: 5.0, TRAIN: 10.0, EXPORT: 5.0})
+INSTALL_MINUTES: Final = 22.5  # the TPU VM's MaxText install (apt, uv, pip from sources)
+
+# MaxText model_name -> stage -> real minutes.
+STAGE_MINUTES: Final[Mapping[str, Mapping[str, float]]] = MappingProxyType(
+    {
+        "qwen3-30b-a3b": _LARGE,
+        "gemma4-26b": _LARGE,
+        "llama3.1-8b-Instruct": _SINGLE_HOST,
+        "llama3.1-8b": _SINGLE_HOST,
+    }
+)
+
+
+def stage_seconds(minute_seconds: float, model: str, stage: str, default: float) -> float:
+    """Sandbox seconds of ``stage`` for ``model``: its real minutes x ``minute_seconds`` when the
+    time scale is on and the stage has a duration, else ``default``."""
+    if minute_seconds <= 0:
+        return default
+    minutes = STAGE_MINUTES.get(model, {}).get(stage)
+    return default if minutes is None else minutes * minute_seconds
