@@ -103,6 +103,8 @@ DEFAULT_JOB_MARGIN_MINUTES: Final = 10.0
 DEFAULT_COMMAND_MINUTES: Final = 20.0
 DEFAULT_KILL_GRACE_SECONDS: Final = 30.0
 DEFAULT_TERRAFORM_LOCK_MINUTES: Final = 5.0
+# A job that has not started on its nodes this long after its creation is cancelled.
+DEFAULT_ADMISSION_MINUTES: Final = 30.0
 # Added to the sum of a DAG run's stages: scheduling, queueing, retry delays.
 DAGRUN_MARGIN: Final = timedelta(hours=2)
 # operators/pipeline.transient_retries: max_retry_delay.
@@ -137,6 +139,16 @@ def job_timeout(stage: str) -> timedelta:
     task = task_timeout(stage)
     margin = timedelta(minutes=_minutes("job_timeout_margin_minutes", DEFAULT_JOB_MARGIN_MINUTES))
     return task - min(margin, task / 10)
+
+
+def admission_timeout() -> timedelta:
+    """How long a job may wait to start: ``[tpu_rl] admission_timeout_minutes`` (default 30).
+
+    From the JobSet's creation until a pod of it is on a node: a job that Kueue keeps suspended
+    (no quota) or whose pods no node can take (no capacity) is cancelled after this, with one
+    line saying what it waited for, instead of waiting out its ``job_timeout``.
+    """
+    return timedelta(minutes=_minutes("admission_timeout_minutes", DEFAULT_ADMISSION_MINUTES))
 
 
 def stage_command_timeout(stage: str) -> float:

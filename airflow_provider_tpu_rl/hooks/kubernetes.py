@@ -394,6 +394,31 @@ def accelerator_start(pods: Sequence[Mapping[str, Any]]) -> str | None:
     return min(starts, key=rfc3339_seconds) if starts else None
 
 
+def waiting_for(state: JobState, pods: Sequence[Mapping[str, Any]]) -> str:
+    """What a job that has not started waits for, one line: Kueue's admission (a suspended
+    JobSet: its ClusterQueue has no free quota for what it asks), or a node for its pods (the
+    scheduler's ``PodScheduled=False`` message, e.g. "0/3 nodes are available: 3 Insufficient
+    google.com/tpu"), or its pods to be created."""
+    if state is JobState.SUSPENDED:
+        return (
+            "Kueue kept it suspended (its LocalQueue's ClusterQueue has no free quota for the "
+            "resources it asks; `kubectl get workloads` shows why)"
+        )
+    for pod in pods:
+        for cond in (pod.get("status") or {}).get("conditions") or []:
+            if (
+                isinstance(cond, Mapping)
+                and cond.get("type") == "PodScheduled"
+                and cond.get("status") == "False"
+            ):
+                name = (pod.get("metadata") or {}).get("name") or "a pod"
+                detail = cond.get("message") or cond.get("reason") or "unschedulable"
+                return f"no node took its pods (pod {name}: {detail}): the capacity it asks for is not there"
+    if pods:
+        return "its pods were created but none was placed on a node"
+    return "Kueue admitted it but none of its pods was created"
+
+
 def rfc3339_seconds(text: str) -> float:
     """Epoch seconds of an RFC 3339 time as the Kubernetes API writes it (``…Z``)."""
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()

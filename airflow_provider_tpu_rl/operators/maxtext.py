@@ -37,7 +37,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from airflow.providers.common.compat.sdk import Context
 
@@ -155,6 +155,10 @@ class JobPlan:
     foreign: bool = False
 
 
+# The trigger's outcomes after which this run's job no longer writes its directory.
+JOB_OVER: Final = frozenset({"success", "missing", "failed", "timeout", "conflict", "unadmitted"})
+
+
 class _GclusterJobOperator(GclusterBaseOperator):
     """Submit-or-attach a ``gcluster job``, defer while it runs, verify its output in GCS.
 
@@ -182,6 +186,9 @@ class _GclusterJobOperator(GclusterBaseOperator):
         ``<stage>_timeout_minutes`` less ``job_timeout_margin_minutes``).
     :param cancel_on_kill: delete the job when the task is killed (marked failed, cleared) while
         it waits, in the worker or deferred.
+    :param admission_timeout: cancel the job and fail, not retried, when no pod of it is on a node
+        this long after its creation (Kueue holds it suspended for lack of quota, or no node has
+        the capacity its pods ask); empty = ``[tpu_rl] admission_timeout_minutes`` (30).
     """
 
     operator_extra_links = (GKEWorkloadLink(), CloudLoggingJobLink(), GCSBrowserLink())
@@ -227,6 +234,7 @@ class _GclusterJobOperator(GclusterBaseOperator):
         poll_interval: float | None = None,
         job_timeout: timedelta | None = None,
         cancel_on_kill: bool = True,
+        admission_timeout: timedelta | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -246,6 +254,9 @@ class _GclusterJobOperator(GclusterBaseOperator):
         self.poll_interval = poll_interval if poll_interval is not None else default_poll_interval()
         self.job_timeout = job_timeout if job_timeout is not None else timeouts.job_timeout(self.job_kind)
         self.cancel_on_kill = cancel_on_kill
+        self.admission_timeout = (
+            admission_timeout if admission_timeout is not None else timeouts.admission_timeout()
+        )
         self._submitted: tuple[str, str, str, str] | None = None
 
     # -- resolving the arguments (in execute: templates are rendered by then) ---------------------
@@ -519,6 +530,7 @@ class _GclusterJobOperator(GclusterBaseOperator):
             poll_interval=self.poll_interval,
             total_steps=plan.total_steps,
             job_timeout=self.job_timeout.total_seconds() if self.job_timeout else None,
+            admission_timeout=self.admission_timeout.total_seconds(),
             cursor_prefix=None if plan.foreign else log_cursor_prefix(self.bucket, plan.name),
             cancel_on_kill=self.cancel_on_kill and not plan.foreign,
             run_dir=plan.run_dir,
@@ -604,7 +616,7 @@ class _GclusterJobOperator(GclusterBaseOperator):
         status = event.get("status")
         run = self.run_identity(context)
         record = None
-        if not event.get("foreign") and status in {"success", "missing", "failed", "timeout", "conflict"}:
+        if not event.get("foreign") and status in JOB_OVER:
             record = self.release_run_dir(
                 plan, run, name
             )  # the job is over (a timed-out one: cancelled below)
@@ -628,7 +640,7 @@ class _GclusterJobOperator(GclusterBaseOperator):
             raise AirflowException(
                 f"job {name} ended ({status}) but {plan.output_uri} is not complete: {event.get('message', '')}"
             )
-        if status == "conflict":
+        if status in ("conflict", "unadmitted"):  # the trigger deleted the job
             raise AirflowFailException(str(event.get("message")))
         if status == "timeout" and event.get("foreign"):
             # another run's conversion this task waited on: that run decides about its job

@@ -61,6 +61,7 @@ from airflow_provider_tpu_rl.hooks.kubernetes import (
     pod_disruption,
     rfc3339_seconds,
     split_timestamp,
+    waiting_for,
     workload_container,
 )
 from airflow_provider_tpu_rl.maxtext.logs import TrainingLogTracker
@@ -114,6 +115,10 @@ class JobSetTrigger(BaseTrigger):
     :param foreign: another run's job this task only waits on (nothing recorded, nothing renewed).
     :param on_other_writer: another live JobSet writes ``run_dir``: ``fail`` (delete this job and
         end with ``conflict``) or ``wait`` (delete this job and wait on that one).
+    :param admission_timeout: seconds from the JobSet's creation within which a pod of it must
+        be on a node; past it, a job Kueue still holds suspended or whose pods no node takes is
+        deleted and the wait ends with ``unadmitted`` and one line on what it waited for. None =
+        no bound (the job's ``deadline`` still applies).
     :param keepalive: ``{"bucket", "until_seconds", "claim": bool, "lease_cluster": str | None}``:
         every ``until_seconds / 3`` while the job runs, push the run directory's writer claim and
         the cluster's lease (when this run holds them) to ``until_seconds`` from now.
@@ -147,6 +152,7 @@ class JobSetTrigger(BaseTrigger):
         foreign: bool = False,
         on_other_writer: str = "fail",
         keepalive: dict[str, Any] | None = None,
+        admission_timeout: float | None = None,
     ) -> None:
         super().__init__()
         if cluster_url is None and not (project_id and location and cluster_name):
@@ -163,6 +169,7 @@ class JobSetTrigger(BaseTrigger):
         self.foreign = foreign
         self.on_other_writer = on_other_writer
         self.keepalive = keepalive
+        self.admission_timeout = admission_timeout
         self.job_name = job_name
         self.cluster_url = cluster_url
         self.ssl_ca_cert = ssl_ca_cert
@@ -201,6 +208,7 @@ class JobSetTrigger(BaseTrigger):
         self._tail: deque[str] = deque(maxlen=TAIL_LINES)  # the last lines relayed: why a job failed
         self._log_ended = asyncio.Event()  # the followed container ended: poll the state now
         self._quick_delay = 0.25
+        self._started = False  # a pod of the job was seen on a node: the admission bound is met
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -232,6 +240,7 @@ class JobSetTrigger(BaseTrigger):
                 "foreign": self.foreign,
                 "on_other_writer": self.on_other_writer,
                 "keepalive": self.keepalive,
+                "admission_timeout": self.admission_timeout,
             },
         )
 
@@ -674,6 +683,11 @@ class JobSetTrigger(BaseTrigger):
                     self._log_ended.clear()  # a new follower (a JobSet restart: a new pod)
                     self._quick_delay = 0.25
                     self._follower = asyncio.create_task(self._follow())
+            if state is not None and not state.finished:
+                unadmitted = await self._unadmitted(state)
+                if unadmitted is not None:
+                    await self._delete_jobset()
+                    return "unadmitted", state, unadmitted, True
             if self.deadline is not None and time.time() >= self.deadline:
                 return (
                     "timeout",
@@ -684,6 +698,24 @@ class JobSetTrigger(BaseTrigger):
             await self._keep_alive()
             await self._flush()
             await self._pause()
+
+    async def _unadmitted(self, state: JobState) -> str | None:
+        """Past the admission bound with no pod of the job on a node: what it waited for, one line
+        (else None; once a pod was seen on a node, never again)."""
+        if self._started or self.admission_timeout is None or self.foreign or self.namespace is None:
+            return None
+        waited = time.time() - (self.jobset_created or time.time())
+        if waited < self.admission_timeout:
+            return None
+        client = self.client()
+        async with client.connection() as api:
+            pods = await client.pods(api, self.namespace, self.job_name)
+        if accelerator_start(pods) is not None:
+            self._started = True
+            return None
+        return f"job {self.job_name} did not start within {waited / 60:.0f} min of its creation: " + (
+            waiting_for(state, pods) + "; it was cancelled"
+        )
 
     # -- the first sight of the JobSet --------------------------------------------------------------
     async def _on_first_sight(self) -> tuple[str, JobState | None, str, bool] | None:

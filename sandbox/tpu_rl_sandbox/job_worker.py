@@ -85,9 +85,13 @@ class Worker:
         """Kueue: a TPU job waits until the cluster has enough free slices (FIFO); a CPU job until
         the ClusterQueue's cpu quota has room, and for ever when the queue covers no ``cpu`` (Kueue
         admits a workload only when every resource it requests is covered: "resource cpu
-        unavailable in ClusterQueue")."""
+        unavailable in ClusterQueue"). With the settings' ``kueue_admits`` off, nothing is admitted."""
         time.sleep(max(step * 2, 0.02))
         while True:
+            if not load_settings(self.layout).kueue_admits:
+                self.job()  # raises JobGone once the JobSet is deleted
+                time.sleep(0.05)
+                continue
             with self.store.txn() as txn:
                 jobs = txn.doc("jobs")
                 me = jobs.get(self.key)
