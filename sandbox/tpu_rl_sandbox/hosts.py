@@ -75,6 +75,9 @@ class MachineServices:
     authorize: Authorize | None = None
     bucket_project: Callable[[str], str | None] | None = None
     minute_seconds: float = 0.0  # the time scale (settings.SandboxSettings.minute_seconds)
+    # (run directory, its committed checkpoints) -> the machine is lost now (settings'
+    # preempt_after_checkpoints; the caller remembers that it fired)
+    preempt: Callable[[str, int], bool] = lambda run_dir, committed: False
 
 
 SCOPE_DENIED = "Access denied. Provided scope(s) are not authorized."
@@ -184,6 +187,7 @@ class MachineHost:
         self.services = services
         self.hostname = hostname
         self.router = Router(services.gcs, self.fs)
+        self.preempted = False
         for directory in self.mounts:
             self.fs.host_path(directory).mkdir(parents=True, exist_ok=True)
 
@@ -286,10 +290,14 @@ class MachineHost:
             step_seconds=services.step_seconds,
             minute_seconds=services.minute_seconds,
             hold_file=services.hold_file,
+            preempt=services.preempt,
         )
         try:
             return maxtext_sim.run(module, args[2:], call.env, ctx)
         except maxtext_sim.Cancelled:
+            return 137
+        except maxtext_sim.Preempted:
+            self.preempted = True  # the machine went away under the workload
             return 137
 
     def tool_pip(self, call: ToolCall) -> int:

@@ -345,6 +345,7 @@ class Worker:
             hold_file=job.get("hold_file") or None,
             cancelled=self.cancelled,
             default_project=str(job["project"]),
+            preempt=self.preempt,
         )
         pod_root = self.layout.jobs_dir / self.uid / f"pod-{attempt}"
         host = PodHost(Path(pod_root), services, str(job["name"]))
@@ -382,8 +383,44 @@ class Worker:
             output.close()
         if self.cancelled():
             raise JobGone()
+        if host.preempted:
+            self.lose_nodes()
+            return 137
         self.finish_pods(self.job(), main, status)
         return status
+
+    def preempt(self, run_dir: str, committed: int) -> bool:
+        """Whether the nodes go now: the settings' ``preempt_after_checkpoints`` reached in
+        ``run_dir``, the first time (remembered in the sandbox's state)."""
+        wanted = load_settings(self.layout).preempt_after_checkpoints
+        if wanted <= 0 or committed < wanted:
+            return False
+        with self.store.txn() as txn:
+            fired = txn.doc("preemptions")
+            if run_dir in fired:
+                return False
+            fired[run_dir] = {"job": self.key, "committed": committed, "at": rfc3339()}
+            txn.save("preemptions")
+        return True
+
+    def lose_nodes(self) -> None:
+        """The job's nodes shut down (preemption, maintenance): the kubelet's node-shutdown manager
+        fails every pod with reason ``Terminated``, its message and a ``DisruptionTarget``
+        condition of reason ``TerminationByKubelet`` (kubernetes pkg/kubelet/nodeshutdown)."""
+        at = rfc3339()
+
+        def lost(pod: dict[str, Any]) -> None:
+            for container in [*(pod.get("init") or []), *(pod.get("containers") or [])]:
+                container.update(
+                    state="terminated",
+                    exitCode=137,
+                    reason="Error",
+                    startedAt=container.get("startedAt") or at,
+                    finishedAt=at,
+                )
+            pod.update(phase="Failed", disrupted=at)
+
+        self.update_pods(lost)
 
 
 def _held(hold: Path, job: dict[str, Any]) -> bool:

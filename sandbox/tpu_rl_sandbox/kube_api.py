@@ -431,6 +431,11 @@ def _pod_template(job: Mapping[str, Any], rjob_name: str) -> tuple[dict[str, Any
     return {}, {}, 1, 1
 
 
+# kubernetes pkg/kubelet/nodeshutdown: what the kubelet writes on a pod its node's shutdown ended.
+NODE_SHUTDOWN_REASON = "Terminated"
+NODE_SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."
+
+
 def pod_object(job: Mapping[str, Any], pod: Mapping[str, Any]) -> dict[str, Any]:
     """A pod as ``GET /api/v1/namespaces/{ns}/pods/{name}`` returns it."""
     template, rjob, replicas, _ = _pod_template(job, str(pod["replicatedJob"]))
@@ -482,6 +487,20 @@ def pod_object(job: Mapping[str, Any], pod: Mapping[str, Any]) -> dict[str, Any]
         spec["subdomain"] = network.get("subdomain") or jobset_name
     specs = {c["name"]: c for c in (spec.get("initContainers") or []) + (spec.get("containers") or [])}
     status: dict[str, Any] = {"phase": pod.get("phase", "Pending"), "qosClass": "Burstable"}
+    if pod.get("disrupted"):
+        status.update(
+            reason=NODE_SHUTDOWN_REASON,
+            message=NODE_SHUTDOWN_MESSAGE,
+            conditions=[
+                {
+                    "type": "DisruptionTarget",
+                    "status": "True",
+                    "reason": "TerminationByKubelet",
+                    "message": NODE_SHUTDOWN_MESSAGE,
+                    "lastTransitionTime": pod["disrupted"],
+                }
+            ],
+        )
     if pod.get("startTime"):
         status["startTime"] = pod["startTime"]
         status["hostIP"] = "10.128.0." + str(

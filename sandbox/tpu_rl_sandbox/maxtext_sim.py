@@ -82,6 +82,10 @@ class WorkloadFailed(Exception):
         self.lines = lines
 
 
+class Preempted(Exception):
+    """The machine under the workload was lost (preemption, node shutdown): nothing more runs."""
+
+
 class Cancelled(Exception):
     """The job was cancelled while the program ran."""
 
@@ -102,6 +106,8 @@ class SimContext:
     # The time scale (sandbox setting ``minute_seconds``): 0 = off, stages last a few steps.
     minute_seconds: float = 0.0
     hold_file: str | None = None
+    # (run directory, its committed checkpoints) -> the machine is lost now
+    preempt: Callable[[str, int], bool] = lambda run_dir, committed: False
     clock: Callable[[], float] = time.time
     sleep: Callable[[float], None] = time.sleep
 
@@ -560,6 +566,8 @@ class MaxTextRunner:
             if enable_checkpointing and (step % period == 0 or step == num_batches):
                 self.save_train_step(actor_dir, step, model, scan_layers, ocdbt, zarr3)
                 wrote_checkpoint = True
+                if self.ctx.preempt(actor_dir, len(self.committed_steps(actor_dir, num_batches))):
+                    raise Preempted()
             if wrote_checkpoint:
                 self.check_fault(f"step {step}")
         if not wrote_checkpoint and start == num_batches:
@@ -570,6 +578,12 @@ class MaxTextRunner:
             self.log(_metric_line("Post RL Training", corr, total, acc, partial, fmt, post), level="W")
 
     def latest_committed_step(self, actor_dir: str, limit: int) -> int:
+        steps = self.committed_steps(actor_dir, limit)
+        return max(steps) if steps else 0
+
+    def committed_steps(self, actor_dir: str, limit: int) -> set[int]:
+        """The steps committed in ``actor_dir`` (Orbax's rule: ``commit_success.txt`` on GCS, the
+        finalized directory on a local disk), up to ``limit``."""
         store = self.ctx.router.store(actor_dir)
         steps: set[int] = set()
         for path in store.list_files(actor_dir):
@@ -585,8 +599,7 @@ class MaxTextRunner:
                 join(step_dir, "_CHECKPOINT_METADATA")
             ):
                 steps.add(int(first))
-        eligible = [s for s in steps if s <= limit]
-        return max(eligible) if eligible else 0
+        return {s for s in steps if s <= limit}
 
     def save_train_step(
         self, actor_dir: str, step: int, model: str, scan_layers: bool, ocdbt: bool, zarr3: bool

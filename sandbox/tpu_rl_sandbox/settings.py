@@ -75,6 +75,10 @@ class SandboxSettings:
     * ``kueue_admits``: ``False`` makes Kueue admit no new workload (as when other workloads hold
       the ClusterQueue's whole quota): every JobSet submitted stays ``Suspended`` until it is
       ``True`` again.
+    * ``preempt_after_checkpoints``: N > 0 takes the TPU capacity from under a training run right
+      after it commits its Nth checkpoint, once per run directory (a GKE pod's node shuts down:
+      the kubelet fails it with reason ``Terminated`` and a ``DisruptionTarget`` condition); a
+      retry then resumes from that checkpoint.
     * ``minute_seconds``: the time scale. 0 (the default): every stage lasts a few
       ``step_seconds``. Above 0: conversion, training, export and the TPU VM's install last their
       real minutes (``timescale.STAGE_MINUTES``) times this, as ``make bench`` plays them.
@@ -92,6 +96,7 @@ class SandboxSettings:
     iam_propagation_seconds: float = 0.5
     minute_seconds: float = 0.0
     kueue_admits: bool = True
+    preempt_after_checkpoints: int = 0
 
     def reservation(self, zone: str, name: str) -> dict[str, Any] | None:
         """The reservation ``name`` in ``zone`` with defaults filled in, or ``None``."""

@@ -1,0 +1,63 @@
+"""Preemption is a transient failure: a training whose TPU nodes shut down under it (the sandbox's
+``preempt_after_checkpoints``) fails its try as retryable, and the retry's job resumes from the
+newest checkpoint the lost one committed, as tunix restores it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailException
+from airflow_provider_tpu_rl.operators.maxtext import PathwaysRLTrainOperator
+from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
+from tests.operators.sandbox_run import (
+    RecordingTI,
+    SandboxRun,
+    convert_checkpoint,
+    defer,
+    prepare_cluster,
+    run_job_operator,
+    run_trigger,
+)
+from tpu_rl_sandbox.settings import update_settings
+
+RUN_ID = "manual__2026-03-03T00:00:00+00:00"
+
+
+@pytest.fixture
+def preempt_after_two(sb: SandboxRun) -> Iterator[None]:
+    update_settings(sb.layout, preempt_after_checkpoints=2)
+    try:
+        yield
+    finally:
+        update_settings(sb.layout, preempt_after_checkpoints=0)
+
+
+@pytest.mark.usefixtures("preempt_after_two")
+def test_a_training_preempted_after_its_second_checkpoint_of_five_resumes_there(sb: SandboxRun) -> None:
+    conf = sb.gke_conf(num_batches=5, train_overrides={"checkpoint_period": 1, "num_test_batches": 0})
+    prepare_cluster(sb, conf, run_id=RUN_ID)
+    convert_checkpoint(sb, conf, run_id=RUN_ID)
+    train_job = gke_pipeline_from_conf(conf, run_id=RUN_ID).train_job
+
+    first_try = sb.operator(PathwaysRLTrainOperator, task_id="train")
+    context = sb.context(first_try, conf, run_id=RUN_ID, ti=RecordingTI(1))
+    event = run_trigger(defer(first_try, context).trigger)
+    assert (event["status"], event["failure"]["kind"]) == ("failed", "transient")
+    line = event["failure"]["line"]
+    assert "TerminationByKubelet: Pod was terminated in response to imminent node shutdown." in line
+    with pytest.raises(AirflowException, match=train_job) as failed:
+        first_try.execute_complete(context, event)
+    assert not isinstance(failed.value, AirflowFailException)  # retried
+    pods = sb.pods(train_job)  # every pod of the slice went with its node
+    assert pods
+    assert {(p["status"]["phase"], p["status"].get("reason")) for p in pods} == {("Failed", "Terminated")}
+
+    second_try = sb.operator(PathwaysRLTrainOperator, task_id="train")
+    result = run_job_operator(sb, second_try, conf, run_id=RUN_ID, ti=RecordingTI(2))
+    assert result["step"] == 5
+    log = sb.job_log_of(train_job)
+    assert "Restoring actor from checkpoint step 2" in log  # steps 1-2 are not trained again
+    assert "Train step 2 " not in log
+    assert "Train step 3 " in log
