@@ -14,6 +14,7 @@ from airflow_provider_tpu_rl.spec.cluster import ClusterSpec, GkeJobTarget, TpuV
 from airflow_provider_tpu_rl.spec.errors import SpecError
 from airflow_provider_tpu_rl.spec.presets import POST_TRAINING_IMAGE, ModelPreset, Runner, get_preset
 from airflow_provider_tpu_rl.spec.workloads import (
+    DEFAULT_CHECKPOINT_PERIOD,
     ConversionSpec,
     ExportSpec,
     TrainingSpec,
@@ -352,6 +353,7 @@ def training_spec(
         maxtext_version=preset.maxtext_version,
     )
     combined = dict(preset.train_overrides)
+    combined.setdefault("checkpoint_period", str(DEFAULT_CHECKPOINT_PERIOD))  # bounds lost work
     combined.update(dict(user))
     return TrainingSpec(
         model_name=preset.model_name,

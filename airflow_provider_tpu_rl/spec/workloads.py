@@ -30,6 +30,12 @@ RESERVED_KEYS: Final[dict[str, str]] = {
 }
 # The largest num_batches a run may ask for (the tutorials train 50).
 MAX_NUM_BATCHES: Final = 10**7
+# Steps between two training checkpoints unless train_overrides sets checkpoint_period: a failure
+# or a preemption loses at most this many steps less one, as a retry resumes from the newest
+# committed step. MaxText's rl.yml saves every 50 (the tutorials' whole run, so a failure restarts
+# at step 0); tunix saves every checkpoint_period steps and the final step at the end, and keeps
+# rl.yml's max_num_checkpoints_to_keep (10) newest (docs/tutorial-differences.md).
+DEFAULT_CHECKPOINT_PERIOD: Final = 10
 _INT64: Final = 2**63 - 1
 
 

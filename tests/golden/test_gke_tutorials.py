@@ -14,6 +14,7 @@ from airflow_provider_tpu_rl.render.blueprint import BLUEPRINT_RELPATH, Blueprin
 from airflow_provider_tpu_rl.render.plan import gke_plan
 from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
 from airflow_provider_tpu_rl.spec.presets import OPENMATH_DATASET, POST_TRAINING_IMAGE, PRESETS
+from airflow_provider_tpu_rl.spec.workloads import DEFAULT_CHECKPOINT_PERIOD
 from tests.golden.shellwords import commands, flags, module_args, python_c_snippets
 
 # The sandbox's stand-in bundle mirrors the pinned release's example folder.
@@ -131,6 +132,11 @@ def test_job_matches_tutorial(case: str, stage: str, module: str) -> None:
         # the tutorial's 0 evaluates nothing, so its run records no reward.
         assert want_args.pop("num_test_batches") == "0"
         assert got_args.pop("num_test_batches") == "2"
+    if stage == "train":
+        # Documented difference: a checkpoint every 10 steps (the tutorials keep rl.yml's 50: the
+        # whole run, so a failure restarts at step 0).
+        assert "checkpoint_period" not in want_args
+        assert got_args.pop("checkpoint_period") == str(DEFAULT_CHECKPOINT_PERIOD)
     for key, value in want_args.items():
         assert got_args.get(key) == value, key
     extra = set(got_args) - set(want_args)

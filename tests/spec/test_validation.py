@@ -206,6 +206,15 @@ def test_good_overrides_reach_training_and_win_over_the_preset() -> None:
     assert overrides["batch_size"] == "8"  # preset value kept
 
 
+@pytest.mark.parametrize("build", [gke_pipeline_from_conf, tpu_vm_pipeline_from_conf])
+def test_training_checkpoints_every_ten_steps_unless_told_otherwise(build: Any) -> None:
+    """A failure loses at most 9 steps: the retry resumes from the newest committed checkpoint
+    (MaxText's rl.yml saves every 50, the tutorials' whole run)."""
+    assert dict(build({}).training.overrides)["checkpoint_period"] == "10"
+    told = build({"train_overrides": {"checkpoint_period": 25}})
+    assert dict(told.training.overrides)["checkpoint_period"] == "25"
+
+
 @pytest.mark.parametrize(
     ("key", "value"),
     [
