@@ -195,7 +195,7 @@ TPU_VM_BAD_CONFS = [
     (
         "vm_hours_below_the_stage_bounds",
         {"max_vm_hours": 6},
-        "max_vm_hours: 6 h is shorter than the 62 h",
+        "max_vm_hours: 6 h is shorter than the 68 h",
         False,
     ),
     (
