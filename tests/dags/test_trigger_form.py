@@ -23,8 +23,8 @@ from airflow_provider_tpu_rl.compat import (
 from airflow_provider_tpu_rl.operators.pipeline import validate_pipeline_conf
 from airflow_provider_tpu_rl.pipeline_dags import form_schema
 from airflow_provider_tpu_rl.spec import GKE_DEFAULTS, TPU_VM_DEFAULTS, Runner, rules
-from airflow_provider_tpu_rl.spec.presets import presets_for
 from airflow_provider_tpu_rl.spec.cluster import SYSTEM_MACHINE_TYPE
+from airflow_provider_tpu_rl.spec.presets import presets_for
 from airflow_provider_tpu_rl.timeouts import resource_hours
 from tests.dags.conftest import (
     DAGS_DIR,

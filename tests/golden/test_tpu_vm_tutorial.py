@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shlex
 
+import pytest
+
 from airflow_provider_tpu_rl.render import tpu_vm
 from airflow_provider_tpu_rl.spec import tpu_vm_pipeline_from_conf
 from tests.golden.shellwords import commands, flags
@@ -113,9 +115,12 @@ def test_every_stage_reads_and_writes_gcs_not_dev_shm() -> None:
         script = tpu_vm.stage_command(pipeline, stage).stdin_text or ""
         assert "/dev/shm" not in script, stage
         assert "rsync" not in script, stage
-    assert _module_call(tpu_vm.train_script(pipeline), "maxtext.trainers.post_train.rl.train_rl")[
-        "load_parameters_path"
-    ] == f"{GCS}/mt-format/0/items"
+    assert (
+        _module_call(tpu_vm.train_script(pipeline), "maxtext.trainers.post_train.rl.train_rl")[
+            "load_parameters_path"
+        ]
+        == f"{GCS}/mt-format/0/items"
+    )
 
 
 def test_cpu_vm_create_and_delete() -> None:
@@ -146,12 +151,8 @@ def test_each_stage_runs_on_its_vm() -> None:
     assert vm_of("convert") == vm_of("export") == vm_of("install", "cpu") == "llama-vm-cpu"
     assert vm_of("train") == vm_of("install") == vm_of("install", "tpu") == "llama-vm"
     for stage, machine in (("convert", "tpu"), ("export", "tpu"), ("train", "cpu")):
-        try:
+        with pytest.raises(ValueError, match=f"the {stage} stage runs on the"):
             tpu_vm.stage_command(pipeline, stage, machine=machine)
-        except ValueError as err:
-            assert f"the {stage} stage runs on the" in str(err)
-        else:
-            raise AssertionError(f"{stage} on the {machine} VM was accepted")
 
 
 def test_token_comes_from_secret_manager_in_every_stage() -> None:
