@@ -285,18 +285,18 @@ class CpuVmSpec:
         rules.zone("zone", self.zone, None)
         rules.gce_name("cpu_vm_name", self.vm_name, "VM name")
         rules.bucket_name("bucket", self.bucket)
-        rules.match(
-            "cpu_machine_type",
-            self.machine_type,
-            SYSTEM_MACHINE_TYPE,
-            "a CPU machine type like n2-highmem-32",
-        )
         if self.machine_type.startswith("ct"):
             raise SpecError(
                 "cpu_machine_type",
                 "must be a CPU machine type (like n2-highmem-32), not a TPU one: the converters run on the CPU",
                 self.machine_type,
             )
+        rules.match(
+            "cpu_machine_type",
+            self.machine_type,
+            SYSTEM_MACHINE_TYPE,
+            "a CPU machine type like n2-highmem-32",
+        )
         rules.gce_name("image_project", self.image_project, "image project")
         rules.gce_name("image_family", self.image_family, "image family")
         rules.match(
