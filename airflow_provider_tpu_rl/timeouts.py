@@ -72,14 +72,18 @@ PIPELINE_STAGES: Final[dict[str, tuple[tuple[str, bool], ...]]] = {
         ("preflight", True),
         ("short", True),  # ensure_bucket
         ("short", True),  # sync_hf_token
-        ("vm_create", True),
-        ("install", True),
+        ("vm_create", True),  # create_cpu_vm
+        ("install", True),  # install_cpu_vm
         ("convert", True),
+        ("checkpoint", False),  # wait_converted_checkpoint
+        ("vm_create", True),  # create_vm (the TPU VM)
+        ("install", True),  # install_maxtext
         ("train", True),
-        ("checkpoint", False),
+        ("checkpoint", False),  # wait_actor_checkpoint
+        ("teardown", True),  # delete_vm
         ("export", True),
-        ("checkpoint", False),
-        ("teardown", True),
+        ("checkpoint", False),  # wait_hf_export
+        ("teardown", True),  # delete_cpu_vm
         ("short", False),  # record_run
         ("short", False),  # watcher
     ),
@@ -187,7 +191,8 @@ def _retries() -> tuple[int, timedelta]:
     return retries, MAX_RETRY_DELAY * retries
 
 
-# The stages a pipeline's cluster (or VM) lives through: from its creation to its teardown.
+# The stages a pipeline's cluster (or VM) lives through: from its creation to its teardown (on the
+# TPU VM pipeline the CPU VM's, the longer: the first create to the last teardown).
 RESOURCE_STAGES: Final[dict[str, tuple[str, str]]] = {
     "gke": ("deploy", "teardown"),
     "tpu_vm": ("vm_create", "teardown"),

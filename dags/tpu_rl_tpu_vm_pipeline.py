@@ -17,6 +17,8 @@ from airflow_provider_tpu_rl.operators.gke import EnsureBucketOperator, HfTokenS
 from airflow_provider_tpu_rl.operators.pipeline import tpu_vm_task_arguments, transient_retries
 from airflow_provider_tpu_rl.operators.preflight import TpuRlPreflightOperator
 from airflow_provider_tpu_rl.operators.tpu_vm import (
+    CpuVmCreateOperator,
+    CpuVmDeleteOperator,
     TpuVmCreateOperator,
     TpuVmDeleteOperator,
     TpuVmStageOperator,
@@ -43,6 +45,7 @@ from airflow_provider_tpu_rl.pipeline_dags import (
 )
 from airflow_provider_tpu_rl.sensors.checkpoint import HuggingFaceExportSensor, MaxTextCheckpointSensor
 from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID, TPU_VM_DEFAULTS, Runner, rules
+from airflow_provider_tpu_rl.spec.cluster import SYSTEM_MACHINE_TYPE
 from airflow_provider_tpu_rl.spec.pipeline import ENVIRONMENT_OPTIONS, TPU_VM_TASK_ORDER
 from airflow_provider_tpu_rl.spec.presets import presets_for
 from airflow_provider_tpu_rl.timeouts import dagrun_timeout
@@ -68,8 +71,8 @@ FORM: Final[dict[str, dict[str, Any]]] = {
         "title": "GCS bucket",
         "section": CLOUD,
         "description": (
-            "Bucket name without gs://. Checkpoint and export are copied here from /dev/shm before the "
-            "VM is deleted; kept afterwards (see delete_bucket); bucket names are global."
+            "Bucket name without gs://. The converted checkpoint, the training checkpoints and the "
+            "export are written here; kept afterwards (see delete_bucket); bucket names are global."
         ),
         "type": "string",
         "pattern": rules.BUCKET_CHARS.pattern,
@@ -96,10 +99,24 @@ FORM: Final[dict[str, dict[str, Any]]] = {
     "vm_name": {
         "title": "VM name",
         "section": VM,
-        "description": "Compute Engine instance name. Two runs at the same time must not share it.",
+        "description": (
+            "Compute Engine instance name of the TPU VM; the CPU VM is named <vm_name>-cpu. "
+            "Two runs at the same time must not share it."
+        ),
         "type": "string",
         "pattern": rules.GCE_NAME.pattern,
         "rule": rules.gce_name_rule("VM name"),
+    },
+    "cpu_machine_type": {
+        "title": "CPU VM machine type",
+        "section": VM,
+        "description": (
+            "Machine type of the CPU VM the checkpoint conversions run on (MaxText's converters run "
+            "on the CPU only); 256 GB of RAM by default. Not a TPU (ct*) type."
+        ),
+        "type": "string",
+        "pattern": SYSTEM_MACHINE_TYPE.pattern,
+        "rule": "a CPU machine type like n2-highmem-32",
     },
     "hf_model_path": {
         "title": "Hugging Face checkpoint",
@@ -113,13 +130,13 @@ FORM: Final[dict[str, dict[str, Any]]] = {
     "keep_vm": {
         "title": "Keep the VM",
         "section": SAFETY,
-        "description": "Leave the TPU VM running after the run (it keeps billing until the janitor).",
+        "description": "Leave both VMs running after the run (they keep billing until the janitor).",
         "type": "boolean",
     },
     "max_vm_hours": {
         "title": "VM lifetime (hours)",
         "section": SAFETY,
-        "description": "Expiry label on the VM: the tpu_rl_janitor DAG deletes it after this.",
+        "description": "Expiry label on both VMs: the tpu_rl_janitor DAG deletes them after this.",
         "type": "integer",
         "minimum": 1,
         "maximum": 24 * 7,
@@ -132,35 +149,42 @@ DOC_MD = f"""
 # {TPU_VM_DAG_ID}
 
 GRPO post-training of {", ".join(TPU_VM_MODELS)} with MaxText on one reservation-bound TPU v6e-8 VM,
-driven over SSH, as in the Llama 3.1 8B tutorial: bucket → HF token secret → VM → install MaxText →
-HF→MaxText conversion → training → MaxText→HF export → VM deleted. The VM works in `/dev/shm`, which
-is lost with the VM: the train and export stages copy their outputs to the bucket before returning,
-and the sensors wait for those GCS copies.
+driven over SSH, as in the Llama 3.1 8B tutorial, except that the TPU VM exists only while it trains:
+bucket → HF token secret → **CPU VM** (`<vm_name>-cpu`, `cpu_machine_type`) → install MaxText there →
+HF→MaxText conversion on the CPU VM, written to the bucket → `wait_converted_checkpoint` (its commit
+marker) → **TPU VM** → install MaxText → training, loading the converted checkpoint from the bucket
+and writing its checkpoints there → `wait_actor_checkpoint` → TPU VM deleted → MaxText→HF export on
+the CPU VM (bucket to bucket) → `wait_hf_export` → CPU VM deleted. MaxText's converters force JAX
+onto the CPU (`jax_platforms=cpu`), so they never needed the TPU: the billed TPU VM now lives only
+around training.
 
 **Trigger form.** *Run Parameters* (open): project, zone, bucket, reservation, service account;
 the prefilled `my-tpu-project` and `my-tpu-rl-bucket` are examples to replace,
-or set once for this Airflow in `[tpu_rl] default_project`, `default_bucket`, ... (the fields' defaults). *VM*: its name.
+or set once for this Airflow in `[tpu_rl] default_project`, `default_bucket`, ... (the fields' defaults). *VM*: the
+TPU VM's name and the CPU VM's machine type.
 *Model & training*: the preset, empty values = the preset's, `train_overrides` adds MaxText keys.
 The form checks each field; `validate` then checks the whole conf (unknown keys included) and fails
-the run before the VM is created; `preflight` checks the project's APIs, the caller's IAM
-permissions and the reservation, one line per problem. `create_vm` grants the VM's service account
-(the one named, else the project's default compute account) the token secret and the bucket.
+the run before a VM is created; `preflight` checks the project's APIs, the caller's IAM
+permissions and the reservation, one line per problem. `create_cpu_vm` and `create_vm` grant the VMs'
+service account (the one named, else the project's default compute account) the token secret and the bucket.
 
 **Safety switches.**
-- `keep_vm` (off): on, the VM survives the run and keeps billing.
-- `delete_bucket` (off): on, the teardown deletes the bucket, **including the trained model**.
-- `max_vm_hours`: the VM carries `tpu-rl-expires`; `tpu_rl_janitor` deletes it after that, whatever
+- `keep_vm` (off): on, both VMs survive the run and keep billing.
+- `delete_bucket` (off): on, the last teardown (`delete_cpu_vm`) deletes the bucket, **including the trained model**.
+- `max_vm_hours`: both VMs carry `tpu-rl-expires`; `tpu_rl_janitor` deletes them after that, whatever
   happened to this run (also when `keep_vm` is on).
 
-**Teardown.** `delete_vm` runs once the bucket step succeeded (an absent VM counts as deleted),
-whether the work succeeded or failed; `record_run` writes the run to the ledger (`{LEDGER_CONN_ID}`)
-after it and draws its curves into a PNG next to the checkpoints (link *Run Curves*: the run's page on the
+**Teardown.** `delete_vm` (the TPU VM) runs right after `wait_actor_checkpoint`, before the export,
+whether training succeeded or failed; `delete_cpu_vm` runs last, once the bucket step succeeded
+(an absent VM counts as deleted). `record_run` writes the run to the ledger (`{LEDGER_CONN_ID}`)
+after it, with the TPU VM's billed span (`create_vm` → `delete_vm`), and draws its curves into a PNG next to the checkpoints (link *Run Curves*: the run's page on the
 runs dashboard, `/tpu-rl`).
 `{WATCHER_TASK_ID}` fails the run when any task failed, a teardown included, naming the failed
 tasks and the first line of each one's error.
 """
 
 STAGE_OF_TASK: Final = {
+    "install_cpu_vm": "install",
     "install_maxtext": "install",
     "convert_to_maxtext": "convert",
     "train": "train",
@@ -193,12 +217,26 @@ with DAG(
     sync_hf_token = HfTokenSecretOperator(
         task_id="sync_hf_token", **args["sync_hf_token"], **TRANSIENT_RETRIES, **bounded("short")
     )
+    create_cpu_vm = CpuVmCreateOperator(
+        task_id="create_cpu_vm", **args["create_cpu_vm"], **TRANSIENT_RETRIES, **bounded("vm_create")
+    )
     create_vm = TpuVmCreateOperator(
         task_id="create_vm", **args["create_vm"], **TRANSIENT_RETRIES, **bounded("vm_create")
     )
     # Each stage is one SSH session, bounded by its stage's timeout (the session by a bit less).
     for task_id, stage in STAGE_OF_TASK.items():
         TpuVmStageOperator(task_id=task_id, **args[task_id], **TRANSIENT_RETRIES, **bounded(stage))
+    # The TPU VM is created only once the converted checkpoint is committed in GCS.
+    wait_converted_checkpoint = MaxTextCheckpointSensor(
+        task_id="wait_converted_checkpoint",
+        project_id=xcom("project"),
+        checkpoint_root=xcom("converted_root"),
+        step=0,
+        items=("items",),
+        deferrable=True,
+        poke_interval=30,
+        **sensor_bounds(),
+    )
     wait_actor_checkpoint = MaxTextCheckpointSensor(
         task_id="wait_actor_checkpoint",
         project_id=xcom("project"),
@@ -216,15 +254,22 @@ with DAG(
         poke_interval=30,
         **sensor_bounds(),
     )
-    # The bucket is a setup too: once it exists the delete runs, also after a create that failed
-    # after a retry left a VM behind (deleting an absent VM succeeds). It also owns delete_bucket.
+    # The bucket is a setup too: once it exists the deletes run, also after a create that failed
+    # after a retry left a VM behind (deleting an absent VM succeeds). The TPU VM's delete comes
+    # right after wait_actor_checkpoint (also when training failed), before the export; the CPU
+    # VM's is the last teardown and owns delete_bucket.
     delete_vm = TpuVmDeleteOperator(
         task_id="delete_vm", **args["delete_vm"], **TRANSIENT_RETRIES, **bounded("teardown")
     ).as_teardown(setups=[ensure_bucket, create_vm])
+    delete_cpu_vm = CpuVmDeleteOperator(
+        task_id="delete_cpu_vm", **args["delete_cpu_vm"], **TRANSIENT_RETRIES, **bounded("teardown")
+    ).as_teardown(setups=[ensure_bucket, create_cpu_vm])
     record_run = record_run_task(
         TPU_VM_CLUSTER_TASK_IDS,
         job_task_ids=(),
         artifact_task_ids={"actor_checkpoint": "wait_actor_checkpoint", "hf_export": "wait_hf_export"},
     )
     chain_in_order(TPU_VM_TASK_ORDER, dag)
+    # A teardown succeeds also after training failed: the export needs the checkpoint itself.
+    wait_actor_checkpoint >> dag.task_dict["export_to_huggingface"]
     add_watcher(dag)

@@ -84,7 +84,15 @@ def test_tpu_vm_plan(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _plan(capsys, "tpu_rl_tpu_vm_pipeline")
     assert code == 0
     steps = json.loads(out)["steps"]
-    assert [s["task_id"] for s in steps][-1] == "delete_vm"
+    tasks = [s["task_id"] for s in steps]
+    assert tasks[-1] == "delete_cpu_vm"
+    # the TPU VM is deleted before the export, the CPU VM runs the conversions
+    assert tasks.index("create_vm") > tasks.index("convert_to_maxtext")
+    assert tasks.index("delete_vm") < tasks.index("export_to_huggingface")
+    ssh_vm = {s["task_id"]: s["argv"][3] for s in steps if s["argv"][:3] == ["gcloud", "compute", "ssh"]}
+    assert ssh_vm["convert_to_maxtext"] == ssh_vm["export_to_huggingface"] == ssh_vm["install_cpu_vm"]
+    assert ssh_vm["convert_to_maxtext"].endswith("-cpu")
+    assert ssh_vm["train"] == ssh_vm["install_maxtext"] != ssh_vm["convert_to_maxtext"]
     assert all("stdin" in s for s in steps if s["argv"][:3] == ["gcloud", "compute", "ssh"])
 
 

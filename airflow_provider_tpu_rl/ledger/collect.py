@@ -31,6 +31,8 @@ from airflow_provider_tpu_rl.ledger.records import (
 log = logging.getLogger(__name__)
 
 GKE_CLUSTER_TASK_IDS = ("deploy_cluster", "destroy_cluster")
+# The TPU VM's billed span: its create to its delete, which surround training only (the CPU VM the
+# conversions run on is not TPU time).
 TPU_VM_CLUSTER_TASK_IDS = ("create_vm", "delete_vm")
 TPU_VM_CHIPS = 8
 TRAIN_TASK_ID = "train"

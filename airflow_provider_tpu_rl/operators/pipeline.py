@@ -325,9 +325,22 @@ def tpu_vm_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
             "keep_vm": value("keep_vm"),
             "max_vm_hours": value("max_vm_hours"),
         },
-        "install_maxtext": {**stage, "stage": "install"},
+        "create_cpu_vm": {
+            **vm,
+            "cpu_machine_type": value("cpu_machine_type"),
+            "service_account": value("service_account"),
+            "hf_token_conn_id": value("hf_token_conn_id"),
+            "hf_token_secret": value("hf_token_secret"),
+            "keep_vm": value("keep_vm"),
+            "max_vm_hours": value("max_vm_hours"),
+        },
+        "install_cpu_vm": {**stage, "stage": "install", "on_machine": "cpu"},
+        "install_maxtext": {**stage, "stage": "install", "on_machine": "tpu"},
         "convert_to_maxtext": {**stage, "stage": "convert"},
         "train": {**stage, "stage": "train"},
         "export_to_huggingface": {**stage, "stage": "export"},
-        "delete_vm": {**vm, "keep_vm": value("keep_vm"), "delete_bucket": value("delete_bucket")},
+        # The TPU VM goes as soon as the actor checkpoint is committed; the CPU VM's delete is the
+        # last teardown and owns delete_bucket.
+        "delete_vm": {**vm, "keep_vm": value("keep_vm"), "delete_bucket": False},
+        "delete_cpu_vm": {**vm, "keep_vm": value("keep_vm"), "delete_bucket": value("delete_bucket")},
     }

@@ -1,4 +1,5 @@
-"""Single-host pipeline (seed 002): one reservation-bound v6e-8 TPU VM driven over SSH."""
+"""Single-host pipeline (seed 002): one reservation-bound v6e-8 TPU VM driven over SSH, and a CPU VM
+for the checkpoint conversions (MaxText's converters run on the CPU only)."""
 
 from __future__ import annotations
 
@@ -25,8 +26,9 @@ from airflow_provider_tpu_rl.operators.gke import (
     write_resource_record,
 )
 from airflow_provider_tpu_rl.render import tpu_vm
+from airflow_provider_tpu_rl.render.command import Command
 from airflow_provider_tpu_rl.spec import rules
-from airflow_provider_tpu_rl.spec.cluster import TpuVmSpec
+from airflow_provider_tpu_rl.spec.cluster import CpuVmSpec, TpuVmSpec
 from airflow_provider_tpu_rl.spec.errors import SpecError
 from airflow_provider_tpu_rl.spec.pipeline import (
     TPU_VM_DEFAULTS,
@@ -77,6 +79,9 @@ class _TpuVmOperator(GclusterBaseOperator):
         self.bucket = bucket
         self.model = model
 
+    # Which of the run's VMs the operator works on: the TPU VM, or the CPU VM (``<vm_name>-cpu``).
+    machine = "tpu"
+
     def conf(self) -> dict[str, Any]:
         """The VM's arguments as pipeline conf keys."""
         return {
@@ -86,6 +91,14 @@ class _TpuVmOperator(GclusterBaseOperator):
             "bucket": self.bucket,
             "model": self.model,
         }
+
+    def target_vm(self, p: TpuVmPipelineSpec) -> TpuVmSpec | CpuVmSpec:
+        """The VM this operator works on."""
+        return p.cpu_vm if self.machine == "cpu" else p.vm
+
+    @property
+    def what(self) -> str:
+        return "CPU VM" if self.machine == "cpu" else "TPU VM"
 
     def spec(self, context: Context, **conf: Any) -> TpuVmPipelineSpec:
         dag_id, run_id = self.run_ids(context)
@@ -148,6 +161,7 @@ class TpuVmCreateOperator(_TpuVmOperator):
         dag_id, run_id = self.run_ids(context)
         conf = {
             **self.conf(),
+            **self.machine_conf(),
             "reservation": self.reservation,
             "service_account": self.service_account or None,
             "keep_vm": rules.boolean("keep_vm", self.keep_vm),
@@ -162,13 +176,15 @@ class TpuVmCreateOperator(_TpuVmOperator):
             },
             dag_id=dag_id,
             run_id=run_id,
+            require_reservation=self.machine == "tpu",
         )
+        target = self.target_vm(p)
         expires_at = expiry_of_run(context, p.max_vm_hours)
         # The VM's lease first: a run that does not hold it never writes the record nor creates.
         try:
             lease = ClusterLeaseHook(self.gcp_conn_id, self.chain).acquire(
-                p.vm.bucket,
-                vm_lease_name(p.vm.vm_name),
+                target.bucket,
+                vm_lease_name(target.vm_name),
                 dag_id=dag_id,
                 run_id=run_id,
                 ttl=lease_ttl(expires_at),
@@ -176,15 +192,19 @@ class TpuVmCreateOperator(_TpuVmOperator):
         except LeaseHeldError as err:
             raise AirflowFailException(str(err)) from None
         self.log.info(
-            "TPU VM %s: lease held by run %s until %s", p.vm.vm_name, lease.holder, utc_text(lease.expires_at)
+            "%s %s: lease held by run %s until %s",
+            self.what,
+            target.vm_name,
+            lease.holder,
+            utc_text(lease.expires_at),
         )
         write_resource_record(
             self.gcp_conn_id,
-            p.vm.bucket,
-            p.vm.vm_name,
+            target.bucket,
+            target.vm_name,
             {
                 "kind": "vm",
-                "name": p.vm.vm_name,
+                "name": target.vm_name,
                 "dag_id": dag_id,
                 "run_id": run_id,
                 "conf": conf,
@@ -193,9 +213,9 @@ class TpuVmCreateOperator(_TpuVmOperator):
             },
             self.chain,
         )
-        vm = replace(p.vm, labels=tpu_vm.vm_labels(p, expires_at))
+        vm = replace(target, labels=tpu_vm.vm_labels(p, expires_at))
         created = self.hook.run_checked(
-            tpu_vm.create_vm(vm, p.service_account), timeout=stage_command_timeout("vm_create")
+            self.create_command(vm, p.service_account), timeout=stage_command_timeout("vm_create")
         )
         if any(marker in created.output for marker in tpu_vm.VM_EXISTS):
             self.check_vm_is_this_runs(vm)
@@ -203,7 +223,14 @@ class TpuVmCreateOperator(_TpuVmOperator):
             self.grant_vm_access(p)
         return vm.vm_name
 
-    def check_vm_is_this_runs(self, vm: TpuVmSpec) -> None:
+    def machine_conf(self) -> dict[str, Any]:
+        """Conf keys only the CPU VM's create takes."""
+        return {}
+
+    def create_command(self, vm: Any, service_account: str | None) -> Command:
+        return tpu_vm.create_vm(vm, service_account)
+
+    def check_vm_is_this_runs(self, vm: TpuVmSpec | CpuVmSpec) -> None:
         """ "Already exists" is success only for a VM this run created (an earlier try): its labels
         name this DAG run; another's VM fails the task in one line, untouched."""
         described = self.hook.run_checked(tpu_vm.describe_vm_labels(vm), log_output=False)
@@ -212,22 +239,25 @@ class TpuVmCreateOperator(_TpuVmOperator):
         theirs = {key: labels.get(key) for key in mine}
         if theirs != mine:
             raise ConfigurationError(
-                f"TPU VM {vm.vm_name} already exists in {vm.zone} and this run did not create it "
+                f"{self.what} {vm.vm_name} already exists in {vm.zone} and this run did not create it "
                 f"(its labels: tpu-rl-dag={theirs['tpu-rl-dag']}, tpu-rl-run={theirs['tpu-rl-run']}); "
                 "choose another vm_name"
             )
-        self.log.info("TPU VM %s already exists: created by an earlier try of this run, reused", vm.vm_name)
+        self.log.info(
+            "%s %s already exists: created by an earlier try of this run, reused", self.what, vm.vm_name
+        )
 
     def grant_vm_access(self, p: TpuVmPipelineSpec) -> str:
         """Let the VM's own service account read the token secret and write the bucket."""
-        result = self.hook.run_checked(tpu_vm.vm_service_account(p.vm))
+        target = self.target_vm(p)
+        result = self.hook.run_checked(tpu_vm.vm_service_account(target))
         # stdout and stderr come merged: the e-mail is the one line that is a service account
         accounts = [
             line.strip() for line in result.output_lines if rules.SERVICE_ACCOUNT.fullmatch(line.strip())
         ]
         if len(accounts) != 1:
             raise ConfigurationError(
-                f"TPU VM {p.vm.vm_name} reports no service account: its stages could not read "
+                f"{self.what} {target.vm_name} reports no service account: its stages could not read "
                 f"the HF token secret or write gs://{p.vm.bucket}; name one with service_account"
             )
         account = accounts[0]
@@ -239,12 +269,38 @@ class TpuVmCreateOperator(_TpuVmOperator):
         return account
 
 
-class TpuVmStageOperator(_TpuVmOperator):
-    """Run one stage script (install, convert, train, export) on the VM over SSH.
+class CpuVmCreateOperator(TpuVmCreateOperator):
+    """Create the run's CPU VM (``<vm_name>-cpu``), where the checkpoint conversions run: no TPU,
+    no reservation; the same labels as the TPU VM, so the janitor deletes it at its expiry.
 
-    The train and export stages copy their outputs out of /dev/shm to GCS before they return.
+    Takes the arguments of :class:`TpuVmCreateOperator` (``reservation`` is not used), plus:
+
+    :param cpu_machine_type: its machine type (a CPU one; default ``n2-highmem-32``, 256 GB).
+    """
+
+    template_fields: Sequence[str] = (*TpuVmCreateOperator.template_fields, "cpu_machine_type")
+    machine = "cpu"
+
+    def __init__(self, *, cpu_machine_type: str | None = None, reservation: str = "", **kwargs: Any) -> None:
+        super().__init__(reservation=reservation, **kwargs)
+        self.cpu_machine_type = cpu_machine_type
+
+    def machine_conf(self) -> dict[str, Any]:
+        return {"cpu_machine_type": self.cpu_machine_type} if self.cpu_machine_type else {}
+
+    def create_command(self, vm: Any, service_account: str | None) -> Command:
+        return tpu_vm.create_cpu_vm(vm, service_account)
+
+
+class TpuVmStageOperator(_TpuVmOperator):
+    """Run one stage script (install, convert, train, export) on one of the run's VMs over SSH.
+
+    Conversion and export run on the CPU VM, training on the TPU VM; every stage reads and writes
+    GCS.
 
     :param stage: ``install``, ``convert``, ``train`` or ``export``.
+    :param on_machine: ``cpu`` or ``tpu``: the VM of an ``install`` (default the TPU VM); the
+        other stages' VM is fixed and another one is refused.
     :param run_name: MaxText run name (the GCS folders of the checkpoint and export).
     :param num_batches: GRPO steps; empty = the preset's.
     :param train_overrides: extra MaxText overrides for training.
@@ -256,6 +312,7 @@ class TpuVmStageOperator(_TpuVmOperator):
     template_fields: Sequence[str] = (
         *_TpuVmOperator.template_fields,
         "stage",
+        "on_machine",
         "run_name",
         "num_batches",
         "train_overrides",
@@ -268,6 +325,7 @@ class TpuVmStageOperator(_TpuVmOperator):
         self,
         *,
         stage: str,
+        on_machine: str | None = None,
         run_name: str | None = None,
         num_batches: int | str | None = None,
         train_overrides: Mapping[str, Any] | None = None,
@@ -278,6 +336,7 @@ class TpuVmStageOperator(_TpuVmOperator):
     ) -> None:
         super().__init__(**kwargs)
         self.stage = stage
+        self.on_machine = on_machine
         self.run_name = run_name
         self.num_batches = num_batches
         self.train_overrides = train_overrides
@@ -289,6 +348,10 @@ class TpuVmStageOperator(_TpuVmOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         if self.stage not in tpu_vm.STAGES:
             raise SpecError("stage", f"must be one of {list(tpu_vm.STAGES)}", self.stage)
+        try:
+            machine = tpu_vm.stage_machine(self.stage, self.on_machine or None)
+        except ValueError as err:
+            raise SpecError("on_machine", str(err), str(self.on_machine)) from None
         p = self.spec(
             context,
             run_name=self.run_name or None,
@@ -309,7 +372,8 @@ class TpuVmStageOperator(_TpuVmOperator):
             if tracker.last_step is not None and tracker.last_step != before:
                 self.log.info("progress: %s", tracker.progress_text(total))
 
-        out: dict[str, Any] = {"stage": self.stage, "vm_name": p.vm.vm_name}
+        vm = p.cpu_vm if machine == "cpu" else p.vm
+        out: dict[str, Any] = {"stage": self.stage, "vm_name": vm.vm_name, "machine": machine}
         run = "/".join(self.run_ids(context))
         directory = self.output_directory(p)
         done = self.completed_output(p, directory, run) if directory is not None else None
@@ -322,7 +386,9 @@ class TpuVmStageOperator(_TpuVmOperator):
                 with self.claim_renewed(p, directory, run):
                     # One SSH session runs the whole stage: it gets the stage's bound, not a short call's.
                     self.hook.run_checked(
-                        tpu_vm.stage_command(p, self.stage, ssh_key_file=str(self.hook.ssh_key_file())),
+                        tpu_vm.stage_command(
+                            p, self.stage, machine=machine, ssh_key_file=str(self.hook.ssh_key_file())
+                        ),
                         on_line=on_line if self.stage == "train" else None,
                         timeout=stage_command_timeout(self.stage),
                     )
@@ -344,7 +410,10 @@ class TpuVmStageOperator(_TpuVmOperator):
 
     # -- the run directory this stage writes in GCS (train, export) ------------------------------
     def output_directory(self, p: TpuVmPipelineSpec) -> str | None:
-        """The GCS folder the stage copies its output to: the run's for training, its export's."""
+        """The GCS folder the stage writes: the model's converted checkpoint, the run's for
+        training, its export's."""
+        if self.stage == "convert":
+            return run_dir(p.conversion.output_directory)
         if self.stage == "train":
             return run_dir(f"{p.gcs_prefix}/post-train/{p.training.run_name}")
         if self.stage == "export":
@@ -354,6 +423,10 @@ class TpuVmStageOperator(_TpuVmOperator):
     def _ready(self, p: TpuVmPipelineSpec) -> dict[str, Any] | None:
         from airflow_provider_tpu_rl.operators.maxtext import checkpoint_ready, export_ready
 
+        if self.stage == "convert":
+            return checkpoint_ready(
+                self.gcp_conn_id, p.conversion.output_directory, 0, ("items",), self.chain
+            )
         if self.stage == "train":
             return checkpoint_ready(
                 self.gcp_conn_id,
@@ -370,6 +443,10 @@ class TpuVmStageOperator(_TpuVmOperator):
         over (an export never overwrites another run's export)."""
         if self._ready(p) is None:
             return None
+        if self.stage == "convert":
+            # A converted checkpoint depends only on the model: any run reuses a complete one.
+            self.log.info("%s is already complete: the conversion is skipped", directory)
+            return {"skipped": True, "resumed_from": None}
         records = RunDirRecords(self.gcp_conn_id, self.chain)
         record = records.read(p.vm.bucket, directory)
         if record.owner in (None, run):
@@ -396,8 +473,8 @@ class TpuVmStageOperator(_TpuVmOperator):
         probe = run_probe(context)
         writer = WriterClaim(
             run,
-            f"{p.vm.vm_name}/{self.stage}",
-            f"{p.vm.project}/{p.vm.zone}/{p.vm.vm_name}",
+            f"{self.stage_vm(p).vm_name}/{self.stage}",
+            f"{p.vm.project}/{p.vm.zone}/{self.stage_vm(p).vm_name}",
             time.time() + claim_seconds(),
         )
         try:
@@ -429,9 +506,12 @@ class TpuVmStageOperator(_TpuVmOperator):
             p.vm.bucket,
             directory,
             run=run,
-            job=f"{p.vm.vm_name}/{self.stage}",
+            job=f"{self.stage_vm(p).vm_name}/{self.stage}",
             seconds=claim_seconds(),
         )
+
+    def stage_vm(self, p: TpuVmPipelineSpec) -> TpuVmSpec | CpuVmSpec:
+        return p.cpu_vm if tpu_vm.stage_machine(self.stage, self.on_machine or None) == "cpu" else p.vm
 
     def release_output(self, p: TpuVmPipelineSpec, directory: str, run: str) -> None:
         try:
@@ -467,12 +547,14 @@ class TpuVmDeleteOperator(_TpuVmOperator):
                 return True
             self.log.warning("%s: this run does not hold its lease and leaves it alone", held_message(lease))
             return False
-        record = read_resource_record(self.gcp_conn_id, p.vm.bucket, p.vm.vm_name, self.chain)
+        vm = self.target_vm(p)
+        record = read_resource_record(self.gcp_conn_id, vm.bucket, vm.vm_name, self.chain)
         if record is not None and f"{record.get('dag_id')}/{record.get('run_id')}" == holder:
             return True
         self.log.warning(
-            "TPU VM %s: nobody holds its lease and this run did not create it (record: %s): left alone",
-            p.vm.vm_name,
+            "%s %s: nobody holds its lease and this run did not create it (record: %s): left alone",
+            self.what,
+            vm.vm_name,
             f"run {record.get('dag_id')}/{record.get('run_id')}" if record else "none",
         )
         return False
@@ -487,20 +569,28 @@ class TpuVmDeleteOperator(_TpuVmOperator):
         deleted = False
         dag_id, run_id = self.run_ids(context)
         leases = ClusterLeaseHook(self.gcp_conn_id, self.chain)
-        lease = leases.read(p.vm.bucket, vm_lease_name(p.vm.vm_name))
+        vm = self.target_vm(p)
+        lease = leases.read(vm.bucket, vm_lease_name(vm.vm_name))
         owned = self.owns_vm(p, lease, f"{dag_id}/{run_id}")
         if not owned:
             pass
         elif keep:
-            self.log.warning("keep_vm=true: TPU VM %s is left running (it bills)", p.vm.vm_name)
+            self.log.warning("keep_vm=true: %s %s is left running (it bills)", self.what, vm.vm_name)
             if lease is not None:
-                leases.release(p.vm.bucket, lease, keep=True)
+                leases.release(vm.bucket, lease, keep=True)
         else:
-            self.hook.run_checked(tpu_vm.delete_vm(p.vm), timeout=stage_command_timeout("teardown"))
+            self.hook.run_checked(tpu_vm.delete_vm(vm), timeout=stage_command_timeout("teardown"))
             deleted = True
             if lease is not None:
-                leases.release(p.vm.bucket, lease)
-        result: dict[str, Any] = {"vm_name": p.vm.vm_name, "deleted": deleted, "bucket_deleted": False}
+                leases.release(vm.bucket, lease)
+        result: dict[str, Any] = {"vm_name": vm.vm_name, "deleted": deleted, "bucket_deleted": False}
         if delete_bucket:
             result |= delete_run_bucket(self, context, p.vm.bucket)
         return result
+
+
+class CpuVmDeleteOperator(TpuVmDeleteOperator):
+    """Delete the run's CPU VM (``<vm_name>-cpu``), as :class:`TpuVmDeleteOperator` the TPU VM:
+    the pipeline's last teardown, which also owns ``delete_bucket``."""
+
+    machine = "cpu"

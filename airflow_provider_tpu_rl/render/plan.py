@@ -102,34 +102,45 @@ def gke_plan(pipeline: GkePipelineSpec) -> list[PlanStep]:
 
 def tpu_vm_plan(pipeline: TpuVmPipelineSpec, *, now: float | None = None) -> list[PlanStep]:
     """Every command of ``tpu_rl_tpu_vm_pipeline`` in execution order."""
-    vm = pipeline.vm
+    vm, cpu_vm = pipeline.vm, pipeline.cpu_vm
     expires = int((now if now is not None else time.time()) + pipeline.max_vm_hours * 3600)
-    labelled = type(vm)(**{**vm.__dict__, "labels": tpu_vm.vm_labels(pipeline, expires)})
+    labels = tpu_vm.vm_labels(pipeline, expires)
+    labelled = type(vm)(**{**vm.__dict__, "labels": labels})
+    cpu_labelled = type(cpu_vm)(**{**cpu_vm.__dict__, "labels": labels})
     account = pipeline.service_account or PLAN_DEFAULT_SERVICE_ACCOUNT
+    grants = tpu_vm.service_account_grants(vm.project, vm.bucket, pipeline.hf_token.secret_id, account)
     teardown: list[Command] = [] if pipeline.keep_vm else [tpu_vm.delete_vm(vm)]
+    cpu_teardown: list[Command] = [] if pipeline.keep_vm else [tpu_vm.delete_vm(cpu_vm)]
     if pipeline.delete_bucket:
-        teardown.append(gke.delete_bucket(vm.bucket))
+        cpu_teardown.append(gke.delete_bucket(vm.bucket))
     commands = {
         "preflight": preflight_commands(vm.project, vm.zone, vm.reservation),
         "ensure_bucket": [gke.create_bucket(vm.project, pipeline.region, vm.bucket)],
         "sync_hf_token": gke.hf_token_secret(
             vm.project, pipeline.hf_token.secret_id, (), sync=pipeline.hf_token.sync_from_connection
         ),
+        "create_cpu_vm": [
+            tpu_vm.create_cpu_vm(cpu_labelled, pipeline.service_account),
+            tpu_vm.vm_service_account(cpu_vm),
+            *grants,
+        ],
         "create_vm": [
             tpu_vm.create_vm(labelled, pipeline.service_account),
             tpu_vm.vm_service_account(vm),
-            *tpu_vm.service_account_grants(vm.project, vm.bucket, pipeline.hf_token.secret_id, account),
+            *grants,
         ],
         **{
-            task_id: [tpu_vm.stage_command(pipeline, stage, ssh_key_file=PLAN_SSH_KEY_FILE)]
-            for task_id, stage in (
-                ("install_maxtext", "install"),
-                ("convert_to_maxtext", "convert"),
-                ("train", "train"),
-                ("export_to_huggingface", "export"),
+            task_id: [tpu_vm.stage_command(pipeline, stage, machine=machine, ssh_key_file=PLAN_SSH_KEY_FILE)]
+            for task_id, stage, machine in (
+                ("install_cpu_vm", "install", "cpu"),
+                ("convert_to_maxtext", "convert", None),
+                ("install_maxtext", "install", "tpu"),
+                ("train", "train", None),
+                ("export_to_huggingface", "export", None),
             )
         },
         "delete_vm": teardown,
+        "delete_cpu_vm": cpu_teardown,
     }
     return _in_task_order(TPU_VM_TASK_ORDER, commands)
 

@@ -2,23 +2,25 @@
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Mapping
 
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.render.command import Command
 from airflow_provider_tpu_rl.render.shell import hf_token_from_gcloud, key_values, quote_all, with_hf_token
-from airflow_provider_tpu_rl.spec.cluster import TpuVmSpec
+from airflow_provider_tpu_rl.spec.cluster import CpuVmSpec, TpuVmSpec
 from airflow_provider_tpu_rl.spec.pipeline import TpuVmPipelineSpec
 from airflow_provider_tpu_rl.spec.presets import MAXTEXT_PIP_SPEC
 
 VM_EXISTS = ("already exists",)
 VM_GONE = ("was not found", "not found")
 VENV = "maxtext_venv"
-COMMIT_MARKER = "commit_success.txt"  # Orbax's "this step is complete" file on GCS
-COMMIT_MARKER_RE = r"(^|/)commit_success\.txt$"
 
 STAGES = ("install", "convert", "train", "export")
+# Where each stage runs: the converters force JAX onto the CPU (maxtext-v0.2.4 to_maxtext.py
+# l.1190, to_huggingface.py l.589), so they run on the CPU VM; training needs the TPU. MaxText is
+# installed on both.
+MACHINES = ("cpu", "tpu")
+STAGE_MACHINE = {"convert": "cpu", "train": "tpu", "export": "cpu"}
 
 
 def _labels_flag(labels: Mapping[str, str]) -> list[str]:
@@ -55,7 +57,32 @@ def create_vm(vm: TpuVmSpec, service_account: str | None = None) -> Command:
     )
 
 
-def delete_vm(vm: TpuVmSpec) -> Command:
+def create_cpu_vm(vm: CpuVmSpec, service_account: str | None = None) -> Command:
+    """``gcloud compute instances create`` of the CPU VM: no reservation, standard provisioning."""
+    sa = [f"--service-account={service_account}"] if service_account else []
+    return Command(
+        (
+            "gcloud",
+            "compute",
+            "instances",
+            "create",
+            vm.vm_name,
+            f"--zone={vm.zone}",
+            f"--project={vm.project}",
+            f"--machine-type={vm.machine_type}",
+            f"--image-project={vm.image_project}",
+            f"--image-family={vm.image_family}",
+            f"--boot-disk-size={vm.boot_disk_size}",
+            *sa,
+            "--scopes=cloud-platform",
+            *_labels_flag(vm.labels),
+        ),
+        ok_if_output_contains=VM_EXISTS,
+        description=f"create CPU VM {vm.vm_name} ({vm.machine_type}) for the checkpoint conversions",
+    )
+
+
+def delete_vm(vm: TpuVmSpec | CpuVmSpec) -> Command:
     return delete_vm_named(vm.project, vm.zone, vm.vm_name)
 
 
@@ -73,7 +100,7 @@ def delete_vm_named(project: str, zone: str, name: str) -> Command:
             "--quiet",
         ),
         ok_if_output_contains=VM_GONE,
-        description=f"delete TPU VM {name} (outputs were copied to GCS first)",
+        description=f"delete VM {name} (its outputs are in GCS)",
     )
 
 
@@ -103,7 +130,9 @@ SSH_FLAGS = (
 )
 
 
-def ssh(vm: TpuVmSpec, script: str, description: str = "", *, ssh_key_file: str | None = None) -> Command:
+def ssh(
+    vm: TpuVmSpec | CpuVmSpec, script: str, description: str = "", *, ssh_key_file: str | None = None
+) -> Command:
     """Run a stage script on the VM: ``bash -s`` reads it from stdin, so nothing is on argv.
 
     ``ssh_key_file`` is a key kept across calls: gcloud adds its public key to the project's
@@ -131,7 +160,7 @@ def ssh(vm: TpuVmSpec, script: str, description: str = "", *, ssh_key_file: str 
     )
 
 
-def describe_vm_labels(vm: TpuVmSpec) -> Command:
+def describe_vm_labels(vm: TpuVmSpec | CpuVmSpec) -> Command:
     """The VM's labels as JSON: whose run created it (``tpu-rl-dag``, ``tpu-rl-run``)."""
     return Command(
         (
@@ -144,11 +173,11 @@ def describe_vm_labels(vm: TpuVmSpec) -> Command:
             f"--project={vm.project}",
             "--format=json",
         ),
-        description=f"read the labels of TPU VM {vm.vm_name} (which run created it)",
+        description=f"read the labels of VM {vm.vm_name} (which run created it)",
     )
 
 
-def vm_service_account(vm: TpuVmSpec) -> Command:
+def vm_service_account(vm: TpuVmSpec | CpuVmSpec) -> Command:
     """The e-mail of the service account the VM runs as (the default compute one if none was named)."""
     return Command(
         (
@@ -161,7 +190,7 @@ def vm_service_account(vm: TpuVmSpec) -> Command:
             f"--project={vm.project}",
             "--format=value(serviceAccounts[0].email)",
         ),
-        description=f"read the service account of TPU VM {vm.vm_name}",
+        description=f"read the service account of VM {vm.vm_name}",
     )
 
 
@@ -294,13 +323,6 @@ def tpu_environment(vm: TpuVmSpec) -> list[str]:
     ]
 
 
-def rsync_to_gcs(source: str, destination: str, *, exclude: str | None = None) -> str:
-    flags = [f"--exclude={exclude}"] if exclude else []
-    return quote_all(
-        ["gcloud", "storage", "rsync", "--recursive", *flags, source.rstrip("/"), destination.rstrip("/")]
-    )
-
-
 def train_script(pipeline: TpuVmPipelineSpec) -> str:
     t = pipeline.training
     args = key_values(
@@ -316,15 +338,6 @@ def train_script(pipeline: TpuVmPipelineSpec) -> str:
     lines = _preamble(pipeline, with_token=True) + tpu_environment(pipeline.vm)
     lines.append(
         with_hf_token(quote_all(["python3", "-m", "maxtext.trainers.post_train.rl.train_rl", *args]))
-    )
-    # /dev/shm is lost with the VM: copy the final actor checkpoint out at once. On a local disk
-    # Orbax finalises a step by renaming its folder and may write no commit marker; on GCS the
-    # marker is what readers wait for, so it is written last, once every other file is there.
-    final = t.actor_checkpoint_root + str(t.final_step)
-    lines.append(rsync_to_gcs(final, pipeline.gcs_actor_checkpoint, exclude=COMMIT_MARKER_RE))
-    lines.append(
-        f"echo {shlex.quote(f'copied from {pipeline.vm.vm_name}:{final}')} | "
-        + quote_all(["gcloud", "storage", "cp", "-", f"{pipeline.gcs_actor_checkpoint}/{COMMIT_MARKER}"])
     )
     return "\n".join(lines) + "\n"
 
@@ -345,22 +358,43 @@ def export_script(pipeline: TpuVmPipelineSpec) -> str:
     lines.append(
         with_hf_token(quote_all(["python3", "-m", "maxtext.checkpoint_conversion.to_huggingface", *args]))
     )
-    lines.append(rsync_to_gcs(e.output_directory, pipeline.gcs_export))
     return "\n".join(lines) + "\n"
 
 
-def stage_command(pipeline: TpuVmPipelineSpec, stage: str, *, ssh_key_file: str | None = None) -> Command:
+def stage_machine(stage: str, machine: str | None = None) -> str:
+    """Which VM runs ``stage``: ``cpu`` or ``tpu`` (install: ``machine``, default the TPU VM).
+
+    A conversion or export on the TPU VM, or training on the CPU VM, is refused.
+    """
+    if stage not in STAGES:
+        raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
+    fixed = STAGE_MACHINE.get(stage)
+    chosen = machine or fixed or "tpu"
+    if chosen not in MACHINES:
+        raise ValueError(f"machine must be one of {MACHINES}, got {machine!r}")
+    if fixed is not None and chosen != fixed:
+        raise ValueError(f"the {stage} stage runs on the {fixed.upper()} VM, not the {chosen.upper()} VM")
+    return chosen
+
+
+def stage_command(
+    pipeline: TpuVmPipelineSpec,
+    stage: str,
+    *,
+    machine: str | None = None,
+    ssh_key_file: str | None = None,
+) -> Command:
     scripts = {
         "install": (install_script, "install MaxText and its post-training extras"),
-        "convert": (convert_script, "convert the HF checkpoint to MaxText in /dev/shm"),
-        "train": (train_script, "GRPO training (McJAX), then copy the final checkpoint to GCS"),
-        "export": (export_script, "export to Hugging Face format, then copy it to GCS"),
+        "convert": (convert_script, "convert the HF checkpoint to MaxText (CPU), written to GCS"),
+        "train": (train_script, "GRPO training (McJAX) from and to GCS"),
+        "export": (export_script, "export the GCS actor checkpoint to Hugging Face format (CPU) in GCS"),
     }
-    if stage not in scripts:
-        raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
+    on = stage_machine(stage, machine)
     build, description = scripts[stage]
     script = build() if stage == "install" else build(pipeline)  # type: ignore[operator]
-    return ssh(pipeline.vm, script, description, ssh_key_file=ssh_key_file)
+    vm: TpuVmSpec | CpuVmSpec = pipeline.cpu_vm if on == "cpu" else pipeline.vm
+    return ssh(vm, script, f"{description} on {vm.vm_name}", ssh_key_file=ssh_key_file)
 
 
 def vm_labels(pipeline: TpuVmPipelineSpec, expires_at: int) -> dict[str, str]:

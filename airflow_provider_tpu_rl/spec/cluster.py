@@ -250,3 +250,56 @@ class TpuVmSpec:
     @property
     def chips(self) -> int:
         return self.shape.chips
+
+
+# The CPU VM of the single-host pipeline: MaxText's converters force JAX onto the CPU
+# (maxtext-v0.2.4 to_maxtext.py l.1190 / to_huggingface.py l.589 `jax_platforms=cpu`), so they run
+# there instead of on the billed TPU VM. n2-highmem-32: 256 GB of RAM (an eager load of the bf16
+# weights holds about twice their size, ~32 GB for 8B; there is no official figure).
+CPU_VM_MACHINE_TYPE: Final = "n2-highmem-32"
+CPU_VM_SUFFIX: Final = "-cpu"
+
+
+def cpu_vm_name(tpu_vm_name: str) -> str:
+    """The CPU VM's name, derived from the TPU VM's: ``<vm_name>-cpu`` (a valid GCE name: the TPU
+    VM's is cut so the whole stays within 63 characters)."""
+    return tpu_vm_name[: 63 - len(CPU_VM_SUFFIX)].rstrip("-") + CPU_VM_SUFFIX
+
+
+@dataclass(frozen=True)
+class CpuVmSpec:
+    """The CPU Compute Engine VM the conversions run on (no TPU, no reservation)."""
+
+    project: str
+    zone: str
+    vm_name: str
+    bucket: str
+    machine_type: str = CPU_VM_MACHINE_TYPE
+    image_project: str = "ubuntu-os-cloud"
+    image_family: str = "ubuntu-2204-lts"
+    boot_disk_size: str = "200GB"
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        rules.project_id("project", self.project)
+        rules.zone("zone", self.zone, None)
+        rules.gce_name("cpu_vm_name", self.vm_name, "VM name")
+        rules.bucket_name("bucket", self.bucket)
+        if self.machine_type.startswith("ct"):
+            raise SpecError(
+                "cpu_machine_type",
+                "must be a CPU machine type (like n2-highmem-32), not a TPU one: the converters run on the CPU",
+                self.machine_type,
+            )
+        rules.match(
+            "cpu_machine_type",
+            self.machine_type,
+            SYSTEM_MACHINE_TYPE,
+            "a CPU machine type like n2-highmem-32",
+        )
+        rules.gce_name("image_project", self.image_project, "image project")
+        rules.gce_name("image_family", self.image_family, "image family")
+        rules.match(
+            "boot_disk_size", self.boot_disk_size, rules.re.compile(r"^[1-9][0-9]{1,4}GB$"), "like 200GB"
+        )
+        object.__setattr__(self, "labels", _labels(self.labels))

@@ -10,7 +10,14 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from airflow_provider_tpu_rl.spec import rules
-from airflow_provider_tpu_rl.spec.cluster import ClusterSpec, GkeJobTarget, TpuVmSpec
+from airflow_provider_tpu_rl.spec.cluster import (
+    CPU_VM_MACHINE_TYPE,
+    ClusterSpec,
+    CpuVmSpec,
+    GkeJobTarget,
+    TpuVmSpec,
+    cpu_vm_name,
+)
 from airflow_provider_tpu_rl.spec.errors import SpecError
 from airflow_provider_tpu_rl.spec.presets import POST_TRAINING_IMAGE, ModelPreset, Runner, get_preset
 from airflow_provider_tpu_rl.spec.workloads import (
@@ -69,6 +76,7 @@ TPU_VM_DEFAULTS: Final[Mapping[str, Any]] = {
     "hf_token_conn_id": "huggingface_default",
     "hf_token_secret": None,
     "service_account": None,
+    "cpu_machine_type": CPU_VM_MACHINE_TYPE,
     "max_vm_hours": 72,
 }
 
@@ -129,6 +137,7 @@ _CONF_TYPES: Final[Mapping[str, str]] = {
     "hf_token_conn_id": "str",
     "hf_token_secret": "str?",
     "service_account": "str?",
+    "cpu_machine_type": "str",
     "authorized_cidr": "str",
     "max_cluster_hours": "int",
     "max_vm_hours": "int",
@@ -162,14 +171,21 @@ TPU_VM_TASK_ORDER: Final = (
     "preflight",
     "ensure_bucket",
     "sync_hf_token",
+    # The conversions force JAX onto the CPU: they run on a CPU VM, GCS to GCS.
+    "create_cpu_vm",
+    "install_cpu_vm",
+    "convert_to_maxtext",
+    "wait_converted_checkpoint",
+    # The TPU VM exists only around training: created once the converted checkpoint is committed,
+    # deleted as soon as the actor checkpoint is (a teardown: also when training failed).
     "create_vm",
     "install_maxtext",
-    "convert_to_maxtext",
     "train",
     "wait_actor_checkpoint",
+    "delete_vm",
     "export_to_huggingface",
     "wait_hf_export",
-    "delete_vm",
+    "delete_cpu_vm",
     "record_run",
 )
 # The GKE pipeline's job tasks; a job's default name derives from its task id.
@@ -610,6 +626,7 @@ class TpuVmPipelineSpec:
     run_id: str
     preset: ModelPreset
     vm: TpuVmSpec
+    cpu_vm: CpuVmSpec
     conversion: ConversionSpec
     training: TrainingSpec
     export: ExportSpec
@@ -633,7 +650,7 @@ class TpuVmPipelineSpec:
 
     @property
     def gcs_actor_checkpoint(self) -> str:
-        """Where the final actor checkpoint is kept once copied out of /dev/shm."""
+        """The final actor checkpoint: training writes it to GCS, the export reads it there."""
         step = self.training.final_step
         return f"{self.gcs_prefix}/post-train/{self.training.run_name}/checkpoints/actor/{step}"
 
@@ -654,6 +671,8 @@ class TpuVmPipelineSpec:
             "region": self.region,
             "zone": v.zone,
             "vm_name": v.vm_name,
+            "cpu_vm_name": self.cpu_vm.vm_name,
+            "cpu_machine_type": self.cpu_vm.machine_type,
             "bucket": v.bucket,
             "reservation": v.reservation,
             "service_account": self.service_account,
@@ -668,6 +687,7 @@ class TpuVmPipelineSpec:
             "suffix": self.suffix,
             "final_step": t.final_step,
             "chips": v.chips,
+            "converted_root": self.conversion.output_directory,
             "actor_root": self.gcs_actor_checkpoint_root,
             "export_uri": self.gcs_export + "/",
         }
@@ -703,13 +723,21 @@ def tpu_vm_pipeline_from_conf(
         machine_type=preset.compute_type,
         topology=preset.topology,
     )
-    shm = f"/dev/shm/{preset.model_name}"  # noqa: S108 - the seed keeps its outputs in /dev/shm on the VM
+    cpu_vm = CpuVmSpec(
+        project=vm.project,
+        zone=vm.zone,
+        vm_name=cpu_vm_name(vm.vm_name),
+        bucket=vm.bucket,
+        machine_type=merged.get("cpu_machine_type") or CPU_VM_MACHINE_TYPE,
+    )
+    # Every stage reads and writes GCS: the conversions run on the CPU VM, training on the TPU VM.
+    prefix = gcs_model_prefix(vm.bucket, preset.model_name)
     conversion, training, export = _workloads(
         preset,
         merged,
-        converted=f"{shm}/mt-format/",
-        trained=f"{shm}/post-train/",
-        exported=f"{shm}/hf-trained/",
+        converted=f"{prefix}/mt-format/",
+        trained=f"{prefix}/post-train/",
+        exported=f"{prefix}/hf-trained/{{run_name}}/",
         default_run_name=f"rl-{run_suffix(dag_id, run_id)}",
         trailing_slash="",
         on_cluster=False,
@@ -719,6 +747,7 @@ def tpu_vm_pipeline_from_conf(
         run_id=run_id,
         preset=preset,
         vm=vm,
+        cpu_vm=cpu_vm,
         conversion=conversion,
         training=training,
         export=export,

@@ -1317,9 +1317,14 @@ class Gcloud:
                 }
                 vms[key] = record
                 created.append(record)
+                history = txn.doc("vm_history")
+                history.setdefault(key, []).append(
+                    {"machineType": machine_type, "created": time.time(), "deleted": None, "programs": []}
+                )
                 vm_dir = self.layout.vm_dir(name)
                 vm_dir.mkdir(parents=True, exist_ok=True)
             txn.save("vms")
+            txn.save("vm_history")
         for record in created:
             self.err(f"Created [{self._instance_url(project, zone, record['name'])}].\n")
         if parsed.get("format"):
@@ -1401,13 +1406,27 @@ class Gcloud:
             )
         with self.store.txn() as txn:
             vms = txn.doc("vms")
+            history = txn.doc("vm_history")
             for name in names:
                 vms.pop(f"{project}/{zone}/{name}", None)
                 shutil.rmtree(self.layout.vm_dir(name), ignore_errors=True)
+                lives = history.get(f"{project}/{zone}/{name}") or []
+                if lives and lives[-1]["deleted"] is None:
+                    lives[-1]["deleted"] = time.time()
             txn.save("vms")
+            txn.save("vm_history")
         for name in names:
             self.err(f"Deleted [{self._instance_url(project, zone, name)}].\n")
         return 0
+
+    def _record_program(self, project: str, zone: str, name: str, module: str) -> None:
+        """The VM's history (``vm_history``: each life's machine type, create and delete times)
+        notes a MaxText program it started, with the time."""
+        with self.store.txn() as txn:
+            lives = txn.doc("vm_history").get(f"{project}/{zone}/{name}") or []
+            if lives:
+                lives[-1]["programs"].append({"module": module, "started": time.time()})
+                txn.save("vm_history")
 
     def _vm(self, project: str, zone: str, name: str) -> dict[str, Any]:
         record = self.store.read("vms").get(f"{project}/{zone}/{name}")
@@ -1694,6 +1713,7 @@ class Gcloud:
             default_project=project,
             authorize=authorize,
             bucket_project=bucket_project,
+            on_program=lambda module: self._record_program(project, zone, name, module),
         )
         booted = dt.datetime.fromisoformat(str(record["created"]).replace("Z", "+00:00")).timestamp()
         boot_apt = load_settings(self.layout).boot_apt_seconds
@@ -1706,6 +1726,7 @@ class Gcloud:
             list(record.get("scopes", [])),
             apt_busy_until=(booted + boot_apt / 2, booted + boot_apt),
             sudoer=sudoer,
+            machine_type=str(record.get("machineType") or ""),
         )
         stdin = self.read_stdin()
         if command is None:

@@ -78,6 +78,9 @@ class MachineServices:
     # (run directory, its committed checkpoints) -> the machine is lost now (settings'
     # preempt_after_checkpoints; the caller remembers that it fired)
     preempt: Callable[[str, int], bool] = lambda run_dir, committed: False
+    # Told of every simulated MaxText program the machine starts (its module): the sandbox's
+    # record of which VM ran what.
+    on_program: Callable[[str], None] | None = None
 
 
 SCOPE_DENIED = "Access denied. Provided scope(s) are not authorized."
@@ -243,6 +246,10 @@ class MachineHost:
             return 127
         return handler(call)
 
+    def tpu_chips(self) -> int | None:
+        """The machine's TPU chips (``None``: not modelled, a GKE pod placed by its node pool)."""
+        return None
+
     # -- python ---------------------------------------------------------------------------
     def python_packages(self, call: ToolCall) -> set[str] | None:
         """Distributions importable by the calling interpreter (``None`` = the image's: all)."""
@@ -279,6 +286,13 @@ class MachineHost:
             call.err(f"sandbox: python3 -m {module} is not simulated\n")
             return 1
         services = self.services
+        if services.on_program is not None:
+            services.on_program(module)
+        if module == maxtext_sim.TRAIN_RL and self.tpu_chips() == 0:
+            # JAX on a machine without TPU chips, asked for the TPU (TPU_* set, as train_rl's
+            # McJAX run does): the backend cannot start; MaxText's trainer needs it.
+            call.err(maxtext_sim.NO_TPU_ERROR + "\n")
+            return 1
         ctx = maxtext_sim.SimContext(
             router=self.router,
             write=call.out,
@@ -496,7 +510,8 @@ def _apt_arguments(argv: list[str]) -> tuple[list[str], dict[str, str]]:
 
 
 class VmHost(MachineHost):
-    """A Compute Engine TPU VM (Ubuntu 22.04 accelerator image), reached over SSH as ``user``."""
+    """A Compute Engine VM reached over SSH as ``user``: a TPU VM (``ct6e-*``, Ubuntu 22.04
+    accelerator image) or a CPU VM (any other machine type: no TPU chips)."""
 
     platform = "vm"
     mounts = ("/home", "/tmp", "/root", "/usr/local", "/dev/shm")  # noqa: S108 (machine paths)
@@ -521,8 +536,10 @@ class VmHost(MachineHost):
         scopes: list[str],
         apt_busy_until: tuple[float, float] = (0.0, 0.0),
         sudoer: bool = True,
+        machine_type: str = "ct6e-standard-8t",
     ) -> None:
         super().__init__(fs_root, services, vm_name)
+        self.machine_type = machine_type
         self.user = user
         if not sudoer:
             # An OS Login user without admin login (compute.instances.osAdminLogin) is in no
@@ -541,6 +558,10 @@ class VmHost(MachineHost):
     @property
     def home(self) -> str:
         return f"/home/{self.user}"
+
+    def tpu_chips(self) -> int:
+        """The machine type decides the devices: ``ct6e-standard-Nt`` has N TPU chips, others none."""
+        return tpu_chips_of(self.machine_type)
 
     def login_env(self, base: Mapping[str, str]) -> dict[str, str]:
         """What sshd gives a session: HOME, USER, LOGNAME, SHELL, PATH (plus the client's LANG)."""
@@ -910,6 +931,12 @@ class VmHost(MachineHost):
         ):
             return None, cloud.SECRET_ACCESS_DENIED.format(project=project, secret=secret, version=version)
         return self.services.secret_access(project, secret, version)
+
+
+def tpu_chips_of(machine_type: str) -> int:
+    """TPU chips of a Compute Engine machine type: ``ct6e-standard-{1,4,8}t`` → 1, 4, 8; others 0."""
+    match = re.fullmatch(r"ct6e-standard-([148])t", machine_type)
+    return int(match.group(1)) if match else 0
 
 
 def activate_script(venv: str, prompt: str) -> str:

@@ -37,6 +37,13 @@ TO_MAXTEXT = "maxtext.checkpoint_conversion.to_maxtext"
 TRAIN_RL = "maxtext.trainers.post_train.rl.train_rl"
 TO_HUGGINGFACE = "maxtext.checkpoint_conversion.to_huggingface"
 MODULES = (TO_MAXTEXT, TRAIN_RL, TO_HUGGINGFACE)
+# What train_rl ends with on a machine that has no TPU chips (a CPU VM): JAX cannot start the TPU
+# backend the McJAX run asks for (jax._src.xla_bridge's "Unable to initialize backend" error).
+NO_TPU_ERROR = (
+    "Traceback (most recent call last):\n"
+    "RuntimeError: Unable to initialize backend 'tpu': NOT_FOUND: No TPU devices found on this machine "
+    "(set JAX_PLATFORMS='' to automatically choose an available backend)"
+)
 FAULT_KIND = {TO_MAXTEXT: "convert", TRAIN_RL: "train", TO_HUGGINGFACE: "export"}
 
 STEP_SECONDS_ENV = "TPU_RL_SANDBOX_STEP_SECONDS"

@@ -20,6 +20,7 @@ from airflow_provider_tpu_rl.operators.pipeline import (
     validate_pipeline_conf,
 )
 from airflow_provider_tpu_rl.pipeline_dags import xcom
+from airflow_provider_tpu_rl.render import tpu_vm
 from airflow_provider_tpu_rl.spec import GKE_DEFAULTS, TPU_VM_DEFAULTS
 from airflow_provider_tpu_rl.spec.pipeline import GKE_TASK_ORDER, TPU_VM_TASK_ORDER
 from tests.dags.conftest import GKE_DAG_ID, PIPELINE_DAG_IDS, TPU_VM_DAG_ID
@@ -36,9 +37,18 @@ OWN_CLOUD = {
 class Shape:
     order: tuple[str, ...]
     resource_setup: str  # creates the billed resource
-    teardown: str  # destroys it
+    teardown: str  # destroys it: the last teardown before record_run
     transient: frozenset[str]  # tasks allowed to retry
     defaults: Any
+    # Other billed resources: their teardown → their setup (each also hangs off ensure_bucket).
+    other_resources: tuple[tuple[str, str], ...] = ()
+    # Edges besides the order's chain: task → the extra upstream tasks.
+    extra_upstream: tuple[tuple[str, frozenset[str]], ...] = ()
+
+    @property
+    def resources(self) -> dict[str, str]:
+        """Every teardown → the setup of its resource."""
+        return {self.teardown: self.resource_setup, **dict(self.other_resources)}
 
 
 SHAPES = {
@@ -62,22 +72,27 @@ SHAPES = {
     ),
     TPU_VM_DAG_ID: Shape(
         order=TPU_VM_TASK_ORDER,
-        resource_setup="create_vm",
-        teardown="delete_vm",
+        resource_setup="create_cpu_vm",
+        teardown="delete_cpu_vm",
         transient=frozenset(
             {
                 "preflight",
                 "ensure_bucket",
                 "sync_hf_token",
+                "create_cpu_vm",
+                "install_cpu_vm",
+                "convert_to_maxtext",
                 "create_vm",
                 "install_maxtext",
-                "convert_to_maxtext",
                 "train",
-                "export_to_huggingface",
                 "delete_vm",
+                "export_to_huggingface",
+                "delete_cpu_vm",
             }
         ),
         defaults=TPU_VM_DEFAULTS,
+        other_resources=(("delete_vm", "create_vm"),),
+        extra_upstream=(("export_to_huggingface", frozenset({"wait_actor_checkpoint"})),),
     ),
 }
 WATCHER = "watcher"
@@ -93,22 +108,62 @@ def test_tasks_run_in_the_tutorial_order(pipeline: tuple[Any, Shape]) -> None:
     assert set(dag.task_ids) == {*shape.order, WATCHER}
     expected_upstream = {task_id: {before} for before, task_id in itertools.pairwise(shape.order)}
     expected_upstream["validate"] = set()
-    # The teardown also hangs off its setups.
-    expected_upstream[shape.teardown] |= {"ensure_bucket", shape.resource_setup}
+    # Each teardown also hangs off its setups.
+    for teardown, setup in shape.resources.items():
+        expected_upstream[teardown] |= {"ensure_bucket", setup}
+    for task_id, extra in shape.extra_upstream:
+        expected_upstream[task_id] |= extra
     actual = {task_id: set(dag.get_task(task_id).upstream_task_ids) for task_id in shape.order}
     assert actual == expected_upstream
 
 
 def test_the_resource_teardown_is_a_teardown_of_its_setups(pipeline: tuple[Any, Shape]) -> None:
     dag, shape = pipeline
-    teardown = dag.get_task(shape.teardown)
-    assert teardown.is_teardown
-    assert teardown.trigger_rule == TriggerRule.ALL_DONE_SETUP_SUCCESS
-    # on_failure_fail_dagrun=True would let a green teardown hide a failed run (Airflow 3.3).
-    assert not teardown.on_failure_fail_dagrun
-    setups = {t.task_id for t in teardown.upstream_list if t.is_setup}
-    assert setups == {"ensure_bucket", shape.resource_setup}
-    assert {t.task_id for t in dag.tasks if t.is_setup} == setups
+    all_setups: set[str] = set()
+    for teardown_id, setup in shape.resources.items():
+        teardown = dag.get_task(teardown_id)
+        assert teardown.is_teardown
+        assert teardown.trigger_rule == TriggerRule.ALL_DONE_SETUP_SUCCESS
+        # on_failure_fail_dagrun=True would let a green teardown hide a failed run (Airflow 3.3).
+        assert not teardown.on_failure_fail_dagrun
+        setups = {t.task_id for t in teardown.upstream_list if t.is_setup}
+        assert setups == {"ensure_bucket", setup}
+        all_setups |= setups
+    assert {t.task_id for t in dag.tasks if t.is_setup} == all_setups
+
+
+def test_the_tpu_vm_exists_only_around_training(dag_bag: Any) -> None:
+    """The TPU VM is created after the converted checkpoint is committed and deleted right after the
+    actor checkpoint is, before the export; conversion and export run on the CPU VM."""
+    dag = dag_bag.dags[TPU_VM_DAG_ID]
+    create_vm = dag.get_task("create_vm")
+    assert "wait_converted_checkpoint" in create_vm.upstream_task_ids
+    assert "wait_converted_checkpoint" in {t.task_id for t in create_vm.get_flat_relatives(upstream=True)}
+    delete_vm = dag.get_task("delete_vm")
+    assert delete_vm.upstream_task_ids == {"wait_actor_checkpoint", "ensure_bucket", "create_vm"}
+    export = dag.get_task("export_to_huggingface")
+    assert {"delete_vm", "wait_actor_checkpoint"} == export.upstream_task_ids
+    upstream_of_create = {t.task_id for t in create_vm.get_flat_relatives(upstream=True)}
+    assert {"convert_to_maxtext", "create_cpu_vm"} <= upstream_of_create
+    downstream_of_delete = {t.task_id for t in delete_vm.get_flat_relatives(upstream=False)}
+    assert {"export_to_huggingface", "wait_hf_export", "delete_cpu_vm"} <= downstream_of_delete
+    machines = {
+        task_id: dag.get_task(task_id).on_machine or tpu_vm.stage_machine(dag.get_task(task_id).stage)
+        for task_id in (
+            "install_cpu_vm",
+            "convert_to_maxtext",
+            "install_maxtext",
+            "train",
+            "export_to_huggingface",
+        )
+    }
+    assert machines == {
+        "install_cpu_vm": "cpu",
+        "convert_to_maxtext": "cpu",
+        "install_maxtext": "tpu",
+        "train": "tpu",
+        "export_to_huggingface": "cpu",
+    }
 
 
 def test_record_run_is_a_teardown_after_the_resource_teardown(pipeline: tuple[Any, Shape]) -> None:
@@ -240,7 +295,7 @@ def test_sensors_watch_the_paths_validate_derives(pipeline: tuple[Any, Shape]) -
     # Both pipelines watch GCS; the TPU VM's /dev/shm is gone with the VM.
     assert actor_root.startswith("gs://")
     assert export_uri.startswith("gs://")
-    if dag.dag_id == GKE_DAG_ID:
+    if True:  # both pipelines wait for the converted checkpoint
         converted = render(dag, "wait_converted_checkpoint", "checkpoint_root", derived)
         assert converted == derived["converted_root"]
         assert converted.startswith("gs://")

@@ -23,6 +23,7 @@ from airflow_provider_tpu_rl.compat import (
 from airflow_provider_tpu_rl.operators.pipeline import validate_pipeline_conf
 from airflow_provider_tpu_rl.pipeline_dags import form_schema
 from airflow_provider_tpu_rl.spec import GKE_DEFAULTS, TPU_VM_DEFAULTS, Runner, rules
+from airflow_provider_tpu_rl.spec.cluster import SYSTEM_MACHINE_TYPE
 from airflow_provider_tpu_rl.spec.presets import presets_for
 from airflow_provider_tpu_rl.timeouts import resource_hours
 from tests.dags.conftest import (
@@ -77,6 +78,7 @@ PATTERNS: dict[str, dict[str, Any]] = {
         "reservation": rules.GCE_NAME,
         "service_account": rules.SERVICE_ACCOUNT,
         "vm_name": rules.GCE_NAME,
+        "cpu_machine_type": SYSTEM_MACHINE_TYPE,
         "hf_model_path": rules.HF_REPO_ID,
         "run_name": rules.RUN_NAME,
         "hf_token_conn_id": rules.CONN_ID,
@@ -193,7 +195,7 @@ TPU_VM_BAD_CONFS = [
     (
         "vm_hours_below_the_stage_bounds",
         {"max_vm_hours": 6},
-        "max_vm_hours: 6 h is shorter than the 62 h",
+        "max_vm_hours: 6 h is shorter than the 68 h",
         False,
     ),
     (

@@ -1,8 +1,9 @@
 """``tpu_rl_tpu_vm_pipeline`` end to end in the sandbox: success, faults, ledger.
 
 The VM path's faults (see ``sandbox/tpu_rl_sandbox/fake_gcloud.py``): ``deploy`` = ``gcloud compute instances
-create``, ``ssh`` = ``gcloud compute ssh`` (every stage runs over it), ``destroy`` = ``gcloud
-compute instances delete``. Each scenario is one ``airflow dags test`` subprocess with its own VM
+create`` (the first one: the CPU VM's), ``ssh`` = ``gcloud compute ssh`` (every stage runs over it;
+the first: the CPU VM's install), ``destroy`` = ``gcloud compute instances delete`` (the first: the
+TPU VM's, right after the actor checkpoint), ``export`` = MaxText's to_huggingface on the CPU VM. Each scenario is one ``airflow dags test`` subprocess with its own VM
 and bucket, in this module's own sandbox and AIRFLOW_HOME.
 
 What a lower-level test pins is not run again here: a VM create that fails for good takes the
@@ -16,6 +17,7 @@ never created counts as done. The transient faults share one run.
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -23,13 +25,23 @@ import pytest
 from airflow_provider_tpu_rl.spec import TpuVmPipelineSpec, tpu_vm_pipeline_from_conf
 from tests.e2e.curves import check_curves_next_to_the_checkpoints, check_runs_plot_draws_the_trend
 from tests.e2e.harness import TPU_VM_DAG_ID, DagRunResult, E2EWorld, printed_rewards
+from tpu_rl_sandbox.gcs import split_gs_url
+from tpu_rl_sandbox.state import StateStore
 
 pytestmark = pytest.mark.e2e
 
 PROJECT = "tpu-rl-e2e"
 NUM_BATCHES = 3
-PERMANENT_FAULTS = ("ssh",)
-FAILING_TASK = {"deploy": "create_vm", "ssh": "install_maxtext", "train": "train", "destroy": "delete_vm"}
+PERMANENT_FAULTS = ("ssh", "export")
+FAILING_TASK = {
+    "deploy": "create_cpu_vm",
+    "ssh": "install_cpu_vm",
+    "train": "train",
+    "destroy": "delete_vm",
+    "export": "export_to_huggingface",
+}
+TRAIN_RL = "maxtext.trainers.post_train.rl.train_rl"
+CONVERTERS = ("maxtext.checkpoint_conversion.to_maxtext", "maxtext.checkpoint_conversion.to_huggingface")
 # The VM create (a stockout), a stage's SSH session, the training (the slice lost: JAX's UNAVAILABLE)
 # and the VM delete each fail once, in one run.
 TRANSIENT_KINDS = ("deploy", "ssh", "train", "destroy")
@@ -55,6 +67,24 @@ def spec_of(result: DagRunResult) -> TpuVmPipelineSpec:
 def vm_calls(result: DagRunResult, verb: str) -> list[int]:
     """Exit codes of ``gcloud compute instances <verb>`` in the run."""
     return [call.exit_code for call in result.calls_of("gcloud", "compute", "instances", verb)]
+
+
+def lives(world: E2EWorld, spec: TpuVmPipelineSpec, vm_name: str) -> list[dict[str, Any]]:
+    """The sandbox's record of each life of ``vm_name``: machine type, create and delete times
+    (epoch seconds) and the MaxText programs it started."""
+    history = StateStore(world.layout).read("vm_history")
+    return list(history.get(f"{spec.vm.project}/{spec.vm.zone}/{vm_name}", []))
+
+
+def written_at(world: E2EWorld, uri: str) -> dict[str, float]:
+    """Object name → when the emulator says it was last written (epoch seconds), under ``uri``."""
+    bucket, prefix = split_gs_url(uri)
+    out = {}
+    for info in world.gcs.iter_objects(bucket, prefix.rstrip("/") + "/"):
+        seconds, _, fraction = info.updated.rstrip("Z").partition(".")
+        when = datetime.fromisoformat(f"{seconds}.{(fraction or '0').ljust(6, '0')[:6]}+00:00")
+        out[info.name] = when.timestamp()
+    return out
 
 
 # ==================================================================================== runs
@@ -100,14 +130,44 @@ def test_pipeline_succeeds_with_one_vm_lifecycle(world: E2EWorld, happy: DagRunR
     failed = {t: r.state for t, r in happy.tasks.items() if t != "watcher" and r.state != "success"}
     assert failed == {}, happy.describe()
     assert happy.task_state("watcher") == "skipped"
-    assert vm_calls(happy, "create") == [0]
-    assert vm_calls(happy, "delete") == [0]
+    assert vm_calls(happy, "create") == [0, 0]  # the CPU VM, then the TPU VM
+    assert vm_calls(happy, "delete") == [0, 0]  # the TPU VM, then the CPU VM
     assert happy.submitted_jobs() == []  # no gcluster on this path
-    assert spec_of(happy).vm.vm_name not in world.live_vms()
+    spec = spec_of(happy)
+    assert spec.vm.vm_name not in world.live_vms()
+    assert spec.cpu_vm.vm_name not in world.live_vms()
 
 
-def test_pipeline_copies_checkpoint_and_export_out_of_the_vm(world: E2EWorld, happy: DagRunResult) -> None:
-    """/dev/shm died with the VM: what is left is what was copied to GCS, complete."""
+def test_the_tpu_vm_exists_only_while_it_trains(world: E2EWorld, happy: DagRunResult) -> None:
+    """Conversion and export ran on the CPU VM; the TPU VM was created after the converted
+    checkpoint's commit marker was written and deleted before the export wrote anything."""
+    spec = spec_of(happy)
+    assert happy.state == "success", happy.describe()
+    (tpu,) = lives(world, spec, spec.vm.vm_name)
+    (cpu,) = lives(world, spec, spec.cpu_vm.vm_name)
+    assert tpu["machineType"] == "ct6e-standard-8t"
+    assert cpu["machineType"] == spec.cpu_vm.machine_type == "n2-highmem-32"
+    assert [p["module"] for p in tpu["programs"]] == [TRAIN_RL]
+    assert [p["module"] for p in cpu["programs"]] == list(CONVERTERS)
+
+    converted = written_at(world, spec.conversion.output_directory)
+    _, prefix = split_gs_url(spec.conversion.output_directory)
+    marker = prefix.rstrip("/") + "/0/commit_success.txt"
+    assert marker in converted, sorted(converted)
+    assert converted[marker] < tpu["created"]
+    assert max(converted.values()) < tpu["created"]
+
+    actor = written_at(world, spec.gcs_actor_checkpoint)
+    actor_marker = split_gs_url(spec.gcs_actor_checkpoint)[1] + "/commit_success.txt"
+    exported = written_at(world, spec.gcs_export)
+    assert actor[actor_marker] < tpu["deleted"] < min(exported.values())
+    # The CPU VM outlived the export and went last.
+    assert max(exported.values()) < cpu["deleted"]
+    assert tpu["deleted"] < cpu["deleted"]
+
+
+def test_pipeline_leaves_checkpoint_and_export_in_gcs(world: E2EWorld, happy: DagRunResult) -> None:
+    """Both VMs are gone: what is left is what the stages wrote to GCS, complete."""
     spec = spec_of(happy)
     assert happy.state == "success", happy.describe()
     assert world.hf_export_problems(spec.gcs_export) == []
@@ -115,7 +175,7 @@ def test_pipeline_copies_checkpoint_and_export_out_of_the_vm(world: E2EWorld, ha
     assert {"commit_success.txt", "_CHECKPOINT_METADATA", "model_params/_METADATA"} <= actor
 
 
-@pytest.mark.parametrize("kind", PERMANENT_FAULTS)
+@pytest.mark.parametrize("kind", ["ssh"])
 def test_permanent_fault_fails_the_run_and_deletes_the_vm(
     world: E2EWorld, fault_run: Callable[[str], DagRunResult], kind: str
 ) -> None:
@@ -133,7 +193,32 @@ def test_permanent_fault_fails_the_run_and_deletes_the_vm(
     deletes = vm_calls(result, "delete")
     assert deletes, result.describe()
     assert vm not in world.live_vms(), result.describe()
+    assert spec.cpu_vm.vm_name not in world.live_vms(), result.describe()
     assert world.objects(spec.gcs_actor_checkpoint) == set()
+    # The CPU VM's install failed: the TPU VM was never created.
+    assert lives(world, spec, vm) == []
+
+
+def test_a_failed_export_finds_the_tpu_vm_gone_and_the_cpu_vm_deleted_by_its_teardown(
+    world: E2EWorld, fault_run: Callable[[str], DagRunResult]
+) -> None:
+    result = fault_run("export")
+    spec = spec_of(result)
+    assert result.state == "failed", result.describe()
+    assert result.task_state("export_to_huggingface") == "failed", result.describe()
+    assert result.task_state("delete_vm") == "success", result.describe()
+    assert result.task_state("delete_cpu_vm") == "success", result.describe()
+    assert result.task_state("watcher") == "failed"
+    (tpu,) = lives(world, spec, spec.vm.vm_name)
+    (cpu,) = lives(world, spec, spec.cpu_vm.vm_name)
+    # The TPU VM went right after the actor checkpoint, before the export started on the CPU VM.
+    assert tpu["deleted"] is not None
+    assert tpu["deleted"] < cpu["programs"][-1]["started"]
+    assert cpu["programs"][-1]["module"] == CONVERTERS[1]
+    assert cpu["deleted"] is not None
+    assert {spec.vm.vm_name, spec.cpu_vm.vm_name}.isdisjoint(world.live_vms())
+    # The trained checkpoint is kept in the bucket.
+    assert "commit_success.txt" in world.objects(spec.gcs_actor_checkpoint)
 
 
 def test_transient_failures_are_retried_and_the_run_succeeds(
@@ -145,7 +230,7 @@ def test_transient_failures_are_retried_and_the_run_succeeds(
     assert world.fired_faults() == set(TRANSIENT_KINDS), result.describe()
     for kind in TRANSIENT_KINDS:
         assert result.tasks[FAILING_TASK[kind]].try_number == 2, (kind, result.describe())
-    assert vm_calls(result, "create") == [1, 0], result.describe()
+    assert vm_calls(result, "create") == [1, 0, 0], result.describe()  # CPU VM twice, TPU VM
     assert vm_calls(result, "delete")[-1] == 0, result.describe()
     spec = spec_of(result)
     assert spec.vm.vm_name not in world.live_vms()

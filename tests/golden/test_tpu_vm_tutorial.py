@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shlex
 
+import pytest
+
 from airflow_provider_tpu_rl.render import tpu_vm
 from airflow_provider_tpu_rl.spec import tpu_vm_pipeline_from_conf
 from airflow_provider_tpu_rl.spec.workloads import DEFAULT_CHECKPOINT_PERIOD
@@ -25,7 +27,13 @@ def _pipeline():
     )
 
 
+GCS = f"gs://rl-bucket-1/{MODEL}"
+
+
 def _values(pipeline) -> dict[str, str]:
+    """The seed's variables; its /dev/shm folders replaced by the bucket's (a documented
+    difference: conversion and export run on a CPU VM, training on a TPU VM that exists only around
+    it, so every stage reads and writes GCS)."""
     run = pipeline.training.run_name
     return {
         "TPU_NAME": "llama-vm",
@@ -34,18 +42,19 @@ def _values(pipeline) -> dict[str, str]:
         "RESERVATION": "v6e8-res",
         "MODEL_NAME": MODEL,
         "HF_TOKEN": "hf_tutorial_token",
-        "MODEL_CHECKPOINT_DIRECTORY": f"/dev/shm/{MODEL}/mt-format/",
+        "MODEL_CHECKPOINT_DIRECTORY": f"{GCS}/mt-format/",
         "USE_PATHWAYS": "0",
         "LAZY_LOAD_TENSORS": "False",
         # The seed writes $MODEL_CHECKPOINT_DIRECTORY/0/items (a double slash); same folder.
-        "MAXTEXT_CKPT_PATH": f"/dev/shm/{MODEL}/mt-format/0/items",
+        "MAXTEXT_CKPT_PATH": f"{GCS}/mt-format/0/items",
         "RUN_NAME": run,
-        "BASE_OUTPUT_DIRECTORY": f"/dev/shm/{MODEL}/post-train/",
+        "BASE_OUTPUT_DIRECTORY": f"{GCS}/post-train/",
         "CHIPS_PER_VM": "8",
         "NUM_BATCHES": "50",
         "HF_MODEL_NAME": "llama3.1-8b",
-        "POST_TRAIN_PATH": f"/dev/shm/{MODEL}/post-train/{run}/checkpoints/actor/50/model_params",
-        "HF_EXPORT": f"/dev/shm/{MODEL}/hf-trained/",
+        "POST_TRAIN_PATH": f"{GCS}/post-train/{run}/checkpoints/actor/50/model_params",
+        # one export folder per run, never overwritten by another run
+        "HF_EXPORT": f"{GCS}/hf-trained/{run}/",
     }
 
 
@@ -105,22 +114,51 @@ def test_stage_scripts_match_tutorial() -> None:
     assert _module_call(export, "maxtext.checkpoint_conversion.to_huggingface") == want
 
 
-def test_outputs_leave_dev_shm_before_the_vm_goes() -> None:
+def test_every_stage_reads_and_writes_gcs_not_dev_shm() -> None:
+    """Conversion and export run on the CPU VM, training on the TPU VM: nothing is kept on a VM."""
     pipeline = _pipeline()
-    train_lines = _script_lines(tpu_vm.train_script(pipeline))
-    export_lines = _script_lines(tpu_vm.export_script(pipeline))
-    run = pipeline.training.run_name
-    gcs_step = f"gs://rl-bucket-1/{MODEL}/post-train/{run}/checkpoints/actor/50"
-    assert train_lines[-2] == [
-        "gcloud", "storage", "rsync", "--recursive", r"--exclude=(^|/)commit_success\.txt$",
-        f"/dev/shm/{MODEL}/post-train/{run}/checkpoints/actor/50", gcs_step,
+    for stage in ("convert", "train", "export"):
+        script = tpu_vm.stage_command(pipeline, stage).stdin_text or ""
+        assert "/dev/shm" not in script, stage
+        assert "rsync" not in script, stage
+    assert (
+        _module_call(tpu_vm.train_script(pipeline), "maxtext.trainers.post_train.rl.train_rl")[
+            "load_parameters_path"
+        ]
+        == f"{GCS}/mt-format/0/items"
+    )
+
+
+def test_cpu_vm_create_and_delete() -> None:
+    """The CPU VM: the TPU VM's name with -cpu, a CPU machine type, no reservation flags."""
+    pipeline = _pipeline()
+    cpu = pipeline.cpu_vm
+    assert cpu.vm_name == "llama-vm-cpu"
+    assert list(tpu_vm.create_cpu_vm(cpu, "sa@tpu-proj-123.iam.gserviceaccount.com").argv) == [
+        "gcloud", "compute", "instances", "create", "llama-vm-cpu",
+        "--zone=us-east5-b", "--project=tpu-proj-123", "--machine-type=n2-highmem-32",
+        "--image-project=ubuntu-os-cloud", "--image-family=ubuntu-2204-lts", "--boot-disk-size=200GB",
+        "--service-account=sa@tpu-proj-123.iam.gserviceaccount.com", "--scopes=cloud-platform",
     ]  # fmt: skip
-    # The commit marker goes last, after every other file of the step.
-    assert train_lines[-1][-5:] == ["gcloud", "storage", "cp", "-", f"{gcs_step}/commit_success.txt"]
-    assert export_lines[-1] == [
-        "gcloud", "storage", "rsync", "--recursive",
-        f"/dev/shm/{MODEL}/hf-trained", f"gs://rl-bucket-1/{MODEL}/hf-trained/{run}",
+    assert list(tpu_vm.delete_vm(cpu).argv) == [
+        "gcloud", "compute", "instances", "delete", "llama-vm-cpu",
+        "--zone=us-east5-b", "--project=tpu-proj-123", "--quiet",
     ]  # fmt: skip
+
+
+def test_each_stage_runs_on_its_vm() -> None:
+    """Conversion and export on the CPU VM (the converters force JAX onto the CPU), training on the
+    TPU VM; MaxText is installed on both; another VM for a fixed stage is refused."""
+    pipeline = _pipeline()
+
+    def vm_of(stage: str, machine: str | None = None) -> str:
+        return tpu_vm.stage_command(pipeline, stage, machine=machine).argv[3]
+
+    assert vm_of("convert") == vm_of("export") == vm_of("install", "cpu") == "llama-vm-cpu"
+    assert vm_of("train") == vm_of("install") == vm_of("install", "tpu") == "llama-vm"
+    for stage, machine in (("convert", "tpu"), ("export", "tpu"), ("train", "cpu")):
+        with pytest.raises(ValueError, match=f"the {stage} stage runs on the"):
+            tpu_vm.stage_command(pipeline, stage, machine=machine)
 
 
 def test_token_comes_from_secret_manager_in_every_stage() -> None:

@@ -18,7 +18,11 @@ from airflow_provider_tpu_rl.operators.gke import (
 )
 from airflow_provider_tpu_rl.operators.maxtext import MaxTextConvertOperator
 from airflow_provider_tpu_rl.operators.preflight import TpuRlPreflightOperator
-from airflow_provider_tpu_rl.operators.tpu_vm import TpuVmCreateOperator, TpuVmStageOperator
+from airflow_provider_tpu_rl.operators.tpu_vm import (
+    CpuVmCreateOperator,
+    TpuVmCreateOperator,
+    TpuVmStageOperator,
+)
 from airflow_provider_tpu_rl.render.blueprint import BLUEPRINT_RELPATH
 from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID, gke_pipeline_from_conf, tpu_vm_pipeline_from_conf
 from tests.operators.sandbox_run import DEFAULT_RUN_ID, SandboxRun, prepare_cluster
@@ -109,9 +113,16 @@ def _vm_up(sb: SandboxRun, conf: dict[str, Any], **create: Any) -> None:
     _execute(sb, TpuVmCreateOperator, conf, TPU_VM_DAG_ID, task_id="create_vm", **create)
 
 
+def _cpu_vm_up(sb: SandboxRun, conf: dict[str, Any], **create: Any) -> None:
+    """Bucket, token and the CPU VM, where the conversion runs."""
+    _execute(sb, EnsureBucketOperator, conf, TPU_VM_DAG_ID, task_id="ensure_bucket")
+    _execute(sb, HfTokenSecretOperator, conf, TPU_VM_DAG_ID, task_id="sync_hf_token")
+    _execute(sb, CpuVmCreateOperator, conf, TPU_VM_DAG_ID, task_id="create_cpu_vm", **create)
+
+
 def test_the_vms_default_service_account_gets_the_secret_and_the_bucket(sb: SandboxRun) -> None:
     conf = sb.tpu_vm_conf()  # no service_account: the VM runs as the default compute account
-    _vm_up(sb, conf)
+    _cpu_vm_up(sb, conf)
 
     pipeline = tpu_vm_pipeline_from_conf(conf)
     secret = iam_bindings(sb.layout, f"projects/{sb.project}/secrets/{pipeline.hf_token.secret_id}")
@@ -120,14 +131,14 @@ def test_the_vms_default_service_account_gets_the_secret_and_the_bucket(sb: Sand
     assert reader.endswith("-compute@developer.gserviceaccount.com")
     assert reader in _members(bucket, "roles/storage.objectAdmin")
     # and with them the stages work: convert reads the token in the VM
-    for task_id in ("install_maxtext", "convert_to_maxtext"):
+    for task_id in ("install_cpu_vm", "convert_to_maxtext"):
         _execute(sb, TpuVmStageOperator, conf, TPU_VM_DAG_ID, task_id=task_id)
 
 
 def test_without_the_grants_the_vm_cannot_read_the_token(sb: SandboxRun) -> None:
     conf = sb.tpu_vm_conf()
-    _vm_up(sb, conf, grant_service_account=False)
-    _execute(sb, TpuVmStageOperator, conf, TPU_VM_DAG_ID, task_id="install_maxtext")
+    _cpu_vm_up(sb, conf, grant_service_account=False)
+    _execute(sb, TpuVmStageOperator, conf, TPU_VM_DAG_ID, task_id="install_cpu_vm")
 
     with pytest.raises(Exception, match="PERMISSION_DENIED"):
         _execute(sb, TpuVmStageOperator, conf, TPU_VM_DAG_ID, task_id="convert_to_maxtext")
@@ -135,9 +146,9 @@ def test_without_the_grants_the_vm_cannot_read_the_token(sb: SandboxRun) -> None
 
 def test_every_ssh_stage_uses_the_same_kept_key(sb: SandboxRun) -> None:
     conf = sb.tpu_vm_conf()
-    _vm_up(sb, conf)
+    _cpu_vm_up(sb, conf)
 
-    for task_id in ("install_maxtext", "convert_to_maxtext"):
+    for task_id in ("install_cpu_vm", "convert_to_maxtext"):
         _execute(sb, TpuVmStageOperator, conf, TPU_VM_DAG_ID, task_id=task_id)
 
     keys = project_ssh_keys(sb.layout, sb.project)

@@ -20,7 +20,7 @@ from airflow_provider_tpu_rl.operators.janitor import (
     destroy_resource,
     find_expired_resources,
 )
-from airflow_provider_tpu_rl.operators.tpu_vm import TpuVmCreateOperator
+from airflow_provider_tpu_rl.operators.tpu_vm import CpuVmCreateOperator, TpuVmCreateOperator
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, TPU_VM_DAG_ID
 from tests.operators.sandbox_run import SandboxRun
@@ -38,6 +38,14 @@ def _create_vm(sb: SandboxRun, name: str, run_id: str, start: datetime, **conf: 
     # no token secret in these tests: nothing to grant the VM's service account
     create = sb.operator(
         TpuVmCreateOperator, dag_id=TPU_VM_DAG_ID, task_id="create_vm", grant_service_account=False
+    )
+    config = sb.tpu_vm_conf(vm_name=name, **conf)
+    create.execute(sb.context(create, config, run_id=run_id, start_date=start))
+
+
+def _create_cpu_vm(sb: SandboxRun, name: str, run_id: str, start: datetime, **conf: Any) -> None:
+    create = sb.operator(
+        CpuVmCreateOperator, dag_id=TPU_VM_DAG_ID, task_id="create_cpu_vm", grant_service_account=False
     )
     config = sb.tpu_vm_conf(vm_name=name, **conf)
     create.execute(sb.context(create, config, run_id=run_id, start_date=start))
@@ -143,3 +151,19 @@ def test_destroying_a_cluster_without_a_record_is_refused(sb: SandboxRun) -> Non
 
     assert "gcluster destroy" in str(refused.value)
     assert not [c for c in sb.calls() if c["argv"][:1] == ["destroy"]]
+
+
+def test_janitor_finds_and_deletes_an_expired_cpu_vm(sb: SandboxRun) -> None:
+    """The TPU VM pipeline's CPU VM carries the TPU VM's labels: the janitor sees and deletes it."""
+    bucket = sb.operator(EnsureBucketOperator, task_id="ensure_bucket")
+    bucket.execute(sb.context(bucket, sb.gke_conf()))
+    _create_cpu_vm(sb, f"{sb.vm}c", "manual__cpu_expired", LONG_AGO, max_vm_hours=1)
+    cpu_vm = f"{sb.vm}c-cpu"
+    assert sb.state("vms")[f"{sb.project}/us-east5-b/{cpu_vm}"]["machineType"] == "n2-highmem-32"
+    hook = GclusterHook()
+
+    (found,) = find_expired_resources(hook, sb.project, time.time() + LEASE_MIN_SECONDS + 1)
+
+    assert (found.kind, found.name, found.location, found.bucket) == ("vm", cpu_vm, "us-east5-b", sb.bucket)
+    destroy_resource(hook, found)
+    assert f"{sb.project}/us-east5-b/{cpu_vm}" not in sb.state("vms")

@@ -1,4 +1,5 @@
-"""The single-host pipeline's operators against the sandbox: create → install → convert → train → export → delete."""
+"""The single-host pipeline's operators against the sandbox: CPU VM → install → convert → TPU VM →
+install → train → TPU VM deleted → export → CPU VM deleted."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.hooks.lease import ClusterLeaseHook, vm_lease_name
 from airflow_provider_tpu_rl.operators.gke import EnsureBucketOperator, HfTokenSecretOperator
 from airflow_provider_tpu_rl.operators.tpu_vm import (
+    CpuVmCreateOperator,
+    CpuVmDeleteOperator,
     TpuVmCreateOperator,
     TpuVmDeleteOperator,
     TpuVmStageOperator,
 )
-from airflow_provider_tpu_rl.render import gke
+from airflow_provider_tpu_rl.render import gke, tpu_vm
 from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID, tpu_vm_pipeline_from_conf
 from tests.compat import capture_task_logs
 from tests.operators.sandbox_run import SandboxRun, printed_rewards
@@ -50,46 +53,75 @@ def test_the_whole_vm_pipeline_leaves_checkpoint_and_export_in_gcs(sb: SandboxRu
     _execute(sb, EnsureBucketOperator, conf, task_id="ensure_bucket")
     _execute(sb, HfTokenSecretOperator, conf, task_id="sync_hf_token")
 
-    assert _execute(sb, TpuVmCreateOperator, conf, task_id="create_vm") == sb.vm
-
     vm_key = f"{sb.project}/{conf['zone']}/{sb.vm}"
-    vm = sb.state("vms")[vm_key]
     expires = int(START.timestamp()) + 72 * 3600  # max_vm_hours defaults to 72
     wanted = {"tpu-rl-managed": "true", "tpu-rl-expires": str(expires), "tpu-rl-bucket": sb.bucket}
-    assert wanted.items() <= vm["labels"].items()
-    assert vm["machineType"] == "ct6e-standard-8t"
-    assert vm["reservationAffinity"] == {"type": "specific", "reservation": "res-8"}
-    record = json.loads(sb.api.download(sb.bucket, gke.resource_record_object(sb.vm)))
-    assert {k: record[k] for k in ("kind", "name", "expires_at", "keep")} == {
-        "kind": "vm",
-        "name": sb.vm,
-        "expires_at": expires,
-        "keep": False,
-    }
 
+    cpu_vm = f"{sb.vm}-cpu"
+    cpu_key = f"{sb.project}/{conf['zone']}/{cpu_vm}"
     stages: dict[str, dict[str, Any]] = {}
     with capture_task_logs() as logs:
-        for stage, task_id in (
-            ("install", "install_maxtext"),
-            ("convert", "convert_to_maxtext"),
-            ("train", "train"),
-            ("export", "export_to_huggingface"),
-        ):
-            stages[stage] = _execute(sb, TpuVmStageOperator, conf, task_id=task_id)
-    output = "\n".join(str(entry.get("event")) for entry in logs)
+        assert _execute(sb, CpuVmCreateOperator, conf, task_id="create_cpu_vm") == cpu_vm
+        for task_id in ("install_cpu_vm", "convert_to_maxtext"):
+            stages[task_id] = _execute(sb, TpuVmStageOperator, conf, task_id=task_id)
+        assert _execute(sb, TpuVmCreateOperator, conf, task_id="create_vm") == sb.vm
 
-    # The token reached MaxText's commands only: the copies to GCS on the VM ran without it.
-    calls_on_vm = sb.layout.vm_dir(sb.vm) / VmHost.TOOL_CALL_LOG.lstrip("/")
-    tool_calls = [json.loads(line) for line in calls_on_vm.read_text().splitlines()]
-    copies = [
-        c
-        for c in tool_calls
-        if c["tool"] == "gcloud" and c["argv"][1:3] in (["storage", "rsync"], ["storage", "cp"])
+        vm = sb.state("vms")[vm_key]
+        assert wanted.items() <= vm["labels"].items()
+        assert vm["machineType"] == "ct6e-standard-8t"
+        assert vm["reservationAffinity"] == {"type": "specific", "reservation": "res-8"}
+        record = json.loads(sb.api.download(sb.bucket, gke.resource_record_object(sb.vm)))
+        assert {k: record[k] for k in ("kind", "name", "expires_at", "keep")} == {
+            "kind": "vm",
+            "name": sb.vm,
+            "expires_at": expires,
+            "keep": False,
+        }
+        for stage, task_id in (("install", "install_maxtext"), ("train", "train")):
+            stages[stage] = _execute(sb, TpuVmStageOperator, conf, task_id=task_id)
+        deleted = _execute(sb, TpuVmDeleteOperator, conf, task_id="delete_vm")
+        stages["export"] = _execute(sb, TpuVmStageOperator, conf, task_id="export_to_huggingface")
+    output = "\n".join(str(entry.get("event")) for entry in logs)
+    assert deleted == {"vm_name": sb.vm, "deleted": True, "bucket_deleted": False}
+    assert vm_key not in sb.state("vms")
+
+    # The CPU VM: a CPU machine type, no reservation, the TPU VM's labels (the janitor's).
+    cpu = sb.state("vms")[cpu_key]
+    assert cpu["machineType"] == "n2-highmem-32"
+    assert cpu["reservationAffinity"] == {"type": "any", "reservation": None}
+    assert wanted.items() <= cpu["labels"].items()
+    assert stages["convert_to_maxtext"]["vm_name"] == stages["export"]["vm_name"] == cpu_vm
+    assert stages["train"]["vm_name"] == sb.vm
+
+    # Which VM ran what: the conversions on the CPU VM, training alone on the TPU VM.
+    history = sb.state("vm_history")
+    (tpu_life,) = history[vm_key]
+    (cpu_life,) = history[cpu_key]
+    assert [p["module"] for p in tpu_life["programs"]] == ["maxtext.trainers.post_train.rl.train_rl"]
+    assert [p["module"] for p in cpu_life["programs"]] == [
+        "maxtext.checkpoint_conversion.to_maxtext",
+        "maxtext.checkpoint_conversion.to_huggingface",
     ]
+    # The TPU VM lived only around training: created after the converted checkpoint was committed,
+    # deleted before the export wrote anything.
+    converted_marker = (
+        pipeline.conversion.output_directory.removeprefix(f"gs://{sb.bucket}/") + "0/commit_success.txt"
+    )
+    converted_at = _updated(sb, converted_marker)[converted_marker]
+    assert converted_at.timestamp() < tpu_life["created"] < tpu_life["deleted"]
+    export_written = _updated(sb, pipeline.gcs_export.removeprefix(f"gs://{sb.bucket}/") + "/")
+    assert tpu_life["deleted"] < min(export_written.values()).timestamp()
+
+    # The token reached MaxText's commands only, on both VMs.
+    tool_calls = []
+    for name in (cpu_vm,):
+        calls_on_vm = sb.layout.vm_dir(name) / VmHost.TOOL_CALL_LOG.lstrip("/")
+        tool_calls += [json.loads(line) for line in calls_on_vm.read_text().splitlines()]
+    gcloud_calls = [c for c in tool_calls if c["tool"] == "gcloud"]
     maxtext = [c for c in tool_calls if c["tool"] == "python" and "-m" in c["argv"]]
-    assert len(copies) >= 3
-    assert maxtext
-    assert not [c["argv"] for c in copies if "HF_TOKEN" in c["env_names"]]
+    assert gcloud_calls
+    assert len(maxtext) == 2
+    assert not [c["argv"] for c in gcloud_calls if "HF_TOKEN" in c["env_names"]]
     assert all("HF_TOKEN" in c["env_names"] for c in maxtext)
 
     # Training: the rewards reported are those MaxText printed over SSH.
@@ -104,7 +136,7 @@ def test_the_whole_vm_pipeline_leaves_checkpoint_and_export_in_gcs(sb: SandboxRu
     assert summary in output
     assert stages["train"]["checkpoint_uri"] == pipeline.gcs_actor_checkpoint + "/model_params/"
 
-    # The final checkpoint left /dev/shm for GCS, and its commit marker was written last.
+    # The final checkpoint is in GCS, its commit marker written last.
     bucket_prefix = f"gs://{sb.bucket}/"
     step_prefix = pipeline.gcs_actor_checkpoint.removeprefix(bucket_prefix) + "/"
     written = _updated(sb, step_prefix)
@@ -124,12 +156,31 @@ def test_the_whole_vm_pipeline_leaves_checkpoint_and_export_in_gcs(sb: SandboxRu
     assert shards
     assert shards <= exported
 
-    deleted = _execute(sb, TpuVmDeleteOperator, conf, task_id="delete_vm")
-    assert deleted == {"vm_name": sb.vm, "deleted": True, "bucket_deleted": False}
-    assert vm_key not in sb.state("vms")
+    deleted = _execute(sb, CpuVmDeleteOperator, conf, task_id="delete_cpu_vm")
+    assert deleted == {"vm_name": cpu_vm, "deleted": True, "bucket_deleted": False}
+    assert cpu_key not in sb.state("vms")
     assert not sb.layout.vm_dir(sb.vm).exists()
+    assert not sb.layout.vm_dir(cpu_vm).exists()
     assert sb.bucket_exists()
     assert marker in sb.objects(prefix=step_prefix)
+    assert sb.state("vm_history")[cpu_key][0]["deleted"] is not None
+
+
+def test_training_on_a_cpu_vm_fails_as_jax_does(sb: SandboxRun) -> None:
+    """The sandbox's machine type decides the devices: train_rl on the CPU VM cannot start the TPU
+    backend (a test that the TPU VM's absence would not go unnoticed)."""
+    conf = sb.tpu_vm_conf()
+    _execute(sb, EnsureBucketOperator, conf, task_id="ensure_bucket")
+    _execute(sb, HfTokenSecretOperator, conf, task_id="sync_hf_token")
+    _execute(sb, CpuVmCreateOperator, conf, task_id="create_cpu_vm")
+    for task_id in ("install_cpu_vm", "convert_to_maxtext"):
+        _execute(sb, TpuVmStageOperator, conf, task_id=task_id)
+    pipeline = tpu_vm_pipeline_from_conf(conf, run_id=RUN_ID)
+    command = tpu_vm.ssh(pipeline.cpu_vm, tpu_vm.train_script(pipeline), "train on the CPU VM")
+    hook = sb.operator(TpuVmStageOperator, dag_id=TPU_VM_DAG_ID, task_id="train").hook
+    result = hook.run(command)
+    assert result.exit_code != 0
+    assert "Unable to initialize backend 'tpu'" in result.output
 
 
 def test_deleting_this_runs_vm_that_is_already_gone_succeeds(sb: SandboxRun) -> None:
@@ -162,7 +213,7 @@ def test_a_delete_that_fails_for_good_names_the_vm_it_leaves_and_keeps_its_recor
     with pytest.raises(AirflowFailException) as failed:
         _execute(sb, TpuVmDeleteOperator, conf, task_id="delete_vm")
 
-    assert f"delete TPU VM {sb.vm} " in str(failed.value)
+    assert f"delete VM {sb.vm} " in str(failed.value)
     assert [call["exit_code"] != 0 for call in _delete_calls(sb)] == [True]
     assert f"{sb.project}/{conf['zone']}/{sb.vm}" in sb.state("vms")
     lease = ClusterLeaseHook().read(sb.bucket, vm_lease_name(sb.vm))
@@ -247,13 +298,16 @@ def test_a_reused_run_name_never_writes_over_another_runs_export(sb: SandboxRun)
     other_run = "manual__2026-03-02T00:00:00+00:00"
     _execute(sb, EnsureBucketOperator, conf, task_id="ensure_bucket")
     _execute(sb, HfTokenSecretOperator, conf, task_id="sync_hf_token")
+    _execute(sb, CpuVmCreateOperator, conf, task_id="create_cpu_vm")
+    for task_id in ("install_cpu_vm", "convert_to_maxtext"):
+        _execute(sb, TpuVmStageOperator, conf, task_id=task_id)
     _execute(sb, TpuVmCreateOperator, conf, task_id="create_vm")
-    for task_id in ("install_maxtext", "convert_to_maxtext", "train", "export_to_huggingface"):
+    for task_id in ("install_maxtext", "train", "export_to_huggingface"):
         _execute(sb, TpuVmStageOperator, conf, task_id=task_id)
     pipeline = tpu_vm_pipeline_from_conf(conf, run_id=RUN_ID)
     export_prefix = pipeline.gcs_export.removeprefix(f"gs://{sb.bucket}/") + "/"
     written = _updated(sb, export_prefix)
-    ssh_calls = len([c for c in sb.calls() if c["argv"][:3] == ["compute", "ssh", sb.vm]])
+    ssh_calls = len([c for c in sb.calls() if c["argv"][:2] == ["compute", "ssh"]])
 
     later = sb.operator(
         TpuVmStageOperator, dag_id=TPU_VM_DAG_ID, task_id="export_to_huggingface", run_id=other_run
@@ -264,5 +318,5 @@ def test_a_reused_run_name_never_writes_over_another_runs_export(sb: SandboxRun)
     assert result["skipped"] is True
     assert result["resumed_from"] == f"{TPU_VM_DAG_ID}/{RUN_ID}"
     assert _updated(sb, export_prefix) == written  # not one object written again
-    assert len([c for c in sb.calls() if c["argv"][:3] == ["compute", "ssh", sb.vm]]) == ssh_calls
+    assert len([c for c in sb.calls() if c["argv"][:2] == ["compute", "ssh"]]) == ssh_calls
     assert any("this run adopts it" in str(line.get("event")) for line in logs)

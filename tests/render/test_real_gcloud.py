@@ -129,6 +129,13 @@ def test_the_commands_cover_every_gcloud_task() -> None:
     tasks = set().union(*COMMANDS.values())
     assert {"preflight", "ensure_bucket", "sync_hf_token", "convert_to_maxtext", "create_vm"} <= tasks
     assert {"install_maxtext", "train", "export_to_huggingface", "delete_vm", "janitor"} <= tasks
+    assert {"create_cpu_vm", "install_cpu_vm", "delete_cpu_vm"} <= tasks
+    # both VMs' create commands go through the parser: the TPU VM's and the CPU VM's
+    creates = [argv for argv in COMMANDS if argv[1:4] == ("compute", "instances", "create")]
+    assert {a for argv in creates for a in argv if a.startswith("--machine-type=")} == {
+        "--machine-type=ct6e-standard-8t",
+        "--machine-type=n2-highmem-32",
+    }
     groups = {argv[1] for argv in COMMANDS}
     assert groups == {"services", "storage", "secrets", "auth", "compute", "container"}
 

@@ -11,7 +11,7 @@ import pytest
 
 from airflow_provider_tpu_rl.render.tpu_vm import install_script
 from tests.sandbox.conftest import Cli
-from tpu_rl_sandbox.settings import reset_settings, update_settings
+from tpu_rl_sandbox.settings import load_settings, reset_settings, update_settings
 
 INSTALL = """set -euo pipefail
 sudo apt update && sudo apt upgrade -y --fix-missing
@@ -110,6 +110,7 @@ def grant_vm_account(cli: Cli, names: dict[str, str], vm: str) -> str:
             *grant, f"--member=serviceAccount:{account}", f"--role=roles/{role}", "--condition=None"
         )
         assert done.code == 0, done.text
+    time.sleep(load_settings(cli.layout).iam_propagation_seconds)  # a new secret grant takes effect
     return account
 
 
@@ -367,3 +368,51 @@ def test_the_providers_install_waits_for_the_images_apt_work(cli: Cli, prepared:
     create_vm(cli, names, provider_vm)
     code, _, err = ssh(cli, names, provider_vm, apt_lines)
     assert code == 0, err
+
+
+CPU_RUN = """set -euo pipefail
+source maxtext_venv/bin/activate
+export HF_TOKEN="$(gcloud secrets versions access latest --secret=hf --project={project})"
+python3 -m maxtext.checkpoint_conversion.to_maxtext model_name=llama3.1-8b-Instruct \\
+    base_output_directory=gs://{bucket}/llama/mt-format/ scan_layers=True use_multimodal=False hardware=cpu \\
+    skip_jax_distributed_system=true --lazy_load_tensors=False
+TPU_ACCELERATOR_TYPE=v6e-8 TPU_WORKER_ID=0 python3 -m maxtext.trainers.post_train.rl.train_rl \\
+    model_name=llama3.1-8b-Instruct load_parameters_path=gs://{bucket}/llama/mt-format/0/items run_name=run1 \\
+    base_output_directory=gs://{bucket}/llama/post-train/ chips_per_vm=8 num_batches=2 num_test_batches=1
+"""
+
+
+def test_a_cpu_vm_converts_but_cannot_train(cli: Cli, prepared: dict[str, str]) -> None:
+    """The machine type decides the devices: a CPU VM (no reservation flags, accepted) runs the
+    conversion, and train_rl there fails as JAX does without a TPU. Its life is recorded."""
+    names, vm = prepared, f"cpu-{prepared['cluster']}"
+    created = cli.gcloud(
+        "compute", "instances", "create", vm, f"--zone={names['zone']}", f"--project={names['project']}",
+        "--machine-type=n2-highmem-32", "--image-project=ubuntu-os-cloud", "--image-family=ubuntu-2204-lts",
+        "--boot-disk-size=200GB", "--scopes=cloud-platform",
+    )  # fmt: skip
+    assert created.code == 0, created.text
+    grant_vm_account(cli, names, vm)
+    code, _, err = ssh(cli, names, vm, INSTALL)
+    assert code == 0, err
+    code, out, err = ssh(cli, names, vm, CPU_RUN.format(project=names["project"], bucket=names["bucket"]))
+    assert code != 0
+    assert "Unable to initialize backend 'tpu'" in err
+    assert "Checkpoint saved at step 0" in out  # the conversion before it ran
+    deleted = cli.gcloud(
+        "compute",
+        "instances",
+        "delete",
+        vm,
+        f"--zone={names['zone']}",
+        f"--project={names['project']}",
+        "--quiet",
+    )
+    assert deleted.code == 0, deleted.text
+    (life,) = cli.state("vm_history")[f"{names['project']}/{names['zone']}/{vm}"]
+    assert life["machineType"] == "n2-highmem-32"
+    assert life["created"] < life["deleted"]
+    assert [p["module"] for p in life["programs"]] == [
+        "maxtext.checkpoint_conversion.to_maxtext",
+        "maxtext.trainers.post_train.rl.train_rl",
+    ]

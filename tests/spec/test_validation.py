@@ -178,6 +178,9 @@ def test_bad_gke_conf_is_rejected_with_field_and_rule(conf: dict[str, Any], fiel
         ({"model": "qwen3-30b-a3b"}, "model", "multi-host slice"),
         ({"keep_cluster": True}, "keep_cluster", "unknown conf key"),
         ({"service_account": "someone@example.com"}, "service_account", "service account"),
+        # the CPU VM runs the converters: a TPU machine type would bill TPUs for CPU work
+        ({"cpu_machine_type": "ct6e-standard-8t"}, "cpu_machine_type", "not a TPU one"),
+        ({"cpu_machine_type": "N2 highmem"}, "cpu_machine_type", "a CPU machine type like n2-highmem-32"),
     ],
 )
 def test_bad_tpu_vm_conf_is_rejected(conf: dict[str, Any], field: str, rule: str) -> None:
@@ -185,6 +188,15 @@ def test_bad_tpu_vm_conf_is_rejected(conf: dict[str, Any], field: str, rule: str
         tpu_vm_pipeline_from_conf(conf)
     assert err.value.field == field
     assert rule in str(err.value)
+
+
+def test_the_cpu_vm_is_named_after_the_tpu_vm_and_stays_a_valid_gce_name() -> None:
+    pipeline = tpu_vm_pipeline_from_conf({"vm_name": "llama-vm", "cpu_machine_type": "n4-highmem-32"})
+    assert (pipeline.cpu_vm.vm_name, pipeline.cpu_vm.machine_type) == ("llama-vm-cpu", "n4-highmem-32")
+    assert pipeline.cpu_vm.labels == {}  # labels come with the create, as the TPU VM's
+    longest = tpu_vm_pipeline_from_conf({"vm_name": "v" * 60 + "-ab"}).cpu_vm.vm_name
+    assert len(longest) == 63
+    assert longest == "v" * 59 + "-cpu"  # cut, and no "--" left where the cut fell
 
 
 def test_good_overrides_reach_training_and_win_over_the_preset() -> None:
