@@ -47,6 +47,7 @@ from tpu_rl_sandbox.state import (
     parse_faults,
     record_call,
 )
+from tpu_rl_sandbox.timescale import capacity_seconds
 
 __all__ = [
     "COMMANDS",
@@ -1325,6 +1326,8 @@ class Gcloud:
                 vm_dir.mkdir(parents=True, exist_ok=True)
             txn.save("vms")
             txn.save("vm_history")
+        # the create operation runs until the VM is up (the VM exists, and bills, meanwhile)
+        time.sleep(capacity_seconds(load_settings(self.layout).minute_seconds, "vm_create"))
         for record in created:
             self.err(f"Created [{self._instance_url(project, zone, record['name'])}].\n")
         if parsed.get("format"):
@@ -1404,6 +1407,8 @@ class Gcloud:
                 if fault.transient
                 else f"Could not fetch resource:\n - Required 'compute.instances.delete' permission for '{resource}'"
             )
+        # the delete operation stops the VM first (it bills until then)
+        time.sleep(capacity_seconds(load_settings(self.layout).minute_seconds, "vm_delete"))
         with self.store.txn() as txn:
             vms = txn.doc("vms")
             history = txn.doc("vm_history")

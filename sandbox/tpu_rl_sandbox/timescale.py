@@ -35,6 +35,19 @@ STAGE_MINUTES: Final[Mapping[str, Mapping[str, float]]] = MappingProxyType(
 )
 
 
+# How long creating and deleting capacity takes, real minutes. No source states them: estimates of
+# a Compute Engine VM's create/delete operations and of Terraform creating/destroying a GKE TPU
+# slice node pool (its nodes bill from their creation, so the whole span counts as billed).
+CAPACITY_MINUTES: Final[Mapping[str, float]] = MappingProxyType(
+    {"vm_create": 1.0, "vm_delete": 1.0, "tpu_pool_create": 5.0, "tpu_pool_delete": 3.0}
+)
+
+
+def capacity_seconds(minute_seconds: float, what: str) -> float:
+    """Sandbox seconds of a capacity operation (:data:`CAPACITY_MINUTES`); 0 when the scale is off."""
+    return CAPACITY_MINUTES[what] * minute_seconds if minute_seconds > 0 else 0.0
+
+
 def stage_seconds(minute_seconds: float, model: str, stage: str, default: float) -> float:
     """Sandbox seconds of ``stage`` for ``model``: its real minutes x ``minute_seconds`` when the
     time scale is on and the stage has a duration, else ``default``."""

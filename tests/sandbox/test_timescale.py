@@ -82,3 +82,11 @@ def test_a_model_or_stage_without_real_minutes_keeps_its_default() -> None:
     assert timescale.stage_seconds(1.0, MODEL, "deploy", 7.0) == 7.0
     assert timescale.stage_seconds(0.0, MODEL, timescale.TRAIN, 7.0) == 7.0
     assert timescale.stage_seconds(0.5, "qwen3-30b-a3b", timescale.EXPORT, 7.0) == 11.25
+
+
+def test_capacity_operations_take_their_minutes_only_with_the_time_scale() -> None:
+    assert timescale.capacity_seconds(0.0, "tpu_pool_create") == 0.0
+    assert timescale.capacity_seconds(2.0, "tpu_pool_create") == 10.0
+    assert timescale.capacity_seconds(2.0, "vm_delete") == 2.0
+    with pytest.raises(KeyError):
+        timescale.capacity_seconds(2.0, "cluster_create")
