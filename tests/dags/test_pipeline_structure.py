@@ -39,6 +39,10 @@ class Shape:
     teardown: str  # destroys it
     transient: frozenset[str]  # tasks allowed to retry
     defaults: Any
+    # edges besides the order's chain and the resource teardown's setups
+    extra_upstream: tuple[tuple[str, frozenset[str]], ...] = ()
+    # setups besides the bucket and the resource setup (of teardowns of their own)
+    extra_setups: frozenset[str] = frozenset()
 
 
 SHAPES = {
@@ -53,12 +57,20 @@ SHAPES = {
                 "deploy_cluster",
                 "sync_hf_token",
                 "convert_to_maxtext",
+                "deploy_tpu_pool",
                 "train",
+                "destroy_tpu_pool",
                 "export_to_huggingface",
                 "destroy_cluster",
             }
         ),
         defaults=GKE_DEFAULTS,
+        extra_upstream=(
+            # the TPU pool's teardown hangs off its setups; the export needs the actor checkpoint
+            ("destroy_tpu_pool", frozenset({"deploy_cluster", "deploy_tpu_pool"})),
+            ("export_to_huggingface", frozenset({"wait_actor_checkpoint"})),
+        ),
+        extra_setups=frozenset({"deploy_tpu_pool"}),
     ),
     TPU_VM_DAG_ID: Shape(
         order=TPU_VM_TASK_ORDER,
@@ -95,6 +107,8 @@ def test_tasks_run_in_the_tutorial_order(pipeline: tuple[Any, Shape]) -> None:
     expected_upstream["validate"] = set()
     # The teardown also hangs off its setups.
     expected_upstream[shape.teardown] |= {"ensure_bucket", shape.resource_setup}
+    for task_id, more in shape.extra_upstream:
+        expected_upstream[task_id] |= more
     actual = {task_id: set(dag.get_task(task_id).upstream_task_ids) for task_id in shape.order}
     assert actual == expected_upstream
 
@@ -108,7 +122,32 @@ def test_the_resource_teardown_is_a_teardown_of_its_setups(pipeline: tuple[Any, 
     assert not teardown.on_failure_fail_dagrun
     setups = {t.task_id for t in teardown.upstream_list if t.is_setup}
     assert setups == {"ensure_bucket", shape.resource_setup}
-    assert {t.task_id for t in dag.tasks if t.is_setup} == setups
+    assert {t.task_id for t in dag.tasks if t.is_setup} == setups | shape.extra_setups
+
+
+def test_the_gke_tpu_pool_exists_only_around_training(dag_bag: Any) -> None:
+    """Deployed after the converted checkpoint is committed, before training; destroyed by a
+    teardown right after the actor checkpoint (it runs also when training failed), before the
+    export; the cluster's own deploy and destroy leave the pool to those two."""
+    dag = dag_bag.dags[GKE_DAG_ID]
+    deploy, destroy = dag.get_task("deploy_tpu_pool"), dag.get_task("destroy_tpu_pool")
+    assert deploy.upstream_task_ids == {"wait_converted_checkpoint"}
+    assert dag.get_task("train").upstream_task_ids == {"deploy_tpu_pool"}
+    assert destroy.is_teardown
+    assert destroy.trigger_rule == TriggerRule.ALL_DONE_SETUP_SUCCESS
+    assert not destroy.on_failure_fail_dagrun
+    assert {t.task_id for t in destroy.upstream_list if t.is_setup} == {"deploy_cluster", "deploy_tpu_pool"}
+    assert "wait_actor_checkpoint" in destroy.upstream_task_ids
+    assert dag.get_task("export_to_huggingface").upstream_task_ids == {
+        "destroy_tpu_pool",
+        "wait_actor_checkpoint",
+    }
+    assert deploy.only_groups == destroy.only_groups == ["tpu"]
+    assert dag.get_task("deploy_cluster").skip_groups == ["tpu"]
+    assert dag.get_task("deploy_cluster").only_groups is None
+    assert dag.get_task("destroy_cluster").only_groups is None
+    # keep_cluster keeps the cluster, never the TPU pool
+    assert destroy.keep_cluster is False
 
 
 def test_record_run_is_a_teardown_after_the_resource_teardown(pipeline: tuple[Any, Shape]) -> None:
