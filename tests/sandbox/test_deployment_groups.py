@@ -15,7 +15,7 @@ import pytest
 
 from airflow_provider_tpu_rl.render.blueprint import customize_blueprint
 from airflow_provider_tpu_rl.spec.presets import PRESETS
-from tests.sandbox.conftest import Cli, deploy_args
+from tests.sandbox.conftest import Cli, deploy_args, job_status, make_cluster, submit_args
 
 TPU_POOL = "gke-tpu-v6e-pool"
 
@@ -141,18 +141,21 @@ def test_a_tpu_pool_without_its_cluster_is_not_created(
     assert _lives(cli, names, TPU_POOL) == []
 
 
-def test_a_tpu_job_cannot_run_before_the_tpu_pool_exists(
+def test_a_tpu_job_runs_only_while_the_tpu_pool_exists(
     cli: Cli, names: dict[str, str], split_blueprint: Path
 ) -> None:
-    """The cluster without its TPU group has no node of the TPU machine type: gcluster refuses a
-    TPU job (its machine type matches no node pool), so training must follow the pool's deploy."""
-    assert (
-        cli.gcloud(
-            "storage", "buckets", "create", f"gs://{names['bucket']}", f"--project={names['project']}"
-        ).code
-        == 0
-    )
-    assert cli.gcluster("deploy", str(split_blueprint), *deploy_args(names), "--skip=tpu").code == 0
-    clusters = [c for c in cli.state("clusters").values() if c["name"] == names["cluster"]]
-    assert clusters
-    assert not any(p.get("machine_type") == "ct6e-standard-4t" for c in clusters for p in c["node_pools"])
+    """Without the tpu group the cluster has no node of the TPU machine type: gcluster refuses the
+    TPU job (no node pool matches its machine type), so training must follow the pool's deploy."""
+    cluster = make_cluster(cli, names, split_blueprint)  # every group: the pool exists
+    assert _pools(cli, names) == ["cpu-np", TPU_POOL, "system"]
+    assert cli.gcluster("destroy", names["cluster"], "--auto-approve", "--only=tpu").code == 0
+
+    refused = cli.gcluster(*submit_args("tpu-early", "echo hi"))
+    assert refused.code == 1
+    assert 'no matching machine types found in cluster for shorthand "ct6e-standard-4t"' in refused.err
+    assert job_status(cli, cluster, "tpu-early") is None
+
+    assert cli.gcluster("deploy", names["cluster"], "--auto-approve", "--only=tpu").code == 0
+    accepted = cli.gcluster(*submit_args("tpu-later", "echo hi"))
+    assert accepted.code == 0, accepted.text
+    assert job_status(cli, cluster, "tpu-later") is not None
