@@ -59,8 +59,10 @@ PIPELINE_STAGES: Final[dict[str, tuple[tuple[str, bool], ...]]] = {
         ("short", True),  # sync_hf_token
         ("convert", True),
         ("checkpoint", False),
+        ("deploy", True),  # deploy_tpu_pool
         ("train", True),
         ("checkpoint", False),
+        ("teardown", True),  # destroy_tpu_pool
         ("export", True),
         ("checkpoint", False),
         ("teardown", True),

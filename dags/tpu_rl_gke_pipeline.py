@@ -194,8 +194,17 @@ DOC_MD = f"""
 # {GKE_DAG_ID}
 
 GRPO post-training of an LLM with MaxText on a TPU v6e slice on GKE (Pathways), as in the
-Qwen3-30B-A3B and Gemma 4 tutorials: bucket → cluster → HF→MaxText conversion → training →
-MaxText→HF export → cluster destroyed.
+Qwen3-30B-A3B and Gemma 4 tutorials: bucket → cluster (no TPU yet) → HF→MaxText conversion
+(CPU node pool) → TPU node pool → training → TPU node pool destroyed → MaxText→HF export (CPU
+node pool) → cluster destroyed.
+
+**TPU billed only while it trains.** The blueprint's TPU node pool is moved to a deployment group
+`tpu` of its own: `deploy_cluster` deploys everything else (`gcluster deploy --skip=tpu`: network,
+cluster, `cpu-np`, Kueue), `deploy_tpu_pool` deploys the pool (`--only=tpu`) once the converted
+checkpoint is committed, and `destroy_tpu_pool` destroys it (`gcluster destroy --only=tpu`) once
+the actor checkpoint is committed, whatever the training did. `destroy_cluster` still destroys
+everything left, the pool included when its own destroy failed. `keep_cluster` keeps the cluster,
+not the TPU pool.
 
 **Trigger form.** *Run Parameters* (open): project, region, zone, bucket, reservation; the
 prefilled `my-tpu-project` and `my-tpu-rl-bucket` are examples to replace,
@@ -213,7 +222,7 @@ caller's IAM permissions and the reservation's free capacity, one line per probl
 - `max_cluster_hours`: the cluster carries `tpu-rl-expires`; `tpu_rl_janitor` destroys it after
   that, whatever happened to this run (also when `keep_cluster` is on).
 
-**Teardown.** `destroy_cluster` runs once the bucket step succeeded, whether the work succeeded,
+**Teardown.** `destroy_tpu_pool` runs once the cluster deploy succeeded; `destroy_cluster` runs once the bucket step succeeded, whether the work succeeded,
 failed or the deploy itself failed half-way; `record_run` writes the run to the ledger
 (`{LEDGER_CONN_ID}`) after it and draws its curves (mean reward, train loss) into a PNG next to the
 checkpoints: its *Run Curves* link opens the run's page on the runs dashboard (`/tpu-rl`). `{WATCHER_TASK_ID}` fails the run when any task failed,
@@ -267,6 +276,11 @@ with DAG(
         poke_interval=30,
         **sensor_bounds(),
     )
+    # The TPU node pool (its own deployment group) exists only while training needs it: deployed
+    # once the converted checkpoint is committed, destroyed once the actor checkpoint is.
+    deploy_tpu_pool = GclusterDeployOperator(
+        task_id="deploy_tpu_pool", **args["deploy_tpu_pool"], **TRANSIENT_RETRIES, **bounded("deploy")
+    )
     train = PathwaysRLTrainOperator(
         task_id="train", deferrable=True, **args["train"], **TRANSIENT_RETRIES, **bounded("train")
     )
@@ -279,6 +293,14 @@ with DAG(
         poke_interval=60,
         **sensor_bounds(),
     )
+    # A teardown of the pool: runs whatever training did once the cluster deploy succeeded (a pool
+    # that failed half-way or was never deployed is an already-absent group: a no-op destroy).
+    destroy_tpu_pool = GclusterDestroyOperator(
+        task_id="destroy_tpu_pool",
+        **args["destroy_tpu_pool"],
+        **TRANSIENT_RETRIES,
+        **bounded("teardown"),
+    ).as_teardown(setups=[deploy_cluster, deploy_tpu_pool])
     export_to_huggingface = MaxTextExportOperator(
         task_id="export_to_huggingface",
         deferrable=True,
@@ -307,4 +329,7 @@ with DAG(
 
     record_run = record_run_task(GKE_CLUSTER_TASK_IDS)
     chain_in_order(GKE_TASK_ORDER, dag)
+    # The export follows the TPU pool's destroy, and needs the actor checkpoint itself (a teardown
+    # succeeds after a failed training too).
+    wait_actor_checkpoint >> export_to_huggingface
     add_watcher(dag)

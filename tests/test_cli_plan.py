@@ -39,11 +39,37 @@ def test_gke_plan_lists_every_step_in_order(capsys: pytest.CaptureFixture[str]) 
         "deploy_cluster",
         "sync_hf_token",
         "convert_to_maxtext",
+        "deploy_tpu_pool",
         "train",
+        "destroy_tpu_pool",
         "export_to_huggingface",
         "destroy_cluster",
     ]
     assert [t for i, t in enumerate(task_ids) if i == 0 or task_ids[i - 1] != t] == order
+    # The TPU capacity: no node pool while the conversion and the export run, only around training.
+    argvs = {task: [s["argv"] for s in plan["steps"] if s["task_id"] == task] for task in order}
+    (deploy,) = argvs["deploy_cluster"]
+    assert deploy[:2] == ["gcluster", "deploy"]
+    assert deploy[-1] == "--skip=tpu"
+    assert [a[:2] for a in argvs["deploy_tpu_pool"]] == [
+        ["gcluster", "create"],
+        ["gcluster", "export-outputs"],
+        ["gcluster", "deploy"],
+    ]
+    assert argvs["deploy_tpu_pool"][1][2].endswith("/primary")
+    assert argvs["deploy_tpu_pool"][2][-1] == "--only=tpu"
+    assert [a[:2] for a in argvs["destroy_tpu_pool"]] == [
+        ["gcluster", "create"],
+        ["gcluster", "export-outputs"],
+        ["gcluster", "destroy"],
+    ]
+    assert argvs["destroy_tpu_pool"][2][-1] == "--only=tpu"
+    (cluster_destroy,) = [a for a in argvs["destroy_cluster"] if a[:2] == ["gcluster", "destroy"]]
+    assert not any(a.startswith(("--only", "--skip")) for a in cluster_destroy)
+    for task in ("convert_to_maxtext", "export_to_huggingface"):
+        (submit,) = [a for a in argvs[task] if a[:3] == ["gcluster", "job", "submit"]]
+        assert "--compute-type=n4-standard-64" in submit
+        assert not any(a.startswith("--topology") for a in submit)
     for step in plan["steps"]:
         assert step["argv"][0] in {"gcluster", "gcloud"}
     # gcluster checks Docker credentials in the submitting HOME, so each job task sets them first.
@@ -72,7 +98,9 @@ def test_conf_changes_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
     steps = json.loads(out)["steps"]
     assert steps[-1]["task_id"] == "destroy_cluster"
     assert steps[-1]["argv"] == ["gcloud", "storage", "rm", "--recursive", "gs://my-tpu-rl-bucket"]
-    assert not any(s["argv"][:2] == ["gcluster", "destroy"] for s in steps)
+    # keep_cluster keeps the cluster, not the TPU node pool
+    destroys = [s for s in steps if s["argv"][:2] == ["gcluster", "destroy"]]
+    assert [(s["task_id"], s["argv"][-1]) for s in destroys] == [("destroy_tpu_pool", "--only=tpu")]
     (train,) = [s for s in steps if s["task_id"] == "train" and s["argv"][0] == "gcluster"]
     assert any(a.startswith("--name=gemma4-training-") for a in train["argv"])
     assert "num_batches=7" in next(a for a in train["argv"] if a.startswith("--command="))

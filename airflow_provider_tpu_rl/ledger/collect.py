@@ -30,7 +30,9 @@ from airflow_provider_tpu_rl.ledger.records import (
 
 log = logging.getLogger(__name__)
 
-GKE_CLUSTER_TASK_IDS = ("deploy_cluster", "destroy_cluster")
+# The TPU capacity's create and delete: on GKE the TPU node pool's own deployment group, deployed
+# after the conversion and destroyed once the actor checkpoint is committed.
+GKE_CLUSTER_TASK_IDS = ("deploy_tpu_pool", "destroy_tpu_pool")
 # The TPU VM's billed span: its create to its delete, which surround training only (the CPU VM the
 # conversions run on is not TPU time).
 TPU_VM_CLUSTER_TASK_IDS = ("create_vm", "delete_vm")

@@ -309,7 +309,14 @@ def write_blueprint(
     shutil.copytree(source.parent, workdir, dirs_exist_ok=True)
     base = source.read_text()
     Path(gke.blueprint_path(workdir)).write_text(
-        customize_blueprint(base, cluster.blueprint, labels, reservation=bool(cluster.reservation))
+        customize_blueprint(
+            base,
+            cluster.blueprint,
+            labels,
+            reservation=bool(cluster.reservation),
+            # the TPU pool in a group of its own: deployed and destroyed around the training alone
+            tpu_quota=cluster.total_chips,
+        )
     )
 
 
@@ -325,10 +332,46 @@ def blueprint_name(hook: GclusterHook) -> str:
     return name
 
 
+def group_selection(
+    only_groups: Sequence[str] | str | None, skip_groups: Sequence[str] | str | None
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``only_groups`` / ``skip_groups`` as tuples of deployment group names (a comma list or a
+    list, as templated); both at once is refused, as gcluster refuses it."""
+
+    def names(field: str, value: Sequence[str] | str | None) -> tuple[str, ...]:
+        items = value.split(",") if isinstance(value, str) else list(value or ())
+        out = tuple(str(item).strip() for item in items if str(item).strip())
+        for name in out:
+            rules.match(field, name, gke.GROUP_NAME, "must be a deployment group name like tpu")
+        return out
+
+    only, skip = names("only_groups", only_groups), names("skip_groups", skip_groups)
+    if only and skip:
+        raise ConfigurationError(
+            "set only_groups or skip_groups, not both (gcluster refuses --only with --skip)"
+        )
+    return only, skip
+
+
+def prepare_deployment_folder(hook: GclusterHook, cluster: ClusterSpec, workdir: str) -> None:
+    """Recreate the deployment folder (its state is in GCS) and the primary group's outputs
+    artifact, which the ``tpu`` group reads its inputs from (cluster-toolkit
+    ``gatherUpstreamOutputs``; a fresh folder has none: "consider running gcluster export-outputs")."""
+    hook.run_checked(gke.recreate_deployment_folder(cluster, workdir), cwd=workdir)
+    hook.run_checked(gke.export_outputs(cluster, workdir, gke.PRIMARY_GROUP), cwd=workdir)
+
+
 def destroy_cluster(
-    hook: GclusterHook, cluster: ClusterSpec, *, dag_id: str, run_id: str, expires_at: int
+    hook: GclusterHook,
+    cluster: ClusterSpec,
+    *,
+    dag_id: str,
+    run_id: str,
+    expires_at: int,
+    only_groups: Sequence[str] = (),
 ) -> None:
-    """Recreate the deployment folder on this worker (state is in GCS) and destroy from it.
+    """Recreate the deployment folder on this worker (state is in GCS) and destroy from it
+    (``only_groups``: those groups alone; an already destroyed group is a no-op).
 
     No lease check here: the callers decide (the destroy task: this run's lease; the janitor:
     the lease's expiry). The work folder is private and removed at the end.
@@ -340,8 +383,8 @@ def destroy_cluster(
         write_blueprint(
             hook, cluster, gke.managed_labels(dag_id, suffix, cluster.bucket, expires_at), workdir
         )
-        hook.run_checked(gke.recreate_deployment_folder(cluster, workdir), cwd=workdir)
-        hook.run_checked(gke.destroy(cluster, workdir), cwd=workdir)
+        prepare_deployment_folder(hook, cluster, workdir)
+        hook.run_checked(gke.destroy(cluster, workdir, only_groups=only_groups), cwd=workdir)
     finally:
         gke.remove_workdir(workdir)
 
@@ -484,19 +527,41 @@ class GclusterDeployOperator(_ClusterOperator):
         to where Airflow runs (on Cloud Composer, the environment's egress range).
     :param keep_cluster: recorded for the janitor: a kept cluster is only destroyed at its expiry.
     :param max_cluster_hours: the cluster's expiry label, counted from the DAG run's start.
+    :param skip_groups: deployment groups not to deploy (``gcluster deploy --skip``), e.g.
+        ``["tpu"]``: the cluster without its TPU node pool.
+    :param only_groups: deploy only these groups (``gcluster deploy --only``) of a cluster whose
+        lease this run already holds (taken by a deploy of the other groups), e.g. ``["tpu"]``:
+        the TPU node pool alone, once the work that needs it is ready. Not with ``skip_groups``.
     """
 
     ui_color = "#d4e8ff"
-    template_fields: Sequence[str] = (*_ClusterOperator.template_fields, "keep_cluster")
+    template_fields: Sequence[str] = (
+        *_ClusterOperator.template_fields,
+        "keep_cluster",
+        "skip_groups",
+        "only_groups",
+    )
     operator_extra_links = (GKEClusterLink(),)
 
-    def __init__(self, *, keep_cluster: bool | str = False, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        keep_cluster: bool | str = False,
+        skip_groups: Sequence[str] | str | None = None,
+        only_groups: Sequence[str] | str | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.keep_cluster = keep_cluster
+        self.skip_groups = skip_groups
+        self.only_groups = only_groups
 
     @fail_fast
     def execute(self, context: Context) -> dict[str, Any]:
         cluster = self.cluster()
+        only, skip = group_selection(self.only_groups, self.skip_groups)
+        if only:
+            return self.deploy_groups(context, cluster, only)
         # The link works from the start: the console shows the cluster while it is being created.
         GKEClusterLink.persist(
             context, project_id=cluster.project, location=cluster.region, cluster_name=cluster.cluster_name
@@ -544,7 +609,7 @@ class GclusterDeployOperator(_ClusterOperator):
             write_blueprint(self.hook, cluster, labels, workdir)
             started = time.time()
             # No project-level grants: the blueprint's service-account modules hold the roles.
-            self.hook.run_checked(gke.deploy(cluster, workdir), cwd=workdir)
+            self.hook.run_checked(gke.deploy(cluster, workdir, skip_groups=skip), cwd=workdir)
             deploy_seconds = round(time.time() - started, 3)
         finally:
             gke.remove_workdir(workdir)
@@ -559,7 +624,55 @@ class GclusterDeployOperator(_ClusterOperator):
             "deploy_seconds": deploy_seconds,
             "expires_at": expires_at,
             "lease_expires_at": int(lease.expires_at),
+            "skipped_groups": list(skip),
         }
+
+    def deploy_groups(self, context: Context, cluster: ClusterSpec, only: tuple[str, ...]) -> dict[str, Any]:
+        """Deploy ``only`` groups of a cluster this run holds the lease of (never takes it: the
+        deploy of the cluster did; a run without it leaves the cluster alone)."""
+        self.hook.require_toolchain("deploy")
+        dag_id, run_id = self.run_ids(context)
+        lease = require_own_lease(self.gcp_conn_id, cluster, f"{dag_id}/{run_id}", self.chain)
+        expires_at = expiry_of_run(context, rules.integer("max_cluster_hours", self.max_cluster_hours, 1))
+        suffix = run_suffix(dag_id, run_id)
+        workdir = gke.make_workdir(cluster.cluster_name, suffix)
+        try:
+            write_blueprint(
+                self.hook, cluster, gke.managed_labels(dag_id, suffix, cluster.bucket, expires_at), workdir
+            )
+            started = time.time()
+            prepare_deployment_folder(self.hook, cluster, workdir)
+            self.hook.run_checked(gke.deploy_groups(cluster, workdir, only), cwd=workdir)
+            deploy_seconds = round(time.time() - started, 3)
+        finally:
+            gke.remove_workdir(workdir)
+        return {
+            "cluster_name": cluster.cluster_name,
+            "project": cluster.project,
+            "chips": cluster.total_chips,
+            "groups": list(only),
+            "deploy_seconds": deploy_seconds,
+            "lease_expires_at": int(lease.expires_at),
+        }
+
+
+def require_own_lease(
+    gcp_conn_id: str, cluster: ClusterSpec, holder: str, impersonation_chain: str | Sequence[str] | None
+) -> Lease:
+    """This run's live lease of the cluster; anything else fails the task in one line."""
+    lease = ClusterLeaseHook(gcp_conn_id, impersonation_chain).read(cluster.bucket, cluster.cluster_name)
+    if lease is not None and lease.holder == holder and not lease.expired():
+        return lease
+    if lease is None:
+        why = "nobody holds its lease"
+    elif lease.holder != holder:
+        why = f"its lease is held by run {lease.holder}"
+    else:
+        why = f"this run's lease expired at {utc_text(lease.expires_at)}"
+    raise AirflowFailException(
+        f"cluster {cluster.cluster_name}: {why}; this run deploys no node pool into it (the task "
+        "that deploys the cluster takes the lease first)"
+    )
 
 
 class GclusterDestroyOperator(_ClusterOperator):
@@ -600,9 +713,11 @@ class GclusterDestroyOperator(_ClusterOperator):
         hf_token_conn_id: str = "huggingface_default",
         hf_token_secret: str | None = None,
         revoke_service_accounts: Sequence[str] | str | None = None,
+        only_groups: Sequence[str] | str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.only_groups = only_groups
         self.keep_cluster = keep_cluster
         self.delete_bucket = delete_bucket
         self.hf_token_conn_id = hf_token_conn_id
@@ -655,6 +770,9 @@ class GclusterDestroyOperator(_ClusterOperator):
     @fail_fast
     def execute(self, context: Context) -> dict[str, Any]:
         cluster = self.cluster()
+        only, _ = group_selection(self.only_groups, None)
+        if only:
+            return self.destroy_groups(context, cluster, only)
         keep, delete_bucket = (
             rules.boolean("keep_cluster", self.keep_cluster),
             rules.boolean("delete_bucket", self.delete_bucket),
@@ -689,5 +807,21 @@ class GclusterDestroyOperator(_ClusterOperator):
             "destroyed": destroyed,
             "revoked_accounts": revoked,
             **deleted,
+            "lease_holder": lease.holder if lease is not None else None,
+        }
+
+    def destroy_groups(self, context: Context, cluster: ClusterSpec, only: tuple[str, ...]) -> dict[str, Any]:
+        """Destroy ``only`` groups of a cluster this run may tear down; the rest stays."""
+        dag_id, run_id = self.run_ids(context)
+        owned, lease = self.owned_lease(cluster, dag_id, run_id)
+        if owned:
+            expires_at = expiry_of_run(context, rules.integer("max_cluster_hours", self.max_cluster_hours, 1))
+            destroy_cluster(
+                self.hook, cluster, dag_id=dag_id, run_id=run_id, expires_at=expires_at, only_groups=only
+            )
+        return {
+            "cluster_name": cluster.cluster_name,
+            "groups": list(only),
+            "destroyed": owned,
             "lease_holder": lease.holder if lease is not None else None,
         }

@@ -10,6 +10,7 @@ from typing import Any, Final, Literal, NoReturn
 
 from airflow_provider_tpu_rl import timeouts
 from airflow_provider_tpu_rl.compat import AirflowFailException, conf, exponential_backoff, task_error
+from airflow_provider_tpu_rl.render.blueprint import TPU_GROUP
 from airflow_provider_tpu_rl.spec import (
     GKE_DAG_ID,
     GKE_DEFAULTS,
@@ -257,7 +258,14 @@ def gke_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
             "bucket": value("bucket"),
         },
         "ensure_bucket": scope,
-        "deploy_cluster": cluster,
+        # the cluster without its TPU node pool; the pool is deployed once the conversion is done
+        "deploy_cluster": {**cluster, "skip_groups": [TPU_GROUP]},
+        "deploy_tpu_pool": {**cluster, "only_groups": [TPU_GROUP]},
+        # keep_cluster keeps the cluster, never the TPU pool (it bills most)
+        "destroy_tpu_pool": {
+            **{key: item for key, item in cluster.items() if key != "keep_cluster"},
+            "only_groups": [TPU_GROUP],
+        },
         "sync_hf_token": _hf_token_arguments(value),
         "convert_to_maxtext": {**cpu_job, "hf_model_path": value("hf_model_path")},
         "train": {

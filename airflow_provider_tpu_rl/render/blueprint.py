@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +16,16 @@ NODE_POOL_SA_MODULE = "node_pool_service_account"
 KUBECTL_APPLY_SOURCE = "modules/management/kubectl-apply"
 NODE_POOL_SOURCE = "modules/compute/gke-node-pool"
 RESERVATION_VAR = "$(vars.reservation)"
+TPU_MACHINE_VAR = "$(vars.machine_type)"
+# The deployment group the TPU node pool is moved to: deployed after the conversion, destroyed
+# once the actor checkpoint is committed (``gcluster deploy/destroy --only=tpu``).
+TPU_GROUP = "tpu"
+# The example's one group: everything but the TPU pool stays there.
+PRIMARY_GROUP = "primary"
+# Upstream modules that only benchmark the TPU pool's disks (the advanced example's fio job template).
+BENCHMARK_MODULES = ("fio-bench-job-template",)
+_MODULE_REF = re.compile(r"\b([A-Za-z][A-Za-z0-9_-]*)\.[A-Za-z_][A-Za-z0-9_]*")
+_EXPRESSION = re.compile(r"\$\(([^)]*)\)")
 
 
 class BlueprintError(ValueError):
@@ -53,10 +64,13 @@ def customize_blueprint(
     labels: Mapping[str, str] | None = None,
     *,
     reservation: bool = True,
+    tpu_quota: int | None = None,
 ) -> str:
     """Apply the tutorial edits to the blueprint text and return the new YAML.
 
     ``reservation=False``: the run names no reservation, so the TPU node pool consumes none.
+    ``tpu_quota`` (the slices' chips): the TPU node pool moves to its own deployment group
+    ``tpu`` (:func:`split_tpu_group`), deployed and destroyed on its own around the training.
     """
     doc = yaml.safe_load(text)
     if not isinstance(doc, dict) or not isinstance(doc.get("vars"), dict):
@@ -85,6 +99,8 @@ def customize_blueprint(
     _queue_cpu_jobs(doc, modules)
     if not reservation:
         _consume_no_reservation(modules)
+    if tpu_quota is not None:
+        split_tpu_group(doc, tpu_quota)
     if labels:
         merged = dict(doc["vars"].get("labels") or {})
         merged.update(labels)
@@ -142,3 +158,77 @@ def _consume_no_reservation(modules: list[dict[str, Any]]) -> None:
         raise BlueprintError(f"blueprint has no {NODE_POOL_SOURCE} module reserved by {RESERVATION_VAR}")
     for module in bound:
         module["settings"]["reservation_affinity"] = {"consume_reservation_type": "NO_RESERVATION"}
+
+
+def _tpu_pool(modules: list[dict[str, Any]]) -> dict[str, Any]:
+    pools = [
+        m
+        for m in modules
+        if str(m.get("source", "")).endswith(NODE_POOL_SOURCE)
+        and (m.get("settings") or {}).get("machine_type") == TPU_MACHINE_VAR
+    ]
+    if len(pools) != 1:
+        raise BlueprintError(
+            f"blueprint must have exactly one {NODE_POOL_SOURCE} module with machine_type "
+            f"{TPU_MACHINE_VAR} (the TPU node pool), found {len(pools)}"
+        )
+    return pools[0]
+
+
+def module_references(module: Mapping[str, Any]) -> set[str]:
+    """The module ids a module refers to: its ``use`` list and the ``module.output`` names in the
+    ``$(...)`` expressions of its settings (``vars.x`` is not a module)."""
+    found = {str(u) for u in module.get("use") or []}
+
+    def walk(value: Any) -> None:
+        if isinstance(value, str):
+            for expression in _EXPRESSION.findall(value):
+                found.update(name for name in _MODULE_REF.findall(expression) if name != "vars")
+        elif isinstance(value, Mapping):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    walk(module.get("settings") or {})
+    return found
+
+
+def split_tpu_group(doc: dict[str, Any], tpu_quota: int) -> None:
+    """Move the TPU node pool into a deployment group ``tpu`` of its own, after the others.
+
+    ``gcluster deploy --skip=tpu`` then makes the network, the cluster, ``cpu-np`` and Kueue, and
+    ``gcluster deploy/destroy --only=tpu`` creates and deletes the TPU capacity alone
+    (cluster-toolkit ``cmd/utils.go`` ``addGroupSelectionFlags``). A group may only refer to
+    earlier groups (``pkg/config/expand.go`` ``validateModuleReference``: "references to outputs
+    from other groups must be to earlier groups"), so Kueue's ``tpu_quota``, which the example
+    computes from the pool's outputs, becomes the literal chip count, and the fio benchmark job
+    template (it uses the pool; it only benchmarks) is dropped.
+    """
+    if not isinstance(tpu_quota, int) or isinstance(tpu_quota, bool) or tpu_quota < 1:
+        raise BlueprintError(f"tpu_quota must be a positive chip count, got {tpu_quota!r}")
+    groups: list[dict[str, Any]] = doc["deployment_groups"]
+    if any(g.get("group") == TPU_GROUP for g in groups):
+        raise BlueprintError(f"blueprint already has a deployment group {TPU_GROUP!r}")
+    pool = _tpu_pool(_modules(doc))
+    pool_id = str(pool.get("id"))
+    for group in groups:
+        group["modules"] = [
+            m for m in group.get("modules") or [] if m is not pool and m.get("id") not in BENCHMARK_MODULES
+        ]
+    kubectl = next(
+        (m for m in _modules(doc) if str(m.get("source", "")).endswith(KUBECTL_APPLY_SOURCE)), None
+    )
+    template_vars = (((kubectl or {}).get("settings") or {}).get("kueue") or {}).get("config_template_vars")
+    if not isinstance(template_vars, dict) or "tpu_quota" not in template_vars:
+        raise BlueprintError("the kueue config_template_vars must set tpu_quota")
+    template_vars["tpu_quota"] = tpu_quota
+    referring = sorted(str(m.get("id")) for m in _modules(doc) if pool_id in module_references(m))
+    if referring:
+        raise BlueprintError(
+            f"modules {referring} refer to the TPU node pool {pool_id!r}, which moves to the later group "
+            f"{TPU_GROUP!r} (gcluster: references to outputs from other groups must be to earlier groups)"
+        )
+    groups[:] = [g for g in groups if g.get("modules")]
+    groups.append({"group": TPU_GROUP, "modules": [pool]})

@@ -12,6 +12,8 @@ import tempfile
 from collections.abc import Sequence
 
 from airflow_provider_tpu_rl.render.blueprint import BLUEPRINT_FILENAME
+from airflow_provider_tpu_rl.render.blueprint import PRIMARY_GROUP as PRIMARY_GROUP
+from airflow_provider_tpu_rl.render.blueprint import TPU_GROUP as TPU_GROUP
 from airflow_provider_tpu_rl.render.command import Command
 from airflow_provider_tpu_rl.render.shell import (
     hf_token_from_secret_manager,
@@ -41,6 +43,9 @@ PATHWAYS_ENV = (
 )
 TRAINING_TTL = "24h"
 _MEMORY = re.compile(r"^[1-9][0-9]*[KMG]$")
+# A blueprint deployment group name as this project writes them (``primary``, ``tpu``).
+GROUP_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+
 
 # Workarounds from the tutorials, kept verbatim: the stock 0.2.4 image needs them. An image built
 # from docker/workload.Dockerfile holds the same edits (docker/workload_patches.py applies them at
@@ -155,8 +160,30 @@ def deployment_dir(cluster: ClusterSpec, workdir: str) -> str:
     return os.path.join(workdir, cluster.cluster_name)
 
 
-def deploy(cluster: ClusterSpec, workdir: str) -> Command:
-    """``gcluster deploy`` with the tutorial's vars and flags, Terraform state in the bucket."""
+def _group_flags(only: Sequence[str], skip: Sequence[str]) -> list[str]:
+    """``--only=a,b`` / ``--skip=a,b`` (cluster-toolkit ``cmd/utils.go`` addGroupSelectionFlags,
+    StringSlice flags; both at once: "cannot specify both --only and --skip")."""
+    for name in (*only, *skip):
+        if not GROUP_NAME.fullmatch(name):
+            raise ValueError(f"not a deployment group name: {name!r}")
+    if only and skip:
+        raise ValueError("cannot specify both --only and --skip")
+    if only:
+        return [f"--only={','.join(only)}"]
+    return [f"--skip={','.join(skip)}"] if skip else []
+
+
+def _groups_text(only: Sequence[str], skip: Sequence[str]) -> str:
+    if only:
+        return f" (groups {', '.join(only)} only)"
+    return f" (all groups but {', '.join(skip)})" if skip else ""
+
+
+def deploy(cluster: ClusterSpec, workdir: str, *, skip_groups: Sequence[str] = ()) -> Command:
+    """``gcluster deploy`` with the tutorial's vars and flags, Terraform state in the bucket.
+
+    ``skip_groups=("tpu",)``: the network, the cluster, ``cpu-np`` and Kueue, not the TPU pool.
+    """
     return Command(
         (
             "gcluster",
@@ -170,8 +197,40 @@ def deploy(cluster: ClusterSpec, workdir: str) -> Command:
             "--auto-approve",
             "-w",
             f"--out={workdir}",
+            *_group_flags((), skip_groups),
         ),
-        description=f"deploy GKE cluster {cluster.cluster_name} ({cluster.shape.tpu_type} x{cluster.num_slices})",
+        description=f"deploy GKE cluster {cluster.cluster_name} ({cluster.shape.tpu_type} x{cluster.num_slices})"
+        + _groups_text((), skip_groups),
+    )
+
+
+def deploy_groups(cluster: ClusterSpec, workdir: str, only_groups: Sequence[str]) -> Command:
+    """``gcluster deploy DEPLOYMENT_DIRECTORY --only=...``: the named groups of a deployment folder
+    made by :func:`recreate_deployment_folder` (create flags are refused with a folder)."""
+    if not only_groups:
+        raise ValueError("deploy_groups needs at least one group")
+    return Command(
+        (
+            "gcluster",
+            "deploy",
+            deployment_dir(cluster, workdir),
+            "--auto-approve",
+            *_group_flags(only_groups, ()),
+        ),
+        description=f"deploy GKE cluster {cluster.cluster_name}'s {', '.join(only_groups)} group "
+        f"({cluster.shape.tpu_type} x{cluster.num_slices})",
+    )
+
+
+def export_outputs(cluster: ClusterSpec, workdir: str, group: str) -> Command:
+    """``gcluster export-outputs DEPLOYMENT/GROUP``: write the group's outputs (from its state in
+    GCS) to ``.ghpc/artifacts/<group>_outputs.tfvars``, where a later group reads them
+    (``pkg/shell/terraform.go`` gatherUpstreamOutputs); a group without state writes nothing."""
+    if not GROUP_NAME.fullmatch(group):
+        raise ValueError(f"not a deployment group name: {group!r}")
+    return Command(
+        ("gcluster", "export-outputs", os.path.join(deployment_dir(cluster, workdir), group)),
+        description=f"read the {group} group's outputs from its state (the later groups' inputs)",
     )
 
 
@@ -194,11 +253,23 @@ def recreate_deployment_folder(cluster: ClusterSpec, workdir: str) -> Command:
     )
 
 
-def destroy(cluster: ClusterSpec, workdir: str) -> Command:
+def destroy(cluster: ClusterSpec, workdir: str, *, only_groups: Sequence[str] = ()) -> Command:
+    """``gcluster destroy``; ``only_groups``: those groups alone (the TPU pool), in reverse order."""
     return Command(
         # --robust: gcluster retries the destroy and cleans up firewall rules that block the network.
-        ("gcluster", "destroy", deployment_dir(cluster, workdir), "--auto-approve", "--robust"),
-        description=f"destroy GKE cluster {cluster.cluster_name} (the bucket is kept)",
+        (
+            "gcluster",
+            "destroy",
+            deployment_dir(cluster, workdir),
+            "--auto-approve",
+            "--robust",
+            *_group_flags(only_groups, ()),
+        ),
+        description=(
+            f"destroy GKE cluster {cluster.cluster_name}'s {', '.join(only_groups)} group (the cluster is kept)"
+            if only_groups
+            else f"destroy GKE cluster {cluster.cluster_name} (the bucket is kept)"
+        ),
     )
 
 

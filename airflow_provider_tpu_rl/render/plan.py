@@ -55,10 +55,16 @@ def gke_plan(pipeline: GkePipelineSpec) -> list[PlanStep]:
     workdir = gke.plan_workdir(cluster.cluster_name)
     target, token = pipeline.job_target, pipeline.token_resource
     auth = gke.docker_auth(cluster.region)
+    # a fresh deployment folder on the worker, and the primary group's outputs (the tpu group's inputs)
+    folder = [
+        gke.recreate_deployment_folder(cluster, workdir),
+        gke.export_outputs(cluster, workdir, gke.PRIMARY_GROUP),
+    ]
+    tpu = (gke.TPU_GROUP,)
     teardown: list[Command] = []
     if not pipeline.keep_cluster:
         # only when this run holds the cluster's lease (or created it and nobody holds one)
-        teardown += [gke.recreate_deployment_folder(cluster, workdir), gke.destroy(cluster, workdir)]
+        teardown += [*folder, gke.destroy(cluster, workdir)]
         # only the grants sync_hf_token added (its granted_accounts XCom); here, as on a first run
         teardown += [
             gke.revoke_secret_accessor(cluster.project, pipeline.hf_token.secret_id, account)
@@ -69,7 +75,10 @@ def gke_plan(pipeline: GkePipelineSpec) -> list[PlanStep]:
     commands = {
         "preflight": preflight_commands(cluster.project, cluster.zone, cluster.reservation),
         "ensure_bucket": [gke.create_bucket(cluster.project, cluster.region, cluster.bucket)],
-        "deploy_cluster": [gke.deploy(cluster, workdir)],
+        # the cluster, cpu-np and Kueue: no TPU node pool while the conversion runs
+        "deploy_cluster": [gke.deploy(cluster, workdir, skip_groups=tpu)],
+        # the TPU capacity exists from here (the converted checkpoint is committed) ...
+        "deploy_tpu_pool": [*folder, gke.deploy_groups(cluster, workdir, tpu)],
         "sync_hf_token": gke.hf_token_secret(
             cluster.project,
             pipeline.hf_token.secret_id,
@@ -91,6 +100,9 @@ def gke_plan(pipeline: GkePipelineSpec) -> list[PlanStep]:
                 pipeline.pathways_gcs_location,
             ),
         ],
+        # ... to here (the actor checkpoint is committed); the export runs on cpu-np (also with
+        # keep_cluster, the TPU pool goes)
+        "destroy_tpu_pool": [*folder, gke.destroy(cluster, workdir, only_groups=tpu)],
         "export_to_huggingface": [
             *auth,
             gke.export_job(pipeline.cpu_job_target, pipeline.export_job, pipeline.export, token),

@@ -44,8 +44,10 @@ from tpu_rl_sandbox.gcluster_deploy import (
     Console,
     DeploymentRunner,
     Fatal,
+    TerraformState,
     check_overwrite_allowed,
     expand_blueprint,
+    group_names,
     load_blueprint,
     read_stdin_line,
     run_validators,
@@ -659,6 +661,7 @@ class Gcluster:
             self.ensure_dependencies(parsed)
         if command == "export-outputs":
             self.export_outputs(resolved, parsed)
+            return 0
         for name in ("skip", "only"):
             if name in parsed.changed and not parsed.get(name):
                 parsed.values[name] = []
@@ -698,8 +701,11 @@ class Gcluster:
 
         ``getArtifactsDir``: ``--artifacts`` or ``<group>/../.ghpc/artifacts`` (modulewriter
         ``ArtifactsDir``); ``shell.CheckWritableDir`` then fails a folder that is missing or not
-        writable ("%s must be a writable directory", through checkErr's ``Error: %s``). A real
-        deployment's outputs (``terraform output`` of the group) are not modelled.
+        writable ("%s must be a writable directory", through checkErr's ``Error: %s``). Then the
+        deployment folder is checked (``shell.ValidateDeploymentDirectory``), the group looked up
+        (``Blueprint.Group``: "could not find group %s in blueprint"), Terraform initialised in the
+        group folder and its state's outputs written to ``<artifacts>/<group>_outputs.tfvars``
+        (``shell.ExportOutputs``; no outputs: "contains no artifacts to export", no file).
         """
         group = Path(os.path.abspath(group_dir))
         artifacts = str(parsed.get("artifacts") or "") or str(group.parent / ".ghpc" / "artifacts")
@@ -709,7 +715,29 @@ class Gcluster:
             is_dir = False
         if not (is_dir and os.access(artifacts, os.R_OK | os.W_OK | os.X_OK)):
             raise Fatal(f"Error: {artifacts} must be a writable directory")
-        raise StateError(f"export-outputs of the deployment group {group} is not modelled by the sandbox")
+        bp = load_blueprint(Path(artifacts) / "expanded_blueprint.yaml")
+        root = group.parent
+        for name in group_names(bp):
+            if not (root / name).is_dir():
+                raise Fatal(f"Error: improper deployment: {root / name} is not a directory for group {name}")
+        found = next((g for g in bp["deployment_groups"] if str(g["group"]) == group.name), None)
+        if found is None:
+            raise Fatal(f"Error: could not find group {group.name} in blueprint")
+        api = emulator.api_for(self.layout)
+        tf = TerraformState(group, found.get("terraform_backend"), api, str(group), self.env["PATH"])
+        tf.init()
+        outputs = tf.load().get("outputs") or {}
+        if not outputs:
+            self.console.info(f"Deployment group {group.name} contains no artifacts to export")
+            return
+        target = Path(artifacts) / f"{group.name}_outputs.tfvars"
+        self.console.info(f"Writing outputs artifact from deployment group {group.name} to file {target}")
+        target.write_text(
+            "".join(
+                f"{key} = {json.dumps((value or {}).get('value'))}\n"
+                for key, value in sorted(outputs.items())
+            )
+        )
 
     def hang_if_asked(self, command: str) -> None:
         """Hang like a stuck ``terraform apply`` when ``TPU_RL_SANDBOX_HANG`` names ``command``."""

@@ -163,6 +163,7 @@ def expand_blueprint(
             raise Fatal("Error: group name must be set for each deployment group")
         if not isinstance(group.get("modules"), list) or not group["modules"]:
             raise Fatal(f"Error: deployment group {group['group']} must have at least one module")
+    check_intergroup_order(groups)
     variables = bp.get("vars") or {}
     if not isinstance(variables, dict):
         raise Fatal("Error: vars: must be a mapping")
@@ -232,6 +233,72 @@ def expand_blueprint(
         if backend:
             group["terraform_backend"] = backend
     return bp
+
+
+# pkg/config/errors.go errMsgIntergroupOrder
+INTERGROUP_ORDER = "references to outputs from other groups must be to earlier groups"
+_EXPRESSION_RE = re.compile(r"\$\(([^)]*)\)")
+_MODULE_REF_RE = re.compile(r"\b([A-Za-z][A-Za-z0-9_-]*)\.[A-Za-z_][A-Za-z0-9_]*")
+
+
+def module_references(module: dict[str, Any]) -> set[str]:
+    """The names a module refers to as modules: its ``use`` list and ``name.output`` in the
+    ``$(...)`` expressions of its settings (``vars.x`` is a variable)."""
+    found = {str(u) for u in module.get("use") or []}
+
+    def walk(value: Any) -> None:
+        if isinstance(value, str):
+            for expression in _EXPRESSION_RE.findall(value):
+                found.update(n for n in _MODULE_REF_RE.findall(expression) if n != "vars")
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    walk(module.get("settings") or {})
+    return found
+
+
+def module_groups(groups: list[dict[str, Any]]) -> dict[str, int]:
+    """Module id → index of its deployment group."""
+    return {
+        str(module.get("id")): index
+        for index, group in enumerate(groups)
+        for module in group.get("modules") or []
+        if isinstance(module, dict)
+    }
+
+
+def check_intergroup_order(groups: list[dict[str, Any]]) -> None:
+    """pkg/config/expand.go ``validateModuleReference``: a module may use (or read the outputs of)
+    a module of its own group or of an earlier one, never of a later one."""
+    where = module_groups(groups)
+    for index, group in enumerate(groups):
+        for module in group.get("modules") or []:
+            for name in sorted(module_references(module)):
+                if where.get(name, -1) > index:
+                    raise Fatal(f"Error: {INTERGROUP_ORDER}: {name} is in a later group")
+
+
+def upstream_groups(bp: dict[str, Any], group: dict[str, Any]) -> list[str]:
+    """The earlier groups whose outputs ``group`` reads (config.OutputNamesByGroup)."""
+    groups = bp["deployment_groups"]
+    where = module_groups(groups)
+    index = next(i for i, g in enumerate(groups) if g["group"] == group["group"])
+    used = {where[name] for m in group["modules"] for name in module_references(m) if name in where}
+    return [str(groups[i]["group"]) for i in sorted(used) if i < index]
+
+
+def missing_upstream_outputs(depl: Path, bp: dict[str, Any], group: dict[str, Any]) -> str | None:
+    """pkg/shell/terraform.go ``gatherUpstreamOutputs``: the first earlier group whose outputs
+    file (``.ghpc/artifacts/<group>_outputs.tfvars``, written by deploy or ``export-outputs``) is
+    missing, or None."""
+    for name in upstream_groups(bp, group):
+        if not (_artifacts(depl) / f"{name}_outputs.tfvars").is_file():
+            return name
+    return None
 
 
 def run_validators(bp: dict[str, Any], console: Console) -> None:
@@ -674,6 +741,7 @@ def desired_cluster(
                         "names": [r.get("name") if isinstance(r, dict) else None for r in reservations],
                     },
                     "service_account": accounts["node_pool"],
+                    "group": str(group.get("group")),
                 }
             )
     system_pool = {
@@ -930,7 +998,18 @@ class DeploymentRunner:
             if not self._selected(name, only, skip):
                 self.console.info(f"skipping group {go_quote(name)}")
                 continue
-            self._deploy_group(bp, group, depl / name, os.path.join(display, name))
+            shown = os.path.join(display, name)
+            # cmd/deploy.go deployTerraformGroup: shell.ImportInputs first
+            upstream = missing_upstream_outputs(depl, bp, group)
+            if upstream is not None:
+                raise hint_error(
+                    f'The configuration file "{_artifacts(depl) / f"{upstream}_outputs.tfvars"}" could not be read.',
+                    f'consider running "gcluster export-outputs {os.path.join(display, upstream)}"',
+                )
+            if is_pool_group(group):
+                self._deploy_pool_group(bp, group, depl / name, shown)
+            else:
+                self._deploy_group(bp, group, depl / name, shown)
         self.console.info("\n###############################")
         self.console.info("Find instructions for cleanly destroying infrastructure and advanced manual")
         self.console.info("deployment instructions at:")
@@ -1042,7 +1121,8 @@ class DeploymentRunner:
                 "  on modules/embedded/modules/scheduler/gke-cluster/main.tf line 102, in resource "
                 '"google_container_cluster" "gke_cluster":\n 102: resource "google_container_cluster" "gke_cluster" {'
             )
-        fault = self.faults.fire("deploy")
+        # the stockout fault hits the TPU node pool's creation: only a group that has one
+        fault = self.faults.fire("deploy") if any(k == "node_pool" for _, k in to_add + to_change) else None
         created_cluster = any(kind == "cluster" for _, kind in to_add)
         if created_cluster:
             self.console.terraform(
@@ -1133,6 +1213,12 @@ class DeploymentRunner:
             )
             record["exists"] = True
             record["healthy"] = healthy
+            if previous and previous.get("exists", True):
+                # the node pools of the other deployment groups stay as they are
+                mine = {p.get("group") for p in record["node_pools"] if p.get("group")}
+                record["node_pools"] = record["node_pools"] + [
+                    p for p in previous.get("node_pools", []) if p.get("group") and p.get("group") not in mine
+                ]
             if not healthy:
                 # The TPU node pool failed to come up: it is listed in ERROR and has no capacity.
                 record["settings_digest"] = "unhealthy"
@@ -1141,6 +1227,8 @@ class DeploymentRunner:
                 ]
             clusters[key] = record
             txn.save("clusters")
+            live_before = previous.get("node_pools", []) if previous and previous.get("exists", True) else []
+            _pool_events(txn, key, live_before, record["node_pools"], time.time())
             iam = txn.doc("iam")
             accounts = iam.setdefault("service_accounts", {})
             bindings = iam.setdefault("project_bindings", {}).setdefault(str(desired["project"]), {})
@@ -1157,6 +1245,174 @@ class DeploymentRunner:
                     if member not in members:
                         members.append(member)
             txn.save("iam")
+
+    # -- a group of node pools alone (the TPU pool moved out of the cluster's group) ------------
+    def _pool_group_world(
+        self, bp: dict[str, Any], group: dict[str, Any]
+    ) -> tuple[str, list[dict[str, Any]]]:
+        desired = desired_cluster(bp, group)
+        key = cloud.cluster_key(str(desired["project"]), str(desired["region"]), str(desired["name"]))
+        pools = [p for p in desired["node_pools"] if p.get("group") == group["group"]]
+        return key, pools
+
+    def _deploy_pool_group(
+        self, bp: dict[str, Any], group: dict[str, Any], group_dir: Path, shown: str
+    ) -> None:
+        """``terraform apply`` of a group holding node pools of a cluster made by an earlier group:
+        the pools are added to (and, on destroy, removed from) that cluster alone."""
+        tf = self._terraform_state(group, group_dir, shown)
+        if not (group_dir / ".terraform").is_dir():
+            self.console.info(f"Initializing deployment group {shown}")
+        tf.init()
+        self.console.info(
+            f"Testing if deployment group {shown} requires adding or changing cloud infrastructure"
+        )
+        key, pools = self._pool_group_world(bp, group)
+        problems = [error for pool in pools for error in _reservation_errors(pool)]
+        if problems:
+            raise hint_error(
+                "exit status 1\n\n" + "\n\n".join(problems),
+                f"terraform plan for deployment group {shown} failed",
+            )
+        world = self.store.read("clusters").get(key)
+        if not (world and world.get("exists", True)):
+            raise hint_error(
+                f"exit status 1\n\nError: googleapi: Error 404: Not found: projects/{bp['vars'].get('project_id')}"
+                f"/locations/{bp['vars'].get('region')}/clusters/{bp['vars'].get('deployment_name')}., notFound",
+                f"terraform plan for deployment group {shown} failed",
+            )
+        state = tf.load()
+        present = {p["name"] for p in world.get("node_pools", []) if not p.get("failed")}
+        resources = _resource_list(group)
+        managed = {r["address"] for r in state.get("resources", [])}
+        to_add = [r for r in resources if r[0] not in managed] or (
+            resources if any(p["name"] not in present for p in pools) else []
+        )
+        if not to_add:
+            self.console.info(f"Cloud infrastructure in deployment group {shown} is already applied")
+            self._write_pool_outputs(group_dir, shown, group)
+            return
+        summary = f"Plan: {len(to_add)} to add, 0 to change, 0 to destroy."
+        self.console.info(f"Deployment group {shown} requires adding or changing cloud infrastructure")
+        full = "\n".join(f"  # {address} will be created" for address, _ in to_add) + "\n\n" + summary
+        if not self.approve(summary, full):
+            return
+        self.console.info(f"Running terraform apply on deployment group {shown}")
+        self.console.terraform("\n".join(f"{address}: Creating..." for address, _ in to_add))
+        self._pause()
+        fault = self.faults.fire("deploy")
+        if fault is not None:
+            project, zone = world.get("project"), world.get("zone")
+            detail = (
+                f"Error: error creating NodePool: googleapi: Error 400: Instance 'gke-{world.get('name')}-tpu-pool-9f2c' "
+                f"creation failed: Code: 'GCE_STOCKOUT'. Message: 'The zone 'projects/{project}/zones/{zone}' does "
+                "not have enough resources available to fulfill the request.  Try a different zone, or try again "
+                "later. (ZONE_RESOURCE_POOL_EXHAUSTED)'., stockout"
+                if fault.transient
+                else f"Error: error creating NodePool: googleapi: Error 400: Reservation "
+                f"'projects/{project}/zones/{zone}/reservations/{pools[0].get('reservation') if pools else ''}' "
+                "does not exist or is not usable: invalid value for field 'nodePool.config.reservationAffinity'., "
+                "badRequest"
+            )
+            self._fail_apply(
+                f"{detail}\n\n  with {to_add[0][0]},\n  on modules/embedded/modules/compute/gke-node-pool/main.tf line 59, in "
+                'resource "google_container_node_pool" "node_pool":\n  59: resource "google_container_node_pool" "node_pool" {'
+            )
+        cluster_id = (
+            f"projects/{world.get('project')}/locations/{world.get('region')}/clusters/{world.get('name')}"
+        )
+        for address, _ in to_add:
+            self.console.terraform(f"{address}: Creation complete after 4m2s [id={cluster_id}/nodePools/x]")
+        self._set_pools(key, group, pools)
+        state["resources"] = [
+            {"address": address, "kind": kind, "status": "ready", "id": cluster_id}
+            for address, kind in resources
+        ]
+        state["outputs"] = {
+            f"instructions_{m['id']}": {
+                "value": f"node pool {m['id']} of {world.get('name')}",
+                "type": "string",
+            }
+            for m in group["modules"]
+        }
+        tf.save(state)
+        self.console.terraform(f"\nApply complete! Resources: {len(to_add)} added, 0 changed, 0 destroyed.\n")
+        self._write_pool_outputs(group_dir, shown, group)
+
+    def _set_pools(self, key: str, group: dict[str, Any], pools: list[dict[str, Any]]) -> None:
+        """The cluster's node pools of ``group`` become ``pools``; each pool's create and delete
+        time goes to the ``node_pool_events`` record (what a test reads the TPU's billed span from)."""
+        now = time.time()
+        with self.store.txn() as txn:
+            clusters = txn.doc("clusters")
+            record = clusters.get(key)
+            if record is None:
+                return
+            before = [p for p in record.get("node_pools", []) if p.get("group") == group["group"]]
+            record["node_pools"] = [
+                p for p in record.get("node_pools", []) if p.get("group") != group["group"]
+            ] + pools
+            tpu = next((p for p in record["node_pools"] if p.get("topology")), None)
+            record["machine_type"] = tpu.get("machine_type") if tpu else None
+            record["tpu_topology"] = tpu.get("topology") if tpu else None
+            record["num_slices"] = tpu.get("num_slices", 0) if tpu else 0
+            record["reservation"] = tpu.get("reservation") if tpu else None
+            clusters[key] = record
+            txn.save("clusters")
+            _pool_events(txn, key, before, pools, now)
+
+    def _write_pool_outputs(self, group_dir: Path, shown: str, group: dict[str, Any]) -> None:
+        artifacts = group_dir.parent / ".ghpc" / "artifacts"
+        self.console.info(f"Collecting terraform outputs from {shown}")
+        target = artifacts / f"{group_dir.name}_outputs.tfvars"
+        target.write_text(
+            "".join(f'instructions_{m["id"]} = "node pool {m["id"]}"\n' for m in group["modules"])
+        )
+
+    def _destroy_pool_group(self, bp: dict[str, Any], group: dict[str, Any], depl: Path, shown: str) -> None:
+        group_dir = depl / str(group["group"])
+        tf = self._terraform_state(group, group_dir, shown)
+        if not (group_dir / ".terraform").is_dir():
+            self.console.info(f"Initializing deployment group {shown}")
+        tf.init()
+        self.console.info(f"Testing if deployment group {shown} requires destroying cloud infrastructure")
+        state = tf.load()
+        key, _ = self._pool_group_world(bp, group)
+        world = self.store.read("clusters").get(key)
+        managed = list(state.get("resources", []))
+        if not managed:
+            self.console.info(f"Cloud infrastructure in deployment group {shown} is already destroyed")
+            return
+        upstream = missing_upstream_outputs(depl, bp, group)
+        if upstream is not None:
+            # cmd/destroy.go: the import error is logged and the destroy goes on; Terraform then
+            # has no value for the inputs the earlier group's outputs give
+            self.console.error(
+                f"failed to import inputs for group {go_quote(str(group['group']))}: The configuration file "
+                f'"{_artifacts(depl) / f"{upstream}_outputs.tfvars"}" could not be read.'
+            )
+            raise Fatal(
+                "exit status 1\n\nError: No value for required variable\n\n  on variables.tf line 1:\n"
+                '   1: variable "cluster_id" {\n\nThe root module input variable "cluster_id" is not set, and has '
+                "no default value. Use a -var or -var-file command line argument to provide a value for this variable."
+            )
+        summary = f"Plan: 0 to add, 0 to change, {len(managed)} to destroy."
+        self.console.info(f"Deployment group {shown} requires destroying cloud infrastructure")
+        if not self.approve(
+            summary, "\n".join(f"  # {r['address']} will be destroyed" for r in managed) + "\n\n" + summary
+        ):
+            return
+        self.console.info(f"Running terraform apply on deployment group {shown}")
+        self.console.terraform(
+            "\n".join(f"{r['address']}: Destroying... [id={r.get('id', '')}]" for r in reversed(managed))
+        )
+        self._pause()
+        if world and world.get("exists", True):
+            self._set_pools(key, group, [])
+        state["resources"] = []
+        state["outputs"] = {}
+        tf.save(state)
+        self.console.terraform(f"\nDestroy complete! Resources: {len(managed)} destroyed.\n")
 
     def _write_outputs(self, group_dir: Path, shown: str, desired: dict[str, Any]) -> None:
         artifacts = group_dir.parent / ".ghpc" / "artifacts"
@@ -1202,7 +1458,10 @@ class DeploymentRunner:
                     self.console.info(f'Using wildcard network filter: name eq ".*{deployment}.*"')
                     self.console.info(f"No matching networks found for project {project}.")
                 try:
-                    self._destroy_group(bp, group, depl / name, os.path.join(display, name))
+                    if is_pool_group(group):
+                        self._destroy_pool_group(bp, group, depl, os.path.join(display, name))
+                    else:
+                        self._destroy_group(bp, group, depl / name, os.path.join(display, name))
                 except PromptExit:
                     raise
                 except Fatal as error:
@@ -1249,7 +1508,12 @@ class DeploymentRunner:
             "\n".join(f"{r['address']}: Destroying... [id={r.get('id', '')}]" for r in reversed(managed))
         )
         self._pause()
-        fault = self.faults.fire("destroy")
+        # the destroy faults are the network's and the service accounts' (not a node pool's)
+        fault = (
+            self.faults.fire("destroy")
+            if any(kind in ("network", "service_account") for _, kind in _resource_list(group))
+            else None
+        )
         if fault is not None:
             network = f"projects/{desired['project']}/global/networks/{desired['name']}-net-0"
             detail = (
@@ -1265,6 +1529,7 @@ class DeploymentRunner:
         if world_exists and world is not None:
             self.on_cluster_deleted(world)
             with self.store.txn() as txn:
+                _pool_events(txn, key, world.get("node_pools", []), [], time.time())
                 clusters = txn.doc("clusters")
                 clusters.pop(key, None)
                 txn.save("clusters")
@@ -1275,6 +1540,30 @@ class DeploymentRunner:
         state["resources"] = []
         tf.save(state)
         self.console.terraform(f"\nDestroy complete! Resources: {len(managed)} destroyed.\n")
+
+
+def is_pool_group(group: dict[str, Any]) -> bool:
+    """A group of node pools whose cluster another (earlier) group makes."""
+    sources = [str(m.get("source", "")) for m in group["modules"]]
+    return any(s.endswith("compute/gke-node-pool") for s in sources) and not any(
+        s.endswith("scheduler/gke-cluster") for s in sources
+    )
+
+
+def _pool_events(
+    txn: Any, key: str, before: list[dict[str, Any]], after: list[dict[str, Any]], now: float
+) -> None:
+    """Record node pools created (in ``after`` only) and deleted (in ``before`` only) at ``now``."""
+    events = txn.doc("node_pool_events")
+    rows = events.setdefault("events", [])
+    old, new = {p["name"] for p in before}, {p["name"] for p in after}
+    for name in sorted(new - old):
+        rows.append({"cluster": key, "pool": name, "created_at": now, "deleted_at": None})
+    for name in sorted(old - new):
+        for row in rows:
+            if row["cluster"] == key and row["pool"] == name and row["deleted_at"] is None:
+                row["deleted_at"] = now
+    txn.save("node_pool_events")
 
 
 def _resource_list_from(

@@ -45,6 +45,9 @@ class Shape:
     # Edges besides the order's chain: task → the extra upstream tasks.
     extra_upstream: tuple[tuple[str, frozenset[str]], ...] = ()
 
+    # Setups besides the bucket and the resources' (of teardowns with setups of their own).
+    extra_setups: frozenset[str] = frozenset()
+
     @property
     def resources(self) -> dict[str, str]:
         """Every teardown → the setup of its resource."""
@@ -63,12 +66,20 @@ SHAPES = {
                 "deploy_cluster",
                 "sync_hf_token",
                 "convert_to_maxtext",
+                "deploy_tpu_pool",
                 "train",
+                "destroy_tpu_pool",
                 "export_to_huggingface",
                 "destroy_cluster",
             }
         ),
         defaults=GKE_DEFAULTS,
+        extra_upstream=(
+            # the TPU pool's teardown hangs off its setups; the export needs the actor checkpoint
+            ("destroy_tpu_pool", frozenset({"deploy_cluster", "deploy_tpu_pool"})),
+            ("export_to_huggingface", frozenset({"wait_actor_checkpoint"})),
+        ),
+        extra_setups=frozenset({"deploy_tpu_pool"}),
     ),
     TPU_VM_DAG_ID: Shape(
         order=TPU_VM_TASK_ORDER,
@@ -129,7 +140,7 @@ def test_the_resource_teardown_is_a_teardown_of_its_setups(pipeline: tuple[Any, 
         setups = {t.task_id for t in teardown.upstream_list if t.is_setup}
         assert setups == {"ensure_bucket", setup}
         all_setups |= setups
-    assert {t.task_id for t in dag.tasks if t.is_setup} == all_setups
+    assert {t.task_id for t in dag.tasks if t.is_setup} == all_setups | shape.extra_setups
 
 
 def test_the_tpu_vm_exists_only_around_training(dag_bag: Any) -> None:
@@ -164,6 +175,31 @@ def test_the_tpu_vm_exists_only_around_training(dag_bag: Any) -> None:
         "train": "tpu",
         "export_to_huggingface": "cpu",
     }
+
+
+def test_the_gke_tpu_pool_exists_only_around_training(dag_bag: Any) -> None:
+    """Deployed after the converted checkpoint is committed, before training; destroyed by a
+    teardown right after the actor checkpoint (it runs also when training failed), before the
+    export; the cluster's own deploy and destroy leave the pool to those two."""
+    dag = dag_bag.dags[GKE_DAG_ID]
+    deploy, destroy = dag.get_task("deploy_tpu_pool"), dag.get_task("destroy_tpu_pool")
+    assert deploy.upstream_task_ids == {"wait_converted_checkpoint"}
+    assert dag.get_task("train").upstream_task_ids == {"deploy_tpu_pool"}
+    assert destroy.is_teardown
+    assert destroy.trigger_rule == TriggerRule.ALL_DONE_SETUP_SUCCESS
+    assert not destroy.on_failure_fail_dagrun
+    assert {t.task_id for t in destroy.upstream_list if t.is_setup} == {"deploy_cluster", "deploy_tpu_pool"}
+    assert "wait_actor_checkpoint" in destroy.upstream_task_ids
+    assert dag.get_task("export_to_huggingface").upstream_task_ids == {
+        "destroy_tpu_pool",
+        "wait_actor_checkpoint",
+    }
+    assert deploy.only_groups == destroy.only_groups == ["tpu"]
+    assert dag.get_task("deploy_cluster").skip_groups == ["tpu"]
+    assert dag.get_task("deploy_cluster").only_groups is None
+    assert dag.get_task("destroy_cluster").only_groups is None
+    # keep_cluster keeps the cluster, never the TPU pool
+    assert destroy.keep_cluster is False
 
 
 def test_record_run_is_a_teardown_after_the_resource_teardown(pipeline: tuple[Any, Shape]) -> None:

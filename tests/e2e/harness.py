@@ -63,6 +63,7 @@ class Call:
     tool: str
     argv: tuple[str, ...]
     exit_code: int
+    start: float = 0.0  # epoch seconds, when the tool was called
 
     def is_(self, tool: str, *prefix: str) -> bool:
         """Whether this is ``tool`` with argv starting with ``prefix``."""
@@ -202,7 +203,12 @@ class E2EWorld:
             )
         }
         calls = [
-            Call(str(entry["tool"]), tuple(entry["argv"]), int(entry["exit_code"]))
+            Call(
+                str(entry["tool"]),
+                tuple(entry["argv"]),
+                int(entry["exit_code"]),
+                float(entry.get("start") or 0.0),
+            )
             for entry in read_calls(self.layout)[calls_before:]
         ]
         result = DagRunResult(
@@ -247,6 +253,16 @@ class E2EWorld:
         clusters = StateStore(self.layout).read("clusters")
         return {key.rsplit("/", 1)[-1] for key, record in clusters.items() if record.get("exists", True)}
 
+    def node_pool_lifetimes(self, cluster_name: str, pool: str) -> list[tuple[float, float | None]]:
+        """Each life of the cluster's node pool ``pool``: (created, deleted) in epoch seconds
+        (``None``: not deleted), in order, as the fake gcluster recorded them."""
+        events = StateStore(self.layout).read("node_pool_events").get("events", [])
+        return [
+            (float(row["created_at"]), None if row["deleted_at"] is None else float(row["deleted_at"]))
+            for row in events
+            if row["cluster"].rsplit("/", 1)[-1] == cluster_name and row["pool"] == pool
+        ]
+
     def live_vms(self) -> set[str]:
         """Names of Compute Engine instances that exist in the sandbox."""
         return {key.rsplit("/", 1)[-1] for key in StateStore(self.layout).read("vms")}
@@ -268,6 +284,14 @@ class E2EWorld:
         bucket, prefix = split_gs_url(uri)
         prefix = prefix.rstrip("/") + "/" if prefix else ""
         return {info.name[len(prefix) :] for info in self.gcs.iter_objects(bucket, prefix)}
+
+    def written_at(self, uri: str) -> float:
+        """When the emulator last wrote the object ``gs://bucket/name`` (its ``updated``), epoch seconds."""
+        from datetime import datetime
+
+        bucket, name = split_gs_url(uri)
+        (info,) = [i for i in self.gcs.iter_objects(bucket, name) if i.name == name]
+        return datetime.fromisoformat(info.updated.replace("Z", "+00:00")).timestamp()
 
     def exists(self, uri: str) -> bool:
         bucket, name = split_gs_url(uri)

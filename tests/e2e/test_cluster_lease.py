@@ -173,6 +173,9 @@ def test_a_second_run_never_deploys_over_nor_destroys_a_leased_cluster(
     assert first.run_id == run_a
     assert first.state == "success", first.describe()
     assert first.task_state("train") == "success", first.describe()
-    assert len(first.calls_of("gcluster", "destroy")) == 1, first.describe()
+    # its TPU node pool's destroy, then the cluster's
+    assert [c.argv[-1] for c in first.calls_of("gcluster", "destroy")] == ["--only=tpu", "--robust"], (
+        first.describe()
+    )
     assert cluster not in world.live_clusters()
     assert lease(world, cluster) is None

@@ -134,8 +134,11 @@ def test_pipeline_succeeds_with_one_cluster_lifecycle(world: E2EWorld, happy: Da
     failed = {t: r.state for t, r in happy.tasks.items() if t != "watcher" and r.state != "success"}
     assert failed == {}, happy.describe()
     assert happy.task_state("watcher") == "skipped"
-    assert len(happy.calls_of("gcluster", "deploy")) == 1, happy.describe()
-    assert len(happy.calls_of("gcluster", "destroy")) == 1, happy.describe()
+    # the cluster without its TPU node pool, then the pool alone; the pool's destroy, then the rest
+    deploys = [c.argv[-1] for c in happy.calls_of("gcluster", "deploy")]
+    assert deploys == ["--skip=tpu", "--only=tpu"], happy.describe()
+    destroys = [c.argv[-1] for c in happy.calls_of("gcluster", "destroy")]
+    assert destroys == ["--only=tpu", "--robust"], happy.describe()
     spec = spec_of(happy)
     assert happy.submitted_jobs() == [spec.convert_job, spec.train_job, spec.export_job]
     assert duplicates(happy.submitted_jobs()) == []
@@ -185,7 +188,44 @@ def test_a_second_default_run_trains_its_own_model_and_skips_conversion(
     assert spec.export.output_directory != spec_of(happy).export.output_directory
     assert world.hf_export_problems(spec.export.output_directory) == []
     assert "commit_success.txt" in world.objects(converted.rstrip("/") + "/0")
-    assert len(second.calls_of("gcluster", "deploy")) == 1
+    assert [c.argv[-1] for c in second.calls_of("gcluster", "deploy")] == ["--skip=tpu", "--only=tpu"]
+
+
+# How long after the actor checkpoint's commit the TPU node pool may still exist: the sensor's
+# trigger sees the commit, then the destroy task starts and runs gcluster (seconds in the sandbox).
+TPU_POOL_EPSILON_S = 60.0
+TPU_POOL = "gke-tpu-v6e-pool"
+
+
+def test_the_tpu_node_pool_exists_only_while_training_needs_it(world: E2EWorld, happy: DagRunResult) -> None:
+    """The TPU capacity is created after the converted checkpoint is committed and deleted within
+    a few seconds of the actor checkpoint's commit: the conversion and the export run without it."""
+    spec = spec_of(happy)
+    # the cluster name is used again by the second default run: this run's pool is the one its
+    # own `deploy --only=tpu` created
+    (deploy,) = [c for c in happy.calls_of("gcluster", "deploy") if c.argv[-1] == "--only=tpu"]
+    created, deleted = next(
+        life
+        for life in world.node_pool_lifetimes(spec.cluster.cluster_name, TPU_POOL)
+        if life[0] >= deploy.start
+    )
+    assert deleted is not None, happy.describe()
+    converted = world.written_at(f"{spec.conversion.output_directory.rstrip('/')}/0/commit_success.txt")
+    trained = world.written_at(f"{step_dir(spec, NUM_BATCHES)}/commit_success.txt")
+    assert converted <= created, (converted, created)
+    assert deleted <= trained + TPU_POOL_EPSILON_S, (trained, deleted)
+    # the cluster's CPU pool (conversion, export) lived across the whole run, longer than the TPU
+    cpu_life = next(
+        life for life in world.node_pool_lifetimes(spec.cluster.cluster_name, "cpu-np") if life[0] <= created
+    )
+    assert cpu_life[0] < created
+    assert cpu_life[1] is not None
+    assert deleted < cpu_life[1]
+    # the export job was submitted once no TPU node pool existed any more
+    (export,) = [c for c in happy.calls_of("gcluster", "job", "submit") if c.flag("name") == spec.export_job]
+    assert export.start >= deleted, happy.describe()
+    (train,) = [c for c in happy.calls_of("gcluster", "job", "submit") if c.flag("name") == spec.train_job]
+    assert created <= train.start
 
 
 @pytest.mark.parametrize("kind", PERMANENT_FAULTS)
@@ -200,13 +240,20 @@ def test_permanent_fault_fails_the_run_tears_down_and_keeps_outputs(
     assert result.task_state(FAILING_TASK[kind]) == "failed", result.describe()
     assert result.task_state("watcher") == "failed"
     assert result.task_state("record_run") == "success"
+    # The TPU node pool's own teardown ran and removed it (also after the failed training).
+    assert result.task_state("destroy_tpu_pool") == "success", result.describe()
+    lives = world.node_pool_lifetimes(cluster, TPU_POOL)
+    assert lives, result.describe()
+    assert all(deleted is not None for _, deleted in lives), result.describe()
 
     # The teardown ran.
     destroys = result.calls_of("gcluster", "destroy")
     assert destroys, result.describe()
     if kind == "destroy":
-        # The one case where the cluster survives: the run is failed and says so.
-        assert all(call.exit_code != 0 for call in destroys), result.describe()
+        # The one case where the cluster survives: the run is failed and says so. (Its TPU node
+        # pool went with its own destroy: the fault is the network's.)
+        assert [c.exit_code == 0 for c in destroys if c.argv[-1] == "--only=tpu"] == [True], result.describe()
+        assert all(c.exit_code != 0 for c in destroys if c.argv[-1] != "--only=tpu"), result.describe()
         assert cluster in world.live_clusters()
         # The destroy task's error names the cluster that is left, and the watcher repeats it in
         # one line, without a traceback.
@@ -260,10 +307,12 @@ def test_transient_faults_are_retried_and_the_run_succeeds(world: E2EWorld, tran
     assert world.fired_faults() == set(TRANSIENT_KINDS), transient.describe()
     # deploy and train (a Pathways job with --restarts=0) recover by an Airflow retry; the
     # conversions may already recover inside the job (a JobSet restart) — either way, succeed.
-    assert transient.tasks["deploy_cluster"].try_number == 2, transient.describe()
+    # the stockout hits the TPU node pool's creation, in its own task
+    assert transient.tasks["deploy_cluster"].try_number == 1, transient.describe()
+    assert transient.tasks["deploy_tpu_pool"].try_number == 2, transient.describe()
     assert transient.tasks["train"].try_number == 2, transient.describe()
     deploys = transient.calls_of("gcluster", "deploy")
-    assert [c.exit_code != 0 for c in deploys] == [True, False], transient.describe()
+    assert [c.exit_code != 0 for c in deploys] == [False, True, False], transient.describe()
     assert_no_duplicate_submits(transient)
     spec = spec_of(transient)
     assert sorted(set(transient.submitted_jobs())) == sorted(

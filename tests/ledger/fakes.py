@@ -125,7 +125,9 @@ GKE_DAG = FakeDag(
     [
         FakeTask("deploy_cluster"),
         FakeTask("convert_to_maxtext"),
+        FakeTask("deploy_tpu_pool"),
         FakeTask("train"),
+        FakeTask("destroy_tpu_pool", is_teardown=True),
         FakeTask("export_to_huggingface"),
         FakeTask("destroy_cluster", is_teardown=True),
         FakeTask(LEDGER_TASK, is_teardown=True),
@@ -137,11 +139,14 @@ def gke_task_instances(**states: str) -> list[FakeTaskInstance]:
     """A full GKE run, every task successful unless given another state."""
     plan = [
         ("deploy_cluster", 0, 20),
-        ("convert_to_maxtext", 20, 40),
-        ("wait_converted_checkpoint", 40, 41),
+        ("convert_to_maxtext", 20, 35),
+        ("wait_converted_checkpoint", 35, 36),
+        # the TPU node pool: created at 36, deleted at 126 (the billed span)
+        ("deploy_tpu_pool", 36, 41),
         ("train", 41, 120),
         ("wait_actor_checkpoint", 120, 121),
-        ("export_to_huggingface", 121, 150),
+        ("destroy_tpu_pool", 121, 126),
+        ("export_to_huggingface", 126, 150),
         ("wait_hf_export", 150, 151),
         ("destroy_cluster", 151, 170),
     ]

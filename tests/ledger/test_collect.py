@@ -42,13 +42,14 @@ def test_successful_run_gives_the_run_steps_metrics_and_artifacts() -> None:
     assert run.run_id == "tpu_rl_gke_pipeline/manual__2026-03-01T08:00:00+00:00"
     assert (run.state, run.model, run.chips) == ("success", "qwen3-30b-a3b", 32)
     assert (run.started_at, run.ended_at) == (T0, NOW)
-    assert (run.cluster_started_at, run.cluster_ended_at) == (minutes(0), minutes(170))
-    assert run.chip_hours == pytest.approx(32 * 170 / 60)
+    # the TPU capacity's span: the TPU node pool's deploy start to its destroy's end
+    assert (run.cluster_started_at, run.cluster_ended_at) == (minutes(36), minutes(126))
+    assert run.chip_hours == pytest.approx(32 * 90 / 60)
     assert '"hf_token": "***"' in run.conf_json
 
     assert LEDGER_TASK not in {step.task_id for step in steps}
     by_task = {step.task_id: step for step in steps}
-    assert len(by_task) == 8
+    assert len(by_task) == 10
     assert by_task["train"] == StepRecord(
         "train", "success", 1, minutes(41), minutes(120), "rl-qwen-0301-train"
     )
@@ -92,7 +93,7 @@ def test_failure_at_training_marks_the_run_failed() -> None:
     assert {step.task_id: step.state for step in steps}["export_to_huggingface"] == "upstream_failed"
     assert metrics == []
     assert [artifact.kind for artifact in artifacts] == ["converted_checkpoint"]
-    assert run.chip_hours == pytest.approx(32 * 170 / 60)  # the cluster still lived until destroy
+    assert run.chip_hours == pytest.approx(32 * 90 / 60)  # the TPU pool still lived until its destroy
 
 
 def test_retry_of_a_transient_fault_records_the_latest_try() -> None:
@@ -135,15 +136,18 @@ def test_a_dag_run_airflow_already_failed_stays_failed() -> None:
 
 
 def test_cluster_not_destroyed_yet_counts_until_now() -> None:
-    instances = [ti for ti in gke_task_instances(train="failed") if ti.task_id != "destroy_cluster"]
+    instances = [ti for ti in gke_task_instances(train="failed") if ti.task_id != "destroy_tpu_pool"]
     context = context_for(FakeDagRun(instances), {})
     run, _, _, _ = collect_run_from_context(context, model="m", chips=32, now=NOW)
-    assert (run.cluster_started_at, run.cluster_ended_at) == (T0, NOW)
-    assert run.chip_hours == pytest.approx(32 * 3.0)
+    assert (run.cluster_started_at, run.cluster_ended_at) == (minutes(36), NOW)
+    assert run.chip_hours == pytest.approx(32 * (3.0 - 36 / 60))
 
 
 def test_cluster_never_deployed_costs_nothing_known() -> None:
-    instances = [FakeTaskInstance("deploy_cluster", "failed", 1, None, None)]
+    instances = [
+        FakeTaskInstance("deploy_cluster", "success", 1, minutes(0), minutes(20)),
+        FakeTaskInstance("deploy_tpu_pool", "failed", 1, None, None),
+    ]
     context = context_for(FakeDagRun(instances), {})
     run, _, _, _ = collect_run_from_context(context, model="m", chips=32, now=NOW)
     assert (run.state, run.cluster_started_at, run.chip_hours) == ("failed", None, None)
@@ -213,15 +217,15 @@ def test_an_unreadable_xcom_does_not_stop_the_record() -> None:
 
 def test_airflow3_context_uses_task_states_and_recorded_steps() -> None:
     states = {
-        "deploy_cluster": "success",
+        "deploy_tpu_pool": "success",
         "train": "failed",
-        "destroy_cluster": "success",
+        "destroy_tpu_pool": "success",
         LEDGER_TASK: "running",
     }
     recorded = {
-        "deploy_cluster": StepRecord("deploy_cluster", "success", 1, minutes(0), minutes(20)),
+        "deploy_tpu_pool": StepRecord("deploy_tpu_pool", "success", 1, minutes(0), minutes(20)),
         "train": StepRecord("train", "running", 3, minutes(30), None),
-        "destroy_cluster": StepRecord("destroy_cluster", "success", 1, minutes(100), minutes(110)),
+        "destroy_tpu_pool": StepRecord("destroy_tpu_pool", "success", 1, minutes(100), minutes(110)),
     }
     context = {
         "dag_run": FakeAirflow3DagRun(),
@@ -231,7 +235,7 @@ def test_airflow3_context_uses_task_states_and_recorded_steps() -> None:
         context, model="m", chips=32, recorded_steps=recorded, now=NOW
     )
     by_task = {step.task_id: step for step in steps}
-    assert set(by_task) == {"deploy_cluster", "train", "destroy_cluster"}
+    assert set(by_task) == {"deploy_tpu_pool", "train", "destroy_tpu_pool"}
     assert by_task["train"] == StepRecord("train", "failed", 3, minutes(30), None)
     assert (run.state, run.cluster_started_at, run.cluster_ended_at) == ("failed", minutes(0), minutes(110))
     assert run.chip_hours == pytest.approx(32 * 110 / 60)
@@ -257,49 +261,51 @@ def without_start_date(instances: list[FakeTaskInstance], **fallback: str) -> li
 
 def test_without_start_date_steps_start_at_end_minus_duration_or_when_queued() -> None:
     instances = without_start_date(
-        gke_task_instances(), deploy_cluster="duration", train="duration", destroy_cluster="queued_dttm"
+        gke_task_instances(), deploy_tpu_pool="duration", train="duration", destroy_tpu_pool="queued_dttm"
     )
     context = context_for(FakeDagRun(instances), SUCCESS_XCOMS)
     run, steps, _, _ = collect_run_from_context(context, model="m", chips=32, now=NOW)
 
     by_task = {step.task_id: step for step in steps}
-    assert (by_task["deploy_cluster"].started_at, by_task["deploy_cluster"].duration_seconds) == (
-        minutes(0),
-        20 * 60,
+    assert (by_task["deploy_tpu_pool"].started_at, by_task["deploy_tpu_pool"].duration_seconds) == (
+        minutes(36),
+        5 * 60,
     )
     assert by_task["train"].duration_seconds == 79 * 60
-    assert by_task["destroy_cluster"].duration_seconds == 19 * 60
+    assert by_task["destroy_tpu_pool"].duration_seconds == 5 * 60
     assert (by_task["convert_to_maxtext"].started_at, by_task["convert_to_maxtext"].ended_at) == (
         None,
-        minutes(40),
+        minutes(35),
     )
-    assert (run.cluster_started_at, run.cluster_ended_at) == (minutes(0), minutes(170))
-    assert run.chip_hours == pytest.approx(32 * 170 / 60)
+    assert (run.cluster_started_at, run.cluster_ended_at) == (minutes(36), minutes(126))
+    assert run.chip_hours == pytest.approx(32 * 90 / 60)
 
 
 def test_without_start_date_the_execute_callback_row_comes_before_the_queued_time() -> None:
-    instances = without_start_date(gke_task_instances(), deploy_cluster="queued_dttm")
-    instances[0] = replace(instances[0], queued_dttm=minutes(-5))  # queued 5 minutes before it started
-    recorded = {"deploy_cluster": StepRecord("deploy_cluster", "running", 1, minutes(0), None)}
+    instances = without_start_date(gke_task_instances(), deploy_tpu_pool="queued_dttm")
+    pool = next(i for i, ti in enumerate(instances) if ti.task_id == "deploy_tpu_pool")
+    instances[pool] = replace(instances[pool], queued_dttm=minutes(31))  # queued 5 minutes before it started
+    recorded = {"deploy_tpu_pool": StepRecord("deploy_tpu_pool", "running", 1, minutes(36), None)}
     context = context_for(FakeDagRun(instances), SUCCESS_XCOMS)
     run, steps, _, _ = collect_run_from_context(
         context, model="m", chips=32, recorded_steps=recorded, now=NOW
     )
-    assert {step.task_id: step for step in steps}["deploy_cluster"].duration_seconds == 20 * 60
-    assert run.chip_hours == pytest.approx(32 * 170 / 60)
+    assert {step.task_id: step for step in steps}["deploy_tpu_pool"].duration_seconds == 5 * 60
+    assert run.chip_hours == pytest.approx(32 * 90 / 60)
 
     run, steps, _, _ = collect_run_from_context(context, model="m", chips=32, now=NOW)
-    assert {step.task_id: step for step in steps}["deploy_cluster"].duration_seconds == 25 * 60
-    assert run.chip_hours == pytest.approx(32 * 175 / 60)
+    assert {step.task_id: step for step in steps}["deploy_tpu_pool"].duration_seconds == 10 * 60
+    assert run.chip_hours == pytest.approx(32 * 95 / 60)
 
 
 def test_a_start_date_wins_over_the_other_timestamps() -> None:
     instances = gke_task_instances()
-    instances[0] = replace(instances[0], duration=1.0, queued_dttm=minutes(-5))
+    pool = next(i for i, ti in enumerate(instances) if ti.task_id == "deploy_tpu_pool")
+    instances[pool] = replace(instances[pool], duration=1.0, queued_dttm=minutes(31))
     context = context_for(FakeDagRun(instances), SUCCESS_XCOMS)
     run, steps, _, _ = collect_run_from_context(context, model="m", chips=32, now=NOW)
-    assert {step.task_id: step for step in steps}["deploy_cluster"].started_at == minutes(0)
-    assert run.chip_hours == pytest.approx(32 * 170 / 60)
+    assert {step.task_id: step for step in steps}["deploy_tpu_pool"].started_at == minutes(36)
+    assert run.chip_hours == pytest.approx(32 * 90 / 60)
 
 
 def test_a_context_without_task_instances_still_records_the_run() -> None:
@@ -369,8 +375,9 @@ def test_trained_time_is_the_training_jobs_own_span_when_its_task_returned_one()
     )
     assert (run.train_started_at, run.train_ended_at) == (minutes(50), minutes(110))
     assert run.busy_chip_hours == pytest.approx(32 * 60 / 60)
-    assert run.idle_share == pytest.approx(1 - 60 / 170)
-    assert run.estimated_cost_usd == pytest.approx(32 * 170 / 60 * 2.7)
+    # billed: the TPU node pool's 90 minutes (not the cluster's 170)
+    assert run.idle_share == pytest.approx(1 - 60 / 90)
+    assert run.estimated_cost_usd == pytest.approx(32 * 90 / 60 * 2.7)
 
 
 @pytest.mark.parametrize(

@@ -99,8 +99,9 @@ def test_the_timeline_marks_the_stages_the_tpu_billed_span_and_its_training(ledg
 
     assert timeline.stages[0][:3] == ("deploy_cluster", 0.0, 20.0)
     assert [task for task, *_ in timeline.stages][-1] == "destroy_cluster"
-    assert (timeline.billed, timeline.trained) == ((0.0, 170.0), (50.0, 110.0))
-    assert timeline.idle_share == pytest.approx(1 - 60 / 170)
+    # billed: the TPU node pool's deploy start to its destroy's end, not the cluster's lifetime
+    assert (timeline.billed, timeline.trained) == ((36.0, 126.0), (50.0, 110.0))
+    assert timeline.idle_share == pytest.approx(1 - 60 / 90)
     figure = run_curves_figure(run_curves(run.run_id, ledger.run_metrics(run.run_id)), timeline)
     _, _, stage_axes = figure.axes
     bars = [
@@ -110,7 +111,7 @@ def test_the_timeline_marks_the_stages_the_tpu_billed_span_and_its_training(ledg
     ]
     assert bars == [(start, end) for _, start, end, _ in timeline.stages]
     assert [text.get_text() for text in stage_axes.get_legend().get_texts()] == ["TPU billed", "TPU training"]
-    assert "idle 65%" in stage_axes.get_title()
+    assert "idle 33%" in stage_axes.get_title()
     assert decoded_png(figure_png(figure)).size == (1000, 800)
     assert run_timeline(run, []).empty
 

@@ -59,8 +59,8 @@ def test_success_failure_and_rerun_give_one_row_per_run(ledger: RunLedger) -> No
     assert (runs["good"].pre_mean_reward, runs["good"].post_mean_reward) == (0.12, 0.34)
     assert runs["good"].export_uri == f"{BUCKET}/hf-trained/"
     assert (runs["bad"].post_mean_reward, runs["bad"].export_uri) == (None, None)
-    assert runs["good"].chip_hours == pytest.approx(32 * 170 / 60)
-    assert count_rows(ledger, "run_steps", runs["good"].run_id) == 8
+    assert runs["good"].chip_hours == pytest.approx(32 * 90 / 60)  # the TPU node pool's span
+    assert count_rows(ledger, "run_steps", runs["good"].run_id) == 10
     assert count_rows(ledger, "run_artifacts", runs["good"].run_id) == 3
     assert count_rows(ledger, "run_metrics", runs["good"].run_id) == 9
 
@@ -99,8 +99,10 @@ def test_a_run_refused_at_validate_is_recorded_with_its_reason(ledger: RunLedger
 
 
 def test_airflow3_run_gets_step_times_from_the_callbacks(ledger: RunLedger) -> None:
-    fire("on_execute_callback", CallbackTaskInstance("deploy_cluster", 1, minutes(0)))
-    fire("on_success_callback", CallbackTaskInstance("deploy_cluster", 1, minutes(0), minutes(20), "success"))
+    fire("on_execute_callback", CallbackTaskInstance("deploy_tpu_pool", 1, minutes(0)))
+    fire(
+        "on_success_callback", CallbackTaskInstance("deploy_tpu_pool", 1, minutes(0), minutes(20), "success")
+    )
     # train: a transient fault in try 1, success in try 2
     fire("on_execute_callback", CallbackTaskInstance("train", 1, minutes(20)))
     fire("on_retry_callback", CallbackTaskInstance("train", 1, minutes(20), minutes(25), "up_for_retry"))
@@ -108,13 +110,13 @@ def test_airflow3_run_gets_step_times_from_the_callbacks(ledger: RunLedger) -> N
     fire("on_success_callback", CallbackTaskInstance("train", 2, minutes(30), minutes(90), "success"))
     fire(
         "on_success_callback",
-        CallbackTaskInstance("destroy_cluster", 1, minutes(95), minutes(100), "success"),
+        CallbackTaskInstance("destroy_tpu_pool", 1, minutes(95), minutes(100), "success"),
     )
 
     states = {
-        "deploy_cluster": "success",
+        "deploy_tpu_pool": "success",
         "train": "success",
-        "destroy_cluster": "success",
+        "destroy_tpu_pool": "success",
         LEDGER_TASK: "running",
     }
     context: dict[str, Any] = {
@@ -129,7 +131,7 @@ def test_airflow3_run_gets_step_times_from_the_callbacks(ledger: RunLedger) -> N
     assert run.chip_hours == pytest.approx(32 * 100 / 60)
     steps = ledger.recorded_steps(run.run_id)
     assert steps["train"] == StepRecord("train", "success", 2, minutes(30), minutes(90), "rl-train-a3")
-    assert set(steps) == {"deploy_cluster", "train", "destroy_cluster"}
+    assert set(steps) == {"deploy_tpu_pool", "train", "destroy_tpu_pool"}
     assert count_rows(ledger, "runs") == 1
 
 
@@ -164,29 +166,29 @@ class DagsTestTaskInstance:
 def test_airflow2_dags_test_run_gets_step_times_from_the_execute_callbacks(ledger: RunLedger) -> None:
     """Without start_date the execute callback's time is the start: durations and chip-hours recorded."""
     before = datetime.now(UTC)
-    fire("on_execute_callback", DagsTestTaskInstance("deploy_cluster", "running"))
+    fire("on_execute_callback", DagsTestTaskInstance("deploy_tpu_pool", "running"))
     fire("on_execute_callback", DagsTestTaskInstance("train", "running"))
     after = datetime.now(UTC)
-    ends = {"deploy_cluster": after + timedelta(minutes=20), "train": after + timedelta(minutes=90)}
+    ends = {"deploy_tpu_pool": after + timedelta(minutes=20), "train": after + timedelta(minutes=90)}
     for task_id, end in ends.items():
         fire("on_success_callback", DagsTestTaskInstance(task_id, "success", end))
 
     instances = [FakeTaskInstance(task_id, "success", end_date=end) for task_id, end in ends.items()]
-    instances.append(FakeTaskInstance("destroy_cluster", "success", end_date=after + timedelta(minutes=100)))
+    instances.append(FakeTaskInstance("destroy_tpu_pool", "success", end_date=after + timedelta(minutes=100)))
     instances.append(FakeTaskInstance(LEDGER_TASK, "running"))
     dag_run = FakeDagRun(instances, run_id="dags_test")
     run = record_run_from_context(context_for(dag_run, {}), model="qwen3-30b-a3b", chips=32)
 
     steps = ledger.recorded_steps(run.run_id)
-    deploy, train = steps["deploy_cluster"], steps["train"]
+    deploy, train = steps["deploy_tpu_pool"], steps["train"]
     assert deploy.started_at is not None
     assert before <= deploy.started_at <= after
     assert train.started_at is not None
     assert before <= train.started_at <= after
     assert 20 * 60 <= (deploy.duration_seconds or 0) <= 20 * 60 + (after - before).total_seconds()
     assert 90 * 60 <= (train.duration_seconds or 0) <= 90 * 60 + (after - before).total_seconds()
-    # No callback row for destroy_cluster: its start stays unknown, its end still closes the cluster.
-    assert (steps["destroy_cluster"].started_at, steps["destroy_cluster"].ended_at) == (
+    # No callback row for destroy_tpu_pool: its start stays unknown, its end still closes the TPU pool's span.
+    assert (steps["destroy_tpu_pool"].started_at, steps["destroy_tpu_pool"].ended_at) == (
         None,
         after + timedelta(minutes=100),
     )

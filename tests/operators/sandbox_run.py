@@ -356,14 +356,20 @@ def enter_sandbox(sandbox: SandboxInfo, tmp_path: Path, monkeypatch: pytest.Monk
 
 
 # -- pipeline steps shared by the tests ---------------------------------------------------------
-def prepare_cluster(run: SandboxRun, conf: dict[str, Any], **context_kwargs: Any) -> dict[str, Any]:
-    """ensure_bucket → deploy_cluster → sync_hf_token, as the GKE DAG runs them; the deploy's result."""
+def prepare_cluster(
+    run: SandboxRun, conf: dict[str, Any], *, tpu_pool: bool = True, **context_kwargs: Any
+) -> dict[str, Any]:
+    """ensure_bucket → deploy_cluster → sync_hf_token, as the GKE DAG runs them, then (``tpu_pool``)
+    deploy_tpu_pool, which the DAG runs once the conversion is done: the cluster deploy's result."""
     bucket = run.operator(EnsureBucketOperator, task_id="ensure_bucket")
     bucket.execute(run.context(bucket, conf, **context_kwargs))
     deploy = run.operator(GclusterDeployOperator, task_id="deploy_cluster")
     deployed: dict[str, Any] = deploy.execute(run.context(deploy, conf, **context_kwargs))
     token = run.operator(HfTokenSecretOperator, task_id="sync_hf_token")
     token.execute(run.context(token, conf, **context_kwargs))
+    if tpu_pool:
+        pool = run.operator(GclusterDeployOperator, task_id="deploy_tpu_pool")
+        pool.execute(run.context(pool, conf, **context_kwargs))
     return deployed
 
 

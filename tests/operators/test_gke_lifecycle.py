@@ -344,3 +344,49 @@ def test_the_deploy_says_how_long_it_holds_the_lease_and_what_releases_it(sb: Sa
         and "until a GclusterDestroyOperator of this run releases it" in line
         for line in lines
     ), lines
+
+
+def _tpu_pools(sb: SandboxRun) -> list[str]:
+    record = sb.cluster_record()
+    return [] if record is None else [p["name"] for p in record["node_pools"] if p.get("topology")]
+
+
+def test_the_tpu_pool_tasks_act_only_on_a_cluster_this_run_holds(sb: SandboxRun) -> None:
+    """deploy_tpu_pool/destroy_tpu_pool (``only_groups=["tpu"]``): this run's lease or nothing."""
+    conf = sb.gke_conf()
+    _ensure_bucket(sb, conf)
+    _deploy(sb, conf, datetime.now(UTC))
+    assert sb.cluster_record() is not None
+    assert _tpu_pools(sb) == []  # deploy_cluster skipped the tpu group
+    lease = _lease(sb)
+
+    other = sb.operator(GclusterDeployOperator, task_id="deploy_tpu_pool", run_id=OTHER_RUN_ID)
+    with pytest.raises(AirflowFailException) as refused:
+        other.execute(sb.context(other, conf, run_id=OTHER_RUN_ID))
+    assert str(refused.value).startswith(
+        f"cluster {sb.cluster}: its lease is held by run tpu_rl_gke_pipeline/{RUN_ID}; this run deploys no node pool"
+    )
+    assert [c["argv"][-1] for c in _deploy_calls(sb)] == ["--skip=tpu"]
+    assert _tpu_pools(sb) == []
+
+    pool = sb.operator(GclusterDeployOperator, task_id="deploy_tpu_pool")
+    result = pool.execute(sb.context(pool, conf, run_id=RUN_ID))
+    assert (result["groups"], result["chips"]) == (["tpu"], 32)
+    assert _tpu_pools(sb) == ["gke-tpu-v6e-pool"]
+    assert [c["argv"][-1] for c in _deploy_calls(sb)] == ["--skip=tpu", "--only=tpu"]
+    assert _lease(sb) == lease  # the pool's deploy neither takes nor renews the lease
+
+    stranger = sb.operator(GclusterDestroyOperator, task_id="destroy_tpu_pool", run_id=OTHER_RUN_ID)
+    assert stranger.execute(sb.context(stranger, conf, run_id=OTHER_RUN_ID))["destroyed"] is False
+    assert _tpu_pools(sb) == ["gke-tpu-v6e-pool"]
+
+    own = sb.operator(GclusterDestroyOperator, task_id="destroy_tpu_pool")
+    assert own.execute(sb.context(own, conf, run_id=RUN_ID))["destroyed"] is True
+    assert _tpu_pools(sb) == []
+    assert sb.cluster_record() is not None  # the cluster stays for the export
+    assert _lease(sb) == lease  # and so does the lease
+    # an already destroyed pool: success again
+    assert own.execute(sb.context(own, conf, run_id=RUN_ID))["destroyed"] is True
+    assert _destroy(sb, conf)["destroyed"] is True
+    assert sb.cluster_record() is None
+    assert _lease(sb) is None

@@ -75,7 +75,7 @@ def test_deploy_and_destroy_work_in_fresh_folders_removed_at_task_end(sb: Sandbo
     target = Path(tempfile.mkdtemp(prefix="attacker-"))
     planted.symlink_to(target)
 
-    prepare_cluster(sb, conf)
+    prepare_cluster(sb, conf, tpu_pool=False)  # the cluster deploy and its destroy alone
     destroy = sb.operator(GclusterDestroyOperator, task_id="destroy_cluster")
     assert destroy.execute(sb.context(destroy, conf))["destroyed"] is True
 
