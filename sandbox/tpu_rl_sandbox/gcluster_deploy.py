@@ -34,7 +34,9 @@ from tpu_rl_sandbox import cloud
 from tpu_rl_sandbox.gcs import GcsApi, GcsError
 from tpu_rl_sandbox.gotime import go_quote
 from tpu_rl_sandbox.layout import SandboxLayout, rfc3339
+from tpu_rl_sandbox.settings import load_settings
 from tpu_rl_sandbox.state import FaultGate, StateStore
+from tpu_rl_sandbox.timescale import capacity_seconds
 
 LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
 SA_ACCOUNT_ID_RE = re.compile(r"^[a-z](?:[-a-z0-9]{4,28}[a-z0-9])$")
@@ -983,6 +985,10 @@ class DeploymentRunner:
                     code=0,
                 )
 
+    def _capacity_pause(self, what: str) -> None:
+        """A TPU node pool's create or destroy, in estimated minutes when the time scale is on."""
+        time.sleep(capacity_seconds(load_settings(self.layout).minute_seconds, what))
+
     def _pause(self, factor: float = 1.0) -> None:
         time.sleep(max(0.0, self.step_seconds * factor))
 
@@ -1300,6 +1306,7 @@ class DeploymentRunner:
         self.console.info(f"Running terraform apply on deployment group {shown}")
         self.console.terraform("\n".join(f"{address}: Creating..." for address, _ in to_add))
         self._pause()
+        self._capacity_pause("tpu_pool_create")
         fault = self.faults.fire("deploy")
         if fault is not None:
             project, zone = world.get("project"), world.get("zone")
@@ -1407,6 +1414,7 @@ class DeploymentRunner:
             "\n".join(f"{r['address']}: Destroying... [id={r.get('id', '')}]" for r in reversed(managed))
         )
         self._pause()
+        self._capacity_pause("tpu_pool_delete")
         if world and world.get("exists", True):
             self._set_pools(key, group, [])
         state["resources"] = []
