@@ -27,8 +27,11 @@ def _labels_flag(labels: Mapping[str, str]) -> list[str]:
     return [f"--labels={','.join(f'{k}={v}' for k, v in labels.items())}"] if labels else []
 
 
-def create_vm(vm: TpuVmSpec, service_account: str | None = None) -> Command:
-    """``gcloud compute instances create`` with the seed's flags, labels and cloud-platform scope."""
+def _create_instance(
+    vm: TpuVmSpec | CpuVmSpec, service_account: str | None, capacity: list[str], description: str
+) -> Command:
+    """``gcloud compute instances create`` of ``vm`` with its image, disk, scope and labels;
+    ``capacity`` is how it is provisioned."""
     sa = [f"--service-account={service_account}"] if service_account else []
     return Command(
         (
@@ -43,42 +46,40 @@ def create_vm(vm: TpuVmSpec, service_account: str | None = None) -> Command:
             f"--image-project={vm.image_project}",
             f"--image-family={vm.image_family}",
             f"--boot-disk-size={vm.boot_disk_size}",
-            "--maintenance-policy=TERMINATE",
-            "--instance-termination-action=DELETE",
-            "--provisioning-model=RESERVATION_BOUND",
-            "--reservation-affinity=specific",
-            f"--reservation={vm.reservation}",
+            *capacity,
             *sa,
             "--scopes=cloud-platform",
             *_labels_flag(vm.labels),
         ),
         ok_if_output_contains=VM_EXISTS,
-        description=f"create TPU VM {vm.vm_name} ({vm.shape.tpu_type}, reservation {vm.reservation})",
+        description=description,
+    )
+
+
+def create_vm(vm: TpuVmSpec, service_account: str | None = None) -> Command:
+    """The TPU VM, with the seed's flags: reservation-bound, deleted on termination."""
+    capacity = [
+        "--maintenance-policy=TERMINATE",
+        "--instance-termination-action=DELETE",
+        "--provisioning-model=RESERVATION_BOUND",
+        "--reservation-affinity=specific",
+        f"--reservation={vm.reservation}",
+    ]
+    return _create_instance(
+        vm,
+        service_account,
+        capacity,
+        f"create TPU VM {vm.vm_name} ({vm.shape.tpu_type}, reservation {vm.reservation})",
     )
 
 
 def create_cpu_vm(vm: CpuVmSpec, service_account: str | None = None) -> Command:
-    """``gcloud compute instances create`` of the CPU VM: no reservation, standard provisioning."""
-    sa = [f"--service-account={service_account}"] if service_account else []
-    return Command(
-        (
-            "gcloud",
-            "compute",
-            "instances",
-            "create",
-            vm.vm_name,
-            f"--zone={vm.zone}",
-            f"--project={vm.project}",
-            f"--machine-type={vm.machine_type}",
-            f"--image-project={vm.image_project}",
-            f"--image-family={vm.image_family}",
-            f"--boot-disk-size={vm.boot_disk_size}",
-            *sa,
-            "--scopes=cloud-platform",
-            *_labels_flag(vm.labels),
-        ),
-        ok_if_output_contains=VM_EXISTS,
-        description=f"create CPU VM {vm.vm_name} ({vm.machine_type}) for the checkpoint conversions",
+    """The CPU VM: no reservation, standard provisioning."""
+    return _create_instance(
+        vm,
+        service_account,
+        [],
+        f"create CPU VM {vm.vm_name} ({vm.machine_type}) for the checkpoint conversions",
     )
 
 

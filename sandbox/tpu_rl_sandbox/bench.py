@@ -383,6 +383,25 @@ def write_trivial_dag(folder: Path, shape: dict[str, Any], with_form: bool = Tru
     return path
 
 
+def _migrated_airflow(
+    root: Path, home: Path, dags_dir: Path, step_seconds: float
+) -> tuple[str, dict[str, str]]:
+    """The ``airflow`` executable and the environment of a run against the sandbox at ``root``, with
+    a fresh Airflow home ``home`` (migrated here) and fast polls."""
+    env = {
+        **os.environ,
+        **sandbox_env(root),
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags_dir),
+        "AIRFLOW__TPU_RL__POLL_INTERVAL": "1",
+        "TPU_RL_SANDBOX_STEP_SECONDS": str(step_seconds),
+    }
+    airflow = str(Path(sys.executable).with_name("airflow"))
+    subprocess.run([airflow, "db", "migrate"], env=env, capture_output=True, check=True)
+    return airflow, env
+
+
 def _dags_test(
     airflow: str, dag_id: str, dag_file: Path, env: dict[str, str], conf: dict[str, Any] | None = None
 ) -> tuple[float, list[str]]:
@@ -491,17 +510,7 @@ def bench_tpu_time(dags_dir: Path, minute_seconds: float, step_seconds: float) -
             sandbox_up(root)
             try:
                 update_settings(SandboxLayout(root.resolve()), minute_seconds=minute_seconds)
-                env = {
-                    **os.environ,
-                    **sandbox_env(root),
-                    "AIRFLOW_HOME": str(home),
-                    "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-                    "AIRFLOW__CORE__DAGS_FOLDER": str(dags_dir),
-                    "AIRFLOW__TPU_RL__POLL_INTERVAL": "1",
-                    "TPU_RL_SANDBOX_STEP_SECONDS": str(step_seconds),
-                }
-                airflow = str(Path(sys.executable).with_name("airflow"))
-                subprocess.run([airflow, "db", "migrate"], env=env, capture_output=True, check=True)
+                airflow, env = _migrated_airflow(root, home, dags_dir, step_seconds)
                 alone = Path(tmp) / f"tpu-{number}" / "dag" / f"{dag_id}.py"
                 alone.parent.mkdir(parents=True)
                 alone.write_text((dags_dir / f"{dag_id}.py").read_text())
@@ -556,17 +565,7 @@ def _pipeline_round(
     root, home = folder / "sandbox", folder / "airflow"
     sandbox_up(root)
     try:
-        env = {
-            **os.environ,
-            **sandbox_env(root),
-            "AIRFLOW_HOME": str(home),
-            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__CORE__DAGS_FOLDER": str(dags_dir),
-            "AIRFLOW__TPU_RL__POLL_INTERVAL": "1",
-            "TPU_RL_SANDBOX_STEP_SECONDS": str(step_seconds),
-        }
-        airflow = str(Path(sys.executable).with_name("airflow"))
-        subprocess.run([airflow, "db", "migrate"], env=env, capture_output=True, check=True)
+        airflow, env = _migrated_airflow(root, home, dags_dir, step_seconds)
         if shape is None:
             shape = dag_shape(dags_dir / GKE_DAG_FILE, GKE_DAG_ID, env)
         started_at = time.time()
