@@ -359,17 +359,19 @@ def enter_sandbox(sandbox: SandboxInfo, tmp_path: Path, monkeypatch: pytest.Monk
 def prepare_cluster(
     run: SandboxRun, conf: dict[str, Any], *, tpu_pool: bool = True, **context_kwargs: Any
 ) -> dict[str, Any]:
-    """ensure_bucket → deploy_cluster → sync_hf_token, as the GKE DAG runs them, then (``tpu_pool``)
-    deploy_tpu_pool, which the DAG runs once the conversion is done: the cluster deploy's result."""
+    """ensure_bucket → deploy_cluster → sync_hf_token, as the GKE DAG runs them: the cluster
+    deploy's result. With ``tpu_pool`` the one deploy also applies the TPU pool's group (what the
+    DAG's deploy_tpu_pool adds once the conversion is done; tests/e2e and
+    tests/operators/test_gke_lifecycle.py run that task itself)."""
     bucket = run.operator(EnsureBucketOperator, task_id="ensure_bucket")
     bucket.execute(run.context(bucket, conf, **context_kwargs))
     deploy = run.operator(GclusterDeployOperator, task_id="deploy_cluster")
-    deployed: dict[str, Any] = deploy.execute(run.context(deploy, conf, **context_kwargs))
+    context = run.context(deploy, conf, **context_kwargs)
+    if tpu_pool:
+        deploy.skip_groups = None  # every group in one `gcluster deploy`
+    deployed: dict[str, Any] = deploy.execute(context)
     token = run.operator(HfTokenSecretOperator, task_id="sync_hf_token")
     token.execute(run.context(token, conf, **context_kwargs))
-    if tpu_pool:
-        pool = run.operator(GclusterDeployOperator, task_id="deploy_tpu_pool")
-        pool.execute(run.context(pool, conf, **context_kwargs))
     return deployed
 
 
