@@ -7,6 +7,9 @@ object ``gs://BUCKET/tpu-rl/run-dirs/<hash>.json``:
 * ``runs``: the runs (``<dag_id>/<run_id>``) that wrote the directory, first claim first, each
   once, the latest writer last; ``settings``: what the first run started it with (a resume must
   keep them);
+* ``attempts``: what each training job that wrote it did, once it ended (the last
+  :data:`MAX_ATTEMPTS`): the step it resumed from and the last step it reached, so a resume can
+  tell the steps the previous attempt trained that no checkpoint kept;
 * ``writer``: the claim of the job writing it now: its run, job name, where it runs
   (``project/location/cluster``) and an expiry the job's wait renews
   (:meth:`RunDirRecords.renew`) and the job's end clears (:meth:`RunDirRecords.release`).
@@ -37,6 +40,7 @@ from airflow_provider_tpu_rl.exceptions import ConfigurationError, RunDirBusyErr
 RUN_DIR_PREFIX = "tpu-rl/run-dirs/"
 GCS_TIMEOUT_S = 60.0
 MAX_ROUNDS = 8  # re-read-and-decide rounds after a precondition failure
+MAX_ATTEMPTS = 20  # training attempts a record keeps (the latest)
 
 
 def run_dir(uri: str) -> str:
@@ -51,6 +55,83 @@ def run_record_object(directory: str) -> str:
 
 def _utc(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+@dataclass(frozen=True)
+class TrainingAttempt:
+    """One training job's time on a run directory: the ``run`` and ``job``, the checkpoint step it
+    resumed from (0: from the start), the last step its log reported, and when it trained (epoch
+    seconds; ``started_at`` None when unknown)."""
+
+    run: str
+    job: str
+    from_step: int
+    reached_step: int | None
+    started_at: float | None
+    ended_at: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "run": self.run,
+            "job": self.job,
+            "from_step": self.from_step,
+            "reached_step": self.reached_step,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+        }
+
+    @classmethod
+    def from_dict(cls, body: Any) -> TrainingAttempt | None:
+        """An attempt from its stored form; None for anything malformed."""
+        if not isinstance(body, Mapping):
+            return None
+        try:
+            reached, started = body.get("reached_step"), body.get("started_at")
+            return cls(
+                str(body["run"]),
+                str(body["job"]),
+                int(body["from_step"]),
+                None if reached is None else int(reached),
+                None if started is None else float(started),
+                float(body["ended_at"]),
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+def _epoch(value: Any) -> float | None:
+    """Epoch seconds from an ISO-8601 time (``Z`` or an offset) or a number; None otherwise."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            when = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+        return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
+    return None
+
+
+def attempt_from_log(
+    run: str,
+    job: str,
+    metrics: Mapping[str, Any],
+    ran: Mapping[str, Any] | None,
+    ended_at: float | None = None,
+) -> TrainingAttempt:
+    """The attempt a training's log tells of: ``metrics`` as a
+    :class:`~airflow_provider_tpu_rl.maxtext.logs.TrainingLogTracker` returns them, ``ran`` its
+    running span (``started_at``/``ended_at``), else ``ended_at`` (else now) as its end."""
+    resumed, reached = metrics.get("resumed_from_step"), metrics.get("last_step")
+    span = ran or {}
+    return TrainingAttempt(
+        run=run,
+        job=job,
+        from_step=resumed if isinstance(resumed, int) and not isinstance(resumed, bool) else 0,
+        reached_step=reached if isinstance(reached, int) and not isinstance(reached, bool) else None,
+        started_at=_epoch(span.get("started_at")),
+        ended_at=_epoch(span.get("ended_at")) or ended_at or time.time(),
+    )
 
 
 @dataclass(frozen=True)
@@ -98,6 +179,7 @@ class RunDirRecord:
     settings: Mapping[str, str] = field(default_factory=dict)
     writer: WriterClaim | None = None
     generation: int = 0
+    attempts: tuple[TrainingAttempt, ...] = ()
 
     @property
     def owner(self) -> str | None:
@@ -118,6 +200,7 @@ class RunDirRecord:
                 "runs": list(self.runs),
                 "settings": dict(self.settings),
                 "writer": self.writer.as_dict() if self.writer is not None else None,
+                "attempts": [attempt.as_dict() for attempt in self.attempts],
                 "updated": datetime.now(UTC).isoformat(timespec="seconds"),
             },
             sort_keys=True,
@@ -138,6 +221,11 @@ class RunDirRecord:
             {str(k): str(v) for k, v in (document.get("settings") or {}).items()},
             WriterClaim.from_dict(document.get("writer")),
             generation,
+            tuple(
+                attempt
+                for body in document.get("attempts") or []
+                if (attempt := TrainingAttempt.from_dict(body)) is not None
+            ),
         )
 
 
@@ -281,15 +369,24 @@ class RunDirRecords:
         self._update(bucket, directory, change)
         return bool(held and held[0])
 
-    def release(self, bucket: str, directory: str, *, run: str, job: str | None = None) -> RunDirRecord:
-        """Clear the claim when ``run`` (and ``job``, if given) holds it; another's is left alone.
-        Returns the record as it is now."""
+    def release(
+        self,
+        bucket: str,
+        directory: str,
+        *,
+        run: str,
+        job: str | None = None,
+        attempt: TrainingAttempt | None = None,
+    ) -> RunDirRecord:
+        """Clear the claim when ``run`` (and ``job``, if given) holds it, recording the training
+        ``attempt`` that ends with it; another's claim is left alone. Returns the record as it is now."""
 
         def change(current: RunDirRecord) -> RunDirRecord | None:
             writer = current.writer
             if writer is None or writer.run != run or (job is not None and writer.job != job):
                 return None
-            return replace(current, writer=None)
+            attempts = current.attempts if attempt is None else (*current.attempts, attempt)
+            return replace(current, writer=None, attempts=attempts[-MAX_ATTEMPTS:])
 
         return self._update(bucket, directory, change)
 

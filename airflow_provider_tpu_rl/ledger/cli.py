@@ -25,6 +25,7 @@ RUNS_COLUMNS = (
     "TPU CHIP-H",
     "TRAINED",
     "IDLE",
+    "RESUMES",
     "COST $",
     "EXPORT",
 )
@@ -186,6 +187,17 @@ def format_cost(usd: float | None) -> str:
     return UNKNOWN if usd is None else f"{usd:,.2f}"
 
 
+def format_resumes(resumes: int | None, steps_lost: int | None, seconds_lost: float | None) -> str:
+    """``1 (2 steps, 4m10s lost)``: the times training resumed after an earlier attempt and what
+    that cost; ``0``; ``-`` when unknown."""
+    if resumes is None:
+        return UNKNOWN
+    if not resumes:
+        return "0"
+    steps = UNKNOWN if steps_lost is None else f"{steps_lost} step{'' if steps_lost == 1 else 's'}"
+    return f"{resumes} ({steps}, {format_duration(seconds_lost)} lost)"
+
+
 def format_tpu_time(billed: float | None, busy: float | None, usd: float | None) -> str:
     """``billed 4.3 TPU chip-hours, trained 1.2 (idle 72%), est. $11.61``."""
     return (
@@ -209,6 +221,7 @@ def runs_table_rows(runs: Sequence[RunSummary]) -> list[tuple[str, ...]]:
             format_chip_hours(run.chip_hours),
             format_chip_hours(run.busy_chip_hours),
             format_share(run.idle_share),
+            format_resumes(run.resumes, run.steps_lost, run.seconds_lost),
             format_cost(run.estimated_cost_usd),
             run.export_uri or UNKNOWN,
         )

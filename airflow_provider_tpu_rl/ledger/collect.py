@@ -25,6 +25,8 @@ from airflow_provider_tpu_rl.ledger.records import (
     RunRecord,
     StepRecord,
     as_utc,
+    make_run_id,
+    resume_loss,
     task_instance_start,
 )
 
@@ -120,6 +122,10 @@ def collect_run_from_context(
         train_started_at=train_started,
         train_ended_at=train_ended,
         usd_per_chip_hour=usd_per_chip_hour,
+        resume_loss=resume_loss(
+            train_result.get("attempts") if isinstance(train_result, Mapping) else None,
+            make_run_id(dag_run.dag_id, dag_run.run_id),
+        ),
     )
     metrics = metrics_from_train_result(train_result)
     artifacts = [

@@ -175,6 +175,9 @@ RUNS = TableSpec(
         Column("usd_per_chip_hour", "FLOAT64"),
         Column("estimated_cost_usd", "FLOAT64"),
         Column("refusal", "STRING", Merge.REPLACE),
+        Column("resumes", "INT64"),
+        Column("steps_lost", "INT64"),
+        Column("seconds_lost", "FLOAT64"),
     ),
 )
 
@@ -334,6 +337,9 @@ def run_row(run: RunRecord, recorded_at: datetime) -> dict[str, Any]:
         "usd_per_chip_hour": run.usd_per_chip_hour,
         "estimated_cost_usd": run.estimated_cost_usd,
         "refusal": run.refusal,
+        "resumes": run.resume_loss.resumes if run.resume_loss else None,
+        "steps_lost": run.resume_loss.steps_lost if run.resume_loss else None,
+        "seconds_lost": run.resume_loss.seconds_lost if run.resume_loss else None,
     }
 
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_tpu_rl.ledger.records import (
     NUM_TEST_BATCHES_METRIC,
     MetricRecord,
+    ResumeLoss,
     RunRecord,
     StepRecord,
     as_utc,
@@ -130,6 +131,7 @@ class RunTimeline:
     billed: tuple[float, float] | None = None
     trained: tuple[float, float] | None = None
     idle_share: float | None = None
+    resume_loss: ResumeLoss | None = None
 
     @property
     def empty(self) -> bool:
@@ -170,6 +172,7 @@ def run_timeline(run: RunRecord, steps: Iterable[StepRecord], ignored: Iterable[
         billed=span(run.cluster_started_at, run.cluster_ended_at),
         trained=span(run.train_started_at, run.train_ended_at),
         idle_share=idle_share(run.chip_hours, run.busy_chip_hours),
+        resume_loss=run.resume_loss,
     )
 
 
@@ -236,7 +239,12 @@ def run_curves_figure(curves: RunCurves, timeline: RunTimeline | None = None) ->
 
 def _draw_timeline(axes: Any, timeline: RunTimeline) -> None:
     share = "-" if timeline.idle_share is None else f"{timeline.idle_share:.0%}"
-    axes.set_title(f"Stages and TPU time (idle {share} of the billed time)")
+    title = f"Stages and TPU time (idle {share} of the billed time"
+    loss = timeline.resume_loss
+    if loss is not None and loss.resumes:
+        lost = "" if loss.seconds_lost is None else f", {loss.seconds_lost / 60:.1f} min"
+        title += f"; training resumed {loss.resumes}x, {loss.steps_lost} steps{lost} lost"
+    axes.set_title(title + ")")
     axes.set_xlabel("minutes from the first stage's start")
     if timeline.billed is not None:
         axes.axvspan(*timeline.billed, color="tab:red", alpha=0.12, label="TPU billed")

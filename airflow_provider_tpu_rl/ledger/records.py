@@ -7,6 +7,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 from typing import Any
 
 RUN_STATES = ("running", "success", "failed")
@@ -87,6 +88,53 @@ def idle_share(billed_chip_hours: float | None, busy_chip_hours: float | None) -
     return min(1.0, max(0.0, 1.0 - busy_chip_hours / billed_chip_hours))
 
 
+@dataclass(frozen=True)
+class ResumeLoss:
+    """What restarting training cost a run: how many times an attempt took over from an earlier
+    one on the same run directory, the steps the earlier ones trained that no checkpoint kept (so
+    they were trained again), and an estimate of the seconds that took: the gap from an attempt's
+    end to the next one's start, plus the lost steps at the earlier attempt's seconds per step."""
+
+    resumes: int
+    steps_lost: int
+    seconds_lost: float | None
+
+
+def _attempt_number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def resume_loss(attempts: Any, run: str) -> ResumeLoss | None:
+    """The :class:`ResumeLoss` of the attempts (oldest first, each ``{"run", "from_step",
+    "reached_step", "started_at", "ended_at"}`` as the run directory records them) that ``run``
+    made after an earlier attempt; None when ``attempts`` is not a list of them."""
+    if not isinstance(attempts, list) or not all(isinstance(a, Mapping) for a in attempts):
+        return None
+    resumes = steps_lost = 0
+    seconds: float | None = 0.0
+    for earlier, later in pairwise(attempts):
+        if later.get("run") != run:
+            continue
+        resumes += 1
+        start = int(_attempt_number(later.get("from_step")) or 0)
+        was_at = _attempt_number(earlier.get("from_step")) or 0.0
+        reached = _attempt_number(earlier.get("reached_step"))
+        lost = max(0, int(reached) - start) if reached is not None else 0
+        steps_lost += lost
+        began, ended = _attempt_number(earlier.get("started_at")), _attempt_number(earlier.get("ended_at"))
+        restarted = _attempt_number(later.get("started_at"))
+        if seconds is None or ended is None or restarted is None:
+            seconds = None
+            continue
+        per_step = 0.0
+        if lost and began is not None and reached is not None and reached > was_at:
+            per_step = (ended - began) / (reached - was_at)
+        seconds += max(0.0, restarted - ended) + lost * per_step
+    return ResumeLoss(resumes, steps_lost, seconds)
+
+
 def redact_conf(conf: Mapping[str, Any] | None) -> dict[str, Any]:
     """A copy of a run conf with values of secret-looking keys (token, password, ...) replaced."""
 
@@ -121,6 +169,7 @@ class RunRecord:
     train_ended_at: datetime | None = None
     usd_per_chip_hour: float | None = None
     refusal: str | None = None  # "refused at validate: ..." for a run refused before anything was spent
+    resume_loss: ResumeLoss | None = None  # what restarting its training cost (None: not known)
 
     def __post_init__(self) -> None:
         if self.state not in RUN_STATES:
@@ -270,6 +319,9 @@ class RunSummary:
     estimated_cost_usd: float | None = None
     refusal: str | None = None
     num_test_batches: float | None = None
+    resumes: int | None = None
+    steps_lost: int | None = None
+    seconds_lost: float | None = None
 
     @property
     def idle_share(self) -> float | None:

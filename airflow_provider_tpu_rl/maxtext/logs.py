@@ -59,6 +59,9 @@ _TRAIN_LOSS_RE = re.compile(
 _RESHARD_RE = re.compile(rf"Reshard finished in (?P<seconds>{_NUMBER})s")
 _STARTED_RE = re.compile(r"Starting RL training\.\.\.")
 _COMPLETED_RE = re.compile(r"RL Training Completed Successfully!")
+# tunix's CheckpointManager.maybe_restore once it restored the newest committed step
+# (google/tunix c4ec573 tunix/sft/checkpoint_manager.py l.292): the trainer resumes after it.
+_RESTORED_RE = re.compile(r"Restored params from step: (?P<step>\d+) in")
 
 _PHASE_BY_LABEL: dict[str, EvalPhase] = {"Pre RL Training": "pre", "Post RL Training": "post"}
 
@@ -117,7 +120,16 @@ class TrainingCompletedEvent:
     """``RL Training Completed Successfully!``: the training loop returned."""
 
 
-LogEvent = EvalEvent | TrainLossEvent | ReshardEvent | TrainingStartedEvent | TrainingCompletedEvent
+@dataclass(frozen=True)
+class RestoredEvent:
+    """``Restored params from step: N in S seconds``: the trainer resumed from checkpoint step N."""
+
+    step: int
+
+
+LogEvent = (
+    EvalEvent | TrainLossEvent | ReshardEvent | TrainingStartedEvent | TrainingCompletedEvent | RestoredEvent
+)
 
 
 def _to_number(text: str) -> int | float:
@@ -170,6 +182,8 @@ def parse_log_line(line: str) -> LogEvent | None:
         return TrainingStartedEvent()
     if _COMPLETED_RE.search(line):
         return TrainingCompletedEvent()
+    if match := _RESTORED_RE.search(line):
+        return RestoredEvent(step=int(match["step"]))
     return None
 
 
@@ -188,6 +202,7 @@ class TrainingLogTracker:
         self.reshard_count = 0
         self.started = False
         self.completed = False
+        self.resumed_from_step: int | None = None
 
     def feed(self, line: str) -> list[LogEvent]:
         """Record the events in ``line`` (a chunk holding several lines is split) and return them."""
@@ -216,6 +231,8 @@ class TrainingLogTracker:
             self.started = True
         elif isinstance(event, TrainingCompletedEvent):
             self.completed = True
+        elif isinstance(event, RestoredEvent):
+            self.resumed_from_step = event.step
 
     @property
     def last_step(self) -> int | None:
@@ -270,6 +287,8 @@ class TrainingLogTracker:
         tracker.reshard_count = int(metrics.get("reshard_count") or 0)
         tracker.started = bool(metrics.get("started"))
         tracker.completed = bool(metrics.get("completed"))
+        resumed = metrics.get("resumed_from_step")
+        tracker.resumed_from_step = int(resumed) if isinstance(resumed, int) else None
         return tracker
 
     def metrics(self) -> dict[str, Any]:
@@ -283,4 +302,5 @@ class TrainingLogTracker:
             "started": self.started,
             "completed": self.completed,
             "reshard_count": self.reshard_count,
+            "resumed_from_step": self.resumed_from_step,
         }

@@ -10,7 +10,7 @@ from typing import Any
 from airflow.providers.common.compat.sdk import BaseOperator, Context
 
 from airflow_provider_tpu_rl.compat import conf
-from airflow_provider_tpu_rl.ledger.cli import format_tpu_time
+from airflow_provider_tpu_rl.ledger.cli import format_resumes, format_tpu_time
 from airflow_provider_tpu_rl.ledger.collect import task_states
 from airflow_provider_tpu_rl.ledger.hook import DEFAULT_CONN_ID, RunLedger, record_run_from_context
 from airflow_provider_tpu_rl.ledger.plots import (
@@ -153,6 +153,13 @@ class RecordRunOperator(BaseOperator):
             **self.collect_options,
         )
         self.log.info("TPU time of this run: %s", tpu_time_line(run))
+        if run.resume_loss is not None and run.resume_loss.resumes:
+            loss = run.resume_loss
+            self.log.info(
+                "Training resumed %d time(s): %s",
+                loss.resumes,
+                format_resumes(loss.resumes, loss.steps_lost, loss.seconds_lost),
+            )
         result: dict[str, Any] = {"run_id": run.run_id, "state": run.state}
         uri = self.publish_curves(run, derived, self.upload) if self.plot else None
         if uri:

@@ -45,7 +45,14 @@ from airflow_provider_tpu_rl import timeouts
 from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailException, conf, default_deferrable
 from airflow_provider_tpu_rl.exceptions import ConfigurationError, RunDirBusyError
 from airflow_provider_tpu_rl.hooks.jobs import GclusterJob, JobState
-from airflow_provider_tpu_rl.hooks.run_dirs import RunDirRecord, RunDirRecords, WriterClaim, run_dir
+from airflow_provider_tpu_rl.hooks.run_dirs import (
+    RunDirRecord,
+    RunDirRecords,
+    TrainingAttempt,
+    WriterClaim,
+    attempt_from_log,
+    run_dir,
+)
 from airflow_provider_tpu_rl.janitor_sources import run_finished, run_probe
 from airflow_provider_tpu_rl.ledger.records import NUM_TEST_BATCHES_METRIC, reward_summary
 from airflow_provider_tpu_rl.links import CloudLoggingJobLink, GCSBrowserLink, GKEWorkloadLink
@@ -506,10 +513,13 @@ class _GclusterJobOperator(GclusterBaseOperator):
             metrics = self.saved_metrics(plan)
         return metrics if isinstance(metrics, dict) else TrainingLogTracker().metrics()
 
-    def release_run_dir(self, plan: JobPlan, run: str, job: str) -> RunDirRecord | None:
-        """The job ended: its claim on the directory goes (never fails the task); the record."""
+    def release_run_dir(
+        self, plan: JobPlan, run: str, job: str, attempt: TrainingAttempt | None = None
+    ) -> RunDirRecord | None:
+        """The job ended: its claim on the directory goes, with the training ``attempt`` it made
+        (never fails the task); the record."""
         try:
-            return self.run_records().release(self.bucket, plan.run_dir, run=run, job=job)
+            return self.run_records().release(self.bucket, plan.run_dir, run=run, job=job, attempt=attempt)
         except Exception as err:  # the claim expires on its own; the result stands
             self.log.warning("Could not release the claim on %s: %s", plan.run_dir, err)
             return None
@@ -617,9 +627,9 @@ class _GclusterJobOperator(GclusterBaseOperator):
         run = self.run_identity(context)
         record = None
         if not event.get("foreign") and status in JOB_OVER:
-            record = self.release_run_dir(
-                plan, run, name
-            )  # the job is over (a timed-out one: cancelled below)
+            event = self.with_metrics(plan, event)
+            # the job is over (a timed-out one: cancelled below)
+            record = self.release_run_dir(plan, run, name, self.training_attempt(run, name, event))
         if status in {"success", "missing"}:
             ready = self.output_ready(plan)
             if ready is not None:
@@ -636,6 +646,7 @@ class _GclusterJobOperator(GclusterBaseOperator):
                     **ready,
                     **({"ran": event["ran"]} if event.get("ran") else {}),
                     **self.after_success(plan, event),
+                    **self.attempts_of(record),
                 }
             raise AirflowException(
                 f"job {name} ended ({status}) but {plan.output_uri} is not complete: {event.get('message', '')}"
@@ -670,6 +681,18 @@ class _GclusterJobOperator(GclusterBaseOperator):
         raise AirflowException(message)
 
     def after_success(self, plan: JobPlan, event: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    def with_metrics(self, plan: JobPlan, event: dict[str, Any]) -> dict[str, Any]:
+        """``event`` with the job's metrics in it (a training's); others as they are."""
+        return event
+
+    def training_attempt(self, run: str, job: str, event: Mapping[str, Any]) -> TrainingAttempt | None:
+        """What the ended job did as a training attempt (None: not a training)."""
+        return None
+
+    def attempts_of(self, record: RunDirRecord | None) -> dict[str, Any]:
+        """The result's ``attempts``: every training attempt the run directory recorded."""
         return {}
 
     def on_kill(self) -> None:
@@ -908,6 +931,18 @@ class PathwaysRLTrainOperator(_GclusterJobOperator):
         return checkpoint_ready(
             self.gcp_conn_id, plan.output_uri, int(plan.total_steps or 0), ("model_params",), self.chain
         )
+
+    def with_metrics(self, plan: JobPlan, event: dict[str, Any]) -> dict[str, Any]:
+        if event.get("metrics"):
+            return event
+        return {**event, "metrics": self.kept_metrics(plan, event.get("metrics_uri"))}
+
+    def training_attempt(self, run: str, job: str, event: Mapping[str, Any]) -> TrainingAttempt | None:
+        return attempt_from_log(run, job, event.get("metrics") or {}, event.get("ran"))
+
+    def attempts_of(self, record: RunDirRecord | None) -> dict[str, Any]:
+        attempts = record.attempts if record is not None else ()
+        return {"attempts": [attempt.as_dict() for attempt in attempts]} if attempts else {}
 
     def after_success(self, plan: JobPlan, event: dict[str, Any]) -> dict[str, Any]:
         metrics = event.get("metrics") or self.kept_metrics(plan, event.get("metrics_uri"))

@@ -527,8 +527,11 @@ class MaxTextRunner:
         actor_dir = join(base, run_name, "checkpoints", "actor")
         start = self.latest_committed_step(actor_dir, num_batches) if enable_checkpointing else 0
         if start:
+            # tunix restores the newest committed step when the trainer is built (c4ec573
+            # tunix/sft/checkpoint_manager.py l.292)
             self.log(
-                f"Restoring actor from checkpoint step {start} in {actor_dir}", source="checkpoint_manager.py"
+                f"Restored params from step: {start} in {0.5 + self.rng.random():.3f} seconds",
+                source="checkpoint_manager.py",
             )
 
         pre = 0.08 + self.rng.random() * 0.1
@@ -552,6 +555,10 @@ class MaxTextRunner:
             corr, acc, partial, fmt = metrics(pre)
             self.log(_metric_line("Pre RL Training", corr, total, acc, partial, fmt, pre), level="W")
         self.log("Starting RL training...", level="W")
+        if start:
+            # the data iterator is rebuilt from the start and the consumed batches skipped
+            # (tunix/rl/rl_learner.py l.398-407; one micro-batch per step with num_iterations 1)
+            self.log(f"Fast forwarded {start} micro-batches.", source="rl_learner.py")
         self.wait(unit * 2)  # XLA compilation pause
         wrote_checkpoint = False
         for step in range(start + 1, num_batches + 1):

@@ -11,10 +11,13 @@ import pytest
 
 from airflow_provider_tpu_rl.exceptions import RunDirBusyError
 from airflow_provider_tpu_rl.hooks.run_dirs import (
+    MAX_ATTEMPTS,
     RUN_DIR_PREFIX,
     RunDirRecord,
     RunDirRecords,
+    TrainingAttempt,
     WriterClaim,
+    attempt_from_log,
     claim_kept_alive,
     run_dir,
     run_record_object,
@@ -177,3 +180,38 @@ def test_a_claim_is_kept_alive_while_a_long_call_runs(directory: str) -> None:
     after = records.read(BUCKET, directory).writer
     time.sleep(0.6)
     assert records.read(BUCKET, directory).writer == after  # stopped with the block
+
+
+def test_a_training_attempt_is_recorded_when_its_claim_is_released(directory: str) -> None:
+    records = RunDirRecords()
+    first = TrainingAttempt("d/r1", "job-1", 0, 13, 1000.0, 1600.0)
+    records.claim(BUCKET, directory, run="d/r1", settings=SETTINGS, writer=writer("d/r1"))
+    records.release(BUCKET, directory, run="d/r2", attempt=first)  # not the holder: not recorded
+    assert records.read(BUCKET, directory).attempts == ()
+    records.release(BUCKET, directory, run="d/r1", job="job-1", attempt=first)
+    second = TrainingAttempt("d/r1", "job-1", 10, 50, 1700.0, 4000.0)
+    records.claim(BUCKET, directory, run="d/r1", settings=SETTINGS, writer=writer("d/r1"))
+    records.release(BUCKET, directory, run="d/r1", job="job-1", attempt=second)
+    assert records.read(BUCKET, directory).attempts == (first, second)
+
+
+def test_a_record_keeps_the_latest_attempts_only(directory: str) -> None:
+    records = RunDirRecords()
+    for index in range(MAX_ATTEMPTS + 2):
+        records.claim(BUCKET, directory, run="d/r1", settings=SETTINGS, writer=writer("d/r1"))
+        attempt = TrainingAttempt("d/r1", "job-1", index, index + 1, None, 100.0 + index)
+        records.release(BUCKET, directory, run="d/r1", attempt=attempt)
+    kept = records.read(BUCKET, directory).attempts
+    assert len(kept) == MAX_ATTEMPTS
+    assert [a.from_step for a in kept] == list(range(2, MAX_ATTEMPTS + 2))
+
+
+def test_an_attempt_from_the_training_log() -> None:
+    metrics = {"resumed_from_step": 2, "last_step": 5}
+    ran = {"started_at": "2026-12-04T10:00:00Z", "ended_at": "2026-12-04T10:05:00Z"}
+    attempt = attempt_from_log("d/r1", "rl-job", metrics, ran)
+    assert attempt == TrainingAttempt("d/r1", "rl-job", 2, 5, 1796378400.0, 1796378700.0)
+    fresh = attempt_from_log("d/r1", "rl-job", {"last_step": None}, None, ended_at=99.0)
+    assert fresh == TrainingAttempt("d/r1", "rl-job", 0, None, None, 99.0)
+    assert TrainingAttempt.from_dict(attempt.as_dict()) == attempt
+    assert TrainingAttempt.from_dict({"run": "d/r1"}) is None  # malformed: dropped, not raised

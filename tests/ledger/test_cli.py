@@ -82,6 +82,9 @@ def test_table_is_aligned_with_dashes_for_unknowns() -> None:
                 chip_hours=61.33,
                 busy_chip_hours=18.4,
                 estimated_cost_usd=165.591,
+                resumes=1,
+                steps_lost=2,
+                seconds_lost=250.4,
                 pre_mean_reward=0.12,
                 post_mean_reward=0.34,
                 export_uri="gs://b/qwen3-30b-a3b/hf-trained/",
@@ -90,9 +93,9 @@ def test_table_is_aligned_with_dashes_for_unknowns() -> None:
         ]
     )
     assert table.splitlines() == [
-        "RUN              MODEL                 STATE    DURATION  MEAN REWARD  TPU CHIP-H  TRAINED  IDLE  COST $  EXPORT",
-        "gke/manual__1    qwen3-30b-a3b         success     2h02m  0.12→0.34          61.3     18.4   70%  165.59  gs://b/qwen3-30b-a3b/hf-trained/",
-        "vm/scheduled__2  llama3.1-8b-Instruct  failed          -  -                     -        -     -       -  -",
+        "RUN              MODEL                 STATE    DURATION  MEAN REWARD  TPU CHIP-H  TRAINED  IDLE  RESUMES                  COST $  EXPORT",
+        "gke/manual__1    qwen3-30b-a3b         success     2h02m  0.12→0.34          61.3     18.4   70%  1 (2 steps, 4m10s lost)  165.59  gs://b/qwen3-30b-a3b/hf-trained/",
+        "vm/scheduled__2  llama3.1-8b-Instruct  failed          -  -                     -        -     -  -                             -  -",
     ]
 
 
@@ -145,7 +148,13 @@ def test_runs_command_prints_the_ledger(sqlite_uri: str, monkeypatch: pytest.Mon
     assert lines[0].startswith("RUN")
     assert [line.split()[0] for line in lines[1:]] == ["tpu_rl_gke_pipeline/run2", "tpu_rl_gke_pipeline/run0"]
     assert "0.20→0.50" in lines[1]
-    assert lines[1].split()[5:9] == ["16.0", "8.0", "50%", "43.20"]  # billed, trained, idle, cost
+    assert lines[1].split()[5:10] == [
+        "16.0",
+        "8.0",
+        "50%",
+        "-",
+        "43.20",
+    ]  # billed, trained, idle, resumes, cost
     assert "1h00m" in lines[1]
     assert lines[1].rstrip().endswith("gs://b/qwen3-30b-a3b/hf-trained/")
 

@@ -14,7 +14,7 @@ from airflow_provider_tpu_rl.ledger.collect import (
     collect_run_from_context,
     metrics_from_train_result,
 )
-from airflow_provider_tpu_rl.ledger.records import ArtifactRecord, MetricRecord, StepRecord
+from airflow_provider_tpu_rl.ledger.records import ArtifactRecord, MetricRecord, ResumeLoss, StepRecord
 from tests.ledger.fakes import (
     BUCKET,
     LEDGER_TASK,
@@ -408,3 +408,27 @@ def test_training_that_never_ended_trained_nothing_known() -> None:
         context_for(FakeDagRun(instances), xcoms), model="qwen3-30b-a3b", chips=32, now=NOW
     )
     assert (run.train_started_at, run.busy_chip_hours, run.idle_share) == (None, None, None)
+
+
+def test_the_run_records_what_resuming_its_training_cost() -> None:
+    run_id = "tpu_rl_gke_pipeline/manual__2026-03-01T08:00:00+00:00"
+    attempts = [
+        {"run": run_id, "job": "j", "from_step": 0, "reached_step": 3, "started_at": 0.0, "ended_at": 30.0},
+        {
+            "run": run_id,
+            "job": "j",
+            "from_step": 2,
+            "reached_step": 50,
+            "started_at": 90.0,
+            "ended_at": 600.0,
+        },
+    ]
+    xcoms = {**SUCCESS_XCOMS, "train": {**train_result(), "attempts": attempts}}
+    run, *_ = collect_run_from_context(
+        context_for(FakeDagRun(gke_task_instances()), xcoms), model="qwen3-30b-a3b", chips=32, now=NOW
+    )
+    assert run.resume_loss == ResumeLoss(1, 1, 60.0 + 10.0)
+    plain, *_ = collect_run_from_context(
+        context_for(FakeDagRun(gke_task_instances()), SUCCESS_XCOMS), model="qwen3-30b-a3b", chips=32, now=NOW
+    )
+    assert plain.resume_loss is None  # a train result without attempts: not known

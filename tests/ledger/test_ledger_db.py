@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -11,7 +12,13 @@ import pytest
 from airflow_provider_tpu_rl.ledger import hook as hook_module
 from airflow_provider_tpu_rl.ledger.dialects import Dialect
 from airflow_provider_tpu_rl.ledger.hook import RunLedger, default_sqlite_path
-from airflow_provider_tpu_rl.ledger.records import ArtifactRecord, MetricRecord, RunRecord, StepRecord
+from airflow_provider_tpu_rl.ledger.records import (
+    ArtifactRecord,
+    MetricRecord,
+    ResumeLoss,
+    RunRecord,
+    StepRecord,
+)
 from airflow_provider_tpu_rl.ledger.schema import Migration, load_migrations
 from tests.ledger.rows import applied_versions, count_rows
 
@@ -57,7 +64,7 @@ def test_a_migration_that_fails_halfway_leaves_no_trace(
     with pytest.raises(Exception, match="no_such_table"):
         ledger.apply_migrations()
     monkeypatch.setattr(hook_module, "load_migrations", load_migrations)
-    assert ledger.apply_migrations() == [1, 2, 3, 4, 5]  # the failed try left nothing behind
+    assert ledger.apply_migrations() == [1, 2, 3, 4, 5, 6]  # the failed try left nothing behind
     ledger.record(make_run("after"), [], [], [])
     with pytest.raises(Exception, match="probe"), ledger._session(write=False) as session:
         session.fetch("SELECT probe FROM runs", {})
@@ -73,10 +80,10 @@ def rewards(pre: float | None, post: float | None) -> list[MetricRecord]:
 
 
 def test_migrations_apply_once_and_twice_is_a_no_op(ledger: RunLedger) -> None:
-    assert ledger.apply_migrations() == [1, 2, 3, 4, 5]
+    assert ledger.apply_migrations() == [1, 2, 3, 4, 5, 6]
     assert ledger.apply_migrations() == []
     assert RunLedger().apply_migrations() == []  # a new instance sees the recorded versions
-    assert applied_versions(ledger) == [1, 2, 3, 4, 5]
+    assert applied_versions(ledger) == [1, 2, 3, 4, 5, 6]
     for table in ("runs", "run_steps", "run_metrics", "run_artifacts"):
         assert count_rows(ledger, table) == 0
 
@@ -234,6 +241,18 @@ def test_latest_runs_say_why_a_run_has_no_reward(ledger: RunLedger) -> None:
     assert (runs["on"].pre_mean_reward, runs["on"].post_mean_reward) == (0.1, 0.3)
 
 
+def test_latest_runs_show_what_resuming_the_training_cost(ledger: RunLedger) -> None:
+    ledger.record(replace(make_run("resumed"), resume_loss=ResumeLoss(2, 7, 431.5)))
+    ledger.record(make_run("unknown", start=T0 + timedelta(days=1)))
+    runs = {run.airflow_run_id: run for run in ledger.latest_runs()}
+    assert (runs["resumed"].resumes, runs["resumed"].steps_lost, runs["resumed"].seconds_lost) == (
+        2,
+        7,
+        431.5,
+    )
+    assert (runs["unknown"].resumes, runs["unknown"].steps_lost, runs["unknown"].seconds_lost) == (None,) * 3
+
+
 def test_one_runs_summary_and_its_artifacts_curves_added_after_the_run(ledger: RunLedger) -> None:
     """What the dashboard's run page reads, on SQLite and PostgreSQL."""
     ledger.record(make_run("r1", start=T0), [], rewards(0.1, 0.2))
@@ -359,6 +378,6 @@ def test_concurrent_first_writers_apply_each_migration_once(ledger: RunLedger) -
     with ThreadPoolExecutor(max_workers=4) as pool:
         applied = list(pool.map(first_write, range(4)))
 
-    assert sorted(version for versions in applied for version in versions) == [1, 2, 3, 4, 5]
-    assert applied_versions(ledger) == [1, 2, 3, 4, 5]
+    assert sorted(version for versions in applied for version in versions) == [1, 2, 3, 4, 5, 6]
+    assert applied_versions(ledger) == [1, 2, 3, 4, 5, 6]
     assert count_rows(ledger, "run_steps", f"{DAG}/concurrent") == 4

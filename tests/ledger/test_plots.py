@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -26,7 +26,7 @@ from airflow_provider_tpu_rl.ledger.plots import (
     run_curves_figure,
     run_timeline,
 )
-from airflow_provider_tpu_rl.ledger.records import ArtifactRecord, MetricRecord, RunRecord
+from airflow_provider_tpu_rl.ledger.records import ArtifactRecord, MetricRecord, ResumeLoss, RunRecord
 from airflow_provider_tpu_rl.operators import ledger as ledger_operator
 from airflow_provider_tpu_rl.operators.ledger import RecordRunOperator, curves_uri, run_output_folder
 from tests.ledger.fakes import (
@@ -114,6 +114,13 @@ def test_the_timeline_marks_the_stages_the_tpu_billed_span_and_its_training(ledg
     assert "idle 33%" in stage_axes.get_title()
     assert decoded_png(figure_png(figure)).size == (1000, 800)
     assert run_timeline(run, []).empty
+    assert "resumed" not in stage_axes.get_title()
+
+    resumed = replace(run, resume_loss=ResumeLoss(1, 3, 150.0))
+    figure = run_curves_figure(
+        run_curves(run.run_id, []), run_timeline(resumed, ledger.recorded_steps(run.run_id).values())
+    )
+    assert "training resumed 1x, 3 steps, 2.5 min lost" in figure.axes[-1].get_title()
 
 
 def test_after_is_drawn_at_the_last_recorded_step_when_the_final_step_is_unknown() -> None:

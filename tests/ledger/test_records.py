@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 
 from airflow_provider_tpu_rl.ledger.records import (
     ArtifactRecord,
     MetricRecord,
+    ResumeLoss,
     RunRecord,
     StepRecord,
     as_utc,
@@ -17,6 +19,7 @@ from airflow_provider_tpu_rl.ledger.records import (
     idle_share,
     make_run_id,
     redact_conf,
+    resume_loss,
     reward_summary,
 )
 
@@ -133,3 +136,35 @@ def test_the_train_summary_says_why_a_reward_is_missing() -> None:
         "(num_test_batches=2) but the training log held no such line)"
     )
     assert reward_summary({}, None) == "mean reward before -, after -"
+
+
+def attempt(run: str, start: int, reached: int | None, began: float | None, ended: float) -> dict[str, Any]:
+    return {
+        "run": run,
+        "job": "j",
+        "from_step": start,
+        "reached_step": reached,
+        "started_at": began,
+        "ended_at": ended,
+    }
+
+
+def test_resume_loss_counts_the_steps_trained_again_and_the_time_they_cost() -> None:
+    run = "dag/r1"
+    # 13 steps in 130 s, then preempted; checkpoint 10 was the newest committed; restarted 60 s later
+    attempts = [attempt(run, 0, 13, 1000.0, 1130.0), attempt(run, 10, 50, 1190.0, 1600.0)]
+    assert resume_loss(attempts, run) == ResumeLoss(1, 3, 60.0 + 3 * 10.0)
+    assert resume_loss(attempts[:1], run) == ResumeLoss(0, 0, 0.0)  # never resumed
+    # a second run resuming what a failed first run left: the resume is the second run's
+    assert resume_loss(attempts, "dag/r0") == ResumeLoss(0, 0, 0.0)
+    assert resume_loss([{**attempts[0], "run": "dag/r0"}, attempts[1]], run) == ResumeLoss(1, 3, 90.0)
+
+
+def test_resume_loss_without_times_or_progress_is_partly_unknown() -> None:
+    run = "dag/r1"
+    no_start = [attempt(run, 0, 13, 1000.0, 1130.0), attempt(run, 10, 50, None, 1600.0)]
+    assert resume_loss(no_start, run) == ResumeLoss(1, 3, None)
+    no_progress = [attempt(run, 0, None, 1000.0, 1130.0), attempt(run, 0, 50, 1190.0, 1600.0)]
+    assert resume_loss(no_progress, run) == ResumeLoss(1, 0, 60.0)
+    assert resume_loss(None, run) is None
+    assert resume_loss(["not an attempt"], run) is None

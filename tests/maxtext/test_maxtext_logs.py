@@ -11,6 +11,7 @@ import pytest
 from airflow_provider_tpu_rl.maxtext.logs import (
     EvalEvent,
     ReshardEvent,
+    RestoredEvent,
     TrainingCompletedEvent,
     TrainingLogTracker,
     TrainingStartedEvent,
@@ -229,3 +230,15 @@ def test_feed_splits_a_multi_line_chunk() -> None:
 
     assert [type(e) for e in events] == [TrainingStartedEvent, TrainLossEvent]
     assert tracker.last_step == 1
+
+
+def test_a_resumed_training_says_from_which_checkpoint_step() -> None:
+    # tunix's CheckpointManager.maybe_restore (c4ec573 tunix/sft/checkpoint_manager.py l.292)
+    line = "I1204 10:00:01.5 140 checkpoint_manager.py:292] Restored params from step: 20 in 3.517 seconds"
+    assert parse_log_line(line) == RestoredEvent(20)
+    tracker = TrainingLogTracker()
+    assert tracker.metrics()["resumed_from_step"] is None  # a fresh training logs no restore
+    tracker.feed(line)
+    tracker.feed("I1204 peft_trainer.py:771] Train step 21 training loss: 0.4")
+    assert (tracker.resumed_from_step, tracker.last_step) == (20, 21)
+    assert TrainingLogTracker.restore(json.loads(json.dumps(tracker.metrics()))).resumed_from_step == 20

@@ -227,7 +227,7 @@ def test_a_training_job_that_failed_is_cancelled_and_submitted_again_on_retry(
     assert result["step"] == 3
     # The new job resumed from the step-1 checkpoint the failed one had committed.
     log = sb.job_log_of(train_job)
-    assert "Restoring actor from checkpoint step 1" in log
+    assert "Restored params from step: 1 in" in log
     assert "Train step 1 " not in log
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailException
 from airflow_provider_tpu_rl.operators.maxtext import PathwaysRLTrainOperator
+from airflow_provider_tpu_rl.ledger.records import resume_loss
 from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
 from tests.operators.sandbox_run import (
     RecordingTI,
@@ -58,6 +59,17 @@ def test_a_training_preempted_after_its_second_checkpoint_of_five_resumes_there(
     result = run_job_operator(sb, second_try, conf, run_id=RUN_ID, ti=RecordingTI(2))
     assert result["step"] == 5
     log = sb.job_log_of(train_job)
-    assert "Restoring actor from checkpoint step 2" in log  # steps 1-2 are not trained again
+    assert "Restored params from step: 2 in" in log  # steps 1-2 are not trained again
     assert "Train step 2 " not in log
     assert "Train step 3 " in log
+    assert "Fast forwarded 2 micro-batches." in log  # the consumed batches are skipped, as tunix does
+
+    # the run directory's record kept both attempts: the ledger's resume view comes from them
+    run = f"{first_try.dag_id}/{RUN_ID}"
+    first, second = result["attempts"]
+    assert (first["from_step"], second["from_step"], second["reached_step"]) == (0, 2, 5)
+    assert first["reached_step"] >= 2
+    loss = resume_loss(result["attempts"], run)
+    assert loss is not None
+    assert (loss.resumes, loss.steps_lost) == (1, first["reached_step"] - 2)
+    assert loss.seconds_lost is not None and loss.seconds_lost > 0

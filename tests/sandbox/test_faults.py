@@ -97,7 +97,7 @@ def test_train_fault_fails_after_the_first_checkpoint_and_keeps_it(cli: Cli, clu
         env={FAIL: "train:transient"},
     )
     assert retried.code == 0, retried.text
-    assert "Restoring actor from checkpoint step 2" in logs(cli, "rl-retry")
+    assert "Restored params from step: 2 in" in logs(cli, "rl-retry")
     final = cli.objects(cluster.bucket, actor)
     assert set(after_failure) <= set(final)
     assert f"{actor}4/commit_success.txt" in final

@@ -222,7 +222,7 @@ def test_resume_from_a_complete_final_checkpoint_finishes_at_once(cli: Cli, clus
         == 0
     )
     text = logs(cli, "rl-b")
-    assert "Restoring actor from checkpoint step 2" in text
+    assert "Restored params from step: 2 in" in text
     assert "Train step" not in text
     assert "Pre RL Training" not in text  # num_test_batches=0 prints no reward lines
     assert "RL Training Completed Successfully!" in text
