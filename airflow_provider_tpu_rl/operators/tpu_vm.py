@@ -15,7 +15,15 @@ from airflow.providers.common.compat.sdk import Context
 from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.exceptions import ConfigurationError, LeaseHeldError, RunDirBusyError
 from airflow_provider_tpu_rl.hooks.lease import ClusterLeaseHook, Lease, held_message, utc_text, vm_lease_name
-from airflow_provider_tpu_rl.hooks.run_dirs import RunDirRecords, WriterClaim, claim_kept_alive, run_dir
+from airflow_provider_tpu_rl.hooks.run_dirs import (
+    RunDirRecord,
+    RunDirRecords,
+    TrainingAttempt,
+    WriterClaim,
+    attempt_from_log,
+    claim_kept_alive,
+    run_dir,
+)
 from airflow_provider_tpu_rl.ledger.records import NUM_TEST_BATCHES_METRIC, reward_summary
 from airflow_provider_tpu_rl.maxtext.logs import TrainingLogTracker
 from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, expiry_of_run, fail_fast
@@ -382,6 +390,7 @@ class TpuVmStageOperator(_TpuVmOperator):
         else:
             if directory is not None:
                 self.claim_output(context, p, directory, run)
+            started = time.time()
             try:
                 with self.claim_renewed(p, directory, run):
                     # One SSH session runs the whole stage: it gets the stage's bound, not a short call's.
@@ -394,7 +403,13 @@ class TpuVmStageOperator(_TpuVmOperator):
                     )
             finally:
                 if directory is not None:
-                    self.release_output(p, directory, run)
+                    attempt = None
+                    if self.stage == "train":  # what this session trained, for the next one's resume
+                        span = {"started_at": started, "ended_at": time.time()}
+                        attempt = attempt_from_log(run, self.stage_job(p), tracker.metrics(), span)
+                    record = self.release_output(p, directory, run, attempt)
+                    if record is not None and record.attempts:
+                        out["attempts"] = [each.as_dict() for each in record.attempts]
         if self.stage == "train":
             metrics, evaluated = tracker.metrics(), p.training.num_test_batches
             out |= {
@@ -473,7 +488,7 @@ class TpuVmStageOperator(_TpuVmOperator):
         probe = run_probe(context)
         writer = WriterClaim(
             run,
-            f"{self.stage_vm(p).vm_name}/{self.stage}",
+            self.stage_job(p),
             f"{p.vm.project}/{p.vm.zone}/{self.stage_vm(p).vm_name}",
             time.time() + claim_seconds(),
         )
@@ -506,18 +521,29 @@ class TpuVmStageOperator(_TpuVmOperator):
             p.vm.bucket,
             directory,
             run=run,
-            job=f"{self.stage_vm(p).vm_name}/{self.stage}",
+            job=self.stage_job(p),
             seconds=claim_seconds(),
         )
 
     def stage_vm(self, p: TpuVmPipelineSpec) -> TpuVmSpec | CpuVmSpec:
         return p.cpu_vm if tpu_vm.stage_machine(self.stage, self.on_machine or None) == "cpu" else p.vm
 
-    def release_output(self, p: TpuVmPipelineSpec, directory: str, run: str) -> None:
+    def stage_job(self, p: TpuVmPipelineSpec) -> str:
+        """The stage's name in its run directory's claim: ``<vm_name>/<stage>``."""
+        return f"{self.stage_vm(p).vm_name}/{self.stage}"
+
+    def release_output(
+        self, p: TpuVmPipelineSpec, directory: str, run: str, attempt: TrainingAttempt | None = None
+    ) -> RunDirRecord | None:
+        """The stage ended: its claim goes, with the training ``attempt`` it made; the record
+        (None when it could not be written: the claim expires on its own)."""
         try:
-            RunDirRecords(self.gcp_conn_id, self.chain).release(p.vm.bucket, directory, run=run)
+            return RunDirRecords(self.gcp_conn_id, self.chain).release(
+                p.vm.bucket, directory, run=run, attempt=attempt
+            )
         except Exception as err:  # the claim expires on its own
             self.log.warning("Could not release the claim on %s: %s", directory, err)
+            return None
 
 
 class TpuVmDeleteOperator(_TpuVmOperator):

@@ -135,6 +135,10 @@ def test_the_whole_vm_pipeline_leaves_checkpoint_and_export_in_gcs(sb: SandboxRu
     summary = f"Training: mean reward before {rewards['pre']}, after {rewards['post']}"
     assert summary in output
     assert stages["train"]["checkpoint_uri"] == pipeline.gcs_actor_checkpoint + "/model_params/"
+    # one training attempt, from the start to the last step, recorded with its run directory
+    (attempt,) = stages["train"]["attempts"]
+    assert (attempt["from_step"], attempt["reached_step"], attempt["job"]) == (0, 3, f"{sb.vm}/train")
+    assert attempt["started_at"] < attempt["ended_at"]
 
     # The final checkpoint is in GCS, its commit marker written last.
     bucket_prefix = f"gs://{sb.bucket}/"
