@@ -130,6 +130,22 @@ def checkpoint_ready(
     )
 
 
+def newest_committed_step(
+    gcp_conn_id: str, root_uri: str, impersonation_chain: str | Sequence[str] | None = None
+) -> int | None:
+    """The newest complete actor checkpoint step under ``root_uri`` (what a resumed training
+    restores), None when none is committed yet."""
+    from airflow_provider_tpu_rl.hooks.credentials import gcs_hook
+    from airflow_provider_tpu_rl.maxtext.layout import parse_gs_uri, probe_checkpoint
+    from airflow_provider_tpu_rl.sensors.checkpoint import run_probe_sync
+
+    bucket, prefix = parse_gs_uri(root_uri)
+    result = run_probe_sync(
+        gcs_hook(gcp_conn_id, impersonation_chain), bucket, probe_checkpoint(prefix, None, ("model_params",))
+    )
+    return result.state.step if result.is_complete and result.state else None
+
+
 def export_ready(
     gcp_conn_id: str, export_uri: str, impersonation_chain: str | Sequence[str] | None = None
 ) -> dict[str, Any] | None:

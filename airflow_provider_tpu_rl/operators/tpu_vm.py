@@ -12,8 +12,13 @@ from typing import Any
 
 from airflow.providers.common.compat.sdk import Context
 
-from airflow_provider_tpu_rl.compat import AirflowFailException
-from airflow_provider_tpu_rl.exceptions import ConfigurationError, LeaseHeldError, RunDirBusyError
+from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailException
+from airflow_provider_tpu_rl.exceptions import (
+    CommandError,
+    ConfigurationError,
+    LeaseHeldError,
+    RunDirBusyError,
+)
 from airflow_provider_tpu_rl.hooks.lease import ClusterLeaseHook, Lease, held_message, utc_text, vm_lease_name
 from airflow_provider_tpu_rl.hooks.run_dirs import (
     RunDirRecord,
@@ -47,6 +52,42 @@ from airflow_provider_tpu_rl.spec.preflight import parse_json_document
 from airflow_provider_tpu_rl.timeouts import stage_command_timeout
 
 DEFAULT_MODEL = str(TPU_VM_DEFAULTS["model"])
+
+
+def vm_create_command(
+    conf: Mapping[str, Any], *, dag_id: str, run_id: str, machine: str, expires_at: int
+) -> tuple[TpuVmSpec | CpuVmSpec, Command]:
+    """The run's VM (``machine``: ``tpu`` or ``cpu``) with its labels, and its create argv, from the
+    create's conf (the one its resource record keeps): the create task and a train retry that
+    re-creates a lost TPU VM render the same argv."""
+    p = tpu_vm_pipeline_from_conf(
+        dict(conf), dag_id=dag_id, run_id=run_id, require_reservation=machine == "tpu"
+    )
+    vm = replace(p.cpu_vm if machine == "cpu" else p.vm, labels=tpu_vm.vm_labels(p, expires_at))
+    if isinstance(vm, CpuVmSpec):
+        return vm, tpu_vm.create_cpu_vm(vm, p.service_account)
+    return vm, tpu_vm.create_vm(vm, p.service_account)
+
+
+def create_run_vm(
+    operator: GclusterBaseOperator, what: str, vm: TpuVmSpec | CpuVmSpec, command: Command
+) -> None:
+    """Run the VM's create; "already exists" is success only for a VM this run created (an
+    earlier try): its labels name this DAG run; another's VM is a one-line ConfigurationError."""
+    created = operator.hook.run_checked(command, timeout=stage_command_timeout("vm_create"))
+    if not any(marker in created.output for marker in tpu_vm.VM_EXISTS):
+        return
+    described = operator.hook.run_checked(tpu_vm.describe_vm_labels(vm), log_output=False)
+    labels = (parse_json_document(described.output_lines) or {}).get("labels") or {}
+    mine = {key: vm.labels[key] for key in ("tpu-rl-dag", "tpu-rl-run")}
+    theirs = {key: labels.get(key) for key in mine}
+    if theirs != mine:
+        raise ConfigurationError(
+            f"{what} {vm.vm_name} already exists in {vm.zone} and this run did not create it "
+            f"(its labels: tpu-rl-dag={theirs['tpu-rl-dag']}, tpu-rl-run={theirs['tpu-rl-run']}); "
+            "choose another vm_name"
+        )
+    operator.log.info("%s %s already exists: created by an earlier try of this run, reused", what, vm.vm_name)
 
 
 class _TpuVmOperator(GclusterBaseOperator):
@@ -221,12 +262,10 @@ class TpuVmCreateOperator(_TpuVmOperator):
             },
             self.chain,
         )
-        vm = replace(target, labels=tpu_vm.vm_labels(p, expires_at))
-        created = self.hook.run_checked(
-            self.create_command(vm, p.service_account), timeout=stage_command_timeout("vm_create")
+        vm, command = vm_create_command(
+            conf, dag_id=dag_id, run_id=run_id, machine=self.machine, expires_at=expires_at
         )
-        if any(marker in created.output for marker in tpu_vm.VM_EXISTS):
-            self.check_vm_is_this_runs(vm)
+        create_run_vm(self, self.what, vm, command)
         if grant:
             self.grant_vm_access(p)
         return vm.vm_name
@@ -234,26 +273,6 @@ class TpuVmCreateOperator(_TpuVmOperator):
     def machine_conf(self) -> dict[str, Any]:
         """Conf keys only the CPU VM's create takes."""
         return {}
-
-    def create_command(self, vm: Any, service_account: str | None) -> Command:
-        return tpu_vm.create_vm(vm, service_account)
-
-    def check_vm_is_this_runs(self, vm: TpuVmSpec | CpuVmSpec) -> None:
-        """ "Already exists" is success only for a VM this run created (an earlier try): its labels
-        name this DAG run; another's VM fails the task in one line, untouched."""
-        described = self.hook.run_checked(tpu_vm.describe_vm_labels(vm), log_output=False)
-        labels = (parse_json_document(described.output_lines) or {}).get("labels") or {}
-        mine = {key: vm.labels[key] for key in ("tpu-rl-dag", "tpu-rl-run")}
-        theirs = {key: labels.get(key) for key in mine}
-        if theirs != mine:
-            raise ConfigurationError(
-                f"{self.what} {vm.vm_name} already exists in {vm.zone} and this run did not create it "
-                f"(its labels: tpu-rl-dag={theirs['tpu-rl-dag']}, tpu-rl-run={theirs['tpu-rl-run']}); "
-                "choose another vm_name"
-            )
-        self.log.info(
-            "%s %s already exists: created by an earlier try of this run, reused", self.what, vm.vm_name
-        )
 
     def grant_vm_access(self, p: TpuVmPipelineSpec) -> str:
         """Let the VM's own service account read the token secret and write the bucket."""
@@ -296,9 +315,6 @@ class CpuVmCreateOperator(TpuVmCreateOperator):
     def machine_conf(self) -> dict[str, Any]:
         return {"cpu_machine_type": self.cpu_machine_type} if self.cpu_machine_type else {}
 
-    def create_command(self, vm: Any, service_account: str | None) -> Command:
-        return tpu_vm.create_cpu_vm(vm, service_account)
-
 
 class TpuVmStageOperator(_TpuVmOperator):
     """Run one stage script (install, convert, train, export) on one of the run's VMs over SSH.
@@ -315,6 +331,11 @@ class TpuVmStageOperator(_TpuVmOperator):
     :param hf_model_path: HF repo id to convert; empty = the preset's.
     :param hf_token_conn_id: the HF token connection, which names the default secret.
     :param hf_token_secret: the secret the VM reads the token from; empty = the connection's.
+    :param recover_lost_vm: ``train`` only: a TPU VM lost under training (preempted: deleted or
+        stopped by its termination action) fails the try as retryable, and the retry first brings
+        it back: starts a stopped one, or re-creates a deleted one with the create task's argv (from
+        its resource record; only the run holding its lease) and installs MaxText on it; training
+        then resumes from the newest committed checkpoint. Off: the retry trains on the VM as it is.
     """
 
     template_fields: Sequence[str] = (
@@ -327,6 +348,7 @@ class TpuVmStageOperator(_TpuVmOperator):
         "hf_model_path",
         "hf_token_conn_id",
         "hf_token_secret",
+        "recover_lost_vm",
     )
 
     def __init__(
@@ -340,9 +362,11 @@ class TpuVmStageOperator(_TpuVmOperator):
         hf_model_path: str | None = None,
         hf_token_conn_id: str = "huggingface_default",
         hf_token_secret: str | None = None,
+        recover_lost_vm: bool | str = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.recover_lost_vm = recover_lost_vm
         self.stage = stage
         self.on_machine = on_machine
         self.run_name = run_name
@@ -388,19 +412,28 @@ class TpuVmStageOperator(_TpuVmOperator):
         if done is not None:
             out |= done
         else:
+            recover = self.stage == "train" and rules.boolean("recover_lost_vm", self.recover_lost_vm)
+            if recover and context["ti"].try_number > 1:
+                self.bring_back_vm(context, p)
             if directory is not None:
                 self.claim_output(context, p, directory, run)
             started = time.time()
             try:
                 with self.claim_renewed(p, directory, run):
-                    # One SSH session runs the whole stage: it gets the stage's bound, not a short call's.
-                    self.hook.run_checked(
-                        tpu_vm.stage_command(
-                            p, self.stage, machine=machine, ssh_key_file=str(self.hook.ssh_key_file())
-                        ),
-                        on_line=on_line if self.stage == "train" else None,
-                        timeout=stage_command_timeout(self.stage),
-                    )
+                    try:
+                        # One SSH session runs the whole stage: it gets the stage's bound, not a short call's.
+                        self.hook.run_checked(
+                            tpu_vm.stage_command(
+                                p, self.stage, machine=machine, ssh_key_file=str(self.hook.ssh_key_file())
+                            ),
+                            on_line=on_line if self.stage == "train" else None,
+                            timeout=stage_command_timeout(self.stage),
+                        )
+                    except CommandError:
+                        lost = self.lost_vm_status(p.vm) if self.stage == "train" else None
+                        if lost is None:
+                            raise  # not a lost VM: classified as any failed command
+                        raise AirflowException(self.lost_vm_message(p, lost, recover)) from None
             finally:
                 if directory is not None:
                     attempt = None
@@ -422,6 +455,73 @@ class TpuVmStageOperator(_TpuVmOperator):
         if self.stage == "export":
             out["export_uri"] = p.gcs_export + "/"
         return out
+
+    # -- a TPU VM lost under training (preempted) ---------------------------------------------
+    def lost_vm_status(self, vm: TpuVmSpec) -> str | None:
+        """How the VM is lost (``TERMINATED``, ... or ``DELETED`` when it is gone), None when it is
+        not (running, or its status cannot be read)."""
+        described = self.hook.run(tpu_vm.describe_vm_status(vm), log_output=False)
+        if not described.ok:
+            return "DELETED" if any(m in described.output for m in tpu_vm.VM_GONE) else None
+        status = described.output.strip().splitlines()[-1:] or [""]
+        return status[0] if status[0] in tpu_vm.VM_LOST_STATUSES else None
+
+    def lost_vm_message(self, p: TpuVmPipelineSpec, status: str, recover: bool) -> str:
+        """The one line a try whose TPU VM was lost fails with (retryable)."""
+        from airflow_provider_tpu_rl.operators.maxtext import newest_committed_step
+
+        step = newest_committed_step(self.gcp_conn_id, p.gcs_actor_checkpoint_root, self.chain)
+        resume = f"step {step}" if step is not None else "none committed: from the start"
+        if not recover:
+            return (
+                f"TPU VM {p.vm.vm_name} was lost under training (status {status}); recover_lost_vm is "
+                f"off: once it is back, a retry resumes from the newest committed checkpoint ({resume})"
+            )
+        return (
+            f"TPU VM {p.vm.vm_name} was lost under training (status {status}); the retry brings it back "
+            f"and resumes from the newest committed checkpoint ({resume})"
+        )
+
+    def bring_back_vm(self, context: Context, p: TpuVmPipelineSpec) -> None:
+        """Before a retry trains: start the TPU VM if it is stopped; re-create it if it is gone (as
+        the create task did, for the run holding its lease) and install MaxText on it."""
+        status = self.lost_vm_status(p.vm)
+        if status is None:
+            return
+        if status not in ("DELETED", "TERMINATED"):
+            raise AirflowException(
+                f"TPU VM {p.vm.vm_name} is {status}: only a stopped (TERMINATED) or deleted one is "
+                "brought back; the next try looks again"
+            )
+        if status == "TERMINATED":
+            self.log.info("TPU VM %s was stopped under training: starting it", p.vm.vm_name)
+            self.hook.run_checked(tpu_vm.start_vm(p.vm), timeout=stage_command_timeout("vm_create"))
+            return
+        dag_id, run_id = self.run_ids(context)
+        holder = f"{dag_id}/{run_id}"
+        lease = ClusterLeaseHook(self.gcp_conn_id, self.chain).read(p.vm.bucket, vm_lease_name(p.vm.vm_name))
+        record = read_resource_record(self.gcp_conn_id, p.vm.bucket, p.vm.vm_name, self.chain)
+        if lease is None or lease.holder != holder:
+            raise AirflowFailException(
+                f"TPU VM {p.vm.vm_name} is gone and this run does not hold its lease "
+                f"({held_message(lease) if lease else 'nobody does'}): it is not re-created"
+            )
+        if record is None or f"{record.get('dag_id')}/{record.get('run_id')}" != holder:
+            raise AirflowFailException(
+                f"TPU VM {p.vm.vm_name} is gone and its resource record does not name this run: "
+                "it is not re-created"
+            )
+        self.log.warning(
+            "TPU VM %s was deleted under training: re-creating it as create_vm did", p.vm.vm_name
+        )
+        vm, command = vm_create_command(
+            record["conf"], dag_id=dag_id, run_id=run_id, machine="tpu", expires_at=int(record["expires_at"])
+        )
+        create_run_vm(self, "TPU VM", vm, command)
+        self.hook.run_checked(
+            tpu_vm.stage_command(p, "install", machine="tpu", ssh_key_file=str(self.hook.ssh_key_file())),
+            timeout=stage_command_timeout("install"),
+        )
 
     # -- the run directory this stage writes in GCS (train, export) ------------------------------
     def output_directory(self, p: TpuVmPipelineSpec) -> str | None:

@@ -178,6 +178,44 @@ def describe_vm_labels(vm: TpuVmSpec | CpuVmSpec) -> Command:
     )
 
 
+# Compute Engine's statuses of a VM that lost its machine: preempted (its termination action STOP,
+# or a suspend), on its way there, or stopped; with DELETE it is gone (describe: VM_GONE).
+VM_LOST_STATUSES = ("STOPPING", "TERMINATED", "SUSPENDING", "SUSPENDED")
+
+
+def describe_vm_status(vm: TpuVmSpec | CpuVmSpec) -> Command:
+    """The VM's status (``RUNNING``, ``TERMINATED``, ...); a VM that is gone fails with VM_GONE."""
+    return Command(
+        (
+            "gcloud",
+            "compute",
+            "instances",
+            "describe",
+            vm.vm_name,
+            f"--zone={vm.zone}",
+            f"--project={vm.project}",
+            "--format=value(status)",
+        ),
+        description=f"read the status of VM {vm.vm_name}",
+    )
+
+
+def start_vm(vm: TpuVmSpec | CpuVmSpec) -> Command:
+    """Start a stopped (``TERMINATED``) VM: its boot disk, and what was installed on it, is kept."""
+    return Command(
+        (
+            "gcloud",
+            "compute",
+            "instances",
+            "start",
+            vm.vm_name,
+            f"--zone={vm.zone}",
+            f"--project={vm.project}",
+        ),
+        description=f"start the stopped VM {vm.vm_name}",
+    )
+
+
 def vm_service_account(vm: TpuVmSpec | CpuVmSpec) -> Command:
     """The e-mail of the service account the VM runs as (the default compute one if none was named)."""
     return Command(

@@ -44,6 +44,7 @@ from tpu_rl_sandbox.state import (
     StateError,
     StateStore,
     call_start,
+    claim_preemption,
     parse_faults,
     record_call,
 )
@@ -1345,6 +1346,7 @@ class Gcloud:
         project, zone, name = record["project"], record["zone"], record["name"]
         base = f"https://www.googleapis.com/compute/v1/projects/{project}/zones/{zone}"
         affinity = record.get("reservationAffinity", {})
+        running = record["status"] == "RUNNING"
         resource = {
             "id": str(int(hashlib.sha256(f"{project}/{zone}/{name}".encode()).hexdigest()[:15], 16)),
             "kind": "compute#instance",
@@ -1359,7 +1361,10 @@ class Gcloud:
                 {
                     "name": "nic0",
                     "networkIP": "10.128.0.5",
-                    "accessConfigs": [{"name": "External NAT", "natIP": _external_ip(name)}],
+                    # A stopped VM's ephemeral external IP is released; it gets one again at start.
+                    "accessConfigs": [
+                        {"name": "External NAT", **({"natIP": _external_ip(name)} if running else {})}
+                    ],
                 }
             ],
             "scheduling": {k: v for k, v in record.get("scheduling", {}).items() if v},
@@ -1377,6 +1382,9 @@ class Gcloud:
                 }
             ],
         }
+        for stamp in ("lastStartTimestamp", "lastStopTimestamp"):
+            if record.get(stamp):
+                resource[stamp] = record[stamp]
         if affinity.get("type") == "specific":
             resource["reservationAffinity"] = {
                 "consumeReservationType": "SPECIFIC_RESERVATION",
@@ -1423,6 +1431,69 @@ class Gcloud:
         for name in names:
             self.err(f"Deleted [{self._instance_url(project, zone, name)}].\n")
         return 0
+
+    def cmd_compute_instances_start(self, parsed: GcloudParse) -> int:
+        """surface/compute/instances/start.py: instances.start on each VM, then one "Updated" line and
+        its IPs per VM; starting a RUNNING VM does nothing (the API's operation is done at once)."""
+        project = self.project(parsed)
+        names = list(parsed.positionals["INSTANCE_NAMES"])
+        zone = self.zone(parsed, names[0])
+        for name in names:
+            self._vm(project, zone, name)
+        self._require_permission(
+            "compute.instances.start", project, f"projects/{project}/zones/{zone}/instances/{names[0]}"
+        )
+        if parsed.get("async"):
+            raise GcloudError("sandbox: --async is not simulated for instances start")
+        time.sleep(capacity_seconds(load_settings(self.layout).minute_seconds, "vm_create"))
+        with self.store.txn() as txn:
+            vms = txn.doc("vms")
+            history = txn.doc("vm_history")
+            for name in names:
+                record = vms[f"{project}/{zone}/{name}"]
+                if record["status"] == "RUNNING":
+                    continue
+                if record["status"] != "TERMINATED":
+                    raise GcloudError(
+                        f"Could not fetch resource:\n - The resource 'projects/{project}/zones/{zone}/instances/{name}' is not ready"
+                    )
+                record.update(status="RUNNING", lastStartTimestamp=rfc3339())
+                lives = history.get(f"{project}/{zone}/{name}") or []
+                if lives:
+                    lives[-1].setdefault("started", []).append(time.time())
+            txn.save("vms")
+            txn.save("vm_history")
+        for name in names:
+            self.err(f"Updated [{self._instance_url(project, zone, name)}].\n")
+            self.err("Instance internal IP is 10.128.0.5\n")
+            self.err(f"Instance external IP is {_external_ip(name)}\n")
+        return 0
+
+    def _preempt_vm(self, project: str, zone: str, name: str) -> None:
+        """Compute Engine preempts the VM as its ``instanceTerminationAction`` says: DELETE deletes
+        it (its boot disk too: autoDelete), STOP leaves it TERMINATED with its boot disk (so what
+        was installed on it). ``vm_history`` notes when."""
+        now = time.time()
+        with self.store.txn() as txn:
+            vms = txn.doc("vms")
+            history = txn.doc("vm_history")
+            key = f"{project}/{zone}/{name}"
+            record = vms.get(key)
+            if record is None:
+                return
+            action = (record.get("scheduling") or {}).get("instanceTerminationAction") or "STOP"
+            lives = history.get(key) or []
+            if lives:
+                lives[-1].setdefault("preempted", []).append(now)
+            if action == "DELETE":
+                vms.pop(key)
+                shutil.rmtree(self.layout.vm_dir(name), ignore_errors=True)
+                if lives:
+                    lives[-1]["deleted"] = now
+            else:
+                record.update(status="TERMINATED", lastStopTimestamp=rfc3339())
+            txn.save("vms")
+            txn.save("vm_history")
 
     def _record_program(self, project: str, zone: str, name: str, module: str) -> None:
         """The VM's history (``vm_history``: each life's machine type, create and delete times)
@@ -1473,7 +1544,7 @@ class Gcloud:
                     r["machineType"].rsplit("/", 1)[-1],
                     "",
                     "10.128.0.5",
-                    r["networkInterfaces"][0]["accessConfigs"][0]["natIP"],
+                    r["networkInterfaces"][0]["accessConfigs"][0].get("natIP", ""),
                     r["status"],
                 ]
                 for r in resources
@@ -1635,12 +1706,22 @@ class Gcloud:
         user = user or self.env.get("USER") or "sandbox"
         zone = self.zone(parsed, name)
         record = self._vm(project, zone, name)
-        if record["status"] != "RUNNING":
-            raise GcloudError(
-                f"Instance [{name}] in zone [{zone}] is not running (status {record['status']})."
-            )
         expiration = self._ssh_key_expiration(parsed)
         public_key = self._ensure_ssh_key(parsed, user)
+        if record["status"] != "RUNNING":
+            # A stopped VM has no external IP (ssh_utils.GetExternalInterface: an access config
+            # without natIP raises UnallocatedIPAddressError); through IAP, the tunnel has no backend.
+            if parsed.get("tunnel-through-iap"):
+                self.err(
+                    "ERROR: (gcloud.compute.start-iap-tunnel) Error while connecting [4003: 'failed to connect to backend'].\n"
+                )
+                self.err("kex_exchange_identification: Connection closed by remote host\n")
+                self.err("ERROR: (gcloud.compute.ssh) [/usr/bin/ssh] exited with return code [255].\n")
+                return 255
+            raise GcloudError(
+                f"Instance [{name}] in zone [{zone}] has not been allocated an external IP address yet. "
+                "Try rerunning this command later."
+            )
         os_login = self._os_login(project)
         keys_newly_added = False
         if os_login:
@@ -1719,8 +1800,17 @@ class Gcloud:
             authorize=authorize,
             bucket_project=bucket_project,
             on_program=lambda module: self._record_program(project, zone, name, module),
+            preempt=lambda run_dir, committed: claim_preemption(
+                store,
+                load_settings(self.layout).preempt_after_checkpoints,
+                run_dir,
+                committed,
+                f"{project}/{zone}/{name}",
+                rfc3339(),
+            ),
         )
-        booted = dt.datetime.fromisoformat(str(record["created"]).replace("Z", "+00:00")).timestamp()
+        boot = record.get("lastStartTimestamp") or record["created"]  # its last boot
+        booted = dt.datetime.fromisoformat(str(boot).replace("Z", "+00:00")).timestamp()
         boot_apt = load_settings(self.layout).boot_apt_seconds
         vm = hosts.VmHost(
             self.layout.vm_dir(name),
@@ -1737,9 +1827,17 @@ class Gcloud:
         if command is None:
             # ssh without a command runs the login shell on stdin (no terminal: no prompt).
             self.err("Pseudo-terminal will not be allocated because stdin is not a terminal.\n")
-            return vm.run_session(["-bash"], stdin, self.out, self.err, self.env)
         # sshd runs a command as `<login shell> -c <command>`.
-        return vm.run_session(["bash", "-c", str(command)], stdin, self.out, self.err, self.env)
+        argv = ["-bash"] if command is None else ["bash", "-c", str(command)]
+        status = vm.run_session(argv, stdin, self.out, self.err, self.env)
+        if vm.preempted:
+            # The VM shut down under the session: sshd closed the connection (OpenSSH clientloop.c
+            # "Connection to %s closed by remote host.", exit 255), gcloud reports ssh's exit code.
+            self._preempt_vm(project, zone, name)
+            self.err(f"Connection to {_external_ip(name)} closed by remote host.\n")
+            self.err("ERROR: (gcloud.compute.ssh) [/usr/bin/ssh] exited with return code [255].\n")
+            return 255
+        return status
 
     # -- networks, firewall rules, project metadata ----------------------------------------
     def _network_missing(self, project: str, network: str) -> GcloudError:

@@ -234,6 +234,13 @@ COMMANDS: tuple[GcloudCommand, ...] = (
         (F("zone"), F("delete-disks"), F("keep-disks")),
     ),
     GcloudCommand(("compute", "instances", "describe"), (P("NAME"),), (F("zone"),)),
+    # surface/compute/instances/start.py _CommonArgs: INSTANCES_ARG, csek_utils.AddCsekKeyArgs
+    # (flags_about_creation=False: --csek-key-file), base.ASYNC_FLAG
+    GcloudCommand(
+        ("compute", "instances", "start"),
+        (P("INSTANCE_NAMES", many=True),),
+        (F("zone"), F("csek-key-file"), F("async", "bool")),
+    ),
     GcloudCommand(
         ("compute", "instances", "list"),
         (P("NAME", required=False, many=True),),

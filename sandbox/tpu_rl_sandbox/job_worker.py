@@ -33,7 +33,7 @@ from tpu_rl_sandbox.hosts import MachineServices, PodHost
 from tpu_rl_sandbox.layout import SandboxLayout, rfc3339
 from tpu_rl_sandbox.maxtext_sim import DEFAULT_STEP_SECONDS
 from tpu_rl_sandbox.settings import load_settings
-from tpu_rl_sandbox.state import FaultGate, StateStore, parse_faults
+from tpu_rl_sandbox.state import FaultGate, StateStore, claim_preemption, parse_faults
 
 
 class JobGone(Exception):
@@ -390,18 +390,9 @@ class Worker:
         return status
 
     def preempt(self, run_dir: str, committed: int) -> bool:
-        """Whether the nodes go now: the settings' ``preempt_after_checkpoints`` reached in
-        ``run_dir``, the first time (remembered in the sandbox's state)."""
+        """Whether the nodes go now (:func:`state.claim_preemption`)."""
         wanted = load_settings(self.layout).preempt_after_checkpoints
-        if wanted <= 0 or committed < wanted:
-            return False
-        with self.store.txn() as txn:
-            fired = txn.doc("preemptions")
-            if run_dir in fired:
-                return False
-            fired[run_dir] = {"job": self.key, "committed": committed, "at": rfc3339()}
-            txn.save("preemptions")
-        return True
+        return claim_preemption(self.store, wanted, run_dir, committed, self.key, rfc3339())
 
     def lose_nodes(self) -> None:
         """The job's nodes shut down (preemption, maintenance): the kubelet's node-shutdown manager

@@ -77,8 +77,9 @@ class SandboxSettings:
       ``True`` again.
     * ``preempt_after_checkpoints``: N > 0 takes the TPU capacity from under a training run right
       after it commits its Nth checkpoint, once per run directory (a GKE pod's node shuts down:
-      the kubelet fails it with reason ``Terminated`` and a ``DisruptionTarget`` condition); a
-      retry then resumes from that checkpoint.
+      the kubelet fails it with reason ``Terminated`` and a ``DisruptionTarget`` condition; a TPU
+      VM goes as its ``instanceTerminationAction`` says and its SSH session ends); a retry then
+      resumes from that checkpoint.
     * ``minute_seconds``: the time scale. 0 (the default): every stage lasts a few
       ``step_seconds``. Above 0: conversion, training, export and the TPU VM's install last their
       real minutes (``timescale.STAGE_MINUTES``) times this, as ``make bench`` plays them.

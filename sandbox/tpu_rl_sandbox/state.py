@@ -158,6 +158,23 @@ class FaultGate:
         return spec
 
 
+def claim_preemption(
+    store: StateStore, wanted: int, run_dir: str, committed: int, machine: str, at: str
+) -> bool:
+    """Whether the machine under a training goes now: ``wanted`` (the settings'
+    ``preempt_after_checkpoints``) committed checkpoints reached in ``run_dir``, the first time
+    (remembered in the ``preemptions`` document, with the machine that went)."""
+    if wanted <= 0 or committed < wanted:
+        return False
+    with store.txn() as txn:
+        fired = txn.doc("preemptions")
+        if run_dir in fired:
+            return False
+        fired[run_dir] = {"job": machine, "committed": committed, "at": at}
+        txn.save("preemptions")
+    return True
+
+
 def reset_faults(layout: SandboxLayout) -> None:
     """Forget which transient faults fired (they will fire again once)."""
     with StateStore(layout).txn() as txn:

@@ -146,6 +146,18 @@ def test_cpu_vm_create_and_delete() -> None:
     ]  # fmt: skip
 
 
+def test_a_lost_tpu_vm_is_described_and_started_by_name() -> None:
+    """A train retry reads the TPU VM's status and starts it when preemption stopped it."""
+    vm = _pipeline().vm
+    assert list(tpu_vm.describe_vm_status(vm).argv) == [
+        "gcloud", "compute", "instances", "describe", "llama-vm",
+        "--zone=us-east5-b", "--project=tpu-proj-123", "--format=value(status)",
+    ]  # fmt: skip
+    assert list(tpu_vm.start_vm(vm).argv) == [
+        "gcloud", "compute", "instances", "start", "llama-vm", "--zone=us-east5-b", "--project=tpu-proj-123",
+    ]  # fmt: skip
+
+
 def test_each_stage_runs_on_its_vm() -> None:
     """Conversion and export on the CPU VM (the converters force JAX onto the CPU), training on the
     TPU VM; MaxText is installed on both; another VM for a fixed stage is refused."""

@@ -80,6 +80,12 @@ def rendered_gcloud_commands() -> dict[tuple[str, ...], set[str]]:
         yield "janitor", gke.list_managed_clusters(PROJECT)
         yield "janitor", tpu_vm.list_managed_vms(PROJECT)
         yield "janitor", tpu_vm.delete_vm_named(PROJECT, "us-east5-b", "tpu-rl-vm")
+        # a train retry's look at, and start of, a TPU VM lost under training
+        vm = tpu_vm_pipeline_from_conf(
+            {"model": "llama3.1-8b-Instruct", "project": PROJECT, "bucket": "my-bkt", "reservation": "res-8"}
+        ).vm
+        yield "train", tpu_vm.describe_vm_status(vm)
+        yield "train", tpu_vm.start_vm(vm)
 
     return _gcloud(all_commands())
 

@@ -12,6 +12,7 @@ import pytest
 from airflow_provider_tpu_rl.render.tpu_vm import install_script
 from tests.sandbox.conftest import Cli
 from tpu_rl_sandbox.settings import load_settings, reset_settings, update_settings
+from tpu_rl_sandbox.state import StateStore
 
 INSTALL = """set -euo pipefail
 sudo apt update && sudo apt upgrade -y --fix-missing
@@ -416,3 +417,41 @@ def test_a_cpu_vm_converts_but_cannot_train(cli: Cli, prepared: dict[str, str]) 
         "maxtext.checkpoint_conversion.to_maxtext",
         "maxtext.trainers.post_train.rl.train_rl",
     ]
+
+
+def test_a_stopped_vm_refuses_ssh_until_it_is_started(cli: Cli, prepared: dict[str, str]) -> None:
+    """A VM preemption left TERMINATED (termination action STOP) has no external IP: ssh fails as
+    gcloud's ssh_utils does; ``instances start`` brings it back, its boot disk as it was."""
+    names, vm = prepared, f"vms-{prepared['cluster']}"
+    where = (f"--zone={names['zone']}", f"--project={names['project']}")
+    create_vm(cli, names, vm)
+    assert ssh(cli, names, vm, "touch kept\n")[0] == 0
+    with StateStore(cli.layout).txn() as txn:  # as fake_gcloud._preempt_vm leaves a STOP VM
+        txn.doc("vms")[f"{names['project']}/{names['zone']}/{vm}"].update(
+            status="TERMINATED", lastStopTimestamp="2030-01-01T00:00:00.000-00:00"
+        )
+        txn.save("vms")
+
+    code, _, err = ssh(cli, names, vm, "true\n")
+    assert code == 1
+    assert (
+        f"ERROR: (gcloud.compute.ssh) Instance [{vm}] in zone [{names['zone']}] has not been allocated an "
+        "external IP address yet. Try rerunning this command later." in err
+    )
+    described = json.loads(cli.gcloud("compute", "instances", "describe", vm, *where, "--format=json").out)
+    assert described["status"] == "TERMINATED"
+    assert "natIP" not in described["networkInterfaces"][0]["accessConfigs"][0]
+
+    started = cli.gcloud("compute", "instances", "start", vm, *where)
+    assert started.code == 0, started.text
+    assert f"Updated [https://www.googleapis.com/compute/v1/projects/{names['project']}/zones/" in started.err
+    assert ssh(cli, names, vm, "test -f kept\n")[0] == 0
+    history = cli.state("vm_history")[f"{names['project']}/{names['zone']}/{vm}"]
+    assert len(history) == 1
+    assert len(history[0]["started"]) == 1
+
+    missing = cli.gcloud("compute", "instances", "start", f"{vm}-none", *where)
+    assert missing.code == 1
+    assert "was not found" in missing.err
+    refused = cli.gcloud("compute", "instances", "start", vm, *where, "--machine-type=n2-standard-8")
+    assert refused.code == 2
