@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailException
-from airflow_provider_tpu_rl.operators.maxtext import PathwaysRLTrainOperator
 from airflow_provider_tpu_rl.ledger.records import resume_loss
+from airflow_provider_tpu_rl.operators.maxtext import PathwaysRLTrainOperator
 from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
 from tests.operators.sandbox_run import (
     RecordingTI,
@@ -72,4 +72,5 @@ def test_a_training_preempted_after_its_second_checkpoint_of_five_resumes_there(
     loss = resume_loss(result["attempts"], run)
     assert loss is not None
     assert (loss.resumes, loss.steps_lost) == (1, first["reached_step"] - 2)
-    assert loss.seconds_lost is not None and loss.seconds_lost > 0
+    assert loss.seconds_lost is not None
+    assert loss.seconds_lost > 0

@@ -15,6 +15,7 @@ import pytest
 
 from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailException
 from airflow_provider_tpu_rl.hooks.lease import ClusterLeaseHook, vm_lease_name
+from airflow_provider_tpu_rl.ledger.records import resume_loss
 from airflow_provider_tpu_rl.operators.gke import EnsureBucketOperator, HfTokenSecretOperator
 from airflow_provider_tpu_rl.operators.tpu_vm import (
     CpuVmCreateOperator,
@@ -87,10 +88,17 @@ def _resumed_try(sb: SandboxRun, conf: dict[str, Any]) -> dict[str, Any]:
     with capture_task_logs() as logs:
         result = _execute(sb, TpuVmStageOperator, conf, "train", try_number=2)
     log = _train_log(logs)
-    assert "Restoring actor from checkpoint step 2" in log  # steps 1-2 are not trained again
+    assert "Restored params from step: 2 in" in log  # steps 1-2 are not trained again
     assert "Train step 2 " not in log
     assert "Train step 3 " in log
     assert result["metrics"]["last_step"] == 5
+    # both attempts are in the run directory's record: the ledger's resume view
+    first, second = result["attempts"]
+    assert (first["from_step"], second["from_step"], second["reached_step"]) == (0, 2, 5)
+    loss = resume_loss(result["attempts"], f"{TPU_VM_DAG_ID}/{RUN_ID}")
+    assert loss is not None
+    assert (loss.resumes, loss.steps_lost) == (1, first["reached_step"] - 2)
+    assert loss.seconds_lost is not None
     return result
 
 
