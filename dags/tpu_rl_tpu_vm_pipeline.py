@@ -83,9 +83,10 @@ FORM: Final[dict[str, dict[str, Any]]] = {
     "reservation": {
         "title": "TPU reservation",
         "section": CLOUD,
-        "description": "Name of the v6e-8 reservation the VM is bound to (RESERVATION_BOUND).",
+        "description": "Name of the v6e-8 reservation the VM is bound to (RESERVATION_BOUND) with "
+        "reservation capacity; empty with spot or flex-start capacity.",
         "type": "string",
-        "pattern": rules.GCE_NAME.pattern,
+        "pattern": optional(rules.GCE_NAME),
         "rule": rules.gce_name_rule("reservation name"),
     },
     "service_account": {
