@@ -167,8 +167,8 @@ def _consume_no_reservation(modules: list[dict[str, Any]]) -> None:
         module["settings"]["reservation_affinity"] = {"consume_reservation_type": "NO_RESERVATION"}
 
 
-def set_capacity(pool: dict[str, Any], capacity: str, slice_vms: int | None) -> None:
-    """Provision the TPU node pool with Spot VMs or DWS flex-start, as gke-node-pool allows.
+def capacity_settings(capacity: str, slice_vms: int | None) -> dict[str, Any]:
+    """The gke-node-pool settings of a TPU node pool with ``capacity`` (spot or flex-start).
 
     gke-node-pool's preconditions (``modules/compute/gke-node-pool/main.tf`` l.415-438 at
     cluster-toolkit 1047080): spot and flex-start only with ``NO_RESERVATION``, never both;
@@ -177,23 +177,30 @@ def set_capacity(pool: dict[str, Any], capacity: str, slice_vms: int | None) -> 
     limits, as ``examples/gke-consumption-options/dws-flex-start/gke-tpu-v6e/`` sets them (main.tf
     l.111-112: they work around a Terraform provider bug with TPU flex-start).
     """
+    no_reservation = {"reservation_affinity": {"consume_reservation_type": "NO_RESERVATION"}}
+    if capacity == SPOT:
+        return {**no_reservation, "spot": True}
+    if capacity == FLEX_START:
+        if slice_vms is None:
+            raise BlueprintError("flex-start capacity needs the VMs of one slice (slice_vms)")
+        return {
+            **no_reservation,
+            "enable_flex_start": True,
+            "auto_repair": False,
+            "autoscaling_min_node_count": 0,
+            "autoscaling_max_node_count": slice_vms,
+        }
+    raise BlueprintError(f"no node pool settings for capacity {capacity!r}")
+
+
+def set_capacity(pool: dict[str, Any], capacity: str, slice_vms: int | None) -> None:
+    """Provision the TPU node pool with Spot VMs or DWS flex-start (:func:`capacity_settings`)."""
     settings = pool.setdefault("settings", {})
     if settings.get("static_node_count") is not None:
         raise BlueprintError(
             f"the TPU node pool sets static_node_count; {capacity} capacity needs autoscaling"
         )
-    settings["reservation_affinity"] = {"consume_reservation_type": "NO_RESERVATION"}
-    if capacity == SPOT:
-        settings["spot"] = True
-    elif capacity == FLEX_START:
-        if slice_vms is None:
-            raise BlueprintError("flex-start capacity needs the VMs of one slice (slice_vms)")
-        settings["enable_flex_start"] = True
-        settings["auto_repair"] = False
-        settings["autoscaling_min_node_count"] = 0
-        settings["autoscaling_max_node_count"] = slice_vms
-    else:
-        raise BlueprintError(f"unknown capacity {capacity!r}")
+    settings.update(capacity_settings(capacity, slice_vms))
 
 
 def _tpu_pool(modules: list[dict[str, Any]]) -> dict[str, Any]:
