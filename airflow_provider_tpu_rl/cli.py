@@ -10,7 +10,13 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from airflow_provider_tpu_rl.render.plan import gke_plan, plan_document, tpu_vm_plan
+from airflow_provider_tpu_rl.render.plan import (
+    gke_capacity,
+    gke_plan,
+    plan_document,
+    tpu_vm_capacity,
+    tpu_vm_plan,
+)
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, TPU_VM_DAG_ID, SpecError
 from airflow_provider_tpu_rl.spec.pipeline import (
     ENVIRONMENT_OPTIONS,
@@ -29,7 +35,8 @@ def build_plan(
     run_id: str = "manual__plan",
     environment: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The JSON plan of one DAG run: every command in execution order, secrets as ``***``.
+    """The JSON plan of one DAG run: every command in execution order, secrets as ``***``, and
+    the run's ``capacity`` with what it renders (the TPU VM's flags, the TPU node pool's settings).
 
     ``environment`` (field → value, :func:`plan_environment`) is what the untouched trigger form
     holds besides its own defaults; ``conf`` overrides it. ``placeholders`` names the fields still
@@ -41,9 +48,11 @@ def build_plan(
     if dag_id == GKE_DAG_ID:
         gke = gke_pipeline_from_conf(conf, dag_id=dag_id, run_id=run_id)
         document, resolved = plan_document(dag_id, gke_plan(gke)), gke.resolved()
+        document["capacity"] = gke_capacity(gke)
     elif dag_id == TPU_VM_DAG_ID:
         vm = tpu_vm_pipeline_from_conf(conf, dag_id=dag_id, run_id=run_id)
         document, resolved = plan_document(dag_id, tpu_vm_plan(vm)), vm.resolved()
+        document["capacity"] = tpu_vm_capacity(vm)
     else:
         raise SpecError("dag_id", f"unknown DAG; choose one of {list(PLAN_DAG_IDS)}", dag_id)
     document["placeholders"] = {

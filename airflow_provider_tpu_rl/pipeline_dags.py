@@ -26,6 +26,7 @@ from airflow_provider_tpu_rl.operators.pipeline import (
     validate_pipeline_conf,
 )
 from airflow_provider_tpu_rl.spec import PRESETS, Runner, rules
+from airflow_provider_tpu_rl.spec.cluster import CAPACITIES
 from airflow_provider_tpu_rl.spec.pipeline import PLACEHOLDERS
 from airflow_provider_tpu_rl.spec.presets import presets_for
 from airflow_provider_tpu_rl.timeouts import job_timeout, task_timeout
@@ -127,6 +128,19 @@ COMMON_FORM: Final[dict[str, dict[str, Any]]] = {
         "type": "string",
         "pattern": rules.ZONE.pattern,
         "rule": rules.ZONE_RULE,
+    },
+    "capacity": {
+        "title": "TPU capacity",
+        "section": CLOUD,
+        "description": (
+            "How the TPUs are provisioned. reservation: from the reservation named above (the "
+            "default). spot: Spot VMs, much cheaper but preemptible at any time; training resumes "
+            "from its newest checkpoint. flex-start: Dynamic Workload Scheduler capacity, queued "
+            "until free, then runs for a bounded time without preemption. spot and flex-start take "
+            "no reservation: leave reservation empty. See the README's capacity table."
+        ),
+        "type": "string",
+        "enum": list(CAPACITIES),
     },
     "bucket": {
         "title": "GCS bucket",

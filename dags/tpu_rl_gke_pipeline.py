@@ -206,7 +206,8 @@ the actor checkpoint is committed, whatever the training did. `destroy_cluster` 
 everything left, the pool included when its own destroy failed. `keep_cluster` keeps the cluster,
 not the TPU pool.
 
-**Trigger form.** *Run Parameters* (open): project, region, zone, bucket, reservation; the
+**Trigger form.** *Run Parameters* (open): project, region, zone, bucket, reservation, capacity (the TPU node
+pool's: reservation, spot or flex-start, the last two with no reservation); the
 prefilled `my-tpu-project` and `my-tpu-rl-bucket` are examples to replace,
 or set once for this Airflow in `[tpu_rl] default_project`, `default_bucket`, ... (the fields' defaults). *Cluster*: name, shape,
 control-plane network. *Model & training*: the model preset ({", ".join(GKE_MODELS)}); every value

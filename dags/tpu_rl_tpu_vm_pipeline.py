@@ -83,9 +83,10 @@ FORM: Final[dict[str, dict[str, Any]]] = {
     "reservation": {
         "title": "TPU reservation",
         "section": CLOUD,
-        "description": "Name of the v6e-8 reservation the VM is bound to (RESERVATION_BOUND).",
+        "description": "Name of the v6e-8 reservation the VM is bound to (RESERVATION_BOUND) with "
+        "reservation capacity; empty with spot or flex-start capacity.",
         "type": "string",
-        "pattern": rules.GCE_NAME.pattern,
+        "pattern": optional(rules.GCE_NAME),
         "rule": rules.gce_name_rule("reservation name"),
     },
     "service_account": {
@@ -148,7 +149,7 @@ PARAMS: Final = pipeline_params(TPU_VM_DEFAULTS, FORM, ENVIRONMENT_OPTIONS["tpu_
 DOC_MD = f"""
 # {TPU_VM_DAG_ID}
 
-GRPO post-training of {", ".join(TPU_VM_MODELS)} with MaxText on one reservation-bound TPU v6e-8 VM,
+GRPO post-training of {", ".join(TPU_VM_MODELS)} with MaxText on one TPU v6e-8 VM (reservation-bound, Spot or flex-start: `capacity`),
 driven over SSH, as in the Llama 3.1 8B tutorial, except that the TPU VM exists only while it trains:
 bucket → HF token secret → **CPU VM** (`<vm_name>-cpu`, `cpu_machine_type`) → install MaxText there →
 HF→MaxText conversion on the CPU VM, written to the bucket → `wait_converted_checkpoint` (its commit
@@ -158,7 +159,8 @@ the CPU VM (bucket to bucket) → `wait_hf_export` → CPU VM deleted. MaxText's
 onto the CPU (`jax_platforms=cpu`), so they never needed the TPU: the billed TPU VM now lives only
 around training.
 
-**Trigger form.** *Run Parameters* (open): project, zone, bucket, reservation, service account;
+**Trigger form.** *Run Parameters* (open): project, zone, bucket, reservation, capacity (reservation, spot or
+flex-start; the last two with no reservation), service account;
 the prefilled `my-tpu-project` and `my-tpu-rl-bucket` are examples to replace,
 or set once for this Airflow in `[tpu_rl] default_project`, `default_bucket`, ... (the fields' defaults). *VM*: the
 TPU VM's name and the CPU VM's machine type.

@@ -233,3 +233,43 @@ def test_a_tpu_rl_default_the_form_would_refuse_fails_the_plan_in_one_line_namin
     assert out == ""
     (line,) = err.strip().splitlines()
     assert line.startswith("tpu-rl plan: [tpu_rl] default_zone: 'Europe West' is not a valid Zone")
+
+
+def test_the_plan_shows_the_capacity_and_what_it_renders(capsys: pytest.CaptureFixture[str]) -> None:
+    conf = json.dumps({"project": "my-proj-123", "bucket": "my-bkt", "capacity": "spot", "reservation": ""})
+    code, out, _ = _plan(capsys, "tpu_rl_tpu_vm_pipeline", "--conf", conf)
+    assert code == 0
+    plan = json.loads(out)
+    assert plan["capacity"] == {
+        "value": "spot",
+        "reservation": None,
+        "release_track": "ga",
+        "create_vm_flags": [
+            "--maintenance-policy=TERMINATE",
+            "--provisioning-model=SPOT",
+            "--instance-termination-action=STOP",
+        ],
+    }
+    (create,) = [s["argv"] for s in plan["steps"] if s["task_id"] == "create_vm"][:1]
+    assert "--provisioning-model=SPOT" in create
+    assert not any(step["argv"][1:4] == ["compute", "reservations", "describe"] for step in plan["steps"])
+
+    code, out, _ = _plan(capsys, "tpu_rl_gke_pipeline", "--conf", json.dumps({"capacity": "flex-start"}))
+    assert code == 0
+    assert json.loads(out)["capacity"]["tpu_pool_settings"] == {
+        "reservation_affinity": {"consume_reservation_type": "NO_RESERVATION"},
+        "enable_flex_start": True,
+        "auto_repair": False,
+        "autoscaling_min_node_count": 0,
+        "autoscaling_max_node_count": 8,
+    }
+    code, out, _ = _plan(capsys, "tpu_rl_gke_pipeline")
+    assert json.loads(out)["capacity"]["value"] == "reservation"
+
+
+def test_a_capacity_with_a_reservation_is_an_invalid_conf(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _plan(
+        capsys, "tpu_rl_gke_pipeline", "--conf", json.dumps({"capacity": "spot", "reservation": "r1"})
+    )
+    assert code == 2
+    assert "capacity: spot capacity consumes no reservation: clear reservation (r1)" in err

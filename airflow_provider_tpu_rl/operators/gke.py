@@ -20,7 +20,7 @@ from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, expiry_
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.render.blueprint import BLUEPRINT_RELPATH, customize_blueprint
 from airflow_provider_tpu_rl.spec import rules
-from airflow_provider_tpu_rl.spec.cluster import ClusterSpec
+from airflow_provider_tpu_rl.spec.cluster import RESERVATION, ClusterSpec
 from airflow_provider_tpu_rl.spec.pipeline import hf_token_spec, run_suffix
 from airflow_provider_tpu_rl.spec.preflight import enabled_secret_versions, parse_json_document
 from airflow_provider_tpu_rl.spec.presets import BlueprintEdits, get_preset
@@ -216,6 +216,7 @@ class _ClusterOperator(GclusterBaseOperator):
         "cluster_name",
         "bucket",
         "reservation",
+        "capacity",
         "model",
         "compute_type",
         "topology",
@@ -235,6 +236,7 @@ class _ClusterOperator(GclusterBaseOperator):
         cluster_name: str,
         bucket: str,
         reservation: str = "",
+        capacity: str = RESERVATION,
         model: str | None = None,
         compute_type: str | None = None,
         topology: str | None = None,
@@ -251,6 +253,7 @@ class _ClusterOperator(GclusterBaseOperator):
         self.cluster_name = cluster_name
         self.bucket = bucket
         self.reservation = reservation
+        self.capacity = capacity
         self.model = model
         self.compute_type = compute_type
         self.topology = topology
@@ -267,6 +270,7 @@ class _ClusterOperator(GclusterBaseOperator):
             "cluster_name": self.cluster_name,
             "bucket": self.bucket,
             "reservation": self.reservation or "",
+            "capacity": self.capacity or RESERVATION,
             "compute_type": self.compute_type,
             "topology": self.topology,
             "num_slices": self.num_slices,
@@ -314,6 +318,8 @@ def write_blueprint(
             cluster.blueprint,
             labels,
             reservation=bool(cluster.reservation),
+            capacity=cluster.capacity,
+            slice_vms=cluster.shape.vms,
             # the TPU pool in a group of its own: deployed and destroyed around the training alone
             tpu_quota=cluster.total_chips,
         )
@@ -518,6 +524,9 @@ class GclusterDeployOperator(_ClusterOperator):
     :param cluster_name: GKE cluster / deployment name (``[a-z][a-z0-9-]*``, at most 20 characters).
     :param bucket: bucket for the Terraform state and the janitor's record.
     :param reservation: TPU reservation the node pool consumes; empty: none, the pool is on-demand.
+    :param capacity: how the TPU node pool is provisioned: ``reservation`` (default; the
+        reservation named, or on-demand without one), ``spot`` (Spot VMs) or ``flex-start`` (DWS
+        flex-start); the last two consume no reservation.
     :param model: a model preset name: it sets the blueprint edits and the slice shape left empty.
     :param compute_type: TPU machine type (default the preset's, ``ct6e-standard-4t``).
     :param topology: slice topology (default the preset's, ``4x8``).

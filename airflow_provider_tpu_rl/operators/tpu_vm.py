@@ -41,7 +41,7 @@ from airflow_provider_tpu_rl.operators.gke import (
 from airflow_provider_tpu_rl.render import tpu_vm
 from airflow_provider_tpu_rl.render.command import Command
 from airflow_provider_tpu_rl.spec import rules
-from airflow_provider_tpu_rl.spec.cluster import CpuVmSpec, TpuVmSpec
+from airflow_provider_tpu_rl.spec.cluster import RESERVATION, CpuVmSpec, TpuVmSpec
 from airflow_provider_tpu_rl.spec.errors import SpecError
 from airflow_provider_tpu_rl.spec.pipeline import (
     TPU_VM_DEFAULTS,
@@ -162,7 +162,9 @@ class _TpuVmOperator(GclusterBaseOperator):
 class TpuVmCreateOperator(_TpuVmOperator):
     """Create the TPU VM with labels the janitor reads; an existing VM of this run is reused.
 
-    :param reservation: the v6e-8 reservation the VM is bound to.
+    :param reservation: the v6e-8 reservation the VM is bound to (``reservation`` capacity).
+    :param capacity: how the TPU VM is provisioned: ``reservation`` (default), ``spot`` or
+        ``flex-start`` (``render.tpu_vm.capacity_flags``); the last two take no reservation.
     :param service_account: the VM's service account; empty = the project's default.
     :param hf_token_conn_id: the HF token connection, which names the default secret.
     :param hf_token_secret: the secret the VM reads the token from; empty = the connection's.
@@ -176,6 +178,7 @@ class TpuVmCreateOperator(_TpuVmOperator):
     template_fields: Sequence[str] = (
         *_TpuVmOperator.template_fields,
         "reservation",
+        "capacity",
         "service_account",
         "hf_token_conn_id",
         "hf_token_secret",
@@ -188,6 +191,7 @@ class TpuVmCreateOperator(_TpuVmOperator):
         self,
         *,
         reservation: str,
+        capacity: str = RESERVATION,
         service_account: str | None = None,
         hf_token_conn_id: str = "huggingface_default",
         hf_token_secret: str | None = None,
@@ -198,6 +202,7 @@ class TpuVmCreateOperator(_TpuVmOperator):
     ) -> None:
         super().__init__(**kwargs)
         self.reservation = reservation
+        self.capacity = capacity
         self.service_account = service_account
         self.hf_token_conn_id = hf_token_conn_id
         self.hf_token_secret = hf_token_secret
@@ -212,6 +217,7 @@ class TpuVmCreateOperator(_TpuVmOperator):
             **self.conf(),
             **self.machine_conf(),
             "reservation": self.reservation,
+            "capacity": self.capacity or RESERVATION,
             "service_account": self.service_account or None,
             "keep_vm": rules.boolean("keep_vm", self.keep_vm),
             "max_vm_hours": rules.integer("max_vm_hours", self.max_vm_hours, 1, 24 * 7),

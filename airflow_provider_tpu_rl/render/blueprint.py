@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+from airflow_provider_tpu_rl.spec.cluster import FLEX_START, RESERVATION, SPOT
 from airflow_provider_tpu_rl.spec.presets import BlueprintEdits
 
 BLUEPRINT_RELPATH = "examples/gke-tpu-v6e/gke-tpu-v6e-advanced.yaml"
@@ -65,10 +66,14 @@ def customize_blueprint(
     *,
     reservation: bool = True,
     tpu_quota: int | None = None,
+    capacity: str = RESERVATION,
+    slice_vms: int | None = None,
 ) -> str:
     """Apply the tutorial edits to the blueprint text and return the new YAML.
 
     ``reservation=False``: the run names no reservation, so the TPU node pool consumes none.
+    ``capacity`` ``spot`` or ``flex-start``: the TPU node pool's provisioning (:func:`set_capacity`;
+    ``slice_vms``, the VMs of one slice, bounds a flex-start pool's autoscaling).
     ``tpu_quota`` (the slices' chips): the TPU node pool moves to its own deployment group
     ``tpu`` (:func:`split_tpu_group`), deployed and destroyed on its own around the training.
     """
@@ -97,8 +102,10 @@ def customize_blueprint(
         if edits.pin_system_node_pool_zone:
             cluster["settings"]["system_node_pool_zones"] = ["$(vars.zone)"]
     _queue_cpu_jobs(doc, modules)
-    if not reservation:
+    if not reservation or capacity != RESERVATION:
         _consume_no_reservation(modules)
+    if capacity != RESERVATION:
+        set_capacity(_tpu_pool(modules), capacity, slice_vms)
     if tpu_quota is not None:
         split_tpu_group(doc, tpu_quota)
     if labels:
@@ -158,6 +165,42 @@ def _consume_no_reservation(modules: list[dict[str, Any]]) -> None:
         raise BlueprintError(f"blueprint has no {NODE_POOL_SOURCE} module reserved by {RESERVATION_VAR}")
     for module in bound:
         module["settings"]["reservation_affinity"] = {"consume_reservation_type": "NO_RESERVATION"}
+
+
+def capacity_settings(capacity: str, slice_vms: int | None) -> dict[str, Any]:
+    """The gke-node-pool settings of a TPU node pool with ``capacity`` (spot or flex-start).
+
+    gke-node-pool's preconditions (``modules/compute/gke-node-pool/main.tf`` l.415-438 at
+    cluster-toolkit 1047080): spot and flex-start only with ``NO_RESERVATION``, never both;
+    flex-start with ``auto_repair: false`` and no ``static_node_count``. A flex-start pool starts
+    empty and scales up to its slice when the training's pods ask for it: per-zone autoscaling
+    limits, as ``examples/gke-consumption-options/dws-flex-start/gke-tpu-v6e/`` sets them (main.tf
+    l.111-112: they work around a Terraform provider bug with TPU flex-start).
+    """
+    no_reservation = {"reservation_affinity": {"consume_reservation_type": "NO_RESERVATION"}}
+    if capacity == SPOT:
+        return {**no_reservation, "spot": True}
+    if capacity == FLEX_START:
+        if slice_vms is None:
+            raise BlueprintError("flex-start capacity needs the VMs of one slice (slice_vms)")
+        return {
+            **no_reservation,
+            "enable_flex_start": True,
+            "auto_repair": False,
+            "autoscaling_min_node_count": 0,
+            "autoscaling_max_node_count": slice_vms,
+        }
+    raise BlueprintError(f"no node pool settings for capacity {capacity!r}")
+
+
+def set_capacity(pool: dict[str, Any], capacity: str, slice_vms: int | None) -> None:
+    """Provision the TPU node pool with Spot VMs or DWS flex-start (:func:`capacity_settings`)."""
+    settings = pool.setdefault("settings", {})
+    if settings.get("static_node_count") is not None:
+        raise BlueprintError(
+            f"the TPU node pool sets static_node_count; {capacity} capacity needs autoscaling"
+        )
+    settings.update(capacity_settings(capacity, slice_vms))
 
 
 def _tpu_pool(modules: list[dict[str, Any]]) -> dict[str, Any]:

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_provider_tpu_rl.render import gke, preflight, tpu_vm
+from airflow_provider_tpu_rl.render.blueprint import capacity_settings
 from airflow_provider_tpu_rl.render.command import Command
+from airflow_provider_tpu_rl.spec.cluster import RESERVATION
 from airflow_provider_tpu_rl.spec.pipeline import (
     GKE_TASK_ORDER,
     TPU_VM_TASK_ORDER,
@@ -159,3 +161,36 @@ def tpu_vm_plan(pipeline: TpuVmPipelineSpec, *, now: float | None = None) -> lis
 
 def plan_document(dag_id: str, steps: list[PlanStep]) -> dict[str, Any]:
     return {"dag_id": dag_id, "steps": [s.to_dict() for s in steps]}
+
+
+def gke_capacity(pipeline: GkePipelineSpec) -> dict[str, Any]:
+    """The run's capacity and what it renders: the TPU node pool's blueprint settings (the
+    ``deploy_tpu_pool`` argv does not show them)."""
+    cluster = pipeline.cluster
+    if cluster.capacity == RESERVATION:
+        affinity: dict[str, Any] = (
+            {
+                "consume_reservation_type": "SPECIFIC_RESERVATION",
+                "specific_reservations": [{"name": cluster.reservation}],
+            }
+            if cluster.reservation
+            else {"consume_reservation_type": "NO_RESERVATION"}  # on-demand
+        )
+        return {
+            "value": cluster.capacity,
+            "reservation": cluster.reservation or None,
+            "tpu_pool_settings": {"reservation_affinity": affinity},
+        }
+    settings = capacity_settings(cluster.capacity, cluster.shape.vms)
+    return {"value": cluster.capacity, "reservation": None, "tpu_pool_settings": settings}
+
+
+def tpu_vm_capacity(pipeline: TpuVmPipelineSpec) -> dict[str, Any]:
+    """The run's capacity and the TPU VM create's release track and scheduling flags."""
+    track, flags = tpu_vm.capacity_flags(pipeline.vm)
+    return {
+        "value": pipeline.vm.capacity,
+        "reservation": pipeline.vm.reservation or None,
+        "release_track": track[0] if track else "ga",
+        "create_vm_flags": flags,
+    }

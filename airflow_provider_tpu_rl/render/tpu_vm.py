@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.render.command import Command
 from airflow_provider_tpu_rl.render.shell import hf_token_from_gcloud, key_values, quote_all, with_hf_token
-from airflow_provider_tpu_rl.spec.cluster import CpuVmSpec, TpuVmSpec
+from airflow_provider_tpu_rl.spec.cluster import FLEX_START, RESERVATION, SPOT, CpuVmSpec, TpuVmSpec
 from airflow_provider_tpu_rl.spec.pipeline import TpuVmPipelineSpec
 from airflow_provider_tpu_rl.spec.presets import MAXTEXT_PIP_SPEC
 
@@ -28,14 +28,20 @@ def _labels_flag(labels: Mapping[str, str]) -> list[str]:
 
 
 def _create_instance(
-    vm: TpuVmSpec | CpuVmSpec, service_account: str | None, capacity: list[str], description: str
+    vm: TpuVmSpec | CpuVmSpec,
+    service_account: str | None,
+    capacity: list[str],
+    description: str,
+    *,
+    track: tuple[str, ...] = (),
 ) -> Command:
-    """``gcloud compute instances create`` of ``vm`` with its image, disk, scope and labels;
+    """``gcloud [track] compute instances create`` of ``vm`` with its image, disk, scope and labels;
     ``capacity`` is how it is provisioned."""
     sa = [f"--service-account={service_account}"] if service_account else []
     return Command(
         (
             "gcloud",
+            *track,
             "compute",
             "instances",
             "create",
@@ -56,20 +62,53 @@ def _create_instance(
     )
 
 
-def create_vm(vm: TpuVmSpec, service_account: str | None = None) -> Command:
-    """The TPU VM, with the seed's flags: reservation-bound, deleted on termination."""
-    capacity = [
+# gcloud 528 offers --provisioning-model=FLEX_START on its alpha track only
+# (surface/compute/instances/create.py: support_flex_start=False for GA and beta, True for alpha).
+FLEX_START_TRACK = ("alpha",)
+
+
+def capacity_flags(vm: TpuVmSpec) -> tuple[tuple[str, ...], list[str]]:
+    """The release track and the scheduling flags of the TPU VM's ``capacity``.
+
+    TPU VMs cannot live-migrate, so every one has ``--maintenance-policy=TERMINATE``.
+    ``reservation``: the seed's flags, bound to the reservation, deleted on termination.
+    ``spot``: preemptible; stopped (not deleted) when preempted, so its boot disk with MaxText
+    installed is kept and the VM can be started again. ``flex-start``: DWS capacity, queued until
+    it is free, ended (deleted) after ``max_run_hours``, consuming no reservation.
+    """
+    if vm.capacity == SPOT:
+        return (), [
+            "--maintenance-policy=TERMINATE",
+            "--provisioning-model=SPOT",
+            "--instance-termination-action=STOP",
+        ]
+    if vm.capacity == FLEX_START:
+        return FLEX_START_TRACK, [
+            "--maintenance-policy=TERMINATE",
+            "--provisioning-model=FLEX_START",
+            f"--max-run-duration={vm.max_run_hours}h",
+            "--instance-termination-action=DELETE",
+            "--reservation-affinity=none",
+        ]
+    return (), [
         "--maintenance-policy=TERMINATE",
         "--instance-termination-action=DELETE",
         "--provisioning-model=RESERVATION_BOUND",
         "--reservation-affinity=specific",
         f"--reservation={vm.reservation}",
     ]
+
+
+def create_vm(vm: TpuVmSpec, service_account: str | None = None) -> Command:
+    """The TPU VM, provisioned as its ``capacity`` says (:func:`capacity_flags`)."""
+    track, capacity = capacity_flags(vm)
+    source = f"reservation {vm.reservation}" if vm.capacity == RESERVATION else f"{vm.capacity} capacity"
     return _create_instance(
         vm,
         service_account,
         capacity,
-        f"create TPU VM {vm.vm_name} ({vm.shape.tpu_type}, reservation {vm.reservation})",
+        f"create TPU VM {vm.vm_name} ({vm.shape.tpu_type}, {source})",
+        track=track,
     )
 
 

@@ -25,6 +25,27 @@ CPU_NODE_POOL: Final = "cpu-np"
 WORKLOAD_KSA: Final = "workload-identity-k8s-sa"
 NODE_POOL_LABEL: Final = "cloud.google.com/gke-nodepool"
 K8S_NAME = rules.re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+# How the TPUs are provisioned: from a reservation (the seeds), as Spot VMs (preemptible, no
+# reservation) or with DWS flex-start (queued until capacity is free, then a bounded run time).
+RESERVATION: Final = "reservation"
+SPOT: Final = "spot"
+FLEX_START: Final = "flex-start"
+CAPACITIES: Final = (RESERVATION, SPOT, FLEX_START)
+
+
+def check_capacity(capacity: object, reservation: str) -> str:
+    """``capacity`` is one of :data:`CAPACITIES` and agrees with ``reservation`` (one line if not):
+    spot and flex-start capacity consume no reservation."""
+    if capacity not in CAPACITIES:
+        raise SpecError("capacity", f"must be one of {list(CAPACITIES)}", capacity)
+    if capacity != RESERVATION and reservation:
+        raise SpecError(
+            "capacity",
+            f"{capacity} capacity consumes no reservation: clear reservation ({reservation}) "
+            f"or set capacity to {RESERVATION}",
+            capacity,
+        )
+    return str(capacity)
 
 
 @dataclass(frozen=True)
@@ -93,6 +114,7 @@ class ClusterSpec:
     cluster_name: str
     bucket: str
     reservation: str = ""
+    capacity: str = RESERVATION
     compute_type: str = "ct6e-standard-4t"
     topology: str = "4x8"
     num_slices: int = 1
@@ -110,6 +132,7 @@ class ClusterSpec:
             rules.gce_name("reservation", self.reservation, "reservation name")
         else:
             rules.require_str("reservation", self.reservation)
+        check_capacity(self.capacity, self.reservation)
         SliceShape(self.compute_type, self.topology)
         rules.int_range("num_slices", self.num_slices, 1, 64)
         rules.cidr("authorized_cidr", self.authorized_cidr)
@@ -212,13 +235,18 @@ class GkeJobTarget:
 
 @dataclass(frozen=True)
 class TpuVmSpec:
-    """One reservation-bound TPU VM (seed 002: ct6e-standard-8t, v6e-8, topology 2x4)."""
+    """One TPU VM (seed 002: ct6e-standard-8t, v6e-8, topology 2x4), reservation-bound by default.
+
+    ``max_run_hours``: how long a flex-start VM may run (Compute Engine ends it then).
+    """
 
     project: str
     zone: str
     vm_name: str
     reservation: str
     bucket: str
+    capacity: str = RESERVATION
+    max_run_hours: int = 72
     machine_type: str = "ct6e-standard-8t"
     topology: str = "2x4"
     image_project: str = "ubuntu-os-accelerator-images"
@@ -234,6 +262,8 @@ class TpuVmSpec:
             rules.gce_name("reservation", self.reservation, "reservation name")
         else:
             rules.require_str("reservation", self.reservation)
+        check_capacity(self.capacity, self.reservation)
+        rules.int_range("max_run_hours", self.max_run_hours, 1, 24 * 7)
         rules.bucket_name("bucket", self.bucket)
         SliceShape(self.machine_type, self.topology)
         rules.gce_name("image_project", self.image_project, "image project")

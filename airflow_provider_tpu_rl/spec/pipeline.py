@@ -12,6 +12,7 @@ from typing import Any, Final
 from airflow_provider_tpu_rl.spec import rules
 from airflow_provider_tpu_rl.spec.cluster import (
     CPU_VM_MACHINE_TYPE,
+    RESERVATION,
     ClusterSpec,
     CpuVmSpec,
     GkeJobTarget,
@@ -43,6 +44,7 @@ GKE_DEFAULTS: Final[Mapping[str, Any]] = {
     "cluster_name": "tpu-rl",
     "bucket": "my-tpu-rl-bucket",
     "reservation": "",
+    "capacity": RESERVATION,
     "image": None,
     "workload_image_patched": False,
     "compute_type": None,
@@ -67,6 +69,7 @@ TPU_VM_DEFAULTS: Final[Mapping[str, Any]] = {
     "vm_name": "tpu-rl-vm",
     "bucket": "my-tpu-rl-bucket",
     "reservation": "my-v6e-8-reservation",
+    "capacity": RESERVATION,
     "hf_model_path": None,
     "run_name": None,
     "num_batches": None,
@@ -122,6 +125,7 @@ _CONF_TYPES: Final[Mapping[str, str]] = {
     "vm_name": "str",
     "bucket": "str",
     "reservation": "str?",
+    "capacity": "str",
     "image": "str?",
     "workload_image_patched": "bool",
     "compute_type": "str?",
@@ -508,6 +512,7 @@ class GkePipelineSpec:
             "cluster_name": c.cluster_name,
             "bucket": c.bucket,
             "reservation": c.reservation,
+            "capacity": c.capacity,
             "compute_type": c.compute_type,
             "topology": c.topology,
             "num_slices": c.num_slices,
@@ -581,6 +586,7 @@ def gke_pipeline_from_conf(
         cluster_name=merged["cluster_name"],
         bucket=merged["bucket"],
         reservation=merged["reservation"] if merged["reservation"] is not None else "",
+        capacity=merged["capacity"],
         compute_type=_pick(merged, "compute_type", preset.compute_type),
         topology=_pick(merged, "topology", preset.topology),
         num_slices=_pick(merged, "num_slices", preset.num_slices),
@@ -677,6 +683,7 @@ class TpuVmPipelineSpec:
             "cpu_machine_type": self.cpu_vm.machine_type,
             "bucket": v.bucket,
             "reservation": v.reservation,
+            "capacity": v.capacity,
             "service_account": self.service_account,
             **workload_values(self.preset, self.conversion, t, self.hf_token),
             # create_vm grants the VM's own service account (named or the default) access
@@ -704,10 +711,12 @@ def tpu_vm_pipeline_from_conf(
 ) -> TpuVmPipelineSpec:
     """Validate a conf for ``tpu_rl_tpu_vm_pipeline`` and derive every spec from it.
 
-    ``require_reservation=False`` is for the tasks that work on a VM that exists already.
+    ``require_reservation=False`` is for the tasks that work on a VM that exists already; only
+    ``reservation`` capacity needs one.
     """
     merged = _merge_conf(TPU_VM_DEFAULTS, conf)
-    if require_reservation:
+    max_vm_hours = rules.int_range("max_vm_hours", merged["max_vm_hours"], 1, 24 * 7)
+    if require_reservation and merged["capacity"] == RESERVATION:
         rules.gce_name("reservation", merged["reservation"], "reservation name")
     preset = get_preset(merged["model"])
     if preset.runner is not Runner.TPU_VM:
@@ -722,6 +731,9 @@ def tpu_vm_pipeline_from_conf(
         vm_name=merged["vm_name"],
         reservation=merged["reservation"] or "",
         bucket=merged["bucket"],
+        capacity=merged["capacity"],
+        # a flex-start VM runs at most as long as the janitor lets it live
+        max_run_hours=max_vm_hours,
         machine_type=preset.compute_type,
         topology=preset.topology,
     )
@@ -756,7 +768,7 @@ def tpu_vm_pipeline_from_conf(
         hf_token=_hf_token(merged),
         keep_vm=merged["keep_vm"],
         delete_bucket=merged["delete_bucket"],
-        max_vm_hours=rules.int_range("max_vm_hours", merged["max_vm_hours"], 1, 24 * 7),
+        max_vm_hours=max_vm_hours,
         service_account=(
             rules.match(
                 "service_account",

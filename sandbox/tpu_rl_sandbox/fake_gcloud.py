@@ -130,6 +130,32 @@ API_OF_GROUP: dict[str, tuple[str, str]] = {
 LOCAL_COMMANDS = {("container", "clusters", "get-credentials")}
 # Commands that run without credentials (they call no API): every other one needs an active account,
 # and is the one that says it impersonates.
+# The release tracks a command path may start with (``gcloud alpha compute ...``).
+RELEASE_TRACKS = ("alpha", "beta")
+
+
+def api_path(path: tuple[str, ...]) -> tuple[str, ...]:
+    """The command path without its release track: the API it calls is the same."""
+    return path[1:] if path[:1] and path[0] in RELEASE_TRACKS else path
+
+
+def check_instance_scheduling(parsed: GcloudParse) -> None:
+    """gcloud's own check of the scheduling flags before any API call
+    (command_lib/compute/instances/flags.py ValidateInstanceScheduling, with max run duration)."""
+    if parsed.get("instance-termination-action") and not any(
+        parsed.get(flag) for flag in ("provisioning-model", "max-run-duration", "termination-time")
+    ):
+        raise GcloudError(
+            "One of [--provisioning-model, --max-run-duration, --termination-time] must be supplied: "
+            "required with argument `--instance-termination-action`."
+        )
+    if parsed.get("termination-time") and parsed.get("max-run-duration"):
+        raise GcloudError(
+            "Must specify exactly one of --max-run-duration or --termination-time as these fields are "
+            "mutually exclusive."
+        )
+
+
 ACCOUNT_FREE_COMMANDS = {
     ("auth", "list"),
     ("auth", "configure-docker"),
@@ -467,7 +493,7 @@ class Gcloud:
                     "WARNING: This command is using service account impersonation. All API calls will be "
                     f"executed as [{impersonated[0]}].\n"
                 )
-            self._require_service(command.path, parsed)
+            self._require_service(api_path(command.path), parsed)
             result: int = handler(parsed)
         except GcloudError as error:
             self.err(f"ERROR: ({command.dotted}) {error.message}\n")
@@ -1229,10 +1255,15 @@ class Gcloud:
                 )
         return scopes
 
+    def cmd_alpha_compute_instances_create(self, parsed: GcloudParse) -> int:
+        """The alpha track's create: the GA one plus ``--provisioning-model=FLEX_START``."""
+        return self.cmd_compute_instances_create(parsed)
+
     def cmd_compute_instances_create(self, parsed: GcloudParse) -> int:
         project = self.project(parsed)
         names = list(parsed.positionals["INSTANCE_NAMES"])
         zone = self.zone(parsed, names[0])
+        check_instance_scheduling(parsed)
         affinity = parsed.get("reservation-affinity")
         if affinity == "specific" and not parsed.get("reservation"):
             raise GcloudError(
@@ -1310,6 +1341,7 @@ class Gcloud:
                         "provisioningModel": parsed.get("provisioning-model") or "STANDARD",
                         "instanceTerminationAction": parsed.get("instance-termination-action"),
                         "onHostMaintenance": parsed.get("maintenance-policy") or "MIGRATE",
+                        "maxRunDuration": parsed.get("max-run-duration"),
                     },
                     "reservationAffinity": {
                         "type": affinity or "any",

@@ -19,6 +19,45 @@ SecretAccess = Callable[[str, str, str], tuple[str | None, str]]
 P = GPositional
 F = GFlag
 
+
+def _instances_create(path: tuple[str, ...], *, flex_start: bool) -> GcloudCommand:
+    """``gcloud [alpha] compute instances create``; ``flex_start``: the track offers FLEX_START
+    (command_lib/compute/instances/flags.py AddProvisioningModelVmArgs)."""
+    models = ("SPOT", "STANDARD", "RESERVATION_BOUND", *(("FLEX_START",) if flex_start else ()))
+    return GcloudCommand(
+        path,
+        (P("INSTANCE_NAMES", many=True),),
+        (
+            F("zone"),
+            F("machine-type"),
+            F("image-project"),
+            F("image-family"),
+            F("image"),
+            F("boot-disk-size"),
+            F("boot-disk-type"),
+            F("maintenance-policy", choices=("MIGRATE", "TERMINATE")),
+            F("instance-termination-action", choices=("DELETE", "STOP")),
+            F("provisioning-model", choices=models),
+            F("reservation-affinity", choices=("any", "none", "specific")),
+            F("reservation"),
+            F("labels"),
+            F("metadata"),
+            F("metadata-from-file"),
+            F("scopes"),
+            F("service-account"),
+            F("network"),
+            F("subnet"),
+            F("tags"),
+            F("accelerator"),
+            F("max-run-duration"),
+            F("termination-time"),
+            F("async", "bool"),
+            F("no-address", "bool"),
+            F("shielded-secure-boot", "bool"),
+        ),
+    )
+
+
 COMMANDS: tuple[GcloudCommand, ...] = (
     GcloudCommand(
         ("storage", "buckets", "create"),
@@ -197,37 +236,10 @@ COMMANDS: tuple[GcloudCommand, ...] = (
     GcloudCommand(("compute", "firewall-rules", "delete"), (P("NAME", many=True),), ()),
     GcloudCommand(("compute", "project-info", "describe"), (), ()),
     GcloudCommand(("compute", "project-info", "add-metadata"), (), (F("metadata"), F("metadata-from-file"))),
-    GcloudCommand(
-        ("compute", "instances", "create"),
-        (P("INSTANCE_NAMES", many=True),),
-        (
-            F("zone"),
-            F("machine-type"),
-            F("image-project"),
-            F("image-family"),
-            F("image"),
-            F("boot-disk-size"),
-            F("boot-disk-type"),
-            F("maintenance-policy", choices=("MIGRATE", "TERMINATE")),
-            F("instance-termination-action", choices=("DELETE", "STOP")),
-            F("provisioning-model", choices=("SPOT", "STANDARD", "FLEX_START", "RESERVATION_BOUND")),
-            F("reservation-affinity", choices=("any", "none", "specific")),
-            F("reservation"),
-            F("labels"),
-            F("metadata"),
-            F("metadata-from-file"),
-            F("scopes"),
-            F("service-account"),
-            F("network"),
-            F("subnet"),
-            F("tags"),
-            F("accelerator"),
-            F("max-run-duration"),
-            F("async", "bool"),
-            F("no-address", "bool"),
-            F("shielded-secure-boot", "bool"),
-        ),
-    ),
+    # surface/compute/instances/create.py (gcloud 528): the GA and beta tracks add
+    # --provisioning-model without FLEX_START (support_flex_start=False), alpha with it.
+    _instances_create(("compute", "instances", "create"), flex_start=False),
+    _instances_create(("alpha", "compute", "instances", "create"), flex_start=True),
     GcloudCommand(
         ("compute", "instances", "delete"),
         (P("INSTANCE_NAMES", many=True),),

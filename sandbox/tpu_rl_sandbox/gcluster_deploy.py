@@ -744,6 +744,7 @@ def desired_cluster(
                     },
                     "service_account": accounts["node_pool"],
                     "group": str(group.get("group")),
+                    **consumption_of(settings, machine),
                 }
             )
     system_pool = {
@@ -895,6 +896,7 @@ def plan_errors(bp: dict[str, Any], record: dict[str, Any], group_dir: Path) -> 
             )
     for pool in record["node_pools"]:
         errors += _reservation_errors(pool)
+        errors += _consumption_errors(pool)
     queue = record.get("kueue") or {}
     if queue.get("error"):
         errors.append(queue["error"])
@@ -931,6 +933,78 @@ def _reservation_errors(pool: dict[str, Any]) -> list[str]:
             '- Its consumption type must be "specific"'
         ]
     return []
+
+
+def consumption_of(settings: dict[str, Any], machine_type: str) -> dict[str, Any]:
+    """A node pool's consumption option (Spot, DWS flex-start, queued provisioning) and the
+    settings gke-node-pool's preconditions check with it; nothing for a pool with none."""
+    options = {
+        key: bool(settings.get(key)) for key in ("spot", "enable_flex_start", "enable_queued_provisioning")
+    }
+    if not any(options.values()):
+        return {}
+    policy = settings.get("placement_policy")
+    placement: dict[str, Any] = policy if isinstance(policy, dict) else {}
+    return {
+        "consumption": {
+            **options,
+            # gke-node-pool variables.tf defaults: auto_repair true, static_node_count null
+            "auto_repair": settings.get("auto_repair", True),
+            "static_node_count": settings.get("static_node_count"),
+            "placement": placement.get("type"),
+            "tpu": machine_type.startswith("ct"),
+            "machine_type": machine_type,
+        }
+    }
+
+
+def _consumption_errors(pool: dict[str, Any]) -> list[str]:
+    """gke-node-pool's preconditions on Spot and DWS flex-start (``modules/compute/gke-node-pool/
+    main.tf`` l.415-438 and l.452-460 at cluster-toolkit 1047080), each failed one reported, as
+    Terraform reports every failed condition of a resource."""
+    option = pool.get("consumption")
+    if not option:
+        return []
+    # variables.tf reservation_affinity default: NO_RESERVATION
+    kind = (pool.get("reservation_affinity") or {}).get("type") or "NO_RESERVATION"
+    flex, spot, queued = option["enable_flex_start"], option["spot"], option["enable_queued_provisioning"]
+    failed = [
+        (
+            flex and option["auto_repair"] is not False,
+            "enable_flex_start needs node auto_repair set to false.",
+        ),
+        (
+            flex and option["static_node_count"] is not None,
+            "enable_flex_start does not work with static_node_count. static_node_count should be set to null.",
+        ),
+        (
+            flex and kind != "NO_RESERVATION",
+            "enable_flex_start requires reservation_affinity.consume_reservation_type to be 'NO_RESERVATION'.",
+        ),
+        (
+            flex and spot,
+            "Both enable_flex_start and spot consumption option cannot be set to true at the same time.",
+        ),
+        (
+            queued and spot,
+            "Both enable_queued_provisioning and spot consumption option cannot be set to true at the same time.",
+        ),
+        (
+            spot and kind != "NO_RESERVATION",
+            "Spot consumption option only works with reservation_affinity consume_reservation_type NO_RESERVATION.",
+        ),
+        (
+            flex
+            and option["placement"] == "COMPACT"
+            and not option["tpu"]
+            and not re.match(r"^(a3-ultragpu-|a4-|h4d-)", str(option["machine_type"])),
+            "Compact placement with DWS Flex start is only supported for A3 Ultra, A4, and H4D machine types.",
+        ),
+    ]
+    where = f'\n\n  on {_NODE_POOL_TF}, in resource "google_container_node_pool" "node_pool":'
+    return [
+        f"Error: Resource precondition failed{where}\n\n{message}" for broken, message in failed if broken
+    ]
 
 
 class DeploymentRunner:

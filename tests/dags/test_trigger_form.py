@@ -52,8 +52,8 @@ SECTIONS = {
     TPU_VM_DAG_ID: {FORM_OPEN_SECTION, "VM", "Model & training", "Safety"},
 }
 CLOUD_KEYS = {
-    GKE_DAG_ID: ["project", "region", "zone", "bucket", "reservation"],
-    TPU_VM_DAG_ID: ["project", "zone", "bucket", "reservation", "service_account"],
+    GKE_DAG_ID: ["project", "region", "zone", "bucket", "reservation", "capacity"],
+    TPU_VM_DAG_ID: ["project", "zone", "bucket", "reservation", "capacity", "service_account"],
 }
 RUNNERS = {GKE_DAG_ID: Runner.GKE, TPU_VM_DAG_ID: Runner.TPU_VM}
 # Which spec regex each pattern-carrying param must reuse.
@@ -128,6 +128,13 @@ GKE_BAD_CONFS = [
     ),
     ("zone_outside_region", {"zone": "us-west1-a"}, "zone: zone must be inside region 'us-east5'", False),
     (
+        "spot_with_reservation",
+        {"capacity": "spot", "reservation": "res-1"},
+        "capacity: spot capacity consumes no reservation: clear reservation (res-1)",
+        False,
+    ),
+    ("unknown_capacity", {"capacity": "preemptible"}, "capacity: must be one of", True),
+    (
         "bucket_with_scheme",
         {"bucket": "gs://my-bucket"},
         "bucket: give the bucket name without 'gs://'",
@@ -184,7 +191,20 @@ TPU_VM_BAD_CONFS = [
     ("unknown_model", {"model": "gpt-5"}, "model: unknown model", True),
     ("gke_model", {"model": "qwen3-30b-a3b"}, "needs a multi-host slice; use the tpu_rl_gke_pipeline", True),
     ("negative_batches", {"num_batches": -1}, "num_batches: must be >= 1", True),
-    ("no_reservation", {"reservation": ""}, "reservation: reservation name must match", True),
+    # an empty reservation is valid in the form (spot and flex-start take none): validate refuses it
+    ("no_reservation", {"reservation": ""}, "reservation: reservation name must match", False),
+    (
+        "flex_start_with_reservation",
+        {"capacity": "flex-start"},
+        "capacity: flex-start capacity consumes no reservation: clear reservation",
+        False,
+    ),
+    (
+        "unknown_capacity",
+        {"capacity": "on-demand", "reservation": ""},
+        "capacity: must be one of ['reservation', 'spot', 'flex-start']",
+        True,
+    ),
     (
         "service_account",
         {"service_account": "me@example.com"},

@@ -118,6 +118,7 @@ def test_deploy_writes_the_blueprint_labels_and_the_resource_record(sb: SandboxR
             "cluster_name": sb.cluster,
             "bucket": sb.bucket,
             "reservation": conf["reservation"],
+            "capacity": "reservation",
             "compute_type": "ct6e-standard-4t",
             "topology": "4x8",
             "num_slices": 1,

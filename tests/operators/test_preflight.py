@@ -220,6 +220,24 @@ def test_a_reservation_too_small_for_the_slices_is_one_line(pf: SandboxRun) -> N
     assert "needs 16" in line
 
 
+@pytest.mark.parametrize("dag_id", [GKE_DAG_ID, TPU_VM_DAG_ID])
+@pytest.mark.parametrize("capacity", ["spot", "flex-start"])
+def test_spot_and_flex_start_check_no_reservation(pf: SandboxRun, dag_id: str, capacity: str) -> None:
+    result = _run(pf, dag_id, capacity=capacity, reservation="")
+    assert (result["capacity"], result["reservation"], result["reservation_vms"]) == (capacity, None, None)
+    assert not any(call["argv"][:3] == ["compute", "reservations", "describe"] for call in pf.calls())
+    _created_nothing(pf)
+
+
+def test_a_spot_preflight_naming_a_reservation_is_one_line(pf: SandboxRun) -> None:
+    operator = pf.operator(TpuRlPreflightOperator, task_id="preflight", capacity="spot")
+    with pytest.raises(
+        AirflowFailException,
+        match=r"capacity: spot capacity consumes no reservation: clear reservation \(res-1\)",
+    ):
+        operator.execute(pf.context(operator, pf.gke_conf(), apply_arguments=False))
+
+
 def test_every_problem_is_reported_at_once(pf: SandboxRun) -> None:
     update_settings(
         pf.layout,

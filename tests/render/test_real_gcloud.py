@@ -77,6 +77,14 @@ def rendered_gcloud_commands() -> dict[tuple[str, ...], set[str]]:
                         (s.task_id, s.command)
                         for s in tpu_vm_plan(tpu_vm_pipeline_from_conf({**conf, **extra}))
                     )
+                    # the TPU VM's other capacities: no reservation (flex-start on the alpha track)
+                    for capacity in ("spot", "flex-start"):
+                        other = {**conf, **extra, "capacity": capacity, "reservation": ""}
+                        yield from (
+                            (s.task_id, s.command)
+                            for s in tpu_vm_plan(tpu_vm_pipeline_from_conf(other))
+                            if s.task_id == "create_vm"
+                        )
         yield "janitor", gke.list_managed_clusters(PROJECT)
         yield "janitor", tpu_vm.list_managed_vms(PROJECT)
         yield "janitor", tpu_vm.delete_vm_named(PROJECT, "us-east5-b", "tpu-rl-vm")
@@ -142,8 +150,12 @@ def test_the_commands_cover_every_gcloud_task() -> None:
         "--machine-type=ct6e-standard-8t",
         "--machine-type=n2-highmem-32",
     }
+    # the TPU VM's three capacities (flex-start's create is on the alpha track)
+    models = {a for argv in COMMANDS for a in argv if a.startswith("--provisioning-model=")}
+    assert models == {f"--provisioning-model={m}" for m in ("RESERVATION_BOUND", "SPOT", "FLEX_START")}
+    assert any(argv[1:5] == ("alpha", "compute", "instances", "create") for argv in COMMANDS)
     groups = {argv[1] for argv in COMMANDS}
-    assert groups == {"services", "storage", "secrets", "auth", "compute", "container"}
+    assert groups == {"services", "storage", "secrets", "auth", "compute", "container", "alpha"}
 
 
 @pytest.mark.parametrize("argv", list(COMMANDS), ids=lambda a: f"{min(COMMANDS[a])}:{' '.join(a[1:4])}")
@@ -154,6 +166,17 @@ def test_real_gcloud_parses_the_command(
     assert not PARSE_ERROR.search(output), f"gcloud refused {' '.join(argv)}:\n{output[-2000:]}"
     # Parsed: it then stops for lack of an account (or, for a local-only command, succeeds).
     assert code == 0 or NO_ACCOUNT in output, f"{' '.join(argv)} -> {code}:\n{output[-2000:]}"
+
+
+def test_ga_gcloud_refuses_flex_start(tmp_path: Path) -> None:
+    """FLEX_START is an alpha-track choice: the GA create refuses it, so it is rendered on alpha."""
+    conf = {"project": PROJECT, "bucket": "my-bkt", "capacity": "flex-start", "reservation": ""}
+    create = tpu_vm.create_vm(tpu_vm_pipeline_from_conf(conf).vm)
+    assert create.argv[1] == "alpha"
+    code, output = run_gcloud(("gcloud", *create.argv[2:]), tmp_path)
+    assert code != 0
+    assert "Invalid choice: 'FLEX_START'" in output
+    assert NO_ACCOUNT not in output
 
 
 def test_the_parser_refuses_a_wrong_flag(tmp_path: Path) -> None:

@@ -1,0 +1,122 @@
+"""What each ``capacity`` renders: the TPU VM's create argv and the GKE TPU node pool's settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import tpu_rl_sandbox
+from airflow_provider_tpu_rl.render import tpu_vm
+from airflow_provider_tpu_rl.render.blueprint import BLUEPRINT_RELPATH, BlueprintError, customize_blueprint
+from airflow_provider_tpu_rl.render.plan import tpu_vm_plan
+from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf, tpu_vm_pipeline_from_conf
+
+BUNDLE_BLUEPRINT = (Path(tpu_rl_sandbox.__file__).parent / "bundle" / BLUEPRINT_RELPATH).read_text()
+VM_CONF = {"project": "tpu-proj-123", "zone": "us-east5-b", "vm_name": "llama-vm", "bucket": "rl-bucket-1"}
+COMMON = [
+    "--zone=us-east5-b",
+    "--project=tpu-proj-123",
+    "--machine-type=ct6e-standard-8t",
+    "--image-project=ubuntu-os-accelerator-images",
+    "--image-family=ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e",
+    "--boot-disk-size=200GB",
+]
+# the golden argv of each capacity (before the service account, scopes and labels)
+CREATE = {
+    "reservation": [
+        "gcloud", "compute", "instances", "create", "llama-vm", *COMMON,
+        "--maintenance-policy=TERMINATE",
+        "--instance-termination-action=DELETE",
+        "--provisioning-model=RESERVATION_BOUND",
+        "--reservation-affinity=specific",
+        "--reservation=v6e8-res",
+    ],
+    "spot": [
+        "gcloud", "compute", "instances", "create", "llama-vm", *COMMON,
+        "--maintenance-policy=TERMINATE",
+        "--provisioning-model=SPOT",
+        "--instance-termination-action=STOP",
+    ],
+    "flex-start": [
+        "gcloud", "alpha", "compute", "instances", "create", "llama-vm", *COMMON,
+        "--maintenance-policy=TERMINATE",
+        "--provisioning-model=FLEX_START",
+        "--max-run-duration=72h",
+        "--instance-termination-action=DELETE",
+        "--reservation-affinity=none",
+    ],
+}  # fmt: skip
+
+
+def _vm_pipeline(capacity: str, **conf: Any) -> Any:
+    reservation = "v6e8-res" if capacity == "reservation" else ""
+    return tpu_vm_pipeline_from_conf({**VM_CONF, "capacity": capacity, "reservation": reservation, **conf})
+
+
+@pytest.mark.parametrize("capacity", list(CREATE))
+def test_the_tpu_vm_create_of_each_capacity(capacity: str) -> None:
+    create = tpu_vm.create_vm(_vm_pipeline(capacity).vm)
+    assert list(create.argv) == [*CREATE[capacity], "--scopes=cloud-platform"]
+
+
+def test_the_plan_creates_the_tpu_vm_with_its_capacity() -> None:
+    (create,) = [s.command for s in tpu_vm_plan(_vm_pipeline("spot")) if s.task_id == "create_vm"][:1]
+    assert "--provisioning-model=SPOT" in create.argv
+    assert "spot capacity" in create.description
+
+
+def test_the_flex_start_run_time_is_max_vm_hours() -> None:
+    create = tpu_vm.create_vm(_vm_pipeline("flex-start", max_vm_hours=100).vm)
+    assert "--max-run-duration=100h" in create.argv
+
+
+def _tpu_pool(capacity: str, **conf: Any) -> dict[str, Any]:
+    cluster = gke_pipeline_from_conf(
+        {"model": "qwen3-30b-a3b", "project": "my-proj-123", "bucket": "my-bkt", "capacity": capacity, **conf}
+    ).cluster
+    text = customize_blueprint(
+        BUNDLE_BLUEPRINT,
+        cluster.blueprint,
+        reservation=bool(cluster.reservation),
+        capacity=cluster.capacity,
+        slice_vms=cluster.shape.vms,
+        tpu_quota=cluster.total_chips,
+    )
+    doc = yaml.safe_load(text)
+    (tpu,) = [g for g in doc["deployment_groups"] if g["group"] == "tpu"]
+    (pool,) = tpu["modules"]
+    settings: dict[str, Any] = pool["settings"]
+    return settings
+
+
+def test_reservation_capacity_keeps_the_examples_pool() -> None:
+    pool = _tpu_pool("reservation", reservation="res-1")
+    assert pool["reservation_affinity"]["consume_reservation_type"] == "SPECIFIC_RESERVATION"
+    assert not {"spot", "enable_flex_start", "auto_repair"} & set(pool)
+
+
+def test_a_spot_pool_consumes_no_reservation() -> None:
+    pool = _tpu_pool("spot")
+    assert pool["spot"] is True
+    assert pool["reservation_affinity"] == {"consume_reservation_type": "NO_RESERVATION"}
+    assert "enable_flex_start" not in pool
+
+
+def test_a_flex_start_pool_scales_from_zero_to_its_slice() -> None:
+    pool = _tpu_pool("flex-start")
+    assert pool["enable_flex_start"] is True
+    assert pool["auto_repair"] is False
+    assert "static_node_count" not in pool
+    assert pool["reservation_affinity"] == {"consume_reservation_type": "NO_RESERVATION"}
+    # qwen3-30b-a3b: v6e-32 (4x8) of ct6e-standard-4t, 8 VMs per slice
+    assert (pool["autoscaling_min_node_count"], pool["autoscaling_max_node_count"]) == (0, 8)
+    assert pool["placement_policy"]["type"] == "COMPACT"  # allowed with flex-start for TPUs
+
+
+def test_flex_start_needs_the_slice_size() -> None:
+    cluster = gke_pipeline_from_conf({"project": "my-proj-123", "bucket": "my-bkt"}).cluster
+    with pytest.raises(BlueprintError, match="slice_vms"):
+        customize_blueprint(BUNDLE_BLUEPRINT, cluster.blueprint, reservation=False, capacity="flex-start")
