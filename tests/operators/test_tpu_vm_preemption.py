@@ -22,8 +22,6 @@ from airflow_provider_tpu_rl.operators.tpu_vm import (
     TpuVmCreateOperator,
     TpuVmStageOperator,
 )
-from airflow_provider_tpu_rl.render import tpu_vm
-from airflow_provider_tpu_rl.render.command import Command
 from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID
 from tests.compat import capture_task_logs
 from tests.operators.sandbox_run import RecordingTI, SandboxRun
@@ -128,28 +126,16 @@ def test_a_deleted_tpu_vm_is_re_created_and_reinstalled_and_training_resumes(sb:
     assert _installs_on_vm(sb) == 1  # the new VM got MaxText installed before training
 
 
-def _stop_on_termination(vm: Any, service_account: str | None = None) -> Command:
-    command = CREATE_VM(vm, service_account)
-    argv = tuple(
-        "--instance-termination-action=STOP" if a == "--instance-termination-action=DELETE" else a
-        for a in command.argv
-    )
-    return Command(argv, ok_if_output_contains=command.ok_if_output_contains, description=command.description)
-
-
-CREATE_VM = tpu_vm.create_vm
-
-
 @pytest.mark.usefixtures("preempt_after_two")
-def test_a_stopped_tpu_vm_is_started_without_reinstalling_and_training_resumes(
-    sb: SandboxRun, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(tpu_vm, "create_vm", _stop_on_termination)
-    conf = sb.tpu_vm_conf(**CONF)
+def test_a_stopped_tpu_vm_is_started_without_reinstalling_and_training_resumes(sb: SandboxRun) -> None:
+    # spot capacity: a preempted VM is stopped (--instance-termination-action=STOP), not deleted
+    conf = sb.tpu_vm_conf(**CONF, capacity="spot", reservation="")
     vm_key = f"{sb.project}/{conf['zone']}/{sb.vm}"
     _ready_to_train(sb, conf)
     assert _installs_on_vm(sb) == 1
 
+    (create,) = _calls(sb, "compute", "instances", "create")[-1:]
+    assert {"--provisioning-model=SPOT", "--instance-termination-action=STOP"} <= set(create)
     _preempted_try(sb, conf, "TERMINATED")
     vm = sb.state("vms")[vm_key]
     assert vm["status"] == "TERMINATED"
