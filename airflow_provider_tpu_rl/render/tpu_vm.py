@@ -200,19 +200,29 @@ def ssh(
     )
 
 
-def describe_vm_labels(vm: TpuVmSpec | CpuVmSpec) -> Command:
-    """The VM's labels as JSON: whose run created it (``tpu-rl-dag``, ``tpu-rl-run``)."""
+def _on_instance(vm: TpuVmSpec | CpuVmSpec, verb: str, *flags: str, description: str) -> Command:
+    """``gcloud compute instances VERB`` of the VM in its zone and project."""
     return Command(
         (
             "gcloud",
             "compute",
             "instances",
-            "describe",
+            verb,
             vm.vm_name,
             f"--zone={vm.zone}",
             f"--project={vm.project}",
-            "--format=json",
+            *flags,
         ),
+        description=description,
+    )
+
+
+def describe_vm_labels(vm: TpuVmSpec | CpuVmSpec) -> Command:
+    """The VM's labels as JSON: whose run created it (``tpu-rl-dag``, ``tpu-rl-run``)."""
+    return _on_instance(
+        vm,
+        "describe",
+        "--format=json",
         description=f"read the labels of VM {vm.vm_name} (which run created it)",
     )
 
@@ -224,50 +234,22 @@ VM_LOST_STATUSES = ("STOPPING", "TERMINATED", "SUSPENDING", "SUSPENDED")
 
 def describe_vm_status(vm: TpuVmSpec | CpuVmSpec) -> Command:
     """The VM's status (``RUNNING``, ``TERMINATED``, ...); a VM that is gone fails with VM_GONE."""
-    return Command(
-        (
-            "gcloud",
-            "compute",
-            "instances",
-            "describe",
-            vm.vm_name,
-            f"--zone={vm.zone}",
-            f"--project={vm.project}",
-            "--format=value(status)",
-        ),
-        description=f"read the status of VM {vm.vm_name}",
+    return _on_instance(
+        vm, "describe", "--format=value(status)", description=f"read the status of VM {vm.vm_name}"
     )
 
 
 def start_vm(vm: TpuVmSpec | CpuVmSpec) -> Command:
     """Start a stopped (``TERMINATED``) VM: its boot disk, and what was installed on it, is kept."""
-    return Command(
-        (
-            "gcloud",
-            "compute",
-            "instances",
-            "start",
-            vm.vm_name,
-            f"--zone={vm.zone}",
-            f"--project={vm.project}",
-        ),
-        description=f"start the stopped VM {vm.vm_name}",
-    )
+    return _on_instance(vm, "start", description=f"start the stopped VM {vm.vm_name}")
 
 
 def vm_service_account(vm: TpuVmSpec | CpuVmSpec) -> Command:
     """The e-mail of the service account the VM runs as (the default compute one if none was named)."""
-    return Command(
-        (
-            "gcloud",
-            "compute",
-            "instances",
-            "describe",
-            vm.vm_name,
-            f"--zone={vm.zone}",
-            f"--project={vm.project}",
-            "--format=value(serviceAccounts[0].email)",
-        ),
+    return _on_instance(
+        vm,
+        "describe",
+        "--format=value(serviceAccounts[0].email)",
         description=f"read the service account of VM {vm.vm_name}",
     )
 

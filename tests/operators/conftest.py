@@ -9,6 +9,7 @@ import pytest
 
 from tests.operators.sandbox_run import SandboxRun, enter_sandbox
 from tpu_rl_sandbox.control import SandboxInfo
+from tpu_rl_sandbox.settings import update_settings
 from tpu_rl_sandbox.state import reset_faults
 
 
@@ -24,3 +25,13 @@ def clean_faults(sb: SandboxRun) -> Iterator[None]:
     reset_faults(sb.layout)
     yield
     reset_faults(sb.layout)
+
+
+@pytest.fixture
+def preempt_after_two(sb: SandboxRun) -> Iterator[None]:
+    """The sandbox takes the TPU capacity from under a training after its 2nd committed checkpoint."""
+    update_settings(sb.layout, preempt_after_checkpoints=2)
+    try:
+        yield
+    finally:
+        update_settings(sb.layout, preempt_after_checkpoints=0)

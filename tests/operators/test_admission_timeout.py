@@ -5,6 +5,7 @@ waited for; a job that started is never cancelled by the bound."""
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -68,6 +69,12 @@ def test_a_job_that_started_outlives_its_admission_bound(sb: SandboxRun) -> None
     train = sb.operator(PathwaysRLTrainOperator, task_id="train", admission_timeout=timedelta(seconds=0.5))
     context = sb.context(train, conf, run_id=RUN_ID)
     trigger = defer(train, context).trigger
+    # started first (a pod start time), then watched past the bound: however long Kueue took here
+    deadline = time.monotonic() + 120
+    while not any(pod["status"].get("startTime") for pod in sb.pods(trigger.job_name)):
+        assert time.monotonic() < deadline, "the job never started"
+        time.sleep(0.2)
+    time.sleep(0.6)  # past the 0.5 s bound
     event = run_trigger(trigger)
     assert event["status"] == "success", event["message"]
     assert train.execute_complete(context, event)["job_name"] == trigger.job_name

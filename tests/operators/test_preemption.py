@@ -4,8 +4,6 @@ newest checkpoint the lost one committed, as tunix restores it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailException
@@ -21,18 +19,8 @@ from tests.operators.sandbox_run import (
     run_job_operator,
     run_trigger,
 )
-from tpu_rl_sandbox.settings import update_settings
 
 RUN_ID = "manual__2026-03-03T00:00:00+00:00"
-
-
-@pytest.fixture
-def preempt_after_two(sb: SandboxRun) -> Iterator[None]:
-    update_settings(sb.layout, preempt_after_checkpoints=2)
-    try:
-        yield
-    finally:
-        update_settings(sb.layout, preempt_after_checkpoints=0)
 
 
 @pytest.mark.usefixtures("preempt_after_two")

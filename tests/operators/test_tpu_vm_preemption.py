@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,19 +25,9 @@ from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID
 from tests.compat import capture_task_logs
 from tests.operators.sandbox_run import RecordingTI, SandboxRun
 from tpu_rl_sandbox.hosts import VmHost
-from tpu_rl_sandbox.settings import update_settings
 
 RUN_ID = "manual__2026-03-04T00:00:00+00:00"
 START = datetime(2030, 1, 1, tzinfo=UTC)
-
-
-@pytest.fixture
-def preempt_after_two(sb: SandboxRun) -> Iterator[None]:
-    update_settings(sb.layout, preempt_after_checkpoints=2)
-    try:
-        yield
-    finally:
-        update_settings(sb.layout, preempt_after_checkpoints=0)
 
 
 def _execute(sb: SandboxRun, factory: Any, conf: dict[str, Any], task_id: str, try_number: int = 1) -> Any:
