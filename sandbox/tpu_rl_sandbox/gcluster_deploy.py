@@ -1477,17 +1477,8 @@ class DeploymentRunner:
                 '   1: variable "cluster_id" {\n\nThe root module input variable "cluster_id" is not set, and has '
                 "no default value. Use a -var or -var-file command line argument to provide a value for this variable."
             )
-        summary = f"Plan: 0 to add, 0 to change, {len(managed)} to destroy."
-        self.console.info(f"Deployment group {shown} requires destroying cloud infrastructure")
-        if not self.approve(
-            summary, "\n".join(f"  # {r['address']} will be destroyed" for r in managed) + "\n\n" + summary
-        ):
+        if not self._confirm_destroy(shown, managed):
             return
-        self.console.info(f"Running terraform apply on deployment group {shown}")
-        self.console.terraform(
-            "\n".join(f"{r['address']}: Destroying... [id={r.get('id', '')}]" for r in reversed(managed))
-        )
-        self._pause()
         self._capacity_pause("tpu_pool_delete")
         if world and world.get("exists", True):
             self._set_pools(key, group, [])
@@ -1495,6 +1486,22 @@ class DeploymentRunner:
         state["outputs"] = {}
         tf.save(state)
         self.console.terraform(f"\nDestroy complete! Resources: {len(managed)} destroyed.\n")
+
+    def _confirm_destroy(self, shown: str, managed: list[dict[str, Any]]) -> bool:
+        """Terraform's destroy plan of ``managed``, the approval gcluster asks for, and the start of
+        the destroy; False when it is not approved (nothing is destroyed)."""
+        summary = f"Plan: 0 to add, 0 to change, {len(managed)} to destroy."
+        self.console.info(f"Deployment group {shown} requires destroying cloud infrastructure")
+        if not self.approve(
+            summary, "\n".join(f"  # {r['address']} will be destroyed" for r in managed) + "\n\n" + summary
+        ):
+            return False
+        self.console.info(f"Running terraform apply on deployment group {shown}")
+        self.console.terraform(
+            "\n".join(f"{r['address']}: Destroying... [id={r.get('id', '')}]" for r in reversed(managed))
+        )
+        self._pause()
+        return True
 
     def _write_outputs(self, group_dir: Path, shown: str, desired: dict[str, Any]) -> None:
         artifacts = group_dir.parent / ".ghpc" / "artifacts"
@@ -1579,17 +1586,8 @@ class DeploymentRunner:
                 tf.save(state)
             self.console.info(f"Cloud infrastructure in deployment group {shown} is already destroyed")
             return
-        summary = f"Plan: 0 to add, 0 to change, {len(managed)} to destroy."
-        self.console.info(f"Deployment group {shown} requires destroying cloud infrastructure")
-        if not self.approve(
-            summary, "\n".join(f"  # {r['address']} will be destroyed" for r in managed) + "\n\n" + summary
-        ):
+        if not self._confirm_destroy(shown, managed):
             return
-        self.console.info(f"Running terraform apply on deployment group {shown}")
-        self.console.terraform(
-            "\n".join(f"{r['address']}: Destroying... [id={r.get('id', '')}]" for r in reversed(managed))
-        )
-        self._pause()
         # the destroy faults are the network's and the service accounts' (not a node pool's)
         fault = (
             self.faults.fire("destroy")
