@@ -1832,11 +1832,12 @@ class Gcloud:
             authorize=authorize,
             bucket_project=bucket_project,
             on_program=lambda module: self._record_program(project, zone, name, module),
-            preempt=lambda run_dir, committed: claim_preemption(
+            preempt=lambda run_dir, committed, past: claim_preemption(
                 store,
-                load_settings(self.layout).preempt_after_checkpoints,
+                load_settings(self.layout).preemption,
                 run_dir,
                 committed,
+                past,
                 f"{project}/{zone}/{name}",
                 rfc3339(),
             ),

@@ -75,9 +75,10 @@ class MachineServices:
     authorize: Authorize | None = None
     bucket_project: Callable[[str], str | None] | None = None
     minute_seconds: float = 0.0  # the time scale (settings.SandboxSettings.minute_seconds)
-    # (run directory, its committed checkpoints) -> the machine is lost now (settings'
-    # preempt_after_checkpoints; the caller remembers that it fired)
-    preempt: Callable[[str, int], bool] = lambda run_dir, committed: False
+    # (run directory, its committed checkpoints, steps trained past the newest) -> the machine is
+    # lost now (settings' preempt_after_checkpoints, preempt_steps_after; the caller remembers
+    # that it fired)
+    preempt: Callable[[str, int, int], bool] = lambda run_dir, committed, past: False
     # Told of every simulated MaxText program the machine starts (its module): the sandbox's
     # record of which VM ran what.
     on_program: Callable[[str], None] | None = None

@@ -389,10 +389,10 @@ class Worker:
         self.finish_pods(self.job(), main, status)
         return status
 
-    def preempt(self, run_dir: str, committed: int) -> bool:
+    def preempt(self, run_dir: str, committed: int, past: int) -> bool:
         """Whether the nodes go now (:func:`state.claim_preemption`)."""
-        wanted = load_settings(self.layout).preempt_after_checkpoints
-        return claim_preemption(self.store, wanted, run_dir, committed, self.key, rfc3339())
+        wanted = load_settings(self.layout).preemption
+        return claim_preemption(self.store, wanted, run_dir, committed, past, self.key, rfc3339())
 
     def lose_nodes(self) -> None:
         """The job's nodes shut down (preemption, maintenance): the kubelet's node-shutdown manager

@@ -113,8 +113,9 @@ class SimContext:
     # The time scale (sandbox setting ``minute_seconds``): 0 = off, stages last a few steps.
     minute_seconds: float = 0.0
     hold_file: str | None = None
-    # (run directory, its committed checkpoints) -> the machine is lost now
-    preempt: Callable[[str, int], bool] = lambda run_dir, committed: False
+    # (run directory, its committed checkpoints, steps trained past the newest) -> the machine is
+    # lost now
+    preempt: Callable[[str, int, int], bool] = lambda run_dir, committed, past: False
     clock: Callable[[], float] = time.time
     sleep: Callable[[float], None] = time.sleep
 
@@ -561,6 +562,8 @@ class MaxTextRunner:
             self.log(f"Fast forwarded {start} micro-batches.", source="rl_learner.py")
         self.wait(unit * 2)  # XLA compilation pause
         wrote_checkpoint = False
+        committed = len(self.committed_steps(actor_dir, num_batches)) if enable_checkpointing else 0
+        newest = start
         for step in range(start + 1, num_batches + 1):
             self.wait(unit)
             self.log(f"Reshard finished in {0.8 + self.rng.random():.2f}s", source="reshard.py")
@@ -580,8 +583,9 @@ class MaxTextRunner:
             if enable_checkpointing and (step % period == 0 or step == num_batches):
                 self.save_train_step(actor_dir, step, model, scan_layers, ocdbt, zarr3)
                 wrote_checkpoint = True
-                if self.ctx.preempt(actor_dir, len(self.committed_steps(actor_dir, num_batches))):
-                    raise Preempted()
+                committed, newest = len(self.committed_steps(actor_dir, num_batches)), step
+            if self.ctx.preempt(actor_dir, committed, step - newest):
+                raise Preempted()
             if wrote_checkpoint:
                 self.check_fault(f"step {step}")
         if not wrote_checkpoint and start == num_batches:

@@ -80,6 +80,8 @@ class SandboxSettings:
       the kubelet fails it with reason ``Terminated`` and a ``DisruptionTarget`` condition; a TPU
       VM goes as its ``instanceTerminationAction`` says and its SSH session ends); a retry then
       resumes from that checkpoint.
+    * ``preempt_steps_after``: with ``preempt_after_checkpoints``, the steps trained past that
+      checkpoint before the capacity goes (0: at once); the retry trains them again.
     * ``minute_seconds``: the time scale. 0 (the default): every stage lasts a few
       ``step_seconds``. Above 0: conversion, training, export and the TPU VM's install last their
       real minutes (``timescale.STAGE_MINUTES``) times this, as ``make bench`` plays them.
@@ -98,6 +100,12 @@ class SandboxSettings:
     minute_seconds: float = 0.0
     kueue_admits: bool = True
     preempt_after_checkpoints: int = 0
+    preempt_steps_after: int = 0
+
+    @property
+    def preemption(self) -> tuple[int, int]:
+        """When a training loses its machine: after this many checkpoints, this many steps past."""
+        return self.preempt_after_checkpoints, self.preempt_steps_after
 
     def reservation(self, zone: str, name: str) -> dict[str, Any] | None:
         """The reservation ``name`` in ``zone`` with defaults filled in, or ``None``."""

@@ -159,12 +159,20 @@ class FaultGate:
 
 
 def claim_preemption(
-    store: StateStore, wanted: int, run_dir: str, committed: int, machine: str, at: str
+    store: StateStore,
+    wanted: tuple[int, int],
+    run_dir: str,
+    committed: int,
+    past: int,
+    machine: str,
+    at: str,
 ) -> bool:
     """Whether the machine under a training goes now: ``wanted`` (the settings'
-    ``preempt_after_checkpoints``) committed checkpoints reached in ``run_dir``, the first time
-    (remembered in the ``preemptions`` document, with the machine that went)."""
-    if wanted <= 0 or committed < wanted:
+    ``preempt_after_checkpoints`` and ``preempt_steps_after``) committed checkpoints reached in
+    ``run_dir`` and that many steps trained past the newest, the first time (remembered in the
+    ``preemptions`` document, with the machine that went)."""
+    after_checkpoints, steps_after = wanted
+    if after_checkpoints <= 0 or committed < after_checkpoints or past < steps_after:
         return False
     with store.txn() as txn:
         fired = txn.doc("preemptions")
