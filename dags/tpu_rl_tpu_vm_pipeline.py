@@ -186,7 +186,9 @@ around training.
 **Trigger form.** *Run Parameters* (open): project, zone, bucket, reservation, service account;
 the prefilled `my-tpu-project` and `my-tpu-rl-bucket` are examples to replace,
 or set once for this Airflow in `[tpu_rl] default_project`, `default_bucket`, ... (the fields' defaults). *VM*: the
-TPU VM's name and the CPU VM's machine type.
+TPU VM's name, the CPU VM's machine type, and the TPU VM's `runtime` (`container`, the default: it
+trains in the prebuilt post-training image, `workload_image`; `install`: MaxText built from sources
+on the billed TPU VM first, as in the tutorial).
 *Model & training*: the preset, empty values = the preset's, `train_overrides` adds MaxText keys.
 The form checks each field; `validate` then checks the whole conf (unknown keys included) and fails
 the run before a VM is created; `preflight` checks the project's APIs, the caller's IAM

@@ -307,9 +307,11 @@ def tpu_vm_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
         "hf_model_path": value("hf_model_path"),
         "hf_token_conn_id": value("hf_token_conn_id"),
         "hf_token_secret": value("hf_token_secret"),
+        # how the TPU VM runs MaxText (its install and training; the CPU VM always installs): every
+        # stage gets it, so each checks train_overrides against the MaxText that trains
+        "runtime": value("runtime"),
+        "workload_image": value("workload_image"),
     }
-    # how the TPU VM runs MaxText (its install and training; the CPU VM always installs)
-    runtime = {"runtime": value("runtime"), "workload_image": value("workload_image")}
     return {
         "preflight": {
             "runner": "tpu_vm",
@@ -345,9 +347,9 @@ def tpu_vm_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
             "max_vm_hours": value("max_vm_hours"),
         },
         "install_cpu_vm": {**stage, "stage": "install", "on_machine": "cpu"},
-        "install_maxtext": {**stage, **runtime, "stage": "install", "on_machine": "tpu"},
+        "install_maxtext": {**stage, "stage": "install", "on_machine": "tpu"},
         "convert_to_maxtext": {**stage, "stage": "convert"},
-        "train": {**stage, **runtime, "stage": "train"},
+        "train": {**stage, "stage": "train"},
         "export_to_huggingface": {**stage, "stage": "export"},
         # The TPU VM goes as soon as the actor checkpoint is committed; the CPU VM's delete is the
         # last teardown and owns delete_bucket.

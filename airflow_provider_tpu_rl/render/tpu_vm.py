@@ -18,7 +18,8 @@ VENV = "maxtext_venv"
 STAGES = ("install", "convert", "train", "export")
 # Where each stage runs: the converters force JAX onto the CPU (maxtext-v0.2.4 to_maxtext.py
 # l.1190, to_huggingface.py l.589), so they run on the CPU VM; training needs the TPU. MaxText is
-# installed on both.
+# installed on the CPU VM; the TPU VM installs it too with runtime ``install``, and with runtime
+# ``container`` pulls the post-training image instead.
 MACHINES = ("cpu", "tpu")
 STAGE_MACHINE = {"convert": "cpu", "train": "tpu", "export": "cpu"}
 
