@@ -46,7 +46,7 @@ from airflow_provider_tpu_rl.pipeline_dags import (
 from airflow_provider_tpu_rl.sensors.checkpoint import HuggingFaceExportSensor, MaxTextCheckpointSensor
 from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID, TPU_VM_DEFAULTS, Runner, rules
 from airflow_provider_tpu_rl.spec.cluster import SYSTEM_MACHINE_TYPE
-from airflow_provider_tpu_rl.spec.pipeline import ENVIRONMENT_OPTIONS, TPU_VM_TASK_ORDER
+from airflow_provider_tpu_rl.spec.pipeline import ENVIRONMENT_OPTIONS, TPU_VM_RUNTIMES, TPU_VM_TASK_ORDER
 from airflow_provider_tpu_rl.spec.presets import presets_for
 from airflow_provider_tpu_rl.timeouts import dagrun_timeout
 
@@ -127,6 +127,30 @@ FORM: Final[dict[str, dict[str, Any]]] = {
         "pattern": optional(rules.HF_REPO_ID),
         "rule": rules.HF_REPO_ID_RULE,
     },
+    "runtime": {
+        "title": "TPU VM runtime",
+        "section": VM,
+        "description": (
+            "How the TPU VM runs MaxText. container: install_maxtext only pulls the prebuilt "
+            "post-training image (the GKE jobs' image) and train runs in it (docker run --privileged), "
+            "so the billed TPU VM installs nothing. install: MaxText and its post-training extras are "
+            "installed from sources on the TPU VM first, as in the tutorial (15-30 billed minutes). "
+            "The CPU VM always installs (it is not TPU time)."
+        ),
+        "type": "string",
+        "enum": list(TPU_VM_RUNTIMES),
+    },
+    "workload_image": {
+        "title": "Workload image",
+        "section": VM,
+        "description": (
+            "Container image training runs in with runtime container; empty = the "
+            "tpu_post_training image the GKE pipeline uses. Ignored with runtime install."
+        ),
+        "type": ["null", "string"],
+        "pattern": optional(rules.IMAGE),
+        "rule": rules.IMAGE_RULE,
+    },
     # run_name: pipeline_dags.COMMON_FORM (empty = unique to the DAG run; a reused name resumes).
     "keep_vm": {
         "title": "Keep the VM",
@@ -153,7 +177,8 @@ GRPO post-training of {", ".join(TPU_VM_MODELS)} with MaxText on one TPU v6e-8 V
 driven over SSH, as in the Llama 3.1 8B tutorial, except that the TPU VM exists only while it trains:
 bucket → HF token secret → **CPU VM** (`<vm_name>-cpu`, `cpu_machine_type`) → install MaxText there →
 HF→MaxText conversion on the CPU VM, written to the bucket → `wait_converted_checkpoint` (its commit
-marker) → **TPU VM** → install MaxText → training, loading the converted checkpoint from the bucket
+marker) → **TPU VM** → `install_maxtext` (`runtime` container, the default: Docker and the prebuilt
+post-training image pulled, nothing built; `install`: MaxText from sources, the tutorial's way) → training, loading the converted checkpoint from the bucket
 and writing its checkpoints there → `wait_actor_checkpoint` → TPU VM deleted → MaxText→HF export on
 the CPU VM (bucket to bucket) → `wait_hf_export` → CPU VM deleted. MaxText's converters force JAX
 onto the CPU (`jax_platforms=cpu`), so they never needed the TPU: the billed TPU VM now lives only
@@ -163,7 +188,9 @@ around training.
 flex-start; the last two with no reservation), service account;
 the prefilled `my-tpu-project` and `my-tpu-rl-bucket` are examples to replace,
 or set once for this Airflow in `[tpu_rl] default_project`, `default_bucket`, ... (the fields' defaults). *VM*: the
-TPU VM's name and the CPU VM's machine type.
+TPU VM's name, the CPU VM's machine type, and the TPU VM's `runtime` (`container`, the default: it
+trains in the prebuilt post-training image, `workload_image`; `install`: MaxText built from sources
+on the billed TPU VM first, as in the tutorial).
 *Model & training*: the preset, empty values = the preset's, `train_overrides` adds MaxText keys.
 The form checks each field; `validate` then checks the whole conf (unknown keys included) and fails
 the run before a VM is created; `preflight` checks the project's APIs, the caller's IAM

@@ -124,6 +124,25 @@ def test_tpu_vm_plan(capsys: pytest.CaptureFixture[str]) -> None:
     assert all("stdin" in s for s in steps if s["argv"][:3] == ["gcloud", "compute", "ssh"])
 
 
+@pytest.mark.parametrize("runtime", ["container", "install"])
+def test_the_tpu_vm_plan_shows_the_runtime(capsys: pytest.CaptureFixture[str], runtime: str) -> None:
+    """container (the default): the TPU VM pulls the image and trains in it; install: it builds
+    MaxText first. The CPU VM installs either way; the resolved values name the runtime."""
+    args = [] if runtime == "container" else ["--conf", json.dumps({"runtime": "install"})]
+    code, out, _ = _plan(capsys, "tpu_rl_tpu_vm_pipeline", *args)
+    assert code == 0
+    steps = {s["task_id"]: s for s in json.loads(out)["steps"] if "stdin" in s}
+    pulls = "sudo docker pull us-docker.pkg.dev/cloud-tpu-images/maxtext-images/tpu_post_training:0.2.4"
+    assert (pulls in steps["install_maxtext"]["stdin"]) is (runtime == "container")
+    assert ("docker run" in steps["train"]["stdin"]) is (runtime == "container")
+    assert ("uv pip install" in steps["install_maxtext"]["stdin"]) is (runtime == "install")
+    assert "uv pip install" in steps["install_cpu_vm"]["stdin"]
+    assert "docker" not in steps["install_cpu_vm"]["stdin"]
+    assert steps["install_maxtext"]["description"].startswith(
+        "prepare Docker and pull" if runtime == "container" else "install MaxText"
+    )
+
+
 @pytest.mark.parametrize(
     ("dag_id", "conf", "field"),
     [

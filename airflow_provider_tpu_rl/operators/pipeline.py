@@ -309,6 +309,10 @@ def tpu_vm_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
         "hf_model_path": value("hf_model_path"),
         "hf_token_conn_id": value("hf_token_conn_id"),
         "hf_token_secret": value("hf_token_secret"),
+        # how the TPU VM runs MaxText (its install and training; the CPU VM always installs): every
+        # stage gets it, so each checks train_overrides against the MaxText that trains
+        "runtime": value("runtime"),
+        "workload_image": value("workload_image"),
     }
     return {
         "preflight": {

@@ -342,12 +342,18 @@ class TpuVmStageOperator(_TpuVmOperator):
         it back: starts a stopped one, or re-creates a deleted one with the create task's argv (from
         its resource record; only the run holding its lease) and installs MaxText on it; training
         then resumes from the newest committed checkpoint. Off: the retry trains on the VM as it is.
+    :param runtime: how the TPU VM runs MaxText: ``container`` (default: ``install`` prepares
+        Docker and pulls ``workload_image``, ``train`` runs in it) or ``install`` (MaxText
+        installed from sources on the TPU VM, the tutorial's way). The CPU VM always installs.
+    :param workload_image: the image of runtime ``container``; empty = the post-training image.
     """
 
     template_fields: Sequence[str] = (
         *_TpuVmOperator.template_fields,
         "stage",
         "on_machine",
+        "runtime",
+        "workload_image",
         "run_name",
         "num_batches",
         "train_overrides",
@@ -369,12 +375,16 @@ class TpuVmStageOperator(_TpuVmOperator):
         hf_token_conn_id: str = "huggingface_default",
         hf_token_secret: str | None = None,
         recover_lost_vm: bool | str = True,
+        runtime: str = "container",
+        workload_image: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.recover_lost_vm = recover_lost_vm
         self.stage = stage
         self.on_machine = on_machine
+        self.runtime = runtime
+        self.workload_image = workload_image
         self.run_name = run_name
         self.num_batches = num_batches
         self.train_overrides = train_overrides
@@ -400,6 +410,8 @@ class TpuVmStageOperator(_TpuVmOperator):
             hf_model_path=self.hf_model_path or None,
             hf_token_conn_id=self.hf_token_conn_id,
             hf_token_secret=self.hf_token_secret or None,
+            **({"runtime": self.runtime} if self.runtime else {}),
+            workload_image=self.workload_image or None,
         )
         tracker = TrainingLogTracker()
         total = p.training.final_step
@@ -412,6 +424,8 @@ class TpuVmStageOperator(_TpuVmOperator):
 
         vm = p.cpu_vm if machine == "cpu" else p.vm
         out: dict[str, Any] = {"stage": self.stage, "vm_name": vm.vm_name, "machine": machine}
+        if machine == "tpu":
+            out["runtime"] = p.runtime
         run = "/".join(self.run_ids(context))
         directory = self.output_directory(p)
         done = self.completed_output(p, directory, run) if directory is not None else None

@@ -18,7 +18,8 @@ VENV = "maxtext_venv"
 STAGES = ("install", "convert", "train", "export")
 # Where each stage runs: the converters force JAX onto the CPU (maxtext-v0.2.4 to_maxtext.py
 # l.1190, to_huggingface.py l.589), so they run on the CPU VM; training needs the TPU. MaxText is
-# installed on both.
+# installed on the CPU VM; the TPU VM installs it too with runtime ``install``, and with runtime
+# ``container`` pulls the post-training image instead.
 MACHINES = ("cpu", "tpu")
 STAGE_MACHINE = {"convert": "cpu", "train": "tpu", "export": "cpu"}
 
@@ -368,8 +369,19 @@ def convert_script(pipeline: TpuVmPipelineSpec) -> str:
 
 def tpu_environment(vm: TpuVmSpec) -> list[str]:
     """The seed's TPU_* variables for a single host (TPU_NAME is the VM's hostname)."""
+    return ['TPU_NAME="$(hostname)"', "export TPU_NAME"] + [
+        f"export {quote_all([f'{k}={v}'])}" for k, v in _tpu_values(vm)
+    ]
+
+
+def tpu_variable_names(vm: TpuVmSpec) -> list[str]:
+    """The names :func:`tpu_environment` exports."""
+    return ["TPU_NAME", *(name for name, _ in _tpu_values(vm))]
+
+
+def _tpu_values(vm: TpuVmSpec) -> list[tuple[str, str]]:
     a, b = vm.topology.split("x")
-    env = [
+    return [
         ("TPU_ACCELERATOR_TYPE", vm.shape.tpu_type),
         ("TPU_WORKER_ID", "0"),
         ("TPU_SKIP_MDS_QUERY", "1"),
@@ -378,14 +390,12 @@ def tpu_environment(vm: TpuVmSpec) -> list[str]:
         ("TPU_CHIPS_PER_HOST_BOUNDS", f"{a},{b},1"),
         ("TPU_HOST_BOUNDS", "1,1,1"),
     ]
-    return ['TPU_NAME="$(hostname)"', "export TPU_NAME"] + [
-        f"export {quote_all([f'{k}={v}'])}" for k, v in env
-    ]
 
 
-def train_script(pipeline: TpuVmPipelineSpec) -> str:
+def train_arguments(pipeline: TpuVmPipelineSpec) -> list[str]:
+    """``train_rl``'s ``key=value`` arguments (the same for both runtimes)."""
     t = pipeline.training
-    args = key_values(
+    return key_values(
         [
             ("model_name", t.model_name),
             ("load_parameters_path", t.load_parameters_path),
@@ -395,9 +405,17 @@ def train_script(pipeline: TpuVmPipelineSpec) -> str:
             *[(k, v) for k, v in t.overrides if k != "num_batches"],
         ]
     )
+
+
+def train_script(pipeline: TpuVmPipelineSpec) -> str:
+    """Training in the venv ``install_script`` made (runtime ``install``)."""
     lines = _preamble(pipeline, with_token=True) + tpu_environment(pipeline.vm)
     lines.append(
-        with_hf_token(quote_all(["python3", "-m", "maxtext.trainers.post_train.rl.train_rl", *args]))
+        with_hf_token(
+            quote_all(
+                ["python3", "-m", "maxtext.trainers.post_train.rl.train_rl", *train_arguments(pipeline)]
+            )
+        )
     )
     return "\n".join(lines) + "\n"
 
@@ -418,6 +436,84 @@ def export_script(pipeline: TpuVmPipelineSpec) -> str:
     lines.append(
         with_hf_token(quote_all(["python3", "-m", "maxtext.checkpoint_conversion.to_huggingface", *args]))
     )
+    return "\n".join(lines) + "\n"
+
+
+# -- runtime "container": the TPU VM trains in the prebuilt post-training image ------------------
+# Cloud TPU's "Run TPU workloads in a Docker container" (https://cloud.google.com/tpu/docs/run-in-container)
+# runs its TPU containers with `sudo docker run --net=host --privileged ...`: --privileged gives the
+# container the host's devices (the TPU chips, /dev/vfio or /dev/accel*), --net=host the metadata
+# server (the VM's service account: GCS, as the install runtime's training) and the other hosts'
+# addresses; --ipc=host the host's shared memory (Docker's own /dev/shm is 64 MB).
+DOCKER_RUN_FLAGS = ("--rm", "--privileged", "--net=host", "--ipc=host")
+TRAIN_CONTAINER = "tpu-rl-train"
+
+
+def image_registry(image: str) -> str:
+    """The registry host of ``image`` (``us-docker.pkg.dev``): what ``configure-docker`` is given."""
+    return image.split("/", 1)[0]
+
+
+def container_install_script(pipeline: TpuVmPipelineSpec) -> str:
+    """Runtime ``container`` on the TPU VM: Docker (Ubuntu's ``docker.io`` when the image has none),
+    root's credential helper for the image's registry, and the image pulled; nothing is built.
+
+    docker runs as root (``sudo``): the login user is in no ``docker`` group, and a group added now
+    would only apply to a later login; root's ``~/.docker/config.json`` gets the gcloud helper.
+    """
+    image = pipeline.workload_image
+    install_docker = [
+        "if ! command -v docker >/dev/null 2>&1; then",
+        *(f"  {line}" for line in APT_UPDATE_AFTER_BOOT),
+        f"  sudo DEBIAN_FRONTEND=noninteractive apt-get {APT_LOCK_WAIT} install -y docker.io",
+        "fi",
+    ]
+    return (
+        "\n".join(
+            [
+                "set -euo pipefail",
+                *install_docker,
+                quote_all(["sudo", "gcloud", "auth", "configure-docker", image_registry(image), "--quiet"]),
+                quote_all(["sudo", "docker", "pull", image]),
+            ]
+        )
+        + "\n"
+    )
+
+
+def container_train_script(pipeline: TpuVmPipelineSpec) -> str:
+    """Runtime ``container``: ``train_rl`` with ``train_script``'s arguments in ``docker run``.
+
+    The TPU_* variables and HF_TOKEN reach the container by name (``-e NAME``: docker copies the
+    value from its own environment), never on argv. sudo's env_reset would drop them, so they are
+    kept by name with ``--preserve-env=LIST`` (sudoers(5): allowed when the matched command is
+    ALL, as the guest environment's sudoers entries are); HF_TOKEN is in the environment of that
+    one command only.
+    """
+    names = [*tpu_variable_names(pipeline.vm), "HF_TOKEN"]
+    docker = [
+        "sudo",
+        f"--preserve-env={','.join(names)}",
+        "docker",
+        "run",
+        f"--name={TRAIN_CONTAINER}",
+        *DOCKER_RUN_FLAGS,
+        *[flag for name in names for flag in ("-e", name)],
+        pipeline.workload_image,
+        "python3",
+        "-m",
+        "maxtext.trainers.post_train.rl.train_rl",
+        *train_arguments(pipeline),
+    ]
+    lines = [
+        "set -euo pipefail",
+        # an earlier try's container outlives its SSH session (the docker client's end does not
+        # stop it): removed first, so two trainers never share the TPU chips
+        f"sudo docker rm --force {TRAIN_CONTAINER} >/dev/null 2>&1 || true",
+        *hf_token_from_gcloud(pipeline.hf_token.secret_id, pipeline.vm.project),
+        *tpu_environment(pipeline.vm),
+        with_hf_token(quote_all(docker)),
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -444,17 +540,30 @@ def stage_command(
     machine: str | None = None,
     ssh_key_file: str | None = None,
 ) -> Command:
+    on = stage_machine(stage, machine)
+    script, description = stage_script(pipeline, stage, on)
+    vm: TpuVmSpec | CpuVmSpec = pipeline.cpu_vm if on == "cpu" else pipeline.vm
+    return ssh(vm, script, f"{description} on {vm.vm_name}", ssh_key_file=ssh_key_file)
+
+
+def stage_script(pipeline: TpuVmPipelineSpec, stage: str, machine: str) -> tuple[str, str]:
+    """The script of ``stage`` on ``machine`` and what it does: the TPU VM's install and training
+    by the pipeline's runtime; the CPU VM always installs (it is not TPU time)."""
+    in_container = pipeline.runtime == "container" and machine == "tpu"
+    if stage == "install" and in_container:
+        return container_install_script(pipeline), f"prepare Docker and pull {pipeline.workload_image}"
+    if stage == "train" and in_container:
+        return container_train_script(
+            pipeline
+        ), f"GRPO training (McJAX) in {pipeline.workload_image}, from and to GCS"
     scripts = {
         "install": (install_script, "install MaxText and its post-training extras"),
         "convert": (convert_script, "convert the HF checkpoint to MaxText (CPU), written to GCS"),
         "train": (train_script, "GRPO training (McJAX) from and to GCS"),
         "export": (export_script, "export the GCS actor checkpoint to Hugging Face format (CPU) in GCS"),
     }
-    on = stage_machine(stage, machine)
     build, description = scripts[stage]
-    script = build() if stage == "install" else build(pipeline)  # type: ignore[operator]
-    vm: TpuVmSpec | CpuVmSpec = pipeline.cpu_vm if on == "cpu" else pipeline.vm
-    return ssh(vm, script, f"{description} on {vm.vm_name}", ssh_key_file=ssh_key_file)
+    return (build() if stage == "install" else build(pipeline)), description  # type: ignore[operator]
 
 
 def vm_labels(pipeline: TpuVmPipelineSpec, expires_at: int) -> dict[str, str]:

@@ -6,7 +6,7 @@ import hashlib
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from airflow_provider_tpu_rl.spec import rules
@@ -20,7 +20,13 @@ from airflow_provider_tpu_rl.spec.cluster import (
     cpu_vm_name,
 )
 from airflow_provider_tpu_rl.spec.errors import SpecError
-from airflow_provider_tpu_rl.spec.presets import POST_TRAINING_IMAGE, ModelPreset, Runner, get_preset
+from airflow_provider_tpu_rl.spec.presets import (
+    GKE_MAXTEXT_VERSION,
+    POST_TRAINING_IMAGE,
+    ModelPreset,
+    Runner,
+    get_preset,
+)
 from airflow_provider_tpu_rl.spec.workloads import (
     DEFAULT_CHECKPOINT_PERIOD,
     ConversionSpec,
@@ -81,7 +87,14 @@ TPU_VM_DEFAULTS: Final[Mapping[str, Any]] = {
     "service_account": None,
     "cpu_machine_type": CPU_VM_MACHINE_TYPE,
     "max_vm_hours": 72,
+    "runtime": "container",
+    "workload_image": None,
 }
+
+# How the TPU VM runs MaxText: ``container`` pulls the prebuilt post-training image (the GKE jobs'
+# image) and trains in it; ``install`` installs MaxText from sources on the billed TPU VM first
+# (the tutorial's way, 15-30 minutes). The CPU VM always installs (it is not TPU time).
+TPU_VM_RUNTIMES: Final = ("container", "install")
 
 # The form's examples: a value every user must replace. `validate` refuses them (one line naming
 # the field), `tpu-rl plan` marks them.
@@ -145,6 +158,8 @@ _CONF_TYPES: Final[Mapping[str, str]] = {
     "authorized_cidr": "str",
     "max_cluster_hours": "int",
     "max_vm_hours": "int",
+    "runtime": "str",
+    "workload_image": "str?",
 }
 _TYPE_RULES: Final = {
     "str": "must be a string",
@@ -643,6 +658,8 @@ class TpuVmPipelineSpec:
     delete_bucket: bool
     max_vm_hours: int
     service_account: str | None = None
+    runtime: str = "container"  # TPU_VM_RUNTIMES
+    workload_image: str = POST_TRAINING_IMAGE  # the image training runs in (runtime container)
 
     @property
     def suffix(self) -> str:
@@ -691,6 +708,8 @@ class TpuVmPipelineSpec:
             "keep_vm": self.keep_vm,
             "delete_bucket": self.delete_bucket,
             "max_vm_hours": self.max_vm_hours,
+            "runtime": self.runtime,
+            "workload_image": self.workload_image,
             "compute_type": v.machine_type,
             "topology": v.topology,
             "suffix": self.suffix,
@@ -725,6 +744,11 @@ def tpu_vm_pipeline_from_conf(
             f"{preset.model_name} needs a multi-host slice; use the {GKE_DAG_ID} DAG",
             preset.model_name,
         )
+    runtime = rules.one_of("runtime", merged["runtime"], TPU_VM_RUNTIMES)
+    workload_image = rules.image("workload_image", _pick(merged, "workload_image", POST_TRAINING_IMAGE))
+    if runtime == "container":
+        # training runs the image's MaxText (the GKE jobs' release): overrides are checked against it
+        preset = replace(preset, maxtext_version=GKE_MAXTEXT_VERSION)
     vm = TpuVmSpec(
         project=merged["project"],
         zone=merged["zone"],
@@ -779,4 +803,6 @@ def tpu_vm_pipeline_from_conf(
             if merged["service_account"]
             else None
         ),
+        runtime=runtime,
+        workload_image=workload_image,
     )

@@ -171,6 +171,13 @@ def image(field: str, value: Any) -> str:
     return match(field, value, IMAGE, IMAGE_RULE)
 
 
+def one_of(field: str, value: Any, choices: tuple[str, ...]) -> str:
+    """``value``, one of ``choices``."""
+    if value not in choices:
+        raise SpecError(field, f"must be one of {list(choices)}", value)
+    return str(value)
+
+
 def cidr(field: str, value: Any) -> str:
     text = require_str(field, value)
     try:

@@ -1527,13 +1527,14 @@ class Gcloud:
             txn.save("vms")
             txn.save("vm_history")
 
-    def _record_program(self, project: str, zone: str, name: str, module: str) -> None:
+    def _record_program(self, project: str, zone: str, name: str, module: str, runtime: str) -> None:
         """The VM's history (``vm_history``: each life's machine type, create and delete times)
-        notes a MaxText program it started, with the time."""
+        notes a MaxText program it started, with the time and its runtime (``install``: the VM's
+        venv; ``container``: a container of the post-training image)."""
         with self.store.txn() as txn:
             lives = txn.doc("vm_history").get(f"{project}/{zone}/{name}") or []
             if lives:
-                lives[-1]["programs"].append({"module": module, "started": time.time()})
+                lives[-1]["programs"].append({"module": module, "started": time.time(), "runtime": runtime})
                 txn.save("vm_history")
 
     def _vm(self, project: str, zone: str, name: str) -> dict[str, Any]:
@@ -1831,7 +1832,7 @@ class Gcloud:
             default_project=project,
             authorize=authorize,
             bucket_project=bucket_project,
-            on_program=lambda module: self._record_program(project, zone, name, module),
+            on_program=lambda module, runtime: self._record_program(project, zone, name, module, runtime),
             preempt=lambda run_dir, committed, past: claim_preemption(
                 store,
                 load_settings(self.layout).preemption,

@@ -38,7 +38,7 @@ from tpu_rl_sandbox.machine import (
     shim_text,
 )
 from tpu_rl_sandbox.state import FaultSpec
-from tpu_rl_sandbox.timescale import INSTALL_MINUTES
+from tpu_rl_sandbox.timescale import DOCKER_INSTALL_MINUTES, INSTALL_MINUTES, PULL_MINUTES
 
 UV_INSTALLER_URL_RE = re.compile(r"^https://astral\.sh/uv/(?:[0-9.]+/)?install\.sh$")
 SECRET_ACCESS_RE = re.compile(
@@ -79,9 +79,9 @@ class MachineServices:
     # lost now (settings' preempt_after_checkpoints, preempt_steps_after; the caller remembers
     # that it fired)
     preempt: Callable[[str, int, int], bool] = lambda run_dir, committed, past: False
-    # Told of every simulated MaxText program the machine starts (its module): the sandbox's
-    # record of which VM ran what.
-    on_program: Callable[[str], None] | None = None
+    # Told of every simulated MaxText program the machine starts (its module, and the runtime it
+    # ran in: the machine's ``runtime``): the sandbox's record of which VM ran what, and how.
+    on_program: Callable[[str, str], None] | None = None
 
 
 SCOPE_DENIED = "Access denied. Provided scope(s) are not authorized."
@@ -182,6 +182,7 @@ class MachineHost:
     """Mounts, fake tools and the tool implementations shared by the pod and the VM."""
 
     platform = "gke"
+    runtime = "image"  # what MaxText runs from: the pod's image, a VM's venv or a container on a VM
     mounts: tuple[str, ...] = ("/tmp", "/root", "/usr/local", "/dev/shm")  # noqa: S108 (machine paths)
     tools: dict[str, str] = {}
     python_path = ""
@@ -225,14 +226,18 @@ class MachineHost:
     # secret (``/tmp/.sandbox-tool-calls.jsonl``, in the machine's own /tmp).
     TOOL_CALL_LOG = "/tmp/.sandbox-tool-calls.jsonl"  # noqa: S108  (a path inside the machine)
 
-    def run_tool(self, call: ToolCall) -> int:
-        """Dispatch one fake-tool call by its kind (the ``TOOL`` of its shim)."""
+    def log_call(self, call: ToolCall) -> None:
+        """Append ``call`` to :attr:`TOOL_CALL_LOG` (its environment's names only)."""
         if self.fs.own(self.TOOL_CALL_LOG):
             log = self.fs.host_path(self.TOOL_CALL_LOG)
             log.parent.mkdir(parents=True, exist_ok=True)
             entry = {"tool": call.tool, "argv": call.argv[:4], "env_names": sorted(call.env)}
             with log.open("a") as handle:
                 handle.write(json.dumps(entry) + "\n")
+
+    def run_tool(self, call: ToolCall) -> int:
+        """Dispatch one fake-tool call by its kind (the ``TOOL`` of its shim)."""
+        self.log_call(call)
         handler = {
             "python": self.tool_python,
             "pip": self.tool_pip,
@@ -288,7 +293,7 @@ class MachineHost:
             return 1
         services = self.services
         if services.on_program is not None:
-            services.on_program(module)
+            services.on_program(module, self.runtime)
         if module == maxtext_sim.TRAIN_RL and self.tpu_chips() == 0:
             # JAX on a machine without TPU chips, asked for the TPU (TPU_* set, as train_rl's
             # McJAX run does): the backend cannot start; MaxText's trainer needs it.
@@ -484,6 +489,60 @@ class PodHost(MachineHost):
         return {"PATH": MACHINE_PATH, "HOME": "/root", "HOSTNAME": self.hostname, **self.image_env}
 
 
+# The images the sandbox's registry holds: the post-training image of the GKE jobs (its files are
+# machine_stubs.POD_FILES). Any other reference is unknown to the registry.
+POST_TRAINING_IMAGE = "us-docker.pkg.dev/cloud-tpu-images/maxtext-images/tpu_post_training:0.2.4"
+REGISTRY_IMAGES = {
+    POST_TRAINING_IMAGE: "sha256:" + "5d1c0b1a9e3f" * 5 + "2a4c",
+}
+
+
+class ContainerHost(PodHost):
+    """A container ``docker run`` starts on a VM from the post-training image: the image's files
+    (as a GKE pod's), the VM's hostname and network (``--net=host``: its service account through
+    the metadata server, so GCS as the VM sees it), and the VM's TPU chips only when privileged
+    (docker gives a container no host device otherwise: no /dev/vfio, /dev/accel*)."""
+
+    platform = "vm"
+    runtime = "container"
+
+    def __init__(self, fs_root: Path, services: MachineServices, hostname: str, tpu_chips: int) -> None:
+        MachineHost.__init__(self, fs_root, services, hostname)
+        for path, text in machine_stubs.POD_FILES.items():
+            self.fs.write(path, text.encode())
+        self.fs.write("/sys/fs/cgroup/memory.max", b"max\n")
+        self.chips = tpu_chips
+
+    def tpu_chips(self) -> int:
+        return self.chips
+
+
+DOCKER_VERSION = "Docker version 24.0.7, build 24.0.7-0ubuntu2~22.04.1"  # jammy-updates' docker.io
+DOCKER_SOCKET = "unix:///var/run/docker.sock"
+# docker run's flags the rendered scripts may use; others are refused as not simulated.
+DOCKER_RUN_SWITCHES = ("--rm", "--privileged", "-i", "--interactive", "-t", "--tty", "--init")
+DOCKER_RUN_VALUES = ("--name", "--net", "--network", "--ipc", "-e", "--env", "-w", "--workdir", "--shm-size")
+
+
+def docker_socket_denied(endpoint: str) -> str:
+    """The docker client's error for a user outside the ``docker`` group (the socket is root:docker 660)."""
+    return (
+        f"permission denied while trying to connect to the Docker daemon socket at {DOCKER_SOCKET}: "
+        f'Post "http://%2Fvar%2Frun%2Fdocker.sock/v1.24/{endpoint}": dial unix /var/run/docker.sock: '
+        "connect: permission denied\n"
+    )
+
+
+def image_parts(image: str) -> tuple[str, str, str]:
+    """``(registry host, repository path, tag or digest)`` of an image reference."""
+    host, _, rest = image.partition("/")
+    if "@" in rest:
+        path, _, ref = rest.partition("@")
+        return host, path.rsplit(":", 1)[0], ref
+    path, _, tag = rest.rpartition(":") if ":" in rest else (rest, "", "latest")
+    return host, path, tag
+
+
 APT_LISTS_LOCK = "/var/lib/apt/lists/lock"
 DPKG_FRONTEND_LOCK = "/var/lib/dpkg/lock-frontend"
 BOOT_APT_PID, UPGRADES_PID = 812, 1033
@@ -515,6 +574,7 @@ class VmHost(MachineHost):
     accelerator image) or a CPU VM (any other machine type: no TPU chips)."""
 
     platform = "vm"
+    runtime = "install"
     mounts = ("/home", "/tmp", "/root", "/usr/local", "/dev/shm")  # noqa: S108 (machine paths)
     tools = {
         "python3": "python",
@@ -589,8 +649,12 @@ class VmHost(MachineHost):
             "extra-deps": self.tool_extra_deps,
             "venv-pip": self.tool_pip,
             "sudo-denied": self.tool_sudo_denied,
+            "docker": self.tool_docker,
         }.get(call.tool)
-        return handler(call) if handler is not None else super().run_tool(call)
+        if handler is None:
+            return super().run_tool(call)
+        self.log_call(call)
+        return handler(call)
 
     # -- installed software ---------------------------------------------------------------
     @staticmethod
@@ -786,11 +850,8 @@ class VmHost(MachineHost):
         self.add_packages(venv, requested)
         if "maxtext" in requested:
             # the install from sources takes its real minutes when the time scale is on
-            deadline = time.monotonic() + INSTALL_MINUTES * self.services.minute_seconds
-            while time.monotonic() < deadline:
-                if call.cancelled():
-                    return 137
-                time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+            if not self.wait_minutes(call, INSTALL_MINUTES):
+                return 137
             self._install(f"{venv}/bin/install_tpu_post_train_extra_deps", "extra-deps")
             self.add_packages(
                 venv,
@@ -798,6 +859,15 @@ class VmHost(MachineHost):
             )
         call.err(f"Resolved 212 packages in 3.1s\nInstalled {len(requested) + 200} packages in 41.2s\n")
         return 0
+
+    def wait_minutes(self, call: ToolCall, minutes: float) -> bool:
+        """Last ``minutes`` real minutes on the time scale (none when it is off); False if cancelled."""
+        deadline = time.monotonic() + minutes * self.services.minute_seconds
+        while time.monotonic() < deadline:
+            if call.cancelled():
+                return False
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+        return True
 
     def tool_pip(self, call: ToolCall) -> int:
         """A venv's seeded pip (``<venv>/bin/pip``); the bare image has no pip."""
@@ -872,6 +942,12 @@ class VmHost(MachineHost):
                 call.out("Do you want to continue? [Y/n] Abort.\n")
                 return 1
             packages = [a for a in args if not a.startswith("-") and a != action]
+            if action == "install" and "docker.io" in packages:
+                if not self.wait_minutes(call, DOCKER_INSTALL_MINUTES):
+                    return 137
+                # Ubuntu's docker.io: /usr/bin/docker and dockerd (the sandbox's /usr is the host's,
+                # read-only: the client goes to /usr/local/bin, also on every PATH and sudo's)
+                self._install("/usr/local/bin/docker", "docker")
             call.out(f"Setting up {', '.join(packages) or 'upgrades'} ...\n")
             return 0
         call.err(f"E: Invalid operation {action}\n")
@@ -899,6 +975,202 @@ class VmHost(MachineHost):
             call.out(f"Waiting for cache lock: {held_by}...\n")
             time.sleep(min(0.5, max(0.01, self.dpkg_busy_until - time.time())))
         return True
+
+    # -- docker ---------------------------------------------------------------------------
+    @property
+    def docker_state_file(self) -> Path:
+        """The daemon's own state (``/var/lib/docker``: the images pulled), outside the machine's mounts."""
+        return self.fs.root / ".sandbox-dockerd.json"
+
+    def docker_images(self) -> dict[str, str]:
+        try:
+            return dict(json.loads(self.docker_state_file.read_text()).get("images", {}))
+        except (OSError, ValueError):
+            return {}
+
+    def docker_config(self, env: Mapping[str, str]) -> dict[str, object]:
+        """The client's ``config.json``: ``$DOCKER_CONFIG`` or ``$HOME/.docker`` (root's under sudo)."""
+        directory = env.get("DOCKER_CONFIG") or f"{env.get('HOME', '/root')}/.docker"
+        try:
+            loaded = json.loads(self.fs.host_path(f"{directory}/config.json").read_text())
+        except (OSError, ValueError):
+            return {}
+        return loaded if isinstance(loaded, dict) else {}
+
+    def tool_docker(self, call: ToolCall) -> int:
+        """Ubuntu's docker.io client and its daemon: ``pull``, ``run``, ``rm``, ``--version``.
+
+        Root only (the login user is in no ``docker`` group). A pull needs credentials for the
+        image's registry in the client's config (gcloud's helper or an ``auths`` entry) and an image
+        the sandbox's registry holds (``REGISTRY_IMAGES``), with Artifact Registry's answers otherwise.
+        """
+        args = call.argv[1:]
+        if args in (["--version"], ["-v"]):
+            call.out(DOCKER_VERSION + "\n")
+            return 0
+        command = args[0] if args else ""
+        if command not in ("pull", "run", "rm"):
+            call.err(f"docker: '{command}' is not a docker command.\nSee 'docker --help'\n")
+            return 1
+        if call.env.get("USER") != "root":
+            endpoint = {"pull": "images/create", "run": "containers/create", "rm": "containers/x"}[command]
+            call.err(docker_socket_denied(endpoint))
+            return 1
+        if command == "pull":
+            if len(args) != 2 or args[1].startswith("-"):
+                call.err("\"docker pull\" requires exactly 1 argument.\nSee 'docker pull --help'.\n")
+                return 1
+            return self.docker_pull(call, args[1])
+        if command == "rm":
+            names = [a for a in args[1:] if not a.startswith("-")]
+            for name in names:  # every container this daemon ran was --rm: none is left
+                call.err(f"Error response from daemon: No such container: {name}\n")
+            return 1 if names else 0
+        return self.docker_run(call, args[1:])
+
+    def docker_pull(self, call: ToolCall, image: str, *, quiet_status: bool = False) -> int:
+        """Fetch ``image`` into the daemon (its pull minutes on the time scale; none when present)."""
+        host, path, ref = image_parts(image)
+        config = self.docker_config(call.env)
+        helpers = config.get("credHelpers") or {}
+        auths = config.get("auths") or {}
+        if not (isinstance(helpers, dict) and helpers.get(host)) and not (
+            isinstance(auths, dict) and host in auths
+        ):
+            project, _, rest = path.partition("/")
+            repository = rest.split("/", 1)[0]
+            location = host.removesuffix("-docker.pkg.dev")
+            call.err(
+                f'Error response from daemon: Head "https://{host}/v2/{path}/manifests/{ref}": denied: '
+                "Unauthenticated request. Unauthenticated requests do not have permission "
+                '"artifactregistry.repositories.downloadArtifacts" on resource '
+                f'"projects/{project}/locations/{location}/repositories/{repository}" (or it may not exist)\n'
+            )
+            return 1
+        digest = REGISTRY_IMAGES.get(image)
+        if digest is None:
+            call.err(
+                f"Error response from daemon: manifest for {image} not found: manifest unknown: "
+                f'Failed to fetch "{ref}"\n'
+            )
+            return 1
+        images = self.docker_images()
+        if images.get(image) == digest:
+            call.out(
+                f"{ref}: Pulling from {path}\nDigest: {digest}\nStatus: Image is up to date for {image}\n{image}\n"
+            )
+            return 0
+        call.out(f"{ref}: Pulling from {path}\n")
+        if not self.wait_minutes(call, PULL_MINUTES):
+            return 137
+        for layer in range(6):
+            call.out(f"{digest[7 + layer * 2 : 19 + layer * 2]}: Pull complete\n")
+        images[image] = digest
+        self.docker_state_file.write_text(json.dumps({"images": images}))
+        call.out(f"Digest: {digest}\nStatus: Downloaded newer image for {image}\n{image}\n")
+        return 0
+
+    def docker_run(self, call: ToolCall, args: list[str]) -> int:
+        """``docker run [OPTIONS] IMAGE COMMAND...`` in a :class:`ContainerHost` (removed after with
+        ``--rm``): env from ``-e`` only (``-e NAME`` copies the client's value when it has one)."""
+        switches: set[str] = set()
+        values: dict[str, list[str]] = {}
+        rest = list(args)
+        while rest and rest[0].startswith("-"):
+            flag = rest.pop(0)
+            name, has_value, value = flag.partition("=")
+            if name in DOCKER_RUN_SWITCHES and not has_value:
+                switches.add(name)
+                continue
+            if name in DOCKER_RUN_VALUES:
+                if not has_value:
+                    if not rest:
+                        call.err(f"flag needs an argument: {name}\nSee 'docker run --help'.\n")
+                        return 125
+                    value = rest.pop(0)
+                values.setdefault(name.lstrip("-"), []).append(value)
+                continue
+            call.err(f"unknown flag: {name}\nSee 'docker run --help'.\n")
+            return 125
+        if not rest:
+            call.err("\"docker run\" requires at least 1 argument.\nSee 'docker run --help'.\n")
+            return 125
+        image, command = rest[0], rest[1:]
+        if image not in self.docker_images():
+            call.err(f"Unable to find image '{image}' locally\n")
+            code = self.docker_pull(call, image)
+            if code != 0:
+                return 125
+        if not command:
+            call.err("sandbox: the image's default command is not simulated; give one\n")
+            return 125
+        env_flags = values.get("e", []) + values.get("env", [])
+        env: dict[str, str] = {}
+        for item in env_flags:
+            key, has_value, value = item.partition("=")
+            if has_value:
+                env[key] = value
+            elif key in call.env:  # docker's opts.ValidateEnv: the client's own value, if it has one
+                env[key] = call.env[key]
+        name = (values.get("name") or [f"sandbox-{abs(hash((image, time.time()))) % 10**12:012d}"])[-1]
+        root = self.fs.root / ".containers" / name
+        shutil.rmtree(root, ignore_errors=True)
+        chips = self.tpu_chips() if "--privileged" in switches else 0
+        container = ContainerHost(root, self.services, self.hostname, chips)
+        workdir = (values.get("w") or values.get("workdir") or [container.workdir])[-1]
+        try:
+            code = container.run(
+                ["bash", "-c", 'exec "$0" "$@"', *command],
+                None,
+                call.stdout,
+                call.stderr,
+                {**container.base_env(), **env},
+                workdir,
+            )
+        finally:
+            self.preempted = self.preempted or container.preempted
+            if "--rm" in switches:
+                shutil.rmtree(root, ignore_errors=True)
+        return code
+
+    def configure_docker(self, call: ToolCall) -> int:
+        """``gcloud auth configure-docker [REGISTRIES] [--quiet]``: gcloud's credential helper for
+        each registry in the caller's Docker config (root's under sudo)."""
+        positionals = [a for a in call.argv[3:] if not a.startswith("-")]
+        unknown = [a for a in call.argv[3:] if a.startswith("-") and a not in ("--quiet", "-q")]
+        if unknown or len(positionals) > 1:
+            bad = unknown[0] if unknown else positionals[1]
+            call.err(f"ERROR: (gcloud.auth.configure-docker) unrecognized arguments: {bad}\n")
+            return 2
+        raw = (
+            positionals[0]
+            if positionals
+            else "gcr.io,us.gcr.io,eu.gcr.io,asia.gcr.io,staging-k8s.gcr.io,marketplace.gcr.io"
+        )
+        registries = [r.strip() for r in raw.split(",") if r.strip()]
+        directory = call.env.get("DOCKER_CONFIG") or f"{call.env.get('HOME', self.home)}/.docker"
+        config = self.docker_config(call.env)
+        helpers = config.setdefault("credHelpers", {})
+        assert isinstance(helpers, dict)
+        missing = [r for r in registries if helpers.get(r) != "gcloud"]
+        if not missing:
+            call.err("gcloud credential helpers already registered correctly.\n")
+            return 0
+        call.err("Adding credentials for: " + ",".join(missing) + "\n")
+        for registry in missing:
+            helpers[registry] = "gcloud"
+        try:
+            self.fs.write(f"{directory}/config.json", json.dumps(config, indent=2).encode())
+        except StorageError as error:
+            call.err(f"ERROR: (gcloud.auth.configure-docker) {error}\n")
+            return 1
+        call.err("Docker configuration file updated.\n")
+        return 0
+
+    def tool_gcloud(self, call: ToolCall) -> int:
+        if call.argv[1:3] == ["auth", "configure-docker"]:
+            return self.configure_docker(call)
+        return super().tool_gcloud(call)
 
     # -- google cloud ---------------------------------------------------------------------
     def project(self) -> str:

@@ -130,9 +130,15 @@ def python(argv):
 def sudo(argv):
     """sudo(8) as an ALL=(ALL) NOPASSWD user with Ubuntu's sudoers (env_reset, secure_path)."""
     args = argv[1:]
+    preserved = []
     while args and args[0].startswith("-") and args[0] != "--":
         option = args.pop(0)
         if option in ("-n", "-E", "-H", "-S", "--non-interactive", "--preserve-env", "--set-home"):
+            continue
+        if option.startswith("--preserve-env="):
+            # sudo(8): these variables are kept from the user's environment (env_reset drops the
+            # rest); the guest's sudoers entries match ALL, which implies SETENV (sudoers(5))
+            preserved += [name for name in option.split("=", 1)[1].split(",") if name]
             continue
         if option in ("-u", "--user") and args:
             if args.pop(0) not in ("root", "#0"):
@@ -169,6 +175,7 @@ def sudo(argv):
         PATH=SECURE_PATH, HOME="/root", USER="root", LOGNAME="root", SHELL="/bin/bash", MAIL="/var/mail/root",
         SUDO_USER=user, SUDO_UID="1000", SUDO_GID="1000", SUDO_COMMAND=" ".join([found, *args[1:]]),
     )
+    env.update({{name: os.environ[name] for name in preserved if name in os.environ}})
     env.update(assignments)
     os.execve(found, [command, *args[1:]], env)
 

@@ -23,6 +23,14 @@ CONVERT, TRAIN, EXPORT = "convert", "train", "export"
 _LARGE: Final = MappingProxyType({CONVERT: 22.5, TRAIN: 35.0, EXPORT: 22.5})
 _SINGLE_HOST: Final = MappingProxyType({CONVERT: 5.0, TRAIN: 10.0, EXPORT: 5.0})
 INSTALL_MINUTES: Final = 22.5  # the TPU VM's MaxText install (apt, uv, pip from sources)
+# The TPU VM's container runtime instead of the install. No source states either: estimates.
+# Pulling tpu_post_training (JAX, libtpu, torch, vLLM and tpu-inference: ~10-12 GB compressed,
+# over 20 GB unpacked) from Artifact Registry in the same continent: docker fetches 3 layers at a
+# time (dockerd's max-concurrent-downloads default), ~1-2 minutes at 100-200 MB/s, then unpacks each
+# layer's gzip on one core (~100 MB/s), ~3 minutes: 5 minutes in all.
+PULL_MINUTES: Final = 5.0
+# Ubuntu's docker.io when the VM image has no Docker: apt fetches and sets up ~70 MB of packages.
+DOCKER_INSTALL_MINUTES: Final = 1.0
 
 # MaxText model_name -> stage -> real minutes.
 STAGE_MINUTES: Final[Mapping[str, Mapping[str, float]]] = MappingProxyType(

@@ -79,6 +79,7 @@ PATTERNS: dict[str, dict[str, Any]] = {
         "service_account": rules.SERVICE_ACCOUNT,
         "vm_name": rules.GCE_NAME,
         "cpu_machine_type": SYSTEM_MACHINE_TYPE,
+        "workload_image": rules.IMAGE,
         "hf_model_path": rules.HF_REPO_ID,
         "run_name": rules.RUN_NAME,
         "hf_token_conn_id": rules.CONN_ID,
@@ -188,6 +189,8 @@ GKE_BAD_CONFS = [
 TPU_VM_BAD_CONFS = [
     ("gke_key", {"keep_cluster": True}, "keep_cluster: unknown conf key", False),
     ("vm_name", {"vm_name": "VM_1"}, "vm_name: VM name must match", True),
+    ("runtime", {"runtime": "docker"}, "runtime: must be one of ['container', 'install']", True),
+    ("workload_image", {"workload_image": "img;id"}, "workload_image: container image must be", True),
     ("unknown_model", {"model": "gpt-5"}, "model: unknown model", True),
     ("gke_model", {"model": "qwen3-30b-a3b"}, "needs a multi-host slice; use the tpu_rl_gke_pipeline", True),
     ("negative_batches", {"num_batches": -1}, "num_batches: must be >= 1", True),
@@ -284,6 +287,17 @@ def test_model_dropdown_offers_only_this_runners_presets(dag_bag: Any, dag_id: s
     model = dag_bag.dags[dag_id].params.get_param("model").schema
     assert model["enum"] == presets_for(RUNNERS[dag_id])
     assert set(model["values_display"]) == set(model["enum"])
+
+
+def test_tpu_vm_runtime_is_a_dropdown_of_the_spec_runtimes(dag_bag: Any) -> None:
+    """The TPU VM form's runtime: the spec's choices, container first (the default)."""
+    from airflow_provider_tpu_rl.spec.pipeline import TPU_VM_RUNTIMES
+
+    param = dag_bag.dags[TPU_VM_DAG_ID].params.get_param("runtime")
+    assert param.schema["enum"] == list(TPU_VM_RUNTIMES) == ["container", "install"]
+    assert param.value == "container"
+    assert param.schema["title"]
+    assert "install" in param.description
 
 
 @pytest.mark.parametrize("dag_id", PIPELINE_DAG_IDS)

@@ -14,7 +14,7 @@ from tests.golden.shellwords import commands, flags
 MODEL = "llama3.1-8b-Instruct"
 
 
-def _pipeline():
+def _pipeline(runtime: str = "container", **conf: str):
     return tpu_vm_pipeline_from_conf(
         {
             "project": "tpu-proj-123",
@@ -22,9 +22,15 @@ def _pipeline():
             "vm_name": "llama-vm",
             "reservation": "v6e8-res",
             "bucket": "rl-bucket-1",
+            "runtime": runtime,
+            **conf,
         },
         run_id="manual__2026-11-30",
     )
+
+
+RUNTIMES = ("container", "install")
+IMAGE = "us-docker.pkg.dev/cloud-tpu-images/maxtext-images/tpu_post_training:0.2.4"
 
 
 GCS = f"gs://rl-bucket-1/{MODEL}"
@@ -68,6 +74,10 @@ def _module_call(script: str, module: str) -> dict[str, str]:
             tokens = tokens[1:]
         if tokens[:3] == ["python3", "-m", module]:
             return {k: v for k, _, v in (t.partition("=") for t in tokens[3:])}
+        if tokens[1:4] == ["docker", "run"] or tokens[2:4] == ["docker", "run"]:  # in the container
+            at = tokens.index("python3")
+            if tokens[at : at + 3] == ["python3", "-m", module]:
+                return {k: v for k, _, v in (t.partition("=") for t in tokens[at + 3 :])}
     raise AssertionError(f"{module} not in script")
 
 
@@ -88,15 +98,18 @@ def test_vm_create_and_delete_match_tutorial() -> None:
     assert list(tpu_vm.delete_vm(pipeline.vm).argv) == delete
 
 
-def test_stage_scripts_match_tutorial() -> None:
-    pipeline = _pipeline()
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_stage_scripts_match_tutorial(runtime: str) -> None:
+    """Both runtimes give train_rl the tutorial's arguments and TPU_* variables (in the container
+    by name: ``-e NAME``)."""
+    pipeline = _pipeline(runtime)
     values = _values(pipeline)
-    convert = tpu_vm.convert_script(pipeline)
+    convert = tpu_vm.stage_command(pipeline, "convert").stdin_text or ""
     want = _tutorial_call("llama_convert.sh", values)
     assert want.pop("hf_access_token") == "hf_tutorial_token"
     assert _module_call(convert, "maxtext.checkpoint_conversion.to_maxtext") == want
 
-    train = tpu_vm.train_script(pipeline)
+    train = tpu_vm.stage_command(pipeline, "train").stdin_text or ""
     want = _tutorial_call("llama_train.sh", values)
     got = _module_call(train, "maxtext.trainers.post_train.rl.train_rl")
     # Documented difference: a checkpoint every 10 steps (the tutorial keeps rl.yml's 50: its
@@ -109,7 +122,12 @@ def test_stage_scripts_match_tutorial() -> None:
     assert tutorial_exports <= exports
     assert 'TPU_NAME="$(hostname)"' in train
 
-    export = tpu_vm.export_script(pipeline)
+    if runtime == "container":
+        (docker,) = [t for t in _script_lines(train) if "docker" in t and "run" in t]
+        passed = {docker[i + 1] for i, t in enumerate(docker) if t == "-e"}
+        assert {e.split("=", 1)[0] for e in exports} | {"TPU_NAME", "HF_TOKEN"} == passed
+
+    export = tpu_vm.stage_command(pipeline, "export").stdin_text or ""
     want = _tutorial_call("llama_export.sh", values)
     assert _module_call(export, "maxtext.checkpoint_conversion.to_huggingface") == want
 
@@ -173,8 +191,9 @@ def test_each_stage_runs_on_its_vm() -> None:
             tpu_vm.stage_command(pipeline, stage, machine=machine)
 
 
-def test_token_comes_from_secret_manager_in_every_stage() -> None:
-    pipeline = _pipeline()
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_token_comes_from_secret_manager_in_every_stage(runtime: str) -> None:
+    pipeline = _pipeline(runtime)
     for stage in ("convert", "train", "export"):
         command = tpu_vm.stage_command(pipeline, stage)
         assert command.argv[-1] == "--command=bash -s"
@@ -189,4 +208,70 @@ def test_token_comes_from_secret_manager_in_every_stage() -> None:
         assert "export tpu_rl_hf_token" not in command.stdin_text
         token_lines = [line for line in command.stdin_text.splitlines() if "HF_TOKEN" in line]
         assert len(token_lines) == 1
-        assert token_lines[0].startswith('HF_TOKEN="$tpu_rl_hf_token" python3 -m maxtext.')
+        if runtime == "container" and stage == "train":
+            # sudo keeps it by name, docker passes it by name: the value is on no argv
+            assert token_lines[0].startswith('HF_TOKEN="$tpu_rl_hf_token" sudo --preserve-env=')
+            tokens = shlex.split(token_lines[0])
+            assert tokens[0] == "HF_TOKEN=$tpu_rl_hf_token"
+            assert all("HF_TOKEN=" not in t and "tpu_rl_hf_token" not in t for t in tokens[1:])
+            assert "HF_TOKEN" in tokens[2].removeprefix("--preserve-env=").split(",")
+            assert tokens[tokens.index("HF_TOKEN") - 1] == "-e"
+        else:
+            assert token_lines[0].startswith('HF_TOKEN="$tpu_rl_hf_token" python3 -m maxtext.')
+
+
+def test_container_runtime_install_pulls_the_image_and_builds_nothing() -> None:
+    """Runtime container: install_maxtext on the TPU VM installs Docker only when the image has none
+    (apt with the boot-time lock handling), gives root's docker gcloud's credential helper for the
+    image's registry and pulls the image; no uv, no pip, no apt upgrade. The CPU VM still installs."""
+    pipeline = _pipeline()
+    command = tpu_vm.stage_command(pipeline, "install")
+    assert command.argv[3] == "llama-vm"
+    script = command.stdin_text or ""
+    assert script == "\n".join(
+        [
+            "set -euo pipefail",
+            "if ! command -v docker >/dev/null 2>&1; then",
+            *(f"  {line}" for line in tpu_vm.APT_UPDATE_AFTER_BOOT),
+            "  sudo DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y docker.io",
+            "fi",
+            "sudo gcloud auth configure-docker us-docker.pkg.dev --quiet",
+            f"sudo docker pull {IMAGE}",
+            "",
+        ]
+    )
+    for absent in ("uv ", "pip install", "upgrade", "install_tpu_post_train_extra_deps", "HF_TOKEN"):
+        assert absent not in script
+    cpu = tpu_vm.stage_command(pipeline, "install", machine="cpu")
+    assert cpu.argv[3] == "llama-vm-cpu"
+    assert cpu.stdin_text == tpu_vm.install_script()
+
+
+def test_install_runtime_is_the_seed_install() -> None:
+    """Runtime install: today's scripts exactly (the source install, training in its venv)."""
+    pipeline = _pipeline("install")
+    assert tpu_vm.stage_command(pipeline, "install").stdin_text == tpu_vm.install_script()
+    assert tpu_vm.stage_command(pipeline, "train").stdin_text == tpu_vm.train_script(pipeline)
+    assert "docker" not in tpu_vm.train_script(pipeline)
+
+
+def test_container_runtime_train_runs_in_the_image() -> None:
+    """docker run --rm --privileged --net=host --ipc=host (Cloud TPU's flags for TPU access), a
+    fixed name whose leftover from an earlier try is removed first, then the image and train_rl."""
+    image = "europe-docker.pkg.dev/my-proj/images/post-train:v1@sha256:" + "b" * 64
+    pipeline = _pipeline(workload_image=image)
+    script = tpu_vm.stage_command(pipeline, "train").stdin_text or ""
+    lines = _script_lines(script)
+    assert lines[0] == ["set", "-euo", "pipefail"]
+    assert script.splitlines()[1] == "sudo docker rm --force tpu-rl-train >/dev/null 2>&1 || true"
+    (docker,) = [t for t in lines if t[1:2] == ["sudo"]]
+    at = docker.index(image)
+    assert docker[3:9] == ["docker", "run", "--name=tpu-rl-train", "--rm", "--privileged", "--net=host"]
+    assert docker[9] == "--ipc=host"
+    assert docker[at + 1 : at + 4] == ["python3", "-m", "maxtext.trainers.post_train.rl.train_rl"]
+    assert "source" not in script
+    assert "maxtext_venv" not in script
+    # only the registry of the image is configured, by its host
+    install = tpu_vm.stage_command(pipeline, "install").stdin_text or ""
+    assert "sudo gcloud auth configure-docker europe-docker.pkg.dev --quiet" in install
+    assert f"sudo docker pull {shlex.quote(image)}" in install

@@ -102,6 +102,11 @@ def test_the_whole_vm_pipeline_leaves_checkpoint_and_export_in_gcs(sb: SandboxRu
         "maxtext.checkpoint_conversion.to_maxtext",
         "maxtext.checkpoint_conversion.to_huggingface",
     ]
+    # The default runtime: the TPU VM trained in the post-training image's container; the CPU VM
+    # ran the conversions in the venv it installed.
+    assert stages["install"]["runtime"] == stages["train"]["runtime"] == "container"
+    assert [p["runtime"] for p in tpu_life["programs"]] == ["container"]
+    assert [p["runtime"] for p in cpu_life["programs"]] == ["install", "install"]
     # The TPU VM lived only around training: created after the converted checkpoint was committed,
     # deleted before the export wrote anything.
     converted_marker = (
@@ -168,6 +173,45 @@ def test_the_whole_vm_pipeline_leaves_checkpoint_and_export_in_gcs(sb: SandboxRu
     assert sb.bucket_exists()
     assert marker in sb.objects(prefix=step_prefix)
     assert sb.state("vm_history")[cpu_key][0]["deleted"] is not None
+
+
+@pytest.mark.parametrize("runtime", ["container", "install"])
+def test_the_tpu_vms_runtime_installs_and_trains(sb: SandboxRun, runtime: str) -> None:
+    """install_maxtext then train on the TPU VM with each runtime: container pulls the image (no
+    venv, no uv on the VM) and trains in it; install builds the venv and trains there. Both write
+    the checkpoints to GCS, and the token reaches only the command that starts MaxText (with
+    container: the docker client, which hands it to the container by name)."""
+    conf = sb.tpu_vm_conf(runtime=runtime)
+    pipeline = tpu_vm_pipeline_from_conf(conf, run_id=RUN_ID)
+    _execute(sb, EnsureBucketOperator, conf, task_id="ensure_bucket")
+    _execute(sb, HfTokenSecretOperator, conf, task_id="sync_hf_token")
+    _execute(sb, CpuVmCreateOperator, conf, task_id="create_cpu_vm")
+    for task_id in ("install_cpu_vm", "convert_to_maxtext"):
+        _execute(sb, TpuVmStageOperator, conf, task_id=task_id)
+    _execute(sb, TpuVmCreateOperator, conf, task_id="create_vm")
+    installed = _execute(sb, TpuVmStageOperator, conf, task_id="install_maxtext")
+    trained = _execute(sb, TpuVmStageOperator, conf, task_id="train")
+    assert installed["runtime"] == trained["runtime"] == runtime
+    assert trained["metrics"]["last_step"] == 3
+
+    step_prefix = pipeline.gcs_actor_checkpoint.removeprefix(f"gs://{sb.bucket}/") + "/"
+    assert step_prefix + "commit_success.txt" in sb.objects(prefix=step_prefix)
+    (life,) = sb.state("vm_history")[f"{sb.project}/{conf['zone']}/{sb.vm}"]
+    assert [(p["module"], p["runtime"]) for p in life["programs"]] == [
+        ("maxtext.trainers.post_train.rl.train_rl", runtime)
+    ]
+    log = sb.layout.vm_dir(sb.vm) / VmHost.TOOL_CALL_LOG.lstrip("/")
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    with_token = [c["argv"][:2] for c in calls if "HF_TOKEN" in c["env_names"]]
+    venv = sb.layout.vm_dir(sb.vm) / "home"
+    if runtime == "container":
+        assert with_token == [["docker", "run"]]
+        assert not [c for c in calls if c["tool"] in ("uv", "pip", "venv-pip")]
+        assert not list(venv.glob("*/maxtext_venv"))
+    else:
+        assert with_token == [["python3", "-m"]]
+        assert not [c for c in calls if c["tool"] == "docker"]
+        assert list(venv.glob("*/maxtext_venv"))
 
 
 def test_training_on_a_cpu_vm_fails_as_jax_does(sb: SandboxRun) -> None:

@@ -55,10 +55,11 @@ def _calls(sb: SandboxRun, *words: str) -> list[list[str]]:
 
 
 def _installs_on_vm(sb: SandboxRun) -> int:
-    """The install stage's runs on the TPU VM: its ``curl`` of uv's installer, from the VM's own
-    tool-call log."""
+    """The install stage's runs on the TPU VM (the container runtime's: its ``docker pull`` of the
+    workload image), from the VM's own tool-call log."""
     log = sb.layout.vm_dir(sb.vm) / VmHost.TOOL_CALL_LOG.lstrip("/")
-    return sum(json.loads(line)["tool"] == "curl" for line in log.read_text().splitlines())
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    return sum(call["tool"] == "docker" and call["argv"][1:2] == ["pull"] for call in calls)
 
 
 def _preempted_try(sb: SandboxRun, conf: dict[str, Any], status: str) -> None:

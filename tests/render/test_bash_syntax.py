@@ -20,6 +20,8 @@ from airflow_provider_tpu_rl.spec.presets import PRESETS
 CONF_VARIANTS: tuple[dict[str, Any], ...] = (
     {},
     {"hf_model_path": "Org/Model-Name_v2", "run_name": "run.2", "num_batches": 3},
+    # the TPU VM's other runtime (the default is container); GKE refuses the key and skips it
+    {"runtime": "install"},
 )
 
 

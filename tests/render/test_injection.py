@@ -32,7 +32,16 @@ GKE_FREE_TEXT = [
     "hf_token_secret",
     "hf_token_conn_id",
 ]
-VM_FREE_TEXT = ["project", "zone", "vm_name", "bucket", "reservation", "run_name", "hf_token_secret"]
+VM_FREE_TEXT = [
+    "project",
+    "zone",
+    "vm_name",
+    "bucket",
+    "reservation",
+    "run_name",
+    "hf_token_secret",
+    "workload_image",
+]
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -105,15 +114,17 @@ def test_gke_override_values_are_one_token(key: str, value: str) -> None:
 @given(key=st.from_regex(r"[a-z_][a-z0-9_.]{0,12}", fullmatch=True), value=TEXT)
 def test_tpu_vm_override_values_are_one_token_in_the_ssh_script(key: str, value: str) -> None:
     try:
-        pipeline = tpu_vm_pipeline_from_conf({"train_overrides": {key: value}})
+        pipeline = tpu_vm_pipeline_from_conf({"train_overrides": {key: value}, "runtime": "install"})
     except SpecError:
         return
     tpu_vm_plan(pipeline)
-    script = tpu_vm.train_script(pipeline)
-    lines = [shlex.split(line) for line in script.splitlines() if line.strip()]
-    (call,) = [t for t in lines if t[:3] == ["python3", "-m", "maxtext.trainers.post_train.rl.train_rl"]]
-    assert f"{key}={value}" in call
-    assert all("=" in t for t in call[3:])
+    for script in (tpu_vm.train_script(pipeline), tpu_vm.container_train_script(pipeline)):
+        lines = [shlex.split(line) for line in script.splitlines() if line.strip()]
+        module = ["python3", "-m", "maxtext.trainers.post_train.rl.train_rl"]
+        (call,) = [t[t.index("python3") :] for t in lines if "python3" in t and module[2] in t]
+        assert call[:3] == module
+        assert f"{key}={value}" in call
+        assert all("=" in t for t in call[3:])
 
 
 @SETTINGS

@@ -252,11 +252,42 @@ def test_maxtext_values_of_the_keys_type_are_taken(key: str, value: Any) -> None
 
 
 def test_tpu_vm_overrides_are_checked_against_the_maxtext_it_installs() -> None:
-    """The TPU VM installs maxtext 0.2.3, whose train_rl does not know data_template_path (0.2.4 does)."""
-    assert gke_pipeline_from_conf({"train_overrides": {"data_template_path": "x.json"}})
+    """Runtime install installs maxtext 0.2.3, whose train_rl does not know data_template_path
+    (0.2.4 does); runtime container trains with the post-training image's 0.2.4."""
+    overrides = {"train_overrides": {"data_template_path": "x.json"}}
+    assert gke_pipeline_from_conf(overrides)
     with pytest.raises(SpecError) as err:
-        tpu_vm_pipeline_from_conf({"train_overrides": {"data_template_path": "x.json"}})
+        tpu_vm_pipeline_from_conf({**overrides, "runtime": "install"})
     assert str(err.value).startswith("train_overrides.data_template_path: not a MaxText config key")
+    container = tpu_vm_pipeline_from_conf(overrides)
+    assert container.runtime == "container"
+    assert container.training.maxtext_version == "0.2.4"
+
+
+def test_tpu_vm_runtime_and_workload_image() -> None:
+    """runtime is container (default) or install; workload_image is an image reference, empty = the
+    post-training image; anything else is refused in one line naming the field."""
+    from airflow_provider_tpu_rl.spec.presets import POST_TRAINING_IMAGE
+
+    default = tpu_vm_pipeline_from_conf({})
+    assert (default.runtime, default.workload_image) == ("container", POST_TRAINING_IMAGE)
+    assert default.resolved()["runtime"] == "container"
+    assert default.resolved()["workload_image"] == POST_TRAINING_IMAGE
+    assert tpu_vm_pipeline_from_conf({"runtime": "install"}).runtime == "install"
+    mine = "europe-docker.pkg.dev/my-proj/images/post-train:v1@sha256:" + "a" * 64
+    assert tpu_vm_pipeline_from_conf({"workload_image": mine}).workload_image == mine
+    assert tpu_vm_pipeline_from_conf({"workload_image": ""}).workload_image == POST_TRAINING_IMAGE
+    refused = {
+        ("runtime", "docker"): "runtime: must be one of ['container', 'install']",
+        ("runtime", None): "runtime: must be a string",
+        ("workload_image", "img; rm -rf /"): "workload_image: container image must be",
+        ("workload_image", "--privileged"): "workload_image: container image must be",
+        ("workload_image", "us-docker.pkg.dev/p/r/i:$(id)"): "workload_image: container image must be",
+    }
+    for (key, value), message in refused.items():
+        with pytest.raises(SpecError) as err:
+            tpu_vm_pipeline_from_conf({key: value})
+        assert str(err.value).startswith(message), (key, value, str(err.value))
 
 
 def test_the_presets_own_overrides_are_maxtext_keys_of_their_version() -> None:
