@@ -340,8 +340,9 @@ class TpuVmStageOperator(_TpuVmOperator):
     :param recover_lost_vm: ``train`` only: a TPU VM lost under training (preempted: deleted or
         stopped by its termination action) fails the try as retryable, and the retry first brings
         it back: starts a stopped one, or re-creates a deleted one with the create task's argv (from
-        its resource record; only the run holding its lease) and installs MaxText on it; training
-        then resumes from the newest committed checkpoint. Off: the retry trains on the VM as it is.
+        its resource record; only the run holding its lease) and runs its install stage again (the
+        image pulled, or MaxText installed); training then resumes from the newest committed
+        checkpoint. Off: the retry trains on the VM as it is.
     :param runtime: how the TPU VM runs MaxText: ``container`` (default: ``install`` prepares
         Docker and pulls ``workload_image``, ``train`` runs in it) or ``install`` (MaxText
         installed from sources on the TPU VM, the tutorial's way). The CPU VM always installs.
