@@ -1743,10 +1743,13 @@ class Gcloud:
         public_key = self._ensure_ssh_key(parsed, user)
         if record["status"] != "RUNNING":
             # A stopped VM has no external IP (ssh_utils.GetExternalInterface: an access config
-            # without natIP raises UnallocatedIPAddressError); through IAP, the tunnel has no backend.
+            # without natIP raises UnallocatedIPAddressError); through IAP, the tunnel has no backend:
+            # the websocket's close "%r: %r" of code 4003 (iap_tunnel_websocket_helper._OnClose) in
+            # iap_tunnel_websocket's "Error while connecting [%s].%s" with its 4003 hint.
             if parsed.get("tunnel-through-iap"):
                 self.err(
-                    "ERROR: (gcloud.compute.start-iap-tunnel) Error while connecting [4003: 'failed to connect to backend'].\n"
+                    "ERROR: (gcloud.compute.start-iap-tunnel) Error while connecting "
+                    "[4003: 'failed to connect to backend']. (Failed to connect to port 22)\n"
                 )
                 self.err("kex_exchange_identification: Connection closed by remote host\n")
                 self.err("ERROR: (gcloud.compute.ssh) [/usr/bin/ssh] exited with return code [255].\n")

@@ -525,7 +525,10 @@ DOCKER_RUN_VALUES = ("--name", "--net", "--network", "--ipc", "-e", "--env", "-w
 
 
 def docker_socket_denied(endpoint: str) -> str:
-    """The docker client's error for a user outside the ``docker`` group (the socket is root:docker 660)."""
+    """The docker client's error for a user outside the ``docker`` group (the socket is root:docker
+    660): moby's ``client/request.go`` ``doRequest`` of the 23.x/24.x clients wraps the dial error
+    as "permission denied while trying to connect to the Docker daemon socket at %v" (older ones
+    began with "Got")."""
     return (
         f"permission denied while trying to connect to the Docker daemon socket at {DOCKER_SOCKET}: "
         f'Post "http://%2Fvar%2Frun%2Fdocker.sock/v1.24/{endpoint}": dial unix /var/run/docker.sock: '

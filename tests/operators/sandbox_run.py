@@ -32,6 +32,7 @@ from airflow_provider_tpu_rl.operators.gke import (
 )
 from airflow_provider_tpu_rl.operators.maxtext import MaxTextConvertOperator
 from airflow_provider_tpu_rl.operators.pipeline import gke_task_arguments, tpu_vm_task_arguments
+from airflow_provider_tpu_rl.operators.tpu_vm import CpuVmCreateOperator, TpuVmStageOperator
 from airflow_provider_tpu_rl.spec import (
     GKE_DAG_ID,
     TPU_VM_DAG_ID,
@@ -43,6 +44,7 @@ from tpu_rl_sandbox import kube_access
 from tpu_rl_sandbox.control import SandboxInfo
 from tpu_rl_sandbox.emulator import api_for
 from tpu_rl_sandbox.gcs import GcsApi
+from tpu_rl_sandbox.hosts import VmHost
 from tpu_rl_sandbox.kube_api import POD_HOLD_ENV
 from tpu_rl_sandbox.layout import SandboxLayout
 from tpu_rl_sandbox.state import StateStore, read_calls
@@ -53,6 +55,14 @@ POLL_INTERVAL = "0.2"
 REGION = "us-east5"
 ZONE = "us-east5-b"
 TRIGGER_DEADLINE_SECONDS = 120.0
+# The TPU VM pipeline's tasks up to the converted checkpoint in GCS (before any TPU VM exists).
+TPU_VM_CONVERSION_TASKS: tuple[tuple[str, type[BaseOperator]], ...] = (
+    ("ensure_bucket", EnsureBucketOperator),
+    ("sync_hf_token", HfTokenSecretOperator),
+    ("create_cpu_vm", CpuVmCreateOperator),
+    ("install_cpu_vm", TpuVmStageOperator),
+    ("convert_to_maxtext", TpuVmStageOperator),
+)
 # Env knobs of the fakes that a test may set; none may leak in from the outside.
 SANDBOX_KNOBS = (
     "TPU_RL_SANDBOX_FAIL",
@@ -264,6 +274,11 @@ class SandboxRun:
         return [
             call for call in read_calls(self.layout) if any(name in " ".join(call["argv"]) for name in mine)
         ]
+
+    def vm_tool_calls(self, vm_name: str) -> list[dict[str, Any]]:
+        """The tool calls a VM's own log recorded (its shell's apt, uv, docker, python, gcloud …)."""
+        log = self.layout.vm_dir(vm_name) / VmHost.TOOL_CALL_LOG.lstrip("/")
+        return [json.loads(line) for line in log.read_text().splitlines()]
 
     def job_calls(self, verb: str, job_name: str) -> list[dict[str, Any]]:
         """``gcluster job <verb>`` calls for ``job_name`` (submit: ``--name=``; others: the argument)."""

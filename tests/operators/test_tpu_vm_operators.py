@@ -22,8 +22,7 @@ from airflow_provider_tpu_rl.operators.tpu_vm import (
 from airflow_provider_tpu_rl.render import gke, tpu_vm
 from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID, tpu_vm_pipeline_from_conf
 from tests.compat import capture_task_logs
-from tests.operators.sandbox_run import SandboxRun, printed_rewards
-from tpu_rl_sandbox.hosts import VmHost
+from tests.operators.sandbox_run import TPU_VM_CONVERSION_TASKS, SandboxRun, printed_rewards
 
 RUN_ID = "manual__2026-03-01T00:00:00+00:00"
 START = datetime(2030, 1, 1, tzinfo=UTC)
@@ -118,10 +117,7 @@ def test_the_whole_vm_pipeline_leaves_checkpoint_and_export_in_gcs(sb: SandboxRu
     assert tpu_life["deleted"] < min(export_written.values()).timestamp()
 
     # The token reached MaxText's commands only, on both VMs.
-    tool_calls = []
-    for name in (cpu_vm,):
-        calls_on_vm = sb.layout.vm_dir(name) / VmHost.TOOL_CALL_LOG.lstrip("/")
-        tool_calls += [json.loads(line) for line in calls_on_vm.read_text().splitlines()]
+    tool_calls = sb.vm_tool_calls(cpu_vm)
     gcloud_calls = [c for c in tool_calls if c["tool"] == "gcloud"]
     maxtext = [c for c in tool_calls if c["tool"] == "python" and "-m" in c["argv"]]
     assert gcloud_calls
@@ -183,11 +179,8 @@ def test_the_tpu_vms_runtime_installs_and_trains(sb: SandboxRun, runtime: str) -
     container: the docker client, which hands it to the container by name)."""
     conf = sb.tpu_vm_conf(runtime=runtime)
     pipeline = tpu_vm_pipeline_from_conf(conf, run_id=RUN_ID)
-    _execute(sb, EnsureBucketOperator, conf, task_id="ensure_bucket")
-    _execute(sb, HfTokenSecretOperator, conf, task_id="sync_hf_token")
-    _execute(sb, CpuVmCreateOperator, conf, task_id="create_cpu_vm")
-    for task_id in ("install_cpu_vm", "convert_to_maxtext"):
-        _execute(sb, TpuVmStageOperator, conf, task_id=task_id)
+    for task_id, factory in TPU_VM_CONVERSION_TASKS:
+        _execute(sb, factory, conf, task_id=task_id)
     _execute(sb, TpuVmCreateOperator, conf, task_id="create_vm")
     installed = _execute(sb, TpuVmStageOperator, conf, task_id="install_maxtext")
     trained = _execute(sb, TpuVmStageOperator, conf, task_id="train")
@@ -200,8 +193,7 @@ def test_the_tpu_vms_runtime_installs_and_trains(sb: SandboxRun, runtime: str) -
     assert [(p["module"], p["runtime"]) for p in life["programs"]] == [
         ("maxtext.trainers.post_train.rl.train_rl", runtime)
     ]
-    log = sb.layout.vm_dir(sb.vm) / VmHost.TOOL_CALL_LOG.lstrip("/")
-    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    calls = sb.vm_tool_calls(sb.vm)
     with_token = [c["argv"][:2] for c in calls if "HF_TOKEN" in c["env_names"]]
     venv = sb.layout.vm_dir(sb.vm) / "home"
     if runtime == "container":
@@ -218,11 +210,8 @@ def test_training_on_a_cpu_vm_fails_as_jax_does(sb: SandboxRun) -> None:
     """The sandbox's machine type decides the devices: train_rl on the CPU VM cannot start the TPU
     backend (a test that the TPU VM's absence would not go unnoticed)."""
     conf = sb.tpu_vm_conf()
-    _execute(sb, EnsureBucketOperator, conf, task_id="ensure_bucket")
-    _execute(sb, HfTokenSecretOperator, conf, task_id="sync_hf_token")
-    _execute(sb, CpuVmCreateOperator, conf, task_id="create_cpu_vm")
-    for task_id in ("install_cpu_vm", "convert_to_maxtext"):
-        _execute(sb, TpuVmStageOperator, conf, task_id=task_id)
+    for task_id, factory in TPU_VM_CONVERSION_TASKS:
+        _execute(sb, factory, conf, task_id=task_id)
     pipeline = tpu_vm_pipeline_from_conf(conf, run_id=RUN_ID)
     command = tpu_vm.ssh(pipeline.cpu_vm, tpu_vm.train_script(pipeline), "train on the CPU VM")
     hook = sb.operator(TpuVmStageOperator, dag_id=TPU_VM_DAG_ID, task_id="train").hook
@@ -344,11 +333,8 @@ def test_keep_vm_leaves_it_running(sb: SandboxRun) -> None:
 def test_a_reused_run_name_never_writes_over_another_runs_export(sb: SandboxRun) -> None:
     conf = sb.tpu_vm_conf(run_name="rl-shared")
     other_run = "manual__2026-03-02T00:00:00+00:00"
-    _execute(sb, EnsureBucketOperator, conf, task_id="ensure_bucket")
-    _execute(sb, HfTokenSecretOperator, conf, task_id="sync_hf_token")
-    _execute(sb, CpuVmCreateOperator, conf, task_id="create_cpu_vm")
-    for task_id in ("install_cpu_vm", "convert_to_maxtext"):
-        _execute(sb, TpuVmStageOperator, conf, task_id=task_id)
+    for task_id, factory in TPU_VM_CONVERSION_TASKS:
+        _execute(sb, factory, conf, task_id=task_id)
     _execute(sb, TpuVmCreateOperator, conf, task_id="create_vm")
     for task_id in ("install_maxtext", "train", "export_to_huggingface"):
         _execute(sb, TpuVmStageOperator, conf, task_id=task_id)

@@ -5,7 +5,6 @@ committed checkpoint."""
 
 from __future__ import annotations
 
-import json
 import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -15,16 +14,14 @@ import pytest
 from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailException
 from airflow_provider_tpu_rl.hooks.lease import ClusterLeaseHook, vm_lease_name
 from airflow_provider_tpu_rl.ledger.records import resume_loss
-from airflow_provider_tpu_rl.operators.gke import EnsureBucketOperator, HfTokenSecretOperator
+from airflow_provider_tpu_rl.operators.gke import EnsureBucketOperator
 from airflow_provider_tpu_rl.operators.tpu_vm import (
-    CpuVmCreateOperator,
     TpuVmCreateOperator,
     TpuVmStageOperator,
 )
 from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID
 from tests.compat import capture_task_logs
-from tests.operators.sandbox_run import RecordingTI, SandboxRun
-from tpu_rl_sandbox.hosts import VmHost
+from tests.operators.sandbox_run import TPU_VM_CONVERSION_TASKS, RecordingTI, SandboxRun
 
 RUN_ID = "manual__2026-03-04T00:00:00+00:00"
 START = datetime(2030, 1, 1, tzinfo=UTC)
@@ -37,11 +34,8 @@ def _execute(sb: SandboxRun, factory: Any, conf: dict[str, Any], task_id: str, t
 
 def _ready_to_train(sb: SandboxRun, conf: dict[str, Any]) -> None:
     """The pipeline up to training: the converted checkpoint in GCS, the TPU VM created and installed."""
-    _execute(sb, EnsureBucketOperator, conf, "ensure_bucket")
-    _execute(sb, HfTokenSecretOperator, conf, "sync_hf_token")
-    _execute(sb, CpuVmCreateOperator, conf, "create_cpu_vm")
-    for task_id in ("install_cpu_vm", "convert_to_maxtext"):
-        _execute(sb, TpuVmStageOperator, conf, task_id)
+    for task_id, factory in TPU_VM_CONVERSION_TASKS:
+        _execute(sb, factory, conf, task_id)
     _execute(sb, TpuVmCreateOperator, conf, "create_vm")
     _execute(sb, TpuVmStageOperator, conf, "install_maxtext")
 
@@ -57,8 +51,7 @@ def _calls(sb: SandboxRun, *words: str) -> list[list[str]]:
 def _installs_on_vm(sb: SandboxRun) -> int:
     """The install stage's runs on the TPU VM (the container runtime's: its ``docker pull`` of the
     workload image), from the VM's own tool-call log."""
-    log = sb.layout.vm_dir(sb.vm) / VmHost.TOOL_CALL_LOG.lstrip("/")
-    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    calls = sb.vm_tool_calls(sb.vm)
     return sum(call["tool"] == "docker" and call["argv"][1:2] == ["pull"] for call in calls)
 
 
