@@ -14,6 +14,7 @@ Cloud Logging shows as ``labels."k8s-pod/jobset_sigs_k8s_io/jobset-name"``.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import quote
 
@@ -48,6 +49,20 @@ def _logging_string(value: str) -> str:
     return f'"{escaped}"'
 
 
+# What this process persisted, per task try and link key: Airflow 3's worker formats every link of
+# a task as it finishes (``task_runner.finalize``), in the process that persisted them, so it reads
+# them here instead of pulling each back through the API. Another process reads the XCom.
+_PERSISTED_MEMO_SIZE = 256
+_persisted: OrderedDict[tuple[Any, ...], dict[str, Any]] = OrderedDict()
+
+
+def _try_key(ti: Any) -> tuple[Any, ...]:
+    """(dag_id, run_id, task_id, map_index, try_number) of a task instance or its key."""
+    return tuple(
+        getattr(ti, name, None) for name in ("dag_id", "run_id", "task_id", "map_index", "try_number")
+    )
+
+
 class _XComPersistedLink(BaseOperatorLink):
     """A console link whose values a task persists to XCom under ``key``."""
 
@@ -67,7 +82,11 @@ class _XComPersistedLink(BaseOperatorLink):
     def persist(cls, context: Context, **values: Any) -> None:
         """Push ``values`` to XCom for ``get_link``; raises at once if they cannot form a URL."""
         cls.format_url(**values)
-        context["ti"].xcom_push(key=cls.key, value=values)
+        ti = context["ti"]
+        ti.xcom_push(key=cls.key, value=values)
+        _persisted[(*_try_key(ti), cls.key)] = values
+        while len(_persisted) > _PERSISTED_MEMO_SIZE:
+            _persisted.popitem(last=False)
 
     @classmethod
     def is_own_url(cls, url: str) -> bool:
@@ -75,7 +94,9 @@ class _XComPersistedLink(BaseOperatorLink):
         return url.startswith(CONSOLE_URL)
 
     def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
-        value = XCom.get_value(key=self.key, ti_key=ti_key)
+        value = _persisted.get((*_try_key(ti_key), self.key))
+        if value is None:
+            value = XCom.get_value(key=self.key, ti_key=ti_key)
         if isinstance(value, str):
             return value if self.is_own_url(value) else ""
         if isinstance(value, dict):

@@ -111,6 +111,25 @@ def test_persist_pushes_the_values_under_the_link_key() -> None:
     )
 
 
+def test_get_link_in_the_persisting_try_reads_no_xcom_and_another_try_reads_it(monkeypatch) -> None:
+    """Airflow 3's worker formats the links as the task ends, in the process that persisted them."""
+    get_value = mock.MagicMock(return_value={"uri": "gs://b/earlier/"})
+    monkeypatch.setattr(links.XCom, "get_value", get_value)
+    ti = mock.MagicMock(dag_id="d", run_id="r", task_id="t", map_index=-1, try_number=2)
+
+    GCSBrowserLink.persist({"ti": ti}, uri="gs://b/now/")
+
+    assert GCSBrowserLink().get_link(mock.MagicMock(), ti_key=ti) == (
+        "https://console.cloud.google.com/storage/browser/b/now/"
+    )
+    get_value.assert_not_called()
+    earlier = mock.MagicMock(dag_id="d", run_id="r", task_id="t", map_index=-1, try_number=1)
+    assert GCSBrowserLink().get_link(mock.MagicMock(), ti_key=earlier) == (
+        "https://console.cloud.google.com/storage/browser/b/earlier/"
+    )
+    get_value.assert_called_once_with(key="tpu_rl_gcs_browser", ti_key=earlier)
+
+
 def test_persist_refuses_values_that_cannot_make_a_url() -> None:
     ti = mock.MagicMock()
 

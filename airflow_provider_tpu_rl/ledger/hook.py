@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -576,6 +577,28 @@ _CALLBACK_STATES = {
 }
 
 
+# How long the step callbacks of one DAG reuse one ledger, its connection looked up once: a task's
+# execute and end callbacks run in one process (``airflow dags test`` runs every task in one), and
+# each lookup is an API call on Airflow 3 (a missing connection, the default's SQLite fallback, the
+# slowest). Past it the next callback looks the connection up again: it may have changed since.
+STEP_LEDGER_REUSE_SECONDS = 300.0
+
+
+class _ReusedLedger:
+    """A :class:`RunLedger` for ``conn_id``, made again when older than :data:`STEP_LEDGER_REUSE_SECONDS`."""
+
+    def __init__(self, conn_id: str) -> None:
+        self.conn_id = conn_id
+        self._ledger: RunLedger | None = None
+        self._made_at = 0.0
+
+    def get(self) -> RunLedger:
+        now = time.monotonic()
+        if self._ledger is None or now - self._made_at > STEP_LEDGER_REUSE_SECONDS:
+            self._ledger, self._made_at = RunLedger(self.conn_id), now
+        return self._ledger
+
+
 def step_callbacks(conn_id: str = DEFAULT_CONN_ID) -> dict[str, Callable[[Mapping[str, Any]], None]]:
     """Task callbacks that upsert each task's step (start, end, try number) into the ledger.
 
@@ -586,6 +609,8 @@ def step_callbacks(conn_id: str = DEFAULT_CONN_ID) -> dict[str, Callable[[Mappin
     the ledger must not fail a training task.
     """
 
+    ledgers = _ReusedLedger(conn_id)
+
     def make(callback_state: str) -> Callable[[Mapping[str, Any]], None]:
         def record_step(context: Mapping[str, Any]) -> None:
             try:
@@ -593,7 +618,7 @@ def step_callbacks(conn_id: str = DEFAULT_CONN_ID) -> dict[str, Callable[[Mappin
                 state = (
                     callback_state if callback_state == "running" else state_name(ti.state) or callback_state
                 )
-                ledger = RunLedger(conn_id)
+                ledger = ledgers.get()
                 run_id = make_run_id(ti.dag_id, ti.run_id)
                 try_number = getattr(ti, "try_number", None)
                 started_at = task_instance_start(ti)

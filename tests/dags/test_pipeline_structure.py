@@ -401,3 +401,9 @@ def test_a_task_pulls_validates_values_once_per_try(pipeline: tuple[Any, Shape])
     rendered = [task.render_template(getattr(task, f), {"ti": ti}, dag.get_template_env()) for f in fields]
     assert pulls == ["validate", "validate"]
     assert rendered == [derived["project"], derived["actor_root"], derived["final_step"]]
+
+
+def test_validate_pushes_its_values_as_one_xcom(pipeline: tuple[Any, Shape]) -> None:
+    """Not one XCom per key besides (TaskFlow's multiple_outputs for a dict return): read whole."""
+    dag, _ = pipeline
+    assert dag.get_task("validate").multiple_outputs is False

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_tpu_rl.ledger import hook as ledger_hook
 from airflow_provider_tpu_rl.ledger.hook import RunLedger, record_run_from_context, step_callbacks
 from airflow_provider_tpu_rl.ledger.records import StepRecord
 from airflow_provider_tpu_rl.operators.ledger import RecordRunOperator
@@ -214,3 +215,35 @@ def test_an_end_callback_without_an_end_date_ends_the_step_at_its_own_time(ledge
     assert step.ended_at is not None
     assert step.started_at <= before <= step.ended_at <= after
     assert step.duration_seconds is not None
+
+
+def test_the_step_callbacks_of_a_dag_look_its_ledger_connection_up_once_per_reuse_window(
+    ledger: RunLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task's execute and end callbacks (every task's, under ``dags test``) share one lookup."""
+    assert ledger.dialect  # the test's own ledger looks its connection up before the count starts
+    looked_up: list[str] = []
+    real_lookup = ledger_hook.BaseHook.get_connection
+
+    class CountingBaseHook:
+        @staticmethod
+        def get_connection(conn_id: str) -> Any:
+            looked_up.append(conn_id)
+            return real_lookup(conn_id)
+
+    monkeypatch.setattr(ledger_hook, "BaseHook", CountingBaseHook)
+    callbacks = step_callbacks()
+    for number, task in enumerate(("deploy_tpu_pool", "train", "destroy_tpu_pool")):
+        callbacks["on_execute_callback"]({"ti": CallbackTaskInstance(task, 1, minutes(number))})
+        ti = CallbackTaskInstance(task, 1, minutes(number), minutes(number + 1), "success")
+        callbacks["on_success_callback"]({"ti": ti})
+    assert looked_up == [ledger.conn_id]
+    assert set(ledger.recorded_steps("tpu_rl_gke_pipeline/manual__a3")) == {
+        "deploy_tpu_pool",
+        "train",
+        "destroy_tpu_pool",
+    }
+
+    monkeypatch.setattr(ledger_hook, "STEP_LEDGER_REUSE_SECONDS", -1.0)  # the window has passed
+    callbacks["on_execute_callback"]({"ti": CallbackTaskInstance("export_to_huggingface", 1, minutes(5))})
+    assert looked_up == [ledger.conn_id] * 2
