@@ -828,7 +828,6 @@ class MaxTextExportOperator(_GclusterJobOperator):
             load_parameters_path=load,
             output_directory=self.output_directory
             or export_directory(self.bucket, preset.model_name, run_name),
-            on_cluster=True,
         )
         target, name = self.target(preset), self.resolved_job_name(context, preset)
         command = gke.export_job(target, name, export, self.token_resource())

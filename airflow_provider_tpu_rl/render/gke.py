@@ -11,6 +11,7 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 
+from airflow_provider_tpu_rl.render import maxtext
 from airflow_provider_tpu_rl.render.blueprint import BLUEPRINT_FILENAME
 from airflow_provider_tpu_rl.render.blueprint import PRIMARY_GROUP as PRIMARY_GROUP
 from airflow_provider_tpu_rl.render.blueprint import TPU_GROUP as TPU_GROUP
@@ -424,29 +425,28 @@ def job_scope(project: str | None, cluster_name: str | None, location: str | Non
     return tuple(f"{flag}={value}" for flag, value in pairs if value)
 
 
-def to_maxtext_script(conversion: ConversionSpec, token_resource: str) -> str:
-    args = [f"model_name={conversion.model_name}"]
+def to_maxtext_script(conversion: ConversionSpec, token_resource: str, *, machine: str = maxtext.CPU) -> str:
+    """``to_maxtext`` on pod 0 of a job on ``machine`` (the CPU pool's: ``cpu``)."""
+    leading = [f"model_name={conversion.model_name}"]
     if conversion.hf_model_path:
-        args.append(f"--hf_model_path={conversion.hf_model_path}")
-    args += key_values(
+        leading.append(f"--hf_model_path={conversion.hf_model_path}")
+    argv = maxtext.program_argv(
+        maxtext.TO_MAXTEXT,
         [
             ("base_output_directory", conversion.output_directory),
             ("scan_layers", str(conversion.scan_layers)),
             ("use_multimodal", "False"),
-            ("skip_jax_distributed_system", "true"),
             ("checkpoint_storage_use_zarr3", str(conversion.checkpoint_storage_use_zarr3)),
             ("checkpoint_storage_use_ocdbt", str(conversion.checkpoint_storage_use_ocdbt)),
-            ("hardware", "cpu"),
-        ]
+        ],
+        machine=machine,
+        leading=leading,
+        flags=[f"--lazy_load_tensors={conversion.lazy_load_tensors}"],
     )
-    args.append(f"--lazy_load_tensors={conversion.lazy_load_tensors}")
-    body = f"{hf_token_from_secret_manager(token_resource)} && " + quote_all(
-        ["python3", "-m", "maxtext.checkpoint_conversion.to_maxtext", *args]
-    )
-    return on_first_pod_only(body)
+    return on_first_pod_only(f"{hf_token_from_secret_manager(token_resource)} && " + quote_all(argv))
 
 
-def train_rl_args(training: TrainingSpec) -> list[str]:
+def train_rl_pairs(training: TrainingSpec) -> list[tuple[str, str]]:
     fixed = [
         ("run_name", training.run_name),
         ("base_output_directory", training.base_output_directory),
@@ -454,7 +454,7 @@ def train_rl_args(training: TrainingSpec) -> list[str]:
         ("load_parameters_path", training.load_parameters_path),
         ("num_batches", str(training.num_batches)),
     ]
-    return key_values(fixed + [(k, v) for k, v in training.overrides if k != "num_batches"])
+    return fixed + [(k, v) for k, v in training.overrides if k != "num_batches"]
 
 
 def startup_patches(preset: ModelPreset, training: TrainingSpec) -> list[tuple[str, str]]:
@@ -488,31 +488,27 @@ def train_rl_script(preset: ModelPreset, training: TrainingSpec, token_resource:
     steps.append(hf_token_from_secret_manager(token_resource))
     steps.append(
         "JAX_PLATFORMS=proxy,cpu ENABLE_PATHWAYS_PERSISTENCE=1 "
-        + quote_all(["python3", "-m", "maxtext.trainers.post_train.rl.train_rl", *train_rl_args(training)])
+        + quote_all(maxtext.program_argv(maxtext.TRAIN_RL, train_rl_pairs(training), machine=maxtext.TPU))
     )
     return " && ".join(steps)
 
 
-def to_huggingface_script(export: ExportSpec, token_resource: str) -> str:
-    args = [
-        *key_values(
-            [
-                ("model_name", export.model_name),
-                ("load_parameters_path", export.load_parameters_path),
-                ("base_output_directory", export.output_directory),
-                ("skip_jax_distributed_system", "true"),
-                ("hardware", "cpu"),
-                ("scan_layers", str(export.scan_layers)),
-                ("use_multimodal", "False"),
-                ("weight_dtype", export.weight_dtype),
-            ]
-        ),
-        "--override_model_architecture",
-    ]
-    body = f"{hf_token_from_secret_manager(token_resource)} && " + quote_all(
-        ["python3", "-m", "maxtext.checkpoint_conversion.to_huggingface", *args]
+def to_huggingface_script(export: ExportSpec, token_resource: str, *, machine: str = maxtext.CPU) -> str:
+    """``to_huggingface`` on pod 0 of a job on ``machine`` (the CPU pool's: ``cpu``)."""
+    argv = maxtext.program_argv(
+        maxtext.TO_HUGGINGFACE,
+        [
+            ("model_name", export.model_name),
+            ("load_parameters_path", export.load_parameters_path),
+            ("base_output_directory", export.output_directory),
+            ("scan_layers", str(export.scan_layers)),
+            ("use_multimodal", "False"),
+            ("weight_dtype", export.weight_dtype),
+        ],
+        machine=machine,
+        flags=["--override_model_architecture"],
     )
-    return on_first_pod_only(body)
+    return on_first_pod_only(f"{hf_token_from_secret_manager(token_resource)} && " + quote_all(argv))
 
 
 def _target_flags(target: GkeJobTarget, num_slices: int) -> tuple[str, ...]:
@@ -524,6 +520,11 @@ def _target_flags(target: GkeJobTarget, num_slices: int) -> tuple[str, ...]:
     if target.service_account:
         flags.append(f"--service-account={target.service_account}")
     return tuple(flags)
+
+
+def _machine(target: GkeJobTarget) -> str:
+    """What the target's pods have: TPU chips (a TPU slice) or none (a CPU machine type)."""
+    return maxtext.TPU if target.tpu else maxtext.CPU
 
 
 def _cpu_job(target: GkeJobTarget, name: str, command: str, description: str) -> Command:
@@ -548,7 +549,7 @@ def conversion_job(
     return _cpu_job(
         target,
         name,
-        to_maxtext_script(conversion, token_resource),
+        to_maxtext_script(conversion, token_resource, machine=_machine(target)),
         f"convert {conversion.hf_model_path or conversion.model_name} to MaxText",
     )
 
@@ -558,7 +559,7 @@ def export_job(target: GkeJobTarget, name: str, export: ExportSpec, token_resour
     return _cpu_job(
         target,
         name,
-        to_huggingface_script(export, token_resource),
+        to_huggingface_script(export, token_resource, machine=_machine(target)),
         "export the trained actor to Hugging Face format",
     )
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from airflow_provider_tpu_rl.render import gke
+from airflow_provider_tpu_rl.render import gke, maxtext
 from airflow_provider_tpu_rl.render.command import Command
-from airflow_provider_tpu_rl.render.shell import hf_token_from_gcloud, key_values, quote_all, with_hf_token
+from airflow_provider_tpu_rl.render.shell import hf_token_from_gcloud, quote_all, with_hf_token
 from airflow_provider_tpu_rl.spec.cluster import FLEX_START, RESERVATION, SPOT, CpuVmSpec, TpuVmSpec
 from airflow_provider_tpu_rl.spec.pipeline import TpuVmPipelineSpec
 from airflow_provider_tpu_rl.spec.presets import MAXTEXT_PIP_SPEC
@@ -16,12 +16,26 @@ VM_GONE = ("was not found", "not found")
 VENV = "maxtext_venv"
 
 STAGES = ("install", "convert", "train", "export")
-# Where each stage runs: the converters force JAX onto the CPU (maxtext-v0.2.4 to_maxtext.py
-# l.1190, to_huggingface.py l.589), so they run on the CPU VM; training needs the TPU. MaxText is
+# The MaxText program of each stage, and so where it runs: the converters' JAX runs on the CPU
+# (maxtext.PROGRAM_DEVICE), so they run on the CPU VM; training needs the TPU. MaxText is
 # installed on the CPU VM; the TPU VM installs it too with runtime ``install``, and with runtime
 # ``container`` pulls the post-training image instead.
-MACHINES = ("cpu", "tpu")
-STAGE_MACHINE = {"convert": "cpu", "train": "tpu", "export": "cpu"}
+STAGE_PROGRAM = {"convert": maxtext.TO_MAXTEXT, "train": maxtext.TRAIN_RL, "export": maxtext.TO_HUGGINGFACE}
+MACHINES = (maxtext.CPU, maxtext.TPU)
+STAGE_MACHINE = {stage: maxtext.PROGRAM_DEVICE[program] for stage, program in STAGE_PROGRAM.items()}
+
+
+def stage_program_argv(
+    stage: str,
+    config: list[tuple[str, str]],
+    *,
+    leading: list[str] | None = None,
+    flags: list[str] | None = None,
+) -> list[str]:
+    """The MaxText call of ``stage`` on the VM that runs it (the CPU keys when that VM has no TPU)."""
+    return maxtext.program_argv(
+        STAGE_PROGRAM[stage], config, machine=stage_machine(stage), leading=leading or (), flags=flags or ()
+    )
 
 
 def _labels_flag(labels: Mapping[str, str]) -> list[str]:
@@ -345,25 +359,23 @@ def install_script() -> str:
 
 def convert_script(pipeline: TpuVmPipelineSpec) -> str:
     c = pipeline.conversion
-    args = [f"model_name={c.model_name}"]
+    leading = [f"model_name={c.model_name}"]
     if c.hf_model_path:
-        args.append(f"--hf_model_path={c.hf_model_path}")
-    args += key_values(
+        leading.append(f"--hf_model_path={c.hf_model_path}")
+    argv = stage_program_argv(
+        "convert",
         [
             ("base_output_directory", c.output_directory),
             ("scan_layers", str(c.scan_layers)),
             ("use_multimodal", "False"),
-            ("hardware", "cpu"),
-            ("skip_jax_distributed_system", "true"),
             ("checkpoint_storage_use_zarr3", str(c.checkpoint_storage_use_zarr3)),
             ("checkpoint_storage_use_ocdbt", str(c.checkpoint_storage_use_ocdbt)),
-        ]
+        ],
+        leading=leading,
+        flags=[f"--lazy_load_tensors={c.lazy_load_tensors}"],
     )
-    args.append(f"--lazy_load_tensors={c.lazy_load_tensors}")
     lines = _preamble(pipeline, with_token=True)
-    lines.append(
-        with_hf_token(quote_all(["python3", "-m", "maxtext.checkpoint_conversion.to_maxtext", *args]))
-    )
+    lines.append(with_hf_token(quote_all(argv)))
     return "\n".join(lines) + "\n"
 
 
@@ -392,10 +404,11 @@ def _tpu_values(vm: TpuVmSpec) -> list[tuple[str, str]]:
     ]
 
 
-def train_arguments(pipeline: TpuVmPipelineSpec) -> list[str]:
-    """``train_rl``'s ``key=value`` arguments (the same for both runtimes)."""
+def train_argv(pipeline: TpuVmPipelineSpec) -> list[str]:
+    """``python3 -m …train_rl key=value…`` (the same for both runtimes)."""
     t = pipeline.training
-    return key_values(
+    return stage_program_argv(
+        "train",
         [
             ("model_name", t.model_name),
             ("load_parameters_path", t.load_parameters_path),
@@ -403,26 +416,22 @@ def train_arguments(pipeline: TpuVmPipelineSpec) -> list[str]:
             ("base_output_directory", t.base_output_directory),
             ("num_batches", str(t.num_batches)),
             *[(k, v) for k, v in t.overrides if k != "num_batches"],
-        ]
+        ],
     )
 
 
 def train_script(pipeline: TpuVmPipelineSpec) -> str:
     """Training in the venv ``install_script`` made (runtime ``install``)."""
     lines = _preamble(pipeline, with_token=True) + tpu_environment(pipeline.vm)
-    lines.append(
-        with_hf_token(
-            quote_all(
-                ["python3", "-m", "maxtext.trainers.post_train.rl.train_rl", *train_arguments(pipeline)]
-            )
-        )
-    )
+    lines.append(with_hf_token(quote_all(train_argv(pipeline))))
     return "\n".join(lines) + "\n"
 
 
 def export_script(pipeline: TpuVmPipelineSpec) -> str:
+    """The export on the CPU VM: no TPU there, so MaxText must not look for a JAX cluster."""
     e = pipeline.export
-    args = key_values(
+    argv = stage_program_argv(
+        "export",
         [
             ("model_name", e.model_name),
             ("load_parameters_path", e.load_parameters_path),
@@ -430,12 +439,10 @@ def export_script(pipeline: TpuVmPipelineSpec) -> str:
             ("scan_layers", str(e.scan_layers)),
             ("use_multimodal", "False"),
             ("weight_dtype", e.weight_dtype),
-        ]
+        ],
     )
     lines = _preamble(pipeline, with_token=True)
-    lines.append(
-        with_hf_token(quote_all(["python3", "-m", "maxtext.checkpoint_conversion.to_huggingface", *args]))
-    )
+    lines.append(with_hf_token(quote_all(argv)))
     return "\n".join(lines) + "\n"
 
 
@@ -500,10 +507,7 @@ def container_train_script(pipeline: TpuVmPipelineSpec) -> str:
         *DOCKER_RUN_FLAGS,
         *[flag for name in names for flag in ("-e", name)],
         pipeline.workload_image,
-        "python3",
-        "-m",
-        "maxtext.trainers.post_train.rl.train_rl",
-        *train_arguments(pipeline),
+        *train_argv(pipeline),
     ]
     lines = [
         "set -euo pipefail",

@@ -404,16 +404,13 @@ def training_spec(
     )
 
 
-def export_spec(
-    preset: ModelPreset, *, load_parameters_path: str, output_directory: str, on_cluster: bool
-) -> ExportSpec:
+def export_spec(preset: ModelPreset, *, load_parameters_path: str, output_directory: str) -> ExportSpec:
     """MaxText→HF export of a trained ``preset`` checkpoint."""
     return ExportSpec(
         model_name=preset.export_model_name,
         load_parameters_path=load_parameters_path,
         output_directory=output_directory,
         scan_layers=preset.scan_layers,
-        on_cluster=on_cluster,
     )
 
 
@@ -426,7 +423,6 @@ def _workloads(
     exported: str,
     default_run_name: str,
     trailing_slash: str,
-    on_cluster: bool,
 ) -> tuple[ConversionSpec, TrainingSpec, ExportSpec]:
     """Conversion → training → export, each reading what the previous one writes.
 
@@ -447,7 +443,6 @@ def _workloads(
         preset,
         load_parameters_path=training.actor_params_path(training.final_step) + trailing_slash,
         output_directory=exported.format(run_name=training.run_name),
-        on_cluster=on_cluster,
     )
     return conversion, training, export
 
@@ -623,7 +618,6 @@ def gke_pipeline_from_conf(
         # Unique per DAG run (outputs are keyed by run_name): a second run trains its own model.
         default_run_name=f"rl-{run_suffix(dag_id, run_id)}",
         trailing_slash="/",
-        on_cluster=True,
     )
     return GkePipelineSpec(
         dag_id=dag_id,
@@ -778,7 +772,6 @@ def tpu_vm_pipeline_from_conf(
         exported=f"{prefix}/hf-trained/{{run_name}}/",
         default_run_name=f"rl-{run_suffix(dag_id, run_id)}",
         trailing_slash="",
-        on_cluster=False,
     )
     return TpuVmPipelineSpec(
         dag_id=dag_id,

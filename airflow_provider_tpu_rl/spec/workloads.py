@@ -401,7 +401,6 @@ class ExportSpec:
     output_directory: str
     scan_layers: bool
     weight_dtype: str = "bfloat16"
-    on_cluster: bool = True  # GKE jobs run CPU-only on pod 0 (skip_jax_distributed_system, hardware=cpu)
 
     def __post_init__(self) -> None:
         rules.match("model", self.model_name, rules.MODEL_NAME, "MaxText model_name like llama3.1-8b")

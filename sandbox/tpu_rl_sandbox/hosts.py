@@ -311,6 +311,7 @@ class MachineHost:
             minute_seconds=services.minute_seconds,
             hold_file=services.hold_file,
             preempt=services.preempt,
+            tpu_chips=self.tpu_chips(),
         )
         try:
             return maxtext_sim.run(module, args[2:], call.env, ctx)
@@ -478,12 +479,19 @@ class PodHost(MachineHost):
     }
     workdir = "/deps"
 
-    def __init__(self, fs_root: Path, services: MachineServices, job_name: str) -> None:
+    def __init__(
+        self, fs_root: Path, services: MachineServices, job_name: str, tpu_chips: int | None = None
+    ) -> None:
         super().__init__(fs_root, services, f"{job_name}-0")
         for path, text in machine_stubs.POD_FILES.items():
             self.fs.write(path, text.encode())
         # cgroup v2 as a container sees it: no limit until someone writes one.
         self.fs.write("/sys/fs/cgroup/memory.max", b"max\n")
+        self.chips = tpu_chips
+
+    def tpu_chips(self) -> int | None:
+        """The chips the pod's node gives it: 0 on a CPU node pool, the VM's on a TPU one."""
+        return self.chips
 
     def base_env(self) -> dict[str, str]:
         return {"PATH": MACHINE_PATH, "HOME": "/root", "HOSTNAME": self.hostname, **self.image_env}
@@ -512,9 +520,6 @@ class ContainerHost(PodHost):
             self.fs.write(path, text.encode())
         self.fs.write("/sys/fs/cgroup/memory.max", b"max\n")
         self.chips = tpu_chips
-
-    def tpu_chips(self) -> int:
-        return self.chips
 
 
 DOCKER_VERSION = "Docker version 24.0.7, build 24.0.7-0ubuntu2~22.04.1"  # jammy-updates' docker.io

@@ -29,7 +29,7 @@ from typing import Any
 from tpu_rl_sandbox import cloud, kube_api
 from tpu_rl_sandbox.emulator import api_for
 from tpu_rl_sandbox.fsview import GcsStore
-from tpu_rl_sandbox.hosts import MachineServices, PodHost
+from tpu_rl_sandbox.hosts import MachineServices, PodHost, tpu_chips_of
 from tpu_rl_sandbox.layout import SandboxLayout, rfc3339
 from tpu_rl_sandbox.maxtext_sim import DEFAULT_STEP_SECONDS
 from tpu_rl_sandbox.settings import load_settings
@@ -348,7 +348,7 @@ class Worker:
             preempt=self.preempt,
         )
         pod_root = self.layout.jobs_dir / self.uid / f"pod-{attempt}"
-        host = PodHost(Path(pod_root), services, str(job["name"]))
+        host = PodHost(Path(pod_root), services, str(job["name"]), tpu_chips=_pod_tpu_chips(job))
         env = host.base_env()
         env.update(
             {
@@ -421,6 +421,14 @@ def _held(hold: Path, job: dict[str, Any]) -> bool:
     except OSError:  # no file: nothing is held
         return False
     return scope != kube_api.POD_HOLD_TPU_ONLY or bool(job.get("tpu"))
+
+
+def _pod_tpu_chips(job: dict[str, Any]) -> int | None:
+    """The TPU chips the main container sees: none on a CPU node pool, the node's own on a TPU
+    slice; not modelled for a Pathways head (its JAX reaches the slice through the proxy)."""
+    if job.get("pathways"):
+        return None
+    return tpu_chips_of(str(job.get("compute_type") or "")) if job.get("tpu") else 0
 
 
 def _workload_name(job: dict[str, Any]) -> str:

@@ -45,6 +45,8 @@ NO_TPU_ERROR = (
     "(set JAX_PLATFORMS='' to automatically choose an available backend)"
 )
 FAULT_KIND = {TO_MAXTEXT: "convert", TRAIN_RL: "train", TO_HUGGINGFACE: "export"}
+# What initialize_jax_for_cpu reads with int(os.environ.get(...)) (maxtext-v0.2.3 max_utils.py).
+XPK_CPU_VARIABLES = ("JOB_INDEX", "JOB_COMPLETION_INDEX", "PROCESSES_IN_JOB", "JAX_PROCESS_COUNT")
 
 STEP_SECONDS_ENV = "TPU_RL_SANDBOX_STEP_SECONDS"
 HOLD_FILE_ENV = "TPU_RL_SANDBOX_HOLD_FILE"
@@ -118,6 +120,10 @@ class SimContext:
     preempt: Callable[[str, int, int], bool] = lambda run_dir, committed, past: False
     clock: Callable[[], float] = time.time
     sleep: Callable[[float], None] = time.sleep
+    # The machine's TPU chips as the program sees them (0: a CPU VM, a CPU node pool's pod, a
+    # container without the host's devices); None where it is not modelled (a Pathways head, whose
+    # JAX reaches the TPU through the proxy).
+    tpu_chips: int | None = None
 
 
 @dataclass
@@ -322,12 +328,74 @@ class MaxTextRunner:
         model = args.get("model_name")
         if not model:
             raise WorkloadFailed("ValueError: model_name must be set (e.g. model_name=qwen3-30b-a3b).")
+        self.initialize_jax_distributed_system(args)
         if self.module == TO_MAXTEXT:
             self.to_maxtext(args, model)
         elif self.module == TRAIN_RL:
             self.train_rl(args, model)
         else:
             self.to_huggingface(args, model)
+
+    def initialize_jax_distributed_system(self, args: MaxTextArgs) -> None:
+        """pyconfig's first step on a machine without TPU chips, as MaxText does it.
+
+        ``max_utils.maybe_initialize_jax_distributed_system`` (maxtext-v0.2.3 l.234, v0.2.4 the
+        same; pyconfig calls it before building the config) returns early for
+        ``skip_jax_distributed_system``, ``enable_single_controller``, ``inference_benchmark_test``
+        or ``compile_topology``. Otherwise ``hardware=cpu`` runs ``initialize_jax_for_cpu``, whose
+        ``int(os.environ.get("JOB_INDEX"))`` fails outside XPK; the default ``hardware: 'tpu'``
+        (base.yml l.469), with checkpointing on and ``compile_topology_num_slices`` -1, calls
+        ``jax.distributed.initialize()``, and JAX finds no cluster: not a TPU VM, and on a GKE pod
+        the K8s detection needs the ``kubernetes`` package, which the post-training image lacks
+        (jax/_src/clusters/k8s_cluster.py ``is_env_present`` warns and returns False), so
+        jax/_src/distributed.py raises ``coordinator_address should be defined.``
+        """
+        if self.ctx.tpu_chips != 0:
+            return  # a TPU host: JAX finds its own cluster (or, under Pathways, needs none)
+        if args.bool("skip_jax_distributed_system", False):
+            self.log(
+                "Skipping jax distributed system due to skip_jax_distributed_system=True flag.",
+                source="max_utils.py",
+            )
+            return
+        if args.bool("enable_single_controller", False):
+            self.log(
+                "Skipping jax distributed system since its not needed for single controller.",
+                source="max_utils.py",
+            )
+            return
+        if args.bool("inference_benchmark_test", False) or args.get("compile_topology"):
+            self.log("Skipping jax distributed system initialization.", source="max_utils.py")
+            return
+        hardware = args.get("hardware", "tpu")
+        if hardware == "cpu":
+            self.log(
+                "Attempting to initialize the jax distributed system for CPU backend...",
+                source="max_utils.py",
+            )
+            self.log("Coordinator IP address: ", source="max_utils.py")
+            missing = [name for name in XPK_CPU_VARIABLES if name not in self.env]
+            if missing:
+                raise WorkloadFailed(
+                    '  File "/deps/src/maxtext/utils/max_utils.py", line 340, in initialize_jax_for_cpu',
+                    "TypeError: int() argument must be a string, a bytes-like object or a real number, "
+                    "not 'NoneType'",
+                )
+            raise WorkloadFailed(
+                "sandbox: a multi-process CPU JAX cluster (initialize_jax_for_cpu with XPK's variables) is "
+                "not simulated"
+            )
+        if hardware != "tpu":
+            raise WorkloadFailed(f"sandbox: hardware={hardware} is not simulated (no GPUs here)")
+        self.log(
+            "Attempting to initialize the jax distributed system for TPU backend...", source="max_utils.py"
+        )
+        if args.bool("enable_multi_tier_checkpointing", False) or args.bool(
+            "enable_emergency_checkpoint", False
+        ):
+            raise WorkloadFailed("sandbox: multi-tier and emergency checkpointing are not simulated")
+        if args.bool("enable_checkpointing", True) and args.int("compile_topology_num_slices", -1) == -1:
+            raise WorkloadFailed("ValueError: coordinator_address should be defined.")
 
     def require_token(self, repo: str) -> None:
         if not self.env.get("HF_TOKEN", "").strip():

@@ -136,3 +136,22 @@ def test_a_cpu_job_waits_while_the_cpu_quota_is_used(cli: Cli, names: dict[str, 
     assert job_status(cli, cluster, "cpu-second") == "Suspended"
     hold.unlink()
     wait_for(lambda: job_status(cli, cluster, "cpu-second") == "Succeeded", what="the second job to run")
+
+
+def test_a_converter_on_cpu_np_refuses_to_start_without_skip_jax_distributed_system(
+    cli: Cli, cpu_queue_cluster: Cluster
+) -> None:
+    """A CPU node pool's pod has no TPU chips: MaxText's pyconfig looks for a JAX cluster there
+    unless told to skip it, as on the CPU VM."""
+    cluster = cpu_queue_cluster
+    argv = cpu_submit(
+        cluster, "cpu-no-skip", "--service-account", "workload-identity-k8s-sa", "--await-job-completion"
+    )
+    at = argv.index("--command") + 1
+    argv[at] = argv[at].replace("skip_jax_distributed_system=true ", "").replace(" hardware=cpu", "")
+    assert "skip_jax_distributed_system" not in argv[at]
+    assert "hardware" not in argv[at]
+    assert cli.gcluster(*argv).code == 1
+    text = cli.gcluster("job", "logs", "cpu-no-skip", "--main-only").text
+    assert "ValueError: coordinator_address should be defined." in text
+    assert not cli.objects(cluster.bucket, "qwen/max-text-format/")
