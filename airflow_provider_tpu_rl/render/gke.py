@@ -427,22 +427,7 @@ def job_scope(project: str | None, cluster_name: str | None, location: str | Non
 
 def to_maxtext_script(conversion: ConversionSpec, token_resource: str, *, machine: str = maxtext.CPU) -> str:
     """``to_maxtext`` on pod 0 of a job on ``machine`` (the CPU pool's: ``cpu``)."""
-    leading = [f"model_name={conversion.model_name}"]
-    if conversion.hf_model_path:
-        leading.append(f"--hf_model_path={conversion.hf_model_path}")
-    argv = maxtext.program_argv(
-        maxtext.TO_MAXTEXT,
-        [
-            ("base_output_directory", conversion.output_directory),
-            ("scan_layers", str(conversion.scan_layers)),
-            ("use_multimodal", "False"),
-            ("checkpoint_storage_use_zarr3", str(conversion.checkpoint_storage_use_zarr3)),
-            ("checkpoint_storage_use_ocdbt", str(conversion.checkpoint_storage_use_ocdbt)),
-        ],
-        machine=machine,
-        leading=leading,
-        flags=[f"--lazy_load_tensors={conversion.lazy_load_tensors}"],
-    )
+    argv = maxtext.to_maxtext_argv(conversion, machine=machine)
     return on_first_pod_only(f"{hf_token_from_secret_manager(token_resource)} && " + quote_all(argv))
 
 
@@ -495,19 +480,7 @@ def train_rl_script(preset: ModelPreset, training: TrainingSpec, token_resource:
 
 def to_huggingface_script(export: ExportSpec, token_resource: str, *, machine: str = maxtext.CPU) -> str:
     """``to_huggingface`` on pod 0 of a job on ``machine`` (the CPU pool's: ``cpu``)."""
-    argv = maxtext.program_argv(
-        maxtext.TO_HUGGINGFACE,
-        [
-            ("model_name", export.model_name),
-            ("load_parameters_path", export.load_parameters_path),
-            ("base_output_directory", export.output_directory),
-            ("scan_layers", str(export.scan_layers)),
-            ("use_multimodal", "False"),
-            ("weight_dtype", export.weight_dtype),
-        ],
-        machine=machine,
-        flags=["--override_model_architecture"],
-    )
+    argv = maxtext.to_huggingface_argv(export, machine=machine, override_architecture=True)
     return on_first_pod_only(f"{hf_token_from_secret_manager(token_resource)} && " + quote_all(argv))
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from airflow_provider_tpu_rl.render.shell import key_values
+from airflow_provider_tpu_rl.spec.workloads import ConversionSpec, ExportSpec
 
 TO_MAXTEXT = "maxtext.checkpoint_conversion.to_maxtext"
 TRAIN_RL = "maxtext.trainers.post_train.rl.train_rl"
@@ -61,3 +62,40 @@ def program_argv(
                 raise ValueError(f"{module} runs on the CPU here: {key} must be {value}, not {given[key]!r}")
         pairs = [pair for pair in pairs if pair[0] not in dict(CPU_KEYS)] + list(CPU_KEYS)
     return ["python3", "-m", module, *leading, *key_values(pairs), *flags]
+
+
+def to_maxtext_argv(conversion: ConversionSpec, *, machine: str) -> list[str]:
+    """HF → MaxText (the tutorials' ``to_maxtext`` call; the same on both pipelines)."""
+    leading = [f"model_name={conversion.model_name}"]
+    if conversion.hf_model_path:
+        leading.append(f"--hf_model_path={conversion.hf_model_path}")
+    return program_argv(
+        TO_MAXTEXT,
+        [
+            ("base_output_directory", conversion.output_directory),
+            ("scan_layers", str(conversion.scan_layers)),
+            ("use_multimodal", "False"),
+            ("checkpoint_storage_use_zarr3", str(conversion.checkpoint_storage_use_zarr3)),
+            ("checkpoint_storage_use_ocdbt", str(conversion.checkpoint_storage_use_ocdbt)),
+        ],
+        machine=machine,
+        leading=leading,
+        flags=[f"--lazy_load_tensors={conversion.lazy_load_tensors}"],
+    )
+
+
+def to_huggingface_argv(export: ExportSpec, *, machine: str, override_architecture: bool) -> list[str]:
+    """MaxText → HF; ``override_architecture``: the GKE tutorials' ``--override_model_architecture``."""
+    return program_argv(
+        TO_HUGGINGFACE,
+        [
+            ("model_name", export.model_name),
+            ("load_parameters_path", export.load_parameters_path),
+            ("base_output_directory", export.output_directory),
+            ("scan_layers", str(export.scan_layers)),
+            ("use_multimodal", "False"),
+            ("weight_dtype", export.weight_dtype),
+        ],
+        machine=machine,
+        flags=["--override_model_architecture"] if override_architecture else (),
+    )

@@ -25,19 +25,6 @@ MACHINES = (maxtext.CPU, maxtext.TPU)
 STAGE_MACHINE = {stage: maxtext.PROGRAM_DEVICE[program] for stage, program in STAGE_PROGRAM.items()}
 
 
-def stage_program_argv(
-    stage: str,
-    config: list[tuple[str, str]],
-    *,
-    leading: list[str] | None = None,
-    flags: list[str] | None = None,
-) -> list[str]:
-    """The MaxText call of ``stage`` on the VM that runs it (the CPU keys when that VM has no TPU)."""
-    return maxtext.program_argv(
-        STAGE_PROGRAM[stage], config, machine=stage_machine(stage), leading=leading or (), flags=flags or ()
-    )
-
-
 def _labels_flag(labels: Mapping[str, str]) -> list[str]:
     return [f"--labels={','.join(f'{k}={v}' for k, v in labels.items())}"] if labels else []
 
@@ -358,22 +345,7 @@ def install_script() -> str:
 
 
 def convert_script(pipeline: TpuVmPipelineSpec) -> str:
-    c = pipeline.conversion
-    leading = [f"model_name={c.model_name}"]
-    if c.hf_model_path:
-        leading.append(f"--hf_model_path={c.hf_model_path}")
-    argv = stage_program_argv(
-        "convert",
-        [
-            ("base_output_directory", c.output_directory),
-            ("scan_layers", str(c.scan_layers)),
-            ("use_multimodal", "False"),
-            ("checkpoint_storage_use_zarr3", str(c.checkpoint_storage_use_zarr3)),
-            ("checkpoint_storage_use_ocdbt", str(c.checkpoint_storage_use_ocdbt)),
-        ],
-        leading=leading,
-        flags=[f"--lazy_load_tensors={c.lazy_load_tensors}"],
-    )
+    argv = maxtext.to_maxtext_argv(pipeline.conversion, machine=stage_machine("convert"))
     lines = _preamble(pipeline, with_token=True)
     lines.append(with_hf_token(quote_all(argv)))
     return "\n".join(lines) + "\n"
@@ -407,8 +379,8 @@ def _tpu_values(vm: TpuVmSpec) -> list[tuple[str, str]]:
 def train_argv(pipeline: TpuVmPipelineSpec) -> list[str]:
     """``python3 -m …train_rl key=value…`` (the same for both runtimes)."""
     t = pipeline.training
-    return stage_program_argv(
-        "train",
+    return maxtext.program_argv(
+        STAGE_PROGRAM["train"],
         [
             ("model_name", t.model_name),
             ("load_parameters_path", t.load_parameters_path),
@@ -417,6 +389,7 @@ def train_argv(pipeline: TpuVmPipelineSpec) -> list[str]:
             ("num_batches", str(t.num_batches)),
             *[(k, v) for k, v in t.overrides if k != "num_batches"],
         ],
+        machine=stage_machine("train"),
     )
 
 
@@ -429,17 +402,8 @@ def train_script(pipeline: TpuVmPipelineSpec) -> str:
 
 def export_script(pipeline: TpuVmPipelineSpec) -> str:
     """The export on the CPU VM: no TPU there, so MaxText must not look for a JAX cluster."""
-    e = pipeline.export
-    argv = stage_program_argv(
-        "export",
-        [
-            ("model_name", e.model_name),
-            ("load_parameters_path", e.load_parameters_path),
-            ("base_output_directory", e.output_directory),
-            ("scan_layers", str(e.scan_layers)),
-            ("use_multimodal", "False"),
-            ("weight_dtype", e.weight_dtype),
-        ],
+    argv = maxtext.to_huggingface_argv(
+        pipeline.export, machine=stage_machine("export"), override_architecture=False
     )
     lines = _preamble(pipeline, with_token=True)
     lines.append(with_hf_token(quote_all(argv)))
