@@ -21,6 +21,7 @@ from airflow_provider_tpu_rl.spec import (
     gke_pipeline_from_conf,
     tpu_vm_pipeline_from_conf,
 )
+from airflow_provider_tpu_rl.spec.errors import field_name
 from airflow_provider_tpu_rl.spec.pipeline import ENVIRONMENT_OPTIONS, refuse_placeholders
 
 PipelineKind = Literal["gke", "tpu_vm"]
@@ -155,7 +156,7 @@ def validate_pipeline_conf(
     unknown = sorted(set(conf or {}) - set(known), key=str)
     if unknown:
         raise AirflowFailException(
-            f"{INVALID_CONF}{unknown[0]}: unknown conf key; valid keys are {sorted(known)}"
+            f"{INVALID_CONF}{field_name(unknown[0])}: unknown conf key; valid keys are {sorted(known)}"
         )
     resolved = build_pipeline(kind, conf_from_params(params, kind), dag_id, run_id).resolved()
     try:

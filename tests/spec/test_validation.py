@@ -390,6 +390,17 @@ def test_override_values_cannot_break_the_one_line_command(breaker: str) -> None
         gke_pipeline_from_conf({"train_overrides": {"debug": f"a{breaker}b"}})
 
 
+@pytest.mark.parametrize("breaker", ["\n", "\r", "\x0b", "\x85", "\u2028", "\u2029", "\t"])
+def test_a_key_with_a_line_break_is_named_quoted_on_one_line(breaker: str) -> None:
+    """The key is quoted (repr) in the refusal: a newline in it used to split the message in two."""
+    for conf in ({"train_overrides": {f"a{breaker}b": 1}}, {f"a{breaker}b": 1}):
+        with pytest.raises(SpecError) as refused:
+            gke_pipeline_from_conf(conf)
+        message = str(refused.value)
+        assert len(message.splitlines()) == 1, message
+        assert repr(f"a{breaker}b") in message
+
+
 def test_a_job_target_is_a_tpu_slice_or_a_cpu_machine_on_one_node() -> None:
     tpu = GkeJobTarget(project="p-123456", location="us-east5", cluster_name="c1", image="gcr.io/p/i:1")
     assert (tpu.tpu, tpu.compute_type, tpu.topology, tpu.node_pool, tpu.service_account) == (
