@@ -253,14 +253,17 @@ def impersonation_accounts(field: str, value: Any) -> tuple[str, ...]:
     ``ParseImpersonationAccounts``); the google provider reads a string argument as one account
     and a list as delegates then the target (``credentials_provider._get_target_principal_and_delegates``).
     So a string is split on commas here, and every account must be one service account (no comma,
-    space or empty item), so both read the same chain.
+    space, or empty item between commas), so both read the same chain. A blank string is none, and
+    so are a list's blank items (templates rendered empty).
     """
-    if value is None or value == "" or (isinstance(value, list | tuple) and not value):
+    if value is None or (isinstance(value, str) and not value.strip()):
         return ()
     if isinstance(value, str):
         items: list[Any] = [item.strip() for item in value.split(",")]
     elif isinstance(value, list | tuple):
+        # a rendered list of templates: an item left empty (an empty param) is no account
         items = [item.strip() if isinstance(item, str) else item for item in value]
+        items = [item for item in items if item != ""]
     else:
         raise SpecError(field, IMPERSONATION_CHAIN_RULE, value)
     for item in items:
