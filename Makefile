@@ -93,6 +93,7 @@ unit-airflow-free: venv
 SAME_ON_EVERY_AIRFLOW := tests/operators/test_bucket_sharing.py tests/operators/test_ensure_bucket.py tests/operators/test_jobset_trigger_recovery.py tests/operators/test_first_real_run.py \
 	tests/operators/test_gcluster_job_operators.py tests/operators/test_gke_lifecycle.py \
 	tests/operators/test_hygiene.py tests/operators/test_run_identity.py \
+	tests/operators/test_run_dir_takeover.py tests/operators/test_run_dir_takeover_vm.py \
 	tests/operators/test_tpu_vm_operators.py tests/operators/test_tpu_vm_capacity.py tests/operators/test_training_metrics.py \
 	tests/e2e/test_cluster_lease.py tests/e2e/test_sweep_example.py tests/test_doctor.py tests/test_wheel.py
 

@@ -74,6 +74,13 @@ def plan_environment(dag_id: str) -> dict[str, str]:
     return environment_defaults(ENVIRONMENT_OPTIONS[kind])
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message, cut to 200 characters (its type when empty)."""
+    lines = str(error).strip().splitlines()
+    text = lines[0] if lines else type(error).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
 def _load_conf(text: str | None) -> dict[str, Any] | None:
     if text is None:
         return None
@@ -83,6 +90,10 @@ def _load_conf(text: str | None) -> dict[str, Any] | None:
         raise SpecError(
             "conf", f"is not valid JSON ({err.msg} at line {err.lineno} column {err.colno})"
         ) from None
+    except ValueError as err:  # an integer past Python's 4,300-digit conversion limit
+        raise SpecError("conf", f"cannot be read: {first_line(err)}", show_value=False) from None
+    except RecursionError:
+        raise SpecError("conf", "is nested too deep to be read", show_value=False) from None
     if not isinstance(conf, dict):
         raise SpecError("conf", "must be a JSON object", conf)
     return conf
@@ -98,6 +109,10 @@ def _run_plan(args: argparse.Namespace) -> int:
         document = build_plan(args.dag_id, _load_conf(args.conf), args.run_id, environment)
     except SpecError as err:
         print(f"tpu-rl plan: invalid conf: {err}", file=sys.stderr)
+        return 2
+    except (ValueError, TypeError, RecursionError, OverflowError, MemoryError) as err:
+        # A value no field rule names (every known one is a SpecError): still one line, exit 2.
+        print(f"tpu-rl plan: invalid conf: {type(err).__name__}: {first_line(err)}", file=sys.stderr)
         return 2
     json.dump(document, sys.stdout, indent=2 if args.pretty else None)
     sys.stdout.write("\n")

@@ -33,6 +33,10 @@ class ConfigurationError(TpuRlError):
     """A setting, connection, secret or local tool is wrong or missing; a retry fails the same way."""
 
 
+class ClusterNotFoundError(ConfigurationError):
+    """The GKE API says the cluster does not exist (deleted, or never created there)."""
+
+
 class ClassifiedError(TpuRlError):
     """An error that knows whether a retry may help (:attr:`kind`)."""
 

@@ -218,6 +218,17 @@ COMMON_FORM: Final[dict[str, dict[str, Any]]] = {
         "description": "Delete the bucket at teardown: this DELETES THE TRAINED MODEL. Off by default.",
         "type": "boolean",
     },
+    "cancel_previous_writer": {
+        "title": "Stop an orphaned job on this run_name",
+        "section": SAFETY,
+        "description": (
+            "When run_name resumes a run whose worker crashed (its claim expired or its run ended) "
+            "but whose job still trains or exports on its cluster or VM: stop that job and take its "
+            "folder over. Off: this run refuses and names the job and how to stop it. A live run's "
+            "job is never stopped."
+        ),
+        "type": "boolean",
+    },
 }
 
 

@@ -111,16 +111,24 @@ DEFAULT_KILL_GRACE_SECONDS: Final = 30.0
 DEFAULT_TERRAFORM_LOCK_MINUTES: Final = 5.0
 # A job that has not started on its nodes this long after its creation is cancelled.
 DEFAULT_ADMISSION_MINUTES: Final = 30.0
+# The least admission bound: the job's wait reads the JobSet every poll_interval (60 s by default),
+# and a job that is admitted at once still needs Kueue's admission, the scheduler's placement and
+# the kubelet's start of its first pod; below this, every job would be cancelled before it could start.
+MIN_ADMISSION_MINUTES: Final = 5.0
 # Added to the sum of a DAG run's stages: scheduling, queueing, retry delays.
 DAGRUN_MARGIN: Final = timedelta(hours=2)
 # operators/pipeline.transient_retries: max_retry_delay.
 MAX_RETRY_DELAY: Final = timedelta(minutes=30)
 
 
-def _minutes(option: str, default: float) -> float:
+def _minutes(option: str, default: float, least: float = 0.0) -> float:
+    """``[tpu_rl] <option>`` in minutes: a finite number above 0 (and at least ``least``); else
+    a one-line ValueError naming the option (``inf`` would overflow a ``timedelta``)."""
     value = conf.getfloat(SECTION, option, fallback=default)
-    if not value > 0:
-        raise ValueError(f"[{SECTION}] {option} must be a positive number of minutes, not {value}")
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"[{SECTION}] {option} must be a positive, finite number of minutes, not {value}")
+    if value < least:
+        raise ValueError(f"[{SECTION}] {option} must be at least {least:g} minutes, not {value:g}")
     return value
 
 
@@ -152,9 +160,12 @@ def admission_timeout() -> timedelta:
 
     From the JobSet's creation until a pod of it is on a node: a job that Kueue keeps suspended
     (no quota) or whose pods no node can take (no capacity) is cancelled after this, with one
-    line saying what it waited for, instead of waiting out its ``job_timeout``.
+    line saying what it waited for, instead of waiting out its ``job_timeout``. At least
+    :data:`MIN_ADMISSION_MINUTES` (5): a smaller bound would cancel jobs that are about to start.
     """
-    return timedelta(minutes=_minutes("admission_timeout_minutes", DEFAULT_ADMISSION_MINUTES))
+    return timedelta(
+        minutes=_minutes("admission_timeout_minutes", DEFAULT_ADMISSION_MINUTES, MIN_ADMISSION_MINUTES)
+    )
 
 
 def stage_command_timeout(stage: str) -> float:
@@ -172,8 +183,8 @@ def kill_grace_seconds() -> float:
     Long enough for Terraform, once interrupted, to write its state and release its lock.
     """
     value = conf.getfloat(SECTION, "kill_grace_seconds", fallback=DEFAULT_KILL_GRACE_SECONDS)
-    if value < 0:
-        raise ValueError(f"[{SECTION}] kill_grace_seconds must not be negative, not {value}")
+    if not (value >= 0 and math.isfinite(value)):
+        raise ValueError(f"[{SECTION}] kill_grace_seconds must be a finite number >= 0, not {value}")
     return value
 
 
@@ -239,6 +250,8 @@ def dagrun_timeout(kind: str) -> timedelta:
     if kind not in PIPELINE_STAGES:
         raise ValueError(f"unknown DAG kind {kind!r}; known: {sorted(PIPELINE_STAGES)}")
     hours = conf.getfloat(SECTION, "dagrun_timeout_hours", fallback=0.0)
+    if not math.isfinite(hours):
+        raise ValueError(f"[{SECTION}] dagrun_timeout_hours must be a finite number of hours, not {hours}")
     if hours > 0:
         return timedelta(hours=hours)
     retries, waits = _retries()

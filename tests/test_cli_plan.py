@@ -6,10 +6,16 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from airflow_provider_tpu_rl.cli import main
+from airflow_provider_tpu_rl.cli import build_plan, main
+from airflow_provider_tpu_rl.maxtext import config_keys
+from airflow_provider_tpu_rl.spec import SpecError
+from airflow_provider_tpu_rl.spec.pipeline import GKE_DEFAULTS, TPU_VM_DEFAULTS
 
 SENTINEL = "hf_SENTINEL_token_must_never_appear_1234567890"
 
@@ -292,3 +298,78 @@ def test_a_capacity_with_a_reservation_is_an_invalid_conf(capsys: pytest.Capture
     )
     assert code == 2
     assert "capacity: spot capacity consumes no reservation: clear reservation (r1)" in err
+
+
+# -- any JSON conf: a plan or one line, exit 2, never a traceback (issue 43, item 3) ----------------
+HUGE_INT = "1" + "0" * 5000  # past Python's 4,300-digit int conversion limit
+DEEP_ARRAY = "[" * 100_000 + "]" * 100_000  # past the JSON parser's recursion limit
+
+
+@pytest.mark.parametrize(
+    "conf",
+    [
+        HUGE_INT,
+        DEEP_ARRAY,
+        f'{{"num_batches": {HUGE_INT}}}',
+        f'{{"train_overrides": {{"batch_size": {HUGE_INT}}}}}',
+        f'{{"train_overrides": {{"rl": {DEEP_ARRAY}}}}}',
+        '{"train_overrides": {"x": ' + "[" * 900 + "]" * 900 + "}}",
+        '{"train_overrides": {"a\\nb": 1}}',
+        '{"a\\nb": 1}',
+        '{"run_name": "a\\u2028b"}',
+    ],
+    ids=["huge-int", "deep-array", "huge-num-batches", "huge-override", "deep-override", "nested-900",
+         "newline-key", "newline-conf-key", "line-separator-value"],
+)  # fmt: skip
+@pytest.mark.parametrize("dag_id", ["tpu_rl_gke_pipeline", "tpu_rl_tpu_vm_pipeline"])
+def test_a_hostile_conf_is_refused_in_one_line_with_exit_2(
+    capsys: pytest.CaptureFixture[str], dag_id: str, conf: str
+) -> None:
+    code, out, err = _plan(capsys, dag_id, "--conf", conf)
+    assert (code, out) == (2, "")
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("tpu-rl plan: invalid conf: ")
+    assert "Traceback" not in err
+
+
+JSON_SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20)
+)
+JSON_VALUES = st.recursive(
+    JSON_SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+def _conf_strategy(dag_id: str) -> st.SearchStrategy[dict[str, Any]]:
+    defaults = GKE_DEFAULTS if dag_id == "tpu_rl_gke_pipeline" else TPU_VM_DEFAULTS
+    keys = st.sampled_from(sorted(defaults)) | st.text(max_size=12)
+    override_keys = st.sampled_from(sorted(next(iter(config_keys.KEYS.values())))) | st.text(max_size=12)
+    overrides = st.dictionaries(override_keys, JSON_VALUES, max_size=4)
+    return st.dictionaries(keys, JSON_VALUES, max_size=6) | st.fixed_dictionaries(
+        {"train_overrides": overrides}
+    )
+
+
+@pytest.mark.parametrize("dag_id", ["tpu_rl_gke_pipeline", "tpu_rl_tpu_vm_pipeline"])
+def test_any_json_conf_is_planned_or_refused_in_one_line(dag_id: str) -> None:
+    """Over arbitrary JSON confs (known keys and any text, any JSON value), the plan is built or
+    refused with a one-line SpecError: nothing else escapes (`tpu-rl plan` exits 2 on it)."""
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(_conf_strategy(dag_id))
+    def check(conf: dict[str, Any]) -> None:
+        try:
+            build_plan(dag_id, conf)
+        except SpecError as err:
+            refusal = str(err)
+        else:
+            return
+        assert len(refusal.splitlines()) == 1, refusal
+
+    check()

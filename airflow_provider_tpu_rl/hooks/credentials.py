@@ -18,6 +18,9 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from airflow_provider_tpu_rl.exceptions import ConfigurationError
+from airflow_provider_tpu_rl.spec.errors import SpecError
+
 if TYPE_CHECKING:
     from airflow.providers.google.cloud.hooks.gcs import GCSHook
     from google.auth.credentials import Credentials
@@ -28,6 +31,20 @@ REUSE_SECONDS = 1800.0  # a changed key file is read again after this, as a fres
 
 _lock = threading.Lock()
 _shared: dict[tuple[Any, ...], tuple[float, Any, str | None, Any]] = {}
+
+
+def impersonation(chain: Any) -> str | list[str] | None:
+    """An ``impersonation_chain`` as every hook of this provider passes it on: none (empty), one
+    account (a string) or a delegation chain (a list, the last account impersonated), read as
+    gcloud and the google provider both read it
+    (:func:`~airflow_provider_tpu_rl.spec.rules.impersonation_accounts`: ``"a,b"`` is the chain
+    ``["a", "b"]``); anything else is a one-line :class:`SpecError`."""
+    from airflow_provider_tpu_rl.spec.rules import impersonation_accounts
+
+    accounts = impersonation_accounts("impersonation_chain", chain)
+    if not accounts:
+        return None
+    return accounts[0] if len(accounts) == 1 else list(accounts)
 
 
 def _key(hook: Any) -> tuple[Any, ...]:
@@ -52,6 +69,10 @@ class SharedCredentials:
 
     def get_credentials_and_project_id(self) -> tuple[Credentials, str | None]:
         hook: Any = self
+        try:  # one reading of the chain, whatever hook or trigger got it (a string from a template)
+            hook.impersonation_chain = impersonation(hook.impersonation_chain)
+        except SpecError as err:
+            raise ConfigurationError(str(err)) from None
         key = _key(hook)
         with _lock:
             hit = _shared.get(key)

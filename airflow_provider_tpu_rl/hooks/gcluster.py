@@ -80,6 +80,8 @@ from airflow_provider_tpu_rl.hooks.toolchain import (
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.render import preflight as preflight_commands
 from airflow_provider_tpu_rl.render.command import Command
+from airflow_provider_tpu_rl.spec import rules
+from airflow_provider_tpu_rl.spec.errors import SpecError
 from airflow_provider_tpu_rl.timeouts import (
     command_timeout,
     kill_grace_seconds,
@@ -182,9 +184,12 @@ def impersonation_env(chain: str | Sequence[str] | None, command: Command) -> di
     ``google.FindDefaultCredentials``) use the worker's Application Default Credentials and are
     not impersonated.
     """
-    if not chain:
+    try:
+        accounts = list(rules.impersonation_accounts("impersonation_chain", chain))
+    except SpecError as err:
+        raise ConfigurationError(str(err)) from None
+    if not accounts:
         return {}
-    accounts = [chain] if isinstance(chain, str) else list(chain)
     env = {"CLOUDSDK_AUTH_IMPERSONATE_SERVICE_ACCOUNT": ",".join(accounts)}
     if command_purpose(command) == "deploy":
         if len(accounts) > 1:

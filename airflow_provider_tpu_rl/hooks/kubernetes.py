@@ -39,7 +39,12 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_tpu_rl.compat import conf
-from airflow_provider_tpu_rl.exceptions import ConfigurationError, FailureKind, KubernetesApiError
+from airflow_provider_tpu_rl.exceptions import (
+    ClusterNotFoundError,
+    ConfigurationError,
+    FailureKind,
+    KubernetesApiError,
+)
 from airflow_provider_tpu_rl.hooks.jobs import JobState
 from airflow_provider_tpu_rl.hooks.run_dirs import run_dir
 
@@ -168,10 +173,15 @@ class GkeClusterHook:
         try:
             cluster = self.hook.get_cluster(name=cluster_name, project_id=project_id, timeout=API_TIMEOUT)
         except api_exceptions.NotFound as err:
-            raise ConfigurationError(
+            raise ClusterNotFoundError(
                 f"GKE cluster {cluster_name} not found in {project_id}/{self.location}: {_first(err)}"
             ) from err
-        except (api_exceptions.Unauthenticated, api_exceptions.PermissionDenied) as err:
+        except (
+            api_exceptions.Unauthenticated,
+            api_exceptions.PermissionDenied,
+            api_exceptions.Unauthorized,  # the REST transport's 401 and 403 (gRPC's: the two above)
+            api_exceptions.Forbidden,
+        ) as err:
             raise ConfigurationError(
                 f"GKE API refused to describe cluster {cluster_name}: {_first(err)}"
             ) from err
@@ -738,6 +748,24 @@ class JobSetClient:
         items: list[dict[str, Any]] = json.loads(body).get("items") or []
         return items
 
+    async def pods_anywhere(self, client: ApiClient, jobset: str) -> list[dict[str, Any]]:
+        """The JobSet's pods in every namespace (they outlive a deleted JobSet while they end)."""
+        import json
+
+        from kubernetes_asyncio.client import CoreV1Api
+
+        try:
+            response: Any = await CoreV1Api(client).list_pod_for_all_namespaces(
+                label_selector=f"{JOBSET_NAME_LABEL}={jobset}",
+                _preload_content=False,
+                _request_timeout=API_TIMEOUT,
+            )
+            body = await response.read()
+        except Exception as err:
+            raise _api_error(err, f"list pods of JobSet {jobset}") from err
+        items: list[dict[str, Any]] = json.loads(body).get("items") or []
+        return items
+
     async def log_lines(
         self,
         client: ApiClient,
@@ -747,6 +775,7 @@ class JobSetClient:
         *,
         since_time: str | None,
         follow: bool,
+        tail_lines: int | None = None,
     ) -> AsyncIterator[str]:
         """The container's log lines with their timestamps, from ``since_time``; with ``follow``
         until the container ends, the stream is idle for :data:`STREAM_IDLE_TIMEOUT` or the
@@ -758,6 +787,8 @@ class JobSetClient:
             ("timestamps", "true"),
             ("follow", "true" if follow else "false"),
         ]
+        if tail_lines is not None:
+            query.append(("tailLines", str(tail_lines)))
         if since_time:
             # sinceTime is a PodLogOptions field the generated client omits (kubernetes#...: only
             # sinceSeconds is in the OpenAPI operation); the API server reads it as a query parameter.

@@ -11,14 +11,18 @@ object ``gs://BUCKET/tpu-rl/run-dirs/<hash>.json``:
   :data:`MAX_ATTEMPTS`): the step it resumed from and the last step it reached, so a resume can
   tell the steps the previous attempt trained that no checkpoint kept;
 * ``writer``: the claim of the job writing it now: its run, job name, where it runs
-  (``project/location/cluster``) and an expiry the job's wait renews
-  (:meth:`RunDirRecords.renew`) and the job's end clears (:meth:`RunDirRecords.release`).
+  (``platform``: ``gke`` or ``vm``; ``where``: ``project/location/cluster`` or
+  ``project/zone/vm``) and an expiry the job's wait renews (:meth:`RunDirRecords.renew`) and the
+  job's end clears (:meth:`RunDirRecords.release`).
 
 One writer per directory, whatever cluster or VM the job runs on: a claim held by another live run
-refuses the newcomer (:class:`~airflow_provider_tpu_rl.exceptions.RunDirBusyError`); a claim whose
-expiry has passed, or whose run has finished, is taken over (a resume). Every write names the GCS
-generation it read (``ifGenerationMatch``, 0 for a new object), so of two runs claiming at once
-exactly one wins, the other re-reads and decides again.
+refuses the newcomer (:class:`~airflow_provider_tpu_rl.exceptions.RunDirBusyError`). A claim whose
+expiry has passed, or whose run has finished, no longer vouches for its job: a crashed worker
+leaves its job running. Such a claim is taken over only once its job is proven dead where it runs
+(:mod:`airflow_provider_tpu_rl.hooks.writers`); the caller then names that exact claim
+(``takeover``) and the attempt it made (``displaced``), and the write fails if the claim changed
+meanwhile. Every write names the GCS generation it read (``ifGenerationMatch``, 0 for a new
+object), so of two runs claiming at once exactly one wins, the other re-reads and decides again.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 from airflow_provider_tpu_rl.compat import AirflowNotFoundException
 from airflow_provider_tpu_rl.exceptions import ConfigurationError, RunDirBusyError, TpuRlError
@@ -134,24 +138,42 @@ def attempt_from_log(
     )
 
 
+GKE: Final = "gke"
+VM: Final = "vm"
+
+
 @dataclass(frozen=True)
 class WriterClaim:
-    """The job writing a run directory now: ``run`` (``<dag_id>/<run_id>``), ``job`` (its name),
-    ``where`` it runs (``project/location/cluster``) and until when the claim holds unrenewed."""
+    """The job writing a run directory now: ``run`` (``<dag_id>/<run_id>``), ``job`` (its name:
+    the JobSet on GKE, ``<vm>/<stage>`` on a VM), ``where`` it runs (``project/location/cluster``
+    or ``project/zone/vm``), until when the claim holds unrenewed, and its ``platform`` (``gke`` or
+    ``vm``; a claim written before it was recorded tells by its job's name)."""
 
     run: str
     job: str
     where: str
     expires_at: float
+    platform: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.platform:
+            object.__setattr__(self, "platform", VM if "/" in self.job else GKE)
 
     def expired(self, now: float | None = None) -> bool:
         return (time.time() if now is None else now) >= self.expires_at
+
+    @property
+    def place(self) -> tuple[str, str, str] | None:
+        """``(project, location or zone, cluster or VM)`` of :attr:`where`; None when malformed."""
+        parts = self.where.split("/")
+        return (parts[0], parts[1], parts[2]) if len(parts) == 3 and all(parts) else None
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "run": self.run,
             "job": self.job,
             "where": self.where,
+            "platform": self.platform,
             "expires_at": self.expires_at,
             "expires": _utc(self.expires_at),
         }
@@ -161,7 +183,13 @@ class WriterClaim:
         if not isinstance(body, Mapping):
             return None
         try:
-            return cls(str(body["run"]), str(body["job"]), str(body["where"]), float(body["expires_at"]))
+            return cls(
+                str(body["run"]),
+                str(body["job"]),
+                str(body["where"]),
+                float(body["expires_at"]),
+                str(body.get("platform") or ""),
+            )
         except (KeyError, TypeError, ValueError):
             return None
 
@@ -235,6 +263,12 @@ def busy_message(directory: str, writer: WriterClaim) -> str:
         f"{directory} is being written by {writer.describe()}; never two jobs on one directory: "
         "wait for that run to end, or choose another run_name"
     )
+
+
+def vouches(writer: WriterClaim, run_ended: bool, now: float | None = None) -> bool:
+    """Whether a claim still speaks for its job: unexpired and of a run that has not ended. One
+    that does not is taken over only once its job is proven dead where it runs."""
+    return not writer.expired(now) and not run_ended
 
 
 def _precondition_failed(exc: BaseException) -> bool:
@@ -323,30 +357,37 @@ class RunDirRecords:
         run: str,
         settings: Mapping[str, str],
         writer: WriterClaim | None,
-        finished: Callable[[str], bool] = lambda run: False,
+        takeover: WriterClaim | None = None,
+        displaced: TrainingAttempt | None = None,
     ) -> RunDirRecord:
         """Record ``run`` as the directory's latest writer (the settings of the first claim stay)
         and, with ``writer``, claim it for that job.
 
-        A claim of another run that has not expired and whose run has not ``finished`` raises
+        Another run's claim is replaced only when it is exactly ``takeover`` (the claim whose job
+        the caller proved dead: one renewed or changed since is not), recording ``displaced``
+        (the attempt that job made) with it; any other claim of another run raises
         :class:`RunDirBusyError` and writes nothing. Returns the record as written.
         """
 
         def change(current: RunDirRecord) -> RunDirRecord | None:
             held = current.writer
-            if (
-                writer is not None
-                and held is not None
-                and held.run != run
-                and not held.expired()
-                and not finished(held.run)
-            ):
-                raise RunDirBusyError(busy_message(current.directory, held), held)
+            attempts = current.attempts
+            if writer is not None and held is not None and held.run != run:
+                if held != takeover:
+                    raise RunDirBusyError(busy_message(current.directory, held), held)
+                if displaced is not None:
+                    attempts = (*attempts, displaced)[-MAX_ATTEMPTS:]
             runs = (*(r for r in current.runs if r != run), run)
             new_writer = writer if writer is not None else held  # recording a run is not writing
             if current.generation and runs == current.runs and new_writer == held:
                 return None
-            return replace(current, runs=runs, settings=current.settings or dict(settings), writer=new_writer)
+            return replace(
+                current,
+                runs=runs,
+                settings=current.settings or dict(settings),
+                writer=new_writer,
+                attempts=attempts,
+            )
 
         return self._update(bucket, directory, change)
 

@@ -11,6 +11,7 @@ from airflow.providers.common.compat.sdk import BaseOperator, Context
 
 from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.exceptions import ClassifiedError, ConfigurationError
+from airflow_provider_tpu_rl.hooks.credentials import impersonation
 from airflow_provider_tpu_rl.spec.errors import SpecError
 
 if TYPE_CHECKING:
@@ -47,17 +48,16 @@ def fail_fast(method: F) -> F:
 
 
 def chain_of(impersonation_chain: str | Sequence[str] | None) -> str | list[str] | None:
-    """A rendered ``impersonation_chain``: empty (``""``, ``[]``, ``None``, empty items) is none.
+    """A rendered ``impersonation_chain``: empty (``""``, ``[]``, ``None``) is none; one account is
+    a string; a delegation chain a list, each account impersonating the next, the last one's token
+    used (as the google provider reads a list).
 
-    As in the google provider: a string is the one account to impersonate; a list is a delegation
-    chain, each account impersonating the next, the last one's token used.
+    A string is read as gcloud reads it (a comma-separated chain): ``"a,b"`` is the chain
+    ``["a", "b"]`` for every hook, never the one account "a,b" for the google provider and a
+    two-account chain for gcloud. Anything else than service accounts: a one-line SpecError
+    (:func:`~airflow_provider_tpu_rl.hooks.credentials.impersonation`).
     """
-    if not impersonation_chain:
-        return None
-    if isinstance(impersonation_chain, str):
-        return impersonation_chain.strip() or None
-    chain = [str(account).strip() for account in impersonation_chain if str(account or "").strip()]
-    return chain or None
+    return impersonation(impersonation_chain)
 
 
 def connection_project(gcp_conn_id: str, impersonation_chain: str | Sequence[str] | None) -> str:

@@ -46,18 +46,28 @@ from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailExceptio
 from airflow_provider_tpu_rl.exceptions import ConfigurationError, RunDirBusyError
 from airflow_provider_tpu_rl.hooks.jobs import GclusterJob, JobState
 from airflow_provider_tpu_rl.hooks.run_dirs import (
+    GKE,
     RunDirRecord,
     RunDirRecords,
     TrainingAttempt,
     WriterClaim,
     attempt_from_log,
+    busy_message,
     run_dir,
+    vouches,
 )
+from airflow_provider_tpu_rl.hooks.writers import WriterState
 from airflow_provider_tpu_rl.janitor_sources import run_finished, run_probe
 from airflow_provider_tpu_rl.ledger.records import NUM_TEST_BATCHES_METRIC, reward_summary
 from airflow_provider_tpu_rl.links import CloudLoggingJobLink, GCSBrowserLink, GKEWorkloadLink
 from airflow_provider_tpu_rl.maxtext.logs import TrainingLogTracker
 from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, fail_fast
+from airflow_provider_tpu_rl.operators.takeover import (
+    DEFAULT_STOP_TIMEOUT,
+    displaced_attempt,
+    previous_writer,
+    prove_dead,
+)
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.render.command import Command
 from airflow_provider_tpu_rl.spec import rules
@@ -212,6 +222,13 @@ class _GclusterJobOperator(GclusterBaseOperator):
     :param admission_timeout: cancel the job and fail, not retried, when no pod of it is on a node
         this long after its creation (Kueue holds it suspended for lack of quota, or no node has
         the capacity its pods ask); empty = ``[tpu_rl] admission_timeout_minutes`` (30).
+    :param cancel_previous_writer: when the run directory's claim no longer vouches for its job
+        (it expired, or its run ended: a crashed worker) and that job is still running, stop it
+        (delete its JobSet, or its container and processes on a VM) and wait until nothing of it
+        runs, then take the directory over. Off (default): such a job fails this task in one line
+        naming it and how to stop it. A claim of a live run is never taken over.
+    :param previous_writer_stop_timeout: how long the stopped job may take to end (its pods'
+        termination grace period); default 10 minutes.
     """
 
     operator_extra_links = (GKEWorkloadLink(), CloudLoggingJobLink(), GCSBrowserLink())
@@ -230,6 +247,7 @@ class _GclusterJobOperator(GclusterBaseOperator):
         "gcluster_conn_id",
         "gcp_conn_id",
         "impersonation_chain",
+        "cancel_previous_writer",
     )
     pathways = False
     job_kind = "convert"
@@ -258,9 +276,13 @@ class _GclusterJobOperator(GclusterBaseOperator):
         job_timeout: timedelta | None = None,
         cancel_on_kill: bool = True,
         admission_timeout: timedelta | None = None,
+        cancel_previous_writer: bool | str = False,
+        previous_writer_stop_timeout: timedelta = DEFAULT_STOP_TIMEOUT,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.cancel_previous_writer = cancel_previous_writer
+        self.previous_writer_stop_timeout = previous_writer_stop_timeout
         self.project_id = project_id
         self.location = location
         self.cluster_name = cluster_name
@@ -439,7 +461,9 @@ class _GclusterJobOperator(GclusterBaseOperator):
 
         This run's claim on a live job of another name (the same DAG run, re-created task) is
         re-attached to; another live run's claim fails the task in one line, or, for a conversion
-        (same model, same output), makes it wait on that run's job.
+        (same model, same output), makes it wait on that run's job. A claim that no longer vouches
+        for its job (expired, or its run ended) is taken over only once that job is proven dead
+        (:mod:`~airflow_provider_tpu_rl.operators.takeover`).
         """
         t = plan.target
         held = record.writer
@@ -455,34 +479,52 @@ class _GclusterJobOperator(GclusterBaseOperator):
                 )
                 plan = replace(plan, name=held.job)
                 context["ti"].xcom_push(key="job_name", value=plan.name)
-        writer = WriterClaim(run, plan.name, t.where, time.time() + claim_seconds())
         probe = run_probe(context)
-        try:
-            claimed = self.run_records().claim(
-                self.bucket,
-                plan.run_dir,
-                run=run,
-                settings=plan.settings,
-                writer=writer,
-                finished=lambda holder: run_finished(probe, holder),
-            )
-        except RunDirBusyError as busy:
-            other: WriterClaim = busy.writer
-            target = t.at(other.where)
-            if self.owns_output or target is None:
-                raise AirflowFailException(str(busy)) from None
-            self.log.warning(
-                "Job %s of run %s is writing %s (%s): waiting for it instead of converting again",
-                other.job,
-                other.run,
-                plan.run_dir,
-                other.where,
-            )
-            plan = replace(plan, name=other.job, target=target, foreign=True)
-            context["ti"].xcom_push(key="job_name", value=plan.name)
-            return plan
+        records = self.run_records()
+        for _ in range(3):  # the record changed between the proof and the write: decide again
+            held = record.writer
+            takeover, displaced = None, None
+            if held is not None and held.run != run:
+                finished = run_finished(probe, held.run)
+                if not vouches(held, finished):
+                    state = self.prove_previous_writer_dead(held, plan, finished)
+                    if state is None:  # a conversion: another run's live job of the same output
+                        return self.wait_on(context, plan, held)
+                    takeover, displaced = held, self.displaced(held, state)
+            writer = WriterClaim(run, plan.name, t.where, time.time() + claim_seconds(), GKE)
+            try:
+                claimed = records.claim(
+                    self.bucket,
+                    plan.run_dir,
+                    run=run,
+                    settings=plan.settings,
+                    writer=writer,
+                    takeover=takeover,
+                    displaced=displaced,
+                )
+            except RunDirBusyError as busy:
+                other: WriterClaim = busy.writer
+                if held is not None and other == held and takeover is None:
+                    if self.owns_output or t.at(other.where) is None:
+                        raise AirflowFailException(str(busy)) from None
+                    return self.wait_on(context, plan, other)
+                record = records.read(self.bucket, plan.run_dir)
+                continue
+            break
+        else:
+            raise AirflowFailException(f"the record of {plan.run_dir} keeps changing: another run claims it")
         previous = claimed.before(run)
-        if self.owns_output and previous:
+        if takeover is not None:
+            self.log.warning(
+                "Resuming %s, started by run %s: took it over from job %s of run %s (%s), proven no "
+                "longer writing it; the job continues from its newest checkpoint",
+                plan.run_dir,
+                previous,
+                takeover.job,
+                takeover.run,
+                takeover.where,
+            )
+        elif self.owns_output and previous:
             self.log.warning(
                 "Resuming %s, started by run %s (no longer writing it): the job continues from its "
                 "newest checkpoint",
@@ -491,14 +533,61 @@ class _GclusterJobOperator(GclusterBaseOperator):
             )
         return plan
 
+    def wait_on(self, context: Context, plan: JobPlan, other: WriterClaim) -> JobPlan:
+        """A conversion: wait on another run's job writing the same output instead of converting again."""
+        target = plan.target.at(other.where)
+        if target is None:
+            raise AirflowFailException(busy_message(plan.run_dir, other))
+        self.log.warning(
+            "Job %s of run %s is writing %s (%s): waiting for it instead of converting again",
+            other.job,
+            other.run,
+            plan.run_dir,
+            other.where,
+        )
+        plan = replace(plan, name=other.job, target=target, foreign=True)
+        context["ti"].xcom_push(key="job_name", value=plan.name)
+        return plan
+
+    def prove_previous_writer_dead(
+        self, held: WriterClaim, plan: JobPlan, finished: bool
+    ) -> WriterState | None:
+        """The state of a claim's job that no longer vouches for it, once this task may take the
+        directory over; None when this task waits on it instead (a conversion of the same model);
+        a live or unproven one fails the task in one line."""
+        if not self.owns_output:  # a conversion waits on a live one rather than stopping it
+            state = previous_writer(self, held, plan.run_dir, pathways=self.pathways).state()
+            if state.live and plan.target.at(held.where) is not None:
+                return None
+        return prove_dead(
+            self,
+            held,
+            plan.run_dir,
+            finished=finished,
+            stage=self.job_kind,
+            cancel=rules.boolean("cancel_previous_writer", self.cancel_previous_writer),
+            pathways=self.pathways,
+            stop_timeout=self.previous_writer_stop_timeout,
+            poll=min(self.poll_interval, 5.0),
+            claim_seconds=claim_seconds(),
+        )
+
+    def displaced(self, held: WriterClaim, state: WriterState) -> TrainingAttempt | None:
+        """The attempt of the job taken over (a training's; None for other jobs)."""
+        return None
+
     def saved_metrics(self, plan: JobPlan) -> dict[str, Any] | None:
         """The metrics the newest wait on ``plan``'s job kept with its log cursor; None without one."""
         if plan.total_steps is None:
             return None
+        return self.job_metrics(plan.name)
+
+    def job_metrics(self, job: str) -> dict[str, Any] | None:
+        """The metrics the newest wait on ``job`` kept with its log cursor; None without one."""
         from airflow_provider_tpu_rl.hooks.credentials import gcs_hook
         from airflow_provider_tpu_rl.maxtext.layout import parse_gs_uri
 
-        bucket, prefix = parse_gs_uri(log_cursor_prefix(self.bucket, plan.name) + "-")
+        bucket, prefix = parse_gs_uri(log_cursor_prefix(self.bucket, job) + "-")
         try:
             blobs = list(
                 gcs_hook(self.gcp_conn_id, self.chain).get_conn().bucket(bucket).list_blobs(prefix=prefix)
@@ -508,7 +597,7 @@ class _GclusterJobOperator(GclusterBaseOperator):
             newest = max(blobs, key=lambda blob: blob.updated or 0)
             metrics = json.loads(newest.download_as_bytes(timeout=60)).get("metrics")
         except Exception as err:  # the result stands without them
-            self.log.warning("Could not read the metrics kept for job %s: %s", plan.name, err)
+            self.log.warning("Could not read the metrics kept for job %s: %s", job, err)
             return None
         return metrics if isinstance(metrics, dict) else None
 
@@ -954,6 +1043,10 @@ class PathwaysRLTrainOperator(_GclusterJobOperator):
 
     def training_attempt(self, run: str, job: str, event: Mapping[str, Any]) -> TrainingAttempt | None:
         return attempt_from_log(run, job, event.get("metrics") or {}, event.get("ran"))
+
+    def displaced(self, held: WriterClaim, state: WriterState) -> TrainingAttempt | None:
+        """The training the takeover ends: where its kept metrics and its log's tail say it got."""
+        return displaced_attempt(held, state, self.job_metrics(held.job))
 
     def attempts_of(self, record: RunDirRecord | None) -> dict[str, Any]:
         attempts = record.attempts if record is not None else ()

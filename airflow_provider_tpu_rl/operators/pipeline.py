@@ -21,6 +21,7 @@ from airflow_provider_tpu_rl.spec import (
     gke_pipeline_from_conf,
     tpu_vm_pipeline_from_conf,
 )
+from airflow_provider_tpu_rl.spec.errors import field_name
 from airflow_provider_tpu_rl.spec.pipeline import ENVIRONMENT_OPTIONS, refuse_placeholders
 
 PipelineKind = Literal["gke", "tpu_vm"]
@@ -155,7 +156,7 @@ def validate_pipeline_conf(
     unknown = sorted(set(conf or {}) - set(known), key=str)
     if unknown:
         raise AirflowFailException(
-            f"{INVALID_CONF}{unknown[0]}: unknown conf key; valid keys are {sorted(known)}"
+            f"{INVALID_CONF}{field_name(unknown[0])}: unknown conf key; valid keys are {sorted(known)}"
         )
     resolved = build_pipeline(kind, conf_from_params(params, kind), dag_id, run_id).resolved()
     try:
@@ -272,6 +273,7 @@ def gke_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
         "convert_to_maxtext": {**cpu_job, "hf_model_path": value("hf_model_path")},
         "train": {
             **job,
+            "cancel_previous_writer": value("cancel_previous_writer"),
             "run_name": value("run_name"),
             "num_batches": value("num_batches"),
             "train_overrides": value("train_overrides"),
@@ -282,6 +284,7 @@ def gke_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
             **cpu_job,
             "run_name": value("run_name"),
             "checkpoint_step": value("final_step"),
+            "cancel_previous_writer": value("cancel_previous_writer"),
         },
         "destroy_cluster": {
             **cluster,
@@ -353,8 +356,12 @@ def tpu_vm_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
         "install_cpu_vm": {**stage, "stage": "install", "on_machine": "cpu"},
         "install_maxtext": {**stage, "stage": "install", "on_machine": "tpu"},
         "convert_to_maxtext": {**stage, "stage": "convert"},
-        "train": {**stage, "stage": "train"},
-        "export_to_huggingface": {**stage, "stage": "export"},
+        "train": {**stage, "stage": "train", "cancel_previous_writer": value("cancel_previous_writer")},
+        "export_to_huggingface": {
+            **stage,
+            "stage": "export",
+            "cancel_previous_writer": value("cancel_previous_writer"),
+        },
         # The TPU VM goes as soon as the actor checkpoint is committed; the CPU VM's delete is the
         # last teardown and owns delete_bucket.
         "delete_vm": {**vm, "keep_vm": value("keep_vm"), "delete_bucket": False},

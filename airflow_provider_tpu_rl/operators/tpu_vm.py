@@ -8,6 +8,7 @@ import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
 from airflow.providers.common.compat.sdk import Context
@@ -21,6 +22,7 @@ from airflow_provider_tpu_rl.exceptions import (
 )
 from airflow_provider_tpu_rl.hooks.lease import ClusterLeaseHook, Lease, held_message, utc_text, vm_lease_name
 from airflow_provider_tpu_rl.hooks.run_dirs import (
+    VM,
     RunDirRecord,
     RunDirRecords,
     TrainingAttempt,
@@ -28,7 +30,9 @@ from airflow_provider_tpu_rl.hooks.run_dirs import (
     attempt_from_log,
     claim_kept_alive,
     run_dir,
+    vouches,
 )
+from airflow_provider_tpu_rl.hooks.writers import VmWriter
 from airflow_provider_tpu_rl.ledger.records import NUM_TEST_BATCHES_METRIC, reward_summary
 from airflow_provider_tpu_rl.maxtext.logs import TrainingLogTracker
 from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, expiry_of_run, fail_fast
@@ -38,6 +42,7 @@ from airflow_provider_tpu_rl.operators.gke import (
     read_resource_record,
     write_resource_record,
 )
+from airflow_provider_tpu_rl.operators.takeover import DEFAULT_STOP_TIMEOUT, displaced_attempt, prove_dead
 from airflow_provider_tpu_rl.render import tpu_vm
 from airflow_provider_tpu_rl.render.command import Command
 from airflow_provider_tpu_rl.spec import rules
@@ -347,6 +352,12 @@ class TpuVmStageOperator(_TpuVmOperator):
         Docker and pulls ``workload_image``, ``train`` runs in it) or ``install`` (MaxText
         installed from sources on the TPU VM, the tutorial's way). The CPU VM always installs.
     :param workload_image: the image of runtime ``container``; empty = the post-training image.
+    :param cancel_previous_writer: ``train``, ``export``, ``convert``: when the run directory's
+        claim no longer vouches for its job (expired, or its run ended: a crashed worker) and that
+        job still runs on its VM (the training container, a MaxText process), stop it and wait until
+        nothing of it runs, then take the directory over. Off (default): fail in one line naming it
+        and how to stop it. A claim of a live run is never taken over.
+    :param previous_writer_stop_timeout: how long the stopped job may take to end (10 minutes).
     """
 
     template_fields: Sequence[str] = (
@@ -362,6 +373,7 @@ class TpuVmStageOperator(_TpuVmOperator):
         "hf_token_conn_id",
         "hf_token_secret",
         "recover_lost_vm",
+        "cancel_previous_writer",
     )
 
     def __init__(
@@ -378,9 +390,14 @@ class TpuVmStageOperator(_TpuVmOperator):
         recover_lost_vm: bool | str = True,
         runtime: str = "container",
         workload_image: str | None = None,
+        cancel_previous_writer: bool | str = False,
+        previous_writer_stop_timeout: timedelta = DEFAULT_STOP_TIMEOUT,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.cancel_previous_writer = cancel_previous_writer
+        self.previous_writer_stop_timeout = previous_writer_stop_timeout
+        self._killed = False
         self.recover_lost_vm = recover_lost_vm
         self.stage = stage
         self.on_machine = on_machine
@@ -439,6 +456,7 @@ class TpuVmStageOperator(_TpuVmOperator):
             if directory is not None:
                 self.claim_output(context, p, directory, run)
             started = time.time()
+            ended = False  # the stage's session ran to its end (else its job may still run)
             try:
                 with self.claim_renewed(p, directory, run):
                     try:
@@ -455,8 +473,9 @@ class TpuVmStageOperator(_TpuVmOperator):
                         if lost is None:
                             raise  # not a lost VM: classified as any failed command
                         raise AirflowException(self.lost_vm_message(p, lost, recover)) from None
+                ended = True
             finally:
-                if directory is not None:
+                if directory is not None and (ended or not self.still_writing(p, directory, run)):
                     attempt = None
                     if self.stage == "train":  # what this session trained, for the next one's resume
                         span = {"started_at": started, "ended_at": time.time()}
@@ -476,6 +495,42 @@ class TpuVmStageOperator(_TpuVmOperator):
         if self.stage == "export":
             out["export_uri"] = p.gcs_export + "/"
         return out
+
+    def still_writing(self, p: TpuVmPipelineSpec, directory: str, run: str) -> bool:
+        """After a session that did not end (killed, dropped, failed): whether the stage's job
+        still writes ``directory`` on its VM. The training container outlives its SSH session (its
+        docker client's end does not stop it): then the claim is kept, never released under a
+        running writer (it expires unrenewed, and a takeover must prove the job dead). A task
+        killed by Airflow (``on_kill``) stops its own job first, as a GKE job is cancelled."""
+        own = WriterClaim(
+            run, self.stage_job(p), f"{p.vm.project}/{p.vm.zone}/{self.stage_vm(p).vm_name}", 0.0, VM
+        )
+        writer = VmWriter(own, self.hook, directory)
+        try:
+            state = (
+                writer.stop(self.previous_writer_stop_timeout.total_seconds())
+                if self._killed
+                else writer.state()
+            )
+        except Exception as err:  # unknown: keep the claim, it expires on its own
+            self.log.warning(
+                "Could not tell whether the %s stage still runs on %s: %s", self.stage, own.where, err
+            )
+            return True
+        if state.gone:
+            return False
+        self.log.warning(
+            "The %s stage's session ended but its job may still write %s (%s): its claim is kept "
+            "until it expires; a run taking the directory over must prove it dead",
+            self.stage,
+            directory,
+            state.detail,
+        )
+        return True
+
+    def on_kill(self) -> None:
+        self._killed = True  # the stage's own job is stopped before its claim is released
+        super().on_kill()
 
     # -- a TPU VM lost under training (preempted) ---------------------------------------------
     def lost_vm_status(self, vm: TpuVmSpec) -> str | None:
@@ -602,29 +657,62 @@ class TpuVmStageOperator(_TpuVmOperator):
         return {"skipped": True, "resumed_from": previous}
 
     def claim_output(self, context: Context, p: TpuVmPipelineSpec, directory: str, run: str) -> None:
-        """One writer per directory: claim it for this stage, or fail in one line."""
+        """One writer per directory: claim it for this stage, or fail in one line. A claim that no
+        longer vouches for its job (expired, or its run ended) is taken over only once that job is
+        proven dead where it runs (:mod:`~airflow_provider_tpu_rl.operators.takeover`)."""
         from airflow_provider_tpu_rl.janitor_sources import run_finished, run_probe
         from airflow_provider_tpu_rl.operators.maxtext import claim_seconds
 
         probe = run_probe(context)
-        writer = WriterClaim(
-            run,
-            self.stage_job(p),
-            f"{p.vm.project}/{p.vm.zone}/{self.stage_vm(p).vm_name}",
-            time.time() + claim_seconds(),
-        )
-        try:
-            claimed = RunDirRecords(self.gcp_conn_id, self.chain).claim(
-                p.vm.bucket,
-                directory,
-                run=run,
-                settings={},
-                writer=writer,
-                finished=lambda holder: run_finished(probe, holder),
+        records = RunDirRecords(self.gcp_conn_id, self.chain)
+        for _ in range(3):  # the record changed between the proof and the write: decide again
+            held = records.read(p.vm.bucket, directory).writer
+            takeover, displaced = None, None
+            if held is not None and held.run != run:
+                finished = run_finished(probe, held.run)
+                if not vouches(held, finished):
+                    state = prove_dead(
+                        self,
+                        held,
+                        directory,
+                        finished=finished,
+                        stage=self.stage,
+                        cancel=rules.boolean("cancel_previous_writer", self.cancel_previous_writer),
+                        pathways=False,
+                        stop_timeout=self.previous_writer_stop_timeout,
+                        claim_seconds=claim_seconds(),
+                    )
+                    takeover = held
+                    displaced = displaced_attempt(held, state, None) if self.stage == "train" else None
+            writer = WriterClaim(
+                run,
+                self.stage_job(p),
+                f"{p.vm.project}/{p.vm.zone}/{self.stage_vm(p).vm_name}",
+                time.time() + claim_seconds(),
+                VM,
             )
-        except RunDirBusyError as busy:
-            raise AirflowFailException(str(busy)) from None
-        if claimed.before(run):
+            try:
+                claimed = records.claim(
+                    p.vm.bucket,
+                    directory,
+                    run=run,
+                    settings={},
+                    writer=writer,
+                    takeover=takeover,
+                    displaced=displaced,
+                )
+            except RunDirBusyError as busy:
+                if takeover is None and busy.writer == held:
+                    raise AirflowFailException(str(busy)) from None
+                continue
+            break
+        else:
+            raise AirflowFailException(f"the record of {directory} keeps changing: another run claims it")
+        if takeover is not None:
+            self.log.warning(
+                "Took %s over from %s of run %s (%s)", directory, takeover.job, takeover.run, takeover.where
+            )
+        elif claimed.before(run):
             self.log.warning(
                 "Resuming %s, started by run %s (no longer writing it)", directory, claimed.before(run)
             )

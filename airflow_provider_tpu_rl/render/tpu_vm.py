@@ -180,6 +180,13 @@ def ssh(
     ``ssh_key_file`` is a key kept across calls: gcloud adds its public key to the project's
     metadata once (with an expiry) instead of a new key per call from a fresh HOME.
     """
+    return ssh_named(vm.project, vm.zone, vm.vm_name, script, description, ssh_key_file=ssh_key_file)
+
+
+def ssh_named(
+    project: str, zone: str, name: str, script: str, description: str = "", *, ssh_key_file: str | None = None
+) -> Command:
+    """:func:`ssh` to the VM ``name`` of ``project``/``zone`` (one a writer claim names)."""
     key = (
         [f"--ssh-key-file={ssh_key_file}", f"--ssh-key-expire-after={SSH_KEY_LIFETIME}"]
         if ssh_key_file
@@ -190,9 +197,9 @@ def ssh(
             "gcloud",
             "compute",
             "ssh",
-            vm.vm_name,
-            f"--zone={vm.zone}",
-            f"--project={vm.project}",
+            name,
+            f"--zone={zone}",
+            f"--project={project}",
             *key,
             *SSH_FLAGS,
             "--command=bash -s",
@@ -236,9 +243,16 @@ VM_LOST_STATUSES = ("STOPPING", "TERMINATED", "SUSPENDING", "SUSPENDED")
 
 def describe_vm_status(vm: TpuVmSpec | CpuVmSpec) -> Command:
     """The VM's status (``RUNNING``, ``TERMINATED``, ...); a VM that is gone fails with VM_GONE."""
-    return _on_instance(
-        vm, "describe", "--format=value(status)", description=f"read the status of VM {vm.vm_name}"
-    )
+    return describe_vm_status_named(vm.project, vm.zone, vm.vm_name)
+
+
+def describe_vm_status_named(project: str, zone: str, name: str) -> Command:
+    """:func:`describe_vm_status` of the VM ``name`` of ``project``/``zone``."""
+    return Command(
+        ("gcloud", "compute", "instances", "describe", name, f"--zone={zone}", f"--project={project}",
+         "--format=value(status)"),
+        description=f"read the status of VM {name}",
+    )  # fmt: skip
 
 
 def start_vm(vm: TpuVmSpec | CpuVmSpec) -> Command:

@@ -66,6 +66,7 @@ GKE_DEFAULTS: Final[Mapping[str, Any]] = {
     "hf_token_secret": None,
     "authorized_cidr": "0.0.0.0/0",
     "max_cluster_hours": 72,
+    "cancel_previous_writer": False,
 }
 
 TPU_VM_DEFAULTS: Final[Mapping[str, Any]] = {
@@ -89,6 +90,7 @@ TPU_VM_DEFAULTS: Final[Mapping[str, Any]] = {
     "max_vm_hours": 72,
     "runtime": "container",
     "workload_image": None,
+    "cancel_previous_writer": False,
 }
 
 # How the TPU VM runs MaxText: ``container`` pulls the prebuilt post-training image (the GKE jobs'
@@ -160,6 +162,7 @@ _CONF_TYPES: Final[Mapping[str, str]] = {
     "max_vm_hours": "int",
     "runtime": "str",
     "workload_image": "str?",
+    "cancel_previous_writer": "bool",
 }
 _TYPE_RULES: Final = {
     "str": "must be a string",
@@ -463,6 +466,7 @@ class GkePipelineSpec:
     keep_cluster: bool
     delete_bucket: bool
     max_cluster_hours: int
+    cancel_previous_writer: bool = False
 
     @property
     def suffix(self) -> str:
@@ -534,6 +538,7 @@ class GkePipelineSpec:
             "keep_cluster": self.keep_cluster,
             "delete_bucket": self.delete_bucket,
             "max_cluster_hours": self.max_cluster_hours,
+            "cancel_previous_writer": self.cancel_previous_writer,
             "suffix": self.suffix,
             "final_step": t.final_step,
             "chips": c.total_chips,
@@ -632,6 +637,7 @@ def gke_pipeline_from_conf(
         keep_cluster=merged["keep_cluster"],
         delete_bucket=merged["delete_bucket"],
         max_cluster_hours=rules.int_range("max_cluster_hours", merged["max_cluster_hours"], 1, 24 * 14),
+        cancel_previous_writer=merged["cancel_previous_writer"],
     )
 
 
@@ -654,6 +660,7 @@ class TpuVmPipelineSpec:
     service_account: str | None = None
     runtime: str = "container"  # TPU_VM_RUNTIMES
     workload_image: str = POST_TRAINING_IMAGE  # the image training runs in (runtime container)
+    cancel_previous_writer: bool = False
 
     @property
     def suffix(self) -> str:
@@ -702,6 +709,7 @@ class TpuVmPipelineSpec:
             "keep_vm": self.keep_vm,
             "delete_bucket": self.delete_bucket,
             "max_vm_hours": self.max_vm_hours,
+            "cancel_previous_writer": self.cancel_previous_writer,
             "runtime": self.runtime,
             "workload_image": self.workload_image,
             "compute_type": v.machine_type,
@@ -798,4 +806,5 @@ def tpu_vm_pipeline_from_conf(
         ),
         runtime=runtime,
         workload_image=workload_image,
+        cancel_previous_writer=merged["cancel_previous_writer"],
     )

@@ -553,12 +553,33 @@ def _source_covered(rule_ranges: list[Any], source: ipaddress.IPv4Network | ipad
     )
 
 
-def ssh_source_ranges(values: Iterable[Any] | None) -> tuple[str, ...]:
-    """The CIDR ranges the provider's SSH sessions come from (``ssh_source_ranges``), validated."""
+SSH_SOURCE_RANGES_RULE = (
+    "must be a list of CIDR ranges like 203.0.113.0/24, or one string of them separated by commas "
+    "(as gcloud's --source-ranges)"
+)
+
+
+def ssh_source_ranges(values: Any) -> tuple[str, ...]:
+    """The CIDR ranges the provider's SSH sessions come from (``ssh_source_ranges``), validated.
+
+    A list (or tuple) of strings, or one string (a rendered template) of ranges separated by
+    commas; empty (``None``, ``""``, ``[]``) is none. A number, a mapping or a non-string item is
+    refused in one line, never iterated character by character or digit by digit.
+    """
+    if values is None or values == "":
+        return ()
+    if isinstance(values, str):
+        items: list[Any] = values.split(",")
+    elif isinstance(values, list | tuple):
+        items = list(values)
+    else:
+        raise SpecError("ssh_source_ranges", SSH_SOURCE_RANGES_RULE, values)
     out = []
-    for value in values or ():
+    for value in items:
+        if not isinstance(value, str):
+            raise SpecError("ssh_source_ranges", f"{SSH_SOURCE_RANGES_RULE}; an item is not a string", value)
         try:
-            out.append(str(ipaddress.ip_network(str(value).strip(), strict=False)))
+            out.append(str(ipaddress.ip_network(value.strip(), strict=False)))
         except ValueError:
             raise SpecError("ssh_source_ranges", "must be CIDR ranges like 203.0.113.0/24", value) from None
     return tuple(out)

@@ -6,7 +6,7 @@ import ipaddress
 import re
 from typing import Any
 
-from airflow_provider_tpu_rl.spec.errors import SpecError
+from airflow_provider_tpu_rl.spec.errors import SpecError, short_repr
 
 GKE_CLUSTER_NAME = re.compile(r"^[a-z](?:[a-z0-9-]*[a-z0-9])?$")
 DNS_1035 = re.compile(r"^[a-z](?:[-a-z0-9]*[a-z0-9])?$")
@@ -51,6 +51,17 @@ SECRET_ID_RULE = (
     "secret id must match [A-Za-z0-9_-]{1,255} and not start with '-' (gcloud would take it for a flag)"
 )
 SERVICE_ACCOUNT_RULE = "must be a service account e-mail"
+# An account an impersonation chain names: a service account's e-mail (user-managed, a service
+# agent, the default compute or App Engine one) or its numeric unique ID, as the IAM Credentials
+# API takes it (``projects/-/serviceAccounts/{email or unique ID}``). No comma, space or control
+# character: gcloud splits a chain on commas and strips spaces, the google provider does not.
+IMPERSONATED_ACCOUNT = re.compile(
+    r"^(?:[a-z0-9][a-z0-9._-]*@[a-z0-9][a-z0-9.-]*\.gserviceaccount\.com|[0-9]{1,30})$"
+)
+IMPERSONATION_CHAIN_RULE = (
+    "must be a service account e-mail, or a delegation chain: a list of them (or one string of them "
+    "separated by commas, as gcloud reads it), the last one impersonated"
+)
 MAXTEXT_KEY_RULE = "MaxText override keys must match [a-z_][a-z0-9_.]*"
 
 
@@ -231,3 +242,35 @@ def single_line(field: str, value: str) -> str:
 
 def maxtext_key(field: str, key: Any) -> str:
     return match(field, key, MAXTEXT_KEY, MAXTEXT_KEY_RULE)
+
+
+def impersonation_accounts(field: str, value: Any) -> tuple[str, ...]:
+    """The accounts of an ``impersonation_chain``, read as gcloud and the google provider both
+    read them; () when empty (``None``, ``""``, ``[]``).
+
+    gcloud reads ``CLOUDSDK_AUTH_IMPERSONATE_SERVICE_ACCOUNT`` as a comma-separated chain, each
+    item stripped, the last the target (googlecloudsdk/core/credentials/store.py
+    ``ParseImpersonationAccounts``); the google provider reads a string argument as one account
+    and a list as delegates then the target (``credentials_provider._get_target_principal_and_delegates``).
+    So a string is split on commas here, and every account must be one service account (no comma,
+    space, or empty item between commas), so both read the same chain. A blank string is none, and
+    so are a list's blank items (templates rendered empty).
+    """
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return ()
+    if isinstance(value, str):
+        items: list[Any] = [item.strip() for item in value.split(",")]
+    elif isinstance(value, list | tuple):
+        # a rendered list of templates: an item left empty (an empty param) is no account
+        items = [item.strip() if isinstance(item, str) else item for item in value]
+        items = [item for item in items if item != ""]
+    else:
+        raise SpecError(field, IMPERSONATION_CHAIN_RULE, value)
+    for item in items:
+        if not isinstance(item, str) or not IMPERSONATED_ACCOUNT.fullmatch(item):
+            raise SpecError(field, f"{IMPERSONATION_CHAIN_RULE}; {_short_item(item)} is not one", value)
+    return tuple(items)
+
+
+def _short_item(item: Any) -> str:
+    return "an empty item" if item == "" else short_repr(item, 80)

@@ -309,6 +309,116 @@ def num_test_batches(overrides: Mapping[str, Any]) -> int:
     return MAXTEXT_NUM_TEST_BATCHES if value is None or value == "" else int(value)
 
 
+# -- what the tasks after training need of MaxText's settings -------------------------------------
+_TRUE_TEXT: Final = frozenset({"true", "t", "yes", "y", "on", "1"})
+
+
+def _is_true(text: str) -> bool:
+    return text.strip().lower() in _TRUE_TEXT
+
+
+def _is_one(text: str) -> bool:
+    try:
+        return float(text) == 1
+    except ValueError:
+        return False
+
+
+def _keeps_some(text: str) -> bool:
+    if text.strip().lower() in {"none", "null"}:
+        return True
+    try:
+        return int(text) >= 1
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class TrainingNeed:
+    """What the tasks after training need of one MaxText setting: a value of ``keys`` (the same
+    setting under each spelling ``train_rl`` takes) for which ``holds`` is false contradicts them.
+
+    ``wanted`` is what the setting must be, ``needed_by`` which tasks read what it makes,
+    ``because`` what MaxText does otherwise (with its source), ``contradiction`` a value that
+    breaks it (the tests try each one, the docs list them).
+    """
+
+    keys: tuple[str, ...]
+    holds: Callable[[str], bool]
+    wanted: str
+    needed_by: str
+    because: str
+    contradiction: Any
+
+    def refusal(self, key: str, value: str) -> SpecError:
+        """The one-line refusal of ``key=value``."""
+        return SpecError(
+            f"train_overrides.{key}",
+            f"must be {self.wanted}: {self.needed_by}, and {self.because}",
+            value,
+        )
+
+
+_FINAL_CHECKPOINT: Final = (
+    "wait_actor_checkpoint and export_to_huggingface read the actor checkpoint of step num_batches "
+    "(and a retry resumes from the newest one)"
+)
+_LAST_STEP: Final = (
+    "wait_actor_checkpoint and export_to_huggingface read the actor checkpoint of step num_batches"
+)
+_STEPS: Final = (
+    "MaxText trains num_batches x rl.num_iterations x train_fraction x num_epoch steps "
+    "(types.py train_steps at maxtext-v0.2.4, train_rl.py get_max_train_steps at maxtext-v0.2.3): "
+    "training would end at another step; set num_batches instead"
+)
+# The one list of the MaxText settings a later task depends on (validate refuses a contradicting
+# one before anything is spent; so does every training operator before it submits). Read from
+# the RL trainer at the pinned releases: train_rl.py sets up checkpointing only when
+# enable_checkpointing is true (maxtext-v0.2.4 l.443-450, v0.2.3 l.383-390) and gives Orbax
+# max_num_checkpoints_to_keep as max_to_keep and checkpoint_period as save_interval_steps. No task
+# needs evaluation: num_test_batches 0 is allowed (no reward is recorded).
+TRAINING_NEEDS: Final[tuple[TrainingNeed, ...]] = (
+    TrainingNeed(
+        ("enable_checkpointing",),
+        _is_true,
+        "true",
+        _FINAL_CHECKPOINT,
+        "train_rl saves no checkpoint at all without it (train_rl.py: no checkpoint directory)",
+        False,
+    ),
+    TrainingNeed(
+        ("save_checkpoint_on_completion",),
+        _is_true,
+        "true",
+        _FINAL_CHECKPOINT,
+        "false asks MaxText not to save the final step (base.yml); train_rl leaves that save to "
+        "tunix, which always makes it, so the pipeline cannot honour it",
+        False,
+    ),
+    TrainingNeed(
+        ("max_num_checkpoints_to_keep",),
+        _keeps_some,
+        "null (keep all) or at least 1",
+        _FINAL_CHECKPOINT,
+        "Orbax keeps that many newest checkpoints (max_to_keep, preservation_policy.LatestN): 0 "
+        "deletes every one, the final step's too, and a negative value fails the trainer",
+        0,
+    ),
+    TrainingNeed(("train_fraction", "dataset.train_fraction"), _is_one, "1", _LAST_STEP, _STEPS, 0.5),
+    TrainingNeed(("num_epoch",), _is_one, "1", _LAST_STEP, _STEPS, 2),
+    TrainingNeed(("num_iterations", "rl.num_iterations"), _is_one, "1", _LAST_STEP, _STEPS, 2),
+)
+
+
+def check_training_needs(overrides: Iterable[tuple[str, str]]) -> None:
+    """Refuse, in one line, the first override that contradicts :data:`TRAINING_NEEDS`."""
+    needs = {key: need for need in TRAINING_NEEDS for key in need.keys}
+    for key, value in overrides:
+        need = needs.get(key)
+        if need is not None and not need.holds(value):
+            raise need.refusal(key, value)
+
+
 @dataclass(frozen=True)
 class TrainingSpec:
     """``maxtext.trainers.post_train.rl.train_rl`` (GRPO).
@@ -347,6 +457,7 @@ class TrainingSpec:
                 check_maxtext_value(where, maxtext_config_key(where, key, self.maxtext_version), value)
             if key in KEY_RULES:
                 KEY_RULES[key](f"train_overrides.{key}", value)
+        check_training_needs(self.overrides)
 
     @property
     def num_test_batches(self) -> int:

@@ -58,6 +58,7 @@ SERVICE_ACCOUNT_RE = re.compile(
     r"^[a-z][a-z0-9-]{4,28}[a-z0-9]@[a-z][a-z0-9-]{4,28}[a-z0-9]\.iam\.gserviceaccount\.com$"
 )
 MAX_TOKEN_LIFETIME_S = 3600  # without the iam.allowServiceAccountCredentialLifetimeExtension policy
+GET_CLUSTER_PERMISSION = "container.clusters.get"
 GET_CLUSTER_RE = re.compile(r"^/v1/projects/([^/]+)/locations/([^/]+)/clusters/([^/:]+)$")
 CONTAINER_AUDIENCES = ("https://container.googleapis.com/",)
 GKE_VERSION = "1.35.1-gke.1000"
@@ -365,6 +366,19 @@ class _Handler(BaseHTTPRequestHandler):
         if not oauth.bearer_valid(self.layout, authorization, CONTAINER_AUDIENCES):
             message = INVALID_CREDENTIALS if authorization else UNAUTHENTICATED
             self._send(401, google_error(401, "UNAUTHENTICATED", message))
+            return
+        if GET_CLUSTER_PERMISSION in load_settings(self.layout).denied_permissions:
+            # GKE's answer to a caller without container.clusters.get on the cluster (it is
+            # checked before the cluster is looked up: a missing one is not revealed either).
+            self._send(
+                403,
+                google_error(
+                    403,
+                    "PERMISSION_DENIED",
+                    f'Required "{GET_CLUSTER_PERMISSION}" permission(s) for '
+                    f'"projects/{project}/locations/{location}/clusters/{name}".',
+                ),
+            )
             return
         record = cloud.find_cluster(StateStore(self.layout), project, location, name)
         if record is None:

@@ -44,7 +44,6 @@ from tpu_rl_sandbox.state import (
     StateError,
     StateStore,
     call_start,
-    claim_preemption,
     parse_faults,
     record_call,
 )
@@ -1447,8 +1446,12 @@ class Gcloud:
                 if fault.transient
                 else f"Could not fetch resource:\n - Required 'compute.instances.delete' permission for '{resource}'"
             )
-        # the delete operation stops the VM first (it bills until then)
+        # the delete operation stops the VM first (it bills until then): its processes end
         time.sleep(capacity_seconds(load_settings(self.layout).minute_seconds, "vm_delete"))
+        from tpu_rl_sandbox import dockerd
+
+        for name in names:
+            dockerd.stop_all(self.layout.vm_dir(name))
         with self.store.txn() as txn:
             vms = txn.doc("vms")
             history = txn.doc("vm_history")
@@ -1506,6 +1509,9 @@ class Gcloud:
         it (its boot disk too: autoDelete), STOP leaves it TERMINATED with its boot disk (so what
         was installed on it). ``vm_history`` notes when."""
         now = time.time()
+        from tpu_rl_sandbox import dockerd
+
+        dockerd.stop_all(self.layout.vm_dir(name))  # the machine shuts down: its containers end
         with self.store.txn() as txn:
             vms = txn.doc("vms")
             history = txn.doc("vm_history")
@@ -1528,14 +1534,9 @@ class Gcloud:
             txn.save("vm_history")
 
     def _record_program(self, project: str, zone: str, name: str, module: str, runtime: str) -> None:
-        """The VM's history (``vm_history``: each life's machine type, create and delete times)
-        notes a MaxText program it started, with the time and its runtime (``install``: the VM's
-        venv; ``container``: a container of the post-training image)."""
-        with self.store.txn() as txn:
-            lives = txn.doc("vm_history").get(f"{project}/{zone}/{name}") or []
-            if lives:
-                lives[-1]["programs"].append({"module": module, "started": time.time(), "runtime": runtime})
-                txn.save("vm_history")
+        from tpu_rl_sandbox.vm_services import record_program
+
+        record_program(self.store, project, zone, name, module, runtime)
 
     def _vm(self, project: str, zone: str, name: str) -> dict[str, Any]:
         record = self.store.read("vms").get(f"{project}/{zone}/{name}")
@@ -1802,50 +1803,10 @@ class Gcloud:
         if command is None and extra:
             command = " ".join(extra)
         # the VM's simulated machine, imported only by the calls that reach it
-        from tpu_rl_sandbox import hosts, maxtext_sim
+        from tpu_rl_sandbox import hosts
+        from tpu_rl_sandbox.vm_services import vm_services
 
-        step_seconds, hold_file = maxtext_sim.context_from_env(dict(self.env))
-        store = self.store
-        faults = self.faults()
-        # Inside the VM everything runs as the VM's service account (what `describe` reports).
-        account = str(record.get("serviceAccount") or "")
-        member = f"serviceAccount:{account}"
-
-        def authorize(permission: str, resources: list[str]) -> bool:
-            return cloud.member_has_permission(store, resources, member, permission)
-
-        def bucket_project(bucket: str) -> str | None:
-            return cloud.bucket_project(store, bucket)
-
-        services = hosts.MachineServices(
-            gcs=hosts.IamGcsStore(
-                emulator.api_for(self.layout),
-                account,
-                list(record.get("scopes", [])),
-                authorize,
-                bucket_project,
-            ),
-            secret_access=lambda p, s, v: cloud.secret_value(store, p, s, v),
-            fault=faults.fire,
-            seed=f"{project}/{zone}/{name}",
-            step_seconds=step_seconds,
-            hold_file=hold_file,
-            minute_seconds=load_settings(self.layout).minute_seconds,
-            cancelled=lambda: False,
-            default_project=project,
-            authorize=authorize,
-            bucket_project=bucket_project,
-            on_program=lambda module, runtime: self._record_program(project, zone, name, module, runtime),
-            preempt=lambda run_dir, committed, past: claim_preemption(
-                store,
-                load_settings(self.layout).preemption,
-                run_dir,
-                committed,
-                past,
-                f"{project}/{zone}/{name}",
-                rfc3339(),
-            ),
-        )
+        services = vm_services(self.layout, dict(self.env), project, zone, name, record)
         boot = record.get("lastStartTimestamp") or record["created"]  # its last boot
         booted = dt.datetime.fromisoformat(str(boot).replace("Z", "+00:00")).timestamp()
         boot_apt = load_settings(self.layout).boot_apt_seconds
@@ -1859,6 +1820,8 @@ class Gcloud:
             apt_busy_until=(booted + boot_apt / 2, booted + boot_apt),
             sudoer=sudoer,
             machine_type=str(record.get("machineType") or ""),
+            zone=zone,
+            layout_root=self.layout.root,
         )
         stdin = self.read_stdin()
         if command is None:

@@ -12,6 +12,7 @@ scripts, as in a real non-login SSH session).
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import posixpath
 import re
@@ -21,8 +22,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from tpu_rl_sandbox import cloud, machine_stubs, maxtext_sim
+from tpu_rl_sandbox import cloud, dockerd, machine_stubs, maxtext_sim
 from tpu_rl_sandbox.flags import GcloudUsageError
 from tpu_rl_sandbox.fsview import GcsStore, LocalStore, Router, StorageError
 from tpu_rl_sandbox.gcloud_commands import run_on_vm
@@ -606,9 +608,14 @@ class VmHost(MachineHost):
         apt_busy_until: tuple[float, float] = (0.0, 0.0),
         sudoer: bool = True,
         machine_type: str = "ct6e-standard-8t",
+        zone: str = "",
+        layout_root: Path | None = None,
     ) -> None:
         super().__init__(fs_root, services, vm_name)
         self.machine_type = machine_type
+        self.zone = zone
+        self.layout_root = layout_root  # the sandbox's folder: the daemon's containers rebuild services
+        self.caller_env: dict[str, str] = {}
         self.user = user
         if not sudoer:
             # An OS Login user without admin login (compute.instances.osAdminLogin) is in no
@@ -648,6 +655,7 @@ class VmHost(MachineHost):
     def run_session(
         self, argv: list[str], stdin: bytes, out: Write, err: Write, caller_env: Mapping[str, str]
     ) -> int:
+        self.caller_env = {k: v for k, v in caller_env.items() if k.startswith("TPU_RL_SANDBOX_")}
         return self.run(argv, stdin, out, err, self.login_env(caller_env), self.home, caller_env)
 
     def run_tool(self, call: ToolCall) -> int:
@@ -1017,11 +1025,16 @@ class VmHost(MachineHost):
             call.out(DOCKER_VERSION + "\n")
             return 0
         command = args[0] if args else ""
-        if command not in ("pull", "run", "rm"):
+        if command not in ("pull", "run", "rm", "inspect"):
             call.err(f"docker: '{command}' is not a docker command.\nSee 'docker --help'\n")
             return 1
         if call.env.get("USER") != "root":
-            endpoint = {"pull": "images/create", "run": "containers/create", "rm": "containers/x"}[command]
+            endpoint = {
+                "pull": "images/create",
+                "run": "containers/create",
+                "rm": "containers/x",
+                "inspect": "containers/x/json",
+            }[command]
             call.err(docker_socket_denied(endpoint))
             return 1
         if command == "pull":
@@ -1030,11 +1043,65 @@ class VmHost(MachineHost):
                 return 1
             return self.docker_pull(call, args[1])
         if command == "rm":
-            names = [a for a in args[1:] if not a.startswith("-")]
-            for name in names:  # every container this daemon ran was --rm: none is left
-                call.err(f"Error response from daemon: No such container: {name}\n")
-            return 1 if names else 0
+            return self.docker_rm(call, args[1:])
+        if command == "inspect":
+            return self.docker_inspect(call, args[1:])
         return self.docker_run(call, args[1:])
+
+    def docker_rm(self, call: ToolCall, args: list[str]) -> int:
+        """``docker rm [--force] NAME...``: a running container only with ``--force`` (its
+        processes killed first), as the daemon answers otherwise."""
+        force = any(a in ("-f", "--force") for a in args)
+        unknown = [a for a in args if a.startswith("-") and a not in ("-f", "--force")]
+        if unknown:
+            call.err(f"unknown flag: {unknown[0]}\nSee 'docker rm --help'.\n")
+            return 125
+        code = 0
+        for name in [a for a in args if not a.startswith("-")]:
+            record = dockerd.containers(self.fs.root).get(name)
+            if record is None:
+                call.err(f"Error response from daemon: No such container: {name}\n")
+                code = 1
+            elif dockerd.running(record) and not force:
+                call.err(
+                    f"Error response from daemon: You cannot remove a running container {record['id']}. "
+                    "Stop the container before attempting removal or force remove\n"
+                )
+                code = 1
+            else:
+                dockerd.stop(self.fs.root, name)
+                call.out(f"{name}\n")
+        return code
+
+    def docker_inspect(self, call: ToolCall, args: list[str]) -> int:
+        """``docker inspect --format FORMAT NAME``, for the one format the sandbox plays
+        (``dockerd.INSPECT_FORMAT``); "Error: No such object" for a name the daemon has not."""
+        rest, form = list(args), None
+        names = []
+        while rest:
+            arg = rest.pop(0)
+            if arg in ("-f", "--format"):
+                form = rest.pop(0) if rest else None
+            elif arg.startswith("--format="):
+                form = arg.split("=", 1)[1]
+            elif arg.startswith("-"):
+                call.err(f"unknown flag: {arg}\nSee 'docker inspect --help'.\n")
+                return 125
+            else:
+                names.append(arg)
+        if form != dockerd.INSPECT_FORMAT:
+            call.err(f"sandbox: docker inspect --format {form!r} is not simulated\n")
+            return 125
+        code = 0
+        for name in names:
+            record = dockerd.containers(self.fs.root).get(name)
+            if record is None:
+                call.err(f"Error: No such object: {name}\n")
+                code = 1
+                continue
+            state = "true" if dockerd.running(record) else "false"
+            call.out(f"{state} {json.dumps(record['cmd'], separators=(',', ':'))}\n")
+        return code
 
     def docker_pull(self, call: ToolCall, image: str, *, quiet_status: bool = False) -> int:
         """Fetch ``image`` into the daemon (its pull minutes on the time scale; none when present)."""
@@ -1121,25 +1188,73 @@ class VmHost(MachineHost):
             elif key in call.env:  # docker's opts.ValidateEnv: the client's own value, if it has one
                 env[key] = call.env[key]
         name = (values.get("name") or [f"sandbox-{abs(hash((image, time.time()))) % 10**12:012d}"])[-1]
-        root = self.fs.root / ".containers" / name
-        shutil.rmtree(root, ignore_errors=True)
-        chips = self.tpu_chips() if "--privileged" in switches else 0
-        container = ContainerHost(root, self.services, self.hostname, chips)
-        workdir = (values.get("w") or values.get("workdir") or [container.workdir])[-1]
-        try:
-            code = container.run(
-                ["bash", "-c", 'exec "$0" "$@"', *command],
-                None,
-                call.stdout,
-                call.stderr,
-                {**container.base_env(), **env},
-                workdir,
+        existing = dockerd.containers(self.fs.root).get(name)
+        if existing is not None:
+            call.err(
+                f'docker: Error response from daemon: Conflict. The container name "/{name}" is already in '
+                f'use by container "{existing["id"]}". You have to remove (or rename) that container to be '
+                "able to reuse that name.\nSee 'docker run --help'.\n"
             )
-        finally:
-            self.preempted = self.preempted or container.preempted
-            if "--rm" in switches:
-                shutil.rmtree(root, ignore_errors=True)
-        return code
+            return 125
+        chips = self.tpu_chips() if "--privileged" in switches else 0
+        workdir = (values.get("w") or values.get("workdir") or [""])[-1]
+        if self.layout_root is None:
+            call.err("sandbox: this VM's docker daemon knows no sandbox folder\n")
+            return 125
+        record = dockerd.start(
+            self.fs.root,
+            name,
+            {
+                "image": image,
+                "command": command,
+                "rm": "--rm" in switches,
+                "chips": chips,
+                "workdir": workdir,
+                "hostname": self.hostname,
+                "layout": str(self.layout_root),
+                "vm": [self.vm_project, self.zone, self.hostname],
+                "caller_env": dict(self.caller_env),  # the sandbox's knobs: pace, hold file, faults
+            },
+            env,
+        )
+        return self.follow_container(call, record)
+
+    def follow_container(self, call: ToolCall, record: dict[str, Any]) -> int:
+        """The attached client: the container's output relayed until it exits (its exit status), or
+        until the client itself goes (the session closed): then the container runs on."""
+        import codecs
+
+        streams = [
+            (Path(record["out"]), call.out, codecs.getincrementaldecoder("utf-8")("replace")),
+            (Path(record["err"]), call.err, codecs.getincrementaldecoder("utf-8")("replace")),
+        ]
+        offsets = [0, 0]
+        exit_file = Path(record["exit_file"])
+        while True:
+            ended = exit_file.is_file()
+            for index, (path, write, decoder) in enumerate(streams):
+                with contextlib.suppress(OSError), path.open("rb") as handle:
+                    handle.seek(offsets[index])
+                    data = handle.read()
+                    offsets[index] += len(data)
+                    text = decoder.decode(data)
+                    if text:
+                        write(text)
+            if ended:
+                try:
+                    outcome = json.loads(exit_file.read_text())
+                except ValueError:
+                    continue
+                self.preempted = self.preempted or bool(outcome.get("preempted"))
+                if record["rm"]:  # removed by the daemon once its exit status was read
+                    dockerd.forget(record)
+                return int(outcome["exit"])
+            current = dockerd.containers(self.fs.root).get(record["name"]) or record
+            if not dockerd.running(current) and not exit_file.is_file():
+                return 137  # killed (docker rm --force, the VM's end)
+            if call.cancelled():
+                return 137  # the client is gone; the container is the daemon's and runs on
+            time.sleep(0.05)
 
     def configure_docker(self, call: ToolCall) -> int:
         """``gcloud auth configure-docker [REGISTRIES] [--quiet]``: gcloud's credential helper for

@@ -569,8 +569,54 @@ def stop_worker(job: Mapping[str, Any]) -> None:
             os.kill(int(pid), signal.SIGTERM)
 
 
+WORKER_STOP_SECONDS = 10.0  # the pods' grace period here: SIGTERM, then SIGKILL after this
+
+
+def _worker_alive(pid: int) -> bool:
+    """The worker process runs (a zombie, ended but not reaped by its parent, does not)."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)  # reaped here when this process started it
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_worker_stopped(job: Mapping[str, Any], grace: float = WORKER_STOP_SECONDS) -> None:
+    """Stop the job worker and wait until it has: its pods' processes are gone (SIGKILL after
+    ``grace`` seconds, as the kubelet does after a pod's termination grace period)."""
+    pid = int(job.get("pid") or 0)
+    if not pid:
+        return
+    stop_worker(job)
+    deadline = time.monotonic() + grace
+    while _worker_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if _worker_alive(pid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL) if os.getpgid(pid) == pid else os.kill(pid, signal.SIGKILL)
+        while _worker_alive(pid) and time.monotonic() < deadline + grace:
+            time.sleep(0.02)
+
+
 def delete_jobset(store: StateStore, job: Mapping[str, Any]) -> bool:
-    """Delete the JobSet (its Jobs and pods go with it: the worker stops). False if already gone."""
+    """Delete the JobSet, its Jobs and its pods; False if already gone.
+
+    Its pods' processes are stopped first and the JobSet and pods leave the API only once they
+    have ended: a pod is listed (terminating) until its containers are gone, as the Kubernetes API
+    shows a deleted pod until its grace period is over, so "no pod left" means nothing of the
+    job runs any more.
+    """
+    current = store.read("jobs").get(str(job["key"]))
+    if current is None or current.get("uid") != job["uid"]:
+        stop_worker(job)
+        return False
+    wait_worker_stopped(current)
     deleted = False
     with store.txn() as txn:
         jobs = txn.doc("jobs")
@@ -578,7 +624,6 @@ def delete_jobset(store: StateStore, job: Mapping[str, Any]) -> bool:
             del jobs[str(job["key"])]
             txn.save("jobs")
             deleted = True
-    stop_worker(job)
     return deleted
 
 

@@ -134,6 +134,8 @@ class _Handler(BaseHTTPRequestHandler):
                 and parts[4] == "pods"
             ):
                 self._pods(method, parts[3], parts[5:], query)
+            elif parts == ["api", "v1", "pods"]:
+                self._pods(method, None, [], query)  # every namespace's pods (a list only)
             else:
                 self._send_text(404, "404 page not found\n")
         except KubeError as error:
@@ -226,14 +228,16 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_json(201, jobset_object(record))
 
     # -- pods -----------------------------------------------------------------------------
-    def _pods(self, method: str, namespace: str, rest: list[str], query: Mapping[str, list[str]]) -> None:
+    def _pods(
+        self, method: str, namespace: str | None, rest: list[str], query: Mapping[str, list[str]]
+    ) -> None:
         if method != "GET":
             self._method_not_allowed()
             return
         pods = [
             (job, pod)
             for job in self._jobs()
-            if job.get("namespace", DEFAULT_NAMESPACE) == namespace
+            if namespace is None or job.get("namespace", DEFAULT_NAMESPACE) == namespace
             for pod in job.get("pods") or []
         ]
         if not rest:

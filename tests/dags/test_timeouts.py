@@ -92,11 +92,48 @@ def test_dagrun_timeout_hours_overrides_the_sum(monkeypatch: pytest.MonkeyPatch)
     assert timeouts.dagrun_timeout("gke") == timedelta(hours=72)
 
 
-@pytest.mark.parametrize("value", ["0", "-5"])
-def test_a_bound_that_is_not_positive_is_refused(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+@pytest.mark.parametrize("value", ["0", "-5", "inf", "nan"])
+def test_a_bound_that_is_not_positive_and_finite_is_refused(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
     monkeypatch.setenv("AIRFLOW__TPU_RL__DEPLOY_TIMEOUT_MINUTES", value)
-    with pytest.raises(ValueError, match="deploy_timeout_minutes must be a positive number"):
+    with pytest.raises(
+        ValueError, match="deploy_timeout_minutes must be a positive, finite number"
+    ) as refused:
         timeouts.task_timeout("deploy")
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "rule"),
+    [
+        ("inf", "must be a positive, finite number of minutes, not inf"),
+        ("1e-9", "must be at least 5 minutes, not 1e-09"),
+        ("4.9", "must be at least 5 minutes, not 4.9"),
+    ],
+)
+def test_the_admission_bound_is_finite_and_at_least_five_minutes(
+    monkeypatch: pytest.MonkeyPatch, value: str, rule: str
+) -> None:
+    """`inf` overflowed a timedelta while the DAG was parsed; `1e-9` made a 0 s bound that cancels
+    every job before its first pod could start (issue 43, item 3)."""
+    monkeypatch.setenv("AIRFLOW__TPU_RL__ADMISSION_TIMEOUT_MINUTES", value)
+    with pytest.raises(ValueError) as refused:
+        timeouts.admission_timeout()
+    assert str(refused.value) == f"[tpu_rl] admission_timeout_minutes {rule}"
+    monkeypatch.setenv("AIRFLOW__TPU_RL__ADMISSION_TIMEOUT_MINUTES", "5")
+    assert timeouts.admission_timeout() == timedelta(minutes=5)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("DAGRUN_TIMEOUT_HOURS", "inf"), ("KILL_GRACE_SECONDS", "inf")]
+)
+def test_other_unbounded_options_are_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, option: str, value: str
+) -> None:
+    monkeypatch.setenv(f"AIRFLOW__TPU_RL__{option}", value)
+    with pytest.raises(ValueError, match=f"{option.lower()} must be a finite number"):
+        timeouts.dagrun_timeout("gke") if option.startswith("DAGRUN") else timeouts.kill_grace_seconds()
 
 
 def test_unknown_stage_is_refused() -> None:

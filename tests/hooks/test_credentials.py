@@ -47,3 +47,24 @@ def test_shared_credentials_are_built_again_after_the_reuse_window(monkeypatch: 
     first = gcs_hook("shared_gcp").get_credentials()
     monkeypatch.setattr(credentials, "REUSE_SECONDS", 0.0)
     assert gcs_hook("shared_gcp").get_credentials() is not first
+
+
+def test_every_shared_hook_reads_a_chain_as_gcloud_does_and_refuses_one_it_would_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sensor or trigger handing its templated string to a google provider hook gets the same
+    chain gcloud reads (issue 43): ``"a,b"`` is delegates then target, never the one account "a,b"."""
+    from airflow_provider_tpu_rl.exceptions import ConfigurationError
+
+    monkeypatch.setenv("AIRFLOW_CONN_SHARED_GCP", _anonymous("proj-a"))
+    target, hop = "deployer@p.iam.gserviceaccount.com", "hop@p.iam.gserviceaccount.com"
+    hook = gcs_hook("shared_gcp", f"{hop}, {target}")
+    hook.get_credentials()
+    assert hook.impersonation_chain == [hop, target]
+    from airflow.providers.google.cloud.utils.credentials_provider import (
+        _get_target_principal_and_delegates,
+    )
+
+    assert _get_target_principal_and_delegates(hook.impersonation_chain) == (target, [hop])
+    with pytest.raises(ConfigurationError, match=r"^impersonation_chain: must be a service account e-mail"):
+        gcs_hook("shared_gcp", f"{hop},,{target}").get_credentials()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from dataclasses import replace
 
 import pytest
 
@@ -21,6 +22,7 @@ from airflow_provider_tpu_rl.hooks.run_dirs import (
     claim_kept_alive,
     run_dir,
     run_record_object,
+    vouches,
 )
 from tests.sensors.conftest import EMULATOR_BUCKET, GcsEmulator
 from tests.sensors.conftest import gcs_emulator as gcs_emulator  # the session fixture
@@ -80,28 +82,48 @@ def test_a_live_claim_of_another_run_refuses_and_writes_nothing(directory: str) 
     assert records.claim(BUCKET, directory, run="d/r3", settings=SETTINGS, writer=None).writer == held.writer
 
 
-def test_a_claim_of_a_finished_run_or_an_expired_one_is_taken_over(directory: str) -> None:
+def test_an_expired_claim_is_taken_over_only_as_the_exact_claim_proven_dead(directory: str) -> None:
+    """A claim that expired (or whose run ended) no longer vouches for its job, but a crash leaves
+    the job running: the record is handed over only for the claim the caller proved dead, with
+    the attempt that job made; a claim renewed meanwhile (its job alive after all) is not."""
     records = RunDirRecords()
-    records.claim(BUCKET, directory, run="d/r1", settings=SETTINGS, writer=writer("d/r1"))
+    records.claim(BUCKET, directory, run="d/r1", settings=SETTINGS, writer=writer("d/r1", seconds=-1))
+    expired = records.read(BUCKET, directory).writer
+    assert expired is not None
+    assert expired.expired()
+    assert vouches(expired, run_ended=False) is False
+    with pytest.raises(RunDirBusyError):  # expired alone is no proof
+        records.claim(BUCKET, directory, run="d/r2", settings=SETTINGS, writer=writer("d/r2"))
+    renewed = replace(expired, expires_at=time.time() + 600)
+    with pytest.raises(RunDirBusyError):  # proven dead: a claim that is no longer the one held
+        records.claim(
+            BUCKET, directory, run="d/r2", settings=SETTINGS, writer=writer("d/r2"), takeover=renewed
+        )
+    killed = TrainingAttempt("d/r1", "job-1", 0, 14, 100.0, 200.0)
     taken = records.claim(
         BUCKET,
         directory,
         run="d/r2",
         settings=SETTINGS,
-        writer=writer("d/r2"),
-        finished=lambda run: run == "d/r1",
+        writer=writer("d/r2", where="p/europe-west4/c2"),
+        takeover=expired,
+        displaced=killed,
     )
     assert taken.writer is not None
-    assert taken.writer.run == "d/r2"
-    expired = records.claim(
-        BUCKET, directory, run="d/r2", settings=SETTINGS, writer=writer("d/r2", seconds=-1)
-    )
-    assert expired.writer is not None
-    assert expired.writer.expired()
-    again = records.claim(BUCKET, directory, run="d/r3", settings=SETTINGS, writer=writer("d/r3"))
-    assert again.writer is not None
-    assert again.writer.run == "d/r3"
-    assert again.runs == ("d/r1", "d/r2", "d/r3")
+    assert (taken.writer.run, taken.writer.where) == ("d/r2", "p/europe-west4/c2")
+    assert taken.attempts == (killed,)
+    assert taken.runs == ("d/r1", "d/r2")
+    assert records.read(BUCKET, directory) == taken
+
+
+def test_a_claim_names_its_platform_and_place() -> None:
+    gke = WriterClaim("d/r1", "train-abc123", "proj/us-east5/c1", 1.0)
+    vm = WriterClaim("d/r1", "vm-1/train", "proj/us-east5-b/vm-1", 1.0)
+    assert (gke.platform, gke.place) == ("gke", ("proj", "us-east5", "c1"))
+    assert (vm.platform, vm.place) == ("vm", ("proj", "us-east5-b", "vm-1"))
+    assert WriterClaim.from_dict(gke.as_dict()) == gke
+    assert WriterClaim.from_dict({**vm.as_dict(), "platform": None}) == vm  # a claim of before
+    assert WriterClaim("d/r1", "j", "not-a-place", 1.0).place is None
 
 
 def test_renew_and_release_touch_only_the_holders_claim(directory: str) -> None:

@@ -355,6 +355,31 @@ def test_ssh_allowing_rule_covers_every_given_source_range() -> None:
         preflight.ssh_source_ranges(["not-a-range"])
 
 
+def test_ssh_source_ranges_given_as_one_string_are_read_as_gcloud_reads_them() -> None:
+    """A rendered template is a string: one range, or several separated by commas, never its
+    characters (``"203.0.113.0/24"`` used to become 0.0.0.2/32, 0.0.0.0/32, ...)."""
+    assert preflight.ssh_source_ranges("203.0.113.0/24") == ("203.0.113.0/24",)
+    assert preflight.ssh_source_ranges("203.0.113.0/24, 198.51.100.7") == (
+        "203.0.113.0/24",
+        "198.51.100.7/32",
+    )
+    assert preflight.ssh_source_ranges(("203.0.113.0/24",)) == ("203.0.113.0/24",)
+    assert preflight.ssh_source_ranges("") == preflight.ssh_source_ranges(None) == ()
+
+
+@pytest.mark.parametrize(
+    "value",
+    [24, 3.5, True, {"range": "203.0.113.0/24"}, ["203.0.113.0/24", 7], [["203.0.113.0/24"]], "a,\nb"],
+)
+def test_ssh_source_ranges_of_another_type_are_refused_in_one_line(value: object) -> None:
+    """A number used to raise TypeError (not iterable); a non-string item was str()-ed."""
+    with pytest.raises(SpecError) as refused:
+        preflight.ssh_source_ranges(value)
+    message = str(refused.value)
+    assert message.startswith("ssh_source_ranges: ")
+    assert "\n" not in message
+
+
 def test_ssh_problem_names_the_firewall_rule_to_create() -> None:
     line = preflight.ssh_firewall_problem("p", "default", ["203.0.113.0/28"])
     assert line.endswith(

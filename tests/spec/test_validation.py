@@ -18,6 +18,7 @@ from airflow_provider_tpu_rl.spec import (
 )
 from airflow_provider_tpu_rl.spec.cluster import GkeJobTarget
 from airflow_provider_tpu_rl.spec.pipeline import job_suffix
+from airflow_provider_tpu_rl.spec.workloads import TRAINING_NEEDS, TrainingNeed
 
 BAD_GKE_CONF: list[tuple[dict[str, Any], str, str]] = [
     ({"cluster_name": "Qwen"}, "cluster_name", "lowercase letter"),
@@ -238,8 +239,8 @@ def test_training_checkpoints_every_ten_steps_unless_told_otherwise(build: Any) 
         ("max_num_seqs", "None"),  # nullable: MaxText reads "none" as null
         ("grad_dtype", "bfloat16"),
         ("rl.loss_algo", "gspo-token"),
-        ("rl.num_iterations", 2),
-        ("num_iterations", 2),  # a nested model's field, given flat (RLConfig routes it)
+        ("rl.num_iterations", "1"),  # another value is refused: TRAINING_NEEDS
+        ("num_iterations", 1),  # a nested model's field, given flat (RLConfig routes it)
         ("vllm_hf_overrides", {"architectures": ["MaxTextForCausalLM"]}),
         ("vllm_additional_config.maxtext_config", "{}"),  # a key inside a dict-valued key
         ("stop_strings", ["</answer>"]),
@@ -390,6 +391,17 @@ def test_override_values_cannot_break_the_one_line_command(breaker: str) -> None
         gke_pipeline_from_conf({"train_overrides": {"debug": f"a{breaker}b"}})
 
 
+@pytest.mark.parametrize("breaker", ["\n", "\r", "\x0b", "\x85", "\u2028", "\u2029", "\t"])
+def test_a_key_with_a_line_break_is_named_quoted_on_one_line(breaker: str) -> None:
+    """The key is quoted (repr) in the refusal: a newline in it used to split the message in two."""
+    for conf in ({"train_overrides": {f"a{breaker}b": 1}}, {f"a{breaker}b": 1}):
+        with pytest.raises(SpecError) as refused:
+            gke_pipeline_from_conf(conf)
+        message = str(refused.value)
+        assert len(message.splitlines()) == 1, message
+        assert repr(f"a{breaker}b") in message
+
+
 def test_a_job_target_is_a_tpu_slice_or_a_cpu_machine_on_one_node() -> None:
     tpu = GkeJobTarget(project="p-123456", location="us-east5", cluster_name="c1", image="gcr.io/p/i:1")
     assert (tpu.tpu, tpu.compute_type, tpu.topology, tpu.node_pool, tpu.service_account) == (
@@ -421,3 +433,59 @@ def test_every_preset_evaluates_before_and_after_training_by_default(model: str,
     assert dict(training.overrides).get("num_test_batches", "5") == str(batches)
     off = build({"model": model, "train_overrides": {"num_test_batches": 0}}).training
     assert off.num_test_batches == 0
+
+
+# -- overrides that contradict what a later task needs (issue 43, item 2) ----------------------------
+CONTRADICTIONS = [
+    pytest.param(need, key, id=f"{key}={need.contradiction}") for need in TRAINING_NEEDS for key in need.keys
+]
+
+
+@pytest.mark.parametrize(("need", "key"), CONTRADICTIONS)
+@pytest.mark.parametrize("build", [gke_pipeline_from_conf, tpu_vm_pipeline_from_conf], ids=["gke", "tpu_vm"])
+def test_an_override_contradicting_what_a_later_task_needs_is_refused_in_one_line(
+    build: Any, need: TrainingNeed, key: str
+) -> None:
+    """Each row of TRAINING_NEEDS, under each spelling of its key, with the value that breaks it."""
+    with pytest.raises(SpecError) as refused:
+        build({"train_overrides": {key: need.contradiction}})
+    message = str(refused.value)
+    assert len(message.splitlines()) == 1
+    assert message.startswith(f"train_overrides.{key}: must be {need.wanted}: ")
+    assert "wait_actor_checkpoint and export_to_huggingface" in message
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("enable_checkpointing", True),
+        ("enable_checkpointing", "yes"),
+        ("save_checkpoint_on_completion", True),
+        ("max_num_checkpoints_to_keep", 1),
+        ("max_num_checkpoints_to_keep", "none"),
+        ("train_fraction", 1.0),
+        ("num_epoch", 1),
+        ("rl.num_iterations", 1),
+        ("checkpoint_period", 100),  # larger than the run: tunix still saves the last step
+        ("num_test_batches", 0),  # no task needs the evaluation: no reward is recorded
+    ],
+)
+def test_an_override_keeping_what_later_tasks_need_is_taken(key: str, value: Any) -> None:
+    spec = gke_pipeline_from_conf({"train_overrides": {key: value}})
+    assert key in dict(spec.training.overrides)
+
+
+def test_the_operators_refuse_it_too_before_anything_is_submitted() -> None:
+    """The needs are checked where every training spec is built (training_spec), so a DAG of
+    one's own using the operators gets the same refusal."""
+    from airflow_provider_tpu_rl.spec.pipeline import training_spec
+    from airflow_provider_tpu_rl.spec.presets import get_preset
+
+    with pytest.raises(SpecError, match=r"^train_overrides\.max_num_checkpoints_to_keep: must be null"):
+        training_spec(
+            get_preset("gemma4-26b"),
+            run_name="rl-1",
+            base_output_directory="gs://bkt/m/trained/",
+            load_parameters_path="gs://bkt/m/max-text-format/0/items/",
+            train_overrides={"max_num_checkpoints_to_keep": 0},
+        )
