@@ -557,8 +557,9 @@ def record_run_from_context(
     if refusal:
         run = dataclasses.replace(run, refusal=refusal)
     ledger.record(run, steps, metrics, artifacts)
+    # the run's stages (its tasks), not its training steps
     log.info(
-        "ledger: recorded run %s (%s): %d steps, %d metrics, %d artifacts in %s",
+        "ledger: recorded run %s (%s): %d stages, %d metrics, %d artifacts in %s",
         run.run_id,
         run.state,
         len(steps),

@@ -66,6 +66,18 @@ def test_success_failure_and_rerun_give_one_row_per_run(ledger: RunLedger) -> No
     assert count_rows(ledger, "run_metrics", runs["good"].run_id) == 9
 
 
+def test_the_record_line_counts_the_runs_stages_not_its_training_steps(
+    ledger: RunLedger, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run trains 50 steps; the ledger writes one row per stage (task): the line says stages."""
+    context = context_for(FakeDagRun(gke_task_instances(), run_id="good"), SUCCESS_XCOMS)
+    with caplog.at_level("INFO", logger=ledger_hook.__name__):
+        record_run_from_context(context, model="qwen3-30b-a3b", chips=32)
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ledger: recorded run")]
+    assert ": 10 stages, 9 metrics, 3 artifacts in " in line
+    assert " steps" not in line
+
+
 class KeyedLedgerTaskInstance(FakeLedgerTaskInstance):
     """A ledger task instance whose XComs have keys: ``xcoms`` maps (task_id, key) to a value."""
 
