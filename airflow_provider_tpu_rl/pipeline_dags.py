@@ -7,6 +7,7 @@ Nothing here runs at import time beyond building Params; no cloud call, no rende
 from __future__ import annotations
 
 import copy
+import logging
 import re
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -30,8 +31,8 @@ from airflow_provider_tpu_rl.compat import (
     conf,
 )
 from airflow_provider_tpu_rl.ledger.collect import task_states
-from airflow_provider_tpu_rl.ledger.hook import step_callbacks
-from airflow_provider_tpu_rl.operators.ledger import RecordRunOperator
+from airflow_provider_tpu_rl.ledger.hook import record_run_started, step_callbacks
+from airflow_provider_tpu_rl.operators.ledger import RecordRunOperator, run_settings
 from airflow_provider_tpu_rl.operators.pipeline import (
     ERROR_XCOM_KEY,
     fail_in_one_line,
@@ -44,6 +45,8 @@ from airflow_provider_tpu_rl.spec.cluster import CAPACITIES, RESERVATION, SliceS
 from airflow_provider_tpu_rl.spec.pipeline import PLACEHOLDERS
 from airflow_provider_tpu_rl.spec.presets import presets_for
 from airflow_provider_tpu_rl.timeouts import job_timeout, task_timeout
+
+log = logging.getLogger(__name__)
 
 LEDGER_CONN_ID: Final = "tpu_rl_ledger"
 WATCHER_TASK_ID: Final = "watcher"
@@ -404,13 +407,30 @@ def validate_task() -> Any:
         context = get_current_context()
         dag_run = context["dag_run"]
         try:
-            return validate_pipeline_conf(
+            resolved = validate_pipeline_conf(
                 dag_run.dag_id, dag_run.run_id, dag_run.conf or {}, dict(context["params"])
             )
         except AirflowFailException as err:
             fail_in_one_line(str(err))
+        note_run_started(context, resolved)
+        return resolved
 
     return validate()
+
+
+def note_run_started(context: Mapping[str, Any], resolved: Mapping[str, Any]) -> None:
+    """List the validated run in the ledger as ``running``, with its settings (the runs dashboard
+    shows it while it runs). A ledger error is logged, never raised: it must not fail the run."""
+    try:
+        record_run_started(
+            context,
+            model=str(resolved["model"]),
+            chips=resolved.get("chips"),
+            settings=run_settings(resolved),
+            conn_id=LEDGER_CONN_ID,
+        )
+    except Exception:
+        log.exception("ledger: could not list this run as running; it goes on")
 
 
 def record_run_task(cluster_task_ids: Sequence[str], **collect_options: Any) -> RecordRunOperator:
