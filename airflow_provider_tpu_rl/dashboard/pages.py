@@ -38,6 +38,7 @@ table { border-collapse: collapse; font-size: 0.88rem; }
 th, td { border-bottom: 1px solid #e2e8f0; padding: 0.35rem 0.6rem; text-align: left; vertical-align: top; }
 thead th { background: #f7fafc; font-weight: 600; white-space: nowrap; cursor: help; }
 th.num, td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+td.word { white-space: nowrap; }
 td.refusal { color: #9b2c2c; }
 table.facts th { font-weight: 600; width: 14rem; }
 .state { font-weight: 600; }
@@ -146,7 +147,7 @@ def format_time(value: datetime | None) -> str:
 
 
 def format_chip_hours(value: float | None) -> str:
-    """Chip-hours with three significant digits (``0.098``, ``4.31``, ``123``), so that a small
+    """Chip-hours with three significant digits (``0.0980``, ``4.31``, ``123``), so that a small
     run's billed and trained hours explain its idle share; ``-`` when unknown."""
     if value is None:
         return UNKNOWN
@@ -158,7 +159,7 @@ def format_chip_hours(value: float | None) -> str:
 
 def format_idle(run: RunSummary) -> str:
     """The idle share as a whole percentage (``52%``); ``-`` when unknown. Beside the billed and
-    trained chip-hours at three digits (0.204, 0.098) it reads right; its tooltip does the sum."""
+    trained chip-hours at three digits (0.204, 0.0980) it reads right; its tooltip does the sum."""
     share = run.idle_share
     return UNKNOWN if share is None else f"{share * 100:.0f}%"
 
@@ -198,6 +199,7 @@ class Column:
     cell: Callable[[RunSummary, datetime], str]
     numeric: bool = False
     cell_tooltip: Callable[[RunSummary], str] | None = None
+    nowrap: bool = False  # one word or one time: never broken over lines
 
 
 def _duration_cell(run: RunSummary, now: datetime) -> str:
@@ -209,9 +211,14 @@ BILLED_TOOLTIP = "Chips x hours the TPU capacity existed, from its create to its
 TRAINED_TOOLTIP = "Chips x hours the training job ran, never more than billed"
 COLUMNS: tuple[Column, ...] = (
     Column("Run", "The DAG and its run id; opens the run's page", lambda r, _: r.run_id),
-    Column("Model", "The MaxText model preset", lambda r, _: r.model or UNKNOWN),
+    Column("Model", "The MaxText model preset", lambda r, _: r.model or UNKNOWN, nowrap=True),
     Column("State", "success, failed, or running (listed from its validate on)", lambda r, _: r.state),
-    Column("Started (UTC)", "When the DAG run started, in UTC", lambda r, _: format_time(r.started_at)),
+    Column(
+        "Started (UTC)",
+        "When the DAG run started, in UTC",
+        lambda r, _: format_time(r.started_at),
+        nowrap=True,
+    ),
     Column(
         "Duration (hh:mm:ss)",
         "From the DAG run's start to its end, as Airflow shows it; a running run's so far",
@@ -278,7 +285,7 @@ def _td(column: Column, run: RunSummary, now: datetime, root: str) -> str:
         return f"<td><a href='{escape(href)}'>{escape(value)}</a></td>"
     if column.heading == "State":
         return f"<td class='state state-{escape(value)}'>{escape(value)}</td>"
-    css = " class='num'" if column.numeric else ""
+    css = " class='num'" if column.numeric else " class='word'" if column.nowrap else ""
     return f"<td{css}{attributes}>{escape(value)}</td>"
 
 
