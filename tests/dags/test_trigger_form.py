@@ -743,3 +743,18 @@ def test_every_field_is_draft_07_and_its_dialect_still_refuses(dag_bag: Any, dag
     for key, value in bad.items():
         with pytest.raises(ParamValidationError):
             params.get_param(key).resolve(value)
+
+
+@pytest.mark.parametrize("dag_id", PIPELINE_DAG_IDS)
+def test_the_reservation_may_be_left_empty_on_both_forms(
+    serialized_dags: dict[str, Any], dag_id: str
+) -> None:
+    """Spot, flex-start and on-demand take no reservation: the field is not required (the TPU VM
+    form's was, and "This field is required" disabled its Trigger button once it was cleared)."""
+    schema = serialized_dags[dag_id].params.get_param("reservation").schema
+    assert "null" in schema["type"], schema
+    for empty in (None, ""):
+        conf = {"capacity": "spot", "reservation": empty}
+        trigger_time_validate(serialized_dags[dag_id], conf)
+        resolved = run_validate(dag_id, conf)
+        assert (resolved["capacity"], resolved["reservation"]) == ("spot", "")
