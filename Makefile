@@ -13,7 +13,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 # pytest worker, a real scheduler) compiles its ~4,500 imported modules again, 10 s of CPU each.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: venv postgres chromium test test-side-unit test-side-others test-all lint typecheck unit unit-airflow unit-airflow-free test-airflow-2.11 test-lowest demo plan bench clean
+.PHONY: venv postgres chromium test test-side-unit test-side-others test-all lint typecheck unit unit-airflow unit-airflow-free test-airflow-2.11 test-lowest demo plan bench screenshots clean
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
 venv: $(VENV)/.installed
@@ -153,6 +153,13 @@ demo: venv
 # Benchmarks (not tests): parse time vs stock operators, orchestration overhead, worker-slot time.
 bench: venv
 	$(BIN)/tpu-rl-sandbox bench
+
+# The docs' screenshots (docs/screenshots/: both trigger forms, the runs dashboard, a run page),
+# taken again after a change: the Chromium session of tests/services/test_browser_trigger.py with
+# TPU_RL_SCREENSHOTS set, on the real services (Airflow 3.3). Not part of `make test`.
+SCREENSHOT_DIR := docs/screenshots
+screenshots: venv postgres chromium
+	TPU_RL_SCREENSHOTS=$(CURDIR)/$(SCREENSHOT_DIR) $(BIN)/pytest -q tests/services/test_browser_trigger.py
 
 clean:
 	rm -rf $(VENV) $(VENV_211) $(VENV_LOWEST) .sandbox .demo .sandbox-211 .demo-211 .sandbox-lowest .demo-lowest .airflow

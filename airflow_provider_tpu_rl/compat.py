@@ -58,6 +58,11 @@ FORM_OPEN_SECTION: str | None = "Run Parameters" if AIRFLOW_V_3_0_PLUS else None
 # option as its str(), so a null choice submits the string "None", which the enum then refuses: the
 # untouched form could not be submitted. There a nullable choice is a text field proposing the choices.
 FORM_NULL_CHOICE: bool = AIRFLOW_V_3_0_PLUS
+# Whether a boolean field needs "null" in its type not to be marked required. Airflow 3's form marks
+# every field whose schema type does not include "null" (FlexibleForm's isRequired) and renders a
+# switch for a ["boolean", "null"] type (the first type that is not "null"); Airflow 2's
+# trigger.html never marks a boolean and renders its checkbox only for the type "boolean" itself.
+FORM_BOOLEAN_NULLABLE: bool = AIRFLOW_V_3_0_PLUS
 
 
 def exponential_backoff(multiplier: float = 2.0) -> bool | float:
@@ -173,6 +178,7 @@ __all__ = [
     "AIRFLOW_V_3_0_PLUS",
     "AIRFLOW_V_3_2_PLUS",
     "AIRFLOW_V_3_3_PLUS",
+    "FORM_BOOLEAN_NULLABLE",
     "FORM_NULL_CHOICE",
     "FORM_OPEN_SECTION",
     "SDK_FALLBACKS",

@@ -165,7 +165,7 @@ def get_provider_info() -> dict[str, Any]:
                         "default": "",
                     },
                     "default_gke_reservation": {
-                        "description": "The v6e reservation the GKE pipeline's form is prefilled with. Empty: no reservation (on-demand capacity). Read when the DAG files are parsed; a value the "
+                        "description": "The v6e reservation the GKE pipeline's form is prefilled with; set, the form's capacity defaults to reservation. Empty: no reservation (on-demand capacity). Read when the DAG files are parsed; a value the "
                         "form would refuse fails their parse, naming the option.",
                         "version_added": "0.1.0",
                         "type": "string",
@@ -173,7 +173,7 @@ def get_provider_info() -> dict[str, Any]:
                         "default": "",
                     },
                     "default_tpu_vm_reservation": {
-                        "description": "The v6e-8 reservation the TPU VM pipeline's form is prefilled with. Empty: the example my-v6e-8-reservation, which validate refuses. Read when the DAG files are parsed; a value the "
+                        "description": "The v6e-8 reservation the TPU VM pipeline's form is prefilled with; set, the form's capacity defaults to reservation. Empty: no reservation (on-demand capacity). Read when the DAG files are parsed; a value the "
                         "form would refuse fails their parse, naming the option.",
                         "version_added": "0.1.0",
                         "type": "string",

@@ -7,17 +7,32 @@ Nothing here runs at import time beyond building Params; no cloud call, no rende
 from __future__ import annotations
 
 import copy
+import logging
 import re
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from airflow.providers.common.compat.sdk import DAG, Param, TriggerRule, chain, get_current_context, task
+from airflow.providers.common.compat.sdk import (
+    DAG,
+    Param,
+    TaskGroup,
+    TriggerRule,
+    chain,
+    get_current_context,
+    task,
+)
 
-from airflow_provider_tpu_rl.compat import FORM_NULL_CHOICE, FORM_OPEN_SECTION, AirflowFailException, conf
+from airflow_provider_tpu_rl.compat import (
+    FORM_BOOLEAN_NULLABLE,
+    FORM_NULL_CHOICE,
+    FORM_OPEN_SECTION,
+    AirflowFailException,
+    conf,
+)
 from airflow_provider_tpu_rl.ledger.collect import task_states
-from airflow_provider_tpu_rl.ledger.hook import step_callbacks
-from airflow_provider_tpu_rl.operators.ledger import RecordRunOperator
+from airflow_provider_tpu_rl.ledger.hook import record_run_started, step_callbacks
+from airflow_provider_tpu_rl.operators.ledger import RecordRunOperator, run_settings
 from airflow_provider_tpu_rl.operators.pipeline import (
     ERROR_XCOM_KEY,
     fail_in_one_line,
@@ -26,10 +41,12 @@ from airflow_provider_tpu_rl.operators.pipeline import (
     validate_pipeline_conf,
 )
 from airflow_provider_tpu_rl.spec import PRESETS, Runner, rules
-from airflow_provider_tpu_rl.spec.cluster import CAPACITIES
+from airflow_provider_tpu_rl.spec.cluster import CAPACITIES, RESERVATION, SliceShape
 from airflow_provider_tpu_rl.spec.pipeline import PLACEHOLDERS
 from airflow_provider_tpu_rl.spec.presets import presets_for
 from airflow_provider_tpu_rl.timeouts import job_timeout, task_timeout
+
+log = logging.getLogger(__name__)
 
 LEDGER_CONN_ID: Final = "tpu_rl_ledger"
 WATCHER_TASK_ID: Final = "watcher"
@@ -78,6 +95,16 @@ def xcom(key: str) -> str:
 PIPELINE_MACROS: Final[dict[str, Any]] = {VALIDATED_MACRO: validated}
 
 
+def model_label(model: str) -> str:
+    """A model preset in the forms' dropdowns, one style on both pipelines:
+    ``qwen3-30b-a3b: Qwen/Qwen3-30B-A3B-Instruct-2507 on TPU v6e-32 (4x8)``."""
+    preset = PRESETS[model]
+    checkpoint = preset.hf_model_path or "MaxText's checkpoint"
+    shape = SliceShape(preset.compute_type, preset.topology)
+    slices = f" x {preset.num_slices}" if preset.num_slices > 1 else ""
+    return f"{model}: {checkpoint} on TPU {shape.tpu_type}{slices} ({preset.topology})"
+
+
 def model_field(runner: Runner, description: str) -> dict[str, Any]:
     models = presets_for(runner)
     return {
@@ -86,10 +113,7 @@ def model_field(runner: Runner, description: str) -> dict[str, Any]:
         "description": description,
         "type": "string",
         "enum": models,
-        "values_display": {
-            m: f"{m} ({PRESETS[m].hf_model_path or PRESETS[m].compute_type + ', ' + PRESETS[m].topology})"
-            for m in models
-        },
+        "values_display": {m: model_label(m) for m in models},
     }
 
 
@@ -97,6 +121,11 @@ def replace_example(value: str, todo: str, option: str | None) -> str:
     """Help text for a field prefilled with the form's example (a placeholder) to replace."""
     once = f", or have [tpu_rl] {option} prefill it for this Airflow" if option else ""
     return f"The prefilled {value} is an example: {todo} (validate refuses it){once}."
+
+
+# What a field still holding the form's example adds to its title: the fields a user outside the
+# sandbox must change before the first run.
+EXAMPLE_MARK: Final = " (example: replace it)"
 
 
 def from_environment(option: str) -> str:
@@ -133,11 +162,13 @@ COMMON_FORM: Final[dict[str, dict[str, Any]]] = {
         "title": "TPU capacity",
         "section": CLOUD,
         "description": (
-            "How the TPUs are provisioned. reservation: from the reservation named above (the "
-            "default). spot: Spot VMs, much cheaper but preemptible at any time; training resumes "
-            "from its newest checkpoint. flex-start: Dynamic Workload Scheduler capacity, queued "
-            "until free, then runs for a bounded time without preemption. spot and flex-start take "
-            "no reservation: leave reservation empty. See the README's capacity table."
+            "How the TPUs are provisioned. on-demand (the default): the list price, no reservation, "
+            "no preemption; the zone needs free v6e capacity and quota. reservation: from the "
+            "reservation named in reservation. spot: Spot VMs, much cheaper but preemptible at any "
+            "time; training resumes from its newest checkpoint. flex-start: Dynamic Workload "
+            "Scheduler capacity, queued until free, then runs for a bounded time without preemption. "
+            "Only reservation takes a reservation: leave it empty for the others. See the README's "
+            "capacity table."
         ),
         "type": "string",
         "enum": list(CAPACITIES),
@@ -240,8 +271,9 @@ def pipeline_params(
     """One Param per conf key: its default and the form metadata (common, then own).
 
     A key with a ``[tpu_rl]`` option in ``options`` (field → option, ``ENVIRONMENT_OPTIONS``)
-    takes the option's value as its default when the option is set; a field still holding the
-    form's example says so in its help text.
+    takes the option's value as its default when the option is set (a reservation set there makes
+    ``reservation`` the capacity's default, as a conf naming a reservation and no capacity means);
+    a field still holding the form's example says so in its title and help text.
     """
     merged = {**COMMON_FORM, **form}
     values = dict(defaults)
@@ -249,9 +281,17 @@ def pipeline_params(
     for key, configured in environment_defaults(options or {}, merged).items():
         values[key] = configured
         metadata[key]["description"] += " " + from_environment((options or {})[key])
+    if "capacity" in values and values.get("reservation"):
+        # a reservation every run of this Airflow shares: the form consumes it unless told otherwise
+        values["capacity"] = RESERVATION
+        metadata["capacity"]["description"] += (
+            f" Prefilled {RESERVATION}: [tpu_rl] {(options or {})['reservation']} names this Airflow's "
+            "reservation."
+        )
     for key, (example, todo) in PLACEHOLDERS.items():
         if key in values and values[key] == example:
             metadata[key]["description"] += " " + replace_example(example, todo, (options or {}).get(key))
+            metadata[key]["title"] += EXAMPLE_MARK
     # The open section (the Cloud fields) first, then the others in the spec's order.
     keys = sorted(defaults, key=lambda key: metadata[key].get("section") != CLOUD)
     return {key: Param(copy.deepcopy(values[key]), **form_schema(metadata[key])) for key in keys}
@@ -323,6 +363,9 @@ def form_schema(metadata: Mapping[str, Any]) -> dict[str, Any]:
         raise ValueError(f"form field {schema.get('title')!r} has a pattern but no rule to show")
     if rule:
         schema["description"] = f"{schema['description']} Rule: {rule}."
+    if FORM_BOOLEAN_NULLABLE and schema.get("type") == "boolean":
+        # a switch is always on or off: not "required" (validate refuses a null from the REST API)
+        schema["type"] = ["boolean", "null"]
     if schema.get("section") == CLOUD and FORM_OPEN_SECTION is None:
         del schema["section"]
     schema["$schema"] = FORM_SCHEMA_DIALECT
@@ -375,13 +418,30 @@ def validate_task() -> Any:
         context = get_current_context()
         dag_run = context["dag_run"]
         try:
-            return validate_pipeline_conf(
+            resolved = validate_pipeline_conf(
                 dag_run.dag_id, dag_run.run_id, dag_run.conf or {}, dict(context["params"])
             )
         except AirflowFailException as err:
             fail_in_one_line(str(err))
+        note_run_started(context, resolved)
+        return resolved
 
     return validate()
+
+
+def note_run_started(context: Mapping[str, Any], resolved: Mapping[str, Any]) -> None:
+    """List the validated run in the ledger as ``running``, with its settings (the runs dashboard
+    shows it while it runs). A ledger error is logged, never raised: it must not fail the run."""
+    try:
+        record_run_started(
+            context,
+            model=str(resolved["model"]),
+            chips=resolved.get("chips"),
+            settings=run_settings(resolved),
+            conn_id=LEDGER_CONN_ID,
+        )
+    except Exception:
+        log.exception("ledger: could not list this run as running; it goes on")
 
 
 def record_run_task(cluster_task_ids: Sequence[str], **collect_options: Any) -> RecordRunOperator:
@@ -397,6 +457,25 @@ def record_run_task(cluster_task_ids: Sequence[str], **collect_options: Any) -> 
         collect_options=collect_options,
         **bounded("short"),
     ).as_teardown()
+
+
+# The graph's groups of a pipeline's stages: what each holds, in words (the group's tooltip).
+STAGE_GROUP_TOOLTIPS: Final[Mapping[str, str]] = {
+    "prepare": "Checks, the bucket, the HF token secret and the machines the conversion runs on",
+    "conversion": "Hugging Face checkpoint to MaxText, and its commit in the bucket",
+    "training": "The billed TPUs: created, trained on until the actor checkpoint is committed, deleted",
+    "export": "MaxText checkpoint to Hugging Face, and its commit in the bucket",
+    "teardown": "What is left deleted, and the run recorded in the ledger",
+}
+
+
+def stage_group(group_id: str) -> TaskGroup:
+    """A group of one of a pipeline's stages in the graph (``with stage_group("training"): ...``).
+
+    Its tasks keep their own ids (``prefix_group_id=False``): the task orders, the ledger's rows,
+    the watcher's and preflight's lines, ``tpu-rl plan`` and the docs name tasks by id.
+    """
+    return TaskGroup(group_id=group_id, prefix_group_id=False, tooltip=STAGE_GROUP_TOOLTIPS[group_id])
 
 
 def chain_in_order(order: Sequence[str], dag: DAG) -> None:

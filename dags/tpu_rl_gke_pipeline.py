@@ -43,6 +43,7 @@ from airflow_provider_tpu_rl.pipeline_dags import (
     pipeline_params,
     record_run_task,
     sensor_bounds,
+    stage_group,
     validate_task,
     xcom,
 )
@@ -94,8 +95,8 @@ FORM: Final[dict[str, dict[str, Any]]] = {
     "reservation": {
         "title": "TPU reservation",
         "section": CLOUD,
-        "description": "Name of the v6e reservation the TPU node pool consumes. Empty: no reservation, "
-        "the pool takes on-demand capacity (the zone needs free v6e capacity and quota).",
+        "description": "Name of the v6e reservation the TPU node pool consumes, with reservation "
+        "capacity; empty with on-demand, spot or flex-start capacity.",
         "type": ["null", "string"],
         "pattern": optional(rules.GCE_NAME),
         "rule": rules.gce_name_rule("reservation name"),
@@ -207,8 +208,8 @@ everything left, the pool included when its own destroy failed. `keep_cluster` k
 not the TPU pool.
 
 **Trigger form.** *Run Parameters* (open): project, region, zone, bucket, reservation, capacity (the TPU node
-pool's: reservation, spot or flex-start, the last two with no reservation); the
-prefilled `my-tpu-project` and `my-tpu-rl-bucket` are examples to replace,
+pool's: on-demand, the default; reservation, which names one; spot; flex-start); the
+prefilled `my-tpu-project` and `my-tpu-rl-bucket` are examples, marked in their titles,
 or set once for this Airflow in `[tpu_rl] default_project`, `default_bucket`, ... (the fields' defaults). *Cluster*: name, shape,
 control-plane network. *Model & training*: the model preset ({", ".join(GKE_MODELS)}); every value
 left empty comes from the preset, `train_overrides` adds MaxText keys. The form checks each field;
@@ -247,88 +248,93 @@ with DAG(
 ) as dag:
     validated = validate_task()
     args = gke_task_arguments(xcom)
-    # Toolchain, APIs, permissions, reservation: one line per problem, before anything exists.
-    TpuRlPreflightOperator(
-        task_id="preflight", **args["preflight"], **TRANSIENT_RETRIES, **bounded("preflight")
-    )
-    ensure_bucket = EnsureBucketOperator(
-        task_id="ensure_bucket", **args["ensure_bucket"], **TRANSIENT_RETRIES, **bounded("short")
-    )
-    deploy_cluster = GclusterDeployOperator(
-        task_id="deploy_cluster", **args["deploy_cluster"], **TRANSIENT_RETRIES, **bounded("deploy")
-    )
-    sync_hf_token = HfTokenSecretOperator(
-        task_id="sync_hf_token", **args["sync_hf_token"], **TRANSIENT_RETRIES, **bounded("short")
-    )
-    convert_to_maxtext = MaxTextConvertOperator(
-        task_id="convert_to_maxtext",
-        deferrable=True,
-        **args["convert_to_maxtext"],
-        **TRANSIENT_RETRIES,
-        **bounded("convert"),
-    )
-    wait_converted_checkpoint = MaxTextCheckpointSensor(
-        task_id="wait_converted_checkpoint",
-        project_id=xcom("project"),
-        checkpoint_root=xcom("converted_root"),
-        step=0,
-        items=("items",),
-        deferrable=True,
-        poke_interval=30,
-        **sensor_bounds(),
-    )
-    # The TPU node pool (its own deployment group) exists only while training needs it: deployed
-    # once the converted checkpoint is committed, destroyed once the actor checkpoint is.
-    deploy_tpu_pool = GclusterDeployOperator(
-        task_id="deploy_tpu_pool", **args["deploy_tpu_pool"], **TRANSIENT_RETRIES, **bounded("deploy")
-    )
-    train = PathwaysRLTrainOperator(
-        task_id="train", deferrable=True, **args["train"], **TRANSIENT_RETRIES, **bounded("train")
-    )
-    wait_actor_checkpoint = MaxTextCheckpointSensor(
-        task_id="wait_actor_checkpoint",
-        project_id=xcom("project"),
-        checkpoint_root=xcom("actor_root"),
-        step=xcom("final_step"),
-        deferrable=True,
-        poke_interval=60,
-        **sensor_bounds(),
-    )
-    # A teardown of the pool: runs whatever training did once the cluster deploy succeeded (a pool
-    # that failed half-way or was never deployed is an already-absent group: a no-op destroy).
-    destroy_tpu_pool = GclusterDestroyOperator(
-        task_id="destroy_tpu_pool",
-        **args["destroy_tpu_pool"],
-        **TRANSIENT_RETRIES,
-        **bounded("teardown"),
-    ).as_teardown(setups=[deploy_cluster, deploy_tpu_pool])
-    export_to_huggingface = MaxTextExportOperator(
-        task_id="export_to_huggingface",
-        deferrable=True,
-        **args["export_to_huggingface"],
-        **TRANSIENT_RETRIES,
-        **bounded("export"),
-    )
-    wait_hf_export = HuggingFaceExportSensor(
-        task_id="wait_hf_export",
-        project_id=xcom("project"),
-        export_uri=xcom("export_uri"),
-        deferrable=True,
-        poke_interval=30,
-        **sensor_bounds(),
-    )
-    # The bucket is a setup too: once it exists the destroy runs, also after a deploy that failed
-    # half-way (a stockout leaves a cluster without TPU nodes). It also owns delete_bucket.
-    destroy_cluster = GclusterDestroyOperator(
-        task_id="destroy_cluster",
-        **args["destroy_cluster"],
-        # only the secretAccessor grants this run added (none when the token task never ran)
-        revoke_service_accounts="{{ ti.xcom_pull(task_ids='sync_hf_token', key='granted_accounts') }}",
-        **TRANSIENT_RETRIES,
-        **bounded("teardown"),
-    ).as_teardown(setups=[ensure_bucket, deploy_cluster])
-
-    record_run = record_run_task(GKE_CLUSTER_TASK_IDS)
+    # The graph groups the stages; every task keeps its own id (stage_group).
+    with stage_group("prepare"):
+        # Toolchain, APIs, permissions, reservation: one line per problem, before anything exists.
+        TpuRlPreflightOperator(
+            task_id="preflight", **args["preflight"], **TRANSIENT_RETRIES, **bounded("preflight")
+        )
+        ensure_bucket = EnsureBucketOperator(
+            task_id="ensure_bucket", **args["ensure_bucket"], **TRANSIENT_RETRIES, **bounded("short")
+        )
+        deploy_cluster = GclusterDeployOperator(
+            task_id="deploy_cluster", **args["deploy_cluster"], **TRANSIENT_RETRIES, **bounded("deploy")
+        )
+        sync_hf_token = HfTokenSecretOperator(
+            task_id="sync_hf_token", **args["sync_hf_token"], **TRANSIENT_RETRIES, **bounded("short")
+        )
+    with stage_group("conversion"):
+        convert_to_maxtext = MaxTextConvertOperator(
+            task_id="convert_to_maxtext",
+            deferrable=True,
+            **args["convert_to_maxtext"],
+            **TRANSIENT_RETRIES,
+            **bounded("convert"),
+        )
+        wait_converted_checkpoint = MaxTextCheckpointSensor(
+            task_id="wait_converted_checkpoint",
+            project_id=xcom("project"),
+            checkpoint_root=xcom("converted_root"),
+            step=0,
+            items=("items",),
+            deferrable=True,
+            poke_interval=30,
+            **sensor_bounds(),
+        )
+    with stage_group("training"):
+        # The TPU node pool (its own deployment group) exists only while training needs it: deployed
+        # once the converted checkpoint is committed, destroyed once the actor checkpoint is.
+        deploy_tpu_pool = GclusterDeployOperator(
+            task_id="deploy_tpu_pool", **args["deploy_tpu_pool"], **TRANSIENT_RETRIES, **bounded("deploy")
+        )
+        train = PathwaysRLTrainOperator(
+            task_id="train", deferrable=True, **args["train"], **TRANSIENT_RETRIES, **bounded("train")
+        )
+        wait_actor_checkpoint = MaxTextCheckpointSensor(
+            task_id="wait_actor_checkpoint",
+            project_id=xcom("project"),
+            checkpoint_root=xcom("actor_root"),
+            step=xcom("final_step"),
+            deferrable=True,
+            poke_interval=60,
+            **sensor_bounds(),
+        )
+        # A teardown of the pool: runs whatever training did once the cluster deploy succeeded (a
+        # pool that failed half-way or was never deployed is an already-absent group: a no-op destroy).
+        destroy_tpu_pool = GclusterDestroyOperator(
+            task_id="destroy_tpu_pool",
+            **args["destroy_tpu_pool"],
+            **TRANSIENT_RETRIES,
+            **bounded("teardown"),
+        ).as_teardown(setups=[deploy_cluster, deploy_tpu_pool])
+    with stage_group("export"):
+        export_to_huggingface = MaxTextExportOperator(
+            task_id="export_to_huggingface",
+            deferrable=True,
+            **args["export_to_huggingface"],
+            **TRANSIENT_RETRIES,
+            **bounded("export"),
+        )
+        wait_hf_export = HuggingFaceExportSensor(
+            task_id="wait_hf_export",
+            project_id=xcom("project"),
+            export_uri=xcom("export_uri"),
+            deferrable=True,
+            poke_interval=30,
+            **sensor_bounds(),
+        )
+    with stage_group("teardown"):
+        # The bucket is a setup too: once it exists the destroy runs, also after a deploy that
+        # failed half-way (a stockout leaves a cluster without TPU nodes). It also owns delete_bucket.
+        destroy_cluster = GclusterDestroyOperator(
+            task_id="destroy_cluster",
+            **args["destroy_cluster"],
+            # only the secretAccessor grants this run added (none when the token task never ran)
+            revoke_service_accounts="{{ ti.xcom_pull(task_ids='sync_hf_token', key='granted_accounts') }}",
+            **TRANSIENT_RETRIES,
+            **bounded("teardown"),
+        ).as_teardown(setups=[ensure_bucket, deploy_cluster])
+        record_run = record_run_task(GKE_CLUSTER_TASK_IDS)
     chain_in_order(GKE_TASK_ORDER, dag)
     # The export follows the TPU pool's destroy, and needs the actor checkpoint itself (a teardown
     # succeeds after a failed training too).

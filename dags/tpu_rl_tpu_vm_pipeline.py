@@ -40,6 +40,7 @@ from airflow_provider_tpu_rl.pipeline_dags import (
     pipeline_params,
     record_run_task,
     sensor_bounds,
+    stage_group,
     validate_task,
     xcom,
 )
@@ -84,8 +85,8 @@ FORM: Final[dict[str, dict[str, Any]]] = {
         "title": "TPU reservation",
         "section": CLOUD,
         "description": "Name of the v6e-8 reservation the VM is bound to (RESERVATION_BOUND) with "
-        "reservation capacity; empty with spot or flex-start capacity.",
-        "type": "string",
+        "reservation capacity; empty with on-demand, spot or flex-start capacity.",
+        "type": ["null", "string"],
         "pattern": optional(rules.GCE_NAME),
         "rule": rules.gce_name_rule("reservation name"),
     },
@@ -173,7 +174,7 @@ PARAMS: Final = pipeline_params(TPU_VM_DEFAULTS, FORM, ENVIRONMENT_OPTIONS["tpu_
 DOC_MD = f"""
 # {TPU_VM_DAG_ID}
 
-GRPO post-training of {", ".join(TPU_VM_MODELS)} with MaxText on one TPU v6e-8 VM (reservation-bound, Spot or flex-start: `capacity`),
+GRPO post-training of {", ".join(TPU_VM_MODELS)} with MaxText on one TPU v6e-8 VM (on-demand, reservation-bound, Spot or flex-start: `capacity`),
 driven over SSH, as in the Llama 3.1 8B tutorial, except that the TPU VM exists only while it trains:
 bucket → HF token secret → **CPU VM** (`<vm_name>-cpu`, `cpu_machine_type`) → install MaxText there →
 HF→MaxText conversion on the CPU VM, written to the bucket → `wait_converted_checkpoint` (its commit
@@ -184,9 +185,9 @@ the CPU VM (bucket to bucket) → `wait_hf_export` → CPU VM deleted. MaxText's
 onto the CPU (`jax_platforms=cpu`), so they never needed the TPU: the billed TPU VM now lives only
 around training.
 
-**Trigger form.** *Run Parameters* (open): project, zone, bucket, reservation, capacity (reservation, spot or
-flex-start; the last two with no reservation), service account;
-the prefilled `my-tpu-project` and `my-tpu-rl-bucket` are examples to replace,
+**Trigger form.** *Run Parameters* (open): project, zone, bucket, reservation, capacity (on-demand, the
+default; reservation, which names one; spot; flex-start), service account;
+the prefilled `my-tpu-project` and `my-tpu-rl-bucket` are examples, marked in their titles,
 or set once for this Airflow in `[tpu_rl] default_project`, `default_bucket`, ... (the fields' defaults). *VM*: the
 TPU VM's name, the CPU VM's machine type, and the TPU VM's `runtime` (`container`, the default: it
 trains in the prebuilt post-training image, `workload_image`; `install`: MaxText built from sources
@@ -236,68 +237,82 @@ with DAG(
 ) as dag:
     validated = validate_task()
     args = tpu_vm_task_arguments(xcom)
-    # Toolchain, APIs, permissions, reservation: one line per problem, before anything exists.
-    TpuRlPreflightOperator(
-        task_id="preflight", **args["preflight"], **TRANSIENT_RETRIES, **bounded("preflight")
-    )
-    ensure_bucket = EnsureBucketOperator(
-        task_id="ensure_bucket", **args["ensure_bucket"], **TRANSIENT_RETRIES, **bounded("short")
-    )
-    sync_hf_token = HfTokenSecretOperator(
-        task_id="sync_hf_token", **args["sync_hf_token"], **TRANSIENT_RETRIES, **bounded("short")
-    )
-    create_cpu_vm = CpuVmCreateOperator(
-        task_id="create_cpu_vm", **args["create_cpu_vm"], **TRANSIENT_RETRIES, **bounded("vm_create")
-    )
-    create_vm = TpuVmCreateOperator(
-        task_id="create_vm", **args["create_vm"], **TRANSIENT_RETRIES, **bounded("vm_create")
-    )
-    # Each stage is one SSH session, bounded by its stage's timeout (the session by a bit less).
-    for task_id, stage in STAGE_OF_TASK.items():
-        TpuVmStageOperator(task_id=task_id, **args[task_id], **TRANSIENT_RETRIES, **bounded(stage))
-    # The TPU VM is created only once the converted checkpoint is committed in GCS.
-    wait_converted_checkpoint = MaxTextCheckpointSensor(
-        task_id="wait_converted_checkpoint",
-        project_id=xcom("project"),
-        checkpoint_root=xcom("converted_root"),
-        step=0,
-        items=("items",),
-        deferrable=True,
-        poke_interval=30,
-        **sensor_bounds(),
-    )
-    wait_actor_checkpoint = MaxTextCheckpointSensor(
-        task_id="wait_actor_checkpoint",
-        project_id=xcom("project"),
-        checkpoint_root=xcom("actor_root"),
-        step=xcom("final_step"),
-        deferrable=True,
-        poke_interval=30,
-        **sensor_bounds(),
-    )
-    wait_hf_export = HuggingFaceExportSensor(
-        task_id="wait_hf_export",
-        project_id=xcom("project"),
-        export_uri=xcom("export_uri"),
-        deferrable=True,
-        poke_interval=30,
-        **sensor_bounds(),
-    )
-    # The bucket is a setup too: once it exists the deletes run, also after a create that failed
-    # after a retry left a VM behind (deleting an absent VM succeeds). The TPU VM's delete comes
-    # right after wait_actor_checkpoint (also when training failed), before the export; the CPU
-    # VM's is the last teardown and owns delete_bucket.
-    delete_vm = TpuVmDeleteOperator(
-        task_id="delete_vm", **args["delete_vm"], **TRANSIENT_RETRIES, **bounded("teardown")
-    ).as_teardown(setups=[ensure_bucket, create_vm])
-    delete_cpu_vm = CpuVmDeleteOperator(
-        task_id="delete_cpu_vm", **args["delete_cpu_vm"], **TRANSIENT_RETRIES, **bounded("teardown")
-    ).as_teardown(setups=[ensure_bucket, create_cpu_vm])
-    record_run = record_run_task(
-        TPU_VM_CLUSTER_TASK_IDS,
-        job_task_ids=(),
-        artifact_task_ids={"actor_checkpoint": "wait_actor_checkpoint", "hf_export": "wait_hf_export"},
-    )
+
+    def stage(task_id: str) -> TpuVmStageOperator:
+        """One stage's SSH session on its VM, bounded by its stage's timeout (the session by a bit less)."""
+        bound = STAGE_OF_TASK[task_id]
+        return TpuVmStageOperator(task_id=task_id, **args[task_id], **TRANSIENT_RETRIES, **bounded(bound))
+
+    # The graph groups the stages; every task keeps its own id (stage_group).
+    with stage_group("prepare"):
+        # Toolchain, APIs, permissions, reservation: one line per problem, before anything exists.
+        TpuRlPreflightOperator(
+            task_id="preflight", **args["preflight"], **TRANSIENT_RETRIES, **bounded("preflight")
+        )
+        ensure_bucket = EnsureBucketOperator(
+            task_id="ensure_bucket", **args["ensure_bucket"], **TRANSIENT_RETRIES, **bounded("short")
+        )
+        sync_hf_token = HfTokenSecretOperator(
+            task_id="sync_hf_token", **args["sync_hf_token"], **TRANSIENT_RETRIES, **bounded("short")
+        )
+        create_cpu_vm = CpuVmCreateOperator(
+            task_id="create_cpu_vm", **args["create_cpu_vm"], **TRANSIENT_RETRIES, **bounded("vm_create")
+        )
+        stage("install_cpu_vm")
+    with stage_group("conversion"):
+        stage("convert_to_maxtext")
+        wait_converted_checkpoint = MaxTextCheckpointSensor(
+            task_id="wait_converted_checkpoint",
+            project_id=xcom("project"),
+            checkpoint_root=xcom("converted_root"),
+            step=0,
+            items=("items",),
+            deferrable=True,
+            poke_interval=30,
+            **sensor_bounds(),
+        )
+    with stage_group("training"):
+        # The TPU VM is created only once the converted checkpoint is committed in GCS.
+        create_vm = TpuVmCreateOperator(
+            task_id="create_vm", **args["create_vm"], **TRANSIENT_RETRIES, **bounded("vm_create")
+        )
+        stage("install_maxtext")
+        stage("train")
+        wait_actor_checkpoint = MaxTextCheckpointSensor(
+            task_id="wait_actor_checkpoint",
+            project_id=xcom("project"),
+            checkpoint_root=xcom("actor_root"),
+            step=xcom("final_step"),
+            deferrable=True,
+            poke_interval=30,
+            **sensor_bounds(),
+        )
+        # The bucket is a setup too: once it exists the deletes run, also after a create that
+        # failed after a retry left a VM behind (deleting an absent VM succeeds). The TPU VM's delete
+        # comes right after wait_actor_checkpoint (also when training failed), before the export.
+        delete_vm = TpuVmDeleteOperator(
+            task_id="delete_vm", **args["delete_vm"], **TRANSIENT_RETRIES, **bounded("teardown")
+        ).as_teardown(setups=[ensure_bucket, create_vm])
+    with stage_group("export"):
+        stage("export_to_huggingface")
+        wait_hf_export = HuggingFaceExportSensor(
+            task_id="wait_hf_export",
+            project_id=xcom("project"),
+            export_uri=xcom("export_uri"),
+            deferrable=True,
+            poke_interval=30,
+            **sensor_bounds(),
+        )
+    with stage_group("teardown"):
+        # The CPU VM's delete is the last teardown and owns delete_bucket.
+        delete_cpu_vm = CpuVmDeleteOperator(
+            task_id="delete_cpu_vm", **args["delete_cpu_vm"], **TRANSIENT_RETRIES, **bounded("teardown")
+        ).as_teardown(setups=[ensure_bucket, create_cpu_vm])
+        record_run = record_run_task(
+            TPU_VM_CLUSTER_TASK_IDS,
+            job_task_ids=(),
+            artifact_task_ids={"actor_checkpoint": "wait_actor_checkpoint", "hf_export": "wait_hf_export"},
+        )
     chain_in_order(TPU_VM_TASK_ORDER, dag)
     # A teardown succeeds also after training failed: the export needs the checkpoint itself.
     wait_actor_checkpoint >> dag.task_dict["export_to_huggingface"]

@@ -212,10 +212,6 @@ def test_the_forms_examples_are_planned_but_marked_as_placeholders(
     assert json.loads(out)["placeholders"] == {
         "project": {"value": "my-tpu-project", "todo": "set project to your GCP project"},
         "bucket": {"value": "my-tpu-rl-bucket", "todo": "set bucket to a Cloud Storage bucket name of yours"},
-        "reservation": {
-            "value": "my-v6e-8-reservation",
-            "todo": "set reservation to the name of your v6e-8 reservation",
-        },
     }
     assert "tpu-rl plan: placeholder project=my-tpu-project (the form's example)" in err
     conf = {"project": "proj-123", "bucket": "bucket-123"}
@@ -239,7 +235,7 @@ def test_the_plan_of_the_untouched_form_reads_the_forms_tpu_rl_defaults(
     assert any("env-project-123" in argv for argv in argvs)
     assert any("env-bucket-123" in argv for argv in argvs)
     assert not any("my-tpu-project" in argv or "my-tpu-rl-bucket" in argv for argv in argvs)
-    assert set(plan["placeholders"]) <= {"reservation"}
+    assert plan["placeholders"] == {}
     assert "placeholder project=" not in err
     # the run's conf still overrides every field
     code, out, _ = _plan(capsys, dag_id, "--conf", json.dumps({"project": "conf-project-1"}))
@@ -288,8 +284,18 @@ def test_the_plan_shows_the_capacity_and_what_it_renders(capsys: pytest.CaptureF
         "autoscaling_min_node_count": 0,
         "autoscaling_max_node_count": 8,
     }
+    # the untouched forms: on-demand, no reservation; a reservation named in the conf is consumed
+    for dag_id in ("tpu_rl_gke_pipeline", "tpu_rl_tpu_vm_pipeline"):
+        code, out, _ = _plan(capsys, dag_id)
+        capacity = json.loads(out)["capacity"]
+        assert (capacity["value"], capacity["reservation"]) == ("on-demand", None), capacity
+        code, out, _ = _plan(capsys, dag_id, "--conf", json.dumps({"reservation": "res-1"}))
+        capacity = json.loads(out)["capacity"]
+        assert (capacity["value"], capacity["reservation"]) == ("reservation", "res-1"), capacity
     code, out, _ = _plan(capsys, "tpu_rl_gke_pipeline")
-    assert json.loads(out)["capacity"]["value"] == "reservation"
+    assert json.loads(out)["capacity"]["tpu_pool_settings"] == {
+        "reservation_affinity": {"consume_reservation_type": "NO_RESERVATION"}
+    }
 
 
 def test_a_capacity_with_a_reservation_is_an_invalid_conf(capsys: pytest.CaptureFixture[str]) -> None:

@@ -48,9 +48,10 @@ def test_plot_writes_the_trend_of_one_model(
     drawn: list[list[str]] = []
     real_figure = plots.reward_trend_figure
 
-    def spy(series: list[plots.TrendSeries]) -> object:
+    def spy(series: list[plots.TrendSeries], title: str | None = None) -> object:
         drawn.append([f"{one.model}:{one.before}:{one.after}" for one in series])
-        return real_figure(series)
+        assert title == "Mean reward across runs"  # the PNG stands alone: it names itself
+        return real_figure(series, title=title)
 
     monkeypatch.setattr(plots, "reward_trend_figure", spy)
     output = tmp_path / "trend.png"

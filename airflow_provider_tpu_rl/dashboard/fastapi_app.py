@@ -17,8 +17,9 @@ from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_da
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, Response
 
-from airflow_provider_tpu_rl.dashboard.pages import TITLE, message_page, run_page, runs_page
+from airflow_provider_tpu_rl.dashboard.pages import TITLE, Airflow3Ui, message_page, run_page, runs_page
 from airflow_provider_tpu_rl.dashboard.reads import DashboardReader, NotFound
+from airflow_provider_tpu_rl.links import DASHBOARD_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,9 @@ def create_app() -> FastAPI:
             view = reader.run(dag_id, run_id)
         except NotFound as error:
             return HTMLResponse(message_page(str(error)), status_code=404)
-        return HTMLResponse(run_page(_root(request), view.run, view.artifacts))
+        root = _root(request)
+        ui = Airflow3Ui(root.removesuffix(DASHBOARD_PREFIX))  # the UI at the API server's root
+        return HTMLResponse(run_page(root, view.run, view.artifacts, view.steps, ui=ui))
 
     @app.get("/curves/{dag_id}/{run_id:path}", dependencies=[Depends(read_dag)])
     def curves(dag_id: str, run_id: str, reader: Reader) -> Response:

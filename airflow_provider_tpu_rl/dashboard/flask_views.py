@@ -17,7 +17,7 @@ from airflow.www.extensions.init_auth_manager import get_auth_manager
 from flask import Response, g, request
 from flask_appbuilder import BaseView, expose
 
-from airflow_provider_tpu_rl.dashboard.pages import TITLE, message_page, run_page, runs_page
+from airflow_provider_tpu_rl.dashboard.pages import TITLE, Airflow2Ui, message_page, run_page, runs_page
 from airflow_provider_tpu_rl.dashboard.reads import DashboardReader, NotFound
 from airflow_provider_tpu_rl.links import DASHBOARD_PREFIX
 
@@ -75,7 +75,9 @@ class RunsDashboardView(BaseView):
         view = _guarded(lambda: self.reader.run(dag_id, run_id))
         if isinstance(view, Response):
             return view
-        return Response(run_page(self._root(), view.run, view.artifacts), mimetype="text/html")
+        ui = Airflow2Ui(request.script_root.rstrip("/"))  # the webserver's own pages
+        page = run_page(self._root(), view.run, view.artifacts, view.steps, ui=ui)
+        return Response(page, mimetype="text/html")
 
     @expose("/curves/<string:dag_id>/<path:run_id>")
     @auth.has_access_dag("GET")

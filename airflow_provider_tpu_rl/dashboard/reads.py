@@ -18,7 +18,7 @@ from airflow_provider_tpu_rl.ledger.plots import (
     reward_trend_figure,
     reward_trend_series,
 )
-from airflow_provider_tpu_rl.ledger.records import ArtifactRecord, RunSummary, make_run_id
+from airflow_provider_tpu_rl.ledger.records import ArtifactRecord, RunSummary, StepRecord, make_run_id
 from airflow_provider_tpu_rl.maxtext.layout import parse_gs_uri
 
 log = logging.getLogger(__name__)
@@ -34,10 +34,11 @@ class NotFound(LookupError):
 
 @dataclass(frozen=True)
 class RunView:
-    """One run's page: its summary and where its outputs are."""
+    """One run's page: its summary, where its outputs are and its stages (latest try of each task)."""
 
     run: RunSummary
     artifacts: tuple[ArtifactRecord, ...]
+    steps: tuple[StepRecord, ...] = ()
 
     @property
     def curves_uri(self) -> str | None:
@@ -66,7 +67,7 @@ class DashboardReader:
         summary = ledger.run_summary(key)
         if summary is None:
             raise NotFound(f"the run ledger holds no run {key}")
-        return RunView(summary, tuple(ledger.run_artifacts(key)))
+        return RunView(summary, tuple(ledger.run_artifacts(key)), tuple(ledger.recorded_steps(key).values()))
 
     def curves_png(self, dag_id: str, run_id: str) -> bytes:
         """The run's curves PNG, read from GCS within :data:`CURVES_READ_TIMEOUT_SECONDS`."""

@@ -16,6 +16,7 @@ from airflow_provider_tpu_rl.ledger.records import RunSummary, idle_share
 
 UNKNOWN = "-"
 DEFAULT_PLOT_FILE = "tpu-rl-reward-trend.png"
+TREND_TITLE = "Mean reward across runs"  # the PNG's own title (the dashboard's heading names it there)
 RUNS_COLUMNS = (
     "RUN",
     "MODEL",
@@ -323,7 +324,7 @@ def run_plot_command(args: argparse.Namespace, ledger: Any, out: TextIO, err: Te
     series = reward_trend_series(rows)
     output: Path = args.output or Path(DEFAULT_PLOT_FILE)
     try:
-        output.write_bytes(figure_png(reward_trend_figure(series)))
+        output.write_bytes(figure_png(reward_trend_figure(series, title=TREND_TITLE)))
     except OSError as error:
         print(f"tpu-rl runs --plot: cannot write {output}: {error}", file=err)
         return 1

@@ -178,6 +178,7 @@ RUNS = TableSpec(
         Column("resumes", "INT64"),
         Column("steps_lost", "INT64"),
         Column("seconds_lost", "FLOAT64"),
+        Column("settings_json", "STRING"),
     ),
 )
 
@@ -340,6 +341,7 @@ def run_row(run: RunRecord, recorded_at: datetime) -> dict[str, Any]:
         "resumes": run.resume_loss.resumes if run.resume_loss else None,
         "steps_lost": run.resume_loss.steps_lost if run.resume_loss else None,
         "seconds_lost": run.resume_loss.seconds_lost if run.resume_loss else None,
+        "settings_json": run.settings_json,
     }
 
 

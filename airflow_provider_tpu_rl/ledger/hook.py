@@ -539,11 +539,13 @@ def record_run_from_context(
     chips: int | None,
     conn_id: str = DEFAULT_CONN_ID,
     refusal: str | None = None,
+    settings: Mapping[str, Any] | None = None,
     **collect_options: Any,
 ) -> RunRecord:
     """The ledger task's body: collect the run from the context and upsert it; returns the run.
 
-    ``refusal`` is why the run was refused before anything was spent (``refused at validate: ...``).
+    ``refusal`` is why the run was refused before anything was spent (``refused at validate: ...``);
+    ``settings`` what it was asked to do (:attr:`RunRecord.settings`).
     ``collect_options`` go to :func:`~airflow_provider_tpu_rl.ledger.collect.collect_run_from_context`
     (cluster_task_ids, train_task_id, ...). Steps that :func:`step_callbacks` recorded fill in what
     the context does not know.
@@ -556,9 +558,12 @@ def record_run_from_context(
     )
     if refusal:
         run = dataclasses.replace(run, refusal=refusal)
+    if settings is not None:
+        run = dataclasses.replace(run, settings=dict(settings))
     ledger.record(run, steps, metrics, artifacts)
+    # the run's stages (its tasks), not its training steps
     log.info(
-        "ledger: recorded run %s (%s): %d steps, %d metrics, %d artifacts in %s",
+        "ledger: recorded run %s (%s): %d stages, %d metrics, %d artifacts in %s",
         run.run_id,
         run.state,
         len(steps),
@@ -566,6 +571,31 @@ def record_run_from_context(
         len(artifacts),
         ledger.location,
     )
+    return run
+
+
+def record_run_started(
+    context: Mapping[str, Any],
+    *,
+    model: str,
+    chips: int | None,
+    settings: Mapping[str, Any],
+    conn_id: str = DEFAULT_CONN_ID,
+) -> RunRecord:
+    """Upsert the DAG run as ``running`` with what it was asked to do, once it is validated: the
+    runs dashboard lists it while it runs. ``record_run``, its last teardown, replaces the state."""
+    dag_run = context["dag_run"]
+    run = RunRecord(
+        dag_id=dag_run.dag_id,
+        airflow_run_id=dag_run.run_id,
+        model=model,
+        state="running",
+        started_at=as_utc(getattr(dag_run, "start_date", None)) or datetime.now(UTC),
+        chips=chips,
+        conf=dict(getattr(dag_run, "conf", None) or {}),
+        settings=dict(settings),
+    )
+    RunLedger(conn_id).record(run)
     return run
 
 

@@ -13,7 +13,7 @@ import io
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_tpu_rl.ledger.records import (
@@ -256,7 +256,9 @@ def _draw_timeline(axes: Any, timeline: RunTimeline) -> None:
     axes.set_yticks(range(len(timeline.stages)), [task for task, *_ in timeline.stages], fontsize="small")
     axes.invert_yaxis()
     if timeline.billed is not None or timeline.trained is not None:
-        axes.legend(loc="lower right", fontsize="small")
+        # outside the data, right of the bars (the last stages end at the right edge, where a legend
+        # inside would cover them); the constrained layout makes room for it
+        axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", borderaxespad=0.0)
     axes.grid(True, axis="x", alpha=0.3)
 
 
@@ -306,19 +308,38 @@ def _maybe_float(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
-def reward_trend_figure(series: Sequence[TrendSeries]) -> Figure:
+# The time axis of the reward trend: the runs' span and a margin of 8% of it each side, at least
+# TREND_MIN_MARGIN (one run, or runs started together, would otherwise get matplotlib's default
+# span of a singular date range: years).
+TREND_MARGIN_SHARE = 0.08
+TREND_MIN_MARGIN = timedelta(minutes=30)
+
+
+def trend_time_limits(times: Sequence[float]) -> tuple[float, float]:
+    """The x-axis limits (matplotlib date numbers, in days) that hold ``times`` with a margin."""
+    first, last = min(times), max(times)
+    margin = max((last - first) * TREND_MARGIN_SHARE, TREND_MIN_MARGIN / timedelta(days=1))
+    return first - margin, last + margin
+
+
+def reward_trend_figure(series: Sequence[TrendSeries], title: str | None = None) -> Figure:
     """Mean reward before (hollow marker) and after (filled) training of every run, at the run's
     start time, one colour per model; a line joins each run's before to its after, so the gain shows
-    with a single run too. Runs without a start time are left out; a missing value is no marker."""
+    with a single run too. Runs without a start time are left out; a missing value is no marker.
+
+    The time axis spans the runs (:func:`trend_time_limits`). ``title``: none by default (a page
+    shows the picture under its own heading); ``tpu-rl runs --plot`` names its PNG."""
     from matplotlib.dates import AutoDateLocator, ConciseDateFormatter, date2num
     from matplotlib.lines import Line2D
 
     figure = _figure(10, 4.5)
     axes = figure.subplots()
-    axes.set_title("Mean reward across runs")
+    if title:
+        axes.set_title(title)
     axes.set_xlabel("run start (UTC)")
     axes.set_ylabel("mean reward")
     drawn: list[tuple[str, str]] = []  # (model, colour)
+    every_time: list[float] = []
     for index, one in enumerate(series):
         colour = f"C{index % 10}"
         when = [as_utc(moment) for moment in one.started_at]
@@ -331,6 +352,7 @@ def reward_trend_figure(series: Sequence[TrendSeries]) -> Figure:
             continue
         drawn.append((one.model, colour))
         times = [moment for moment, _, _ in runs]
+        every_time.extend(times)
         axes.plot(
             times, _nan([b for _, b, _ in runs]), linestyle="none", marker="o", markersize=7,
             markerfacecolor="white", markeredgecolor=colour, label=f"{one.model} before",
@@ -353,7 +375,8 @@ def reward_trend_figure(series: Sequence[TrendSeries]) -> Figure:
         locator = AutoDateLocator()
         axes.xaxis.set_major_locator(locator)
         axes.xaxis.set_major_formatter(ConciseDateFormatter(locator))
-        axes.margins(x=0.08, y=0.15)
+        axes.margins(y=0.15)
+        axes.set_xlim(*trend_time_limits(every_time))
         models = [
             Line2D([], [], color=colour, marker="o", linestyle="-", label=model) for model, colour in drawn
         ]

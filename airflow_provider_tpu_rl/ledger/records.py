@@ -170,6 +170,9 @@ class RunRecord:
     usd_per_chip_hour: float | None = None
     refusal: str | None = None  # "refused at validate: ..." for a run refused before anything was spent
     resume_loss: ResumeLoss | None = None  # what restarting its training cost (None: not known)
+    # what the run was asked to do (model, capacity, steps, learning rate, run name, TPU shape):
+    # validate's resolved values, which the dashboard's run page lists (None: not known)
+    settings: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.state not in RUN_STATES:
@@ -216,6 +219,13 @@ class RunRecord:
     def conf_json(self) -> str:
         """The run conf as JSON with secrets redacted."""
         return json.dumps(redact_conf(self.conf), sort_keys=True, default=str)
+
+    @property
+    def settings_json(self) -> str | None:
+        """The run's settings as JSON with secrets redacted; None when not known."""
+        if self.settings is None:
+            return None
+        return json.dumps(redact_conf(self.settings), sort_keys=True, default=str)
 
 
 @dataclass(frozen=True)
@@ -322,11 +332,24 @@ class RunSummary:
     resumes: int | None = None
     steps_lost: int | None = None
     seconds_lost: float | None = None
+    usd_per_chip_hour: float | None = None
+    settings_json: str | None = None
 
     @property
     def idle_share(self) -> float | None:
         """The share of billed TPU time that did not train."""
         return idle_share(self.chip_hours, self.busy_chip_hours)
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """What the run was asked to do (:attr:`RunRecord.settings`); empty when not recorded."""
+        if not self.settings_json:
+            return {}
+        try:
+            found = json.loads(self.settings_json)
+        except ValueError:
+            return {}
+        return dict(found) if isinstance(found, Mapping) else {}
 
     @property
     def no_reward_reason(self) -> str | None:

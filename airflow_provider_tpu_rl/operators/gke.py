@@ -20,7 +20,7 @@ from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, expiry_
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.render.blueprint import BLUEPRINT_RELPATH, customize_blueprint
 from airflow_provider_tpu_rl.spec import rules
-from airflow_provider_tpu_rl.spec.cluster import RESERVATION, ClusterSpec
+from airflow_provider_tpu_rl.spec.cluster import ClusterSpec, default_capacity
 from airflow_provider_tpu_rl.spec.pipeline import hf_token_spec, run_suffix
 from airflow_provider_tpu_rl.spec.preflight import enabled_secret_versions, parse_json_document
 from airflow_provider_tpu_rl.spec.presets import BlueprintEdits, get_preset
@@ -236,7 +236,7 @@ class _ClusterOperator(GclusterBaseOperator):
         cluster_name: str,
         bucket: str,
         reservation: str = "",
-        capacity: str = RESERVATION,
+        capacity: str | None = None,
         model: str | None = None,
         compute_type: str | None = None,
         topology: str | None = None,
@@ -270,7 +270,7 @@ class _ClusterOperator(GclusterBaseOperator):
             "cluster_name": self.cluster_name,
             "bucket": self.bucket,
             "reservation": self.reservation or "",
-            "capacity": self.capacity or RESERVATION,
+            "capacity": self.capacity or default_capacity(self.reservation),
             "compute_type": self.compute_type,
             "topology": self.topology,
             "num_slices": self.num_slices,
@@ -523,10 +523,10 @@ class GclusterDeployOperator(_ClusterOperator):
     :param zone: zone of the TPU node pool (inside ``location``).
     :param cluster_name: GKE cluster / deployment name (``[a-z][a-z0-9-]*``, at most 20 characters).
     :param bucket: bucket for the Terraform state and the janitor's record.
-    :param reservation: TPU reservation the node pool consumes; empty: none, the pool is on-demand.
-    :param capacity: how the TPU node pool is provisioned: ``reservation`` (default; the
-        reservation named, or on-demand without one), ``spot`` (Spot VMs) or ``flex-start`` (DWS
-        flex-start); the last two consume no reservation.
+    :param reservation: TPU reservation the node pool consumes (``reservation`` capacity).
+    :param capacity: how the TPU node pool is provisioned: ``on-demand`` (no reservation),
+        ``reservation`` (the reservation named), ``spot`` (Spot VMs) or ``flex-start`` (DWS
+        flex-start); empty: ``reservation`` when one is named, else ``on-demand``.
     :param model: a model preset name: it sets the blueprint edits and the slice shape left empty.
     :param compute_type: TPU machine type (default the preset's, ``ct6e-standard-4t``).
     :param topology: slice topology (default the preset's, ``4x8``).
@@ -569,12 +569,14 @@ class GclusterDeployOperator(_ClusterOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         cluster = self.cluster()
         only, skip = group_selection(self.only_groups, self.skip_groups)
-        if only:
-            return self.deploy_groups(context, cluster, only)
-        # The link works from the start: the console shows the cluster while it is being created.
+        # The link works from the start: the console shows the cluster while it is being created,
+        # and its node pools (a group deployed alone, the TPU pool) on the same page. Every try of
+        # every deploy saves it: a link registered and never saved shows an empty "Extra Links".
         GKEClusterLink.persist(
             context, project_id=cluster.project, location=cluster.region, cluster_name=cluster.cluster_name
         )
+        if only:
+            return self.deploy_groups(context, cluster, only)
         # Terraform, Packer, git: refused in one line here, never by gcluster's [y/N] prompt
         self.hook.require_toolchain("deploy")
         dag_id, run_id = self.run_ids(context)

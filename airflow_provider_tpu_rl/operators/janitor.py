@@ -50,6 +50,7 @@ from airflow_provider_tpu_rl.janitor_sources import (
 from airflow_provider_tpu_rl.operators.gke import cluster_spec, destroy_cluster
 from airflow_provider_tpu_rl.render import gke, tpu_vm
 from airflow_provider_tpu_rl.render.command import Command
+from airflow_provider_tpu_rl.spec.cluster import ON_DEMAND, RESERVATION, default_capacity
 
 log = logging.getLogger(__name__)
 
@@ -329,6 +330,17 @@ def take_lease(
     return replace(mine, generation=int(blob.generation or 0))
 
 
+def recorded_cluster_arguments(cluster: Mapping[str, Any]) -> dict[str, Any]:
+    """A resource record's cluster arguments, as the cluster was deployed. A record written before
+    ``on-demand`` was a capacity holds ``reservation`` capacity (or none) with no reservation for
+    what deployed on-demand (``NO_RESERVATION``): read as ``on-demand``."""
+    values = dict(cluster)
+    values["capacity"] = values.get("capacity") or default_capacity(values.get("reservation"))
+    if values["capacity"] == RESERVATION and not values.get("reservation"):
+        values["capacity"] = ON_DEMAND
+    return values
+
+
 def destroy_resource(
     hook: GclusterHook,
     resource: ManagedResource,
@@ -363,7 +375,7 @@ def destroy_resource(
     try:
         destroy_cluster(
             hook,
-            cluster_spec(record["cluster"], record.get("model")),
+            cluster_spec(recorded_cluster_arguments(record["cluster"]), record.get("model")),
             dag_id=str(record["dag_id"]),
             run_id=str(record["run_id"]),
             expires_at=int(record.get("expires_at") or 0),

@@ -26,6 +26,8 @@ from airflow_provider_tpu_rl.ledger.records import ArtifactRecord, RunRecord
 from airflow_provider_tpu_rl.links import RunDashboardLink
 from airflow_provider_tpu_rl.maxtext.layout import parse_gs_uri
 from airflow_provider_tpu_rl.operators.pipeline import ERROR_XCOM_KEY, INVALID_CONF
+from airflow_provider_tpu_rl.spec import SpecError
+from airflow_provider_tpu_rl.spec.presets import get_preset
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,34 @@ def curves_uri(folder: str, suffix: str | None) -> str:
     """``<run folder>/tpu-rl-curves-<suffix>.png``: one picture per DAG run."""
     name = f"{CURVES_PREFIX}-{suffix}.png" if suffix else f"{CURVES_PREFIX}.png"
     return folder.rstrip("/") + "/" + name
+
+
+def run_settings(derived: Mapping[str, Any]) -> dict[str, Any]:
+    """What a run was asked to do, from ``validate``'s resolved values: the model, the TPU capacity
+    (and its reservation), the training steps, the learning rate (the run's override, else the
+    preset's; None: MaxText's own default), the run name, the TPU shape and the run's own MaxText
+    overrides. The dashboard's run page lists them; the ledger keeps them with the run."""
+    model = str(derived.get("model") or "")
+    overrides = dict(derived.get("train_overrides") or {})
+    try:
+        preset_overrides = dict(get_preset(model).train_overrides)
+    except SpecError:
+        preset_overrides = {}
+    learning_rate = overrides.get("learning_rate", preset_overrides.get("learning_rate"))
+    settings = {
+        "model": model,
+        "capacity": derived.get("capacity"),
+        "reservation": derived.get("reservation") or None,
+        "steps": derived.get("num_batches"),
+        "learning_rate": learning_rate,
+        "run_name": derived.get("run_name"),
+        "compute_type": derived.get("compute_type"),
+        "topology": derived.get("topology"),
+        "num_slices": derived.get("num_slices"),
+        "runtime": derived.get("runtime"),
+        "train_overrides": overrides,
+    }
+    return {key: value for key, value in settings.items() if value is not None}
 
 
 def tpu_time_line(run: RunRecord) -> str:
@@ -144,6 +174,7 @@ class RecordRunOperator(BaseOperator):
             chips=derived.get("chips"),
             conn_id=self.conn_id,
             refusal=refusal,
+            settings=run_settings(derived) if derived else None,
             cluster_task_ids=self.cluster_task_ids,
             teardown_task_ids=self.teardown_task_ids,
             ignored_task_ids=self.ignored_task_ids,

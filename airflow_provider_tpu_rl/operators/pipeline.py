@@ -21,6 +21,7 @@ from airflow_provider_tpu_rl.spec import (
     gke_pipeline_from_conf,
     tpu_vm_pipeline_from_conf,
 )
+from airflow_provider_tpu_rl.spec.cluster import default_capacity
 from airflow_provider_tpu_rl.spec.errors import field_name
 from airflow_provider_tpu_rl.spec.pipeline import ENVIRONMENT_OPTIONS, refuse_placeholders
 
@@ -158,7 +159,11 @@ def validate_pipeline_conf(
         raise AirflowFailException(
             f"{INVALID_CONF}{field_name(unknown[0])}: unknown conf key; valid keys are {sorted(known)}"
         )
-    resolved = build_pipeline(kind, conf_from_params(params, kind), dag_id, run_id).resolved()
+    values = conf_from_params(params, kind)
+    if "reservation" in (conf or {}) and "capacity" not in (conf or {}):
+        # a conf naming its reservation (or none) and no capacity: as the spec reads one (REST, CLI)
+        values["capacity"] = default_capacity((conf or {})["reservation"])
+    resolved = build_pipeline(kind, values, dag_id, run_id).resolved()
     try:
         refuse_placeholders(resolved, ENVIRONMENT_OPTIONS[kind])
     except SpecError as err:

@@ -23,7 +23,7 @@ from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, fail_fa
 from airflow_provider_tpu_rl.render import preflight as commands
 from airflow_provider_tpu_rl.spec import preflight as checks
 from airflow_provider_tpu_rl.spec import rules
-from airflow_provider_tpu_rl.spec.cluster import RESERVATION, check_capacity
+from airflow_provider_tpu_rl.spec.cluster import check_capacity, default_capacity, require_reservation_name
 from airflow_provider_tpu_rl.spec.preflight import error_line
 from airflow_provider_tpu_rl.spec.presets import Runner
 
@@ -68,9 +68,10 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
     :param runner: ``gke`` (Cluster Toolkit GKE cluster) or ``tpu_vm`` (one TPU VM).
     :param project_id: project the run creates its resources in; empty: the GCP connection's.
     :param zone: zone of the TPUs (and of the reservation).
-    :param reservation: reservation the run consumes; empty = not checked.
-    :param capacity: how the TPUs are provisioned (``reservation``, ``spot`` or ``flex-start``);
-        spot and flex-start consume no reservation, so none may be named and none is checked.
+    :param reservation: reservation the run consumes (``reservation`` capacity), checked for room.
+    :param capacity: how the TPUs are provisioned (``on-demand``, ``reservation``, ``spot`` or
+        ``flex-start``); empty: ``reservation`` when one is named, else ``on-demand``. Only
+        ``reservation`` capacity consumes a reservation: it must name one, the others none.
     :param compute_type: TPU machine type (default the runner's: ct6e-standard-4t / -8t).
     :param topology: slice topology (default the runner's: 4x8 / 2x4).
     :param num_slices: slices taken from the reservation (default 1).
@@ -117,7 +118,7 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         zone: str,
         project_id: str | None = None,
         reservation: str | None = "",
-        capacity: str | None = RESERVATION,
+        capacity: str | None = None,
         compute_type: str | None = None,
         topology: str | None = None,
         num_slices: int | str | None = 1,
@@ -374,7 +375,8 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         reservation = self.reservation or ""
         if reservation:
             rules.gce_name("reservation", reservation, "reservation name")
-        capacity = check_capacity(self.capacity or RESERVATION, reservation)
+        capacity = check_capacity(self.capacity or default_capacity(reservation), reservation)
+        require_reservation_name(capacity, reservation)
         services = self._services(run)
         permissions = self._permissions(run)
         need = self._need(run)
@@ -407,10 +409,7 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
                 reservation_problems = self.check_reservation(project, zone, reservation, need)
             else:
                 reservation_problems = []
-                if capacity == RESERVATION:
-                    self.log.info("no reservation named: its capacity is not checked")
-                else:
-                    self.log.info("%s capacity consumes no reservation: none is checked", capacity)
+                self.log.info("%s capacity consumes no reservation: none is checked", capacity)
             problems += permission_problems.result() + reservation_problems
         lease_line = self.lease_holder_line(context)
         waiting = lease_wait_seconds()

@@ -46,7 +46,7 @@ from airflow_provider_tpu_rl.operators.takeover import DEFAULT_STOP_TIMEOUT, dis
 from airflow_provider_tpu_rl.render import tpu_vm
 from airflow_provider_tpu_rl.render.command import Command
 from airflow_provider_tpu_rl.spec import rules
-from airflow_provider_tpu_rl.spec.cluster import RESERVATION, CpuVmSpec, TpuVmSpec
+from airflow_provider_tpu_rl.spec.cluster import CpuVmSpec, TpuVmSpec, default_capacity
 from airflow_provider_tpu_rl.spec.errors import SpecError
 from airflow_provider_tpu_rl.spec.pipeline import (
     TPU_VM_DEFAULTS,
@@ -65,9 +65,10 @@ def vm_create_command(
     """The run's VM (``machine``: ``tpu`` or ``cpu``) with its labels, and its create argv, from the
     create's conf (the one its resource record keeps): the create task and a train retry that
     re-creates a lost TPU VM render the same argv."""
-    p = tpu_vm_pipeline_from_conf(
-        dict(conf), dag_id=dag_id, run_id=run_id, require_reservation=machine == "tpu"
-    )
+    values = dict(conf)
+    # a record written before capacity was a conf key: its reservation's capacity, else on-demand
+    values.setdefault("capacity", default_capacity(values.get("reservation")))
+    p = tpu_vm_pipeline_from_conf(values, dag_id=dag_id, run_id=run_id, require_reservation=machine == "tpu")
     vm = replace(p.cpu_vm if machine == "cpu" else p.vm, labels=tpu_vm.vm_labels(p, expires_at))
     if isinstance(vm, CpuVmSpec):
         return vm, tpu_vm.create_cpu_vm(vm, p.service_account)
@@ -168,8 +169,9 @@ class TpuVmCreateOperator(_TpuVmOperator):
     """Create the TPU VM with labels the janitor reads; an existing VM of this run is reused.
 
     :param reservation: the v6e-8 reservation the VM is bound to (``reservation`` capacity).
-    :param capacity: how the TPU VM is provisioned: ``reservation`` (default), ``spot`` or
-        ``flex-start`` (``render.tpu_vm.capacity_flags``); the last two take no reservation.
+    :param capacity: how the TPU VM is provisioned: ``on-demand``, ``reservation``, ``spot`` or
+        ``flex-start`` (``render.tpu_vm.capacity_flags``); empty: ``reservation`` when one is
+        named, else ``on-demand``. Only ``reservation`` takes a reservation.
     :param service_account: the VM's service account; empty = the project's default.
     :param hf_token_conn_id: the HF token connection, which names the default secret.
     :param hf_token_secret: the secret the VM reads the token from; empty = the connection's.
@@ -195,8 +197,8 @@ class TpuVmCreateOperator(_TpuVmOperator):
     def __init__(
         self,
         *,
-        reservation: str,
-        capacity: str = RESERVATION,
+        reservation: str | None = None,
+        capacity: str | None = None,
         service_account: str | None = None,
         hf_token_conn_id: str = "huggingface_default",
         hf_token_secret: str | None = None,
@@ -221,8 +223,8 @@ class TpuVmCreateOperator(_TpuVmOperator):
         conf = {
             **self.conf(),
             **self.machine_conf(),
-            "reservation": self.reservation,
-            "capacity": self.capacity or RESERVATION,
+            "reservation": self.reservation or "",
+            "capacity": self.capacity or default_capacity(self.reservation),
             "service_account": self.service_account or None,
             "keep_vm": rules.boolean("keep_vm", self.keep_vm),
             "max_vm_hours": rules.integer("max_vm_hours", self.max_vm_hours, 1, 24 * 7),

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from airflow_provider_tpu_rl.spec.cluster import FLEX_START, RESERVATION, SPOT
+from airflow_provider_tpu_rl.spec.cluster import FLEX_START, ON_DEMAND, RESERVATION, SPOT
 from airflow_provider_tpu_rl.spec.presets import BlueprintEdits
 
 BLUEPRINT_RELPATH = "examples/gke-tpu-v6e/gke-tpu-v6e-advanced.yaml"
@@ -72,8 +72,10 @@ def customize_blueprint(
     """Apply the tutorial edits to the blueprint text and return the new YAML.
 
     ``reservation=False``: the run names no reservation, so the TPU node pool consumes none.
-    ``capacity`` ``spot`` or ``flex-start``: the TPU node pool's provisioning (:func:`set_capacity`;
-    ``slice_vms``, the VMs of one slice, bounds a flex-start pool's autoscaling).
+    ``capacity`` ``on-demand``: the pool consumes no reservation and sets no consumption option
+    (gke-node-pool's defaults: ``spot = false``, no flex-start). ``spot`` or ``flex-start``: the TPU
+    node pool's provisioning (:func:`set_capacity`; ``slice_vms``, the VMs of one slice, bounds a
+    flex-start pool's autoscaling).
     ``tpu_quota`` (the slices' chips): the TPU node pool moves to its own deployment group
     ``tpu`` (:func:`split_tpu_group`), deployed and destroyed on its own around the training.
     """
@@ -104,7 +106,7 @@ def customize_blueprint(
     _queue_cpu_jobs(doc, modules)
     if not reservation or capacity != RESERVATION:
         _consume_no_reservation(modules)
-    if capacity != RESERVATION:
+    if capacity in (SPOT, FLEX_START):
         set_capacity(_tpu_pool(modules), capacity, slice_vms)
     if tpu_quota is not None:
         split_tpu_group(doc, tpu_quota)
@@ -168,7 +170,11 @@ def _consume_no_reservation(modules: list[dict[str, Any]]) -> None:
 
 
 def capacity_settings(capacity: str, slice_vms: int | None) -> dict[str, Any]:
-    """The gke-node-pool settings of a TPU node pool with ``capacity`` (spot or flex-start).
+    """The gke-node-pool settings of a TPU node pool with ``capacity`` (on-demand, spot or flex-start).
+
+    ``on-demand``: ``NO_RESERVATION`` alone; the module's other consumption options keep their
+    defaults, off (``modules/compute/gke-node-pool/variables.tf``: ``spot`` default ``false``,
+    ``reservation_affinity`` default ``NO_RESERVATION``), so GKE creates standard (on-demand) nodes.
 
     gke-node-pool's preconditions (``modules/compute/gke-node-pool/main.tf`` l.415-438 at
     cluster-toolkit 1047080): spot and flex-start only with ``NO_RESERVATION``, never both;
@@ -178,6 +184,8 @@ def capacity_settings(capacity: str, slice_vms: int | None) -> dict[str, Any]:
     l.111-112: they work around a Terraform provider bug with TPU flex-start).
     """
     no_reservation = {"reservation_affinity": {"consume_reservation_type": "NO_RESERVATION"}}
+    if capacity == ON_DEMAND:
+        return no_reservation
     if capacity == SPOT:
         return {**no_reservation, "spot": True}
     if capacity == FLEX_START:

@@ -167,18 +167,14 @@ def gke_capacity(pipeline: GkePipelineSpec) -> dict[str, Any]:
     """The run's capacity and what it renders: the TPU node pool's blueprint settings (the
     ``deploy_tpu_pool`` argv does not show them)."""
     cluster = pipeline.cluster
-    if cluster.capacity == RESERVATION:
-        affinity: dict[str, Any] = (
-            {
-                "consume_reservation_type": "SPECIFIC_RESERVATION",
-                "specific_reservations": [{"name": cluster.reservation}],
-            }
-            if cluster.reservation
-            else {"consume_reservation_type": "NO_RESERVATION"}  # on-demand
-        )
+    if cluster.capacity == RESERVATION:  # the spec refuses it without a reservation named
+        affinity = {
+            "consume_reservation_type": "SPECIFIC_RESERVATION",
+            "specific_reservations": [{"name": cluster.reservation}],
+        }
         return {
             "value": cluster.capacity,
-            "reservation": cluster.reservation or None,
+            "reservation": cluster.reservation,
             "tpu_pool_settings": {"reservation_affinity": affinity},
         }
     settings = capacity_settings(cluster.capacity, cluster.shape.vms)

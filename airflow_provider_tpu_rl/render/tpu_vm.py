@@ -7,7 +7,14 @@ from collections.abc import Mapping
 from airflow_provider_tpu_rl.render import gke, maxtext
 from airflow_provider_tpu_rl.render.command import Command
 from airflow_provider_tpu_rl.render.shell import hf_token_from_gcloud, quote_all, with_hf_token
-from airflow_provider_tpu_rl.spec.cluster import FLEX_START, RESERVATION, SPOT, CpuVmSpec, TpuVmSpec
+from airflow_provider_tpu_rl.spec.cluster import (
+    FLEX_START,
+    ON_DEMAND,
+    RESERVATION,
+    SPOT,
+    CpuVmSpec,
+    TpuVmSpec,
+)
 from airflow_provider_tpu_rl.spec.pipeline import TpuVmPipelineSpec
 from airflow_provider_tpu_rl.spec.presets import MAXTEXT_PIP_SPEC
 
@@ -73,11 +80,22 @@ def capacity_flags(vm: TpuVmSpec) -> tuple[tuple[str, ...], list[str]]:
     """The release track and the scheduling flags of the TPU VM's ``capacity``.
 
     TPU VMs cannot live-migrate, so every one has ``--maintenance-policy=TERMINATE``.
+    ``on-demand``: the ``STANDARD`` provisioning model (gcloud's default, "full control over your
+    VM instances' runtime": ``command_lib/compute/instances/flags.py`` AddProvisioningModelVmArgs),
+    consuming no reservation (``--reservation-affinity=none``; gcloud's default ``any`` would take
+    a matching reservation of the project's). No termination action: it applies to Spot VMs and VMs
+    with a run duration (ValidateInstanceScheduling requires one of those flags with it).
     ``reservation``: the seed's flags, bound to the reservation, deleted on termination.
     ``spot``: preemptible; stopped (not deleted) when preempted, so its boot disk with MaxText
     installed is kept and the VM can be started again. ``flex-start``: DWS capacity, queued until
     it is free, ended (deleted) after ``max_run_hours``, consuming no reservation.
     """
+    if vm.capacity == ON_DEMAND:
+        return (), [
+            "--maintenance-policy=TERMINATE",
+            "--provisioning-model=STANDARD",
+            "--reservation-affinity=none",
+        ]
     if vm.capacity == SPOT:
         return (), [
             "--maintenance-policy=TERMINATE",

@@ -25,17 +25,19 @@ CPU_NODE_POOL: Final = "cpu-np"
 WORKLOAD_KSA: Final = "workload-identity-k8s-sa"
 NODE_POOL_LABEL: Final = "cloud.google.com/gke-nodepool"
 K8S_NAME = rules.re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-# How the TPUs are provisioned: from a reservation (the seeds), as Spot VMs (preemptible, no
-# reservation) or with DWS flex-start (queued until capacity is free, then a bounded run time).
+# How the TPUs are provisioned: on demand (no reservation, the list price), from a reservation (the
+# seeds), as Spot VMs (preemptible, no reservation) or with DWS flex-start (queued until capacity is
+# free, then a bounded run time).
+ON_DEMAND: Final = "on-demand"
 RESERVATION: Final = "reservation"
 SPOT: Final = "spot"
 FLEX_START: Final = "flex-start"
-CAPACITIES: Final = (RESERVATION, SPOT, FLEX_START)
+CAPACITIES: Final = (ON_DEMAND, RESERVATION, SPOT, FLEX_START)
 
 
 def check_capacity(capacity: object, reservation: str) -> str:
     """``capacity`` is one of :data:`CAPACITIES` and agrees with ``reservation`` (one line if not):
-    spot and flex-start capacity consume no reservation."""
+    on-demand, spot and flex-start capacity consume no reservation."""
     if capacity not in CAPACITIES:
         raise SpecError("capacity", f"must be one of {list(CAPACITIES)}", capacity)
     if capacity != RESERVATION and reservation:
@@ -46,6 +48,22 @@ def check_capacity(capacity: object, reservation: str) -> str:
             capacity,
         )
     return str(capacity)
+
+
+def require_reservation_name(capacity: str, reservation: str | None) -> None:
+    """``reservation`` capacity names its reservation (one line if not): what creates the TPUs."""
+    if capacity == RESERVATION and not reservation:
+        raise SpecError(
+            "capacity",
+            f"{RESERVATION} capacity needs a reservation: name it in reservation, or set capacity to "
+            f"{ON_DEMAND} (no reservation)",
+            capacity,
+        )
+
+
+def default_capacity(reservation: str | None) -> str:
+    """The capacity of a create that names none: the reservation's when one is named, else on-demand."""
+    return RESERVATION if reservation else ON_DEMAND
 
 
 @dataclass(frozen=True)
@@ -114,7 +132,7 @@ class ClusterSpec:
     cluster_name: str
     bucket: str
     reservation: str = ""
-    capacity: str = RESERVATION
+    capacity: str = ON_DEMAND
     compute_type: str = "ct6e-standard-4t"
     topology: str = "4x8"
     num_slices: int = 1
@@ -133,6 +151,7 @@ class ClusterSpec:
         else:
             rules.require_str("reservation", self.reservation)
         check_capacity(self.capacity, self.reservation)
+        require_reservation_name(self.capacity, self.reservation)
         SliceShape(self.compute_type, self.topology)
         rules.int_range("num_slices", self.num_slices, 1, 64)
         rules.cidr("authorized_cidr", self.authorized_cidr)
@@ -236,6 +255,9 @@ class GkeJobTarget:
 @dataclass(frozen=True)
 class TpuVmSpec:
     """One TPU VM (seed 002: ct6e-standard-8t, v6e-8, topology 2x4), reservation-bound by default.
+
+    An empty ``reservation`` is a spec of a VM that exists already (stages, delete); a create with
+    ``reservation`` capacity needs one (``tpu_vm_pipeline_from_conf``).
 
     ``max_run_hours``: how long a flex-start VM may run (Compute Engine ends it then).
     """

@@ -12,12 +12,14 @@ from typing import Any, Final
 from airflow_provider_tpu_rl.spec import rules
 from airflow_provider_tpu_rl.spec.cluster import (
     CPU_VM_MACHINE_TYPE,
-    RESERVATION,
+    ON_DEMAND,
     ClusterSpec,
     CpuVmSpec,
     GkeJobTarget,
     TpuVmSpec,
     cpu_vm_name,
+    default_capacity,
+    require_reservation_name,
 )
 from airflow_provider_tpu_rl.spec.errors import SpecError
 from airflow_provider_tpu_rl.spec.presets import (
@@ -41,7 +43,9 @@ TPU_VM_DAG_ID: Final = "tpu_rl_tpu_vm_pipeline"
 
 # Values every run needs that no preset can know. The DAG params show them as defaults; the
 # examples among them (PLACEHOLDERS) build a spec, so `tpu-rl plan` works without any conf, but
-# the pipelines' `validate` refuses them.
+# the pipelines' `validate` refuses them. The capacity a first run needs is on-demand: no
+# reservation to buy or name, no preemption, no queue (README, "TPU capacity"); a `[tpu_rl]
+# default_*_reservation` makes `reservation` the forms' default (pipeline_dags.environment_defaults).
 GKE_DEFAULTS: Final[Mapping[str, Any]] = {
     "model": "qwen3-30b-a3b",
     "project": "my-tpu-project",
@@ -50,7 +54,7 @@ GKE_DEFAULTS: Final[Mapping[str, Any]] = {
     "cluster_name": "tpu-rl",
     "bucket": "my-tpu-rl-bucket",
     "reservation": "",
-    "capacity": RESERVATION,
+    "capacity": ON_DEMAND,
     "image": None,
     "workload_image_patched": False,
     "compute_type": None,
@@ -75,8 +79,8 @@ TPU_VM_DEFAULTS: Final[Mapping[str, Any]] = {
     "zone": "us-east5-b",
     "vm_name": "tpu-rl-vm",
     "bucket": "my-tpu-rl-bucket",
-    "reservation": "my-v6e-8-reservation",
-    "capacity": RESERVATION,
+    "reservation": "",
+    "capacity": ON_DEMAND,
     "hf_model_path": None,
     "run_name": None,
     "num_batches": None,
@@ -103,7 +107,6 @@ TPU_VM_RUNTIMES: Final = ("container", "install")
 PLACEHOLDERS: Final[Mapping[str, tuple[str, str]]] = {
     "project": ("my-tpu-project", "set project to your GCP project"),
     "bucket": ("my-tpu-rl-bucket", "set bucket to a Cloud Storage bucket name of yours"),
-    "reservation": ("my-v6e-8-reservation", "set reservation to the name of your v6e-8 reservation"),
 }
 
 # The values every run of one Airflow environment shares: each form field's default comes from its
@@ -275,6 +278,9 @@ def _merge_conf(defaults: Mapping[str, Any], conf: Mapping[str, Any] | None) -> 
     merged = {**defaults, **conf}
     for key, value in merged.items():
         check_conf_type(key, value)
+    if "capacity" in defaults and "capacity" not in conf:
+        # a conf naming a reservation and no capacity consumes it (as before capacity was a key)
+        merged["capacity"] = default_capacity(merged["reservation"])
     return merged
 
 
@@ -737,8 +743,8 @@ def tpu_vm_pipeline_from_conf(
     """
     merged = _merge_conf(TPU_VM_DEFAULTS, conf)
     max_vm_hours = rules.int_range("max_vm_hours", merged["max_vm_hours"], 1, 24 * 7)
-    if require_reservation and merged["capacity"] == RESERVATION:
-        rules.gce_name("reservation", merged["reservation"], "reservation name")
+    if require_reservation:
+        require_reservation_name(merged["capacity"], merged["reservation"])
     preset = get_preset(merged["model"])
     if preset.runner is not Runner.TPU_VM:
         raise SpecError(

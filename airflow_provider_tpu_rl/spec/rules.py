@@ -37,18 +37,31 @@ DURATION = re.compile(r"^[0-9]+(?:s|m|h)$")
 # What the spec says when a value breaks a pattern: SpecError's rule, and the trigger form's
 # description of the field (pipeline_dags.py), so the form shows it next to the field.
 GKE_CLUSTER_NAME_RULE = (
-    "GKE cluster name must start with a lowercase letter, use only [a-z0-9-] and not end with '-'"
+    "GKE cluster name must start with a lowercase letter, use only lowercase letters, digits and "
+    "hyphens, and not end with a hyphen"
 )
-PROJECT_ID_RULE = "project ID must be 6-30 characters of [a-z0-9-], start with a letter, not end with '-'"
+PROJECT_ID_RULE = (
+    "project ID must be 6-30 lowercase letters, digits or hyphens, start with a letter and not end "
+    "with a hyphen"
+)
 REGION_RULE = "region must look like 'us-east5' or 'europe-west4'"
 ZONE_RULE = "zone must look like 'us-east5-b'"
-BUCKET_CHARS_RULE = "bucket name must use [a-z0-9._-] and start and end with a letter or digit"
-IMAGE_RULE = "container image must be registry/path[:tag][@sha256:digest]"
+BUCKET_CHARS_RULE = (
+    "bucket name must use only lowercase letters, digits, dots, hyphens and underscores, and start "
+    "and end with a letter or digit"
+)
+IMAGE_RULE = (
+    "container image must be a lowercase registry/path, then an optional :tag and an optional "
+    "@sha256: digest, like us-docker.pkg.dev/project/repo/image:1.0"
+)
 HF_REPO_ID_RULE = "Hugging Face repo id like org/model"
-RUN_NAME_RULE = "run name must match [A-Za-z0-9][A-Za-z0-9._-]{0,62}"
-CONN_ID_RULE = "connection id must match [A-Za-z0-9_.-]+"
+RUN_NAME_RULE = (
+    "run name must be 1-63 letters, digits, dots, hyphens or underscores, starting with a letter or digit"
+)
+CONN_ID_RULE = "connection id must be letters, digits, dots, hyphens or underscores"
 SECRET_ID_RULE = (
-    "secret id must match [A-Za-z0-9_-]{1,255} and not start with '-' (gcloud would take it for a flag)"
+    "secret id must be 1-255 letters, digits, hyphens or underscores, not starting with a hyphen "
+    "(gcloud would take it for a flag)"
 )
 SERVICE_ACCOUNT_RULE = "must be a service account e-mail"
 # An account an impersonation chain names: a service account's e-mail (user-managed, a service
@@ -62,12 +75,18 @@ IMPERSONATION_CHAIN_RULE = (
     "must be a service account e-mail, or a delegation chain: a list of them (or one string of them "
     "separated by commas, as gcloud reads it), the last one impersonated"
 )
-MAXTEXT_KEY_RULE = "MaxText override keys must match [a-z_][a-z0-9_.]*"
+MAXTEXT_KEY_RULE = (
+    "MaxText override keys must be lowercase letters, digits, underscores and dots, starting with a "
+    "letter or underscore"
+)
 
 
 def gce_name_rule(what: str) -> str:
     """The rule of a Compute Engine name (``what``: "VM name", "reservation name", ...)."""
-    return f"{what} must match [a-z]([-a-z0-9]{{0,61}}[a-z0-9])?"
+    return (
+        f"{what} must be 1-63 lowercase letters, digits or hyphens, start with a letter and not end "
+        "with a hyphen"
+    )
 
 
 # C0/C1 controls and the Unicode line separators: YAML (the JobSet spec gcluster writes) and

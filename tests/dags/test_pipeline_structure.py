@@ -25,11 +25,13 @@ from airflow_provider_tpu_rl.spec import GKE_DEFAULTS, TPU_VM_DEFAULTS
 from airflow_provider_tpu_rl.spec.pipeline import GKE_TASK_ORDER, TPU_VM_TASK_ORDER
 from tests.dags.conftest import GKE_DAG_ID, PIPELINE_DAG_IDS, TPU_VM_DAG_ID
 
-# validate refuses the form's example project, bucket and reservation: a run names its own.
+# validate refuses the form's example project and bucket: a run names its own (here with a
+# reservation, which every operator that creates TPUs gets).
 OWN_CLOUD = {
     "project": "tpu-rl-structure",
     "bucket": "tpu-rl-structure-bucket",
     "reservation": "tpu-rl-structure-reservation",
+    "capacity": "reservation",
 }
 
 
@@ -126,6 +128,50 @@ def test_tasks_run_in_the_tutorial_order(pipeline: tuple[Any, Shape]) -> None:
         expected_upstream[task_id] |= extra
     actual = {task_id: set(dag.get_task(task_id).upstream_task_ids) for task_id in shape.order}
     assert actual == expected_upstream
+
+
+# The graph's groups (pipeline_dags.stage_group), each holding consecutive stages; validate and the
+# watcher stay outside.
+STAGE_GROUPS = {
+    GKE_DAG_ID: {
+        "prepare": ["preflight", "ensure_bucket", "deploy_cluster", "sync_hf_token"],
+        "conversion": ["convert_to_maxtext", "wait_converted_checkpoint"],
+        "training": ["deploy_tpu_pool", "train", "wait_actor_checkpoint", "destroy_tpu_pool"],
+        "export": ["export_to_huggingface", "wait_hf_export"],
+        "teardown": ["destroy_cluster", "record_run"],
+    },
+    TPU_VM_DAG_ID: {
+        "prepare": ["preflight", "ensure_bucket", "sync_hf_token", "create_cpu_vm", "install_cpu_vm"],
+        "conversion": ["convert_to_maxtext", "wait_converted_checkpoint"],
+        "training": ["create_vm", "install_maxtext", "train", "wait_actor_checkpoint", "delete_vm"],
+        "export": ["export_to_huggingface", "wait_hf_export"],
+        "teardown": ["delete_cpu_vm", "record_run"],
+    },
+}
+
+
+def test_the_graph_groups_the_stages_and_every_task_keeps_its_id(
+    serialized_dags: dict[str, Any], pipeline: tuple[Any, Shape]
+) -> None:
+    """Five groups instead of 16 tasks in a row: the graph reads at fit. Task ids stay unprefixed
+    (prefix_group_id=False): the task orders, the ledger, the watcher, tpu-rl plan and the docs
+    name tasks by id."""
+    dag, shape = pipeline
+    for graph in (dag, serialized_dags[dag.dag_id]):
+        root = graph.task_group
+        groups = {
+            group_id: sorted(child.children)
+            for group_id, child in root.children.items()
+            if hasattr(child, "children")
+        }
+        assert groups == {group: sorted(ids) for group, ids in STAGE_GROUPS[dag.dag_id].items()}
+        top = sorted(task_id for task_id, child in root.children.items() if not hasattr(child, "children"))
+        assert top == ["validate", WATCHER]
+        assert set(graph.task_ids) == {*shape.order, WATCHER}
+        for group_id in groups:
+            assert root.children[group_id].tooltip
+    grouped = [task_id for ids in STAGE_GROUPS[dag.dag_id].values() for task_id in ids]
+    assert ["validate", *grouped] == list(shape.order)  # each group holds consecutive stages
 
 
 def test_the_resource_teardown_is_a_teardown_of_its_setups(pipeline: tuple[Any, Shape]) -> None:
@@ -367,7 +413,9 @@ def test_deploy_and_record_run_carry_their_console_links(
     assert dag.get_task("record_run").extra_links == ["Run Curves"]
     assert dag.get_task("record_run").operator_name == "RecordRunOperator"
     if dag.dag_id == GKE_DAG_ID:
+        # both deploys save the link (test_deploy_cluster_link.py): no empty "Extra Links" heading
         assert dag.get_task("deploy_cluster").extra_links == ["GKE Cluster"]
+        assert dag.get_task("deploy_tpu_pool").extra_links == ["GKE Cluster"]
     for task in dag.tasks:
         if task.task_id.startswith("wait_"):
             assert task.extra_links == ["GCS Folder"], task.task_id

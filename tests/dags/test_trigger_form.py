@@ -8,6 +8,7 @@ tables below say for each bad conf which of the two can refuse it and with which
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_tpu_rl.compat import (
+    FORM_BOOLEAN_NULLABLE,
     FORM_NULL_CHOICE,
     FORM_OPEN_SECTION,
     AirflowFailException,
@@ -36,14 +38,10 @@ from tests.dags.conftest import (
 )
 
 DEFAULTS: dict[str, Mapping[str, Any]] = {GKE_DAG_ID: GKE_DEFAULTS, TPU_VM_DAG_ID: TPU_VM_DEFAULTS}
-# A user's own project, bucket and reservation: `validate` refuses the form's examples.
+# A user's own project and bucket: `validate` refuses the form's examples.
 OWN_VALUES: dict[str, dict[str, Any]] = {
     GKE_DAG_ID: {"project": "tpu-rl-form-test", "bucket": "tpu-rl-form-test-bucket"},
-    TPU_VM_DAG_ID: {
-        "project": "tpu-rl-form-test",
-        "bucket": "tpu-rl-form-test-bucket",
-        "reservation": "res-8",
-    },
+    TPU_VM_DAG_ID: {"project": "tpu-rl-form-test", "bucket": "tpu-rl-form-test-bucket"},
 }
 # The Cloud fields are in the part of the form that opens: Airflow 3's "Run Parameters" section,
 # Airflow 2's fields without a section (None).
@@ -188,24 +186,31 @@ GKE_BAD_CONFS = [
 ]
 TPU_VM_BAD_CONFS = [
     ("gke_key", {"keep_cluster": True}, "keep_cluster: unknown conf key", False),
-    ("vm_name", {"vm_name": "VM_1"}, "vm_name: VM name must match", True),
+    ("vm_name", {"vm_name": "VM_1"}, "vm_name: VM name must be 1-63 lowercase letters", True),
     ("runtime", {"runtime": "docker"}, "runtime: must be one of ['container', 'install']", True),
     ("workload_image", {"workload_image": "img;id"}, "workload_image: container image must be", True),
     ("unknown_model", {"model": "gpt-5"}, "model: unknown model", True),
     ("gke_model", {"model": "qwen3-30b-a3b"}, "needs a multi-host slice; use the tpu_rl_gke_pipeline", True),
     ("negative_batches", {"num_batches": -1}, "num_batches: must be >= 1", True),
-    # an empty reservation is valid in the form (spot and flex-start take none): validate refuses it
-    ("no_reservation", {"reservation": ""}, "reservation: reservation name must match", False),
+    # an empty reservation is valid in the form (all but reservation capacity take none): validate
+    # refuses it with reservation capacity, in one line
+    (
+        "no_reservation",
+        {"capacity": "reservation", "reservation": ""},
+        "capacity: reservation capacity needs a reservation: name it in reservation, or set capacity "
+        "to on-demand (no reservation)",
+        False,
+    ),
     (
         "flex_start_with_reservation",
-        {"capacity": "flex-start"},
+        {"capacity": "flex-start", "reservation": "res-8"},
         "capacity: flex-start capacity consumes no reservation: clear reservation",
         False,
     ),
     (
         "unknown_capacity",
-        {"capacity": "on-demand", "reservation": ""},
-        "capacity: must be one of ['reservation', 'spot', 'flex-start']",
+        {"capacity": "preemptible", "reservation": ""},
+        "capacity: must be one of ['on-demand', 'reservation', 'spot', 'flex-start']",
         True,
     ),
     (
@@ -231,12 +236,10 @@ TPU_VM_BAD_CONFS = [
     (
         # Every placeholder in one refusal: the untouched form fails once, not once per field.
         "all_placeholders",
-        {"project": "my-tpu-project", "bucket": "my-tpu-rl-bucket", "reservation": "my-v6e-8-reservation"},
-        "project, bucket, reservation: set project to your GCP project (my-tpu-project is the form's "
+        {"project": "my-tpu-project", "bucket": "my-tpu-rl-bucket"},
+        "project, bucket: set project to your GCP project (my-tpu-project is the form's "
         "example); set bucket to a Cloud Storage bucket name of yours (my-tpu-rl-bucket is the form's "
-        "example); set reservation to the name of your v6e-8 reservation (my-v6e-8-reservation is the "
-        "form's example); or set [tpu_rl] default_project, default_bucket, default_tpu_vm_reservation "
-        "once for this Airflow",
+        "example); or set [tpu_rl] default_project, default_bucket once for this Airflow",
         False,
     ),
 ]
@@ -416,7 +419,7 @@ def test_empty_optional_fields_mean_the_preset_value_for_form_and_spec(
     optional = [
         key
         for key, schema in schemas(serialized_dags[dag_id]).items()
-        if isinstance(schema["type"], list) and "null" in schema["type"]
+        if isinstance(schema["type"], list) and "null" in schema["type"] and "boolean" not in schema["type"]
     ]
     assert optional
     for key in optional:
@@ -531,6 +534,60 @@ def test_the_prefilled_examples_say_to_replace_them(dag_bag: Any, dag_id: str, k
     assert param.value in ("my-tpu-project", "my-tpu-rl-bucket")
     assert f"prefilled {param.value} is an example: set {key} to" in param.description
     assert f"or have [tpu_rl] default_{key} prefill it for this Airflow" in param.description
+    # the title, which the form shows in bold, marks what a user outside the sandbox must change
+    assert param.schema["title"].endswith(" (example: replace it)")
+
+
+@pytest.mark.parametrize("dag_id", PIPELINE_DAG_IDS)
+def test_only_the_fields_holding_an_example_are_marked(dag_bag: Any, dag_id: str) -> None:
+    params = dag_bag.dags[dag_id].params
+    marked = [
+        key for key in params if params.get_param(key).schema["title"].endswith("(example: replace it)")
+    ]
+    assert marked == ["project", "bucket"]
+
+
+@pytest.mark.parametrize("dag_id", PIPELINE_DAG_IDS)
+def test_a_switch_is_never_marked_required(dag_bag: Any, dag_id: str) -> None:
+    """Airflow 3's form marks every field whose type lacks "null" as required, a switch too
+    (compat.FORM_BOOLEAN_NULLABLE); Airflow 2's never marks a checkbox, drawn for "boolean" alone."""
+    params = dag_bag.dags[dag_id].params
+    switches = {key: params.get_param(key).schema["type"] for key in params if isinstance(params[key], bool)}
+    assert {"delete_bucket"} < set(switches)
+    expected = ["boolean", "null"] if FORM_BOOLEAN_NULLABLE else "boolean"
+    assert switches == dict.fromkeys(switches, expected)
+    for key in switches:  # the REST API could send null: validate refuses it in one line
+        with pytest.raises(AirflowFailException, match=f"{key}: must be true or false"):
+            run_validate(dag_id, {key: None})
+
+
+@pytest.mark.parametrize("dag_id", PIPELINE_DAG_IDS)
+def test_the_rules_the_form_shows_are_words_not_regexes(dag_bag: Any, dag_id: str) -> None:
+    params = dag_bag.dags[dag_id].params
+    shown = [params.get_param(key).description.split(" Rule: ", 1) for key in params]
+    rules_shown = [parts[1] for parts in shown if len(parts) == 2]
+    assert len(rules_shown) >= 8
+    for rule in rules_shown:
+        assert not set("[]{}^$*+\\|") & set(rule), rule
+
+
+def test_both_model_dropdowns_label_a_preset_in_one_style(dag_bag: Any) -> None:
+    labels = {
+        dag_id: dag_bag.dags[dag_id].params.get_param("model").schema["values_display"]
+        for dag_id in PIPELINE_DAG_IDS
+    }
+    assert labels[GKE_DAG_ID]["qwen3-30b-a3b"] == (
+        "qwen3-30b-a3b: Qwen/Qwen3-30B-A3B-Instruct-2507 on TPU v6e-32 (4x8)"
+    )
+    assert labels[TPU_VM_DAG_ID]["llama3.1-8b-Instruct"] == (
+        "llama3.1-8b-Instruct: MaxText's checkpoint on TPU v6e-8 (2x4)"
+    )
+    style = re.compile(r"^(?P<model>[\w.-]+): \S.* on TPU v6e-\d+ \(\d+x\d+\)$")
+    for shown in labels.values():
+        for model, label in shown.items():
+            found = style.match(label)
+            assert found is not None, label
+            assert found["model"] == model, label
 
 
 ENVIRONMENT = {
@@ -590,12 +647,21 @@ def test_the_environment_options_prefill_the_form_and_the_untouched_form_validat
     for key in ENVIRONMENT_DEFAULTS[dag_id]:
         assert "Prefilled from this Airflow's [tpu_rl] default_" in params[key].description
         assert "is an example" not in params[key].description
+    # the environment's reservation is the runs' capacity unless a run says otherwise
+    assert params["capacity"].value == "reservation"
+    assert "Prefilled reservation: [tpu_rl] default_" in params["capacity"].description
     # The untouched form (no conf at all) passes validate.
     values = {key: param.value for key, param in params.items()}
     resolved = validate_pipeline_conf(dag_id, "manual__2026-01-01T00:00:00", {}, values)
     assert {key: resolved[key] for key in ("project", "bucket", "reservation")} == {
         key: ENVIRONMENT_DEFAULTS[dag_id][key] for key in ("project", "bucket", "reservation")
     }
+    assert resolved["capacity"] == "reservation"
+    # a REST conf clearing the reservation, with no capacity, runs on-demand (as the spec reads it)
+    cleared = validate_pipeline_conf(
+        dag_id, "manual__2026-01-01T00:00:00", {"reservation": None}, {**values, "reservation": None}
+    )
+    assert (cleared["capacity"], cleared["reservation"]) == ("on-demand", "")
 
 
 def test_an_environment_option_the_form_would_refuse_fails_the_parse_naming_it(
@@ -677,3 +743,18 @@ def test_every_field_is_draft_07_and_its_dialect_still_refuses(dag_bag: Any, dag
     for key, value in bad.items():
         with pytest.raises(ParamValidationError):
             params.get_param(key).resolve(value)
+
+
+@pytest.mark.parametrize("dag_id", PIPELINE_DAG_IDS)
+def test_the_reservation_may_be_left_empty_on_both_forms(
+    serialized_dags: dict[str, Any], dag_id: str
+) -> None:
+    """Spot, flex-start and on-demand take no reservation: the field is not required (the TPU VM
+    form's was, and "This field is required" disabled its Trigger button once it was cleared)."""
+    schema = serialized_dags[dag_id].params.get_param("reservation").schema
+    assert "null" in schema["type"], schema
+    for empty in (None, ""):
+        conf = {"capacity": "spot", "reservation": empty}
+        trigger_time_validate(serialized_dags[dag_id], conf)
+        resolved = run_validate(dag_id, conf)
+        assert (resolved["capacity"], resolved["reservation"]) == ("spot", "")

@@ -10,12 +10,14 @@ import pytest
 
 from airflow_provider_tpu_rl.compat import AIRFLOW_V_3_0_PLUS
 from airflow_provider_tpu_rl.dashboard import reads
-from airflow_provider_tpu_rl.dashboard.pages import run_page, runs_page
+from airflow_provider_tpu_rl.dashboard.pages import Airflow3Ui, run_page, runs_page
 from airflow_provider_tpu_rl.dashboard.plugin import TpuRlDashboardPlugin
 from airflow_provider_tpu_rl.dashboard.reads import DashboardReader, NotFound
 from airflow_provider_tpu_rl.ledger.cli import format_reward
 from airflow_provider_tpu_rl.ledger.hook import RunLedger
-from tests.dashboard.conftest import CURVES, GKE, VM
+from airflow_provider_tpu_rl.ledger.records import RunRecord
+from tests.dashboard.conftest import CURVES, EVERY_STATE, GKE, VM
+from tests.ledger.fakes import minutes
 from tests.png import decoded_png
 
 
@@ -26,7 +28,7 @@ def test_the_runs_page_lists_runs_with_rewards_before_after_and_links_each_run(l
 
     assert [run.run_id for run in runs] == [f"{GKE}/<b>odd</b>", f"{GKE}/manual__a+1"]  # newest first
     assert format_reward(0.0884, 0.245) in page  # the `tpu-rl runs` cell: before→after
-    assert "1h15m" in page
+    assert "01:15:00" in page  # Airflow's own duration format
     assert "gs://bkt/qwen/hf-trained/rl/" in page
     assert f"href='/tpu-rl/runs/{GKE}/manual__a%2B1'" in page
     assert "<b>odd</b>" not in page  # escaped
@@ -35,17 +37,31 @@ def test_the_runs_page_lists_runs_with_rewards_before_after_and_links_each_run(l
     assert VM not in page  # a DAG the viewer may not read
 
 
+def test_a_run_refused_at_validate_does_not_break_the_front_page(ledger: RunLedger) -> None:
+    """One run left on the form's placeholder project, refused at validate, made the front page
+    (and so every earlier run) a bare 500: its shortened row was zipped strictly with the columns."""
+    refusal = "refused at validate: project: set project to your GCP project"
+    ledger.record(
+        RunRecord(GKE, "placeholder", "qwen3-30b-a3b", "failed", started_at=minutes(200), refusal=refusal)
+    )
+
+    page = runs_page("/tpu-rl", DashboardReader().runs({GKE}))
+
+    assert refusal in page
+    assert f"href='/tpu-rl/runs/{GKE}/manual__a%2B1'" in page  # the earlier runs are still reachable
+
+
 def test_a_runs_page_shows_its_curves_only_when_they_were_recorded(ledger: RunLedger) -> None:
     reader = DashboardReader()
     with_curves = reader.run(GKE, "manual__a+1")
     without = reader.run(GKE, "<b>odd</b>")
 
     assert with_curves.curves_uri == CURVES
-    page = run_page("/tpu-rl", with_curves.run, with_curves.artifacts)
+    page = run_page("/tpu-rl", with_curves.run, with_curves.artifacts, ui=Airflow3Ui())
     assert f"<img src='/tpu-rl/curves/{GKE}/manual__a%2B1' alt='run curves'>" in page
     assert CURVES in page
     assert without.curves_uri is None
-    assert "alt='run curves'" not in run_page("/tpu-rl", without.run, without.artifacts)
+    assert "alt='run curves'" not in run_page("/tpu-rl", without.run, without.artifacts, ui=Airflow3Ui())
     with pytest.raises(NotFound):
         reader.run(GKE, "never")
 
@@ -156,3 +172,25 @@ def test_a_logged_in_reader_sees_the_runs_of_the_dags_it_may_read(
         b"png of manual__a+1",
     )
     assert missing.status_code == 404
+
+
+@airflow3
+def test_every_kind_of_run_renders_on_the_api_server(every_state: RunLedger) -> None:
+    """The front page and each run's page, for a refused, failed, running, picture-less and
+    successful run; the run page links back to Airflow 3's own pages."""
+    from fastapi.testclient import TestClient
+
+    from airflow_provider_tpu_rl.dashboard import fastapi_app
+
+    app = fastapi_app.create_app()
+    app.dependency_overrides[fastapi_app.readable_dag_ids] = lambda: {GKE}
+    app.dependency_overrides[fastapi_app.read_dag] = lambda: None
+    with TestClient(app, root_path="/tpu-rl") as client:
+        index = client.get("/")
+        pages = {name: client.get(f"/runs/{GKE}/{name}") for name in EVERY_STATE}
+
+    assert index.status_code == 200, index.text
+    for name, page in pages.items():
+        assert page.status_code == 200, (name, page.text[:500])
+        assert f"href='/tpu-rl/runs/{GKE}/{name}'" in index.text
+        assert f"data-airflow href='/dags/{GKE}/runs/{name}'" in page.text

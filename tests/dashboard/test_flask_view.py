@@ -14,7 +14,7 @@ from airflow_provider_tpu_rl.compat import AIRFLOW_V_3_0_PLUS
 from airflow_provider_tpu_rl.dashboard.reads import DashboardReader
 from airflow_provider_tpu_rl.ledger.cli import format_reward
 from airflow_provider_tpu_rl.ledger.hook import RunLedger
-from tests.dashboard.conftest import GKE, VM
+from tests.dashboard.conftest import EVERY_STATE, GKE, VM
 
 pytestmark = pytest.mark.skipif(
     AIRFLOW_V_3_0_PLUS,
@@ -141,3 +141,19 @@ def test_the_view_is_read_only(ledger: RunLedger, serve: Any) -> None:
     client = serve(FakeAuthManager(logged_in=True, readable={GKE}))
     assert client.post("/tpu-rl/").status_code == 405
     assert client.delete(f"/tpu-rl/runs/{GKE}/manual__a%2B1").status_code == 405
+
+
+def test_every_kind_of_run_renders_on_the_webserver(every_state: RunLedger, serve: Any) -> None:
+    """The front page and each run's page, for a refused, failed, running, picture-less and
+    successful run; the run page links back to Airflow 2's grid (the run, each task's log)."""
+    client = serve(FakeAuthManager(logged_in=True, readable={GKE}))
+
+    index = client.get("/tpu-rl/")
+    assert index.status_code == 200
+    for name in EVERY_STATE:
+        assert f"href='/tpu-rl/runs/{GKE}/{name}'" in index.get_data(as_text=True)
+        page = client.get(f"/tpu-rl/runs/{GKE}/{name}")
+        assert page.status_code == 200, name
+        assert f"data-airflow href='/dags/{GKE}/grid?dag_run_id={name}'" in page.get_data(as_text=True)
+    failed = client.get(f"/tpu-rl/runs/{GKE}/failed").get_data(as_text=True)
+    assert f"/dags/{GKE}/grid?dag_run_id=failed&amp;task_id=train&amp;tab=logs" in failed

@@ -123,6 +123,30 @@ def test_the_timeline_marks_the_stages_the_tpu_billed_span_and_its_training(ledg
     assert "training resumed 1x, 3 steps, 2.5 min lost" in figure.axes[-1].get_title()
 
 
+def test_the_timelines_legend_sits_outside_the_stage_bars(ledger: RunLedger) -> None:
+    """The last stages (wait_hf_export, destroy_cluster) end at the right edge, low in the panel,
+    where a legend inside the axes covered them: no legend box overlaps a bar's box."""
+    run = record_run_from_context(
+        context_for(FakeDagRun(gke_task_instances(), run_id="l"), SUCCESS_XCOMS), model=MODEL, chips=32
+    )
+    timeline = run_timeline(run, ledger.recorded_steps(run.run_id).values())
+    figure = run_curves_figure(run_curves(run.run_id, ledger.run_metrics(run.run_id)), timeline)
+    renderer = FigureCanvasAgg(figure).get_renderer()
+    figure.draw(renderer)
+    stage_axes = figure.axes[-1]
+    legend = stage_axes.get_legend().get_window_extent(renderer)
+    bars = [
+        patch.get_window_extent(renderer)
+        for patch in stage_axes.patches
+        if patch.get_height() == pytest.approx(0.6)
+    ]
+    assert len(bars) == len(timeline.stages) > 2
+    assert [box for box in bars if box.overlaps(legend)] == []
+    # and the whole legend is on the picture (the layout made room for it)
+    assert legend.x0 >= 0
+    assert legend.x1 <= figure.bbox.x1
+
+
 def test_after_is_drawn_at_the_last_recorded_step_when_the_final_step_is_unknown() -> None:
     metrics = [
         MetricRecord("pre", 0, "mean_reward", 0.1),
@@ -286,6 +310,37 @@ def test_the_reward_labels_stay_inside_the_reward_panel() -> None:
     ticks = [label.get_window_extent(renderer) for label in axes.get_yticklabels() if label.get_text()]
     assert all(not box.overlaps(labels["before 0.0884"]) for box in ticks)
     assert not axes.title.get_window_extent(renderer).overlaps(labels["after 0.245"])
+
+
+def _trend_row(name: str, started: Any, pre: float = 0.1, post: float = 0.3) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "run_id": f"d/{name}",
+        "started_at": started,
+        "pre_mean_reward": pre,
+        "post_mean_reward": post,
+    }
+
+
+def test_the_trend_of_one_run_spans_an_hour_around_it_not_years() -> None:
+    """One run: matplotlib's singular date range spans years (2025-2029 for a run of 2027); the
+    axis is the run's time and half an hour each side, and the picture carries no title of its own
+    (the dashboard's heading names it)."""
+    axes = reward_trend_figure(reward_trend_series([_trend_row("1", minutes(0))])).axes[0]
+    low, high = axes.get_xlim()
+    assert low < date2num(minutes(0)) < high
+    assert high - low == pytest.approx(1 / 24)
+    assert axes.get_title() == ""
+
+
+def test_the_trend_axis_spans_the_runs_with_a_margin() -> None:
+    rows = [_trend_row("1", minutes(0)), _trend_row("2", minutes(3 * 24 * 60)), _trend_row("3", minutes(60))]
+    axes = reward_trend_figure(reward_trend_series(rows), title="Mean reward across runs").axes[0]
+    low, high = axes.get_xlim()
+    first, last = date2num(minutes(0)), date2num(minutes(3 * 24 * 60))
+    assert low == pytest.approx(first - 0.08 * 3)
+    assert high == pytest.approx(last + 0.08 * 3)
+    assert axes.get_title() == "Mean reward across runs"
 
 
 def test_an_empty_trend_is_a_labelled_empty_picture() -> None:

@@ -11,8 +11,10 @@ import pytest
 from airflow_provider_tpu_rl.ledger import hook as ledger_hook
 from airflow_provider_tpu_rl.ledger.hook import RunLedger, record_run_from_context, step_callbacks
 from airflow_provider_tpu_rl.ledger.records import StepRecord
-from airflow_provider_tpu_rl.operators.ledger import RecordRunOperator
+from airflow_provider_tpu_rl.operators.ledger import RecordRunOperator, run_settings
 from airflow_provider_tpu_rl.operators.pipeline import ERROR_XCOM_KEY
+from airflow_provider_tpu_rl.pipeline_dags import note_run_started
+from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf, tpu_vm_pipeline_from_conf
 from tests.ledger.fakes import (
     BUCKET,
     LEDGER_TASK,
@@ -26,6 +28,8 @@ from tests.ledger.fakes import (
     minutes,
 )
 from tests.ledger.rows import count_rows
+
+MODEL = "qwen3-30b-a3b"
 
 
 @dataclass
@@ -64,6 +68,18 @@ def test_success_failure_and_rerun_give_one_row_per_run(ledger: RunLedger) -> No
     assert count_rows(ledger, "run_steps", runs["good"].run_id) == 10
     assert count_rows(ledger, "run_artifacts", runs["good"].run_id) == 3
     assert count_rows(ledger, "run_metrics", runs["good"].run_id) == 9
+
+
+def test_the_record_line_counts_the_runs_stages_not_its_training_steps(
+    ledger: RunLedger, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run trains 50 steps; the ledger writes one row per stage (task): the line says stages."""
+    context = context_for(FakeDagRun(gke_task_instances(), run_id="good"), SUCCESS_XCOMS)
+    with caplog.at_level("INFO", logger=ledger_hook.__name__):
+        record_run_from_context(context, model="qwen3-30b-a3b", chips=32)
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ledger: recorded run")]
+    assert ": 10 stages, 9 metrics, 3 artifacts in " in line
+    assert " steps" not in line
 
 
 class KeyedLedgerTaskInstance(FakeLedgerTaskInstance):
@@ -247,3 +263,71 @@ def test_the_step_callbacks_of_a_dag_look_its_ledger_connection_up_once_per_reus
     monkeypatch.setattr(ledger_hook, "STEP_LEDGER_REUSE_SECONDS", -1.0)  # the window has passed
     callbacks["on_execute_callback"]({"ti": CallbackTaskInstance("export_to_huggingface", 1, minutes(5))})
     assert looked_up == [ledger.conn_id] * 2
+
+
+def test_a_validated_run_is_listed_running_with_its_settings_until_record_run(ledger: RunLedger) -> None:
+    """validate lists the run (the dashboard shows it while it runs); record_run, its last
+    teardown, replaces the state and keeps what the run was asked to do."""
+    resolved = gke_pipeline_from_conf(
+        {
+            "project": "proj-123456",
+            "bucket": "bkt-1",
+            "capacity": "spot",
+            "num_batches": 20,
+            "run_name": "rl-a",
+        }
+    ).resolved()
+    dag_run = FakeDagRun(gke_task_instances(), run_id="listed")
+    note_run_started({"dag_run": dag_run}, resolved)
+
+    (running,) = ledger.latest_runs()
+    assert (running.state, running.model, running.chips, running.started_at) == (
+        "running",
+        MODEL,
+        32,
+        minutes(0),
+    )
+    assert running.settings == {
+        "model": MODEL,
+        "capacity": "spot",
+        "steps": 20,
+        "learning_rate": "2e-5",  # the preset's
+        "run_name": "rl-a",
+        "compute_type": "ct6e-standard-4t",
+        "topology": "4x8",
+        "num_slices": 1,
+        "train_overrides": {"checkpoint_period": "10"},  # what validate adds (resume)
+    }
+    assert "hf_token" not in str(running.settings)
+
+    context = context_for(dag_run, {**SUCCESS_XCOMS, "validate": resolved})
+    context["ti"] = KeyedLedgerTaskInstance(
+        {
+            (task_id, "return_value"): value
+            for task_id, value in {**SUCCESS_XCOMS, "validate": resolved}.items()
+        }
+    )
+    context["params"] = {"model": MODEL}
+    RecordRunOperator(task_id="record_run", plot=False).record(context)  # type: ignore[arg-type]
+
+    (recorded,) = ledger.latest_runs()
+    assert recorded.state == "success"
+    assert recorded.settings == running.settings
+    assert count_rows(ledger, "runs") == 1
+
+
+def test_the_settings_name_the_learning_rate_the_run_trains_with() -> None:
+    gke = gke_pipeline_from_conf({"train_overrides": {"learning_rate": 1e-5}}).resolved()
+    assert run_settings(gke)["learning_rate"] == "1e-5"  # the run's override over the preset's 2e-5
+    vm = run_settings(tpu_vm_pipeline_from_conf({}).resolved())
+    assert "learning_rate" not in vm  # the preset sets none: MaxText's own default
+    assert (vm["capacity"], vm["runtime"], vm["steps"]) == ("on-demand", "container", 50)
+
+
+def test_listing_a_run_never_fails_its_validate(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_TPU_RL_LEDGER", "postgresql://nobody@127.0.0.1:1/none")
+    resolved = gke_pipeline_from_conf({}).resolved()
+    note_run_started({"dag_run": FakeDagRun(gke_task_instances())}, resolved)  # logs, never raises
+    assert "could not list this run as running" in caplog.text

@@ -13,15 +13,22 @@ from airflow_provider_tpu_rl.links import GKEClusterLink
 from airflow_provider_tpu_rl.operators.gke import GclusterDeployOperator
 
 
-def test_the_cluster_link_is_persisted_before_anything_runs() -> None:
+@pytest.mark.parametrize(
+    ("task_id", "groups"),
+    [("deploy_cluster", {"skip_groups": ["tpu"]}), ("deploy_tpu_pool", {"only_groups": ["tpu"]})],
+)
+def test_the_cluster_link_is_persisted_before_anything_runs(task_id: str, groups: dict[str, Any]) -> None:
+    """Both deploys of the pipeline (the cluster, then its TPU pool alone) save the link they
+    register: Airflow 3 shows an "Extra Links" heading for a registered link even when it is empty."""
     deploy = GclusterDeployOperator(
-        task_id="deploy_cluster",
+        task_id=task_id,
         project_id="my-proj",
         location="us-east5",
         zone="us-east5-b",
         cluster_name="tpu-rl",
         bucket="my-bucket",
         model="qwen3-30b-a3b",
+        **groups,
     )
     hook = mock.MagicMock()
     hook.require_toolchain.side_effect = ConfigurationError("terraform is missing")

@@ -26,6 +26,7 @@ from airflow_provider_tpu_rl.operators.gke import (
     LEASE_MIN_SECONDS,
     EnsureBucketOperator,
     GclusterDeployOperator,
+    cluster_spec,
     write_resource_record,
 )
 from airflow_provider_tpu_rl.operators.janitor import (
@@ -33,6 +34,7 @@ from airflow_provider_tpu_rl.operators.janitor import (
     destroy_resource,
     find_expired_resources,
     orphan_marker_object,
+    recorded_cluster_arguments,
 )
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID
@@ -343,3 +345,30 @@ def test_a_cluster_whose_bucket_and_records_were_deleted_is_still_found_by_its_l
     assert [(r.name, r.reason) for r in stale] == [
         (sb.cluster, f"expired at {datetime.fromtimestamp(expires_at, UTC).isoformat()}")
     ]
+
+
+@pytest.mark.parametrize(
+    ("recorded", "capacity"),
+    [
+        # before on-demand was a capacity: reservation capacity with none named deployed NO_RESERVATION
+        ({"capacity": "reservation", "reservation": ""}, "on-demand"),
+        # before capacity was recorded at all
+        ({"reservation": ""}, "on-demand"),
+        ({"reservation": "res-1"}, "reservation"),
+        ({"capacity": "spot", "reservation": ""}, "spot"),
+    ],
+)
+def test_the_janitor_reads_an_older_record_as_its_cluster_was_deployed(
+    recorded: dict[str, Any], capacity: str
+) -> None:
+    """Records written by an earlier version must still destroy their cluster: none is refused."""
+    cluster = {
+        "project": "proj-123456",
+        "region": REGION,
+        "zone": f"{REGION}-b",
+        "cluster_name": "old-run",
+        "bucket": "bkt-123",
+        **recorded,
+    }
+    spec = cluster_spec(recorded_cluster_arguments(cluster), "qwen3-30b-a3b")
+    assert (spec.capacity, spec.reservation) == (capacity, recorded["reservation"])

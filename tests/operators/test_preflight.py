@@ -221,8 +221,10 @@ def test_a_reservation_too_small_for_the_slices_is_one_line(pf: SandboxRun) -> N
 
 
 @pytest.mark.parametrize("dag_id", [GKE_DAG_ID, TPU_VM_DAG_ID])
-@pytest.mark.parametrize("capacity", ["spot", "flex-start"])
-def test_spot_and_flex_start_check_no_reservation(pf: SandboxRun, dag_id: str, capacity: str) -> None:
+@pytest.mark.parametrize("capacity", ["on-demand", "spot", "flex-start"])
+def test_on_demand_spot_and_flex_start_check_no_reservation(
+    pf: SandboxRun, dag_id: str, capacity: str
+) -> None:
     result = _run(pf, dag_id, capacity=capacity, reservation="")
     assert (result["capacity"], result["reservation"], result["reservation_vms"]) == (capacity, None, None)
     assert not any(call["argv"][:3] == ["compute", "reservations", "describe"] for call in pf.calls())
@@ -236,6 +238,26 @@ def test_a_spot_preflight_naming_a_reservation_is_one_line(pf: SandboxRun) -> No
         match=r"capacity: spot capacity consumes no reservation: clear reservation \(res-1\)",
     ):
         operator.execute(pf.context(operator, pf.gke_conf(), apply_arguments=False))
+
+
+def test_reservation_capacity_naming_no_reservation_is_one_line(pf: SandboxRun) -> None:
+    operator = pf.operator(
+        TpuRlPreflightOperator, task_id="preflight", capacity="reservation", reservation=""
+    )
+    with pytest.raises(
+        AirflowFailException, match=r"^preflight: invalid argument: capacity: reservation capacity needs a"
+    ):
+        operator.execute(pf.context(operator, pf.gke_conf(), apply_arguments=False))
+
+
+def test_without_a_capacity_a_named_reservation_is_consumed_and_none_is_on_demand(pf: SandboxRun) -> None:
+    """An operator of one's own DAG that names no capacity: the reservation's, else on-demand."""
+    for reservation, capacity in (("res-1", "reservation"), ("", "on-demand")):
+        operator = pf.operator(
+            TpuRlPreflightOperator, task_id="preflight", reservation=reservation, capacity=None
+        )
+        result = operator.execute(pf.context(operator, pf.gke_conf(), apply_arguments=False))
+        assert (result["capacity"], result["reservation"]) == (capacity, reservation or None)
 
 
 def test_every_problem_is_reported_at_once(pf: SandboxRun) -> None:

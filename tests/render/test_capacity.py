@@ -26,6 +26,12 @@ COMMON = [
 ]
 # the golden argv of each capacity (before the service account, scopes and labels)
 CREATE = {
+    "on-demand": [
+        "gcloud", "compute", "instances", "create", "llama-vm", *COMMON,
+        "--maintenance-policy=TERMINATE",
+        "--provisioning-model=STANDARD",
+        "--reservation-affinity=none",
+    ],
     "reservation": [
         "gcloud", "compute", "instances", "create", "llama-vm", *COMMON,
         "--maintenance-policy=TERMINATE",
@@ -96,6 +102,24 @@ def test_reservation_capacity_keeps_the_examples_pool() -> None:
     pool = _tpu_pool("reservation", reservation="res-1")
     assert pool["reservation_affinity"]["consume_reservation_type"] == "SPECIFIC_RESERVATION"
     assert not {"spot", "enable_flex_start", "auto_repair"} & set(pool)
+
+
+def test_an_on_demand_pool_consumes_no_reservation_and_sets_no_consumption_option() -> None:
+    """gke-node-pool's defaults (variables.tf: spot false, reservation_affinity NO_RESERVATION): the
+    pool's nodes are standard VMs; the example's static node count stays (no autoscaling needed)."""
+    pool = _tpu_pool("on-demand")
+    assert pool["reservation_affinity"] == {"consume_reservation_type": "NO_RESERVATION"}
+    assert not {"spot", "enable_flex_start", "auto_repair", "autoscaling_max_node_count"} & set(pool)
+    assert pool == {
+        **_tpu_pool("reservation", reservation="res-1"),
+        "reservation_affinity": pool["reservation_affinity"],
+    }
+
+
+def test_the_tpu_vm_defaults_to_on_demand() -> None:
+    create = tpu_vm.create_vm(tpu_vm_pipeline_from_conf(VM_CONF).vm)
+    assert list(create.argv) == [*CREATE["on-demand"], "--scopes=cloud-platform"]
+    assert create.description.endswith("on-demand capacity)")
 
 
 def test_a_spot_pool_consumes_no_reservation() -> None:

@@ -77,9 +77,11 @@ def rendered_gcloud_commands() -> dict[tuple[str, ...], set[str]]:
                         (s.task_id, s.command)
                         for s in tpu_vm_plan(tpu_vm_pipeline_from_conf({**conf, **extra}))
                     )
-                    # the TPU VM's other capacities: no reservation (flex-start on the alpha track)
-                    for capacity in ("spot", "flex-start"):
-                        other = {**conf, **extra, "capacity": capacity, "reservation": ""}
+                    # the TPU VM's other capacities: a reservation's, and none (flex-start on the
+                    # alpha track)
+                    for capacity in ("reservation", "spot", "flex-start"):
+                        reservation = "res-8" if capacity == "reservation" else ""
+                        other = {**conf, **extra, "capacity": capacity, "reservation": reservation}
                         yield from (
                             (s.task_id, s.command)
                             for s in tpu_vm_plan(tpu_vm_pipeline_from_conf(other))
@@ -150,9 +152,11 @@ def test_the_commands_cover_every_gcloud_task() -> None:
         "--machine-type=ct6e-standard-8t",
         "--machine-type=n2-highmem-32",
     }
-    # the TPU VM's three capacities (flex-start's create is on the alpha track)
+    # the TPU VM's four capacities (flex-start's create is on the alpha track)
     models = {a for argv in COMMANDS for a in argv if a.startswith("--provisioning-model=")}
-    assert models == {f"--provisioning-model={m}" for m in ("RESERVATION_BOUND", "SPOT", "FLEX_START")}
+    assert models == {
+        f"--provisioning-model={m}" for m in ("STANDARD", "RESERVATION_BOUND", "SPOT", "FLEX_START")
+    }
     assert any(argv[1:5] == ("alpha", "compute", "instances", "create") for argv in COMMANDS)
     groups = {argv[1] for argv in COMMANDS}
     assert groups == {"services", "storage", "secrets", "auth", "compute", "container", "alpha"}

@@ -1,5 +1,5 @@
-"""``capacity``: one of reservation, spot, flex-start, and consistent with ``reservation``, on both
-pipelines; each bad combination is one line naming the field."""
+"""``capacity``: one of on-demand, reservation, spot, flex-start, and consistent with
+``reservation``, on both pipelines; each bad combination is one line naming the field."""
 
 from __future__ import annotations
 
@@ -22,16 +22,39 @@ def _refused(build: Any, conf: dict[str, Any]) -> str:
     return line
 
 
-def test_the_default_is_reservation_as_the_seeds() -> None:
-    assert gke_pipeline_from_conf(GKE).resolved()["capacity"] == "reservation"
-    assert tpu_vm_pipeline_from_conf(TPU_VM).resolved()["capacity"] == "reservation"
-    assert CAPACITIES == ("reservation", "spot", "flex-start")
+def test_the_default_is_on_demand_with_no_reservation() -> None:
+    """What a first user needs: no reservation to buy or name (README, "TPU capacity")."""
+    assert CAPACITIES == ("on-demand", "reservation", "spot", "flex-start")
+    for build in (gke_pipeline_from_conf, tpu_vm_pipeline_from_conf):
+        resolved = build(GKE).resolved()
+        assert (resolved["capacity"], resolved["reservation"]) == ("on-demand", "")
+
+
+@pytest.mark.parametrize("build", [gke_pipeline_from_conf, tpu_vm_pipeline_from_conf])
+def test_a_conf_naming_a_reservation_and_no_capacity_consumes_it(build: Any) -> None:
+    """As before capacity was a conf key: a sweep's or a script's conf keeps its meaning."""
+    resolved = build({**GKE, "reservation": "res-1"}).resolved()
+    assert (resolved["capacity"], resolved["reservation"]) == ("reservation", "res-1")
+
+
+@pytest.mark.parametrize("build", [gke_pipeline_from_conf, tpu_vm_pipeline_from_conf])
+@pytest.mark.parametrize("reservation", ["", None])
+def test_reservation_capacity_without_a_reservation_is_refused_in_one_line(
+    build: Any, reservation: str | None
+) -> None:
+    line = _refused(build, {**GKE, "capacity": "reservation", "reservation": reservation})
+    assert line == (
+        "capacity: reservation capacity needs a reservation: name it in reservation, or set capacity "
+        "to on-demand (no reservation) (got 'reservation')"
+    )
 
 
 @pytest.mark.parametrize("build", [gke_pipeline_from_conf, tpu_vm_pipeline_from_conf])
 def test_an_unknown_capacity_lists_the_choices(build: Any) -> None:
     line = _refused(build, {**GKE, "capacity": "preemptible", "reservation": ""})
-    assert line == "capacity: must be one of ['reservation', 'spot', 'flex-start'] (got 'preemptible')"
+    assert line == (
+        "capacity: must be one of ['on-demand', 'reservation', 'spot', 'flex-start'] (got 'preemptible')"
+    )
 
 
 @pytest.mark.parametrize("build", [gke_pipeline_from_conf, tpu_vm_pipeline_from_conf])
@@ -39,9 +62,9 @@ def test_a_capacity_must_be_a_string(build: Any) -> None:
     assert _refused(build, {**GKE, "capacity": None}).startswith("capacity: must be a string")
 
 
-@pytest.mark.parametrize("capacity", ["spot", "flex-start"])
+@pytest.mark.parametrize("capacity", ["on-demand", "spot", "flex-start"])
 @pytest.mark.parametrize("build", [gke_pipeline_from_conf, tpu_vm_pipeline_from_conf])
-def test_spot_and_flex_start_refuse_a_reservation(build: Any, capacity: str) -> None:
+def test_only_reservation_capacity_takes_a_reservation(build: Any, capacity: str) -> None:
     line = _refused(build, {**GKE, "capacity": capacity, "reservation": "res-1"})
     assert line == (
         f"capacity: {capacity} capacity consumes no reservation: clear reservation (res-1) or set "
@@ -49,14 +72,8 @@ def test_spot_and_flex_start_refuse_a_reservation(build: Any, capacity: str) -> 
     )
 
 
-def test_the_tpu_vm_forms_example_reservation_is_refused_with_spot() -> None:
-    """The form's prefilled example reservation must be cleared for spot: one line says so."""
-    line = _refused(tpu_vm_pipeline_from_conf, {**TPU_VM, "capacity": "spot"})
-    assert "clear reservation (my-v6e-8-reservation)" in line
-
-
-@pytest.mark.parametrize("capacity", ["spot", "flex-start"])
-def test_spot_and_flex_start_need_no_reservation(capacity: str) -> None:
+@pytest.mark.parametrize("capacity", ["on-demand", "spot", "flex-start"])
+def test_on_demand_spot_and_flex_start_need_no_reservation(capacity: str) -> None:
     gke = gke_pipeline_from_conf({**GKE, "capacity": capacity})
     assert (gke.cluster.capacity, gke.cluster.reservation) == (capacity, "")
     vm = tpu_vm_pipeline_from_conf({**TPU_VM, "capacity": capacity, "reservation": ""})
@@ -64,9 +81,12 @@ def test_spot_and_flex_start_need_no_reservation(capacity: str) -> None:
     assert vm.resolved()["capacity"] == capacity
 
 
-def test_reservation_capacity_on_the_tpu_vm_needs_a_reservation() -> None:
-    line = _refused(tpu_vm_pipeline_from_conf, {**TPU_VM, "reservation": ""})
-    assert line.startswith("reservation: ")
+def test_a_spec_of_an_existing_vm_needs_no_reservation() -> None:
+    """The stages and the delete work on a VM that exists: its capacity names nothing to create."""
+    vm = tpu_vm_pipeline_from_conf(
+        {**TPU_VM, "capacity": "reservation", "reservation": ""}, require_reservation=False
+    )
+    assert (vm.vm.capacity, vm.vm.reservation) == ("reservation", "")
 
 
 def test_a_flex_start_vm_runs_at_most_max_vm_hours() -> None:
