@@ -64,11 +64,11 @@ def build_plan(
 
 def plan_environment(dag_id: str) -> dict[str, str]:
     """The ``[tpu_rl] default_*`` options this Airflow's trigger form of ``dag_id`` is prefilled
-    with (``pipeline_dags.environment_defaults``, the form's own function): field → value.
+    with (``pipelines.form.environment_defaults``, the form's own function): field → value.
 
     Imported here, not at the top: the rest of this module (``build_plan``) stays free of Airflow.
     """
-    from airflow_provider_tpu_rl.pipeline_dags import environment_defaults
+    from airflow_provider_tpu_rl.pipelines.form import environment_defaults
 
     kind = "gke" if dag_id == GKE_DAG_ID else "tpu_vm"
     return environment_defaults(ENVIRONMENT_OPTIONS[kind])

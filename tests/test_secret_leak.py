@@ -32,7 +32,7 @@ from airflow_provider_tpu_rl.operators.maxtext import (
     MaxTextExportOperator,
     PathwaysRLTrainOperator,
 )
-from airflow_provider_tpu_rl.operators.pipeline import gke_task_arguments
+from airflow_provider_tpu_rl.pipelines.arguments import gke_task_arguments
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, gke_pipeline_from_conf
 from tests.compat import capture_task_logs, task_log_debug
 from tests.operators.sandbox_run import (

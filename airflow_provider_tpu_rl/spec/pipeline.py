@@ -7,12 +7,12 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Any, Final
 
-from airflow_provider_tpu_rl.spec import rules
+from airflow_provider_tpu_rl.spec import params, rules
 from airflow_provider_tpu_rl.spec.cluster import (
     CPU_VM_MACHINE_TYPE,
-    ON_DEMAND,
     ClusterSpec,
     CpuVmSpec,
     GkeJobTarget,
@@ -22,6 +22,7 @@ from airflow_provider_tpu_rl.spec.cluster import (
     require_reservation_name,
 )
 from airflow_provider_tpu_rl.spec.errors import SpecError
+from airflow_provider_tpu_rl.spec.params import TPU_VM_RUNTIMES
 from airflow_provider_tpu_rl.spec.presets import (
     GKE_MAXTEXT_VERSION,
     POST_TRAINING_IMAGE,
@@ -41,138 +42,23 @@ from airflow_provider_tpu_rl.spec.workloads import (
 GKE_DAG_ID: Final = "tpu_rl_gke_pipeline"
 TPU_VM_DAG_ID: Final = "tpu_rl_tpu_vm_pipeline"
 
-# Values every run needs that no preset can know. The DAG params show them as defaults; the
-# examples among them (PLACEHOLDERS) build a spec, so `tpu-rl plan` works without any conf, but
-# the pipelines' `validate` refuses them. The capacity a first run needs is on-demand: no
+# The defaults, examples, per-environment options and JSON types of the conf keys come from the
+# run parameters' table (spec/params.py). The capacity a first run needs is on-demand: no
 # reservation to buy or name, no preemption, no queue (README, "TPU capacity"); a `[tpu_rl]
-# default_*_reservation` makes `reservation` the forms' default (pipeline_dags.environment_defaults).
-GKE_DEFAULTS: Final[Mapping[str, Any]] = {
-    "model": "qwen3-30b-a3b",
-    "project": "my-tpu-project",
-    "region": "us-east5",
-    "zone": "us-east5-b",
-    "cluster_name": "tpu-rl",
-    "bucket": "my-tpu-rl-bucket",
-    "reservation": "",
-    "capacity": ON_DEMAND,
-    "image": None,
-    "workload_image_patched": False,
-    "compute_type": None,
-    "topology": None,
-    "num_slices": None,
-    "hf_model_path": None,
-    "run_name": None,
-    "num_batches": None,
-    "train_overrides": {},
-    "keep_cluster": False,
-    "delete_bucket": False,
-    "hf_token_conn_id": "huggingface_default",
-    "hf_token_secret": None,
-    "authorized_cidr": "0.0.0.0/0",
-    "max_cluster_hours": 72,
-    "cancel_previous_writer": False,
-}
-
-TPU_VM_DEFAULTS: Final[Mapping[str, Any]] = {
-    "model": "llama3.1-8b-Instruct",
-    "project": "my-tpu-project",
-    "zone": "us-east5-b",
-    "vm_name": "tpu-rl-vm",
-    "bucket": "my-tpu-rl-bucket",
-    "reservation": "",
-    "capacity": ON_DEMAND,
-    "hf_model_path": None,
-    "run_name": None,
-    "num_batches": None,
-    "train_overrides": {},
-    "keep_vm": False,
-    "delete_bucket": False,
-    "hf_token_conn_id": "huggingface_default",
-    "hf_token_secret": None,
-    "service_account": None,
-    "cpu_machine_type": CPU_VM_MACHINE_TYPE,
-    "max_vm_hours": 72,
-    "runtime": "container",
-    "workload_image": None,
-    "cancel_previous_writer": False,
-}
-
-# How the TPU VM runs MaxText: ``container`` pulls the prebuilt post-training image (the GKE jobs'
-# image) and trains in it; ``install`` installs MaxText from sources on the billed TPU VM first
-# (the tutorial's way, 15-30 minutes). The CPU VM always installs (it is not TPU time).
-TPU_VM_RUNTIMES: Final = ("container", "install")
+# default_*_reservation` makes `reservation` the forms' default (pipelines/form.py).
+GKE_DEFAULTS: Final[Mapping[str, Any]] = MappingProxyType(params.defaults_of(params.GKE))
+TPU_VM_DEFAULTS: Final[Mapping[str, Any]] = MappingProxyType(params.defaults_of(params.TPU_VM))
 
 # The form's examples: a value every user must replace. `validate` refuses them (one line naming
 # the field), `tpu-rl plan` marks them.
-PLACEHOLDERS: Final[Mapping[str, tuple[str, str]]] = {
-    "project": ("my-tpu-project", "set project to your GCP project"),
-    "bucket": ("my-tpu-rl-bucket", "set bucket to a Cloud Storage bucket name of yours"),
-}
+PLACEHOLDERS: Final[Mapping[str, tuple[str, str]]] = MappingProxyType(params.placeholders_table())
 
 # The values every run of one Airflow environment shares: each form field's default comes from its
-# ``[tpu_rl]`` option when the option is set (pipeline_dags.pipeline_params reads them when the DAG
-# is parsed), else from the defaults above. Per pipeline: the two reservations differ in shape.
-ENVIRONMENT_OPTIONS: Final[Mapping[str, Mapping[str, str]]] = {
-    "gke": {
-        "project": "default_project",
-        "region": "default_region",
-        "zone": "default_zone",
-        "bucket": "default_bucket",
-        "reservation": "default_gke_reservation",
-        "authorized_cidr": "default_authorized_cidr",
-        "hf_token_secret": "default_hf_token_secret",
-    },
-    "tpu_vm": {
-        "project": "default_project",
-        "zone": "default_zone",
-        "bucket": "default_bucket",
-        "reservation": "default_tpu_vm_reservation",
-        "service_account": "default_service_account",
-        "hf_token_secret": "default_hf_token_secret",
-    },
-}
-
-# The JSON type of each conf value: a bool, an integer, a string or an object; "?" = may be
-# null or "" (the preset's value). Checked before anything else, so a wrong type is one line.
-_CONF_TYPES: Final[Mapping[str, str]] = {
-    "model": "str",
-    "project": "str",
-    "region": "str",
-    "zone": "str",
-    "cluster_name": "str",
-    "vm_name": "str",
-    "bucket": "str",
-    "reservation": "str?",
-    "capacity": "str",
-    "image": "str?",
-    "workload_image_patched": "bool",
-    "compute_type": "str?",
-    "topology": "str?",
-    "num_slices": "int?",
-    "hf_model_path": "str?",
-    "run_name": "str?",
-    "num_batches": "int?",
-    "train_overrides": "object?",
-    "keep_cluster": "bool",
-    "keep_vm": "bool",
-    "delete_bucket": "bool",
-    "hf_token_conn_id": "str",
-    "hf_token_secret": "str?",
-    "service_account": "str?",
-    "cpu_machine_type": "str",
-    "authorized_cidr": "str",
-    "max_cluster_hours": "int",
-    "max_vm_hours": "int",
-    "runtime": "str",
-    "workload_image": "str?",
-    "cancel_previous_writer": "bool",
-}
-_TYPE_RULES: Final = {
-    "str": "must be a string",
-    "int": "must be an integer",
-    "bool": "must be true or false",
-    "object": "must be an object of MaxText key → value",
-}
+# ``[tpu_rl]`` option when the option is set, else from the defaults above. Per pipeline: the two
+# reservations differ in shape.
+ENVIRONMENT_OPTIONS: Final[Mapping[str, Mapping[str, str]]] = MappingProxyType(
+    {pipeline: MappingProxyType(params.environment_options_of(pipeline)) for pipeline in params.PIPELINES}
+)
 
 # The task order of each pipeline DAG, written once: the DAG files chain their tasks in this order,
 # `tpu-rl plan` lists commands in it and the structure test checks both against it.
@@ -247,11 +133,15 @@ def secret_id_for_connection(conn_id: str) -> str:
 
 
 def check_conf_type(key: str, value: Any) -> None:
-    """A conf value has its JSON type (one line naming the field otherwise); numbers are finite."""
-    kind = _CONF_TYPES.get(key)
-    if kind is None:
+    """A conf value has its JSON type (one line naming the field otherwise); numbers are finite.
+
+    Checked before anything else, so a wrong type is one line; a nullable key may be null or ""
+    (the preset's value).
+    """
+    found = params.conf_kind(key)
+    if found is None:
         return
-    base, nullable = kind.rstrip("?"), kind.endswith("?")
+    kind, nullable = found
     if nullable and (value is None or value == ""):
         return
     if isinstance(value, float) and not math.isfinite(value):
@@ -261,9 +151,9 @@ def check_conf_type(key: str, value: Any) -> None:
         "int": isinstance(value, int) and not isinstance(value, bool),
         "bool": isinstance(value, bool),
         "object": isinstance(value, Mapping),
-    }[base]
+    }[kind]
     if not ok:
-        raise SpecError(key, _TYPE_RULES[base], value)
+        raise SpecError(key, params.TYPE_RULES[kind], value)
 
 
 def _merge_conf(defaults: Mapping[str, Any], conf: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -14,12 +14,8 @@ from airflow.providers.common.compat.sdk import TriggerRule
 
 from airflow_provider_tpu_rl.cli import build_plan
 from airflow_provider_tpu_rl.compat import AIRFLOW_V_3_2_PLUS, exponential_backoff
-from airflow_provider_tpu_rl.operators.pipeline import (
-    gke_task_arguments,
-    tpu_vm_task_arguments,
-    validate_pipeline_conf,
-)
-from airflow_provider_tpu_rl.pipeline_dags import xcom
+from airflow_provider_tpu_rl.pipelines.arguments import gke_task_arguments, tpu_vm_task_arguments, xcom
+from airflow_provider_tpu_rl.pipelines.validate import validate_pipeline_conf
 from airflow_provider_tpu_rl.render import tpu_vm
 from airflow_provider_tpu_rl.spec import GKE_DEFAULTS, TPU_VM_DEFAULTS
 from airflow_provider_tpu_rl.spec.pipeline import GKE_TASK_ORDER, TPU_VM_TASK_ORDER
@@ -130,7 +126,7 @@ def test_tasks_run_in_the_tutorial_order(pipeline: tuple[Any, Shape]) -> None:
     assert actual == expected_upstream
 
 
-# The graph's groups (pipeline_dags.stage_group), each holding consecutive stages; validate and the
+# The graph's groups (pipelines.dag.stage_group), each holding consecutive stages; validate and the
 # watcher stay outside.
 STAGE_GROUPS = {
     GKE_DAG_ID: {
@@ -422,7 +418,7 @@ def test_deploy_and_record_run_carry_their_console_links(
 
 
 def test_the_pipelines_note_each_failure_for_the_watcher(pipeline: tuple[Any, Shape]) -> None:
-    from airflow_provider_tpu_rl.operators.pipeline import note_failure
+    from airflow_provider_tpu_rl.pipelines.failures import note_failure
 
     dag, _ = pipeline
     for task in dag.tasks:

@@ -22,8 +22,8 @@ from airflow_provider_tpu_rl.compat import (
     AirflowFailException,
     ParamValidationError,
 )
-from airflow_provider_tpu_rl.operators.pipeline import validate_pipeline_conf
-from airflow_provider_tpu_rl.pipeline_dags import form_schema
+from airflow_provider_tpu_rl.pipelines.form import form_schema
+from airflow_provider_tpu_rl.pipelines.validate import validate_pipeline_conf
 from airflow_provider_tpu_rl.spec import GKE_DEFAULTS, TPU_VM_DEFAULTS, Runner, rules
 from airflow_provider_tpu_rl.spec.cluster import SYSTEM_MACHINE_TYPE
 from airflow_provider_tpu_rl.spec.presets import presets_for
@@ -640,7 +640,8 @@ def test_the_environment_options_prefill_the_form_and_the_untouched_form_validat
 ) -> None:
     for name, value in ENVIRONMENT.items():
         monkeypatch.setenv(name, value)
-    params = parse_dag_file(dag_id).PARAMS
+    form = parse_dag_file(dag_id).dag.params
+    params = {key: form.get_param(key) for key in form}
 
     prefilled = {key: params[key].value for key in ENVIRONMENT_DEFAULTS[dag_id]}
     assert prefilled == ENVIRONMENT_DEFAULTS[dag_id]

@@ -9,7 +9,7 @@ import pytest
 
 from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.exceptions import CommandError
-from airflow_provider_tpu_rl.operators.pipeline import (
+from airflow_provider_tpu_rl.pipelines.failures import (
     ERROR_XCOM_KEY,
     OneLineFailure,
     fail_in_one_line,
