@@ -137,7 +137,6 @@ def file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-_file_lock = file_lock
 
 
 def download_verified(

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 COMMIT_SUCCESS_FILE = "commit_success.txt"
-CHECKPOINT_METADATA_FILE = "_CHECKPOINT_METADATA"
 ORBAX_TMP_SUFFIX = ".orbax-checkpoint-tmp"
 PARTIAL_SAVE_SUFFIX = ".partial_save"
 

@@ -21,9 +21,8 @@ from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.render.blueprint import BLUEPRINT_RELPATH, customize_blueprint
 from airflow_provider_tpu_rl.spec import rules
 from airflow_provider_tpu_rl.spec.cluster import ClusterSpec, default_capacity
-from airflow_provider_tpu_rl.spec.pipeline import hf_token_spec, run_suffix
+from airflow_provider_tpu_rl.spec.pipeline import cluster_from_arguments, hf_token_spec, run_suffix
 from airflow_provider_tpu_rl.spec.preflight import enabled_secret_versions, parse_json_document
-from airflow_provider_tpu_rl.spec.presets import BlueprintEdits, get_preset
 
 if TYPE_CHECKING:
     from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
@@ -262,7 +261,7 @@ class _ClusterOperator(GclusterBaseOperator):
         self.max_cluster_hours = max_cluster_hours
 
     def cluster_arguments(self) -> dict[str, Any]:
-        """The cluster as plain values (what the janitor's record keeps)."""
+        """The cluster as plain values, as given (what the janitor's record keeps)."""
         return {
             "project": self.project_id,
             "region": self.location,
@@ -284,16 +283,11 @@ class _ClusterOperator(GclusterBaseOperator):
 
 
 def cluster_spec(arguments: Mapping[str, Any], model: str | None) -> ClusterSpec:
-    """The validated cluster; the model preset fills the shape left empty and the blueprint edits."""
-    preset = get_preset(model, "model") if model else None
+    """The cluster of a record or an operator's :meth:`~_ClusterOperator.cluster_arguments`
+    (``project`` among them), by the spec's one derivation (``cluster_from_arguments``)."""
     values = dict(arguments)
-    if values.get("num_slices") not in (None, ""):
-        values["num_slices"] = rules.integer("num_slices", values["num_slices"], 1, 64)
-    defaults = {"compute_type": "ct6e-standard-4t", "topology": "4x8", "num_slices": 1}
-    for key, fallback in defaults.items():
-        if values.get(key) in (None, ""):
-            values[key] = getattr(preset, key) if preset is not None else fallback
-    return ClusterSpec(**values, blueprint=preset.blueprint if preset is not None else BlueprintEdits())
+    project = values.pop("project")
+    return cluster_from_arguments(values, model, project=project)
 
 
 def write_blueprint(

@@ -60,6 +60,7 @@ from airflow_provider_tpu_rl.hooks.writers import WriterState
 from airflow_provider_tpu_rl.janitor_sources import run_finished, run_probe
 from airflow_provider_tpu_rl.ledger.records import NUM_TEST_BATCHES_METRIC, reward_summary
 from airflow_provider_tpu_rl.links import CloudLoggingJobLink, GCSBrowserLink, GKEWorkloadLink
+from airflow_provider_tpu_rl.maxtext.layout import CONVERTED_CHECKPOINT_ITEMS, CONVERTED_CHECKPOINT_STEP
 from airflow_provider_tpu_rl.maxtext.logs import TrainingLogTracker
 from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, fail_fast
 from airflow_provider_tpu_rl.operators.takeover import (
@@ -74,20 +75,18 @@ from airflow_provider_tpu_rl.spec import rules
 from airflow_provider_tpu_rl.spec.cluster import CPU_COMPUTE_TYPE, GkeJobTarget
 from airflow_provider_tpu_rl.spec.errors import SpecError
 from airflow_provider_tpu_rl.spec.pipeline import (
-    conversion_spec,
-    converted_directory,
     default_job_name,
-    export_directory,
-    export_spec,
+    gke_conversion,
+    gke_export,
+    gke_job_target,
+    gke_training,
     hf_token_spec,
     pathways_gcs_location,
     secret_version,
-    trained_directory,
-    training_spec,
 )
 from airflow_provider_tpu_rl.spec.preflight import enabled_secret_versions
-from airflow_provider_tpu_rl.spec.presets import POST_TRAINING_IMAGE, ModelPreset, get_preset
-from airflow_provider_tpu_rl.spec.workloads import actor_params_path, check_patched_image, num_test_batches
+from airflow_provider_tpu_rl.spec.presets import ModelPreset, get_preset
+from airflow_provider_tpu_rl.spec.workloads import check_patched_image, num_test_batches
 
 if TYPE_CHECKING:
     from airflow_provider_tpu_rl.triggers.jobset import JobSetTrigger
@@ -313,7 +312,8 @@ class _GclusterJobOperator(GclusterBaseOperator):
             )
         return preset
 
-    def target(self, preset: ModelPreset, num_slices: int = 1) -> GkeJobTarget:
+    def target(self, preset: ModelPreset, num_slices: Any = 1) -> GkeJobTarget:
+        """The job's target (``num_slices`` None or empty: the preset's)."""
         on_cpu = not self.on_tpu and not (self.compute_type or "").startswith("ct")
         if on_cpu and self.topology:
             raise SpecError(
@@ -322,13 +322,14 @@ class _GclusterJobOperator(GclusterBaseOperator):
                 "empty, or set a ct6e compute_type to run it on the TPU slice",
                 self.topology,
             )
-        target = GkeJobTarget(
+        target = gke_job_target(
+            preset,
             project=self.resolve_project_id(),
             location=self.location,
             cluster_name=self.cluster_name,
-            image=self.image or preset.image or POST_TRAINING_IMAGE,
-            compute_type=(None if on_cpu else self.compute_type) or preset.compute_type,
-            topology=self.topology or preset.topology,
+            image=self.image,
+            compute_type=None if on_cpu else self.compute_type,
+            topology=self.topology,
             num_slices=num_slices,
         )
         return target.on_cpu(self.compute_type or CPU_COMPUTE_TYPE) if on_cpu else target
@@ -841,10 +842,11 @@ class MaxTextConvertOperator(_GclusterJobOperator):
 
     def plan(self, context: Context) -> JobPlan:
         preset = self.preset()
-        conversion = conversion_spec(
+        conversion = gke_conversion(
             preset,
-            self.output_directory or converted_directory(self.bucket, preset.model_name),
-            self.hf_model_path or None,
+            bucket=self.bucket,
+            hf_model_path=self.hf_model_path,
+            output_directory=self.output_directory,
         )
         target, name = self.target(preset), self.resolved_job_name(context, preset)
         command = gke.conversion_job(target, name, conversion, self.token_resource())
@@ -858,7 +860,13 @@ class MaxTextConvertOperator(_GclusterJobOperator):
         )
 
     def output_ready(self, plan: JobPlan) -> dict[str, Any] | None:
-        return checkpoint_ready(self.gcp_conn_id, plan.output_uri, 0, ("items",), self.chain)
+        return checkpoint_ready(
+            self.gcp_conn_id,
+            plan.output_uri,
+            CONVERTED_CHECKPOINT_STEP,
+            CONVERTED_CHECKPOINT_ITEMS,
+            self.chain,
+        )
 
 
 class MaxTextExportOperator(_GclusterJobOperator):
@@ -903,20 +911,13 @@ class MaxTextExportOperator(_GclusterJobOperator):
 
     def plan(self, context: Context) -> JobPlan:
         preset = self.preset()
-        run_name = rules.match("run_name", self.run_name, rules.RUN_NAME, "run name like rl-1")
-        step = (
-            preset.num_batches
-            if self.checkpoint_step in (None, "")
-            else rules.integer("checkpoint_step", self.checkpoint_step, 1)
-        )
-        load = self.load_parameters_path or (
-            actor_params_path(trained_directory(self.bucket, preset.model_name), run_name, step) + "/"
-        )
-        export = export_spec(
+        export = gke_export(
             preset,
-            load_parameters_path=load,
-            output_directory=self.output_directory
-            or export_directory(self.bucket, preset.model_name, run_name),
+            bucket=self.bucket,
+            run_name=rules.match("run_name", self.run_name, rules.RUN_NAME, "run name like rl-1"),
+            checkpoint_step=self.checkpoint_step,
+            load_parameters_path=self.load_parameters_path,
+            output_directory=self.output_directory,
         )
         target, name = self.target(preset), self.resolved_job_name(context, preset)
         command = gke.export_job(target, name, export, self.token_resource())
@@ -993,22 +994,18 @@ class PathwaysRLTrainOperator(_GclusterJobOperator):
 
     def plan(self, context: Context) -> JobPlan:
         preset = self.preset()
-        model = preset.model_name
         patched = rules.boolean("workload_image_patched", self.workload_image_patched)
-        training = training_spec(
+        training = gke_training(
             preset,
+            bucket=self.bucket,
             run_name=self.run_name,
-            base_output_directory=self.base_output_directory or trained_directory(self.bucket, model),
-            load_parameters_path=self.load_parameters_path
-            or converted_directory(self.bucket, model) + "0/items/",
-            num_batches=None
-            if self.num_batches in (None, "")
-            else rules.integer("num_batches", self.num_batches, 1),
-            train_overrides=self.train_overrides or {},
+            num_batches=self.num_batches,
+            train_overrides=self.train_overrides,
             workload_image_patched=patched,
+            load_parameters_path=self.load_parameters_path,
+            base_output_directory=self.base_output_directory,
         )
-        slices = preset.num_slices if self.num_slices in (None, "") else self.num_slices
-        target = self.target(preset, rules.integer("num_slices", slices, 1, 64))
+        target = self.target(preset, self.num_slices)
         check_patched_image(target.image, patched)
         name = self.resolved_job_name(context, preset)
         command = gke.training_job(

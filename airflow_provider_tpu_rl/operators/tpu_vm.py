@@ -34,6 +34,7 @@ from airflow_provider_tpu_rl.hooks.run_dirs import (
 )
 from airflow_provider_tpu_rl.hooks.writers import VmWriter
 from airflow_provider_tpu_rl.ledger.records import NUM_TEST_BATCHES_METRIC, reward_summary
+from airflow_provider_tpu_rl.maxtext.layout import CONVERTED_CHECKPOINT_ITEMS, CONVERTED_CHECKPOINT_STEP
 from airflow_provider_tpu_rl.maxtext.logs import TrainingLogTracker
 from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, expiry_of_run, fail_fast
 from airflow_provider_tpu_rl.operators.gke import (
@@ -618,7 +619,11 @@ class TpuVmStageOperator(_TpuVmOperator):
 
         if self.stage == "convert":
             return checkpoint_ready(
-                self.gcp_conn_id, p.conversion.output_directory, 0, ("items",), self.chain
+                self.gcp_conn_id,
+                p.conversion.output_directory,
+                CONVERTED_CHECKPOINT_STEP,
+                CONVERTED_CHECKPOINT_ITEMS,
+                self.chain,
             )
         if self.stage == "train":
             return checkpoint_ready(

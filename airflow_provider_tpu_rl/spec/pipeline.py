@@ -35,6 +35,7 @@ from airflow_provider_tpu_rl.spec.workloads import (
     ConversionSpec,
     ExportSpec,
     TrainingSpec,
+    actor_params_path,
     check_patched_image,
     validate_overrides,
 )
@@ -257,6 +258,48 @@ def export_directory(bucket: str, model: str, run_name: str) -> str:
     return f"{gcs_model_prefix(bucket, model)}/hf-trained/{run_name}/"
 
 
+# The values a GKE cluster is built from (a run's conf, an operator's arguments, a janitor record).
+CLUSTER_ARGUMENTS: Final = (
+    "region",
+    "zone",
+    "cluster_name",
+    "bucket",
+    "reservation",
+    "capacity",
+    "compute_type",
+    "topology",
+    "num_slices",
+    "authorized_cidr",
+)
+
+
+def cluster_from_arguments(arguments: Mapping[str, Any], model: str | None, *, project: str) -> ClusterSpec:
+    """The one way a GKE cluster's spec is built, from plain values: the pipeline's conf, a
+    deploy or destroy operator's arguments, a janitor's resource record.
+
+    A value left empty (None or "") takes the model preset's (the shape; the blueprint edits
+    always come from it), else ``ClusterSpec``'s own default; an empty capacity is the
+    reservation's (``default_capacity``).
+    """
+    unknown = sorted(set(arguments) - set(CLUSTER_ARGUMENTS))
+    if unknown:
+        raise SpecError(
+            unknown[0], f"not a cluster argument; they are {list(CLUSTER_ARGUMENTS)}", show_value=False
+        )
+    preset = get_preset(model, "model") if model else None
+    values = {key: value for key, value in arguments.items() if value not in (None, "")}
+    values["reservation"] = arguments.get("reservation") or ""
+    if "num_slices" in values:
+        values["num_slices"] = rules.integer("num_slices", values["num_slices"], 1, 64)
+    for key in ("compute_type", "topology", "num_slices"):
+        if key not in values and preset is not None:
+            values[key] = getattr(preset, key)
+    values.setdefault("capacity", default_capacity(values["reservation"]))
+    if preset is not None:
+        values["blueprint"] = preset.blueprint
+    return ClusterSpec(project=project, **values)
+
+
 def conversion_spec(
     preset: ModelPreset, output_directory: str, hf_model_path: str | None = None
 ) -> ConversionSpec:
@@ -310,6 +353,103 @@ def export_spec(preset: ModelPreset, *, load_parameters_path: str, output_direct
         load_parameters_path=load_parameters_path,
         output_directory=output_directory,
         scan_layers=preset.scan_layers,
+    )
+
+
+def workload_image(preset: ModelPreset, image: str | None) -> str:
+    """The GKE jobs' image: the one given, else the preset's, else the post-training image."""
+    return rules.image("image", image or preset.image or POST_TRAINING_IMAGE)
+
+
+def default_shape(runner: Runner) -> tuple[str, str]:
+    """``(compute_type, topology)`` of the pipeline's default model preset: what a task given no
+    shape (preflight) checks."""
+    pipeline = params.GKE if runner is Runner.GKE else params.TPU_VM
+    preset = get_preset(params.PARAMS_BY_KEY["model"].default_on(pipeline))
+    return preset.compute_type, preset.topology
+
+
+def gke_job_target(
+    preset: ModelPreset,
+    *,
+    project: str,
+    location: str,
+    cluster_name: str,
+    image: str | None = None,
+    compute_type: str | None = None,
+    topology: str | None = None,
+    num_slices: Any = None,
+) -> GkeJobTarget:
+    """Where a GKE job of ``preset`` runs: the slice's shape and image, each the preset's when empty."""
+    return GkeJobTarget(
+        project=project,
+        location=location,
+        cluster_name=cluster_name,
+        image=workload_image(preset, image),
+        compute_type=compute_type or preset.compute_type,
+        topology=topology or preset.topology,
+        num_slices=preset.num_slices
+        if num_slices in (None, "")
+        else rules.integer("num_slices", num_slices, 1, 64),
+    )
+
+
+# The GKE pipeline's workloads from plain values: what ``gke_pipeline_from_conf`` and the GKE job
+# operators (``operators/maxtext.py``) both build them with, paths derived from the bucket the same
+# way. The TPU VM's stages build their whole pipeline spec (``tpu_vm_pipeline_from_conf``).
+def gke_conversion(
+    preset: ModelPreset, *, bucket: str, hf_model_path: str | None = None, output_directory: str | None = None
+) -> ConversionSpec:
+    """``to_maxtext`` of ``preset`` into the bucket's converted folder (one per model)."""
+    return conversion_spec(
+        preset, output_directory or converted_directory(bucket, preset.model_name), hf_model_path or None
+    )
+
+
+def gke_training(
+    preset: ModelPreset,
+    *,
+    bucket: str,
+    run_name: str,
+    num_batches: Any = None,
+    train_overrides: Mapping[str, Any] | None = None,
+    workload_image_patched: bool = False,
+    load_parameters_path: str | None = None,
+    base_output_directory: str | None = None,
+) -> TrainingSpec:
+    """GRPO training from the converted checkpoint into the bucket's trained folder."""
+    return training_spec(
+        preset,
+        run_name=run_name,
+        base_output_directory=base_output_directory or trained_directory(bucket, preset.model_name),
+        load_parameters_path=load_parameters_path or gke_conversion(preset, bucket=bucket).items_path + "/",
+        num_batches=None if num_batches in (None, "") else rules.integer("num_batches", num_batches, 1),
+        train_overrides=train_overrides or {},
+        workload_image_patched=workload_image_patched,
+    )
+
+
+def gke_export(
+    preset: ModelPreset,
+    *,
+    bucket: str,
+    run_name: str,
+    checkpoint_step: Any = None,
+    load_parameters_path: str | None = None,
+    output_directory: str | None = None,
+) -> ExportSpec:
+    """``to_huggingface`` of a run's actor checkpoint (the preset's last step unless given) into
+    its own export folder."""
+    step = (
+        preset.num_batches
+        if checkpoint_step in (None, "")
+        else rules.integer("checkpoint_step", checkpoint_step, 1)
+    )
+    return export_spec(
+        preset,
+        load_parameters_path=load_parameters_path
+        or actor_params_path(trained_directory(bucket, preset.model_name), run_name, step) + "/",
+        output_directory=output_directory or export_directory(bucket, preset.model_name, run_name),
     )
 
 
@@ -375,7 +515,8 @@ class GkePipelineSpec:
     @property
     def job_target(self) -> GkeJobTarget:
         c = self.cluster
-        return GkeJobTarget(
+        return gke_job_target(
+            self.preset,
             project=c.project,
             location=c.region,
             cluster_name=c.cluster_name,
@@ -490,35 +631,24 @@ def gke_pipeline_from_conf(
         raise SpecError(
             "model", f"{preset.model_name} runs on one TPU VM; use the {TPU_VM_DAG_ID} DAG", preset.model_name
         )
-    cluster = ClusterSpec(
-        project=merged["project"],
-        region=merged["region"],
-        zone=merged["zone"],
-        cluster_name=merged["cluster_name"],
-        bucket=merged["bucket"],
-        reservation=merged["reservation"] if merged["reservation"] is not None else "",
-        capacity=merged["capacity"],
-        compute_type=_pick(merged, "compute_type", preset.compute_type),
-        topology=_pick(merged, "topology", preset.topology),
-        num_slices=_pick(merged, "num_slices", preset.num_slices),
-        authorized_cidr=merged["authorized_cidr"],
-        blueprint=preset.blueprint,
+    cluster = cluster_from_arguments(
+        {key: merged[key] for key in CLUSTER_ARGUMENTS}, preset.model_name, project=merged["project"]
     )
-    image = check_patched_image(
-        rules.image("image", _pick(merged, "image", preset.image or POST_TRAINING_IMAGE)),
-        merged["workload_image_patched"],
-    )
-    conversion, training, export = _workloads(
+    image = check_patched_image(workload_image(preset, merged["image"]), merged["workload_image_patched"])
+    # Unique per DAG run (outputs are keyed by run_name): a second run trains its own model. One
+    # export folder per run_name (the tutorial writes hf-trained/ directly): a later run never
+    # overwrites an earlier model, and "already exported" means this run's checkpoint.
+    conversion = gke_conversion(preset, bucket=cluster.bucket, hf_model_path=merged["hf_model_path"])
+    training = gke_training(
         preset,
-        merged,
-        converted=converted_directory(cluster.bucket, preset.model_name),
-        trained=trained_directory(cluster.bucket, preset.model_name),
-        # One folder per run_name (the tutorial writes hf-trained/ directly): a later run never
-        # overwrites an earlier model, and "already exported" means this run's checkpoint.
-        exported=export_directory(cluster.bucket, preset.model_name, "{run_name}"),
-        # Unique per DAG run (outputs are keyed by run_name): a second run trains its own model.
-        default_run_name=f"rl-{run_suffix(dag_id, run_id)}",
-        trailing_slash="/",
+        bucket=cluster.bucket,
+        run_name=_pick(merged, "run_name", f"rl-{run_suffix(dag_id, run_id)}"),
+        num_batches=merged["num_batches"],
+        train_overrides=merged["train_overrides"],
+        workload_image_patched=merged["workload_image_patched"],
+    )
+    export = gke_export(
+        preset, bucket=cluster.bucket, run_name=training.run_name, checkpoint_step=training.final_step
     )
     return GkePipelineSpec(
         dag_id=dag_id,
