@@ -137,8 +137,6 @@ def file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-
-
 def download_verified(
     url: str,
     target: Path,
