@@ -149,7 +149,7 @@ def _run_doctor(args: argparse.Namespace) -> int:
     with contextlib.redirect_stdout(sys.stderr):
         from airflow_provider_tpu_rl.exceptions import TpuRlError
         from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
-        from airflow_provider_tpu_rl.hooks.toolchain import ToolStatus, format_table, purposes_for
+        from airflow_provider_tpu_rl.toolchain.tools import ToolStatus, format_table, purposes_for
 
         _logs_to_stderr()
         try:
@@ -227,7 +227,7 @@ def credential_problems(hook: Any, chains: Sequence[Any]) -> dict[str, str]:
         for purpose in ready:
             found[purpose] = checks.no_account_problem(checks.runner(_PURPOSE_RUNNER[purpose]))
     if "jobs" in ready and "jobs" not in found:
-        from airflow_provider_tpu_rl.hooks.adc import worker_adc_file
+        from airflow_provider_tpu_rl.toolchain.adc import worker_adc_file
 
         status = hook.adc_status()
         if not status.ok:

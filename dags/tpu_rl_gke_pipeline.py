@@ -12,7 +12,7 @@ from typing import Final
 
 from airflow_provider_tpu_rl.ledger.collect import GKE_CLUSTER_TASK_IDS
 from airflow_provider_tpu_rl.operators.gke import GclusterDeployOperator, GclusterDestroyOperator
-from airflow_provider_tpu_rl.operators.maxtext import (
+from airflow_provider_tpu_rl.operators.gke_jobs import (
     MaxTextConvertOperator,
     MaxTextExportOperator,
     PathwaysRLTrainOperator,

@@ -244,7 +244,7 @@ def test_doctor_without_adc_names_it_for_the_jobs(
 
     monkeypatch.setattr(cli, "_logs_to_stderr", lambda: None)
     monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS")
-    monkeypatch.setattr("airflow_provider_tpu_rl.hooks.adc.METADATA_HOST", "127.0.0.1:9")
+    monkeypatch.setattr("airflow_provider_tpu_rl.toolchain.adc.METADATA_HOST", "127.0.0.1:9")
     monkeypatch.setenv("PATH", stubbed_path(tmp_path))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.setenv(

@@ -326,3 +326,8 @@ def export_event_payload(bucket: str, prefix: str, status: ExportStatus) -> dict
         "uris": [gs_uri(bucket, folder + name) for name in status.files],
         "weight_files": list(status.weight_files),
     }
+
+
+def run_dir(uri: str) -> str:
+    """A run directory's URI in one spelling (one trailing ``/``), so two spellings compare equal."""
+    return uri.rstrip("/") + "/"

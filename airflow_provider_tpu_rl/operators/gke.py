@@ -14,9 +14,9 @@ from airflow.providers.common.compat.sdk import Context
 
 from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.exceptions import ConfigurationError, LeaseHeldError
-from airflow_provider_tpu_rl.hooks.lease import ClusterLeaseHook, Lease, held_message, utc_text
 from airflow_provider_tpu_rl.links import GKEClusterLink
 from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, expiry_of_run, fail_fast
+from airflow_provider_tpu_rl.records.lease import ClusterLeaseHook, Lease, held_message, utc_text
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.render.blueprint import BLUEPRINT_RELPATH, customize_blueprint
 from airflow_provider_tpu_rl.spec import rules
@@ -67,7 +67,7 @@ class EnsureBucketOperator(GclusterBaseOperator):
                 f"and Cloud Storage says it is not {project}'s): set bucket to a name of your own"
             )
         self.hook.check_result(command, result)
-        from airflow_provider_tpu_rl.hooks.bucket_usage import BucketUsage
+        from airflow_provider_tpu_rl.records.bucket_usage import BucketUsage
 
         usage = BucketUsage(self.gcp_conn_id, self.chain)
         if result.ok_marker:
@@ -441,10 +441,10 @@ def delete_run_bucket(
     Another run still using the bucket (a live or kept cluster lease, a live writer claim, a
     resource record of a run not known to have ended): nothing is deleted, one line says why. The
     bucket provably this run's (it created it, nothing in it names another run): deleted whole.
-    Otherwise only this run's own folders and records go (``hooks/bucket_usage.py``).
+    Otherwise only this run's own folders and records go (``records/bucket_usage.py``).
     """
-    from airflow_provider_tpu_rl.hooks.bucket_usage import BucketUsage, existing
-    from airflow_provider_tpu_rl.janitor_sources import run_finished, run_probe
+    from airflow_provider_tpu_rl.records.bucket_usage import BucketUsage, existing
+    from airflow_provider_tpu_rl.records.janitor_sources import run_finished, run_probe
 
     dag_id, run_id = operator.run_ids(context)
     usage = BucketUsage(operator.gcp_conn_id, operator.chain)

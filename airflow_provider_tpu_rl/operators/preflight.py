@@ -202,7 +202,7 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
     def check_adc(self) -> list[str]:
         """Application Default Credentials where gcluster runs (cmd/job/prereq.go
         ``getADCSetupCommand``): ``job submit`` refuses without them, after the cluster exists."""
-        from airflow_provider_tpu_rl.hooks.adc import worker_adc_file
+        from airflow_provider_tpu_rl.toolchain.adc import worker_adc_file
 
         status = self.hook.adc_status(timeout=ADC_TIMEOUT)
         if status.ok:
@@ -324,7 +324,7 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         (free, expired, kept for a later run, or already this run's)."""
         if self.runner != Runner.GKE.value or not self.cluster_name or not self.bucket:
             return None
-        from airflow_provider_tpu_rl.hooks.lease import ClusterLeaseHook, held_message
+        from airflow_provider_tpu_rl.records.lease import ClusterLeaseHook, held_message
 
         cluster = rules.gke_cluster_name("cluster_name", self.cluster_name)
         bucket = rules.bucket_name("bucket", self.bucket)

@@ -273,13 +273,17 @@ CLUSTER_ARGUMENTS: Final = (
 )
 
 
+# The cluster arguments an empty value leaves to the preset (or to ClusterSpec's default).
+_CLUSTER_DEFAULTED: Final = frozenset({"reservation", "capacity", "compute_type", "topology", "num_slices"})
+
+
 def cluster_from_arguments(arguments: Mapping[str, Any], model: str | None, *, project: str) -> ClusterSpec:
     """The one way a GKE cluster's spec is built, from plain values: the pipeline's conf, a
     deploy or destroy operator's arguments, a janitor's resource record.
 
-    A value left empty (None or "") takes the model preset's (the shape; the blueprint edits
-    always come from it), else ``ClusterSpec``'s own default; an empty capacity is the
-    reservation's (``default_capacity``).
+    A shape value or a capacity left empty (None or "") takes the model preset's (the blueprint
+    edits always come from it), else ``ClusterSpec``'s own default; an empty capacity is the
+    reservation's (``default_capacity``). Every other value is checked as given.
     """
     unknown = sorted(set(arguments) - set(CLUSTER_ARGUMENTS))
     if unknown:
@@ -287,7 +291,11 @@ def cluster_from_arguments(arguments: Mapping[str, Any], model: str | None, *, p
             unknown[0], f"not a cluster argument; they are {list(CLUSTER_ARGUMENTS)}", show_value=False
         )
     preset = get_preset(model, "model") if model else None
-    values = {key: value for key, value in arguments.items() if value not in (None, "")}
+    values = {
+        key: value
+        for key, value in arguments.items()
+        if key not in _CLUSTER_DEFAULTED or value not in (None, "")
+    }
     values["reservation"] = arguments.get("reservation") or ""
     if "num_slices" in values:
         values["num_slices"] = rules.integer("num_slices", values["num_slices"], 1, 64)
@@ -395,7 +403,7 @@ def gke_job_target(
 
 
 # The GKE pipeline's workloads from plain values: what ``gke_pipeline_from_conf`` and the GKE job
-# operators (``operators/maxtext.py``) both build them with, paths derived from the bucket the same
+# operators (``operators/gke_jobs.py``) both build them with, paths derived from the bucket the same
 # way. The TPU VM's stages build their whole pipeline spec (``tpu_vm_pipeline_from_conf``).
 def gke_conversion(
     preset: ModelPreset, *, bucket: str, hf_model_path: str | None = None, output_directory: str | None = None

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_tpu_rl.hooks import bundle, toolchain
 from airflow_provider_tpu_rl.hooks.connection_fields import CLUSTER_TOOLKIT_DEFAULT_VERSION
 from airflow_provider_tpu_rl.spec import presets
+from airflow_provider_tpu_rl.toolchain import bundle, toolchain
 from tests.docker.dockerfile import (
     DOCKER,
     DOCKERFILES,

@@ -9,7 +9,7 @@ import pytest
 from google.api_core.exceptions import Forbidden, NotFound
 
 from airflow_provider_tpu_rl.exceptions import ConfigurationError
-from airflow_provider_tpu_rl.hooks.bucket_usage import WRITE_CHECK_PREFIX, BucketUsage
+from airflow_provider_tpu_rl.records.bucket_usage import WRITE_CHECK_PREFIX, BucketUsage
 
 BUCKET = "team-tpu-rl-bucket"
 

@@ -15,14 +15,14 @@ import pytest
 
 from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.exceptions import CommandError, ConfigurationError, FailureKind
-from airflow_provider_tpu_rl.hooks.bundle import (
+from airflow_provider_tpu_rl.hooks.gcluster import GclusterConfig, GclusterHook
+from airflow_provider_tpu_rl.toolchain.bundle import (
     BundlePlatform,
     bundle_root,
     current_platform,
     ensure_bundle,
     verify_bundle,
 )
-from airflow_provider_tpu_rl.hooks.gcluster import GclusterConfig, GclusterHook
 
 VERSION = "v1.103.0"
 PLAT = BundlePlatform("linux", "amd64")
@@ -261,7 +261,7 @@ def test_unsupported_platform(system, machine):
 
 def test_hook_resolves_gcluster_and_bundle_dir_from_the_cache(tmp_path, release, monkeypatch):
     base, digest = release
-    monkeypatch.setattr("airflow_provider_tpu_rl.hooks.bundle.current_platform", lambda: PLAT)
+    monkeypatch.setattr("airflow_provider_tpu_rl.toolchain.bundle.current_platform", lambda: PLAT)
     hook = GclusterHook(
         config=GclusterConfig(
             cache_dir=str(tmp_path / "cache"), sha256=digest, download_base_url=base.as_uri()
@@ -343,7 +343,7 @@ def test_a_tampered_archive_is_refused_offline_and_downloaded_again_online(tmp_p
 
 def test_the_hook_re_verifies_the_cached_gcluster_on_every_use(tmp_path, served, monkeypatch):
     server, digest = served
-    monkeypatch.setattr("airflow_provider_tpu_rl.hooks.bundle.current_platform", lambda: PLAT)
+    monkeypatch.setattr("airflow_provider_tpu_rl.toolchain.bundle.current_platform", lambda: PLAT)
     hook = GclusterHook(
         config=GclusterConfig(cache_dir=str(tmp_path / "cache"), sha256=digest, download_base_url=server.url)
     )

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_tpu_rl.hooks.failures import (
+from airflow_provider_tpu_rl.hooks.kubernetes import pod_disruption
+from airflow_provider_tpu_rl.toolchain.failures import (
     FailureKind,
     classify_failure,
     classify_workload,
     error_line,
 )
-from airflow_provider_tpu_rl.hooks.kubernetes import pod_disruption
 
 
 @pytest.mark.parametrize(

@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-from airflow_provider_tpu_rl.hooks.gcluster_dependencies import (
+from airflow_provider_tpu_rl.render.preflight import gcluster_dependency_check
+from airflow_provider_tpu_rl.toolchain.dependency_check import (
     dependency_problem_line,
     parse_dependency_check,
 )
-from airflow_provider_tpu_rl.hooks.toolchain import ToolStatus
-from airflow_provider_tpu_rl.render.preflight import gcluster_dependency_check
+from airflow_provider_tpu_rl.toolchain.tools import ToolStatus
 
 DISABLED = (
     "2026-06-25T10:00:00Z: Failed to setup dependencies: terraform is missing. Download is explicitly disabled. "

@@ -159,7 +159,7 @@ def test_a_job_submit_finds_the_prerequisite_state_an_earlier_session_s_check_le
 ):
     """gcluster skips its prerequisite check when HOME holds a recent state file (cmd/job/prereq.go);
     each task's session has a fresh HOME, so the hook carries the file over, per environment."""
-    from airflow_provider_tpu_rl.hooks import job_prereqs
+    from airflow_provider_tpu_rl.toolchain import job_prereqs
 
     monkeypatch.setattr(job_prereqs, "store_dir", lambda: tmp_path / "kept")
     fake_tools.respond(
@@ -194,7 +194,7 @@ def test_a_job_submit_finds_the_prerequisite_state_an_earlier_session_s_check_le
 
 
 def test_a_failed_submit_leaves_no_state_for_the_next_session(make_hook, fake_tools, monkeypatch, tmp_path):
-    from airflow_provider_tpu_rl.hooks import job_prereqs
+    from airflow_provider_tpu_rl.toolchain import job_prereqs
 
     monkeypatch.setattr(job_prereqs, "store_dir", lambda: tmp_path / "kept")
     fake_tools.respond(
@@ -211,7 +211,7 @@ def test_a_failed_submit_leaves_no_state_for_the_next_session(make_hook, fake_to
 
 
 def test_a_prerequisite_store_another_user_can_write_is_not_used(tmp_path, monkeypatch):
-    from airflow_provider_tpu_rl.hooks import job_prereqs
+    from airflow_provider_tpu_rl.toolchain import job_prereqs
 
     store = tmp_path / "kept"
     store.mkdir(mode=0o777)
@@ -407,7 +407,7 @@ def test_terraform_commands_get_a_state_lock_timeout(make_hook, fake_tools, monk
 
 
 def test_the_prerequisite_state_is_kept_per_tool_path_gcloud_config_and_adc() -> None:
-    from airflow_provider_tpu_rl.hooks.job_prereqs import environment_key
+    from airflow_provider_tpu_rl.toolchain.job_prereqs import environment_key
 
     base = {"PATH": "/usr/bin", "CLOUDSDK_CONFIG": "/g", "HOME": "/h1", "LANG": "C"}
     assert environment_key(base) == environment_key({**base, "HOME": "/h2", "LANG": "C.UTF-8"})

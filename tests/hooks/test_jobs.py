@@ -8,7 +8,7 @@ import pytest
 
 from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.exceptions import CommandError, FailureKind, OutputParseError
-from airflow_provider_tpu_rl.hooks.jobs import (
+from airflow_provider_tpu_rl.toolchain.job_output import (
     GclusterJob,
     JobState,
     parse_job_list,

@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 
 from airflow_provider_tpu_rl.exceptions import ConfigurationError, LeaseHeldError, LeaseLostError, TpuRlError
-from airflow_provider_tpu_rl.hooks.lease import (
+from airflow_provider_tpu_rl.records.lease import (
     LEASE_PREFIX,
     ClusterLeaseHook,
     Lease,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_tpu_rl.hooks.process import SyncProcess, descendants, prepare_process, run_sync
+from airflow_provider_tpu_rl.toolchain.process import SyncProcess, descendants, prepare_process, run_sync
 
 pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc (Linux)")
 

@@ -11,7 +11,8 @@ from dataclasses import replace
 import pytest
 
 from airflow_provider_tpu_rl.exceptions import RunDirBusyError
-from airflow_provider_tpu_rl.hooks.run_dirs import (
+from airflow_provider_tpu_rl.maxtext.layout import run_dir
+from airflow_provider_tpu_rl.records.run_dirs import (
     MAX_ATTEMPTS,
     RUN_DIR_PREFIX,
     RunDirRecord,
@@ -20,7 +21,6 @@ from airflow_provider_tpu_rl.hooks.run_dirs import (
     WriterClaim,
     attempt_from_log,
     claim_kept_alive,
-    run_dir,
     run_record_object,
     vouches,
 )

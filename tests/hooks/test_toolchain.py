@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from airflow_provider_tpu_rl.exceptions import ConfigurationError
-from airflow_provider_tpu_rl.hooks import toolchain as tc
 from airflow_provider_tpu_rl.hooks.gcluster import GclusterConfig, GclusterHook, command_purpose
-from airflow_provider_tpu_rl.hooks.process import prepare_process
 from airflow_provider_tpu_rl.render.command import Command
+from airflow_provider_tpu_rl.toolchain import tools as tc
+from airflow_provider_tpu_rl.toolchain.process import prepare_process
 from tests.hooks.test_bundle import _CountingServer
 from tests.toolpath import path_without
 from tpu_rl_sandbox.tool_stubs import stub_script, write_tool_stubs

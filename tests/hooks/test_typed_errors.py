@@ -23,9 +23,9 @@ from airflow_provider_tpu_rl.exceptions import (
     OutputParseError,
     TpuRlError,
 )
-from airflow_provider_tpu_rl.hooks import failures
 from airflow_provider_tpu_rl.hooks.gcluster import GclusterConfig, GclusterHook
 from airflow_provider_tpu_rl.render.command import Command
+from airflow_provider_tpu_rl.toolchain import failures
 
 PACKAGE = Path(airflow_provider_tpu_rl.__file__).parent
 # Hook-level code: it reports errors, it never decides that a task must fail without retries.

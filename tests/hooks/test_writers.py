@@ -1,4 +1,4 @@
-"""The pure parts of reading a claim's job where it runs (``hooks/writers.py``): what the VM probe
+"""The pure parts of reading a claim's job where it runs (``records/writers.py``): what the VM probe
 prints, how a run directory's writes tell its pace, the command that stops a job by hand."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from airflow_provider_tpu_rl.hooks.run_dirs import WriterClaim
-from airflow_provider_tpu_rl.hooks.writers import (
+from airflow_provider_tpu_rl.records.run_dirs import WriterClaim
+from airflow_provider_tpu_rl.records.writers import (
     VM_PROBE_SCRIPT,
     directory_activity,
     parse_vm_probe,

@@ -30,7 +30,7 @@ from airflow_provider_tpu_rl.operators.gke import (
     GclusterDeployOperator,
     HfTokenSecretOperator,
 )
-from airflow_provider_tpu_rl.operators.maxtext import MaxTextConvertOperator
+from airflow_provider_tpu_rl.operators.gke_jobs import MaxTextConvertOperator
 from airflow_provider_tpu_rl.operators.tpu_vm import CpuVmCreateOperator, TpuVmStageOperator
 from airflow_provider_tpu_rl.pipelines.arguments import gke_task_arguments, tpu_vm_task_arguments
 from airflow_provider_tpu_rl.spec import (

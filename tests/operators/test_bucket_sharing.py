@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_tpu_rl.hooks.bucket_usage import BUCKET_OWNER_OBJECT
-from airflow_provider_tpu_rl.hooks.lease import ClusterLeaseHook, lease_object
-from airflow_provider_tpu_rl.hooks.run_dirs import RunDirRecords, WriterClaim, run_record_object
 from airflow_provider_tpu_rl.operators.gke import GclusterDestroyOperator
+from airflow_provider_tpu_rl.records.bucket_usage import BUCKET_OWNER_OBJECT
+from airflow_provider_tpu_rl.records.lease import ClusterLeaseHook, lease_object
+from airflow_provider_tpu_rl.records.run_dirs import RunDirRecords, WriterClaim, run_record_object
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID
 from tests.compat import capture_task_logs

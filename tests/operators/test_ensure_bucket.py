@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from airflow_provider_tpu_rl.compat import AirflowFailException
-from airflow_provider_tpu_rl.hooks.bucket_usage import BUCKET_OWNER_OBJECT, WRITE_CHECK_PREFIX
 from airflow_provider_tpu_rl.operators.gke import EnsureBucketOperator, bucket_name_taken
+from airflow_provider_tpu_rl.records.bucket_usage import BUCKET_OWNER_OBJECT, WRITE_CHECK_PREFIX
 from tests.compat import capture_task_logs
 from tests.operators.sandbox_run import SandboxRun
 

@@ -16,7 +16,7 @@ from airflow_provider_tpu_rl.operators.gke import (
     GclusterDestroyOperator,
     HfTokenSecretOperator,
 )
-from airflow_provider_tpu_rl.operators.maxtext import MaxTextConvertOperator
+from airflow_provider_tpu_rl.operators.gke_jobs import MaxTextConvertOperator
 from airflow_provider_tpu_rl.operators.preflight import TpuRlPreflightOperator
 from airflow_provider_tpu_rl.operators.tpu_vm import (
     CpuVmCreateOperator,

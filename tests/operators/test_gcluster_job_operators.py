@@ -14,7 +14,7 @@ import pytest
 from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailException
 from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
 from airflow_provider_tpu_rl.operators.gke import EnsureBucketOperator, GclusterDeployOperator
-from airflow_provider_tpu_rl.operators.maxtext import (
+from airflow_provider_tpu_rl.operators.gke_jobs import (
     MaxTextConvertOperator,
     MaxTextExportOperator,
     PathwaysRLTrainOperator,

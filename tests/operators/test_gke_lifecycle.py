@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 
 from airflow_provider_tpu_rl.compat import AirflowFailException
-from airflow_provider_tpu_rl.hooks.lease import ClusterLeaseHook, Lease, lease_object
 from airflow_provider_tpu_rl.operators.gke import (
     EnsureBucketOperator,
     GclusterDeployOperator,
     GclusterDestroyOperator,
 )
+from airflow_provider_tpu_rl.records.lease import ClusterLeaseHook, Lease, lease_object
 from airflow_provider_tpu_rl.render import gke
 from tests.compat import capture_task_logs
 from tests.operators.sandbox_run import SandboxRun, prepare_cluster

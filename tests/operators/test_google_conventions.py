@@ -12,7 +12,7 @@ from airflow.providers.common.compat.sdk import DAG
 from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.hooks import credentials
 from airflow_provider_tpu_rl.operators.gke import EnsureBucketOperator
-from airflow_provider_tpu_rl.operators.maxtext import PathwaysRLTrainOperator
+from airflow_provider_tpu_rl.operators.gke_jobs import PathwaysRLTrainOperator
 from airflow_provider_tpu_rl.sensors.checkpoint import HuggingFaceExportSensor, MaxTextCheckpointSensor
 from tests.operators.sandbox_run import REGION, SandboxRun
 from tpu_rl_sandbox import oauth

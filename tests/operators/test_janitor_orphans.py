@@ -18,8 +18,6 @@ import pytest
 
 from airflow_provider_tpu_rl.compat import AirflowException
 from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
-from airflow_provider_tpu_rl.hooks.lease import ClusterLeaseHook, lease_object
-from airflow_provider_tpu_rl.janitor_sources import discover_sources
 from airflow_provider_tpu_rl.ledger.hook import RunLedger, sqlite_connection_uri
 from airflow_provider_tpu_rl.ledger.records import RunRecord
 from airflow_provider_tpu_rl.operators.gke import (
@@ -36,6 +34,8 @@ from airflow_provider_tpu_rl.operators.janitor import (
     orphan_marker_object,
     recorded_cluster_arguments,
 )
+from airflow_provider_tpu_rl.records.janitor_sources import discover_sources
+from airflow_provider_tpu_rl.records.lease import ClusterLeaseHook, lease_object
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID
 from tests.operators.sandbox_run import REGION, SandboxRun
@@ -282,7 +282,7 @@ class _SdkTi:
 def test_on_airflow_3_run_states_come_from_the_task_sdk_and_an_unknown_run_is_unknown() -> None:
     from airflow.utils.state import TaskInstanceState
 
-    from airflow_provider_tpu_rl.janitor_sources import TaskSdkRuns, run_probe
+    from airflow_provider_tpu_rl.records.janitor_sources import TaskSdkRuns, run_probe
 
     ti = _SdkTi({"d/r": "running"}, {"d/r": {"train": TaskInstanceState.DEFERRED, "export": None}})
     probe = run_probe({"ti": ti})

@@ -25,9 +25,9 @@ import pytest
 from airflow.providers.common.compat.sdk import Context
 
 from airflow_provider_tpu_rl.hooks import kubernetes
-from airflow_provider_tpu_rl.hooks.lease import ClusterLeaseHook
-from airflow_provider_tpu_rl.hooks.run_dirs import RunDirRecords
-from airflow_provider_tpu_rl.operators.maxtext import PathwaysRLTrainOperator
+from airflow_provider_tpu_rl.operators.gke_jobs import PathwaysRLTrainOperator
+from airflow_provider_tpu_rl.records.lease import ClusterLeaseHook
+from airflow_provider_tpu_rl.records.run_dirs import RunDirRecords
 from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
 from airflow_provider_tpu_rl.triggers import jobset as jobset_module
 from airflow_provider_tpu_rl.triggers.jobset import JobSetTrigger

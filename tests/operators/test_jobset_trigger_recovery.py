@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_tpu_rl.operators.maxtext import PathwaysRLTrainOperator
+from airflow_provider_tpu_rl.operators.gke_jobs import PathwaysRLTrainOperator
 from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
 from airflow_provider_tpu_rl.triggers.jobset import JobSetTrigger
 from tests.operators.sandbox_run import (

@@ -8,7 +8,7 @@ import pytest
 
 from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailException
 from airflow_provider_tpu_rl.ledger.records import resume_loss
-from airflow_provider_tpu_rl.operators.maxtext import PathwaysRLTrainOperator
+from airflow_provider_tpu_rl.operators.gke_jobs import PathwaysRLTrainOperator
 from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
 from tests.operators.sandbox_run import (
     RecordingTI,

@@ -26,10 +26,10 @@ import pytest
 from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.hooks import kubernetes
 from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
-from airflow_provider_tpu_rl.hooks.run_dirs import RunDirRecords
 from airflow_provider_tpu_rl.ledger.records import resume_loss
+from airflow_provider_tpu_rl.operators.gke_jobs import PathwaysRLTrainOperator
 from airflow_provider_tpu_rl.operators.janitor import find_expired_resources
-from airflow_provider_tpu_rl.operators.maxtext import PathwaysRLTrainOperator
+from airflow_provider_tpu_rl.records.run_dirs import RunDirRecords
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, gke_pipeline_from_conf
 from tests.operators.sandbox_run import (
     REGION,

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from airflow_provider_tpu_rl.compat import AirflowFailException
-from airflow_provider_tpu_rl.hooks.lease import ClusterLeaseHook, vm_lease_name
 from airflow_provider_tpu_rl.operators.gke import EnsureBucketOperator, HfTokenSecretOperator
 from airflow_provider_tpu_rl.operators.tpu_vm import (
     CpuVmCreateOperator,
@@ -19,6 +18,7 @@ from airflow_provider_tpu_rl.operators.tpu_vm import (
     TpuVmDeleteOperator,
     TpuVmStageOperator,
 )
+from airflow_provider_tpu_rl.records.lease import ClusterLeaseHook, vm_lease_name
 from airflow_provider_tpu_rl.render import gke, tpu_vm
 from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID, tpu_vm_pipeline_from_conf
 from tests.compat import capture_task_logs

@@ -11,7 +11,12 @@ import pytest
 from airflow_provider_tpu_rl.cli import conf_keys_help
 from airflow_provider_tpu_rl.get_provider_info import get_provider_info
 from airflow_provider_tpu_rl.spec import params
-from airflow_provider_tpu_rl.spec.pipeline import ENVIRONMENT_OPTIONS, GKE_DEFAULTS, PLACEHOLDERS, TPU_VM_DEFAULTS
+from airflow_provider_tpu_rl.spec.pipeline import (
+    ENVIRONMENT_OPTIONS,
+    GKE_DEFAULTS,
+    PLACEHOLDERS,
+    TPU_VM_DEFAULTS,
+)
 from tools import params_doc
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,6 +1,6 @@
 """Is the job a run directory's claim names still running? Read where it runs; stop it if asked.
 
-A claim (:class:`~airflow_provider_tpu_rl.hooks.run_dirs.WriterClaim`) names its job and where it
+A claim (:class:`~airflow_provider_tpu_rl.records.run_dirs.WriterClaim`) names its job and where it
 runs. Once the claim expired or its run ended it no longer vouches for the job, yet a crashed
 worker (a killed task, an Airflow outage) leaves the job itself running: before another run takes
 the directory over, the job's state is read there, through the paths the provider already uses:
@@ -42,9 +42,10 @@ from airflow_provider_tpu_rl.exceptions import (
     KubernetesApiError,
     TpuRlError,
 )
-from airflow_provider_tpu_rl.hooks.jobs import JobState
-from airflow_provider_tpu_rl.hooks.run_dirs import VM, WriterClaim, run_dir
+from airflow_provider_tpu_rl.maxtext.layout import run_dir
+from airflow_provider_tpu_rl.records.run_dirs import VM, WriterClaim
 from airflow_provider_tpu_rl.render.tpu_vm import TRAIN_CONTAINER
+from airflow_provider_tpu_rl.toolchain.job_output import JobState
 
 if TYPE_CHECKING:
     from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook

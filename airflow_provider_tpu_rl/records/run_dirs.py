@@ -19,7 +19,7 @@ One writer per directory, whatever cluster or VM the job runs on: a claim held b
 refuses the newcomer (:class:`~airflow_provider_tpu_rl.exceptions.RunDirBusyError`). A claim whose
 expiry has passed, or whose run has finished, no longer vouches for its job: a crashed worker
 leaves its job running. Such a claim is taken over only once its job is proven dead where it runs
-(:mod:`airflow_provider_tpu_rl.hooks.writers`); the caller then names that exact claim
+(:mod:`airflow_provider_tpu_rl.records.writers`); the caller then names that exact claim
 (``takeover``) and the attempt it made (``displaced``), and the write fails if the claim changed
 meanwhile. Every write names the GCS generation it read (``ifGenerationMatch``, 0 for a new
 object), so of two runs claiming at once exactly one wins, the other re-reads and decides again.
@@ -40,16 +40,12 @@ from typing import Any, Final
 
 from airflow_provider_tpu_rl.compat import AirflowNotFoundException
 from airflow_provider_tpu_rl.exceptions import ConfigurationError, RunDirBusyError, TpuRlError
+from airflow_provider_tpu_rl.maxtext.layout import run_dir
 
 RUN_DIR_PREFIX = "tpu-rl/run-dirs/"
 GCS_TIMEOUT_S = 60.0
 MAX_ROUNDS = 8  # re-read-and-decide rounds after a precondition failure
 MAX_ATTEMPTS = 20  # training attempts a record keeps (the latest)
-
-
-def run_dir(uri: str) -> str:
-    """A directory URI in one spelling (one trailing ``/``), so two spellings compare equal."""
-    return uri.rstrip("/") + "/"
 
 
 def run_record_object(directory: str) -> str:

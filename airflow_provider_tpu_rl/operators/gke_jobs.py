@@ -7,7 +7,7 @@ triggerer when deferrable, else in the worker.
 
 **Run identity.** A job writes one *run directory*: ``<base_output_directory>/<run_name>/`` for
 training, the export folder for an export, the converted checkpoint's folder for a conversion.
-Its record (:mod:`airflow_provider_tpu_rl.hooks.run_dirs`) says who wrote it and which job writes
+Its record (:mod:`airflow_provider_tpu_rl.records.run_dirs`) says who wrote it and which job writes
 it now.
 
 * *Who wrote it*: "already complete, skip" holds only for outputs this run wrote; a converted
@@ -44,23 +44,13 @@ from airflow.providers.common.compat.sdk import Context
 from airflow_provider_tpu_rl import timeouts
 from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailException, conf, default_deferrable
 from airflow_provider_tpu_rl.exceptions import ConfigurationError, RunDirBusyError
-from airflow_provider_tpu_rl.hooks.jobs import GclusterJob, JobState
-from airflow_provider_tpu_rl.hooks.run_dirs import (
-    GKE,
-    RunDirRecord,
-    RunDirRecords,
-    TrainingAttempt,
-    WriterClaim,
-    attempt_from_log,
-    busy_message,
-    run_dir,
-    vouches,
-)
-from airflow_provider_tpu_rl.hooks.writers import WriterState
-from airflow_provider_tpu_rl.janitor_sources import run_finished, run_probe
 from airflow_provider_tpu_rl.ledger.records import NUM_TEST_BATCHES_METRIC, reward_summary
 from airflow_provider_tpu_rl.links import CloudLoggingJobLink, GCSBrowserLink, GKEWorkloadLink
-from airflow_provider_tpu_rl.maxtext.layout import CONVERTED_CHECKPOINT_ITEMS, CONVERTED_CHECKPOINT_STEP
+from airflow_provider_tpu_rl.maxtext.layout import (
+    CONVERTED_CHECKPOINT_ITEMS,
+    CONVERTED_CHECKPOINT_STEP,
+    run_dir,
+)
 from airflow_provider_tpu_rl.maxtext.logs import TrainingLogTracker
 from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, fail_fast
 from airflow_provider_tpu_rl.operators.takeover import (
@@ -69,6 +59,18 @@ from airflow_provider_tpu_rl.operators.takeover import (
     previous_writer,
     prove_dead,
 )
+from airflow_provider_tpu_rl.records.janitor_sources import run_finished, run_probe
+from airflow_provider_tpu_rl.records.run_dirs import (
+    GKE,
+    RunDirRecord,
+    RunDirRecords,
+    TrainingAttempt,
+    WriterClaim,
+    attempt_from_log,
+    busy_message,
+    vouches,
+)
+from airflow_provider_tpu_rl.records.writers import WriterState
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.render.command import Command
 from airflow_provider_tpu_rl.spec import rules
@@ -87,6 +89,7 @@ from airflow_provider_tpu_rl.spec.pipeline import (
 from airflow_provider_tpu_rl.spec.preflight import enabled_secret_versions
 from airflow_provider_tpu_rl.spec.presets import ModelPreset, get_preset
 from airflow_provider_tpu_rl.spec.workloads import check_patched_image, num_test_batches
+from airflow_provider_tpu_rl.toolchain.job_output import GclusterJob, JobState
 
 if TYPE_CHECKING:
     from airflow_provider_tpu_rl.triggers.jobset import JobSetTrigger

@@ -24,7 +24,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from airflow_provider_tpu_rl.hooks.toolchain import ToolStatus
+from airflow_provider_tpu_rl.toolchain.tools import ToolStatus
 
 # cmd/dependencies.go initDependencies: logging.Fatal("Failed to setup dependencies: %v", err)
 FAILED_PREFIX = "Failed to setup dependencies: "
