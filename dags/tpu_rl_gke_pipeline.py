@@ -17,23 +17,11 @@ from airflow_provider_tpu_rl.operators.gke_jobs import (
     MaxTextExportOperator,
     PathwaysRLTrainOperator,
 )
+from airflow_provider_tpu_rl.pipelines import dag as pipeline
+from airflow_provider_tpu_rl.pipelines import waits
 from airflow_provider_tpu_rl.pipelines.arguments import gke_task_arguments, xcom
-from airflow_provider_tpu_rl.pipelines.dag import (
-    LEDGER_CONN_ID,
-    chain_in_order,
-    first_steps,
-    pipeline_dag,
-    record_run_task,
-    stage_group,
-    transient,
-)
 from airflow_provider_tpu_rl.pipelines.failures import WATCHER_TASK_ID, add_watcher
 from airflow_provider_tpu_rl.pipelines.validate import validate_task
-from airflow_provider_tpu_rl.pipelines.waits import (
-    wait_actor_checkpoint,
-    wait_converted_checkpoint,
-    wait_hf_export,
-)
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, Runner
 from airflow_provider_tpu_rl.spec.params import GKE
 from airflow_provider_tpu_rl.spec.pipeline import GKE_TASK_ORDER
@@ -76,13 +64,13 @@ caller's IAM permissions and the reservation's free capacity, one line per probl
 
 **Teardown.** `destroy_tpu_pool` runs once the cluster deploy succeeded; `destroy_cluster` runs once the bucket step succeeded, whether the work succeeded,
 failed or the deploy itself failed half-way; `record_run` writes the run to the ledger
-(`{LEDGER_CONN_ID}`) after it and draws its curves (mean reward, train loss) into a PNG next to the
+(`{pipeline.LEDGER_CONN_ID}`) after it and draws its curves (mean reward, train loss) into a PNG next to the
 checkpoints: its *Run Curves* link opens the run's page on the runs dashboard (`/tpu-rl`). `{WATCHER_TASK_ID}` fails the run when any task failed,
 a teardown included, naming the failed tasks and the first line of each one's error, so a cluster
 that could not be destroyed never shows as a green run.
 """
 
-with pipeline_dag(
+with pipeline.pipeline_dag(
     GKE,
     dag_id=GKE_DAG_ID,
     description="GRPO RL post-training with MaxText on a TPU v6e slice on GKE (Pathways).",
@@ -92,41 +80,43 @@ with pipeline_dag(
     validate_task()
     args = gke_task_arguments(xcom)
     # The graph groups the stages; every task keeps its own id (stage_group).
-    with stage_group("prepare"):
-        ensure_bucket = first_steps(args)[1]
+    with pipeline.stage_group("prepare"):
+        ensure_bucket = pipeline.first_steps(args)[1]
         deploy_cluster = GclusterDeployOperator(
-            task_id="deploy_cluster", **args["deploy_cluster"], **transient("deploy")
+            task_id="deploy_cluster", **args["deploy_cluster"], **pipeline.transient("deploy")
         )
-    with stage_group("conversion"):
+    with pipeline.stage_group("conversion"):
         MaxTextConvertOperator(
             task_id="convert_to_maxtext",
             deferrable=True,
             **args["convert_to_maxtext"],
-            **transient("convert"),
+            **pipeline.transient("convert"),
         )
-        wait_converted_checkpoint()
-    with stage_group("training"):
+        waits.wait_converted_checkpoint()
+    with pipeline.stage_group("training"):
         # The TPU node pool (its own deployment group) exists only while training needs it: deployed
         # once the converted checkpoint is committed, destroyed once the actor checkpoint is.
         deploy_tpu_pool = GclusterDeployOperator(
-            task_id="deploy_tpu_pool", **args["deploy_tpu_pool"], **transient("deploy")
+            task_id="deploy_tpu_pool", **args["deploy_tpu_pool"], **pipeline.transient("deploy")
         )
-        PathwaysRLTrainOperator(task_id="train", deferrable=True, **args["train"], **transient("train"))
-        actor_checkpoint = wait_actor_checkpoint(poke_interval=60)
+        PathwaysRLTrainOperator(
+            task_id="train", deferrable=True, **args["train"], **pipeline.transient("train")
+        )
+        actor_checkpoint = waits.wait_actor_checkpoint(poke_interval=60)
         # A teardown of the pool: runs whatever training did once the cluster deploy succeeded (a
         # pool that failed half-way or was never deployed is an already-absent group: a no-op destroy).
         GclusterDestroyOperator(
-            task_id="destroy_tpu_pool", **args["destroy_tpu_pool"], **transient("teardown")
+            task_id="destroy_tpu_pool", **args["destroy_tpu_pool"], **pipeline.transient("teardown")
         ).as_teardown(setups=[deploy_cluster, deploy_tpu_pool])
-    with stage_group("export"):
+    with pipeline.stage_group("export"):
         export_to_huggingface = MaxTextExportOperator(
             task_id="export_to_huggingface",
             deferrable=True,
             **args["export_to_huggingface"],
-            **transient("export"),
+            **pipeline.transient("export"),
         )
-        wait_hf_export()
-    with stage_group("teardown"):
+        waits.wait_hf_export()
+    with pipeline.stage_group("teardown"):
         # The bucket is a setup too: once it exists the destroy runs, also after a deploy that
         # failed half-way (a stockout leaves a cluster without TPU nodes). It also owns delete_bucket.
         GclusterDestroyOperator(
@@ -134,10 +124,10 @@ with pipeline_dag(
             **args["destroy_cluster"],
             # only the secretAccessor grants this run added (none when the token task never ran)
             revoke_service_accounts="{{ ti.xcom_pull(task_ids='sync_hf_token', key='granted_accounts') }}",
-            **transient("teardown"),
+            **pipeline.transient("teardown"),
         ).as_teardown(setups=[ensure_bucket, deploy_cluster])
-        record_run_task(GKE_CLUSTER_TASK_IDS)
-    chain_in_order(GKE_TASK_ORDER, dag)
+        pipeline.record_run_task(GKE_CLUSTER_TASK_IDS)
+    pipeline.chain_in_order(GKE_TASK_ORDER, dag)
     # The export follows the TPU pool's destroy, and needs the actor checkpoint itself (a teardown
     # succeeds after a failed training too).
     actor_checkpoint >> export_to_huggingface

@@ -17,23 +17,11 @@ from airflow_provider_tpu_rl.operators.tpu_vm import (
     TpuVmDeleteOperator,
     TpuVmStageOperator,
 )
+from airflow_provider_tpu_rl.pipelines import dag as pipeline
+from airflow_provider_tpu_rl.pipelines import waits
 from airflow_provider_tpu_rl.pipelines.arguments import tpu_vm_task_arguments, xcom
-from airflow_provider_tpu_rl.pipelines.dag import (
-    LEDGER_CONN_ID,
-    chain_in_order,
-    first_steps,
-    pipeline_dag,
-    record_run_task,
-    stage_group,
-    transient,
-)
 from airflow_provider_tpu_rl.pipelines.failures import WATCHER_TASK_ID, add_watcher
 from airflow_provider_tpu_rl.pipelines.validate import validate_task
-from airflow_provider_tpu_rl.pipelines.waits import (
-    wait_actor_checkpoint,
-    wait_converted_checkpoint,
-    wait_hf_export,
-)
 from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID, Runner
 from airflow_provider_tpu_rl.spec.params import TPU_VM
 from airflow_provider_tpu_rl.spec.pipeline import TPU_VM_TASK_ORDER
@@ -76,7 +64,7 @@ service account (the one named, else the project's default compute account) the 
 
 **Teardown.** `delete_vm` (the TPU VM) runs right after `wait_actor_checkpoint`, before the export,
 whether training succeeded or failed; `delete_cpu_vm` runs last, once the bucket step succeeded
-(an absent VM counts as deleted). `record_run` writes the run to the ledger (`{LEDGER_CONN_ID}`)
+(an absent VM counts as deleted). `record_run` writes the run to the ledger (`{pipeline.LEDGER_CONN_ID}`)
 after it, with the TPU VM's billed span (`create_vm` → `delete_vm`), and draws its curves into a PNG next to the checkpoints (link *Run Curves*: the run's page on the
 runs dashboard, `/tpu-rl`).
 `{WATCHER_TASK_ID}` fails the run when any task failed, a teardown included, naming the failed
@@ -91,7 +79,7 @@ STAGE_OF_TASK: Final = {
     "export_to_huggingface": "export",
 }
 
-with pipeline_dag(
+with pipeline.pipeline_dag(
     TPU_VM,
     dag_id=TPU_VM_DAG_ID,
     description="GRPO RL post-training with MaxText on one TPU v6e-8 VM (McJAX over SSH).",
@@ -103,44 +91,48 @@ with pipeline_dag(
 
     def stage(task_id: str) -> TpuVmStageOperator:
         """One stage's SSH session on its VM, bounded by its stage's timeout (the session by a bit less)."""
-        return TpuVmStageOperator(task_id=task_id, **args[task_id], **transient(STAGE_OF_TASK[task_id]))
+        return TpuVmStageOperator(
+            task_id=task_id, **args[task_id], **pipeline.transient(STAGE_OF_TASK[task_id])
+        )
 
     # The graph groups the stages; every task keeps its own id (stage_group).
-    with stage_group("prepare"):
-        ensure_bucket = first_steps(args)[1]
+    with pipeline.stage_group("prepare"):
+        ensure_bucket = pipeline.first_steps(args)[1]
         create_cpu_vm = CpuVmCreateOperator(
-            task_id="create_cpu_vm", **args["create_cpu_vm"], **transient("vm_create")
+            task_id="create_cpu_vm", **args["create_cpu_vm"], **pipeline.transient("vm_create")
         )
         stage("install_cpu_vm")
-    with stage_group("conversion"):
+    with pipeline.stage_group("conversion"):
         stage("convert_to_maxtext")
-        wait_converted_checkpoint()
-    with stage_group("training"):
+        waits.wait_converted_checkpoint()
+    with pipeline.stage_group("training"):
         # The TPU VM is created only once the converted checkpoint is committed in GCS.
-        create_vm = TpuVmCreateOperator(task_id="create_vm", **args["create_vm"], **transient("vm_create"))
+        create_vm = TpuVmCreateOperator(
+            task_id="create_vm", **args["create_vm"], **pipeline.transient("vm_create")
+        )
         stage("install_maxtext")
         stage("train")
-        actor_checkpoint = wait_actor_checkpoint(poke_interval=30)
+        actor_checkpoint = waits.wait_actor_checkpoint(poke_interval=30)
         # The bucket is a setup too: once it exists the deletes run, also after a create that
         # failed after a retry left a VM behind (deleting an absent VM succeeds). The TPU VM's delete
         # comes right after wait_actor_checkpoint (also when training failed), before the export.
-        TpuVmDeleteOperator(task_id="delete_vm", **args["delete_vm"], **transient("teardown")).as_teardown(
-            setups=[ensure_bucket, create_vm]
-        )
-    with stage_group("export"):
+        TpuVmDeleteOperator(
+            task_id="delete_vm", **args["delete_vm"], **pipeline.transient("teardown")
+        ).as_teardown(setups=[ensure_bucket, create_vm])
+    with pipeline.stage_group("export"):
         export_to_huggingface = stage("export_to_huggingface")
-        wait_hf_export()
-    with stage_group("teardown"):
+        waits.wait_hf_export()
+    with pipeline.stage_group("teardown"):
         # The CPU VM's delete is the last teardown and owns delete_bucket.
         CpuVmDeleteOperator(
-            task_id="delete_cpu_vm", **args["delete_cpu_vm"], **transient("teardown")
+            task_id="delete_cpu_vm", **args["delete_cpu_vm"], **pipeline.transient("teardown")
         ).as_teardown(setups=[ensure_bucket, create_cpu_vm])
-        record_run_task(
+        pipeline.record_run_task(
             TPU_VM_CLUSTER_TASK_IDS,
             job_task_ids=(),
             artifact_task_ids={"actor_checkpoint": "wait_actor_checkpoint", "hf_export": "wait_hf_export"},
         )
-    chain_in_order(TPU_VM_TASK_ORDER, dag)
+    pipeline.chain_in_order(TPU_VM_TASK_ORDER, dag)
     # A teardown succeeds also after training failed: the export needs the checkpoint itself.
     actor_checkpoint >> export_to_huggingface
     add_watcher(dag)
