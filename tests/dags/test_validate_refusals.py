@@ -16,7 +16,7 @@ from airflow_provider_tpu_rl.operators.pipeline import validate_pipeline_conf
 from airflow_provider_tpu_rl.spec.pipeline import GKE_DEFAULTS, TPU_VM_DEFAULTS
 from tests.dags.conftest import GKE_DAG_ID, TPU_VM_DAG_ID
 
-TPU_VM_CONF = {"project": "proj-123456", "bucket": "bkt-123", "reservation": "res-8"}
+TPU_VM_CONF = {"project": "proj-123456", "bucket": "bkt-123", "reservation": "res-8", "capacity": "reservation"}
 GKE_CONF = {"project": "proj-123456", "bucket": "bkt-123"}
 # The tasks that create what bills: each must wait for validate's success.
 SPENDING_TASKS = {
