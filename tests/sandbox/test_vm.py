@@ -11,8 +11,8 @@ import pytest
 
 from airflow_provider_tpu_rl.render.tpu_vm import install_script
 from tests.sandbox.conftest import Cli
-from tpu_rl_sandbox.settings import load_settings, reset_settings, update_settings
-from tpu_rl_sandbox.state import StateStore
+from tpu_rl_sandbox.world.settings import load_settings, reset_settings, update_settings
+from tpu_rl_sandbox.world.store import StateStore
 
 INSTALL = """set -euo pipefail
 sudo apt update && sudo apt upgrade -y --fix-missing
