@@ -6,8 +6,8 @@ import pytest
 
 from tpu_rl_sandbox.clis.gcloud.commands import COMMANDS
 from tpu_rl_sandbox.clis.gcloud.parser import GcloudUsageError, gcloud_parse, gcloud_resolve
-from tpu_rl_sandbox.clis.gcluster.app import build_tree
 from tpu_rl_sandbox.clis.gcluster.cobra import CobraError, CobraHelp, cobra_parse, required_flags_error
+from tpu_rl_sandbox.clis.gcluster.commands import build_tree
 from tpu_rl_sandbox.clis.gcluster.gotime import GoDurationError, duration_to_seconds_or_int, parse_duration
 
 

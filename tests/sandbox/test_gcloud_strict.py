@@ -15,7 +15,8 @@ import pytest
 
 from tests.sandbox.conftest import Cli
 from tests.sandbox.test_vm import create_vm, ssh
-from tpu_rl_sandbox.clis.gcloud.app import parse_duration, project_ssh_key_entries, project_ssh_keys
+from tpu_rl_sandbox.clis.gcloud.compute_ssh import project_ssh_key_entries, project_ssh_keys
+from tpu_rl_sandbox.clis.gcloud.values import parse_duration
 from tpu_rl_sandbox.world.iam import iam_bindings
 from tpu_rl_sandbox.world.settings import (
     DEFAULT_RESERVATIONS,

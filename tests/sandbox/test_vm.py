@@ -426,7 +426,7 @@ def test_a_stopped_vm_refuses_ssh_until_it_is_started(cli: Cli, prepared: dict[s
     where = (f"--zone={names['zone']}", f"--project={names['project']}")
     create_vm(cli, names, vm)
     assert ssh(cli, names, vm, "touch kept\n")[0] == 0
-    with StateStore(cli.layout).txn() as txn:  # as fake_gcloud._preempt_vm leaves a STOP VM
+    with StateStore(cli.layout).txn() as txn:  # as gcloud's InstancesCommands._preempt_vm leaves a STOP VM
         txn.doc("vms")[f"{names['project']}/{names['zone']}/{vm}"].update(
             status="TERMINATED", lastStopTimestamp="2030-01-01T00:00:00.000-00:00"
         )

@@ -71,8 +71,6 @@ PROJECT_CONDITIONAL_BINDING: dict[str, Any] = {
         "expression": 'request.time < timestamp("2030-01-01T00:00:00Z")',
     },
 }
-
-
 # Predefined roles that hold a permission (the subset the fakes check), from Google's IAM roles
 # reference: roles/editor has the storage object permissions but not secretmanager.versions.access.
 PERMISSION_ROLES: dict[str, frozenset[str]] = {

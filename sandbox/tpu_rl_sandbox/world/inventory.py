@@ -64,3 +64,9 @@ def gke_node_pools(record: dict[str, Any]) -> list[dict[str, Any]]:
         }
         for pool in record.get("node_pools", [])
     ]
+
+
+def external_ip(name: str) -> str:
+    """The external IPv4 address of a fake VM or cluster endpoint named ``name`` (stable)."""
+    digest = hashlib.sha256(name.encode()).digest()
+    return f"34.{digest[0]}.{digest[1]}.{digest[2] or 1}"

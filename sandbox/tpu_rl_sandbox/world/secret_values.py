@@ -13,11 +13,7 @@ SECRET_VERSION_STATE = (
     "google.api_core.exceptions.FailedPrecondition: 400 Secret Version "
     "[projects/{number}/secrets/{secret}/versions/{version}] is in {state} state."
 )
-
-
 SECRET_NOT_FOUND = "google.api_core.exceptions.NotFound: 404 Secret [projects/{number}/secrets/{secret}] not found or has no versions."
-
-
 # Secret Manager's answer to a caller without secretmanager.versions.access on the secret or its
 # project, whether or not the secret exists (the API's google.rpc status, as the client libraries
 # print it, e.g. googleapis/python-secret-manager#389: "403 Permission

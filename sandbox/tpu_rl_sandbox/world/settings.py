@@ -67,7 +67,7 @@ class SandboxSettings:
       ``NoActiveAccountException``).
     * ``gcluster_release``: the release the fake ``gcluster`` plays, ``{"version", "terraform",
       "packer"}`` (what ``--version`` prints, and the Terraform/Packer versions its dependency
-      check requires); empty: the pinned release (``clis.gcluster.app.PINNED_RELEASE``).
+      check requires); empty: the pinned release (``clis.gcluster.dependencies.PINNED_RELEASE``).
     * ``iam_propagation_seconds``: how long a new ``secretAccessor`` grant on a secret takes to
       take effect: until then the member's reads get Secret Manager's 403. Real IAM: "typically
       2 minutes, but could potentially take 7 minutes or longer" (Google Cloud IAM docs, "Access
