@@ -39,7 +39,7 @@ _hermetic_home()
 
 import pytest  # noqa: E402
 
-from tpu_rl_sandbox.control import SandboxInfo, sandbox_down, sandbox_up  # noqa: E402
+from tpu_rl_sandbox.commands.lifecycle import SandboxInfo, sandbox_down, sandbox_up  # noqa: E402
 
 # The longest files first (the Makefile runs pytest-xdist with --dist loadfile and
 # --no-loadscope-reorder): xdist hands whole files to its workers in collection order, one more as

@@ -44,7 +44,7 @@ from tests.operators.sandbox_run import (
     json_text,
     run_trigger,
 )
-from tpu_rl_sandbox.control import SandboxInfo
+from tpu_rl_sandbox.commands.lifecycle import SandboxInfo
 
 SENTINEL = f"hf_leakcheck_{uuid.uuid4().hex}"
 SECRET_ID = "tpu-rl-hf-token-huggingface_default"

@@ -28,7 +28,7 @@ from airflow_provider_tpu_rl.compat import AIRFLOW_V_3_0_PLUS
 from tests.airflow_home import migrate_into
 from tests.compat import dags_test_task_log
 from tests.dags.conftest import DAGS_DIR, GKE_DAG_ID
-from tpu_rl_sandbox.tool_stubs import write_tool_stubs
+from tpu_rl_sandbox.clis.tool_stubs import write_tool_stubs
 
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))
 BUNDLE = Path(tpu_rl_sandbox.__file__).parent / "bundle"

@@ -9,7 +9,7 @@ import pytest
 
 from tests.docs.conftest import EXAMPLES_DIR, REPO
 from tests.e2e.harness import DagRunResult, E2EWorld
-from tpu_rl_sandbox.control import SANDBOX_PROJECT
+from tpu_rl_sandbox.commands.lifecycle import SANDBOX_PROJECT
 
 GUIDE = REPO / "docs" / "operators.md"
 EXAMPLE = EXAMPLES_DIR / "tpu_rl_own_dag.py"

@@ -182,7 +182,7 @@ def test_an_xfail_that_is_gone_is_flagged(tmp_path: Path) -> None:
 def test_existing_and_external_paths_pass(tmp_path: Path) -> None:
     text = (
         "tests/e2e/harness.py, triggers/jobset.py, toolchain/tools.py, e2e/harness.py, docker/, sql/\n"
-        "airflow_provider_tpu_rl.exceptions, airflow_provider_tpu_rl.timeouts.job_timeout, tpu_rl_sandbox.control\n"
+        "airflow_provider_tpu_rl.exceptions, airflow_provider_tpu_rl.timeouts.job_timeout, tpu_rl_sandbox.commands.lifecycle\n"
         "Cluster Toolkit's cmd/job/prereq.go, MaxText's checkpoint_conversion/to_maxtext.py and\n"
         "maxtext/trainers/post_train/rl/utils_rl.py, gs://BUCKET/tpu-rl/leases/CLUSTER.json\n"
     )

@@ -23,11 +23,13 @@ from typing import Any
 
 from tests.airflow_home import migrate_into
 from tests.compat import dags_test_task_log
-from tpu_rl_sandbox.control import SandboxInfo, sandbox_down, sandbox_env, sandbox_up
-from tpu_rl_sandbox.gcs import GcsApi, GcsError, split_gs_url
-from tpu_rl_sandbox.layout import SandboxLayout
-from tpu_rl_sandbox.settings import DEFAULT_RESERVATIONS, update_settings
-from tpu_rl_sandbox.state import FAULT_ENV, StateStore, read_calls, reset_faults
+from tpu_rl_sandbox.apis.gcs_client import GcsApi, GcsError, split_gs_url
+from tpu_rl_sandbox.commands.lifecycle import SandboxInfo, sandbox_down, sandbox_env, sandbox_up
+from tpu_rl_sandbox.world.calls import read_calls
+from tpu_rl_sandbox.world.faults import FAULT_ENV, reset_faults
+from tpu_rl_sandbox.world.layout import SandboxLayout
+from tpu_rl_sandbox.world.settings import DEFAULT_RESERVATIONS, update_settings
+from tpu_rl_sandbox.world.store import StateStore
 
 REPO = Path(__file__).resolve().parents[2]
 DAGS_DIR = REPO / "dags"

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tpu_rl_sandbox.tool_stubs import write_tool_stubs
+from tpu_rl_sandbox.clis.tool_stubs import write_tool_stubs
 
 FAKE_TOOL = Path(__file__).with_name("fake_tool.py")
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gcluster"

@@ -19,10 +19,10 @@ from airflow_provider_tpu_rl.exceptions import CommandError, ConfigurationError
 from airflow_provider_tpu_rl.hooks.resource_manager import MAX_PERMISSIONS_PER_CALL, ProjectPermissionsHook
 from airflow_provider_tpu_rl.spec.preflight import REQUIRED_PERMISSIONS
 from airflow_provider_tpu_rl.spec.presets import Runner
-from tpu_rl_sandbox.api_server import api_server_url, start_api_server, stop_api_server
-from tpu_rl_sandbox.control import SandboxInfo
-from tpu_rl_sandbox.layout import SandboxLayout
-from tpu_rl_sandbox.settings import reset_settings, update_settings
+from tpu_rl_sandbox.apis.api_server import api_server_url, start_api_server, stop_api_server
+from tpu_rl_sandbox.commands.lifecycle import SandboxInfo
+from tpu_rl_sandbox.world.layout import SandboxLayout
+from tpu_rl_sandbox.world.settings import reset_settings, update_settings
 
 PROJECT = "proj-rm-hook"
 ANONYMOUS = json.dumps(

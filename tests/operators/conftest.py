@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from tests.operators.sandbox_run import SandboxRun, enter_sandbox
-from tpu_rl_sandbox.control import SandboxInfo
-from tpu_rl_sandbox.settings import update_settings
-from tpu_rl_sandbox.state import reset_faults
+from tpu_rl_sandbox.commands.lifecycle import SandboxInfo
+from tpu_rl_sandbox.world.faults import reset_faults
+from tpu_rl_sandbox.world.settings import update_settings
 
 
 @pytest.fixture

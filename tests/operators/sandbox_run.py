@@ -40,14 +40,15 @@ from airflow_provider_tpu_rl.spec import (
     tpu_vm_pipeline_from_conf,
 )
 from airflow_provider_tpu_rl.triggers.jobset import first_event
-from tpu_rl_sandbox import kube_access
-from tpu_rl_sandbox.control import SandboxInfo
-from tpu_rl_sandbox.emulator import api_for
-from tpu_rl_sandbox.gcs import GcsApi
-from tpu_rl_sandbox.hosts import VmHost
-from tpu_rl_sandbox.kube_api import POD_HOLD_ENV
-from tpu_rl_sandbox.layout import SandboxLayout
-from tpu_rl_sandbox.state import StateStore, read_calls
+from tpu_rl_sandbox.apis import kube_access
+from tpu_rl_sandbox.apis.gcs_client import GcsApi
+from tpu_rl_sandbox.apis.gcs_emulator import api_for
+from tpu_rl_sandbox.apis.kube_api import POD_HOLD_ENV
+from tpu_rl_sandbox.commands.lifecycle import SandboxInfo
+from tpu_rl_sandbox.machines.hosts import VmHost
+from tpu_rl_sandbox.world.calls import read_calls
+from tpu_rl_sandbox.world.layout import SandboxLayout
+from tpu_rl_sandbox.world.store import StateStore
 
 DEFAULT_RUN_ID = "manual__2026-03-01T00:00:00+00:00"
 STEP_SECONDS = "0.05"

@@ -35,9 +35,9 @@ from tests.operators.sandbox_run import (
     run_trigger,
     wait_for,
 )
-from tpu_rl_sandbox import kube_access
-from tpu_rl_sandbox.settings import reset_settings, update_settings
-from tpu_rl_sandbox.state import read_calls
+from tpu_rl_sandbox.apis import kube_access
+from tpu_rl_sandbox.world.calls import read_calls
+from tpu_rl_sandbox.world.settings import reset_settings, update_settings
 
 RUN_1 = "manual__2026-03-01T00:00:00+00:00"
 RUN_2 = "manual__2026-03-02T00:00:00+00:00"

@@ -19,7 +19,7 @@ from airflow_provider_tpu_rl.records.lease import ClusterLeaseHook, Lease, lease
 from airflow_provider_tpu_rl.render import gke
 from tests.compat import capture_task_logs
 from tests.operators.sandbox_run import SandboxRun, prepare_cluster
-from tpu_rl_sandbox.cloud import iam_bindings
+from tpu_rl_sandbox.world.iam import iam_bindings
 
 RUN_ID = "manual__2026-03-01T00:00:00+00:00"
 

@@ -41,7 +41,7 @@ from tests.operators.sandbox_run import (
     run_trigger,
     wait_for,
 )
-from tpu_rl_sandbox import kube_access
+from tpu_rl_sandbox.apis import kube_access
 
 RUN_ID = "manual__2026-03-01T00:00:00+00:00"
 HEAD, WORKLOAD = "pathways-head", "workload-container"

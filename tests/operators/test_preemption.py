@@ -19,7 +19,7 @@ from tests.operators.sandbox_run import (
     run_job_operator,
     run_trigger,
 )
-from tpu_rl_sandbox.settings import update_settings
+from tpu_rl_sandbox.world.settings import update_settings
 
 RUN_ID = "manual__2026-03-03T00:00:00+00:00"
 

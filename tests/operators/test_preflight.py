@@ -25,10 +25,10 @@ from airflow_provider_tpu_rl.spec.pipeline import GKE_DAG_ID
 from tests.hooks.test_resource_manager import api_server
 from tests.operators.sandbox_run import SandboxRun
 from tests.toolpath import path_without
-from tpu_rl_sandbox import vpc
-from tpu_rl_sandbox.fake_gcloud import Gcloud
-from tpu_rl_sandbox.settings import reset_settings, update_settings
-from tpu_rl_sandbox.state import read_calls
+from tpu_rl_sandbox.clis.gcloud.app import Gcloud
+from tpu_rl_sandbox.world import vpc
+from tpu_rl_sandbox.world.calls import read_calls
+from tpu_rl_sandbox.world.settings import reset_settings, update_settings
 
 READS = (
     ("auth", "list"),

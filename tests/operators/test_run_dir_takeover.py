@@ -42,8 +42,8 @@ from tests.operators.sandbox_run import (
 )
 from tests.operators.test_janitor_orphans import MetadataStandIn
 from tests.operators.test_run_identity import RunStatesTI, _alive
-from tpu_rl_sandbox import kube_access
-from tpu_rl_sandbox.settings import update_settings
+from tpu_rl_sandbox.apis import kube_access
+from tpu_rl_sandbox.world.settings import update_settings
 
 RUN_A = "manual__2026-03-01T00:00:00+00:00"
 RUN_B = "manual__2026-03-02T00:00:00+00:00"

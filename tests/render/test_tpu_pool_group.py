@@ -22,9 +22,9 @@ from airflow_provider_tpu_rl.render.blueprint import (
     module_references,
 )
 from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
-from tpu_rl_sandbox.fake_gcluster import build_tree
-from tpu_rl_sandbox.flags import cobra_parse
-from tpu_rl_sandbox.gcluster_deploy import INTERGROUP_ORDER, Fatal, check_intergroup_order
+from tpu_rl_sandbox.clis.gcluster.cobra import cobra_parse
+from tpu_rl_sandbox.clis.gcluster.commands import build_tree
+from tpu_rl_sandbox.clis.gcluster.deploy import INTERGROUP_ORDER, Fatal, check_intergroup_order
 
 BUNDLE_BLUEPRINT = (Path(tpu_rl_sandbox.__file__).parent / "bundle" / BLUEPRINT_RELPATH).read_text()
 POOL = "gke-tpu-v6e-pool"

@@ -24,9 +24,9 @@ from tests.services.airflow_stack import (
     process_alive,
     start_stack,
 )
-from tpu_rl_sandbox.control import SandboxInfo, sandbox_down, sandbox_env, sandbox_up
-from tpu_rl_sandbox.layout import SandboxLayout
-from tpu_rl_sandbox.maxtext_sim import HOLD_FILE_ENV, STEP_SECONDS_ENV
+from tpu_rl_sandbox.commands.lifecycle import SandboxInfo, sandbox_down, sandbox_env, sandbox_up
+from tpu_rl_sandbox.machines.maxtext_sim import HOLD_FILE_ENV, STEP_SECONDS_ENV
+from tpu_rl_sandbox.world.layout import SandboxLayout
 
 # Simulated seconds per MaxText step: long enough that `train` is seen deferred, short enough for
 # a whole run in about a minute on two cores.
@@ -81,7 +81,7 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServicesWorld
                 sandbox_env(info.root),
                 PIPELINE_DAG_IDS,
                 marker,
-                # the fake gcluster copies both into the job it submits (sandbox/.../gcluster_jobs.py)
+                # the fake gcluster copies both into the job it submits (sandbox/.../clis/gcluster/jobs.py)
                 extra_env={STEP_SECONDS_ENV: STEP_SECONDS, HOLD_FILE_ENV: str(hold_file)},
             )
             for dag_id in PIPELINE_DAG_IDS:
