@@ -208,10 +208,6 @@ def _condition(kind: str, status: str, reason: str, message: str, when: str) -> 
     }
 
 
-def _pod_finished(pod: Mapping[str, Any]) -> bool:
-    return pod.get("phase") in ("Succeeded", "Failed")
-
-
 def jobset_status(job: Mapping[str, Any]) -> dict[str, Any]:
     """``JobSetStatus`` as the jobset controller writes it (pkg/controllers/jobset_controller.go)."""
     manifest = job.get("manifest") or {}

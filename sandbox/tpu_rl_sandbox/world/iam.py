@@ -21,11 +21,6 @@ WRITE_ROLES = {
 }
 
 
-def node_pool_can_write(store: StateStore, cluster: dict[str, Any]) -> bool:
-    """Whether pods (running as the node-pool service account) may create GCS objects."""
-    return account_can_write(store, cluster, "node_pool")
-
-
 def account_can_write(store: StateStore, cluster: dict[str, Any], account: str) -> bool:
     """Whether the cluster's ``account`` (``node_pool`` or ``workload``) may create GCS objects: a
     writing role from its blueprint module, or one bound on the project."""

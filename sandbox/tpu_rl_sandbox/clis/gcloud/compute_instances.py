@@ -362,11 +362,6 @@ class InstancesCommands(ReservationsCommands, NetworksCommands):
             txn.save("vms")
             txn.save("vm_history")
 
-    def _record_program(self, project: str, zone: str, name: str, module: str, runtime: str) -> None:
-        from tpu_rl_sandbox.machines.vm_services import record_program
-
-        record_program(self.store, project, zone, name, module, runtime)
-
     def _vm(self, project: str, zone: str, name: str) -> dict[str, Any]:
         record = self.store.read("vms").get(f"{project}/{zone}/{name}")
         if record is None:
