@@ -25,9 +25,9 @@ import pytest
 
 import tpu_rl_sandbox
 from airflow_provider_tpu_rl.compat import AIRFLOW_V_3_0_PLUS
-from tests.airflow_home import migrate_into
-from tests.compat import dags_test_task_log
-from tests.dags.conftest import DAGS_DIR, GKE_DAG_ID
+from tests.support.airflow_home import migrate_into
+from tests.support.compat import dags_test_task_log
+from tests.support.dags import DAGS_DIR, GKE_DAG_ID
 from tpu_rl_sandbox.clis.tool_stubs import write_tool_stubs
 
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))

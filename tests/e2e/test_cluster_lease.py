@@ -26,7 +26,7 @@ import pytest
 
 from airflow_provider_tpu_rl.records.lease import lease_object
 from airflow_provider_tpu_rl.render.gke import resource_record_object
-from tests.e2e.harness import GKE_DAG_ID, Call, DagRunResult, E2EWorld
+from tests.support.harness import GKE_DAG_ID, Call, DagRunResult, E2EWorld
 from tpu_rl_sandbox.apis.kube_api import POD_HOLD_ENV, POD_HOLD_TPU_ONLY
 from tpu_rl_sandbox.world.calls import read_calls
 

@@ -25,7 +25,7 @@ from airflow_provider_tpu_rl.ledger.records import as_utc
 from airflow_provider_tpu_rl.render.gke import resource_record_object
 from airflow_provider_tpu_rl.spec import GkePipelineSpec, gke_pipeline_from_conf
 from tests.e2e.curves import check_curves_next_to_the_checkpoints, check_runs_plot_draws_the_trend
-from tests.e2e.harness import GKE_DAG_ID, DagRunResult, E2EWorld, duplicates, printed_rewards
+from tests.support.harness import GKE_DAG_ID, DagRunResult, E2EWorld, duplicates, printed_rewards
 
 pytestmark = pytest.mark.e2e
 

@@ -24,7 +24,7 @@ import pytest
 
 from airflow_provider_tpu_rl.spec import TpuVmPipelineSpec, tpu_vm_pipeline_from_conf
 from tests.e2e.curves import check_curves_next_to_the_checkpoints, check_runs_plot_draws_the_trend
-from tests.e2e.harness import TPU_VM_DAG_ID, DagRunResult, E2EWorld, printed_rewards
+from tests.support.harness import TPU_VM_DAG_ID, DagRunResult, E2EWorld, printed_rewards
 from tpu_rl_sandbox.apis.gcs_client import split_gs_url
 from tpu_rl_sandbox.world.store import StateStore
 

@@ -17,8 +17,7 @@ from airflow_provider_tpu_rl.records.lease import (
     Lease,
     lease_object,
 )
-from tests.sensors.conftest import EMULATOR_BUCKET, GcsEmulator
-from tests.sensors.conftest import gcs_emulator as gcs_emulator  # the session fixture
+from tests.support.gcs_emulator import EMULATOR_BUCKET, GcsEmulator
 
 pytestmark = pytest.mark.usefixtures("gcs_emulator")
 BUCKET = EMULATOR_BUCKET

@@ -31,7 +31,7 @@ from airflow_provider_tpu_rl.records.run_dirs import RunDirRecords
 from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
 from airflow_provider_tpu_rl.triggers import jobset as jobset_module
 from airflow_provider_tpu_rl.triggers.jobset import JobSetTrigger
-from tests.operators.sandbox_run import (
+from tests.support.sandbox_run import (
     REGION,
     SandboxRun,
     convert_checkpoint,

@@ -23,7 +23,15 @@ import pytest
 from airflow_provider_tpu_rl.operators.gke_jobs import PathwaysRLTrainOperator
 from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
 from airflow_provider_tpu_rl.triggers.jobset import JobSetTrigger
-from tests.operators.sandbox_run import (
+from tests.operators.test_jobset_trigger import (
+    HEAD,
+    RUN_ID,
+    WORKLOAD,
+    _held_training,
+    _release_when,
+    recording,
+)
+from tests.support.sandbox_run import (
     RecordingTI,
     SandboxRun,
     convert_checkpoint,
@@ -32,14 +40,6 @@ from tests.operators.sandbox_run import (
     printed_rewards,
     run_trigger,
     wait_for,
-)
-from tests.operators.test_jobset_trigger import (
-    HEAD,
-    RUN_ID,
-    WORKLOAD,
-    _held_training,
-    _release_when,
-    recording,
 )
 
 
