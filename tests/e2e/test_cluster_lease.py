@@ -7,7 +7,7 @@ refused at preflight and must neither deploy over nor destroy the cluster, nor o
 resource record; the first run then finishes as if alone. (Preflight's refusal of a lease taken
 before the cluster is up is tests/operators/test_preflight.py; the deploy's own refusal of a leased
 cluster, for two runs that pass preflight together, and the hand-over of a kept cluster to a later
-run are tests/operators/test_gke_lifecycle.py.)
+run are tests/operators/test_gke.py.)
 
 The second run uses its own AIRFLOW_HOME (a copy of the migrated metadata DB): two ``dags test``
 processes never share one SQLite file; both share the module's sandbox.

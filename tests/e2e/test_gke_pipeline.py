@@ -8,7 +8,7 @@ module fixtures: they run once, the first time a test asks for them.
 
 What a lower-level test pins is not run again here: a permanent fault of the conversion or export
 job takes the same teardown and watcher path as the training fault below (their job operators'
-failure handling is in tests/operators/test_gcluster_job_operators.py); a deploy that fails for
+failure handling is in tests/operators/test_gke_jobs.py); a deploy that fails for
 good is tests/e2e/test_timeouts.py's run (its deploy times out with no retry: the teardown destroys
 the cluster, nothing is converted, the bucket stays); reusing a ``run_name`` on purpose (adopt, or
 refuse other settings) is tests/operators/test_run_identity.py.

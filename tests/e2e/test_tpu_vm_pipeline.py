@@ -10,7 +10,7 @@ What a lower-level test pins is not run again here: a VM create that fails for g
 setup-failed teardown path the GKE deploy that fails for good checks (tests/e2e/test_timeouts.py;
 the structure test pins that both DAGs wire it alike); a VM delete that fails for good fails the
 run as the GKE destroy fault does (the watcher and the structure test are the same for both DAGs)
-and names the VM it leaves (tests/operators/test_tpu_vm_operators.py), where deleting a VM that was
+and names the VM it leaves (tests/operators/test_tpu_vm.py), where deleting a VM that was
 never created counts as done. The transient faults share one run.
 """
 

@@ -1,5 +1,6 @@
-"""The project's DAG folder and its DAG ids, for the tests of the shipped DAGs; ``tests/conftest.py``
-parses the folder once per session (the ``dag_bag`` and ``serialized_dags`` fixtures)."""
+"""The project's DAG folder and its DAG ids, for the tests of the shipped DAGs (``tests/dags``) and of
+what builds them (``tests/pipelines``); ``tests/conftest.py`` parses the folder once per session
+(the ``dag_bag`` and ``serialized_dags`` fixtures)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Fake ``gcluster``/``gcloud`` executables (``fake_tool.py``) and a recording logger, for the tests of
-the hooks and of the tool runtime; ``tests/hooks/conftest.py`` provides
-the fixtures (``fake_tools``, ``recording_logger``, ``make_hook``)."""
+the hooks and of the tool runtime; ``tests/hooks/conftest.py`` and ``tests/toolchain/conftest.py``
+provide the fixtures (``fake_tools``, ``recording_logger``, ``make_hook``)."""
 
 from __future__ import annotations
 

@@ -394,7 +394,7 @@ def prepare_cluster(
     """ensure_bucket → deploy_cluster → sync_hf_token, as the GKE DAG runs them: the cluster
     deploy's result. With ``tpu_pool`` the one deploy also applies the TPU pool's group (what the
     DAG's deploy_tpu_pool adds once the conversion is done; tests/e2e and
-    tests/operators/test_gke_lifecycle.py run that task itself)."""
+    tests/operators/test_gke.py run that task itself)."""
     bucket = run.operator(EnsureBucketOperator, task_id="ensure_bucket")
     bucket.execute(run.context(bucket, conf, **context_kwargs))
     deploy = run.operator(GclusterDeployOperator, task_id="deploy_cluster")
