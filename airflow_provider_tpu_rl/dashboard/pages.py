@@ -18,7 +18,13 @@ from html import escape
 from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 
-from airflow_provider_tpu_rl.ledger.cli import UNKNOWN, format_cost, format_resumes, format_reward
+from airflow_provider_tpu_rl.ledger.cli import (
+    UNKNOWN,
+    format_cost,
+    format_promoted,
+    format_resumes,
+    format_reward,
+)
 from airflow_provider_tpu_rl.ledger.records import ArtifactRecord, RunSummary, StepRecord
 
 TITLE = "TPU RL runs"
@@ -266,6 +272,13 @@ COLUMNS: tuple[Column, ...] = (
         "Where the trained model was exported",
         lambda r, _: r.export_uri or UNKNOWN,
     ),
+    Column(
+        "Promoted",
+        "The promotion gate: yes (the model asset's event was emitted), not promoted (its reward "
+        "gain was below min_reward_gain: no event), - (the gate never ran)",
+        lambda r, _: format_promoted(r.promoted),
+        cell_tooltip=lambda r: r.promotion or "",
+    ),
 )
 # A refused run has values up to here; its reason spans the other columns.
 _REFUSED_FROM = 4
@@ -372,6 +385,7 @@ def _summary(run: RunSummary, now: datetime) -> str:
             ("Training resumes", format_resumes(run.resumes, run.steps_lost, run.seconds_lost), ""),
             ("Est. cost (USD)", format_cost(run.estimated_cost_usd), cost_basis(run)),
             ("Hugging Face export", run.export_uri or UNKNOWN, ""),
+            ("Promotion", run.promotion or UNKNOWN, "The promotion gate's decision (min_reward_gain)"),
         ]
     )
 

@@ -10,6 +10,8 @@ from datetime import UTC, datetime, timedelta
 from itertools import pairwise
 from typing import Any
 
+from airflow_provider_tpu_rl.ledger.promotion import is_promoted
+
 RUN_STATES = ("running", "success", "failed")
 METRIC_PHASES = ("pre", "intermediate", "post", "train")
 ARTIFACT_KINDS = ("converted_checkpoint", "actor_checkpoint", "hf_export", "curves")
@@ -173,6 +175,8 @@ class RunRecord:
     # what the run was asked to do (model, capacity, steps, learning rate, run name, TPU shape):
     # validate's resolved values, which the dashboard's run page lists (None: not known)
     settings: Mapping[str, Any] | None = None
+    # the promotion gate's one line ("promoted: ...", "not promoted: ..."; None: the gate never ran)
+    promotion: str | None = None
 
     def __post_init__(self) -> None:
         if self.state not in RUN_STATES:
@@ -334,6 +338,12 @@ class RunSummary:
     seconds_lost: float | None = None
     usd_per_chip_hour: float | None = None
     settings_json: str | None = None
+    promotion: str | None = None
+
+    @property
+    def promoted(self) -> bool | None:
+        """Whether the promotion gate promoted the model; None when it never ran."""
+        return is_promoted(self.promotion)
 
     @property
     def idle_share(self) -> float | None:

@@ -70,6 +70,10 @@ def _hf_token_arguments(value: Value) -> dict[str, Any]:
     }
 
 
+def _promote_arguments(value: Value) -> dict[str, Any]:
+    return {"model": value("model"), "chips": value("chips"), "min_reward_gain": value("min_reward_gain")}
+
+
 def gke_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
     """The arguments of each ``tpu_rl_gke_pipeline`` operator, named by task id.
 
@@ -142,6 +146,7 @@ def gke_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
             "checkpoint_step": value("final_step"),
             "cancel_previous_writer": value("cancel_previous_writer"),
         },
+        "promote_model": _promote_arguments(value),
         "destroy_cluster": {
             **cluster,
             "delete_bucket": value("delete_bucket"),
@@ -220,6 +225,7 @@ def tpu_vm_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
         },
         # The TPU VM goes as soon as the actor checkpoint is committed; the CPU VM's delete is the
         # last teardown and owns delete_bucket.
+        "promote_model": _promote_arguments(value),
         "delete_vm": {**vm, "keep_vm": value("keep_vm"), "delete_bucket": False},
         "delete_cpu_vm": {**vm, "keep_vm": value("keep_vm"), "delete_bucket": value("delete_bucket")},
     }

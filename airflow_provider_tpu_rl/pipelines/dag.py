@@ -13,6 +13,7 @@ from airflow_provider_tpu_rl.ledger.hook import step_callbacks
 from airflow_provider_tpu_rl.operators.gke import EnsureBucketOperator, HfTokenSecretOperator
 from airflow_provider_tpu_rl.operators.ledger import RecordRunOperator
 from airflow_provider_tpu_rl.operators.preflight import TpuRlPreflightOperator
+from airflow_provider_tpu_rl.operators.promotion import PromoteModelOperator
 from airflow_provider_tpu_rl.pipelines.arguments import PIPELINE_MACROS, transient_retries
 from airflow_provider_tpu_rl.pipelines.failures import WATCHER_TASK_ID, note_failure
 from airflow_provider_tpu_rl.pipelines.form import pipeline_params
@@ -66,6 +67,21 @@ def record_run_task(cluster_task_ids: Sequence[str], **collect_options: Any) -> 
         collect_options=collect_options,
         **bounded("short"),
     ).as_teardown()
+
+
+def promote_model_task(
+    args: Mapping[str, Any], cluster_task_ids: Sequence[str], **collect_options: Any
+) -> PromoteModelOperator:
+    """``promote_model``: the promotion gate after the export check (skipped when the model's reward
+    gain is below ``min_reward_gain``)."""
+    return PromoteModelOperator(
+        task_id="promote_model",
+        conn_id=LEDGER_CONN_ID,
+        cluster_task_ids=tuple(cluster_task_ids),
+        collect_options=collect_options,
+        **args,
+        **bounded("short"),
+    )
 
 
 # The graph's groups of a pipeline's stages: what each holds, in words (the group's tooltip).

@@ -1,6 +1,6 @@
 -- Newest runs first, with pre/post mean reward (and the evaluation's num_test_batches, which says
 -- why a reward is missing), the Hugging Face export, the price its cost was estimated at and
--- what it was asked to do (settings_json).
+-- what it was asked to do (settings_json), and the promotion gate's line (promotion).
 -- Parameters: :any_model (1 = all models, 0 = only :model), :any_run (1 = all runs, 0 = only
 -- :run_id), :row_limit.
 WITH rewards AS (
@@ -50,6 +50,7 @@ SELECT
     r.seconds_lost,
     r.usd_per_chip_hour,
     r.settings_json,
+    r.promotion,
     rewards.pre_mean_reward,
     rewards.post_mean_reward,
     rewards.num_test_batches,

@@ -39,6 +39,8 @@ FAILING_TASK = {"train": "train", "destroy": "destroy_cluster"}
 # A checkpoint every 2 steps: a train fault (which fires once a checkpoint is saved) stops the
 # job at step 2 of 3, mid-way, with actor/2 already committed.
 MID_WAY_CHECKPOINTS = {"checkpoint_period": 2}
+# A reward gain no run reaches: the transient run's model is not promoted (promote_model skipped).
+NOT_PROMOTED_GAIN = 1000
 
 
 def conf(name: str, **extra: Any) -> dict[str, Any]:
@@ -113,9 +115,12 @@ def fault_run(world: E2EWorld, happy: DagRunResult) -> Callable[[str], DagRunRes
 
 @pytest.fixture(scope="module")
 def transient(world: E2EWorld) -> DagRunResult:
-    """Deploy, conversion, training, export and destroy each fail once, transiently, in one run."""
+    """Deploy, conversion, training, export and destroy each fail once, transiently, in one run;
+    its model's reward cannot gain ``min_reward_gain`` (1000): the gate holds it back."""
     return world.run_dag(
-        GKE_DAG_ID, conf("t-work", train_overrides=MID_WAY_CHECKPOINTS), faults=TRANSIENT_FAULTS
+        GKE_DAG_ID,
+        conf("t-work", train_overrides=MID_WAY_CHECKPOINTS, min_reward_gain=NOT_PROMOTED_GAIN),
+        faults=TRANSIENT_FAULTS,
     )
 
 
@@ -328,6 +333,20 @@ def test_transient_faults_are_retried_and_the_run_succeeds(world: E2EWorld, tran
     assert destroys[-1].exit_code == 0, transient.describe()
     assert spec.cluster.cluster_name not in world.live_clusters()
     assert world.hf_export_problems(spec.export.output_directory) == []
+    # the gate held its model back: skipped, and the run is still a success
+    assert transient.task_state("promote_model") == "skipped", transient.describe()
+
+
+def test_the_promotion_gate_says_its_line_in_the_ledger(
+    world: E2EWorld, happy: DagRunResult, transient: DagRunResult
+) -> None:
+    promotion = dict(world.ledger("SELECT run_id, promotion FROM runs WHERE dag_id = ?", (GKE_DAG_ID,)))
+    assert happy.task_state("promote_model") == "success"
+    assert promotion[happy.ledger_run_id].startswith(
+        "promoted: no gate (min_reward_gain not set); mean reward "
+    )
+    assert promotion[transient.ledger_run_id].startswith("not promoted: reward gain ")
+    assert f"< min_reward_gain {NOT_PROMOTED_GAIN}" in promotion[transient.ledger_run_id]
 
 
 def rewards_the_sandbox_printed(world: E2EWorld, run: DagRunResult) -> dict[str, float]:
@@ -458,7 +477,10 @@ def test_tpu_rl_runs_lists_every_run_with_its_state(world: E2EWorld, all_runs: l
     (happy_line,) = [line for line in lines if line.startswith(happy.ledger_run_id + " ")]
     printed = rewards_the_sandbox_printed(world, happy)
     assert f"{printed['pre']:.2f}→{printed['post']:.2f}" in happy_line
+    assert "yes" in happy_line.split()  # PROMOTED
     assert happy_line.endswith(spec_of(happy).export.output_directory)
+    (held_line,) = [line for line in lines if line.startswith(all_runs[-1].ledger_run_id + " ")]
+    assert " not promoted " in held_line
 
 
 def test_record_run_puts_the_ledgers_curves_next_to_the_checkpoints(

@@ -15,14 +15,14 @@ STAGE_GROUPS = {
         "prepare": ["preflight", "ensure_bucket", "deploy_cluster", "sync_hf_token"],
         "conversion": ["convert_to_maxtext", "wait_converted_checkpoint"],
         "training": ["deploy_tpu_pool", "train", "wait_actor_checkpoint", "destroy_tpu_pool"],
-        "export": ["export_to_huggingface", "wait_hf_export"],
+        "export": ["export_to_huggingface", "wait_hf_export", "promote_model"],
         "teardown": ["destroy_cluster", "record_run"],
     },
     TPU_VM_DAG_ID: {
         "prepare": ["preflight", "ensure_bucket", "sync_hf_token", "create_cpu_vm", "install_cpu_vm"],
         "conversion": ["convert_to_maxtext", "wait_converted_checkpoint"],
         "training": ["create_vm", "install_maxtext", "train", "wait_actor_checkpoint", "delete_vm"],
-        "export": ["export_to_huggingface", "wait_hf_export"],
+        "export": ["export_to_huggingface", "wait_hf_export", "promote_model"],
         "teardown": ["delete_cpu_vm", "record_run"],
     },
 }
