@@ -125,6 +125,7 @@ with pipeline.pipeline_dag(
         pipeline.promote_model_task(
             args["promote_model"],
             TPU_VM_CLUSTER_TASK_IDS,
+            TPU_VM_MODELS,
             job_task_ids=(),
             artifact_task_ids={"actor_checkpoint": "wait_actor_checkpoint", "hf_export": "wait_hf_export"},
         )

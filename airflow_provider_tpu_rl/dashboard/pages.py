@@ -455,6 +455,18 @@ def _stages(ui: AirflowUi, run: RunSummary, steps: Sequence[StepRecord]) -> str:
     return "<table class='stages'>" + head + "<tbody>" + "".join(lines) + "</tbody></table>"
 
 
+# The Cloud console's page of one GCS object (what the model card's link opens).
+GCS_OBJECT_CONSOLE = "https://console.cloud.google.com/storage/browser/_details/"
+
+
+def _output(artifact: ArtifactRecord) -> str:
+    """An output's URI; the model card's a link to it in the Cloud console."""
+    if artifact.kind == "model_card" and artifact.uri.startswith("gs://"):
+        href = GCS_OBJECT_CONSOLE + artifact.uri.removeprefix("gs://")
+        return f"<a href='{escape(href)}' title='the model card (README.md)'>{escape(artifact.uri)}</a>"
+    return escape(artifact.uri)
+
+
 def run_page(
     root: str,
     run: RunSummary,
@@ -479,7 +491,7 @@ def run_page(
         + f"<a href='{escape(root)}/'>All TPU RL runs</a></nav>"
     )
     outputs = "".join(
-        f"<tr><th>{escape(a.kind)}</th><td>{escape(a.uri)}"
+        f"<tr><th>{escape(a.kind)}</th><td>{_output(a)}"
         f"{'' if a.step is None else f' (step {a.step})'}</td></tr>"
         for a in artifacts
     )

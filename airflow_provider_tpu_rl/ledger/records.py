@@ -14,7 +14,7 @@ from airflow_provider_tpu_rl.ledger.promotion import is_promoted
 
 RUN_STATES = ("running", "success", "failed")
 METRIC_PHASES = ("pre", "intermediate", "post", "train")
-ARTIFACT_KINDS = ("converted_checkpoint", "actor_checkpoint", "hf_export", "curves")
+ARTIFACT_KINDS = ("converted_checkpoint", "actor_checkpoint", "hf_export", "curves", "model_card")
 
 _SECRET_KEY = re.compile(
     r"token|secret|password|passwd|credential|api[_-]?key|private[_-]?key", re.IGNORECASE

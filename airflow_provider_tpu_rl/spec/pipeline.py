@@ -769,6 +769,8 @@ class TpuVmPipelineSpec:
             "min_reward_gain": self.min_reward_gain,
             "runtime": self.runtime,
             "workload_image": self.workload_image,
+            # the image training runs in: none when MaxText is installed from sources (the card's)
+            "training_image": self.workload_image if self.runtime == "container" else None,
             "compute_type": v.machine_type,
             "topology": v.topology,
             "suffix": self.suffix,

@@ -22,7 +22,12 @@ from tests.support.pipeline_shapes import WATCHER, Shape
 
 def test_tasks_run_in_the_tutorial_order(pipeline: tuple[Any, Shape]) -> None:
     dag, shape = pipeline
-    assert set(dag.task_ids) == {*shape.order, WATCHER}
+    assert set(dag.task_ids) == {*shape.order, *shape.publishers, WATCHER}
+    # each model asset's task hangs off the gate alone, and emits its own model's asset
+    for publisher in shape.publishers:
+        task = dag.get_task(publisher)
+        assert set(task.upstream_task_ids) == {"promote_model"}
+        assert [outlet.uri for outlet in task.outlets] == ["tpu-rl://models/" + task.preset]
     expected_upstream = {task_id: {before} for before, task_id in itertools.pairwise(shape.order)}
     expected_upstream["validate"] = set()
     # Each teardown also hangs off its setups.

@@ -266,3 +266,17 @@ def test_a_model_the_gate_held_back_reads_not_promoted_on_both_pages(every_state
     page = run_page("/tpu-rl", view.run, view.artifacts, view.steps, ui=UI, now=NOW)
     facts = {row[0][2]: row[1][2] for row in table(page, "facts") if len(row) == 2}
     assert facts["Promotion"] == line
+
+
+def test_the_run_page_links_the_model_card(every_state: RunLedger) -> None:
+    from airflow_provider_tpu_rl.ledger.records import ArtifactRecord
+
+    card = "gs://bkt/qwen/hf-trained/rl/README.md"
+    run_id = f"{GKE}/success"
+    every_state.record_artifacts(run_id, [ArtifactRecord("model_card", card)])
+    view = DashboardReader().run(GKE, "success")
+    page = run_page("/tpu-rl", view.run, view.artifacts, view.steps, ui=UI, now=NOW)
+    assert (
+        "<a href='https://console.cloud.google.com/storage/browser/_details/bkt/qwen/hf-trained/rl/README.md'"
+        in page
+    )

@@ -208,7 +208,10 @@ def test_run_triggered_through_the_rest_api_succeeds(restarted_run: ServicesRun)
     failed = {
         task_id: ti.get("state")
         for task_id, ti in restarted_run.watch.task_instances.items()
-        if task_id != "watcher" and ti.get("state") != "success"
+        if task_id != "watcher"
+        and ti.get("state") != "success"
+        # a model asset task of a preset the run did not train skips (no event)
+        and not (task_id.startswith("publish_") and ti.get("state") == "skipped")
     }
     assert failed == {}, restarted_run.describe()
 

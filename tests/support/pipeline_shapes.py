@@ -39,6 +39,8 @@ class Shape:
 
     # Setups besides the bucket and the resources' (of teardowns with setups of their own).
     extra_setups: frozenset[str] = frozenset()
+    # publish_<preset>: each model asset's task, after promote_model only (outside the order)
+    publishers: tuple[str, ...] = ()
 
     @property
     def resources(self) -> dict[str, str]:
@@ -72,6 +74,7 @@ SHAPES = {
             ("export_to_huggingface", frozenset({"wait_actor_checkpoint"})),
         ),
         extra_setups=frozenset({"deploy_tpu_pool"}),
+        publishers=("publish_qwen3-30b-a3b", "publish_gemma4-26b"),
     ),
     TPU_VM_DAG_ID: Shape(
         order=TPU_VM_TASK_ORDER,
@@ -96,6 +99,7 @@ SHAPES = {
         defaults=TPU_VM_DEFAULTS,
         other_resources=(("delete_vm", "create_vm"),),
         extra_upstream=(("export_to_huggingface", frozenset({"wait_actor_checkpoint"})),),
+        publishers=("publish_llama3_1-8b-Instruct",),
     ),
 }
 
