@@ -1,13 +1,15 @@
-"""The provider's Airflow assets: a trained model per preset, and the converted checkpoints.
+"""The provider's Airflow assets: a trained model per preset, and a converted checkpoint per preset.
 
 A downstream DAG schedules on a model's stable asset (``tpu-rl://models/<preset>``, the same on
-every bucket and run): ``schedule=model_asset("qwen3-30b-a3b")``. The pipelines' tasks declare an
-alias as their outlet (the model is a run parameter, a static outlet would emit for every preset)
-and, once the model is verified and promoted, add the model's asset to it with the event's
-``extra``. An operator given a plain asset in ``outlets`` sets that asset's ``extra`` instead (a
-user's DAG that trains one model). ``Asset``/``AssetAlias`` come through common.compat: Airflow 3's
-assets, Airflow 2.11's datasets. An alias event's ``extra`` must be flat (Airflow 2.11 groups alias
-events by ``frozenset(extra.items())``): numbers, strings, booleans and None only.
+every bucket and run): ``schedule=model_asset("qwen3-30b-a3b")``; a DAG that needs the MaxText
+checkpoint a conversion made schedules on ``converted_checkpoint_asset(preset)``
+(``tpu-rl://converted-checkpoints/<preset>``), whose event's ``extra`` names the checkpoint's
+``gs://`` folder. The pipelines emit the model's event from one ``publish_<preset>`` task per preset
+(a static outlet; the run's preset emits, the others skip). An operator emits into its ``outlets``
+(:func:`emit_asset_events`): a plain asset gets the event's ``extra``, an alias gets the stable
+asset added with it. ``Asset``/``AssetAlias`` come through common.compat: Airflow 3's assets,
+Airflow 2.11's datasets. The ``extra`` is flat (Airflow 2.11 groups alias events by
+``frozenset(extra.items())``): numbers, strings, booleans and None only.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ log = logging.getLogger(__name__)
 
 MODEL_ASSET_SCHEME: Final = "tpu-rl"
 MODELS_ALIAS: Final = "tpu-rl-models"
-CONVERTED_CHECKPOINTS_ALIAS: Final = "tpu-rl-converted-checkpoints"
 
 Scalar = str | int | float | bool | None
 
@@ -42,9 +43,14 @@ def models_alias() -> AssetAlias:
     return AssetAlias(MODELS_ALIAS)
 
 
-def converted_checkpoints_alias() -> AssetAlias:
-    """The alias ``wait_converted_checkpoint`` resolves to the converted checkpoint's ``gs://`` folder."""
-    return AssetAlias(CONVERTED_CHECKPOINTS_ALIAS)
+def converted_checkpoint_asset_uri(model: str) -> str:
+    """``tpu-rl://converted-checkpoints/<preset>``: the stable asset of a preset's converted checkpoints."""
+    return f"{MODEL_ASSET_SCHEME}://converted-checkpoints/{model}"
+
+
+def converted_checkpoint_asset(model: str) -> Asset:
+    """The asset a DAG schedules on to run when ``model``'s converted MaxText checkpoint is complete."""
+    return Asset(converted_checkpoint_asset_uri(model))
 
 
 def flat_extra(extra: Mapping[str, Any]) -> dict[str, Scalar]:
