@@ -1,3 +1,0 @@
--- BigQuery variant of migrations/0008: the promotion gate's decision in one line.
-ALTER TABLE runs
-ADD COLUMN IF NOT EXISTS promotion STRING;
