@@ -202,3 +202,25 @@ def test_the_tpu_vm_install_stage_moves_no_data() -> None:
         {"project": "p-123456", "bucket": "b-1", "zone": "us-east5-b"}, run_id="m__1"
     )
     assert stage_lineage(p, "install") is None
+
+
+def test_the_openlineage_providers_extractor_takes_the_operators_facets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What the provider's listener calls when the task completes (its DefaultExtractor finds the method)."""
+    pytest.importorskip("airflow.providers.openlineage", reason="the OpenLineage provider is not installed")
+    from types import SimpleNamespace
+
+    from airflow.providers.openlineage.extractors.manager import ExtractorManager
+    from airflow.utils.state import TaskInstanceState
+
+    op = job_operator(MaxTextExportOperator)
+    finish(op, monkeypatch)
+    lineage = ExtractorManager().extract_metadata(
+        SimpleNamespace(run_id="manual__1"), op, TaskInstanceState.SUCCESS, None
+    )
+    assert [(d.namespace, d.name) for d in lineage.outputs] == [("gs://b-1", "qwen3-30b-a3b/hf-trained/rl-1")]
+    assert [(d.namespace, d.name) for d in lineage.inputs] == [
+        ("gs://b-1", "qwen3-30b-a3b/trained/rl-1/checkpoints/actor/3/model_params")
+    ]
+    assert "to_huggingface" in lineage.job_facets["sourceCode"].sourceCode
