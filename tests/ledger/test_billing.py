@@ -72,13 +72,19 @@ def test_an_instance_resource_is_observed_as_the_api_writes_it() -> None:
     assert Observation.from_dict(seen.as_dict()) == seen
     # PENDING / PROVISIONING: no start yet
     pending = observe_instance({"name": "vm1", "id": "4567", "status": "PENDING"})
-    assert pending is not None and pending.started_at is None
+    assert pending is not None
+    assert pending.started_at is None
     assert observe_instance({"status": "RUNNING"}) is None
 
 
 @pytest.mark.parametrize(
     ("machine_type", "chips"),
-    [("ct6e-standard-8t", 8), (f"{ZONE_URL}/machineTypes/ct6e-standard-4t", 4), ("n2-highmem-32", 0), (None, 0)],
+    [
+        ("ct6e-standard-8t", 8),
+        (f"{ZONE_URL}/machineTypes/ct6e-standard-4t", 4),
+        ("n2-highmem-32", 0),
+        (None, 0),
+    ],
 )
 def test_tpu_chips_come_from_the_machine_type(machine_type: str | None, chips: int) -> None:
     assert chips_of_machine_type(machine_type) == chips
@@ -115,7 +121,11 @@ def test_each_start_of_a_spot_vm_is_its_own_span_ended_by_the_preemption_then_th
         parse_operation(operation("delete", "vm1", "1", 50)),
     ]
     first, second = machine_spans(observed, [op for op in ops if op])
-    assert (first.started_at, first.ended_at, first.ended_by) == (at(2), at(20), "compute.instances.preempted")
+    assert (first.started_at, first.ended_at, first.ended_by) == (
+        at(2),
+        at(20),
+        "compute.instances.preempted",
+    )
     assert (second.started_at, second.ended_at, second.ended_by) == (at(31), at(50), "delete")
     assert billed_chip_seconds([first, second]) == pytest.approx(8 * (18 + 19) * 60)
 
@@ -128,7 +138,10 @@ def test_a_re_created_vm_is_another_incarnation_and_an_older_ones_operations_do_
         operation("delete", "vm1", "2", 40),
     ]
     spans = machine_spans(observed, [p for op in ops if (p := parse_operation(op))])
-    assert [(s.instance_id, s.started_at, s.ended_at) for s in spans] == [("1", at(2), at(20)), ("2", at(30), at(40))]
+    assert [(s.instance_id, s.started_at, s.ended_at) for s in spans] == [
+        ("1", at(2), at(20)),
+        ("2", at(30), at(40)),
+    ]
 
 
 def test_a_span_no_operation_ended_is_open_and_runs_to_now() -> None:
