@@ -87,7 +87,8 @@ def test_a_model_or_stage_without_real_minutes_keeps_its_default() -> None:
 
 def test_capacity_operations_take_their_minutes_only_with_the_time_scale() -> None:
     assert timescale.capacity_seconds(0.0, "tpu_pool_create") == 0.0
-    assert timescale.capacity_seconds(2.0, "tpu_pool_create") == 10.0
-    assert timescale.capacity_seconds(2.0, "vm_delete") == 2.0
+    assert timescale.capacity_seconds(2.0, "tpu_pool_create") == 2.0
+    assert timescale.capacity_seconds(2.0, "vm_stopping") == 2.0
+    assert timescale.capacity_seconds(2.0, "vm_provisioning", {"vm_provisioning": 4}) == 8.0
     with pytest.raises(KeyError):
         timescale.capacity_seconds(2.0, "cluster_create")

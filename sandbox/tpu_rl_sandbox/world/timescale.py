@@ -43,17 +43,48 @@ STAGE_MINUTES: Final[Mapping[str, Mapping[str, float]]] = MappingProxyType(
 )
 
 
-# How long creating and deleting capacity takes, real minutes. No source states them: estimates of
-# a Compute Engine VM's create/delete operations and of Terraform creating/destroying a GKE TPU
-# slice node pool (its nodes bill from their creation, so the whole span counts as billed).
+# How long capacity takes to come and go, real minutes: the states a Compute Engine instance goes
+# through (world/instances.py) and a GKE TPU node pool's own work around its node VMs. Billing runs
+# from RUNNING to STOPPING only (docs/ledger.md, "What the TPU bills"), so each entry says whether
+# it is billed. No source states any of these durations: every number is an estimate.
 CAPACITY_MINUTES: Final[Mapping[str, float]] = MappingProxyType(
-    {"vm_create": 1.0, "vm_delete": 1.0, "tpu_pool_create": 5.0, "tpu_pool_delete": 3.0}
+    {
+        # A TPU instance's create waits in PENDING while Compute Engine finds capacity (instance
+        # lifecycle page); a reservation or free on-demand capacity: at once. Unbilled.
+        "vm_pending": 0.0,
+        # A queued flex-start request's wait for capacity (DWS: "up to two hours" in its queue, the
+        # flex-start VMs blog; the wait depends on capacity, 5 minutes is a guess). Unbilled.
+        "flex_start_wait": 5.0,
+        # A Spot request waits for nothing: capacity is there or the create fails. Unbilled.
+        "spot_wait": 0.0,
+        # PROVISIONING (resources allocated) and STAGING (prepared for first boot), unbilled; the
+        # two together were the whole estimated minute of a VM create before.
+        "vm_provisioning": 0.5,
+        "vm_staging": 0.5,
+        # STOPPING to gone (a delete) or TERMINATED (a stop, a preemption): the guest's shutdown,
+        # unbilled; the whole estimated minute of a VM delete before.
+        "vm_stopping": 1.0,
+        # A TPU node pool's create: GKE's and Terraform's work before any node VM exists, unbilled;
+        # then the node VMs' own PENDING, PROVISIONING and STAGING (the entries above); then, billed,
+        # each node's boot until its node is Ready (kubelet, the TPU device plugin) and Terraform sees
+        # the pool RUNNING. 1 + 1 + 3: the 5 estimated minutes of the pool's create before.
+        "tpu_pool_create": 1.0,
+        "tpu_node_ready": 3.0,
+        # A TPU node pool's destroy: its nodes drained (pods evicted) while their VMs still run,
+        # billed; then the VMs' STOPPING (vm_stopping) and the pool's removal. 2 + 1: the 3 estimated
+        # minutes of the pool's destroy before.
+        "tpu_pool_drain": 2.0,
+    }
 )
 
 
-def capacity_seconds(minute_seconds: float, what: str) -> float:
-    """Sandbox seconds of a capacity operation (:data:`CAPACITY_MINUTES`); 0 when the scale is off."""
-    return CAPACITY_MINUTES[what] * minute_seconds if minute_seconds > 0 else 0.0
+def capacity_seconds(minute_seconds: float, what: str, overrides: Mapping[str, float] | None = None) -> float:
+    """Sandbox seconds of a capacity state or operation (:data:`CAPACITY_MINUTES`, or the
+    sandbox setting ``capacity_minutes``'s value for it); 0 when the scale is off."""
+    minutes = CAPACITY_MINUTES[what]
+    if overrides and what in overrides:
+        minutes = float(overrides[what])
+    return minutes * minute_seconds if minute_seconds > 0 else 0.0
 
 
 def stage_seconds(minute_seconds: float, model: str, stage: str, default: float) -> float:

@@ -18,6 +18,7 @@ from tpu_rl_sandbox.clis.gcloud.call import api_path
 from tpu_rl_sandbox.clis.gcloud.commands import COMMANDS
 from tpu_rl_sandbox.clis.gcloud.compute_instances import InstancesCommands
 from tpu_rl_sandbox.clis.gcloud.compute_networks import NetworksCommands
+from tpu_rl_sandbox.clis.gcloud.compute_operations import OperationsCommands
 from tpu_rl_sandbox.clis.gcloud.compute_project_info import ProjectInfoCommands
 from tpu_rl_sandbox.clis.gcloud.compute_reservations import ReservationsCommands
 from tpu_rl_sandbox.clis.gcloud.compute_ssh import SshCommand
@@ -42,6 +43,7 @@ class Gcloud(
     SecretsCommands,
     SshCommand,
     InstancesCommands,
+    OperationsCommands,
     ReservationsCommands,
     NetworksCommands,
     ProjectInfoCommands,

@@ -247,6 +247,25 @@ COMMANDS: tuple[GcloudCommand, ...] = (
         (P("NAME", required=False, many=True),),
         (F("filter"), F("zones"), F("limit"), F("sort-by"), F("uri", "bool")),
     ),
+    # surface/compute/operations/list.py (GA): lister.AddMultiScopeListerFlags (NAME, --regexp, and
+    # one of --zones | --regions | --global), base.ListCommand's --filter, --limit, --page-size,
+    # --sort-by, --uri
+    GcloudCommand(
+        ("compute", "operations", "list"),
+        (P("NAME", required=False, many=True),),
+        (
+            F("zones"),
+            F("regions"),
+            F("global", "bool"),
+            F("regexp", short="r"),
+            F("filter"),
+            F("limit"),
+            F("page-size"),
+            F("sort-by"),
+            F("uri", "bool"),
+        ),
+        exclusive=(("zones", "regions", "global"),),
+    ),
     GcloudCommand(
         ("compute", "ssh"),
         (P("USER_AT_INSTANCE", many=True),),

@@ -1,5 +1,6 @@
 """``gcloud [alpha] compute instances create|delete|start|describe|list``: the fake VMs (their
-records in the sandbox state, their folders), and their preemption."""
+records in the sandbox state, their folders), their lifecycle states with the zone operations that
+change them (``world/instances.py``), and their preemption."""
 
 from __future__ import annotations
 
@@ -14,10 +15,9 @@ from tpu_rl_sandbox.clis.gcloud.compute_reservations import ReservationsCommands
 from tpu_rl_sandbox.clis.gcloud.output import GcloudError, formatted, matches_filter, table
 from tpu_rl_sandbox.clis.gcloud.parser import GcloudParse
 from tpu_rl_sandbox.clis.gcloud.values import parse_labels
-from tpu_rl_sandbox.world import inventory, vpc
+from tpu_rl_sandbox.world import instances, inventory, vpc
 from tpu_rl_sandbox.world.settings import load_settings
 from tpu_rl_sandbox.world.timescale import capacity_seconds
-from tpu_rl_sandbox.world.timestamps import rfc3339
 
 DEFAULT_SCOPES = [
     "devstorage.read_only",
@@ -121,7 +121,18 @@ class InstancesCommands(ReservationsCommands, NetworksCommands):
         if network not in vpc.read_vpc(self.store, project)["networks"]:
             raise self._network_missing(project, network)
         machine_type = str(parsed.get("machine-type") or "n1-standard-1")
+        settings = load_settings(self.layout)
+        provisioning_model = parsed.get("provisioning-model") or "STANDARD"
+        phases = instances.start_phases(
+            settings.minute_seconds,
+            settings.capacity_minutes,
+            machine_type=machine_type,
+            provisioning_model=provisioning_model,
+            created=True,
+        )
         created: list[dict[str, Any]] = []
+        requested = time.time()
+        running_at = requested
         with self.store.txn() as txn:
             vms = txn.doc("vms")
             docs = {"vms": vms, "clusters": txn.doc("clusters")}
@@ -139,9 +150,10 @@ class InstancesCommands(ReservationsCommands, NetworksCommands):
                         raise GcloudError(f"Could not fetch resource:\n - {problem}")
                 record = {
                     "name": name,
+                    "id": instances.new_id(),
                     "project": project,
                     "zone": zone,
-                    "status": "RUNNING",
+                    "status": phases[0][0],
                     "machineType": machine_type,
                     "network": network,
                     "labels": labels,
@@ -155,7 +167,7 @@ class InstancesCommands(ReservationsCommands, NetworksCommands):
                     },
                     "bootDiskSize": size,
                     "scheduling": {
-                        "provisioningModel": parsed.get("provisioning-model") or "STANDARD",
+                        "provisioningModel": provisioning_model,
                         "instanceTerminationAction": parsed.get("instance-termination-action"),
                         "onHostMaintenance": parsed.get("maintenance-policy") or "MIGRATE",
                         "maxRunDuration": parsed.get("max-run-duration"),
@@ -164,10 +176,14 @@ class InstancesCommands(ReservationsCommands, NetworksCommands):
                         "type": affinity or "any",
                         "reservation": parsed.get("reservation"),
                     },
-                    "created": rfc3339(),
+                    "created": instances.api_time(requested),
                 }
+                running_at = instances.schedule(record, phases, requested)
                 vms[key] = record
                 created.append(record)
+                record["operation"] = instances.add_operation(
+                    txn, project, zone, "insert", name, record["id"], started=requested, user=self.account()
+                )["name"]
                 history = txn.doc("vm_history")
                 history.setdefault(key, []).append(
                     {"machineType": machine_type, "created": time.time(), "deleted": None, "programs": []}
@@ -176,8 +192,19 @@ class InstancesCommands(ReservationsCommands, NetworksCommands):
                 vm_dir.mkdir(parents=True, exist_ok=True)
             txn.save("vms")
             txn.save("vm_history")
-        # the create operation runs until the VM is up (the VM exists, and bills, meanwhile)
-        time.sleep(capacity_seconds(load_settings(self.layout).minute_seconds, "vm_create"))
+        # gcloud waits for the insert operation: the VM goes PENDING (a TPU), PROVISIONING, STAGING,
+        # unbilled, and the operation is done once it is RUNNING
+        time.sleep(max(0.0, running_at - time.time()))
+        with self.store.txn() as txn:
+            vms = txn.doc("vms")
+            for record in created:
+                stored = vms.get(f"{project}/{zone}/{record['name']}")
+                if stored is not None:
+                    op_name = stored.pop("operation", "")
+                    instances.settle(stored, running_at)
+                    record.update(stored)
+                    instances.finish_operation(txn, project, zone, op_name, running_at)
+            txn.save("vms")
         for record in created:
             self.err(f"Created [{self._instance_url(project, zone, record['name'])}].\n")
         if parsed.get("format"):
@@ -192,7 +219,7 @@ class InstancesCommands(ReservationsCommands, NetworksCommands):
                     "",
                     "10.128.0.5",
                     inventory.external_ip(r["name"]),
-                    r["status"],
+                    instances.settled(r)["status"],
                 ]
                 for r in created
             ]
@@ -203,9 +230,12 @@ class InstancesCommands(ReservationsCommands, NetworksCommands):
         project, zone, name = record["project"], record["zone"], record["name"]
         base = f"https://www.googleapis.com/compute/v1/projects/{project}/zones/{zone}"
         affinity = record.get("reservationAffinity", {})
+        record = instances.settled(record)
         running = record["status"] == "RUNNING"
         resource = {
-            "id": str(int(hashlib.sha256(f"{project}/{zone}/{name}".encode()).hexdigest()[:15], 16)),
+            # a record of an older sandbox has no id: a stable one from its name
+            "id": record.get("id")
+            or str(int(hashlib.sha256(f"{project}/{zone}/{name}".encode()).hexdigest()[:15], 16)),
             "kind": "compute#instance",
             "name": name,
             "status": record["status"],
@@ -275,12 +305,37 @@ class InstancesCommands(ReservationsCommands, NetworksCommands):
                 if fault.transient
                 else f"Could not fetch resource:\n - Required 'compute.instances.delete' permission for '{resource}'"
             )
-        # the delete operation stops the VM first (it bills until then): its processes end
-        time.sleep(capacity_seconds(load_settings(self.layout).minute_seconds, "vm_delete"))
+        # The delete: the VM goes STOPPING at once (its billing ends; its processes end), then it
+        # is gone when the operation is done.
+        settings = load_settings(self.layout)
+        started = time.time()
+        stopping = capacity_seconds(settings.minute_seconds, "vm_stopping", settings.capacity_minutes)
+        deleting: dict[str, str] = {}
+        with self.store.txn() as txn:
+            vms = txn.doc("vms")
+            for name in names:
+                record = vms.get(f"{project}/{zone}/{name}")
+                if record is None:
+                    continue
+                instances.settle(record, started)
+                instances.schedule(record, [("STOPPING", 0.0)], started)
+                instances.settle(record, started)
+                deleting[name] = instances.add_operation(
+                    txn,
+                    project,
+                    zone,
+                    "delete",
+                    name,
+                    str(record.get("id", "")),
+                    started=started,
+                    user=self.account(),
+                )["name"]
+            txn.save("vms")
         from tpu_rl_sandbox.machines import dockerd
 
         for name in names:
             dockerd.stop_all(self.layout.vm_dir(name))
+        time.sleep(stopping)
         with self.store.txn() as txn:
             vms = txn.doc("vms")
             history = txn.doc("vm_history")
@@ -290,6 +345,8 @@ class InstancesCommands(ReservationsCommands, NetworksCommands):
                 lives = history.get(f"{project}/{zone}/{name}") or []
                 if lives and lives[-1]["deleted"] is None:
                     lives[-1]["deleted"] = time.time()
+                if name in deleting:
+                    instances.finish_operation(txn, project, zone, deleting[name], started + stopping)
             txn.save("vms")
             txn.save("vm_history")
         for name in names:
@@ -309,24 +366,55 @@ class InstancesCommands(ReservationsCommands, NetworksCommands):
         )
         if parsed.get("async"):
             raise GcloudError("sandbox: --async is not simulated for instances start")
-        time.sleep(capacity_seconds(load_settings(self.layout).minute_seconds, "vm_create"))
+        settings = load_settings(self.layout)
+        started = time.time()
+        running_at = started
+        starting: dict[str, str] = {}
         with self.store.txn() as txn:
             vms = txn.doc("vms")
             history = txn.doc("vm_history")
             for name in names:
-                record = vms[f"{project}/{zone}/{name}"]
+                record = instances.settle(vms[f"{project}/{zone}/{name}"], started)
                 if record["status"] == "RUNNING":
                     continue
                 if record["status"] != "TERMINATED":
                     raise GcloudError(
                         f"Could not fetch resource:\n - The resource 'projects/{project}/zones/{zone}/instances/{name}' is not ready"
                     )
-                record.update(status="RUNNING", lastStartTimestamp=rfc3339())
+                phases = instances.start_phases(
+                    settings.minute_seconds,
+                    settings.capacity_minutes,
+                    machine_type=str(record.get("machineType", "")),
+                    provisioning_model=(record.get("scheduling") or {}).get("provisioningModel"),
+                    created=False,
+                )
+                running_at = max(running_at, instances.schedule(record, phases, started))
+                instances.settle(record, started)
+                starting[name] = instances.add_operation(
+                    txn,
+                    project,
+                    zone,
+                    "start",
+                    name,
+                    str(record.get("id", "")),
+                    started=started,
+                    user=self.account(),
+                )["name"]
                 lives = history.get(f"{project}/{zone}/{name}") or []
                 if lives:
                     lives[-1].setdefault("started", []).append(time.time())
             txn.save("vms")
             txn.save("vm_history")
+        # gcloud waits for the start operation: PROVISIONING, STAGING (unbilled), then RUNNING
+        time.sleep(max(0.0, running_at - time.time()))
+        with self.store.txn() as txn:
+            vms = txn.doc("vms")
+            for name, op_name in starting.items():
+                started_vm = vms.get(f"{project}/{zone}/{name}")
+                if started_vm is not None:
+                    instances.settle(started_vm, running_at)
+                instances.finish_operation(txn, project, zone, op_name, running_at)
+            txn.save("vms")
         for name in names:
             self.err(f"Updated [{self._instance_url(project, zone, name)}].\n")
             self.err("Instance internal IP is 10.128.0.5\n")
@@ -341,6 +429,8 @@ class InstancesCommands(ReservationsCommands, NetworksCommands):
         from tpu_rl_sandbox.machines import dockerd
 
         dockerd.stop_all(self.layout.vm_dir(name))  # the machine shuts down: its containers end
+        settings = load_settings(self.layout)
+        stopping = capacity_seconds(settings.minute_seconds, "vm_stopping", settings.capacity_minutes)
         with self.store.txn() as txn:
             vms = txn.doc("vms")
             history = txn.doc("vm_history")
@@ -348,6 +438,19 @@ class InstancesCommands(ReservationsCommands, NetworksCommands):
             record = vms.get(key)
             if record is None:
                 return
+            # Compute Engine's system operation of a preemption ("List preemption history":
+            # operationType="compute.instances.preempted"): the VM goes STOPPING as it starts
+            instances.add_operation(
+                txn,
+                project,
+                zone,
+                "compute.instances.preempted",
+                name,
+                str(record.get("id", "")),
+                started=now,
+                ended=now + stopping,
+                user="system",
+            )
             action = (record.get("scheduling") or {}).get("instanceTerminationAction") or "STOP"
             lives = history.get(key) or []
             if lives:
@@ -358,7 +461,9 @@ class InstancesCommands(ReservationsCommands, NetworksCommands):
                 if lives:
                     lives[-1]["deleted"] = now
             else:
-                record.update(status="TERMINATED", lastStopTimestamp=rfc3339())
+                instances.settle(record, now)
+                instances.schedule(record, [("STOPPING", stopping), ("TERMINATED", 0.0)], now)
+                instances.settle(record, now)
             txn.save("vms")
             txn.save("vm_history")
 
@@ -368,7 +473,7 @@ class InstancesCommands(ReservationsCommands, NetworksCommands):
             raise GcloudError(
                 f"Could not fetch resource:\n - The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found"
             )
-        return record
+        return instances.settled(record)
 
     def cmd_compute_instances_describe(self, parsed: GcloudParse) -> int:
         project = self.project(parsed)
