@@ -27,8 +27,6 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from airflow_provider_tpu_rl.ledger.records import as_utc
-
 # "All vCPUs, GPUs, and GB of memory are charged a minimum of 1 minute ... After 1 minute, instances
 # are charged in 1-second increments" (cloud.google.com/compute/vm-instance-pricing, "Billing model").
 MINIMUM_SECONDS = 60.0
@@ -40,6 +38,15 @@ STARTING_OPERATIONS = frozenset({"insert", "start", "resume"})
 # ct6e-standard-4t: 4 chips (cluster-toolkit pkg/config/hardware.go: v6e-1/4/8 are ct6e-standard-1t/4t/8t).
 _TPU_MACHINE_TYPE = re.compile(r"^ct[0-9a-z]+-[a-z]+-(?P<chips>[0-9]+)t$")
 _NEVER = datetime.max.replace(tzinfo=UTC)
+
+
+def as_utc(value: datetime | str | None) -> datetime | None:
+    """A timezone-aware UTC datetime from a datetime or an ISO-8601 string (naive means UTC)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 def chips_of_machine_type(machine_type: str | None) -> int:

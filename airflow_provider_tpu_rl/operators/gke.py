@@ -6,7 +6,7 @@ import json
 import shutil
 import time
 from collections.abc import Mapping, Sequence
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,10 +15,11 @@ from airflow.providers.common.compat.sdk import Context
 from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.exceptions import ConfigurationError, LeaseHeldError
 from airflow_provider_tpu_rl.links import GKEClusterLink
+from airflow_provider_tpu_rl.operators import billing
 from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, expiry_of_run, fail_fast
 from airflow_provider_tpu_rl.records.lease import ClusterLeaseHook, Lease, held_message, utc_text
 from airflow_provider_tpu_rl.render import gke
-from airflow_provider_tpu_rl.render.blueprint import BLUEPRINT_RELPATH, customize_blueprint
+from airflow_provider_tpu_rl.render.blueprint import BLUEPRINT_RELPATH, TPU_GROUP, customize_blueprint
 from airflow_provider_tpu_rl.spec import rules
 from airflow_provider_tpu_rl.spec.cluster import ClusterSpec, default_capacity
 from airflow_provider_tpu_rl.spec.pipeline import cluster_from_arguments, hf_token_spec, run_suffix
@@ -651,6 +652,8 @@ class GclusterDeployOperator(_ClusterOperator):
             deploy_seconds = round(time.time() - started, 3)
         finally:
             gke.remove_workdir(workdir)
+        if TPU_GROUP in only:  # the TPU nodes' clocks, for the ledger
+            billing.note_pool_nodes(self, cluster, since=datetime.fromtimestamp(started, UTC))
         return {
             "cluster_name": cluster.cluster_name,
             "project": cluster.project,
@@ -819,14 +822,20 @@ class GclusterDestroyOperator(_ClusterOperator):
         """Destroy ``only`` groups of a cluster this run may tear down; the rest stays."""
         dag_id, run_id = self.run_ids(context)
         owned, lease = self.owned_lease(cluster, dag_id, run_id)
+        billed = owned and TPU_GROUP in only  # the TPU nodes' clocks, for the ledger
+        if billed:
+            billing.note_pool_nodes(self, cluster)  # their latest starts, before they go
         if owned:
             expires_at = expiry_of_run(context, rules.integer("max_cluster_hours", self.max_cluster_hours, 1))
             destroy_cluster(
                 self.hook, cluster, dag_id=dag_id, run_id=run_id, expires_at=expires_at, only_groups=only
             )
-        return {
+        result = {
             "cluster_name": cluster.cluster_name,
             "groups": list(only),
             "destroyed": owned,
             "lease_holder": lease.holder if lease is not None else None,
         }
+        if billed:
+            result[billing.XCOM_KEY] = billing.pool_billed(self, cluster)
+        return result

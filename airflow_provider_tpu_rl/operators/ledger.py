@@ -90,8 +90,9 @@ def run_settings(derived: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def tpu_time_line(run: RunRecord) -> str:
-    """One line: billed and training chip-hours, the idle share and the estimated cost."""
-    return format_tpu_time(run.chip_hours, run.busy_chip_hours, run.estimated_cost_usd)
+    """One line: billed (the machines' clocks) and training chip-hours, the idle share, the
+    estimated cost and the capacity held."""
+    return format_tpu_time(run.chip_hours, run.busy_chip_hours, run.estimated_cost_usd, run.held_chip_hours)
 
 
 class RecordRunOperator(BaseOperator):

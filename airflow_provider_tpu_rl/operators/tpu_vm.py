@@ -27,6 +27,7 @@ from airflow_provider_tpu_rl.maxtext.layout import (
     run_dir,
 )
 from airflow_provider_tpu_rl.maxtext.logs import TrainingLogTracker
+from airflow_provider_tpu_rl.operators import billing
 from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, expiry_of_run, fail_fast
 from airflow_provider_tpu_rl.operators.gke import (
     delete_run_bucket,
@@ -289,6 +290,8 @@ class TpuVmCreateOperator(_TpuVmOperator):
             conf, dag_id=dag_id, run_id=run_id, machine=self.machine, expires_at=expires_at
         )
         create_run_vm(self, self.what, vm, command)
+        if self.machine == "tpu":
+            billing.note_vm(self, vm)  # its billed time: from this start
         if grant:
             self.grant_vm_access(p)
         return vm.vm_name
@@ -584,6 +587,7 @@ class TpuVmStageOperator(_TpuVmOperator):
         if status == "TERMINATED":
             self.log.info("TPU VM %s was stopped under training: starting it", p.vm.vm_name)
             self.hook.run_checked(tpu_vm.start_vm(p.vm), timeout=stage_command_timeout("vm_create"))
+            billing.note_vm(self, p.vm)  # its second billed span: from this start
             return
         dag_id, run_id = self.run_ids(context)
         holder = f"{dag_id}/{run_id}"
@@ -606,6 +610,7 @@ class TpuVmStageOperator(_TpuVmOperator):
             record["conf"], dag_id=dag_id, run_id=run_id, machine="tpu", expires_at=int(record["expires_at"])
         )
         create_run_vm(self, "TPU VM", vm, command)
+        billing.note_vm(self, vm)  # a new incarnation, billed from this start
         self.hook.run_checked(
             tpu_vm.stage_command(p, "install", machine="tpu", ssh_key_file=str(self.hook.ssh_key_file())),
             timeout=stage_command_timeout("install"),
@@ -823,6 +828,9 @@ class TpuVmDeleteOperator(_TpuVmOperator):
         vm = self.target_vm(p)
         lease = leases.read(vm.bucket, vm_lease_name(vm.vm_name))
         owned = self.owns_vm(p, lease, f"{dag_id}/{run_id}")
+        billed = owned and self.machine == "tpu"  # the TPU VM's clocks, for the ledger
+        if billed:
+            billing.note_vm(self, vm)  # a start not noted yet (a create whose note failed)
         if not owned:
             pass
         elif keep:
@@ -835,6 +843,8 @@ class TpuVmDeleteOperator(_TpuVmOperator):
             if lease is not None:
                 leases.release(vm.bucket, lease)
         result: dict[str, Any] = {"vm_name": vm.vm_name, "deleted": deleted, "bucket_deleted": False}
+        if billed:
+            result[billing.XCOM_KEY] = billing.vm_billed(self, vm)
         if delete_bucket:
             result |= delete_run_bucket(self, context, p.vm.bucket)
         return result

@@ -38,6 +38,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_tpu_rl.ledger.billing import billed_chip_seconds, spans_from_json
 from airflow_provider_tpu_rl.ledger.records import idle_share
 from airflow_provider_tpu_rl.ledger.schema import DEFAULT_SQLITE_FILE
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, TPU_VM_DAG_ID
@@ -423,16 +424,20 @@ def _dags_test(
 
 
 def ledger_tpu_time(airflow_home: Path, dag_id: str) -> dict[str, Any] | None:
-    """The newest run of ``dag_id`` as the product's ledger recorded it: the TPU capacity's span,
-    the training span and their chip-hours (the ledger file Airflow's default connection uses)."""
+    """The newest run of ``dag_id`` as the product's ledger recorded it: the TPU billed by the
+    machines' clocks (its RUNNING spans, per chip), the training span, the capacity held (the create
+    task's start to the delete task's end), from the ledger file Airflow's default connection uses.
+
+    The billed seconds are the spans' own, without the one-minute minimum a real machine is billed:
+    the sandbox's seconds stand for its time scale's minutes, where that minimum is no minute."""
     path = airflow_home / DEFAULT_SQLITE_FILE
     if not path.exists():
         return None
     with contextlib.closing(sqlite3.connect(path)) as db:
         db.row_factory = sqlite3.Row
         row = db.execute(
-            "SELECT cluster_started_at, cluster_ended_at, train_started_at, train_ended_at, chip_hours,"
-            " busy_chip_hours FROM runs WHERE dag_id = ? ORDER BY recorded_at DESC LIMIT 1",
+            "SELECT chips, cluster_started_at, cluster_ended_at, train_started_at, train_ended_at,"
+            " billed_spans_json FROM runs WHERE dag_id = ? ORDER BY recorded_at DESC LIMIT 1",
             (dag_id,),
         ).fetchone()
     if row is None:
@@ -443,12 +448,15 @@ def ledger_tpu_time(airflow_home: Path, dag_id: str) -> dict[str, Any] | None:
             return None
         return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
 
-    billed = seconds(row["cluster_started_at"], row["cluster_ended_at"])
+    spans = spans_from_json(json.loads(row["billed_spans_json"])) if row["billed_spans_json"] else None
+    chip_seconds = None if spans is None else billed_chip_seconds(spans, minimum=0.0)
+    billed = None if chip_seconds is None or not row["chips"] else chip_seconds / row["chips"]
     trained = seconds(row["train_started_at"], row["train_ended_at"])
     return {
         "billed_seconds": billed,
         "trained_seconds": trained,
-        "idle_share": idle_share(row["chip_hours"], row["busy_chip_hours"]),
+        "held_seconds": seconds(row["cluster_started_at"], row["cluster_ended_at"]),
+        "idle_share": idle_share(billed, trained),
     }
 
 
@@ -458,13 +466,15 @@ def tpu_time_lines(title: str, tpu: dict[str, Any] | None) -> list[str]:
         return [f"{title}: the ledger recorded no billed span"]
     share = tpu["idle_share"]
     trained = tpu["trained_seconds"]
+    held = tpu.get("held_seconds")
     verdict = "" if share is None else ("; met" if share <= TPU_IDLE_GOAL else "; NOT met")
     return [
         f"{title}, as the run ledger recorded it",
-        f"   TPU billed (capacity create to delete)  {tpu['billed_seconds']:8.1f}s",
+        f"   TPU billed (the machines' clocks)       {tpu['billed_seconds']:8.1f}s",
         f"   TPU training (the training job ran)     {(trained if trained is not None else float('nan')):8.1f}s",
         f"   idle share of the billed time           {('-' if share is None else f'{share:.0%}'):>8}"
         f"  (goal ≤ {TPU_IDLE_GOAL:.0%}{verdict})",
+        f"   capacity held (create to delete task)   {(held if held is not None else float('nan')):8.1f}s",
     ]
 
 
