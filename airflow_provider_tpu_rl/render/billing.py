@@ -43,10 +43,13 @@ def describe_instance(project: str, zone: str, name: str) -> Command:
 
 
 def list_pool_nodes(project: str, zone: str, cluster: str, pools: Sequence[str] = ()) -> Command:
-    """The node VMs GKE labels with ``cluster`` (and one of ``pools``; none: any pool), as JSON."""
-    wanted = f"labels.{CLUSTER_LABEL}={_names('cluster', [cluster])[0]}"
+    """The node VMs GKE labels with ``cluster`` (and one of ``pools``; none: any pool), as JSON.
+
+    Anchored patterns, not ``=``: gcloud 528 warns that its ``=`` on a hyphenated value "currently
+    does not match but will match in the near future" (``c1`` would match cluster ``c1-b``)."""
+    wanted = f'labels.{CLUSTER_LABEL}~"^{_names("cluster", [cluster])[0]}$"'
     if pools:
-        wanted += f" AND labels.{NODE_POOL_LABEL}=({' OR '.join(_names('pools', pools))})"
+        wanted += f' AND labels.{NODE_POOL_LABEL}~"^({"|".join(_names("pools", pools))})$"'
     return Command(
         ("gcloud", "compute", "instances", "list", f"--project={project}", f"--zones={zone}",
          f"--filter={wanted}", "--format=json"),

@@ -81,6 +81,8 @@ def test_the_whole_vm_pipeline_leaves_checkpoint_and_export_in_gcs(sb: SandboxRu
         deleted = _execute(sb, TpuVmDeleteOperator, conf, task_id="delete_vm")
         stages["export"] = _execute(sb, TpuVmStageOperator, conf, task_id="export_to_huggingface")
     output = "\n".join(str(entry.get("event")) for entry in logs)
+    (span,) = deleted.pop("billed")["spans"]  # the TPU VM's one RUNNING span, by its clock
+    assert (span["machine"], span["chips"], span["ended_by"]) == (sb.vm, 8, "delete")
     assert deleted == {"vm_name": sb.vm, "deleted": True, "bucket_deleted": False}
     assert vm_key not in sb.state("vms")
 
@@ -230,6 +232,7 @@ def test_deleting_this_runs_vm_that_is_already_gone_succeeds(sb: SandboxRun) -> 
 
     result = _execute(sb, TpuVmDeleteOperator, conf, task_id="delete_vm")
 
+    assert result.pop("billed") is None  # no start of it was ever noted: not known
     assert result == {"vm_name": sb.vm, "deleted": True, "bucket_deleted": False}
     (call,) = _delete_calls(sb)
     assert call["exit_code"] != 0  # gcloud said "not found": counted as already deleted

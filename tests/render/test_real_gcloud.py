@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_tpu_rl.render import gke, tpu_vm
+from airflow_provider_tpu_rl.render import billing, gke, tpu_vm
 from airflow_provider_tpu_rl.render.command import Command
 from airflow_provider_tpu_rl.render.plan import gke_plan, tpu_vm_plan
 from airflow_provider_tpu_rl.spec import PRESETS, Runner, gke_pipeline_from_conf, tpu_vm_pipeline_from_conf
@@ -96,6 +96,16 @@ def rendered_gcloud_commands() -> dict[tuple[str, ...], set[str]]:
         ).vm
         yield "train", tpu_vm.describe_vm_status(vm)
         yield "train", tpu_vm.start_vm(vm)
+        # the machines' clocks, read for the ledger (render/billing.py)
+        yield "delete_vm", billing.describe_instance(PROJECT, "us-east5-b", "tpu-rl-vm")
+        yield "delete_vm", billing.list_instance_operations(PROJECT, "us-east5-b", ["tpu-rl-vm"])
+        yield "destroy_tpu_pool", billing.list_pool_nodes(PROJECT, "us-east5-b", "c1", ["gke-tpu-v6e-pool"])
+        yield (
+            "destroy_tpu_pool",
+            billing.list_instance_operations(
+                PROJECT, "us-east5-b", ["gke-c1-gke-tpu-v6e-pool-1a2b3c4d"], group_bases=True
+            ),
+        )
 
     return _gcloud(all_commands())
 
