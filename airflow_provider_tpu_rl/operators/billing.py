@@ -34,6 +34,7 @@ from airflow_provider_tpu_rl.ledger.billing import (
     parse_operation,
 )
 from airflow_provider_tpu_rl.ledger.records import as_utc
+from airflow_provider_tpu_rl.records.resources import read_resource_record, write_resource_record
 from airflow_provider_tpu_rl.render import billing
 from airflow_provider_tpu_rl.render.blueprint import BLUEPRINT_RELPATH, tpu_pool_names
 
@@ -59,14 +60,6 @@ def json_value(lines: Iterable[str]) -> Any:
     return None
 
 
-def _records() -> Any:
-    """``operators/gke.py``, whose resource-record helpers write and read the record (imported
-    late: it calls this module)."""
-    from airflow_provider_tpu_rl.operators import gke
-
-    return gke
-
-
 def noted(record: dict[str, Any] | None) -> tuple[list[Observation], datetime | None]:
     """The observations a resource record holds, and since when its capacity was watched."""
     billing_record = (record or {}).get(RECORD_KEY) or {}
@@ -86,8 +79,7 @@ def _note(
     since: datetime | None = None,
 ) -> None:
     """Add ``observations`` (those with a start) to the resource record of ``name``."""
-    gke = _records()
-    record = gke.read_resource_record(operator.gcp_conn_id, bucket, name, operator.chain)
+    record = read_resource_record(operator.gcp_conn_id, bucket, name, operator.chain)
     if record is None:
         operator.log.warning("No resource record of %s: its billed time is not noted", name)
         return
@@ -100,7 +92,7 @@ def _note(
     if not new and billing_record == (record.get(RECORD_KEY) or {}):
         return
     billing_record["observations"] = [o.as_dict() for o in (*kept, *new)]
-    gke.write_resource_record(
+    write_resource_record(
         operator.gcp_conn_id, bucket, name, {**record, RECORD_KEY: billing_record}, operator.chain
     )
 
@@ -133,7 +125,7 @@ def vm_billed(operator: Any, vm: Any) -> dict[str, Any] | None:
     """The TPU VM's RUNNING spans: each noted start, ended by the zone operation that stopped or
     deleted that incarnation (open while none did); None when they cannot be read."""
     try:
-        record = _records().read_resource_record(operator.gcp_conn_id, vm.bucket, vm.vm_name, operator.chain)
+        record = read_resource_record(operator.gcp_conn_id, vm.bucket, vm.vm_name, operator.chain)
         observations, _ = noted(record)
         if not observations:
             operator.log.warning("No start of VM %s was noted: its billed time is unknown", vm.vm_name)
@@ -178,7 +170,7 @@ def pool_billed(operator: Any, cluster: Any) -> dict[str, Any] | None:
     managed instance groups created and deleted since the pool was watched (from their
     operations). None when they cannot be read."""
     try:
-        record = _records().read_resource_record(
+        record = read_resource_record(
             operator.gcp_conn_id, cluster.bucket, cluster.cluster_name, operator.chain
         )
         observations, since = noted(record)

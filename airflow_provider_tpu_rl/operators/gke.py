@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from collections.abc import Mapping, Sequence
@@ -18,6 +17,7 @@ from airflow_provider_tpu_rl.links import GKEClusterLink
 from airflow_provider_tpu_rl.operators import billing
 from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, expiry_of_run, fail_fast
 from airflow_provider_tpu_rl.records.lease import ClusterLeaseHook, Lease, held_message, utc_text
+from airflow_provider_tpu_rl.records.resources import read_resource_record, write_resource_record
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.render.blueprint import BLUEPRINT_RELPATH, TPU_GROUP, customize_blueprint
 from airflow_provider_tpu_rl.spec import rules
@@ -390,46 +390,6 @@ def destroy_cluster(
         gke.remove_workdir(workdir)
 
 
-def write_resource_record(
-    gcp_conn_id: str,
-    bucket: str,
-    name: str,
-    record: Mapping[str, Any],
-    impersonation_chain: str | Sequence[str] | None = None,
-) -> None:
-    """What the janitor needs to destroy a resource this run creates, written before it exists."""
-    from airflow_provider_tpu_rl.hooks.credentials import gcs_hook
-
-    gcs_hook(gcp_conn_id, impersonation_chain).upload(
-        bucket_name=bucket,
-        object_name=gke.resource_record_object(name),
-        data=json.dumps(dict(record), sort_keys=True),
-        mime_type="application/json",
-        timeout=RECORD_TIMEOUT_S,
-    )
-
-
-def read_resource_record(
-    gcp_conn_id: str, bucket: str, name: str, impersonation_chain: str | Sequence[str] | None = None
-) -> dict[str, Any] | None:
-    """The resource record, or ``None`` when there is none (or it is not a JSON object)."""
-    from google.api_core.exceptions import NotFound
-
-    from airflow_provider_tpu_rl.hooks.credentials import gcs_hook
-
-    try:
-        raw = gcs_hook(gcp_conn_id, impersonation_chain).download(
-            bucket_name=bucket, object_name=gke.resource_record_object(name), timeout=RECORD_TIMEOUT_S
-        )
-    except NotFound:
-        return None
-    try:
-        record = json.loads(raw)
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None
-
-
 def delete_run_bucket(
     operator: GclusterBaseOperator,
     context: Context,
@@ -476,7 +436,6 @@ def delete_run_bucket(
     return {"bucket_deleted": False, "objects_deleted": names, "bucket_kept": why}
 
 
-RECORD_TIMEOUT_S = 60
 # The least a lease lasts when taken (a late retry of deploy, close to the cluster's expiry).
 LEASE_MIN_SECONDS = 600
 
