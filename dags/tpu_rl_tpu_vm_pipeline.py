@@ -65,7 +65,7 @@ service account (the one named, else the project's default compute account) the 
 **Teardown.** `delete_vm` (the TPU VM) runs right after `wait_actor_checkpoint`, before the export,
 whether training succeeded or failed; `delete_cpu_vm` runs last, once the bucket step succeeded
 (an absent VM counts as deleted). `record_run` writes the run to the ledger (`{pipeline.LEDGER_CONN_ID}`)
-after it, with the TPU VM's billed span (`create_vm` → `delete_vm`), and draws its curves into a PNG next to the checkpoints (link *Run Curves*: the run's page on the
+after it, with the TPU VM's billed time by its own clock (the RUNNING spans `delete_vm` reads; `create_vm` → `delete_vm` is the capacity held), and draws its curves into a PNG next to the checkpoints (link *Run Curves*: the run's page on the
 runs dashboard, `/tpu-rl`).
 `{WATCHER_TASK_ID}` fails the run when any task failed, a teardown included, naming the failed
 tasks and the first line of each one's error.
