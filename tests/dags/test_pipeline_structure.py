@@ -19,7 +19,7 @@ from airflow_provider_tpu_rl.pipelines.validate import validate_pipeline_conf
 from airflow_provider_tpu_rl.render import tpu_vm
 from airflow_provider_tpu_rl.spec import GKE_DEFAULTS, TPU_VM_DEFAULTS
 from airflow_provider_tpu_rl.spec.pipeline import GKE_TASK_ORDER, TPU_VM_TASK_ORDER
-from tests.dags.conftest import GKE_DAG_ID, PIPELINE_DAG_IDS, TPU_VM_DAG_ID
+from tests.support.dags import GKE_DAG_ID, PIPELINE_DAG_IDS, TPU_VM_DAG_ID
 
 # validate refuses the form's example project and bucket: a run names its own (here with a
 # reservation, which every operator that creates TPUs gets).

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_tpu_rl import timeouts
-from tests.dags.conftest import GKE_DAG_ID, JANITOR_DAG_ID, SWEEP_DAG_ID, TPU_VM_DAG_ID
+from tests.support.dags import GKE_DAG_ID, JANITOR_DAG_ID, SWEEP_DAG_ID, TPU_VM_DAG_ID
 
 ALL_DAG_IDS = (GKE_DAG_ID, TPU_VM_DAG_ID, SWEEP_DAG_ID, JANITOR_DAG_ID)
 JOB_TASKS = {

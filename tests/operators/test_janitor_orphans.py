@@ -38,7 +38,7 @@ from airflow_provider_tpu_rl.records.janitor_sources import discover_sources
 from airflow_provider_tpu_rl.records.lease import ClusterLeaseHook, lease_object
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID
-from tests.operators.sandbox_run import REGION, SandboxRun
+from tests.support.sandbox_run import REGION, SandboxRun
 
 ORPHAN_SECONDS = 1800.0
 LONG_AGO = datetime.now(UTC) - timedelta(hours=10)

@@ -28,7 +28,7 @@ from airflow_provider_tpu_rl.spec import GKE_DEFAULTS, TPU_VM_DEFAULTS, Runner, 
 from airflow_provider_tpu_rl.spec.cluster import SYSTEM_MACHINE_TYPE
 from airflow_provider_tpu_rl.spec.presets import presets_for
 from airflow_provider_tpu_rl.timeouts import resource_hours
-from tests.dags.conftest import (
+from tests.support.dags import (
     DAGS_DIR,
     GKE_DAG_ID,
     PIPELINE_DAG_IDS,

@@ -3,7 +3,7 @@
 The tests import these names from here instead of from
 Airflow directly:
 
-    from tests.compat import (
+    from tests.support.compat import (
         AIRFLOW_V_3_0_PLUS, DagBag, serialize_roundtrip, trigger_time_validate,
         dag_schedule, capture_task_logs, task_log_debug, dags_test_task_log,
     )

@@ -14,7 +14,7 @@ import pytest
 from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.pipelines.validate import validate_pipeline_conf
 from airflow_provider_tpu_rl.spec.pipeline import GKE_DEFAULTS, TPU_VM_DEFAULTS
-from tests.dags.conftest import GKE_DAG_ID, TPU_VM_DAG_ID
+from tests.support.dags import GKE_DAG_ID, TPU_VM_DAG_ID
 
 TPU_VM_CONF = {
     "project": "proj-123456",

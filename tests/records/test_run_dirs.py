@@ -24,8 +24,7 @@ from airflow_provider_tpu_rl.records.run_dirs import (
     run_record_object,
     vouches,
 )
-from tests.sensors.conftest import EMULATOR_BUCKET, GcsEmulator
-from tests.sensors.conftest import gcs_emulator as gcs_emulator  # the session fixture
+from tests.support.gcs_emulator import EMULATOR_BUCKET, GcsEmulator
 
 pytestmark = pytest.mark.usefixtures("gcs_emulator")
 BUCKET = EMULATOR_BUCKET

@@ -25,8 +25,8 @@ from airflow_provider_tpu_rl.operators.tpu_vm import (
     TpuVmStageOperator,
 )
 from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID
-from tests.ledger.fakes import FakeDagRun, FakeLedgerTaskInstance, FakeTaskInstance
-from tests.operators.sandbox_run import TPU_VM_CONVERSION_TASKS, RecordingTI, SandboxRun
+from tests.support.ledger_fakes import FakeDagRun, FakeLedgerTaskInstance, FakeTaskInstance
+from tests.support.sandbox_run import TPU_VM_CONVERSION_TASKS, RecordingTI, SandboxRun
 from tpu_rl_sandbox.world.settings import update_settings
 
 RUN_ID = "manual__2026-03-06T00:00:00+00:00"

@@ -13,7 +13,7 @@ from airflow_provider_tpu_rl.toolchain.job_output import (
     JobState,
     parse_job_list,
 )
-from tests.hooks.conftest import fixture_path
+from tests.support.fake_tools import fixture_path
 
 FIXTURES = Path(fixture_path("job_list.txt")).parent
 

@@ -1,7 +1,7 @@
 """MaxTextCheckpointTrigger and HuggingFaceExportTrigger polling the GCS emulator.
 
-These live next to the sensor tests because they share the session's emulator fixture
-(tests/sensors/conftest.py); the trigger's pure tests are in tests/triggers/test_gcs_checkpoint.py.
+The emulator is the session's (tests/conftest.py), shared with the sensor tests; the trigger's pure
+tests are in tests/triggers/test_gcs_checkpoint.py.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from google.cloud import storage
 from airflow_provider_tpu_rl.ledger.hook import RunLedger, sqlite_connection_uri
 from airflow_provider_tpu_rl.ledger.records import ArtifactRecord, MetricRecord, RunRecord
 from airflow_provider_tpu_rl.operators.ledger import RecordRunOperator
-from tests.png import decoded_png
+from tests.support.png import decoded_png
 
 
 def test_the_png_lands_in_the_bucket_as_an_image(

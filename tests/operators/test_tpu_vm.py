@@ -21,8 +21,8 @@ from airflow_provider_tpu_rl.operators.tpu_vm import (
 from airflow_provider_tpu_rl.records.lease import ClusterLeaseHook, vm_lease_name
 from airflow_provider_tpu_rl.render import gke, tpu_vm
 from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID, tpu_vm_pipeline_from_conf
-from tests.compat import capture_task_logs
-from tests.operators.sandbox_run import TPU_VM_CONVERSION_TASKS, SandboxRun, printed_rewards
+from tests.support.compat import capture_task_logs
+from tests.support.sandbox_run import TPU_VM_CONVERSION_TASKS, SandboxRun, printed_rewards
 
 RUN_ID = "manual__2026-03-01T00:00:00+00:00"
 START = datetime(2030, 1, 1, tzinfo=UTC)

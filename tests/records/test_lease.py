@@ -17,8 +17,7 @@ from airflow_provider_tpu_rl.records.lease import (
     Lease,
     lease_object,
 )
-from tests.sensors.conftest import EMULATOR_BUCKET, GcsEmulator
-from tests.sensors.conftest import gcs_emulator as gcs_emulator  # the session fixture
+from tests.support.gcs_emulator import EMULATOR_BUCKET, GcsEmulator
 
 pytestmark = pytest.mark.usefixtures("gcs_emulator")
 BUCKET = EMULATOR_BUCKET
@@ -168,7 +167,7 @@ def test_extend_pushes_only_the_holders_live_lease(cluster: str) -> None:
 
 def test_an_undefined_connection_is_a_configuration_error_naming_it(cluster: str) -> None:
     """Without its GCS connection a teardown cannot know whether it holds the cluster: one line, no
-    retry (the destroy then destroys nothing: tests/operators/test_gke_lifecycle.py)."""
+    retry (the destroy then destroys nothing: tests/operators/test_gke.py)."""
     with pytest.raises(ConfigurationError) as refused:
         ClusterLeaseHook(gcp_conn_id="tpu_rl_no_such_connection").read(BUCKET, cluster)
     assert str(refused.value) == (

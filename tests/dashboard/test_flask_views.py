@@ -18,7 +18,7 @@ from tests.dashboard.conftest import EVERY_STATE, GKE, VM
 
 pytestmark = pytest.mark.skipif(
     AIRFLOW_V_3_0_PLUS,
-    reason="Airflow 2's webserver view; Airflow 3 serves the FastAPI app (test_dashboard.py)",
+    reason="Airflow 2's webserver view; Airflow 3 serves the FastAPI app (test_fastapi_app.py)",
 )
 
 

@@ -2,7 +2,7 @@
 the event held until ``not_before``, a trigger killed mid-training (SIGKILL: no clean-up runs).
 
 The trigger's cancel path (a triggerer restart, a kill before Airflow 3.3) and its provider clients
-are tested on every Airflow line and provider version in test_jobset_trigger.py; these tests reuse
+are tested on every Airflow line and provider version in test_jobset.py; these tests reuse
 its helpers and run on Airflow 3.3 (the Makefile's ``SAME_ON_EVERY_AIRFLOW``).
 """
 
@@ -23,7 +23,7 @@ import pytest
 from airflow_provider_tpu_rl.operators.gke_jobs import PathwaysRLTrainOperator
 from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
 from airflow_provider_tpu_rl.triggers.jobset import JobSetTrigger
-from tests.operators.sandbox_run import (
+from tests.support.sandbox_run import (
     RecordingTI,
     SandboxRun,
     convert_checkpoint,
@@ -33,7 +33,7 @@ from tests.operators.sandbox_run import (
     run_trigger,
     wait_for,
 )
-from tests.operators.test_jobset_trigger import (
+from tests.triggers.test_jobset import (
     HEAD,
     RUN_ID,
     WORKLOAD,

@@ -17,8 +17,8 @@ from airflow_provider_tpu_rl.operators.gke import (
 )
 from airflow_provider_tpu_rl.records.lease import ClusterLeaseHook, Lease, lease_object
 from airflow_provider_tpu_rl.render import gke
-from tests.compat import capture_task_logs
-from tests.operators.sandbox_run import SandboxRun, prepare_cluster
+from tests.support.compat import capture_task_logs
+from tests.support.sandbox_run import SandboxRun, prepare_cluster
 from tpu_rl_sandbox.world.iam import iam_bindings
 
 RUN_ID = "manual__2026-03-01T00:00:00+00:00"

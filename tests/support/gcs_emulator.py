@@ -1,4 +1,6 @@
-"""A fake-gcs-server emulator for the sensor and trigger tests (one process per test session)."""
+"""A fake-gcs-server emulator for the tests that read and write GCS through the google provider
+(sensors, triggers, the run-directory records and leases, ``record_run``'s upload): one process per
+test session (``tests/conftest.py``'s ``gcs_emulator`` fixture)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,8 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,8 +100,8 @@ class GcsEmulator:
         self.upload([folder + "model.safetensors.index.json"], json.dumps(index).encode())
 
 
-@pytest.fixture(scope="session")
-def gcs_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GcsEmulator]:
+@contextmanager
+def running_gcs_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GcsEmulator]:
     """Start fake-gcs-server on a free loopback port and point Airflow's GCS hooks at it."""
     binary = _emulator_binary()
     if binary is None:
@@ -152,9 +154,3 @@ def gcs_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GcsEmulat
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-
-
-@pytest.fixture
-def gcs_prefix() -> str:
-    """A folder of its own for each test, so tests sharing the session's bucket never interfere."""
-    return f"t-{uuid.uuid4().hex[:12]}/"

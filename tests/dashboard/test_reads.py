@@ -17,8 +17,8 @@ from airflow_provider_tpu_rl.ledger.cli import format_reward
 from airflow_provider_tpu_rl.ledger.hook import RunLedger
 from airflow_provider_tpu_rl.ledger.records import RunRecord
 from tests.dashboard.conftest import CURVES, EVERY_STATE, GKE, VM
-from tests.ledger.fakes import minutes
-from tests.png import decoded_png
+from tests.support.ledger_fakes import minutes
+from tests.support.png import decoded_png
 
 
 def test_the_runs_page_lists_runs_with_rewards_before_after_and_links_each_run(ledger: RunLedger) -> None:

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.airflow_home import migrate_into
-from tests.compat import dags_test_task_log
+from tests.support.airflow_home import migrate_into
+from tests.support.compat import dags_test_task_log
 from tpu_rl_sandbox.apis.gcs_client import GcsApi, GcsError, split_gs_url
 from tpu_rl_sandbox.commands.lifecycle import SandboxInfo, sandbox_down, sandbox_env, sandbox_up
 from tpu_rl_sandbox.world.calls import read_calls

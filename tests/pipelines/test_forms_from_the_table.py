@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_tpu_rl.spec import params
-from tests.dags.conftest import GKE_DAG_ID, TPU_VM_DAG_ID
+from tests.support.dags import GKE_DAG_ID, TPU_VM_DAG_ID
 
 PIPELINE_OF = {GKE_DAG_ID: params.GKE, TPU_VM_DAG_ID: params.TPU_VM}
 

@@ -23,7 +23,7 @@ from airflow_provider_tpu_rl.operators.janitor import (
 from airflow_provider_tpu_rl.operators.tpu_vm import CpuVmCreateOperator, TpuVmCreateOperator
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, TPU_VM_DAG_ID
-from tests.operators.sandbox_run import SandboxRun
+from tests.support.sandbox_run import SandboxRun
 
 LONG_AGO = datetime.now(UTC) - timedelta(hours=10)
 

@@ -4,7 +4,7 @@ The training job runs in the sandbox (fake ``gcluster job submit`` creates the J
 in the fake cluster's Kubernetes API); the trigger reads them as it would a GKE cluster's. What a
 test expects comes from the API itself (the workload container's whole log). What no Airflow line
 changes (no process started, a retry after the job ended, ``not_before``, a SIGKILLed trigger) is in
-test_jobset_trigger_recovery.py.
+test_jobset_recovery.py.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from airflow_provider_tpu_rl.records.run_dirs import RunDirRecords
 from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
 from airflow_provider_tpu_rl.triggers import jobset as jobset_module
 from airflow_provider_tpu_rl.triggers.jobset import JobSetTrigger
-from tests.operators.sandbox_run import (
+from tests.support.sandbox_run import (
     REGION,
     SandboxRun,
     convert_checkpoint,

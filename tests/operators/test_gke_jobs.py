@@ -23,8 +23,8 @@ from airflow_provider_tpu_rl.render.command import Command
 from airflow_provider_tpu_rl.spec import SpecError, gke_pipeline_from_conf
 from airflow_provider_tpu_rl.timeouts import job_timeout
 from airflow_provider_tpu_rl.triggers.jobset import JobSetTrigger
-from tests.compat import capture_task_logs
-from tests.operators.sandbox_run import (
+from tests.support.compat import capture_task_logs
+from tests.support.sandbox_run import (
     REGION,
     RecordingTI,
     SandboxRun,

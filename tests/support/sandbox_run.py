@@ -8,6 +8,7 @@ checks comes from the sandbox's own records (``calls.jsonl``, ``state/*.json``, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -41,13 +42,16 @@ from airflow_provider_tpu_rl.spec import (
 )
 from airflow_provider_tpu_rl.triggers.jobset import first_event
 from tpu_rl_sandbox.apis import kube_access
+from tpu_rl_sandbox.apis.api_server import api_server_url, start_api_server, stop_api_server
 from tpu_rl_sandbox.apis.gcs_client import GcsApi
 from tpu_rl_sandbox.apis.gcs_emulator import api_for
 from tpu_rl_sandbox.apis.kube_api import POD_HOLD_ENV
 from tpu_rl_sandbox.commands.lifecycle import SandboxInfo
 from tpu_rl_sandbox.machines.hosts import VmHost
 from tpu_rl_sandbox.world.calls import read_calls
+from tpu_rl_sandbox.world.faults import reset_faults
 from tpu_rl_sandbox.world.layout import SandboxLayout
+from tpu_rl_sandbox.world.settings import update_settings
 from tpu_rl_sandbox.world.store import StateStore
 
 DEFAULT_RUN_ID = "manual__2026-03-01T00:00:00+00:00"
@@ -351,6 +355,18 @@ class SandboxRun:
         return path
 
 
+@contextlib.contextmanager
+def api_server(layout: SandboxLayout) -> Iterator[str]:
+    """The sandbox's API server (started here, and stopped after, unless it was running)."""
+    running = api_server_url(layout)
+    url = running or start_api_server(layout)
+    try:
+        yield url
+    finally:
+        if running is None:
+            stop_api_server(layout)
+
+
 def enter_sandbox(sandbox: SandboxInfo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SandboxRun:
     """Point this process at the sandbox (os.environ, temp dir) for one test."""
     for key, value in sandbox.env.items():
@@ -378,7 +394,7 @@ def prepare_cluster(
     """ensure_bucket → deploy_cluster → sync_hf_token, as the GKE DAG runs them: the cluster
     deploy's result. With ``tpu_pool`` the one deploy also applies the TPU pool's group (what the
     DAG's deploy_tpu_pool adds once the conversion is done; tests/e2e and
-    tests/operators/test_gke_lifecycle.py run that task itself)."""
+    tests/operators/test_gke.py run that task itself)."""
     bucket = run.operator(EnsureBucketOperator, task_id="ensure_bucket")
     bucket.execute(run.context(bucket, conf, **context_kwargs))
     deploy = run.operator(GclusterDeployOperator, task_id="deploy_cluster")
@@ -437,3 +453,28 @@ def iter_files(*roots: Path) -> Iterator[Path]:
 
 def json_text(value: Any) -> str:
     return json.dumps(value, default=repr, sort_keys=True)
+
+
+# ---------------------------------------------------------------- fixtures (given by a conftest.py)
+@pytest.fixture
+def sb(sandbox: SandboxInfo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SandboxRun:
+    """The sandbox in os.environ (shims on PATH, emulator, connections, fast steps and polls)."""
+    return enter_sandbox(sandbox, tmp_path, monkeypatch)
+
+
+@pytest.fixture
+def clean_faults(sb: SandboxRun) -> Iterator[None]:
+    """Transient faults fire once per sandbox: forget earlier firings around the test."""
+    reset_faults(sb.layout)
+    yield
+    reset_faults(sb.layout)
+
+
+@pytest.fixture
+def preempt_after_two(sb: SandboxRun) -> Iterator[None]:
+    """The sandbox takes the TPU capacity from under a training after its 2nd committed checkpoint."""
+    update_settings(sb.layout, preempt_after_checkpoints=2)
+    try:
+        yield
+    finally:
+        update_settings(sb.layout, preempt_after_checkpoints=0)

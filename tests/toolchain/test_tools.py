@@ -19,8 +19,8 @@ from airflow_provider_tpu_rl.hooks.gcluster import GclusterConfig, GclusterHook,
 from airflow_provider_tpu_rl.render.command import Command
 from airflow_provider_tpu_rl.toolchain import tools as tc
 from airflow_provider_tpu_rl.toolchain.process import prepare_process
-from tests.hooks.test_bundle import _CountingServer
-from tests.toolpath import path_without
+from tests.support.toolpath import path_without
+from tests.toolchain.test_bundle import _CountingServer
 from tpu_rl_sandbox.clis.tool_stubs import stub_script, write_tool_stubs
 
 PLAT = tc.hashicorp_platform()
