@@ -101,6 +101,16 @@ def test_the_creates_provisioning_and_the_deletes_shutdown_bill_nothing(sb: Sand
     assert span.ended_at is not None
     assert (delete.end_date - span.ended_at).total_seconds() >= STOPPING_MINUTES * SCALE - 0.05
     assert span.started_at == started  # its clock: when it entered RUNNING
+    # it ends when the delete set it STOPPING (the operation's startTime), not when the delete was
+    # done (endTime, after the 2 minutes of shutdown); the task's own end comes later still
+    (delete_op,) = (
+        op
+        for op in sb.state("operations")[f"{sb.project}/{conf['zone']}"]
+        if op["operationType"] == "delete" and op["targetLink"].endswith(f"/instances/{sb.vm}")
+    )
+    assert span.ended_at == datetime.fromisoformat(delete_op["startTime"])
+    ended = datetime.fromisoformat(delete_op["endTime"])
+    assert (ended - span.ended_at).total_seconds() >= STOPPING_MINUTES * SCALE - 0.05
     assert (span.machine, span.chips, span.ended_by) == (sb.vm, 8, "delete")
     held = (delete.end_date - create.start_date).total_seconds()
     billed = billed_chip_seconds(run.billed_spans, minimum=0.0)
