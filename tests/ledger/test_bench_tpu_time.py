@@ -33,14 +33,27 @@ def test_the_bench_reads_the_newest_runs_tpu_time_from_the_default_ledger(
     RunLedger().record(run, [], [], [])
     tpu = ledger_tpu_time(tmp_path, GKE_DAG_ID)
     assert tpu == {
+        "chips": 32,
         "billed_seconds": 2160.0,
         "trained_seconds": 1200.0,
         "held_seconds": 2400.0,
         "idle_share": pytest.approx(1 - 1200 / 2160),
     }
-    lines = tpu_time_lines("   GKE", tpu)
-    assert lines[1].split()[-1] == "2160.0s"
-    assert lines[2].split()[-1] == "1200.0s"
-    assert lines[3].split()[-6:] == ["44%", "(goal", "≤", "15%;", "NOT", "met)"]
-    assert lines[4].split()[-1] == "2400.0s"
+    # as if the sandbox had played one real minute in 60 s: sandbox seconds / 60 = real minutes
+    lines = tpu_time_lines("   GKE", tpu, idle_goal=0.10, minute_seconds=60.0)
+    assert lines[1].split()[-5:] == ["2160.0s", "=", "36.0", "real", "min"]
+    assert lines[2].split()[-5:] == ["1200.0s", "=", "20.0", "real", "min"]
+    assert lines[3].split()[-10:] == [
+        "44%",
+        "(goal",
+        "≤",
+        "10%;",
+        "NOT",
+        "met);",
+        "idle",
+        "16.0",
+        "real",
+        "min",
+    ]
+    assert lines[4].split()[-5:] == ["2400.0s", "=", "40.0", "real", "min"]
     assert ledger_tpu_time(tmp_path, "another_dag") is None

@@ -20,7 +20,7 @@ import shlex
 import shutil
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ from tpu_rl_sandbox.machines.machine import (
 )
 from tpu_rl_sandbox.world import secret_values
 from tpu_rl_sandbox.world.faults import FaultSpec
-from tpu_rl_sandbox.world.timescale import DOCKER_INSTALL_MINUTES, INSTALL_MINUTES, PULL_MINUTES
+from tpu_rl_sandbox.world.timescale import DOCKER_INSTALL, INSTALL, PULL, stage_real_minutes
 
 UV_INSTALLER_URL_RE = re.compile(r"^https://astral\.sh/uv/(?:[0-9.]+/)?install\.sh$")
 SECRET_ACCESS_RE = re.compile(
@@ -78,6 +78,8 @@ class MachineServices:
     authorize: Authorize | None = None
     bucket_project: Callable[[str], str | None] | None = None
     minute_seconds: float = 0.0  # the time scale (settings.SandboxSettings.minute_seconds)
+    # stages' real minutes that replace the time scale's (settings.SandboxSettings.stage_minutes)
+    stage_minutes: Mapping[str, float] = field(default_factory=dict)
     # (run directory, its committed checkpoints, steps trained past the newest) -> the machine is
     # lost now (settings' preempt_after_checkpoints, preempt_steps_after; the caller remembers
     # that it fired)
@@ -312,6 +314,7 @@ class MachineHost:
             cancelled=call.cancelled,
             step_seconds=services.step_seconds,
             minute_seconds=services.minute_seconds,
+            stage_minutes=services.stage_minutes,
             hold_file=services.hold_file,
             preempt=services.preempt,
             tpu_chips=self.tpu_chips(),
@@ -867,7 +870,7 @@ class VmHost(MachineHost):
         self.add_packages(venv, requested)
         if "maxtext" in requested:
             # the install from sources takes its real minutes when the time scale is on
-            if not self.wait_minutes(call, INSTALL_MINUTES):
+            if not self.wait_minutes(call, self.stage_minutes(INSTALL)):
                 return 137
             self._install(f"{venv}/bin/install_tpu_post_train_extra_deps", "extra-deps")
             self.add_packages(
@@ -876,6 +879,10 @@ class VmHost(MachineHost):
             )
         call.err(f"Resolved 212 packages in 3.1s\nInstalled {len(requested) + 200} packages in 41.2s\n")
         return 0
+
+    def stage_minutes(self, stage: str) -> float:
+        """Real minutes of one of the VM's own stages (install, pull, Docker install)."""
+        return stage_real_minutes(stage, overrides=self.services.stage_minutes) or 0.0
 
     def wait_minutes(self, call: ToolCall, minutes: float) -> bool:
         """Last ``minutes`` real minutes on the time scale (none when it is off); False if cancelled."""
@@ -960,7 +967,7 @@ class VmHost(MachineHost):
                 return 1
             packages = [a for a in args if not a.startswith("-") and a != action]
             if action == "install" and "docker.io" in packages:
-                if not self.wait_minutes(call, DOCKER_INSTALL_MINUTES):
+                if not self.wait_minutes(call, self.stage_minutes(DOCKER_INSTALL)):
                     return 137
                 # Ubuntu's docker.io: /usr/bin/docker and dockerd (the sandbox's /usr is the host's,
                 # read-only: the client goes to /usr/local/bin, also on every PATH and sudo's)
@@ -1137,7 +1144,7 @@ class VmHost(MachineHost):
             )
             return 0
         call.out(f"{ref}: Pulling from {path}\n")
-        if not self.wait_minutes(call, PULL_MINUTES):
+        if not self.wait_minutes(call, self.stage_minutes(PULL)):
             return 137
         for layer in range(6):
             call.out(f"{digest[7 + layer * 2 : 19 + layer * 2]}: Pull complete\n")

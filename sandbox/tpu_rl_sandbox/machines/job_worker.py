@@ -345,6 +345,7 @@ class Worker:
             seed=f"{job['key']}",
             step_seconds=step,
             minute_seconds=load_settings(self.layout).minute_seconds,
+            stage_minutes=dict(load_settings(self.layout).stage_minutes),
             hold_file=job.get("hold_file") or None,
             cancelled=self.cancelled,
             default_project=str(job["project"]),

@@ -68,6 +68,7 @@ def vm_services(
         step_seconds=step_seconds,
         hold_file=hold_file,
         minute_seconds=load_settings(layout).minute_seconds,
+        stage_minutes=dict(load_settings(layout).stage_minutes),
         cancelled=lambda: False,
         default_project=project,
         authorize=authorize,
