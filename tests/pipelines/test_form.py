@@ -150,7 +150,7 @@ GKE_BAD_CONFS = [
         "checkpoint 2 h, teardown 90 min, export 3 h, checkpoint 2 h, teardown 90 min",
         False,
     ),
-    # (these six were once `airflow dags test` runs; test_dag_runs.py's bad-conf run keeps the
+    # (these six were once `airflow dags test` runs; tests/dags/test_dag_runs.py's bad-conf run keeps the
     # one whose value changes on its way to the task)
     (
         "unknown_maxtext_key",

@@ -2,7 +2,7 @@
 
 A train override that contradicts what the tasks after training need (``TRAINING_NEEDS``) is
 refused by ``validate``'s own function, and every task that creates a VM or a cluster runs only
-after ``validate`` succeeded: so such a run creates nothing.
+after ``validate`` succeeded: so such a run creates nothing. Its values reach the tasks as one XCom.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.pipelines.validate import validate_pipeline_conf
 from airflow_provider_tpu_rl.spec.pipeline import GKE_DEFAULTS, TPU_VM_DEFAULTS
 from tests.support.dags import GKE_DAG_ID, TPU_VM_DAG_ID
+from tests.support.pipeline_shapes import Shape
 
 TPU_VM_CONF = {
     "project": "proj-123456",
@@ -80,3 +81,9 @@ def test_a_conf_key_with_a_newline_is_refused_on_one_line() -> None:
     message = str(refused.value)
     assert len(message.splitlines()) == 1
     assert "'a\\nb': unknown conf key" in message
+
+
+def test_validate_pushes_its_values_as_one_xcom(pipeline: tuple[Any, Shape]) -> None:
+    """Not one XCom per key besides (TaskFlow's multiple_outputs for a dict return): read whole."""
+    dag, _ = pipeline
+    assert dag.get_task("validate").multiple_outputs is False

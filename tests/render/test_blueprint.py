@@ -1,8 +1,8 @@
-"""The GKE TPU node pool in a deployment group of its own: the blueprint edit and the gcluster argv.
+"""The blueprint edit (render/blueprint.py): the GKE TPU node pool in a deployment group of its own.
 
 The edit is checked against the sandbox's copy of the example and against the fake gcluster's
-expansion rules (cluster-toolkit ``pkg/config/expand.go`` validateModuleReference), the argv
-against the fake gcluster's cobra tree (the real flag set of ``deploy``/``destroy``/``export-outputs``).
+expansion rules (cluster-toolkit ``pkg/config/expand.go`` validateModuleReference); the argv that
+selects the groups is tests/render/test_gke.py's.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import pytest
 import yaml
 
 import tpu_rl_sandbox
-from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.render.blueprint import (
     BLUEPRINT_RELPATH,
     BlueprintError,
@@ -22,8 +21,6 @@ from airflow_provider_tpu_rl.render.blueprint import (
     module_references,
 )
 from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
-from tpu_rl_sandbox.clis.gcluster.cobra import cobra_parse
-from tpu_rl_sandbox.clis.gcluster.commands import build_tree
 from tpu_rl_sandbox.clis.gcluster.deploy import INTERGROUP_ORDER, Fatal, check_intergroup_order
 
 BUNDLE_BLUEPRINT = (Path(tpu_rl_sandbox.__file__).parent / "bundle" / BLUEPRINT_RELPATH).read_text()
@@ -146,40 +143,3 @@ def test_a_blueprint_without_one_tpu_pool_is_refused() -> None:
     ]
     with pytest.raises(BlueprintError, match="exactly one modules/compute/gke-node-pool"):
         _split(yaml.safe_dump(doc))
-
-
-def test_group_selection_argv_parses_as_gcluster_parses_it() -> None:
-    cluster = _pipeline().cluster
-    tree = build_tree()
-    deploy = gke.deploy(cluster, "/w", skip_groups=("tpu",))
-    parsed = cobra_parse(tree, list(deploy.argv[1:]))
-    assert (parsed.get("skip"), "only" in parsed.changed) == (["tpu"], False)
-    assert parsed.args == ["/w/gke-tpu-v6e-advanced.yaml"]
-
-    pool = gke.deploy_groups(cluster, "/w", ("tpu",))
-    assert pool.argv == ("gcluster", "deploy", "/w/tpu-rl", "--auto-approve", "--only=tpu")
-    parsed = cobra_parse(tree, list(pool.argv[1:]))
-    assert (parsed.get("only"), parsed.get("auto-approve")) == (["tpu"], True)
-
-    destroy = gke.destroy(cluster, "/w", only_groups=("tpu",))
-    parsed = cobra_parse(tree, list(destroy.argv[1:]))
-    assert (parsed.get("only"), parsed.get("robust"), parsed.args) == (["tpu"], True, ["/w/tpu-rl"])
-    # the whole cluster: no selection
-    assert not any(a.startswith(("--only", "--skip")) for a in gke.destroy(cluster, "/w").argv)
-
-    export = gke.export_outputs(cluster, "/w", "primary")
-    assert cobra_parse(tree, list(export.argv[1:])).args == ["/w/tpu-rl/primary"]
-
-
-@pytest.mark.parametrize(
-    ("call", "message"),
-    [
-        (lambda c: gke.deploy_groups(c, "/w", ()), "at least one group"),
-        (lambda c: gke.deploy(c, "/w", skip_groups=("tpu; rm -rf /",)), "not a deployment group name"),
-        (lambda c: gke.destroy(c, "/w", only_groups=("--robust",)), "not a deployment group name"),
-        (lambda c: gke.export_outputs(c, "/w", "../primary"), "not a deployment group name"),
-    ],
-)
-def test_group_names_are_refused_unless_plain(call: Any, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        call(_pipeline().cluster)

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import pytest
 
 from airflow_provider_tpu_rl.spec import (
     GKE_DAG_ID,
-    ClusterSpec,
-    SliceShape,
     SpecError,
     gke_pipeline_from_conf,
     job_name,
     tpu_vm_pipeline_from_conf,
 )
-from airflow_provider_tpu_rl.spec.cluster import GkeJobTarget
 from airflow_provider_tpu_rl.spec.pipeline import job_suffix
 from airflow_provider_tpu_rl.spec.workloads import TRAINING_NEEDS, TrainingNeed
 
@@ -291,16 +287,6 @@ def test_tpu_vm_runtime_and_workload_image() -> None:
         assert str(err.value).startswith(message), (key, value, str(err.value))
 
 
-def test_the_presets_own_overrides_are_maxtext_keys_of_their_version() -> None:
-    from airflow_provider_tpu_rl.spec.presets import PRESETS
-    from airflow_provider_tpu_rl.spec.workloads import check_maxtext_value, maxtext_config_key
-
-    for preset in PRESETS.values():
-        for key, value in preset.train_overrides:
-            where = f"{preset.model_name}.{key}"
-            check_maxtext_value(where, maxtext_config_key(where, key, preset.maxtext_version), value)
-
-
 def test_gke_default_run_name_is_unique_per_dag_run() -> None:
     """Outputs are keyed by run_name: two runs with the default settings each train their own model."""
     first = gke_pipeline_from_conf({}, run_id="manual__1")
@@ -336,22 +322,6 @@ def test_placeholders_are_named_with_what_to_set() -> None:
     refuse_placeholders(tpu_vm_pipeline_from_conf({"project": "proj-123", "bucket": "bucket-123"}).resolved())
 
 
-@pytest.mark.parametrize(
-    ("compute_type", "topology", "chips", "vms"),
-    [
-        ("ct6e-standard-4t", "4x8", 32, 8),
-        ("ct6e-standard-4t", "4x4", 16, 4),
-        ("ct6e-standard-4t", "2x2", 4, 1),
-        ("ct6e-standard-8t", "2x4", 8, 1),
-        ("ct6e-standard-1t", "1x1", 1, 1),
-        ("ct6e-standard-4t", "16x16", 256, 64),
-    ],
-)
-def test_slice_shapes(compute_type: str, topology: str, chips: int, vms: int) -> None:
-    shape = SliceShape(compute_type, topology)
-    assert (shape.chips, shape.vms, shape.tpu_type) == (chips, vms, f"v6e-{chips}")
-
-
 def test_job_names_are_dns_1035_and_fit_28_characters() -> None:
     assert job_name("gemma4-training", "abc123") == "gemma4-training-abc123"
     long = job_name("a-very-long-prefix-for-a-training-job", "abc123")
@@ -375,14 +345,6 @@ def test_job_names_are_stable_per_run_and_differ_between_runs() -> None:
     assert a1.train_job == job_name("qwen-rl", job_suffix(GKE_DAG_ID, "manual__1", "train"))
 
 
-def test_cluster_spec_can_be_built_directly() -> None:
-    spec = ClusterSpec(
-        project="proj-123456", region="us-east5", zone="us-east5-b", cluster_name="c1", bucket="bkt"
-    )
-    assert spec.total_chips == 32
-    assert spec.node_pool_service_account == "c1-gke-np-sa@proj-123456.iam.gserviceaccount.com"
-
-
 @pytest.mark.parametrize("breaker", ["\n", "\r", "\x0b", "\x85", "\u2028", "\u2029", "\x00"])
 def test_override_values_cannot_break_the_one_line_command(breaker: str) -> None:
     with pytest.raises(SpecError, match="control characters or newlines"):
@@ -398,25 +360,6 @@ def test_a_key_with_a_line_break_is_named_quoted_on_one_line(breaker: str) -> No
         message = str(refused.value)
         assert len(message.splitlines()) == 1, message
         assert repr(f"a{breaker}b") in message
-
-
-def test_a_job_target_is_a_tpu_slice_or_a_cpu_machine_on_one_node() -> None:
-    tpu = GkeJobTarget(project="p-123456", location="us-east5", cluster_name="c1", image="gcr.io/p/i:1")
-    assert (tpu.tpu, tpu.compute_type, tpu.topology, tpu.node_pool, tpu.service_account) == (
-        True, "ct6e-standard-4t", "4x8", "", ""
-    )  # fmt: skip
-    cpu = tpu.on_cpu()
-    assert (cpu.tpu, cpu.compute_type, cpu.topology, cpu.num_slices) == (False, "n4-standard-64", "", 1)
-    assert (cpu.node_pool, cpu.service_account) == ("cpu-np", "workload-identity-k8s-sa")
-    assert cpu.where == tpu.where  # the same cluster
-    with pytest.raises(SpecError, match="topology"):
-        dataclasses.replace(cpu, topology="4x8")  # gcluster: no topology for CPU jobs
-    with pytest.raises(SpecError, match="num_slices"):
-        dataclasses.replace(cpu, num_slices=2)
-    with pytest.raises(SpecError, match="node_pool"):
-        dataclasses.replace(cpu, node_pool="CPU_NP;")
-    with pytest.raises(SpecError, match="compute_type"):
-        dataclasses.replace(cpu, compute_type="n4 standard")
 
 
 @pytest.mark.parametrize(

@@ -97,28 +97,6 @@ def test_version_rule_is_gclusters(found: str, minimum: str, ok: bool) -> None:
     assert tc.version_at_least(found, minimum) is ok
 
 
-def test_pins_come_from_the_cluster_toolkit_source() -> None:
-    assert (tc.TERRAFORM_VERSION, tc.PACKER_VERSION) == ("1.12.2", "1.15.0")
-    assert (
-        tc.TERRAFORM_SHA256["linux_amd64"]
-        == "1eaed12ca41fcfe094da3d76a7e9aa0639ad3409c43be0103ee9f5a1ff4b7437"
-    )
-    assert (
-        tc.PACKER_SHA256["linux_amd64"] == "2fd1149c5c6c7604ced64d7b56638af05f6b7ed3f6835182bc913ddaba1f16b8"
-    )
-    assert (
-        set(tc.TERRAFORM_SHA256)
-        == set(tc.PACKER_SHA256)
-        == {
-            "linux_amd64",
-            "linux_arm64",
-            "darwin_amd64",
-            "darwin_arm64",
-        }
-    )
-    assert tc.HASHICORP_BASE_URL == "https://releases.hashicorp.com"
-
-
 def test_old_terraform_on_path_is_refused(tmp_path: Path) -> None:
     chain = resolve("deploy", tmp_path, stub_path(tmp_path, terraform_version="1.11.4"))
     status = chain.status("terraform")

@@ -201,7 +201,8 @@ def test_a_triggerer_restart_mid_training_loses_and_repeats_no_line(
         sb.kube(), "GET", f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets/{job_name}"
     )
     assert result["ran"]["ended_at"] == kubernetes.jobset_state(answer.json())[1]
-    assert result["ran"]["started_at"] < result["ran"]["ended_at"]
+    # Kubernetes' timestamps have whole seconds: a short job may start and end within one
+    assert result["ran"]["started_at"] <= result["ran"]["ended_at"]
 
 
 def test_the_trigger_closes_its_sessions_before_its_event(
