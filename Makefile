@@ -154,9 +154,12 @@ plan: venv
 demo: venv
 	$(BIN)/tpu-rl-sandbox demo
 
-# Benchmarks (not tests): parse time vs stock operators, orchestration overhead, worker-slot time.
+# Benchmarks (not tests): parse time vs stock operators, orchestration overhead, worker-slot time,
+# TPU time and cost. BENCH_ARGS passes options on, e.g. make bench BENCH_ARGS="--tpu-time-only
+# --stage-minutes '{\"train\": 60}'" (tpu-rl-sandbox bench --help).
+BENCH_ARGS ?=
 bench: venv
-	$(BIN)/tpu-rl-sandbox bench
+	$(BIN)/tpu-rl-sandbox bench $(BENCH_ARGS)
 
 # The docs' screenshots (docs/screenshots/: both trigger forms, the runs dashboard, a run page),
 # taken again after a change: the Chromium session of tests/services/test_browser_trigger.py with
