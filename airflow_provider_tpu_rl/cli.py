@@ -17,7 +17,7 @@ from airflow_provider_tpu_rl.render.plan import (
     tpu_vm_capacity,
     tpu_vm_plan,
 )
-from airflow_provider_tpu_rl.spec import GKE_DAG_ID, TPU_VM_DAG_ID, SpecError
+from airflow_provider_tpu_rl.spec import GKE_DAG_ID, TPU_VM_DAG_ID, SpecError, params
 from airflow_provider_tpu_rl.spec.pipeline import (
     ENVIRONMENT_OPTIONS,
     PLACEHOLDERS,
@@ -64,11 +64,11 @@ def build_plan(
 
 def plan_environment(dag_id: str) -> dict[str, str]:
     """The ``[tpu_rl] default_*`` options this Airflow's trigger form of ``dag_id`` is prefilled
-    with (``pipeline_dags.environment_defaults``, the form's own function): field → value.
+    with (``pipelines.form.environment_defaults``, the form's own function): field → value.
 
     Imported here, not at the top: the rest of this module (``build_plan``) stays free of Airflow.
     """
-    from airflow_provider_tpu_rl.pipeline_dags import environment_defaults
+    from airflow_provider_tpu_rl.pipelines.form import environment_defaults
 
     kind = "gke" if dag_id == GKE_DAG_ID else "tpu_vm"
     return environment_defaults(ENVIRONMENT_OPTIONS[kind])
@@ -149,7 +149,7 @@ def _run_doctor(args: argparse.Namespace) -> int:
     with contextlib.redirect_stdout(sys.stderr):
         from airflow_provider_tpu_rl.exceptions import TpuRlError
         from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
-        from airflow_provider_tpu_rl.hooks.toolchain import ToolStatus, format_table, purposes_for
+        from airflow_provider_tpu_rl.toolchain.tools import ToolStatus, format_table, purposes_for
 
         _logs_to_stderr()
         try:
@@ -227,7 +227,7 @@ def credential_problems(hook: Any, chains: Sequence[Any]) -> dict[str, str]:
         for purpose in ready:
             found[purpose] = checks.no_account_problem(checks.runner(_PURPOSE_RUNNER[purpose]))
     if "jobs" in ready and "jobs" not in found:
-        from airflow_provider_tpu_rl.hooks.adc import worker_adc_file
+        from airflow_provider_tpu_rl.toolchain.adc import worker_adc_file
 
         status = hook.adc_status()
         if not status.ok:
@@ -235,10 +235,29 @@ def credential_problems(hook: Any, chains: Sequence[Any]) -> dict[str, str]:
     return found
 
 
+def conf_keys_help() -> str:
+    """``tpu-rl plan --help``'s list of the conf keys of each pipeline, from the run parameters'
+    table: key, JSON type, default (``"preset"`` where empty means the preset's value)."""
+    lines = ["conf keys (the trigger form's fields; docs/params.md says what each does):"]
+    for pipeline, dag_id in ((params.GKE, GKE_DAG_ID), (params.TPU_VM, TPU_VM_DAG_ID)):
+        lines.append(f"  {dag_id}:")
+        for param in params.params_of(pipeline):
+            default = param.default_on(pipeline)
+            shown = "empty" if default in (None, "") else json.dumps(default)
+            kind = params.JSON_TYPES[param.kind] + (" or null" if param.nullable else "")
+            lines.append(f"    {param.key} ({kind}; default {shown})")
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tpu-rl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    plan = sub.add_parser("plan", help="print the commands a DAG run would execute, as JSON (no cloud call)")
+    plan = sub.add_parser(
+        "plan",
+        help="print the commands a DAG run would execute, as JSON (no cloud call)",
+        epilog=conf_keys_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     plan.add_argument("dag_id", choices=PLAN_DAG_IDS)
     plan.add_argument("--conf", help="the DAG run conf, a JSON object (the DAG params)")
     plan.add_argument("--run-id", default="manual__plan", help="run id the job-name suffix derives from")

@@ -74,7 +74,7 @@ class LeaseLostError(TpuRlError):
 
 class RunDirBusyError(TpuRlError):
     """Another live run's job claims the run directory (one writer per directory); ``writer`` is
-    its :class:`~airflow_provider_tpu_rl.hooks.run_dirs.WriterClaim`."""
+    its :class:`~airflow_provider_tpu_rl.records.run_dirs.WriterClaim`."""
 
     def __init__(self, message: str, writer: Any) -> None:
         super().__init__(message)

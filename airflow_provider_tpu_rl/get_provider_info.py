@@ -40,7 +40,7 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": [
                     "airflow_provider_tpu_rl.operators.gke",
                     "airflow_provider_tpu_rl.operators.ledger",
-                    "airflow_provider_tpu_rl.operators.maxtext",
+                    "airflow_provider_tpu_rl.operators.gke_jobs",
                     "airflow_provider_tpu_rl.operators.preflight",
                     "airflow_provider_tpu_rl.operators.tpu_vm",
                 ],

@@ -49,7 +49,7 @@ DEFAULT_TASK_MINUTES: Final[dict[str, float]] = {
 }
 
 # The stages a run goes through, each once per try: (stage, retried). A retried stage is one of
-# the tasks given ``[tpu_rl] retries`` (operators/pipeline.transient_retries); the others have none.
+# the tasks given ``[tpu_rl] retries`` (pipelines/arguments.transient_retries); the others have none.
 PIPELINE_STAGES: Final[dict[str, tuple[tuple[str, bool], ...]]] = {
     "gke": (
         ("validate", False),
@@ -117,7 +117,7 @@ DEFAULT_ADMISSION_MINUTES: Final = 30.0
 MIN_ADMISSION_MINUTES: Final = 5.0
 # Added to the sum of a DAG run's stages: scheduling, queueing, retry delays.
 DAGRUN_MARGIN: Final = timedelta(hours=2)
-# operators/pipeline.transient_retries: max_retry_delay.
+# pipelines/arguments.transient_retries: max_retry_delay.
 MAX_RETRY_DELAY: Final = timedelta(minutes=30)
 
 

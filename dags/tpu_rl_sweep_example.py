@@ -15,22 +15,20 @@ from airflow_provider_tpu_rl.operators.gke import (
     GclusterDestroyOperator,
     HfTokenSecretOperator,
 )
-from airflow_provider_tpu_rl.operators.maxtext import (
+from airflow_provider_tpu_rl.operators.gke_jobs import (
     MaxTextConvertOperator,
     MaxTextExportOperator,
     PathwaysRLTrainOperator,
 )
 from airflow_provider_tpu_rl.operators.preflight import TpuRlPreflightOperator
-from airflow_provider_tpu_rl.pipeline_dags import bounded, environment_defaults, sensor_bounds
+from airflow_provider_tpu_rl.pipelines.dag import bounded, sensor_bounds
+from airflow_provider_tpu_rl.pipelines.form import pipeline_params
 from airflow_provider_tpu_rl.sensors.checkpoint import HuggingFaceExportSensor, MaxTextCheckpointSensor
-from airflow_provider_tpu_rl.spec.pipeline import ENVIRONMENT_OPTIONS
+from airflow_provider_tpu_rl.spec.params import GKE
 from airflow_provider_tpu_rl.timeouts import dagrun_timeout
 
 MODEL = "qwen3-30b-a3b"
 LEARNING_RATES = {"a": 3e-6, "b": 1e-6}
-# This Airflow's project, region, zone, bucket and reservation: the [tpu_rl] default_* options the
-# pipelines' forms are prefilled with (docs/settings.md). An option left empty keeps the example.
-ENVIRONMENT = environment_defaults(ENVIRONMENT_OPTIONS["gke"])
 
 with DAG(
     dag_id="tpu_rl_sweep_example",
@@ -38,22 +36,15 @@ with DAG(
     schedule=None,
     catchup=False,
     tags=["tpu-rl", "example"],
+    # The pipelines' own fields (the run parameters' table): the same defaults, rules and [tpu_rl]
+    # default_* prefills (docs/settings.md) as the GKE pipeline's form.
     params={
-        "project": Param(
-            ENVIRONMENT.get("project", "my-tpu-project"),
-            type="string",
-            description="Your GCP project ([tpu_rl] default_project).",
+        **pipeline_params(
+            GKE,
+            keys=("project", "region", "zone", "bucket", "cluster_name", "reservation", "num_batches"),
+            cluster_name="tpu-rl-sweep",
+            num_batches=50,
         ),
-        "region": Param(ENVIRONMENT.get("region", "us-east5"), type="string"),
-        "zone": Param(ENVIRONMENT.get("zone", "us-east5-b"), type="string"),
-        "bucket": Param(
-            ENVIRONMENT.get("bucket", "my-tpu-rl-bucket"),
-            type="string",
-            description="Your bucket ([tpu_rl] default_bucket).",
-        ),
-        "cluster_name": Param("tpu-rl-sweep", type="string", maxLength=20),
-        "reservation": Param(ENVIRONMENT.get("reservation", ""), type="string"),
-        "num_batches": Param(50, type="integer", minimum=1),
         "sweep": Param("sweep", type="string", description="Prefix of the two runs' run_name."),
     },
     render_template_as_native_obj=True,

@@ -126,7 +126,7 @@ def test_the_2_11_leg_tests_every_module_that_branches_on_the_airflow_version() 
         for path in package.rglob("*.py")
         if VERSION_BRANCH.search(path.read_text()) or PROVIDER_IMPORT.search(path.read_text())
     }
-    assert {"airflow_provider_tpu_rl.compat", "airflow_provider_tpu_rl.janitor_sources"} <= branching
+    assert {"airflow_provider_tpu_rl.compat", "airflow_provider_tpu_rl.records.janitor_sources"} <= branching
     imported = " ".join(
         path.read_text() for path in airflow_211_leg_tests() if "tests/e2e/" not in path.as_posix()
     )

@@ -13,7 +13,7 @@ from airflow.providers.common.compat.sdk import BaseOperator
 from packaging.version import Version
 
 from airflow_provider_tpu_rl import compat
-from airflow_provider_tpu_rl.operators.pipeline import transient_retries
+from airflow_provider_tpu_rl.pipelines.arguments import transient_retries
 
 
 def expected_backoff_types() -> object:

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.toolpath import path_without
-from tpu_rl_sandbox.control import SandboxInfo
-from tpu_rl_sandbox.layout import SandboxLayout
-from tpu_rl_sandbox.settings import reset_settings, update_settings
-from tpu_rl_sandbox.tool_stubs import STUB_TOOLS, write_tool_stubs
+from tests.support.toolpath import path_without
+from tpu_rl_sandbox.clis.tool_stubs import STUB_TOOLS, write_tool_stubs
+from tpu_rl_sandbox.commands.lifecycle import SandboxInfo
+from tpu_rl_sandbox.world.layout import SandboxLayout
+from tpu_rl_sandbox.world.settings import reset_settings, update_settings
 
 TPU_RL = Path(sys.executable).with_name("tpu-rl")
 PURPOSE_TOOLS = {
@@ -244,7 +244,7 @@ def test_doctor_without_adc_names_it_for_the_jobs(
 
     monkeypatch.setattr(cli, "_logs_to_stderr", lambda: None)
     monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS")
-    monkeypatch.setattr("airflow_provider_tpu_rl.hooks.adc.METADATA_HOST", "127.0.0.1:9")
+    monkeypatch.setattr("airflow_provider_tpu_rl.toolchain.adc.METADATA_HOST", "127.0.0.1:9")
     monkeypatch.setenv("PATH", stubbed_path(tmp_path))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.setenv(
@@ -271,7 +271,7 @@ def test_doctor_with_a_project_checks_what_the_tpu_vms_ssh_needs_there(
     the rule, one line naming the rule to create; a missing network is one line too; an enforced
     OS Login is a note on stderr (preflight tests the permission)."""
     from airflow_provider_tpu_rl import cli
-    from tpu_rl_sandbox.vpc import delete_network
+    from tpu_rl_sandbox.world.vpc import delete_network
 
     monkeypatch.setattr(cli, "_logs_to_stderr", lambda: None)
     for name, value in sandbox.env.items():

@@ -27,15 +27,15 @@ from airflow_provider_tpu_rl.operators.gke import (
     GclusterDeployOperator,
     HfTokenSecretOperator,
 )
-from airflow_provider_tpu_rl.operators.maxtext import (
+from airflow_provider_tpu_rl.operators.gke_jobs import (
     MaxTextConvertOperator,
     MaxTextExportOperator,
     PathwaysRLTrainOperator,
 )
-from airflow_provider_tpu_rl.operators.pipeline import gke_task_arguments
+from airflow_provider_tpu_rl.pipelines.arguments import gke_task_arguments
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, gke_pipeline_from_conf
-from tests.compat import capture_task_logs, task_log_debug
-from tests.operators.sandbox_run import (
+from tests.support.compat import capture_task_logs, task_log_debug
+from tests.support.sandbox_run import (
     RecordingTI,
     SandboxRun,
     defer,
@@ -44,7 +44,7 @@ from tests.operators.sandbox_run import (
     json_text,
     run_trigger,
 )
-from tpu_rl_sandbox.control import SandboxInfo
+from tpu_rl_sandbox.commands.lifecycle import SandboxInfo
 
 SENTINEL = f"hf_leakcheck_{uuid.uuid4().hex}"
 SECRET_ID = "tpu-rl-hf-token-huggingface_default"

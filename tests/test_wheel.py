@@ -46,7 +46,7 @@ def wheel_files(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
 def test_the_wheel_holds_the_provider_package_only(wheel_files: list[str]) -> None:
     packages = {name.split("/")[0] for name in wheel_files if not name.split("/")[0].endswith(".dist-info")}
     assert packages == {"airflow_provider_tpu_rl"}
-    assert "airflow_provider_tpu_rl/operators/maxtext.py" in wheel_files
+    assert "airflow_provider_tpu_rl/operators/gke_jobs.py" in wheel_files
     assert "airflow_provider_tpu_rl/ledger/sql/migrations/0001_schema_migrations.sql" in wheel_files
 
 

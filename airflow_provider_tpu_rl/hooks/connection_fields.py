@@ -9,11 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from airflow_provider_tpu_rl.toolchain.pins import PACKER_DEFAULT_VERSION, TERRAFORM_DEFAULT_VERSION
+
 CLUSTER_TOOLKIT_DEFAULT_VERSION = "v1.103.0"
-# cluster-toolkit pkg/dependencies/checksums_generated.go (TerraformVersion, PackerVersion); the
-# pinned checksums live in hooks/toolchain.py, which imports these.
-TERRAFORM_DEFAULT_VERSION = "1.12.2"
-PACKER_DEFAULT_VERSION = "1.15.0"
 
 _STRING = ["string", "null"]
 

@@ -31,14 +31,6 @@ from airflow_provider_tpu_rl.exceptions import (
     FailureKind,
     OutputParseError,
 )
-from airflow_provider_tpu_rl.hooks import job_prereqs
-from airflow_provider_tpu_rl.hooks.adc import AdcStatus, find_adc
-from airflow_provider_tpu_rl.hooks.bundle import (
-    bundle_root,
-    current_platform,
-    default_cache_dir,
-    ensure_bundle,
-)
 from airflow_provider_tpu_rl.hooks.connection_fields import (
     CLUSTER_TOOLKIT_DEFAULT_VERSION,
     GCLUSTER_CONN_FIELDS,
@@ -47,35 +39,6 @@ from airflow_provider_tpu_rl.hooks.connection_fields import (
     TERRAFORM_DEFAULT_VERSION,
     legacy_field_behaviour,
     legacy_form_widgets,
-)
-from airflow_provider_tpu_rl.hooks.failures import classify_failure, error_line
-from airflow_provider_tpu_rl.hooks.gcluster_dependencies import (
-    dependency_problem_line,
-    parse_dependency_check,
-)
-from airflow_provider_tpu_rl.hooks.jobs import (
-    GclusterJob,
-    JobState,
-    parse_job_list,
-)
-from airflow_provider_tpu_rl.hooks.process import (
-    CommandResult,
-    PreparedProcess,
-    Redactor,
-    SyncProcess,
-    minimal_env,
-    prepare_process,
-    run_sync,
-)
-from airflow_provider_tpu_rl.hooks.toolchain import (
-    PURPOSES,
-    VERSION_TIMEOUT,
-    Toolchain,
-    ToolStatus,
-    hashicorp_platform,
-    query_version,
-    resolve_toolchain,
-    reverify,
 )
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.render import preflight as preflight_commands
@@ -87,6 +50,43 @@ from airflow_provider_tpu_rl.timeouts import (
     kill_grace_seconds,
     stage_command_timeout,
     terraform_lock_timeout,
+)
+from airflow_provider_tpu_rl.toolchain import job_prereqs
+from airflow_provider_tpu_rl.toolchain.adc import AdcStatus, find_adc
+from airflow_provider_tpu_rl.toolchain.bundle import (
+    bundle_root,
+    current_platform,
+    default_cache_dir,
+    ensure_bundle,
+)
+from airflow_provider_tpu_rl.toolchain.dependency_check import (
+    dependency_problem_line,
+    parse_dependency_check,
+)
+from airflow_provider_tpu_rl.toolchain.failures import classify_failure, error_line
+from airflow_provider_tpu_rl.toolchain.job_output import (
+    GclusterJob,
+    JobState,
+    parse_job_list,
+)
+from airflow_provider_tpu_rl.toolchain.process import (
+    CommandResult,
+    PreparedProcess,
+    Redactor,
+    SyncProcess,
+    minimal_env,
+    prepare_process,
+    run_sync,
+)
+from airflow_provider_tpu_rl.toolchain.tools import (
+    PURPOSES,
+    VERSION_TIMEOUT,
+    Toolchain,
+    ToolStatus,
+    hashicorp_platform,
+    query_version,
+    resolve_toolchain,
+    reverify,
 )
 
 __all__ = [
@@ -160,7 +160,7 @@ def terraform_env() -> dict[str, str]:
     after the command name. ``apply`` gets no ``-lock-timeout`` from terraform-exec (its default
     options have none), so ours holds; ``plan`` gets an explicit ``-lock-timeout=0s`` after it,
     which wins (Go flags: last one), so a held lock fails the plan at once: that error is
-    transient (:mod:`~airflow_provider_tpu_rl.hooks.failures`) and the task's retries wait.
+    transient (:mod:`~airflow_provider_tpu_rl.toolchain.failures`) and the task's retries wait.
     """
     return {"TF_CLI_ARGS_apply": f"-lock-timeout={int(terraform_lock_timeout())}s"}
 

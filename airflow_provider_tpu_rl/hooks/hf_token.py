@@ -18,7 +18,7 @@ from airflow_provider_tpu_rl.hooks.connection_fields import (
     legacy_field_behaviour,
     legacy_form_widgets,
 )
-from airflow_provider_tpu_rl.hooks.failures import classify_failure
+from airflow_provider_tpu_rl.toolchain.failures import classify_failure
 
 # HTTP/gRPC statuses of a Secret Manager call that a retry may get past.
 _TRANSIENT_HTTP_CODES = frozenset({408, 429, 500, 502, 503, 504})

@@ -45,8 +45,8 @@ from airflow_provider_tpu_rl.exceptions import (
     FailureKind,
     KubernetesApiError,
 )
-from airflow_provider_tpu_rl.hooks.jobs import JobState
-from airflow_provider_tpu_rl.hooks.run_dirs import run_dir
+from airflow_provider_tpu_rl.maxtext.layout import run_dir
+from airflow_provider_tpu_rl.toolchain.job_output import JobState
 
 if TYPE_CHECKING:
     from google.cloud.container_v1 import ClusterManagerClient

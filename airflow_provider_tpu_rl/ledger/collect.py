@@ -46,6 +46,10 @@ ARTIFACT_TASK_IDS: Mapping[str, str] = {
     "actor_checkpoint": "wait_actor_checkpoint",
     "hf_export": "wait_hf_export",
 }
+# What a pipeline's failed task leaves in XCom: the first line of its error (pipelines/failures.py),
+# and how validate's refusal of a conf starts (pipelines/validate.py): the ledger reads both.
+ERROR_XCOM_KEY = "tpu_rl_error"
+INVALID_CONF = "invalid pipeline conf: "
 FAILED_STATES = frozenset({"failed", "upstream_failed"})
 _STATE_PRIORITY = ("failed", "upstream_failed", "up_for_retry", "running", "deferred", "queued", "success")
 

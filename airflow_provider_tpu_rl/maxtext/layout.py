@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 COMMIT_SUCCESS_FILE = "commit_success.txt"
-CHECKPOINT_METADATA_FILE = "_CHECKPOINT_METADATA"
 ORBAX_TMP_SUFFIX = ".orbax-checkpoint-tmp"
 PARTIAL_SAVE_SUFFIX = ".partial_save"
 
@@ -327,3 +326,8 @@ def export_event_payload(bucket: str, prefix: str, status: ExportStatus) -> dict
         "uris": [gs_uri(bucket, folder + name) for name in status.files],
         "weight_files": list(status.weight_files),
     }
+
+
+def run_dir(uri: str) -> str:
+    """A run directory's URI in one spelling (one trailing ``/``), so two spellings compare equal."""
+    return uri.rstrip("/") + "/"

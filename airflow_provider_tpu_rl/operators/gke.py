@@ -14,16 +14,15 @@ from airflow.providers.common.compat.sdk import Context
 
 from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.exceptions import ConfigurationError, LeaseHeldError
-from airflow_provider_tpu_rl.hooks.lease import ClusterLeaseHook, Lease, held_message, utc_text
 from airflow_provider_tpu_rl.links import GKEClusterLink
 from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, expiry_of_run, fail_fast
+from airflow_provider_tpu_rl.records.lease import ClusterLeaseHook, Lease, held_message, utc_text
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.render.blueprint import BLUEPRINT_RELPATH, customize_blueprint
 from airflow_provider_tpu_rl.spec import rules
 from airflow_provider_tpu_rl.spec.cluster import ClusterSpec, default_capacity
-from airflow_provider_tpu_rl.spec.pipeline import hf_token_spec, run_suffix
+from airflow_provider_tpu_rl.spec.pipeline import cluster_from_arguments, hf_token_spec, run_suffix
 from airflow_provider_tpu_rl.spec.preflight import enabled_secret_versions, parse_json_document
-from airflow_provider_tpu_rl.spec.presets import BlueprintEdits, get_preset
 
 if TYPE_CHECKING:
     from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
@@ -68,7 +67,7 @@ class EnsureBucketOperator(GclusterBaseOperator):
                 f"and Cloud Storage says it is not {project}'s): set bucket to a name of your own"
             )
         self.hook.check_result(command, result)
-        from airflow_provider_tpu_rl.hooks.bucket_usage import BucketUsage
+        from airflow_provider_tpu_rl.records.bucket_usage import BucketUsage
 
         usage = BucketUsage(self.gcp_conn_id, self.chain)
         if result.ok_marker:
@@ -262,7 +261,7 @@ class _ClusterOperator(GclusterBaseOperator):
         self.max_cluster_hours = max_cluster_hours
 
     def cluster_arguments(self) -> dict[str, Any]:
-        """The cluster as plain values (what the janitor's record keeps)."""
+        """The cluster as plain values, as given (what the janitor's record keeps)."""
         return {
             "project": self.project_id,
             "region": self.location,
@@ -284,16 +283,11 @@ class _ClusterOperator(GclusterBaseOperator):
 
 
 def cluster_spec(arguments: Mapping[str, Any], model: str | None) -> ClusterSpec:
-    """The validated cluster; the model preset fills the shape left empty and the blueprint edits."""
-    preset = get_preset(model, "model") if model else None
+    """The cluster of a record or an operator's :meth:`~_ClusterOperator.cluster_arguments`
+    (``project`` among them), by the spec's one derivation (``cluster_from_arguments``)."""
     values = dict(arguments)
-    if values.get("num_slices") not in (None, ""):
-        values["num_slices"] = rules.integer("num_slices", values["num_slices"], 1, 64)
-    defaults = {"compute_type": "ct6e-standard-4t", "topology": "4x8", "num_slices": 1}
-    for key, fallback in defaults.items():
-        if values.get(key) in (None, ""):
-            values[key] = getattr(preset, key) if preset is not None else fallback
-    return ClusterSpec(**values, blueprint=preset.blueprint if preset is not None else BlueprintEdits())
+    project = values.pop("project")
+    return cluster_from_arguments(values, model, project=project)
 
 
 def write_blueprint(
@@ -447,10 +441,10 @@ def delete_run_bucket(
     Another run still using the bucket (a live or kept cluster lease, a live writer claim, a
     resource record of a run not known to have ended): nothing is deleted, one line says why. The
     bucket provably this run's (it created it, nothing in it names another run): deleted whole.
-    Otherwise only this run's own folders and records go (``hooks/bucket_usage.py``).
+    Otherwise only this run's own folders and records go (``records/bucket_usage.py``).
     """
-    from airflow_provider_tpu_rl.hooks.bucket_usage import BucketUsage, existing
-    from airflow_provider_tpu_rl.janitor_sources import run_finished, run_probe
+    from airflow_provider_tpu_rl.records.bucket_usage import BucketUsage, existing
+    from airflow_provider_tpu_rl.records.janitor_sources import run_finished, run_probe
 
     dag_id, run_id = operator.run_ids(context)
     usage = BucketUsage(operator.gcp_conn_id, operator.chain)

@@ -37,8 +37,8 @@ from typing import Any, Literal
 
 from airflow_provider_tpu_rl.compat import AirflowException
 from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
-from airflow_provider_tpu_rl.hooks.lease import ClusterLeaseHook, Lease, lease_object
-from airflow_provider_tpu_rl.janitor_sources import (
+from airflow_provider_tpu_rl.operators.gke import cluster_spec, destroy_cluster
+from airflow_provider_tpu_rl.records.janitor_sources import (
     ALIVE_TASK_STATES,
     DagRunStateOnly,
     JanitorSources,
@@ -47,7 +47,7 @@ from airflow_provider_tpu_rl.janitor_sources import (
     orphan_minutes,
     run_probe,
 )
-from airflow_provider_tpu_rl.operators.gke import cluster_spec, destroy_cluster
+from airflow_provider_tpu_rl.records.lease import ClusterLeaseHook, Lease, lease_object
 from airflow_provider_tpu_rl.render import gke, tpu_vm
 from airflow_provider_tpu_rl.render.command import Command
 from airflow_provider_tpu_rl.spec.cluster import ON_DEMAND, RESERVATION, default_capacity

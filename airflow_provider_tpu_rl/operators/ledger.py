@@ -11,7 +11,7 @@ from airflow.providers.common.compat.sdk import BaseOperator, Context
 
 from airflow_provider_tpu_rl.compat import conf
 from airflow_provider_tpu_rl.ledger.cli import format_resumes, format_tpu_time
-from airflow_provider_tpu_rl.ledger.collect import task_states
+from airflow_provider_tpu_rl.ledger.collect import ERROR_XCOM_KEY, INVALID_CONF, task_states
 from airflow_provider_tpu_rl.ledger.hook import DEFAULT_CONN_ID, RunLedger, record_run_from_context
 from airflow_provider_tpu_rl.ledger.plots import (
     PLOT_EXTRA_HINT,
@@ -25,7 +25,6 @@ from airflow_provider_tpu_rl.ledger.plots import (
 from airflow_provider_tpu_rl.ledger.records import ArtifactRecord, RunRecord
 from airflow_provider_tpu_rl.links import RunDashboardLink
 from airflow_provider_tpu_rl.maxtext.layout import parse_gs_uri
-from airflow_provider_tpu_rl.operators.pipeline import ERROR_XCOM_KEY, INVALID_CONF
 from airflow_provider_tpu_rl.spec import SpecError
 from airflow_provider_tpu_rl.spec.presets import get_preset
 

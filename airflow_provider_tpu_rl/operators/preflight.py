@@ -24,6 +24,7 @@ from airflow_provider_tpu_rl.render import preflight as commands
 from airflow_provider_tpu_rl.spec import preflight as checks
 from airflow_provider_tpu_rl.spec import rules
 from airflow_provider_tpu_rl.spec.cluster import check_capacity, default_capacity, require_reservation_name
+from airflow_provider_tpu_rl.spec.pipeline import default_shape
 from airflow_provider_tpu_rl.spec.preflight import error_line
 from airflow_provider_tpu_rl.spec.presets import Runner
 
@@ -35,11 +36,6 @@ COMMAND_TIMEOUT = 180.0
 ADC_TIMEOUT = 20.0
 # While another run holds the cluster's lease, preflight re-reads it this often (deferred).
 LEASE_POLL_SECONDS = 60.0
-# The slice shape each runner uses when the task is given none.
-DEFAULT_SHAPES: Mapping[Runner, tuple[str, str]] = {
-    Runner.GKE: ("ct6e-standard-4t", "4x8"),
-    Runner.TPU_VM: ("ct6e-standard-8t", "2x4"),
-}
 TOOLCHAIN_PURPOSE: Mapping[Runner, str] = {Runner.GKE: "deploy", Runner.TPU_VM: "tpu_vm"}
 
 
@@ -167,7 +163,7 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         return {checks.permission_name(p): "" for p in value}
 
     def _need(self, run: Runner) -> checks.ReservationNeed:
-        compute_type, topology = DEFAULT_SHAPES[run]
+        compute_type, topology = default_shape(run)
         slices = 1 if self.num_slices in (None, "") else rules.integer("num_slices", self.num_slices, 1, 64)
         return checks.ReservationNeed.for_slices(
             self.compute_type or compute_type, self.topology or topology, slices
@@ -206,7 +202,7 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
     def check_adc(self) -> list[str]:
         """Application Default Credentials where gcluster runs (cmd/job/prereq.go
         ``getADCSetupCommand``): ``job submit`` refuses without them, after the cluster exists."""
-        from airflow_provider_tpu_rl.hooks.adc import worker_adc_file
+        from airflow_provider_tpu_rl.toolchain.adc import worker_adc_file
 
         status = self.hook.adc_status(timeout=ADC_TIMEOUT)
         if status.ok:
@@ -328,7 +324,7 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         (free, expired, kept for a later run, or already this run's)."""
         if self.runner != Runner.GKE.value or not self.cluster_name or not self.bucket:
             return None
-        from airflow_provider_tpu_rl.hooks.lease import ClusterLeaseHook, held_message
+        from airflow_provider_tpu_rl.records.lease import ClusterLeaseHook, held_message
 
         cluster = rules.gke_cluster_name("cluster_name", self.cluster_name)
         bucket = rules.bucket_name("bucket", self.bucket)

@@ -1,10 +1,10 @@
 """Taking a run directory over from a claim that no longer vouches for its job (see
-:mod:`airflow_provider_tpu_rl.hooks.run_dirs`): only once that job is proven dead where it runs.
+:mod:`airflow_provider_tpu_rl.records.run_dirs`): only once that job is proven dead where it runs.
 
 A claim expired, or its run ended (a killed worker, a run marked failed after an outage), but its
 job may still run on its cluster or VM. Before another run writes the directory:
 
-* the job's state is read where it runs (:mod:`airflow_provider_tpu_rl.hooks.writers`);
+* the job's state is read where it runs (:mod:`airflow_provider_tpu_rl.records.writers`);
 * **live**: refused in one line naming the job and how to stop it; with ``cancel_previous_writer``
   the job is stopped first (its JobSet deleted, or its container and processes on the VM), and
   the takeover waits, bounded, until nothing of it runs;
@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any, Final
 
 from airflow_provider_tpu_rl import timeouts
 from airflow_provider_tpu_rl.compat import AirflowFailException
-from airflow_provider_tpu_rl.hooks.lease import utc_text
-from airflow_provider_tpu_rl.hooks.run_dirs import GKE, TrainingAttempt, WriterClaim
-from airflow_provider_tpu_rl.hooks.writers import (
+from airflow_provider_tpu_rl.records.lease import utc_text
+from airflow_provider_tpu_rl.records.run_dirs import GKE, TrainingAttempt, WriterClaim
+from airflow_provider_tpu_rl.records.writers import (
     LIVE,
     UNREACHABLE,
     JobSetWriter,

@@ -20,20 +20,12 @@ from airflow_provider_tpu_rl.exceptions import (
     LeaseHeldError,
     RunDirBusyError,
 )
-from airflow_provider_tpu_rl.hooks.lease import ClusterLeaseHook, Lease, held_message, utc_text, vm_lease_name
-from airflow_provider_tpu_rl.hooks.run_dirs import (
-    VM,
-    RunDirRecord,
-    RunDirRecords,
-    TrainingAttempt,
-    WriterClaim,
-    attempt_from_log,
-    claim_kept_alive,
-    run_dir,
-    vouches,
-)
-from airflow_provider_tpu_rl.hooks.writers import VmWriter
 from airflow_provider_tpu_rl.ledger.records import NUM_TEST_BATCHES_METRIC, reward_summary
+from airflow_provider_tpu_rl.maxtext.layout import (
+    CONVERTED_CHECKPOINT_ITEMS,
+    CONVERTED_CHECKPOINT_STEP,
+    run_dir,
+)
 from airflow_provider_tpu_rl.maxtext.logs import TrainingLogTracker
 from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, expiry_of_run, fail_fast
 from airflow_provider_tpu_rl.operators.gke import (
@@ -43,6 +35,24 @@ from airflow_provider_tpu_rl.operators.gke import (
     write_resource_record,
 )
 from airflow_provider_tpu_rl.operators.takeover import DEFAULT_STOP_TIMEOUT, displaced_attempt, prove_dead
+from airflow_provider_tpu_rl.records.lease import (
+    ClusterLeaseHook,
+    Lease,
+    held_message,
+    utc_text,
+    vm_lease_name,
+)
+from airflow_provider_tpu_rl.records.run_dirs import (
+    VM,
+    RunDirRecord,
+    RunDirRecords,
+    TrainingAttempt,
+    WriterClaim,
+    attempt_from_log,
+    claim_kept_alive,
+    vouches,
+)
+from airflow_provider_tpu_rl.records.writers import VmWriter
 from airflow_provider_tpu_rl.render import tpu_vm
 from airflow_provider_tpu_rl.render.command import Command
 from airflow_provider_tpu_rl.spec import rules
@@ -546,7 +556,7 @@ class TpuVmStageOperator(_TpuVmOperator):
 
     def lost_vm_message(self, p: TpuVmPipelineSpec, status: str, recover: bool) -> str:
         """The one line a try whose TPU VM was lost fails with (retryable)."""
-        from airflow_provider_tpu_rl.operators.maxtext import newest_committed_step
+        from airflow_provider_tpu_rl.operators.gke_jobs import newest_committed_step
 
         step = newest_committed_step(self.gcp_conn_id, p.gcs_actor_checkpoint_root, self.chain)
         resume = f"step {step}" if step is not None else "none committed: from the start"
@@ -614,11 +624,15 @@ class TpuVmStageOperator(_TpuVmOperator):
         return None
 
     def _ready(self, p: TpuVmPipelineSpec) -> dict[str, Any] | None:
-        from airflow_provider_tpu_rl.operators.maxtext import checkpoint_ready, export_ready
+        from airflow_provider_tpu_rl.operators.gke_jobs import checkpoint_ready, export_ready
 
         if self.stage == "convert":
             return checkpoint_ready(
-                self.gcp_conn_id, p.conversion.output_directory, 0, ("items",), self.chain
+                self.gcp_conn_id,
+                p.conversion.output_directory,
+                CONVERTED_CHECKPOINT_STEP,
+                CONVERTED_CHECKPOINT_ITEMS,
+                self.chain,
             )
         if self.stage == "train":
             return checkpoint_ready(
@@ -662,8 +676,8 @@ class TpuVmStageOperator(_TpuVmOperator):
         """One writer per directory: claim it for this stage, or fail in one line. A claim that no
         longer vouches for its job (expired, or its run ended) is taken over only once that job is
         proven dead where it runs (:mod:`~airflow_provider_tpu_rl.operators.takeover`)."""
-        from airflow_provider_tpu_rl.janitor_sources import run_finished, run_probe
-        from airflow_provider_tpu_rl.operators.maxtext import claim_seconds
+        from airflow_provider_tpu_rl.operators.gke_jobs import claim_seconds
+        from airflow_provider_tpu_rl.records.janitor_sources import run_finished, run_probe
 
         probe = run_probe(context)
         records = RunDirRecords(self.gcp_conn_id, self.chain)
@@ -725,7 +739,7 @@ class TpuVmStageOperator(_TpuVmOperator):
         """The stage's writer claim renewed while its SSH session runs (nothing without one)."""
         if directory is None:
             return contextlib.nullcontext()
-        from airflow_provider_tpu_rl.operators.maxtext import claim_seconds
+        from airflow_provider_tpu_rl.operators.gke_jobs import claim_seconds
 
         return claim_kept_alive(
             RunDirRecords(self.gcp_conn_id, self.chain),

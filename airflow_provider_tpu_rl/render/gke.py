@@ -108,7 +108,7 @@ def create_bucket(project: str, region: str, bucket: str) -> Command:
 
 def delete_bucket(bucket: str) -> Command:
     """Deletes the bucket and EVERYTHING in it, trained model included. Only on explicit request,
-    and only a bucket that is provably the run's (see ``hooks/bucket_usage.py``)."""
+    and only a bucket that is provably the run's (see ``records/bucket_usage.py``)."""
     return Command(
         ("gcloud", "storage", "rm", "--recursive", f"gs://{bucket}"),
         description=(

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Generator, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from airflow.providers.common.compat.sdk import BaseSensorOperator, PokeReturnValue
 
@@ -128,13 +128,36 @@ def describe_export(event: dict[str, Any]) -> str:
 
 
 class _DeferrableGCSSensor(BaseSensorOperator):
-    """Shared execute/execute_complete of the two sensors."""
+    """Shared arguments and execute/execute_complete of the two sensors: the folder they watch is
+    their ``uri_field`` (``checkpoint_root``, ``export_uri``), or ``bucket`` and ``prefix``.
+
+    :param bucket: instead of the ``uri_field``: the bucket (without ``gs://``) ...
+    :param prefix: ... and the folder in it.
+    :param project_id: project of the bucket (for the console link).
+    :param gcp_conn_id: Google Cloud connection.
+    :param impersonation_chain: optional service account(s) to impersonate.
+    :param deferrable: wait in the triggerer instead of occupying a worker slot (default
+        ``[operators] default_deferrable``, as the job operators and the google provider).
+    :param poke_interval: seconds between polls.
+    """
 
     operator_extra_links = (GCSBrowserLink(),)
+    ui_color = "#e8f0fe"
+    uri_field: ClassVar[str]
+    # The fields both sensors template, after their own.
+    shared_template_fields: ClassVar[tuple[str, ...]] = (
+        "bucket",
+        "prefix",
+        "project_id",
+        "gcp_conn_id",
+        "impersonation_chain",
+    )
 
     def __init__(
         self,
         *,
+        bucket: str | None = None,
+        prefix: str | None = None,
         project_id: str | None = None,
         gcp_conn_id: str = "google_cloud_default",
         impersonation_chain: str | Sequence[str] | None = None,
@@ -143,13 +166,15 @@ class _DeferrableGCSSensor(BaseSensorOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(poke_interval=poke_interval, **kwargs)
+        self.bucket = bucket
+        self.prefix = prefix
         self.project_id = project_id
         self.gcp_conn_id = gcp_conn_id
         self.impersonation_chain = impersonation_chain
         self.deferrable = default_deferrable() if deferrable is None else deferrable
 
     def _watched_uri(self) -> str:
-        raise NotImplementedError
+        return watched_uri(self.uri_field, getattr(self, self.uri_field), self.bucket, self.prefix)
 
     def _trigger(self) -> MaxTextCheckpointTrigger | HuggingFaceExportTrigger:
         raise NotImplementedError
@@ -215,57 +240,30 @@ class MaxTextCheckpointSensor(_DeferrableGCSSensor):
     :param prefix: ... and the folder in it.
     :param step: step to wait for; None waits for any complete step and returns the latest.
     :param items: item folders the step must hold.
-    :param project_id: project of the bucket (for the console link).
-    :param gcp_conn_id: Google Cloud connection.
-    :param impersonation_chain: optional service account(s) to impersonate.
-    :param deferrable: wait in the triggerer instead of occupying a worker slot (default
-        ``[operators] default_deferrable``, as the job operators and the google provider).
-    :param poke_interval: seconds between polls.
+    Takes the shared arguments of both sensors too (``project_id``, ``gcp_conn_id``,
+    ``impersonation_chain``, ``deferrable``, ``poke_interval``: see ``_DeferrableGCSSensor``).
     """
 
+    uri_field = "checkpoint_root"
     template_fields: Sequence[str] = (
         "checkpoint_root",
-        "bucket",
-        "prefix",
         "step",
         "items",
-        "project_id",
-        "gcp_conn_id",
-        "impersonation_chain",
+        *_DeferrableGCSSensor.shared_template_fields,
     )
-    ui_color = "#e8f0fe"
 
     def __init__(
         self,
         *,
         checkpoint_root: str | None = None,
-        bucket: str | None = None,
-        prefix: str | None = None,
         step: int | str | None = None,
         items: Sequence[str] = RL_CHECKPOINT_ITEMS,
-        project_id: str | None = None,
-        gcp_conn_id: str = "google_cloud_default",
-        impersonation_chain: str | Sequence[str] | None = None,
-        deferrable: bool | None = None,
-        poke_interval: float = 60,
         **kwargs: Any,
     ) -> None:
-        super().__init__(
-            project_id=project_id,
-            gcp_conn_id=gcp_conn_id,
-            impersonation_chain=impersonation_chain,
-            deferrable=deferrable,
-            poke_interval=poke_interval,
-            **kwargs,
-        )
+        super().__init__(**kwargs)
         self.checkpoint_root = checkpoint_root
-        self.bucket = bucket
-        self.prefix = prefix
         self.step = step
         self.items = items
-
-    def _watched_uri(self) -> str:
-        return watched_uri("checkpoint_root", self.checkpoint_root, self.bucket, self.prefix)
 
     def describe(self, event: dict[str, Any]) -> str:
         return describe_checkpoint(event)
@@ -321,51 +319,16 @@ class HuggingFaceExportSensor(_DeferrableGCSSensor):
     :param export_uri: ``gs://`` folder ``to_huggingface`` writes to (its ``base_output_directory``).
     :param bucket: instead of ``export_uri``: the bucket (without ``gs://``) ...
     :param prefix: ... and the folder in it.
-    :param project_id: project of the bucket (for the console link).
-    :param gcp_conn_id: Google Cloud connection.
-    :param impersonation_chain: optional service account(s) to impersonate.
-    :param deferrable: wait in the triggerer instead of occupying a worker slot (default
-        ``[operators] default_deferrable``, as the job operators and the google provider).
-    :param poke_interval: seconds between polls.
+    Takes the shared arguments of both sensors too (``project_id``, ``gcp_conn_id``,
+    ``impersonation_chain``, ``deferrable``, ``poke_interval``: see ``_DeferrableGCSSensor``).
     """
 
-    template_fields: Sequence[str] = (
-        "export_uri",
-        "bucket",
-        "prefix",
-        "project_id",
-        "gcp_conn_id",
-        "impersonation_chain",
-    )
-    ui_color = "#e8f0fe"
+    uri_field = "export_uri"
+    template_fields: Sequence[str] = ("export_uri", *_DeferrableGCSSensor.shared_template_fields)
 
-    def __init__(
-        self,
-        *,
-        export_uri: str | None = None,
-        bucket: str | None = None,
-        prefix: str | None = None,
-        project_id: str | None = None,
-        gcp_conn_id: str = "google_cloud_default",
-        impersonation_chain: str | Sequence[str] | None = None,
-        deferrable: bool | None = None,
-        poke_interval: float = 60,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(
-            project_id=project_id,
-            gcp_conn_id=gcp_conn_id,
-            impersonation_chain=impersonation_chain,
-            deferrable=deferrable,
-            poke_interval=poke_interval,
-            **kwargs,
-        )
+    def __init__(self, *, export_uri: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.export_uri = export_uri
-        self.bucket = bucket
-        self.prefix = prefix
-
-    def _watched_uri(self) -> str:
-        return watched_uri("export_uri", self.export_uri, self.bucket, self.prefix)
 
     def describe(self, event: dict[str, Any]) -> str:
         return describe_export(event)

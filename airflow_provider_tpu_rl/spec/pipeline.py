@@ -7,12 +7,12 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Any, Final
 
-from airflow_provider_tpu_rl.spec import rules
+from airflow_provider_tpu_rl.spec import params, rules
 from airflow_provider_tpu_rl.spec.cluster import (
     CPU_VM_MACHINE_TYPE,
-    ON_DEMAND,
     ClusterSpec,
     CpuVmSpec,
     GkeJobTarget,
@@ -22,6 +22,7 @@ from airflow_provider_tpu_rl.spec.cluster import (
     require_reservation_name,
 )
 from airflow_provider_tpu_rl.spec.errors import SpecError
+from airflow_provider_tpu_rl.spec.params import TPU_VM_RUNTIMES
 from airflow_provider_tpu_rl.spec.presets import (
     GKE_MAXTEXT_VERSION,
     POST_TRAINING_IMAGE,
@@ -34,6 +35,7 @@ from airflow_provider_tpu_rl.spec.workloads import (
     ConversionSpec,
     ExportSpec,
     TrainingSpec,
+    actor_params_path,
     check_patched_image,
     validate_overrides,
 )
@@ -41,138 +43,23 @@ from airflow_provider_tpu_rl.spec.workloads import (
 GKE_DAG_ID: Final = "tpu_rl_gke_pipeline"
 TPU_VM_DAG_ID: Final = "tpu_rl_tpu_vm_pipeline"
 
-# Values every run needs that no preset can know. The DAG params show them as defaults; the
-# examples among them (PLACEHOLDERS) build a spec, so `tpu-rl plan` works without any conf, but
-# the pipelines' `validate` refuses them. The capacity a first run needs is on-demand: no
+# The defaults, examples, per-environment options and JSON types of the conf keys come from the
+# run parameters' table (spec/params.py). The capacity a first run needs is on-demand: no
 # reservation to buy or name, no preemption, no queue (README, "TPU capacity"); a `[tpu_rl]
-# default_*_reservation` makes `reservation` the forms' default (pipeline_dags.environment_defaults).
-GKE_DEFAULTS: Final[Mapping[str, Any]] = {
-    "model": "qwen3-30b-a3b",
-    "project": "my-tpu-project",
-    "region": "us-east5",
-    "zone": "us-east5-b",
-    "cluster_name": "tpu-rl",
-    "bucket": "my-tpu-rl-bucket",
-    "reservation": "",
-    "capacity": ON_DEMAND,
-    "image": None,
-    "workload_image_patched": False,
-    "compute_type": None,
-    "topology": None,
-    "num_slices": None,
-    "hf_model_path": None,
-    "run_name": None,
-    "num_batches": None,
-    "train_overrides": {},
-    "keep_cluster": False,
-    "delete_bucket": False,
-    "hf_token_conn_id": "huggingface_default",
-    "hf_token_secret": None,
-    "authorized_cidr": "0.0.0.0/0",
-    "max_cluster_hours": 72,
-    "cancel_previous_writer": False,
-}
-
-TPU_VM_DEFAULTS: Final[Mapping[str, Any]] = {
-    "model": "llama3.1-8b-Instruct",
-    "project": "my-tpu-project",
-    "zone": "us-east5-b",
-    "vm_name": "tpu-rl-vm",
-    "bucket": "my-tpu-rl-bucket",
-    "reservation": "",
-    "capacity": ON_DEMAND,
-    "hf_model_path": None,
-    "run_name": None,
-    "num_batches": None,
-    "train_overrides": {},
-    "keep_vm": False,
-    "delete_bucket": False,
-    "hf_token_conn_id": "huggingface_default",
-    "hf_token_secret": None,
-    "service_account": None,
-    "cpu_machine_type": CPU_VM_MACHINE_TYPE,
-    "max_vm_hours": 72,
-    "runtime": "container",
-    "workload_image": None,
-    "cancel_previous_writer": False,
-}
-
-# How the TPU VM runs MaxText: ``container`` pulls the prebuilt post-training image (the GKE jobs'
-# image) and trains in it; ``install`` installs MaxText from sources on the billed TPU VM first
-# (the tutorial's way, 15-30 minutes). The CPU VM always installs (it is not TPU time).
-TPU_VM_RUNTIMES: Final = ("container", "install")
+# default_*_reservation` makes `reservation` the forms' default (pipelines/form.py).
+GKE_DEFAULTS: Final[Mapping[str, Any]] = MappingProxyType(params.defaults_of(params.GKE))
+TPU_VM_DEFAULTS: Final[Mapping[str, Any]] = MappingProxyType(params.defaults_of(params.TPU_VM))
 
 # The form's examples: a value every user must replace. `validate` refuses them (one line naming
 # the field), `tpu-rl plan` marks them.
-PLACEHOLDERS: Final[Mapping[str, tuple[str, str]]] = {
-    "project": ("my-tpu-project", "set project to your GCP project"),
-    "bucket": ("my-tpu-rl-bucket", "set bucket to a Cloud Storage bucket name of yours"),
-}
+PLACEHOLDERS: Final[Mapping[str, tuple[str, str]]] = MappingProxyType(params.placeholders_table())
 
 # The values every run of one Airflow environment shares: each form field's default comes from its
-# ``[tpu_rl]`` option when the option is set (pipeline_dags.pipeline_params reads them when the DAG
-# is parsed), else from the defaults above. Per pipeline: the two reservations differ in shape.
-ENVIRONMENT_OPTIONS: Final[Mapping[str, Mapping[str, str]]] = {
-    "gke": {
-        "project": "default_project",
-        "region": "default_region",
-        "zone": "default_zone",
-        "bucket": "default_bucket",
-        "reservation": "default_gke_reservation",
-        "authorized_cidr": "default_authorized_cidr",
-        "hf_token_secret": "default_hf_token_secret",
-    },
-    "tpu_vm": {
-        "project": "default_project",
-        "zone": "default_zone",
-        "bucket": "default_bucket",
-        "reservation": "default_tpu_vm_reservation",
-        "service_account": "default_service_account",
-        "hf_token_secret": "default_hf_token_secret",
-    },
-}
-
-# The JSON type of each conf value: a bool, an integer, a string or an object; "?" = may be
-# null or "" (the preset's value). Checked before anything else, so a wrong type is one line.
-_CONF_TYPES: Final[Mapping[str, str]] = {
-    "model": "str",
-    "project": "str",
-    "region": "str",
-    "zone": "str",
-    "cluster_name": "str",
-    "vm_name": "str",
-    "bucket": "str",
-    "reservation": "str?",
-    "capacity": "str",
-    "image": "str?",
-    "workload_image_patched": "bool",
-    "compute_type": "str?",
-    "topology": "str?",
-    "num_slices": "int?",
-    "hf_model_path": "str?",
-    "run_name": "str?",
-    "num_batches": "int?",
-    "train_overrides": "object?",
-    "keep_cluster": "bool",
-    "keep_vm": "bool",
-    "delete_bucket": "bool",
-    "hf_token_conn_id": "str",
-    "hf_token_secret": "str?",
-    "service_account": "str?",
-    "cpu_machine_type": "str",
-    "authorized_cidr": "str",
-    "max_cluster_hours": "int",
-    "max_vm_hours": "int",
-    "runtime": "str",
-    "workload_image": "str?",
-    "cancel_previous_writer": "bool",
-}
-_TYPE_RULES: Final = {
-    "str": "must be a string",
-    "int": "must be an integer",
-    "bool": "must be true or false",
-    "object": "must be an object of MaxText key → value",
-}
+# ``[tpu_rl]`` option when the option is set, else from the defaults above. Per pipeline: the two
+# reservations differ in shape.
+ENVIRONMENT_OPTIONS: Final[Mapping[str, Mapping[str, str]]] = MappingProxyType(
+    {pipeline: MappingProxyType(params.environment_options_of(pipeline)) for pipeline in params.PIPELINES}
+)
 
 # The task order of each pipeline DAG, written once: the DAG files chain their tasks in this order,
 # `tpu-rl plan` lists commands in it and the structure test checks both against it.
@@ -247,11 +134,15 @@ def secret_id_for_connection(conn_id: str) -> str:
 
 
 def check_conf_type(key: str, value: Any) -> None:
-    """A conf value has its JSON type (one line naming the field otherwise); numbers are finite."""
-    kind = _CONF_TYPES.get(key)
-    if kind is None:
+    """A conf value has its JSON type (one line naming the field otherwise); numbers are finite.
+
+    Checked before anything else, so a wrong type is one line; a nullable key may be null or ""
+    (the preset's value).
+    """
+    found = params.conf_kind(key)
+    if found is None:
         return
-    base, nullable = kind.rstrip("?"), kind.endswith("?")
+    kind, nullable = found
     if nullable and (value is None or value == ""):
         return
     if isinstance(value, float) and not math.isfinite(value):
@@ -261,9 +152,9 @@ def check_conf_type(key: str, value: Any) -> None:
         "int": isinstance(value, int) and not isinstance(value, bool),
         "bool": isinstance(value, bool),
         "object": isinstance(value, Mapping),
-    }[base]
+    }[kind]
     if not ok:
-        raise SpecError(key, _TYPE_RULES[base], value)
+        raise SpecError(key, params.TYPE_RULES[kind], value)
 
 
 def _merge_conf(defaults: Mapping[str, Any], conf: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -367,6 +258,56 @@ def export_directory(bucket: str, model: str, run_name: str) -> str:
     return f"{gcs_model_prefix(bucket, model)}/hf-trained/{run_name}/"
 
 
+# The values a GKE cluster is built from (a run's conf, an operator's arguments, a janitor record).
+CLUSTER_ARGUMENTS: Final = (
+    "region",
+    "zone",
+    "cluster_name",
+    "bucket",
+    "reservation",
+    "capacity",
+    "compute_type",
+    "topology",
+    "num_slices",
+    "authorized_cidr",
+)
+
+
+# The cluster arguments an empty value leaves to the preset (or to ClusterSpec's default).
+_CLUSTER_DEFAULTED: Final = frozenset({"reservation", "capacity", "compute_type", "topology", "num_slices"})
+
+
+def cluster_from_arguments(arguments: Mapping[str, Any], model: str | None, *, project: str) -> ClusterSpec:
+    """The one way a GKE cluster's spec is built, from plain values: the pipeline's conf, a
+    deploy or destroy operator's arguments, a janitor's resource record.
+
+    A shape value or a capacity left empty (None or "") takes the model preset's (the blueprint
+    edits always come from it), else ``ClusterSpec``'s own default; an empty capacity is the
+    reservation's (``default_capacity``). Every other value is checked as given.
+    """
+    unknown = sorted(set(arguments) - set(CLUSTER_ARGUMENTS))
+    if unknown:
+        raise SpecError(
+            unknown[0], f"not a cluster argument; they are {list(CLUSTER_ARGUMENTS)}", show_value=False
+        )
+    preset = get_preset(model, "model") if model else None
+    values = {
+        key: value
+        for key, value in arguments.items()
+        if key not in _CLUSTER_DEFAULTED or value not in (None, "")
+    }
+    values["reservation"] = arguments.get("reservation") or ""
+    if "num_slices" in values:
+        values["num_slices"] = rules.integer("num_slices", values["num_slices"], 1, 64)
+    for key in ("compute_type", "topology", "num_slices"):
+        if key not in values and preset is not None:
+            values[key] = getattr(preset, key)
+    values.setdefault("capacity", default_capacity(values["reservation"]))
+    if preset is not None:
+        values["blueprint"] = preset.blueprint
+    return ClusterSpec(project=project, **values)
+
+
 def conversion_spec(
     preset: ModelPreset, output_directory: str, hf_model_path: str | None = None
 ) -> ConversionSpec:
@@ -420,6 +361,103 @@ def export_spec(preset: ModelPreset, *, load_parameters_path: str, output_direct
         load_parameters_path=load_parameters_path,
         output_directory=output_directory,
         scan_layers=preset.scan_layers,
+    )
+
+
+def workload_image(preset: ModelPreset, image: str | None) -> str:
+    """The GKE jobs' image: the one given, else the preset's, else the post-training image."""
+    return rules.image("image", image or preset.image or POST_TRAINING_IMAGE)
+
+
+def default_shape(runner: Runner) -> tuple[str, str]:
+    """``(compute_type, topology)`` of the pipeline's default model preset: what a task given no
+    shape (preflight) checks."""
+    pipeline = params.GKE if runner is Runner.GKE else params.TPU_VM
+    preset = get_preset(params.PARAMS_BY_KEY["model"].default_on(pipeline))
+    return preset.compute_type, preset.topology
+
+
+def gke_job_target(
+    preset: ModelPreset,
+    *,
+    project: str,
+    location: str,
+    cluster_name: str,
+    image: str | None = None,
+    compute_type: str | None = None,
+    topology: str | None = None,
+    num_slices: Any = None,
+) -> GkeJobTarget:
+    """Where a GKE job of ``preset`` runs: the slice's shape and image, each the preset's when empty."""
+    return GkeJobTarget(
+        project=project,
+        location=location,
+        cluster_name=cluster_name,
+        image=workload_image(preset, image),
+        compute_type=compute_type or preset.compute_type,
+        topology=topology or preset.topology,
+        num_slices=preset.num_slices
+        if num_slices in (None, "")
+        else rules.integer("num_slices", num_slices, 1, 64),
+    )
+
+
+# The GKE pipeline's workloads from plain values: what ``gke_pipeline_from_conf`` and the GKE job
+# operators (``operators/gke_jobs.py``) both build them with, paths derived from the bucket the same
+# way. The TPU VM's stages build their whole pipeline spec (``tpu_vm_pipeline_from_conf``).
+def gke_conversion(
+    preset: ModelPreset, *, bucket: str, hf_model_path: str | None = None, output_directory: str | None = None
+) -> ConversionSpec:
+    """``to_maxtext`` of ``preset`` into the bucket's converted folder (one per model)."""
+    return conversion_spec(
+        preset, output_directory or converted_directory(bucket, preset.model_name), hf_model_path or None
+    )
+
+
+def gke_training(
+    preset: ModelPreset,
+    *,
+    bucket: str,
+    run_name: str,
+    num_batches: Any = None,
+    train_overrides: Mapping[str, Any] | None = None,
+    workload_image_patched: bool = False,
+    load_parameters_path: str | None = None,
+    base_output_directory: str | None = None,
+) -> TrainingSpec:
+    """GRPO training from the converted checkpoint into the bucket's trained folder."""
+    return training_spec(
+        preset,
+        run_name=run_name,
+        base_output_directory=base_output_directory or trained_directory(bucket, preset.model_name),
+        load_parameters_path=load_parameters_path or gke_conversion(preset, bucket=bucket).items_path + "/",
+        num_batches=None if num_batches in (None, "") else rules.integer("num_batches", num_batches, 1),
+        train_overrides=train_overrides or {},
+        workload_image_patched=workload_image_patched,
+    )
+
+
+def gke_export(
+    preset: ModelPreset,
+    *,
+    bucket: str,
+    run_name: str,
+    checkpoint_step: Any = None,
+    load_parameters_path: str | None = None,
+    output_directory: str | None = None,
+) -> ExportSpec:
+    """``to_huggingface`` of a run's actor checkpoint (the preset's last step unless given) into
+    its own export folder."""
+    step = (
+        preset.num_batches
+        if checkpoint_step in (None, "")
+        else rules.integer("checkpoint_step", checkpoint_step, 1)
+    )
+    return export_spec(
+        preset,
+        load_parameters_path=load_parameters_path
+        or actor_params_path(trained_directory(bucket, preset.model_name), run_name, step) + "/",
+        output_directory=output_directory or export_directory(bucket, preset.model_name, run_name),
     )
 
 
@@ -485,7 +523,8 @@ class GkePipelineSpec:
     @property
     def job_target(self) -> GkeJobTarget:
         c = self.cluster
-        return GkeJobTarget(
+        return gke_job_target(
+            self.preset,
             project=c.project,
             location=c.region,
             cluster_name=c.cluster_name,
@@ -600,35 +639,24 @@ def gke_pipeline_from_conf(
         raise SpecError(
             "model", f"{preset.model_name} runs on one TPU VM; use the {TPU_VM_DAG_ID} DAG", preset.model_name
         )
-    cluster = ClusterSpec(
-        project=merged["project"],
-        region=merged["region"],
-        zone=merged["zone"],
-        cluster_name=merged["cluster_name"],
-        bucket=merged["bucket"],
-        reservation=merged["reservation"] if merged["reservation"] is not None else "",
-        capacity=merged["capacity"],
-        compute_type=_pick(merged, "compute_type", preset.compute_type),
-        topology=_pick(merged, "topology", preset.topology),
-        num_slices=_pick(merged, "num_slices", preset.num_slices),
-        authorized_cidr=merged["authorized_cidr"],
-        blueprint=preset.blueprint,
+    cluster = cluster_from_arguments(
+        {key: merged[key] for key in CLUSTER_ARGUMENTS}, preset.model_name, project=merged["project"]
     )
-    image = check_patched_image(
-        rules.image("image", _pick(merged, "image", preset.image or POST_TRAINING_IMAGE)),
-        merged["workload_image_patched"],
-    )
-    conversion, training, export = _workloads(
+    image = check_patched_image(workload_image(preset, merged["image"]), merged["workload_image_patched"])
+    # Unique per DAG run (outputs are keyed by run_name): a second run trains its own model. One
+    # export folder per run_name (the tutorial writes hf-trained/ directly): a later run never
+    # overwrites an earlier model, and "already exported" means this run's checkpoint.
+    conversion = gke_conversion(preset, bucket=cluster.bucket, hf_model_path=merged["hf_model_path"])
+    training = gke_training(
         preset,
-        merged,
-        converted=converted_directory(cluster.bucket, preset.model_name),
-        trained=trained_directory(cluster.bucket, preset.model_name),
-        # One folder per run_name (the tutorial writes hf-trained/ directly): a later run never
-        # overwrites an earlier model, and "already exported" means this run's checkpoint.
-        exported=export_directory(cluster.bucket, preset.model_name, "{run_name}"),
-        # Unique per DAG run (outputs are keyed by run_name): a second run trains its own model.
-        default_run_name=f"rl-{run_suffix(dag_id, run_id)}",
-        trailing_slash="/",
+        bucket=cluster.bucket,
+        run_name=_pick(merged, "run_name", f"rl-{run_suffix(dag_id, run_id)}"),
+        num_batches=merged["num_batches"],
+        train_overrides=merged["train_overrides"],
+        workload_image_patched=merged["workload_image_patched"],
+    )
+    export = gke_export(
+        preset, bucket=cluster.bucket, run_name=training.run_name, checkpoint_step=training.final_step
     )
     return GkePipelineSpec(
         dag_id=dag_id,

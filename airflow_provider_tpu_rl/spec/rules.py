@@ -35,7 +35,7 @@ SERVICE_ACCOUNT = re.compile(
 )
 DURATION = re.compile(r"^[0-9]+(?:s|m|h)$")
 # What the spec says when a value breaks a pattern: SpecError's rule, and the trigger form's
-# description of the field (pipeline_dags.py), so the form shows it next to the field.
+# description of the field (pipelines/form.py), so the form shows it next to the field.
 GKE_CLUSTER_NAME_RULE = (
     "GKE cluster name must start with a lowercase letter, use only lowercase letters, digits and "
     "hyphens, and not end with a hyphen"

@@ -12,6 +12,7 @@ from typing import Any, Final
 
 from airflow_provider_tpu_rl.maxtext import config_keys
 from airflow_provider_tpu_rl.maxtext.config_keys import ConfigKey
+from airflow_provider_tpu_rl.maxtext.layout import CONVERTED_CHECKPOINT_ITEMS, CONVERTED_CHECKPOINT_STEP
 from airflow_provider_tpu_rl.spec import rules
 from airflow_provider_tpu_rl.spec.errors import SpecError
 from airflow_provider_tpu_rl.spec.presets import POST_TRAINING_IMAGE
@@ -293,7 +294,9 @@ class ConversionSpec:
     @property
     def items_path(self) -> str:
         """Where ``to_maxtext`` writes the parameters: ``<output>/0/items``."""
-        return self.output_directory.rstrip("/") + "/0/items"
+        return (
+            f"{self.output_directory.rstrip('/')}/{CONVERTED_CHECKPOINT_STEP}/{CONVERTED_CHECKPOINT_ITEMS[0]}"
+        )
 
 
 # MaxText's own num_test_batches when neither the preset nor the run sets it: 5

@@ -44,8 +44,6 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_tpu_rl.compat import AIRFLOW_V_3_0_PLUS, AIRFLOW_V_3_3_PLUS
 from airflow_provider_tpu_rl.exceptions import ConfigurationError, FailureKind, KubernetesApiError
-from airflow_provider_tpu_rl.hooks.failures import classify_workload
-from airflow_provider_tpu_rl.hooks.jobs import JobState
 from airflow_provider_tpu_rl.hooks.kubernetes import (
     MAIN_JOB,
     PATHWAYS_HEAD_JOB,
@@ -65,6 +63,8 @@ from airflow_provider_tpu_rl.hooks.kubernetes import (
     workload_container,
 )
 from airflow_provider_tpu_rl.maxtext.logs import TrainingLogTracker
+from airflow_provider_tpu_rl.toolchain.failures import classify_workload
+from airflow_provider_tpu_rl.toolchain.job_output import JobState
 
 TAIL_LINES = 200  # workload lines kept to tell why a failed job failed
 CURSOR_SAVE_SECONDS = 2.0  # GCS allows about one write per second to one object
@@ -811,8 +811,8 @@ class JobSetTrigger(BaseTrigger):
             self.log.warning("Could not renew the claims of job %s: %s", self.job_name, err)
 
     def _renew(self, spec: dict[str, Any], until: float) -> None:
-        from airflow_provider_tpu_rl.hooks.lease import ClusterLeaseHook
-        from airflow_provider_tpu_rl.hooks.run_dirs import RunDirRecords
+        from airflow_provider_tpu_rl.records.lease import ClusterLeaseHook
+        from airflow_provider_tpu_rl.records.run_dirs import RunDirRecords
 
         bucket = str(spec["bucket"])
         if spec.get("claim") and self.run_dir and self.run_key:

@@ -18,8 +18,8 @@ from airflow_provider_tpu_rl.operators.gke import (
     GclusterDestroyOperator,
     HfTokenSecretOperator,
 )
-from airflow_provider_tpu_rl.operators.maxtext import MaxTextConvertOperator, PathwaysRLTrainOperator
-from airflow_provider_tpu_rl.operators.pipeline import transient_retries
+from airflow_provider_tpu_rl.operators.gke_jobs import MaxTextConvertOperator, PathwaysRLTrainOperator
+from airflow_provider_tpu_rl.pipelines.arguments import transient_retries
 from airflow_provider_tpu_rl.sensors.checkpoint import MaxTextCheckpointSensor
 from airflow_provider_tpu_rl.timeouts import dagrun_timeout, job_timeout, task_timeout
 

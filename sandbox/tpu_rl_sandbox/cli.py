@@ -6,9 +6,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from tpu_rl_sandbox.bench import add_bench_arguments, run_bench_command
-from tpu_rl_sandbox.control import add_sandbox_subcommands
-from tpu_rl_sandbox.demo import add_demo_arguments, run_demo_command
+from tpu_rl_sandbox.commands.bench import add_bench_arguments, run_bench_command
+from tpu_rl_sandbox.commands.demo import add_demo_arguments, run_demo_command
+from tpu_rl_sandbox.commands.lifecycle import add_sandbox_subcommands
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,8 +15,8 @@ from croniter import croniter
 
 from airflow_provider_tpu_rl.compat import AirflowException
 from airflow_provider_tpu_rl.spec import rules
-from tests.compat import dag_schedule
-from tests.dags.conftest import JANITOR_DAG_ID
+from tests.support.compat import dag_schedule
+from tests.support.dags import JANITOR_DAG_ID
 
 JANITOR_MODULE = "airflow_provider_tpu_rl.operators.janitor"
 
@@ -67,7 +67,7 @@ class FakeJanitor:
         self.probe = object()
 
     def discover_sources(self, projects: list[str], *, gcp_conn_id: str) -> Any:
-        from airflow_provider_tpu_rl.janitor_sources import JanitorSources, discover_sources
+        from airflow_provider_tpu_rl.records.janitor_sources import JanitorSources, discover_sources
 
         if self.record_projects and not projects:
             return JanitorSources(list(self.record_projects), ["bkt-records"])
@@ -103,7 +103,9 @@ def run_janitor(janitor: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
             setattr(module, name, getattr(fake, name))
         monkeypatch.setitem(sys.modules, JANITOR_MODULE, module)
         # The ledger of this test session names no bucket.
-        monkeypatch.setattr("airflow_provider_tpu_rl.janitor_sources.ledger_buckets", lambda *a, **k: [])
+        monkeypatch.setattr(
+            "airflow_provider_tpu_rl.records.janitor_sources.ledger_buckets", lambda *a, **k: []
+        )
         monkeypatch.setitem(
             function.__globals__,
             "get_current_context",

@@ -12,7 +12,7 @@ import pytest
 
 from airflow_provider_tpu_rl.render.gke import ADAFACTOR_PATCH, TUNIX_RESHARD_PATCH
 from tests.docker.dockerfile import DOCKER
-from tpu_rl_sandbox import machine_stubs
+from tpu_rl_sandbox.machines import pod_image
 
 SCRIPT = DOCKER / "workload_patches.py"
 
@@ -24,9 +24,9 @@ def _site(tmp_path: Path, name: str) -> tuple[Path, Path, Path]:
     sampler.parent.mkdir(parents=True)
     (site / "tunix" / "__init__.py").write_text("")
     (site / "tunix" / "generate" / "__init__.py").write_text("")
-    sampler.write_text(machine_stubs.VLLM_SAMPLER)
+    sampler.write_text(pod_image.VLLM_SAMPLER)
     utils_rl = tmp_path / f"{name}-utils_rl.py"
-    utils_rl.write_text(machine_stubs.UTILS_RL)
+    utils_rl.write_text(pod_image.UTILS_RL)
     return site, sampler, utils_rl
 
 
@@ -48,8 +48,8 @@ def test_build_time_patches_equal_the_start_up_patches(tmp_path: Path) -> None:
     # The train command's own code, run for real: tunix found by import, utils_rl.py at its path.
     tunix = _python(["-c", TUNIX_RESHARD_PATCH], pythonpath=run_site)
     assert tunix.returncode == 0, tunix.stderr
-    assert machine_stubs.UTILS_RL_PATH in ADAFACTOR_PATCH
-    adafactor = _python(["-c", ADAFACTOR_PATCH.replace(machine_stubs.UTILS_RL_PATH, str(run_utils))])
+    assert pod_image.UTILS_RL_PATH in ADAFACTOR_PATCH
+    adafactor = _python(["-c", ADAFACTOR_PATCH.replace(pod_image.UTILS_RL_PATH, str(run_utils))])
     assert adafactor.returncode == 0, adafactor.stderr
 
     build_site, build_sampler, build_utils = _site(tmp_path, "build")
@@ -57,8 +57,8 @@ def test_build_time_patches_equal_the_start_up_patches(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert f"patched {build_sampler} (tunix)" in result.stdout
 
-    assert build_sampler.read_text() == run_sampler.read_text() != machine_stubs.VLLM_SAMPLER
-    assert build_utils.read_text() == run_utils.read_text() != machine_stubs.UTILS_RL
+    assert build_sampler.read_text() == run_sampler.read_text() != pod_image.VLLM_SAMPLER
+    assert build_utils.read_text() == run_utils.read_text() != pod_image.UTILS_RL
     assert "reshard_chunk_size=4," in build_sampler.read_text()
     assert "optax.adafactor(learning_rate=learning_rate)" in build_utils.read_text()
 
@@ -99,7 +99,7 @@ def test_build_fails_when_a_pattern_is_not_found_exactly_once(
 
 def test_build_fails_without_tunix(tmp_path: Path) -> None:
     utils_rl = tmp_path / "utils_rl.py"
-    utils_rl.write_text(machine_stubs.UTILS_RL)
+    utils_rl.write_text(pod_image.UTILS_RL)
     result = _python(["-I", str(SCRIPT), "--utils-rl-file", str(utils_rl)])
     assert result.returncode == 1
     assert "google-tunix is not installed" in result.stderr

@@ -26,11 +26,11 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_tpu_rl.hooks.lease import lease_object
 from airflow_provider_tpu_rl.operators.janitor import orphan_marker_object
-from tests.e2e.harness import AIRFLOW, GKE_DAG_ID, E2EWorld
-from tpu_rl_sandbox.kube_api import POD_HOLD_ENV, POD_HOLD_TPU_ONLY
-from tpu_rl_sandbox.state import read_calls
+from airflow_provider_tpu_rl.records.lease import lease_object
+from tests.support.harness import AIRFLOW, GKE_DAG_ID, E2EWorld
+from tpu_rl_sandbox.apis.kube_api import POD_HOLD_ENV, POD_HOLD_TPU_ONLY
+from tpu_rl_sandbox.world.calls import read_calls
 
 pytestmark = pytest.mark.e2e
 
@@ -212,7 +212,7 @@ def test_the_metadata_database_reader_sees_the_states_the_task_sdk_sees(
     process with this world's AIRFLOW_HOME, reads the same run and task states."""
     script = (
         "import json, sys\n"
-        "from airflow_provider_tpu_rl.janitor_sources import MetadataDbRuns\n"
+        "from airflow_provider_tpu_rl.records.janitor_sources import MetadataDbRuns\n"
         "runs = MetadataDbRuns()\n"
         "ids = json.loads(sys.argv[1])\n"
         "print(json.dumps({c: [runs.dagrun_state(sys.argv[2], r), runs.task_states(sys.argv[2], r)]"

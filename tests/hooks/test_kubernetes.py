@@ -6,7 +6,6 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_tpu_rl.hooks.jobs import JobState
 from airflow_provider_tpu_rl.hooks.kubernetes import (
     RUN_DIR_ANNOTATION,
     RUN_ID_ANNOTATION,
@@ -22,6 +21,7 @@ from airflow_provider_tpu_rl.hooks.kubernetes import (
     split_timestamp,
     workload_container,
 )
+from airflow_provider_tpu_rl.toolchain.job_output import JobState
 
 
 def _cond(kind: str, status: str = "True", at: str = "2026-12-01T10:00:00Z") -> dict[str, str]:

@@ -10,7 +10,7 @@ import pytest
 from airflow_provider_tpu_rl.ledger.hook import RunLedger, default_sqlite_path
 from airflow_provider_tpu_rl.ledger.records import RunRecord
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID
-from tpu_rl_sandbox.bench import ledger_tpu_time, tpu_time_lines
+from tpu_rl_sandbox.commands.bench import ledger_tpu_time, tpu_time_lines
 
 T0 = datetime(2026, 3, 1, 8, 0, tzinfo=UTC)
 

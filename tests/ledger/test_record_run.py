@@ -12,10 +12,11 @@ from airflow_provider_tpu_rl.ledger import hook as ledger_hook
 from airflow_provider_tpu_rl.ledger.hook import RunLedger, record_run_from_context, step_callbacks
 from airflow_provider_tpu_rl.ledger.records import StepRecord
 from airflow_provider_tpu_rl.operators.ledger import RecordRunOperator, run_settings
-from airflow_provider_tpu_rl.operators.pipeline import ERROR_XCOM_KEY
-from airflow_provider_tpu_rl.pipeline_dags import note_run_started
+from airflow_provider_tpu_rl.pipelines.failures import ERROR_XCOM_KEY
+from airflow_provider_tpu_rl.pipelines.validate import note_run_started
 from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf, tpu_vm_pipeline_from_conf
-from tests.ledger.fakes import (
+from tests.ledger.rows import count_rows
+from tests.support.ledger_fakes import (
     BUCKET,
     LEDGER_TASK,
     SUCCESS_XCOMS,
@@ -27,7 +28,6 @@ from tests.ledger.fakes import (
     gke_task_instances,
     minutes,
 )
-from tests.ledger.rows import count_rows
 
 MODEL = "qwen3-30b-a3b"
 

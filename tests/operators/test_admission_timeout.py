@@ -12,14 +12,14 @@ from datetime import timedelta
 import pytest
 
 from airflow_provider_tpu_rl.compat import AirflowFailException
-from airflow_provider_tpu_rl.hooks.jobs import JobState
 from airflow_provider_tpu_rl.hooks.kubernetes import waiting_for
-from airflow_provider_tpu_rl.operators.maxtext import PathwaysRLTrainOperator
+from airflow_provider_tpu_rl.operators.gke_jobs import PathwaysRLTrainOperator
 from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
+from airflow_provider_tpu_rl.toolchain.job_output import JobState
 from airflow_provider_tpu_rl.triggers.jobset import JobSetTrigger
-from tests.operators.sandbox_run import SandboxRun, convert_checkpoint, defer, prepare_cluster, run_trigger
-from tpu_rl_sandbox import kube_access
-from tpu_rl_sandbox.settings import update_settings
+from tests.support.sandbox_run import SandboxRun, convert_checkpoint, defer, prepare_cluster, run_trigger
+from tpu_rl_sandbox.apis import kube_access
+from tpu_rl_sandbox.world.settings import update_settings
 
 RUN_ID = "manual__2026-03-02T00:00:00+00:00"
 

@@ -16,7 +16,7 @@ from airflow_provider_tpu_rl.operators.gke import (
     GclusterDestroyOperator,
     HfTokenSecretOperator,
 )
-from airflow_provider_tpu_rl.operators.maxtext import MaxTextConvertOperator
+from airflow_provider_tpu_rl.operators.gke_jobs import MaxTextConvertOperator
 from airflow_provider_tpu_rl.operators.preflight import TpuRlPreflightOperator
 from airflow_provider_tpu_rl.operators.tpu_vm import (
     CpuVmCreateOperator,
@@ -25,10 +25,10 @@ from airflow_provider_tpu_rl.operators.tpu_vm import (
 )
 from airflow_provider_tpu_rl.render.blueprint import BLUEPRINT_RELPATH
 from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID, gke_pipeline_from_conf, tpu_vm_pipeline_from_conf
-from tests.operators.sandbox_run import DEFAULT_RUN_ID, SandboxRun, prepare_cluster
-from tests.toolpath import path_without
-from tpu_rl_sandbox.cloud import iam_bindings
-from tpu_rl_sandbox.fake_gcloud import project_ssh_keys
+from tests.support.sandbox_run import DEFAULT_RUN_ID, SandboxRun, prepare_cluster
+from tests.support.toolpath import path_without
+from tpu_rl_sandbox.clis.gcloud.compute_ssh import project_ssh_keys
+from tpu_rl_sandbox.world.iam import iam_bindings
 
 START = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -90,7 +90,7 @@ def test_deploy_copies_the_whole_example_folder_and_grants_nothing_project_wide(
     shipped = {p.name for p in example.iterdir() if p.is_file()}
     assert "kueue-configuration.yaml.tftpl" in shipped
     # the deploy succeeded: the fake gcluster refuses a blueprint whose ghpc_stage() file is missing
-    # (gcluster_deploy.stage_files), and the work folder is gone at task end (test_hygiene.py)
+    # (stage_files in the sandbox's clis/gcluster/deploy.py), and the work folder is gone at task end (test_hygiene.py)
     assert sb.cluster_record() is not None
     assert not [c for c in sb.calls() if c["argv"][:2] == ["projects", "add-iam-policy-binding"]]
     # the project's policy holds a conditional binding (the sandbox's default, as on many real

@@ -12,13 +12,14 @@ from airflow.providers.common.compat.sdk import DAG
 from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.hooks import credentials
 from airflow_provider_tpu_rl.operators.gke import EnsureBucketOperator
-from airflow_provider_tpu_rl.operators.maxtext import PathwaysRLTrainOperator
+from airflow_provider_tpu_rl.operators.gke_jobs import PathwaysRLTrainOperator
 from airflow_provider_tpu_rl.sensors.checkpoint import HuggingFaceExportSensor, MaxTextCheckpointSensor
-from tests.operators.sandbox_run import REGION, SandboxRun
-from tpu_rl_sandbox import oauth
-from tpu_rl_sandbox.api_server import api_server_url
-from tpu_rl_sandbox.control import SANDBOX_PROJECT
-from tpu_rl_sandbox.state import StateStore, read_calls
+from tests.support.sandbox_run import REGION, SandboxRun
+from tpu_rl_sandbox.apis import oauth
+from tpu_rl_sandbox.apis.api_server import api_server_url
+from tpu_rl_sandbox.commands.lifecycle import SANDBOX_PROJECT
+from tpu_rl_sandbox.world.calls import read_calls
+from tpu_rl_sandbox.world.store import StateStore
 
 DEPLOYER = f"deployer@{SANDBOX_PROJECT}.iam.gserviceaccount.com"
 IMPERSONATE_ENV = "CLOUDSDK_AUTH_IMPERSONATE_SERVICE_ACCOUNT"

@@ -23,10 +23,10 @@ from airflow_provider_tpu_rl.operators.gke import (
 )
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID, gke_pipeline_from_conf
-from tests.operators.sandbox_run import DEFAULT_RUN_ID, RecordingTI, SandboxRun, prepare_cluster
-from tpu_rl_sandbox import cloud
-from tpu_rl_sandbox.cloud import iam_bindings
-from tpu_rl_sandbox.state import StateStore
+from tests.support.sandbox_run import DEFAULT_RUN_ID, RecordingTI, SandboxRun, prepare_cluster
+from tpu_rl_sandbox.world import secret_values
+from tpu_rl_sandbox.world.iam import iam_bindings
+from tpu_rl_sandbox.world.store import StateStore
 
 ACCESSOR = "roles/secretmanager.secretAccessor"
 
@@ -136,9 +136,9 @@ def test_a_new_secret_version_only_when_the_token_changed(
     assert [v["state"] for v in stored["versions"]] == ["DISABLED", "ENABLED"]
     assert stored["annotations"][gke.TOKEN_DIGEST_ANNOTATION] != digest
     # the workloads read "latest": the new token
-    value, problem = cloud.secret_value(StateStore(sb.layout), sb.project, secret_id, "latest")
+    value, problem = secret_values.secret_value(StateStore(sb.layout), sb.project, secret_id, "latest")
     assert problem == ""
-    assert value == cloud.placeholder_token(stored["versions"][-1]["sha256"])
+    assert value == secret_values.placeholder_token(stored["versions"][-1]["sha256"])
     _sync(sb, conf)
     assert len(_adds(sb)) == 2
 

@@ -8,9 +8,9 @@ import pytest
 
 from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailException
 from airflow_provider_tpu_rl.ledger.records import resume_loss
-from airflow_provider_tpu_rl.operators.maxtext import PathwaysRLTrainOperator
+from airflow_provider_tpu_rl.operators.gke_jobs import PathwaysRLTrainOperator
 from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
-from tests.operators.sandbox_run import (
+from tests.support.sandbox_run import (
     RecordingTI,
     SandboxRun,
     convert_checkpoint,
@@ -19,7 +19,7 @@ from tests.operators.sandbox_run import (
     run_job_operator,
     run_trigger,
 )
-from tpu_rl_sandbox.settings import update_settings
+from tpu_rl_sandbox.world.settings import update_settings
 
 RUN_ID = "manual__2026-03-03T00:00:00+00:00"
 

@@ -17,18 +17,17 @@ from typing import Any
 import pytest
 
 from airflow_provider_tpu_rl.compat import AirflowFailException, TaskDeferred
-from airflow_provider_tpu_rl.hooks.lease import ClusterLeaseHook, Lease
 from airflow_provider_tpu_rl.operators import preflight
 from airflow_provider_tpu_rl.operators.preflight import TpuRlPreflightOperator, error_line
+from airflow_provider_tpu_rl.records.lease import ClusterLeaseHook, Lease
 from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID
 from airflow_provider_tpu_rl.spec.pipeline import GKE_DAG_ID
-from tests.hooks.test_resource_manager import api_server
-from tests.operators.sandbox_run import SandboxRun
-from tests.toolpath import path_without
-from tpu_rl_sandbox import vpc
-from tpu_rl_sandbox.fake_gcloud import Gcloud
-from tpu_rl_sandbox.settings import reset_settings, update_settings
-from tpu_rl_sandbox.state import read_calls
+from tests.support.sandbox_run import SandboxRun, api_server
+from tests.support.toolpath import path_without
+from tpu_rl_sandbox.clis.gcloud.app import Gcloud
+from tpu_rl_sandbox.world import vpc
+from tpu_rl_sandbox.world.calls import read_calls
+from tpu_rl_sandbox.world.settings import reset_settings, update_settings
 
 READS = (
     ("auth", "list"),
@@ -451,7 +450,7 @@ def test_no_gcloud_account_is_one_line_and_no_other_gcloud_line(pf: SandboxRun, 
 def test_no_adc_where_gcluster_runs_is_one_line(pf: SandboxRun, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS")
     # off Google Cloud: nothing answers as a metadata server (GCE_METADATA_HOST is not inherited)
-    monkeypatch.setattr("airflow_provider_tpu_rl.hooks.adc.METADATA_HOST", "127.0.0.1:9")
+    monkeypatch.setattr("airflow_provider_tpu_rl.toolchain.adc.METADATA_HOST", "127.0.0.1:9")
     problems = _refusal(pf)
     assert len(problems) == 1, problems
     assert problems[0].startswith("gcluster job submit needs Application Default Credentials and finds none")
@@ -469,7 +468,7 @@ def test_an_adc_file_the_worker_has_but_gcluster_cannot_see_is_named(
     (config / "application_default_credentials.json").write_text(key.read_text())
     monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS")
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(config))
-    monkeypatch.setattr("airflow_provider_tpu_rl.hooks.adc.METADATA_HOST", "127.0.0.1:9")
+    monkeypatch.setattr("airflow_provider_tpu_rl.toolchain.adc.METADATA_HOST", "127.0.0.1:9")
     (problem,) = _refusal(pf)
     wanted = f"GOOGLE_APPLICATION_CREDENTIALS={config / 'application_default_credentials.json'}"
     assert "gcluster runs with a fresh HOME" in problem, problem
@@ -490,5 +489,5 @@ def test_an_adc_key_that_gives_no_token_is_one_line(
 
 def test_the_tpu_vm_preflight_needs_no_adc(pf: SandboxRun, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS")
-    monkeypatch.setattr("airflow_provider_tpu_rl.hooks.adc.METADATA_HOST", "127.0.0.1:9")
+    monkeypatch.setattr("airflow_provider_tpu_rl.toolchain.adc.METADATA_HOST", "127.0.0.1:9")
     assert _run(pf, TPU_VM_DAG_ID)["runner"] == "tpu_vm"

@@ -26,12 +26,14 @@ import pytest
 from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.hooks import kubernetes
 from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
-from airflow_provider_tpu_rl.hooks.run_dirs import RunDirRecords
 from airflow_provider_tpu_rl.ledger.records import resume_loss
+from airflow_provider_tpu_rl.operators.gke_jobs import PathwaysRLTrainOperator
 from airflow_provider_tpu_rl.operators.janitor import find_expired_resources
-from airflow_provider_tpu_rl.operators.maxtext import PathwaysRLTrainOperator
+from airflow_provider_tpu_rl.records.run_dirs import RunDirRecords
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, gke_pipeline_from_conf
-from tests.operators.sandbox_run import (
+from tests.operators.test_janitor_orphans import MetadataStandIn
+from tests.operators.test_run_identity import RunStatesTI, _alive
+from tests.support.sandbox_run import (
     REGION,
     SandboxRun,
     convert_checkpoint,
@@ -40,10 +42,8 @@ from tests.operators.sandbox_run import (
     run_trigger,
     wait_for,
 )
-from tests.operators.test_janitor_orphans import MetadataStandIn
-from tests.operators.test_run_identity import RunStatesTI, _alive
-from tpu_rl_sandbox import kube_access
-from tpu_rl_sandbox.settings import update_settings
+from tpu_rl_sandbox.apis import kube_access
+from tpu_rl_sandbox.world.settings import update_settings
 
 RUN_A = "manual__2026-03-01T00:00:00+00:00"
 RUN_B = "manual__2026-03-02T00:00:00+00:00"

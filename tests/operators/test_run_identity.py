@@ -22,14 +22,14 @@ import pytest
 
 from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.hooks.kubernetes import RUN_DIR_ANNOTATION, RUN_ID_ANNOTATION
-from airflow_provider_tpu_rl.hooks.run_dirs import RunDirRecords, run_record_object
-from airflow_provider_tpu_rl.operators.maxtext import (
+from airflow_provider_tpu_rl.operators.gke_jobs import (
     MaxTextConvertOperator,
     MaxTextExportOperator,
     PathwaysRLTrainOperator,
 )
+from airflow_provider_tpu_rl.records.run_dirs import RunDirRecords, run_record_object
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, gke_pipeline_from_conf
-from tests.operators.sandbox_run import (
+from tests.support.sandbox_run import (
     REGION,
     RecordingTI,
     SandboxRun,
@@ -40,7 +40,7 @@ from tests.operators.sandbox_run import (
     run_trigger,
     wait_for,
 )
-from tpu_rl_sandbox import kube_access
+from tpu_rl_sandbox.apis import kube_access
 
 RUN_1 = "manual__2026-03-01T00:00:00+00:00"
 RUN_2 = "manual__2026-03-01T00:00:00+00:00__recreated"

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_tpu_rl.hooks.jobs import JobState
 from airflow_provider_tpu_rl.hooks.kubernetes import (
     RUN_DIR_ANNOTATION,
     RUN_ID_ANNOTATION,
@@ -23,8 +22,9 @@ from airflow_provider_tpu_rl.hooks.kubernetes import (
     JobSetClient,
     RunDirJob,
 )
-from tests.operators.sandbox_run import SandboxRun, prepare_cluster
-from tpu_rl_sandbox import kube_access
+from airflow_provider_tpu_rl.toolchain.job_output import JobState
+from tests.support.sandbox_run import SandboxRun, prepare_cluster
+from tpu_rl_sandbox.apis import kube_access
 
 JOBSETS = "/apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets"
 MERGE = "application/merge-patch+json"

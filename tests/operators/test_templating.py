@@ -14,18 +14,18 @@ from airflow_provider_tpu_rl.operators.gke import (
     GclusterDestroyOperator,
     HfTokenSecretOperator,
 )
-from airflow_provider_tpu_rl.operators.maxtext import (
+from airflow_provider_tpu_rl.operators.gke_jobs import (
     MaxTextConvertOperator,
     MaxTextExportOperator,
     PathwaysRLTrainOperator,
 )
-from airflow_provider_tpu_rl.operators.pipeline import gke_task_arguments, tpu_vm_task_arguments
 from airflow_provider_tpu_rl.operators.preflight import TpuRlPreflightOperator
 from airflow_provider_tpu_rl.operators.tpu_vm import (
     TpuVmCreateOperator,
     TpuVmDeleteOperator,
     TpuVmStageOperator,
 )
+from airflow_provider_tpu_rl.pipelines.arguments import gke_task_arguments, tpu_vm_task_arguments
 from airflow_provider_tpu_rl.spec import (
     GKE_DAG_ID,
     TPU_VM_DAG_ID,

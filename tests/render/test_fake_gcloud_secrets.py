@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.render.test_real_gcloud import GCLOUD, NO_ACCOUNT, PARSE_ERROR, run_gcloud
-from tpu_rl_sandbox.control import SandboxInfo
+from tpu_rl_sandbox.commands.lifecycle import SandboxInfo
 
 pytestmark = pytest.mark.skipif(GCLOUD is None, reason="the Google Cloud CLI is not installed")
 

@@ -14,14 +14,15 @@ from typing import Any
 import pytest
 
 from airflow_provider_tpu_rl.render.shell import hf_token_from_secret_manager
-from tpu_rl_sandbox.control import SandboxInfo
-from tpu_rl_sandbox.emulator import api_for
-from tpu_rl_sandbox.fake_gcloud import Gcloud
-from tpu_rl_sandbox.fake_gcluster import Gcluster
-from tpu_rl_sandbox.flags import GcloudUsageError
-from tpu_rl_sandbox.gcs import GcsApi
-from tpu_rl_sandbox.layout import SandboxLayout
-from tpu_rl_sandbox.state import StateStore, reset_faults
+from tpu_rl_sandbox.apis.gcs_client import GcsApi
+from tpu_rl_sandbox.apis.gcs_emulator import api_for
+from tpu_rl_sandbox.clis.gcloud.app import Gcloud
+from tpu_rl_sandbox.clis.gcloud.parser import GcloudUsageError
+from tpu_rl_sandbox.clis.gcluster.app import Gcluster
+from tpu_rl_sandbox.commands.lifecycle import SandboxInfo
+from tpu_rl_sandbox.world.faults import reset_faults
+from tpu_rl_sandbox.world.layout import SandboxLayout
+from tpu_rl_sandbox.world.store import StateStore
 
 STEP_SECONDS = "0.01"
 

@@ -16,11 +16,11 @@ from google.api_core import exceptions as api_exceptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud.resourcemanager_v3 import ProjectsClient
 
-from tpu_rl_sandbox import oauth
-from tpu_rl_sandbox.api_server import api_server_url, start_api_server, stop_api_server
-from tpu_rl_sandbox.layout import SandboxLayout
-from tpu_rl_sandbox.settings import update_settings
-from tpu_rl_sandbox.state import StateStore
+from tpu_rl_sandbox.apis import oauth
+from tpu_rl_sandbox.apis.api_server import api_server_url, start_api_server, stop_api_server
+from tpu_rl_sandbox.world.layout import SandboxLayout
+from tpu_rl_sandbox.world.settings import update_settings
+from tpu_rl_sandbox.world.store import StateStore
 
 WANTED = ["compute.instances.create", "storage.buckets.create", "serviceusage.services.list"]
 

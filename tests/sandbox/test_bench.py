@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tpu_rl_sandbox.bench import PipelineRun, task_seconds, union_seconds
-from tpu_rl_sandbox.state import CALL_START_ENV, call_start
+from tpu_rl_sandbox.commands.bench import PipelineRun, task_seconds, union_seconds
+from tpu_rl_sandbox.world.calls import CALL_START_ENV, call_start
 
 
 @pytest.mark.parametrize(

@@ -15,17 +15,17 @@ import pytest
 import yaml
 
 from airflow_provider_tpu_rl.spec.pipeline import ENVIRONMENT_OPTIONS
-from tpu_rl_sandbox import emulator
-from tpu_rl_sandbox.control import (
+from tpu_rl_sandbox.apis import gcs_emulator
+from tpu_rl_sandbox.clis.tool_stubs import STUB_TERRAFORM_VERSION, STUB_TOOLS
+from tpu_rl_sandbox.commands.lifecycle import (
     SandboxInfo,
     add_sandbox_subcommands,
     sandbox_down,
     sandbox_env,
     sandbox_up,
 )
-from tpu_rl_sandbox.layout import SandboxLayout
-from tpu_rl_sandbox.settings import DEFAULT_RESERVATIONS
-from tpu_rl_sandbox.tool_stubs import STUB_TERRAFORM_VERSION, STUB_TOOLS
+from tpu_rl_sandbox.world.layout import SandboxLayout
+from tpu_rl_sandbox.world.settings import DEFAULT_RESERVATIONS
 
 
 def test_up_is_idempotent_and_env_describes_the_sandbox(sandbox: SandboxInfo) -> None:
@@ -201,23 +201,24 @@ def test_gcs_client_helper_talks_to_the_emulator(
     sandbox: SandboxInfo, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", sandbox.emulator_url)
-    client = emulator.gcs_client(sandbox.emulator_url)
+    client = gcs_emulator.gcs_client(sandbox.emulator_url)
     bucket = client.create_bucket("helper-bucket-control")
     bucket.blob("a/b.txt").upload_from_string("hello")
     assert (
-        emulator.api_for(SandboxLayout(sandbox.root)).download("helper-bucket-control", "a/b.txt") == b"hello"
+        gcs_emulator.api_for(SandboxLayout(sandbox.root)).download("helper-bucket-control", "a/b.txt")
+        == b"hello"
     )
 
 
 def test_down_keeps_data_and_wipe_deletes(tmp_path: Path) -> None:
     root = tmp_path / "own-sandbox"
     info = sandbox_up(root)
-    emulator.api_for(SandboxLayout(info.root)).create_bucket("kept")
+    gcs_emulator.api_for(SandboxLayout(info.root)).create_bucket("kept")
     assert sandbox_down(root) is True
-    assert emulator.running_info(SandboxLayout(info.root)) is None
+    assert gcs_emulator.running_info(SandboxLayout(info.root)) is None
     assert (root / "gcs").is_dir()
     restarted = sandbox_up(root)
     assert restarted.emulator_pid != info.emulator_pid
-    assert emulator.api_for(SandboxLayout(root)).get_bucket("kept") is not None
+    assert gcs_emulator.api_for(SandboxLayout(root)).get_bucket("kept") is not None
     sandbox_down(root, wipe=True)
     assert not root.exists()

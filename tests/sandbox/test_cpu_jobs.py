@@ -14,7 +14,7 @@ from airflow_provider_tpu_rl.render.blueprint import customize_blueprint
 from airflow_provider_tpu_rl.spec.presets import PRESETS
 from tests.sandbox.conftest import Cli, Cluster, job_status, make_cluster, wait_for
 from tests.sandbox.test_jobs import CONVERT
-from tpu_rl_sandbox.cloud import project_number
+from tpu_rl_sandbox.world.inventory import project_number
 
 CPU_FLAGS = (
     "--compute-type",

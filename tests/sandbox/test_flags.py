@@ -4,18 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from tpu_rl_sandbox.fake_gcloud import COMMANDS
-from tpu_rl_sandbox.fake_gcluster import build_tree
-from tpu_rl_sandbox.flags import (
-    CobraError,
-    CobraHelp,
-    GcloudUsageError,
-    cobra_parse,
-    gcloud_parse,
-    gcloud_resolve,
-    required_flags_error,
-)
-from tpu_rl_sandbox.gotime import GoDurationError, duration_to_seconds_or_int, parse_duration
+from tpu_rl_sandbox.clis.gcloud.commands import COMMANDS
+from tpu_rl_sandbox.clis.gcloud.parser import GcloudUsageError, gcloud_parse, gcloud_resolve
+from tpu_rl_sandbox.clis.gcluster.cobra import CobraError, CobraHelp, cobra_parse, required_flags_error
+from tpu_rl_sandbox.clis.gcluster.commands import build_tree
+from tpu_rl_sandbox.clis.gcluster.gotime import GoDurationError, duration_to_seconds_or_int, parse_duration
 
 
 def test_vars_split_on_commas_and_accumulate_when_repeated() -> None:

@@ -6,9 +6,10 @@ import hashlib
 import json
 
 from tests.sandbox.conftest import Cli, Cluster, deploy_args
-from tpu_rl_sandbox import cloud
-from tpu_rl_sandbox.settings import reset_settings, update_settings
-from tpu_rl_sandbox.state import StateStore, read_calls
+from tpu_rl_sandbox.world import iam, inventory, secret_values
+from tpu_rl_sandbox.world.calls import read_calls
+from tpu_rl_sandbox.world.settings import reset_settings, update_settings
+from tpu_rl_sandbox.world.store import StateStore
 
 ACCESSOR = "roles/secretmanager.secretAccessor"
 
@@ -159,7 +160,7 @@ def test_a_new_secret_grant_is_refused_until_it_has_propagated(cli: Cli, names: 
     project = names["project"]
     store = StateStore(cli.layout)
     reader = (
-        f"principal://iam.googleapis.com/projects/{cloud.project_number(project)}/locations/global/"
+        f"principal://iam.googleapis.com/projects/{inventory.project_number(project)}/locations/global/"
         f"workloadIdentityPools/{project}.svc.id.goog/subject/ns/default/sa/reader"
     )
     binding = ("hf", f"--project={project}", f"--member={reader}", f"--role={ACCESSOR}")
@@ -170,13 +171,13 @@ def test_a_new_secret_grant_is_refused_until_it_has_propagated(cli: Cli, names: 
     )
 
     def read() -> tuple[str | None, str]:
-        return cloud.pod_secret_value(store, reader, project, "hf", "latest")
+        return secret_values.pod_secret_value(store, reader, project, "hf", "latest")
 
     def propagate() -> None:
         """As if the propagation delay had passed since the grant."""
         with store.txn() as txn:
             secrets = txn.doc("secrets")
-            secrets[f"{project}/hf"][cloud.GRANTED_AT][ACCESSOR][reader] -= 61.0
+            secrets[f"{project}/hf"][iam.GRANTED_AT][ACCESSOR][reader] -= 61.0
             txn.save("secrets")
 
     update_settings(cli.layout, iam_propagation_seconds=60.0)
@@ -185,7 +186,7 @@ def test_a_new_secret_grant_is_refused_until_it_has_propagated(cli: Cli, names: 
         assert created.code == 0, created.text
         assert read() == denied  # no grant
         assert cli.gcloud("secrets", "add-iam-policy-binding", *binding).code == 0
-        assert reader in cloud.iam_bindings(cli.layout, f"projects/{project}/secrets/hf")[ACCESSOR]
+        assert reader in iam.iam_bindings(cli.layout, f"projects/{project}/secrets/hf")[ACCESSOR]
         assert read() == denied  # granted, not in effect yet
         propagate()
         value, problem = read()

@@ -15,15 +15,17 @@ import pytest
 
 from tests.sandbox.conftest import Cli
 from tests.sandbox.test_vm import create_vm, ssh
-from tpu_rl_sandbox.fake_gcloud import iam_bindings, parse_duration, project_ssh_key_entries, project_ssh_keys
-from tpu_rl_sandbox.settings import (
+from tpu_rl_sandbox.clis.gcloud.compute_ssh import project_ssh_key_entries, project_ssh_keys
+from tpu_rl_sandbox.clis.gcloud.values import parse_duration
+from tpu_rl_sandbox.world.iam import iam_bindings
+from tpu_rl_sandbox.world.settings import (
     DEFAULT_RESERVATIONS,
     SandboxSettings,
     load_settings,
     reset_settings,
     update_settings,
 )
-from tpu_rl_sandbox.state import StateStore
+from tpu_rl_sandbox.world.store import StateStore
 
 REFUSED = (
     "Adding a binding without specifying a condition to a policy containing conditions is prohibited in "

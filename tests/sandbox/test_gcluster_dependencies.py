@@ -5,7 +5,7 @@ the newest ``develop`` of mid-2026): ``gcluster.go``/``pkg/dependencies/resolver
 terraform version, packer, the ``[y/N]`` prompt), ``cmd/dependencies.go`` (which commands check),
 ``cmd/job/prereq.go`` (``job submit`` prerequisites), ``pkg/config/staging.go`` and
 ``pkg/modulewriter/modulewriter.go`` (``ghpc_stage``). The fake runs as a real process through
-its shim, with PATH built by :func:`tests.toolpath.path_without`.
+its shim, with PATH built by :func:`tests.support.toolpath.path_without`.
 """
 
 from __future__ import annotations
@@ -21,16 +21,16 @@ import pytest
 import yaml
 
 from tests.sandbox.conftest import Cli, Result, deploy_args, submit_args
-from tests.toolpath import path_without
-from tpu_rl_sandbox import fake_gcluster
-from tpu_rl_sandbox.settings import reset_settings, update_settings
-from tpu_rl_sandbox.tool_stubs import (
+from tests.support.toolpath import path_without
+from tpu_rl_sandbox.clis.gcluster import dependencies
+from tpu_rl_sandbox.clis.tool_stubs import (
     STUB_MARKER,
     STUB_PACKER_VERSION,
     STUB_TERRAFORM_VERSION,
     STUB_TOOLS,
     write_tool_stubs,
 )
+from tpu_rl_sandbox.world.settings import reset_settings, update_settings
 
 REQUIRED_TERRAFORM = "1.12.2"  # pkg/dependencies/checksums_generated.go TerraformVersion
 REQUIRED_PACKER = "1.15.0"  # pkg/dependencies/checksums_generated.go PackerVersion
@@ -81,8 +81,8 @@ def _prompt(tool: str, version: str) -> str:
 def test_stubs_answer_version_queries_like_the_real_tools(tmp_path: Path) -> None:
     written = write_tool_stubs(tmp_path)
     assert sorted(p.name for p in written) == sorted(STUB_TOOLS)
-    assert STUB_TERRAFORM_VERSION == REQUIRED_TERRAFORM == fake_gcluster.TERRAFORM_VERSION
-    assert STUB_PACKER_VERSION == REQUIRED_PACKER == fake_gcluster.PACKER_VERSION
+    assert STUB_TERRAFORM_VERSION == REQUIRED_TERRAFORM == dependencies.TERRAFORM_VERSION
+    assert STUB_PACKER_VERSION == REQUIRED_PACKER == dependencies.PACKER_VERSION
 
     def run(*argv: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -195,7 +195,7 @@ def test_host_terraform_is_asked_for_its_version(cli: Cli, names: dict[str, str]
         pytest.skip("no terraform on this machine's PATH")
     done = subprocess.run([host, "version", "-json"], capture_output=True, text=True, timeout=60, check=False)
     version = json.loads(done.stdout)["terraform_version"]
-    if fake_gcluster.go_version_compare(version, REQUIRED_TERRAFORM) >= 0:
+    if dependencies.go_version_compare(version, REQUIRED_TERRAFORM) >= 0:
         pytest.skip(f"this machine's terraform {version} is new enough")
     only = tmp_path / "host"
     only.mkdir()

@@ -14,11 +14,11 @@ from google.cloud import container_v1
 from google.oauth2 import service_account
 
 from tests.sandbox.conftest import Cli, deploy_args
-from tpu_rl_sandbox import kube_access, oauth
-from tpu_rl_sandbox.api_server import api_server_url
-from tpu_rl_sandbox.control import SANDBOX_PROJECT
-from tpu_rl_sandbox.layout import SandboxLayout
-from tpu_rl_sandbox.tls import ensure_tls
+from tpu_rl_sandbox.apis import kube_access, oauth
+from tpu_rl_sandbox.apis.api_server import api_server_url
+from tpu_rl_sandbox.apis.tls import ensure_tls
+from tpu_rl_sandbox.commands.lifecycle import SANDBOX_PROJECT
+from tpu_rl_sandbox.world.layout import SandboxLayout
 
 
 @pytest.fixture

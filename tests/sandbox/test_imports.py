@@ -10,26 +10,42 @@ import tpu_rl_sandbox
 PACKAGE = Path(tpu_rl_sandbox.__file__).parent
 
 
+def _module_name(path: Path) -> str:
+    """``clis/gcloud/app.py`` -> ``clis.gcloud.app``; a package's ``__init__.py`` is the package."""
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
 def _graph() -> dict[str, set[str]]:
-    modules = {p.stem for p in PACKAGE.glob("*.py")}
+    files = [p for p in PACKAGE.rglob("*.py") if "bundle" not in p.relative_to(PACKAGE).parts]
+    modules = {_module_name(p) for p in files} - {""}
     graph: dict[str, set[str]] = {}
-    for name in modules:
+    for path in files:
+        name = _module_name(path)
+        if not name:
+            continue
         deps: set[str] = set()
-        for node in ast.walk(ast.parse((PACKAGE / f"{name}.py").read_text())):
+        for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tpu_rl_sandbox"):
-                if node.module == "tpu_rl_sandbox":
-                    deps |= {alias.name for alias in node.names if alias.name in modules}
-                else:
-                    deps.add(node.module.split(".")[1])
+                base = node.module.removeprefix("tpu_rl_sandbox").lstrip(".")
+                for alias in node.names:
+                    # ``from tpu_rl_sandbox.world import iam``: a module; else a name of ``base``
+                    inner = f"{base}.{alias.name}" if base else alias.name
+                    deps.add(inner if inner in modules else base)
             elif isinstance(node, ast.Import):
-                deps |= {a.name.split(".")[1] for a in node.names if a.name.startswith("tpu_rl_sandbox.")}
-        graph[name] = deps - {name}
+                deps |= {
+                    a.name.removeprefix("tpu_rl_sandbox.")
+                    for a in node.names
+                    if a.name.startswith("tpu_rl_sandbox.")
+                }
+        graph[name] = deps - {name, ""}
     return graph
 
 
 def test_no_import_cycles() -> None:
     graph = _graph()
-    assert {"cloud", "fake_gcloud", "hosts"} <= set(graph)
+    assert {"world.iam", "clis.gcloud.app", "machines.hosts"} <= set(graph)
+    assert "world.store" in graph["world.faults"]  # the graph sees the imports
     cycles: list[list[str]] = []
 
     def visit(node: str, path: list[str]) -> None:
@@ -42,8 +58,19 @@ def test_no_import_cycles() -> None:
     for start in sorted(graph):
         visit(start, [start])
     assert cycles == []
-    assert "hosts" not in graph["cloud"]
-    assert "fake_gcloud" not in graph["hosts"]
+    # the fake cloud's state knows no machine, and the machines know no gcloud command but the
+    # in-machine subset
+    assert not any(
+        dep.startswith("machines.") for name in graph if name.startswith("world.") for dep in graph[name]
+    )
+    gcloud_app = {name for name in graph if name.startswith("clis.gcloud.")} - {
+        "clis.gcloud.in_machine",
+        "clis.gcloud.commands",
+        "clis.gcloud.parser",
+        "clis.gcloud.output",
+        "clis.gcloud.storage_ops",
+    }
+    assert not graph["machines.hosts"] & gcloud_app
 
 
 def test_a_fake_tool_starts_without_the_modules_only_some_commands_use() -> None:
@@ -52,7 +79,7 @@ def test_a_fake_tool_starts_without_the_modules_only_some_commands_use() -> None
     import sys
 
     probe = (
-        "import sys, tpu_rl_sandbox.fake_gcloud, tpu_rl_sandbox.fake_gcluster; "
+        "import sys, tpu_rl_sandbox.clis.gcloud.app, tpu_rl_sandbox.clis.gcluster.app; "
         "print(' '.join(sorted(sys.modules)))"
     )
     loaded = set(
@@ -65,8 +92,8 @@ def test_a_fake_tool_starts_without_the_modules_only_some_commands_use() -> None
         "urllib.request",  # the emulator's HTTP client: commands that touch a bucket
         "http.server",
         "cryptography",  # the API server's TLS and token signatures
-        "tpu_rl_sandbox.hosts",  # the simulated VM and pods
-        "tpu_rl_sandbox.maxtext_sim",
-        "tpu_rl_sandbox.kube_server",
+        "tpu_rl_sandbox.machines.hosts",  # the simulated VM and pods
+        "tpu_rl_sandbox.machines.maxtext_sim",
+        "tpu_rl_sandbox.apis.kube_server",
     }
     assert sorted(heavy & loaded) == []

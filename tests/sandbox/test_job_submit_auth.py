@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.sandbox.conftest import Cli, Result, submit_args
-from tpu_rl_sandbox.settings import reset_settings, update_settings
+from tpu_rl_sandbox.world.settings import reset_settings, update_settings
 
 AUTH_ITEM = "\n - Google Cloud Authentication\n   Command: gcloud auth login\n"
 ADC_ITEM = "\n - Application Default Credentials (ADC)\n   Command: gcloud auth application-default login\n"

@@ -25,8 +25,8 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from tests.sandbox.conftest import Cli, Cluster, deploy_args, submit_args, wait_for
-from tpu_rl_sandbox import kube_access
-from tpu_rl_sandbox.kube_access import ClusterAccess
+from tpu_rl_sandbox.apis import kube_access
+from tpu_rl_sandbox.apis.kube_access import ClusterAccess
 
 JOBSETS = "/apis/jobset.x-k8s.io/v1alpha2"
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?Z) (.*)$")
@@ -534,8 +534,8 @@ def test_pathways_v6e_32_job_has_11_containers_and_its_workload_is_followed_in_f
 
 
 def test_a_hold_file_reading_tpu_holds_only_the_jobs_that_request_tpus(tmp_path: Path) -> None:
-    from tpu_rl_sandbox.job_worker import _held
-    from tpu_rl_sandbox.kube_api import POD_HOLD_TPU_ONLY
+    from tpu_rl_sandbox.apis.kube_api import POD_HOLD_TPU_ONLY
+    from tpu_rl_sandbox.machines.job_worker import _held
 
     hold = tmp_path / "hold"
     tpu_job, cpu_job = {"tpu": 32}, {"tpu": 0}

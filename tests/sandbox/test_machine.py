@@ -15,9 +15,9 @@ from airflow_provider_tpu_rl.render.shell import quote_all
 from airflow_provider_tpu_rl.spec.presets import PRESETS
 from airflow_provider_tpu_rl.spec.workloads import TrainingSpec
 from tests.sandbox.conftest import Cli
-from tpu_rl_sandbox import machine_stubs
-from tpu_rl_sandbox.fsview import GcsStore
-from tpu_rl_sandbox.hosts import MachineServices, PodHost, VmHost
+from tpu_rl_sandbox.machines import pod_image
+from tpu_rl_sandbox.machines.fsview import GcsStore
+from tpu_rl_sandbox.machines.hosts import MachineServices, PodHost, VmHost
 
 HOST_CGROUP_LIMIT = Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")
 
@@ -174,19 +174,19 @@ def test_patch_targets_hold_the_text_the_patches_replace() -> None:
     tunix = _replacements(TUNIX_RESHARD_PATCH)
     assert tunix, "the tunix patch replaces nothing"
     for old, _ in tunix:
-        assert old in machine_stubs.VLLM_SAMPLER, f"tunix patch target gone: {old!r}"
+        assert old in pod_image.VLLM_SAMPLER, f"tunix patch target gone: {old!r}"
     adafactor = _substitutions(ADAFACTOR_PATCH)
     assert adafactor, "the Adafactor patch substitutes nothing"
     for pattern, _ in adafactor:
-        assert re.search(pattern, machine_stubs.UTILS_RL), f"Adafactor patch target gone: {pattern!r}"
-    assert machine_stubs.UTILS_RL_PATH in ADAFACTOR_PATCH
+        assert re.search(pattern, pod_image.UTILS_RL), f"Adafactor patch target gone: {pattern!r}"
+    assert pod_image.UTILS_RL_PATH in ADAFACTOR_PATCH
 
 
 @pytest.mark.parametrize(
     ("patch", "path"),
     [
-        (TUNIX_RESHARD_PATCH, machine_stubs.VLLM_SAMPLER_PATH),
-        (ADAFACTOR_PATCH, machine_stubs.UTILS_RL_PATH),
+        (TUNIX_RESHARD_PATCH, pod_image.VLLM_SAMPLER_PATH),
+        (ADAFACTOR_PATCH, pod_image.UTILS_RL_PATH),
     ],
     ids=["tunix-reshard", "adafactor"],
 )
@@ -196,7 +196,7 @@ def test_patch_runs_for_real_in_the_pod_and_changes_its_file(
     root = tmp_path / "pod"
     code, out = run_pod(cli, root, quote_all(["python3", "-c", patch]))
     assert code == 0, out
-    original = machine_stubs.POD_FILES[path]
+    original = pod_image.POD_FILES[path]
     patched = (root / path.lstrip("/")).read_text()
     assert patched != original, "the patch left the file unchanged"
     for old, new in _replacements(patch):

@@ -8,7 +8,7 @@ import pytest
 
 from airflow_provider_tpu_rl.maxtext import config_keys
 from airflow_provider_tpu_rl.spec.presets import GKE_MAXTEXT_VERSION, TPU_VM_MAXTEXT_VERSION
-from tpu_rl_sandbox import maxtext_sim
+from tpu_rl_sandbox.machines import maxtext_sim
 
 
 def test_the_sandbox_has_no_key_list_of_its_own() -> None:

@@ -8,8 +8,8 @@ from typing import Any, cast
 
 import pytest
 
-from tpu_rl_sandbox import maxtext_sim
-from tpu_rl_sandbox.fsview import Router
+from tpu_rl_sandbox.machines import maxtext_sim
+from tpu_rl_sandbox.machines.fsview import Router
 
 PROGRAMS = (maxtext_sim.TO_MAXTEXT, maxtext_sim.TO_HUGGINGFACE, maxtext_sim.TRAIN_RL)
 SKIP_LINE = "Skipping jax distributed system due to skip_jax_distributed_system=True flag."

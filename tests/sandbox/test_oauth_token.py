@@ -14,10 +14,10 @@ import pytest
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
-from tpu_rl_sandbox import oauth
-from tpu_rl_sandbox.api_server import api_server_url
-from tpu_rl_sandbox.control import SANDBOX_PROJECT, SandboxInfo
-from tpu_rl_sandbox.layout import SandboxLayout
+from tpu_rl_sandbox.apis import oauth
+from tpu_rl_sandbox.apis.api_server import api_server_url
+from tpu_rl_sandbox.commands.lifecycle import SANDBOX_PROJECT, SandboxInfo
+from tpu_rl_sandbox.world.layout import SandboxLayout
 
 SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tpu_rl_sandbox import maxtext_sim, timescale
-from tpu_rl_sandbox.fsview import LocalStore, Router
+from tpu_rl_sandbox.machines import maxtext_sim
+from tpu_rl_sandbox.machines.fsview import LocalStore, Router
+from tpu_rl_sandbox.world import timescale
 
 STEP = 0.2
 MODEL = "llama3.1-8b-Instruct"

@@ -11,8 +11,8 @@ import pytest
 
 from airflow_provider_tpu_rl.render.tpu_vm import install_script
 from tests.sandbox.conftest import Cli
-from tpu_rl_sandbox.settings import load_settings, reset_settings, update_settings
-from tpu_rl_sandbox.state import StateStore
+from tpu_rl_sandbox.world.settings import load_settings, reset_settings, update_settings
+from tpu_rl_sandbox.world.store import StateStore
 
 INSTALL = """set -euo pipefail
 sudo apt update && sudo apt upgrade -y --fix-missing
@@ -426,7 +426,7 @@ def test_a_stopped_vm_refuses_ssh_until_it_is_started(cli: Cli, prepared: dict[s
     where = (f"--zone={names['zone']}", f"--project={names['project']}")
     create_vm(cli, names, vm)
     assert ssh(cli, names, vm, "touch kept\n")[0] == 0
-    with StateStore(cli.layout).txn() as txn:  # as fake_gcloud._preempt_vm leaves a STOP VM
+    with StateStore(cli.layout).txn() as txn:  # as gcloud's InstancesCommands._preempt_vm leaves a STOP VM
         txn.doc("vms")[f"{names['project']}/{names['zone']}/{vm}"].update(
             status="TERMINATED", lastStopTimestamp="2030-01-01T00:00:00.000-00:00"
         )

@@ -14,8 +14,8 @@ import pytest
 
 from tests.sandbox.conftest import Cli
 from tests.sandbox.test_vm import create_vm, ssh
-from tpu_rl_sandbox import vpc
-from tpu_rl_sandbox.settings import reset_settings, update_settings
+from tpu_rl_sandbox.world import vpc
+from tpu_rl_sandbox.world.settings import reset_settings, update_settings
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, TPU_VM_DAG_ID
-from tests.ledger.pg_server import INSTALL_HINT, PostgresServer, find_postgres_bin
 from tests.services.airflow_stack import (
     AirflowApi,
     AirflowStack,
@@ -24,9 +23,10 @@ from tests.services.airflow_stack import (
     process_alive,
     start_stack,
 )
-from tpu_rl_sandbox.control import SandboxInfo, sandbox_down, sandbox_env, sandbox_up
-from tpu_rl_sandbox.layout import SandboxLayout
-from tpu_rl_sandbox.maxtext_sim import HOLD_FILE_ENV, STEP_SECONDS_ENV
+from tests.support.pg_server import INSTALL_HINT, PostgresServer, find_postgres_bin
+from tpu_rl_sandbox.commands.lifecycle import SandboxInfo, sandbox_down, sandbox_env, sandbox_up
+from tpu_rl_sandbox.machines.maxtext_sim import HOLD_FILE_ENV, STEP_SECONDS_ENV
+from tpu_rl_sandbox.world.layout import SandboxLayout
 
 # Simulated seconds per MaxText step: long enough that `train` is seen deferred, short enough for
 # a whole run in about a minute on two cores.
@@ -81,7 +81,7 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServicesWorld
                 sandbox_env(info.root),
                 PIPELINE_DAG_IDS,
                 marker,
-                # the fake gcluster copies both into the job it submits (sandbox/.../gcluster_jobs.py)
+                # the fake gcluster copies both into the job it submits (sandbox/.../clis/gcluster/jobs.py)
                 extra_env={STEP_SECONDS_ENV: STEP_SECONDS, HOLD_FILE_ENV: str(hold_file)},
             )
             for dag_id in PIPELINE_DAG_IDS:

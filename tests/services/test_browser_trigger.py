@@ -48,7 +48,7 @@ from tests.services.airflow_stack import (
     watch_run,
 )
 from tests.services.conftest import PIPELINE_DAG_IDS, ServicesWorld
-from tpu_rl_sandbox.control import sandbox_form_defaults
+from tpu_rl_sandbox.commands.lifecycle import sandbox_form_defaults
 
 pytestmark = [pytest.mark.services, pytest.mark.browser]
 

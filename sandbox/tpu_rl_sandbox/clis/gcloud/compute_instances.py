@@ -1,0 +1,413 @@
+"""``gcloud [alpha] compute instances create|delete|start|describe|list``: the fake VMs (their
+records in the sandbox state, their folders), and their preemption."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+import time
+from typing import Any
+
+from tpu_rl_sandbox.clis.gcloud.compute_networks import NetworksCommands
+from tpu_rl_sandbox.clis.gcloud.compute_reservations import ReservationsCommands
+from tpu_rl_sandbox.clis.gcloud.output import GcloudError, formatted, matches_filter, table
+from tpu_rl_sandbox.clis.gcloud.parser import GcloudParse
+from tpu_rl_sandbox.clis.gcloud.values import parse_labels
+from tpu_rl_sandbox.world import inventory, vpc
+from tpu_rl_sandbox.world.settings import load_settings
+from tpu_rl_sandbox.world.timescale import capacity_seconds
+from tpu_rl_sandbox.world.timestamps import rfc3339
+
+DEFAULT_SCOPES = [
+    "devstorage.read_only",
+    "logging.write",
+    "monitoring.write",
+    "service.management.readonly",
+    "servicecontrol",
+    "trace.append",
+]
+SCOPE_ALIASES = {
+    "https://www.googleapis.com/auth/cloud-platform": "cloud-platform",
+    "https://www.googleapis.com/auth/devstorage.read_write": "storage-rw",
+    "https://www.googleapis.com/auth/devstorage.full_control": "storage-full",
+    "https://www.googleapis.com/auth/devstorage.read_only": "storage-ro",
+}
+
+
+def check_instance_scheduling(parsed: GcloudParse) -> None:
+    """gcloud's own check of the scheduling flags before any API call
+    (command_lib/compute/instances/flags.py ValidateInstanceScheduling, with max run duration)."""
+    if parsed.get("instance-termination-action") and not any(
+        parsed.get(flag) for flag in ("provisioning-model", "max-run-duration", "termination-time")
+    ):
+        raise GcloudError(
+            "One of [--provisioning-model, --max-run-duration, --termination-time] must be supplied: "
+            "required with argument `--instance-termination-action`."
+        )
+    if parsed.get("termination-time") and parsed.get("max-run-duration"):
+        raise GcloudError(
+            "Must specify exactly one of --max-run-duration or --termination-time as these fields are "
+            "mutually exclusive."
+        )
+
+
+class InstancesCommands(ReservationsCommands, NetworksCommands):
+    """``gcloud compute instances``."""
+
+    def _instance_url(self, project: str, zone: str, name: str) -> str:
+        return f"https://www.googleapis.com/compute/v1/projects/{project}/zones/{zone}/instances/{name}"
+
+    def _scopes(self, raw: str | None) -> list[str]:
+        if not raw:
+            return list(DEFAULT_SCOPES)
+        scopes: list[str] = []
+        for item in raw.split(","):
+            item = item.strip()
+            if item == "default":
+                scopes += DEFAULT_SCOPES
+            else:
+                scopes.append(
+                    SCOPE_ALIASES.get(item, item.rsplit("/", 1)[-1] if item.startswith("https://") else item)
+                )
+        return scopes
+
+    def cmd_alpha_compute_instances_create(self, parsed: GcloudParse) -> int:
+        """The alpha track's create: the GA one plus ``--provisioning-model=FLEX_START``."""
+        return self.cmd_compute_instances_create(parsed)
+
+    def cmd_compute_instances_create(self, parsed: GcloudParse) -> int:
+        project = self.project(parsed)
+        names = list(parsed.positionals["INSTANCE_NAMES"])
+        zone = self.zone(parsed, names[0])
+        check_instance_scheduling(parsed)
+        affinity = parsed.get("reservation-affinity")
+        if affinity == "specific" and not parsed.get("reservation"):
+            raise GcloudError(
+                "Missing required argument [--reservation]: The name of the reservation is required when "
+                "--reservation-affinity=specific."
+            )
+        size = str(parsed.get("boot-disk-size") or "10GB")
+        if not re.fullmatch(r"\d+(GB|TB|G|T)?", size):
+            raise GcloudError(f"argument --boot-disk-size: Failed to parse '{size}' as disk size.", code=2)
+        labels = parse_labels(parsed.get("labels"))
+        for name in names:
+            if not re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", name):
+                raise GcloudError(
+                    f"Could not fetch resource:\n - Invalid value for field 'resource.name': '{name}'. Must be a match of "
+                    "regex '(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?|[1-9][0-9]{0,19})'"
+                )
+        fault = self.faults().fire("deploy")
+        if fault is not None:
+            if fault.transient:
+                raise GcloudError(
+                    f"Could not fetch resource:\n - The zone 'projects/{project}/zones/{zone}' does not have enough "
+                    "resources available to fulfill the request.  Try a different zone, or try again later. "
+                    "(ZONE_RESOURCE_POOL_EXHAUSTED)"
+                )
+            raise GcloudError(
+                f"Could not fetch resource:\n - Invalid value for field 'resource.reservationAffinity': Reservation "
+                f"'projects/{project}/zones/{zone}/reservations/{parsed.get('reservation') or 'unknown'}' does not exist "
+                "or is not usable by this instance."
+            )
+        self._require_permission(
+            "compute.instances.create", project, f"projects/{project}/zones/{zone}/instances/{names[0]}"
+        )
+        # Without --network the interface goes on the project's `default` network
+        # (api_lib/compute/instances/utils.py CreateNetworkInterfaceMessage: "By default interface is
+        # attached to default network");
+        # the insert fails with the API's 404 when that network does not exist.
+        network = str(parsed.get("network") or vpc.DEFAULT_NETWORK)
+        if network not in vpc.read_vpc(self.store, project)["networks"]:
+            raise self._network_missing(project, network)
+        machine_type = str(parsed.get("machine-type") or "n1-standard-1")
+        created: list[dict[str, Any]] = []
+        with self.store.txn() as txn:
+            vms = txn.doc("vms")
+            docs = {"vms": vms, "clusters": txn.doc("clusters")}
+            for name in names:
+                key = f"{project}/{zone}/{name}"
+                if key in vms:
+                    raise GcloudError(
+                        f"Could not fetch resource:\n - The resource 'projects/{project}/zones/{zone}/instances/{name}' already exists"
+                    )
+                if affinity == "specific":
+                    problem = self._reservation_problem(
+                        docs, project, zone, str(parsed.get("reservation")), machine_type, 1
+                    )
+                    if problem is not None:
+                        raise GcloudError(f"Could not fetch resource:\n - {problem}")
+                record = {
+                    "name": name,
+                    "project": project,
+                    "zone": zone,
+                    "status": "RUNNING",
+                    "machineType": machine_type,
+                    "network": network,
+                    "labels": labels,
+                    "scopes": self._scopes(parsed.get("scopes")),
+                    "serviceAccount": parsed.get("service-account")
+                    or f"{inventory.project_number(project)}-compute@developer.gserviceaccount.com",
+                    "image": {
+                        "project": parsed.get("image-project"),
+                        "family": parsed.get("image-family"),
+                        "image": parsed.get("image"),
+                    },
+                    "bootDiskSize": size,
+                    "scheduling": {
+                        "provisioningModel": parsed.get("provisioning-model") or "STANDARD",
+                        "instanceTerminationAction": parsed.get("instance-termination-action"),
+                        "onHostMaintenance": parsed.get("maintenance-policy") or "MIGRATE",
+                        "maxRunDuration": parsed.get("max-run-duration"),
+                    },
+                    "reservationAffinity": {
+                        "type": affinity or "any",
+                        "reservation": parsed.get("reservation"),
+                    },
+                    "created": rfc3339(),
+                }
+                vms[key] = record
+                created.append(record)
+                history = txn.doc("vm_history")
+                history.setdefault(key, []).append(
+                    {"machineType": machine_type, "created": time.time(), "deleted": None, "programs": []}
+                )
+                vm_dir = self.layout.vm_dir(name)
+                vm_dir.mkdir(parents=True, exist_ok=True)
+            txn.save("vms")
+            txn.save("vm_history")
+        # the create operation runs until the VM is up (the VM exists, and bills, meanwhile)
+        time.sleep(capacity_seconds(load_settings(self.layout).minute_seconds, "vm_create"))
+        for record in created:
+            self.err(f"Created [{self._instance_url(project, zone, record['name'])}].\n")
+        if parsed.get("format"):
+            self.out(formatted([self._instance_resource(r) for r in created], parsed.get("format")))
+        else:
+            rows = [["NAME", "ZONE", "MACHINE_TYPE", "PREEMPTIBLE", "INTERNAL_IP", "EXTERNAL_IP", "STATUS"]]
+            rows += [
+                [
+                    r["name"],
+                    zone,
+                    r["machineType"],
+                    "",
+                    "10.128.0.5",
+                    inventory.external_ip(r["name"]),
+                    r["status"],
+                ]
+                for r in created
+            ]
+            self.out(table(rows))
+        return 0
+
+    def _instance_resource(self, record: dict[str, Any]) -> dict[str, Any]:
+        project, zone, name = record["project"], record["zone"], record["name"]
+        base = f"https://www.googleapis.com/compute/v1/projects/{project}/zones/{zone}"
+        affinity = record.get("reservationAffinity", {})
+        running = record["status"] == "RUNNING"
+        resource = {
+            "id": str(int(hashlib.sha256(f"{project}/{zone}/{name}".encode()).hexdigest()[:15], 16)),
+            "kind": "compute#instance",
+            "name": name,
+            "status": record["status"],
+            "zone": base,
+            "machineType": f"{base}/machineTypes/{record['machineType']}",
+            "labels": record.get("labels", {}),
+            "creationTimestamp": record["created"],
+            "selfLink": f"{base}/instances/{name}",
+            "networkInterfaces": [
+                {
+                    "name": "nic0",
+                    "networkIP": "10.128.0.5",
+                    # A stopped VM's ephemeral external IP is released; it gets one again at start.
+                    "accessConfigs": [
+                        {
+                            "name": "External NAT",
+                            **({"natIP": inventory.external_ip(name)} if running else {}),
+                        }
+                    ],
+                }
+            ],
+            "scheduling": {k: v for k, v in record.get("scheduling", {}).items() if v},
+            "serviceAccounts": [
+                {
+                    "email": record.get("serviceAccount"),
+                    "scopes": [f"https://www.googleapis.com/auth/{s}" for s in record.get("scopes", [])],
+                }
+            ],
+            "disks": [
+                {
+                    "boot": True,
+                    "autoDelete": True,
+                    "diskSizeGb": re.sub(r"\D", "", record.get("bootDiskSize", "10")),
+                }
+            ],
+        }
+        for stamp in ("lastStartTimestamp", "lastStopTimestamp"):
+            if record.get(stamp):
+                resource[stamp] = record[stamp]
+        if affinity.get("type") == "specific":
+            resource["reservationAffinity"] = {
+                "consumeReservationType": "SPECIFIC_RESERVATION",
+                "key": "compute.googleapis.com/reservation-name",
+                "values": [affinity.get("reservation")],
+            }
+        return resource
+
+    def cmd_compute_instances_delete(self, parsed: GcloudParse) -> int:
+        project = self.project(parsed)
+        names = list(parsed.positionals["INSTANCE_NAMES"])
+        zone = self.zone(parsed, names[0])
+        existing = self.store.read("vms")
+        missing = [n for n in names if f"{project}/{zone}/{n}" not in existing]
+        if missing:
+            raise GcloudError(
+                "Could not fetch resource:\n"
+                + "\n".join(
+                    f" - The resource 'projects/{project}/zones/{zone}/instances/{n}' was not found"
+                    for n in missing
+                )
+            )
+        fault = self.faults().fire("destroy")
+        if fault is not None:
+            resource = f"projects/{project}/zones/{zone}/instances/{names[0]}"
+            raise GcloudError(
+                f"Could not fetch resource:\n - The resource '{resource}' is not ready"
+                if fault.transient
+                else f"Could not fetch resource:\n - Required 'compute.instances.delete' permission for '{resource}'"
+            )
+        # the delete operation stops the VM first (it bills until then): its processes end
+        time.sleep(capacity_seconds(load_settings(self.layout).minute_seconds, "vm_delete"))
+        from tpu_rl_sandbox.machines import dockerd
+
+        for name in names:
+            dockerd.stop_all(self.layout.vm_dir(name))
+        with self.store.txn() as txn:
+            vms = txn.doc("vms")
+            history = txn.doc("vm_history")
+            for name in names:
+                vms.pop(f"{project}/{zone}/{name}", None)
+                shutil.rmtree(self.layout.vm_dir(name), ignore_errors=True)
+                lives = history.get(f"{project}/{zone}/{name}") or []
+                if lives and lives[-1]["deleted"] is None:
+                    lives[-1]["deleted"] = time.time()
+            txn.save("vms")
+            txn.save("vm_history")
+        for name in names:
+            self.err(f"Deleted [{self._instance_url(project, zone, name)}].\n")
+        return 0
+
+    def cmd_compute_instances_start(self, parsed: GcloudParse) -> int:
+        """surface/compute/instances/start.py: instances.start on each VM, then one "Updated" line and
+        its IPs per VM; starting a RUNNING VM does nothing (the API's operation is done at once)."""
+        project = self.project(parsed)
+        names = list(parsed.positionals["INSTANCE_NAMES"])
+        zone = self.zone(parsed, names[0])
+        for name in names:
+            self._vm(project, zone, name)
+        self._require_permission(
+            "compute.instances.start", project, f"projects/{project}/zones/{zone}/instances/{names[0]}"
+        )
+        if parsed.get("async"):
+            raise GcloudError("sandbox: --async is not simulated for instances start")
+        time.sleep(capacity_seconds(load_settings(self.layout).minute_seconds, "vm_create"))
+        with self.store.txn() as txn:
+            vms = txn.doc("vms")
+            history = txn.doc("vm_history")
+            for name in names:
+                record = vms[f"{project}/{zone}/{name}"]
+                if record["status"] == "RUNNING":
+                    continue
+                if record["status"] != "TERMINATED":
+                    raise GcloudError(
+                        f"Could not fetch resource:\n - The resource 'projects/{project}/zones/{zone}/instances/{name}' is not ready"
+                    )
+                record.update(status="RUNNING", lastStartTimestamp=rfc3339())
+                lives = history.get(f"{project}/{zone}/{name}") or []
+                if lives:
+                    lives[-1].setdefault("started", []).append(time.time())
+            txn.save("vms")
+            txn.save("vm_history")
+        for name in names:
+            self.err(f"Updated [{self._instance_url(project, zone, name)}].\n")
+            self.err("Instance internal IP is 10.128.0.5\n")
+            self.err(f"Instance external IP is {inventory.external_ip(name)}\n")
+        return 0
+
+    def _preempt_vm(self, project: str, zone: str, name: str) -> None:
+        """Compute Engine preempts the VM as its ``instanceTerminationAction`` says: DELETE deletes
+        it (its boot disk too: autoDelete), STOP leaves it TERMINATED with its boot disk (so what
+        was installed on it). ``vm_history`` notes when."""
+        now = time.time()
+        from tpu_rl_sandbox.machines import dockerd
+
+        dockerd.stop_all(self.layout.vm_dir(name))  # the machine shuts down: its containers end
+        with self.store.txn() as txn:
+            vms = txn.doc("vms")
+            history = txn.doc("vm_history")
+            key = f"{project}/{zone}/{name}"
+            record = vms.get(key)
+            if record is None:
+                return
+            action = (record.get("scheduling") or {}).get("instanceTerminationAction") or "STOP"
+            lives = history.get(key) or []
+            if lives:
+                lives[-1].setdefault("preempted", []).append(now)
+            if action == "DELETE":
+                vms.pop(key)
+                shutil.rmtree(self.layout.vm_dir(name), ignore_errors=True)
+                if lives:
+                    lives[-1]["deleted"] = now
+            else:
+                record.update(status="TERMINATED", lastStopTimestamp=rfc3339())
+            txn.save("vms")
+            txn.save("vm_history")
+
+    def _vm(self, project: str, zone: str, name: str) -> dict[str, Any]:
+        record = self.store.read("vms").get(f"{project}/{zone}/{name}")
+        if record is None:
+            raise GcloudError(
+                f"Could not fetch resource:\n - The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found"
+            )
+        return record
+
+    def cmd_compute_instances_describe(self, parsed: GcloudParse) -> int:
+        project = self.project(parsed)
+        name = str(parsed.positionals["NAME"])
+        record = self._vm(project, self.zone(parsed, name), name)
+        self.out(formatted(self._instance_resource(record), parsed.get("format")))
+        return 0
+
+    def cmd_compute_instances_list(self, parsed: GcloudParse) -> int:
+        project = self.project(parsed)
+        zones = [z for z in str(parsed.get("zones") or "").split(",") if z]
+        wanted_names = set(parsed.positionals["NAME"])
+        resources = []
+        for record in self.store.read("vms").values():
+            if record["project"] != project or (zones and record["zone"] not in zones):
+                continue
+            if wanted_names and record["name"] not in wanted_names:
+                continue
+            resource = self._instance_resource(record)
+            if matches_filter(resource, parsed.get("filter")):
+                resources.append(resource)
+        resources.sort(key=lambda r: r["name"])
+        if parsed.get("format"):
+            self.out(formatted(resources, parsed.get("format")))
+        elif resources:
+            rows = [["NAME", "ZONE", "MACHINE_TYPE", "PREEMPTIBLE", "INTERNAL_IP", "EXTERNAL_IP", "STATUS"]]
+            rows += [
+                [
+                    r["name"],
+                    r["zone"].rsplit("/", 1)[-1],
+                    r["machineType"].rsplit("/", 1)[-1],
+                    "",
+                    "10.128.0.5",
+                    r["networkInterfaces"][0]["accessConfigs"][0].get("natIP", ""),
+                    r["status"],
+                ]
+                for r in resources
+            ]
+            self.out(table(rows))
+        else:
+            self.err("Listed 0 items.\n")
+        return 0

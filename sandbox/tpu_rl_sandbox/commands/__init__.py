@@ -1,0 +1,1 @@
+"""The ``tpu-rl-sandbox`` subcommands: ``up``/``down``/``env``, ``demo`` and ``bench``."""

@@ -1,0 +1,695 @@
+"""``tpu-rl-sandbox bench``: parse time, orchestration overhead and worker-slot time, measured here.
+
+1. Parse time of each DAG file in a fresh process (``DagBag`` fill time and process wall time),
+   next to an equivalent DAG built from the google provider's stock operators, in the same run;
+   the GKE pipeline's fill against the stock one's (goal: at most 0.30), and any heavy client
+   library (GCS hook, storage/BigQuery clients, kubernetes, ...) a DAG file loads at parse time.
+2. The sandbox GKE pipeline end to end: wall time minus the simulated cloud work (the jobs' own run
+   time as the sandbox recorded it, and the time spent inside the fake ``gcloud``/``gcluster``
+   processes, which stand for cloud API calls; their union) = orchestration overhead, per task; next to it a trivial
+   DAG of the same shape (the real DAG's task ids, edges, setup/teardown flags, trigger rules and
+   Params, every task a no-op Python task) run the same way right after it, whose whole wall time is
+   overhead. Five rounds (each pipeline run in a fresh sandbox and Airflow home; the first trains
+   ``--train-seconds``, the others 10 s); the overhead and the baseline are the medians of the rounds.
+   The pipeline's overhead per task against the trivial DAG's: goal at most 1.5x. Each run reads
+   its one DAG file (``--dagfile-path``); the trivial DAG without the Params is shown beside it.
+3. Worker-slot time of the ``train`` task during a 120-second simulated training: the time it
+   spends executing in a worker, against the time the training took (the rest is deferred).
+
+A benchmark, not a test: it prints numbers and asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_tpu_rl.ledger.records import idle_share
+from airflow_provider_tpu_rl.ledger.schema import DEFAULT_SQLITE_FILE
+from airflow_provider_tpu_rl.spec import GKE_DAG_ID, TPU_VM_DAG_ID
+from tpu_rl_sandbox.commands.lifecycle import sandbox_down, sandbox_env, sandbox_up
+from tpu_rl_sandbox.world.calls import read_calls
+from tpu_rl_sandbox.world.layout import SandboxLayout
+from tpu_rl_sandbox.world.settings import update_settings
+from tpu_rl_sandbox.world.store import StateStore
+
+PARSE_FILL_GOAL = 0.30  # the GKE pipeline's DagBag fill, as a fraction of the stock equivalent's
+OVERHEAD_RATIO_GOAL = 1.5  # the pipeline's orchestration overhead per task vs a trivial DAG's
+# Rounds of section 2: each a pipeline run in a fresh sandbox, then the trivial DAGs. One run of either
+# varies by ±10-20% here (a trivial DAG's wall from 9 to 16 s on a loaded machine); the overhead and
+# the baselines are the medians of the rounds, five so that one slow run moves neither.
+ROUNDS = 5
+SHORT_TRAIN_SECONDS = 10.0  # the simulated training of every round but the first
+TPU_IDLE_GOAL = 0.15  # the share of billed TPU time that does not train
+# Section 4's time scale: one real minute of a stage lasts this long in the sandbox. Airflow's own
+# seconds per task (about 0.5-1 s here, seconds in a real deployment too) count as that many
+# "minutes", so the idle share read here is an upper bound of a real run's.
+DEFAULT_MINUTE_SECONDS = 2.0
+GKE_DAG_FILE = f"{GKE_DAG_ID}.py"
+STOCK_DAG_FILE = "stock_equivalent.py"
+TRIVIAL_DAG_ID = f"{GKE_DAG_ID}_trivial_shape"
+
+# Client libraries a DAG file must not load at parse time (they belong in execute/hooks/triggers).
+HEAVY_MODULES = (
+    "airflow.providers.google.cloud.hooks.gcs",
+    "google.cloud.storage",
+    "google.cloud.bigquery",
+    "googleapiclient",
+    "kubernetes",
+    "aiohttp",
+    "airflow.providers.common.sql.hooks.sql",
+)
+
+PARSE_PROBE = textwrap.dedent(
+    """
+    import json, sys, time
+    started = time.perf_counter()
+    try:
+        from airflow.dag_processing.dagbag import DagBag
+        options = {}
+    except ImportError:  # Airflow 2, which also reads its example DAGs unless told not to
+        from airflow.models.dagbag import DagBag
+        options = {"include_examples": False}
+    imported = time.perf_counter()
+    bag = DagBag(dag_folder=sys.argv[1], **options)
+    filled = time.perf_counter()
+    heavy = [name for name in json.loads(sys.argv[2]) if name in sys.modules]
+    errors = [str(error).strip().splitlines()[-1] for error in bag.import_errors.values()]
+    print(json.dumps({"errors": len(bag.import_errors), "error": errors[0] if errors else None,
+                      "dags": len(bag.dags), "heavy": heavy,
+                      "import_airflow": imported - started, "fill": filled - imported,
+                      "wall": filled - started}))
+    """
+)
+
+# The real DAG's shape: task ids, upstream edges, setup/teardown flags, trigger rules.
+SHAPE_PROBE = textwrap.dedent(
+    """
+    import json, sys
+    try:
+        from airflow.dag_processing.dagbag import DagBag
+        options = {}
+    except ImportError:  # Airflow 2, which also reads its example DAGs unless told not to
+        from airflow.models.dagbag import DagBag
+        options = {"include_examples": False}
+    bag = DagBag(dag_folder=sys.argv[1], **options)
+    if sys.argv[2] not in bag.dags:
+        raise SystemExit(f"{sys.argv[2]} is not in {sys.argv[1]}: {bag.import_errors}")
+    dag = bag.dags[sys.argv[2]]
+    params = {name: dag.params.get_param(name) for name in dag.params}  # the Param objects
+    print(json.dumps({
+        "tasks": [
+            {
+                "task_id": t.task_id,
+                "upstream": sorted(t.upstream_task_ids),
+                "trigger_rule": str(getattr(t.trigger_rule, "value", t.trigger_rule)),
+                "is_setup": bool(t.is_setup),
+                "is_teardown": bool(t.is_teardown),
+                "on_failure_fail_dagrun": bool(getattr(t, "on_failure_fail_dagrun", False)),
+            }
+            for t in dag.tasks
+        ],
+        "params": {
+            name: {"default": p.value, "description": p.description, "schema": p.schema}
+            for name, p in params.items()
+        },
+    }))
+    """
+)
+
+# A DAG of the given shape whose every task is a no-op Python task (run in a worker, like a real one;
+# an EmptyOperator would never reach a worker), with the real DAG's trigger form: Airflow validates
+# every Param each time it serializes a task, a cost of the form, not of the tasks.
+TRIVIAL_DAG = textwrap.dedent(
+    """
+    import json
+    from datetime import datetime
+
+    from airflow.providers.common.compat.sdk import DAG, Param
+    from airflow.providers.standard.operators.python import PythonOperator
+
+    SHAPE = json.loads({shape!r})
+
+
+    def noop():
+        return None
+
+
+    with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1), catchup=False,
+             default_args={{"owner": "bench", "retries": 0}},
+             params={{name: Param(p["default"], description=p["description"], schema=p["schema"])
+                     for name, p in SHAPE["params"].items()}}):
+        tasks = {{}}
+        for spec in SHAPE["tasks"]:
+            op = PythonOperator(task_id=spec["task_id"], python_callable=noop, trigger_rule=spec["trigger_rule"])
+            op.is_setup = spec["is_setup"]
+            op.is_teardown = spec["is_teardown"]
+            if spec["is_teardown"]:
+                op.on_failure_fail_dagrun = spec["on_failure_fail_dagrun"]
+            tasks[spec["task_id"]] = op
+        for spec in SHAPE["tasks"]:
+            for upstream in spec["upstream"]:
+                tasks[upstream] >> tasks[spec["task_id"]]
+    """
+)
+
+# The same pipeline shape (13 tasks, the same kind of params) from stock google-provider operators.
+STOCK_DAG = textwrap.dedent(
+    """
+    from datetime import datetime
+    from airflow.providers.common.compat.sdk import DAG, Param, TriggerRule, task
+    from airflow.providers.google.cloud.operators.gcs import GCSCreateBucketOperator
+    from airflow.providers.google.cloud.operators.kubernetes_engine import (
+        GKECreateClusterOperator, GKEDeleteClusterOperator, GKEStartPodOperator)
+    from airflow.providers.google.cloud.sensors.gcs import GCSObjectExistenceSensor
+
+    with DAG("stock_equivalent", schedule=None, start_date=datetime(2026, 1, 1), catchup=False,
+             params={k: Param("x", type="string", title=k, description=k, section="s")
+                     for k in ["model", "project", "region", "zone", "cluster_name", "bucket", "reservation",
+                               "image", "compute_type", "topology", "hf_model_path", "run_name",
+                               "hf_token_conn_id", "hf_token_secret", "authorized_cidr"]}):
+        @task
+        def validate():
+            return {}
+
+        def pod(task_id):
+            return GKEStartPodOperator(task_id=task_id, project_id="p", location="us-east5", cluster_name="c",
+                                       name=task_id, namespace="default", image="busybox", cmds=["true"],
+                                       deferrable=True)
+
+        v = validate()
+        bucket = GCSCreateBucketOperator(task_id="ensure_bucket", bucket_name="b")
+        deploy = GKECreateClusterOperator(task_id="deploy_cluster", project_id="p", location="us-east5",
+                                          body={"name": "c", "node_pools": [{"name": "p", "initial_node_count": 1}]})
+        token, convert, train, export = pod("sync_hf_token"), pod("convert"), pod("train"), pod("export")
+        sensors = [GCSObjectExistenceSensor(task_id=f"wait_{n}", bucket="b", object=n, deferrable=True)
+                   for n in ("converted", "actor", "hf")]
+        destroy = GKEDeleteClusterOperator(task_id="destroy_cluster", project_id="p", location="us-east5",
+                                           cluster_name="c").as_teardown(setups=deploy)
+
+        @task(trigger_rule=TriggerRule.ALL_DONE)
+        def record_run():
+            return None
+
+        @task(trigger_rule=TriggerRule.ONE_FAILED)
+        def watcher():
+            raise RuntimeError
+
+        v >> bucket >> deploy >> token >> convert >> sensors[0] >> train >> sensors[1] >> export >> sensors[2]
+        sensors[2] >> destroy >> record_run() >> watcher()
+    """
+)
+
+
+class ParseError(RuntimeError):
+    """A DAG file did not parse (an import error, or no DAG in it)."""
+
+
+def _parse_once(path: Path, env: dict[str, str]) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-c", PARSE_PROBE, str(path), json.dumps(HEAVY_MODULES)],
+        env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    if out.returncode != 0:
+        raise ParseError(f"the parse probe crashed: {out.stderr.strip().splitlines()[-1:]}")
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    if result["errors"] or not result["dags"]:
+        raise ParseError(result["error"] or "no DAG in the file")
+    return result
+
+
+def parse_env(airflow_home: str) -> dict[str, str]:
+    return {**os.environ, "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW_HOME": airflow_home}
+
+
+def bench_parse(dags_dir: Path, repeats: int) -> tuple[list[str], set[str]]:
+    """The parse table, and the names of the files that parsed."""
+    with tempfile.TemporaryDirectory() as tmp:
+        stock = Path(tmp) / STOCK_DAG_FILE
+        stock.write_text(STOCK_DAG)
+        env = parse_env(tmp)
+        files = [*sorted(dags_dir.glob("tpu_rl_*.py")), stock]
+        medians: dict[str, tuple[float, float]] = {}
+        heavy: dict[str, list[str]] = {}
+        failed: dict[str, str] = {}
+        for path in files:
+            try:
+                runs = [_parse_once(path, env) for _ in range(repeats)]
+            except ParseError as err:
+                failed[path.name] = str(err)
+                continue
+            medians[path.name] = (
+                statistics.median(r["fill"] for r in runs),
+                statistics.median(r["wall"] for r in runs),
+            )
+            heavy[path.name] = runs[-1]["heavy"]
+    stock_fill = medians[STOCK_DAG_FILE][0]
+    lines = [
+        f"1. DAG parse time, fresh process, median of {repeats} (DagBag fill = import of the file + DAG build)",
+        f"   {'file':<32}{'fill':>9}{'process':>10}{'vs stock':>10}",
+    ]
+    for name, (fill, wall) in medians.items():
+        lines.append(f"   {name:<32}{fill:8.3f}s{wall:9.3f}s{fill / stock_fill:9.2f}x")
+    for name, error in failed.items():
+        lines.append(f"   {name:<32}  did not parse: {error[:200]}")
+    if GKE_DAG_FILE in medians:
+        ratio = medians[GKE_DAG_FILE][0] / stock_fill
+        verdict = "met" if ratio <= PARSE_FILL_GOAL else "NOT met"
+        lines.append(
+            f"   {GKE_DAG_FILE} DagBag fill vs {STOCK_DAG_FILE}: "
+            f"ratio {ratio:.2f} (goal ≤ {PARSE_FILL_GOAL:.2f}; {verdict})"
+        )
+    ours = {name: modules for name, modules in heavy.items() if name != STOCK_DAG_FILE}
+    loaded = {name: modules for name, modules in ours.items() if modules}
+    if loaded:
+        for name, modules in loaded.items():
+            lines.append(f"   heavy modules loaded while parsing {name}: {', '.join(modules)}")
+    elif ours:
+        lines.append(
+            f"   heavy modules loaded while parsing tpu_rl_*.py: none (stock: {len(heavy[STOCK_DAG_FILE])})"
+        )
+    return lines, set(medians)
+
+
+_LINE = re.compile(r"^(\S+Z) .*")
+
+
+def _stamp(line: str) -> float | None:
+    match = _LINE.match(line)
+    if not match:
+        return None
+    try:
+        return datetime.fromisoformat(match.group(1).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def worker_slot_seconds(log_lines: list[str], task_id: str) -> tuple[float, float]:
+    """(seconds the task ran in a worker, seconds from its first start to its end) from the log."""
+    ti_id = None
+    for line in log_lines:
+        found = re.search(
+            rf"running task <TaskInstance: \S+\.{re.escape(task_id)} .* ti_id=([0-9a-f-]+)>", line
+        )
+        if found:
+            ti_id = found.group(1)
+            break
+    if ti_id is None:
+        raise RuntimeError(f"no task {task_id} in the log")
+    running_since: float | None = None
+    held = 0.0
+    first: float | None = None
+    last: float | None = None
+    for line in log_lines:
+        if f"ti_id={ti_id}" not in line:
+            continue
+        stamp = _stamp(line)
+        if stamp is None:
+            continue
+        if "Task started" in line:
+            running_since = stamp
+            first = stamp if first is None else first
+        elif "Task instance state updated" in line and "new_state=" in line and running_since is not None:
+            held += stamp - running_since
+            running_since = None
+            last = stamp
+    if first is None or last is None:
+        raise RuntimeError(f"task {task_id} did not start and end in the log")
+    return held, last - first
+
+
+def _job_intervals(root: Path) -> dict[str, tuple[float, float]]:
+    """Each job's own run (JobSet creation → completion), from the sandbox's job records: to the
+    microsecond (``gcluster job list`` prints whole seconds, ±1 s of noise per job)."""
+    intervals: dict[str, tuple[float, float]] = {}
+    for job in StateStore(SandboxLayout(root)).read("jobs").values():
+        if job.get("created_ts") is not None and job.get("completed_ts") is not None:
+            intervals[str(job["name"])] = (float(job["created_ts"]), float(job["completed_ts"]))
+    return intervals
+
+
+def _call_intervals(root: Path, since: float, until: float) -> list[tuple[float, float]]:
+    """The fake CLI calls made in ``[since, until]`` (each from its shim's start to its end)."""
+    return [
+        (float(c["start"]), float(c["end"]))
+        for c in read_calls(SandboxLayout(root))
+        if since <= float(c["start"]) <= until
+    ]
+
+
+def union_seconds(intervals: list[tuple[float, float]]) -> float:
+    """Seconds covered by at least one interval (overlaps counted once)."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end <= reach:
+            continue
+        total += end - max(start, reach)
+        reach = end
+    return total
+
+
+def dag_shape(dag_file: Path, dag_id: str, env: dict[str, str]) -> dict[str, Any]:
+    """The real DAG's tasks (id, upstream ids, setup/teardown flags, trigger rule) and its Params
+    (``tasks``, ``params``), loaded by DagBag."""
+    out = subprocess.run(
+        [sys.executable, "-c", SHAPE_PROBE, str(dag_file), dag_id], env=env, capture_output=True, text=True
+    )
+    if out.returncode != 0:
+        raise ParseError(f"cannot load {dag_id} from {dag_file}: {out.stderr.strip()[-1000:]}")
+    shape: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return shape
+
+
+def write_trivial_dag(folder: Path, shape: dict[str, Any], with_form: bool = True) -> Path:
+    """A DAG file of ``shape`` whose tasks do nothing (:data:`TRIVIAL_DAG_ID`), with the real DAG's
+    Params unless ``with_form`` is false."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{TRIVIAL_DAG_ID}.py"
+    if not with_form:
+        shape = {**shape, "params": {}}
+    path.write_text(TRIVIAL_DAG.format(shape=json.dumps(shape), dag_id=TRIVIAL_DAG_ID))
+    return path
+
+
+def _migrated_airflow(
+    root: Path, home: Path, dags_dir: Path, step_seconds: float
+) -> tuple[str, dict[str, str]]:
+    """The ``airflow`` executable and the environment of a run against the sandbox at ``root``, with
+    a fresh Airflow home ``home`` (migrated here) and fast polls."""
+    env = {
+        **os.environ,
+        **sandbox_env(root),
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags_dir),
+        "AIRFLOW__TPU_RL__POLL_INTERVAL": "1",
+        "TPU_RL_SANDBOX_STEP_SECONDS": str(step_seconds),
+    }
+    airflow = str(Path(sys.executable).with_name("airflow"))
+    subprocess.run([airflow, "db", "migrate"], env=env, capture_output=True, check=True)
+    return airflow, env
+
+
+def _dags_test(
+    airflow: str, dag_id: str, dag_file: Path, env: dict[str, str], conf: dict[str, Any] | None = None
+) -> tuple[float, list[str]]:
+    """Run ``airflow dags test`` on the one file ``dag_file`` (nothing else in the folder is parsed)
+    and return its wall time and log lines; raise if the run failed."""
+    argv = [airflow, "dags", "test", dag_id, "--dagfile-path", str(dag_file)]
+    env = {**env, "AIRFLOW__CORE__DAGS_FOLDER": str(dag_file.parent)}  # the file's own bundle
+    if conf is not None:
+        argv += ["-c", json.dumps(conf)]
+    started = time.monotonic()
+    run = subprocess.run(argv, env=env, capture_output=True, text=True)
+    wall = time.monotonic() - started
+    log = (run.stdout + run.stderr).splitlines()
+    if run.returncode != 0:
+        raise RuntimeError(f"{dag_id} failed:\n" + "\n".join(log[-40:]))
+    return wall, log
+
+
+def ledger_tpu_time(airflow_home: Path, dag_id: str) -> dict[str, Any] | None:
+    """The newest run of ``dag_id`` as the product's ledger recorded it: the TPU capacity's span,
+    the training span and their chip-hours (the ledger file Airflow's default connection uses)."""
+    path = airflow_home / DEFAULT_SQLITE_FILE
+    if not path.exists():
+        return None
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.row_factory = sqlite3.Row
+        row = db.execute(
+            "SELECT cluster_started_at, cluster_ended_at, train_started_at, train_ended_at, chip_hours,"
+            " busy_chip_hours FROM runs WHERE dag_id = ? ORDER BY recorded_at DESC LIMIT 1",
+            (dag_id,),
+        ).fetchone()
+    if row is None:
+        return None
+
+    def seconds(start: str | None, end: str | None) -> float | None:
+        if not start or not end:
+            return None
+        return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+
+    billed = seconds(row["cluster_started_at"], row["cluster_ended_at"])
+    trained = seconds(row["train_started_at"], row["train_ended_at"])
+    return {
+        "billed_seconds": billed,
+        "trained_seconds": trained,
+        "idle_share": idle_share(row["chip_hours"], row["busy_chip_hours"]),
+    }
+
+
+def tpu_time_lines(title: str, tpu: dict[str, Any] | None) -> list[str]:
+    """The bench's lines of TPU billed vs trained time, from the ledger."""
+    if tpu is None or tpu["billed_seconds"] is None:
+        return [f"{title}: the ledger recorded no billed span"]
+    share = tpu["idle_share"]
+    trained = tpu["trained_seconds"]
+    verdict = "" if share is None else ("; met" if share <= TPU_IDLE_GOAL else "; NOT met")
+    return [
+        f"{title}, as the run ledger recorded it",
+        f"   TPU billed (capacity create to delete)  {tpu['billed_seconds']:8.1f}s",
+        f"   TPU training (the training job ran)     {(trained if trained is not None else float('nan')):8.1f}s",
+        f"   idle share of the billed time           {('-' if share is None else f'{share:.0%}'):>8}"
+        f"  (goal ≤ {TPU_IDLE_GOAL:.0%}{verdict})",
+    ]
+
+
+def task_seconds(airflow_home: Path, dag_id: str) -> dict[str, float]:
+    """Each task's duration in the newest run of ``dag_id``, from Airflow's own database (the
+    SQLite file of ``airflow dags test``), in the order the tasks started."""
+    with contextlib.closing(sqlite3.connect(airflow_home / "airflow.db")) as db:
+        rows = db.execute(
+            "SELECT task_id, start_date, end_date FROM task_instance WHERE dag_id = ?"
+            " AND run_id = (SELECT run_id FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1)"
+            " AND start_date IS NOT NULL AND end_date IS NOT NULL ORDER BY start_date",
+            (dag_id, dag_id),
+        ).fetchall()
+    return {
+        task: (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+        for task, start, end in rows
+    }
+
+
+# The pipelines the TPU time is measured on, each with the conf of its bench run (the rest comes
+# from the sandbox's [tpu_rl] defaults), and the tutorials' batch count.
+TPU_TIME_RUNS: dict[str, tuple[str, dict[str, Any]]] = {
+    "GKE (Qwen3-30B-A3B, v6e-32)": (
+        GKE_DAG_ID,
+        {"project": "tpu-rl-bench", "cluster_name": "tpu-rl-bench", "bucket": "tpu-rl-bench-bucket"},
+    ),
+    "TPU VM (Llama 3.1 8B, v6e-8)": (
+        TPU_VM_DAG_ID,
+        {"project": "tpu-rl-bench", "vm_name": "tpu-rl-bench", "bucket": "tpu-rl-bench-bucket"},
+    ),
+}
+
+
+def bench_tpu_time(dags_dir: Path, minute_seconds: float, step_seconds: float) -> list[str]:
+    """Section 4: each pipeline once, in a fresh sandbox whose stages last their real minutes x
+    ``minute_seconds`` (the sandbox's time scale); the ledger's TPU billed and training time and
+    the idle share, with every task's duration beside them."""
+    lines = [
+        f"4. TPU time with the stages in the tutorials' proportions (1 real minute = {minute_seconds:g}s here;",
+        "   conversion, training, export and the TPU VM's install last their minutes in tpu_rl_sandbox.world.timescale)",
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        for number, (title, (dag_id, conf)) in enumerate(TPU_TIME_RUNS.items()):
+            root, home = Path(tmp) / f"tpu-{number}" / "sandbox", Path(tmp) / f"tpu-{number}" / "airflow"
+            sandbox_up(root)
+            try:
+                update_settings(SandboxLayout(root.resolve()), minute_seconds=minute_seconds)
+                airflow, env = _migrated_airflow(root, home, dags_dir, step_seconds)
+                alone = Path(tmp) / f"tpu-{number}" / "dag" / f"{dag_id}.py"
+                alone.parent.mkdir(parents=True)
+                alone.write_text((dags_dir / f"{dag_id}.py").read_text())
+                wall, _ = _dags_test(airflow, dag_id, alone, env, {**conf, "run_name": f"bench-{number}"})
+                stages = task_seconds(home, dag_id)
+                lines += tpu_time_lines(f"   {title}", ledger_tpu_time(home, dag_id))
+                lines.append(f"   the run's wall time {wall:.1f}s; each task's duration:")
+                lines += textwrap.wrap(
+                    ", ".join(f"{task} {seconds:.1f}s" for task, seconds in stages.items()),
+                    width=100,
+                    initial_indent="     ",
+                    subsequent_indent="     ",
+                )
+            finally:
+                sandbox_down(root, wipe=True)
+    return lines
+
+
+@dataclass(frozen=True)
+class PipelineRun:
+    """One ``airflow dags test`` of the GKE pipeline in its own sandbox and Airflow home."""
+
+    batches: int
+    wall: float
+    jobs: dict[str, tuple[float, float]]  # job name -> (created, completed)
+    calls: list[tuple[float, float]]  # fake CLI calls
+    log: list[str]
+
+    @property
+    def work(self) -> float:
+        """Simulated cloud work: the union of the jobs' runs and the CLI calls."""
+        return union_seconds([*self.jobs.values(), *self.calls])
+
+    @property
+    def overhead(self) -> float:
+        return self.wall - self.work
+
+
+def _pipeline_round(
+    dags_dir: Path, folder: Path, batches: int, step_seconds: float, shape: dict[str, Any] | None
+) -> tuple[PipelineRun, dict[str, Any], float, float]:
+    """In a fresh sandbox and Airflow home: the pipeline run, then the trivial DAG of its shape with
+    and without the Params; (the run, the shape, the two trivial walls). The shape is read from the
+    DAG file unless an earlier round passes it."""
+    conf = {
+        "project": "tpu-rl-bench",
+        "cluster_name": "tpu-rl-bench",
+        "bucket": "tpu-rl-bench-bucket",
+        "num_batches": batches,
+        "keep_cluster": True,  # keep the jobs listable afterwards; the sandbox is wiped at the end
+    }
+    root, home = folder / "sandbox", folder / "airflow"
+    sandbox_up(root)
+    try:
+        airflow, env = _migrated_airflow(root, home, dags_dir, step_seconds)
+        if shape is None:
+            shape = dag_shape(dags_dir / GKE_DAG_FILE, GKE_DAG_ID, env)
+        started_at = time.time()
+        # The DAG file alone in its folder, as the trivial DAGs are: the bundle parsed around
+        # the run holds that one file, not the other DAGs of dags/.
+        alone = folder / "pipeline" / GKE_DAG_FILE
+        alone.parent.mkdir()
+        alone.write_text((dags_dir / GKE_DAG_FILE).read_text())
+        wall, log = _dags_test(airflow, GKE_DAG_ID, alone, env, conf)
+        run = PipelineRun(
+            batches=batches,
+            wall=wall,
+            jobs=_job_intervals(root),
+            calls=_call_intervals(root, started_at, time.time()),
+            log=log,
+        )
+        # The same shape, the same sandbox, the same Airflow home, right after: only the DAG file differs.
+        trivial = write_trivial_dag(folder / "trivial", shape)
+        formless = write_trivial_dag(folder / "formless", shape, with_form=False)
+        trivial_wall = _dags_test(airflow, TRIVIAL_DAG_ID, trivial, env)[0]
+        formless_wall = _dags_test(airflow, TRIVIAL_DAG_ID, formless, env)[0]
+    finally:
+        sandbox_down(root, wipe=True)
+    return run, shape, trivial_wall, formless_wall
+
+
+def _seconds(values: list[float]) -> str:
+    return ", ".join(f"{v:.1f}s" for v in values)
+
+
+def bench_pipeline(dags_dir: Path, train_seconds: float, step_seconds: float) -> list[str]:
+    """Sections 2-4: :data:`ROUNDS` rounds, each a pipeline run and the two trivial DAGs after it;
+    the first round trains ``train_seconds`` (the worker slot and TPU time are read from it), the
+    others :data:`SHORT_TRAIN_SECONDS`. Overheads and baselines are the medians of the rounds."""
+    runs: list[PipelineRun] = []
+    trivial_walls: list[float] = []
+    formless_walls: list[float] = []
+    shape: dict[str, Any] = {}  # read in the first round, passed on to the others
+    with tempfile.TemporaryDirectory() as tmp:
+        for number in range(ROUNDS):
+            seconds = train_seconds if number == 0 else min(train_seconds, SHORT_TRAIN_SECONDS)
+            batches = max(1, round(seconds / step_seconds))
+            run, shape, trivial_wall, formless_wall = _pipeline_round(
+                dags_dir, Path(tmp) / f"round-{number}", batches, step_seconds, shape or None
+            )
+            runs.append(run)
+            trivial_walls.append(trivial_wall)
+            formless_walls.append(formless_wall)
+    first = runs[0]
+    job_seconds = {name: end - start for name, (start, end) in first.jobs.items()}
+    held, span = worker_slot_seconds(first.log, "train")
+    tasks = len(shape["tasks"])
+    overheads = [run.overhead for run in runs]
+    overhead = statistics.median(overheads)
+    per_task = overhead / tasks
+    trivial_wall, formless_wall = statistics.median(trivial_walls), statistics.median(formless_walls)
+    trivial_per_task = trivial_wall / tasks
+    formless_per_task = formless_wall / tasks
+    ratio = per_task / trivial_per_task
+    verdict = "met" if ratio <= OVERHEAD_RATIO_GOAL else "NOT met"
+    params = len(shape["params"])
+    steps = ", ".join(f"{o:.1f}s ({run.batches} steps)" for o, run in zip(overheads, runs, strict=True))
+    return [
+        f"2. Sandbox GKE pipeline, {first.batches} training steps x {step_seconds}s (poll interval 1 s), {tasks} tasks",
+        f"   wall time of `airflow dags test`        {first.wall:8.1f}s",
+        f"   the jobs' own run time ({len(first.jobs)} jobs)          {sum(job_seconds.values()):8.1f}s  {json.dumps({k: round(v) for k, v in job_seconds.items()})}",
+        f"   time inside the fake cloud CLIs ({len(first.calls)} calls) {union_seconds(first.calls):8.1f}s  (gcloud/gcluster stand-ins: API latency here)",
+        f"   simulated cloud work (union of both)      {first.work:8.1f}s",
+        f"   orchestration overhead                  {first.overhead:8.1f}s",
+        f"   orchestration overhead, median of {ROUNDS} runs {overhead:6.1f}s  = {per_task:.2f}s per task ({steps})",
+        f"   trivial DAG, same shape ({tasks} no-op Python tasks, same edges, setup/teardown, trigger rules,",
+        f"   the same {params} Params), run after each pipeline run",
+        f"   wall time of `airflow dags test`        {trivial_wall:8.1f}s  = {trivial_per_task:.2f}s per task (all overhead;",
+        f"   median of {ROUNDS} runs: {_seconds(trivial_walls)})",
+        f"   the same without the Params              {formless_wall:8.1f}s  = {formless_per_task:.2f}s per task "
+        f"(ratio {per_task / formless_per_task:.2f} against it; {_seconds(formless_walls)})",
+        f"   overhead per task, pipeline vs trivial  {per_task:.2f}s / {trivial_per_task:.2f}s: "
+        f"ratio {ratio:.2f} (goal ≤ {OVERHEAD_RATIO_GOAL:.2f}; {verdict})",
+        f"   each round's ratio: {', '.join(f'{o / w:.2f}' for o, w in zip(overheads, trivial_walls, strict=True))}",
+        "3. Worker slot held by `train` while the job trains",
+        f"   train task, first start to end          {span:8.1f}s",
+        f"   of which executing in a worker          {held:8.1f}s  ({held / span:.1%}; deferred the rest)",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tpu-rl-sandbox bench", description=__doc__)
+    add_bench_arguments(parser)
+    return run_bench_command(parser.parse_args(argv))
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dags-folder", type=Path, default=Path("dags"))
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--train-seconds", type=float, default=120.0)
+    parser.add_argument("--step-seconds", type=float, default=2.0)
+    parser.add_argument(
+        "--minute-seconds",
+        type=float,
+        default=DEFAULT_MINUTE_SECONDS,
+        help="the sandbox seconds one real minute of a stage lasts in the TPU time runs (4.)",
+    )
+    parser.add_argument("--parse-only", action="store_true", help="only the DAG parse benchmark (1.)")
+
+
+def run_bench_command(args: argparse.Namespace) -> int:
+    dags = args.dags_folder.resolve()
+    print(f"tpu-rl-sandbox bench on {os.cpu_count()} cores, Python {sys.version.split()[0]}", flush=True)
+    lines, parsed = bench_parse(dags, args.repeats)
+    for line in lines:
+        print(line, flush=True)
+    if args.parse_only:
+        return 0
+    if GKE_DAG_FILE not in parsed:
+        print(f"2./3. skipped: {GKE_DAG_FILE} does not parse", flush=True)
+        return 1
+    for line in bench_pipeline(dags, args.train_seconds, args.step_seconds):
+        print(line, flush=True)
+    for line in bench_tpu_time(dags, args.minute_seconds, args.step_seconds):
+        print(line, flush=True)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

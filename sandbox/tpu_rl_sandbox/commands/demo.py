@@ -1,0 +1,208 @@
+"""``tpu-rl-sandbox demo``: the whole multi-host pipeline on this machine, in the sandbox.
+
+Starts the sandbox, migrates a local SQLite Airflow home, runs ``airflow dags test
+tpu_rl_gke_pipeline`` with the Qwen preset, prints what happened (task states and durations,
+rewards, where the checkpoints and the export are, that the cluster is gone), then stops the
+sandbox. Its data is kept, so a second demo finds the converted checkpoint and skips conversion.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_tpu_rl.render.gke import resource_record_object
+from airflow_provider_tpu_rl.spec import GKE_DAG_ID, gke_pipeline_from_conf
+from tpu_rl_sandbox.apis.gcs_emulator import gcs_client
+from tpu_rl_sandbox.commands.lifecycle import sandbox_down, sandbox_env, sandbox_form_defaults, sandbox_up
+from tpu_rl_sandbox.world.calls import read_calls
+from tpu_rl_sandbox.world.layout import SandboxLayout, default_root
+
+# The untouched form (the Qwen preset, which evaluates before and after training) but for the
+# cluster's name and the sandbox's v6e-32 reservation: project, region, zone and bucket are the
+# form's defaults, which `tpu-rl-sandbox env` sets to the sandbox's ([tpu_rl] default_*).
+DEMO_CONF: dict[str, Any] = {"cluster_name": "tpu-rl-demo", "reservation": "demo-v6e-32"}
+
+# Fast polling for a local run; the defaults (60 s, 120 s) suit real clusters.
+FAST_SETTINGS = {
+    "AIRFLOW__TPU_RL__POLL_INTERVAL": "0.5",
+    # `dags test` runs the trigger in-process: no scheduler to race, a short hold is enough.
+    "AIRFLOW__TPU_RL__MIN_DEFERRAL_SECONDS": "1",
+    "AIRFLOW__TPU_RL__RETRY_DELAY": "2",
+    "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+}
+
+
+def _airflow(env: Mapping[str, str]) -> str:
+    return str(Path(sys.executable).with_name("airflow"))
+
+
+def _run(argv: list[str], env: Mapping[str, str], log: Path) -> int:
+    with log.open("a") as out:
+        out.write(f"\n$ {' '.join(argv)}\n")
+        out.flush()
+        return subprocess.run(
+            argv, env=dict(env), stdout=out, stderr=subprocess.STDOUT, check=False
+        ).returncode
+
+
+def _fmt_seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:6.1f}s"
+
+
+def _summary(
+    root: Path, conf: Mapping[str, Any], env: Mapping[str, str], calls_before: int, wall: float
+) -> list[str]:
+    os.environ.update(
+        {k: env[k] for k in ("AIRFLOW_HOME", "STORAGE_EMULATOR_HOST", "AIRFLOW_CONN_TPU_RL_LEDGER")}
+    )
+    from airflow_provider_tpu_rl.ledger.cli import format_tpu_time
+    from airflow_provider_tpu_rl.ledger.hook import RunLedger
+
+    ledger = RunLedger(conn_id="tpu_rl_ledger")
+    runs = [r for r in ledger.latest_runs(limit=50) if r.dag_id == GKE_DAG_ID]
+    lines = [f"== tpu_rl_gke_pipeline in the sandbox ({wall:.0f} s wall)"]
+    if not runs:
+        return [*lines, "no run was recorded in the ledger"]
+    run = runs[0]
+    lines.append(f"run {run.airflow_run_id}: {run.state.upper()}  ({run.model}, {run.chips} chips)")
+    lines.append("")
+    lines.append(f"  {'task':<28}{'state':<16}{'try':>4}{'duration':>10}")
+    steps = ledger.recorded_steps(run.run_id)
+    for step in sorted(steps.values(), key=lambda s: (s.started_at is None, s.started_at or 0)):
+        duration = (
+            (step.ended_at - step.started_at).total_seconds() if step.started_at and step.ended_at else None
+        )
+        lines.append(
+            f"  {step.task_id:<28}{step.state or 'not run':<16}{step.try_number or 0:>4}{_fmt_seconds(duration):>10}"
+        )
+    lines.append("")
+    lines.append(
+        "TPU time (the ledger's): "
+        + format_tpu_time(run.chip_hours, run.busy_chip_hours, run.estimated_cost_usd)
+    )
+    pre, post = run.pre_mean_reward, run.post_mean_reward
+    reason = run.no_reward_reason
+    lines.append(
+        f"mean_reward: {'-' if pre is None else f'{pre:.4f}'} before -> {'-' if post is None else f'{post:.4f}'} after training"
+        + (f" ({reason})" if reason else "")
+    )
+    if run.state == "success" and (pre is None or post is None) and run.num_test_batches != 0:
+        lines.append("DEMO FAILED: no reward before and after training, and evaluation was not turned off")
+    calls = read_calls(SandboxLayout(root))[calls_before:]
+    submits = [c["argv"] for c in calls if c["tool"] == "gcluster" and c["argv"][:2] == ["job", "submit"]]
+    converted = any(any(a.startswith("--name=") and "-hf-to-mt-" in a for a in argv) for argv in submits)
+    pipeline = gke_pipeline_from_conf({**sandbox_form_defaults("gke"), **conf}, run_id=run.airflow_run_id)
+    client = gcs_client(env["STORAGE_EMULATOR_HOST"])
+    bucket = pipeline.cluster.bucket
+
+    def count(uri: str) -> int:
+        prefix = uri.removeprefix(f"gs://{bucket}/")
+        return sum(1 for _ in client.list_blobs(bucket, prefix=prefix))
+
+    lines.append(
+        f"conversion: {'ran' if converted else 'SKIPPED (the converted checkpoint was already complete in GCS)'}"
+    )
+    lines.append(
+        f"converted checkpoint: {pipeline.conversion.items_path}/  ({count(pipeline.conversion.items_path)} objects)"
+    )
+    actor = pipeline.training.actor_checkpoint_root
+    lines.append(f"actor checkpoints:    {actor}  ({count(actor)} objects)")
+    lines.append(
+        f"Hugging Face export:  {pipeline.export.output_directory}  ({count(pipeline.export.output_directory)} objects)"
+    )
+    destroys = [c for c in calls if c["tool"] == "gcluster" and c["argv"][:1] == ["destroy"]]
+    clusters = (
+        json.loads((root / "state" / "clusters.json").read_text() or "{}")
+        if (root / "state" / "clusters.json").exists()
+        else {}
+    )
+    left = [k for k in clusters if k.endswith("/" + pipeline.cluster.cluster_name)]
+    lines.append(
+        f"cluster {pipeline.cluster.cluster_name}: "
+        + (
+            "destroyed (gcluster destroy ran, nothing left running)"
+            if destroys and not left
+            else f"STILL PRESENT: {left}"
+        )
+    )
+    record = client.bucket(bucket).blob(resource_record_object(pipeline.cluster.cluster_name))
+    lines.append(
+        f"bucket gs://{bucket}: kept ({'with' if record.exists() else 'without'} the janitor record)"
+    )
+    return lines
+
+
+def run_demo(root: Path, airflow_home: Path, dags_folder: Path, conf: Mapping[str, Any]) -> int:
+    """Run the pipeline once in the sandbox and print the summary; return the DAG run's exit code."""
+    # This process imports Airflow (the ledger hook, the summary): it reads the demo's own
+    # AIRFLOW_HOME, never the user's ~/airflow.
+    os.environ["AIRFLOW_HOME"] = str(airflow_home)
+    from airflow_provider_tpu_rl.ledger.hook import sqlite_connection_uri  # imports Airflow: not at start-up
+
+    info = sandbox_up(root)
+    try:
+        env = {**os.environ, **sandbox_env(root), **FAST_SETTINGS}
+        env["AIRFLOW_HOME"] = str(airflow_home)
+        env["AIRFLOW_CONN_TPU_RL_LEDGER"] = sqlite_connection_uri(airflow_home / "tpu_rl_ledger.db")
+        env["AIRFLOW__CORE__DAGS_FOLDER"] = str(dags_folder)
+        airflow_home.mkdir(parents=True, exist_ok=True)
+        log = airflow_home / "demo.log"
+        airflow = _airflow(env)
+        print(f"sandbox: {info.root} (GCS emulator {info.emulator_url}); log: {log}", flush=True)
+        if _run([airflow, "db", "migrate"], env, log) != 0:
+            print(f"airflow db migrate failed; see {log}", file=sys.stderr)
+            return 1
+        calls_before = len(read_calls(SandboxLayout(root)))
+        started = time.monotonic()
+        print("running: airflow dags test tpu_rl_gke_pipeline (Qwen3-30B-A3B preset) ...", flush=True)
+        code = _run([airflow, "dags", "test", GKE_DAG_ID, "-c", json.dumps(dict(conf))], env, log)
+        summary = _summary(root, conf, env, calls_before, time.monotonic() - started)
+        print("\n".join(summary))
+        if any(line.startswith("DEMO FAILED") for line in summary) and code == 0:
+            code = 1
+        runs = subprocess.run(
+            [str(Path(sys.executable).with_name("tpu-rl")), "runs", "--limit", "5"],
+            env=env,
+            check=False,
+            capture_output=True,
+            text=True,
+        )
+        print("\n== run ledger (tpu-rl runs)\n" + runs.stdout.rstrip())
+        return code
+    finally:
+        sandbox_down(root)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tpu-rl-sandbox demo", description=__doc__)
+    add_demo_arguments(parser)
+    return run_demo_command(parser.parse_args(argv))
+
+
+def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dir", type=Path, default=None, help="sandbox folder (default .sandbox)")
+    parser.add_argument("--airflow-home", type=Path, default=Path(".demo/airflow"))
+    parser.add_argument("--dags-folder", type=Path, default=Path("dags"))
+    parser.add_argument("--conf", help="extra conf (JSON object) merged over the demo conf")
+
+
+def run_demo_command(args: argparse.Namespace) -> int:
+    # A new run_name each time: a second demo trains and exports again, into new folders, while
+    # the converted checkpoint (keyed by model only) is found complete and conversion is skipped.
+    run_name = time.strftime("demo-%Y%m%d-%H%M%S")
+    conf = {**DEMO_CONF, "run_name": run_name, **(json.loads(args.conf) if args.conf else {})}
+    root = (args.dir or default_root()).resolve()
+    return run_demo(root, args.airflow_home.resolve(), args.dags_folder.resolve(), conf)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,188 @@
+"""Knobs of the fake cloud that a real project sets outside the pipeline: whether the project's IAM
+policy holds a conditional binding, which APIs are disabled, which permissions the caller lacks,
+which TPU reservations exist, and whether the machine's gcloud is logged in.
+
+Stored as ``<root>/state/settings.json`` (written atomically, read on every use, so a running
+fake or API server sees a change at once). Tests change them with :func:`update_settings`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field, fields
+from types import MappingProxyType
+from typing import Any
+
+from tpu_rl_sandbox.world.layout import SandboxLayout
+
+SETTINGS_FILE = "settings.json"
+
+
+def _reservation(machine_type: str, count: int) -> dict[str, Any]:
+    return {
+        "machine_type": machine_type,
+        "count": count,
+        "status": "READY",
+        "specific_reservation_required": True,
+    }
+
+
+# Every reservation the demo, the DAG defaults and the tests name (zone "us-east5-b"): a v6e-32
+# is 8 ct6e-standard-4t VMs, a v6e-8 one ct6e-standard-8t VM. Keys are "<zone>/<name>"; each
+# reservation exists in every project of the sandbox (its capacity is counted per project).
+DEFAULT_RESERVATIONS: Mapping[str, dict[str, Any]] = MappingProxyType(
+    {
+        "us-east5-b/res-1": _reservation("ct6e-standard-4t", 8),
+        "us-east5-b/demo-v6e-32": _reservation("ct6e-standard-4t", 8),
+        "us-east5-b/res-8": _reservation("ct6e-standard-8t", 1),
+        "us-east5-b/my-v6e-8-reservation": _reservation("ct6e-standard-8t", 1),
+    }
+)
+
+
+@dataclass(frozen=True)
+class SandboxSettings:
+    """How the fake project is set up.
+
+    * ``conditional_bindings``: the project's IAM policy holds a conditional binding (as many
+      real projects do), so ``gcloud ... add-iam-policy-binding`` without ``--condition``
+      refuses in non-interactive mode.
+    * ``disabled_services``: APIs (``tpu.googleapis.com``) not enabled in any project.
+    * ``denied_permissions``: permissions the caller lacks (``testIamPermissions`` leaves them
+      out; the fake gcloud commands that need them fail with PERMISSION_DENIED).
+    * ``reservations``: ``"<zone>/<name>" -> {"machine_type", "count", "status",
+      "specific_reservation_required"}``.
+    * ``boot_apt_seconds``: how long a new TPU VM's own apt work runs after it is created (an
+      Ubuntu cloud image's apt-daily then unattended-upgrades): apt's lists lock is held for the
+      first half, dpkg's frontend lock for the second.
+    * ``gcloud_logged_in``: the machine's gcloud has a credentialed active account (as after
+      ``gcloud auth login``). ``False`` is a fresh gcloud config: ``gcloud auth list`` lists no
+      account and every command that calls an API refuses with gcloud's "You do not currently
+      have an active account selected." (googlecloudsdk/core/credentials/exceptions.py
+      ``NoActiveAccountException``).
+    * ``gcluster_release``: the release the fake ``gcluster`` plays, ``{"version", "terraform",
+      "packer"}`` (what ``--version`` prints, and the Terraform/Packer versions its dependency
+      check requires); empty: the pinned release (``clis.gcluster.dependencies.PINNED_RELEASE``).
+    * ``iam_propagation_seconds``: how long a new ``secretAccessor`` grant on a secret takes to
+      take effect: until then the member's reads get Secret Manager's 403. Real IAM: "typically
+      2 minutes, but could potentially take 7 minutes or longer" (Google Cloud IAM docs, "Access
+      change propagation"); the sandbox's default is short so the suite stays fast.
+    * ``kueue_admits``: ``False`` makes Kueue admit no new workload (as when other workloads hold
+      the ClusterQueue's whole quota): every JobSet submitted stays ``Suspended`` until it is
+      ``True`` again.
+    * ``preempt_after_checkpoints``: N > 0 takes the TPU capacity from under a training run right
+      after it commits its Nth checkpoint, once per run directory (a GKE pod's node shuts down:
+      the kubelet fails it with reason ``Terminated`` and a ``DisruptionTarget`` condition; a TPU
+      VM goes as its ``instanceTerminationAction`` says and its SSH session ends); a retry then
+      resumes from that checkpoint.
+    * ``preempt_steps_after``: with ``preempt_after_checkpoints``, the steps trained past that
+      checkpoint before the capacity goes (0: at once); the retry trains them again.
+    * ``minute_seconds``: the time scale. 0 (the default): every stage lasts a few
+      ``step_seconds``. Above 0: conversion, training, export and the TPU VM's install last their
+      real minutes (``timescale.STAGE_MINUTES``) times this, as ``make bench`` plays them.
+    """
+
+    conditional_bindings: bool = True
+    disabled_services: tuple[str, ...] = ()
+    denied_permissions: tuple[str, ...] = ()
+    reservations: Mapping[str, dict[str, Any]] = field(
+        default_factory=lambda: {key: dict(value) for key, value in DEFAULT_RESERVATIONS.items()}
+    )
+    boot_apt_seconds: float = 2.0
+    gcloud_logged_in: bool = True
+    gcluster_release: Mapping[str, str] = field(default_factory=dict)
+    iam_propagation_seconds: float = 0.5
+    minute_seconds: float = 0.0
+    kueue_admits: bool = True
+    preempt_after_checkpoints: int = 0
+    preempt_steps_after: int = 0
+
+    @property
+    def preemption(self) -> tuple[int, int]:
+        """When a training loses its machine: after this many checkpoints, this many steps past."""
+        return self.preempt_after_checkpoints, self.preempt_steps_after
+
+    def reservation(self, zone: str, name: str) -> dict[str, Any] | None:
+        """The reservation ``name`` in ``zone`` with defaults filled in, or ``None``."""
+        found = self.reservations.get(f"{zone}/{name}")
+        if found is None:
+            return None
+        return {"status": "READY", "specific_reservation_required": True, **found}
+
+
+def _path(layout: SandboxLayout) -> os.PathLike[str]:
+    return layout.state_dir / SETTINGS_FILE
+
+
+def _from_json(data: Mapping[str, Any]) -> SandboxSettings:
+    known = {f.name for f in fields(SandboxSettings)}
+    values: dict[str, Any] = {k: v for k, v in data.items() if k in known}
+    for name in ("disabled_services", "denied_permissions"):
+        if name in values:
+            values[name] = tuple(str(v) for v in values[name])
+    if "gcluster_release" in values:
+        values["gcluster_release"] = {
+            str(k): str(v) for k, v in dict(values["gcluster_release"] or {}).items()
+        }
+    if "reservations" in values:
+        values["reservations"] = {str(k): dict(v) for k, v in dict(values["reservations"]).items()}
+    return SandboxSettings(**values)
+
+
+def load_settings(layout: SandboxLayout) -> SandboxSettings:
+    """The sandbox's settings (defaults when none were written)."""
+    try:
+        with open(_path(layout)) as handle:
+            data = json.load(handle)
+    except FileNotFoundError:
+        return SandboxSettings()
+    return _from_json(data)
+
+
+@contextlib.contextmanager
+def _settings_lock(layout: SandboxLayout) -> Iterator[None]:
+    # Its own lock file: never taken together with the state lock, so no re-entrant deadlock.
+    layout.state_dir.mkdir(parents=True, exist_ok=True)
+    with (layout.state_dir / ".settings.lock").open("a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+
+def update_settings(layout: SandboxLayout, **changes: Any) -> SandboxSettings:
+    """Change some settings (``update_settings(layout, disabled_services=("tpu.googleapis.com",))``)."""
+    unknown = set(changes) - {f.name for f in fields(SandboxSettings)}
+    if unknown:
+        raise TypeError(f"unknown sandbox setting(s): {', '.join(sorted(unknown))}")
+    with _settings_lock(layout):
+        current = load_settings(layout)
+        updated = _from_json({**asdict(current), **changes})
+        data = asdict(updated)
+        data["reservations"] = {k: dict(v) for k, v in updated.reservations.items()}
+        data["gcluster_release"] = dict(updated.gcluster_release)
+        fd, tmp = tempfile.mkstemp(dir=layout.state_dir, prefix=".settings.", suffix=".tmp")
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle, indent=1, sort_keys=True)
+        os.replace(tmp, _path(layout))
+    return updated
+
+
+def reset_settings(layout: SandboxLayout) -> SandboxSettings:
+    """Back to the defaults."""
+    return update_settings(layout, **asdict(SandboxSettings()))
+
+
+__all__ = [
+    "DEFAULT_RESERVATIONS",
+    "SandboxSettings",
+    "load_settings",
+    "reset_settings",
+    "update_settings",
+]
