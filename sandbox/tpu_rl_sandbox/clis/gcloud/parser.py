@@ -201,7 +201,9 @@ def gcloud_parse(command: GcloudCommand, args: Sequence[str]) -> GcloudParse:
         raise GcloudUsageError(command.dotted, "unrecognized arguments: " + " ".join(unknown) + " ")
     for spec in command.positionals:
         if spec.required and not positionals.get(spec.name):
-            raise GcloudUsageError(command.dotted, f"argument {spec.name}: Must be specified.")
+            # argparse shows a one-or-more positional (nargs='+') as "NAME [NAME ...]"
+            shown = f"{spec.name} [{spec.name} ...]" if spec.many else spec.name
+            raise GcloudUsageError(command.dotted, f"argument {shown}: Must be specified.")
     missing = [f"--{f.name}" for f in command.flags if f.required and f.name not in given]
     if missing:
         raise GcloudUsageError(command.dotted, f"argument {' '.join(missing)}: Must be specified.")
