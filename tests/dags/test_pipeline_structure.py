@@ -14,11 +14,16 @@ from airflow.providers.common.compat.sdk import TriggerRule
 
 from airflow_provider_tpu_rl.cli import build_plan
 from airflow_provider_tpu_rl.compat import AIRFLOW_V_3_2_PLUS, exponential_backoff
-from airflow_provider_tpu_rl.pipelines.arguments import gke_task_arguments, tpu_vm_task_arguments, xcom
+from airflow_provider_tpu_rl.pipelines.arguments import (
+    bake_result,
+    gke_task_arguments,
+    tpu_vm_task_arguments,
+    xcom,
+)
 from airflow_provider_tpu_rl.pipelines.validate import validate_pipeline_conf
 from airflow_provider_tpu_rl.render import tpu_vm
 from airflow_provider_tpu_rl.spec import GKE_DEFAULTS, TPU_VM_DEFAULTS
-from airflow_provider_tpu_rl.spec.pipeline import GKE_TASK_ORDER, TPU_VM_TASK_ORDER
+from airflow_provider_tpu_rl.spec.pipeline import GKE_TASK_ORDER, TPU_VM_SIDE_TASKS, TPU_VM_TASK_ORDER
 from tests.dags.conftest import GKE_DAG_ID, PIPELINE_DAG_IDS, TPU_VM_DAG_ID
 
 # validate refuses the form's example project and bucket: a run names its own (here with a
@@ -45,6 +50,10 @@ class Shape:
 
     # Setups besides the bucket and the resources' (of teardowns with setups of their own).
     extra_setups: frozenset[str] = frozenset()
+    # Tasks beside the main line: task → the one it follows (TPU_VM_SIDE_TASKS).
+    side: tuple[tuple[str, str], ...] = ()
+    # Teardowns of a resource that is not the bucket's: teardown → its one setup.
+    own_resources: tuple[tuple[str, str], ...] = ()
 
     @property
     def resources(self) -> dict[str, str]:
@@ -88,6 +97,8 @@ SHAPES = {
                 "preflight",
                 "ensure_bucket",
                 "sync_hf_token",
+                "bake_image",
+                "delete_bake_vm",
                 "create_cpu_vm",
                 "install_cpu_vm",
                 "convert_to_maxtext",
@@ -101,7 +112,14 @@ SHAPES = {
         ),
         defaults=TPU_VM_DEFAULTS,
         other_resources=(("delete_vm", "create_vm"),),
-        extra_upstream=(("export_to_huggingface", frozenset({"wait_actor_checkpoint"})),),
+        extra_upstream=(
+            ("export_to_huggingface", frozenset({"wait_actor_checkpoint"})),
+            # the TPU VM boots from the baked image; the run is recorded once the bake VM is gone
+            ("create_vm", frozenset({"bake_image"})),
+            ("record_run", frozenset({"delete_bake_vm"})),
+        ),
+        side=tuple(TPU_VM_SIDE_TASKS.items()),
+        own_resources=(("delete_bake_vm", "bake_image"),),
     ),
 }
 WATCHER = "watcher"
@@ -115,7 +133,10 @@ def pipeline(request: pytest.FixtureRequest, dag_bag: Any) -> tuple[Any, Shape]:
 def test_tasks_run_in_the_tutorial_order(pipeline: tuple[Any, Shape]) -> None:
     dag, shape = pipeline
     assert set(dag.task_ids) == {*shape.order, WATCHER}
-    expected_upstream = {task_id: {before} for before, task_id in itertools.pairwise(shape.order)}
+    side = dict(shape.side)
+    main = [task_id for task_id in shape.order if task_id not in side]
+    expected_upstream = {task_id: {before} for before, task_id in itertools.pairwise(main)}
+    expected_upstream |= {task_id: {after} for task_id, after in side.items()}
     expected_upstream["validate"] = set()
     # Each teardown also hangs off its setups.
     for teardown, setup in shape.resources.items():
@@ -137,7 +158,15 @@ STAGE_GROUPS = {
         "teardown": ["destroy_cluster", "record_run"],
     },
     TPU_VM_DAG_ID: {
-        "prepare": ["preflight", "ensure_bucket", "sync_hf_token", "create_cpu_vm", "install_cpu_vm"],
+        "prepare": [
+            "preflight",
+            "ensure_bucket",
+            "sync_hf_token",
+            "bake_image",
+            "delete_bake_vm",
+            "create_cpu_vm",
+            "install_cpu_vm",
+        ],
         "conversion": ["convert_to_maxtext", "wait_converted_checkpoint"],
         "training": ["create_vm", "install_maxtext", "train", "wait_actor_checkpoint", "delete_vm"],
         "export": ["export_to_huggingface", "wait_hf_export"],
@@ -182,6 +211,12 @@ def test_the_resource_teardown_is_a_teardown_of_its_setups(pipeline: tuple[Any, 
         setups = {t.task_id for t in teardown.upstream_list if t.is_setup}
         assert setups == {"ensure_bucket", setup}
         all_setups |= setups
+    for teardown_id, setup in shape.own_resources:
+        teardown = dag.get_task(teardown_id)
+        assert teardown.is_teardown
+        assert teardown.trigger_rule == TriggerRule.ALL_DONE_SETUP_SUCCESS
+        assert {t.task_id for t in teardown.upstream_list if t.is_setup} == {setup}
+        all_setups.add(setup)
     assert {t.task_id for t in dag.tasks if t.is_setup} == all_setups | shape.extra_setups
 
 
@@ -249,7 +284,7 @@ def test_record_run_is_a_teardown_after_the_resource_teardown(pipeline: tuple[An
     record = dag.get_task("record_run")
     assert record.is_teardown
     assert not record.on_failure_fail_dagrun
-    assert set(record.upstream_task_ids) == {shape.teardown}
+    assert set(record.upstream_task_ids) == {shape.teardown, *dict(shape.own_resources)}
     # No setup upstream: it runs whatever state the destroy ends in, also when validate failed.
     assert not any(t.is_setup for t in record.upstream_list)
 
@@ -303,7 +338,9 @@ def test_the_plan_lists_commands_in_the_dags_task_order(pipeline: tuple[Any, Sha
 
 def test_operators_take_every_value_from_validate_and_jobs_defer(pipeline: tuple[Any, Shape]) -> None:
     dag, shape = pipeline
-    arguments = (gke_task_arguments if dag.dag_id == GKE_DAG_ID else tpu_vm_task_arguments)(xcom)
+    arguments = (
+        gke_task_arguments(xcom) if dag.dag_id == GKE_DAG_ID else tpu_vm_task_arguments(xcom, bake_result)
+    )
     assert set(arguments) == set(shape.order) - {"validate", "record_run"} - {
         t for t in shape.order if t.startswith("wait_")
     }
@@ -348,7 +385,9 @@ class ValidateXCom:
         self.dag_id, self.run_id, self.task_id = "tpu_rl_test", f"manual__{uuid.uuid4().hex}", task_id
         self.map_index, self.try_number = -1, 1
 
-    def xcom_pull(self, task_ids: str, **_: Any) -> dict[str, Any]:
+    def xcom_pull(self, task_ids: str, **_: Any) -> dict[str, Any] | None:
+        if task_ids == "bake_image":  # not run: no baked image
+            return None
         assert task_ids == "validate"
         return self.derived
 
