@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.dags.conftest import (
+from tests.support.dags import (
     DAGS_DIR,
     GKE_DAG_ID,
     JANITOR_DAG_ID,
@@ -92,7 +92,7 @@ def test_default_params_validate(dag_bag: Any, serialized_dags: dict[str, Any], 
 @pytest.mark.parametrize("dag_id", PIPELINE_DAG_IDS)
 def test_pipelines_are_manual_only(dag_bag: Any, dag_id: str) -> None:
     dag = dag_bag.dags[dag_id]
-    from tests.compat import dag_schedule
+    from tests.support.compat import dag_schedule
 
     assert dag_schedule(dag) is None
     assert dag.catchup is False

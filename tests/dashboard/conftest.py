@@ -8,7 +8,7 @@ import pytest
 
 from airflow_provider_tpu_rl.ledger.hook import RunLedger, sqlite_connection_uri
 from airflow_provider_tpu_rl.ledger.records import ArtifactRecord, MetricRecord, RunRecord, StepRecord
-from tests.ledger.fakes import minutes
+from tests.support.ledger_fakes import minutes
 
 GKE, VM = "tpu_rl_gke_pipeline", "tpu_rl_tpu_vm_pipeline"
 CURVES = "gs://bkt/qwen/trained/rl/tpu-rl-curves-ab.png"

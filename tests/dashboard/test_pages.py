@@ -24,7 +24,7 @@ from airflow_provider_tpu_rl.dashboard.pages import (
 from airflow_provider_tpu_rl.dashboard.reads import DashboardReader
 from airflow_provider_tpu_rl.ledger.hook import RunLedger
 from tests.dashboard.conftest import EVERY_STATE, GKE, REFUSAL
-from tests.ledger.fakes import minutes
+from tests.support.ledger_fakes import minutes
 
 NOW = minutes(55)  # the running run started at minute 50
 UI = Airflow3Ui("")

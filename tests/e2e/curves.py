@@ -17,8 +17,8 @@ from airflow_provider_tpu_rl.ledger.plots import figure_png, run_curves, run_cur
 from airflow_provider_tpu_rl.ledger.records import RunRecord, as_utc
 from airflow_provider_tpu_rl.links import RunDashboardLink
 from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf, tpu_vm_pipeline_from_conf
-from tests.e2e.harness import GKE_DAG_ID, DagRunResult, E2EWorld
-from tests.png import decoded_png
+from tests.support.harness import GKE_DAG_ID, DagRunResult, E2EWorld
+from tests.support.png import decoded_png
 
 
 def resolved_values(run: DagRunResult) -> dict[str, Any]:

@@ -8,7 +8,7 @@ module fixtures: they run once, the first time a test asks for them.
 
 What a lower-level test pins is not run again here: a permanent fault of the conversion or export
 job takes the same teardown and watcher path as the training fault below (their job operators'
-failure handling is in tests/operators/test_gcluster_job_operators.py); a deploy that fails for
+failure handling is in tests/operators/test_gke_jobs.py); a deploy that fails for
 good is tests/e2e/test_timeouts.py's run (its deploy times out with no retry: the teardown destroys
 the cluster, nothing is converted, the bucket stays); reusing a ``run_name`` on purpose (adopt, or
 refuse other settings) is tests/operators/test_run_identity.py.
@@ -25,7 +25,7 @@ from airflow_provider_tpu_rl.ledger.records import as_utc
 from airflow_provider_tpu_rl.render.gke import resource_record_object
 from airflow_provider_tpu_rl.spec import GkePipelineSpec, gke_pipeline_from_conf
 from tests.e2e.curves import check_curves_next_to_the_checkpoints, check_runs_plot_draws_the_trend
-from tests.e2e.harness import GKE_DAG_ID, DagRunResult, E2EWorld, duplicates, printed_rewards
+from tests.support.harness import GKE_DAG_ID, DagRunResult, E2EWorld, duplicates, printed_rewards
 
 pytestmark = pytest.mark.e2e
 

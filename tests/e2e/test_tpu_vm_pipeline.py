@@ -10,7 +10,7 @@ What a lower-level test pins is not run again here: a VM create that fails for g
 setup-failed teardown path the GKE deploy that fails for good checks (tests/e2e/test_timeouts.py;
 the structure test pins that both DAGs wire it alike); a VM delete that fails for good fails the
 run as the GKE destroy fault does (the watcher and the structure test are the same for both DAGs)
-and names the VM it leaves (tests/operators/test_tpu_vm_operators.py), where deleting a VM that was
+and names the VM it leaves (tests/operators/test_tpu_vm.py), where deleting a VM that was
 never created counts as done. The transient faults share one run.
 """
 
@@ -24,7 +24,7 @@ import pytest
 
 from airflow_provider_tpu_rl.spec import TpuVmPipelineSpec, tpu_vm_pipeline_from_conf
 from tests.e2e.curves import check_curves_next_to_the_checkpoints, check_runs_plot_draws_the_trend
-from tests.e2e.harness import TPU_VM_DAG_ID, DagRunResult, E2EWorld, printed_rewards
+from tests.support.harness import TPU_VM_DAG_ID, DagRunResult, E2EWorld, printed_rewards
 from tpu_rl_sandbox.apis.gcs_client import split_gs_url
 from tpu_rl_sandbox.world.store import StateStore
 

@@ -15,7 +15,7 @@ from airflow_provider_tpu_rl.ledger.collect import (
     metrics_from_train_result,
 )
 from airflow_provider_tpu_rl.ledger.records import ArtifactRecord, MetricRecord, ResumeLoss, StepRecord
-from tests.ledger.fakes import (
+from tests.support.ledger_fakes import (
     BUCKET,
     LEDGER_TASK,
     NOW,

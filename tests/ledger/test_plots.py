@@ -29,7 +29,8 @@ from airflow_provider_tpu_rl.ledger.plots import (
 from airflow_provider_tpu_rl.ledger.records import ArtifactRecord, MetricRecord, ResumeLoss, RunRecord
 from airflow_provider_tpu_rl.operators import ledger as ledger_operator
 from airflow_provider_tpu_rl.operators.ledger import RecordRunOperator, curves_uri, run_output_folder
-from tests.ledger.fakes import (
+from tests.ledger.rows import count_rows
+from tests.support.ledger_fakes import (
     SUCCESS_XCOMS,
     FakeDagRun,
     FakeLedgerTaskInstance,
@@ -37,8 +38,7 @@ from tests.ledger.fakes import (
     gke_task_instances,
     minutes,
 )
-from tests.ledger.rows import count_rows
-from tests.png import decoded_png
+from tests.support.png import decoded_png
 
 MODEL = "qwen3-30b-a3b"
 ACTOR_ROOT = f"gs://bucket/{MODEL}/trained/rl/checkpoints/actor/"

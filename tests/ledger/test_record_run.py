@@ -15,7 +15,8 @@ from airflow_provider_tpu_rl.operators.ledger import RecordRunOperator, run_sett
 from airflow_provider_tpu_rl.pipelines.failures import ERROR_XCOM_KEY
 from airflow_provider_tpu_rl.pipelines.validate import note_run_started
 from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf, tpu_vm_pipeline_from_conf
-from tests.ledger.fakes import (
+from tests.ledger.rows import count_rows
+from tests.support.ledger_fakes import (
     BUCKET,
     LEDGER_TASK,
     SUCCESS_XCOMS,
@@ -27,7 +28,6 @@ from tests.ledger.fakes import (
     gke_task_instances,
     minutes,
 )
-from tests.ledger.rows import count_rows
 
 MODEL = "qwen3-30b-a3b"
 

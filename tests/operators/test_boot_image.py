@@ -14,7 +14,7 @@ from airflow_provider_tpu_rl.operators.boot_image import BakeVmDeleteOperator, T
 from airflow_provider_tpu_rl.operators.tpu_vm import TpuVmCreateOperator, TpuVmStageOperator
 from airflow_provider_tpu_rl.render import boot_image
 from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID, tpu_vm_pipeline_from_conf
-from tests.operators.sandbox_run import TPU_VM_CONVERSION_TASKS, SandboxRun
+from tests.support.sandbox_run import TPU_VM_CONVERSION_TASKS, SandboxRun
 from tpu_rl_sandbox.clis.gcloud.compute_images import image_dir
 from tpu_rl_sandbox.world.registry import POST_TRAINING_IMAGE, REGISTRY_IMAGES
 

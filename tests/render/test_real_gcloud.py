@@ -37,6 +37,11 @@ PARSE_ERROR = re.compile(
 PROJECT = "my-proj-123"
 SERVICE_ACCOUNT = f"tpu-vm-sa@{PROJECT}.iam.gserviceaccount.com"
 
+# One clock for every plan: a VM's expiry label is read from it, and the commands are the test's
+# parameters, which each xdist worker collects again (a second ticking between two plans made two
+# workers collect different tests).
+PLAN_CLOCK = 1_767_225_600.0
+
 
 def _gcloud(commands: Iterator[tuple[str, Command]]) -> dict[tuple[str, ...], set[str]]:
     """Unique gcloud argv → the tasks (or callers) that run it."""
@@ -75,12 +80,13 @@ def rendered_gcloud_commands() -> dict[tuple[str, ...], set[str]]:
                     }
                     yield from (
                         (s.task_id, s.command)
-                        for s in tpu_vm_plan(tpu_vm_pipeline_from_conf({**conf, **extra}))
+                        for s in tpu_vm_plan(tpu_vm_pipeline_from_conf({**conf, **extra}), now=PLAN_CLOCK)
                     )
                     # a workload image pinned by digest: the bake's real family, no tag to resolve
                     pinned = {**conf, "workload_image": f"us-docker.pkg.dev/p/r/img@sha256:{'ab' * 32}"}
                     yield from (
-                        (s.task_id, s.command) for s in tpu_vm_plan(tpu_vm_pipeline_from_conf(pinned))
+                        (s.task_id, s.command)
+                        for s in tpu_vm_plan(tpu_vm_pipeline_from_conf(pinned), now=PLAN_CLOCK)
                     )
                     # the TPU VM's other capacities: a reservation's, and none (flex-start on the
                     # alpha track)
@@ -89,7 +95,7 @@ def rendered_gcloud_commands() -> dict[tuple[str, ...], set[str]]:
                         other = {**conf, **extra, "capacity": capacity, "reservation": reservation}
                         yield from (
                             (s.task_id, s.command)
-                            for s in tpu_vm_plan(tpu_vm_pipeline_from_conf(other))
+                            for s in tpu_vm_plan(tpu_vm_pipeline_from_conf(other), now=PLAN_CLOCK)
                             if s.task_id == "create_vm"
                         )
         yield "janitor", gke.list_managed_clusters(PROJECT)

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, TPU_VM_DAG_ID
-from tests.ledger.pg_server import INSTALL_HINT, PostgresServer, find_postgres_bin
 from tests.services.airflow_stack import (
     AirflowApi,
     AirflowStack,
@@ -24,6 +23,7 @@ from tests.services.airflow_stack import (
     process_alive,
     start_stack,
 )
+from tests.support.pg_server import INSTALL_HINT, PostgresServer, find_postgres_bin
 from tpu_rl_sandbox.commands.lifecycle import SandboxInfo, sandbox_down, sandbox_env, sandbox_up
 from tpu_rl_sandbox.machines.maxtext_sim import HOLD_FILE_ENV, STEP_SECONDS_ENV
 from tpu_rl_sandbox.world.layout import SandboxLayout

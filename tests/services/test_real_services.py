@@ -29,11 +29,11 @@ import pytest
 from airflow_provider_tpu_rl.ledger.cli import format_reward
 from airflow_provider_tpu_rl.links import DASHBOARD_PREFIX, run_page_path
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, GkePipelineSpec, gke_pipeline_from_conf
-from tests.e2e.harness import printed_rewards
-from tests.png import decoded_png
 from tests.services.airflow_stack import FINISHED_RUN_STATES as FINISHED
 from tests.services.airflow_stack import FLAVOR, RunWatch, StackError, wait_for, watch_run
 from tests.services.conftest import ServicesWorld
+from tests.support.harness import printed_rewards
+from tests.support.png import decoded_png
 
 pytestmark = pytest.mark.services
 
