@@ -20,10 +20,10 @@ from airflow_provider_tpu_rl.spec.pipeline import TpuVmPipelineSpec
 from airflow_provider_tpu_rl.spec.preflight import parse_json_document
 from airflow_provider_tpu_rl.timeouts import stage_command_timeout
 
-# The XCom key of the bake VM's billed spans (what the ledger adds to the run's cost): a list of
-# {"name", "zone", "machine_type", "started", "ended"}, RFC 3339 UTC times: the VM's
-# lastStartTimestamp (creationTimestamp when it has none) to its lastStopTimestamp (else the moment
-# its stop was asked). Compute Engine bills a VM's vCPUs and memory from its start until it stops.
+# The XCom key of the bake VM's billed spans (the bake's share of the run's cost; the ledger does
+# not read it yet: docs/ledger.md): a list of {"name", "zone", "machine_type", "started", "ended"},
+# RFC 3339 UTC times: the VM's lastStartTimestamp (creationTimestamp when it has none) to its
+# lastStopTimestamp (else the moment its stop was asked). Compute Engine bills a VM's vCPUs and memory from its start until it stops.
 VM_SPANS_KEY = "vm_spans"
 
 

@@ -75,7 +75,7 @@ def test_a_run_bakes_the_boot_image_once_and_the_tpu_vm_booted_from_it_installs_
     (life,) = sb.state("vm_history")[f"{sb.project}/{conf['zone']}/{bake_vm}"]
     assert life["deleted"] is not None
     assert life["stopped"]
-    # its billed span, in the simple form the ledger joins: machine type, start, end
+    # its billed span (the bake's cost, for the ledger to join): machine type, start, end
     (span,) = baked["vm_spans"]
     assert (span["name"], span["machine_type"]) == (bake_vm, "n2-standard-8")
     assert span["started"] <= span["ended"]
