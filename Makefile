@@ -96,6 +96,7 @@ SAME_ON_EVERY_AIRFLOW := tests/operators/test_bucket_sharing.py tests/operators/
 	tests/operators/test_hygiene.py tests/operators/test_run_identity.py \
 	tests/operators/test_run_dir_takeover.py tests/operators/test_run_dir_takeover_vm.py tests/operators/test_takeover.py \
 	tests/operators/test_tpu_vm.py tests/operators/test_tpu_vm_capacity.py tests/operators/test_training_metrics.py \
+	tests/operators/test_boot_image.py \
 	tests/e2e/test_cluster_lease.py tests/e2e/test_sweep_example.py tests/test_doctor.py tests/test_wheel.py \
 	tests/docs/test_module_map.py
 

@@ -82,6 +82,12 @@ def rendered_gcloud_commands() -> dict[tuple[str, ...], set[str]]:
                         (s.task_id, s.command)
                         for s in tpu_vm_plan(tpu_vm_pipeline_from_conf({**conf, **extra}), now=PLAN_CLOCK)
                     )
+                    # a workload image pinned by digest: the bake's real family, no tag to resolve
+                    pinned = {**conf, "workload_image": f"us-docker.pkg.dev/p/r/img@sha256:{'ab' * 32}"}
+                    yield from (
+                        (s.task_id, s.command)
+                        for s in tpu_vm_plan(tpu_vm_pipeline_from_conf(pinned), now=PLAN_CLOCK)
+                    )
                     # the TPU VM's other capacities: a reservation's, and none (flex-start on the
                     # alpha track)
                     for capacity in ("reservation", "spot", "flex-start"):
@@ -166,6 +172,7 @@ def test_the_commands_cover_every_gcloud_task() -> None:
     assert {a for argv in creates for a in argv if a.startswith("--machine-type=")} == {
         "--machine-type=ct6e-standard-8t",
         "--machine-type=n2-highmem-32",
+        "--machine-type=n2-standard-8",  # the boot image's bake VM
     }
     # the TPU VM's four capacities (flex-start's create is on the alpha track)
     models = {a for argv in COMMANDS for a in argv if a.startswith("--provisioning-model=")}

@@ -1,6 +1,7 @@
-"""``gcloud [alpha] compute instances create|delete|start|describe|list``: the fake VMs (their
-records in the sandbox state, their folders), their lifecycle states with the zone operations that
-change them (``world/instances.py``), and their preemption."""
+"""``gcloud [alpha] compute instances create|delete|start|stop|describe|list``: the fake VMs (their
+records in the sandbox state, their folders: a VM booted from a custom image gets its files), their
+lifecycle states with the zone operations that change them (``world/instances.py``), and their
+preemption."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import shutil
 import time
 from typing import Any
 
+from tpu_rl_sandbox.clis.gcloud.compute_images import ImagesCommands
 from tpu_rl_sandbox.clis.gcloud.compute_networks import NetworksCommands
 from tpu_rl_sandbox.clis.gcloud.compute_reservations import ReservationsCommands
 from tpu_rl_sandbox.clis.gcloud.output import GcloudError, formatted, matches_filter, table
@@ -52,7 +54,7 @@ def check_instance_scheduling(parsed: GcloudParse) -> None:
         )
 
 
-class InstancesCommands(ReservationsCommands, NetworksCommands):
+class InstancesCommands(ReservationsCommands, NetworksCommands, ImagesCommands):
     """``gcloud compute instances``."""
 
     def _instance_url(self, project: str, zone: str, name: str) -> str:
@@ -121,6 +123,11 @@ class InstancesCommands(ReservationsCommands, NetworksCommands):
         if network not in vpc.read_vpc(self.store, project)["networks"]:
             raise self._network_missing(project, network)
         machine_type = str(parsed.get("machine-type") or "n1-standard-1")
+        # a custom image of the sandbox (--image/--image-family of --image-project) gives the boot
+        # disk its files; Google's images a bare one
+        source_image = self.boot_source(
+            str(parsed.get("image-project") or project), parsed.get("image"), parsed.get("image-family")
+        )
         settings = load_settings(self.layout)
         provisioning_model = parsed.get("provisioning-model") or "STANDARD"
         phases = instances.start_phases(
@@ -190,6 +197,9 @@ class InstancesCommands(ReservationsCommands, NetworksCommands):
                 )
                 vm_dir = self.layout.vm_dir(name)
                 vm_dir.mkdir(parents=True, exist_ok=True)
+                if source_image is not None:
+                    record["image"]["source"] = source_image["name"]
+                    self.copy_boot_disk(source_image, vm_dir)
             txn.save("vms")
             txn.save("vm_history")
         # gcloud waits for the insert operation: the VM goes PENDING (a TPU), PROVISIONING, STAGING,
@@ -419,6 +429,69 @@ class InstancesCommands(ReservationsCommands, NetworksCommands):
             self.err(f"Updated [{self._instance_url(project, zone, name)}].\n")
             self.err("Instance internal IP is 10.128.0.5\n")
             self.err(f"Instance external IP is {inventory.external_ip(name)}\n")
+        return 0
+
+    def cmd_compute_instances_stop(self, parsed: GcloudParse) -> int:
+        """surface/compute/instances/stop.py: instances.stop on each VM and a wait for the
+        operations ("Stopping instance(s) NAME..."), then one "Updated" line per VM; stopping a
+        stopped VM returns without errors. Its processes end; its boot disk (and what is on it) stays."""
+        project = self.project(parsed)
+        names = list(parsed.positionals["INSTANCE_NAMES"])
+        zone = self.zone(parsed, names[0])
+        for name in names:
+            self._vm(project, zone, name)
+        self._require_permission(
+            "compute.instances.stop", project, f"projects/{project}/zones/{zone}/instances/{names[0]}"
+        )
+        if parsed.get("async"):
+            raise GcloudError("sandbox: --async is not simulated for instances stop")
+        from tpu_rl_sandbox.machines import dockerd
+
+        # The stop: each RUNNING VM goes STOPPING at once (its billing ends, its processes end) and
+        # is TERMINATED once the guest's shutdown is over; the operation waits for it.
+        settings = load_settings(self.layout)
+        started = time.time()
+        stopping = capacity_seconds(settings.minute_seconds, "vm_stopping", settings.capacity_minutes)
+        stops: dict[str, str] = {}
+        with self.store.txn() as txn:
+            vms = txn.doc("vms")
+            history = txn.doc("vm_history")
+            for name in names:
+                record = instances.settle(vms[f"{project}/{zone}/{name}"], started)
+                if record["status"] != "RUNNING":
+                    continue
+                instances.schedule(record, [("STOPPING", stopping), ("TERMINATED", 0.0)], started)
+                instances.settle(record, started)
+                stops[name] = instances.add_operation(
+                    txn,
+                    project,
+                    zone,
+                    "stop",
+                    name,
+                    str(record.get("id", "")),
+                    started=started,
+                    user=self.account(),
+                )["name"]
+                lives = history.get(f"{project}/{zone}/{name}") or []
+                if lives:
+                    lives[-1].setdefault("stopped", []).append(started)
+            txn.save("vms")
+            txn.save("vm_history")
+        for name in stops:
+            dockerd.stop_all(self.layout.vm_dir(name))
+        if stops:
+            time.sleep(stopping)
+        with self.store.txn() as txn:
+            vms = txn.doc("vms")
+            for name, op_name in stops.items():
+                stopped_vm = vms.get(f"{project}/{zone}/{name}")
+                if stopped_vm is not None:
+                    instances.settle(stopped_vm, started + stopping)
+                instances.finish_operation(txn, project, zone, op_name, started + stopping)
+            txn.save("vms")
+        self.err(f"Stopping instance(s) {', '.join(names)}...done.\n")
+        for name in names:
+            self.err(f"Updated [{self._instance_url(project, zone, name)}].\n")
         return 0
 
     def _preempt_vm(self, project: str, zone: str, name: str) -> None:

@@ -206,7 +206,9 @@ def gcloud_parse(command: GcloudCommand, args: Sequence[str]) -> GcloudParse:
         raise GcloudUsageError(command.dotted, "unrecognized arguments: " + " ".join(unknown) + " ")
     for spec in command.positionals:
         if spec.required and not positionals.get(spec.name):
-            raise GcloudUsageError(command.dotted, f"argument {spec.name}: Must be specified.")
+            # argparse shows a one-or-more positional (nargs='+') as "NAME [NAME ...]"
+            shown = f"{spec.name} [{spec.name} ...]" if spec.many else spec.name
+            raise GcloudUsageError(command.dotted, f"argument {shown}: Must be specified.")
     for group in command.exclusive:
         seen = list(dict.fromkeys(name for name in order if name in group))
         if len(seen) > 1:
