@@ -96,6 +96,7 @@ SAME_ON_EVERY_AIRFLOW := tests/operators/test_bucket_sharing.py tests/operators/
 	tests/operators/test_hygiene.py tests/operators/test_run_identity.py \
 	tests/operators/test_run_dir_takeover.py tests/operators/test_run_dir_takeover_vm.py tests/operators/test_takeover.py \
 	tests/operators/test_tpu_vm.py tests/operators/test_tpu_vm_capacity.py tests/operators/test_training_metrics.py \
+	tests/operators/test_boot_image.py \
 	tests/e2e/test_cluster_lease.py tests/e2e/test_sweep_example.py tests/test_doctor.py tests/test_wheel.py \
 	tests/docs/test_module_map.py
 
@@ -156,9 +157,12 @@ plan: venv
 demo: venv
 	$(BIN)/tpu-rl-sandbox demo
 
-# Benchmarks (not tests): parse time vs stock operators, orchestration overhead, worker-slot time.
+# Benchmarks (not tests): parse time vs stock operators, orchestration overhead, worker-slot time,
+# TPU time and cost. BENCH_ARGS passes options on, e.g. make bench BENCH_ARGS="--tpu-time-only
+# --stage-minutes '{\"train\": 60}'" (tpu-rl-sandbox bench --help).
+BENCH_ARGS ?=
 bench: venv
-	$(BIN)/tpu-rl-sandbox bench
+	$(BIN)/tpu-rl-sandbox bench $(BENCH_ARGS)
 
 # The docs' screenshots (docs/screenshots/: both trigger forms, the runs dashboard, a run page),
 # taken again after a change: the Chromium session of tests/services/test_browser_trigger.py with

@@ -132,20 +132,24 @@ def test_tpu_vm_plan(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.parametrize("runtime", ["container", "install"])
 def test_the_tpu_vm_plan_shows_the_runtime(capsys: pytest.CaptureFixture[str], runtime: str) -> None:
-    """container (the default): the TPU VM pulls the image and trains in it; install: it builds
-    MaxText first. The CPU VM installs either way; the resolved values name the runtime."""
+    """container (the default): both VMs run the image; the TPU VM boots from the baked image and
+    installs and pulls nothing, the CPU VM pulls it. install: both VMs build MaxText."""
     args = [] if runtime == "container" else ["--conf", json.dumps({"runtime": "install"})]
     code, out, _ = _plan(capsys, "tpu_rl_tpu_vm_pipeline", *args)
     assert code == 0
     steps = {s["task_id"]: s for s in json.loads(out)["steps"] if "stdin" in s}
     pulls = "sudo docker pull us-docker.pkg.dev/cloud-tpu-images/maxtext-images/tpu_post_training:0.2.4"
-    assert (pulls in steps["install_maxtext"]["stdin"]) is (runtime == "container")
+    tpu_install = steps["install_maxtext"]["stdin"]
+    if runtime == "container":  # nothing installed or pulled on the billed TPU VM
+        assert not [w for w in ("docker pull", "apt-get", "configure-docker", "uv ") if w in tpu_install]
+    else:
+        assert "uv pip install" in tpu_install
     assert ("docker run" in steps["train"]["stdin"]) is (runtime == "container")
-    assert ("uv pip install" in steps["install_maxtext"]["stdin"]) is (runtime == "install")
-    assert "uv pip install" in steps["install_cpu_vm"]["stdin"]
-    assert "docker" not in steps["install_cpu_vm"]["stdin"]
+    assert ("docker run" in steps["convert_to_maxtext"]["stdin"]) is (runtime == "container")
+    assert (pulls in steps["install_cpu_vm"]["stdin"]) is (runtime == "container")
+    assert ("uv pip install" in steps["install_cpu_vm"]["stdin"]) is (runtime == "install")
     assert steps["install_maxtext"]["description"].startswith(
-        "prepare Docker and pull" if runtime == "container" else "install MaxText"
+        "check that the baked boot image holds Docker" if runtime == "container" else "install MaxText"
     )
 
 

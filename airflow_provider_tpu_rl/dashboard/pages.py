@@ -213,7 +213,13 @@ def _duration_cell(run: RunSummary, now: datetime) -> str:
     return f"{format_clock(seconds)} so far" if counting else format_clock(seconds)
 
 
-BILLED_TOOLTIP = "Chips x hours the TPU capacity existed, from its create to its delete"
+BILLED_TOOLTIP = (
+    "Chips x hours the TPU machines ran, by their own clocks: each from its start to its stop or "
+    "delete, at least a minute each (waiting for capacity, provisioning and shutting down bill nothing)"
+)
+HELD_TOOLTIP = (
+    "Chips x hours from the start of the task creating the TPU capacity to the end of the one deleting it"
+)
 TRAINED_TOOLTIP = "Chips x hours the training job ran, never more than billed"
 COLUMNS: tuple[Column, ...] = (
     Column("Run", "The DAG and its run id; opens the run's page", lambda r, _: r.run_id),
@@ -381,6 +387,7 @@ def _summary(run: RunSummary, now: datetime) -> str:
             ("TPU chips", UNKNOWN if run.chips is None else str(run.chips), ""),
             ("TPU billed (chip-hours)", format_chip_hours(run.chip_hours), BILLED_TOOLTIP),
             ("TPU trained (chip-hours)", format_chip_hours(run.busy_chip_hours), TRAINED_TOOLTIP),
+            ("TPU capacity held (chip-hours)", format_chip_hours(run.held_chip_hours), HELD_TOOLTIP),
             ("TPU idle", idle_inputs(run), ""),
             ("Training resumes", format_resumes(run.resumes, run.steps_lost, run.seconds_lost), ""),
             ("Est. cost (USD)", format_cost(run.estimated_cost_usd), cost_basis(run)),

@@ -24,7 +24,7 @@ RUNS_COLUMNS = (
     "DURATION",
     "MEAN REWARD",
     "PROMOTED",
-    "TPU CHIP-H",
+    "BILLED CHIP-H",
     "TRAINED",
     "IDLE",
     "RESUMES",
@@ -206,12 +206,16 @@ def format_promoted(promoted: bool | None) -> str:
     return UNKNOWN if promoted is None else ("yes" if promoted else "not promoted")
 
 
-def format_tpu_time(billed: float | None, busy: float | None, usd: float | None) -> str:
-    """``billed 4.3 TPU chip-hours, trained 1.2 (idle 72%), est. $11.61``."""
-    return (
+def format_tpu_time(
+    billed: float | None, busy: float | None, usd: float | None, held: float | None = None
+) -> str:
+    """``billed 4.3 TPU chip-hours, trained 1.2 (idle 72%), est. $11.61``, billed by the machines'
+    clocks; with ``held``: ``; capacity held 4.9`` (the create task's start to the delete task's end)."""
+    line = (
         f"billed {format_chip_hours(billed)} TPU chip-hours, trained {format_chip_hours(busy)} "
         f"(idle {format_share(idle_share(billed, busy))}), est. ${format_cost(usd)}"
     )
+    return line if held is None else f"{line}; capacity held {format_chip_hours(held)}"
 
 
 def runs_table_rows(runs: Sequence[RunSummary]) -> list[tuple[str, ...]]:
@@ -241,7 +245,7 @@ def runs_table_rows(runs: Sequence[RunSummary]) -> list[tuple[str, ...]]:
 def format_runs_table(runs: Sequence[RunSummary]) -> str:
     """A fixed-width table of runs, aligned columns separated by two spaces."""
     right_aligned = {
-        RUNS_COLUMNS.index(name) for name in ("DURATION", "TPU CHIP-H", "TRAINED", "IDLE", "COST $")
+        RUNS_COLUMNS.index(name) for name in ("DURATION", "BILLED CHIP-H", "TRAINED", "IDLE", "COST $")
     }
     return _format_table(RUNS_COLUMNS, runs_table_rows(runs), right_aligned)
 

@@ -36,6 +36,7 @@ from airflow_provider_tpu_rl.maxtext.layout import (
     run_dir,
 )
 from airflow_provider_tpu_rl.maxtext.logs import TrainingLogTracker
+from airflow_provider_tpu_rl.operators import billing
 from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, expiry_of_run, fail_fast
 from airflow_provider_tpu_rl.operators.gke import (
     delete_run_bucket,
@@ -62,7 +63,7 @@ from airflow_provider_tpu_rl.records.run_dirs import (
     vouches,
 )
 from airflow_provider_tpu_rl.records.writers import VmWriter
-from airflow_provider_tpu_rl.render import tpu_vm
+from airflow_provider_tpu_rl.render import boot_image, tpu_vm
 from airflow_provider_tpu_rl.render.command import Command
 from airflow_provider_tpu_rl.spec import rules
 from airflow_provider_tpu_rl.spec.cluster import CpuVmSpec, TpuVmSpec, default_capacity
@@ -79,11 +80,17 @@ DEFAULT_MODEL = str(TPU_VM_DEFAULTS["model"])
 
 
 def vm_create_command(
-    conf: Mapping[str, Any], *, dag_id: str, run_id: str, machine: str, expires_at: int
+    conf: Mapping[str, Any],
+    *,
+    dag_id: str,
+    run_id: str,
+    machine: str,
+    expires_at: int,
+    boot_family: str | None = None,
 ) -> tuple[TpuVmSpec | CpuVmSpec, Command]:
     """The run's VM (``machine``: ``tpu`` or ``cpu``) with its labels, and its create argv, from the
-    create's conf (the one its resource record keeps): the create task and a train retry that
-    re-creates a lost TPU VM render the same argv."""
+    create's conf and boot image family (what its resource record keeps): the create task and a
+    train retry that re-creates a lost TPU VM render the same argv."""
     values = dict(conf)
     # a record written before capacity was a conf key: its reservation's capacity, else on-demand
     values.setdefault("capacity", default_capacity(values.get("reservation")))
@@ -91,7 +98,17 @@ def vm_create_command(
     vm = replace(p.cpu_vm if machine == "cpu" else p.vm, labels=tpu_vm.vm_labels(p, expires_at))
     if isinstance(vm, CpuVmSpec):
         return vm, tpu_vm.create_cpu_vm(vm, p.service_account)
-    return vm, tpu_vm.create_vm(vm, p.service_account)
+    return vm, tpu_vm.create_vm(vm, p.service_account, boot_family=boot_family)
+
+
+def boot_family_argument(value: str | None) -> str | None:
+    """A ``boot_image_family`` argument: a baked image family (render/boot_image.py), or None."""
+    if not value:
+        return None
+    try:
+        return boot_image.check_family(str(value))
+    except ValueError as err:
+        raise SpecError("boot_image_family", str(err), value) from None
 
 
 def create_run_vm(
@@ -199,6 +216,9 @@ class TpuVmCreateOperator(_TpuVmOperator):
         the bucket, which the stages need.
     :param keep_vm: recorded for the janitor: a kept VM is only deleted at its expiry.
     :param max_vm_hours: the VM's expiry label, counted from the DAG run's start.
+    :param boot_image_family: the TPU VM boots from this baked image family of its project (Docker
+        and the workload image on its disk: ``TpuVmBootImageOperator``'s result); empty: from its
+        own image family.
     """
 
     template_fields: Sequence[str] = (
@@ -211,6 +231,7 @@ class TpuVmCreateOperator(_TpuVmOperator):
         "grant_service_account",
         "keep_vm",
         "max_vm_hours",
+        "boot_image_family",
     )
 
     def __init__(
@@ -224,9 +245,11 @@ class TpuVmCreateOperator(_TpuVmOperator):
         grant_service_account: bool | str = True,
         keep_vm: bool | str = False,
         max_vm_hours: int | str = 72,
+        boot_image_family: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.boot_image_family = boot_image_family
         self.reservation = reservation
         self.capacity = capacity
         self.service_account = service_account
@@ -249,6 +272,7 @@ class TpuVmCreateOperator(_TpuVmOperator):
             "max_vm_hours": rules.integer("max_vm_hours", self.max_vm_hours, 1, 24 * 7),
         }
         grant = rules.boolean("grant_service_account", self.grant_service_account)
+        boot_family = boot_family_argument(self.boot_image_family) if self.machine == "tpu" else None
         p = tpu_vm_pipeline_from_conf(
             {
                 **conf,
@@ -289,15 +313,23 @@ class TpuVmCreateOperator(_TpuVmOperator):
                 "dag_id": dag_id,
                 "run_id": run_id,
                 "conf": conf,
+                "boot_image_family": boot_family,
                 "expires_at": expires_at,
                 "keep": p.keep_vm,
             },
             self.chain,
         )
         vm, command = vm_create_command(
-            conf, dag_id=dag_id, run_id=run_id, machine=self.machine, expires_at=expires_at
+            conf,
+            dag_id=dag_id,
+            run_id=run_id,
+            machine=self.machine,
+            expires_at=expires_at,
+            boot_family=boot_family,
         )
         create_run_vm(self, self.what, vm, command)
+        if self.machine == "tpu":
+            billing.note_vm(self, vm)  # its billed time: from this start
         if grant:
             self.grant_vm_access(p)
         return vm.vm_name
@@ -383,10 +415,13 @@ class TpuVmStageOperator(LineageMixin, _TpuVmOperator):
         its resource record; only the run holding its lease) and runs its install stage again (the
         image pulled, or MaxText installed); training then resumes from the newest committed
         checkpoint. Off: the retry trains on the VM as it is.
-    :param runtime: how the TPU VM runs MaxText: ``container`` (default: ``install`` prepares
-        Docker and pulls ``workload_image``, ``train`` runs in it) or ``install`` (MaxText
-        installed from sources on the TPU VM, the tutorial's way). The CPU VM always installs.
+    :param runtime: how the VMs run MaxText: ``container`` (default: ``install`` prepares Docker
+        and pulls ``workload_image`` (or, on a TPU VM booted from a baked image, checks it is
+        there), every other stage runs in it) or ``install`` (MaxText installed from sources on
+        both VMs, the tutorial's way): one MaxText release per run either way.
     :param workload_image: the image of runtime ``container``; empty = the post-training image.
+    :param boot_image_family: ``install`` on the TPU VM: it booted from this baked image family
+        (Docker and the workload image on its disk), so the stage only checks they are there.
     :param cancel_previous_writer: ``train``, ``export``, ``convert``: when the run directory's
         claim no longer vouches for its job (expired, or its run ended: a crashed worker) and that
         job still runs on its VM (the training container, a MaxText process), stop it and wait until
@@ -401,6 +436,7 @@ class TpuVmStageOperator(LineageMixin, _TpuVmOperator):
         "on_machine",
         "runtime",
         "workload_image",
+        "boot_image_family",
         "run_name",
         "num_batches",
         "train_overrides",
@@ -425,6 +461,7 @@ class TpuVmStageOperator(LineageMixin, _TpuVmOperator):
         recover_lost_vm: bool | str = True,
         runtime: str = "container",
         workload_image: str | None = None,
+        boot_image_family: str | None = None,
         cancel_previous_writer: bool | str = False,
         previous_writer_stop_timeout: timedelta = DEFAULT_STOP_TIMEOUT,
         **kwargs: Any,
@@ -438,6 +475,7 @@ class TpuVmStageOperator(LineageMixin, _TpuVmOperator):
         self.on_machine = on_machine
         self.runtime = runtime
         self.workload_image = workload_image
+        self.boot_image_family = boot_image_family
         self.run_name = run_name
         self.num_batches = num_batches
         self.train_overrides = train_overrides
@@ -499,7 +537,11 @@ class TpuVmStageOperator(LineageMixin, _TpuVmOperator):
                         # One SSH session runs the whole stage: it gets the stage's bound, not a short call's.
                         self.hook.run_checked(
                             tpu_vm.stage_command(
-                                p, self.stage, machine=machine, ssh_key_file=str(self.hook.ssh_key_file())
+                                p,
+                                self.stage,
+                                machine=machine,
+                                ssh_key_file=str(self.hook.ssh_key_file()),
+                                boot_family=boot_family_argument(self.boot_image_family),
                             ),
                             on_line=on_line if self.stage == "train" else None,
                             timeout=stage_command_timeout(self.stage),
@@ -629,6 +671,7 @@ class TpuVmStageOperator(LineageMixin, _TpuVmOperator):
         if status == "TERMINATED":
             self.log.info("TPU VM %s was stopped under training: starting it", p.vm.vm_name)
             self.hook.run_checked(tpu_vm.start_vm(p.vm), timeout=stage_command_timeout("vm_create"))
+            billing.note_vm(self, p.vm)  # its second billed span: from this start
             return
         dag_id, run_id = self.run_ids(context)
         holder = f"{dag_id}/{run_id}"
@@ -647,12 +690,25 @@ class TpuVmStageOperator(LineageMixin, _TpuVmOperator):
         self.log.warning(
             "TPU VM %s was deleted under training: re-creating it as create_vm did", p.vm.vm_name
         )
+        boot_family = boot_family_argument(record.get("boot_image_family"))
         vm, command = vm_create_command(
-            record["conf"], dag_id=dag_id, run_id=run_id, machine="tpu", expires_at=int(record["expires_at"])
+            record["conf"],
+            dag_id=dag_id,
+            run_id=run_id,
+            machine="tpu",
+            expires_at=int(record["expires_at"]),
+            boot_family=boot_family,
         )
         create_run_vm(self, "TPU VM", vm, command)
+        billing.note_vm(self, vm)  # a new incarnation, billed from this start
         self.hook.run_checked(
-            tpu_vm.stage_command(p, "install", machine="tpu", ssh_key_file=str(self.hook.ssh_key_file())),
+            tpu_vm.stage_command(
+                p,
+                "install",
+                machine="tpu",
+                ssh_key_file=str(self.hook.ssh_key_file()),
+                boot_family=boot_family,
+            ),
             timeout=stage_command_timeout("install"),
         )
 
@@ -868,6 +924,9 @@ class TpuVmDeleteOperator(_TpuVmOperator):
         vm = self.target_vm(p)
         lease = leases.read(vm.bucket, vm_lease_name(vm.vm_name))
         owned = self.owns_vm(p, lease, f"{dag_id}/{run_id}")
+        billed = owned and self.machine == "tpu"  # the TPU VM's clocks, for the ledger
+        if billed:
+            billing.note_vm(self, vm)  # a start not noted yet (a create whose note failed)
         if not owned:
             pass
         elif keep:
@@ -880,6 +939,8 @@ class TpuVmDeleteOperator(_TpuVmOperator):
             if lease is not None:
                 leases.release(vm.bucket, lease)
         result: dict[str, Any] = {"vm_name": vm.vm_name, "deleted": deleted, "bucket_deleted": False}
+        if billed:
+            result[billing.XCOM_KEY] = billing.vm_billed(self, vm)
         if delete_bucket:
             result |= delete_run_bucket(self, context, p.vm.bucket)
         return result

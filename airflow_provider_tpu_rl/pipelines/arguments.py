@@ -37,8 +37,22 @@ def xcom(key: str) -> str:
     return "{{ " + VALIDATED_MACRO + "(ti)['" + key + "'] }}"
 
 
-# A pipeline DAG's ``user_defined_macros``: what :func:`xcom` templates call.
-PIPELINE_MACROS: Final[dict[str, Any]] = {VALIDATED_MACRO: validated}
+BAKED_MACRO: Final = "baked"
+BAKE_TASK_ID: Final = "bake_image"
+
+
+def baked(ti: Any) -> Any:
+    """The ``bake_image`` task's XCom (the TPU VM's boot image family), ``{}`` when it has none."""
+    return ti.xcom_pull(task_ids=BAKE_TASK_ID) or {}
+
+
+def bake_result(key: str) -> str:
+    """Template reading one value of the ``bake_image`` task's result (None when it has none)."""
+    return "{{ " + BAKED_MACRO + "(ti).get('" + key + "') }}"
+
+
+# A pipeline DAG's ``user_defined_macros``: what :func:`xcom` and :func:`bake_result` templates call.
+PIPELINE_MACROS: Final[dict[str, Any]] = {VALIDATED_MACRO: validated, BAKED_MACRO: baked}
 
 
 def transient_retries() -> dict[str, Any]:
@@ -167,8 +181,13 @@ def gke_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
     }
 
 
-def tpu_vm_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
-    """The arguments of each ``tpu_rl_tpu_vm_pipeline`` operator, named by task id (see above)."""
+def tpu_vm_task_arguments(value: Value, bake: Value | None = None) -> dict[str, dict[str, Any]]:
+    """The arguments of each ``tpu_rl_tpu_vm_pipeline`` operator, named by task id (see above).
+
+    ``bake(key)`` gives one value of the ``bake_image`` task's result (the DAG: :func:`bake_result`;
+    none given: no baked image, the TPU VM boots from its own family).
+    """
+    result = bake or (lambda key: None)
     vm = {
         "project_id": value("project"),
         "zone": value("zone"),
@@ -206,6 +225,15 @@ def tpu_vm_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
             "bucket": value("bucket"),
         },
         "sync_hf_token": _hf_token_arguments(value),
+        # The TPU VM's boot image: found or baked on a CPU VM of its own, beside the CPU VM's tasks.
+        "bake_image": {
+            **vm,
+            "bake": value("bakes"),
+            "workload_image": value("workload_image"),
+            "service_account": value("service_account"),
+            "max_vm_hours": value("max_vm_hours"),
+        },
+        "delete_bake_vm": {**vm, "bake": value("bakes"), "workload_image": value("workload_image")},
         "create_vm": {
             **vm,
             "reservation": value("reservation"),
@@ -215,6 +243,7 @@ def tpu_vm_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
             "hf_token_secret": value("hf_token_secret"),
             "keep_vm": value("keep_vm"),
             "max_vm_hours": value("max_vm_hours"),
+            "boot_image_family": result("boot_image_family"),
         },
         "create_cpu_vm": {
             **vm,
@@ -226,7 +255,12 @@ def tpu_vm_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
             "max_vm_hours": value("max_vm_hours"),
         },
         "install_cpu_vm": {**stage, "stage": "install", "on_machine": "cpu"},
-        "install_maxtext": {**stage, "stage": "install", "on_machine": "tpu"},
+        "install_maxtext": {
+            **stage,
+            "stage": "install",
+            "on_machine": "tpu",
+            "boot_image_family": result("boot_image_family"),
+        },
         "convert_to_maxtext": {**stage, "stage": "convert"},
         "train": {**stage, "stage": "train", "cancel_previous_writer": value("cancel_previous_writer")},
         "export_to_huggingface": {

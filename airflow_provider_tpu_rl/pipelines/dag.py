@@ -101,7 +101,10 @@ def promote_model_task(
 
 # The graph's groups of a pipeline's stages: what each holds, in words (the group's tooltip).
 STAGE_GROUP_TOOLTIPS: Final[Mapping[str, str]] = {
-    "prepare": "Checks, the bucket, the HF token secret and the machines the conversion runs on",
+    "prepare": (
+        "Checks, the bucket, the HF token secret, the machines the conversion runs on and the TPU "
+        "VM's boot image"
+    ),
     "conversion": "Hugging Face checkpoint to MaxText, and its commit in the bucket",
     "training": "The billed TPUs: created, trained on until the actor checkpoint is committed, deleted",
     "export": "MaxText checkpoint to Hugging Face, and its commit in the bucket",
@@ -118,13 +121,18 @@ def stage_group(group_id: str) -> TaskGroup:
     return TaskGroup(group_id=group_id, prefix_group_id=False, tooltip=STAGE_GROUP_TOOLTIPS[group_id])
 
 
-def chain_in_order(order: Sequence[str], dag: DAG) -> None:
-    """Chain the DAG's tasks in the pipeline's task order (``GKE_TASK_ORDER`` / ``TPU_VM_TASK_ORDER``)."""
+def chain_in_order(order: Sequence[str], dag: DAG, beside: Mapping[str, str] | None = None) -> None:
+    """Chain the DAG's tasks in the pipeline's task order (``GKE_TASK_ORDER`` / ``TPU_VM_TASK_ORDER``);
+    a task of ``beside`` (``TPU_VM_SIDE_TASKS``: task → the one it follows) runs after that one
+    instead, beside the main line (the DAG file joins it back)."""
     by_id = dag.task_dict
-    missing = [task_id for task_id in order if task_id not in by_id]
+    side = dict(beside or {})
+    missing = [task_id for task_id in [*order, *side.values()] if task_id not in by_id]
     if missing:
         raise ValueError(f"the DAG lacks tasks of its order: {missing}")
-    chain(*(by_id[task_id] for task_id in order))
+    chain(*(by_id[task_id] for task_id in order if task_id not in side))
+    for task_id, after in side.items():
+        by_id[after] >> by_id[task_id]
 
 
 def pipeline_dag(pipeline: str, *, dag_id: str, description: str, tags: Sequence[str], doc_md: str) -> DAG:

@@ -12,11 +12,13 @@ from typing import Any, Final
 
 from airflow_provider_tpu_rl.spec import params, rules
 from airflow_provider_tpu_rl.spec.cluster import (
+    BAKE_VM_MACHINE_TYPE,
     CPU_VM_MACHINE_TYPE,
     ClusterSpec,
     CpuVmSpec,
     GkeJobTarget,
     TpuVmSpec,
+    bake_vm_name,
     cpu_vm_name,
     default_capacity,
     require_reservation_name,
@@ -86,6 +88,10 @@ TPU_VM_TASK_ORDER: Final = (
     "preflight",
     "ensure_bucket",
     "sync_hf_token",
+    # The TPU VM's boot image, baked beside the CPU VM's tasks (TPU_VM_SIDE_TASKS): Docker and the
+    # workload image on its disk, so the billed TPU VM installs and pulls nothing.
+    "bake_image",
+    "delete_bake_vm",
     # The conversions force JAX onto the CPU: they run on a CPU VM, GCS to GCS.
     "create_cpu_vm",
     "install_cpu_vm",
@@ -103,6 +109,12 @@ TPU_VM_TASK_ORDER: Final = (
     "promote_model",
     "delete_cpu_vm",
     "record_run",
+)
+# Tasks of TPU_VM_TASK_ORDER that run beside the main line instead of after the task before them:
+# task -> the one it follows. The bake costs no TPU time and, running while the CPU VM installs and
+# converts, no wall time on the way to training; create_vm waits for it (the DAG's joins).
+TPU_VM_SIDE_TASKS: Final[Mapping[str, str]] = MappingProxyType(
+    {"bake_image": "sync_hf_token", "delete_bake_vm": "bake_image"}
 )
 # The GKE pipeline's job tasks; a job's default name derives from its task id.
 GKE_JOB_TASKS: Final = {"convert": "convert_to_maxtext", "train": "train", "export": "export_to_huggingface"}
@@ -717,6 +729,8 @@ class TpuVmPipelineSpec:
     workload_image: str = POST_TRAINING_IMAGE  # the image training runs in (runtime container)
     cancel_previous_writer: bool = False
     min_reward_gain: float | None = None  # the promotion gate (None: no gate)
+    # the TPU VM boots from a baked image (render/boot_image.py) with runtime container
+    bake_image: bool = True
 
     @property
     def suffix(self) -> str:
@@ -729,6 +743,27 @@ class TpuVmPipelineSpec:
     @property
     def gcs_prefix(self) -> str:
         return f"gs://{self.vm.bucket}/{self.preset.model_name}"
+
+    @property
+    def bakes(self) -> bool:
+        """Whether the run bakes (or reuses) the TPU VM's boot image: runtime ``container`` with
+        ``bake_image`` on (the install runtime builds MaxText on the VM, nothing to bake)."""
+        return self.bake_image and self.runtime == "container"
+
+    @property
+    def bake_vm(self) -> CpuVmSpec:
+        """The CPU VM the boot image is baked on: booted from the TPU VM's own image family and
+        disk size, so the image it leaves is the TPU VM's image plus Docker and the workload image."""
+        return CpuVmSpec(
+            project=self.vm.project,
+            zone=self.vm.zone,
+            vm_name=bake_vm_name(self.suffix),
+            bucket=self.vm.bucket,
+            machine_type=BAKE_VM_MACHINE_TYPE,
+            image_project=self.vm.image_project,
+            image_family=self.vm.image_family,
+            boot_disk_size=self.vm.boot_disk_size,
+        )
 
     @property
     def gcs_actor_checkpoint(self) -> str:
@@ -771,6 +806,7 @@ class TpuVmPipelineSpec:
             "workload_image": self.workload_image,
             # the image training runs in: none when MaxText is installed from sources (the card's)
             "training_image": self.workload_image if self.runtime == "container" else None,
+            "bakes": self.bakes,
             "compute_type": v.machine_type,
             "topology": v.topology,
             "suffix": self.suffix,
@@ -867,4 +903,5 @@ def tpu_vm_pipeline_from_conf(
         workload_image=workload_image,
         cancel_previous_writer=merged["cancel_previous_writer"],
         min_reward_gain=min_reward_gain(merged.get("min_reward_gain")),
+        bake_image=rules.boolean("bake_image", merged["bake_image"]),
     )

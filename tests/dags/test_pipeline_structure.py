@@ -28,7 +28,10 @@ def test_tasks_run_in_the_tutorial_order(pipeline: tuple[Any, Shape]) -> None:
         task = dag.get_task(publisher)
         assert set(task.upstream_task_ids) == {"promote_model"}
         assert [outlet.uri for outlet in task.outlets] == ["tpu-rl://models/" + task.preset]
-    expected_upstream = {task_id: {before} for before, task_id in itertools.pairwise(shape.order)}
+    side = dict(shape.side)
+    main = [task_id for task_id in shape.order if task_id not in side]
+    expected_upstream = {task_id: {before} for before, task_id in itertools.pairwise(main)}
+    expected_upstream |= {task_id: {after} for task_id, after in side.items()}
     expected_upstream["validate"] = set()
     # Each teardown also hangs off its setups.
     for teardown, setup in shape.resources.items():
@@ -51,6 +54,12 @@ def test_the_resource_teardown_is_a_teardown_of_its_setups(pipeline: tuple[Any, 
         setups = {t.task_id for t in teardown.upstream_list if t.is_setup}
         assert setups == {"ensure_bucket", setup}
         all_setups |= setups
+    for teardown_id, setup in shape.own_resources:
+        teardown = dag.get_task(teardown_id)
+        assert teardown.is_teardown
+        assert teardown.trigger_rule == TriggerRule.ALL_DONE_SETUP_SUCCESS
+        assert {t.task_id for t in teardown.upstream_list if t.is_setup} == {setup}
+        all_setups.add(setup)
     assert {t.task_id for t in dag.tasks if t.is_setup} == all_setups | shape.extra_setups
 
 
@@ -118,7 +127,7 @@ def test_record_run_is_a_teardown_after_the_resource_teardown(pipeline: tuple[An
     record = dag.get_task("record_run")
     assert record.is_teardown
     assert not record.on_failure_fail_dagrun
-    assert set(record.upstream_task_ids) == {shape.teardown}
+    assert set(record.upstream_task_ids) == {shape.teardown, *dict(shape.own_resources)}
     # No setup upstream: it runs whatever state the destroy ends in, also when validate failed.
     assert not any(t.is_setup for t in record.upstream_list)
 

@@ -16,11 +16,13 @@ refuse other settings) is tests/operators/test_run_identity.py.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from airflow_provider_tpu_rl.ledger.billing import spans_from_json
 from airflow_provider_tpu_rl.ledger.model_card import parse_front_matter
 from airflow_provider_tpu_rl.ledger.records import as_utc
 from airflow_provider_tpu_rl.render.gke import resource_record_object
@@ -472,6 +474,17 @@ def test_ledger_records_durations_and_chip_hours(world: E2EWorld, happy: DagRunR
     assert 0 < busy < chip_hours
     assert busy == pytest.approx(32 * (span[2] - span[1]).total_seconds() / 3600)
     assert (price, cost) == (2.70, pytest.approx(chip_hours * 2.70))
+    # billed by the TPU node VMs' own clocks (each at least a minute), inside the capacity held
+    ((billed_seconds, spans_json, held),) = world.ledger(
+        "SELECT billed_chip_seconds, billed_spans_json, held_chip_hours FROM runs WHERE run_id = ?",
+        (happy.ledger_run_id,),
+    )
+    spans = spans_from_json(json.loads(spans_json))
+    assert spans is not None
+    assert (len(spans), {s.chips for s in spans}, {s.ended_by for s in spans}) == (8, {4}, {"delete"})
+    assert all(span[0] <= s.started_at and s.ended_at and s.ended_at <= span[3] for s in spans)
+    assert chip_hours == pytest.approx(billed_seconds / 3600)
+    assert held == pytest.approx(32 * (span[3] - span[0]).total_seconds() / 3600)
     steps = {
         task_id: (state, seconds)
         for task_id, state, seconds in world.ledger(

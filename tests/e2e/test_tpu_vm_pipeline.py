@@ -68,9 +68,10 @@ def spec_of(result: DagRunResult) -> TpuVmPipelineSpec:
     return tpu_vm_pipeline_from_conf(result.conf, dag_id=result.dag_id, run_id=result.run_id)
 
 
-def vm_calls(result: DagRunResult, verb: str) -> list[int]:
-    """Exit codes of ``gcloud compute instances <verb>`` in the run."""
-    return [call.exit_code for call in result.calls_of("gcloud", "compute", "instances", verb)]
+def vm_calls(result: DagRunResult, verb: str, vm: str | None = None) -> list[int]:
+    """Exit codes of ``gcloud compute instances <verb>`` in the run (of ``vm`` alone, if named)."""
+    calls = result.calls_of("gcloud", "compute", "instances", verb)
+    return [call.exit_code for call in calls if vm is None or vm in call.argv]
 
 
 def lives(world: E2EWorld, spec: TpuVmPipelineSpec, vm_name: str) -> list[dict[str, Any]]:
@@ -135,12 +136,17 @@ def test_pipeline_succeeds_with_one_vm_lifecycle(world: E2EWorld, happy: DagRunR
     failed = {t: r.state for t, r in happy.tasks.items() if t != "watcher" and r.state != "success"}
     assert failed == {}, happy.describe()
     assert happy.task_state("watcher") == "skipped"
-    assert vm_calls(happy, "create") == [0, 0]  # the CPU VM, then the TPU VM
-    assert vm_calls(happy, "delete") == [0, 0]  # the TPU VM, then the CPU VM
-    assert happy.submitted_jobs() == []  # no gcluster on this path
     spec = spec_of(happy)
+    for vm in (spec.cpu_vm.vm_name, spec.vm.vm_name):
+        assert (vm_calls(happy, "create", vm), vm_calls(happy, "delete", vm)) == ([0], [0]), vm
+    # the boot image's bake VM (the first run of the project bakes): deleted by its task, so its
+    # teardown finds it gone ("not found" counts as deleted)
+    bake = spec.bake_vm.vm_name
+    assert (vm_calls(happy, "create", bake), vm_calls(happy, "delete", bake)) == ([0], [0, 1])
+    assert happy.submitted_jobs() == []  # no gcluster on this path
     assert spec.vm.vm_name not in world.live_vms()
     assert spec.cpu_vm.vm_name not in world.live_vms()
+    assert bake not in world.live_vms()
 
 
 def test_the_tpu_vm_exists_only_while_it_trains(world: E2EWorld, happy: DagRunResult) -> None:
@@ -154,6 +160,19 @@ def test_the_tpu_vm_exists_only_while_it_trains(world: E2EWorld, happy: DagRunRe
     assert cpu["machineType"] == spec.cpu_vm.machine_type == "n2-highmem-32"
     assert [p["module"] for p in tpu["programs"]] == [TRAIN_RL]
     assert [p["module"] for p in cpu["programs"]] == list(CONVERTERS)
+    # One MaxText per run: the CPU VM converted and exported in the image the TPU VM trained in.
+    ran = {(p["runtime"], p["maxtext_version"]) for p in [*tpu["programs"], *cpu["programs"]]}
+    assert ran == {("container", spec.preset.maxtext_version)}
+    # The TPU VM booted from the baked image family (named after the workload image's digest).
+    (create,) = [
+        c for c in happy.calls_of("gcloud", "compute", "instances", "create") if spec.vm.vm_name in c.argv
+    ]
+    assert f"--image-project={spec.vm.project}" in create.argv
+    assert any(arg.startswith("--image-family=tpu-rl-sha256-") for arg in create.argv), create.argv
+    installed = happy.task_log("install_maxtext")
+    assert "nothing to install or pull" in installed
+    assert "Pulling from" not in installed
+    assert "docker.io" not in installed
 
     converted = written_at(world, spec.conversion.output_directory)
     _, prefix = split_gs_url(spec.conversion.output_directory)

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from airflow_provider_tpu_rl.ledger.billing import BilledSpan
 from airflow_provider_tpu_rl.ledger.cli import (
     add_runs_subcommand,
     format_duration,
@@ -94,9 +95,9 @@ def test_table_is_aligned_with_dashes_for_unknowns() -> None:
         ]
     )
     assert table.splitlines() == [
-        "RUN              MODEL                 STATE    DURATION  MEAN REWARD  PROMOTED  TPU CHIP-H  TRAINED  IDLE  RESUMES                  COST $  EXPORT",
-        "gke/manual__1    qwen3-30b-a3b         success     2h02m  0.12→0.34    yes             61.3     18.4   70%  1 (2 steps, 4m10s lost)  165.59  gs://b/qwen3-30b-a3b/hf-trained/",
-        "vm/scheduled__2  llama3.1-8b-Instruct  failed          -  -            -                  -        -     -  -                             -  -",
+        "RUN              MODEL                 STATE    DURATION  MEAN REWARD  PROMOTED  BILLED CHIP-H  TRAINED  IDLE  RESUMES                  COST $  EXPORT",
+        "gke/manual__1    qwen3-30b-a3b         success     2h02m  0.12→0.34    yes                61.3     18.4   70%  1 (2 steps, 4m10s lost)  165.59  gs://b/qwen3-30b-a3b/hf-trained/",
+        "vm/scheduled__2  llama3.1-8b-Instruct  failed          -  -            -                     -        -     -  -                             -  -",
     ]
 
 
@@ -148,6 +149,7 @@ def test_runs_command_prints_the_ledger(sqlite_uri: str, monkeypatch: pytest.Mon
                 train_started_at=start + timedelta(minutes=10),
                 train_ended_at=start + timedelta(minutes=25),
                 usd_per_chip_hour=2.7,
+                billed_spans=(BilledSpan("tpu-vm", "1", 32, start, start + timedelta(minutes=30)),),
             ),
             [],
             [MetricRecord("pre", 0, "mean_reward", 0.1 * index), MetricRecord("post", 0, "mean_reward", 0.5)],

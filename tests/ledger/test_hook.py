@@ -297,10 +297,10 @@ def test_chip_hours_are_chips_times_cluster_lifetime(ledger: RunLedger) -> None:
 
     runs = {run.airflow_run_id: run for run in ledger.latest_runs()}
     assert (runs["gke"].chips, runs["vm"].chips) == (32, 8)
-    assert runs["gke"].chip_hours == pytest.approx(32 * (110 / 60))
-    assert runs["vm"].chip_hours == pytest.approx(8 * (50 / 60))
+    assert runs["gke"].held_chip_hours == pytest.approx(32 * (110 / 60))
+    assert runs["vm"].held_chip_hours == pytest.approx(8 * (50 / 60))
     [vm] = ledger.latest_runs(model="llama3.1-8b-Instruct")
-    assert vm.chip_hours == pytest.approx(8 * (50 / 60))
+    assert vm.held_chip_hours == pytest.approx(8 * (50 / 60))
 
 
 def test_conf_is_stored_without_secrets(ledger: RunLedger) -> None:

@@ -382,7 +382,10 @@ def test_the_tpu_pool_tasks_act_only_on_a_cluster_this_run_holds(sb: SandboxRun)
     assert _tpu_pools(sb) == ["gke-tpu-v6e-pool"]
 
     own = sb.operator(GclusterDestroyOperator, task_id="destroy_tpu_pool")
-    assert own.execute(sb.context(own, conf, run_id=RUN_ID))["destroyed"] is True
+    destroyed = own.execute(sb.context(own, conf, run_id=RUN_ID))
+    assert destroyed["destroyed"] is True
+    spans = destroyed["billed"]["spans"]  # the TPU node VMs' own clocks, for the ledger
+    assert (len(spans), {s["chips"] for s in spans}, {s["ended_by"] for s in spans}) == (8, {4}, {"delete"})
     assert _tpu_pools(sb) == []
     assert sb.cluster_record() is not None  # the cluster stays for the export
     assert _lease(sb) == lease  # and so does the lease

@@ -100,6 +100,8 @@ def test_the_whole_vm_pipeline_leaves_checkpoint_and_export_in_gcs(sb: SandboxRu
             sb, TpuVmStageOperator, conf, task_id="export_to_huggingface"
         )
     output = "\n".join(str(entry.get("event")) for entry in logs)
+    (span,) = deleted.pop("billed")["spans"]  # the TPU VM's one RUNNING span, by its clock
+    assert (span["machine"], span["chips"], span["ended_by"]) == (sb.vm, 8, "delete")
     assert deleted == {"vm_name": sb.vm, "deleted": True, "bucket_deleted": False}
     # What each stage read and wrote, kept for OpenLineage (install: nothing), and the converted
     # checkpoint's asset event once the conversion was verified
@@ -127,11 +129,12 @@ def test_the_whole_vm_pipeline_leaves_checkpoint_and_export_in_gcs(sb: SandboxRu
         "maxtext.checkpoint_conversion.to_maxtext",
         "maxtext.checkpoint_conversion.to_huggingface",
     ]
-    # The default runtime: the TPU VM trained in the post-training image's container; the CPU VM
-    # ran the conversions in the venv it installed.
+    # The default runtime: both VMs ran the post-training image's container, one MaxText release
+    # converting, training and exporting (issue 46, item 4).
     assert stages["install"]["runtime"] == stages["train"]["runtime"] == "container"
     assert [p["runtime"] for p in tpu_life["programs"]] == ["container"]
-    assert [p["runtime"] for p in cpu_life["programs"]] == ["install", "install"]
+    assert [p["runtime"] for p in cpu_life["programs"]] == ["container", "container"]
+    assert len({p["maxtext_version"] for p in tpu_life["programs"] + cpu_life["programs"]}) == 1
     # The TPU VM lived only around training: created after the converted checkpoint was committed,
     # deleted before the export wrote anything.
     converted_marker = (
@@ -142,10 +145,10 @@ def test_the_whole_vm_pipeline_leaves_checkpoint_and_export_in_gcs(sb: SandboxRu
     export_written = _updated(sb, pipeline.gcs_export.removeprefix(f"gs://{sb.bucket}/") + "/")
     assert tpu_life["deleted"] < min(export_written.values()).timestamp()
 
-    # The token reached MaxText's commands only, on both VMs.
+    # The token reached MaxText's containers only (docker run, by name), on both VMs.
     tool_calls = sb.vm_tool_calls(cpu_vm)
     gcloud_calls = [c for c in tool_calls if c["tool"] == "gcloud"]
-    maxtext = [c for c in tool_calls if c["tool"] == "python" and "-m" in c["argv"]]
+    maxtext = [c for c in tool_calls if c["tool"] == "docker" and c["argv"][1:2] == ["run"]]
     assert gcloud_calls
     assert len(maxtext) == 2
     assert not [c["argv"] for c in gcloud_calls if "HF_TOKEN" in c["env_names"]]
@@ -239,7 +242,7 @@ def test_training_on_a_cpu_vm_fails_as_jax_does(sb: SandboxRun) -> None:
     for task_id, factory in TPU_VM_CONVERSION_TASKS:
         _execute(sb, factory, conf, task_id=task_id)
     pipeline = tpu_vm_pipeline_from_conf(conf, run_id=RUN_ID)
-    command = tpu_vm.ssh(pipeline.cpu_vm, tpu_vm.train_script(pipeline), "train on the CPU VM")
+    command = tpu_vm.ssh(pipeline.cpu_vm, tpu_vm.container_train_script(pipeline), "train on the CPU VM")
     hook = sb.operator(TpuVmStageOperator, dag_id=TPU_VM_DAG_ID, task_id="train").hook
     result = hook.run(command)
     assert result.exit_code != 0
@@ -256,6 +259,7 @@ def test_deleting_this_runs_vm_that_is_already_gone_succeeds(sb: SandboxRun) -> 
 
     result = _execute(sb, TpuVmDeleteOperator, conf, task_id="delete_vm")
 
+    assert result.pop("billed") is None  # no start of it was ever noted: not known
     assert result == {"vm_name": sb.vm, "deleted": True, "bucket_deleted": False}
     (call,) = _delete_calls(sb)
     assert call["exit_code"] != 0  # gcloud said "not found": counted as already deleted

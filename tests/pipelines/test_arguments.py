@@ -6,7 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_provider_tpu_rl.pipelines.arguments import gke_task_arguments, tpu_vm_task_arguments, xcom
+from airflow_provider_tpu_rl.pipelines.arguments import (
+    bake_result,
+    gke_task_arguments,
+    tpu_vm_task_arguments,
+    xcom,
+)
 from airflow_provider_tpu_rl.pipelines.validate import validate_pipeline_conf
 from tests.support.dags import GKE_DAG_ID
 from tests.support.pipeline_shapes import OWN_CLOUD, Shape, ValidateXCom, render
@@ -14,7 +19,9 @@ from tests.support.pipeline_shapes import OWN_CLOUD, Shape, ValidateXCom, render
 
 def test_operators_take_every_value_from_validate_and_jobs_defer(pipeline: tuple[Any, Shape]) -> None:
     dag, shape = pipeline
-    arguments = (gke_task_arguments if dag.dag_id == GKE_DAG_ID else tpu_vm_task_arguments)(xcom)
+    arguments = (
+        gke_task_arguments(xcom) if dag.dag_id == GKE_DAG_ID else tpu_vm_task_arguments(xcom, bake_result)
+    )
     assert set(arguments) == set(shape.order) - {"validate", "record_run"} - {
         t for t in shape.order if t.startswith("wait_")
     }

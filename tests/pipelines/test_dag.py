@@ -25,7 +25,15 @@ STAGE_GROUPS = {
         "teardown": ["destroy_cluster", "record_run"],
     },
     TPU_VM_DAG_ID: {
-        "prepare": ["preflight", "ensure_bucket", "sync_hf_token", "create_cpu_vm", "install_cpu_vm"],
+        "prepare": [
+            "preflight",
+            "ensure_bucket",
+            "sync_hf_token",
+            "bake_image",
+            "delete_bake_vm",
+            "create_cpu_vm",
+            "install_cpu_vm",
+        ],
         "conversion": ["convert_to_maxtext", "wait_converted_checkpoint"],
         "training": ["create_vm", "install_maxtext", "train", "wait_actor_checkpoint", "delete_vm"],
         "export": [

@@ -29,14 +29,15 @@ TRAIN = [
 def test_the_probe_finds_the_container_and_the_processes_writing_the_directory() -> None:
     other = [word.replace("dup-rn", "other-run") for word in TRAIN]
     lines = [
-        f"container true {json.dumps(TRAIN, separators=(',', ':'))}",
+        f"container tpu-rl-train true {json.dumps(TRAIN, separators=(',', ':'))}",
+        f"container tpu-rl-export true {json.dumps(['python3', '-m', 'x', 'run_name=other'])}",
         f"process 4242 {shlex.join(TRAIN)}",
         f"process 4343 {shlex.join(other)}",  # another run's trainer on the same VM: not ours
         "probe-done",
     ]
     found = parse_vm_probe(lines, DIRECTORY)
     assert found is not None
-    assert (found.container, found.pids) == (True, (4242,))
+    assert (found.containers, found.pids) == (("tpu-rl-train",), (4242,))
     assert found.describe() == "container tpu-rl-train, process 4242"
     stop = vm_stop_script(found)
     assert "sudo -n docker rm --force tpu-rl-train" in stop
@@ -45,10 +46,10 @@ def test_the_probe_finds_the_container_and_the_processes_writing_the_directory()
 
 
 def test_a_stopped_container_or_a_probe_cut_short_is_not_a_writer() -> None:
-    stopped = parse_vm_probe([f"container false {json.dumps(TRAIN)}", "probe-done"], DIRECTORY)
+    stopped = parse_vm_probe([f"container tpu-rl-train false {json.dumps(TRAIN)}", "probe-done"], DIRECTORY)
     assert stopped is not None
     assert not stopped.any
-    assert parse_vm_probe([f"container true {json.dumps(TRAIN)}"], DIRECTORY) is None  # no end: unknown
+    assert parse_vm_probe([f"container tpu-rl-train true {json.dumps(TRAIN)}"], DIRECTORY) is None  # no end
 
 
 @pytest.mark.parametrize(
@@ -85,4 +86,4 @@ def test_how_to_stop_a_job_by_hand() -> None:
     vm = WriterClaim("d/r", "vm-1/train", "proj/us-east5-b/vm-1", 0.0)
     argv = shlex.split(stop_command(vm))
     assert argv[:6] == ["gcloud", "compute", "ssh", "vm-1", "--zone=us-east5-b", "--project=proj"]
-    assert argv[6].startswith("--command=sudo docker rm --force tpu-rl-train")
+    assert argv[6].startswith("--command=sudo docker rm --force tpu-rl-train tpu-rl-convert tpu-rl-export")

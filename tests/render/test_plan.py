@@ -79,8 +79,8 @@ def test_the_reservation_is_described_when_one_is_named() -> None:
 def test_every_ssh_stage_uses_one_kept_key_that_expires() -> None:
     plan = tpu_vm_plan(tpu_vm_pipeline_from_conf({"project": PROJECT, "bucket": "b-1"}))
     ssh = [s.command.argv for s in plan if s.command.argv[1:3] == ("compute", "ssh")]
-    # every stage once, and the install twice: on the CPU VM and on the TPU VM
-    assert len(ssh) == len(tpu_vm.STAGES) + 1
+    # every stage once, the install twice (on the CPU VM and on the TPU VM), and the boot image's bake
+    assert len(ssh) == len(tpu_vm.STAGES) + 2
     for argv in ssh:
         assert f"--ssh-key-file={PLAN_SSH_KEY_FILE}" in argv
         assert f"--ssh-key-expire-after={tpu_vm.SSH_KEY_LIFETIME}" in argv

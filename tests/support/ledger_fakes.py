@@ -101,7 +101,32 @@ def train_result(completed: bool = True) -> dict[str, Any]:
     }
 
 
+def billed_result(start: float, end: float | None, machines: int = 8, chips: int = 4) -> dict[str, Any]:
+    """What the task deleting the TPU capacity returns: ``machines`` node VMs of ``chips`` chips, each
+    RUNNING from minute ``start`` to minute ``end`` (None: still running), by their own clocks."""
+    return {
+        "billed": {
+            "spans": [
+                {
+                    "machine": f"gke-c1-tpu-pool-1a2b3c4d-n{index:03d}",
+                    "id": str(1000 + index),
+                    "chips": chips,
+                    "started_at": minutes(start).isoformat(),
+                    "ended_at": None if end is None else minutes(end).isoformat(),
+                    "ended_by": None if end is None else "delete",
+                }
+                for index in range(machines)
+            ]
+        }
+    }
+
+
+# The TPU pool's deploy runs from minute 36 to 41 and its destroy from 121 to 126 (the capacity
+# held: 90 minutes); its 8 node VMs run (billed) from minute 38 to 124: 86 minutes.
+BILLED_MINUTES = 86
+
 SUCCESS_XCOMS: dict[str, Any] = {
+    "destroy_tpu_pool": billed_result(38, 124),
     "convert_to_maxtext": {"job_name": "rl-qwen-0301-convert"},
     "train": train_result(),
     "export_to_huggingface": {"job_name": "rl-qwen-0301-export"},

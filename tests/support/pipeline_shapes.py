@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_tpu_rl.spec import GKE_DEFAULTS, TPU_VM_DEFAULTS
-from airflow_provider_tpu_rl.spec.pipeline import GKE_TASK_ORDER, TPU_VM_TASK_ORDER
+from airflow_provider_tpu_rl.spec.pipeline import GKE_TASK_ORDER, TPU_VM_SIDE_TASKS, TPU_VM_TASK_ORDER
 from tests.support.dags import GKE_DAG_ID, PIPELINE_DAG_IDS, TPU_VM_DAG_ID
 
 # validate refuses the form's example project and bucket: a run names its own (here with a
@@ -41,6 +41,10 @@ class Shape:
     extra_setups: frozenset[str] = frozenset()
     # publish_<preset>: each model asset's task, after promote_model only (outside the order)
     publishers: tuple[str, ...] = ()
+    # Tasks beside the main line: task → the one it follows (TPU_VM_SIDE_TASKS).
+    side: tuple[tuple[str, str], ...] = ()
+    # Teardowns of a resource that is not the bucket's: teardown → its one setup.
+    own_resources: tuple[tuple[str, str], ...] = ()
 
     @property
     def resources(self) -> dict[str, str]:
@@ -85,6 +89,8 @@ SHAPES = {
                 "preflight",
                 "ensure_bucket",
                 "sync_hf_token",
+                "bake_image",
+                "delete_bake_vm",
                 "create_cpu_vm",
                 "install_cpu_vm",
                 "convert_to_maxtext",
@@ -98,7 +104,14 @@ SHAPES = {
         ),
         defaults=TPU_VM_DEFAULTS,
         other_resources=(("delete_vm", "create_vm"),),
-        extra_upstream=(("export_to_huggingface", frozenset({"wait_actor_checkpoint"})),),
+        extra_upstream=(
+            ("export_to_huggingface", frozenset({"wait_actor_checkpoint"})),
+            # the TPU VM boots from the baked image; the run is recorded once the bake VM is gone
+            ("create_vm", frozenset({"bake_image"})),
+            ("record_run", frozenset({"delete_bake_vm"})),
+        ),
+        side=tuple(TPU_VM_SIDE_TASKS.items()),
+        own_resources=(("delete_bake_vm", "bake_image"),),
         publishers=("publish_llama3_1-8b-Instruct",),
     ),
 }
@@ -124,7 +137,9 @@ class ValidateXCom:
         self.dag_id, self.run_id, self.task_id = "tpu_rl_test", f"manual__{uuid.uuid4().hex}", task_id
         self.map_index, self.try_number = -1, 1
 
-    def xcom_pull(self, task_ids: str, **_: Any) -> dict[str, Any]:
+    def xcom_pull(self, task_ids: str, **_: Any) -> dict[str, Any] | None:
+        if task_ids == "bake_image":  # not run: no baked image
+            return None
         assert task_ids == "validate"
         return self.derived
 

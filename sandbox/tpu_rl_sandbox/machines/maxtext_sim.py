@@ -17,7 +17,7 @@ import os
 import random
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from airflow_provider_tpu_rl.maxtext.config_keys import KEYS as MAXTEXT_CONFIG_KEYS
@@ -114,6 +114,8 @@ class SimContext:
     step_seconds: float = DEFAULT_STEP_SECONDS
     # The time scale (sandbox setting ``minute_seconds``): 0 = off, stages last a few steps.
     minute_seconds: float = 0.0
+    # Stages' real minutes that replace the time scale's (sandbox setting ``stage_minutes``).
+    stage_minutes: Mapping[str, float] = field(default_factory=dict)
     hold_file: str | None = None
     # (run directory, its committed checkpoints, steps trained past the newest) -> the machine is
     # lost now
@@ -541,7 +543,9 @@ class MaxTextRunner:
             f"Loading Hugging Face model {repo} (lazy_load_tensors={args.flags.get('lazy_load_tensors', 'True')})"
         )
         self.require_token(repo)
-        total = stage_seconds(self.ctx.minute_seconds, model, CONVERT, self.ctx.step_seconds * 8)
+        total = stage_seconds(
+            self.ctx.minute_seconds, model, CONVERT, self.ctx.step_seconds * 8, self.ctx.stage_minutes
+        )
         self.wait(total / 4)
         self.log("Peak memory usage: 12.41 GB")
         self.check_fault("loading weights")
@@ -617,7 +621,11 @@ class MaxTextRunner:
         # One unit per step, two for the first evaluation, two for XLA's compilation: with the time
         # scale on, the whole run (start-up and every step) lasts the stage's minutes.
         unit = stage_seconds(
-            self.ctx.minute_seconds, model, TRAIN, self.ctx.step_seconds * (num_batches + 4)
+            self.ctx.minute_seconds,
+            model,
+            TRAIN,
+            self.ctx.step_seconds * (num_batches + 4),
+            self.ctx.stage_minutes,
         ) / (num_batches + 4)
         self.wait(unit * 2)
         if num_test_batches > 0:
@@ -723,7 +731,9 @@ class MaxTextRunner:
         self.load_checkpoint(load_path, model, scan_layers)
         self.log(f"Loading tokenizer from {repo}")
         self.require_token(repo)
-        total = stage_seconds(self.ctx.minute_seconds, model, EXPORT, self.ctx.step_seconds * 8)
+        total = stage_seconds(
+            self.ctx.minute_seconds, model, EXPORT, self.ctx.step_seconds * 8, self.ctx.stage_minutes
+        )
         self.wait(total / 4)
         self.check_fault("weight conversion")
         architecture, model_type = _arch(model)
