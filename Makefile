@@ -111,7 +111,8 @@ test-airflow-2.11: $(VENV_211)/.installed postgres chromium
 # provider version changes), ledger, the provider's errors and compat fallbacks, and the operator
 # tests of the modules that call a provider themselves (the JobSet client, the janitor's GCSHook,
 # record_run's upload, the links and the provider's metadata, preflight's TimeDeltaTrigger, the
-# operators' connection-project default; tests/test_airflow_free.py checks the list). Every operator
+# operators' connection-project default; the OpenLineage facets against the lowest OpenLineage
+# provider, and the asset events on Airflow 2.11's datasets; tests/test_airflow_free.py checks the list). Every operator
 # and trigger test module is collected there, and the sandbox demo runs both pipelines through every
 # operator; the other operator tests reach the providers only through the hooks tested here, and run
 # on 3.3 and 2.11.
@@ -119,7 +120,8 @@ LOWEST_TESTS := tests/hooks tests/toolchain tests/records tests/sensors tests/le
 	tests/triggers/test_gcs_checkpoint.py tests/triggers/test_gcs_checkpoint_on_emulator.py tests/triggers/test_jobset.py \
 	tests/operators/test_run_identity_kube_patch.py tests/operators/test_janitor_orphans.py tests/operators/test_janitor.py \
 	tests/operators/test_deploy_cluster_link.py tests/operators/test_preflight.py tests/operators/test_base.py \
-	tests/operators/test_ledger.py tests/test_links.py tests/test_get_provider_info.py tests/test_exceptions.py
+	tests/operators/test_ledger.py tests/test_links.py tests/test_get_provider_info.py tests/test_exceptions.py \
+	tests/test_lineage.py tests/test_assets.py
 test-lowest: $(VENV_LOWEST)/.installed postgres
 	PATH=$(CURDIR)/$(VENV_LOWEST)/bin:$$PATH $(VENV_LOWEST)/bin/pytest $(PYTEST_ARGS) $(LOWEST_TESTS)
 	PATH=$(CURDIR)/$(VENV_LOWEST)/bin:$$PATH $(VENV_LOWEST)/bin/pytest -qq --collect-only tests/operators tests/triggers

@@ -116,6 +116,7 @@ with pipeline.pipeline_dag(
             **pipeline.transient("export"),
         )
         waits.wait_hf_export()
+        pipeline.promote_model_task(args["promote_model"], GKE_CLUSTER_TASK_IDS, GKE_MODELS)
     with pipeline.stage_group("teardown"):
         # The bucket is a setup too: once it exists the destroy runs, also after a deploy that
         # failed half-way (a stockout leaves a cluster without TPU nodes). It also owns delete_bucket.

@@ -136,6 +136,13 @@ with pipeline.pipeline_dag(
     with pipeline.stage_group("export"):
         export_to_huggingface = stage("export_to_huggingface")
         waits.wait_hf_export()
+        pipeline.promote_model_task(
+            args["promote_model"],
+            TPU_VM_CLUSTER_TASK_IDS,
+            TPU_VM_MODELS,
+            job_task_ids=(),
+            artifact_task_ids={"actor_checkpoint": "wait_actor_checkpoint", "hf_export": "wait_hf_export"},
+        )
     with pipeline.stage_group("teardown"):
         # The CPU VM's delete is the last teardown and owns delete_bucket.
         CpuVmDeleteOperator(

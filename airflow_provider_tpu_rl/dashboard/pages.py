@@ -18,7 +18,13 @@ from html import escape
 from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 
-from airflow_provider_tpu_rl.ledger.cli import UNKNOWN, format_cost, format_resumes, format_reward
+from airflow_provider_tpu_rl.ledger.cli import (
+    UNKNOWN,
+    format_cost,
+    format_promoted,
+    format_resumes,
+    format_reward,
+)
 from airflow_provider_tpu_rl.ledger.records import ArtifactRecord, RunSummary, StepRecord
 
 TITLE = "TPU RL runs"
@@ -272,6 +278,13 @@ COLUMNS: tuple[Column, ...] = (
         "Where the trained model was exported",
         lambda r, _: r.export_uri or UNKNOWN,
     ),
+    Column(
+        "Promoted",
+        "The promotion gate: yes (the model asset's event was emitted), not promoted (its reward "
+        "gain was below min_reward_gain: no event), - (the gate never ran)",
+        lambda r, _: format_promoted(r.promoted),
+        cell_tooltip=lambda r: r.promotion or "",
+    ),
 )
 # A refused run has values up to here; its reason spans the other columns.
 _REFUSED_FROM = 4
@@ -379,6 +392,7 @@ def _summary(run: RunSummary, now: datetime) -> str:
             ("Training resumes", format_resumes(run.resumes, run.steps_lost, run.seconds_lost), ""),
             ("Est. cost (USD)", format_cost(run.estimated_cost_usd), cost_basis(run)),
             ("Hugging Face export", run.export_uri or UNKNOWN, ""),
+            ("Promotion", run.promotion or UNKNOWN, "The promotion gate's decision (min_reward_gain)"),
         ]
     )
 
@@ -448,6 +462,18 @@ def _stages(ui: AirflowUi, run: RunSummary, steps: Sequence[StepRecord]) -> str:
     return "<table class='stages'>" + head + "<tbody>" + "".join(lines) + "</tbody></table>"
 
 
+# The Cloud console's page of one GCS object (what the model card's link opens).
+GCS_OBJECT_CONSOLE = "https://console.cloud.google.com/storage/browser/_details/"
+
+
+def _output(artifact: ArtifactRecord) -> str:
+    """An output's URI; the model card's a link to it in the Cloud console."""
+    if artifact.kind == "model_card" and artifact.uri.startswith("gs://"):
+        href = GCS_OBJECT_CONSOLE + artifact.uri.removeprefix("gs://")
+        return f"<a href='{escape(href)}' title='the model card (README.md)'>{escape(artifact.uri)}</a>"
+    return escape(artifact.uri)
+
+
 def run_page(
     root: str,
     run: RunSummary,
@@ -472,7 +498,7 @@ def run_page(
         + f"<a href='{escape(root)}/'>All TPU RL runs</a></nav>"
     )
     outputs = "".join(
-        f"<tr><th>{escape(a.kind)}</th><td>{escape(a.uri)}"
+        f"<tr><th>{escape(a.kind)}</th><td>{_output(a)}"
         f"{'' if a.step is None else f' (step {a.step})'}</td></tr>"
         for a in artifacts
     )

@@ -23,6 +23,7 @@ RUNS_COLUMNS = (
     "STATE",
     "DURATION",
     "MEAN REWARD",
+    "PROMOTED",
     "BILLED CHIP-H",
     "TRAINED",
     "IDLE",
@@ -199,6 +200,12 @@ def format_resumes(resumes: int | None, steps_lost: int | None, seconds_lost: fl
     return f"{resumes} ({steps}, {format_duration(seconds_lost)} lost)"
 
 
+def format_promoted(promoted: bool | None) -> str:
+    """``yes``, ``not promoted`` (the promotion gate held the model back) or ``-`` (the gate never
+    ran)."""
+    return UNKNOWN if promoted is None else ("yes" if promoted else "not promoted")
+
+
 def format_tpu_time(
     billed: float | None, busy: float | None, usd: float | None, held: float | None = None
 ) -> str:
@@ -223,6 +230,7 @@ def runs_table_rows(runs: Sequence[RunSummary]) -> list[tuple[str, ...]]:
             run.state or UNKNOWN,
             format_duration(run.duration_seconds),
             format_reward(run.pre_mean_reward, run.post_mean_reward, run.num_test_batches),
+            format_promoted(run.promoted),
             format_chip_hours(run.chip_hours),
             format_chip_hours(run.busy_chip_hours),
             format_share(run.idle_share),

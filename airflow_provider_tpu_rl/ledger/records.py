@@ -12,10 +12,11 @@ from typing import Any
 
 from airflow_provider_tpu_rl.ledger.billing import BilledSpan, billed_chip_seconds, spans_from_json
 from airflow_provider_tpu_rl.ledger.billing import as_utc as as_utc
+from airflow_provider_tpu_rl.ledger.promotion import is_promoted
 
 RUN_STATES = ("running", "success", "failed")
 METRIC_PHASES = ("pre", "intermediate", "post", "train")
-ARTIFACT_KINDS = ("converted_checkpoint", "actor_checkpoint", "hf_export", "curves")
+ARTIFACT_KINDS = ("converted_checkpoint", "actor_checkpoint", "hf_export", "curves", "model_card")
 
 _SECRET_KEY = re.compile(
     r"token|secret|password|passwd|credential|api[_-]?key|private[_-]?key", re.IGNORECASE
@@ -165,6 +166,8 @@ class RunRecord:
     # what the run was asked to do (model, capacity, steps, learning rate, run name, TPU shape):
     # validate's resolved values, which the dashboard's run page lists (None: not known)
     settings: Mapping[str, Any] | None = None
+    # the promotion gate's one line ("promoted: ...", "not promoted: ..."; None: the gate never ran)
+    promotion: str | None = None
     # the TPU machines' RUNNING spans, from their own clocks (ledger/billing.py); a machine still
     # running when the run was recorded is billed up to then (None: not known)
     billed_spans: tuple[BilledSpan, ...] | None = None
@@ -353,9 +356,15 @@ class RunSummary:
     seconds_lost: float | None = None
     usd_per_chip_hour: float | None = None
     settings_json: str | None = None
+    promotion: str | None = None
     billed_chip_seconds: float | None = None
     held_chip_hours: float | None = None
     billed_spans_json: str | None = None
+
+    @property
+    def promoted(self) -> bool | None:
+        """Whether the promotion gate promoted the model; None when it never ran."""
+        return is_promoted(self.promotion)
 
     @property
     def billed_spans(self) -> tuple[BilledSpan, ...] | None:

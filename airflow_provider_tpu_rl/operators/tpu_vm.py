@@ -13,6 +13,7 @@ from typing import Any
 
 from airflow.providers.common.compat.sdk import Context
 
+from airflow_provider_tpu_rl.assets import converted_checkpoint_asset_uri, emit_asset_events
 from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailException
 from airflow_provider_tpu_rl.exceptions import (
     CommandError,
@@ -20,7 +21,15 @@ from airflow_provider_tpu_rl.exceptions import (
     LeaseHeldError,
     RunDirBusyError,
 )
+from airflow_provider_tpu_rl.ledger.model_card import base_model_facts
 from airflow_provider_tpu_rl.ledger.records import NUM_TEST_BATCHES_METRIC, reward_summary
+from airflow_provider_tpu_rl.lineage import (
+    Lineage,
+    LineageMixin,
+    conversion_lineage,
+    export_lineage,
+    training_lineage,
+)
 from airflow_provider_tpu_rl.maxtext.layout import (
     CONVERTED_CHECKPOINT_ITEMS,
     CONVERTED_CHECKPOINT_STEP,
@@ -371,11 +380,25 @@ class CpuVmCreateOperator(TpuVmCreateOperator):
         return {"cpu_machine_type": self.cpu_machine_type} if self.cpu_machine_type else {}
 
 
-class TpuVmStageOperator(_TpuVmOperator):
+def stage_lineage(p: TpuVmPipelineSpec, stage: str) -> Lineage | None:
+    """What a TPU VM stage reads and writes (None: ``install`` moves no data)."""
+    if stage == "convert":
+        return conversion_lineage(p.conversion, machine=tpu_vm.stage_machine("convert"))
+    if stage == "train":
+        return training_lineage(p.training, tpu_vm.train_argv(p))
+    if stage == "export":
+        return export_lineage(p.export, machine=tpu_vm.stage_machine("export"), override_architecture=False)
+    return None
+
+
+class TpuVmStageOperator(LineageMixin, _TpuVmOperator):
     """Run one stage script (install, convert, train, export) on one of the run's VMs over SSH.
 
     Conversion and export run on the CPU VM, training on the TPU VM; every stage reads and writes
-    GCS.
+    GCS. A ``convert`` stage that finds or makes the converted checkpoint complete gives its
+    ``outlets`` an asset event, as :class:`MaxTextConvertOperator` does (stable asset
+    ``tpu-rl://converted-checkpoints/<preset>``, ``job_name`` null). With the OpenLineage provider, a finished convert, train or export stage reports what it
+    read and wrote and its MaxText command (:mod:`airflow_provider_tpu_rl.lineage`).
 
     :param stage: ``install``, ``convert``, ``train`` or ``export``.
     :param on_machine: ``cpu`` or ``tpu``: the VM of an ``install`` (default the TPU VM); the
@@ -481,6 +504,7 @@ class TpuVmStageOperator(_TpuVmOperator):
             **({"runtime": self.runtime} if self.runtime else {}),
             workload_image=self.workload_image or None,
         )
+        self._lineage = stage_lineage(p, self.stage)
         tracker = TrainingLogTracker()
         total = p.training.final_step
 
@@ -548,7 +572,28 @@ class TpuVmStageOperator(_TpuVmOperator):
                 self.log.info("Training: %s", reward_summary(metrics, evaluated))
         if self.stage == "export":
             out["export_uri"] = p.gcs_export + "/"
+        if self.stage == "convert":
+            self.emit_converted(context, p, reused=done is not None)
         return out
+
+    def emit_converted(self, context: Context, p: TpuVmPipelineSpec, *, reused: bool) -> None:
+        """The ``convert`` stage's asset events: the preset's converted checkpoint, complete."""
+        dag_id, run_id = self.run_ids(context)
+        extra = {
+            "run_id": f"{dag_id}/{run_id}",
+            "dag_id": dag_id,
+            "airflow_run_id": run_id,
+            "model": str(self.model),
+            "base_model": base_model_facts(str(self.model), p.conversion.hf_model_path).hub_id,
+            "checkpoint_uri": run_dir(p.conversion.output_directory),
+            "parameters_uri": p.training.load_parameters_path,
+            "job_name": None,
+            "reused": reused,
+            "maxtext_release": p.preset.maxtext_version,
+        }
+        uri = converted_checkpoint_asset_uri(str(self.model))
+        for line in emit_asset_events(context, self.outlets or (), uri, extra):
+            self.log.info("Asset event: %s", line)
 
     def still_writing(self, p: TpuVmPipelineSpec, directory: str, run: str) -> bool:
         """After a session that did not end (killed, dropped, failed): whether the stage's job

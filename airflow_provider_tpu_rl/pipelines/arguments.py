@@ -84,6 +84,21 @@ def _hf_token_arguments(value: Value) -> dict[str, Any]:
     }
 
 
+def _promote_arguments(value: Value, runner: str, image: Any) -> dict[str, Any]:
+    return {
+        "model": value("model"),
+        "export_uri": value("export_uri"),
+        "chips": value("chips"),
+        "min_reward_gain": value("min_reward_gain"),
+        "runner": runner,
+        "image": image,
+        "hf_model_path": value("hf_model_path"),
+        "run_name": value("run_name"),
+        "num_batches": value("num_batches"),
+        "train_overrides": value("train_overrides"),
+    }
+
+
 def gke_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
     """The arguments of each ``tpu_rl_gke_pipeline`` operator, named by task id.
 
@@ -156,6 +171,7 @@ def gke_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
             "checkpoint_step": value("final_step"),
             "cancel_previous_writer": value("cancel_previous_writer"),
         },
+        "promote_model": _promote_arguments(value, "gke", value("image")),
         "destroy_cluster": {
             **cluster,
             "delete_bucket": value("delete_bucket"),
@@ -254,6 +270,8 @@ def tpu_vm_task_arguments(value: Value, bake: Value | None = None) -> dict[str, 
         },
         # The TPU VM goes as soon as the actor checkpoint is committed; the CPU VM's delete is the
         # last teardown and owns delete_bucket.
+        # the image training ran in (runtime container; install: MaxText from sources, no image)
+        "promote_model": _promote_arguments(value, "tpu_vm", value("training_image")),
         "delete_vm": {**vm, "keep_vm": value("keep_vm"), "delete_bucket": False},
         "delete_cpu_vm": {**vm, "keep_vm": value("keep_vm"), "delete_bucket": value("delete_bucket")},
     }

@@ -9,10 +9,16 @@ from typing import Any, Final
 
 from airflow.providers.common.compat.sdk import DAG, TaskGroup, chain
 
+from airflow_provider_tpu_rl.assets import model_asset
 from airflow_provider_tpu_rl.ledger.hook import step_callbacks
 from airflow_provider_tpu_rl.operators.gke import EnsureBucketOperator, HfTokenSecretOperator
 from airflow_provider_tpu_rl.operators.ledger import RecordRunOperator
 from airflow_provider_tpu_rl.operators.preflight import TpuRlPreflightOperator
+from airflow_provider_tpu_rl.operators.promotion import (
+    PromoteModelOperator,
+    PublishModelAssetOperator,
+    publish_task_id,
+)
 from airflow_provider_tpu_rl.pipelines.arguments import PIPELINE_MACROS, transient_retries
 from airflow_provider_tpu_rl.pipelines.failures import WATCHER_TASK_ID, note_failure
 from airflow_provider_tpu_rl.pipelines.form import pipeline_params
@@ -66,6 +72,31 @@ def record_run_task(cluster_task_ids: Sequence[str], **collect_options: Any) -> 
         collect_options=collect_options,
         **bounded("short"),
     ).as_teardown()
+
+
+def promote_model_task(
+    args: Mapping[str, Any], cluster_task_ids: Sequence[str], models: Sequence[str], **collect_options: Any
+) -> PromoteModelOperator:
+    """``promote_model``: the model card, the export checked with it, and the promotion gate (skipped
+    when the model's reward gain is below ``min_reward_gain``); then one ``publish_<preset>`` per
+    preset of the pipeline, whose outlet is that model's asset (only the run's model emits)."""
+    promote = PromoteModelOperator(
+        task_id="promote_model",
+        conn_id=LEDGER_CONN_ID,
+        cluster_task_ids=tuple(cluster_task_ids),
+        collect_options=collect_options,
+        **args,
+        **bounded("short"),
+    )
+    for preset in models:
+        promote >> PublishModelAssetOperator(
+            task_id=publish_task_id(preset),
+            model=args["model"],
+            preset=preset,
+            outlets=[model_asset(preset)],
+            **bounded("short"),
+        )
+    return promote
 
 
 # The graph's groups of a pipeline's stages: what each holds, in words (the group's tooltip).

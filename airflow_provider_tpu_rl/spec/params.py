@@ -47,16 +47,18 @@ CLOUD, CLUSTER, VM, MODEL, SAFETY = "Run Parameters", "Cluster", "VM", "Model & 
 # (the tutorial's way, 15-30 minutes). The CPU VM always installs (it is not TPU time).
 TPU_VM_RUNTIMES: Final = ("container", "install")
 
-Kind = Literal["str", "int", "bool", "object"]
+Kind = Literal["str", "int", "number", "bool", "object"]
 JSON_TYPES: Final[Mapping[str, str]] = {
     "str": "string",
     "int": "integer",
+    "number": "number",
     "bool": "boolean",
     "object": "object",
 }
 TYPE_RULES: Final[Mapping[str, str]] = {
     "str": "must be a string",
     "int": "must be an integer",
+    "number": "must be a number",
     "bool": "must be true or false",
     "object": "must be an object of MaxText key → value",
 }
@@ -448,6 +450,22 @@ RUN_PARAMS: Final[tuple[RunParam, ...]] = (
             "additionalProperties": {"type": ["null", "string", "number", "boolean", "object", "array"]},
         },
         rule=rules.MAXTEXT_KEY_RULE,
+    ),
+    RunParam(
+        "min_reward_gain",
+        "number",
+        "Promotion: minimum reward gain",
+        MODEL,
+        "Promote the trained model (its asset event, its ledger row says promoted) only when its mean "
+        "reward after training exceeds the one before by at least this much. Empty = no gate (every "
+        "exported model is promoted). Without evaluation (num_test_batches 0) there is no gate.",
+        "the promotion gate: with evaluation on, a model whose mean reward gained less than this "
+        "(after minus before training) is *not promoted*: `promote_model` is skipped, no asset event "
+        "is emitted and the ledger, `tpu-rl runs` and the dashboard say so; empty = no gate; no "
+        "evaluation = no gate ([model assets](assets.md#the-promotion-gate))",
+        nullable=True,
+        schema={"minimum": -1000, "maximum": 1000},
+        doc_default="empty (no gate)",
     ),
     RunParam(
         "keep_cluster",

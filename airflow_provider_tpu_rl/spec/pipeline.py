@@ -79,6 +79,7 @@ GKE_TASK_ORDER: Final = (
     "destroy_tpu_pool",
     "export_to_huggingface",
     "wait_hf_export",
+    "promote_model",
     "destroy_cluster",
     "record_run",
 )
@@ -105,6 +106,7 @@ TPU_VM_TASK_ORDER: Final = (
     "delete_vm",
     "export_to_huggingface",
     "wait_hf_export",
+    "promote_model",
     "delete_cpu_vm",
     "record_run",
 )
@@ -162,6 +164,7 @@ def check_conf_type(key: str, value: Any) -> None:
     ok = {
         "str": isinstance(value, str),
         "int": isinstance(value, int) and not isinstance(value, bool),
+        "number": isinstance(value, int | float) and not isinstance(value, bool),
         "bool": isinstance(value, bool),
         "object": isinstance(value, Mapping),
     }[kind]
@@ -211,6 +214,21 @@ def refuse_placeholders(resolved: Mapping[str, Any], options: Mapping[str, str] 
     named = [options[field] for field in found if options and field in options]
     once = f"; or set [tpu_rl] {', '.join(named)} once for this Airflow" if named else ""
     raise SpecError(", ".join(found), todo + once, show_value=False)
+
+
+MIN_REWARD_GAIN_BOUND: Final = 1000.0
+
+
+def min_reward_gain(value: Any) -> float | None:
+    """The promotion gate's threshold: None (no gate) for null or "", else a finite number in
+    [-1000, 1000] (a mean reward's gain; negative allows a model somewhat worse than its base)."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise SpecError("min_reward_gain", "must be a finite number", value)
+    if abs(value) > MIN_REWARD_GAIN_BOUND:
+        raise SpecError("min_reward_gain", "must be between -1000 and 1000", value)
+    return float(value)
 
 
 def _pick(merged: Mapping[str, Any], key: str, preset_value: Any) -> Any:
@@ -523,6 +541,7 @@ class GkePipelineSpec:
     delete_bucket: bool
     max_cluster_hours: int
     cancel_previous_writer: bool = False
+    min_reward_gain: float | None = None  # the promotion gate (None: no gate)
 
     @property
     def suffix(self) -> str:
@@ -596,6 +615,7 @@ class GkePipelineSpec:
             "delete_bucket": self.delete_bucket,
             "max_cluster_hours": self.max_cluster_hours,
             "cancel_previous_writer": self.cancel_previous_writer,
+            "min_reward_gain": self.min_reward_gain,
             "suffix": self.suffix,
             "final_step": t.final_step,
             "chips": c.total_chips,
@@ -684,6 +704,7 @@ def gke_pipeline_from_conf(
         delete_bucket=merged["delete_bucket"],
         max_cluster_hours=rules.int_range("max_cluster_hours", merged["max_cluster_hours"], 1, 24 * 14),
         cancel_previous_writer=merged["cancel_previous_writer"],
+        min_reward_gain=min_reward_gain(merged.get("min_reward_gain")),
     )
 
 
@@ -707,6 +728,7 @@ class TpuVmPipelineSpec:
     runtime: str = "container"  # TPU_VM_RUNTIMES
     workload_image: str = POST_TRAINING_IMAGE  # the image training runs in (runtime container)
     cancel_previous_writer: bool = False
+    min_reward_gain: float | None = None  # the promotion gate (None: no gate)
     # the TPU VM boots from a baked image (render/boot_image.py) with runtime container
     bake_image: bool = True
 
@@ -779,8 +801,11 @@ class TpuVmPipelineSpec:
             "delete_bucket": self.delete_bucket,
             "max_vm_hours": self.max_vm_hours,
             "cancel_previous_writer": self.cancel_previous_writer,
+            "min_reward_gain": self.min_reward_gain,
             "runtime": self.runtime,
             "workload_image": self.workload_image,
+            # the image training runs in: none when MaxText is installed from sources (the card's)
+            "training_image": self.workload_image if self.runtime == "container" else None,
             "bakes": self.bakes,
             "compute_type": v.machine_type,
             "topology": v.topology,
@@ -877,5 +902,6 @@ def tpu_vm_pipeline_from_conf(
         runtime=runtime,
         workload_image=workload_image,
         cancel_previous_writer=merged["cancel_previous_writer"],
+        min_reward_gain=min_reward_gain(merged.get("min_reward_gain")),
         bake_image=rules.boolean("bake_image", merged["bake_image"]),
     )

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_tpu_rl.ledger.billing import spans_from_json
+from airflow_provider_tpu_rl.ledger.model_card import parse_front_matter
 from airflow_provider_tpu_rl.ledger.records import as_utc
 from airflow_provider_tpu_rl.render.gke import resource_record_object
 from airflow_provider_tpu_rl.spec import GkePipelineSpec, gke_pipeline_from_conf
@@ -41,6 +42,8 @@ FAILING_TASK = {"train": "train", "destroy": "destroy_cluster"}
 # A checkpoint every 2 steps: a train fault (which fires once a checkpoint is saved) stops the
 # job at step 2 of 3, mid-way, with actor/2 already committed.
 MID_WAY_CHECKPOINTS = {"checkpoint_period": 2}
+# A reward gain no run reaches: the transient run's model is not promoted (promote_model skipped).
+NOT_PROMOTED_GAIN = 1000
 
 
 def conf(name: str, **extra: Any) -> dict[str, Any]:
@@ -84,6 +87,7 @@ def happy(world: E2EWorld) -> DagRunResult:
     Slower simulated steps (0.4 s) so the job trigger surely sees the training job Running and
     follows its log from the start, as a real minutes-long training is followed.
     """
+    world.sync_dags()  # Airflow 2.11: the model assets in the database, so their events are kept
     return world.run_dag(
         GKE_DAG_ID,
         conf("ok"),
@@ -115,9 +119,12 @@ def fault_run(world: E2EWorld, happy: DagRunResult) -> Callable[[str], DagRunRes
 
 @pytest.fixture(scope="module")
 def transient(world: E2EWorld) -> DagRunResult:
-    """Deploy, conversion, training, export and destroy each fail once, transiently, in one run."""
+    """Deploy, conversion, training, export and destroy each fail once, transiently, in one run;
+    its model's reward cannot gain ``min_reward_gain`` (1000): the gate holds it back."""
     return world.run_dag(
-        GKE_DAG_ID, conf("t-work", train_overrides=MID_WAY_CHECKPOINTS), faults=TRANSIENT_FAULTS
+        GKE_DAG_ID,
+        conf("t-work", train_overrides=MID_WAY_CHECKPOINTS, min_reward_gain=NOT_PROMOTED_GAIN),
+        faults=TRANSIENT_FAULTS,
     )
 
 
@@ -134,7 +141,8 @@ def test_pipeline_succeeds_with_one_cluster_lifecycle(world: E2EWorld, happy: Da
     assert happy.exit_code == 0, happy.describe()
     assert happy.state == "success", happy.describe()
     failed = {t: r.state for t, r in happy.tasks.items() if t != "watcher" and r.state != "success"}
-    assert failed == {}, happy.describe()
+    # only the other preset's model asset task skips (this run trained qwen3-30b-a3b)
+    assert failed == {"publish_gemma4-26b": "skipped"}, happy.describe()
     assert happy.task_state("watcher") == "skipped"
     # the cluster without its TPU node pool, then the pool alone; the pool's destroy, then the rest
     deploys = [c.argv[-1] for c in happy.calls_of("gcluster", "deploy")]
@@ -330,6 +338,84 @@ def test_transient_faults_are_retried_and_the_run_succeeds(world: E2EWorld, tran
     assert destroys[-1].exit_code == 0, transient.describe()
     assert spec.cluster.cluster_name not in world.live_clusters()
     assert world.hf_export_problems(spec.export.output_directory) == []
+    # the gate held its model back: skipped, and the run is still a success
+    assert transient.task_state("promote_model") == "skipped", transient.describe()
+
+
+def test_the_promotion_gate_says_its_line_in_the_ledger(
+    world: E2EWorld, happy: DagRunResult, transient: DagRunResult
+) -> None:
+    promotion = dict(world.ledger("SELECT run_id, promotion FROM runs WHERE dag_id = ?", (GKE_DAG_ID,)))
+    assert happy.task_state("promote_model") == "success"
+    assert promotion[happy.ledger_run_id].startswith(
+        "promoted: no gate (min_reward_gain not set); mean reward "
+    )
+    assert promotion[transient.ledger_run_id].startswith("not promoted: reward gain ")
+    assert f"< min_reward_gain {NOT_PROMOTED_GAIN}" in promotion[transient.ledger_run_id]
+
+
+def test_a_promoted_model_is_an_asset_event_with_its_card_beside_the_export(
+    world: E2EWorld, happy: DagRunResult, transient: DagRunResult
+) -> None:
+    spec = spec_of(happy)
+    export = spec.export.output_directory
+    events = world.asset_events("tpu-rl://models/qwen3-30b-a3b")
+    mine = [extra for dag, run, extra in events if (dag, run) == (GKE_DAG_ID, happy.run_id)]
+    assert len(mine) == 1, (events, happy.describe())
+    extra = mine[0]
+    printed = rewards_the_sandbox_printed(world, happy)
+    (billed, trained, cost) = world.ledger(
+        "SELECT chip_hours, busy_chip_hours, estimated_cost_usd FROM runs WHERE run_id = ?",
+        (happy.ledger_run_id,),
+    )[0]
+    assert extra["run_id"] == happy.ledger_run_id
+    assert extra["run_name"] == spec.training.run_name
+    assert extra["model"] == "qwen3-30b-a3b"
+    assert extra["export_uri"] == export
+    assert extra["model_card_uri"] == export + "README.md"
+    assert extra["base_model"] == "Qwen/Qwen3-30B-A3B-Instruct-2507"
+    assert extra["dataset"] == "nvidia/OpenMathInstruct-2"
+    assert (extra["pre_mean_reward"], extra["post_mean_reward"]) == pytest.approx(
+        (printed["pre"], printed["post"])
+    )
+    assert extra["steps"] == NUM_BATCHES
+    assert extra["tpu_chip_hours_billed"] == pytest.approx(billed)
+    assert extra["tpu_chip_hours_trained"] == pytest.approx(trained)
+    assert extra["estimated_cost_usd"] == pytest.approx(cost)
+    assert extra["maxtext_release"] == "0.2.4"
+    assert extra["image"] == spec.image
+    assert "image_digest" in extra
+    assert happy.task_state("publish_qwen3-30b-a3b") == "success"
+    assert happy.task_state("publish_gemma4-26b") == "skipped"  # not this run's model: no event
+    assert world.asset_events("tpu-rl://models/gemma4-26b") == []
+    # the model the gate held back: its publish skipped, no event; its export still has its card
+    assert [run for _, run, _ in events if run == transient.run_id] == []
+    assert transient.task_state("publish_qwen3-30b-a3b") == "skipped"
+    for run in (happy, transient):
+        card = world.model_card(spec_of(run).export.output_directory)
+        meta = parse_front_matter(card)
+        assert meta["base_model"] == "Qwen/Qwen3-30B-A3B-Instruct-2507"
+        assert meta["datasets"] == ["nvidia/OpenMathInstruct-2"]
+        assert run.ledger_run_id in card
+        assert len(meta["model-index"][0]["results"][0]["metrics"]) == 2  # the rewards before and after
+    assert "not promoted" in world.model_card(spec_of(transient).export.output_directory)
+
+
+CONSUMER_DAG_ID = "tpu_rl_model_consumer_example"
+
+
+def test_the_downstream_example_dag_is_queued_by_the_event_and_checks_the_export(
+    world: E2EWorld, happy: DagRunResult, transient: DagRunResult
+) -> None:
+    """Both module runs are done: one promoted model's event queued the example DAG; its run checks
+    the export and its card and says so in one line."""
+    runs, output = world.run_downstream(CONSUMER_DAG_ID, "check_model")
+    assert [run_type for _, run_type in runs] in (["asset_triggered"], ["dataset_triggered"]), output
+    assert "rc=0" in output, output
+    export = spec_of(happy).export.output_directory
+    assert f"new model qwen3-30b-a3b from {happy.ledger_run_id}: mean reward " in output
+    assert f"export {export} (" in output
+    assert "model card README.md" in output
 
 
 def rewards_the_sandbox_printed(world: E2EWorld, run: DagRunResult) -> dict[str, float]:
@@ -434,13 +520,13 @@ def test_ledger_artifacts_exist_in_the_emulator(world: E2EWorld, all_runs: list[
         kind
         for (kind,) in world.ledger("SELECT kind FROM run_artifacts WHERE run_id = ?", (happy.ledger_run_id,))
     }
-    assert kinds == {"converted_checkpoint", "actor_checkpoint", "hf_export", "curves"}
+    assert kinds == {"converted_checkpoint", "actor_checkpoint", "hf_export", "curves", "model_card"}
     artifacts = world.ledger("SELECT run_id, kind, uri FROM run_artifacts")
     # A folder (checkpoints, the export) has objects under it; the curves PNG is one object.
     missing = [
         (run_id, kind, uri)
         for run_id, kind, uri in artifacts
-        if not (world.exists(uri) if kind == "curves" else world.objects(uri))
+        if not (world.exists(uri) if kind in ("curves", "model_card") else world.objects(uri))
     ]
     assert missing == []
 
@@ -471,7 +557,10 @@ def test_tpu_rl_runs_lists_every_run_with_its_state(world: E2EWorld, all_runs: l
     (happy_line,) = [line for line in lines if line.startswith(happy.ledger_run_id + " ")]
     printed = rewards_the_sandbox_printed(world, happy)
     assert f"{printed['pre']:.2f}→{printed['post']:.2f}" in happy_line
+    assert "yes" in happy_line.split()  # PROMOTED
     assert happy_line.endswith(spec_of(happy).export.output_directory)
+    (held_line,) = [line for line in lines if line.startswith(all_runs[-1].ledger_run_id + " ")]
+    assert " not promoted " in held_line
 
 
 def test_record_run_puts_the_ledgers_curves_next_to_the_checkpoints(

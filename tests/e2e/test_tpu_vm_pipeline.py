@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_tpu_rl.ledger.model_card import parse_front_matter
 from airflow_provider_tpu_rl.spec import TpuVmPipelineSpec, tpu_vm_pipeline_from_conf
 from tests.e2e.curves import check_curves_next_to_the_checkpoints, check_runs_plot_draws_the_trend
 from tests.support.harness import TPU_VM_DAG_ID, DagRunResult, E2EWorld, printed_rewards
@@ -94,6 +95,7 @@ def written_at(world: E2EWorld, uri: str) -> dict[str, float]:
 # ==================================================================================== runs
 @pytest.fixture(scope="module")
 def happy(world: E2EWorld) -> DagRunResult:
+    world.sync_dags()  # Airflow 2.11: the model assets in the database, so their events are kept
     return world.run_dag(TPU_VM_DAG_ID, conf("ok"))
 
 
@@ -266,14 +268,26 @@ def test_ledger_holds_one_row_per_dag_run_with_its_state(
 def test_ledger_artifacts_exist_in_the_emulator(world: E2EWorld, all_runs: list[DagRunResult]) -> None:
     happy = all_runs[0]
     uris = dict(world.ledger("SELECT kind, uri FROM run_artifacts WHERE run_id = ?", (happy.ledger_run_id,)))
-    assert set(uris) == {"actor_checkpoint", "hf_export", "curves"}
+    assert set(uris) == {"actor_checkpoint", "hf_export", "curves", "model_card"}
     assert world.hf_export_problems(uris["hf_export"]) == []
+    # the model card beside the export, and the promoted model's asset event (no gate: promoted)
+    meta = parse_front_matter(world.model_card(uris["hf_export"]))
+    assert (meta["base_model"], meta["license"], meta["datasets"]) == (
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "llama3.1",
+        ["openai/gsm8k"],
+    )
+    events = world.asset_events("tpu-rl://models/llama3.1-8b-Instruct")
+    (extra,) = [extra for _, run, extra in events if run == happy.run_id]
+    assert extra["export_uri"] == uris["hf_export"]
+    assert extra["maxtext_release"] == "0.2.3"
+    assert extra["run_id"] == happy.ledger_run_id
     artifacts = world.ledger("SELECT run_id, kind, uri FROM run_artifacts")
     # A folder (checkpoints, the export) has objects under it; the curves PNG is one object.
     missing = [
         (run_id, kind, uri)
         for run_id, kind, uri in artifacts
-        if not (world.exists(uri) if kind == "curves" else world.objects(uri))
+        if not (world.exists(uri) if kind in ("curves", "model_card") else world.objects(uri))
     ]
     assert missing == []
 

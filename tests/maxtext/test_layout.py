@@ -345,3 +345,16 @@ def test_probe_hf_export_with_a_broken_index() -> None:
     assert not result.status.complete
     assert result.error is not None
     assert "not JSON" in result.error
+
+
+def test_the_export_check_with_the_card_needs_its_readme() -> None:
+    from airflow_provider_tpu_rl.maxtext.layout import hf_export_status
+
+    names = [
+        f"exp/{n}" for n in ("config.json", "model.safetensors", "tokenizer_config.json", "tokenizer.json")
+    ]
+    assert hf_export_status(names, None, "exp/").complete
+    without = hf_export_status(names, None, "exp/", with_card=True)
+    assert not without.complete
+    assert without.missing == ("README.md",)
+    assert hf_export_status([*names, "exp/README.md"], None, "exp/", with_card=True).complete

@@ -13,6 +13,7 @@ import pytest
 
 from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailException
 from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
+from airflow_provider_tpu_rl.lineage import gcs_dataset, hf_model_dataset
 from airflow_provider_tpu_rl.operators.gke import EnsureBucketOperator, GclusterDeployOperator
 from airflow_provider_tpu_rl.operators.gke_jobs import (
     MaxTextConvertOperator,
@@ -66,7 +67,12 @@ def test_conversion_runs_over_an_incomplete_checkpoint_and_is_skipped_once_compl
         sb.api.upload(sb.bucket, CONVERTED + name, b"partial")
     convert_job, _, _ = _job_names(conf, RUN_1)
 
-    first = run_job_operator(sb, _convert_op(sb), conf, run_id=RUN_1)
+    op = _convert_op(sb)
+    first = run_job_operator(sb, op, conf, run_id=RUN_1)
+    # what OpenLineage reads from the finished task: the Hub checkpoint in, the converted one out
+    assert op._lineage is not None
+    assert op._lineage.inputs == (hf_model_dataset("google/gemma-4-26b-a4b-it"),)
+    assert op._lineage.outputs == (gcs_dataset(f"gs://{sb.bucket}/{CONVERTED}"),)
 
     assert first["skipped"] is False
     assert first["job_name"] == convert_job
@@ -87,6 +93,7 @@ def test_conversion_runs_over_an_incomplete_checkpoint_and_is_skipped_once_compl
 
     assert result["skipped"] is True
     assert result["job_name"] is None
+    assert again._lineage == op._lineage  # a reused checkpoint: the same lineage, no job ran
     assert result["checkpoint_uri"] == first["checkpoint_uri"]
     assert sb.job_calls("submit", later_job) == []
     all_submits = [c for c in sb.calls() if c["argv"][:2] == ["job", "submit"]]

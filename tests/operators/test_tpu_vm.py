@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_tpu_rl.assets import converted_checkpoint_asset
 from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.operators.gke import EnsureBucketOperator, HfTokenSecretOperator
 from airflow_provider_tpu_rl.operators.tpu_vm import (
@@ -17,11 +18,13 @@ from airflow_provider_tpu_rl.operators.tpu_vm import (
     TpuVmCreateOperator,
     TpuVmDeleteOperator,
     TpuVmStageOperator,
+    stage_lineage,
 )
 from airflow_provider_tpu_rl.records.lease import ClusterLeaseHook, vm_lease_name
 from airflow_provider_tpu_rl.render import gke, tpu_vm
 from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID, tpu_vm_pipeline_from_conf
 from tests.support.compat import capture_task_logs
+from tests.support.outlets import outlet_events
 from tests.support.sandbox_run import TPU_VM_CONVERSION_TASKS, SandboxRun, printed_rewards
 
 RUN_ID = "manual__2026-03-01T00:00:00+00:00"
@@ -29,8 +32,18 @@ START = datetime(2030, 1, 1, tzinfo=UTC)
 
 
 def _execute(sb: SandboxRun, factory: Any, conf: dict[str, Any], **kwargs: Any) -> Any:
+    return _execute_op(sb, factory, conf, **kwargs)[1]
+
+
+def _execute_op(
+    sb: SandboxRun, factory: Any, conf: dict[str, Any], events: Any = None, **kwargs: Any
+) -> tuple[Any, Any]:
+    """The operator and what its execute returned (``events``: the context's outlet_events)."""
     op = sb.operator(factory, dag_id=TPU_VM_DAG_ID, **kwargs)
-    return op.execute(sb.context(op, conf, run_id=RUN_ID, start_date=START))
+    context = sb.context(op, conf, run_id=RUN_ID, start_date=START)
+    if events is not None:
+        context["outlet_events"] = events
+    return op, op.execute(context)
 
 
 def _updated(sb: SandboxRun, prefix: str) -> dict[str, datetime]:
@@ -59,10 +72,14 @@ def test_the_whole_vm_pipeline_leaves_checkpoint_and_export_in_gcs(sb: SandboxRu
     cpu_vm = f"{sb.vm}-cpu"
     cpu_key = f"{sb.project}/{conf['zone']}/{cpu_vm}"
     stages: dict[str, dict[str, Any]] = {}
+    ops: dict[str, TpuVmStageOperator] = {}
+    checkpoint_asset, events = converted_checkpoint_asset(conf["model"]), outlet_events()
     with capture_task_logs() as logs:
         assert _execute(sb, CpuVmCreateOperator, conf, task_id="create_cpu_vm") == cpu_vm
-        for task_id in ("install_cpu_vm", "convert_to_maxtext"):
-            stages[task_id] = _execute(sb, TpuVmStageOperator, conf, task_id=task_id)
+        stages["install_cpu_vm"] = _execute(sb, TpuVmStageOperator, conf, task_id="install_cpu_vm")
+        ops["convert"], stages["convert_to_maxtext"] = _execute_op(
+            sb, TpuVmStageOperator, conf, events, task_id="convert_to_maxtext", outlets=[checkpoint_asset]
+        )
         assert _execute(sb, TpuVmCreateOperator, conf, task_id="create_vm") == sb.vm
 
         vm = sb.state("vms")[vm_key]
@@ -77,13 +94,22 @@ def test_the_whole_vm_pipeline_leaves_checkpoint_and_export_in_gcs(sb: SandboxRu
             "keep": False,
         }
         for stage, task_id in (("install", "install_maxtext"), ("train", "train")):
-            stages[stage] = _execute(sb, TpuVmStageOperator, conf, task_id=task_id)
+            ops[stage], stages[stage] = _execute_op(sb, TpuVmStageOperator, conf, task_id=task_id)
         deleted = _execute(sb, TpuVmDeleteOperator, conf, task_id="delete_vm")
-        stages["export"] = _execute(sb, TpuVmStageOperator, conf, task_id="export_to_huggingface")
+        ops["export"], stages["export"] = _execute_op(
+            sb, TpuVmStageOperator, conf, task_id="export_to_huggingface"
+        )
     output = "\n".join(str(entry.get("event")) for entry in logs)
     (span,) = deleted.pop("billed")["spans"]  # the TPU VM's one RUNNING span, by its clock
     assert (span["machine"], span["chips"], span["ended_by"]) == (sb.vm, 8, "delete")
     assert deleted == {"vm_name": sb.vm, "deleted": True, "bucket_deleted": False}
+    # What each stage read and wrote, kept for OpenLineage (install: nothing), and the converted
+    # checkpoint's asset event once the conversion was verified
+    for stage, op in ops.items():
+        assert op._lineage == stage_lineage(pipeline, stage)
+    assert ops["install"]._lineage is None
+    assert events[checkpoint_asset].extra["checkpoint_uri"] == pipeline.conversion.output_directory
+    assert events[checkpoint_asset].extra["reused"] is False
     assert vm_key not in sb.state("vms")
 
     # The CPU VM: a CPU machine type, no reservation, the TPU VM's labels (the janitor's).

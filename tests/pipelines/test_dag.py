@@ -15,7 +15,13 @@ STAGE_GROUPS = {
         "prepare": ["preflight", "ensure_bucket", "deploy_cluster", "sync_hf_token"],
         "conversion": ["convert_to_maxtext", "wait_converted_checkpoint"],
         "training": ["deploy_tpu_pool", "train", "wait_actor_checkpoint", "destroy_tpu_pool"],
-        "export": ["export_to_huggingface", "wait_hf_export"],
+        "export": [
+            "export_to_huggingface",
+            "wait_hf_export",
+            "promote_model",
+            "publish_qwen3-30b-a3b",
+            "publish_gemma4-26b",
+        ],
         "teardown": ["destroy_cluster", "record_run"],
     },
     TPU_VM_DAG_ID: {
@@ -30,7 +36,12 @@ STAGE_GROUPS = {
         ],
         "conversion": ["convert_to_maxtext", "wait_converted_checkpoint"],
         "training": ["create_vm", "install_maxtext", "train", "wait_actor_checkpoint", "delete_vm"],
-        "export": ["export_to_huggingface", "wait_hf_export"],
+        "export": [
+            "export_to_huggingface",
+            "wait_hf_export",
+            "promote_model",
+            "publish_llama3_1-8b-Instruct",
+        ],
         "teardown": ["delete_cpu_vm", "record_run"],
     },
 }
@@ -53,10 +64,15 @@ def test_the_graph_groups_the_stages_and_every_task_keeps_its_id(
         assert groups == {group: sorted(ids) for group, ids in STAGE_GROUPS[dag.dag_id].items()}
         top = sorted(task_id for task_id, child in root.children.items() if not hasattr(child, "children"))
         assert top == ["validate", WATCHER]
-        assert set(graph.task_ids) == {*shape.order, WATCHER}
+        assert set(graph.task_ids) == {*shape.order, *shape.publishers, WATCHER}
         for group_id in groups:
             assert root.children[group_id].tooltip
-    grouped = [task_id for ids in STAGE_GROUPS[dag.dag_id].values() for task_id in ids]
+    grouped = [
+        task_id
+        for ids in STAGE_GROUPS[dag.dag_id].values()
+        for task_id in ids
+        if task_id not in shape.publishers
+    ]
     assert ["validate", *grouped] == list(shape.order)  # each group holds consecutive stages
 
 

@@ -23,6 +23,7 @@ from tests.services.airflow_stack import (
     process_alive,
     start_stack,
 )
+from tests.support.dags import CONSUMER_DAG_ID
 from tests.support.pg_server import INSTALL_HINT, PostgresServer, find_postgres_bin
 from tpu_rl_sandbox.commands.lifecycle import SandboxInfo, sandbox_down, sandbox_env, sandbox_up
 from tpu_rl_sandbox.machines.maxtext_sim import HOLD_FILE_ENV, STEP_SECONDS_ENV
@@ -79,12 +80,13 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServicesWorld
                 root,
                 postgres,
                 sandbox_env(info.root),
-                PIPELINE_DAG_IDS,
+                (*PIPELINE_DAG_IDS, CONSUMER_DAG_ID),
                 marker,
                 # the fake gcluster copies both into the job it submits (sandbox/.../clis/gcluster/jobs.py)
                 extra_env={STEP_SECONDS_ENV: STEP_SECONDS, HOLD_FILE_ENV: str(hold_file)},
             )
-            for dag_id in PIPELINE_DAG_IDS:
+            # the model asset's downstream example too: a promoted model's event queues it
+            for dag_id in (*PIPELINE_DAG_IDS, CONSUMER_DAG_ID):
                 api.unpause(dag_id)
             yield ServicesWorld(stack=stack, api=api, sandbox=info, hold_file=hold_file)
         finally:

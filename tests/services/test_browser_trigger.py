@@ -328,7 +328,10 @@ def test_the_untouched_form_runs_to_success(runs: BrowserRuns, dag_id: str) -> N
     failed = {
         task_id: ti.get("state")
         for task_id, ti in watch.task_instances.items()
-        if task_id != "watcher" and ti.get("state") != "success"
+        if task_id != "watcher"
+        and ti.get("state") != "success"
+        # a model asset task of a preset the run did not train skips (no event)
+        and not (task_id.startswith("publish_") and ti.get("state") == "skipped")
     }
     assert failed == {}, watch.describe()
 

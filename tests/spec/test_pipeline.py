@@ -152,6 +152,10 @@ BAD_GKE_CONF: list[tuple[dict[str, Any], str, str]] = [
     ({"hf_token_conn_id": "my conn"}, "hf_token_conn_id", "connection id"),
     ({"hf_token_secret": "a/b"}, "hf_token_secret", "secret id"),
     ({"hf_token_secret": "--help"}, "hf_token_secret", "not starting with a hyphen"),
+    ({"min_reward_gain": "lots"}, "min_reward_gain", "must be a number"),
+    ({"min_reward_gain": True}, "min_reward_gain", "must be a number"),
+    ({"min_reward_gain": float("nan")}, "min_reward_gain", "finite"),
+    ({"min_reward_gain": 1e9}, "min_reward_gain", "between -1000 and 1000"),
 ]
 
 
@@ -185,6 +189,15 @@ def test_bad_tpu_vm_conf_is_rejected(conf: dict[str, Any], field: str, rule: str
         tpu_vm_pipeline_from_conf(conf)
     assert err.value.field == field
     assert rule in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("given", "resolved"), [(None, None), ("", None), (0.05, 0.05), (0, 0.0), (-0.1, -0.1)]
+)
+def test_min_reward_gain_reaches_the_resolved_values(given: Any, resolved: float | None) -> None:
+    conf = {"min_reward_gain": given}
+    assert gke_pipeline_from_conf(conf).resolved()["min_reward_gain"] == resolved
+    assert tpu_vm_pipeline_from_conf(conf).resolved()["min_reward_gain"] == resolved
 
 
 def test_the_cpu_vm_is_named_after_the_tpu_vm_and_stays_a_valid_gce_name() -> None:

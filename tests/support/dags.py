@@ -12,6 +12,7 @@ GKE_DAG_ID = "tpu_rl_gke_pipeline"
 TPU_VM_DAG_ID = "tpu_rl_tpu_vm_pipeline"
 JANITOR_DAG_ID = "tpu_rl_janitor"
 SWEEP_DAG_ID = "tpu_rl_sweep_example"
+CONSUMER_DAG_ID = "tpu_rl_model_consumer_example"
 PIPELINE_DAG_IDS = (GKE_DAG_ID, TPU_VM_DAG_ID)
 
 

@@ -52,6 +52,8 @@ FAST_SETTINGS = {
     "AIRFLOW__TPU_RL__RETRY_DELAY": "1",
     "AIRFLOW__TPU_RL__RETRIES": "1",
     "TPU_RL_SANDBOX_STEP_SECONDS": "0.05",
+    # the model asset's downstream example DAG is queued by its events only when unpaused
+    "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
 }
 _INHERITED_PREFIXES = ("AIRFLOW", "TPU_RL_SANDBOX", "STORAGE_EMULATOR_HOST")
 _RAISED_LINE = re.compile(r"^[\w.]+(?:Exception|Error): (?P<message>.*)$", re.MULTILINE)
@@ -146,6 +148,17 @@ def printed_rewards(text: str) -> dict[str, float]:
     for match in _REWARD_LINE.finditer(text):
         found[match.group(1).lower()] = float(match.group("reward"))
     return found
+
+
+# An asset's events, from Airflow's metadata DB: Airflow 3's assets, Airflow 2's datasets.
+ASSET_EVENTS_SQL = (
+    "SELECT e.source_dag_id, e.source_run_id, e.extra FROM asset_event e JOIN asset a ON e.asset_id = a.id "
+    "WHERE a.uri = ? ORDER BY e.id"
+)
+DATASET_EVENTS_SQL = (
+    "SELECT e.source_dag_id, e.source_run_id, e.extra FROM dataset_event e "
+    "JOIN dataset a ON e.dataset_id = a.id WHERE a.uri = ? ORDER BY e.id"
+)
 
 
 @dataclass
@@ -294,6 +307,71 @@ class E2EWorld:
         bucket, name = split_gs_url(uri)
         (info,) = [i for i in self.gcs.iter_objects(bucket, name) if i.name == name]
         return datetime.fromisoformat(info.updated.replace("Z", "+00:00")).timestamp()
+
+    def model_card(self, export_uri: str) -> str:
+        """The ``README.md`` beside an export (the provider's model card)."""
+        bucket, name = split_gs_url(export_uri.rstrip("/") + "/README.md")
+        return self.gcs.download(bucket, name).decode()
+
+    def asset_events(self, uri: str) -> list[tuple[str, str, dict[str, Any]]]:
+        """(source DAG, source run id, extra) of every event of the asset (Airflow 2: dataset) ``uri``."""
+        from airflow_provider_tpu_rl.compat import AIRFLOW_V_3_0_PLUS
+
+        sql = ASSET_EVENTS_SQL if AIRFLOW_V_3_0_PLUS else DATASET_EVENTS_SQL
+        rows = self.metadata(sql, (uri,))
+        return [
+            (dag, run, json.loads(extra) if isinstance(extra, str) else dict(extra or {}))
+            for dag, run, extra in rows
+        ]
+
+    def run_downstream(self, dag_id: str, task_id: str) -> tuple[list[tuple[str, str]], str]:
+        """The scheduler's step that turns queued asset events into runs (in-process, once), then
+        ``airflow tasks test`` of ``task_id`` in ``dag_id``'s newest run. Returns the DAG's runs
+        (run id, run type) and the task's output."""
+        python = str(Path(AIRFLOW).parent / "python")
+        step = subprocess.run(
+            [python, "-m", "tpu_rl_sandbox.commands.schedule_once", dag_id],
+            env=self.env,
+            cwd=self.root,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert step.returncode == 0, step.stdout + step.stderr
+        runs = [tuple(line.split()[1:3]) for line in step.stdout.splitlines() if line.startswith("RUN ")]
+        if not runs:
+            return [], step.stdout + step.stderr
+        done = subprocess.run(
+            [AIRFLOW, "tasks", "test", dag_id, task_id, runs[-1][0]],
+            env=self.env,
+            cwd=self.root,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        return [
+            (run_id, run_type) for run_id, run_type in runs
+        ], f"rc={done.returncode}\n{done.stdout}{done.stderr}"
+
+    def sync_dags(self) -> None:
+        """Airflow 2.11's ``dags test`` registers dataset events only for datasets already in the
+        database (Airflow 3's syncs the DAG folder itself): ``airflow dags reserialize`` once."""
+        from airflow_provider_tpu_rl.compat import AIRFLOW_V_3_0_PLUS
+
+        if AIRFLOW_V_3_0_PLUS:
+            return
+        done = subprocess.run(
+            [AIRFLOW, "dags", "reserialize"],
+            env=self.env,
+            cwd=self.root,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
 
     def exists(self, uri: str) -> bool:
         bucket, name = split_gs_url(uri)

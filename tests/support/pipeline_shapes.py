@@ -39,6 +39,8 @@ class Shape:
 
     # Setups besides the bucket and the resources' (of teardowns with setups of their own).
     extra_setups: frozenset[str] = frozenset()
+    # publish_<preset>: each model asset's task, after promote_model only (outside the order)
+    publishers: tuple[str, ...] = ()
     # Tasks beside the main line: task → the one it follows (TPU_VM_SIDE_TASKS).
     side: tuple[tuple[str, str], ...] = ()
     # Teardowns of a resource that is not the bucket's: teardown → its one setup.
@@ -76,6 +78,7 @@ SHAPES = {
             ("export_to_huggingface", frozenset({"wait_actor_checkpoint"})),
         ),
         extra_setups=frozenset({"deploy_tpu_pool"}),
+        publishers=("publish_qwen3-30b-a3b", "publish_gemma4-26b"),
     ),
     TPU_VM_DAG_ID: Shape(
         order=TPU_VM_TASK_ORDER,
@@ -109,6 +112,7 @@ SHAPES = {
         ),
         side=tuple(TPU_VM_SIDE_TASKS.items()),
         own_resources=(("delete_bake_vm", "bake_image"),),
+        publishers=("publish_llama3_1-8b-Instruct",),
     ),
 }
 

@@ -38,7 +38,54 @@ FAST_SETTINGS = {
     "AIRFLOW__TPU_RL__RETRY_DELAY": "2",
     "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
     "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+    # the model asset's downstream example DAG is queued by the pipeline's event only when unpaused
+    "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
 }
+CONSUMER_DAG_ID = "tpu_rl_model_consumer_example"
+CONSUMER_TASK_ID = "check_model"
+
+
+def run_downstream(env: Mapping[str, str], log: Path) -> str:
+    """The downstream example DAG, after the pipeline: the scheduler's step that creates the runs
+    the model asset's event queued, then its task in the newest run; one line saying what happened."""
+    airflow = _airflow(env)
+    step = subprocess.run(
+        [sys.executable, "-m", "tpu_rl_sandbox.commands.schedule_once", CONSUMER_DAG_ID],
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    with log.open("a") as out:
+        out.write(step.stdout + step.stderr)
+    runs = [line.split()[1:3] for line in step.stdout.splitlines() if line.startswith("RUN ")]
+    if step.returncode != 0 or not runs:
+        return f"downstream: {CONSUMER_DAG_ID} was not queued (no model asset event; see {log})"
+    run_id, run_type = runs[-1]
+    done = subprocess.run(
+        [airflow, "tasks", "test", CONSUMER_DAG_ID, CONSUMER_TASK_ID, run_id],
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    with log.open("a") as out:
+        out.write(done.stdout + done.stderr)
+    said = [line for line in (done.stdout + done.stderr).splitlines() if "new model " in line]
+    if done.returncode != 0 or not said:
+        return f"DEMO FAILED: downstream {CONSUMER_DAG_ID} ({run_type}) did not succeed; see {log}"
+    line = said[-1].split("new model ", 1)[1].split(" [airflow.", 1)[0]  # without the log's tail
+    return f"downstream: {CONSUMER_DAG_ID} ran ({run_type}): new model {line}"
+
+
+def _sync_dags_on_airflow_2(airflow: str, env: Mapping[str, str], log: Path) -> None:
+    """Airflow 2.11's ``dags test`` records dataset events only for datasets already in the database."""
+    from airflow_provider_tpu_rl.compat import AIRFLOW_V_3_0_PLUS
+
+    if not AIRFLOW_V_3_0_PLUS:
+        _run([airflow, "dags", "reserialize"], env, log)
 
 
 def _airflow(env: Mapping[str, str]) -> str:
@@ -119,6 +166,12 @@ def _summary(
     lines.append(
         f"Hugging Face export:  {pipeline.export.output_directory}  ({count(pipeline.export.output_directory)} objects)"
     )
+    card = pipeline.export.output_directory + "README.md"
+    has_card = client.bucket(bucket).blob(card.removeprefix(f"gs://{bucket}/")).exists()
+    lines.append(f"model card:           {card}  ({'written' if has_card else 'MISSING'})")
+    if run.state == "success" and not has_card:
+        lines.append("DEMO FAILED: the export has no model card")
+    lines.append(f"promotion: {run.promotion or '-'}")
     destroys = [c for c in calls if c["tool"] == "gcluster" and c["argv"][:1] == ["destroy"]]
     clusters = (
         json.loads((root / "state" / "clusters.json").read_text() or "{}")
@@ -161,11 +214,14 @@ def run_demo(root: Path, airflow_home: Path, dags_folder: Path, conf: Mapping[st
         if _run([airflow, "db", "migrate"], env, log) != 0:
             print(f"airflow db migrate failed; see {log}", file=sys.stderr)
             return 1
+        _sync_dags_on_airflow_2(airflow, env, log)
         calls_before = len(read_calls(SandboxLayout(root)))
         started = time.monotonic()
         print("running: airflow dags test tpu_rl_gke_pipeline (Qwen3-30B-A3B preset) ...", flush=True)
         code = _run([airflow, "dags", "test", GKE_DAG_ID, "-c", json.dumps(dict(conf))], env, log)
         summary = _summary(root, conf, env, calls_before, time.monotonic() - started)
+        if code == 0:
+            summary.append(run_downstream(env, log))
         print("\n".join(summary))
         if any(line.startswith("DEMO FAILED") for line in summary) and code == 0:
             code = 1

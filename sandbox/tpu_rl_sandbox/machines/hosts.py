@@ -1089,19 +1089,10 @@ class VmHost(MachineHost):
     def docker_image_inspect(self, call: ToolCall, args: list[str]) -> int:
         """``docker image inspect --format={{.Id}} IMAGE...``: each image's id (the one format the
         sandbox plays); moby client's "Error: No such image: REF" for one the daemon has not."""
-        form, names = None, []
-        rest = list(args)
-        while rest:
-            arg = rest.pop(0)
-            if arg in ("-f", "--format"):
-                form = rest.pop(0) if rest else None
-            elif arg.startswith("--format="):
-                form = arg.split("=", 1)[1]
-            elif arg.startswith("-"):
-                call.err(f"unknown flag: {arg}\nSee 'docker image inspect --help'.\n")
-                return 125
-            else:
-                names.append(arg)
+        parsed = _inspect_arguments(call, args, "docker image inspect")
+        if parsed is None:
+            return 125
+        form, names = parsed
         if form != IMAGE_ID_FORMAT:
             call.err(f"sandbox: docker image inspect --format {form!r} is not simulated\n")
             return 125
@@ -1143,19 +1134,10 @@ class VmHost(MachineHost):
     def docker_inspect(self, call: ToolCall, args: list[str]) -> int:
         """``docker inspect --format FORMAT NAME``, for the one format the sandbox plays
         (``dockerd.INSPECT_FORMAT``); "Error: No such object" for a name the daemon has not."""
-        rest, form = list(args), None
-        names = []
-        while rest:
-            arg = rest.pop(0)
-            if arg in ("-f", "--format"):
-                form = rest.pop(0) if rest else None
-            elif arg.startswith("--format="):
-                form = arg.split("=", 1)[1]
-            elif arg.startswith("-"):
-                call.err(f"unknown flag: {arg}\nSee 'docker inspect --help'.\n")
-                return 125
-            else:
-                names.append(arg)
+        parsed = _inspect_arguments(call, args, "docker inspect")
+        if parsed is None:
+            return 125
+        form, names = parsed
         if form != dockerd.INSPECT_FORMAT:
             call.err(f"sandbox: docker inspect --format {form!r} is not simulated\n")
             return 125
@@ -1457,3 +1439,22 @@ hash -r 2>/dev/null || true
 
 
 __all__ = ["TOOLS_DIR", "IamGcsStore", "MachineHost", "MachineServices", "MachineStore", "PodHost", "VmHost"]
+
+
+def _inspect_arguments(call: ToolCall, args: list[str], command: str) -> tuple[str | None, list[str]] | None:
+    """``--format``/``-f`` and the names of a ``docker [image] inspect``; None (the CLI's "unknown
+    flag" line written) for any other flag."""
+    form, names = None, []
+    rest = list(args)
+    while rest:
+        arg = rest.pop(0)
+        if arg in ("-f", "--format"):
+            form = rest.pop(0) if rest else None
+        elif arg.startswith("--format="):
+            form = arg.split("=", 1)[1]
+        elif arg.startswith("-"):
+            call.err(f"unknown flag: {arg}\nSee '{command} --help'.\n")
+            return None
+        else:
+            names.append(arg)
+    return form, names

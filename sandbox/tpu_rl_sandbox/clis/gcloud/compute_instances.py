@@ -363,19 +363,25 @@ class InstancesCommands(ReservationsCommands, NetworksCommands, ImagesCommands):
             self.err(f"Deleted [{self._instance_url(project, zone, name)}].\n")
         return 0
 
-    def cmd_compute_instances_start(self, parsed: GcloudParse) -> int:
-        """surface/compute/instances/start.py: instances.start on each VM, then one "Updated" line and
-        its IPs per VM; starting a RUNNING VM does nothing (the API's operation is done at once)."""
+    def _existing_instances(self, parsed: GcloudParse, verb: str) -> tuple[str, str, list[str]]:
+        """The project, zone and names of a start or stop: each VM must exist, the caller needs
+        ``compute.instances.<verb>``, and gcloud's wait is simulated (no ``--async``)."""
         project = self.project(parsed)
         names = list(parsed.positionals["INSTANCE_NAMES"])
         zone = self.zone(parsed, names[0])
         for name in names:
             self._vm(project, zone, name)
         self._require_permission(
-            "compute.instances.start", project, f"projects/{project}/zones/{zone}/instances/{names[0]}"
+            f"compute.instances.{verb}", project, f"projects/{project}/zones/{zone}/instances/{names[0]}"
         )
         if parsed.get("async"):
-            raise GcloudError("sandbox: --async is not simulated for instances start")
+            raise GcloudError(f"sandbox: --async is not simulated for instances {verb}")
+        return project, zone, names
+
+    def cmd_compute_instances_start(self, parsed: GcloudParse) -> int:
+        """surface/compute/instances/start.py: instances.start on each VM, then one "Updated" line and
+        its IPs per VM; starting a RUNNING VM does nothing (the API's operation is done at once)."""
+        project, zone, names = self._existing_instances(parsed, "start")
         settings = load_settings(self.layout)
         started = time.time()
         running_at = started
@@ -435,16 +441,7 @@ class InstancesCommands(ReservationsCommands, NetworksCommands, ImagesCommands):
         """surface/compute/instances/stop.py: instances.stop on each VM and a wait for the
         operations ("Stopping instance(s) NAME..."), then one "Updated" line per VM; stopping a
         stopped VM returns without errors. Its processes end; its boot disk (and what is on it) stays."""
-        project = self.project(parsed)
-        names = list(parsed.positionals["INSTANCE_NAMES"])
-        zone = self.zone(parsed, names[0])
-        for name in names:
-            self._vm(project, zone, name)
-        self._require_permission(
-            "compute.instances.stop", project, f"projects/{project}/zones/{zone}/instances/{names[0]}"
-        )
-        if parsed.get("async"):
-            raise GcloudError("sandbox: --async is not simulated for instances stop")
+        project, zone, names = self._existing_instances(parsed, "stop")
         from tpu_rl_sandbox.machines import dockerd
 
         # The stop: each RUNNING VM goes STOPPING at once (its billing ends, its processes end) and
