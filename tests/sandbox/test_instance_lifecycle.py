@@ -20,7 +20,7 @@ from tpu_rl_sandbox.world.settings import update_settings
 
 # RFC 3339 in Pacific time with milliseconds, as the Compute Engine API writes its timestamps
 API_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}-0[78]:00$")
-SCALE = 0.5  # sandbox seconds per real minute
+SCALE = 1.0  # sandbox seconds per real minute (each state lasts long enough for a describe under load)
 
 
 @pytest.fixture
