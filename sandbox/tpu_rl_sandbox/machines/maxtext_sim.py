@@ -50,6 +50,8 @@ XPK_CPU_VARIABLES = ("JOB_INDEX", "JOB_COMPLETION_INDEX", "PROCESSES_IN_JOB", "J
 
 STEP_SECONDS_ENV = "TPU_RL_SANDBOX_STEP_SECONDS"
 HOLD_FILE_ENV = "TPU_RL_SANDBOX_HOLD_FILE"
+# The longest a job holds for a test (the hold file is always removed by the test that made it).
+HOLD_LIMIT_SECONDS = 600.0
 DEFAULT_STEP_SECONDS = 0.2
 
 # The scripts' own flags (argparse in to_maxtext, absl in to_huggingface).
@@ -295,7 +297,7 @@ class MaxTextRunner:
         """Test hook: wait while the hold file exists (a step stays visibly in progress)."""
         if not self.ctx.hold_file:
             return
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + HOLD_LIMIT_SECONDS
         while os.path.exists(self.ctx.hold_file) and time.monotonic() < deadline:
             if self.ctx.cancelled():
                 raise Cancelled()
