@@ -28,10 +28,13 @@ from tests.support.pg_server import INSTALL_HINT, PostgresServer, find_postgres_
 from tpu_rl_sandbox.commands.lifecycle import SandboxInfo, sandbox_down, sandbox_env, sandbox_up
 from tpu_rl_sandbox.machines.maxtext_sim import HOLD_FILE_ENV, STEP_SECONDS_ENV
 from tpu_rl_sandbox.world.layout import SandboxLayout
+from tpu_rl_sandbox.world.settings import update_settings
 
 # Simulated seconds per MaxText step: long enough that `train` is seen deferred, short enough for
 # a whole run in about a minute on two cores.
 STEP_SECONDS = "0.3"
+# The longest a held job waits (sandbox setting hold_seconds): the tests' waits on a hold stay below.
+HOLD_SECONDS = 600.0
 # Both pipelines, unpaused once parsed (neither has a schedule: only a trigger starts a run).
 PIPELINE_DAG_IDS = (GKE_DAG_ID, TPU_VM_DAG_ID)
 
@@ -76,6 +79,7 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServicesWorld
     with PostgresServer(bin_dir) as postgres:
         info = sandbox_up(root / "sandbox")
         try:
+            update_settings(SandboxLayout(info.root), hold_seconds=HOLD_SECONDS)
             stack, api = start_stack(
                 root,
                 postgres,

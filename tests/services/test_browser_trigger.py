@@ -66,7 +66,7 @@ CHROMIUM_ARGS = [
 UI_TIMEOUT_MS = 60_000.0  # a page or a control to appear (two busy cores)
 SUBMIT_TIMEOUT = 30.0  # the submitted form's run to be listed by the REST API
 RUN_TIMEOUT = 900.0  # each run, up to five at once on two cores beside the other leg (one alone takes about two minutes)
-HOLD_TIMEOUT = 420.0  # below the simulated job's own limit on a hold (HOLD_LIMIT_SECONDS)
+HOLD_TIMEOUT = 420.0  # below the simulated job's own limit on a hold (conftest.HOLD_SECONDS)
 PIPELINE_KINDS = {GKE_DAG_ID: "gke", TPU_VM_DAG_ID: "tpu_vm"}
 # Where each spot run fails, and why: the first runs hold the cluster and the VM of the forms' names.
 SPOT_FAILS_AT = {GKE_DAG_ID: "preflight", TPU_VM_DAG_ID: "create_cpu_vm"}

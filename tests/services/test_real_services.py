@@ -39,7 +39,7 @@ from tests.support.png import decoded_png
 pytestmark = pytest.mark.services
 
 RUN_TIMEOUT = 900.0  # one run beside the other leg's services on two cores (alone: about two minutes)
-HOLD_TIMEOUT = 420.0  # below the simulated job's own limit on a hold (HOLD_LIMIT_SECONDS)
+HOLD_TIMEOUT = 420.0  # below the simulated job's own limit on a hold (conftest.HOLD_SECONDS)
 PROJECT = "tpu-rl-services"
 BUCKET = "tpu-rl-services-gke"
 # 4 steps, an evaluation every 2 (so "Intermediate Eval" lines print) and a checkpoint every 2:

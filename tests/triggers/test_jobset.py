@@ -261,11 +261,12 @@ def test_before_airflow_3_3_only_a_kill_cancels_the_job(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        # Released before asyncio.run shuts down: nothing it waits for waits on the held job.
+        hold.unlink()
 
     asyncio.run(run_then_cancel())
     path = f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets/{job_name}"
     assert kube_access.request(sb.kube(), "GET", path).status == (404 if killed else 200)
-    hold.unlink()
 
 
 def test_a_kill_whose_delete_fails_says_so_and_still_cancels(

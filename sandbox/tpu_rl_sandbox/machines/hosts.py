@@ -81,6 +81,7 @@ class MachineServices:
     minute_seconds: float = 0.0  # the time scale (settings.SandboxSettings.minute_seconds)
     # stages' real minutes that replace the time scale's (settings.SandboxSettings.stage_minutes)
     stage_minutes: Mapping[str, float] = field(default_factory=dict)
+    hold_seconds: float = 120.0  # the longest a hold lasts (settings.SandboxSettings.hold_seconds)
     # (run directory, its committed checkpoints, steps trained past the newest) -> the machine is
     # lost now (settings' preempt_after_checkpoints, preempt_steps_after; the caller remembers
     # that it fired)
@@ -318,6 +319,7 @@ class MachineHost:
             minute_seconds=services.minute_seconds,
             stage_minutes=services.stage_minutes,
             hold_file=services.hold_file,
+            hold_seconds=services.hold_seconds,
             preempt=services.preempt,
             tpu_chips=self.tpu_chips(),
         )

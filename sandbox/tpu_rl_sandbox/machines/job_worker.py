@@ -376,6 +376,7 @@ class Worker:
             step_seconds=step,
             minute_seconds=load_settings(self.layout).minute_seconds,
             stage_minutes=dict(load_settings(self.layout).stage_minutes),
+            hold_seconds=load_settings(self.layout).hold_seconds,
             hold_file=job.get("hold_file") or None,
             cancelled=self.cancelled,
             default_project=str(job["project"]),

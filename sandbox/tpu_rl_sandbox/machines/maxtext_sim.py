@@ -50,8 +50,6 @@ XPK_CPU_VARIABLES = ("JOB_INDEX", "JOB_COMPLETION_INDEX", "PROCESSES_IN_JOB", "J
 
 STEP_SECONDS_ENV = "TPU_RL_SANDBOX_STEP_SECONDS"
 HOLD_FILE_ENV = "TPU_RL_SANDBOX_HOLD_FILE"
-# The longest a job holds for a test (the hold file is always removed by the test that made it).
-HOLD_LIMIT_SECONDS = 600.0
 DEFAULT_STEP_SECONDS = 0.2
 
 # The scripts' own flags (argparse in to_maxtext, absl in to_huggingface).
@@ -119,6 +117,7 @@ class SimContext:
     # Stages' real minutes that replace the time scale's (sandbox setting ``stage_minutes``).
     stage_minutes: Mapping[str, float] = field(default_factory=dict)
     hold_file: str | None = None
+    hold_seconds: float = 120.0  # the longest a hold lasts (settings.SandboxSettings.hold_seconds)
     # (run directory, its committed checkpoints, steps trained past the newest) -> the machine is
     # lost now
     preempt: Callable[[str, int, int], bool] = lambda run_dir, committed, past: False
@@ -297,7 +296,7 @@ class MaxTextRunner:
         """Test hook: wait while the hold file exists (a step stays visibly in progress)."""
         if not self.ctx.hold_file:
             return
-        deadline = time.monotonic() + HOLD_LIMIT_SECONDS
+        deadline = time.monotonic() + self.ctx.hold_seconds
         while os.path.exists(self.ctx.hold_file) and time.monotonic() < deadline:
             if self.ctx.cancelled():
                 raise Cancelled()

@@ -73,6 +73,7 @@ def vm_services(
         hold_file=hold_file,
         minute_seconds=load_settings(layout).minute_seconds,
         stage_minutes=dict(load_settings(layout).stage_minutes),
+        hold_seconds=load_settings(layout).hold_seconds,
         cancelled=lambda: False,
         default_project=project,
         authorize=authorize,

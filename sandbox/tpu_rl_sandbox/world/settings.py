@@ -91,6 +91,9 @@ class SandboxSettings:
     * ``stage_minutes``: real minutes of stages (``timescale.STAGE_KEYS``: conversion, training,
       export for every model, the TPU VM's install, pull and Docker install) that replace the time
       scale's (``{"train": 60}``), under the same scale.
+    * ``hold_seconds``: the longest a job waits on a test's hold file (``TPU_RL_SANDBOX_HOLD_FILE``)
+      before it goes on by itself (120 s; the real-services tests, whose runs share two cores with
+      another leg's, give theirs longer).
     """
 
     conditional_bindings: bool = True
@@ -109,6 +112,7 @@ class SandboxSettings:
     preempt_steps_after: int = 0
     capacity_minutes: Mapping[str, float] = field(default_factory=dict)
     stage_minutes: Mapping[str, float] = field(default_factory=dict)
+    hold_seconds: float = 120.0
 
     @property
     def preemption(self) -> tuple[int, int]:
