@@ -5,7 +5,9 @@ every bucket and run): ``schedule=model_asset("qwen3-30b-a3b")``; a DAG that nee
 checkpoint a conversion made schedules on ``converted_checkpoint_asset(preset)``
 (``tpu-rl://converted-checkpoints/<preset>``), whose event's ``extra`` names the checkpoint's
 ``gs://`` folder. The pipelines emit the model's event from one ``publish_<preset>`` task per preset
-(a static outlet; the run's preset emits, the others skip). An operator emits into its ``outlets``
+(a static outlet; the run's preset emits, the others skip), and the checkpoint's from one
+``publish_converted_<preset>`` each, with the ``extra`` the conversion left in XCom
+(:data:`CONVERTED_EVENT_KEY`). An operator emits into its ``outlets``
 (:func:`emit_asset_events`): a plain asset gets the event's ``extra``, an alias gets the stable
 asset added with it. ``Asset``/``AssetAlias`` come through common.compat: Airflow 3's assets,
 Airflow 2.11's datasets. The ``extra`` is flat (Airflow 2.11 groups alias events by
@@ -24,6 +26,8 @@ log = logging.getLogger(__name__)
 
 MODEL_ASSET_SCHEME: Final = "tpu-rl"
 MODELS_ALIAS: Final = "tpu-rl-models"
+# The XCom key under which a conversion task leaves its converted checkpoint's event ``extra``.
+CONVERTED_EVENT_KEY: Final = "converted_checkpoint_event"
 
 Scalar = str | int | float | bool | None
 
@@ -90,6 +94,14 @@ def emit_asset_events(
             events[outlet].extra.update(flat)
             emitted.append(str(outlet.uri))
     return emitted
+
+
+def leave_converted_event(context: Mapping[str, Any], extra: Mapping[str, Any]) -> None:
+    """Leave a converted checkpoint's event ``extra`` in XCom (:data:`CONVERTED_EVENT_KEY`) for the
+    pipelines' ``publish_converted_<preset>`` tasks."""
+    ti = context.get("ti")
+    if ti is not None:
+        ti.xcom_push(key=CONVERTED_EVENT_KEY, value=flat_extra(extra))
 
 
 def triggering_extras(context: Mapping[str, Any], assets: Iterable[Asset]) -> list[dict[str, Any]]:

@@ -48,6 +48,11 @@ the CPU VM (bucket to bucket) → `wait_hf_export` → CPU VM deleted. MaxText's
 onto the CPU (`jax_platforms=cpu`), so they never needed the TPU: the billed TPU VM now lives only
 around training.
 
+**Assets.** Once the converted checkpoint is committed, `publish_converted_<preset>` emits
+`tpu-rl://converted-checkpoints/<preset>`; after the export, `promote_model` writes the model card and
+applies `min_reward_gain`, and `publish_<preset>` emits `tpu-rl://models/<preset>` for a promoted
+model. The other presets' tasks skip (docs/assets.md).
+
 **Trigger form.** *Run Parameters* (open): project, zone, bucket, reservation, capacity (on-demand, the
 default; reservation, which names one; spot; flex-start), service account;
 the prefilled `my-tpu-project` and `my-tpu-rl-bucket` are examples, marked in their titles,
@@ -118,7 +123,9 @@ with pipeline.pipeline_dag(
         stage("install_cpu_vm")
     with pipeline.stage_group("conversion"):
         stage("convert_to_maxtext")
-        waits.wait_converted_checkpoint()
+        pipeline.publish_converted_tasks(
+            args["promote_model"]["model"], TPU_VM_MODELS, waits.wait_converted_checkpoint()
+        )
     with pipeline.stage_group("training"):
         # The TPU VM is created only once the converted checkpoint is committed in GCS.
         create_vm = TpuVmCreateOperator(

@@ -8,6 +8,7 @@ import pytest
 from airflow.providers.common.compat.sdk import Asset, AssetAlias
 
 from airflow_provider_tpu_rl.assets import (
+    CONVERTED_EVENT_KEY,
     converted_checkpoint_asset,
     converted_checkpoint_asset_uri,
     emit_asset_events,
@@ -149,3 +150,34 @@ def test_the_tpu_vm_convert_stage_gives_its_outlets_the_checkpoint() -> None:
     assert extra["checkpoint_uri"] == "gs://b-1/llama3.1-8b-Instruct/mt-format/"
     assert extra["parameters_uri"] == "gs://b-1/llama3.1-8b-Instruct/mt-format/0/items"
     assert (extra["reused"], extra["job_name"]) == (True, None)
+
+
+class PushingTI:
+    """A task instance that keeps what the task pushed to XCom."""
+
+    def __init__(self) -> None:
+        self.pushed: dict[str, Any] = {}
+
+    def xcom_push(self, key: str, value: Any, **_: Any) -> None:
+        self.pushed[key] = value
+
+
+def test_a_conversion_leaves_its_event_for_the_pipelines_publishers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without outlets of its own (the shipped pipelines), the conversion still leaves the event's
+    ``extra`` in XCom: publish_converted_<preset> emits it."""
+    ti = PushingTI()
+    finish(job_operator(MaxTextConvertOperator), monkeypatch, {"ti": ti, "outlet_events": outlet_events()})
+    left = ti.pushed[CONVERTED_EVENT_KEY]
+    assert CONVERTED_EXTRA.items() <= left.items()
+
+    vm_ti = PushingTI()
+    op = TpuVmStageOperator(
+        task_id="convert_to_maxtext", stage="convert", bucket="b-1", vm_name="vm-1", zone="us-east5-b",
+        model="llama3.1-8b-Instruct",
+    )  # fmt: skip
+    p = tpu_vm_pipeline_from_conf(
+        {"project": "p-123456", "bucket": "b-1", "zone": "us-east5-b"}, run_id=RUN_ID
+    )
+    op.emit_converted({"run_id": RUN_ID, "ti": vm_ti}, p, reused=False)
+    assert vm_ti.pushed[CONVERTED_EVENT_KEY]["checkpoint_uri"] == "gs://b-1/llama3.1-8b-Instruct/mt-format/"
+    assert vm_ti.pushed[CONVERTED_EVENT_KEY]["reused"] is False

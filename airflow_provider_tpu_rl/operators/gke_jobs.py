@@ -42,7 +42,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 from airflow.providers.common.compat.sdk import Context
 
 from airflow_provider_tpu_rl import timeouts
-from airflow_provider_tpu_rl.assets import converted_checkpoint_asset_uri, emit_asset_events
+from airflow_provider_tpu_rl.assets import (
+    converted_checkpoint_asset_uri,
+    emit_asset_events,
+    leave_converted_event,
+)
 from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailException, conf, default_deferrable
 from airflow_provider_tpu_rl.exceptions import ConfigurationError, RunDirBusyError
 from airflow_provider_tpu_rl.ledger.model_card import base_model_facts
@@ -894,11 +898,10 @@ class MaxTextConvertOperator(_GclusterJobOperator):
         if self._emitted_for == id(context):
             return result
         self._emitted_for = id(context)
-        uri = converted_checkpoint_asset_uri(str(self.model))
-        for line in emit_asset_events(
-            context, self.outlets or (), uri, self.converted_extra(context, result)
-        ):
+        uri, extra = converted_checkpoint_asset_uri(str(self.model)), self.converted_extra(context, result)
+        for line in emit_asset_events(context, self.outlets or (), uri, extra):
             self.log.info("Asset event: %s", line)
+        leave_converted_event(context, extra)
         return result
 
     def plan(self, context: Context) -> JobPlan:

@@ -1,5 +1,6 @@
 """``promote_model``: the model card, the export check and the promotion gate after the export;
-``publish_<preset>``: the model asset's event of a promoted model (one task per preset of a pipeline)."""
+``publish_<preset>``: the model asset's event of a promoted model, ``publish_converted_<preset>``: the
+converted checkpoint's (one task per preset of a pipeline, each)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ from typing import Any
 
 from airflow.providers.common.compat.sdk import BaseOperator, Context
 
-from airflow_provider_tpu_rl.assets import emit_asset_events, model_asset_uri
+from airflow_provider_tpu_rl.assets import (
+    CONVERTED_EVENT_KEY,
+    converted_checkpoint_asset_uri,
+    emit_asset_events,
+    model_asset_uri,
+)
 from airflow_provider_tpu_rl.compat import AirflowFailException, AirflowSkipException
 from airflow_provider_tpu_rl.ledger.collect import GKE_CLUSTER_TASK_IDS, collect_run_from_context
 from airflow_provider_tpu_rl.ledger.hook import DEFAULT_CONN_ID, RunLedger
@@ -284,11 +290,52 @@ def publish_task_id(preset: str) -> str:
     return "publish_" + preset.replace(".", "_")
 
 
-class PublishModelAssetOperator(BaseOperator):
+def publish_converted_task_id(preset: str) -> str:
+    """``publish_converted_<preset>`` (a dot becomes ``_``, as in :func:`publish_task_id`)."""
+    return "publish_converted_" + preset.replace(".", "_")
+
+
+class _PresetAssetPublisher(BaseOperator):
+    """Emit one preset's asset event with the ``extra`` another task left in XCom.
+
+    A pipeline runs one of several presets (a run parameter), and a static outlet emits an event
+    whenever its task succeeds: so each preset has its own publisher, with its own asset as its
+    outlet. The one of the run's model emits; the others skip (no event), and all skip when the
+    source task left no ``extra``.
+    """
+
+    template_fields: Sequence[str] = ("model",)
+    ui_color = "#f4ecd8"
+    source_key: str | None = None  # the source task's XCom key (None: its return value)
+    nothing_left = "left no asset event"
+
+    def __init__(self, *, model: str, preset: str, source_task_id: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.model = model
+        self.preset = preset
+        self.source_task_id = source_task_id
+
+    def asset_uri(self) -> str:
+        raise NotImplementedError
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        if str(self.model) != self.preset:
+            raise AirflowSkipException(f"this run's model is {self.model}, not {self.preset}: no event")
+        if self.source_key is None:
+            extra = context["ti"].xcom_pull(task_ids=self.source_task_id)
+        else:
+            extra = context["ti"].xcom_pull(task_ids=self.source_task_id, key=self.source_key)
+        if not isinstance(extra, Mapping) or not extra:
+            raise AirflowSkipException(f"{self.source_task_id} {self.nothing_left}: no event")
+        for line in emit_asset_events(context, self.outlets or (), self.asset_uri(), extra):
+            self.log.info("asset event: %s", line)
+        return dict(extra)
+
+
+class PublishModelAssetOperator(_PresetAssetPublisher):
     """Emit a promoted model's asset event, for one preset: the pipelines' static outlet per preset.
 
-    A pipeline trains one of several presets (a run parameter), and a static outlet emits an event
-    whenever its task succeeds: so each preset of a pipeline has this task, with its own asset
+    Each preset of a pipeline has this task, with its own asset
     (:func:`~airflow_provider_tpu_rl.assets.model_asset`) as its outlet, after ``promote_model``.
     The one of the run's model gives its outlets ``promote_model``'s ``extra``; the others skip (no
     event), and all skip when the model was not promoted (``promote_model`` skipped).
@@ -298,26 +345,44 @@ class PublishModelAssetOperator(BaseOperator):
     :param promote_task_id: the task whose return value is the event's ``extra``.
     """
 
-    template_fields: Sequence[str] = ("model",)
-    ui_color = "#f4ecd8"
+    nothing_left = "promoted no model"
 
     def __init__(
         self, *, model: str, preset: str, promote_task_id: str = "promote_model", **kwargs: Any
     ) -> None:
-        super().__init__(**kwargs)
-        self.model = model
-        self.preset = preset
+        super().__init__(model=model, preset=preset, source_task_id=promote_task_id, **kwargs)
         self.promote_task_id = promote_task_id
 
-    def execute(self, context: Context) -> dict[str, Any]:
-        if str(self.model) != self.preset:
-            raise AirflowSkipException(f"this run trained {self.model}, not {self.preset}: no event")
-        extra = context["ti"].xcom_pull(task_ids=self.promote_task_id)
-        if not isinstance(extra, Mapping) or not extra:
-            raise AirflowSkipException(f"{self.promote_task_id} promoted no model: no event")
-        for line in emit_asset_events(context, self.outlets or (), model_asset_uri(self.preset), extra):
-            self.log.info("asset event: %s", line)
-        return dict(extra)
+    def asset_uri(self) -> str:
+        return model_asset_uri(self.preset)
+
+
+class PublishConvertedCheckpointOperator(_PresetAssetPublisher):
+    """Emit a converted checkpoint's asset event, for one preset, once its commit is verified.
+
+    Each preset of a pipeline has this task, with its own asset
+    (:func:`~airflow_provider_tpu_rl.assets.converted_checkpoint_asset`) as its outlet, after
+    ``wait_converted_checkpoint``. The one of the run's model gives its outlets the ``extra`` the
+    conversion task left under :data:`~airflow_provider_tpu_rl.assets.CONVERTED_EVENT_KEY`
+    (converted now or found complete); the others skip.
+
+    :param model: the run's model preset (templated).
+    :param preset: the preset this task announces.
+    :param convert_task_id: the conversion task (``MaxTextConvertOperator`` or the TPU VM's
+        ``convert`` stage).
+    """
+
+    source_key = CONVERTED_EVENT_KEY
+    nothing_left = "left no converted checkpoint"
+
+    def __init__(
+        self, *, model: str, preset: str, convert_task_id: str = "convert_to_maxtext", **kwargs: Any
+    ) -> None:
+        super().__init__(model=model, preset=preset, source_task_id=convert_task_id, **kwargs)
+        self.convert_task_id = convert_task_id
+
+    def asset_uri(self) -> str:
+        return converted_checkpoint_asset_uri(self.preset)
 
 
 class CheckPromotedModelOperator(BaseOperator):

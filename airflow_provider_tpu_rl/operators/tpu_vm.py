@@ -13,7 +13,11 @@ from typing import Any
 
 from airflow.providers.common.compat.sdk import Context
 
-from airflow_provider_tpu_rl.assets import converted_checkpoint_asset_uri, emit_asset_events
+from airflow_provider_tpu_rl.assets import (
+    converted_checkpoint_asset_uri,
+    emit_asset_events,
+    leave_converted_event,
+)
 from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailException
 from airflow_provider_tpu_rl.exceptions import (
     CommandError,
@@ -594,6 +598,7 @@ class TpuVmStageOperator(LineageMixin, _TpuVmOperator):
         uri = converted_checkpoint_asset_uri(str(self.model))
         for line in emit_asset_events(context, self.outlets or (), uri, extra):
             self.log.info("Asset event: %s", line)
+        leave_converted_event(context, extra)
 
     def still_writing(self, p: TpuVmPipelineSpec, directory: str, run: str) -> bool:
         """After a session that did not end (killed, dropped, failed): whether the stage's job

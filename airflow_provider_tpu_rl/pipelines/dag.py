@@ -9,14 +9,16 @@ from typing import Any, Final
 
 from airflow.providers.common.compat.sdk import DAG, TaskGroup, chain
 
-from airflow_provider_tpu_rl.assets import model_asset
+from airflow_provider_tpu_rl.assets import converted_checkpoint_asset, model_asset
 from airflow_provider_tpu_rl.ledger.hook import step_callbacks
 from airflow_provider_tpu_rl.operators.gke import EnsureBucketOperator, HfTokenSecretOperator
 from airflow_provider_tpu_rl.operators.ledger import RecordRunOperator
 from airflow_provider_tpu_rl.operators.preflight import TpuRlPreflightOperator
 from airflow_provider_tpu_rl.operators.promotion import (
     PromoteModelOperator,
+    PublishConvertedCheckpointOperator,
     PublishModelAssetOperator,
+    publish_converted_task_id,
     publish_task_id,
 )
 from airflow_provider_tpu_rl.pipelines.arguments import PIPELINE_MACROS, transient_retries
@@ -97,6 +99,20 @@ def promote_model_task(
             **bounded("short"),
         )
     return promote
+
+
+def publish_converted_tasks(model: str, models: Sequence[str], after: Any) -> None:
+    """One ``publish_converted_<preset>`` per preset of the pipeline, after ``after`` (the converted
+    checkpoint's commit sensor), whose outlet is that preset's converted-checkpoint asset: the run's
+    model emits the event ``convert_to_maxtext`` left in XCom, the others skip."""
+    for preset in models:
+        after >> PublishConvertedCheckpointOperator(
+            task_id=publish_converted_task_id(preset),
+            model=model,
+            preset=preset,
+            outlets=[converted_checkpoint_asset(preset)],
+            **bounded("short"),
+        )
 
 
 # The graph's groups of a pipeline's stages: what each holds, in words (the group's tooltip).

@@ -22,12 +22,20 @@ from tests.support.pipeline_shapes import WATCHER, Shape
 
 def test_tasks_run_in_the_tutorial_order(pipeline: tuple[Any, Shape]) -> None:
     dag, shape = pipeline
-    assert set(dag.task_ids) == {*shape.order, *shape.publishers, WATCHER}
+    assert set(dag.task_ids) == {*shape.order, *shape.side_tasks, WATCHER}
     # each model asset's task hangs off the gate alone, and emits its own model's asset
     for publisher in shape.publishers:
         task = dag.get_task(publisher)
         assert set(task.upstream_task_ids) == {"promote_model"}
         assert [outlet.uri for outlet in task.outlets] == ["tpu-rl://models/" + task.preset]
+    # each converted checkpoint's task hangs off the commit's sensor alone
+    for publisher in shape.checkpoint_publishers:
+        task = dag.get_task(publisher)
+        assert set(task.upstream_task_ids) == {"wait_converted_checkpoint"}
+        assert [outlet.uri for outlet in task.outlets] == ["tpu-rl://converted-checkpoints/" + task.preset]
+    assert {dag.get_task(t).preset for t in shape.checkpoint_publishers} == {
+        dag.get_task(t).preset for t in shape.publishers
+    }
     side = dict(shape.side)
     main = [task_id for task_id in shape.order if task_id not in side]
     expected_upstream = {task_id: {before} for before, task_id in itertools.pairwise(main)}

@@ -29,6 +29,7 @@ from airflow_provider_tpu_rl.render.gke import resource_record_object
 from airflow_provider_tpu_rl.spec import GkePipelineSpec, gke_pipeline_from_conf
 from tests.e2e.curves import check_curves_next_to_the_checkpoints, check_runs_plot_draws_the_trend
 from tests.support.harness import GKE_DAG_ID, DagRunResult, E2EWorld, duplicates, printed_rewards
+from tpu_rl_sandbox.commands.lifecycle import HF_SANDBOX_TOKEN
 
 pytestmark = pytest.mark.e2e
 
@@ -44,6 +45,7 @@ FAILING_TASK = {"train": "train", "destroy": "destroy_cluster"}
 MID_WAY_CHECKPOINTS = {"checkpoint_period": 2}
 # A reward gain no run reaches: the transient run's model is not promoted (promote_model skipped).
 NOT_PROMOTED_GAIN = 1000
+OL_EVENTS = "ol-events.jsonl"
 
 
 def conf(name: str, **extra: Any) -> dict[str, Any]:
@@ -91,8 +93,17 @@ def happy(world: E2EWorld) -> DagRunResult:
     return world.run_dag(
         GKE_DAG_ID,
         conf("ok"),
-        env_overrides={"TPU_RL_SANDBOX_STEP_SECONDS": "0.4"},
+        env_overrides={"TPU_RL_SANDBOX_STEP_SECONDS": "0.4", **openlineage_to_file(world)},
     )
+
+
+def openlineage_to_file(world: E2EWorld) -> dict[str, str]:
+    """The OpenLineage provider on, its events one JSON line each in the module's ``ol-events.jsonl``."""
+    transport = {"type": "file", "log_file_path": str(world.root / OL_EVENTS), "append": True}
+    return {
+        "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(transport),
+        "AIRFLOW__OPENLINEAGE__NAMESPACE": "tpu-rl-e2e",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -141,8 +152,10 @@ def test_pipeline_succeeds_with_one_cluster_lifecycle(world: E2EWorld, happy: Da
     assert happy.exit_code == 0, happy.describe()
     assert happy.state == "success", happy.describe()
     failed = {t: r.state for t, r in happy.tasks.items() if t != "watcher" and r.state != "success"}
-    # only the other preset's model asset task skips (this run trained qwen3-30b-a3b)
-    assert failed == {"publish_gemma4-26b": "skipped"}, happy.describe()
+    # only the other preset's asset tasks skip (this run trained qwen3-30b-a3b)
+    assert failed == {"publish_gemma4-26b": "skipped", "publish_converted_gemma4-26b": "skipped"}, (
+        happy.describe()
+    )
     assert happy.task_state("watcher") == "skipped"
     # the cluster without its TPU node pool, then the pool alone; the pool's destroy, then the rest
     deploys = [c.argv[-1] for c in happy.calls_of("gcluster", "deploy")]
@@ -399,6 +412,69 @@ def test_a_promoted_model_is_an_asset_event_with_its_card_beside_the_export(
         assert run.ledger_run_id in card
         assert len(meta["model-index"][0]["results"][0]["metrics"]) == 2  # the rewards before and after
     assert "not promoted" in world.model_card(spec_of(transient).export.output_directory)
+
+
+def test_a_committed_conversion_is_an_asset_event(world: E2EWorld, happy: DagRunResult) -> None:
+    """publish_converted_<preset> emits the run's preset's converted checkpoint once its commit is
+    verified; the other preset's task skips."""
+    spec = spec_of(happy)
+    events = world.asset_events("tpu-rl://converted-checkpoints/qwen3-30b-a3b")
+    mine = [extra for dag, run, extra in events if (dag, run) == (GKE_DAG_ID, happy.run_id)]
+    assert len(mine) == 1, (events, happy.describe())
+    extra = mine[0]
+    assert extra["run_id"] == happy.ledger_run_id
+    assert extra["checkpoint_uri"] == spec.conversion.output_directory.rstrip("/") + "/"
+    assert extra["job_name"] == spec.convert_job
+    assert extra["reused"] is False
+    assert extra["base_model"] == "Qwen/Qwen3-30B-A3B-Instruct-2507"
+    assert extra["maxtext_release"] == "0.2.4"
+    assert happy.task_state("publish_converted_qwen3-30b-a3b") == "success"
+    assert happy.task_state("publish_converted_gemma4-26b") == "skipped"
+    assert world.asset_events("tpu-rl://converted-checkpoints/gemma4-26b") == []
+
+
+def test_openlineage_events_name_what_each_maxtext_job_read_and_wrote(
+    world: E2EWorld, happy: DagRunResult
+) -> None:
+    """With the OpenLineage provider on (file transport), the run's COMPLETE events of conversion,
+    training and export carry their inputs and outputs, named as the OpenLineage spec names GCS and
+    the Hub; no facet holds the Hugging Face token."""
+    text = (world.root / OL_EVENTS).read_text()
+    assert HF_SANDBOX_TOKEN not in text
+    complete = {}
+    for line in text.splitlines():
+        event = json.loads(line)
+        if event["eventType"] == "COMPLETE":
+            complete[event["job"]["name"]] = event
+    spec = spec_of(happy)
+    bucket = "gs://" + spec.cluster.bucket
+
+    def io(task_id: str) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
+        event = complete[f"{GKE_DAG_ID}.{task_id}"]
+        return (
+            {(d["namespace"], d["name"]) for d in event["inputs"]},
+            {(d["namespace"], d["name"]) for d in event["outputs"]},
+        )
+
+    def folder(uri: str) -> tuple[str, str]:
+        return bucket, uri.removeprefix(bucket + "/").rstrip("/")
+
+    converted = folder(spec.conversion.output_directory)
+    assert io("convert_to_maxtext") == (
+        {("https://huggingface.co", "Qwen/Qwen3-30B-A3B-Instruct-2507")},
+        {converted},
+    ), sorted(complete)
+    train_in, train_out = io("train")
+    assert folder(spec.training.load_parameters_path) in train_in
+    assert ("https://huggingface.co", "datasets/nvidia/OpenMathInstruct-2") in train_in
+    assert train_out == {
+        folder(f"{spec.training.base_output_directory.rstrip('/')}/{spec.training.run_name}")
+    }
+    assert io("export_to_huggingface") == (
+        {folder(spec.export.load_parameters_path)},
+        {folder(spec.export.output_directory)},
+    )
+    assert "sourceCode" in complete[f"{GKE_DAG_ID}.convert_to_maxtext"]["job"]["facets"]
 
 
 CONSUMER_DAG_ID = "tpu_rl_model_consumer_example"

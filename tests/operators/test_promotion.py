@@ -15,13 +15,19 @@ from airflow.providers.common.compat.sdk import Asset
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 
-from airflow_provider_tpu_rl.assets import model_asset, models_alias
+from airflow_provider_tpu_rl.assets import (
+    CONVERTED_EVENT_KEY,
+    converted_checkpoint_asset,
+    model_asset,
+    models_alias,
+)
 from airflow_provider_tpu_rl.compat import AIRFLOW_V_3_0_PLUS, AirflowFailException, AirflowSkipException
 from airflow_provider_tpu_rl.ledger.hook import RunLedger, sqlite_connection_uri
 from airflow_provider_tpu_rl.ledger.model_card import parse_front_matter
 from airflow_provider_tpu_rl.operators.promotion import (
     PROMOTION_XCOM_KEY,
     PromoteModelOperator,
+    PublishConvertedCheckpointOperator,
     PublishModelAssetOperator,
     image_digest,
 )
@@ -198,9 +204,34 @@ def test_publish_emits_only_for_the_runs_preset() -> None:
     assert events[model_asset("qwen3-30b-a3b")].extra == extra
     skipped, _ = publish("gemma4-26b")
     assert isinstance(skipped, AirflowSkipException)
-    assert "trained qwen3-30b-a3b, not gemma4-26b" in str(skipped)
+    assert "model is qwen3-30b-a3b, not gemma4-26b" in str(skipped)
     ti.xcoms = {"promote_model": None}
     assert isinstance(publish("qwen3-30b-a3b")[0], AirflowSkipException)
+
+
+def test_publish_converted_emits_the_conversions_event_for_the_runs_preset_only() -> None:
+    extra = {"run_id": "d/r", "checkpoint_uri": "gs://b/qwen3-30b-a3b/max-text-format/", "reused": True}
+    ti = FakeLedgerTaskInstance({"convert_to_maxtext": extra}, task_id="publish_converted")
+
+    def publish(preset: str) -> tuple[Any, Any]:
+        events = OutletEventAccessors()
+        asset = converted_checkpoint_asset(preset)
+        op = PublishConvertedCheckpointOperator(
+            task_id=f"publish_converted_{preset}", model="qwen3-30b-a3b", preset=preset, outlets=[asset]
+        )
+        try:
+            return op.execute({"ti": ti, "outlet_events": events}), events[asset]
+        except AirflowSkipException as skipped:
+            return skipped, None
+
+    result, event = publish("qwen3-30b-a3b")
+    assert result == extra
+    assert event.extra == extra
+    assert ti.pulled[-1] == ("convert_to_maxtext", CONVERTED_EVENT_KEY)
+    assert "model is qwen3-30b-a3b, not gemma4-26b" in str(publish("gemma4-26b")[0])
+    ti.xcoms = {"convert_to_maxtext": None}  # a conversion that left nothing: no event
+    skipped, _ = publish("qwen3-30b-a3b")
+    assert "convert_to_maxtext left no converted checkpoint" in str(skipped)
 
 
 def test_an_alias_outlet_gets_the_models_stable_asset(export: str) -> None:

@@ -13,7 +13,12 @@ from tests.support.pipeline_shapes import WATCHER, Shape
 STAGE_GROUPS = {
     GKE_DAG_ID: {
         "prepare": ["preflight", "ensure_bucket", "deploy_cluster", "sync_hf_token"],
-        "conversion": ["convert_to_maxtext", "wait_converted_checkpoint"],
+        "conversion": [
+            "convert_to_maxtext",
+            "wait_converted_checkpoint",
+            "publish_converted_qwen3-30b-a3b",
+            "publish_converted_gemma4-26b",
+        ],
         "training": ["deploy_tpu_pool", "train", "wait_actor_checkpoint", "destroy_tpu_pool"],
         "export": [
             "export_to_huggingface",
@@ -34,7 +39,11 @@ STAGE_GROUPS = {
             "create_cpu_vm",
             "install_cpu_vm",
         ],
-        "conversion": ["convert_to_maxtext", "wait_converted_checkpoint"],
+        "conversion": [
+            "convert_to_maxtext",
+            "wait_converted_checkpoint",
+            "publish_converted_llama3_1-8b-Instruct",
+        ],
         "training": ["create_vm", "install_maxtext", "train", "wait_actor_checkpoint", "delete_vm"],
         "export": [
             "export_to_huggingface",
@@ -64,14 +73,14 @@ def test_the_graph_groups_the_stages_and_every_task_keeps_its_id(
         assert groups == {group: sorted(ids) for group, ids in STAGE_GROUPS[dag.dag_id].items()}
         top = sorted(task_id for task_id, child in root.children.items() if not hasattr(child, "children"))
         assert top == ["validate", WATCHER]
-        assert set(graph.task_ids) == {*shape.order, *shape.publishers, WATCHER}
+        assert set(graph.task_ids) == {*shape.order, *shape.side_tasks, WATCHER}
         for group_id in groups:
             assert root.children[group_id].tooltip
     grouped = [
         task_id
         for ids in STAGE_GROUPS[dag.dag_id].values()
         for task_id in ids
-        if task_id not in shape.publishers
+        if task_id not in shape.side_tasks
     ]
     assert ["validate", *grouped] == list(shape.order)  # each group holds consecutive stages
 

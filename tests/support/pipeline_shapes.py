@@ -41,6 +41,14 @@ class Shape:
     extra_setups: frozenset[str] = frozenset()
     # publish_<preset>: each model asset's task, after promote_model only (outside the order)
     publishers: tuple[str, ...] = ()
+    # publish_converted_<preset>: each converted checkpoint's task, after wait_converted_checkpoint only
+    checkpoint_publishers: tuple[str, ...] = ()
+
+    @property
+    def side_tasks(self) -> tuple[str, ...]:
+        """Every asset task (outside the order)."""
+        return (*self.publishers, *self.checkpoint_publishers)
+
     # Tasks beside the main line: task → the one it follows (TPU_VM_SIDE_TASKS).
     side: tuple[tuple[str, str], ...] = ()
     # Teardowns of a resource that is not the bucket's: teardown → its one setup.
@@ -79,6 +87,7 @@ SHAPES = {
         ),
         extra_setups=frozenset({"deploy_tpu_pool"}),
         publishers=("publish_qwen3-30b-a3b", "publish_gemma4-26b"),
+        checkpoint_publishers=("publish_converted_qwen3-30b-a3b", "publish_converted_gemma4-26b"),
     ),
     TPU_VM_DAG_ID: Shape(
         order=TPU_VM_TASK_ORDER,
@@ -113,6 +122,7 @@ SHAPES = {
         side=tuple(TPU_VM_SIDE_TASKS.items()),
         own_resources=(("delete_bake_vm", "bake_image"),),
         publishers=("publish_llama3_1-8b-Instruct",),
+        checkpoint_publishers=("publish_converted_llama3_1-8b-Instruct",),
     ),
 }
 
