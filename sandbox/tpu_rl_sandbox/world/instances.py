@@ -169,6 +169,49 @@ def finish_operation(txn: Any, project: str, zone: str, op_name: str, ended: flo
     txn.save("operations")
 
 
+def begin_transition(
+    txn: Any,
+    project: str,
+    zone: str,
+    name: str,
+    kind: str,
+    phases: Iterable[tuple[str, float]],
+    started: float,
+    *,
+    user: str = "",
+) -> tuple[str, float]:
+    """A start or stop of the settled instance ``name``: its ``phases`` scheduled from ``started``,
+    its zone operation ``kind`` begun, the moment noted in its latest life in ``vm_history``
+    (``started`` or ``stopped``). Returns the operation's name and the moment its last phase begins
+    (:func:`finish_transitions` then, once the caller has waited for it)."""
+    key = f"{project}/{zone}/{name}"
+    record = txn.doc("vms")[key]
+    done_at = schedule(record, phases, started)
+    settle(record, started)
+    op_name = str(
+        add_operation(txn, project, zone, kind, name, str(record.get("id", "")), started=started, user=user)[
+            "name"
+        ]
+    )
+    lives = txn.doc("vm_history").get(key) or []
+    if lives:
+        lives[-1].setdefault("started" if kind == "start" else "stopped", []).append(started)
+        txn.save("vm_history")
+    return op_name, done_at
+
+
+def finish_transitions(txn: Any, project: str, zone: str, begun: Mapping[str, str], done_at: float) -> None:
+    """The instances' transitions :func:`begin_transition` began (name -> operation) are over at
+    ``done_at``: each settled to it, its operation DONE."""
+    vms = txn.doc("vms")
+    for name, op_name in begun.items():
+        record = vms.get(f"{project}/{zone}/{name}")
+        if record is not None:
+            settle(record, done_at)
+        finish_operation(txn, project, zone, op_name, done_at)
+    txn.save("vms")
+
+
 def operations(doc: Mapping[str, Any], project: str, zones: Iterable[str] | None) -> list[dict[str, Any]]:
     """The zone operations of ``project`` in ``zones`` (None: every zone), oldest first."""
     wanted = None if zones is None else set(zones)

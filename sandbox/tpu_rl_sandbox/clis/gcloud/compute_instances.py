@@ -388,7 +388,6 @@ class InstancesCommands(ReservationsCommands, NetworksCommands, ImagesCommands):
         starting: dict[str, str] = {}
         with self.store.txn() as txn:
             vms = txn.doc("vms")
-            history = txn.doc("vm_history")
             for name in names:
                 record = instances.settle(vms[f"{project}/{zone}/{name}"], started)
                 if record["status"] == "RUNNING":
@@ -404,33 +403,15 @@ class InstancesCommands(ReservationsCommands, NetworksCommands, ImagesCommands):
                     provisioning_model=(record.get("scheduling") or {}).get("provisioningModel"),
                     created=False,
                 )
-                running_at = max(running_at, instances.schedule(record, phases, started))
-                instances.settle(record, started)
-                starting[name] = instances.add_operation(
-                    txn,
-                    project,
-                    zone,
-                    "start",
-                    name,
-                    str(record.get("id", "")),
-                    started=started,
-                    user=self.account(),
-                )["name"]
-                lives = history.get(f"{project}/{zone}/{name}") or []
-                if lives:
-                    lives[-1].setdefault("started", []).append(time.time())
+                starting[name], done_at = instances.begin_transition(
+                    txn, project, zone, name, "start", phases, started, user=self.account()
+                )
+                running_at = max(running_at, done_at)
             txn.save("vms")
-            txn.save("vm_history")
         # gcloud waits for the start operation: PROVISIONING, STAGING (unbilled), then RUNNING
         time.sleep(max(0.0, running_at - time.time()))
         with self.store.txn() as txn:
-            vms = txn.doc("vms")
-            for name, op_name in starting.items():
-                started_vm = vms.get(f"{project}/{zone}/{name}")
-                if started_vm is not None:
-                    instances.settle(started_vm, running_at)
-                instances.finish_operation(txn, project, zone, op_name, running_at)
-            txn.save("vms")
+            instances.finish_transitions(txn, project, zone, starting, running_at)
         for name in names:
             self.err(f"Updated [{self._instance_url(project, zone, name)}].\n")
             self.err("Instance internal IP is 10.128.0.5\n")
@@ -452,40 +433,27 @@ class InstancesCommands(ReservationsCommands, NetworksCommands, ImagesCommands):
         stops: dict[str, str] = {}
         with self.store.txn() as txn:
             vms = txn.doc("vms")
-            history = txn.doc("vm_history")
             for name in names:
                 record = instances.settle(vms[f"{project}/{zone}/{name}"], started)
                 if record["status"] != "RUNNING":
                     continue
-                instances.schedule(record, [("STOPPING", stopping), ("TERMINATED", 0.0)], started)
-                instances.settle(record, started)
-                stops[name] = instances.add_operation(
+                stops[name], _ = instances.begin_transition(
                     txn,
                     project,
                     zone,
-                    "stop",
                     name,
-                    str(record.get("id", "")),
-                    started=started,
+                    "stop",
+                    [("STOPPING", stopping), ("TERMINATED", 0.0)],
+                    started,
                     user=self.account(),
-                )["name"]
-                lives = history.get(f"{project}/{zone}/{name}") or []
-                if lives:
-                    lives[-1].setdefault("stopped", []).append(started)
+                )
             txn.save("vms")
-            txn.save("vm_history")
         for name in stops:
             dockerd.stop_all(self.layout.vm_dir(name))
         if stops:
             time.sleep(stopping)
         with self.store.txn() as txn:
-            vms = txn.doc("vms")
-            for name, op_name in stops.items():
-                stopped_vm = vms.get(f"{project}/{zone}/{name}")
-                if stopped_vm is not None:
-                    instances.settle(stopped_vm, started + stopping)
-                instances.finish_operation(txn, project, zone, op_name, started + stopping)
-            txn.save("vms")
+            instances.finish_transitions(txn, project, zone, stops, started + stopping)
         self.err(f"Stopping instance(s) {', '.join(names)}...done.\n")
         for name in names:
             self.err(f"Updated [{self._instance_url(project, zone, name)}].\n")
