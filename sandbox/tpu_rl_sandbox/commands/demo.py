@@ -122,14 +122,15 @@ def _summary(
     run = runs[0]
     lines.append(f"run {run.airflow_run_id}: {run.state.upper()}  ({run.model}, {run.chips} chips)")
     lines.append("")
-    lines.append(f"  {'task':<28}{'state':<16}{'try':>4}{'duration':>10}")
     steps = ledger.recorded_steps(run.run_id)
+    width = max([28, *(len(task_id) + 2 for task_id in steps)])  # publish_converted_qwen3-30b-a3b
+    lines.append(f"  {'task':<{width}}{'state':<16}{'try':>4}{'duration':>10}")
     for step in sorted(steps.values(), key=lambda s: (s.started_at is None, s.started_at or 0)):
         duration = (
             (step.ended_at - step.started_at).total_seconds() if step.started_at and step.ended_at else None
         )
         lines.append(
-            f"  {step.task_id:<28}{step.state or 'not run':<16}{step.try_number or 0:>4}{_fmt_seconds(duration):>10}"
+            f"  {step.task_id:<{width}}{step.state or 'not run':<16}{step.try_number or 0:>4}{_fmt_seconds(duration):>10}"
         )
     lines.append("")
     lines.append(
