@@ -25,6 +25,7 @@ from tests.support.airflow_home import migrate_into
 from tests.support.compat import dags_test_task_log
 from tpu_rl_sandbox.apis.gcs_client import GcsApi, GcsError, split_gs_url
 from tpu_rl_sandbox.commands.lifecycle import SandboxInfo, sandbox_down, sandbox_env, sandbox_up
+from tpu_rl_sandbox.commands.schedule_once import run_queued_task
 from tpu_rl_sandbox.world.calls import read_calls
 from tpu_rl_sandbox.world.faults import FAULT_ENV, reset_faults
 from tpu_rl_sandbox.world.layout import SandboxLayout
@@ -328,32 +329,11 @@ class E2EWorld:
         """The scheduler's step that turns queued asset events into runs (in-process, once), then
         ``airflow tasks test`` of ``task_id`` in ``dag_id``'s newest run. Returns the DAG's runs
         (run id, run type) and the task's output."""
-        python = str(Path(AIRFLOW).parent / "python")
-        step = subprocess.run(
-            [python, "-m", "tpu_rl_sandbox.commands.schedule_once", dag_id],
-            env=self.env,
-            cwd=self.root,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        assert step.returncode == 0, step.stdout + step.stderr
-        runs = [tuple(line.split()[1:3]) for line in step.stdout.splitlines() if line.startswith("RUN ")]
-        if not runs:
-            return [], step.stdout + step.stderr
-        done = subprocess.run(
-            [AIRFLOW, "tasks", "test", dag_id, task_id, runs[-1][0]],
-            env=self.env,
-            cwd=self.root,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        return [
-            (run_id, run_type) for run_id, run_type in runs
-        ], f"rc={done.returncode}\n{done.stdout}{done.stderr}"
+        queued = run_queued_task(self.env, dag_id, task_id, cwd=self.root)
+        assert queued.step_code == 0, queued.step_output
+        if queued.task_code is None:
+            return [], queued.step_output
+        return queued.runs, f"rc={queued.task_code}\n{queued.task_output}"
 
     def sync_dags(self) -> None:
         """Airflow 2.11's ``dags test`` registers dataset events only for datasets already in the

@@ -22,6 +22,7 @@ from airflow_provider_tpu_rl.render.gke import resource_record_object
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, gke_pipeline_from_conf
 from tpu_rl_sandbox.apis.gcs_emulator import gcs_client
 from tpu_rl_sandbox.commands.lifecycle import sandbox_down, sandbox_env, sandbox_form_defaults, sandbox_up
+from tpu_rl_sandbox.commands.schedule_once import run_queued_task
 from tpu_rl_sandbox.world.calls import read_calls
 from tpu_rl_sandbox.world.layout import SandboxLayout, default_root
 
@@ -48,33 +49,14 @@ CONSUMER_TASK_ID = "check_model"
 def run_downstream(env: Mapping[str, str], log: Path) -> str:
     """The downstream example DAG, after the pipeline: the scheduler's step that creates the runs
     the model asset's event queued, then its task in the newest run; one line saying what happened."""
-    airflow = _airflow(env)
-    step = subprocess.run(
-        [sys.executable, "-m", "tpu_rl_sandbox.commands.schedule_once", CONSUMER_DAG_ID],
-        env=dict(env),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    queued = run_queued_task(env, CONSUMER_DAG_ID, CONSUMER_TASK_ID)
     with log.open("a") as out:
-        out.write(step.stdout + step.stderr)
-    runs = [line.split()[1:3] for line in step.stdout.splitlines() if line.startswith("RUN ")]
-    if step.returncode != 0 or not runs:
+        out.write(queued.step_output + queued.task_output)
+    if queued.task_code is None:
         return f"downstream: {CONSUMER_DAG_ID} was not queued (no model asset event; see {log})"
-    run_id, run_type = runs[-1]
-    done = subprocess.run(
-        [airflow, "tasks", "test", CONSUMER_DAG_ID, CONSUMER_TASK_ID, run_id],
-        env=dict(env),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    with log.open("a") as out:
-        out.write(done.stdout + done.stderr)
-    said = [line for line in (done.stdout + done.stderr).splitlines() if "new model " in line]
-    if done.returncode != 0 or not said:
+    run_type = queued.runs[-1][1]
+    said = [line for line in queued.task_output.splitlines() if "new model " in line]
+    if queued.task_code != 0 or not said:
         return f"DEMO FAILED: downstream {CONSUMER_DAG_ID} ({run_type}) did not succeed; see {log}"
     line = said[-1].split("new model ", 1)[1].split(" [airflow.", 1)[0]  # without the log's tail
     return f"downstream: {CONSUMER_DAG_ID} ran ({run_type}): new model {line}"
