@@ -186,6 +186,37 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
             self.log.warning("skipped %s (gcloud has no active account): %s", what, error_line(str(err)))
         return self._account_missing
 
+    def check_blueprint(self, capacity: str, reservation: bool, need: checks.ReservationNeed) -> list[str]:
+        """The bundle's blueprint takes the run's edits (render/blueprint.py, both of its shapes):
+        a shape they do not know is one line here, before the deploy makes anything."""
+        from airflow_provider_tpu_rl.render.blueprint import (
+            BLUEPRINT_RELPATH,
+            BlueprintError,
+            customize_blueprint,
+        )
+        from airflow_provider_tpu_rl.spec.presets import BlueprintEdits
+
+        try:
+            source = self.hook.bundle_dir() / BLUEPRINT_RELPATH
+            text = source.read_text()
+        except (ConfigurationError, OSError) as err:
+            return [f"the Cluster Toolkit blueprint cannot be read: {error_line(str(err))}"]
+        edits = BlueprintEdits(system_node_pool_machine_type="n2-standard-8", pin_system_node_pool_zone=True)
+        try:
+            customize_blueprint(
+                text,
+                edits,
+                reservation=reservation,
+                capacity=capacity,
+                slice_vms=need.vms,
+                tpu_quota=need.chips,
+            )
+        except (BlueprintError, ValueError) as err:
+            return [
+                f"the Cluster Toolkit blueprint {source} does not take the run's edits: {error_line(str(err))}"
+            ]
+        return []
+
     def check_gcloud_account(self, run: Runner) -> list[str]:
         """gcloud's active account (cmd/job/prereq.go ``ensureGCloudAuthenticated``): exit 0 and
         an account on stdout; every gcloud command of the run needs one."""
@@ -389,6 +420,7 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
             problems += self.check_gcloud_account(run)
             if run is Runner.GKE:
                 problems += self.check_adc()
+                problems += self.check_blueprint(capacity, bool(reservation), need)
             reasons: dict[str, str] = {}
             if run is Runner.TPU_VM:
                 # Under OS Login, sudo on the VM needs admin login: tested with the other permissions.

@@ -16,6 +16,10 @@ BLUEPRINT_FILENAME = "gke-tpu-v6e-advanced.yaml"
 NODE_POOL_SA_MODULE = "node_pool_service_account"
 KUBECTL_APPLY_SOURCE = "modules/management/kubectl-apply"
 NODE_POOL_SOURCE = "modules/compute/gke-node-pool"
+GKE_CLUSTER_SOURCE = "modules/scheduler/gke-cluster"
+# GKE's node label value for TPU v6e (the example's vars.accelerator_type from v1.92.0 on; before,
+# the pool's output tpu_accelerator_type, which gke-node-pool derives from ct6e machine types).
+V6E_ACCELERATOR = "tpu-v6e-slice"
 RESERVATION_VAR = "$(vars.reservation)"
 TPU_MACHINE_VAR = "$(vars.machine_type)"
 # The deployment group the TPU node pool is moved to: deployed after the conversion, destroyed
@@ -25,6 +29,20 @@ TPU_GROUP = "tpu"
 PRIMARY_GROUP = "primary"
 # Upstream modules that only benchmark the TPU pool's disks (the advanced example's fio job template).
 BENCHMARK_MODULES = ("fio-bench-job-template",)
+# Every variable the Kueue templates of Cluster Toolkit's TPU v6e examples and of kubectl-apply's
+# kueue/ folder use (read at v1.85.0 ... v1.95.0 and develop c765092), with the value each gets when
+# the blueprint's config_template_vars lack it. Terraform's templatefile fails on a template that
+# refers to a key its vars map lacks and ignores the extra ones, so all are passed:
+# ``namespace`` (examples/gke-tpu-v6e/kueue-configuration.yaml.tftpl since v1.92.0, its LocalQueue),
+# ``tpu_topology`` (examples/gke-consumption-options/dws-flex-start-queued-provisioning/
+# tpu-dws-queues.yaml.tftpl l.47 at c765092); ``accelerator_type`` and ``tpu_quota`` are the
+# example's own and required. The module's defaults (pathways_* and tpu_flavor_* quotas at develop)
+# are left to it.
+KUEUE_TEMPLATE_FALLBACKS: dict[str, str] = {
+    "namespace": "$(vars.user_namespace)",
+    "tpu_topology": "$(vars.tpu_topology)",
+}
+KUEUE_DEFAULT_NAMESPACE = "default"  # the example's LocalQueue namespace before vars.user_namespace
 _MODULE_REF = re.compile(r"\b([A-Za-z][A-Za-z0-9_-]*)\.[A-Za-z_][A-Za-z0-9_]*")
 _EXPRESSION = re.compile(r"\$\(([^)]*)\)")
 
@@ -104,6 +122,7 @@ def customize_blueprint(
         if edits.pin_system_node_pool_zone:
             cluster["settings"]["system_node_pool_zones"] = ["$(vars.zone)"]
     _queue_cpu_jobs(doc, modules)
+    _drop_unset_static_node_count(doc, modules)
     if not reservation or capacity != RESERVATION:
         _consume_no_reservation(modules)
     if capacity in (SPOT, FLEX_START):
@@ -117,29 +136,87 @@ def customize_blueprint(
     return yaml.dump(doc, Dumper=_BlueprintDumper, sort_keys=False, default_flow_style=False)
 
 
+def _pathways_enabled(doc: Mapping[str, Any], modules: list[dict[str, Any]]) -> bool:
+    """The blueprint turns Pathways on for its TPUs: ``vars.enable_pathways_for_tpus`` (v1.91.0 on)
+    or the gke-cluster module's own ``enable_pathways_for_tpus: true`` (v1.86.0 ... v1.90.0)."""
+    if doc["vars"].get("enable_pathways_for_tpus") is True:
+        return True
+    return any(
+        str(m.get("source", "")).endswith(GKE_CLUSTER_SOURCE)
+        and (m.get("settings") or {}).get("enable_pathways_for_tpus") is True
+        for m in modules
+    )
+
+
 def _queue_cpu_jobs(doc: dict[str, Any], modules: list[dict[str, Any]]) -> None:
     """Let Kueue admit the CPU jobs (the conversions) on the CPU node pool.
 
     The example's own ``kueue-configuration.yaml.tftpl`` gives the ClusterQueue quota for
-    ``google.com/tpu`` only, so a job asking for CPUs is never admitted. Without ``config_path``,
-    the kubectl-apply module applies its default for Pathways clusters
-    (``kueue/kueue-configuration-pathways.yaml.tftpl``: the same TPU quota and a ``cpu``/``memory``
-    flavor pinned to ``cpu-np``), from the ``config_template_vars`` the example already sets.
-    ``cpu-np`` exists only with ``enable_pathways_for_tpus`` (gke-cluster ``cpu_np``).
+    ``google.com/tpu`` only, so a job asking for CPUs is never admitted. ``cpu-np`` exists only
+    with Pathways on (gke-cluster ``cpu_np``). Two shapes of the example and its kubectl-apply
+    module are handled (cluster-toolkit, read at each tag):
+
+    - v1.92.0 on (develop c765092): the kueue ``accelerator_type`` is ``$(vars.accelerator_type)``;
+      without ``config_path`` the module applies its default for Pathways clusters
+      (``kueue/kueue-configuration-pathways.yaml.tftpl``: the same TPU quota and a ``cpu``/``memory``
+      flavor pinned to ``cpu-np``), from the ``config_template_vars`` the example sets. The
+      ``config_path`` is dropped.
+    - up to v1.91.0 (the issue's commit 0145844 is this shape: v1.86.0 ... v1.89.0): the
+      ``accelerator_type`` is the pool's output ``tpu_accelerator_type``; the module has no such
+      default, but with ``kueue.enable_pathways_for_tpus`` it adds ``kueue/pathways.yaml.tftpl``
+      (a ``cpu``/``memory`` flavor on ``cpu-np`` in a ClusterQueue named ``cluster-queue``) and
+      merges it with the example's ``cluster-queue`` by name (kubectl-apply main.tf l.17-45 at
+      v1.89.0). The ``config_path`` stays and that switch is set.
     """
-    if doc["vars"].get("enable_pathways_for_tpus") is not True:
+    if not _pathways_enabled(doc, modules):
         raise BlueprintError(
-            "blueprint must set vars.enable_pathways_for_tpus: true (it adds the cpu-np node pool the "
-            "conversions run on)"
+            "blueprint must set enable_pathways_for_tpus: true (in vars or on its gke-cluster module; it "
+            "adds the cpu-np node pool the conversions run on)"
         )
     kubectl = next((m for m in modules if str(m.get("source", "")).endswith(KUBECTL_APPLY_SOURCE)), None)
     kueue = ((kubectl or {}).get("settings") or {}).get("kueue")
     if not isinstance(kueue, dict):
         raise BlueprintError(f"blueprint has no {KUBECTL_APPLY_SOURCE} module with kueue settings")
-    template_vars = kueue.get("config_template_vars") or {}
+    template_vars = dict(kueue.get("config_template_vars") or {})
     if "accelerator_type" not in template_vars or "tpu_quota" not in template_vars:
         raise BlueprintError("the kueue config_template_vars must set accelerator_type and tpu_quota")
-    kueue.pop("config_path", None)
+    for key, value in KUEUE_TEMPLATE_FALLBACKS.items():
+        if key in template_vars:
+            continue
+        variable = value[len("$(vars.") : -1]
+        if variable in doc["vars"]:
+            template_vars[key] = value
+        elif key == "namespace":
+            template_vars[key] = KUEUE_DEFAULT_NAMESPACE
+        else:
+            raise BlueprintError(f"blueprint has no vars.{variable} for the kueue template variable {key}")
+    accelerator = str(template_vars["accelerator_type"])
+    if accelerator.startswith("$(") and "vars." not in accelerator:
+        # up to v1.91.0: the pool's output; a literal, so that Kueue does not depend on the pool
+        # (which moves to a later group), and the module's own Pathways queue merged in
+        template_vars["accelerator_type"] = V6E_ACCELERATOR
+        kueue["enable_pathways_for_tpus"] = True
+        if not kueue.get("config_path"):
+            raise BlueprintError("the kueue settings name no config_path (the example's TPU queue template)")
+    else:
+        kueue.pop("config_path", None)
+    kueue["config_template_vars"] = template_vars
+
+
+def _drop_unset_static_node_count(doc: dict[str, Any], modules: list[dict[str, Any]]) -> None:
+    """Up to v1.89.0 the TPU pool sets ``static_node_count: $(vars.static_node_count)`` and leaves
+    that variable empty (the tutorials pass none): a null, the module's default. The setting goes,
+    so that an autoscaling capacity (spot, flex-start) is not refused for it."""
+    if doc["vars"].get("static_node_count") is not None:
+        return
+    for pool in modules:
+        settings = pool.get("settings") or {}
+        if (
+            str(pool.get("source", "")).endswith(NODE_POOL_SOURCE)
+            and settings.get("machine_type") == TPU_MACHINE_VAR
+            and settings.get("static_node_count") == "$(vars.static_node_count)"
+        ):
+            del settings["static_node_count"]
 
 
 def _consume_no_reservation(modules: list[dict[str, Any]]) -> None:

@@ -225,6 +225,7 @@ blueprint_name: gke-tpu-v6e
 vars:
   project_id:
   deployment_name: gke-tpu-v6e
+  tpu_topology:
   enable_pathways_for_tpus: true
   kueue_configuration_path: $(ghpc_stage("./kueue-configuration.yaml.tftpl"))
 deployment_groups:

@@ -491,3 +491,21 @@ def test_the_tpu_vm_preflight_needs_no_adc(pf: SandboxRun, monkeypatch: pytest.M
     monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS")
     monkeypatch.setattr("airflow_provider_tpu_rl.toolchain.adc.METADATA_HOST", "127.0.0.1:9")
     assert _run(pf, TPU_VM_DAG_ID)["runner"] == "tpu_vm"
+
+
+def test_a_blueprint_the_edits_do_not_know_is_one_line_before_anything_is_made(pf: SandboxRun) -> None:
+    """The bundle's blueprint is edited as the deploy will edit it (render/blueprint.py): a shape
+    the edits do not know fails the preflight in one line, not the deploy after spending."""
+    blueprint = pf.layout.bundle_dir / "examples" / "gke-tpu-v6e" / "gke-tpu-v6e-advanced.yaml"
+    blueprint.write_text(
+        blueprint.read_text()
+        .replace("  enable_pathways_for_tpus: true\n", "")
+        .replace("      enable_pathways_for_tpus: $(vars.enable_pathways_for_tpus)\n", "")
+    )
+    (line,) = _refusal(pf)
+    assert line.startswith("the Cluster Toolkit blueprint ")
+    assert line.endswith(
+        "does not take the run's edits: blueprint must set enable_pathways_for_tpus: true (in vars or on "
+        "its gke-cluster module; it adds the cpu-np node pool the conversions run on)"
+    )
+    _created_nothing(pf)

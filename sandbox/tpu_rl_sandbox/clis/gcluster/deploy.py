@@ -859,7 +859,22 @@ def cluster_queue(kueue: dict[str, Any] | None, pathways: bool, group_dir: Path 
             "quota": {},
             "error": f"Error: Invalid function argument\n\nno file exists at {config_path}",
         }
-    rendered = _TEMPLATE_REF.sub(lambda m: str(template_vars.get(m.group(1), "")), text)
+    # Terraform's templatefile refuses a template that refers to a key its vars map lacks
+    # (internal/lang/funcs/filesystem.go MakeTemplateFileFunc, read in fugue/regula's copy of it:
+    # "vars map does not contain key %q, referenced at %s", the name's source range, 1-based columns,
+    # end exclusive) and ignores keys the template does not use.
+    for line_number, line in enumerate(text.splitlines(), start=1):
+        for match in _TEMPLATE_REF.finditer(line):
+            if match.group(1) not in template_vars:
+                return {
+                    "covered": [],
+                    "quota": {},
+                    "error": "Error: Invalid function argument\n\n  on modules/embedded/modules/management/"
+                    'kubectl-apply/main.tf\n\nInvalid value for "vars" parameter: vars map does not contain '
+                    f'key "{match.group(1)}", referenced at {config_path}:{line_number},'
+                    f"{match.start() + 3}-{match.end()}.",
+                }
+    rendered = _TEMPLATE_REF.sub(lambda m: str(template_vars[m.group(1)]), text)
     covered: list[str] = []
     quota: dict[str, Any] = {}
     for doc in yaml.safe_load_all(rendered):
