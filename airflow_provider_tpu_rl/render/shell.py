@@ -22,24 +22,36 @@ SECRET_GRANT_WAIT_SECONDS = 600
 # Reads one Secret Manager secret version with the workload's own credentials (workload identity
 # on GKE). Runs inside the workload image, which has google-auth and requests (MaxText needs both
 # for GCS), so the token never travels through Airflow, argv or the JobSet spec.
-# A 403 (PERMISSION_DENIED: the grant has not propagated yet) is asked again, after a pause of half
-# the time waited so far (1 s at least, 15 s at most), until SECRET_GRANT_WAIT_SECONDS; each wait
-# prints one line to stderr naming the secret (never its value). Any other answer ends the loop:
-# raise_for_status fails the && chain on an error (404, or a 403 past the wait); each request has
-# a 60 s timeout.
+# Two answers mean "not yet" and are asked again, after a pause of half the time waited so far (1 s
+# at least, 15 s at most), until SECRET_GRANT_WAIT_SECONDS, each wait one line on stderr naming the
+# secret (never its value):
+# - a 403 (PERMISSION_DENIED: the secret's new grant has not propagated yet);
+# - google-auth's RefreshError or TransportError: the pod's own token could not be had, as while
+#   the cluster's Workload Identity binding (made by the deploy minutes earlier) is not in effect:
+#   the GKE metadata server's 403 is not an HTTP error of the read but google-auth's TransportError
+#   ("Failed to retrieve ... Status: 403", compute_engine/_metadata.py, not retried there) raised as
+#   RefreshError (compute_engine/credentials.py _perform_refresh_token; google-auth 2.63.0).
+# The read runs on a one-thread pool so that its outcome, an answer or an exception, is a value
+# (``Future.exception()``) the one-line filter can look at. Any other outcome ends the loop:
+# raise_for_status fails the && chain on an error (404, or a 403 past the wait), an exception past
+# the wait is raised; each request has a 60 s timeout.
 # One line (pathways_jobset.tmpl puts the command in a YAML block scalar), so the loop is
-# ``next()`` over ``iter(get, 0)`` (a sentinel never returned) with the wait as its filter.
+# ``next()`` over ``iter(submit, 0)`` (a sentinel never returned) with the wait as its filter.
 # It holds no single quote, so ``shlex.quote`` wraps it in plain single quotes.
 _READ_SECRET_PY = (
-    "import sys,time,base64,google.auth,google.auth.transport.requests as r;"
+    "import sys,time,base64,concurrent.futures as f,google.auth,google.auth.exceptions as e,"
+    "google.auth.transport.requests as r;"
     'c,_=google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"]);'
     's=r.AuthorizedSession(c);u="https://secretmanager.googleapis.com/v1/"+sys.argv[1]+":access";'
-    f"t=time.monotonic();d=t+{SECRET_GRANT_WAIT_SECONDS};"
-    "w=lambda x:x.status_code==403 and time.monotonic()<d and sys.stderr.write("
-    '"HF token secret "+sys.argv[1]+" not readable yet (403 PERMISSION_DENIED: a new IAM grant takes '
-    'minutes to take effect); waited %d of %d s, retrying\\n"%(time.monotonic()-t,d-t))>=0 '
-    "and time.sleep(min(15,max(1,(time.monotonic()-t)/2))) is None;"
-    "x=next(x for x in iter(lambda:s.get(u,timeout=60),0) if not w(x));"
+    f"p=f.ThreadPoolExecutor(1);t=time.monotonic();d=t+{SECRET_GRANT_WAIT_SECONDS};"
+    'y=lambda x:("403 PERMISSION_DENIED: a new IAM grant takes minutes to take effect" '
+    'if x.result().status_code==403 else "") if x.exception() is None else '
+    '(type(x.exception()).__name__+": the pod has no token yet; a new Workload Identity binding takes '
+    'minutes to take effect" if isinstance(x.exception(),(e.RefreshError,e.TransportError)) else "");'
+    'w=lambda x:y(x)!="" and time.monotonic()<d and sys.stderr.write('
+    '"HF token secret "+sys.argv[1]+" not readable yet ("+y(x)+"); waited %d of %d s, retrying\\n"'
+    "%(time.monotonic()-t,d-t))>=0 and time.sleep(min(15,max(1,(time.monotonic()-t)/2))) is None;"
+    "x=next(x for x in iter(lambda:p.submit(s.get,u,timeout=60),0) if not w(x)).result();"
     'x.raise_for_status();sys.stdout.write(base64.b64decode(x.json()["payload"]["data"]).decode())'
 )
 

@@ -432,6 +432,46 @@ def test_a_job_without_its_token_secret_fails_in_one_line_before_submitting(
     assert sb.job_calls("submit", _job_names(conf)[0]) == []
 
 
+def test_the_conversion_waits_for_its_workload_identity_binding_to_take_effect(sb: SandboxRun) -> None:
+    """The CPU pods authenticate through Workload Identity, bound by the deploy minutes earlier.
+    Until the binding is in effect the GKE metadata server refuses the pod a token, which
+    google-auth raises as RefreshError (not an HTTP 403 of the read): the pod waits on it, one line
+    per wait, instead of failing its JobSet."""
+    conf = sb.gke_conf()
+    convert_job, _, _ = _job_names(conf)
+    update_settings(sb.layout, workload_identity_effective=False)
+    try:
+        prepare_cluster(sb, conf, run_id=RUN_1)
+        op = _convert_op(sb)
+        context = sb.context(op, conf, run_id=RUN_1)
+        deferred = defer(op, context)
+
+        async def binding_takes_effect() -> None:
+            while "not readable yet (RefreshError: the pod has no token yet" not in sb.job_log_of(
+                convert_job
+            ):
+                await asyncio.sleep(0.1)
+            update_settings(sb.layout, workload_identity_effective=True)
+
+        event = run_trigger(deferred.trigger, alongside=binding_takes_effect)
+    finally:
+        reset_settings(sb.layout)
+
+    assert event["status"] == "success", event
+    job = sb.job_record(convert_job)
+    assert job is not None
+    assert (job["status"], job["attempt"]) == ("Succeeded", 1)  # no failed attempt, no restart
+    log = sb.job_log(job)
+    pipeline = gke_pipeline_from_conf(conf, run_id=RUN_1)
+    waits = [line for line in log.splitlines() if "not readable yet" in line]
+    assert waits
+    for line in waits:
+        assert line.startswith(f"HF token secret {pipeline.token_resource} not readable yet (RefreshError: ")
+        assert line.endswith(" s, retrying")
+    assert "sandbox-token" not in log
+    assert f"{CONVERTED}0/commit_success.txt" in sb.objects()
+
+
 # -- the HF token secret's new grant -------------------------------------------------------------------
 def test_the_conversion_waits_for_its_new_token_grant_to_take_effect(sb: SandboxRun) -> None:
     """The token task grants the cluster's accounts secretAccessor just before the conversion, and

@@ -49,6 +49,16 @@ SECRET_ACCESS_RE = re.compile(
     r"^https://secretmanager\.googleapis\.com/v1/projects/([^/]+)/secrets/([^/]+)/versions/([^/:]+):access$"
 )
 METADATA_PROJECT_URL = "http://metadata.google.internal/computeMetadata/v1/project/project-id"
+METADATA_TOKEN_URL = (
+    "http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/default/token"
+)
+# The GKE metadata server's answer to a token request while the pod's Kubernetes service account is
+# not yet bound to its IAM service account (the symptom Google's gke-workload-identity skill lists:
+# "Permission 'iam.serviceAccounts.getAccessToken' denied on resource (or it may not exist)").
+WORKLOAD_IDENTITY_NOT_EFFECTIVE = (
+    "Unable to generate access token; IAM returned 403 Forbidden: Permission "
+    "'iam.serviceAccounts.getAccessToken' denied on resource (or it may not exist)."
+)
 UV_VERSION = "0.9.7"
 VENV_PYTHON = "3.12"
 SITE = f"lib/python{VENV_PYTHON}/site-packages"
@@ -90,6 +100,9 @@ class MachineServices:
     # in: the machine's ``runtime``, and the MaxText release it imports): the sandbox's record of
     # which VM ran what, and how.
     on_program: Callable[[str, str, str], None] | None = None
+    # A GKE pod's Workload Identity binding is in effect (settings' workload_identity_effective,
+    # read at each token request); until then the metadata server refuses the pod a token.
+    workload_identity_effective: Callable[[], bool] = lambda: True
 
 
 SCOPE_DENIED = "Access denied. Provided scope(s) are not authorized."
@@ -423,14 +436,24 @@ class MachineHost:
     def tool_http(self, call: ToolCall) -> int:
         """HTTP answers for in-machine client libraries: Secret Manager ``versions/*:access``
         (REST v1: ``{"name", "payload": {"data": base64}}`` or a google.rpc error body) and the
-        metadata server's project id (needs ``Metadata-Flavor: Google``, else 403)."""
+        metadata server's project id and service account token (each needs
+        ``Metadata-Flavor: Google``, else 403; a GKE pod's token also its Workload Identity binding
+        in effect, else 403)."""
         method, url = call.argv[0], call.argv[1]
         headers = json.loads(call.argv[2]) if len(call.argv) > 2 else {}
-        if url == METADATA_PROJECT_URL:
+        if url == METADATA_PROJECT_URL or url.split("?", 1)[0] == METADATA_TOKEN_URL:
             if headers.get("Metadata-Flavor") != "Google":
                 call.data = "Missing Metadata-Flavor:Google header."
                 return 403
-            call.data = self.project()
+            if url == METADATA_PROJECT_URL:
+                call.data = self.project()
+                return 200
+            if self.platform == "gke" and not self.services.workload_identity_effective():
+                call.data = WORKLOAD_IDENTITY_NOT_EFFECTIVE
+                return 403
+            call.data = json.dumps(
+                {"access_token": "sandbox-token", "expires_in": 3599, "token_type": "Bearer"}
+            )
             return 200
         match = SECRET_ACCESS_RE.match(url)
         if method != "GET" or match is None:

@@ -381,6 +381,7 @@ class Worker:
             cancelled=self.cancelled,
             default_project=str(job["project"]),
             preempt=self.preempt,
+            workload_identity_effective=lambda: load_settings(self.layout).workload_identity_effective,
         )
         pod_root = self.layout.jobs_dir / self.uid / f"pod-{attempt}"
         host = PodHost(Path(pod_root), services, str(job["name"]), tpu_chips=_pod_tpu_chips(job))

@@ -111,8 +111,7 @@ credentials, ``default()`` asks the GCE/GKE metadata server (Workload Identity o
 __version__ = "2.40.3"
 
 
-class DefaultCredentialsError(Exception):
-    """google.auth.exceptions.DefaultCredentialsError."""
+from google.auth.exceptions import DefaultCredentialsError
 
 
 class Credentials:
@@ -143,6 +142,33 @@ def default(scopes=None, request=None, quota_project_id=None, default_scopes=Non
     return Credentials(scopes, default_scopes), project
 '''
 
+GOOGLE_AUTH_EXCEPTIONS: Final = '''"""Sandbox stand-in for google.auth.exceptions: the classes and bases of google-auth 2.63.0."""
+
+
+class GoogleAuthError(Exception):
+    """Base class for all google.auth errors."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args)
+        self._retryable = kwargs.get("retryable", False)
+
+    @property
+    def retryable(self):
+        return self._retryable
+
+
+class TransportError(GoogleAuthError):
+    """Used to indicate an error occurred during an HTTP request."""
+
+
+class RefreshError(GoogleAuthError):
+    """Used to indicate that an refreshing the credentials' access token failed."""
+
+
+class DefaultCredentialsError(GoogleAuthError):
+    """Used to indicate that acquiring default credentials failed."""
+'''
+
 GOOGLE_AUTH_TRANSPORT_REQUESTS: Final = (
     '''"""Sandbox stand-in for ``google.auth.transport.requests.AuthorizedSession``.
 
@@ -160,7 +186,31 @@ class AuthorizedSession:
                  refresh_timeout=None, auth_request=None, default_host=None):
         self.credentials = credentials
 
+    def _refresh(self):
+        """compute_engine.Credentials.refresh: the token from the metadata server. A status that
+        google-auth does not retry (the GKE metadata server's 403 while the pod's Workload Identity
+        binding is not in effect) is its TransportError, raised as a RefreshError
+        (compute_engine/_metadata.py get, credentials.py _perform_refresh_token)."""
+        import json
+
+        from google.auth import exceptions
+
+        url = "http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/default/token"
+        scopes = self.credentials.scopes or self.credentials.default_scopes
+        if scopes:
+            url += "?scopes=" + ",".join(scopes)
+        status, body = _sandbox_request("GET", url, {"Metadata-Flavor": "Google"})
+        if status != 200:
+            caught = exceptions.TransportError(
+                "Failed to retrieve {} from the Google Compute Engine metadata service. Status: {} "
+                "Response:\\n{}".format(url, status, body.encode())
+            )
+            raise exceptions.RefreshError(caught) from caught
+        self.credentials.token = json.loads(body)["access_token"]
+
     def request(self, method, url, data=None, headers=None, **kwargs):
+        if self.credentials.token is None:
+            self._refresh()
         host = url.split("/")[2] if "://" in url else ""
         if not (host.endswith(".googleapis.com") or host == "metadata.google.internal"):
             raise requests.exceptions.ConnectionError(
@@ -240,6 +290,7 @@ POD_FILES: Final[dict[str, str]] = {
     f"{SITE_PACKAGES}/tunix/generate/__init__.py": "",
     VLLM_SAMPLER_PATH: VLLM_SAMPLER,
     f"{SITE_PACKAGES}/google/auth/__init__.py": GOOGLE_AUTH,
+    f"{SITE_PACKAGES}/google/auth/exceptions.py": GOOGLE_AUTH_EXCEPTIONS,
     f"{SITE_PACKAGES}/google/auth/transport/__init__.py": "",
     f"{SITE_PACKAGES}/google/auth/transport/requests.py": GOOGLE_AUTH_TRANSPORT_REQUESTS,
     f"{SITE_PACKAGES}/requests/__init__.py": REQUESTS,

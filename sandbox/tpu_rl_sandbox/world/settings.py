@@ -73,6 +73,10 @@ class SandboxSettings:
       take effect: until then the member's reads get Secret Manager's 403. Real IAM: "typically
       2 minutes, but could potentially take 7 minutes or longer" (Google Cloud IAM docs, "Access
       change propagation"); the sandbox's default is short so the suite stays fast.
+    * ``workload_identity_effective``: ``False`` is a GKE cluster whose Workload Identity binding
+      (the gke-cluster module's, made at the deploy) has not taken effect yet: a pod's request for
+      its service account's token gets the GKE metadata server's 403, which google-auth raises as
+      ``RefreshError`` (google/auth/compute_engine/credentials.py ``_perform_refresh_token``).
     * ``kueue_admits``: ``False`` makes Kueue admit no new workload (as when other workloads hold
       the ClusterQueue's whole quota): every JobSet submitted stays ``Suspended`` until it is
       ``True`` again.
@@ -108,6 +112,7 @@ class SandboxSettings:
     iam_propagation_seconds: float = 0.5
     minute_seconds: float = 0.0
     kueue_admits: bool = True
+    workload_identity_effective: bool = True
     preempt_after_checkpoints: int = 0
     preempt_steps_after: int = 0
     capacity_minutes: Mapping[str, float] = field(default_factory=dict)
