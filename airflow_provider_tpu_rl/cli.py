@@ -18,6 +18,7 @@ from airflow_provider_tpu_rl.render.plan import (
     tpu_vm_plan,
 )
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, TPU_VM_DAG_ID, SpecError, params
+from airflow_provider_tpu_rl.spec.cluster import CAPACITIES
 from airflow_provider_tpu_rl.spec.pipeline import (
     ENVIRONMENT_OPTIONS,
     PLACEHOLDERS,
@@ -169,6 +170,8 @@ def _run_doctor(args: argparse.Namespace) -> int:
             credential_lines = credential_problems(hook, chains)
             for purpose, line in credential_lines.items():
                 problems[purpose].append(line)
+            if any(chain.purpose == "tpu_vm" and chain.ok for chain in chains):
+                problems["tpu_vm"] += gcloud_component_problems(hook, args.capacity)
             # The project's side of the TPU VM's SSH, once the tools and the account are there.
             vm_ready = any(chain.purpose == "tpu_vm" and chain.ok for chain in chains)
             if args.project and vm_ready and not problems["tpu_vm"]:
@@ -178,6 +181,32 @@ def _run_doctor(args: argparse.Namespace) -> int:
             return 1
     sys.stdout.write(format_table(chains, problems) + "\n")
     return 0 if all(chain.ok for chain in chains) and not any(problems.values()) else 1
+
+
+def gcloud_component_problems(hook: Any, capacity: str | None) -> list[str]:
+    """The gcloud components a TPU VM of ``capacity`` needs that this gcloud lacks, one line each
+    (preflight's check); with no capacity given, a missing one is a note on stderr naming the
+    capacity that needs it."""
+    from airflow_provider_tpu_rl.render.tpu_vm import gcloud_components_needed
+    from airflow_provider_tpu_rl.spec import preflight as checks
+
+    installed = hook.gcloud_components()
+    if installed is None:
+        return []
+    if capacity is not None:
+        return [
+            checks.missing_component_problem(c, capacity)
+            for c in gcloud_components_needed(capacity)
+            if c not in installed
+        ]
+    for other in CAPACITIES:
+        for component in gcloud_components_needed(other):
+            if component not in installed:
+                print(
+                    f"tpu-rl doctor: note: {checks.missing_component_problem(component, other)}",
+                    file=sys.stderr,
+                )
+    return []
 
 
 def vm_access_problems(hook: Any, project: str, source_ranges: Sequence[str] | None) -> list[str]:
@@ -276,6 +305,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     doctor.add_argument(
         "--no-install", action="store_true", help="do not download Terraform/Packer/the gcluster bundle"
+    )
+    doctor.add_argument(
+        "--capacity",
+        choices=CAPACITIES,
+        help="also check what a TPU VM of this capacity needs of gcloud (flex-start: its alpha component)",
     )
     doctor.add_argument(
         "--project",

@@ -4,7 +4,7 @@
 #
 #   /opt/cluster-toolkit/gcluster, /opt/cluster-toolkit/examples/   the Cluster Toolkit release bundle
 #   /usr/local/bin/terraform, /usr/local/bin/packer                  HashiCorp zips, SHA-256 verified
-#   /opt/google-cloud-sdk/bin/{gcloud,kubectl,gke-gcloud-auth-plugin}
+#   /opt/google-cloud-sdk/bin/{gcloud,kubectl,gke-gcloud-auth-plugin}, gcloud's alpha commands
 #   git, openssh-client, python3 (for gcloud)                        Debian bookworm packages, pinned
 #
 # Build (context = repository root; the bundle checksum is required, see below):
@@ -110,8 +110,12 @@ ENV PATH=/opt/google-cloud-sdk/bin:/opt/cluster-toolkit:$PATH \
     CLOUDSDK_CORE_DISABLE_PROMPTS=1 \
     CLOUDSDK_COMPONENT_MANAGER_DISABLE_UPDATE_CHECK=1 \
     CHECKPOINT_DISABLE=1
-RUN gcloud components install kubectl gke-gcloud-auth-plugin --quiet \
+# alpha: a flex-start TPU VM is created with `gcloud alpha compute instances create` (gcloud 528 has
+# FLEX_START on its alpha track only), and the user below cannot install a component at run time
+# (gcloud's component manager needs write access to the SDK: RequiresAdminRightsError).
+RUN gcloud components install alpha kubectl gke-gcloud-auth-plugin --quiet \
     && rm -rf /opt/google-cloud-sdk/.install/.backup \
+    && gcloud version --format=json | python3 -c 'import json,sys; assert "alpha" in json.load(sys.stdin)' \
     && terraform version \
     && packer version \
     && gcluster --version \

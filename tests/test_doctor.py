@@ -318,3 +318,35 @@ def test_doctor_with_a_project_checks_what_the_tpu_vms_ssh_needs_there(
     code, verdict, _ = doctor_vm()
     assert code == 1
     assert verdict.startswith(f"tpu_vm: network default does not exist in project {project}: "), verdict
+
+
+def test_doctor_for_a_flex_start_tpu_vm_checks_gcloud_alpha(tmp_path: Path) -> None:
+    """This machine's gcloud (Debian's google-cloud-cli) has the alpha component: the check passes."""
+    result = doctor(tmp_path, stubbed_path(tmp_path), "--for", "tpu_vm", "--capacity", "flex-start")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no alpha component" not in result.stdout + result.stderr
+
+
+class _Components:
+    """A hook whose gcloud lists these components."""
+
+    def __init__(self, *components: str) -> None:
+        self.components = set(components)
+
+    def gcloud_components(self) -> set[str]:
+        return self.components
+
+
+def test_a_missing_alpha_is_a_problem_for_flex_start_and_a_note_otherwise(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from airflow_provider_tpu_rl.cli import gcloud_component_problems
+
+    (line,) = gcloud_component_problems(_Components("core", "beta"), "flex-start")
+    assert "this gcloud has no alpha component" in line
+    assert gcloud_component_problems(_Components("core", "beta"), "spot") == []
+    assert capsys.readouterr().err == ""
+    assert gcloud_component_problems(_Components("core"), None) == []
+    note = capsys.readouterr().err
+    assert note.startswith("tpu-rl doctor: note: flex-start capacity on a TPU VM runs `gcloud alpha")
+    assert gcloud_component_problems(_Components("core", "alpha"), "flex-start") == []

@@ -790,6 +790,15 @@ class GclusterHook(BaseHook):
         result = self.run(active_account(), log_output=False, timeout=timeout)
         return parse_active_account(result.output_lines) if result.ok else None
 
+    def gcloud_components(self, *, timeout: float = 180.0) -> set[str] | None:
+        """The components of the gcloud this hook runs (``gcloud version --format=json``), or
+        ``None`` when it does not say; ``ConfigurationError`` when gcloud cannot run."""
+        from airflow_provider_tpu_rl.render.preflight import gcloud_version
+        from airflow_provider_tpu_rl.spec.preflight import parse_gcloud_components
+
+        result = self.run(gcloud_version(), log_output=False, timeout=timeout)
+        return parse_gcloud_components(result.output_lines) if result.ok else None
+
     def adc_status(self, *, timeout: float = 20.0) -> AdcStatus:
         """Whether ``gcluster job submit`` would find usable Application Default Credentials in
         the environment it runs with here (the minimal env, a fresh HOME): :func:`find_adc`."""

@@ -217,6 +217,23 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
             ]
         return []
 
+    def check_gcloud_components(self, capacity: str) -> list[str]:
+        """The gcloud components the TPU VM's commands need beyond core (``alpha`` for flex-start):
+        one line per missing one, before anything is created."""
+        from airflow_provider_tpu_rl.render.tpu_vm import gcloud_components_needed
+
+        needed = gcloud_components_needed(capacity)
+        if not needed:
+            return []
+        try:
+            installed = self.hook.gcloud_components(timeout=COMMAND_TIMEOUT)
+        except ConfigurationError as err:
+            return self._tool_problem(err)
+        if installed is None:
+            self.log.warning("gcloud did not list its components: %s not checked", ", ".join(needed))
+            return []
+        return [checks.missing_component_problem(c, capacity) for c in needed if c not in installed]
+
     def check_gcloud_account(self, run: Runner) -> list[str]:
         """gcloud's active account (cmd/job/prereq.go ``ensureGCloudAuthenticated``): exit 0 and
         an account on stdout; every gcloud command of the run needs one."""
@@ -433,6 +450,7 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
             problems += self.check_services(project, services)
             if run is Runner.TPU_VM:
                 problems += self.check_vm_network(project, sources)
+                problems += self.check_gcloud_components(capacity)
             if reservation:
                 reservation_problems = self.check_reservation(project, zone, reservation, need)
             else:

@@ -50,6 +50,12 @@ def active_account() -> Command:
     )
 
 
+def gcloud_version() -> Command:
+    """gcloud's version and its installed components (surface/version.py: the update manager's
+    ``GetCurrentVersionsInformation``, one key per installed component); no API call."""
+    return Command(("gcloud", "version", "--format=json"), description="read gcloud's installed components")
+
+
 def describe_network(project: str, network: str) -> Command:
     """The VPC network the TPU VM is created on (a missing one is gcloud's "was not found")."""
     return Command(

@@ -81,6 +81,13 @@ def create_instance(
 FLEX_START_TRACK = ("alpha",)
 
 
+def gcloud_components_needed(capacity: str) -> tuple[str, ...]:
+    """The gcloud components the TPU VM's create needs beyond gcloud's core: its release track's
+    (``alpha`` for flex-start: ``gcloud alpha …`` needs the alpha component installed; without it
+    gcloud offers to install it, which a worker that cannot write the SDK cannot do)."""
+    return FLEX_START_TRACK if capacity == FLEX_START else ()
+
+
 def capacity_flags(vm: TpuVmSpec) -> tuple[tuple[str, ...], list[str]]:
     """The release track and the scheduling flags of the TPU VM's ``capacity``.
 

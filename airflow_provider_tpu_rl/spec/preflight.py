@@ -445,6 +445,34 @@ def parse_active_account(lines: Iterable[str]) -> str | None:
     return None
 
 
+def parse_gcloud_components(lines: Iterable[str]) -> set[str] | None:
+    """The components ``gcloud version --format=json`` lists (its keys but the SDK's own version),
+    or None when the output holds no such JSON object (gcloud's stderr lines may surround it)."""
+    lines = list(lines)
+    starts = [i for i, line in enumerate(lines) if line.startswith("{")]
+    ends = [i for i, line in enumerate(lines) if line.startswith("}")]
+    if not starts or not ends or ends[-1] < starts[0]:
+        return None
+    try:
+        data = json.loads("\n".join(lines[starts[0] : ends[-1] + 1]))
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or "Google Cloud SDK" not in data:
+        return None
+    return {str(key) for key in data if key != "Google Cloud SDK"}
+
+
+def missing_component_problem(component: str, capacity: str) -> str:
+    """One line: the run's gcloud command needs ``component``, which this gcloud lacks."""
+    return (
+        f"{capacity} capacity on a TPU VM runs `gcloud {component} compute instances create` (gcloud "
+        f"offers FLEX_START on its {component} track only) and this gcloud has no {component} component: "
+        f"install it where gcloud is installed (`gcloud components install {component}` as the SDK's "
+        "owner; Debian's and Ubuntu's google-cloud-cli package ships it; the provider's toolchain image has "
+        "it), or choose another capacity"
+    )
+
+
 def no_account_problem(runner: Runner) -> str:
     """gcloud has no active account: every gcloud command of the run (and gcluster's ``job
     submit``, cmd/job/prereq.go ``ensureGCloudAuthenticated``) would refuse."""

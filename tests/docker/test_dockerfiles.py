@@ -236,3 +236,20 @@ def test_shell_scripts_parse(script: str) -> None:
         ["bash", "-n", str(path)], capture_output=True, text=True, timeout=30, check=False
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_the_toolchain_has_every_gcloud_component_the_commands_use_before_its_user_switch() -> None:
+    """The image's user cannot install a gcloud component at run time (the SDK is root's), so every
+    component a rendered command needs is installed while the build is still root: the alpha track
+    of a flex-start TPU VM's create among them."""
+    from airflow_provider_tpu_rl.render.tpu_vm import gcloud_components_needed
+    from airflow_provider_tpu_rl.spec.cluster import CAPACITIES
+
+    ins = instructions(DOCKER / "toolchain.Dockerfile")
+    user_at = next(n for n, i in enumerate(ins) if i.keyword == "USER")
+    installs = [i.args for i in ins[:user_at] if i.keyword == "RUN" and "gcloud components install" in i.args]
+    (install,) = installs
+    words = install.split("gcloud components install", 1)[1].split("--quiet", 1)[0].split()
+    needed = {c for capacity in CAPACITIES for c in gcloud_components_needed(capacity)}
+    assert needed == {"alpha"}
+    assert needed | {"kubectl", "gke-gcloud-auth-plugin"} <= set(words)

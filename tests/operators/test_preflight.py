@@ -36,6 +36,7 @@ READS = (
     ("compute", "networks", "describe"),
     ("compute", "firewall-rules", "list"),
     ("compute", "project-info", "describe"),
+    ("version",),
 )
 
 
@@ -509,3 +510,39 @@ def test_a_blueprint_the_edits_do_not_know_is_one_line_before_anything_is_made(p
         "its gke-cluster module; it adds the cpu-np node pool the conversions run on)"
     )
     _created_nothing(pf)
+
+
+def test_a_flex_start_tpu_vm_without_gcloud_alpha_is_one_line_before_anything_is_made(pf: SandboxRun) -> None:
+    """Flex-start's create is ``gcloud alpha …``; a gcloud without the alpha component (one whose
+    user cannot install it at run time) is named in one line, and nothing is created."""
+    update_settings(pf.layout, gcloud_components=["beta"])
+    (line,) = _refusal(pf, TPU_VM_DAG_ID, capacity="flex-start", reservation="")
+    assert line.startswith(
+        "flex-start capacity on a TPU VM runs `gcloud alpha compute instances create` (gcloud offers "
+        "FLEX_START on its alpha track only) and this gcloud has no alpha component: install it"
+    )
+    _created_nothing(pf)
+    # what the create itself would have met: gcloud's own refusal on an SDK its user cannot write
+    err: list[str] = []
+    code = Gcloud(pf.layout, {}, lambda: b"", lambda _: None, err.append).run(
+        ["alpha", "compute", "instances", "create", "vm-1", "--zone=us-east5-b"]
+    )
+    assert code == 1
+    assert err[0] == (
+        "You do not currently have this command group installed.  Using it requires the installation of "
+        "components: [alpha]\n"
+    )
+    assert err[1].startswith(
+        "ERROR: (gcloud) You cannot perform this action because you do not have permission"
+    )
+
+
+@pytest.mark.parametrize("capacity", ["on-demand", "spot"])
+def test_other_capacities_need_no_gcloud_alpha(pf: SandboxRun, capacity: str) -> None:
+    update_settings(pf.layout, gcloud_components=[])
+    assert _run(pf, TPU_VM_DAG_ID, capacity=capacity, reservation="")["capacity"] == capacity
+
+
+def test_the_default_gcloud_has_alpha_and_a_flex_start_tpu_vm_passes(pf: SandboxRun) -> None:
+    assert _run(pf, TPU_VM_DAG_ID, capacity="flex-start", reservation="")["capacity"] == "flex-start"
+    assert any(call["argv"] == ["version", "--format=json"] for call in read_calls(pf.layout))

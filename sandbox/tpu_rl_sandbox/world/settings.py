@@ -66,6 +66,12 @@ class SandboxSettings:
       account and every command that calls an API refuses with gcloud's "You do not currently
       have an active account selected." (googlecloudsdk/core/credentials/exceptions.py
       ``NoActiveAccountException``).
+    * ``gcloud_components``: the gcloud components installed besides core's (``bq``, ``core``,
+      ``gcloud-crc32c``, ``gsutil``), as ``gcloud version`` lists them: by default ``alpha`` and
+      ``beta``, as Debian's google-cloud-cli package ships them (``dpkg -S`` on this machine) and
+      the provider's toolchain image installs ``alpha``. A command of a release track whose
+      component is missing is refused as gcloud refuses it on an SDK its user cannot write
+      (calliope/parser_extensions.py, then core/exceptions.py ``RequiresAdminRightsError``).
     * ``gcluster_release``: the release the fake ``gcluster`` plays, ``{"version", "terraform",
       "packer"}`` (what ``--version`` prints, and the Terraform/Packer versions its dependency
       check requires); empty: the pinned release (``clis.gcluster.dependencies.PINNED_RELEASE``).
@@ -109,6 +115,7 @@ class SandboxSettings:
     boot_apt_seconds: float = 2.0
     gcloud_logged_in: bool = True
     gcluster_release: Mapping[str, str] = field(default_factory=dict)
+    gcloud_components: tuple[str, ...] = ("alpha", "beta")
     iam_propagation_seconds: float = 0.5
     minute_seconds: float = 0.0
     kueue_admits: bool = True
@@ -139,7 +146,7 @@ def _path(layout: SandboxLayout) -> os.PathLike[str]:
 def _from_json(data: Mapping[str, Any]) -> SandboxSettings:
     known = {f.name for f in fields(SandboxSettings)}
     values: dict[str, Any] = {k: v for k, v in data.items() if k in known}
-    for name in ("disabled_services", "denied_permissions"):
+    for name in ("disabled_services", "denied_permissions", "gcloud_components"):
         if name in values:
             values[name] = tuple(str(v) for v in values[name])
     if "gcluster_release" in values:

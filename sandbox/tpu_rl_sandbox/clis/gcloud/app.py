@@ -14,7 +14,7 @@ import time
 
 from tpu_rl_sandbox.clis.gcloud import storage_ops
 from tpu_rl_sandbox.clis.gcloud.auth import ACCOUNT_FREE_COMMANDS, NO_ACTIVE_ACCOUNT, AuthCommands
-from tpu_rl_sandbox.clis.gcloud.call import api_path
+from tpu_rl_sandbox.clis.gcloud.call import RELEASE_TRACKS, api_path
 from tpu_rl_sandbox.clis.gcloud.commands import COMMANDS
 from tpu_rl_sandbox.clis.gcloud.compute_instances import InstancesCommands
 from tpu_rl_sandbox.clis.gcloud.compute_networks import NetworksCommands
@@ -55,6 +55,9 @@ class Gcloud(
     """One ``gcloud`` invocation, every command group the sandbox knows."""
 
     def run(self, argv: list[str]) -> int:
+        track = argv[0] if argv and argv[0] in RELEASE_TRACKS else None
+        if track is not None and track not in load_settings(self.layout).gcloud_components:
+            return self.refuse_missing_component(track)
         command, rest = gcloud_resolve(COMMANDS, argv)
         parsed = gcloud_parse(command, rest)
         handler = getattr(self, "cmd_" + "_".join(part.replace("-", "_") for part in command.path))
@@ -83,6 +86,25 @@ class Gcloud(
             self.err(f"ERROR: ({command.dotted}) sandbox: {error}\n")
             return 1
         return result
+
+    def refuse_missing_component(self, component: str) -> int:
+        """``gcloud alpha|beta …`` without that component: the parser finds the group missing and
+        asks the update manager to install it (calliope/parser_extensions.py, the "You do not
+        currently have this command group installed" message); with prompts off that goes ahead,
+        and on an SDK the user cannot write it stops (updater ``EnsureSDKWriteAccess``:
+        core/exceptions.py ``RequiresAdminRightsError``), exit 1. The sandbox's SDK is not the
+        caller's to write, as in the provider's toolchain image."""
+        root = str(self.layout.bin_dir.parent / "google-cloud-sdk")
+        self.err(
+            "You do not currently have this command group installed.  Using it requires the installation "
+            f"of components: [{component}]\n"
+        )
+        self.err(
+            "ERROR: (gcloud) You cannot perform this action because you do not have permission to modify "
+            f"the Google Cloud SDK installation directory [{root}].\n\nRe-run the command with sudo: sudo "
+            f"{root}/bin/gcloud ...\n"
+        )
+        return 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,13 +12,20 @@ from tpu_rl_sandbox.clis.gcloud.output import formatted
 from tpu_rl_sandbox.clis.gcloud.parser import GcloudParse
 from tpu_rl_sandbox.world.settings import load_settings
 
-# What `gcloud version` reports (the Cloud SDK 528 this machine has, core components only).
+# What `gcloud version` reports of the Cloud SDK 528 this machine has: its core components, and the
+# versions of the optional ones the sandbox setting ``gcloud_components`` may add.
 SDK_COMPONENTS: dict[str, str] = {
     "Google Cloud SDK": "528.0.0",
     "bq": "2.1.18",
     "core": "2025.06.20",
     "gcloud-crc32c": "1.0.0",
     "gsutil": "5.34",
+}
+OPTIONAL_COMPONENTS: dict[str, str] = {
+    "alpha": "2025.06.20",
+    "beta": "2025.06.20",
+    "gke-gcloud-auth-plugin": "0.5.10",
+    "kubectl": "1.32.4",
 }
 # Commands that run without credentials (they call no API): every other one needs an active account,
 # and is the one that says it impersonates.
@@ -95,10 +102,14 @@ class AuthCommands(GcloudCall):
     def cmd_version(self, parsed: GcloudParse) -> int:
         """``gcloud version``: the SDK and its installed components (surface/version.py prints
         ``NAME VERSION`` lines; ``--format=json`` an object)."""
+        installed = load_settings(self.layout).gcloud_components
+        components = dict(
+            sorted({**SDK_COMPONENTS, **{c: OPTIONAL_COMPONENTS[c] for c in installed}}.items())
+        )
         if parsed.get("format"):
-            self.out(formatted(dict(SDK_COMPONENTS), parsed.get("format")))
+            self.out(formatted(components, parsed.get("format")))
         else:
-            self.out("".join(f"{name} {version}\n" for name, version in SDK_COMPONENTS.items()))
+            self.out("".join(f"{name} {version}\n" for name, version in components.items()))
         return 0
 
     def cmd_config_get_value(self, parsed: GcloudParse) -> int:
