@@ -136,7 +136,9 @@ def pull_reference(image: str, digest: str) -> str:
 
 def bake_script(image: str, digest: str) -> str:
     """Docker (Ubuntu's ``docker.io`` when the image has none: its service starts at every boot),
-    root's credential helper for the registry, the image pulled by digest and, for a tag, tagged as
+    root authenticated to the registry (no token left behind on the disk:
+    :func:`~airflow_provider_tpu_rl.render.tpu_vm.registry_pull_lines`), the image pulled by digest
+    and, for a tag, tagged as
     the reference training runs (``docker run`` then finds it without asking the registry)."""
     pulled = pull_reference(image, digest)
     tag = [quote_all(["sudo", "docker", "tag", pulled, image])] if pulled != image else []
@@ -145,10 +147,7 @@ def bake_script(image: str, digest: str) -> str:
             [
                 "set -euo pipefail",
                 *tpu_vm.install_docker_lines(),
-                quote_all(
-                    ["sudo", "gcloud", "auth", "configure-docker", tpu_vm.image_registry(image), "--quiet"]
-                ),
-                quote_all(["sudo", "docker", "pull", pulled]),
+                *tpu_vm.registry_pull_lines(image, pulled),
                 *tag,
                 quote_all(["sudo", "docker", "image", "inspect", "--format={{.Id}}", image]),
             ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 
 from airflow_provider_tpu_rl.render import gke, maxtext
@@ -487,6 +488,41 @@ def image_registry(image: str) -> str:
     return image.split("/", 1)[0]
 
 
+# Root's Docker finds gcloud's credential helper only on sudo's secure_path: Debian's and Ubuntu's
+# google-cloud-cli package links /usr/bin/docker-credential-gcloud (dpkg -S on such a machine), an
+# SDK unpacked elsewhere does not. `configure-docker` registers the helper all the same (it only
+# warns "docker-credential-gcloud not in system PATH": surface/auth/configure_docker.py), and then
+# every pull fails "error getting credentials - err: exec: "docker-credential-gcloud": executable
+# file not found in $PATH". Without the helper, root logs in with the VM account's access token
+# instead (Artifact Registry's "access token" method: the user oauth2accesstoken, the token on
+# stdin, never in argv), pulls, and logs out again, so no token stays in root's Docker config
+# (nor in a baked image's disk).
+HELPER_ON_ROOTS_PATH = "sudo sh -c 'command -v docker-credential-gcloud' >/dev/null 2>&1"
+
+
+def registry_pull_lines(image: str, reference: str | None = None) -> list[str]:
+    """Root's Docker authenticated to ``image``'s registry, then ``reference`` (default: the image)
+    pulled: gcloud's credential helper when root can run it, else an access-token login for the
+    pull alone (:data:`HELPER_ON_ROOTS_PATH`)."""
+    registry = image_registry(image)
+    pull = quote_all(["sudo", "docker", "pull", reference or image])
+    logout = quote_all(["sudo", "docker", "logout", registry])
+    return [
+        f"if {HELPER_ON_ROOTS_PATH}; then",
+        "  " + quote_all(["sudo", "gcloud", "auth", "configure-docker", registry, "--quiet"]),
+        f"  {pull}",
+        "else",
+        f"  echo {shlex.quote(f'docker-credential-gcloud is not on root PATH: logging in to {registry} with an access token')} >&2",
+        "  gcloud auth print-access-token | "
+        + quote_all(
+            ["sudo", "docker", "login", "--username=oauth2accesstoken", "--password-stdin", registry]
+        ),
+        f"  {pull} || {{ {logout}; exit 1; }}",
+        f"  {logout}",
+        "fi",
+    ]
+
+
 def install_docker_lines() -> list[str]:
     """Ubuntu's ``docker.io`` when the VM's image has no Docker (after the boot's own apt work)."""
     return [
@@ -499,11 +535,11 @@ def install_docker_lines() -> list[str]:
 
 def container_install_script(pipeline: TpuVmPipelineSpec) -> str:
     """Runtime ``container`` on a VM that did not boot from a baked image: Docker (Ubuntu's
-    ``docker.io`` when the image has none), root's credential helper for the image's registry, and
-    the image pulled; nothing is built.
+    ``docker.io`` when the image has none), root authenticated to the image's registry, and the
+    image pulled (:func:`registry_pull_lines`); nothing is built.
 
     docker runs as root (``sudo``): the login user is in no ``docker`` group, and a group added now
-    would only apply to a later login; root's ``~/.docker/config.json`` gets the gcloud helper.
+    would only apply to a later login.
     """
     image = pipeline.workload_image
     return (
@@ -511,8 +547,7 @@ def container_install_script(pipeline: TpuVmPipelineSpec) -> str:
             [
                 "set -euo pipefail",
                 *install_docker_lines(),
-                quote_all(["sudo", "gcloud", "auth", "configure-docker", image_registry(image), "--quiet"]),
-                quote_all(["sudo", "docker", "pull", image]),
+                *registry_pull_lines(image),
             ]
         )
         + "\n"

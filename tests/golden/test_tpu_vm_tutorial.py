@@ -229,8 +229,9 @@ def test_token_comes_from_secret_manager_in_every_stage(runtime: str) -> None:
 
 def test_container_runtime_install_pulls_the_image_and_builds_nothing() -> None:
     """Runtime container: install_maxtext on the TPU VM installs Docker only when the image has none
-    (apt with the boot-time lock handling), gives root's docker gcloud's credential helper for the
-    image's registry and pulls the image; no uv, no pip, no apt upgrade. So does the CPU VM (its
+    (apt with the boot-time lock handling), authenticates root's docker to the image's registry
+    (gcloud's credential helper when root can run it, else an access token for the pull alone) and
+    pulls the image; no uv, no pip, no apt upgrade. So does the CPU VM (its
     conversions run in the same image)."""
     pipeline = _pipeline()
     command = tpu_vm.stage_command(pipeline, "install")
@@ -243,8 +244,17 @@ def test_container_runtime_install_pulls_the_image_and_builds_nothing() -> None:
             *(f"  {line}" for line in tpu_vm.APT_UPDATE_AFTER_BOOT),
             "  sudo DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y docker.io",
             "fi",
-            "sudo gcloud auth configure-docker us-docker.pkg.dev --quiet",
-            f"sudo docker pull {IMAGE}",
+            "if sudo sh -c 'command -v docker-credential-gcloud' >/dev/null 2>&1; then",
+            "  sudo gcloud auth configure-docker us-docker.pkg.dev --quiet",
+            f"  sudo docker pull {IMAGE}",
+            "else",
+            "  echo 'docker-credential-gcloud is not on root PATH: logging in to us-docker.pkg.dev with an access "
+            "token' >&2",
+            "  gcloud auth print-access-token | sudo docker login --username=oauth2accesstoken --password-stdin "
+            "us-docker.pkg.dev",
+            f"  sudo docker pull {IMAGE} || {{ sudo docker logout us-docker.pkg.dev; exit 1; }}",
+            "  sudo docker logout us-docker.pkg.dev",
+            "fi",
             "",
         ]
     )

@@ -11,6 +11,7 @@ from airflow_provider_tpu_rl.spec import tpu_vm_pipeline_from_conf
 from tests.sandbox import test_vm
 from tests.sandbox.conftest import Cli
 from tests.sandbox.test_vm import create_vm, grant_vm_account, ssh
+from tpu_rl_sandbox.world.settings import load_settings, update_settings
 
 # test_vm's fixtures: a bucket and the "hf" secret in a fresh project, apt free after boot
 prepared = test_vm.prepared
@@ -159,3 +160,58 @@ def test_docker_run_passes_only_the_named_environment(cli: Cli, prepared: dict[s
     code, _, err = ssh(cli, names, vm, f"sudo docker run --rm --gpus=all {IMAGE} true\n")
     assert code == 125
     assert "unknown flag: --gpus" in err
+
+
+def test_without_roots_credential_helper_the_pull_logs_in_with_a_token_and_logs_out(
+    cli: Cli, prepared: dict[str, str]
+) -> None:
+    """A VM whose gcloud is not Debian's package has no docker-credential-gcloud on sudo's PATH:
+    the helper configure-docker registers breaks every pull (as the tutorials' one line does), and
+    the rendered pull logs root in with the VM account's token instead, for the pull alone."""
+    names = prepared
+    before = load_settings(cli.layout).vm_docker_credential_helper
+    update_settings(cli.layout, vm_docker_credential_helper=False)
+    try:
+        vm = _vm(cli, names)
+        install = "sudo apt-get install -y docker.io\n"
+        code, _, err = ssh(
+            cli,
+            names,
+            vm,
+            f"{install}sudo gcloud auth configure-docker us-docker.pkg.dev --quiet\nsudo docker pull {IMAGE}\n",
+        )
+        assert code == 1
+        assert "WARNING: `docker-credential-gcloud` not in system PATH." in err
+        assert (
+            'error getting credentials - err: exec: "docker-credential-gcloud": executable file not found'
+            in err
+        )
+        # an earlier try's helper entry would keep failing a login too: start from a clean config
+        assert ssh(cli, names, vm, "sudo rm -f /root/.docker/config.json\n")[0] == 0
+        script = "set -euo pipefail\n" + "\n".join(tpu_vm.registry_pull_lines(IMAGE)) + "\n"
+        code, out, err = ssh(cli, names, vm, script)
+        assert code == 0, out + err
+        assert "docker-credential-gcloud is not on root PATH: logging in to us-docker.pkg.dev" in err
+        assert "Login Succeeded" in out
+        assert f"Status: Downloaded newer image for {IMAGE}" in out
+        assert "Removing login credentials for us-docker.pkg.dev" in out
+        code, out, _ = ssh(cli, names, vm, "sudo cat /root/.docker/config.json\n")
+        assert code == 0
+        assert "ya29." not in out  # no token left on the disk
+        assert "us-docker.pkg.dev" not in out
+    finally:
+        update_settings(cli.layout, vm_docker_credential_helper=before)
+
+
+def test_with_roots_credential_helper_the_pull_uses_it(cli: Cli, prepared: dict[str, str]) -> None:
+    names = prepared
+    vm = _vm(cli, names)
+    script = (
+        "set -euo pipefail\nsudo apt-get install -y docker.io\n"
+        + "\n".join(tpu_vm.registry_pull_lines(IMAGE))
+        + "\n"
+    )
+    code, out, err = ssh(cli, names, vm, script)
+    assert code == 0, out + err
+    assert "Adding credentials for: us-docker.pkg.dev" in err
+    assert "Login Succeeded" not in out

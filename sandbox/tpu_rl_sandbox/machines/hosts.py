@@ -207,6 +207,7 @@ class MachineHost:
     mounts: tuple[str, ...] = ("/tmp", "/root", "/usr/local", "/dev/shm")  # noqa: S108 (machine paths)
     tools: dict[str, str] = {}
     python_path = ""
+    hidden: tuple[str, ...] = ()  # host paths the machine does not have (MachineSpec.hidden)
 
     def __init__(self, fs_root: Path, services: MachineServices, hostname: str) -> None:
         self.fs = MachineStore(fs_root, self.mounts)
@@ -239,6 +240,7 @@ class MachineHost:
             cwd=cwd,
             argv=argv,
             timeout=machine_timeout(dict(caller_env) if caller_env is not None else None),
+            hidden=self.hidden,
         )
         return Machine(spec, self.run_tool, self.services.cancelled).run(stdin, stdout, stderr)
 
@@ -634,8 +636,14 @@ class VmHost(MachineHost):
         machine_type: str = "ct6e-standard-8t",
         zone: str = "",
         layout_root: Path | None = None,
+        credential_helper: bool = True,
     ) -> None:
         super().__init__(fs_root, services, vm_name)
+        if credential_helper:
+            # google-cloud-cli's /usr/bin/docker-credential-gcloud: on every PATH, sudo's too
+            self.tools = {**self.tools, "docker-credential-gcloud": "docker-credential-gcloud"}
+        else:  # nor the host's (the machine's /usr is the host's, read-only)
+            self.hidden = (*self.hidden, "/usr/bin/docker-credential-gcloud")
         self.machine_type = machine_type
         self.zone = zone
         self.layout_root = layout_root  # the sandbox's folder: the daemon's containers rebuild services
@@ -690,6 +698,7 @@ class VmHost(MachineHost):
             "venv-pip": self.tool_pip,
             "sudo-denied": self.tool_sudo_denied,
             "docker": self.tool_docker,
+            "docker-credential-gcloud": self.tool_credential_helper,
         }.get(call.tool)
         if handler is None:
             return super().run_tool(call)
@@ -1056,7 +1065,7 @@ class VmHost(MachineHost):
         command = args[0] if args else ""
         if command == "image" and args[1:2] == ["inspect"]:
             command, args = "image-inspect", ["image-inspect", *args[2:]]
-        if command not in ("pull", "run", "rm", "inspect", "tag", "image-inspect"):
+        if command not in ("pull", "run", "rm", "inspect", "tag", "image-inspect", "login", "logout"):
             call.err(f"docker: '{command}' is not a docker command.\nSee 'docker --help'\n")
             return 1
         if call.env.get("USER") != "root":
@@ -1067,6 +1076,8 @@ class VmHost(MachineHost):
                 "inspect": "containers/x/json",
                 "tag": "images/x/tag",
                 "image-inspect": "images/x/json",
+                "login": "auth",
+                "logout": "auth",
             }[command]
             call.err(docker_socket_denied(endpoint))
             return 1
@@ -1075,6 +1086,10 @@ class VmHost(MachineHost):
                 call.err("\"docker pull\" requires exactly 1 argument.\nSee 'docker pull --help'.\n")
                 return 1
             return self.docker_pull(call, args[1])
+        if command == "login":
+            return self.docker_login(call, args[1:])
+        if command == "logout":
+            return self.docker_logout(call, args[1:])
         if command == "rm":
             return self.docker_rm(call, args[1:])
         if command == "inspect":
@@ -1177,10 +1192,102 @@ class VmHost(MachineHost):
             call.out(f"{state} {json.dumps(record['cmd'], separators=(',', ':'))}\n")
         return code
 
+    def missing_helper(self, call: ToolCall, config: Mapping[str, object], host: str) -> bool:
+        """The registry's credential helper in ``config`` is not a program the client can run:
+        Docker's client fails (docker-credential-helpers client.go: "error getting credentials -
+        err: exec: ..."; the helper is looked up on the client's PATH, sudo's secure_path as root)."""
+        helpers = config.get("credHelpers") or {}
+        helper = helpers.get(host) if isinstance(helpers, dict) else None
+        if not helper or f"docker-credential-{helper}" in self.tools:
+            return False
+        call.err(
+            f'error getting credentials - err: exec: "docker-credential-{helper}": executable file not '
+            "found in $PATH, out: ``\n"
+        )
+        return True
+
+    def docker_login(self, call: ToolCall, args: list[str]) -> int:
+        """``docker login --username=U --password-stdin REGISTRY``: the password from stdin into
+        ``auths`` of the client's config (docker prints its unencrypted-storage warning), or into
+        the registry's credential helper when one is configured for it. Artifact Registry takes the
+        user ``oauth2accesstoken`` with an access token (its "access token" authentication)."""
+        username, password_stdin, positionals = "", False, []
+        for arg in args:
+            if arg.startswith(("--username=", "-u=")):
+                username = arg.split("=", 1)[1]
+            elif arg == "--password-stdin":
+                password_stdin = True
+            elif arg.startswith("-"):
+                call.err(f"unknown flag: {arg}\nSee 'docker login --help'.\n")
+                return 125
+            else:
+                positionals.append(arg)
+        if len(positionals) != 1 or not password_stdin or not username:
+            call.err(
+                "sandbox: docker login is simulated with --username=, --password-stdin and a registry only\n"
+            )
+            return 1
+        registry = positionals[0].removeprefix("https://").rstrip("/")
+        token = call.read_stdin().decode().strip()
+        if username != "oauth2accesstoken" or not token.startswith("ya29."):
+            call.err(
+                f'Error response from daemon: Get "https://{registry}/v2/": denied: Unauthenticated request.\n'
+            )
+            return 1
+        config = self.docker_config(call.env)
+        if self.missing_helper(call, config, registry):
+            return 1
+        helpers = config.get("credHelpers") or {}
+        if not (isinstance(helpers, dict) and helpers.get(registry)):
+            auths = config.setdefault("auths", {})
+            assert isinstance(auths, dict)
+            auths[registry] = {"auth": base64.b64encode(f"{username}:{token}".encode()).decode()}
+            self.write_docker_config(call.env, config)
+            directory = call.env.get("DOCKER_CONFIG") or f"{call.env.get('HOME', '/root')}/.docker"
+            call.err(
+                f"WARNING! Your password will be stored unencrypted in {directory}/config.json.\n"
+                "Configure a credential helper to remove this warning. See\n"
+                "https://docs.docker.com/engine/reference/commandline/login/#credential-stores\n\n"
+            )
+        call.out("Login Succeeded\n")
+        return 0
+
+    def docker_logout(self, call: ToolCall, args: list[str]) -> int:
+        """``docker logout REGISTRY``: its ``auths`` entry removed from the client's config."""
+        if len(args) != 1 or args[0].startswith("-"):
+            call.err('"docker logout" requires at most 1 argument.\n')
+            return 1
+        registry = args[0].removeprefix("https://").rstrip("/")
+        config = self.docker_config(call.env)
+        auths = config.get("auths") or {}
+        if not (isinstance(auths, dict) and registry in auths):
+            call.out(f"Not logged in to {registry}\n")
+            return 0
+        call.out(f"Removing login credentials for {registry}\n")
+        del auths[registry]
+        self.write_docker_config(call.env, config)
+        return 0
+
+    def write_docker_config(self, env: Mapping[str, str], config: Mapping[str, object]) -> None:
+        directory = env.get("DOCKER_CONFIG") or f"{env.get('HOME', '/root')}/.docker"
+        self.fs.write(f"{directory}/config.json", json.dumps(config, indent=2).encode())
+
+    @staticmethod
+    def tool_credential_helper(call: ToolCall) -> int:
+        """gcloud's ``docker-credential-gcloud get``: the registry on stdin, the caller's token out."""
+        if call.argv[1:] != ["get"]:
+            call.err("sandbox: only `docker-credential-gcloud get` is simulated\n")
+            return 1
+        registry = call.read_stdin().decode().strip()
+        call.out(json.dumps({"ServerURL": registry, "Username": "_dcgcloud_token", "Secret": "ya29.sandbox"}))
+        return 0
+
     def docker_pull(self, call: ToolCall, image: str, *, quiet_status: bool = False) -> int:
         """Fetch ``image`` into the daemon (its pull minutes on the time scale; none when present)."""
         host, path, ref = image_parts(image)
         config = self.docker_config(call.env)
+        if self.missing_helper(call, config, host):
+            return 1
         helpers = config.get("credHelpers") or {}
         auths = config.get("auths") or {}
         if not (isinstance(helpers, dict) and helpers.get(host)) and not (
@@ -1345,6 +1452,11 @@ class VmHost(MachineHost):
             else "gcr.io,us.gcr.io,eu.gcr.io,asia.gcr.io,staging-k8s.gcr.io,marketplace.gcr.io"
         )
         registries = [r.strip() for r in raw.split(",") if r.strip()]
+        if "docker-credential-gcloud" not in self.tools:  # surface/auth/configure_docker.py Run
+            call.err(
+                "WARNING: `docker-credential-gcloud` not in system PATH.\ngcloud's Docker credential helper "
+                "can be configured but it will not work until this is corrected.\n"
+            )
         directory = call.env.get("DOCKER_CONFIG") or f"{call.env.get('HOME', self.home)}/.docker"
         config = self.docker_config(call.env)
         helpers = config.setdefault("credHelpers", {})

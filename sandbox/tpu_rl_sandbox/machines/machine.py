@@ -212,6 +212,9 @@ class MachineSpec:
     cwd: str
     argv: list[str]
     timeout: float = field(default_factory=lambda: machine_timeout())
+    # host files the machine must not have (its /usr is the host's): each covered by /dev/null,
+    # which no PATH lookup takes for a program (not a regular file)
+    hidden: tuple[str, ...] = ()
 
     def config(self, address: str) -> dict[str, Any]:
         return {
@@ -224,6 +227,7 @@ class MachineSpec:
             "cwd": self.cwd,
             "argv": self.argv,
             "address": address,
+            "hidden": list(self.hidden),
         }
 
 
@@ -568,6 +572,9 @@ def enter(config: dict[str, Any]) -> None:
             _bind(f"/dev/{device}", f"{new_root}/dev/{device}", read_only=False)
     for name, target in DEVICE_LINKS.items():
         os.symlink(target, f"{new_root}/dev/{name}")
+    for hidden in config.get("hidden") or ():
+        if os.path.lexists(new_root + hidden):
+            _bind("/dev/null", new_root + hidden, read_only=True)
     for directory in sorted(config["mounts"], key=lambda p: p.count("/")):
         target = new_root + directory
         os.makedirs(target, exist_ok=True)

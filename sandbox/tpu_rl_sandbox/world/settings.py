@@ -72,6 +72,10 @@ class SandboxSettings:
       the provider's toolchain image installs ``alpha``. A command of a release track whose
       component is missing is refused as gcloud refuses it on an SDK its user cannot write
       (calliope/parser_extensions.py, then core/exceptions.py ``RequiresAdminRightsError``).
+    * ``vm_docker_credential_helper``: a VM's image has gcloud's Docker credential helper on
+      root's PATH (sudo's secure_path), as Debian's and Ubuntu's google-cloud-cli package links
+      ``/usr/bin/docker-credential-gcloud``. ``False`` is an SDK installed elsewhere: a pull through
+      the helper ``configure-docker`` registers fails as Docker fails it.
     * ``gcluster_release``: the release the fake ``gcluster`` plays, ``{"version", "terraform",
       "packer"}`` (what ``--version`` prints, and the Terraform/Packer versions its dependency
       check requires); empty: the pinned release (``clis.gcluster.dependencies.PINNED_RELEASE``).
@@ -116,6 +120,7 @@ class SandboxSettings:
     gcloud_logged_in: bool = True
     gcluster_release: Mapping[str, str] = field(default_factory=dict)
     gcloud_components: tuple[str, ...] = ("alpha", "beta")
+    vm_docker_credential_helper: bool = True
     iam_propagation_seconds: float = 0.5
     minute_seconds: float = 0.0
     kueue_admits: bool = True

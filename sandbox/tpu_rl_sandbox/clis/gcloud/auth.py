@@ -99,6 +99,11 @@ class AuthCommands(GcloudCall):
         )
         return 0
 
+    def cmd_auth_print_access_token(self, parsed: GcloudParse) -> int:
+        """``gcloud auth print-access-token``: the active account's OAuth access token."""
+        self.out("ya29.sandbox-token\n")
+        return 0
+
     def cmd_version(self, parsed: GcloudParse) -> int:
         """``gcloud version``: the SDK and its installed components (surface/version.py prints
         ``NAME VERSION`` lines; ``--format=json`` an object)."""

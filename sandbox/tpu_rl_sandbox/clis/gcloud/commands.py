@@ -110,6 +110,7 @@ COMMANDS: tuple[GcloudCommand, ...] = (
         (F("include-artifact-registry", "bool"),),
     ),
     GcloudCommand(("auth", "list"), (), (F("filter"),)),
+    GcloudCommand(("auth", "print-access-token"), (P("ACCOUNT", required=False),), ()),
     GcloudCommand(("config", "get-value"), (P("PROPERTY"),), ()),
     GcloudCommand(("version",), (), ()),
     GcloudCommand(

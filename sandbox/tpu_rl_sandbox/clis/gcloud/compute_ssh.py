@@ -307,6 +307,7 @@ class SshCommand(InstancesCommands, ProjectInfoCommands):
             machine_type=str(record.get("machineType") or ""),
             zone=zone,
             layout_root=self.layout.root,
+            credential_helper=load_settings(self.layout).vm_docker_credential_helper,
         )
         stdin = self.read_stdin()
         if command is None:

@@ -23,6 +23,7 @@ VM_COMMANDS = {
     ("storage", "rm"),
     ("secrets", "versions", "access"),
     ("config", "get-value"),
+    ("auth", "print-access-token"),
 }
 
 
@@ -77,6 +78,9 @@ def run_on_vm(
             )
         elif command.path == ("storage", "rm"):
             storage_ops.rm(router, list(parsed.positionals["URLS"]), bool(parsed.get("recursive")), stderr)
+        elif command.path == ("auth", "print-access-token"):
+            # the VM's service account's token, from the metadata server (an OAuth access token)
+            stdout(f"ya29.sandbox-{router.gcs.identity or 'vm'}\n")
         elif command.path == ("config", "get-value"):
             stdout(default_project + "\n" if parsed.positionals["PROPERTY"] == "project" else "(unset)\n")
         else:
