@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow_provider_tpu_rl.render.plan import (
+    api_calls,
     gke_capacity,
     gke_plan,
     plan_document,
@@ -26,6 +27,7 @@ from airflow_provider_tpu_rl.spec.pipeline import (
     placeholders,
     tpu_vm_pipeline_from_conf,
 )
+from airflow_provider_tpu_rl.spec.presets import Runner
 
 PLAN_DAG_IDS = (GKE_DAG_ID, TPU_VM_DAG_ID)
 
@@ -48,11 +50,13 @@ def build_plan(
         conf = {**environment, **(conf or {})}
     if dag_id == GKE_DAG_ID:
         gke = gke_pipeline_from_conf(conf, dag_id=dag_id, run_id=run_id)
-        document, resolved = plan_document(dag_id, gke_plan(gke)), gke.resolved()
+        calls = api_calls(Runner.GKE, gke.cluster.project)
+        document, resolved = plan_document(dag_id, gke_plan(gke), calls), gke.resolved()
         document["capacity"] = gke_capacity(gke)
     elif dag_id == TPU_VM_DAG_ID:
         vm = tpu_vm_pipeline_from_conf(conf, dag_id=dag_id, run_id=run_id)
-        document, resolved = plan_document(dag_id, tpu_vm_plan(vm)), vm.resolved()
+        calls = api_calls(Runner.TPU_VM, vm.vm.project)
+        document, resolved = plan_document(dag_id, tpu_vm_plan(vm), calls), vm.resolved()
         document["capacity"] = tpu_vm_capacity(vm)
     else:
         raise SpecError("dag_id", f"unknown DAG; choose one of {list(PLAN_DAG_IDS)}", dag_id)

@@ -47,3 +47,17 @@ class Command:
         elif self.stdin_text is not None:
             out["stdin"] = self.stdin_text
         return out
+
+
+@dataclass(frozen=True)
+class ApiCall:
+    """One API request a task makes itself (through a client library), shown in ``tpu-rl plan``
+    beside the commands; never run from here."""
+
+    method: str
+    url: str
+    body: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    description: str = ""
+
+    def to_plan_dict(self) -> dict[str, Any]:
+        return {"api": f"{self.method} {self.url}", "body": dict(self.body)}

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from airflow_provider_tpu_rl.render import boot_image, gke, preflight, tpu_vm
 from airflow_provider_tpu_rl.render.blueprint import capacity_settings
-from airflow_provider_tpu_rl.render.command import Command
+from airflow_provider_tpu_rl.render.command import ApiCall, Command
 from airflow_provider_tpu_rl.spec.cluster import RESERVATION
 from airflow_provider_tpu_rl.spec.pipeline import (
     GKE_TASK_ORDER,
@@ -16,6 +17,8 @@ from airflow_provider_tpu_rl.spec.pipeline import (
     GkePipelineSpec,
     TpuVmPipelineSpec,
 )
+from airflow_provider_tpu_rl.spec.preflight import REQUIRED_PERMISSIONS, VM_NETWORK
+from airflow_provider_tpu_rl.spec.presets import Runner
 
 
 @dataclass(frozen=True)
@@ -30,7 +33,9 @@ class PlanStep:
         return out
 
 
-def _in_task_order(order: tuple[str, ...], commands: dict[str, list[Command]]) -> list[PlanStep]:
+def _in_task_order(
+    order: tuple[str, ...], commands: Mapping[str, Sequence[Command | ApiCall]]
+) -> list[PlanStep]:
     """The commands of each task, tasks in the DAG's order (the one place that order is written)."""
     unknown = set(commands) - set(order)
     if unknown:
@@ -43,12 +48,54 @@ PLAN_SSH_KEY_FILE = "<cache_dir>/ssh/gcluster_default/google_compute_engine"
 PLAN_DEFAULT_SERVICE_ACCOUNT = "PROJECT_NUMBER-compute@developer.gserviceaccount.com"
 
 
-def preflight_commands(project: str, zone: str, reservation: str) -> list[Command]:
-    """The gcloud reads of the ``preflight`` task (the permission check is an API call)."""
-    commands = [preflight.enabled_services(project)]
+# Where the GKE preflight runs gcluster's dependency check: an empty group folder in a temporary
+# folder of the worker (GclusterHook.gcluster_dependency_problem).
+PLAN_DEPENDENCY_CHECK_GROUP = "<tmp>/deployment/primary"
+
+
+def preflight_commands(
+    runner: Runner, project: str, zone: str, reservation: str, capacity: str
+) -> list[Command]:
+    """Every command of the ``preflight`` task, in the order it runs them (operators/preflight.py
+    ``execute``): on GKE gcluster's own dependency check; gcloud's active account; on a TPU VM the
+    project's metadata (OS Login); the enabled APIs; on a TPU VM its network, the firewall rules
+    and, for flex-start, gcloud's components; the reservation. Its API call (the permission test,
+    beside the gcloud reads) is :func:`api_calls`'."""
+    steps: list[Command] = []
+    if runner is Runner.GKE:
+        steps.append(preflight.gcluster_dependency_check(PLAN_DEPENDENCY_CHECK_GROUP))
+    steps.append(preflight.active_account())
+    if runner is Runner.TPU_VM:
+        steps.append(preflight.describe_project_info(project))
+    steps.append(preflight.enabled_services(project))
+    if runner is Runner.TPU_VM:
+        steps += [preflight.describe_network(project, VM_NETWORK), preflight.list_firewall_rules(project)]
+        if tpu_vm.gcloud_components_needed(capacity):
+            steps.append(preflight.gcloud_version())
     if reservation:
-        commands.append(preflight.describe_reservation(project, zone, reservation))
-    return commands
+        steps.append(preflight.describe_reservation(project, zone, reservation))
+    return steps
+
+
+@dataclass(frozen=True)
+class PlanApiCall:
+    """An API request a task makes through a client library (no command): shown apart from the
+    steps, which are all commands."""
+
+    task_id: str
+    call: ApiCall
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"task_id": self.task_id, **self.call.to_plan_dict()}
+        if self.call.description:
+            out["description"] = self.call.description
+        return out
+
+
+def api_calls(runner: Runner, project: str) -> list[PlanApiCall]:
+    """The run's API calls that no command makes: the preflight's permission test (a TPU VM
+    under OS Login also tests compute.instances.osAdminLogin)."""
+    return [PlanApiCall("preflight", preflight.test_permissions(project, list(REQUIRED_PERMISSIONS[runner])))]
 
 
 def gke_plan(pipeline: GkePipelineSpec) -> list[PlanStep]:
@@ -75,7 +122,9 @@ def gke_plan(pipeline: GkePipelineSpec) -> list[PlanStep]:
     if pipeline.delete_bucket:
         teardown.append(gke.delete_bucket(cluster.bucket))
     commands = {
-        "preflight": preflight_commands(cluster.project, cluster.zone, cluster.reservation),
+        "preflight": preflight_commands(
+            Runner.GKE, cluster.project, cluster.zone, cluster.reservation, cluster.capacity
+        ),
         "ensure_bucket": [gke.create_bucket(cluster.project, cluster.region, cluster.bucket)],
         # the cluster, cpu-np and Kueue: no TPU node pool while the conversion runs
         "deploy_cluster": [gke.deploy(cluster, workdir, skip_groups=tpu)],
@@ -138,7 +187,7 @@ def tpu_vm_plan(pipeline: TpuVmPipelineSpec, *, now: float | None = None) -> lis
         bake.append(boot_image.find_image(vm.project, family))
         bake += boot_image.bake_commands(pipeline, family, digest, labels, ssh_key_file=PLAN_SSH_KEY_FILE)
     commands = {
-        "preflight": preflight_commands(vm.project, vm.zone, vm.reservation),
+        "preflight": preflight_commands(Runner.TPU_VM, vm.project, vm.zone, vm.reservation, vm.capacity),
         "ensure_bucket": [gke.create_bucket(vm.project, pipeline.region, vm.bucket)],
         "sync_hf_token": gke.hf_token_secret(
             vm.project, pipeline.hf_token.secret_id, (), sync=pipeline.hf_token.sync_from_connection
@@ -175,8 +224,12 @@ def tpu_vm_plan(pipeline: TpuVmPipelineSpec, *, now: float | None = None) -> lis
     return _in_task_order(TPU_VM_TASK_ORDER, commands)
 
 
-def plan_document(dag_id: str, steps: list[PlanStep]) -> dict[str, Any]:
-    return {"dag_id": dag_id, "steps": [s.to_dict() for s in steps]}
+def plan_document(dag_id: str, steps: list[PlanStep], calls: Sequence[PlanApiCall] = ()) -> dict[str, Any]:
+    return {
+        "dag_id": dag_id,
+        "steps": [s.to_dict() for s in steps],
+        "api_calls": [c.to_dict() for c in calls],
+    }
 
 
 def gke_capacity(pipeline: GkePipelineSpec) -> dict[str, Any]:

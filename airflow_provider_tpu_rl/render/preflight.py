@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from airflow_provider_tpu_rl.render.command import Command
+from collections.abc import Sequence
+
+from airflow_provider_tpu_rl.render.command import ApiCall, Command
 
 # gcloud's error for a describe of a resource that does not exist (Compute API 404).
 RESERVATION_NOT_FOUND = ("was not found", "notFound")
@@ -47,6 +49,22 @@ def active_account() -> Command:
     return Command(
         ("gcloud", "auth", "list", "--filter=status:ACTIVE", "--format=value(account)"),
         description="read gcloud's active account",
+    )
+
+
+# Resource Manager v3 projects.testIamPermissions (the google-cloud-resource-manager ProjectsClient
+# the permission check uses: ``POST /v3/{resource=projects/*}:testIamPermissions``).
+RESOURCE_MANAGER = "https://cloudresourcemanager.googleapis.com"
+
+
+def test_permissions(project: str, permissions: Sequence[str]) -> ApiCall:
+    """The caller's permissions on the project: an API call, not a command (the check asks in
+    chunks of 100, the API's limit)."""
+    return ApiCall(
+        "POST",
+        f"{RESOURCE_MANAGER}/v3/projects/{project}:testIamPermissions",
+        {"permissions": list(permissions)},
+        description=f"test the caller's {len(permissions)} permissions on project {project} (an API call)",
     )
 
 

@@ -498,12 +498,16 @@ def test_a_blueprint_the_edits_do_not_know_is_one_line_before_anything_is_made(p
     """The bundle's blueprint is edited as the deploy will edit it (render/blueprint.py): a shape
     the edits do not know fails the preflight in one line, not the deploy after spending."""
     blueprint = pf.layout.bundle_dir / "examples" / "gke-tpu-v6e" / "gke-tpu-v6e-advanced.yaml"
+    original = blueprint.read_text()
     blueprint.write_text(
-        blueprint.read_text()
-        .replace("  enable_pathways_for_tpus: true\n", "")
-        .replace("      enable_pathways_for_tpus: $(vars.enable_pathways_for_tpus)\n", "")
+        original.replace("  enable_pathways_for_tpus: true\n", "").replace(
+            "      enable_pathways_for_tpus: $(vars.enable_pathways_for_tpus)\n", ""
+        )
     )
-    (line,) = _refusal(pf)
+    try:
+        (line,) = _refusal(pf)
+    finally:
+        blueprint.write_text(original)  # the sandbox's bundle serves the module's other tests
     assert line.startswith("the Cluster Toolkit blueprint ")
     assert line.endswith(
         "does not take the run's edits: blueprint must set enable_pathways_for_tpus: true (in vars or on "
@@ -546,3 +550,39 @@ def test_other_capacities_need_no_gcloud_alpha(pf: SandboxRun, capacity: str) ->
 def test_the_default_gcloud_has_alpha_and_a_flex_start_tpu_vm_passes(pf: SandboxRun) -> None:
     assert _run(pf, TPU_VM_DAG_ID, capacity="flex-start", reservation="")["capacity"] == "flex-start"
     assert any(call["argv"] == ["version", "--format=json"] for call in read_calls(pf.layout))
+
+
+@pytest.mark.parametrize(
+    ("dag_id", "overrides"),
+    [
+        (GKE_DAG_ID, {}),
+        (GKE_DAG_ID, {"capacity": "spot", "reservation": ""}),
+        (TPU_VM_DAG_ID, {}),
+        (TPU_VM_DAG_ID, {"capacity": "flex-start", "reservation": ""}),
+    ],
+)
+def test_the_plan_shows_every_command_the_preflight_makes(
+    pf: SandboxRun, dag_id: str, overrides: dict[str, Any]
+) -> None:
+    """``tpu-rl plan``'s preflight steps are the commands the task really runs, in its order, and
+    the permission test as the API call it is."""
+    from airflow_provider_tpu_rl.cli import build_plan
+
+    before = len(read_calls(pf.layout))
+    _run(pf, dag_id, **overrides)
+    ran = [
+        [
+            call["tool"],
+            *("<tmp>/deployment/primary" if a.endswith("/deployment/primary") else a for a in call["argv"]),
+        ]
+        for call in read_calls(pf.layout)[before:]
+    ]
+    conf = pf.gke_conf(**overrides) if dag_id == GKE_DAG_ID else pf.tpu_vm_conf(**overrides)
+    plan = build_plan(dag_id, conf)
+    assert [s["argv"] for s in plan["steps"] if s["task_id"] == "preflight"] == ran
+    (api,) = [c for c in plan["api_calls"] if c["task_id"] == "preflight"]
+    assert (
+        api["api"]
+        == f"POST https://cloudresourcemanager.googleapis.com/v3/projects/{pf.project}:testIamPermissions"
+    )
+    assert api["body"]["permissions"]
