@@ -33,9 +33,7 @@ class PlanStep:
         return out
 
 
-def _in_task_order(
-    order: tuple[str, ...], commands: Mapping[str, Sequence[Command | ApiCall]]
-) -> list[PlanStep]:
+def _in_task_order(order: tuple[str, ...], commands: Mapping[str, Sequence[Command]]) -> list[PlanStep]:
     """The commands of each task, tasks in the DAG's order (the one place that order is written)."""
     unknown = set(commands) - set(order)
     if unknown:
