@@ -154,6 +154,7 @@ def _run_doctor(args: argparse.Namespace) -> int:
     with contextlib.redirect_stdout(sys.stderr):
         from airflow_provider_tpu_rl.exceptions import TpuRlError
         from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
+        from airflow_provider_tpu_rl.spec import preflight as checks
         from airflow_provider_tpu_rl.toolchain.tools import ToolStatus, format_table, purposes_for
 
         _logs_to_stderr()
@@ -176,6 +177,13 @@ def _run_doctor(args: argparse.Namespace) -> int:
                 problems[purpose].append(line)
             if any(chain.purpose == "tpu_vm" and chain.ok for chain in chains):
                 problems["tpu_vm"] += gcloud_component_problems(hook, args.capacity)
+            if args.project and args.zone:
+                for chain in chains:
+                    if chain.ok and not problems[chain.purpose]:
+                        runner = checks.runner(_PURPOSE_RUNNER[chain.purpose])
+                        problems[chain.purpose] += quota_lines(
+                            hook, args.project, args.zone, runner, args.capacity or "on-demand"
+                        )
             # The project's side of the TPU VM's SSH, once the tools and the account are there.
             vm_ready = any(chain.purpose == "tpu_vm" and chain.ok for chain in chains)
             if args.project and vm_ready and not problems["tpu_vm"]:
@@ -211,6 +219,36 @@ def gcloud_component_problems(hook: Any, capacity: str | None) -> list[str]:
                     file=sys.stderr,
                 )
     return []
+
+
+def quota_lines(hook: Any, project: str, zone: str, runner: Runner, capacity: str) -> list[str]:
+    """Preflight's quota check for the default shape of ``runner`` (a v6e-32 on GKE, a v6e-8 VM):
+    one line per quota with too little free in ``zone``'s region; a quota the region does not
+    list is a note on stderr."""
+    from airflow_provider_tpu_rl.render.preflight import describe_region
+    from airflow_provider_tpu_rl.spec import preflight as checks
+    from airflow_provider_tpu_rl.spec import rules
+    from airflow_provider_tpu_rl.spec.pipeline import default_shape
+
+    project = rules.project_id("project", project)
+    zone = rules.zone("zone", zone, None)
+    compute_type, topology = default_shape(runner)
+    needs = checks.quota_needs(
+        runner, capacity, checks.ReservationNeed.for_slices(compute_type, topology, 1).chips
+    )
+    if not needs:
+        return []
+    region = zone.rsplit("-", 1)[0]
+    result = hook.run(describe_region(project, region), log_output=False, timeout=VM_READ_TIMEOUT)
+    document = checks.parse_json_document(result.output_lines) if result.ok else None
+    if document is None:
+        return [
+            f"could not read the quotas of region {region} in project {project}: {checks.error_line(result.output)}"
+        ]
+    problems, notes = checks.quota_problems(project, region, needs, document)
+    for note in notes:
+        print(f"tpu-rl doctor: note: {note}", file=sys.stderr)
+    return problems
 
 
 def vm_access_problems(hook: Any, project: str, source_ranges: Sequence[str] | None) -> list[str]:
@@ -319,6 +357,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--project",
         help="also check what the TPU VM's SSH sessions need in this project: the default network, a "
         "firewall rule for tcp:22, OS Login (read-only gcloud calls)",
+    )
+    doctor.add_argument(
+        "--zone",
+        help="with --project: also check the zone's region has the quota the default shape needs "
+        "(preemptible TPU v6e for --capacity spot or flex-start; N4 CPUs for GKE's cpu-np)",
     )
     doctor.add_argument(
         "--ssh-source-range",

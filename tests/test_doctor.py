@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -350,3 +351,37 @@ def test_a_missing_alpha_is_a_problem_for_flex_start_and_a_note_otherwise(
     note = capsys.readouterr().err
     assert note.startswith("tpu-rl doctor: note: flex-start capacity on a TPU VM runs `gcloud alpha")
     assert gcloud_component_problems(_Components("core", "alpha"), "flex-start") == []
+
+
+class _Region:
+    """A hook whose gcloud describes the region with these quota limits (usage 0)."""
+
+    def __init__(self, **limits: float) -> None:
+        self.limits = limits
+        self.argv: list[tuple[str, ...]] = []
+
+    def run(self, command: Any, **_: Any) -> Any:
+        from airflow_provider_tpu_rl.toolchain.process import CommandResult
+
+        self.argv.append(command.argv)
+        quotas = [{"metric": m, "limit": v, "usage": 0} for m, v in self.limits.items()]
+        return CommandResult(
+            0, tuple(json.dumps({"name": "us-east5", "quotas": quotas}, indent=1).splitlines())
+        )
+
+
+def test_doctor_reads_the_regions_quota_for_the_default_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    from airflow_provider_tpu_rl.cli import quota_lines
+    from airflow_provider_tpu_rl.spec.presets import Runner
+
+    hook = _Region(PREEMPTIBLE_TPU_V6E=16, N4_CPUS=512)
+    (line,) = quota_lines(hook, "my-proj-1", "us-east5-b", Runner.GKE, "spot")
+    assert line.startswith("quota PREEMPTIBLE_TPU_V6E in region us-east5 of project my-proj-1 has 16 free")
+    assert "the run needs 32:" in line
+    assert hook.argv == [
+        ("gcloud", "compute", "regions", "describe", "us-east5", "--project=my-proj-1", "--format=json")
+    ]
+    assert quota_lines(hook, "my-proj-1", "us-east5-b", Runner.TPU_VM, "spot") == []  # a v6e-8: 8 chips
+    assert quota_lines(_Region(), "my-proj-1", "us-east5-b", Runner.TPU_VM, "on-demand") == []
+    assert quota_lines(_Region(), "my-proj-1", "us-east5-b", Runner.GKE, "on-demand") == []
+    assert "lists no N4_CPUS quota: not checked" in capsys.readouterr().err

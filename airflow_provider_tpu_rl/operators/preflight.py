@@ -23,7 +23,12 @@ from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, fail_fa
 from airflow_provider_tpu_rl.render import preflight as commands
 from airflow_provider_tpu_rl.spec import preflight as checks
 from airflow_provider_tpu_rl.spec import rules
-from airflow_provider_tpu_rl.spec.cluster import check_capacity, default_capacity, require_reservation_name
+from airflow_provider_tpu_rl.spec.cluster import (
+    FLEX_START,
+    check_capacity,
+    default_capacity,
+    require_reservation_name,
+)
 from airflow_provider_tpu_rl.spec.pipeline import default_shape
 from airflow_provider_tpu_rl.spec.preflight import error_line
 from airflow_provider_tpu_rl.spec.presets import Runner
@@ -188,7 +193,10 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
 
     def check_blueprint(self, capacity: str, reservation: bool, need: checks.ReservationNeed) -> list[str]:
         """The bundle's blueprint takes the run's edits (render/blueprint.py, both of its shapes):
-        a shape they do not know is one line here, before the deploy makes anything."""
+        a shape they do not know is one line here, before the deploy makes anything; so is a
+        ``version_prefix`` older than GKE's first with TPU v6e."""
+        import yaml
+
         from airflow_provider_tpu_rl.render.blueprint import (
             BLUEPRINT_RELPATH,
             BlueprintError,
@@ -215,7 +223,47 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
             return [
                 f"the Cluster Toolkit blueprint {source} does not take the run's edits: {error_line(str(err))}"
             ]
-        return []
+        document = yaml.safe_load(text)
+        version = (document.get("vars") or {}).get("version_prefix") if isinstance(document, dict) else None
+        line = checks.gke_version_problem(version)
+        return [line] if line else []
+
+    def check_quotas(
+        self, project: str, zone: str, run: Runner, capacity: str, need: checks.ReservationNeed
+    ) -> list[str]:
+        """The region's free quota for what the run takes (:func:`checks.quota_needs`): one line
+        per short quota; a flex-start zone the docs do not list is a warning."""
+        if capacity == FLEX_START:
+            note = checks.flex_start_zone_note(run, zone)
+            if note:
+                self.log.warning("preflight: %s", note)
+        needs = checks.quota_needs(run, capacity, need.chips)
+        if not needs:
+            return []
+        region = zone.rsplit("-", 1)[0]
+        command = commands.describe_region(project, region)
+        try:
+            result = self.hook.run(command, log_output=False, timeout=COMMAND_TIMEOUT)
+        except ConfigurationError as err:
+            return self._tool_problem(err)
+        if not result.ok and self._skipped_without_account("the quota check", result.output):
+            return []
+        try:
+            self.hook.check_result(command, result)
+        except CommandError as err:
+            if err.retryable:
+                raise
+            return [
+                f"could not read the quotas of region {region} ({error_line(str(err))}): the caller needs "
+                "compute.regions.get"
+            ]
+        document = checks.parse_json_document(result.output_lines)
+        if document is None:
+            return [f"gcloud printed no region JSON for {region}"]
+        problems, notes = checks.quota_problems(project, region, needs, document)
+        for note in notes:
+            self.log.warning("preflight: %s", note)
+        return problems
 
     def check_gcloud_components(self, capacity: str) -> list[str]:
         """The gcloud components the TPU VM's commands need beyond core (``alpha`` for flex-start):
@@ -451,6 +499,7 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
             if run is Runner.TPU_VM:
                 problems += self.check_vm_network(project, sources)
                 problems += self.check_gcloud_components(capacity)
+            problems += self.check_quotas(project, zone, run, capacity, need)
             if reservation:
                 reservation_problems = self.check_reservation(project, zone, reservation, need)
             else:

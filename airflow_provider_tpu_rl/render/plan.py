@@ -17,7 +17,7 @@ from airflow_provider_tpu_rl.spec.pipeline import (
     GkePipelineSpec,
     TpuVmPipelineSpec,
 )
-from airflow_provider_tpu_rl.spec.preflight import REQUIRED_PERMISSIONS, VM_NETWORK
+from airflow_provider_tpu_rl.spec.preflight import REQUIRED_PERMISSIONS, VM_NETWORK, quota_needs
 from airflow_provider_tpu_rl.spec.presets import Runner
 
 
@@ -57,7 +57,7 @@ def preflight_commands(
     """Every command of the ``preflight`` task, in the order it runs them (operators/preflight.py
     ``execute``): on GKE gcluster's own dependency check; gcloud's active account; on a TPU VM the
     project's metadata (OS Login); the enabled APIs; on a TPU VM its network, the firewall rules
-    and, for flex-start, gcloud's components; the reservation. Its API call (the permission test,
+    and, for flex-start, gcloud's components; the region's quotas; the reservation. Its API call (the permission test,
     beside the gcloud reads) is :func:`api_calls`'."""
     steps: list[Command] = []
     if runner is Runner.GKE:
@@ -70,6 +70,8 @@ def preflight_commands(
         steps += [preflight.describe_network(project, VM_NETWORK), preflight.list_firewall_rules(project)]
         if tpu_vm.gcloud_components_needed(capacity):
             steps.append(preflight.gcloud_version())
+    if quota_needs(runner, capacity, 1):
+        steps.append(preflight.describe_region(project, zone.rsplit("-", 1)[0]))
     if reservation:
         steps.append(preflight.describe_reservation(project, zone, reservation))
     return steps

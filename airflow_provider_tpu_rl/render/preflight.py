@@ -68,6 +68,14 @@ def test_permissions(project: str, permissions: Sequence[str]) -> ApiCall:
     )
 
 
+def describe_region(project: str, region: str) -> Command:
+    """The region's Compute Engine quotas (``quotas[]``: metric, limit, usage)."""
+    return Command(
+        ("gcloud", "compute", "regions", "describe", region, f"--project={project}", "--format=json"),
+        description=f"read the Compute Engine quotas of region {region}",
+    )
+
+
 def gcloud_version() -> Command:
     """gcloud's version and its installed components (surface/version.py: the update manager's
     ``GetCurrentVersionsInformation``, one key per installed component); no API call."""

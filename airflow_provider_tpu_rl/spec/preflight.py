@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final
 
 from airflow_provider_tpu_rl.spec import rules
-from airflow_provider_tpu_rl.spec.cluster import SliceShape
+from airflow_provider_tpu_rl.spec.cluster import FLEX_START, SPOT, SliceShape
 from airflow_provider_tpu_rl.spec.errors import SpecError
 from airflow_provider_tpu_rl.spec.presets import Runner
 
@@ -104,6 +105,8 @@ _GKE_PERMISSIONS: Final = {
     "compute.addresses.create": "roles/compute.admin",
     "compute.addresses.delete": "roles/compute.admin",
     "compute.reservations.get": "roles/compute.admin",
+    # preflight's read of the region's quotas
+    "compute.regions.get": "roles/compute.admin",
     # the service-account modules and the node pool running as one of them.
     "iam.serviceAccounts.create": "roles/iam.serviceAccountAdmin",
     "iam.serviceAccounts.get": "roles/iam.serviceAccountAdmin",
@@ -131,6 +134,8 @@ _TPU_VM_PERMISSIONS: Final = {
     "compute.subnetworks.useExternalIp": "roles/compute.instanceAdmin.v1",
     "compute.reservations.get": "roles/compute.instanceAdmin.v1",
     "compute.zoneOperations.get": "roles/compute.instanceAdmin.v1",
+    # preflight's read of the region's quotas
+    "compute.regions.get": "roles/compute.instanceAdmin.v1",
     # the baked boot image (render/boot_image.py): its family looked up, the bake VM stopped and
     # its disk imaged (images.insert reads the disk), the TPU VM booted from the family.
     "compute.images.get": "roles/compute.instanceAdmin.v1",
@@ -240,6 +245,99 @@ def enabled_secret_versions(lines: Iterable[str]) -> list[int]:
         and item.get("state") == "ENABLED"
         and str(item.get("name", "")).rsplit("/", 1)[-1].isdigit()
     )
+
+
+# Regional Compute Engine quotas the run takes (``gcloud compute regions describe``: ``quotas[]``
+# with ``metric``, ``limit``, ``usage``), by metric name, and where each name comes from:
+# - PREEMPTIBLE_TPU_V6E: Spot and flex-start TPU v6e chips. Google's TPU Builders Program guide
+#   (2026-07-14; a second-hand copy): "compute.googleapis.com/preemptible_tpu_v6e" ("Metric:
+#   PREEMPTIBLE_TPU_V6E"), v6e on "the standard Google Cloud Engine (GCE) quota backend"; flex-start
+#   VMs "consume preemptible quota" (the flex-start VMs GA blog, direct). GKE TPU node pools take
+#   Compute Engine quota too (kubernetes-engine/docs/how-to/tpus, direct). A reservation's capacity
+#   needs none; on-demand v6e quota's metric name has no source we could read: not checked.
+# - N4_CPUS: the vCPUs of cpu-np's n4-standard-64 nodes (cluster-toolkit gke-cluster main.tf l.580 at
+#   c765092), which the conversion needs before any TPU exists. The name is Compute Engine's own in
+#   its quota error ("Quota 'N4_CPUS' exceeded"), seen in public code, no Google page read: indirect.
+PREEMPTIBLE_TPU_V6E_QUOTA: Final = "PREEMPTIBLE_TPU_V6E"
+N4_CPUS_QUOTA: Final = "N4_CPUS"
+CPU_NP_VCPUS: Final = 64  # one n4-standard-64 node: a conversion's pod needs the pool to scale to one
+
+
+def quota_needs(runner: Runner, capacity: str, chips: int) -> dict[str, int]:
+    """metric -> how much of it the run takes in its region (:data:`PREEMPTIBLE_TPU_V6E_QUOTA`,
+    :data:`N4_CPUS_QUOTA`)."""
+    needs: dict[str, int] = {}
+    if capacity in (SPOT, FLEX_START):
+        needs[PREEMPTIBLE_TPU_V6E_QUOTA] = chips
+    if runner is Runner.GKE:
+        needs[N4_CPUS_QUOTA] = CPU_NP_VCPUS
+    return needs
+
+
+def quota_problems(
+    project: str, region: str, needs: Mapping[str, int], document: Mapping[str, Any]
+) -> tuple[list[str], list[str]]:
+    """``(problems, notes)``: one problem line per quota with less free (limit - usage) than the run
+    needs; a note per quota the region does not list (a name we could not confirm at its source
+    is not reason enough to refuse)."""
+    listed = {str(q.get("metric")): q for q in document.get("quotas") or [] if isinstance(q, Mapping)}
+    problems: list[str] = []
+    notes: list[str] = []
+    for metric, need in needs.items():
+        quota = listed.get(metric)
+        if quota is None:
+            notes.append(f"region {region} of project {project} lists no {metric} quota: not checked")
+            continue
+        free = float(quota.get("limit") or 0) - float(quota.get("usage") or 0)
+        if free < need:
+            problems.append(
+                f"quota {metric} in region {region} of project {project} has {free:g} free "
+                f"(limit {float(quota.get('limit') or 0):g}, in use {float(quota.get('usage') or 0):g}); "
+                f"the run needs {need}: request more (IAM & Admin > Quotas) or choose another region"
+            )
+    return problems, notes
+
+
+# Zones where the sources we could read say v6e flex-start is offered, by API (each read
+# 2026-12-05): Compute Engine TPU VMs (the TPU Builders Program guide, 2026-07-14, a program's
+# capacity) and GKE's flex-start page. Lists change: a zone outside them is a note, not a refusal.
+FLEX_START_V6E_ZONES: Final[Mapping[Runner, frozenset[str]]] = MappingProxyType(
+    {
+        Runner.TPU_VM: frozenset(
+            {"us-east5-a", "us-east5-b", "us-central1-a", "europe-west4-a", "southamerica-west1-a"}
+        ),
+        Runner.GKE: frozenset({"asia-northeast1-b", "us-east5-a", "us-east5-b"}),
+    }
+)
+
+
+def flex_start_zone_note(runner: Runner, zone: str) -> str | None:
+    """A note when ``zone`` is not one the sources list for v6e flex-start."""
+    zones = FLEX_START_V6E_ZONES[runner]
+    if zone in zones:
+        return None
+    return (
+        f"flex-start v6e in zone {zone}: not among the zones the docs list ({', '.join(sorted(zones))}); "
+        "the request may wait for capacity until it fails"
+    )
+
+
+# GKE runs TPU v6e from 1.31.2-gke.1115000 (GKE's TPU page, as Ray's GKE TPU guide quotes it:
+# second-hand); the blueprint's version_prefix must not choose an older minor.
+GKE_V6E_MINIMUM_MINOR: Final = (1, 31)
+
+
+def gke_version_problem(version_prefix: object) -> str | None:
+    """One line when the blueprint's ``version_prefix`` picks a GKE minor older than v6e's."""
+    match = re.fullmatch(r"(\d+)\.(\d+)\.?", str(version_prefix or "").strip())
+    if match is None:
+        return None
+    if (int(match.group(1)), int(match.group(2))) < GKE_V6E_MINIMUM_MINOR:
+        return (
+            f"the blueprint's version_prefix {version_prefix!r} picks a GKE older than 1.31.2-gke.1115000, "
+            'the first to run TPU v6e: set it to "1.31." or newer'
+        )
+    return None
 
 
 def parse_json_document(lines: Iterable[str]) -> dict[str, Any] | None:

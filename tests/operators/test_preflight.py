@@ -37,6 +37,7 @@ READS = (
     ("compute", "firewall-rules", "list"),
     ("compute", "project-info", "describe"),
     ("version",),
+    ("compute", "regions", "describe"),
 )
 
 
@@ -586,3 +587,66 @@ def test_the_plan_shows_every_command_the_preflight_makes(
         == f"POST https://cloudresourcemanager.googleapis.com/v3/projects/{pf.project}:testIamPermissions"
     )
     assert api["body"]["permissions"]
+
+
+@pytest.mark.parametrize(("dag_id", "chips"), [(GKE_DAG_ID, 32), (TPU_VM_DAG_ID, 8)])
+@pytest.mark.parametrize("capacity", ["spot", "flex-start"])
+def test_too_little_preemptible_v6e_quota_is_one_line_before_anything_is_made(
+    pf: SandboxRun, dag_id: str, chips: int, capacity: str
+) -> None:
+    """Spot and flex-start take the region's preemptible TPU v6e quota: less free than the slice's
+    chips is one line naming the metric, the region and the numbers."""
+    update_settings(pf.layout, region_quotas={"PREEMPTIBLE_TPU_V6E": chips - 1, "N4_CPUS": 512})
+    (line,) = _refusal(pf, dag_id, capacity=capacity, reservation="")
+    assert line.startswith(
+        f"quota PREEMPTIBLE_TPU_V6E in region us-east5 of project {pf.project} has {chips - 1} free"
+    )
+    assert f"the run needs {chips}:" in line
+    _created_nothing(pf)
+    update_settings(pf.layout, region_quotas={"PREEMPTIBLE_TPU_V6E": chips, "N4_CPUS": 512})
+    assert _run(pf, dag_id, capacity=capacity, reservation="")["capacity"] == capacity
+
+
+def test_gke_needs_n4_cpus_for_its_cpu_pool_whatever_the_capacity(pf: SandboxRun) -> None:
+    update_settings(pf.layout, region_quotas={"PREEMPTIBLE_TPU_V6E": 64, "N4_CPUS": 32})
+    (line,) = _refusal(pf)
+    assert line.startswith(f"quota N4_CPUS in region us-east5 of project {pf.project} has 32 free")
+    assert "the run needs 64:" in line
+    # a TPU VM on its reservation takes neither: no quota read at all
+    before = len(read_calls(pf.layout))
+    _run(pf, TPU_VM_DAG_ID)
+    assert not [
+        c for c in read_calls(pf.layout)[before:] if c["argv"][:3] == ["compute", "regions", "describe"]
+    ]
+
+
+def test_a_quota_the_region_does_not_list_is_a_note_not_a_refusal(pf: SandboxRun) -> None:
+    from airflow_provider_tpu_rl.spec.preflight import quota_problems
+
+    update_settings(pf.layout, region_quotas={"N4_CPUS": 512})
+    assert _run(pf, TPU_VM_DAG_ID, capacity="spot", reservation="")["capacity"] == "spot"
+    problems, notes = quota_problems("p", "us-east5", {"PREEMPTIBLE_TPU_V6E": 8}, {"quotas": []})
+    assert problems == []
+    assert notes == ["region us-east5 of project p lists no PREEMPTIBLE_TPU_V6E quota: not checked"]
+
+
+def test_a_flex_start_zone_the_docs_do_not_list_is_a_note() -> None:
+    from airflow_provider_tpu_rl.spec.preflight import flex_start_zone_note
+    from airflow_provider_tpu_rl.spec.presets import Runner
+
+    assert flex_start_zone_note(Runner.TPU_VM, "us-east5-b") is None
+    assert flex_start_zone_note(Runner.GKE, "us-east5-b") is None
+    note = flex_start_zone_note(Runner.GKE, "us-central1-a")
+    assert note is not None
+    assert note.startswith("flex-start v6e in zone us-central1-a: not among the zones the docs list")
+
+
+def test_a_blueprint_older_than_gkes_v6e_is_one_line(pf: SandboxRun) -> None:
+    blueprint = pf.layout.bundle_dir / "examples" / "gke-tpu-v6e" / "gke-tpu-v6e-advanced.yaml"
+    original = blueprint.read_text()
+    blueprint.write_text(original.replace('version_prefix: "1.35."', 'version_prefix: "1.30."', 1))
+    try:
+        (line,) = _refusal(pf)
+    finally:
+        blueprint.write_text(original)
+    assert line.startswith("the blueprint's version_prefix '1.30.' picks a GKE older than 1.31.2-gke.1115000")

@@ -64,6 +64,7 @@ def test_preflight_comes_right_after_validate_and_only_reads(model: str, plan: l
         ("gcloud", "auth", "list"),
         ("gcloud", "services", "list", "--enabled"),
         ("gcloud", "compute", "reservations", "describe"),
+        ("gcloud", "compute", "regions", "describe"),
         ("gcloud", "compute", "project-info", "describe"),
         ("gcloud", "compute", "networks", "describe"),
         ("gcloud", "compute", "firewall-rules", "list"),

@@ -76,6 +76,10 @@ class SandboxSettings:
       root's PATH (sudo's secure_path), as Debian's and Ubuntu's google-cloud-cli package links
       ``/usr/bin/docker-credential-gcloud``. ``False`` is an SDK installed elsewhere: a pull through
       the helper ``configure-docker`` registers fails as Docker fails it.
+    * ``region_quotas``: each region's Compute Engine quota limits, metric -> limit, as ``gcloud
+      compute regions describe`` lists them (usage 0: the sandbox does not count it). Defaults:
+      PREEMPTIBLE_TPU_V6E 64 (Cloud TPU's "default preemptible quota for TPU v5e and v6e is 64
+      cores", request-using-flex-start), N4_CPUS and CPUS generous; a test lowers one.
     * ``gcluster_release``: the release the fake ``gcluster`` plays, ``{"version", "terraform",
       "packer"}`` (what ``--version`` prints, and the Terraform/Packer versions its dependency
       check requires); empty: the pinned release (``clis.gcluster.dependencies.PINNED_RELEASE``).
@@ -121,6 +125,9 @@ class SandboxSettings:
     gcluster_release: Mapping[str, str] = field(default_factory=dict)
     gcloud_components: tuple[str, ...] = ("alpha", "beta")
     vm_docker_credential_helper: bool = True
+    region_quotas: Mapping[str, float] = field(
+        default_factory=lambda: {"PREEMPTIBLE_TPU_V6E": 64.0, "N4_CPUS": 512.0, "CPUS": 2400.0}
+    )
     iam_propagation_seconds: float = 0.5
     minute_seconds: float = 0.0
     kueue_admits: bool = True

@@ -198,6 +198,7 @@ COMMANDS: tuple[GcloudCommand, ...] = (
         ),
     ),
     GcloudCommand(("compute", "reservations", "describe"), (P("RESERVATION"),), (F("zone"),)),
+    GcloudCommand(("compute", "regions", "describe"), (P("NAME"),), ()),
     GcloudCommand(("compute", "networks", "describe"), (P("NAME"),), ()),
     GcloudCommand(
         ("compute", "firewall-rules", "list"),

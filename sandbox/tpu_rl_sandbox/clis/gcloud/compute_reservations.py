@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -65,6 +66,29 @@ class ReservationsCommands(GcloudCall):
             "status": spec.get("status", "READY"),
             "zone": base,
         }
+
+    def cmd_compute_regions_describe(self, parsed: GcloudParse) -> int:
+        """``gcloud compute regions describe REGION``: the Region resource (compute v1) with its
+        ``quotas`` (metric, limit, usage), the limits from the sandbox setting ``region_quotas``."""
+        project = self.project(parsed)
+        region = str(parsed.positionals["NAME"])
+        path = f"projects/{project}/regions/{region}"
+        self._require_permission("compute.regions.get", project, path)
+        if not re.fullmatch(r"[a-z]+-[a-z]+[0-9]+", region):
+            raise GcloudError(f"Could not fetch resource:\n - The resource '{path}' was not found")
+        quotas = [
+            {"limit": float(limit), "metric": metric, "usage": 0.0}
+            for metric, limit in sorted(load_settings(self.layout).region_quotas.items())
+        ]
+        resource = {
+            "kind": "compute#region",
+            "name": region,
+            "quotas": quotas,
+            "selfLink": f"https://www.googleapis.com/compute/v1/{path}",
+            "status": "UP",
+        }
+        self.out(formatted(resource, parsed.get("format")))
+        return 0
 
     def cmd_compute_reservations_describe(self, parsed: GcloudParse) -> int:
         project = self.project(parsed)
