@@ -74,9 +74,14 @@ PYTEST_ARGS := -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 # or provider version runs the same code, so they run in `unit` only.
 AIRFLOW_FREE_TESTS := tests/spec tests/render tests/golden tests/maxtext tests/sql tests/sandbox tests/docker
 
-# The whole suite on Airflow 3.3; `make test` runs it in two parts, one on each side.
+# Tests no Airflow line changes that run on the Airflow 2.11 leg instead of the 3.3 leg: the lease race
+# between two runs (two `airflow dags test` of the GKE pipeline at once, cheaper on 2.11), so the two
+# sides of `make test` end together. `make test-all` runs them on 3.3 as well.
+ON_AIRFLOW_2_11_ONLY := tests/e2e/test_cluster_lease.py
+
+# The whole suite on Airflow 3.3 (but ON_AIRFLOW_2_11_ONLY); `make test` runs it in two parts, one on each side.
 unit: venv postgres chromium
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest $(PYTEST_ARGS) $(addprefix --ignore=,$(ON_AIRFLOW_2_11_ONLY))
 
 unit-airflow: venv postgres chromium
 	$(BIN)/pytest $(PYTEST_ARGS) $(addprefix --ignore=,$(AIRFLOW_FREE_TESTS))
@@ -86,21 +91,24 @@ unit-airflow-free: venv
 
 # Tests that use Airflow but whose behaviour no Airflow line changes: the operator tests that call
 # execute() with a plain-dict context and check the provider's own logic against the sandbox (run
-# identity, shared buckets, cleanup, the cluster's lifecycle, the job operators' failure handling,
-# metrics, the JobSet trigger's recovery without its cancel path), the lease race between two runs
-# (GCS preconditions and preflight), the sweep example (the same operators in a hand-written DAG),
-# `tpu-rl doctor` (tools, gcloud and ADC; its connection lookup is the hooks' own, tested on 2.11)
-# and the wheel's contents (built from the sources alone). On Airflow 2.11 the pipelines' end-to-end runs drive
+# identity and the run directory's takeover, shared buckets, cleanup, the cluster's lifecycle, the
+# job operators' failure handling, metrics, the JobSet trigger's recovery without its cancel path),
+# the sweep example (the same
+# operators in a hand-written DAG), `tpu-rl doctor` (tools, gcloud and ADC; its connection lookup is
+# the hooks' own, tested on 2.11), the wheel's contents (built from the sources alone) and the test
+# file each module has (a file listing). On Airflow 2.11 the pipelines' end-to-end runs drive
 # every operator through real tasks, tests/operators/test_templating.py
 # renders every argument, and the JobSet trigger, janitor and preflight tests run there too;
 # tests/test_airflow_free.py checks that none of these files branches on the Airflow version and
 # that every module that does is tested on 2.11. `make test-all` runs them on 2.11 as well.
-SAME_ON_EVERY_AIRFLOW := tests/operators/test_bucket_sharing.py tests/operators/test_ensure_bucket.py tests/operators/test_jobset_trigger_recovery.py tests/operators/test_first_real_run.py \
-	tests/operators/test_gcluster_job_operators.py tests/operators/test_gke_lifecycle.py \
+SAME_ON_EVERY_AIRFLOW := tests/operators/test_bucket_sharing.py tests/operators/test_ensure_bucket.py tests/triggers/test_jobset_recovery.py tests/operators/test_first_real_run.py \
+	tests/operators/test_gke_jobs.py tests/operators/test_gke.py \
 	tests/operators/test_hygiene.py tests/operators/test_run_identity.py \
-	tests/operators/test_run_dir_takeover.py tests/operators/test_run_dir_takeover_vm.py \
-	tests/operators/test_tpu_vm_operators.py tests/operators/test_tpu_vm_capacity.py tests/operators/test_training_metrics.py \
-	tests/e2e/test_cluster_lease.py tests/e2e/test_sweep_example.py tests/test_doctor.py tests/test_wheel.py
+	tests/operators/test_run_dir_takeover.py tests/operators/test_run_dir_takeover_vm.py tests/operators/test_takeover.py \
+	tests/operators/test_tpu_vm.py tests/operators/test_tpu_vm_capacity.py tests/operators/test_training_metrics.py \
+	tests/operators/test_boot_image.py \
+	tests/e2e/test_sweep_example.py tests/test_doctor.py tests/test_wheel.py \
+	tests/docs/test_module_map.py
 
 # Every other test that runs Airflow or the providers, again on Airflow 2.11.2, the end-to-end runs
 # and the real services included (lint and types run once).
@@ -108,21 +116,25 @@ test-airflow-2.11: $(VENV_211)/.installed postgres chromium
 	PATH=$(CURDIR)/$(VENV_211)/bin:$$PATH $(VENV_211)/bin/pytest $(PYTEST_ARGS) \
 	  $(addprefix --ignore=,$(AIRFLOW_FREE_TESTS) $(SAME_ON_EVERY_AIRFLOW))
 
-# The lowest provider versions: the tests of the code that calls the providers. The hooks, sensors,
-# triggers, ledger and compat fallbacks, and the operator tests of the modules that call a provider
-# themselves (the JobSet client and trigger, the janitor's GCSHook, the links, preflight's
-# TimeDeltaTrigger, the operators' connection-project default; tests/test_airflow_free.py checks
-# the list). Every operator module is collected there, and the sandbox demo runs both pipelines
-# through every operator; the other operator tests reach the providers only through the hooks tested
-# here, and run on 3.3 and 2.11.
-LOWEST_TESTS := tests/hooks tests/sensors tests/triggers tests/ledger tests/test_compat.py \
-	tests/operators/test_jobset_trigger.py tests/operators/test_run_identity_kube_patch.py \
-	tests/operators/test_janitor_orphans.py tests/operators/test_janitor_sandbox.py \
-	tests/operators/test_deploy_cluster_link.py tests/operators/test_preflight.py tests/test_links.py \
-	tests/operators/test_connection_project.py
+# The lowest provider versions: the tests of the code that calls the providers. The hooks, the tool
+# runtime, the bucket's records, sensors, triggers (but the JobSet trigger's recovery, which no
+# provider version changes), ledger, the provider's errors and compat fallbacks, and the operator
+# tests of the modules that call a provider themselves (the JobSet client, the janitor's GCSHook,
+# record_run's upload, the links and the provider's metadata, preflight's TimeDeltaTrigger, the
+# operators' connection-project default; the OpenLineage facets against the lowest OpenLineage
+# provider, and the asset events on Airflow 2.11's datasets; tests/test_airflow_free.py checks the list). Every operator
+# and trigger test module is collected there, and the sandbox demo runs both pipelines through every
+# operator; the other operator tests reach the providers only through the hooks tested here, and run
+# on 3.3 and 2.11.
+LOWEST_TESTS := tests/hooks tests/toolchain tests/records tests/sensors tests/ledger tests/test_compat.py \
+	tests/triggers/test_gcs_checkpoint.py tests/triggers/test_gcs_checkpoint_on_emulator.py tests/triggers/test_jobset.py \
+	tests/operators/test_run_identity_kube_patch.py tests/operators/test_janitor_orphans.py tests/operators/test_janitor.py \
+	tests/operators/test_deploy_cluster_link.py tests/operators/test_preflight.py tests/operators/test_base.py \
+	tests/operators/test_ledger.py tests/test_links.py tests/test_get_provider_info.py tests/test_exceptions.py \
+	tests/test_lineage.py tests/test_assets.py
 test-lowest: $(VENV_LOWEST)/.installed postgres
 	PATH=$(CURDIR)/$(VENV_LOWEST)/bin:$$PATH $(VENV_LOWEST)/bin/pytest $(PYTEST_ARGS) $(LOWEST_TESTS)
-	PATH=$(CURDIR)/$(VENV_LOWEST)/bin:$$PATH $(VENV_LOWEST)/bin/pytest -qq --collect-only tests/operators
+	PATH=$(CURDIR)/$(VENV_LOWEST)/bin:$$PATH $(VENV_LOWEST)/bin/pytest -qq --collect-only tests/operators tests/triggers
 	PATH=$(CURDIR)/$(VENV_LOWEST)/bin:$$PATH $(VENV_LOWEST)/bin/tpu-rl-sandbox demo --dir .sandbox-lowest --airflow-home .demo-lowest/airflow
 
 # Two sides at once: the whole Airflow 3.3 leg (`unit`, one pytest session: its short Airflow-free
@@ -146,6 +158,7 @@ test-side-others:
 # check (SAME_ON_EVERY_AIRFLOW) on Airflow 2.11 too.
 test-all: test $(VENV_211)/.installed postgres chromium
 	PATH=$(CURDIR)/$(VENV_211)/bin:$$PATH $(VENV_211)/bin/pytest $(PYTEST_ARGS) $(SAME_ON_EVERY_AIRFLOW)
+	$(BIN)/pytest $(PYTEST_ARGS) $(ON_AIRFLOW_2_11_ONLY)
 
 # MaxText's own to_maxtext and to_huggingface on CPU, with the keys the pipelines render, judged by the
 # provider's layout rules (tests/maxtext_real; about 8 minutes here, not part of `make test`; .ci/run
@@ -167,9 +180,12 @@ plan: venv
 demo: venv
 	$(BIN)/tpu-rl-sandbox demo
 
-# Benchmarks (not tests): parse time vs stock operators, orchestration overhead, worker-slot time.
+# Benchmarks (not tests): parse time vs stock operators, orchestration overhead, worker-slot time,
+# TPU time and cost. BENCH_ARGS passes options on, e.g. make bench BENCH_ARGS="--tpu-time-only
+# --stage-minutes '{\"train\": 60}'" (tpu-rl-sandbox bench --help).
+BENCH_ARGS ?=
 bench: venv
-	$(BIN)/tpu-rl-sandbox bench
+	$(BIN)/tpu-rl-sandbox bench $(BENCH_ARGS)
 
 # The docs' screenshots (docs/screenshots/: both trigger forms, the runs dashboard, a run page),
 # taken again after a change: the Chromium session of tests/services/test_browser_trigger.py with

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         AirflowFailException,
         AirflowNotFoundException,
         AirflowPlugin,
+        AirflowSkipException,
         ParamValidationError,
         TaskDeferred,
         TaskInstanceKey,
@@ -100,6 +101,7 @@ def task_error(error: BaseException | str | None) -> BaseException | str | None:
 # common-compat older than the release that added the name to its ``sdk`` module.
 SDK_FALLBACKS: dict[str, tuple[str, ...]] = {
     "AirflowFailException": ("airflow.sdk.exceptions", "airflow.exceptions"),  # common-compat 1.10.0
+    "AirflowSkipException": ("airflow.sdk.exceptions", "airflow.exceptions"),  # 1.10.0
     "TaskDeferred": ("airflow.sdk.exceptions", "airflow.exceptions"),  # 1.10.0
     "ParamValidationError": ("airflow.sdk.exceptions", "airflow.exceptions"),  # 1.10.0
     "AirflowException": ("airflow.sdk.exceptions", "airflow.exceptions"),  # 1.11.0
@@ -186,6 +188,7 @@ __all__ = [
     "AirflowFailException",
     "AirflowNotFoundException",
     "AirflowPlugin",
+    "AirflowSkipException",
     "ParamValidationError",
     "TaskDeferred",
     "TaskInstanceKey",

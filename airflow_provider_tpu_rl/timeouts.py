@@ -44,6 +44,9 @@ DEFAULT_TASK_MINUTES: Final[dict[str, float]] = {
     "vm_create": 60,
     # Installing MaxText and its dependencies on every worker of a TPU VM over SSH.
     "install": 90,
+    # Baking the TPU VM's boot image: a CPU VM, Docker, the workload image's pull (over 10 GB), the
+    # VM stopped and its 200 GB disk imaged.
+    "bake": 120,
     # The janitor's scan and the destroys it starts.
     "janitor": 240,
 }
@@ -74,6 +77,8 @@ PIPELINE_STAGES: Final[dict[str, tuple[tuple[str, bool], ...]]] = {
         ("preflight", True),
         ("short", True),  # ensure_bucket
         ("short", True),  # sync_hf_token
+        ("bake", True),  # bake_image (beside the CPU VM's tasks: counted as if after them)
+        ("teardown", True),  # delete_bake_vm
         ("vm_create", True),  # create_cpu_vm
         ("install", True),  # install_cpu_vm
         ("convert", True),

@@ -45,6 +45,11 @@ the actor checkpoint is committed, whatever the training did. `destroy_cluster` 
 everything left, the pool included when its own destroy failed. `keep_cluster` keeps the cluster,
 not the TPU pool.
 
+**Assets.** Once the converted checkpoint is committed, `publish_converted_<preset>` emits
+`tpu-rl://converted-checkpoints/<preset>`; after the export, `promote_model` writes the model card and
+applies `min_reward_gain`, and `publish_<preset>` emits `tpu-rl://models/<preset>` for a promoted
+model. The other presets' tasks skip (docs/assets.md).
+
 **Trigger form.** *Run Parameters* (open): project, region, zone, bucket, reservation, capacity (the TPU node
 pool's: on-demand, the default; reservation, which names one; spot; flex-start); the
 prefilled `my-tpu-project` and `my-tpu-rl-bucket` are examples, marked in their titles,
@@ -92,7 +97,9 @@ with pipeline.pipeline_dag(
             **args["convert_to_maxtext"],
             **pipeline.transient("convert"),
         )
-        waits.wait_converted_checkpoint()
+        pipeline.publish_converted_tasks(
+            args["promote_model"]["model"], GKE_MODELS, waits.wait_converted_checkpoint()
+        )
     with pipeline.stage_group("training"):
         # The TPU node pool (its own deployment group) exists only while training needs it: deployed
         # once the converted checkpoint is committed, destroyed once the actor checkpoint is.
@@ -116,6 +123,7 @@ with pipeline.pipeline_dag(
             **pipeline.transient("export"),
         )
         waits.wait_hf_export()
+        pipeline.promote_model_task(args["promote_model"], GKE_CLUSTER_TASK_IDS, GKE_MODELS)
     with pipeline.stage_group("teardown"):
         # The bucket is a setup too: once it exists the destroy runs, also after a deploy that
         # failed half-way (a stockout leaves a cluster without TPU nodes). It also owns delete_bucket.

@@ -1,4 +1,5 @@
-"""Session-wide fixtures shared by the test packages, and a hermetic home for the whole suite.
+"""Session-wide fixtures shared by the test packages (the sandbox, the GCS emulator, the parsed DAG
+folder), and a hermetic home for the whole suite.
 
 Before anything imports Airflow, the suite gets a home of its own: ``HOME`` and ``AIRFLOW_HOME``
 point into one temporary folder per pytest invocation (shared by its xdist workers, which inherit
@@ -14,8 +15,10 @@ import atexit
 import os
 import shutil
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 _HOME_ENV = "TPU_RL_TEST_HOME"
 
@@ -39,6 +42,8 @@ _hermetic_home()
 
 import pytest  # noqa: E402
 
+from tests.support.dags import parse_dags_folder, serialize_dags  # noqa: E402
+from tests.support.gcs_emulator import GcsEmulator, running_gcs_emulator  # noqa: E402
 from tpu_rl_sandbox.commands.lifecycle import SandboxInfo, sandbox_down, sandbox_up  # noqa: E402
 
 # tests/maxtext_real runs MaxText's own converters (minutes, GBs of venvs): `make test-maxtext` only.
@@ -53,8 +58,8 @@ LONGEST_FIRST = (
     "tests/e2e/test_gke_pipeline.py",
     "tests/e2e/",
     "tests/docs/test_operator_guide.py",
-    "tests/operators/test_jobset_trigger.py",
-    "tests/operators/test_jobset_trigger_recovery.py",
+    "tests/triggers/test_jobset.py",
+    "tests/triggers/test_jobset_recovery.py",
     "tests/operators/test_run_identity.py",
     "tests/operators/",
     "tests/dags/test_dag_runs.py",
@@ -86,3 +91,29 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxInfo]:
         yield info
     finally:
         sandbox_down(info.root)
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GcsEmulator]:
+    """fake-gcs-server on a free loopback port, Airflow's GCS hooks pointed at it, one bucket
+    (``EMULATOR_BUCKET``) for the session: each test writes under names of its own."""
+    with running_gcs_emulator(tmp_path_factory) as emulator:
+        yield emulator
+
+
+@pytest.fixture
+def gcs_prefix() -> str:
+    """A folder of its own for each test, so tests sharing the session's bucket never interfere."""
+    return f"t-{uuid.uuid4().hex[:12]}/"
+
+
+@pytest.fixture(scope="session")
+def dag_bag() -> Any:
+    """The project's ``dags/`` folder, parsed once per session."""
+    return parse_dags_folder()
+
+
+@pytest.fixture(scope="session")
+def serialized_dags(dag_bag: Any) -> dict[str, Any]:
+    """The DAGs as the scheduler and the API server see them (serialized and read back)."""
+    return serialize_dags(dag_bag)

@@ -16,8 +16,8 @@ from airflow_provider_tpu_rl.ledger import cli as ledger_cli
 from airflow_provider_tpu_rl.ledger import plots
 from airflow_provider_tpu_rl.ledger.hook import RunLedger, sqlite_connection_uri
 from airflow_provider_tpu_rl.ledger.records import MetricRecord, RunRecord
-from tests.ledger.fakes import minutes
-from tests.png import decoded_png
+from tests.support.ledger_fakes import minutes
+from tests.support.png import decoded_png
 
 TPU_RL = str(Path(sys.executable).with_name("tpu-rl"))
 

@@ -116,7 +116,13 @@ def test_with_common_compat_1_8_every_name_still_resolves(monkeypatch: pytest.Mo
 
     monkeypatch.setattr(common_compat, "sdk", _OldSdk("sdk"))
     resolved = {name: compat.sdk_name(name) for name in compat.SDK_FALLBACKS}
-    exceptions = ("AirflowException", "AirflowFailException", "AirflowNotFoundException", "TaskDeferred")
+    exceptions = (
+        "AirflowException",
+        "AirflowFailException",
+        "AirflowNotFoundException",
+        "AirflowSkipException",
+        "TaskDeferred",
+    )
     for name in (*exceptions, "ParamValidationError"):
         assert issubclass(resolved[name], BaseException), name
         assert resolved[name].__name__ == name

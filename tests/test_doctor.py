@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.toolpath import path_without
+from tests.support.toolpath import path_without
 from tpu_rl_sandbox.clis.tool_stubs import STUB_TOOLS, write_tool_stubs
 from tpu_rl_sandbox.commands.lifecycle import SandboxInfo
 from tpu_rl_sandbox.world.layout import SandboxLayout

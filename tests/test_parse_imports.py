@@ -35,7 +35,18 @@ PARSE_TIME_MODULES: list[str] = [
     "dags/tpu_rl_tpu_vm_pipeline.py",
     "dags/tpu_rl_janitor.py",
     "dags/tpu_rl_sweep_example.py",
+    "dags/tpu_rl_model_consumer_example.py",
 ]
+# Airflow (3 and 2.11) loads every provider's asset URI handlers when the first asset (dataset) is
+# built, whatever its URI's scheme, and the google provider's handler imports its GCS hook: a DAG
+# file with an asset (the pipelines' model assets, their consumer) cannot avoid these
+# (test_building_an_asset_loads_them; aiohttp is already loaded by Airflow 2.11 itself).
+ASSET_HANDLER_IMPORTS: tuple[str, ...] = (
+    "airflow.providers.google.cloud.hooks.gcs",
+    "google.cloud.storage",
+    "googleapiclient",
+    "aiohttp",
+)
 
 # Must not be in sys.modules after importing one of the modules above.
 FORBIDDEN_AT_PARSE: tuple[str, ...] = (
@@ -121,7 +132,7 @@ def probes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]
 @pytest.mark.parametrize("module", PARSE_TIME_MODULES)
 def test_parse_time_module_imports_no_heavy_client(module: str, probes: dict[str, dict[str, Any]]) -> None:
     result = probes[module]
-    assert result["loaded"] == [], (
+    assert [name for name in result["loaded"] if name not in ASSET_HANDLER_IMPORTS] == [], (
         f"importing {module} loads {result['loaded']} ({result['seconds']:.2f}s): import them inside "
         "execute / the hook method / the trigger's run, and use TYPE_CHECKING for annotations"
     )
@@ -156,6 +167,19 @@ def test_the_forbidden_modules_are_installed_so_the_check_means_something() -> N
 def test_the_probe_sees_a_heavy_import(tmp_path: Path) -> None:
     (result,) = probe_imports(["airflow.providers.google.cloud.hooks.gcs"], home=tmp_path).values()
     assert {"airflow.providers.google.cloud.hooks.gcs", "google.cloud.storage"} <= set(result["loaded"])
+
+
+def test_building_an_asset_loads_them(tmp_path: Path) -> None:
+    dag_file = tmp_path / "asset_dag.py"
+    dag_file.write_text(
+        "from datetime import datetime\n"
+        "from airflow.providers.common.compat.sdk import DAG, Asset\n"
+        "with DAG('asset_only', schedule=Asset('tpu-rl://models/x'), start_date=datetime(2026, 1, 1)):\n"
+        "    pass\n"
+    )
+    (result,) = probe_imports([str(dag_file)], home=tmp_path).values()
+    preloaded = () if AIRFLOW_V_3_0_PLUS else AIRFLOW_2_PRELOADS
+    assert set(ASSET_HANDLER_IMPORTS) - set(preloaded) <= set(result["loaded"])
 
 
 def test_the_probe_parses_a_dag_file_given_as_a_path(tmp_path: Path) -> None:

@@ -34,8 +34,8 @@ from airflow_provider_tpu_rl.operators.gke_jobs import (
 )
 from airflow_provider_tpu_rl.pipelines.arguments import gke_task_arguments
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, gke_pipeline_from_conf
-from tests.compat import capture_task_logs, task_log_debug
-from tests.operators.sandbox_run import (
+from tests.support.compat import capture_task_logs, task_log_debug
+from tests.support.sandbox_run import (
     RecordingTI,
     SandboxRun,
     defer,

@@ -5,7 +5,7 @@ A developer tool, not part of the provider wheel. From the repository root::
     python -m tools.params_doc          # print the table
     python -m tools.params_doc --write  # replace the table in docs/params.md
 
-``tests/docs/test_params_doc.py`` fails while the document's table differs from the table this
+``tests/spec/test_params.py`` fails while the document's table differs from the table this
 writes, so a parameter added to ``spec/params.py`` reaches the docs with the same change.
 """
 

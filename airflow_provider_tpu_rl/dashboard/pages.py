@@ -18,7 +18,13 @@ from html import escape
 from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 
-from airflow_provider_tpu_rl.ledger.cli import UNKNOWN, format_cost, format_resumes, format_reward
+from airflow_provider_tpu_rl.ledger.cli import (
+    UNKNOWN,
+    format_cost,
+    format_promoted,
+    format_resumes,
+    format_reward,
+)
 from airflow_provider_tpu_rl.ledger.records import ArtifactRecord, RunSummary, StepRecord
 
 TITLE = "TPU RL runs"
@@ -207,7 +213,13 @@ def _duration_cell(run: RunSummary, now: datetime) -> str:
     return f"{format_clock(seconds)} so far" if counting else format_clock(seconds)
 
 
-BILLED_TOOLTIP = "Chips x hours the TPU capacity existed, from its create to its delete"
+BILLED_TOOLTIP = (
+    "Chips x hours the TPU machines ran, by their own clocks: each from its start to its stop or "
+    "delete, at least a minute each (waiting for capacity, provisioning and shutting down bill nothing)"
+)
+HELD_TOOLTIP = (
+    "Chips x hours from the start of the task creating the TPU capacity to the end of the one deleting it"
+)
 TRAINED_TOOLTIP = "Chips x hours the training job ran, never more than billed"
 COLUMNS: tuple[Column, ...] = (
     Column("Run", "The DAG and its run id; opens the run's page", lambda r, _: r.run_id),
@@ -265,6 +277,13 @@ COLUMNS: tuple[Column, ...] = (
         "Hugging Face export",
         "Where the trained model was exported",
         lambda r, _: r.export_uri or UNKNOWN,
+    ),
+    Column(
+        "Promoted",
+        "The promotion gate: yes (the model asset's event was emitted), not promoted (its reward "
+        "gain was below min_reward_gain: no event), - (the gate never ran)",
+        lambda r, _: format_promoted(r.promoted),
+        cell_tooltip=lambda r: r.promotion or "",
     ),
 )
 # A refused run has values up to here; its reason spans the other columns.
@@ -368,10 +387,12 @@ def _summary(run: RunSummary, now: datetime) -> str:
             ("TPU chips", UNKNOWN if run.chips is None else str(run.chips), ""),
             ("TPU billed (chip-hours)", format_chip_hours(run.chip_hours), BILLED_TOOLTIP),
             ("TPU trained (chip-hours)", format_chip_hours(run.busy_chip_hours), TRAINED_TOOLTIP),
+            ("TPU capacity held (chip-hours)", format_chip_hours(run.held_chip_hours), HELD_TOOLTIP),
             ("TPU idle", idle_inputs(run), ""),
             ("Training resumes", format_resumes(run.resumes, run.steps_lost, run.seconds_lost), ""),
             ("Est. cost (USD)", format_cost(run.estimated_cost_usd), cost_basis(run)),
             ("Hugging Face export", run.export_uri or UNKNOWN, ""),
+            ("Promotion", run.promotion or UNKNOWN, "The promotion gate's decision (min_reward_gain)"),
         ]
     )
 
@@ -441,6 +462,18 @@ def _stages(ui: AirflowUi, run: RunSummary, steps: Sequence[StepRecord]) -> str:
     return "<table class='stages'>" + head + "<tbody>" + "".join(lines) + "</tbody></table>"
 
 
+# The Cloud console's page of one GCS object (what the model card's link opens).
+GCS_OBJECT_CONSOLE = "https://console.cloud.google.com/storage/browser/_details/"
+
+
+def _output(artifact: ArtifactRecord) -> str:
+    """An output's URI; the model card's a link to it in the Cloud console."""
+    if artifact.kind == "model_card" and artifact.uri.startswith("gs://"):
+        href = GCS_OBJECT_CONSOLE + artifact.uri.removeprefix("gs://")
+        return f"<a href='{escape(href)}' title='the model card (README.md)'>{escape(artifact.uri)}</a>"
+    return escape(artifact.uri)
+
+
 def run_page(
     root: str,
     run: RunSummary,
@@ -465,7 +498,7 @@ def run_page(
         + f"<a href='{escape(root)}/'>All TPU RL runs</a></nav>"
     )
     outputs = "".join(
-        f"<tr><th>{escape(a.kind)}</th><td>{escape(a.uri)}"
+        f"<tr><th>{escape(a.kind)}</th><td>{_output(a)}"
         f"{'' if a.step is None else f' (step {a.step})'}</td></tr>"
         for a in artifacts
     )

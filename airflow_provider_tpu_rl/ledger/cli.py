@@ -23,7 +23,8 @@ RUNS_COLUMNS = (
     "STATE",
     "DURATION",
     "MEAN REWARD",
-    "TPU CHIP-H",
+    "PROMOTED",
+    "BILLED CHIP-H",
     "TRAINED",
     "IDLE",
     "RESUMES",
@@ -199,12 +200,22 @@ def format_resumes(resumes: int | None, steps_lost: int | None, seconds_lost: fl
     return f"{resumes} ({steps}, {format_duration(seconds_lost)} lost)"
 
 
-def format_tpu_time(billed: float | None, busy: float | None, usd: float | None) -> str:
-    """``billed 4.3 TPU chip-hours, trained 1.2 (idle 72%), est. $11.61``."""
-    return (
+def format_promoted(promoted: bool | None) -> str:
+    """``yes``, ``not promoted`` (the promotion gate held the model back) or ``-`` (the gate never
+    ran)."""
+    return UNKNOWN if promoted is None else ("yes" if promoted else "not promoted")
+
+
+def format_tpu_time(
+    billed: float | None, busy: float | None, usd: float | None, held: float | None = None
+) -> str:
+    """``billed 4.3 TPU chip-hours, trained 1.2 (idle 72%), est. $11.61``, billed by the machines'
+    clocks; with ``held``: ``; capacity held 4.9`` (the create task's start to the delete task's end)."""
+    line = (
         f"billed {format_chip_hours(billed)} TPU chip-hours, trained {format_chip_hours(busy)} "
         f"(idle {format_share(idle_share(billed, busy))}), est. ${format_cost(usd)}"
     )
+    return line if held is None else f"{line}; capacity held {format_chip_hours(held)}"
 
 
 def runs_table_rows(runs: Sequence[RunSummary]) -> list[tuple[str, ...]]:
@@ -219,6 +230,7 @@ def runs_table_rows(runs: Sequence[RunSummary]) -> list[tuple[str, ...]]:
             run.state or UNKNOWN,
             format_duration(run.duration_seconds),
             format_reward(run.pre_mean_reward, run.post_mean_reward, run.num_test_batches),
+            format_promoted(run.promoted),
             format_chip_hours(run.chip_hours),
             format_chip_hours(run.busy_chip_hours),
             format_share(run.idle_share),
@@ -233,7 +245,7 @@ def runs_table_rows(runs: Sequence[RunSummary]) -> list[tuple[str, ...]]:
 def format_runs_table(runs: Sequence[RunSummary]) -> str:
     """A fixed-width table of runs, aligned columns separated by two spaces."""
     right_aligned = {
-        RUNS_COLUMNS.index(name) for name in ("DURATION", "TPU CHIP-H", "TRAINED", "IDLE", "COST $")
+        RUNS_COLUMNS.index(name) for name in ("DURATION", "BILLED CHIP-H", "TRAINED", "IDLE", "COST $")
     }
     return _format_table(RUNS_COLUMNS, runs_table_rows(runs), right_aligned)
 

@@ -18,6 +18,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
+from airflow_provider_tpu_rl.ledger.billing import BilledSpan, closed_at, spans_from_json
 from airflow_provider_tpu_rl.ledger.records import (
     NUM_TEST_BATCHES_METRIC,
     ArtifactRecord,
@@ -33,10 +34,12 @@ from airflow_provider_tpu_rl.ledger.records import (
 log = logging.getLogger(__name__)
 
 # The TPU capacity's create and delete: on GKE the TPU node pool's own deployment group, deployed
-# after the conversion and destroyed once the actor checkpoint is committed.
+# after the conversion and destroyed once the actor checkpoint is committed. The delete returns the
+# capacity's billed spans, read from the machines' clocks (operators/billing.py); the two tasks'
+# span is the capacity the run held.
 GKE_CLUSTER_TASK_IDS = ("deploy_tpu_pool", "destroy_tpu_pool")
-# The TPU VM's billed span: its create to its delete, which surround training only (the CPU VM the
-# conversions run on is not TPU time).
+# The TPU VM: its create and delete, which surround training only (the CPU VM the conversions run
+# on is not TPU time).
 TPU_VM_CLUSTER_TASK_IDS = ("create_vm", "delete_vm")
 TPU_VM_CHIPS = 8
 TRAIN_TASK_ID = "train"
@@ -77,15 +80,18 @@ def collect_run_from_context(
     recorded_steps: Mapping[str, StepRecord] | None = None,
     now: datetime | None = None,
     usd_per_chip_hour: float | None = None,
+    billing_task_id: str | None = None,
 ) -> Collected:
     """The run, its steps, metrics and artifacts, as the ledger stores them.
 
     The run is ``failed`` when a task other than a teardown (and other than ``ignored_task_ids``)
     failed or was upstream_failed, or when Airflow already marked the DAG run failed; else
     ``success``. Teardown tasks are ``teardown_task_ids`` or, when None, the DAG's tasks with
-    ``is_teardown``; the calling task is always one. Chip-hours use the cluster's lifetime:
-    start of ``cluster_task_ids[0]`` to end of ``cluster_task_ids[1]`` (or ``now``); the TPU time
-    that trained is :func:`training_span`.
+    ``is_teardown``; the calling task is always one. Billed TPU time comes from the machines'
+    clocks: the spans ``billing_task_id`` (default ``cluster_task_ids[1]``, the task that deletes
+    the capacity) returned under ``billed`` (:func:`billed_spans`); the capacity held is the start
+    of ``cluster_task_ids[0]`` to the end of ``cluster_task_ids[1]`` (or ``now``); the TPU time that
+    trained is :func:`training_span`.
     """
     current = now or datetime.now(UTC)
     dag_run = context["dag_run"]
@@ -112,6 +118,7 @@ def collect_run_from_context(
 
     train_result = _xcom(own_ti, train_task_id)
     train_started, train_ended = training_span(train_result, steps.get(train_task_id))
+    billed = billed_spans(_xcom(own_ti, billing_task_id or cluster_task_ids[1]), current)
     run = RunRecord(
         dag_id=dag_run.dag_id,
         airflow_run_id=dag_run.run_id,
@@ -126,6 +133,7 @@ def collect_run_from_context(
         train_started_at=train_started,
         train_ended_at=train_ended,
         usd_per_chip_hour=usd_per_chip_hour,
+        billed_spans=billed,
         resume_loss=resume_loss(
             train_result.get("attempts") if isinstance(train_result, Mapping) else None,
             make_run_id(dag_run.dag_id, dag_run.run_id),
@@ -138,6 +146,15 @@ def collect_run_from_context(
         for artifact in artifacts_from_sensor_result(kind, _xcom(own_ti, task_id))
     ]
     return run, sorted(steps.values(), key=lambda step: step.task_id), metrics, artifacts
+
+
+def billed_spans(result: Any, now: datetime) -> tuple[BilledSpan, ...] | None:
+    """The TPU machines' RUNNING spans a capacity-deleting task returned (``{"billed": {"spans":
+    [...]}}``), a span still open ended at ``now`` (the machine still ran, or its end could not be
+    read, when the run was recorded); None when the task returned none (it failed, or never ran)."""
+    billed = result.get("billed") if isinstance(result, Mapping) else None
+    spans = spans_from_json(billed.get("spans")) if isinstance(billed, Mapping) else None
+    return None if spans is None else closed_at(spans, now)
 
 
 def training_span(result: Any, step: StepRecord | None) -> tuple[datetime | None, datetime | None]:

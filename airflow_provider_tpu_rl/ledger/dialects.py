@@ -179,6 +179,11 @@ RUNS = TableSpec(
         Column("steps_lost", "INT64"),
         Column("seconds_lost", "FLOAT64"),
         Column("settings_json", "STRING"),
+        # written by promote_model; record_run's NULL keeps it
+        Column("promotion", "STRING"),
+        Column("billed_chip_seconds", "FLOAT64"),
+        Column("billed_spans_json", "STRING"),
+        Column("held_chip_hours", "FLOAT64"),
     ),
 )
 
@@ -342,6 +347,10 @@ def run_row(run: RunRecord, recorded_at: datetime) -> dict[str, Any]:
         "steps_lost": run.resume_loss.steps_lost if run.resume_loss else None,
         "seconds_lost": run.resume_loss.seconds_lost if run.resume_loss else None,
         "settings_json": run.settings_json,
+        "promotion": run.promotion,
+        "billed_chip_seconds": run.billed_chip_seconds,
+        "billed_spans_json": run.billed_spans_json,
+        "held_chip_hours": run.held_chip_hours,
     }
 
 

@@ -125,11 +125,14 @@ def run_curves(run_id: str, metrics: Iterable[MetricRecord], final_step: int | N
 
 @dataclass(frozen=True)
 class RunTimeline:
-    """A run's stages in time, with the TPU's billed and training spans (minutes from the start)."""
+    """A run's stages in time, with the TPU's spans (minutes from the start): billed (when any TPU
+    machine ran, by its own clock), held (the capacity's create task to its delete task) and
+    training."""
 
     stages: tuple[tuple[str, float, float, str], ...]  # task id, start, end, state
-    billed: tuple[float, float] | None = None
+    billed: tuple[tuple[float, float], ...] = ()
     trained: tuple[float, float] | None = None
+    held: tuple[float, float] | None = None
     idle_share: float | None = None
     resume_loss: ResumeLoss | None = None
 
@@ -167,13 +170,29 @@ def run_timeline(run: RunRecord, steps: Iterable[StepRecord], ignored: Iterable[
             key=lambda s: s[1],
         )
     )
+    billed = [
+        (minutes(piece.started_at), minutes(piece.ended_at or piece.started_at))
+        for piece in run.billed_spans or ()
+    ]
     return RunTimeline(
         stages=stages,
-        billed=span(run.cluster_started_at, run.cluster_ended_at),
+        billed=union(billed),
+        held=span(run.cluster_started_at, run.cluster_ended_at),
         trained=span(run.train_started_at, run.train_ended_at),
         idle_share=idle_share(run.chip_hours, run.busy_chip_hours),
         resume_loss=run.resume_loss,
     )
+
+
+def union(spans: Iterable[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
+    """Overlapping spans joined (when any of the machines ran), in order."""
+    joined: list[tuple[float, float]] = []
+    for start, end in sorted(spans):
+        if joined and start <= joined[-1][1]:
+            joined[-1] = (joined[-1][0], max(joined[-1][1], end))
+        else:
+            joined.append((start, end))
+    return tuple(joined)
 
 
 def _figure(width: float, height: float) -> Figure:
@@ -184,7 +203,8 @@ def _figure(width: float, height: float) -> Figure:
 
 def run_curves_figure(curves: RunCurves, timeline: RunTimeline | None = None) -> Figure:
     """Two panels: mean reward by step (before, evaluations, after) and train loss by step; with a
-    timeline, a third below them: the stages, the TPU's billed span and the part that trained."""
+    timeline, a third below them: the stages, the TPU's billed spans (its machines' clocks), the
+    capacity held, and the part that trained."""
     with_timeline = timeline is not None and not timeline.empty
     figure = _figure(10, 8 if with_timeline else 4)
     if with_timeline:
@@ -246,8 +266,12 @@ def _draw_timeline(axes: Any, timeline: RunTimeline) -> None:
         title += f"; training resumed {loss.resumes}x, {loss.steps_lost} steps{lost} lost"
     axes.set_title(title + ")")
     axes.set_xlabel("minutes from the first stage's start")
-    if timeline.billed is not None:
-        axes.axvspan(*timeline.billed, color="tab:red", alpha=0.12, label="TPU billed")
+    if timeline.held is not None:
+        axes.axvspan(*timeline.held, facecolor="none", edgecolor="tab:red", hatch="//", alpha=0.3,
+                     label="TPU capacity held (its tasks)")  # fmt: skip
+    for index, (start, end) in enumerate(timeline.billed):
+        label = "TPU billed (machines' clocks)" if index == 0 else None
+        axes.axvspan(start, end, color="tab:red", alpha=0.15, label=label)
     if timeline.trained is not None:
         axes.axvspan(*timeline.trained, color="tab:green", alpha=0.3, label="TPU training")
     colours = {"success": "tab:blue", "failed": "tab:red", "upstream_failed": "tab:orange"}
@@ -255,7 +279,7 @@ def _draw_timeline(axes: Any, timeline: RunTimeline) -> None:
         axes.barh(row, max(end - start, 0.01), left=start, color=colours.get(state, "tab:gray"), height=0.6)
     axes.set_yticks(range(len(timeline.stages)), [task for task, *_ in timeline.stages], fontsize="small")
     axes.invert_yaxis()
-    if timeline.billed is not None or timeline.trained is not None:
+    if timeline.billed or timeline.held is not None or timeline.trained is not None:
         # outside the data, right of the bars (the last stages end at the right edge, where a legend
         # inside would cover them); the constrained layout makes room for it
         axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", borderaxespad=0.0)

@@ -6,13 +6,17 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from itertools import pairwise
 from typing import Any
 
+from airflow_provider_tpu_rl.ledger.billing import BilledSpan, billed_chip_seconds, spans_from_json
+from airflow_provider_tpu_rl.ledger.billing import as_utc as as_utc
+from airflow_provider_tpu_rl.ledger.promotion import is_promoted
+
 RUN_STATES = ("running", "success", "failed")
 METRIC_PHASES = ("pre", "intermediate", "post", "train")
-ARTIFACT_KINDS = ("converted_checkpoint", "actor_checkpoint", "hf_export", "curves")
+ARTIFACT_KINDS = ("converted_checkpoint", "actor_checkpoint", "hf_export", "curves", "model_card")
 
 _SECRET_KEY = re.compile(
     r"token|secret|password|passwd|credential|api[_-]?key|private[_-]?key", re.IGNORECASE
@@ -23,17 +27,6 @@ REDACTED = "***"
 def make_run_id(dag_id: str, airflow_run_id: str) -> str:
     """The ledger's key of a DAG run: ``<dag_id>/<airflow run_id>``."""
     return f"{dag_id}/{airflow_run_id}"
-
-
-def as_utc(value: datetime | str | None) -> datetime | None:
-    """A timezone-aware UTC datetime from a datetime or an ISO-8601 string (naive means UTC)."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
-    if value.tzinfo is None:
-        return value.replace(tzinfo=UTC)
-    return value.astimezone(UTC)
 
 
 def task_instance_start(ti: Any, *, estimate: bool = True) -> datetime | None:
@@ -173,6 +166,11 @@ class RunRecord:
     # what the run was asked to do (model, capacity, steps, learning rate, run name, TPU shape):
     # validate's resolved values, which the dashboard's run page lists (None: not known)
     settings: Mapping[str, Any] | None = None
+    # the promotion gate's one line ("promoted: ...", "not promoted: ..."; None: the gate never ran)
+    promotion: str | None = None
+    # the TPU machines' RUNNING spans, from their own clocks (ledger/billing.py); a machine still
+    # running when the run was recorded is billed up to then (None: not known)
+    billed_spans: tuple[BilledSpan, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.state not in RUN_STATES:
@@ -191,9 +189,33 @@ class RunRecord:
         return seconds_between(self.started_at, self.ended_at)
 
     @property
+    def billed_chip_seconds(self) -> float | None:
+        """TPU chip-seconds billed by the machines' clocks: each RUNNING span of each TPU machine,
+        at least a minute, times its chips (:func:`~airflow_provider_tpu_rl.ledger.billing.billed_chip_seconds`);
+        None when the spans are not known."""
+        if self.billed_spans is None:
+            return None
+        return billed_chip_seconds(self.billed_spans, self.ended_at)
+
+    @property
     def chip_hours(self) -> float | None:
-        """Billed TPU chip-hours: the TPU capacity's lifetime (create to delete) x chips."""
+        """Billed TPU chip-hours (:attr:`billed_chip_seconds`)."""
+        seconds = self.billed_chip_seconds
+        return None if seconds is None else seconds / 3600.0
+
+    @property
+    def held_chip_hours(self) -> float | None:
+        """TPU chip-hours the run held its capacity: from the start of the task that creates it to the
+        end of the task that deletes it, x chips. More than billed: it counts the create's wait for
+        capacity and provisioning, and the delete's shutdown, which bill nothing."""
         return estimate_chip_hours(self.cluster_started_at, self.cluster_ended_at, self.chips)
+
+    @property
+    def billed_spans_json(self) -> str | None:
+        """The billed spans as JSON; None when not known."""
+        if self.billed_spans is None:
+            return None
+        return json.dumps([span.as_dict() for span in self.billed_spans], sort_keys=True)
 
     @property
     def busy_chip_hours(self) -> float | None:
@@ -334,6 +356,25 @@ class RunSummary:
     seconds_lost: float | None = None
     usd_per_chip_hour: float | None = None
     settings_json: str | None = None
+    promotion: str | None = None
+    billed_chip_seconds: float | None = None
+    held_chip_hours: float | None = None
+    billed_spans_json: str | None = None
+
+    @property
+    def promoted(self) -> bool | None:
+        """Whether the promotion gate promoted the model; None when it never ran."""
+        return is_promoted(self.promotion)
+
+    @property
+    def billed_spans(self) -> tuple[BilledSpan, ...] | None:
+        """The TPU machines' billed spans (:attr:`RunRecord.billed_spans`); None when not known."""
+        if not self.billed_spans_json:
+            return None
+        try:
+            return spans_from_json(json.loads(self.billed_spans_json))
+        except ValueError:
+            return None
 
     @property
     def idle_share(self) -> float | None:

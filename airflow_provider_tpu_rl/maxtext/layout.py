@@ -50,6 +50,8 @@ HF_CONFIG_FILE = "config.json"
 HF_SINGLE_WEIGHTS_FILE = "model.safetensors"
 HF_INDEX_FILE = "model.safetensors.index.json"
 HF_TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+# the model card the provider writes beside an export (ledger/model_card.py), checked by promote_model
+HF_MODEL_CARD_FILE = "README.md"
 # ``save_pretrained`` writes one of these depending on the tokenizer class (fast / sentencepiece / BPE).
 HF_TOKENIZER_VOCAB_FILES: tuple[str, ...] = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
@@ -214,15 +216,18 @@ def _expected_weight_files(
 
 
 def hf_export_status(
-    object_names: Iterable[str], index_json: Mapping[str, Any] | None, prefix: str
+    object_names: Iterable[str], index_json: Mapping[str, Any] | None, prefix: str, *, with_card: bool = False
 ) -> ExportStatus:
     """Judge the export folder ``prefix`` from its listing and, when listed, its parsed index json.
 
     Complete when ``config.json``, every shard the index's ``weight_map`` names (or a single
-    ``model.safetensors``), ``tokenizer_config.json`` and a tokenizer vocabulary file all exist.
+    ``model.safetensors``), ``tokenizer_config.json`` and a tokenizer vocabulary file all exist;
+    ``with_card``: and the provider's model card ``README.md`` (written once the export is whole).
     """
     files = _top_level_files(object_names, prefix)
     missing: list[str] = []
+    if with_card and HF_MODEL_CARD_FILE not in files:
+        missing.append(HF_MODEL_CARD_FILE)
     if HF_CONFIG_FILE not in files:
         missing.append(HF_CONFIG_FILE)
     expected_weights, missing_weights = _expected_weight_files(files, index_json)
@@ -320,8 +325,11 @@ class ExportProbeResult:
     error: str | None = None
 
 
-def probe_hf_export(prefix: str) -> Generator[ProbeRequest, Any, ExportProbeResult]:
-    """One poll of a Hugging Face export folder (lists it, reads the index json when present)."""
+def probe_hf_export(
+    prefix: str, *, with_card: bool = False
+) -> Generator[ProbeRequest, Any, ExportProbeResult]:
+    """One poll of a Hugging Face export folder (lists it, reads the index json when present);
+    ``with_card``: the model card must be there too."""
     folder = as_folder(prefix)
     names: list[str] = yield ListFolder(folder)
     index_json: dict[str, Any] | None = None
@@ -330,10 +338,10 @@ def probe_hf_export(prefix: str) -> Generator[ProbeRequest, Any, ExportProbeResu
         try:
             parsed = json.loads(raw)
         except ValueError as err:
-            status = hf_export_status(names, None, folder)
+            status = hf_export_status(names, None, folder, with_card=with_card)
             return ExportProbeResult(status=status, error=f"{folder}{HF_INDEX_FILE} is not JSON: {err}")
         index_json = parsed if isinstance(parsed, dict) else {}
-    return ExportProbeResult(status=hf_export_status(names, index_json, folder))
+    return ExportProbeResult(status=hf_export_status(names, index_json, folder, with_card=with_card))
 
 
 def checkpoint_event_payload(bucket: str, state: StepState, items: Sequence[str]) -> dict[str, Any]:

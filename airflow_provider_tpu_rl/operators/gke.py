@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from collections.abc import Mapping, Sequence
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,10 +14,12 @@ from airflow.providers.common.compat.sdk import Context
 from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.exceptions import ConfigurationError, LeaseHeldError
 from airflow_provider_tpu_rl.links import GKEClusterLink
+from airflow_provider_tpu_rl.operators import billing
 from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, expiry_of_run, fail_fast
 from airflow_provider_tpu_rl.records.lease import ClusterLeaseHook, Lease, held_message, utc_text
+from airflow_provider_tpu_rl.records.resources import read_resource_record, write_resource_record
 from airflow_provider_tpu_rl.render import gke
-from airflow_provider_tpu_rl.render.blueprint import BLUEPRINT_RELPATH, customize_blueprint
+from airflow_provider_tpu_rl.render.blueprint import BLUEPRINT_RELPATH, TPU_GROUP, customize_blueprint
 from airflow_provider_tpu_rl.spec import rules
 from airflow_provider_tpu_rl.spec.cluster import ClusterSpec, default_capacity
 from airflow_provider_tpu_rl.spec.pipeline import cluster_from_arguments, hf_token_spec, run_suffix
@@ -389,46 +390,6 @@ def destroy_cluster(
         gke.remove_workdir(workdir)
 
 
-def write_resource_record(
-    gcp_conn_id: str,
-    bucket: str,
-    name: str,
-    record: Mapping[str, Any],
-    impersonation_chain: str | Sequence[str] | None = None,
-) -> None:
-    """What the janitor needs to destroy a resource this run creates, written before it exists."""
-    from airflow_provider_tpu_rl.hooks.credentials import gcs_hook
-
-    gcs_hook(gcp_conn_id, impersonation_chain).upload(
-        bucket_name=bucket,
-        object_name=gke.resource_record_object(name),
-        data=json.dumps(dict(record), sort_keys=True),
-        mime_type="application/json",
-        timeout=RECORD_TIMEOUT_S,
-    )
-
-
-def read_resource_record(
-    gcp_conn_id: str, bucket: str, name: str, impersonation_chain: str | Sequence[str] | None = None
-) -> dict[str, Any] | None:
-    """The resource record, or ``None`` when there is none (or it is not a JSON object)."""
-    from google.api_core.exceptions import NotFound
-
-    from airflow_provider_tpu_rl.hooks.credentials import gcs_hook
-
-    try:
-        raw = gcs_hook(gcp_conn_id, impersonation_chain).download(
-            bucket_name=bucket, object_name=gke.resource_record_object(name), timeout=RECORD_TIMEOUT_S
-        )
-    except NotFound:
-        return None
-    try:
-        record = json.loads(raw)
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None
-
-
 def delete_run_bucket(
     operator: GclusterBaseOperator,
     context: Context,
@@ -475,7 +436,6 @@ def delete_run_bucket(
     return {"bucket_deleted": False, "objects_deleted": names, "bucket_kept": why}
 
 
-RECORD_TIMEOUT_S = 60
 # The least a lease lasts when taken (a late retry of deploy, close to the cluster's expiry).
 LEASE_MIN_SECONDS = 600
 
@@ -651,6 +611,8 @@ class GclusterDeployOperator(_ClusterOperator):
             deploy_seconds = round(time.time() - started, 3)
         finally:
             gke.remove_workdir(workdir)
+        if TPU_GROUP in only:  # the TPU nodes' clocks, for the ledger
+            billing.note_pool_nodes(self, cluster, since=datetime.fromtimestamp(started, UTC))
         return {
             "cluster_name": cluster.cluster_name,
             "project": cluster.project,
@@ -819,14 +781,20 @@ class GclusterDestroyOperator(_ClusterOperator):
         """Destroy ``only`` groups of a cluster this run may tear down; the rest stays."""
         dag_id, run_id = self.run_ids(context)
         owned, lease = self.owned_lease(cluster, dag_id, run_id)
+        billed = owned and TPU_GROUP in only  # the TPU nodes' clocks, for the ledger
+        if billed:
+            billing.note_pool_nodes(self, cluster)  # their latest starts, before they go
         if owned:
             expires_at = expiry_of_run(context, rules.integer("max_cluster_hours", self.max_cluster_hours, 1))
             destroy_cluster(
                 self.hook, cluster, dag_id=dag_id, run_id=run_id, expires_at=expires_at, only_groups=only
             )
-        return {
+        result = {
             "cluster_name": cluster.cluster_name,
             "groups": list(only),
             "destroyed": owned,
             "lease_holder": lease.holder if lease is not None else None,
         }
+        if billed:
+            result[billing.XCOM_KEY] = billing.pool_billed(self, cluster)
+        return result

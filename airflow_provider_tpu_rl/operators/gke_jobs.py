@@ -42,9 +42,22 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 from airflow.providers.common.compat.sdk import Context
 
 from airflow_provider_tpu_rl import timeouts
+from airflow_provider_tpu_rl.assets import (
+    converted_checkpoint_asset_uri,
+    emit_asset_events,
+    leave_converted_event,
+)
 from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailException, conf, default_deferrable
 from airflow_provider_tpu_rl.exceptions import ConfigurationError, RunDirBusyError
+from airflow_provider_tpu_rl.ledger.model_card import base_model_facts
 from airflow_provider_tpu_rl.ledger.records import NUM_TEST_BATCHES_METRIC, reward_summary
+from airflow_provider_tpu_rl.lineage import (
+    Lineage,
+    LineageMixin,
+    conversion_lineage,
+    export_lineage,
+    training_lineage,
+)
 from airflow_provider_tpu_rl.links import CloudLoggingJobLink, GCSBrowserLink, GKEWorkloadLink
 from airflow_provider_tpu_rl.maxtext.layout import (
     CONVERTED_CHECKPOINT_ITEMS,
@@ -71,7 +84,7 @@ from airflow_provider_tpu_rl.records.run_dirs import (
     vouches,
 )
 from airflow_provider_tpu_rl.records.writers import WriterState
-from airflow_provider_tpu_rl.render import gke
+from airflow_provider_tpu_rl.render import gke, maxtext
 from airflow_provider_tpu_rl.render.command import Command
 from airflow_provider_tpu_rl.spec import rules
 from airflow_provider_tpu_rl.spec.cluster import CPU_COMPUTE_TYPE, GkeJobTarget
@@ -188,14 +201,18 @@ class JobPlan:
     run_dir: str = ""
     settings: Mapping[str, str] = field(default_factory=dict)
     foreign: bool = False
+    lineage: Lineage | None = None  # what the job reads and writes, for OpenLineage
 
 
 # The trigger's outcomes after which this run's job no longer writes its directory.
 JOB_OVER: Final = frozenset({"success", "missing", "failed", "timeout", "conflict", "unadmitted"})
 
 
-class _GclusterJobOperator(GclusterBaseOperator):
+class _GclusterJobOperator(LineageMixin, GclusterBaseOperator):
     """Submit-or-attach a ``gcluster job``, defer while it runs, verify its output in GCS.
+
+    With the OpenLineage provider, the finished task reports the job's inputs and outputs (GCS
+    folders, the Hugging Face repos) and its MaxText command (:mod:`airflow_provider_tpu_rl.lineage`).
 
     :param project_id: project of the cluster; empty: the GCP connection's project.
     :param location: region of the cluster.
@@ -669,6 +686,7 @@ class _GclusterJobOperator(GclusterBaseOperator):
     @fail_fast
     def execute(self, context: Context) -> dict[str, Any]:
         plan = self.plan(context)
+        self._lineage = plan.lineage
         # Said before the first GCS and GKE calls: their clients' imports and the connection
         # lookups take seconds, which would otherwise be silent in the task log.
         self.log.info(
@@ -730,6 +748,7 @@ class _GclusterJobOperator(GclusterBaseOperator):
     @fail_fast
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
         plan = self.plan(context)
+        self._lineage = plan.lineage
         event = event or {}
         name = event.get("job_name") or plan.name
         status = event.get("status")
@@ -821,6 +840,13 @@ class MaxTextConvertOperator(_GclusterJobOperator):
     Skipped when the converted checkpoint is already complete in GCS (commit markers present):
     it depends only on the model, so any run may reuse it.
 
+    Once the checkpoint is verified complete (converted now or reused), the task's ``outlets`` get
+    an asset event (:func:`airflow_provider_tpu_rl.assets.emit_asset_events`): an ``Asset`` such as
+    ``converted_checkpoint_asset(model)`` gets the ``extra`` below, an ``AssetAlias`` gets
+    ``tpu-rl://converted-checkpoints/<model>`` added with it. ``extra``: ``run_id``, ``dag_id``,
+    ``airflow_run_id``, ``model``, ``base_model``, ``checkpoint_uri`` (the conversion's folder),
+    ``parameters_uri`` (its ``0/items/``), ``job_name``, ``reused`` and ``maxtext_release``.
+
     Takes the job arguments of :class:`_GclusterJobOperator`, plus:
 
     :param hf_model_path: HF repo id to convert; empty = the preset's.
@@ -842,6 +868,41 @@ class MaxTextConvertOperator(_GclusterJobOperator):
         super().__init__(**kwargs)
         self.hf_model_path = hf_model_path
         self.output_directory = output_directory
+        self._emitted_for: int | None = None
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        return self.emit_converted(context, super().execute(context))
+
+    def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self.emit_converted(context, super().execute_complete(context, event))
+
+    def converted_extra(self, context: Context, result: Mapping[str, Any]) -> dict[str, Any]:
+        """The converted checkpoint's asset event ``extra``: flat, no secret."""
+        preset = self.preset()
+        dag_id, run_id = self.run_ids(context)
+        return {
+            "run_id": f"{dag_id}/{run_id}",
+            "dag_id": dag_id,
+            "airflow_run_id": run_id,
+            "model": str(self.model),
+            "base_model": base_model_facts(str(self.model), self.hf_model_path or None).hub_id,
+            "checkpoint_uri": run_dir(self.plan(context).output_uri),
+            "parameters_uri": result.get("checkpoint_uri"),
+            "job_name": result.get("job_name"),
+            "reused": bool(result.get("skipped")),
+            "maxtext_release": preset.maxtext_version,
+        }
+
+    def emit_converted(self, context: Context, result: dict[str, Any]) -> dict[str, Any]:
+        """Emit the checkpoint's asset events once per try (``execute`` may finish in ``execute_complete``)."""
+        if self._emitted_for == id(context):
+            return result
+        self._emitted_for = id(context)
+        uri, extra = converted_checkpoint_asset_uri(str(self.model)), self.converted_extra(context, result)
+        for line in emit_asset_events(context, self.outlets or (), uri, extra):
+            self.log.info("Asset event: %s", line)
+        leave_converted_event(context, extra)
+        return result
 
     def plan(self, context: Context) -> JobPlan:
         preset = self.preset()
@@ -860,6 +921,7 @@ class MaxTextConvertOperator(_GclusterJobOperator):
             conversion.output_directory,
             run_dir=run_dir(conversion.output_directory),
             settings={"model_name": conversion.model_name, "hf_model_path": conversion.hf_model_path or ""},
+            lineage=conversion_lineage(conversion, machine=maxtext.TPU if target.tpu else maxtext.CPU),
         )
 
     def output_ready(self, plan: JobPlan) -> dict[str, Any] | None:
@@ -931,6 +993,9 @@ class MaxTextExportOperator(_GclusterJobOperator):
             export.output_directory,
             run_dir=run_dir(export.output_directory),
             settings={"model_name": export.model_name, "load_parameters_path": export.load_parameters_path},
+            lineage=export_lineage(
+                export, machine=maxtext.TPU if target.tpu else maxtext.CPU, override_architecture=True
+            ),
         )
 
     def output_ready(self, plan: JobPlan) -> dict[str, Any] | None:
@@ -1029,6 +1094,10 @@ class PathwaysRLTrainOperator(_GclusterJobOperator):
             training.final_step,
             run_dir=run_dir(f"{training.base_output_directory.rstrip('/')}/{training.run_name}"),
             settings=settings,
+            lineage=training_lineage(
+                training,
+                maxtext.program_argv(maxtext.TRAIN_RL, gke.train_rl_pairs(training), machine=maxtext.TPU),
+            ),
         )
 
     def output_ready(self, plan: JobPlan) -> dict[str, Any] | None:

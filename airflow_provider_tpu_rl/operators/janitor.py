@@ -49,6 +49,7 @@ from airflow_provider_tpu_rl.records.janitor_sources import (
 )
 from airflow_provider_tpu_rl.records.lease import ClusterLeaseHook, Lease, lease_object
 from airflow_provider_tpu_rl.render import gke, tpu_vm
+from airflow_provider_tpu_rl.render.billing import CLUSTER_LABEL
 from airflow_provider_tpu_rl.render.command import Command
 from airflow_provider_tpu_rl.spec.cluster import ON_DEMAND, RESERVATION, default_capacity
 
@@ -114,7 +115,9 @@ def _candidates(hook: GclusterHook, project: str) -> list[ManagedResource]:
     listing = hook.run_checked(tpu_vm.list_managed_vms(project), log_output=False).output_lines
     for item in parse_json_listing(listing):
         labels = {str(k): str(v) for k, v in (item.get("labels") or {}).items()}
-        if labels.get(gke.MANAGED_LABEL) == "true":
+        # A GKE node VM carries its pool's resource labels (the blueprint's, ours among them) and
+        # GKE's own: it is the cluster's, destroyed with it, never a VM of the TPU VM pipeline.
+        if labels.get(gke.MANAGED_LABEL) == "true" and CLUSTER_LABEL not in labels:
             zone = str(item.get("zone", "")).rsplit("/", 1)[-1]
             found.append(
                 ManagedResource(

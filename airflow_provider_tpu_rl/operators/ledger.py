@@ -90,8 +90,9 @@ def run_settings(derived: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def tpu_time_line(run: RunRecord) -> str:
-    """One line: billed and training chip-hours, the idle share and the estimated cost."""
-    return format_tpu_time(run.chip_hours, run.busy_chip_hours, run.estimated_cost_usd)
+    """One line: billed (the machines' clocks) and training chip-hours, the idle share, the
+    estimated cost and the capacity held."""
+    return format_tpu_time(run.chip_hours, run.busy_chip_hours, run.estimated_cost_usd, run.held_chip_hours)
 
 
 class RecordRunOperator(BaseOperator):
@@ -108,7 +109,11 @@ class RecordRunOperator(BaseOperator):
     ledger row is what this task is for.
 
     :param conn_id: the ledger's Airflow connection.
-    :param cluster_task_ids: the tasks that create and destroy the billed TPU capacity.
+    :param cluster_task_ids: the tasks that create and destroy the TPU capacity (the capacity held
+        runs from the first's start to the second's end); the second's return value holds the
+        machines' billed spans (``billed``: ``TpuVmDeleteOperator``, ``GclusterDestroyOperator`` with
+        ``only_groups=["tpu"]``), else the billed time is unknown (``collect_options``
+        ``billing_task_id`` names another task).
     :param ignored_task_ids: tasks whose failure does not fail the recorded run (the watcher).
     :param teardown_task_ids: teardowns whose failure does not fail the recorded run.
     :param validate_task_id: the task whose XCom holds the resolved values.

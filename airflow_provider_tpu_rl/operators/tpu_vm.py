@@ -13,6 +13,11 @@ from typing import Any
 
 from airflow.providers.common.compat.sdk import Context
 
+from airflow_provider_tpu_rl.assets import (
+    converted_checkpoint_asset_uri,
+    emit_asset_events,
+    leave_converted_event,
+)
 from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailException
 from airflow_provider_tpu_rl.exceptions import (
     CommandError,
@@ -20,13 +25,22 @@ from airflow_provider_tpu_rl.exceptions import (
     LeaseHeldError,
     RunDirBusyError,
 )
+from airflow_provider_tpu_rl.ledger.model_card import base_model_facts
 from airflow_provider_tpu_rl.ledger.records import NUM_TEST_BATCHES_METRIC, reward_summary
+from airflow_provider_tpu_rl.lineage import (
+    Lineage,
+    LineageMixin,
+    conversion_lineage,
+    export_lineage,
+    training_lineage,
+)
 from airflow_provider_tpu_rl.maxtext.layout import (
     CONVERTED_CHECKPOINT_ITEMS,
     CONVERTED_CHECKPOINT_STEP,
     run_dir,
 )
 from airflow_provider_tpu_rl.maxtext.logs import TrainingLogTracker
+from airflow_provider_tpu_rl.operators import billing
 from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, expiry_of_run, fail_fast
 from airflow_provider_tpu_rl.operators.gke import (
     delete_run_bucket,
@@ -53,7 +67,7 @@ from airflow_provider_tpu_rl.records.run_dirs import (
     vouches,
 )
 from airflow_provider_tpu_rl.records.writers import VmWriter
-from airflow_provider_tpu_rl.render import tpu_vm
+from airflow_provider_tpu_rl.render import boot_image, tpu_vm
 from airflow_provider_tpu_rl.render.command import Command
 from airflow_provider_tpu_rl.spec import rules
 from airflow_provider_tpu_rl.spec.cluster import CpuVmSpec, TpuVmSpec, default_capacity
@@ -70,11 +84,17 @@ DEFAULT_MODEL = str(TPU_VM_DEFAULTS["model"])
 
 
 def vm_create_command(
-    conf: Mapping[str, Any], *, dag_id: str, run_id: str, machine: str, expires_at: int
+    conf: Mapping[str, Any],
+    *,
+    dag_id: str,
+    run_id: str,
+    machine: str,
+    expires_at: int,
+    boot_family: str | None = None,
 ) -> tuple[TpuVmSpec | CpuVmSpec, Command]:
     """The run's VM (``machine``: ``tpu`` or ``cpu``) with its labels, and its create argv, from the
-    create's conf (the one its resource record keeps): the create task and a train retry that
-    re-creates a lost TPU VM render the same argv."""
+    create's conf and boot image family (what its resource record keeps): the create task and a
+    train retry that re-creates a lost TPU VM render the same argv."""
     values = dict(conf)
     # a record written before capacity was a conf key: its reservation's capacity, else on-demand
     values.setdefault("capacity", default_capacity(values.get("reservation")))
@@ -82,7 +102,17 @@ def vm_create_command(
     vm = replace(p.cpu_vm if machine == "cpu" else p.vm, labels=tpu_vm.vm_labels(p, expires_at))
     if isinstance(vm, CpuVmSpec):
         return vm, tpu_vm.create_cpu_vm(vm, p.service_account)
-    return vm, tpu_vm.create_vm(vm, p.service_account)
+    return vm, tpu_vm.create_vm(vm, p.service_account, boot_family=boot_family)
+
+
+def boot_family_argument(value: str | None) -> str | None:
+    """A ``boot_image_family`` argument: a baked image family (render/boot_image.py), or None."""
+    if not value:
+        return None
+    try:
+        return boot_image.check_family(str(value))
+    except ValueError as err:
+        raise SpecError("boot_image_family", str(err), value) from None
 
 
 def create_run_vm(
@@ -190,6 +220,9 @@ class TpuVmCreateOperator(_TpuVmOperator):
         the bucket, which the stages need.
     :param keep_vm: recorded for the janitor: a kept VM is only deleted at its expiry.
     :param max_vm_hours: the VM's expiry label, counted from the DAG run's start.
+    :param boot_image_family: the TPU VM boots from this baked image family of its project (Docker
+        and the workload image on its disk: ``TpuVmBootImageOperator``'s result); empty: from its
+        own image family.
     """
 
     template_fields: Sequence[str] = (
@@ -202,6 +235,7 @@ class TpuVmCreateOperator(_TpuVmOperator):
         "grant_service_account",
         "keep_vm",
         "max_vm_hours",
+        "boot_image_family",
     )
 
     def __init__(
@@ -215,9 +249,11 @@ class TpuVmCreateOperator(_TpuVmOperator):
         grant_service_account: bool | str = True,
         keep_vm: bool | str = False,
         max_vm_hours: int | str = 72,
+        boot_image_family: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.boot_image_family = boot_image_family
         self.reservation = reservation
         self.capacity = capacity
         self.service_account = service_account
@@ -240,6 +276,7 @@ class TpuVmCreateOperator(_TpuVmOperator):
             "max_vm_hours": rules.integer("max_vm_hours", self.max_vm_hours, 1, 24 * 7),
         }
         grant = rules.boolean("grant_service_account", self.grant_service_account)
+        boot_family = boot_family_argument(self.boot_image_family) if self.machine == "tpu" else None
         p = tpu_vm_pipeline_from_conf(
             {
                 **conf,
@@ -280,15 +317,23 @@ class TpuVmCreateOperator(_TpuVmOperator):
                 "dag_id": dag_id,
                 "run_id": run_id,
                 "conf": conf,
+                "boot_image_family": boot_family,
                 "expires_at": expires_at,
                 "keep": p.keep_vm,
             },
             self.chain,
         )
         vm, command = vm_create_command(
-            conf, dag_id=dag_id, run_id=run_id, machine=self.machine, expires_at=expires_at
+            conf,
+            dag_id=dag_id,
+            run_id=run_id,
+            machine=self.machine,
+            expires_at=expires_at,
+            boot_family=boot_family,
         )
         create_run_vm(self, self.what, vm, command)
+        if self.machine == "tpu":
+            billing.note_vm(self, vm)  # its billed time: from this start
         if grant:
             self.grant_vm_access(p)
         return vm.vm_name
@@ -339,11 +384,25 @@ class CpuVmCreateOperator(TpuVmCreateOperator):
         return {"cpu_machine_type": self.cpu_machine_type} if self.cpu_machine_type else {}
 
 
-class TpuVmStageOperator(_TpuVmOperator):
+def stage_lineage(p: TpuVmPipelineSpec, stage: str) -> Lineage | None:
+    """What a TPU VM stage reads and writes (None: ``install`` moves no data)."""
+    if stage == "convert":
+        return conversion_lineage(p.conversion, machine=tpu_vm.stage_machine("convert"))
+    if stage == "train":
+        return training_lineage(p.training, tpu_vm.train_argv(p))
+    if stage == "export":
+        return export_lineage(p.export, machine=tpu_vm.stage_machine("export"), override_architecture=False)
+    return None
+
+
+class TpuVmStageOperator(LineageMixin, _TpuVmOperator):
     """Run one stage script (install, convert, train, export) on one of the run's VMs over SSH.
 
     Conversion and export run on the CPU VM, training on the TPU VM; every stage reads and writes
-    GCS.
+    GCS. A ``convert`` stage that finds or makes the converted checkpoint complete gives its
+    ``outlets`` an asset event, as :class:`MaxTextConvertOperator` does (stable asset
+    ``tpu-rl://converted-checkpoints/<preset>``, ``job_name`` null). With the OpenLineage provider, a finished convert, train or export stage reports what it
+    read and wrote and its MaxText command (:mod:`airflow_provider_tpu_rl.lineage`).
 
     :param stage: ``install``, ``convert``, ``train`` or ``export``.
     :param on_machine: ``cpu`` or ``tpu``: the VM of an ``install`` (default the TPU VM); the
@@ -360,10 +419,13 @@ class TpuVmStageOperator(_TpuVmOperator):
         its resource record; only the run holding its lease) and runs its install stage again (the
         image pulled, or MaxText installed); training then resumes from the newest committed
         checkpoint. Off: the retry trains on the VM as it is.
-    :param runtime: how the TPU VM runs MaxText: ``container`` (default: ``install`` prepares
-        Docker and pulls ``workload_image``, ``train`` runs in it) or ``install`` (MaxText
-        installed from sources on the TPU VM, the tutorial's way). The CPU VM always installs.
+    :param runtime: how the VMs run MaxText: ``container`` (default: ``install`` prepares Docker
+        and pulls ``workload_image`` (or, on a TPU VM booted from a baked image, checks it is
+        there), every other stage runs in it) or ``install`` (MaxText installed from sources on
+        both VMs, the tutorial's way): one MaxText release per run either way.
     :param workload_image: the image of runtime ``container``; empty = the post-training image.
+    :param boot_image_family: ``install`` on the TPU VM: it booted from this baked image family
+        (Docker and the workload image on its disk), so the stage only checks they are there.
     :param cancel_previous_writer: ``train``, ``export``, ``convert``: when the run directory's
         claim no longer vouches for its job (expired, or its run ended: a crashed worker) and that
         job still runs on its VM (the training container, a MaxText process), stop it and wait until
@@ -378,6 +440,7 @@ class TpuVmStageOperator(_TpuVmOperator):
         "on_machine",
         "runtime",
         "workload_image",
+        "boot_image_family",
         "run_name",
         "num_batches",
         "train_overrides",
@@ -402,6 +465,7 @@ class TpuVmStageOperator(_TpuVmOperator):
         recover_lost_vm: bool | str = True,
         runtime: str = "container",
         workload_image: str | None = None,
+        boot_image_family: str | None = None,
         cancel_previous_writer: bool | str = False,
         previous_writer_stop_timeout: timedelta = DEFAULT_STOP_TIMEOUT,
         **kwargs: Any,
@@ -415,6 +479,7 @@ class TpuVmStageOperator(_TpuVmOperator):
         self.on_machine = on_machine
         self.runtime = runtime
         self.workload_image = workload_image
+        self.boot_image_family = boot_image_family
         self.run_name = run_name
         self.num_batches = num_batches
         self.train_overrides = train_overrides
@@ -443,6 +508,7 @@ class TpuVmStageOperator(_TpuVmOperator):
             **({"runtime": self.runtime} if self.runtime else {}),
             workload_image=self.workload_image or None,
         )
+        self._lineage = stage_lineage(p, self.stage)
         tracker = TrainingLogTracker()
         total = p.training.final_step
 
@@ -475,7 +541,11 @@ class TpuVmStageOperator(_TpuVmOperator):
                         # One SSH session runs the whole stage: it gets the stage's bound, not a short call's.
                         self.hook.run_checked(
                             tpu_vm.stage_command(
-                                p, self.stage, machine=machine, ssh_key_file=str(self.hook.ssh_key_file())
+                                p,
+                                self.stage,
+                                machine=machine,
+                                ssh_key_file=str(self.hook.ssh_key_file()),
+                                boot_family=boot_family_argument(self.boot_image_family),
                             ),
                             on_line=on_line if self.stage == "train" else None,
                             timeout=stage_command_timeout(self.stage),
@@ -506,7 +576,29 @@ class TpuVmStageOperator(_TpuVmOperator):
                 self.log.info("Training: %s", reward_summary(metrics, evaluated))
         if self.stage == "export":
             out["export_uri"] = p.gcs_export + "/"
+        if self.stage == "convert":
+            self.emit_converted(context, p, reused=done is not None)
         return out
+
+    def emit_converted(self, context: Context, p: TpuVmPipelineSpec, *, reused: bool) -> None:
+        """The ``convert`` stage's asset events: the preset's converted checkpoint, complete."""
+        dag_id, run_id = self.run_ids(context)
+        extra = {
+            "run_id": f"{dag_id}/{run_id}",
+            "dag_id": dag_id,
+            "airflow_run_id": run_id,
+            "model": str(self.model),
+            "base_model": base_model_facts(str(self.model), p.conversion.hf_model_path).hub_id,
+            "checkpoint_uri": run_dir(p.conversion.output_directory),
+            "parameters_uri": p.training.load_parameters_path,
+            "job_name": None,
+            "reused": reused,
+            "maxtext_release": p.preset.maxtext_version,
+        }
+        uri = converted_checkpoint_asset_uri(str(self.model))
+        for line in emit_asset_events(context, self.outlets or (), uri, extra):
+            self.log.info("Asset event: %s", line)
+        leave_converted_event(context, extra)
 
     def still_writing(self, p: TpuVmPipelineSpec, directory: str, run: str) -> bool:
         """After a session that did not end (killed, dropped, failed): whether the stage's job
@@ -584,6 +676,7 @@ class TpuVmStageOperator(_TpuVmOperator):
         if status == "TERMINATED":
             self.log.info("TPU VM %s was stopped under training: starting it", p.vm.vm_name)
             self.hook.run_checked(tpu_vm.start_vm(p.vm), timeout=stage_command_timeout("vm_create"))
+            billing.note_vm(self, p.vm)  # its second billed span: from this start
             return
         dag_id, run_id = self.run_ids(context)
         holder = f"{dag_id}/{run_id}"
@@ -602,12 +695,25 @@ class TpuVmStageOperator(_TpuVmOperator):
         self.log.warning(
             "TPU VM %s was deleted under training: re-creating it as create_vm did", p.vm.vm_name
         )
+        boot_family = boot_family_argument(record.get("boot_image_family"))
         vm, command = vm_create_command(
-            record["conf"], dag_id=dag_id, run_id=run_id, machine="tpu", expires_at=int(record["expires_at"])
+            record["conf"],
+            dag_id=dag_id,
+            run_id=run_id,
+            machine="tpu",
+            expires_at=int(record["expires_at"]),
+            boot_family=boot_family,
         )
         create_run_vm(self, "TPU VM", vm, command)
+        billing.note_vm(self, vm)  # a new incarnation, billed from this start
         self.hook.run_checked(
-            tpu_vm.stage_command(p, "install", machine="tpu", ssh_key_file=str(self.hook.ssh_key_file())),
+            tpu_vm.stage_command(
+                p,
+                "install",
+                machine="tpu",
+                ssh_key_file=str(self.hook.ssh_key_file()),
+                boot_family=boot_family,
+            ),
             timeout=stage_command_timeout("install"),
         )
 
@@ -823,6 +929,9 @@ class TpuVmDeleteOperator(_TpuVmOperator):
         vm = self.target_vm(p)
         lease = leases.read(vm.bucket, vm_lease_name(vm.vm_name))
         owned = self.owns_vm(p, lease, f"{dag_id}/{run_id}")
+        billed = owned and self.machine == "tpu"  # the TPU VM's clocks, for the ledger
+        if billed:
+            billing.note_vm(self, vm)  # a start not noted yet (a create whose note failed)
         if not owned:
             pass
         elif keep:
@@ -835,6 +944,8 @@ class TpuVmDeleteOperator(_TpuVmOperator):
             if lease is not None:
                 leases.release(vm.bucket, lease)
         result: dict[str, Any] = {"vm_name": vm.vm_name, "deleted": deleted, "bucket_deleted": False}
+        if billed:
+            result[billing.XCOM_KEY] = billing.vm_billed(self, vm)
         if delete_bucket:
             result |= delete_run_bucket(self, context, p.vm.bucket)
         return result

@@ -37,8 +37,22 @@ def xcom(key: str) -> str:
     return "{{ " + VALIDATED_MACRO + "(ti)['" + key + "'] }}"
 
 
-# A pipeline DAG's ``user_defined_macros``: what :func:`xcom` templates call.
-PIPELINE_MACROS: Final[dict[str, Any]] = {VALIDATED_MACRO: validated}
+BAKED_MACRO: Final = "baked"
+BAKE_TASK_ID: Final = "bake_image"
+
+
+def baked(ti: Any) -> Any:
+    """The ``bake_image`` task's XCom (the TPU VM's boot image family), ``{}`` when it has none."""
+    return ti.xcom_pull(task_ids=BAKE_TASK_ID) or {}
+
+
+def bake_result(key: str) -> str:
+    """Template reading one value of the ``bake_image`` task's result (None when it has none)."""
+    return "{{ " + BAKED_MACRO + "(ti).get('" + key + "') }}"
+
+
+# A pipeline DAG's ``user_defined_macros``: what :func:`xcom` and :func:`bake_result` templates call.
+PIPELINE_MACROS: Final[dict[str, Any]] = {VALIDATED_MACRO: validated, BAKED_MACRO: baked}
 
 
 def transient_retries() -> dict[str, Any]:
@@ -67,6 +81,21 @@ def _hf_token_arguments(value: Value) -> dict[str, Any]:
         "hf_token_secret": value("hf_token_secret"),
         "sync_from_connection": value("sync_hf_token"),
         "reader_service_accounts": value("secret_readers"),
+    }
+
+
+def _promote_arguments(value: Value, runner: str, image: Any) -> dict[str, Any]:
+    return {
+        "model": value("model"),
+        "export_uri": value("export_uri"),
+        "chips": value("chips"),
+        "min_reward_gain": value("min_reward_gain"),
+        "runner": runner,
+        "image": image,
+        "hf_model_path": value("hf_model_path"),
+        "run_name": value("run_name"),
+        "num_batches": value("num_batches"),
+        "train_overrides": value("train_overrides"),
     }
 
 
@@ -142,6 +171,7 @@ def gke_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
             "checkpoint_step": value("final_step"),
             "cancel_previous_writer": value("cancel_previous_writer"),
         },
+        "promote_model": _promote_arguments(value, "gke", value("image")),
         "destroy_cluster": {
             **cluster,
             "delete_bucket": value("delete_bucket"),
@@ -151,8 +181,13 @@ def gke_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
     }
 
 
-def tpu_vm_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
-    """The arguments of each ``tpu_rl_tpu_vm_pipeline`` operator, named by task id (see above)."""
+def tpu_vm_task_arguments(value: Value, bake: Value | None = None) -> dict[str, dict[str, Any]]:
+    """The arguments of each ``tpu_rl_tpu_vm_pipeline`` operator, named by task id (see above).
+
+    ``bake(key)`` gives one value of the ``bake_image`` task's result (the DAG: :func:`bake_result`;
+    none given: no baked image, the TPU VM boots from its own family).
+    """
+    result = bake or (lambda key: None)
     vm = {
         "project_id": value("project"),
         "zone": value("zone"),
@@ -190,6 +225,15 @@ def tpu_vm_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
             "bucket": value("bucket"),
         },
         "sync_hf_token": _hf_token_arguments(value),
+        # The TPU VM's boot image: found or baked on a CPU VM of its own, beside the CPU VM's tasks.
+        "bake_image": {
+            **vm,
+            "bake": value("bakes"),
+            "workload_image": value("workload_image"),
+            "service_account": value("service_account"),
+            "max_vm_hours": value("max_vm_hours"),
+        },
+        "delete_bake_vm": {**vm, "bake": value("bakes"), "workload_image": value("workload_image")},
         "create_vm": {
             **vm,
             "reservation": value("reservation"),
@@ -199,6 +243,7 @@ def tpu_vm_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
             "hf_token_secret": value("hf_token_secret"),
             "keep_vm": value("keep_vm"),
             "max_vm_hours": value("max_vm_hours"),
+            "boot_image_family": result("boot_image_family"),
         },
         "create_cpu_vm": {
             **vm,
@@ -210,7 +255,12 @@ def tpu_vm_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
             "max_vm_hours": value("max_vm_hours"),
         },
         "install_cpu_vm": {**stage, "stage": "install", "on_machine": "cpu"},
-        "install_maxtext": {**stage, "stage": "install", "on_machine": "tpu"},
+        "install_maxtext": {
+            **stage,
+            "stage": "install",
+            "on_machine": "tpu",
+            "boot_image_family": result("boot_image_family"),
+        },
         "convert_to_maxtext": {**stage, "stage": "convert"},
         "train": {**stage, "stage": "train", "cancel_previous_writer": value("cancel_previous_writer")},
         "export_to_huggingface": {
@@ -220,6 +270,8 @@ def tpu_vm_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
         },
         # The TPU VM goes as soon as the actor checkpoint is committed; the CPU VM's delete is the
         # last teardown and owns delete_bucket.
+        # the image training ran in (runtime container; install: MaxText from sources, no image)
+        "promote_model": _promote_arguments(value, "tpu_vm", value("training_image")),
         "delete_vm": {**vm, "keep_vm": value("keep_vm"), "delete_bucket": False},
         "delete_cpu_vm": {**vm, "keep_vm": value("keep_vm"), "delete_bucket": value("delete_bucket")},
     }

@@ -9,10 +9,18 @@ from typing import Any, Final
 
 from airflow.providers.common.compat.sdk import DAG, TaskGroup, chain
 
+from airflow_provider_tpu_rl.assets import converted_checkpoint_asset, model_asset
 from airflow_provider_tpu_rl.ledger.hook import step_callbacks
 from airflow_provider_tpu_rl.operators.gke import EnsureBucketOperator, HfTokenSecretOperator
 from airflow_provider_tpu_rl.operators.ledger import RecordRunOperator
 from airflow_provider_tpu_rl.operators.preflight import TpuRlPreflightOperator
+from airflow_provider_tpu_rl.operators.promotion import (
+    PromoteModelOperator,
+    PublishConvertedCheckpointOperator,
+    PublishModelAssetOperator,
+    publish_converted_task_id,
+    publish_task_id,
+)
 from airflow_provider_tpu_rl.pipelines.arguments import PIPELINE_MACROS, transient_retries
 from airflow_provider_tpu_rl.pipelines.failures import WATCHER_TASK_ID, note_failure
 from airflow_provider_tpu_rl.pipelines.form import pipeline_params
@@ -68,9 +76,51 @@ def record_run_task(cluster_task_ids: Sequence[str], **collect_options: Any) -> 
     ).as_teardown()
 
 
+def promote_model_task(
+    args: Mapping[str, Any], cluster_task_ids: Sequence[str], models: Sequence[str], **collect_options: Any
+) -> PromoteModelOperator:
+    """``promote_model``: the model card, the export checked with it, and the promotion gate (skipped
+    when the model's reward gain is below ``min_reward_gain``); then one ``publish_<preset>`` per
+    preset of the pipeline, whose outlet is that model's asset (only the run's model emits)."""
+    promote = PromoteModelOperator(
+        task_id="promote_model",
+        conn_id=LEDGER_CONN_ID,
+        cluster_task_ids=tuple(cluster_task_ids),
+        collect_options=collect_options,
+        **args,
+        **bounded("short"),
+    )
+    for preset in models:
+        promote >> PublishModelAssetOperator(
+            task_id=publish_task_id(preset),
+            model=args["model"],
+            preset=preset,
+            outlets=[model_asset(preset)],
+            **bounded("short"),
+        )
+    return promote
+
+
+def publish_converted_tasks(model: str, models: Sequence[str], after: Any) -> None:
+    """One ``publish_converted_<preset>`` per preset of the pipeline, after ``after`` (the converted
+    checkpoint's commit sensor), whose outlet is that preset's converted-checkpoint asset: the run's
+    model emits the event ``convert_to_maxtext`` left in XCom, the others skip."""
+    for preset in models:
+        after >> PublishConvertedCheckpointOperator(
+            task_id=publish_converted_task_id(preset),
+            model=model,
+            preset=preset,
+            outlets=[converted_checkpoint_asset(preset)],
+            **bounded("short"),
+        )
+
+
 # The graph's groups of a pipeline's stages: what each holds, in words (the group's tooltip).
 STAGE_GROUP_TOOLTIPS: Final[Mapping[str, str]] = {
-    "prepare": "Checks, the bucket, the HF token secret and the machines the conversion runs on",
+    "prepare": (
+        "Checks, the bucket, the HF token secret, the machines the conversion runs on and the TPU "
+        "VM's boot image"
+    ),
     "conversion": "Hugging Face checkpoint to MaxText, and its commit in the bucket",
     "training": "The billed TPUs: created, trained on until the actor checkpoint is committed, deleted",
     "export": "MaxText checkpoint to Hugging Face, and its commit in the bucket",
@@ -87,13 +137,18 @@ def stage_group(group_id: str) -> TaskGroup:
     return TaskGroup(group_id=group_id, prefix_group_id=False, tooltip=STAGE_GROUP_TOOLTIPS[group_id])
 
 
-def chain_in_order(order: Sequence[str], dag: DAG) -> None:
-    """Chain the DAG's tasks in the pipeline's task order (``GKE_TASK_ORDER`` / ``TPU_VM_TASK_ORDER``)."""
+def chain_in_order(order: Sequence[str], dag: DAG, beside: Mapping[str, str] | None = None) -> None:
+    """Chain the DAG's tasks in the pipeline's task order (``GKE_TASK_ORDER`` / ``TPU_VM_TASK_ORDER``);
+    a task of ``beside`` (``TPU_VM_SIDE_TASKS``: task → the one it follows) runs after that one
+    instead, beside the main line (the DAG file joins it back)."""
     by_id = dag.task_dict
-    missing = [task_id for task_id in order if task_id not in by_id]
+    side = dict(beside or {})
+    missing = [task_id for task_id in [*order, *side.values()] if task_id not in by_id]
     if missing:
         raise ValueError(f"the DAG lacks tasks of its order: {missing}")
-    chain(*(by_id[task_id] for task_id in order))
+    chain(*(by_id[task_id] for task_id in order if task_id not in side))
+    for task_id, after in side.items():
+        by_id[after] >> by_id[task_id]
 
 
 def pipeline_dag(pipeline: str, *, dag_id: str, description: str, tags: Sequence[str], doc_md: str) -> DAG:

@@ -14,9 +14,9 @@ the directory over, the job's state is read there, through the paths the provide
   bounded, until no pod of it is left.
 * **VM** (``project/zone/vm``, the stage ``<vm>/<stage>``): the VM's status (``gcloud compute
   instances describe``; gone or stopped: the job is gone), then over SSH (the stage's own path) the
-  processes writing the directory: the training container (``docker inspect``: its command line)
-  and any MaxText process (``pgrep -a``). Stopping them: ``docker rm --force`` and ``kill -KILL``,
-  then the same probe until none is left.
+  processes writing the directory: the stages' containers (``docker inspect``: their command lines;
+  with runtime ``container`` the conversions run in one too) and any MaxText process (``pgrep -a``).
+  Stopping them: ``docker rm --force`` and ``kill -KILL``, then the same probe until none is left.
 
 What cannot be read (permission denied, a network error, an API down) is *unreachable*: the caller
 then goes by the directory's own writes (:class:`DirectoryActivity`).
@@ -44,7 +44,7 @@ from airflow_provider_tpu_rl.exceptions import (
 )
 from airflow_provider_tpu_rl.maxtext.layout import run_dir
 from airflow_provider_tpu_rl.records.run_dirs import VM, WriterClaim
-from airflow_provider_tpu_rl.render.tpu_vm import TRAIN_CONTAINER
+from airflow_provider_tpu_rl.render.tpu_vm import STAGE_CONTAINERS
 from airflow_provider_tpu_rl.toolchain.job_output import JobState
 
 if TYPE_CHECKING:
@@ -86,12 +86,13 @@ def _first(err: BaseException) -> str:
 
 def stop_command(claim: WriterClaim) -> str:
     """How to stop the claim's job by hand, one command: ``gcluster job cancel`` of its JobSet;
-    on a VM, the training container removed over SSH (a converter or exporter ends with its VM)."""
+    on a VM, the stages' containers removed and MaxText's processes killed over SSH."""
     project, location, place = claim.place or ("PROJECT", "LOCATION", "PLACE")
     if claim.platform == VM:
+        containers = " ".join(_CONTAINERS)
         return shlex.join(
             ["gcloud", "compute", "ssh", place, f"--zone={location}", f"--project={project}",
-             f"--command=sudo docker rm --force {TRAIN_CONTAINER}; sudo pkill -KILL -f '{_PROGRAMS}'"]
+             f"--command=sudo docker rm --force {containers}; sudo pkill -KILL -f '{_PROGRAMS}'"]
         )  # fmt: skip
     from airflow_provider_tpu_rl.render import gke
 
@@ -250,41 +251,44 @@ class JobSetWriter:
 # --------------------------------------------------------------------------------------------- VM
 # MaxText's programs as the VM stages start them (python3 -m ...): the trainer and the converters.
 _PROGRAMS: Final = r"maxtext[.](trainers[.]post_train[.]rl[.]train_rl|checkpoint_conversion[.]to_)"
-# What the probe prints: the training container (its running state and command) and every MaxText
-# process (pid and command line). `sudo -n`: never a password prompt; a VM without docker skips it.
+# The stages' containers (train; convert and export with runtime container), in a fixed order.
+_CONTAINERS: Final = tuple(dict.fromkeys(STAGE_CONTAINERS[stage] for stage in ("train", "convert", "export")))
+# What the probe prints: each stage container (its name, running state and command) and every
+# MaxText process (pid and command line). `sudo -n`: never a password prompt; a VM without docker
+# skips them.
 VM_PROBE_SCRIPT: Final = "\n".join(
     [
         "set -u",
         "if command -v docker >/dev/null 2>&1; then",
-        f"  if found=$(sudo -n docker inspect --format '{{{{.State.Running}}}} {{{{json .Config.Cmd}}}}' "
-        f"{TRAIN_CONTAINER} 2>/dev/null); then",
-        '    echo "container ${found}"',
-        "  fi",
+        f"  for name in {' '.join(_CONTAINERS)}; do",
+        "    if found=$(sudo -n docker inspect --format '{{.State.Running}} {{json .Config.Cmd}}' "
+        '"${name}" 2>/dev/null); then',
+        '      echo "container ${name} ${found}"',
+        "    fi",
+        "  done",
         "fi",
         f"pgrep -a -f '{_PROGRAMS}' | sed 's/^/process /' || true",
         "echo probe-done",
         "",
     ]
 )
-_CONTAINER_LINE = re.compile(r"^container (true|false) (\[.*\])$")
+_CONTAINER_LINE = re.compile(r"^container ([a-z0-9-]+) (true|false) (\[.*\])$")
 _PROCESS_LINE = re.compile(r"^process ([0-9]+) (.*)$")
 
 
 @dataclass(frozen=True)
 class VmWriters:
-    """What a VM's probe found writing a directory: the training container, the processes."""
+    """What a VM's probe found writing a directory: the stages' containers, the processes."""
 
-    container: bool
+    containers: tuple[str, ...]
     pids: tuple[int, ...]
 
     @property
     def any(self) -> bool:
-        return self.container or bool(self.pids)
+        return bool(self.containers) or bool(self.pids)
 
     def describe(self) -> str:
-        parts = ([f"container {TRAIN_CONTAINER}"] if self.container else []) + [
-            f"process {pid}" for pid in self.pids
-        ]
+        parts = [f"container {name}" for name in self.containers] + [f"process {pid}" for pid in self.pids]
         return ", ".join(parts)
 
 
@@ -296,26 +300,26 @@ def parse_vm_probe(output: Sequence[str], directory: str) -> VmWriters | None:
     lines = [line.strip() for line in output]
     if "probe-done" not in lines:
         return None
-    container, pids = False, []
+    containers, pids = [], []
     for line in lines:
         if match := _CONTAINER_LINE.match(line):
             try:
-                argv = [str(word) for word in json.loads(match[2])]
+                argv = [str(word) for word in json.loads(match[3])]
             except (ValueError, TypeError):
                 continue
-            if match[1] == "true" and command_run_dir(shlex.join(argv)) == wanted:
-                container = True
+            if match[2] == "true" and match[1] in _CONTAINERS and command_run_dir(shlex.join(argv)) == wanted:
+                containers.append(match[1])
         elif (match := _PROCESS_LINE.match(line)) and command_run_dir(match[2]) == wanted:
             pids.append(int(match[1]))
-    return VmWriters(container, tuple(pids))
+    return VmWriters(tuple(containers), tuple(pids))
 
 
 def vm_stop_script(found: VmWriters) -> str:
-    """Stop what the probe found: the container removed (docker kills its processes), the
+    """Stop what the probe found: the containers removed (docker kills their processes), the
     processes killed; then the probe again."""
     lines = ["set -u"]
-    if found.container:
-        lines.append(f"sudo -n docker rm --force {TRAIN_CONTAINER} >/dev/null 2>&1 || true")
+    if found.containers:
+        lines.append(f"sudo -n docker rm --force {' '.join(found.containers)} >/dev/null 2>&1 || true")
     if found.pids:
         lines.append(f"sudo -n kill -KILL {' '.join(str(pid) for pid in found.pids)} 2>/dev/null || true")
     return "\n".join(lines) + "\n" + VM_PROBE_SCRIPT

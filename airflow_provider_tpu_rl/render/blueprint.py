@@ -226,6 +226,21 @@ def _tpu_pool(modules: list[dict[str, Any]]) -> dict[str, Any]:
     return pools[0]
 
 
+def tpu_pool_names(text: str, num_slices: int) -> list[str]:
+    """The GKE names of the blueprint's TPU node pools: the gke-node-pool module's ``name``, with
+    ``-<index>`` per slice when there are several (``modules/compute/gke-node-pool/main.tf`` l.106
+    at cluster-toolkit c765092: ``join("-", [coalesce(var.name, …), count.index])`` when
+    ``num_slices`` > 1); both spellings with several slices, so either GKE naming is found. Empty
+    when the module names none (its default holds gcluster's module id hash)."""
+    doc = yaml.safe_load(text)
+    if not isinstance(doc, dict):
+        return []
+    name = (_tpu_pool(_modules(doc)).get("settings") or {}).get("name")
+    if not isinstance(name, str) or not name:
+        return []
+    return [name] if num_slices <= 1 else [name, *(f"{name}-{index}" for index in range(num_slices))]
+
+
 def module_references(module: Mapping[str, Any]) -> set[str]:
     """The module ids a module refers to: its ``use`` list and the ``module.output`` names in the
     ``$(...)`` expressions of its settings (``vars.x`` is not a module)."""

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_provider_tpu_rl.render import gke, preflight, tpu_vm
+from airflow_provider_tpu_rl.render import boot_image, gke, preflight, tpu_vm
 from airflow_provider_tpu_rl.render.blueprint import capacity_settings
 from airflow_provider_tpu_rl.render.command import Command
 from airflow_provider_tpu_rl.spec.cluster import RESERVATION
@@ -127,6 +127,16 @@ def tpu_vm_plan(pipeline: TpuVmPipelineSpec, *, now: float | None = None) -> lis
     cpu_teardown: list[Command] = [] if pipeline.keep_vm else [tpu_vm.delete_vm(cpu_vm)]
     if pipeline.delete_bucket:
         cpu_teardown.append(gke.delete_bucket(vm.bucket))
+    # The baked boot image: found in its family, or baked on a CPU VM of its own (skipped at run
+    # time when the family has an image); the TPU VM then boots from the family.
+    bake: list[Command] = []
+    family = None
+    if pipeline.bakes:
+        family, digest = boot_image.plan_family(pipeline.workload_image)
+        if boot_image.pinned_digest(pipeline.workload_image) is None:
+            bake.append(boot_image.resolve_digest(pipeline.workload_image))
+        bake.append(boot_image.find_image(vm.project, family))
+        bake += boot_image.bake_commands(pipeline, family, digest, labels, ssh_key_file=PLAN_SSH_KEY_FILE)
     commands = {
         "preflight": preflight_commands(vm.project, vm.zone, vm.reservation),
         "ensure_bucket": [gke.create_bucket(vm.project, pipeline.region, vm.bucket)],
@@ -138,13 +148,19 @@ def tpu_vm_plan(pipeline: TpuVmPipelineSpec, *, now: float | None = None) -> lis
             tpu_vm.vm_service_account(cpu_vm),
             *grants,
         ],
+        "bake_image": bake,
+        "delete_bake_vm": [boot_image.delete_bake_vm(pipeline.bake_vm)] if pipeline.bakes else [],
         "create_vm": [
-            tpu_vm.create_vm(labelled, pipeline.service_account),
+            tpu_vm.create_vm(labelled, pipeline.service_account, boot_family=family),
             tpu_vm.vm_service_account(vm),
             *grants,
         ],
         **{
-            task_id: [tpu_vm.stage_command(pipeline, stage, machine=machine, ssh_key_file=PLAN_SSH_KEY_FILE)]
+            task_id: [
+                tpu_vm.stage_command(
+                    pipeline, stage, machine=machine, ssh_key_file=PLAN_SSH_KEY_FILE, boot_family=family
+                )
+            ]
             for task_id, stage, machine in (
                 ("install_cpu_vm", "install", "cpu"),
                 ("convert_to_maxtext", "convert", None),

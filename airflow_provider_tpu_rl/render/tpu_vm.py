@@ -24,9 +24,9 @@ VENV = "maxtext_venv"
 
 STAGES = ("install", "convert", "train", "export")
 # The MaxText program of each stage, and so where it runs: the converters' JAX runs on the CPU
-# (maxtext.PROGRAM_DEVICE), so they run on the CPU VM; training needs the TPU. MaxText is
-# installed on the CPU VM; the TPU VM installs it too with runtime ``install``, and with runtime
-# ``container`` pulls the post-training image instead.
+# (maxtext.PROGRAM_DEVICE), so they run on the CPU VM; training needs the TPU. With runtime
+# ``container`` both VMs run the workload image (the TPU VM from a baked boot image, or pulled),
+# with ``install`` both install MAXTEXT_PIP_SPEC: one MaxText release per run either way.
 STAGE_PROGRAM = {"convert": maxtext.TO_MAXTEXT, "train": maxtext.TRAIN_RL, "export": maxtext.TO_HUGGINGFACE}
 MACHINES = (maxtext.CPU, maxtext.TPU)
 STAGE_MACHINE = {stage: maxtext.PROGRAM_DEVICE[program] for stage, program in STAGE_PROGRAM.items()}
@@ -36,17 +36,22 @@ def _labels_flag(labels: Mapping[str, str]) -> list[str]:
     return [f"--labels={','.join(f'{k}={v}' for k, v in labels.items())}"] if labels else []
 
 
-def _create_instance(
+def create_instance(
     vm: TpuVmSpec | CpuVmSpec,
     service_account: str | None,
     capacity: list[str],
     description: str,
     *,
     track: tuple[str, ...] = (),
+    boot_family: str | None = None,
 ) -> Command:
     """``gcloud [track] compute instances create`` of ``vm`` with its image, disk, scope and labels;
-    ``capacity`` is how it is provisioned."""
+    ``capacity`` is how it is provisioned. ``boot_family``: an image family of the VM's own project
+    it boots from instead of its image family (the baked boot image: render/boot_image.py)."""
     sa = [f"--service-account={service_account}"] if service_account else []
+    image_project, image_family = (
+        (vm.project, boot_family) if boot_family else (vm.image_project, vm.image_family)
+    )
     return Command(
         (
             "gcloud",
@@ -58,8 +63,8 @@ def _create_instance(
             f"--zone={vm.zone}",
             f"--project={vm.project}",
             f"--machine-type={vm.machine_type}",
-            f"--image-project={vm.image_project}",
-            f"--image-family={vm.image_family}",
+            f"--image-project={image_project}",
+            f"--image-family={image_family}",
             f"--boot-disk-size={vm.boot_disk_size}",
             *capacity,
             *sa,
@@ -119,22 +124,25 @@ def capacity_flags(vm: TpuVmSpec) -> tuple[tuple[str, ...], list[str]]:
     ]
 
 
-def create_vm(vm: TpuVmSpec, service_account: str | None = None) -> Command:
-    """The TPU VM, provisioned as its ``capacity`` says (:func:`capacity_flags`)."""
+def create_vm(vm: TpuVmSpec, service_account: str | None = None, boot_family: str | None = None) -> Command:
+    """The TPU VM, provisioned as its ``capacity`` says (:func:`capacity_flags`); from the baked
+    boot image of ``boot_family`` when there is one."""
     track, capacity = capacity_flags(vm)
     source = f"reservation {vm.reservation}" if vm.capacity == RESERVATION else f"{vm.capacity} capacity"
-    return _create_instance(
+    booted = f", booted from the baked image family {boot_family}" if boot_family else ""
+    return create_instance(
         vm,
         service_account,
         capacity,
-        f"create TPU VM {vm.vm_name} ({vm.shape.tpu_type}, {source})",
+        f"create TPU VM {vm.vm_name} ({vm.shape.tpu_type}, {source}{booted})",
         track=track,
+        boot_family=boot_family,
     )
 
 
 def create_cpu_vm(vm: CpuVmSpec, service_account: str | None = None) -> Command:
     """The CPU VM: no reservation, standard provisioning."""
-    return _create_instance(
+    return create_instance(
         vm,
         service_account,
         [],
@@ -146,7 +154,7 @@ def delete_vm(vm: TpuVmSpec | CpuVmSpec) -> Command:
     return delete_vm_named(vm.project, vm.zone, vm.vm_name)
 
 
-def delete_vm_named(project: str, zone: str, name: str) -> Command:
+def delete_vm_named(project: str, zone: str, name: str, *, description: str = "") -> Command:
     """Delete a VM; one that is already gone counts as deleted."""
     return Command(
         (
@@ -160,7 +168,7 @@ def delete_vm_named(project: str, zone: str, name: str) -> Command:
             "--quiet",
         ),
         ok_if_output_contains=VM_GONE,
-        description=f"delete VM {name} (its outputs are in GCS)",
+        description=description or f"delete VM {name} (its outputs are in GCS)",
     )
 
 
@@ -376,10 +384,22 @@ def install_script() -> str:
     )
 
 
+def cpu_program_argv(pipeline: TpuVmPipelineSpec, stage: str) -> list[str]:
+    """``python3 -m …`` of the conversion (``convert``) or the export (``export``) on the CPU VM:
+    no TPU there, so MaxText must not look for a JAX cluster (:data:`maxtext.CPU_KEYS`)."""
+    if stage == "convert":
+        return maxtext.to_maxtext_argv(pipeline.conversion, machine=stage_machine("convert"))
+    if stage == "export":
+        return maxtext.to_huggingface_argv(
+            pipeline.export, machine=stage_machine("export"), override_architecture=False
+        )
+    raise ValueError(f"not a CPU stage: {stage!r}")
+
+
 def convert_script(pipeline: TpuVmPipelineSpec) -> str:
-    argv = maxtext.to_maxtext_argv(pipeline.conversion, machine=stage_machine("convert"))
+    """The conversion in the venv ``install_script`` made (runtime ``install``)."""
     lines = _preamble(pipeline, with_token=True)
-    lines.append(with_hf_token(quote_all(argv)))
+    lines.append(with_hf_token(quote_all(cpu_program_argv(pipeline, "convert"))))
     return "\n".join(lines) + "\n"
 
 
@@ -433,23 +453,26 @@ def train_script(pipeline: TpuVmPipelineSpec) -> str:
 
 
 def export_script(pipeline: TpuVmPipelineSpec) -> str:
-    """The export on the CPU VM: no TPU there, so MaxText must not look for a JAX cluster."""
-    argv = maxtext.to_huggingface_argv(
-        pipeline.export, machine=stage_machine("export"), override_architecture=False
-    )
+    """The export in the venv ``install_script`` made (runtime ``install``)."""
     lines = _preamble(pipeline, with_token=True)
-    lines.append(with_hf_token(quote_all(argv)))
+    lines.append(with_hf_token(quote_all(cpu_program_argv(pipeline, "export"))))
     return "\n".join(lines) + "\n"
 
 
-# -- runtime "container": the TPU VM trains in the prebuilt post-training image ------------------
+# -- runtime "container": both VMs run the workload image's MaxText ----------------------------
 # Cloud TPU's "Run TPU workloads in a Docker container" (https://cloud.google.com/tpu/docs/run-in-container)
 # runs its TPU containers with `sudo docker run --net=host --privileged ...`: --privileged gives the
 # container the host's devices (the TPU chips, /dev/vfio or /dev/accel*), --net=host the metadata
 # server (the VM's service account: GCS, as the install runtime's training) and the other hosts'
 # addresses; --ipc=host the host's shared memory (Docker's own /dev/shm is 64 MB).
 DOCKER_RUN_FLAGS = ("--rm", "--privileged", "--net=host", "--ipc=host")
+# The CPU VM's conversions in the same image: no TPU, so no device and no --privileged (a container
+# gets no host device without it); --net=host for the metadata server (the VM's account: GCS).
+CPU_DOCKER_RUN_FLAGS = ("--rm", "--net=host")
 TRAIN_CONTAINER = "tpu-rl-train"
+# Each stage's container, by name: an earlier try's (its SSH session gone, the container not) is
+# removed before the stage starts again, and a writer probe finds it (records/writers.py).
+STAGE_CONTAINERS = {"convert": "tpu-rl-convert", "train": TRAIN_CONTAINER, "export": "tpu-rl-export"}
 
 
 def image_registry(image: str) -> str:
@@ -457,25 +480,30 @@ def image_registry(image: str) -> str:
     return image.split("/", 1)[0]
 
 
-def container_install_script(pipeline: TpuVmPipelineSpec) -> str:
-    """Runtime ``container`` on the TPU VM: Docker (Ubuntu's ``docker.io`` when the image has none),
-    root's credential helper for the image's registry, and the image pulled; nothing is built.
-
-    docker runs as root (``sudo``): the login user is in no ``docker`` group, and a group added now
-    would only apply to a later login; root's ``~/.docker/config.json`` gets the gcloud helper.
-    """
-    image = pipeline.workload_image
-    install_docker = [
+def install_docker_lines() -> list[str]:
+    """Ubuntu's ``docker.io`` when the VM's image has no Docker (after the boot's own apt work)."""
+    return [
         "if ! command -v docker >/dev/null 2>&1; then",
         *(f"  {line}" for line in APT_UPDATE_AFTER_BOOT),
         f"  sudo DEBIAN_FRONTEND=noninteractive apt-get {APT_LOCK_WAIT} install -y docker.io",
         "fi",
     ]
+
+
+def container_install_script(pipeline: TpuVmPipelineSpec) -> str:
+    """Runtime ``container`` on a VM that did not boot from a baked image: Docker (Ubuntu's
+    ``docker.io`` when the image has none), root's credential helper for the image's registry, and
+    the image pulled; nothing is built.
+
+    docker runs as root (``sudo``): the login user is in no ``docker`` group, and a group added now
+    would only apply to a later login; root's ``~/.docker/config.json`` gets the gcloud helper.
+    """
+    image = pipeline.workload_image
     return (
         "\n".join(
             [
                 "set -euo pipefail",
-                *install_docker,
+                *install_docker_lines(),
                 quote_all(["sudo", "gcloud", "auth", "configure-docker", image_registry(image), "--quiet"]),
                 quote_all(["sudo", "docker", "pull", image]),
             ]
@@ -484,37 +512,89 @@ def container_install_script(pipeline: TpuVmPipelineSpec) -> str:
     )
 
 
-def container_train_script(pipeline: TpuVmPipelineSpec) -> str:
-    """Runtime ``container``: ``train_rl`` with ``train_script``'s arguments in ``docker run``.
+def boot_check_script(image: str, family: str) -> str:
+    """The TPU VM's install stage when it booted from a baked image: it checks that Docker and the
+    workload image are there, and installs and pulls nothing; either missing fails the stage in
+    one line (the image in ``family`` is not what its name says: delete it and a run bakes again)."""
+    broken = f"the boot image of family {family} lacks"
+    return (
+        "\n".join(
+            [
+                "set -euo pipefail",
+                "if ! command -v docker >/dev/null 2>&1; then",
+                f"  echo {quote_all([f'{broken} Docker; delete the family image or set bake_image=false'])} >&2",
+                "  exit 1",
+                "fi",
+                f"if ! {quote_all(['sudo', 'docker', 'image', 'inspect', '--format={{.Id}}', image])} >/dev/null; then",
+                f"  echo {quote_all([f'{broken} {image}; delete the family image or set bake_image=false'])} >&2",
+                "  exit 1",
+                "fi",
+                f"echo {quote_all([f'Docker and {image} are on the boot image ({family}): nothing to install or pull'])}",
+            ]
+        )
+        + "\n"
+    )
 
-    The TPU_* variables and HF_TOKEN reach the container by name (``-e NAME``: docker copies the
-    value from its own environment), never on argv. sudo's env_reset would drop them, so they are
-    kept by name with ``--preserve-env=LIST`` (sudoers(5): allowed when the matched command is
+
+def _container_script(
+    pipeline: TpuVmPipelineSpec,
+    stage: str,
+    argv: list[str],
+    flags: tuple[str, ...],
+    names: list[str],
+    environment: list[str],
+) -> str:
+    """``argv`` in ``docker run`` of the workload image, as the stage's container.
+
+    The variables ``names`` and HF_TOKEN reach the container by name (``-e NAME``: docker copies
+    the value from its own environment), never on argv. sudo's env_reset would drop them, so they
+    are kept by name with ``--preserve-env=LIST`` (sudoers(5): allowed when the matched command is
     ALL, as the guest environment's sudoers entries are); HF_TOKEN is in the environment of that
-    one command only.
+    one command only. ``environment``: the lines that set the other names.
     """
-    names = [*tpu_variable_names(pipeline.vm), "HF_TOKEN"]
+    container = STAGE_CONTAINERS[stage]
+    passed = [*names, "HF_TOKEN"]
     docker = [
         "sudo",
-        f"--preserve-env={','.join(names)}",
+        f"--preserve-env={','.join(passed)}",
         "docker",
         "run",
-        f"--name={TRAIN_CONTAINER}",
-        *DOCKER_RUN_FLAGS,
-        *[flag for name in names for flag in ("-e", name)],
+        f"--name={container}",
+        *flags,
+        *[flag for name in passed for flag in ("-e", name)],
         pipeline.workload_image,
-        *train_argv(pipeline),
+        *argv,
     ]
     lines = [
         "set -euo pipefail",
         # an earlier try's container outlives its SSH session (the docker client's end does not
-        # stop it): removed first, so two trainers never share the TPU chips
-        f"sudo docker rm --force {TRAIN_CONTAINER} >/dev/null 2>&1 || true",
+        # stop it): removed first, so two never write the same directory (or share the TPU chips)
+        f"sudo docker rm --force {container} >/dev/null 2>&1 || true",
         *hf_token_from_gcloud(pipeline.hf_token.secret_id, pipeline.vm.project),
-        *tpu_environment(pipeline.vm),
+        *environment,
         with_hf_token(quote_all(docker)),
     ]
     return "\n".join(lines) + "\n"
+
+
+def container_train_script(pipeline: TpuVmPipelineSpec) -> str:
+    """Runtime ``container``: ``train_rl`` with ``train_script``'s arguments in ``docker run``, the
+    TPU_* variables and the TPU chips (``--privileged``) given to the container."""
+    return _container_script(
+        pipeline,
+        "train",
+        train_argv(pipeline),
+        DOCKER_RUN_FLAGS,
+        tpu_variable_names(pipeline.vm),
+        tpu_environment(pipeline.vm),
+    )
+
+
+def container_cpu_script(pipeline: TpuVmPipelineSpec, stage: str) -> str:
+    """Runtime ``container`` on the CPU VM: the conversion or the export with the argv of
+    :func:`convert_script`/:func:`export_script`, in the workload image training runs: one MaxText
+    release per run (the checkpoint never crosses releases)."""
+    return _container_script(pipeline, stage, cpu_program_argv(pipeline, stage), CPU_DOCKER_RUN_FLAGS, [], [])
 
 
 def stage_machine(stage: str, machine: str | None = None) -> str:
@@ -539,31 +619,45 @@ def stage_command(
     *,
     machine: str | None = None,
     ssh_key_file: str | None = None,
+    boot_family: str | None = None,
 ) -> Command:
+    """The stage's SSH session on its VM; ``boot_family``: the TPU VM booted from that baked image."""
     on = stage_machine(stage, machine)
-    script, description = stage_script(pipeline, stage, on)
+    script, description = stage_script(pipeline, stage, on, boot_family=boot_family)
     vm: TpuVmSpec | CpuVmSpec = pipeline.cpu_vm if on == "cpu" else pipeline.vm
     return ssh(vm, script, f"{description} on {vm.vm_name}", ssh_key_file=ssh_key_file)
 
 
-def stage_script(pipeline: TpuVmPipelineSpec, stage: str, machine: str) -> tuple[str, str]:
-    """The script of ``stage`` on ``machine`` and what it does: the TPU VM's install and training
-    by the pipeline's runtime; the CPU VM always installs (it is not TPU time)."""
-    in_container = pipeline.runtime == "container" and machine == "tpu"
-    if stage == "install" and in_container:
-        return container_install_script(pipeline), f"prepare Docker and pull {pipeline.workload_image}"
-    if stage == "train" and in_container:
-        return container_train_script(
-            pipeline
-        ), f"GRPO training (McJAX) in {pipeline.workload_image}, from and to GCS"
-    scripts = {
-        "install": (install_script, "install MaxText and its post-training extras"),
-        "convert": (convert_script, "convert the HF checkpoint to MaxText (CPU), written to GCS"),
-        "train": (train_script, "GRPO training (McJAX) from and to GCS"),
-        "export": (export_script, "export the GCS actor checkpoint to Hugging Face format (CPU) in GCS"),
-    }
-    build, description = scripts[stage]
-    return (build() if stage == "install" else build(pipeline)), description  # type: ignore[operator]
+def stage_script(
+    pipeline: TpuVmPipelineSpec, stage: str, machine: str, *, boot_family: str | None = None
+) -> tuple[str, str]:
+    """The script of ``stage`` on ``machine`` and what it does, by the pipeline's runtime: with
+    ``container`` both VMs run the workload image (its MaxText converts, trains and exports; a TPU
+    VM booted from the baked image of ``boot_family`` only checks it has Docker and the image), with
+    ``install`` both install the same pinned MaxText release."""
+    image = pipeline.workload_image
+    if pipeline.runtime != "container":
+        scripts = {
+            "install": (install_script, "install MaxText and its post-training extras"),
+            "convert": (convert_script, "convert the HF checkpoint to MaxText (CPU), written to GCS"),
+            "train": (train_script, "GRPO training (McJAX) from and to GCS"),
+            "export": (export_script, "export the GCS actor checkpoint to Hugging Face format (CPU) in GCS"),
+        }
+        build, description = scripts[stage]
+        return (build() if stage == "install" else build(pipeline)), description  # type: ignore[operator]
+    if stage == "install" and machine == "tpu" and boot_family:
+        return boot_check_script(image, boot_family), (
+            f"check that the baked boot image holds Docker and {image} (nothing installed or pulled)"
+        )
+    if stage == "install":
+        return container_install_script(pipeline), f"prepare Docker and pull {image}"
+    if stage == "train":
+        return container_train_script(pipeline), f"GRPO training (McJAX) in {image}, from and to GCS"
+    what = {
+        "convert": "convert the HF checkpoint to MaxText (CPU), written to GCS",
+        "export": "export the GCS actor checkpoint to Hugging Face format (CPU) in GCS",
+    }[stage]
+    return container_cpu_script(pipeline, stage), f"{what}, in {image}"
 
 
 def vm_labels(pipeline: TpuVmPipelineSpec, expires_at: int) -> dict[str, str]:

@@ -275,11 +275,16 @@ class TpuVmSpec:
     image_family: str = "ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e"
     boot_disk_size: str = "200GB"
     labels: Mapping[str, str] = field(default_factory=dict)
+    # A custom image of the VM's project it boots from instead of ``image_family`` (the baked boot
+    # image: render/boot_image.py); empty: the family's newest image.
+    boot_image: str = ""
 
     def __post_init__(self) -> None:
         rules.project_id("project", self.project)
         rules.zone("zone", self.zone, None)
         rules.gce_name("vm_name", self.vm_name, "VM name")
+        if self.boot_image:
+            rules.gce_name("boot_image", self.boot_image, "image name")
         if self.reservation:  # empty: a spec for a VM that exists already (stages, delete)
             rules.gce_name("reservation", self.reservation, "reservation name")
         else:
@@ -310,6 +315,17 @@ class TpuVmSpec:
 # weights holds about twice their size, ~32 GB for 8B; there is no official figure).
 CPU_VM_MACHINE_TYPE: Final = "n2-highmem-32"
 CPU_VM_SUFFIX: Final = "-cpu"
+# The VM the TPU VM's boot image is baked on (render/boot_image.py): no TPU, booted from the TPU
+# VM's own image family; it installs Docker and pulls the workload image, so 8 vCPUs (docker
+# unpacks the layers' gzip on one core each, three at a time) and 32 GB.
+BAKE_VM_MACHINE_TYPE: Final = "n2-standard-8"
+BAKE_VM_PREFIX: Final = "tpu-rl-bake-"
+
+
+def bake_vm_name(suffix: str) -> str:
+    """The bake VM's name: ``tpu-rl-bake-<run suffix>``, one per DAG run, so a run's teardown only
+    ever deletes its own."""
+    return rules.gce_name("bake_vm_name", BAKE_VM_PREFIX + suffix, "VM name")
 
 
 def cpu_vm_name(tpu_vm_name: str) -> str:

@@ -47,16 +47,18 @@ CLOUD, CLUSTER, VM, MODEL, SAFETY = "Run Parameters", "Cluster", "VM", "Model & 
 # (the tutorial's way, 15-30 minutes). The CPU VM always installs (it is not TPU time).
 TPU_VM_RUNTIMES: Final = ("container", "install")
 
-Kind = Literal["str", "int", "bool", "object"]
+Kind = Literal["str", "int", "number", "bool", "object"]
 JSON_TYPES: Final[Mapping[str, str]] = {
     "str": "string",
     "int": "integer",
+    "number": "number",
     "bool": "boolean",
     "object": "object",
 }
 TYPE_RULES: Final[Mapping[str, str]] = {
     "str": "must be a string",
     "int": "must be an integer",
+    "number": "must be a number",
     "bool": "must be true or false",
     "object": "must be an object of MaxText key → value",
 }
@@ -450,6 +452,22 @@ RUN_PARAMS: Final[tuple[RunParam, ...]] = (
         rule=rules.MAXTEXT_KEY_RULE,
     ),
     RunParam(
+        "min_reward_gain",
+        "number",
+        "Promotion: minimum reward gain",
+        MODEL,
+        "Promote the trained model (its asset event, its ledger row says promoted) only when its mean "
+        "reward after training exceeds the one before by at least this much. Empty = no gate (every "
+        "exported model is promoted). Without evaluation (num_test_batches 0) there is no gate.",
+        "the promotion gate: with evaluation on, a model whose mean reward gained less than this "
+        "(after minus before training) is *not promoted*: `promote_model` is skipped, no asset event "
+        "is emitted and the ledger, `tpu-rl runs` and the dashboard say so; empty = no gate; no "
+        "evaluation = no gate ([model assets](assets.md#the-promotion-gate))",
+        nullable=True,
+        schema={"minimum": -1000, "maximum": 1000},
+        doc_default="empty (no gate)",
+    ),
+    RunParam(
         "keep_cluster",
         "bool",
         "Keep the cluster",
@@ -579,15 +597,17 @@ RUN_PARAMS: Final[tuple[RunParam, ...]] = (
         "str",
         "TPU VM runtime",
         VM,
-        "How the TPU VM runs MaxText. container: install_maxtext only pulls the prebuilt post-training "
-        "image (the GKE jobs' image) and train runs in it (docker run --privileged), so the billed TPU "
-        "VM installs nothing. install: MaxText and its post-training extras are installed from "
-        "sources on the TPU VM first, as in the tutorial (15-30 billed minutes). The CPU VM always "
-        "installs (it is not TPU time).",
-        "how the TPU VM runs MaxText: `container` (`install_maxtext` prepares Docker and pulls "
-        "`workload_image`, `train` runs in it: nothing is built on the billed TPU VM) or `install` "
-        "(MaxText 0.2.3 and its post-training extras installed from sources on the TPU VM first, as in "
-        "the tutorial: 15-30 billed minutes); the CPU VM always installs",
+        "How the VMs run MaxText. container: both VMs run the prebuilt post-training image (the GKE "
+        "jobs' image): the CPU VM converts and exports in it, the TPU VM trains in it (docker run "
+        "--privileged), booted from a baked image that holds it (bake_image), so the billed TPU VM "
+        "installs nothing. install: MaxText and its post-training extras are installed from sources "
+        "on both VMs first, as in the tutorial (15-30 billed minutes on the TPU VM). One MaxText "
+        "release per run either way.",
+        "how the VMs run MaxText: `container` (both VMs run `workload_image`: the CPU VM converts and "
+        "exports in it, the TPU VM trains in it, booted from the baked image of `bake_image` or pulling "
+        "it: nothing is built on the billed TPU VM) or `install` (MaxText 0.2.3 and its post-training "
+        "extras installed from sources on both VMs first, as in the tutorial: 15-30 billed minutes on "
+        "the TPU VM); one MaxText release converts, trains and exports either way",
         default="container",
         pipelines=_TPU_VM_ONLY,
         schema={"enum": list(TPU_VM_RUNTIMES)},
@@ -607,6 +627,25 @@ RUN_PARAMS: Final[tuple[RunParam, ...]] = (
         schema={"pattern": optional(rules.IMAGE)},
         rule=rules.IMAGE_RULE,
         doc_default="empty",
+    ),
+    RunParam(
+        "bake_image",
+        "bool",
+        "Boot the TPU VM from a baked image",
+        VM,
+        "With runtime container: the TPU VM boots from a custom image holding Docker and the workload "
+        "image (its image family is named after the image's digest), baked once on a CPU VM beside the "
+        "conversion and reused by every later run until the image changes; install_maxtext then "
+        "installs and pulls nothing on the billed TPU VM. Off: install_maxtext installs Docker and "
+        "pulls the image on the TPU VM (about 6 billed minutes). Ignored with runtime install.",
+        "with `runtime: container`, boot the TPU VM from a **baked image** holding Docker and "
+        "`workload_image`: `bake_image` finds it in the image family named after the image's digest "
+        "(`tpu-rl-sha256-<48 hex>`) or bakes it once on a CPU VM of its own (about 8 billed minutes "
+        "of an `n2-standard-8`, beside the conversion), and `install_maxtext` installs and pulls "
+        "nothing on the billed TPU VM; off: `install_maxtext` installs Docker and pulls the image on "
+        "the TPU VM (about 6 billed TPU minutes a run); unused with `install`",
+        default=True,
+        pipelines=_TPU_VM_ONLY,
     ),
     RunParam(
         "cancel_previous_writer",

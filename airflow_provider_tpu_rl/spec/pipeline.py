@@ -12,11 +12,13 @@ from typing import Any, Final
 
 from airflow_provider_tpu_rl.spec import params, rules
 from airflow_provider_tpu_rl.spec.cluster import (
+    BAKE_VM_MACHINE_TYPE,
     CPU_VM_MACHINE_TYPE,
     ClusterSpec,
     CpuVmSpec,
     GkeJobTarget,
     TpuVmSpec,
+    bake_vm_name,
     cpu_vm_name,
     default_capacity,
     require_reservation_name,
@@ -77,6 +79,7 @@ GKE_TASK_ORDER: Final = (
     "destroy_tpu_pool",
     "export_to_huggingface",
     "wait_hf_export",
+    "promote_model",
     "destroy_cluster",
     "record_run",
 )
@@ -85,6 +88,10 @@ TPU_VM_TASK_ORDER: Final = (
     "preflight",
     "ensure_bucket",
     "sync_hf_token",
+    # The TPU VM's boot image, baked beside the CPU VM's tasks (TPU_VM_SIDE_TASKS): Docker and the
+    # workload image on its disk, so the billed TPU VM installs and pulls nothing.
+    "bake_image",
+    "delete_bake_vm",
     # The conversions force JAX onto the CPU: they run on a CPU VM, GCS to GCS.
     "create_cpu_vm",
     "install_cpu_vm",
@@ -99,8 +106,15 @@ TPU_VM_TASK_ORDER: Final = (
     "delete_vm",
     "export_to_huggingface",
     "wait_hf_export",
+    "promote_model",
     "delete_cpu_vm",
     "record_run",
+)
+# Tasks of TPU_VM_TASK_ORDER that run beside the main line instead of after the task before them:
+# task -> the one it follows. The bake costs no TPU time and, running while the CPU VM installs and
+# converts, no wall time on the way to training; create_vm waits for it (the DAG's joins).
+TPU_VM_SIDE_TASKS: Final[Mapping[str, str]] = MappingProxyType(
+    {"bake_image": "sync_hf_token", "delete_bake_vm": "bake_image"}
 )
 # The GKE pipeline's job tasks; a job's default name derives from its task id.
 GKE_JOB_TASKS: Final = {"convert": "convert_to_maxtext", "train": "train", "export": "export_to_huggingface"}
@@ -150,6 +164,7 @@ def check_conf_type(key: str, value: Any) -> None:
     ok = {
         "str": isinstance(value, str),
         "int": isinstance(value, int) and not isinstance(value, bool),
+        "number": isinstance(value, int | float) and not isinstance(value, bool),
         "bool": isinstance(value, bool),
         "object": isinstance(value, Mapping),
     }[kind]
@@ -199,6 +214,21 @@ def refuse_placeholders(resolved: Mapping[str, Any], options: Mapping[str, str] 
     named = [options[field] for field in found if options and field in options]
     once = f"; or set [tpu_rl] {', '.join(named)} once for this Airflow" if named else ""
     raise SpecError(", ".join(found), todo + once, show_value=False)
+
+
+MIN_REWARD_GAIN_BOUND: Final = 1000.0
+
+
+def min_reward_gain(value: Any) -> float | None:
+    """The promotion gate's threshold: None (no gate) for null or "", else a finite number in
+    [-1000, 1000] (a mean reward's gain; negative allows a model somewhat worse than its base)."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise SpecError("min_reward_gain", "must be a finite number", value)
+    if abs(value) > MIN_REWARD_GAIN_BOUND:
+        raise SpecError("min_reward_gain", "must be between -1000 and 1000", value)
+    return float(value)
 
 
 def _pick(merged: Mapping[str, Any], key: str, preset_value: Any) -> Any:
@@ -511,6 +541,7 @@ class GkePipelineSpec:
     delete_bucket: bool
     max_cluster_hours: int
     cancel_previous_writer: bool = False
+    min_reward_gain: float | None = None  # the promotion gate (None: no gate)
 
     @property
     def suffix(self) -> str:
@@ -584,6 +615,7 @@ class GkePipelineSpec:
             "delete_bucket": self.delete_bucket,
             "max_cluster_hours": self.max_cluster_hours,
             "cancel_previous_writer": self.cancel_previous_writer,
+            "min_reward_gain": self.min_reward_gain,
             "suffix": self.suffix,
             "final_step": t.final_step,
             "chips": c.total_chips,
@@ -672,6 +704,7 @@ def gke_pipeline_from_conf(
         delete_bucket=merged["delete_bucket"],
         max_cluster_hours=rules.int_range("max_cluster_hours", merged["max_cluster_hours"], 1, 24 * 14),
         cancel_previous_writer=merged["cancel_previous_writer"],
+        min_reward_gain=min_reward_gain(merged.get("min_reward_gain")),
     )
 
 
@@ -695,6 +728,9 @@ class TpuVmPipelineSpec:
     runtime: str = "container"  # TPU_VM_RUNTIMES
     workload_image: str = POST_TRAINING_IMAGE  # the image training runs in (runtime container)
     cancel_previous_writer: bool = False
+    min_reward_gain: float | None = None  # the promotion gate (None: no gate)
+    # the TPU VM boots from a baked image (render/boot_image.py) with runtime container
+    bake_image: bool = True
 
     @property
     def suffix(self) -> str:
@@ -707,6 +743,27 @@ class TpuVmPipelineSpec:
     @property
     def gcs_prefix(self) -> str:
         return f"gs://{self.vm.bucket}/{self.preset.model_name}"
+
+    @property
+    def bakes(self) -> bool:
+        """Whether the run bakes (or reuses) the TPU VM's boot image: runtime ``container`` with
+        ``bake_image`` on (the install runtime builds MaxText on the VM, nothing to bake)."""
+        return self.bake_image and self.runtime == "container"
+
+    @property
+    def bake_vm(self) -> CpuVmSpec:
+        """The CPU VM the boot image is baked on: booted from the TPU VM's own image family and
+        disk size, so the image it leaves is the TPU VM's image plus Docker and the workload image."""
+        return CpuVmSpec(
+            project=self.vm.project,
+            zone=self.vm.zone,
+            vm_name=bake_vm_name(self.suffix),
+            bucket=self.vm.bucket,
+            machine_type=BAKE_VM_MACHINE_TYPE,
+            image_project=self.vm.image_project,
+            image_family=self.vm.image_family,
+            boot_disk_size=self.vm.boot_disk_size,
+        )
 
     @property
     def gcs_actor_checkpoint(self) -> str:
@@ -744,8 +801,12 @@ class TpuVmPipelineSpec:
             "delete_bucket": self.delete_bucket,
             "max_vm_hours": self.max_vm_hours,
             "cancel_previous_writer": self.cancel_previous_writer,
+            "min_reward_gain": self.min_reward_gain,
             "runtime": self.runtime,
             "workload_image": self.workload_image,
+            # the image training runs in: none when MaxText is installed from sources (the card's)
+            "training_image": self.workload_image if self.runtime == "container" else None,
+            "bakes": self.bakes,
             "compute_type": v.machine_type,
             "topology": v.topology,
             "suffix": self.suffix,
@@ -841,4 +902,6 @@ def tpu_vm_pipeline_from_conf(
         runtime=runtime,
         workload_image=workload_image,
         cancel_previous_writer=merged["cancel_previous_writer"],
+        min_reward_gain=min_reward_gain(merged.get("min_reward_gain")),
+        bake_image=rules.boolean("bake_image", merged["bake_image"]),
     )

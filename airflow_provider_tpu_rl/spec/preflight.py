@@ -131,6 +131,14 @@ _TPU_VM_PERMISSIONS: Final = {
     "compute.subnetworks.useExternalIp": "roles/compute.instanceAdmin.v1",
     "compute.reservations.get": "roles/compute.instanceAdmin.v1",
     "compute.zoneOperations.get": "roles/compute.instanceAdmin.v1",
+    # the baked boot image (render/boot_image.py): its family looked up, the bake VM stopped and
+    # its disk imaged (images.insert reads the disk), the TPU VM booted from the family.
+    "compute.images.get": "roles/compute.instanceAdmin.v1",
+    "compute.images.getFromFamily": "roles/compute.instanceAdmin.v1",
+    "compute.images.create": "roles/compute.instanceAdmin.v1",
+    "compute.instances.stop": "roles/compute.instanceAdmin.v1",
+    "compute.disks.useReadOnly": "roles/compute.instanceAdmin.v1",
+    "compute.globalOperations.get": "roles/compute.instanceAdmin.v1",
     # preflight's reads of the VM's network and its firewall rules.
     "compute.networks.get": "roles/compute.networkViewer",
     "compute.firewalls.list": "roles/compute.networkViewer",

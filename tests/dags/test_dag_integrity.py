@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.dags.conftest import (
+from tests.support.dags import (
+    CONSUMER_DAG_ID,
     DAGS_DIR,
     GKE_DAG_ID,
     JANITOR_DAG_ID,
@@ -63,8 +64,18 @@ def test_every_dag_file_imports_without_errors(guarded_parse: dict[str, Any]) ->
     assert guarded_parse["import_errors"] == {}
 
 
-def test_the_folder_defines_exactly_the_four_dags(guarded_parse: dict[str, Any]) -> None:
-    assert guarded_parse["dag_ids"] == sorted([GKE_DAG_ID, TPU_VM_DAG_ID, JANITOR_DAG_ID, SWEEP_DAG_ID])
+def test_the_folder_defines_exactly_the_five_dags(guarded_parse: dict[str, Any]) -> None:
+    assert guarded_parse["dag_ids"] == sorted(
+        [GKE_DAG_ID, TPU_VM_DAG_ID, JANITOR_DAG_ID, SWEEP_DAG_ID, CONSUMER_DAG_ID]
+    )
+
+
+def test_the_consumer_example_runs_on_any_gke_models_asset(dag_bag: Any) -> None:
+    dag = dag_bag.dags[CONSUMER_DAG_ID]
+    condition = getattr(dag.timetable, "asset_condition", None) or dag.timetable.dataset_condition
+    uris = sorted(asset.uri for asset in condition.objects)
+    assert uris == ["tpu-rl://models/gemma4-26b", "tpu-rl://models/qwen3-30b-a3b"]
+    assert all(task.execution_timeout for task in dag.tasks)
 
 
 def test_parsing_opens_no_socket(guarded_parse: dict[str, Any]) -> None:
@@ -92,7 +103,7 @@ def test_default_params_validate(dag_bag: Any, serialized_dags: dict[str, Any], 
 @pytest.mark.parametrize("dag_id", PIPELINE_DAG_IDS)
 def test_pipelines_are_manual_only(dag_bag: Any, dag_id: str) -> None:
     dag = dag_bag.dags[dag_id]
-    from tests.compat import dag_schedule
+    from tests.support.compat import dag_schedule
 
     assert dag_schedule(dag) is None
     assert dag.catchup is False

@@ -4,7 +4,7 @@ No cloud and no sandbox: ``gcluster``/``gcloud`` are fakes that record their cal
 cloud step that ran would show. What is checked is the DAG run's state, not only the task states.
 A run whose steps all succeed, its watcher skipped, is the end-to-end happy run, and a run whose
 teardown fails is its permanent destroy fault (tests/e2e/test_gke_pipeline.py); a destroy without
-its GCS connection is tests/operators/test_gke_lifecycle.py and tests/hooks/test_lease.py; a run
+its GCS connection is tests/operators/test_gke.py and tests/records/test_lease.py; a run
 with no reward or loss drawn is tests/ledger/test_plots.py.
 """
 
@@ -25,9 +25,9 @@ import pytest
 
 import tpu_rl_sandbox
 from airflow_provider_tpu_rl.compat import AIRFLOW_V_3_0_PLUS
-from tests.airflow_home import migrate_into
-from tests.compat import dags_test_task_log
-from tests.dags.conftest import DAGS_DIR, GKE_DAG_ID
+from tests.support.airflow_home import migrate_into
+from tests.support.compat import dags_test_task_log
+from tests.support.dags import DAGS_DIR, GKE_DAG_ID
 from tpu_rl_sandbox.clis.tool_stubs import write_tool_stubs
 
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))
@@ -133,7 +133,7 @@ def dags_test(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., RunResu
 # serializes the conf to the task as JSON, where a NaN becomes null, while Airflow 2 hands the task
 # the float itself; the form's schema lets null through for an override's value, so it is validate
 # that names it. Every other bad setting is sent through the same ``validate`` in-process (and
-# through the form's JSON schema) by test_trigger_form.py.
+# through the form's JSON schema) by tests/pipelines/test_form.py.
 NAN_REFUSAL = (
     "train_overrides.learning_rate: must not be null (NaN and Infinity arrive as null)"
     if AIRFLOW_V_3_0_PLUS

@@ -15,8 +15,8 @@ from croniter import croniter
 
 from airflow_provider_tpu_rl.compat import AirflowException
 from airflow_provider_tpu_rl.spec import rules
-from tests.compat import dag_schedule
-from tests.dags.conftest import JANITOR_DAG_ID
+from tests.support.compat import dag_schedule
+from tests.support.dags import JANITOR_DAG_ID
 
 JANITOR_MODULE = "airflow_provider_tpu_rl.operators.janitor"
 

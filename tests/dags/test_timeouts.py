@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_tpu_rl import timeouts
-from tests.dags.conftest import GKE_DAG_ID, JANITOR_DAG_ID, SWEEP_DAG_ID, TPU_VM_DAG_ID
+from tests.support.dags import GKE_DAG_ID, JANITOR_DAG_ID, SWEEP_DAG_ID, TPU_VM_DAG_ID
 
 ALL_DAG_IDS = (GKE_DAG_ID, TPU_VM_DAG_ID, SWEEP_DAG_ID, JANITOR_DAG_ID)
 JOB_TASKS = {
@@ -64,78 +64,3 @@ def test_the_teardown_has_the_teardown_bound(dag_bag: Any, dag_id: str) -> None:
     teardown = dag_bag.dags[dag_id].get_task(TEARDOWNS[dag_id])
     assert teardown.is_teardown
     assert teardown.execution_timeout == timeouts.task_timeout("teardown")
-
-
-def test_defaults_match_the_issue() -> None:
-    minutes = {s: timeouts.task_timeout(s) / timedelta(minutes=1) for s in timeouts.DEFAULT_TASK_MINUTES}
-    assert minutes["deploy"] == 90
-    assert minutes["convert"] == 180
-    assert minutes["train"] == 48 * 60
-    assert minutes["export"] == 180
-    assert minutes["teardown"] == 90
-    assert timeouts.command_timeout() == 20 * 60
-
-
-def test_options_are_read_from_the_config_and_may_be_fractional(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("AIRFLOW__TPU_RL__TRAIN_TIMEOUT_MINUTES", "90")
-    monkeypatch.setenv("AIRFLOW__TPU_RL__DEPLOY_TIMEOUT_MINUTES", "0.5")
-    monkeypatch.setenv("AIRFLOW__TPU_RL__COMMAND_TIMEOUT_MINUTES", "2.5")
-    assert timeouts.task_timeout("train") == timedelta(minutes=90)
-    assert timeouts.task_timeout("deploy") == timedelta(seconds=30)
-    assert timedelta(0) < timeouts.job_timeout("train") < timedelta(minutes=90)
-    assert timeouts.stage_command_timeout("deploy") < 30
-    assert timeouts.command_timeout() == 150
-
-
-def test_dagrun_timeout_hours_overrides_the_sum(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("AIRFLOW__TPU_RL__DAGRUN_TIMEOUT_HOURS", "72")
-    assert timeouts.dagrun_timeout("gke") == timedelta(hours=72)
-
-
-@pytest.mark.parametrize("value", ["0", "-5", "inf", "nan"])
-def test_a_bound_that_is_not_positive_and_finite_is_refused(
-    monkeypatch: pytest.MonkeyPatch, value: str
-) -> None:
-    monkeypatch.setenv("AIRFLOW__TPU_RL__DEPLOY_TIMEOUT_MINUTES", value)
-    with pytest.raises(
-        ValueError, match="deploy_timeout_minutes must be a positive, finite number"
-    ) as refused:
-        timeouts.task_timeout("deploy")
-    assert "\n" not in str(refused.value)
-
-
-@pytest.mark.parametrize(
-    ("value", "rule"),
-    [
-        ("inf", "must be a positive, finite number of minutes, not inf"),
-        ("1e-9", "must be at least 5 minutes, not 1e-09"),
-        ("4.9", "must be at least 5 minutes, not 4.9"),
-    ],
-)
-def test_the_admission_bound_is_finite_and_at_least_five_minutes(
-    monkeypatch: pytest.MonkeyPatch, value: str, rule: str
-) -> None:
-    """`inf` overflowed a timedelta while the DAG was parsed; `1e-9` made a 0 s bound that cancels
-    every job before its first pod could start (issue 43, item 3)."""
-    monkeypatch.setenv("AIRFLOW__TPU_RL__ADMISSION_TIMEOUT_MINUTES", value)
-    with pytest.raises(ValueError) as refused:
-        timeouts.admission_timeout()
-    assert str(refused.value) == f"[tpu_rl] admission_timeout_minutes {rule}"
-    monkeypatch.setenv("AIRFLOW__TPU_RL__ADMISSION_TIMEOUT_MINUTES", "5")
-    assert timeouts.admission_timeout() == timedelta(minutes=5)
-
-
-@pytest.mark.parametrize(
-    ("option", "value"), [("DAGRUN_TIMEOUT_HOURS", "inf"), ("KILL_GRACE_SECONDS", "inf")]
-)
-def test_other_unbounded_options_are_refused_in_one_line(
-    monkeypatch: pytest.MonkeyPatch, option: str, value: str
-) -> None:
-    monkeypatch.setenv(f"AIRFLOW__TPU_RL__{option}", value)
-    with pytest.raises(ValueError, match=f"{option.lower()} must be a finite number"):
-        timeouts.dagrun_timeout("gke") if option.startswith("DAGRUN") else timeouts.kill_grace_seconds()
-
-
-def test_unknown_stage_is_refused() -> None:
-    with pytest.raises(ValueError, match="unknown stage"):
-        timeouts.task_timeout("nap")

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from airflow_provider_tpu_rl.ledger.billing import BilledSpan
 from airflow_provider_tpu_rl.ledger.hook import RunLedger, sqlite_connection_uri
 from airflow_provider_tpu_rl.ledger.records import ArtifactRecord, MetricRecord, RunRecord, StepRecord
-from tests.ledger.fakes import minutes
+from tests.support.ledger_fakes import minutes
 
 GKE, VM = "tpu_rl_gke_pipeline", "tpu_rl_tpu_vm_pipeline"
 CURVES = "gs://bkt/qwen/trained/rl/tpu-rl-curves-ab.png"
@@ -60,6 +61,11 @@ EVERY_STATE = {
 }
 
 
+def billed(start: float, end: float, chips: int) -> tuple[BilledSpan, ...]:
+    """The TPU machines' billed span by their clocks, here the capacity tasks' span (one machine)."""
+    return (BilledSpan("tpu-vm", "1", chips, minutes(start), minutes(end)),)
+
+
 @pytest.fixture
 def every_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> RunLedger:
     """One GKE run of each kind in :data:`EVERY_STATE`, as the pipelines record them."""
@@ -76,7 +82,7 @@ def every_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> RunLedger:
         RunRecord(
             GKE, "failed", model, "failed", started_at=minutes(10), ended_at=minutes(40), chips=32,
             cluster_started_at=minutes(15), cluster_ended_at=minutes(35), settings=SETTINGS,
-            usd_per_chip_hour=2.7,
+            usd_per_chip_hour=2.7, billed_spans=billed(15, 35, 32),
         ),
         steps=[
             StepRecord("deploy_tpu_pool", "success", 1, minutes(15), minutes(20)),
@@ -92,6 +98,7 @@ def every_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> RunLedger:
             GKE, "no-picture", model, "success", started_at=minutes(60), ended_at=minutes(61.45), chips=8,
             cluster_started_at=minutes(60.1), cluster_ended_at=minutes(61.63), train_started_at=minutes(60.5),
             train_ended_at=minutes(61.235), usd_per_chip_hour=2.7, settings={**SETTINGS, "capacity": "on-demand"},
+            billed_spans=billed(60.1, 61.63, 8),
         ),
         metrics=[MetricRecord("pre", 0, "mean_reward", 0.1), MetricRecord("post", 0, "mean_reward", 0.2)],
     )  # fmt: skip
@@ -99,7 +106,7 @@ def every_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> RunLedger:
         RunRecord(
             GKE, "success", model, "success", started_at=minutes(70), ended_at=minutes(71.45), chips=32,
             cluster_started_at=minutes(70), cluster_ended_at=minutes(71), settings=SETTINGS,
-            usd_per_chip_hour=2.7,
+            usd_per_chip_hour=2.7, billed_spans=billed(70, 71, 32),
         ),
         metrics=[MetricRecord("pre", 0, "mean_reward", 0.0884), MetricRecord("post", 0, "mean_reward", 0.245)],
         artifacts=[ArtifactRecord("curves", CURVES), ArtifactRecord("hf_export", "gs://bkt/qwen/hf-trained/rl/")],

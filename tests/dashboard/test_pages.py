@@ -24,7 +24,7 @@ from airflow_provider_tpu_rl.dashboard.pages import (
 from airflow_provider_tpu_rl.dashboard.reads import DashboardReader
 from airflow_provider_tpu_rl.ledger.hook import RunLedger
 from tests.dashboard.conftest import EVERY_STATE, GKE, REFUSAL
-from tests.ledger.fakes import minutes
+from tests.support.ledger_fakes import minutes
 
 NOW = minutes(55)  # the running run started at minute 50
 UI = Airflow3Ui("")
@@ -247,3 +247,36 @@ def test_a_running_runs_duration_counts_from_its_start(every_state: RunLedger) -
     later = NOW + timedelta(hours=2)
     page = runs_page("/tpu-rl", DashboardReader().runs({GKE}), now=later)
     assert "02:05:00 so far" in page
+
+
+def test_a_model_the_gate_held_back_reads_not_promoted_on_both_pages(every_state: RunLedger) -> None:
+    from airflow_provider_tpu_rl.ledger.records import RunRecord
+
+    line = "not promoted: reward gain +0.01 < min_reward_gain 0.05 (mean reward 0.3 -> 0.31)"
+    every_state.record(
+        RunRecord(GKE, "held", "qwen3-30b-a3b", "success", started_at=minutes(52), promotion=line)
+    )
+    row = runs_rows(every_state)["held"]
+    cells = {COLUMNS[i].heading: (attrs, text) for i, (_, attrs, text) in enumerate(row)}
+    assert cells["Promoted"] == ({"title": line}, "not promoted")
+    assert {COLUMNS[i].heading: text for i, (_, _, text) in enumerate(runs_rows(every_state)["success"])}[
+        "Promoted"
+    ] == "-"  # a run the gate never saw
+    view = DashboardReader().run(GKE, "held")
+    page = run_page("/tpu-rl", view.run, view.artifacts, view.steps, ui=UI, now=NOW)
+    facts = {row[0][2]: row[1][2] for row in table(page, "facts") if len(row) == 2}
+    assert facts["Promotion"] == line
+
+
+def test_the_run_page_links_the_model_card(every_state: RunLedger) -> None:
+    from airflow_provider_tpu_rl.ledger.records import ArtifactRecord
+
+    card = "gs://bkt/qwen/hf-trained/rl/README.md"
+    run_id = f"{GKE}/success"
+    every_state.record_artifacts(run_id, [ArtifactRecord("model_card", card)])
+    view = DashboardReader().run(GKE, "success")
+    page = run_page("/tpu-rl", view.run, view.artifacts, view.steps, ui=UI, now=NOW)
+    assert (
+        "<a href='https://console.cloud.google.com/storage/browser/_details/bkt/qwen/hf-trained/rl/README.md'"
+        in page
+    )

@@ -14,7 +14,7 @@ import pytest
 
 from airflow_provider_tpu_rl.hooks.connection_fields import CLUSTER_TOOLKIT_DEFAULT_VERSION
 from airflow_provider_tpu_rl.spec import presets
-from airflow_provider_tpu_rl.toolchain import bundle, toolchain
+from airflow_provider_tpu_rl.toolchain import bundle, tools
 from tests.docker.dockerfile import (
     DOCKER,
     DOCKERFILES,
@@ -78,12 +78,12 @@ def test_hadolint_catches_what_it_should(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------------- pins
 def test_toolchain_pins_are_the_hooks() -> None:
     args = arg_defaults(DOCKER / "toolchain.Dockerfile")
-    assert args["TERRAFORM_VERSION"] == toolchain.TERRAFORM_VERSION
-    assert args["PACKER_VERSION"] == toolchain.PACKER_VERSION
+    assert args["TERRAFORM_VERSION"] == tools.TERRAFORM_VERSION
+    assert args["PACKER_VERSION"] == tools.PACKER_VERSION
     for plat in ("linux_amd64", "linux_arm64"):
-        assert args[f"TERRAFORM_SHA256_{plat.upper()}"] == toolchain.TERRAFORM_SHA256[plat]
-        assert args[f"PACKER_SHA256_{plat.upper()}"] == toolchain.PACKER_SHA256[plat]
-    assert args["HASHICORP_BASE_URL"] == toolchain.HASHICORP_BASE_URL
+        assert args[f"TERRAFORM_SHA256_{plat.upper()}"] == tools.TERRAFORM_SHA256[plat]
+        assert args[f"PACKER_SHA256_{plat.upper()}"] == tools.PACKER_SHA256[plat]
+    assert args["HASHICORP_BASE_URL"] == tools.HASHICORP_BASE_URL
     assert (
         args["CLUSTER_TOOLKIT_VERSION"] == CLUSTER_TOOLKIT_DEFAULT_VERSION == presets.CLUSTER_TOOLKIT_VERSION
     )
@@ -93,7 +93,7 @@ def test_toolchain_pins_are_the_hooks() -> None:
 
 def test_no_checksum_is_invented() -> None:
     """Every SHA-256 written in a docker/ file is one the hook pins; unknown ones stay empty ARGs."""
-    known = set(toolchain.TERRAFORM_SHA256.values()) | set(toolchain.PACKER_SHA256.values())
+    known = set(tools.TERRAFORM_SHA256.values()) | set(tools.PACKER_SHA256.values())
     for path in [*(DOCKER / n for n in DOCKERFILES), DOCKER / "compose.yaml"]:
         assert set(SHA256.findall(path.read_text())) <= known, path.name
     args = arg_defaults(DOCKER / "toolchain.Dockerfile")
@@ -133,7 +133,7 @@ def test_fetch_verified_checks_the_digest(tmp_path: Path) -> None:
     env = {"PATH": f"{fake_bin}:/usr/bin:/bin"}
     script = str(DOCKER / "fetch_verified.sh")
     wrong = subprocess.run(
-        [script, f"file://{payload}", str(tmp_path / "a.zip"), toolchain.TERRAFORM_SHA256["linux_amd64"]],
+        [script, f"file://{payload}", str(tmp_path / "a.zip"), tools.TERRAFORM_SHA256["linux_amd64"]],
         capture_output=True,
         text=True,
         timeout=60,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import E2EWorld, start_world, stop_world
+from tests.support.harness import E2EWorld, start_world, stop_world
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES_DIR = REPO / "docs" / "examples"

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tests.docs.conftest import EXAMPLES_DIR, REPO
-from tests.e2e.harness import DagRunResult, E2EWorld
+from tests.support.harness import DagRunResult, E2EWorld
 from tpu_rl_sandbox.commands.lifecycle import SANDBOX_PROJECT
 
 GUIDE = REPO / "docs" / "operators.md"
@@ -57,7 +57,7 @@ def _file_excerpts() -> dict[str, str]:
 
 # ------------------------------------------------------------------------------------ fast checks
 def test_the_example_dag_parses_without_import_errors() -> None:
-    from tests.compat import make_dag_bag
+    from tests.support.compat import make_dag_bag
 
     bag = make_dag_bag(str(EXAMPLES_DIR))
     assert bag.import_errors == {}, bag.import_errors

@@ -3,11 +3,11 @@ not there.
 
 What is checked (everything else is prose, or another project's path):
 
-- a path whose first folder is a top-level folder of this repository (``tests/e2e/harness.py``,
+- a path whose first folder is a top-level folder of this repository (``tests/support/harness.py``,
   ``docker/compose.yaml``, ``sql/``) must exist from the repository root;
 - a ``folder/name`` path with exactly one folder that is a sub-package of the provider or the
   sandbox, or a folder of ``tests/`` (``triggers/jobset.py``, ``toolchain/tools.py``,
-  ``e2e/harness.py``), must exist in one of them. Deeper paths under such a name are another
+  ``support/harness.py``), must exist in one of them. Deeper paths under such a name are another
   project's tree (MaxText's ``maxtext/trainers/post_train/rl/utils_rl.py``), as is any path whose
   first folder is not one of ours (Cluster Toolkit's ``cmd/job/prereq.go``, MaxText's
   ``checkpoint_conversion/to_maxtext.py``);
@@ -57,7 +57,7 @@ def _folders(root: Path) -> set[str]:
 
 
 TOP_LEVEL = _folders(REPO)
-# one-folder paths are looked up in these, e.g. triggers/jobset.py, e2e/harness.py
+# one-folder paths are looked up in these, e.g. triggers/jobset.py, support/harness.py
 NESTED_BASES = (PACKAGE, SANDBOX, TESTS)
 NESTED = set().union(*(_folders(base) for base in NESTED_BASES)) - {"__pycache__"}
 
@@ -181,7 +181,7 @@ def test_an_xfail_that_is_gone_is_flagged(tmp_path: Path) -> None:
 
 def test_existing_and_external_paths_pass(tmp_path: Path) -> None:
     text = (
-        "tests/e2e/harness.py, triggers/jobset.py, toolchain/tools.py, e2e/harness.py, docker/, sql/\n"
+        "tests/support/harness.py, triggers/jobset.py, toolchain/tools.py, support/harness.py, docker/, sql/\n"
         "airflow_provider_tpu_rl.exceptions, airflow_provider_tpu_rl.timeouts.job_timeout, tpu_rl_sandbox.commands.lifecycle\n"
         "Cluster Toolkit's cmd/job/prereq.go, MaxText's checkpoint_conversion/to_maxtext.py and\n"
         "maxtext/trainers/post_train/rl/utils_rl.py, gs://BUCKET/tpu-rl/leases/CLUSTER.json\n"

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e.harness import E2EWorld, start_world, stop_world
+from tests.support.harness import E2EWorld, start_world, stop_world
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -12,13 +12,14 @@ from urllib.parse import quote
 import pytest
 
 from airflow_provider_tpu_rl.compat import AIRFLOW_V_3_0_PLUS
+from airflow_provider_tpu_rl.ledger.billing import spans_from_json
 from airflow_provider_tpu_rl.ledger.hook import RunLedger, sqlite_connection_uri
 from airflow_provider_tpu_rl.ledger.plots import figure_png, run_curves, run_curves_figure, run_timeline
 from airflow_provider_tpu_rl.ledger.records import RunRecord, as_utc
 from airflow_provider_tpu_rl.links import RunDashboardLink
 from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf, tpu_vm_pipeline_from_conf
-from tests.e2e.harness import GKE_DAG_ID, DagRunResult, E2EWorld
-from tests.png import decoded_png
+from tests.support.harness import GKE_DAG_ID, DagRunResult, E2EWorld
+from tests.support.png import decoded_png
 
 
 def resolved_values(run: DagRunResult) -> dict[str, Any]:
@@ -47,20 +48,22 @@ def check_curves_next_to_the_checkpoints(
     metrics = RunLedger().run_metrics(run.ledger_run_id)
     assert {(m.phase, m.name) for m in metrics} >= {("pre", "mean_reward"), ("post", "mean_reward")}
     curves = run_curves(run.ledger_run_id, metrics, final_step=resolved["final_step"])
-    ((chips, cluster_started, cluster_ended, train_started, train_ended),) = world.ledger(
-        "SELECT chips, cluster_started_at, cluster_ended_at, train_started_at, train_ended_at FROM runs "
-        "WHERE run_id = ?",
+    ((chips, cluster_started, cluster_ended, train_started, train_ended, billed),) = world.ledger(
+        "SELECT chips, cluster_started_at, cluster_ended_at, train_started_at, train_ended_at, billed_spans_json "
+        "FROM runs WHERE run_id = ?",
         (run.ledger_run_id,),
     )
     recorded = RunRecord(
         run.dag_id, run.run_id, "m", "success", chips=chips,
         cluster_started_at=as_utc(cluster_started), cluster_ended_at=as_utc(cluster_ended),
         train_started_at=as_utc(train_started), train_ended_at=as_utc(train_ended),
+        billed_spans=spans_from_json(json.loads(billed)) if billed else None,
     )  # fmt: skip
     steps = RunLedger().recorded_steps(run.ledger_run_id).values()
     timeline = run_timeline(recorded, steps, ignored=("record_run",))  # the task drawing it
     assert "train" in {task for task, *_ in timeline.stages}
-    assert timeline.billed is not None
+    assert timeline.billed  # the TPU machines' spans, by their clocks
+    assert timeline.held is not None
     assert timeline.trained is not None
     assert uploaded == figure_png(run_curves_figure(curves, timeline))
 

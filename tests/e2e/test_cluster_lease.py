@@ -7,7 +7,7 @@ refused at preflight and must neither deploy over nor destroy the cluster, nor o
 resource record; the first run then finishes as if alone. (Preflight's refusal of a lease taken
 before the cluster is up is tests/operators/test_preflight.py; the deploy's own refusal of a leased
 cluster, for two runs that pass preflight together, and the hand-over of a kept cluster to a later
-run are tests/operators/test_gke_lifecycle.py.)
+run are tests/operators/test_gke.py.)
 
 The second run uses its own AIRFLOW_HOME (a copy of the migrated metadata DB): two ``dags test``
 processes never share one SQLite file; both share the module's sandbox.
@@ -26,7 +26,7 @@ import pytest
 
 from airflow_provider_tpu_rl.records.lease import lease_object
 from airflow_provider_tpu_rl.render.gke import resource_record_object
-from tests.e2e.harness import GKE_DAG_ID, Call, DagRunResult, E2EWorld
+from tests.support.harness import GKE_DAG_ID, Call, DagRunResult, E2EWorld
 from tpu_rl_sandbox.apis.kube_api import POD_HOLD_ENV, POD_HOLD_TPU_ONLY
 from tpu_rl_sandbox.world.calls import read_calls
 

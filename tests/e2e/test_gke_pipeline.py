@@ -8,7 +8,7 @@ module fixtures: they run once, the first time a test asks for them.
 
 What a lower-level test pins is not run again here: a permanent fault of the conversion or export
 job takes the same teardown and watcher path as the training fault below (their job operators'
-failure handling is in tests/operators/test_gcluster_job_operators.py); a deploy that fails for
+failure handling is in tests/operators/test_gke_jobs.py); a deploy that fails for
 good is tests/e2e/test_timeouts.py's run (its deploy times out with no retry: the teardown destroys
 the cluster, nothing is converted, the bucket stays); reusing a ``run_name`` on purpose (adopt, or
 refuse other settings) is tests/operators/test_run_identity.py.
@@ -16,16 +16,20 @@ refuse other settings) is tests/operators/test_run_identity.py.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from airflow_provider_tpu_rl.ledger.billing import spans_from_json
+from airflow_provider_tpu_rl.ledger.model_card import parse_front_matter
 from airflow_provider_tpu_rl.ledger.records import as_utc
 from airflow_provider_tpu_rl.render.gke import resource_record_object
 from airflow_provider_tpu_rl.spec import GkePipelineSpec, gke_pipeline_from_conf
 from tests.e2e.curves import check_curves_next_to_the_checkpoints, check_runs_plot_draws_the_trend
-from tests.e2e.harness import GKE_DAG_ID, DagRunResult, E2EWorld, duplicates, printed_rewards
+from tests.support.harness import GKE_DAG_ID, DagRunResult, E2EWorld, duplicates, printed_rewards
+from tpu_rl_sandbox.commands.lifecycle import HF_SANDBOX_TOKEN
 
 pytestmark = pytest.mark.e2e
 
@@ -39,6 +43,9 @@ FAILING_TASK = {"train": "train", "destroy": "destroy_cluster"}
 # A checkpoint every 2 steps: a train fault (which fires once a checkpoint is saved) stops the
 # job at step 2 of 3, mid-way, with actor/2 already committed.
 MID_WAY_CHECKPOINTS = {"checkpoint_period": 2}
+# A reward gain no run reaches: the transient run's model is not promoted (promote_model skipped).
+NOT_PROMOTED_GAIN = 1000
+OL_EVENTS = "ol-events.jsonl"
 
 
 def conf(name: str, **extra: Any) -> dict[str, Any]:
@@ -82,11 +89,21 @@ def happy(world: E2EWorld) -> DagRunResult:
     Slower simulated steps (0.4 s) so the job trigger surely sees the training job Running and
     follows its log from the start, as a real minutes-long training is followed.
     """
+    world.sync_dags()  # Airflow 2.11: the model assets in the database, so their events are kept
     return world.run_dag(
         GKE_DAG_ID,
         conf("ok"),
-        env_overrides={"TPU_RL_SANDBOX_STEP_SECONDS": "0.4"},
+        env_overrides={"TPU_RL_SANDBOX_STEP_SECONDS": "0.4", **openlineage_to_file(world)},
     )
+
+
+def openlineage_to_file(world: E2EWorld) -> dict[str, str]:
+    """The OpenLineage provider on, its events one JSON line each in the module's ``ol-events.jsonl``."""
+    transport = {"type": "file", "log_file_path": str(world.root / OL_EVENTS), "append": True}
+    return {
+        "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(transport),
+        "AIRFLOW__OPENLINEAGE__NAMESPACE": "tpu-rl-e2e",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -113,9 +130,12 @@ def fault_run(world: E2EWorld, happy: DagRunResult) -> Callable[[str], DagRunRes
 
 @pytest.fixture(scope="module")
 def transient(world: E2EWorld) -> DagRunResult:
-    """Deploy, conversion, training, export and destroy each fail once, transiently, in one run."""
+    """Deploy, conversion, training, export and destroy each fail once, transiently, in one run;
+    its model's reward cannot gain ``min_reward_gain`` (1000): the gate holds it back."""
     return world.run_dag(
-        GKE_DAG_ID, conf("t-work", train_overrides=MID_WAY_CHECKPOINTS), faults=TRANSIENT_FAULTS
+        GKE_DAG_ID,
+        conf("t-work", train_overrides=MID_WAY_CHECKPOINTS, min_reward_gain=NOT_PROMOTED_GAIN),
+        faults=TRANSIENT_FAULTS,
     )
 
 
@@ -132,7 +152,10 @@ def test_pipeline_succeeds_with_one_cluster_lifecycle(world: E2EWorld, happy: Da
     assert happy.exit_code == 0, happy.describe()
     assert happy.state == "success", happy.describe()
     failed = {t: r.state for t, r in happy.tasks.items() if t != "watcher" and r.state != "success"}
-    assert failed == {}, happy.describe()
+    # only the other preset's asset tasks skip (this run trained qwen3-30b-a3b)
+    assert failed == {"publish_gemma4-26b": "skipped", "publish_converted_gemma4-26b": "skipped"}, (
+        happy.describe()
+    )
     assert happy.task_state("watcher") == "skipped"
     # the cluster without its TPU node pool, then the pool alone; the pool's destroy, then the rest
     deploys = [c.argv[-1] for c in happy.calls_of("gcluster", "deploy")]
@@ -328,6 +351,147 @@ def test_transient_faults_are_retried_and_the_run_succeeds(world: E2EWorld, tran
     assert destroys[-1].exit_code == 0, transient.describe()
     assert spec.cluster.cluster_name not in world.live_clusters()
     assert world.hf_export_problems(spec.export.output_directory) == []
+    # the gate held its model back: skipped, and the run is still a success
+    assert transient.task_state("promote_model") == "skipped", transient.describe()
+
+
+def test_the_promotion_gate_says_its_line_in_the_ledger(
+    world: E2EWorld, happy: DagRunResult, transient: DagRunResult
+) -> None:
+    promotion = dict(world.ledger("SELECT run_id, promotion FROM runs WHERE dag_id = ?", (GKE_DAG_ID,)))
+    assert happy.task_state("promote_model") == "success"
+    assert promotion[happy.ledger_run_id].startswith(
+        "promoted: no gate (min_reward_gain not set); mean reward "
+    )
+    assert promotion[transient.ledger_run_id].startswith("not promoted: reward gain ")
+    assert f"< min_reward_gain {NOT_PROMOTED_GAIN}" in promotion[transient.ledger_run_id]
+
+
+def test_a_promoted_model_is_an_asset_event_with_its_card_beside_the_export(
+    world: E2EWorld, happy: DagRunResult, transient: DagRunResult
+) -> None:
+    spec = spec_of(happy)
+    export = spec.export.output_directory
+    events = world.asset_events("tpu-rl://models/qwen3-30b-a3b")
+    mine = [extra for dag, run, extra in events if (dag, run) == (GKE_DAG_ID, happy.run_id)]
+    assert len(mine) == 1, (events, happy.describe())
+    extra = mine[0]
+    printed = rewards_the_sandbox_printed(world, happy)
+    (billed, trained, cost) = world.ledger(
+        "SELECT chip_hours, busy_chip_hours, estimated_cost_usd FROM runs WHERE run_id = ?",
+        (happy.ledger_run_id,),
+    )[0]
+    assert extra["run_id"] == happy.ledger_run_id
+    assert extra["run_name"] == spec.training.run_name
+    assert extra["model"] == "qwen3-30b-a3b"
+    assert extra["export_uri"] == export
+    assert extra["model_card_uri"] == export + "README.md"
+    assert extra["base_model"] == "Qwen/Qwen3-30B-A3B-Instruct-2507"
+    assert extra["dataset"] == "nvidia/OpenMathInstruct-2"
+    assert (extra["pre_mean_reward"], extra["post_mean_reward"]) == pytest.approx(
+        (printed["pre"], printed["post"])
+    )
+    assert extra["steps"] == NUM_BATCHES
+    assert extra["tpu_chip_hours_billed"] == pytest.approx(billed)
+    assert extra["tpu_chip_hours_trained"] == pytest.approx(trained)
+    assert extra["estimated_cost_usd"] == pytest.approx(cost)
+    assert extra["maxtext_release"] == "0.2.4"
+    assert extra["image"] == spec.image
+    assert "image_digest" in extra
+    assert happy.task_state("publish_qwen3-30b-a3b") == "success"
+    assert happy.task_state("publish_gemma4-26b") == "skipped"  # not this run's model: no event
+    assert world.asset_events("tpu-rl://models/gemma4-26b") == []
+    # the model the gate held back: its publish skipped, no event; its export still has its card
+    assert [run for _, run, _ in events if run == transient.run_id] == []
+    assert transient.task_state("publish_qwen3-30b-a3b") == "skipped"
+    for run in (happy, transient):
+        card = world.model_card(spec_of(run).export.output_directory)
+        meta = parse_front_matter(card)
+        assert meta["base_model"] == "Qwen/Qwen3-30B-A3B-Instruct-2507"
+        assert meta["datasets"] == ["nvidia/OpenMathInstruct-2"]
+        assert run.ledger_run_id in card
+        assert len(meta["model-index"][0]["results"][0]["metrics"]) == 2  # the rewards before and after
+    assert "not promoted" in world.model_card(spec_of(transient).export.output_directory)
+
+
+def test_a_committed_conversion_is_an_asset_event(world: E2EWorld, happy: DagRunResult) -> None:
+    """publish_converted_<preset> emits the run's preset's converted checkpoint once its commit is
+    verified; the other preset's task skips."""
+    spec = spec_of(happy)
+    events = world.asset_events("tpu-rl://converted-checkpoints/qwen3-30b-a3b")
+    mine = [extra for dag, run, extra in events if (dag, run) == (GKE_DAG_ID, happy.run_id)]
+    assert len(mine) == 1, (events, happy.describe())
+    extra = mine[0]
+    assert extra["run_id"] == happy.ledger_run_id
+    assert extra["checkpoint_uri"] == spec.conversion.output_directory.rstrip("/") + "/"
+    assert extra["job_name"] == spec.convert_job
+    assert extra["reused"] is False
+    assert extra["base_model"] == "Qwen/Qwen3-30B-A3B-Instruct-2507"
+    assert extra["maxtext_release"] == "0.2.4"
+    assert happy.task_state("publish_converted_qwen3-30b-a3b") == "success"
+    assert happy.task_state("publish_converted_gemma4-26b") == "skipped"
+    assert world.asset_events("tpu-rl://converted-checkpoints/gemma4-26b") == []
+
+
+def test_openlineage_events_name_what_each_maxtext_job_read_and_wrote(
+    world: E2EWorld, happy: DagRunResult
+) -> None:
+    """With the OpenLineage provider on (file transport), the run's COMPLETE events of conversion,
+    training and export carry their inputs and outputs, named as the OpenLineage spec names GCS and
+    the Hub; no facet holds the Hugging Face token."""
+    text = (world.root / OL_EVENTS).read_text()
+    assert HF_SANDBOX_TOKEN not in text
+    complete = {}
+    for line in text.splitlines():
+        event = json.loads(line)
+        if event["eventType"] == "COMPLETE":
+            complete[event["job"]["name"]] = event
+    spec = spec_of(happy)
+    bucket = "gs://" + spec.cluster.bucket
+
+    def io(task_id: str) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
+        event = complete[f"{GKE_DAG_ID}.{task_id}"]
+        return (
+            {(d["namespace"], d["name"]) for d in event["inputs"]},
+            {(d["namespace"], d["name"]) for d in event["outputs"]},
+        )
+
+    def folder(uri: str) -> tuple[str, str]:
+        return bucket, uri.removeprefix(bucket + "/").rstrip("/")
+
+    converted = folder(spec.conversion.output_directory)
+    assert io("convert_to_maxtext") == (
+        {("https://huggingface.co", "Qwen/Qwen3-30B-A3B-Instruct-2507")},
+        {converted},
+    ), sorted(complete)
+    train_in, train_out = io("train")
+    assert folder(spec.training.load_parameters_path) in train_in
+    assert ("https://huggingface.co", "datasets/nvidia/OpenMathInstruct-2") in train_in
+    assert train_out == {
+        folder(f"{spec.training.base_output_directory.rstrip('/')}/{spec.training.run_name}")
+    }
+    assert io("export_to_huggingface") == (
+        {folder(spec.export.load_parameters_path)},
+        {folder(spec.export.output_directory)},
+    )
+    assert "sourceCode" in complete[f"{GKE_DAG_ID}.convert_to_maxtext"]["job"]["facets"]
+
+
+CONSUMER_DAG_ID = "tpu_rl_model_consumer_example"
+
+
+def test_the_downstream_example_dag_is_queued_by_the_event_and_checks_the_export(
+    world: E2EWorld, happy: DagRunResult, transient: DagRunResult
+) -> None:
+    """Both module runs are done: one promoted model's event queued the example DAG; its run checks
+    the export and its card and says so in one line."""
+    runs, output = world.run_downstream(CONSUMER_DAG_ID, "check_model")
+    assert [run_type for _, run_type in runs] in (["asset_triggered"], ["dataset_triggered"]), output
+    assert "rc=0" in output, output
+    export = spec_of(happy).export.output_directory
+    assert f"new model qwen3-30b-a3b from {happy.ledger_run_id}: mean reward " in output
+    assert f"export {export} (" in output
+    assert "model card README.md" in output
 
 
 def rewards_the_sandbox_printed(world: E2EWorld, run: DagRunResult) -> dict[str, float]:
@@ -386,6 +550,17 @@ def test_ledger_records_durations_and_chip_hours(world: E2EWorld, happy: DagRunR
     assert 0 < busy < chip_hours
     assert busy == pytest.approx(32 * (span[2] - span[1]).total_seconds() / 3600)
     assert (price, cost) == (2.70, pytest.approx(chip_hours * 2.70))
+    # billed by the TPU node VMs' own clocks (each at least a minute), inside the capacity held
+    ((billed_seconds, spans_json, held),) = world.ledger(
+        "SELECT billed_chip_seconds, billed_spans_json, held_chip_hours FROM runs WHERE run_id = ?",
+        (happy.ledger_run_id,),
+    )
+    spans = spans_from_json(json.loads(spans_json))
+    assert spans is not None
+    assert (len(spans), {s.chips for s in spans}, {s.ended_by for s in spans}) == (8, {4}, {"delete"})
+    assert all(span[0] <= s.started_at and s.ended_at and s.ended_at <= span[3] for s in spans)
+    assert chip_hours == pytest.approx(billed_seconds / 3600)
+    assert held == pytest.approx(32 * (span[3] - span[0]).total_seconds() / 3600)
     steps = {
         task_id: (state, seconds)
         for task_id, state, seconds in world.ledger(
@@ -421,13 +596,13 @@ def test_ledger_artifacts_exist_in_the_emulator(world: E2EWorld, all_runs: list[
         kind
         for (kind,) in world.ledger("SELECT kind FROM run_artifacts WHERE run_id = ?", (happy.ledger_run_id,))
     }
-    assert kinds == {"converted_checkpoint", "actor_checkpoint", "hf_export", "curves"}
+    assert kinds == {"converted_checkpoint", "actor_checkpoint", "hf_export", "curves", "model_card"}
     artifacts = world.ledger("SELECT run_id, kind, uri FROM run_artifacts")
     # A folder (checkpoints, the export) has objects under it; the curves PNG is one object.
     missing = [
         (run_id, kind, uri)
         for run_id, kind, uri in artifacts
-        if not (world.exists(uri) if kind == "curves" else world.objects(uri))
+        if not (world.exists(uri) if kind in ("curves", "model_card") else world.objects(uri))
     ]
     assert missing == []
 
@@ -458,7 +633,10 @@ def test_tpu_rl_runs_lists_every_run_with_its_state(world: E2EWorld, all_runs: l
     (happy_line,) = [line for line in lines if line.startswith(happy.ledger_run_id + " ")]
     printed = rewards_the_sandbox_printed(world, happy)
     assert f"{printed['pre']:.2f}→{printed['post']:.2f}" in happy_line
+    assert "yes" in happy_line.split()  # PROMOTED
     assert happy_line.endswith(spec_of(happy).export.output_directory)
+    (held_line,) = [line for line in lines if line.startswith(all_runs[-1].ledger_run_id + " ")]
+    assert " not promoted " in held_line
 
 
 def test_record_run_puts_the_ledgers_curves_next_to_the_checkpoints(

@@ -28,7 +28,7 @@ import pytest
 
 from airflow_provider_tpu_rl.operators.janitor import orphan_marker_object
 from airflow_provider_tpu_rl.records.lease import lease_object
-from tests.e2e.harness import AIRFLOW, GKE_DAG_ID, E2EWorld
+from tests.support.harness import AIRFLOW, GKE_DAG_ID, E2EWorld
 from tpu_rl_sandbox.apis.kube_api import POD_HOLD_ENV, POD_HOLD_TPU_ONLY
 from tpu_rl_sandbox.world.calls import read_calls
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.harness import DagRunResult, E2EWorld
+from tests.support.harness import DagRunResult, E2EWorld
 
 pytestmark = pytest.mark.e2e
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
-from tests.e2e.harness import GKE_DAG_ID, DagRunResult, E2EWorld
+from tests.support.harness import GKE_DAG_ID, DagRunResult, E2EWorld
 from tpu_rl_sandbox.clis.gcluster.app import HANG_ENV, hung_processes
 
 pytestmark = pytest.mark.e2e

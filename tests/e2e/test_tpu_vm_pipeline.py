@@ -10,7 +10,7 @@ What a lower-level test pins is not run again here: a VM create that fails for g
 setup-failed teardown path the GKE deploy that fails for good checks (tests/e2e/test_timeouts.py;
 the structure test pins that both DAGs wire it alike); a VM delete that fails for good fails the
 run as the GKE destroy fault does (the watcher and the structure test are the same for both DAGs)
-and names the VM it leaves (tests/operators/test_tpu_vm_operators.py), where deleting a VM that was
+and names the VM it leaves (tests/operators/test_tpu_vm.py), where deleting a VM that was
 never created counts as done. The transient faults share one run.
 """
 
@@ -22,9 +22,10 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_tpu_rl.ledger.model_card import parse_front_matter
 from airflow_provider_tpu_rl.spec import TpuVmPipelineSpec, tpu_vm_pipeline_from_conf
 from tests.e2e.curves import check_curves_next_to_the_checkpoints, check_runs_plot_draws_the_trend
-from tests.e2e.harness import TPU_VM_DAG_ID, DagRunResult, E2EWorld, printed_rewards
+from tests.support.harness import TPU_VM_DAG_ID, DagRunResult, E2EWorld, printed_rewards
 from tpu_rl_sandbox.apis.gcs_client import split_gs_url
 from tpu_rl_sandbox.world.store import StateStore
 
@@ -67,9 +68,10 @@ def spec_of(result: DagRunResult) -> TpuVmPipelineSpec:
     return tpu_vm_pipeline_from_conf(result.conf, dag_id=result.dag_id, run_id=result.run_id)
 
 
-def vm_calls(result: DagRunResult, verb: str) -> list[int]:
-    """Exit codes of ``gcloud compute instances <verb>`` in the run."""
-    return [call.exit_code for call in result.calls_of("gcloud", "compute", "instances", verb)]
+def vm_calls(result: DagRunResult, verb: str, vm: str | None = None) -> list[int]:
+    """Exit codes of ``gcloud compute instances <verb>`` in the run (of ``vm`` alone, if named)."""
+    calls = result.calls_of("gcloud", "compute", "instances", verb)
+    return [call.exit_code for call in calls if vm is None or vm in call.argv]
 
 
 def lives(world: E2EWorld, spec: TpuVmPipelineSpec, vm_name: str) -> list[dict[str, Any]]:
@@ -93,6 +95,7 @@ def written_at(world: E2EWorld, uri: str) -> dict[str, float]:
 # ==================================================================================== runs
 @pytest.fixture(scope="module")
 def happy(world: E2EWorld) -> DagRunResult:
+    world.sync_dags()  # Airflow 2.11: the model assets in the database, so their events are kept
     return world.run_dag(TPU_VM_DAG_ID, conf("ok"))
 
 
@@ -133,12 +136,17 @@ def test_pipeline_succeeds_with_one_vm_lifecycle(world: E2EWorld, happy: DagRunR
     failed = {t: r.state for t, r in happy.tasks.items() if t != "watcher" and r.state != "success"}
     assert failed == {}, happy.describe()
     assert happy.task_state("watcher") == "skipped"
-    assert vm_calls(happy, "create") == [0, 0]  # the CPU VM, then the TPU VM
-    assert vm_calls(happy, "delete") == [0, 0]  # the TPU VM, then the CPU VM
-    assert happy.submitted_jobs() == []  # no gcluster on this path
     spec = spec_of(happy)
+    for vm in (spec.cpu_vm.vm_name, spec.vm.vm_name):
+        assert (vm_calls(happy, "create", vm), vm_calls(happy, "delete", vm)) == ([0], [0]), vm
+    # the boot image's bake VM (the first run of the project bakes): deleted by its task, so its
+    # teardown finds it gone ("not found" counts as deleted)
+    bake = spec.bake_vm.vm_name
+    assert (vm_calls(happy, "create", bake), vm_calls(happy, "delete", bake)) == ([0], [0, 1])
+    assert happy.submitted_jobs() == []  # no gcluster on this path
     assert spec.vm.vm_name not in world.live_vms()
     assert spec.cpu_vm.vm_name not in world.live_vms()
+    assert bake not in world.live_vms()
 
 
 def test_the_tpu_vm_exists_only_while_it_trains(world: E2EWorld, happy: DagRunResult) -> None:
@@ -152,6 +160,19 @@ def test_the_tpu_vm_exists_only_while_it_trains(world: E2EWorld, happy: DagRunRe
     assert cpu["machineType"] == spec.cpu_vm.machine_type == "n2-highmem-32"
     assert [p["module"] for p in tpu["programs"]] == [TRAIN_RL]
     assert [p["module"] for p in cpu["programs"]] == list(CONVERTERS)
+    # One MaxText per run: the CPU VM converted and exported in the image the TPU VM trained in.
+    ran = {(p["runtime"], p["maxtext_version"]) for p in [*tpu["programs"], *cpu["programs"]]}
+    assert ran == {("container", spec.preset.maxtext_version)}
+    # The TPU VM booted from the baked image family (named after the workload image's digest).
+    (create,) = [
+        c for c in happy.calls_of("gcloud", "compute", "instances", "create") if spec.vm.vm_name in c.argv
+    ]
+    assert f"--image-project={spec.vm.project}" in create.argv
+    assert any(arg.startswith("--image-family=tpu-rl-sha256-") for arg in create.argv), create.argv
+    installed = happy.task_log("install_maxtext")
+    assert "nothing to install or pull" in installed
+    assert "Pulling from" not in installed
+    assert "docker.io" not in installed
 
     converted = written_at(world, spec.conversion.output_directory)
     _, prefix = split_gs_url(spec.conversion.output_directory)
@@ -247,14 +268,26 @@ def test_ledger_holds_one_row_per_dag_run_with_its_state(
 def test_ledger_artifacts_exist_in_the_emulator(world: E2EWorld, all_runs: list[DagRunResult]) -> None:
     happy = all_runs[0]
     uris = dict(world.ledger("SELECT kind, uri FROM run_artifacts WHERE run_id = ?", (happy.ledger_run_id,)))
-    assert set(uris) == {"actor_checkpoint", "hf_export", "curves"}
+    assert set(uris) == {"actor_checkpoint", "hf_export", "curves", "model_card"}
     assert world.hf_export_problems(uris["hf_export"]) == []
+    # the model card beside the export, and the promoted model's asset event (no gate: promoted)
+    meta = parse_front_matter(world.model_card(uris["hf_export"]))
+    assert (meta["base_model"], meta["license"], meta["datasets"]) == (
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "llama3.1",
+        ["openai/gsm8k"],
+    )
+    events = world.asset_events("tpu-rl://models/llama3.1-8b-Instruct")
+    (extra,) = [extra for _, run, extra in events if run == happy.run_id]
+    assert extra["export_uri"] == uris["hf_export"]
+    assert extra["maxtext_release"] == "0.2.3"
+    assert extra["run_id"] == happy.ledger_run_id
     artifacts = world.ledger("SELECT run_id, kind, uri FROM run_artifacts")
     # A folder (checkpoints, the export) has objects under it; the curves PNG is one object.
     missing = [
         (run_id, kind, uri)
         for run_id, kind, uri in artifacts
-        if not (world.exists(uri) if kind == "curves" else world.objects(uri))
+        if not (world.exists(uri) if kind in ("curves", "model_card") else world.objects(uri))
     ]
     assert missing == []
 

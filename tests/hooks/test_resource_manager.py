@@ -6,7 +6,6 @@ lacks comes from the sandbox settings (``denied_permissions``), as a project's I
 
 from __future__ import annotations
 
-import contextlib
 import json
 import socket
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ from airflow_provider_tpu_rl.exceptions import CommandError, ConfigurationError
 from airflow_provider_tpu_rl.hooks.resource_manager import MAX_PERMISSIONS_PER_CALL, ProjectPermissionsHook
 from airflow_provider_tpu_rl.spec.preflight import REQUIRED_PERMISSIONS
 from airflow_provider_tpu_rl.spec.presets import Runner
-from tpu_rl_sandbox.apis.api_server import api_server_url, start_api_server, stop_api_server
+from tests.support.sandbox_run import api_server
 from tpu_rl_sandbox.commands.lifecycle import SandboxInfo
 from tpu_rl_sandbox.world.layout import SandboxLayout
 from tpu_rl_sandbox.world.settings import reset_settings, update_settings
@@ -28,18 +27,6 @@ PROJECT = "proj-rm-hook"
 ANONYMOUS = json.dumps(
     {"conn_type": "google_cloud_platform", "extra": {"is_anonymous": True, "project": PROJECT}}
 )
-
-
-@contextlib.contextmanager
-def api_server(layout: SandboxLayout) -> Iterator[str]:
-    """The sandbox's API server (started here, and stopped after, unless it was running)."""
-    running = api_server_url(layout)
-    url = running or start_api_server(layout)
-    try:
-        yield url
-    finally:
-        if running is None:
-            stop_api_server(layout)
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_tpu_rl.ledger.hook import RunLedger, sqlite_connection_uri
-from tests.ledger.pg_server import INSTALL_HINT, PostgresServer, find_postgres_bin
+from tests.support.pg_server import INSTALL_HINT, PostgresServer, find_postgres_bin
 
 
 @pytest.fixture(scope="session")

@@ -98,7 +98,7 @@ def test_migrations_create_the_dataset_and_run_each_bigquery_file(
 ) -> None:
     ledger, client = bigquery_ledger
     client.applied_versions = [1]
-    assert ledger.apply_migrations() == [2, 3, 4, 5, 6]
+    assert ledger.apply_migrations() == [2, 3, 4, 5, 6, 7, 8]  # 7: billed_time, 8: model_promotion
     assert client.datasets == ["my-project.rl_results"]
     sqls = [sql for sql, _ in client.jobs]
     assert sqls[0].startswith("CREATE TABLE IF NOT EXISTS schema_migrations")
@@ -118,6 +118,9 @@ def test_migrations_create_the_dataset_and_run_each_bigquery_file(
     assert parameters(client.jobs[9][1])["version"] == ("INT64", 5)
     assert sqls[10].splitlines()[1:] == ["ALTER TABLE runs", "ADD COLUMN IF NOT EXISTS settings_json STRING;"]
     assert parameters(client.jobs[11][1])["version"] == ("INT64", 6)
+    assert parameters(client.jobs[13][1])["version"] == ("INT64", 7)  # sqls[12]: 0007_billed_time (issue 46)
+    assert sqls[14].splitlines()[1:] == ["ALTER TABLE runs", "ADD COLUMN IF NOT EXISTS promotion STRING;"]
+    assert parameters(client.jobs[15][1])["version"] == ("INT64", 8)
     for _, job_config in client.jobs:
         assert str(job_config.default_dataset) == "my-project.rl_results"
 
@@ -137,7 +140,8 @@ def test_record_is_one_merge_script_with_typed_parameters(
     sqlfluff.parse(script, dialect="bigquery")
     values = parameters(job_config)
     assert values["runs_r0_state"] == ("STRING", "failed")
-    assert values["runs_r0_chip_hours"] == ("FLOAT64", 0.0)
+    assert values["runs_r0_held_chip_hours"] == ("FLOAT64", 0.0)
+    assert values["runs_r0_chip_hours"] == ("FLOAT64", None)  # no machine clocks read: not known
     assert values["run_steps_r0_try_number"] == ("INT64", 2)
     assert values["run_steps_r0_ended_at"] == ("TIMESTAMP", None)
     assert values["run_metrics_r0_metric_value"] == ("FLOAT64", 0.4)

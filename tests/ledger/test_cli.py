@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from airflow_provider_tpu_rl.ledger.billing import BilledSpan
 from airflow_provider_tpu_rl.ledger.cli import (
     add_runs_subcommand,
     format_duration,
@@ -88,15 +89,26 @@ def test_table_is_aligned_with_dashes_for_unknowns() -> None:
                 pre_mean_reward=0.12,
                 post_mean_reward=0.34,
                 export_uri="gs://b/qwen3-30b-a3b/hf-trained/",
+                promotion="promoted: no gate (min_reward_gain not set); mean reward 0.12 -> 0.34",
             ),
             summary("vm/scheduled__2", model="llama3.1-8b-Instruct", state="failed"),
         ]
     )
     assert table.splitlines() == [
-        "RUN              MODEL                 STATE    DURATION  MEAN REWARD  TPU CHIP-H  TRAINED  IDLE  RESUMES                  COST $  EXPORT",
-        "gke/manual__1    qwen3-30b-a3b         success     2h02m  0.12→0.34          61.3     18.4   70%  1 (2 steps, 4m10s lost)  165.59  gs://b/qwen3-30b-a3b/hf-trained/",
-        "vm/scheduled__2  llama3.1-8b-Instruct  failed          -  -                     -        -     -  -                             -  -",
+        "RUN              MODEL                 STATE    DURATION  MEAN REWARD  PROMOTED  BILLED CHIP-H  TRAINED  IDLE  RESUMES                  COST $  EXPORT",
+        "gke/manual__1    qwen3-30b-a3b         success     2h02m  0.12→0.34    yes                61.3     18.4   70%  1 (2 steps, 4m10s lost)  165.59  gs://b/qwen3-30b-a3b/hf-trained/",
+        "vm/scheduled__2  llama3.1-8b-Instruct  failed          -  -            -                     -        -     -  -                             -  -",
     ]
+
+
+def test_a_model_the_gate_held_back_says_not_promoted() -> None:
+    line = "not promoted: reward gain +0.01 < min_reward_gain 0.05 (mean reward 0.3 -> 0.31)"
+    table = format_runs_table(
+        [summary("gke/manual__1", pre_mean_reward=0.3, post_mean_reward=0.31, promotion=line)]
+    )
+    header, row = table.splitlines()
+    column = header.index("PROMOTED")
+    assert row[column:].startswith("not promoted")
 
 
 def test_a_refused_run_says_why_in_place_of_the_dashes() -> None:
@@ -137,6 +149,7 @@ def test_runs_command_prints_the_ledger(sqlite_uri: str, monkeypatch: pytest.Mon
                 train_started_at=start + timedelta(minutes=10),
                 train_ended_at=start + timedelta(minutes=25),
                 usd_per_chip_hour=2.7,
+                billed_spans=(BilledSpan("tpu-vm", "1", 32, start, start + timedelta(minutes=30)),),
             ),
             [],
             [MetricRecord("pre", 0, "mean_reward", 0.1 * index), MetricRecord("post", 0, "mean_reward", 0.5)],
@@ -148,13 +161,13 @@ def test_runs_command_prints_the_ledger(sqlite_uri: str, monkeypatch: pytest.Mon
     assert lines[0].startswith("RUN")
     assert [line.split()[0] for line in lines[1:]] == ["tpu_rl_gke_pipeline/run2", "tpu_rl_gke_pipeline/run0"]
     assert "0.20→0.50" in lines[1]
-    assert lines[1].split()[5:10] == [
+    assert lines[1].split()[6:11] == [
         "16.0",
         "8.0",
         "50%",
         "-",
         "43.20",
-    ]  # billed, trained, idle, resumes, cost
+    ]  # billed, trained, idle, resumes, cost (after PROMOTED, "-": no gate ran)
     assert "1h00m" in lines[1]
     assert lines[1].rstrip().endswith("gs://b/qwen3-30b-a3b/hf-trained/")
 

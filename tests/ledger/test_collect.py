@@ -15,7 +15,8 @@ from airflow_provider_tpu_rl.ledger.collect import (
     metrics_from_train_result,
 )
 from airflow_provider_tpu_rl.ledger.records import ArtifactRecord, MetricRecord, ResumeLoss, StepRecord
-from tests.ledger.fakes import (
+from tests.support.ledger_fakes import (
+    BILLED_MINUTES,
     BUCKET,
     LEDGER_TASK,
     NOW,
@@ -44,7 +45,7 @@ def test_successful_run_gives_the_run_steps_metrics_and_artifacts() -> None:
     assert (run.started_at, run.ended_at) == (T0, NOW)
     # the TPU capacity's span: the TPU node pool's deploy start to its destroy's end
     assert (run.cluster_started_at, run.cluster_ended_at) == (minutes(36), minutes(126))
-    assert run.chip_hours == pytest.approx(32 * 90 / 60)
+    assert run.held_chip_hours == pytest.approx(32 * 90 / 60)
     assert '"hf_token": "***"' in run.conf_json
 
     assert LEDGER_TASK not in {step.task_id for step in steps}
@@ -93,7 +94,7 @@ def test_failure_at_training_marks_the_run_failed() -> None:
     assert {step.task_id: step.state for step in steps}["export_to_huggingface"] == "upstream_failed"
     assert metrics == []
     assert [artifact.kind for artifact in artifacts] == ["converted_checkpoint"]
-    assert run.chip_hours == pytest.approx(32 * 90 / 60)  # the TPU pool still lived until its destroy
+    assert run.held_chip_hours == pytest.approx(32 * 90 / 60)  # the TPU pool still lived until its destroy
 
 
 def test_retry_of_a_transient_fault_records_the_latest_try() -> None:
@@ -140,7 +141,7 @@ def test_cluster_not_destroyed_yet_counts_until_now() -> None:
     context = context_for(FakeDagRun(instances), {})
     run, _, _, _ = collect_run_from_context(context, model="m", chips=32, now=NOW)
     assert (run.cluster_started_at, run.cluster_ended_at) == (minutes(36), NOW)
-    assert run.chip_hours == pytest.approx(32 * (3.0 - 36 / 60))
+    assert run.held_chip_hours == pytest.approx(32 * (3.0 - 36 / 60))
 
 
 def test_cluster_never_deployed_costs_nothing_known() -> None:
@@ -150,7 +151,7 @@ def test_cluster_never_deployed_costs_nothing_known() -> None:
     ]
     context = context_for(FakeDagRun(instances), {})
     run, _, _, _ = collect_run_from_context(context, model="m", chips=32, now=NOW)
-    assert (run.state, run.cluster_started_at, run.chip_hours) == ("failed", None, None)
+    assert (run.state, run.cluster_started_at, run.held_chip_hours) == ("failed", None, None)
 
 
 def test_tpu_vm_pipeline_task_ids() -> None:
@@ -169,7 +170,7 @@ def test_tpu_vm_pipeline_task_ids() -> None:
         now=NOW,
     )
     assert (run.cluster_started_at, run.cluster_ended_at) == (minutes(0), minutes(30))
-    assert run.chip_hours == pytest.approx(8 * 0.5)
+    assert run.held_chip_hours == pytest.approx(8 * 0.5)
     assert MetricRecord("post", 0, "mean_reward", 0.34) in metrics
 
 
@@ -238,7 +239,7 @@ def test_airflow3_context_uses_task_states_and_recorded_steps() -> None:
     assert set(by_task) == {"deploy_tpu_pool", "train", "destroy_tpu_pool"}
     assert by_task["train"] == StepRecord("train", "failed", 3, minutes(30), None)
     assert (run.state, run.cluster_started_at, run.cluster_ended_at) == ("failed", minutes(0), minutes(110))
-    assert run.chip_hours == pytest.approx(32 * 110 / 60)
+    assert run.held_chip_hours == pytest.approx(32 * 110 / 60)
 
 
 def without_start_date(instances: list[FakeTaskInstance], **fallback: str) -> list[FakeTaskInstance]:
@@ -278,7 +279,7 @@ def test_without_start_date_steps_start_at_end_minus_duration_or_when_queued() -
         minutes(35),
     )
     assert (run.cluster_started_at, run.cluster_ended_at) == (minutes(36), minutes(126))
-    assert run.chip_hours == pytest.approx(32 * 90 / 60)
+    assert run.held_chip_hours == pytest.approx(32 * 90 / 60)
 
 
 def test_without_start_date_the_execute_callback_row_comes_before_the_queued_time() -> None:
@@ -291,11 +292,11 @@ def test_without_start_date_the_execute_callback_row_comes_before_the_queued_tim
         context, model="m", chips=32, recorded_steps=recorded, now=NOW
     )
     assert {step.task_id: step for step in steps}["deploy_tpu_pool"].duration_seconds == 5 * 60
-    assert run.chip_hours == pytest.approx(32 * 90 / 60)
+    assert run.held_chip_hours == pytest.approx(32 * 90 / 60)
 
     run, steps, _, _ = collect_run_from_context(context, model="m", chips=32, now=NOW)
     assert {step.task_id: step for step in steps}["deploy_tpu_pool"].duration_seconds == 10 * 60
-    assert run.chip_hours == pytest.approx(32 * 95 / 60)
+    assert run.held_chip_hours == pytest.approx(32 * 95 / 60)
 
 
 def test_a_start_date_wins_over_the_other_timestamps() -> None:
@@ -305,13 +306,13 @@ def test_a_start_date_wins_over_the_other_timestamps() -> None:
     context = context_for(FakeDagRun(instances), SUCCESS_XCOMS)
     run, steps, _, _ = collect_run_from_context(context, model="m", chips=32, now=NOW)
     assert {step.task_id: step for step in steps}["deploy_tpu_pool"].started_at == minutes(36)
-    assert run.chip_hours == pytest.approx(32 * 90 / 60)
+    assert run.held_chip_hours == pytest.approx(32 * 90 / 60)
 
 
 def test_a_context_without_task_instances_still_records_the_run() -> None:
     context = {"dag_run": FakeAirflow3DagRun(), "ti": BareTaskInstance()}
     run, steps, _, _ = collect_run_from_context(context, model="m", chips=32, now=NOW)
-    assert (run.state, steps, run.chip_hours) == ("success", [], None)
+    assert (run.state, steps, run.held_chip_hours) == ("success", [], None)
 
 
 @pytest.mark.parametrize(
@@ -375,9 +376,9 @@ def test_trained_time_is_the_training_jobs_own_span_when_its_task_returned_one()
     )
     assert (run.train_started_at, run.train_ended_at) == (minutes(50), minutes(110))
     assert run.busy_chip_hours == pytest.approx(32 * 60 / 60)
-    # billed: the TPU node pool's 90 minutes (not the cluster's 170)
-    assert run.idle_share == pytest.approx(1 - 60 / 90)
-    assert run.estimated_cost_usd == pytest.approx(32 * 90 / 60 * 2.7)
+    # billed: the TPU node VMs' 86 minutes by their clocks (not the pool tasks' 90, nor the cluster's 170)
+    assert run.idle_share == pytest.approx(1 - 60 / BILLED_MINUTES)
+    assert run.estimated_cost_usd == pytest.approx(32 * BILLED_MINUTES / 60 * 2.7)
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,9 @@ from airflow_provider_tpu_rl.ledger.plots import (
 from airflow_provider_tpu_rl.ledger.records import ArtifactRecord, MetricRecord, ResumeLoss, RunRecord
 from airflow_provider_tpu_rl.operators import ledger as ledger_operator
 from airflow_provider_tpu_rl.operators.ledger import RecordRunOperator, curves_uri, run_output_folder
-from tests.ledger.fakes import (
+from tests.ledger.rows import count_rows
+from tests.support.ledger_fakes import (
+    BILLED_MINUTES,
     SUCCESS_XCOMS,
     FakeDagRun,
     FakeLedgerTaskInstance,
@@ -37,8 +39,7 @@ from tests.ledger.fakes import (
     gke_task_instances,
     minutes,
 )
-from tests.ledger.rows import count_rows
-from tests.png import decoded_png
+from tests.support.png import decoded_png
 
 MODEL = "qwen3-30b-a3b"
 ACTOR_ROOT = f"gs://bucket/{MODEL}/trained/rl/checkpoints/actor/"
@@ -99,9 +100,14 @@ def test_the_timeline_marks_the_stages_the_tpu_billed_span_and_its_training(ledg
 
     assert timeline.stages[0][:3] == ("deploy_cluster", 0.0, 20.0)
     assert [task for task, *_ in timeline.stages][-1] == "destroy_cluster"
-    # billed: the TPU node pool's deploy start to its destroy's end, not the cluster's lifetime
-    assert (timeline.billed, timeline.trained) == ((36.0, 126.0), (50.0, 110.0))
-    assert timeline.idle_share == pytest.approx(1 - 60 / 90)
+    # billed: when the TPU node VMs ran by their clocks; held: the node pool's deploy start to its
+    # destroy's end; neither the cluster's lifetime
+    assert (timeline.billed, timeline.held, timeline.trained) == (
+        ((38.0, 124.0),),
+        (36.0, 126.0),
+        (50.0, 110.0),
+    )
+    assert timeline.idle_share == pytest.approx(1 - 60 / BILLED_MINUTES)
     figure = run_curves_figure(run_curves(run.run_id, ledger.run_metrics(run.run_id)), timeline)
     _, _, stage_axes = figure.axes
     bars = [
@@ -110,8 +116,12 @@ def test_the_timeline_marks_the_stages_the_tpu_billed_span_and_its_training(ledg
         if patch.get_height() == pytest.approx(0.6)
     ]
     assert bars == [(start, end) for _, start, end, _ in timeline.stages]
-    assert [text.get_text() for text in stage_axes.get_legend().get_texts()] == ["TPU billed", "TPU training"]
-    assert "idle 33%" in stage_axes.get_title()
+    assert [text.get_text() for text in stage_axes.get_legend().get_texts()] == [
+        "TPU capacity held (its tasks)",
+        "TPU billed (machines' clocks)",
+        "TPU training",
+    ]
+    assert "idle 30%" in stage_axes.get_title()
     assert decoded_png(figure_png(figure)).size == (1000, 800)
     assert run_timeline(run, []).empty
     assert "resumed" not in stage_axes.get_title()

@@ -15,7 +15,9 @@ from airflow_provider_tpu_rl.operators.ledger import RecordRunOperator, run_sett
 from airflow_provider_tpu_rl.pipelines.failures import ERROR_XCOM_KEY
 from airflow_provider_tpu_rl.pipelines.validate import note_run_started
 from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf, tpu_vm_pipeline_from_conf
-from tests.ledger.fakes import (
+from tests.ledger.rows import count_rows
+from tests.support.ledger_fakes import (
+    BILLED_MINUTES,
     BUCKET,
     LEDGER_TASK,
     SUCCESS_XCOMS,
@@ -27,7 +29,6 @@ from tests.ledger.fakes import (
     gke_task_instances,
     minutes,
 )
-from tests.ledger.rows import count_rows
 
 MODEL = "qwen3-30b-a3b"
 
@@ -64,7 +65,8 @@ def test_success_failure_and_rerun_give_one_row_per_run(ledger: RunLedger) -> No
     assert (runs["good"].pre_mean_reward, runs["good"].post_mean_reward) == (0.12, 0.34)
     assert runs["good"].export_uri == f"{BUCKET}/hf-trained/"
     assert (runs["bad"].post_mean_reward, runs["bad"].export_uri) == (None, None)
-    assert runs["good"].chip_hours == pytest.approx(32 * 90 / 60)  # the TPU node pool's span
+    assert runs["good"].chip_hours == pytest.approx(32 * BILLED_MINUTES / 60)  # its node VMs' clocks
+    assert runs["good"].held_chip_hours == pytest.approx(32 * 90 / 60)  # the TPU node pool's tasks
     assert count_rows(ledger, "run_steps", runs["good"].run_id) == 10
     assert count_rows(ledger, "run_artifacts", runs["good"].run_id) == 3
     assert count_rows(ledger, "run_metrics", runs["good"].run_id) == 9
@@ -145,7 +147,7 @@ def test_airflow3_run_gets_step_times_from_the_callbacks(ledger: RunLedger) -> N
     run = record_run_from_context(context, model="qwen3-30b-a3b", chips=32)
 
     assert run.state == "success"
-    assert run.chip_hours == pytest.approx(32 * 100 / 60)
+    assert run.held_chip_hours == pytest.approx(32 * 100 / 60)
     steps = ledger.recorded_steps(run.run_id)
     assert steps["train"] == StepRecord("train", "success", 2, minutes(30), minutes(90), "rl-train-a3")
     assert set(steps) == {"deploy_tpu_pool", "train", "destroy_tpu_pool"}
@@ -210,8 +212,10 @@ def test_airflow2_dags_test_run_gets_step_times_from_the_execute_callbacks(ledge
         after + timedelta(minutes=100),
     )
     summary = {row.airflow_run_id: row for row in ledger.latest_runs()}["dags_test"]
-    assert summary.chip_hours is not None
-    assert 32 * 100 / 60 <= summary.chip_hours <= 32 * (100 * 60 + (after - before).total_seconds()) / 3600
+    assert summary.held_chip_hours is not None
+    assert (
+        32 * 100 / 60 <= summary.held_chip_hours <= 32 * (100 * 60 + (after - before).total_seconds()) / 3600
+    )
 
 
 def test_the_execute_callback_keeps_a_start_date_airflow_gives(ledger: RunLedger) -> None:

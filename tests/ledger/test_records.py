@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_tpu_rl.ledger.billing import BilledSpan
 from airflow_provider_tpu_rl.ledger.records import (
     ArtifactRecord,
     MetricRecord,
@@ -59,7 +60,14 @@ def test_run_id_joins_dag_and_airflow_run() -> None:
 
 def test_run_record_derives_duration_and_chip_hours() -> None:
     run = RunRecord("d", "r", "m", "success", T0, T0 + timedelta(hours=2), 32, T0, T0 + timedelta(hours=1))
-    assert (run.duration_seconds, run.chip_hours) == (7200.0, 32.0)
+    assert (run.duration_seconds, run.held_chip_hours, run.chip_hours) == (7200.0, 32.0, None)
+    billed = replace(
+        run, billed_spans=(BilledSpan("vm", "1", 32, T0 + timedelta(minutes=6), T0 + timedelta(minutes=51)),)
+    )
+    assert (billed.chip_hours, billed.billed_chip_seconds) == (
+        24.0,
+        32 * 45 * 60,
+    )  # its clocks: 45 of 60 minutes
     assert RunRecord("d", "r", "m", "success").chip_hours is None
 
 
@@ -68,6 +76,7 @@ def test_run_record_splits_billed_tpu_time_into_trained_and_idle() -> None:
     run = RunRecord(
         "d", "r", "m", "success", T0, T0 + 3 * hour, 32, T0, T0 + 2 * hour,
         train_started_at=T0 + hour / 2, train_ended_at=T0 + hour, usd_per_chip_hour=2.7,
+        billed_spans=(BilledSpan("vm", "1", 32, T0, T0 + 2 * hour),),
     )  # fmt: skip
     assert (run.chip_hours, run.busy_chip_hours) == (64.0, 16.0)
     assert run.idle_share == pytest.approx(0.75)

@@ -39,8 +39,11 @@ def test_migrations_are_numbered_from_one_and_bootstrap_schema_migrations(dialec
         for statement in migration.statements:
             if statement.startswith("ALTER TABLE") and dialect is not Dialect.BIGQUERY:
                 # SQLite has no ADD COLUMN IF NOT EXISTS: the file runs once, in the transaction
-                # that records its version (test_ledger_db: a failed migration leaves no trace)
+                # that records its version (test_hook.py: a failed migration leaves no trace)
                 assert " ADD COLUMN " in statement, f"{migration.name}: only columns are added"
+                continue
+            if statement.startswith("UPDATE"):  # a data move, guarded: a second run changes nothing
+                assert "IS NULL" in statement, f"{migration.name}: an UPDATE must be guarded"
                 continue
             assert "IF NOT EXISTS" in statement, f"{migration.name}: every statement must be re-runnable"
 

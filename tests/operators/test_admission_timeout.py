@@ -17,7 +17,7 @@ from airflow_provider_tpu_rl.operators.gke_jobs import PathwaysRLTrainOperator
 from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
 from airflow_provider_tpu_rl.toolchain.job_output import JobState
 from airflow_provider_tpu_rl.triggers.jobset import JobSetTrigger
-from tests.operators.sandbox_run import SandboxRun, convert_checkpoint, defer, prepare_cluster, run_trigger
+from tests.support.sandbox_run import SandboxRun, convert_checkpoint, defer, prepare_cluster, run_trigger
 from tpu_rl_sandbox.apis import kube_access
 from tpu_rl_sandbox.world.settings import update_settings
 

@@ -19,8 +19,8 @@ from airflow_provider_tpu_rl.records.lease import ClusterLeaseHook, lease_object
 from airflow_provider_tpu_rl.records.run_dirs import RunDirRecords, WriterClaim, run_record_object
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID
-from tests.compat import capture_task_logs
-from tests.operators.sandbox_run import RecordingTI, SandboxRun, prepare_cluster
+from tests.support.compat import capture_task_logs
+from tests.support.sandbox_run import RecordingTI, SandboxRun, prepare_cluster
 
 RUN_A = "manual__2026-03-01T00:00:00+00:00"
 RUN_B = "manual__2026-03-02T00:00:00+00:00"

@@ -11,8 +11,8 @@ import pytest
 from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.operators.gke import EnsureBucketOperator, bucket_name_taken
 from airflow_provider_tpu_rl.records.bucket_usage import BUCKET_OWNER_OBJECT, WRITE_CHECK_PREFIX
-from tests.compat import capture_task_logs
-from tests.operators.sandbox_run import SandboxRun
+from tests.support.compat import capture_task_logs
+from tests.support.sandbox_run import SandboxRun
 
 RUN_ID = "manual__2026-03-01T00:00:00+00:00"
 

@@ -25,8 +25,8 @@ from airflow_provider_tpu_rl.operators.tpu_vm import (
 )
 from airflow_provider_tpu_rl.render.blueprint import BLUEPRINT_RELPATH
 from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID, gke_pipeline_from_conf, tpu_vm_pipeline_from_conf
-from tests.operators.sandbox_run import DEFAULT_RUN_ID, SandboxRun, prepare_cluster
-from tests.toolpath import path_without
+from tests.support.sandbox_run import DEFAULT_RUN_ID, SandboxRun, prepare_cluster
+from tests.support.toolpath import path_without
 from tpu_rl_sandbox.clis.gcloud.compute_ssh import project_ssh_keys
 from tpu_rl_sandbox.world.iam import iam_bindings
 

@@ -14,7 +14,7 @@ from airflow_provider_tpu_rl.hooks import credentials
 from airflow_provider_tpu_rl.operators.gke import EnsureBucketOperator
 from airflow_provider_tpu_rl.operators.gke_jobs import PathwaysRLTrainOperator
 from airflow_provider_tpu_rl.sensors.checkpoint import HuggingFaceExportSensor, MaxTextCheckpointSensor
-from tests.operators.sandbox_run import REGION, SandboxRun
+from tests.support.sandbox_run import REGION, SandboxRun
 from tpu_rl_sandbox.apis import oauth
 from tpu_rl_sandbox.apis.api_server import api_server_url
 from tpu_rl_sandbox.commands.lifecycle import SANDBOX_PROJECT

@@ -23,7 +23,7 @@ from airflow_provider_tpu_rl.operators.gke import (
 )
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID, gke_pipeline_from_conf
-from tests.operators.sandbox_run import DEFAULT_RUN_ID, RecordingTI, SandboxRun, prepare_cluster
+from tests.support.sandbox_run import DEFAULT_RUN_ID, RecordingTI, SandboxRun, prepare_cluster
 from tpu_rl_sandbox.world import secret_values
 from tpu_rl_sandbox.world.iam import iam_bindings
 from tpu_rl_sandbox.world.store import StateStore

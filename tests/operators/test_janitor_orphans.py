@@ -38,7 +38,7 @@ from airflow_provider_tpu_rl.records.janitor_sources import discover_sources
 from airflow_provider_tpu_rl.records.lease import ClusterLeaseHook, lease_object
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID
-from tests.operators.sandbox_run import REGION, SandboxRun
+from tests.support.sandbox_run import REGION, SandboxRun
 
 ORPHAN_SECONDS = 1800.0
 LONG_AGO = datetime.now(UTC) - timedelta(hours=10)
@@ -259,39 +259,6 @@ def test_projects_named_only_in_a_bucket_record_or_the_ledger_are_scanned(
     assert lease_object(sb.cluster) not in sb.objects(other_bucket, prefix="tpu-rl/leases/")
     # Given projects: exactly those.
     assert discover_sources([sb.project], gcp_conn_id="google_cloud_default").projects == [sb.project]
-
-
-class _SdkTi:
-    """The two Task SDK calls of a ``RuntimeTaskInstance`` the janitor uses (static methods there)."""
-
-    def __init__(self, dag_runs: dict[str, str], tasks: dict[str, dict[str, Any]]) -> None:
-        self.dag_runs = dag_runs
-        self.tasks = tasks
-        self.asked: list[dict[str, Any]] = []
-
-    def get_dagrun_state(self, dag_id: str, run_id: str) -> str:
-        if f"{dag_id}/{run_id}" not in self.dag_runs:
-            raise RuntimeError("DagRun not found")  # what a 404 of the execution API becomes
-        return self.dag_runs[f"{dag_id}/{run_id}"]
-
-    def get_task_states(self, dag_id: str, run_ids: list[str]) -> dict[str, Any]:
-        self.asked.append({"dag_id": dag_id, "run_ids": run_ids})
-        return {run_id: self.tasks.get(f"{dag_id}/{run_id}", {}) for run_id in run_ids}
-
-
-def test_on_airflow_3_run_states_come_from_the_task_sdk_and_an_unknown_run_is_unknown() -> None:
-    from airflow.utils.state import TaskInstanceState
-
-    from airflow_provider_tpu_rl.records.janitor_sources import TaskSdkRuns, run_probe
-
-    ti = _SdkTi({"d/r": "running"}, {"d/r": {"train": TaskInstanceState.DEFERRED, "export": None}})
-    probe = run_probe({"ti": ti})
-
-    assert isinstance(probe, TaskSdkRuns)
-    assert probe.dagrun_state("d", "r") == "running"
-    assert probe.dagrun_state("d", "gone") is None
-    assert probe.task_states("d", "r") == {"train": "deferred", "export": None}
-    assert ti.asked == [{"dag_id": "d", "run_ids": ["r"]}]
 
 
 def test_a_training_longer_than_its_label_keeps_the_cluster_while_its_lease_is_renewed(

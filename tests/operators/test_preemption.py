@@ -10,7 +10,7 @@ from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailExceptio
 from airflow_provider_tpu_rl.ledger.records import resume_loss
 from airflow_provider_tpu_rl.operators.gke_jobs import PathwaysRLTrainOperator
 from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
-from tests.operators.sandbox_run import (
+from tests.support.sandbox_run import (
     RecordingTI,
     SandboxRun,
     convert_checkpoint,

@@ -22,9 +22,8 @@ from airflow_provider_tpu_rl.operators.preflight import TpuRlPreflightOperator, 
 from airflow_provider_tpu_rl.records.lease import ClusterLeaseHook, Lease
 from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID
 from airflow_provider_tpu_rl.spec.pipeline import GKE_DAG_ID
-from tests.hooks.test_resource_manager import api_server
-from tests.operators.sandbox_run import SandboxRun
-from tests.toolpath import path_without
+from tests.support.sandbox_run import SandboxRun, api_server
+from tests.support.toolpath import path_without
 from tpu_rl_sandbox.clis.gcloud.app import Gcloud
 from tpu_rl_sandbox.world import vpc
 from tpu_rl_sandbox.world.calls import read_calls

@@ -31,7 +31,9 @@ from airflow_provider_tpu_rl.operators.gke_jobs import PathwaysRLTrainOperator
 from airflow_provider_tpu_rl.operators.janitor import find_expired_resources
 from airflow_provider_tpu_rl.records.run_dirs import RunDirRecords
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, gke_pipeline_from_conf
-from tests.operators.sandbox_run import (
+from tests.operators.test_janitor_orphans import MetadataStandIn
+from tests.operators.test_run_identity import RunStatesTI, _alive
+from tests.support.sandbox_run import (
     REGION,
     SandboxRun,
     convert_checkpoint,
@@ -40,8 +42,6 @@ from tests.operators.sandbox_run import (
     run_trigger,
     wait_for,
 )
-from tests.operators.test_janitor_orphans import MetadataStandIn
-from tests.operators.test_run_identity import RunStatesTI, _alive
 from tpu_rl_sandbox.apis import kube_access
 from tpu_rl_sandbox.world.settings import update_settings
 

@@ -19,8 +19,8 @@ from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.operators.tpu_vm import TpuVmCreateOperator, TpuVmStageOperator
 from airflow_provider_tpu_rl.records.run_dirs import RunDirRecords
 from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID
-from tests.operators.sandbox_run import TPU_VM_CONVERSION_TASKS, ZONE, SandboxRun, wait_for
 from tests.operators.test_run_identity import RunStatesTI
+from tests.support.sandbox_run import TPU_VM_CONVERSION_TASKS, ZONE, SandboxRun, wait_for
 from tpu_rl_sandbox.machines import dockerd
 
 RUN_A = "manual__2026-03-01T00:00:00+00:00"

@@ -29,7 +29,7 @@ from airflow_provider_tpu_rl.operators.gke_jobs import (
 )
 from airflow_provider_tpu_rl.records.run_dirs import RunDirRecords, run_record_object
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, gke_pipeline_from_conf
-from tests.operators.sandbox_run import (
+from tests.support.sandbox_run import (
     REGION,
     RecordingTI,
     SandboxRun,

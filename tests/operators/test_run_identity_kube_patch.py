@@ -23,7 +23,7 @@ from airflow_provider_tpu_rl.hooks.kubernetes import (
     RunDirJob,
 )
 from airflow_provider_tpu_rl.toolchain.job_output import JobState
-from tests.operators.sandbox_run import SandboxRun, prepare_cluster
+from tests.support.sandbox_run import SandboxRun, prepare_cluster
 from tpu_rl_sandbox.apis import kube_access
 
 JOBSETS = "/apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets"

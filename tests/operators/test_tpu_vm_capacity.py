@@ -11,7 +11,7 @@ import pytest
 from airflow_provider_tpu_rl.operators.gke import EnsureBucketOperator, HfTokenSecretOperator
 from airflow_provider_tpu_rl.operators.tpu_vm import TpuVmCreateOperator
 from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID
-from tests.operators.sandbox_run import SandboxRun
+from tests.support.sandbox_run import SandboxRun
 
 RUN_ID = "manual__2026-03-02T00:00:00+00:00"
 START = datetime(2030, 1, 1, tzinfo=UTC)

@@ -20,8 +20,8 @@ from airflow_provider_tpu_rl.operators.tpu_vm import (
 )
 from airflow_provider_tpu_rl.records.lease import ClusterLeaseHook, vm_lease_name
 from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID
-from tests.compat import capture_task_logs
-from tests.operators.sandbox_run import TPU_VM_CONVERSION_TASKS, RecordingTI, SandboxRun
+from tests.support.compat import capture_task_logs
+from tests.support.sandbox_run import TPU_VM_CONVERSION_TASKS, RecordingTI, SandboxRun
 
 RUN_ID = "manual__2026-03-04T00:00:00+00:00"
 START = datetime(2030, 1, 1, tzinfo=UTC)

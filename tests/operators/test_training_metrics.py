@@ -23,7 +23,7 @@ from airflow_provider_tpu_rl.maxtext.logs import TrainingLogTracker
 from airflow_provider_tpu_rl.operators.gke_jobs import PathwaysRLTrainOperator
 from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
 from airflow_provider_tpu_rl.triggers.jobset import JobSetTrigger
-from tests.operators.sandbox_run import (
+from tests.support.sandbox_run import (
     SandboxRun,
     convert_checkpoint,
     defer,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_tpu_rl.render import gke, tpu_vm
+from airflow_provider_tpu_rl.render import billing, gke, tpu_vm
 from airflow_provider_tpu_rl.render.command import Command
 from airflow_provider_tpu_rl.render.plan import gke_plan, tpu_vm_plan
 from airflow_provider_tpu_rl.spec import PRESETS, Runner, gke_pipeline_from_conf, tpu_vm_pipeline_from_conf
@@ -36,6 +36,11 @@ PARSE_ERROR = re.compile(
 )
 PROJECT = "my-proj-123"
 SERVICE_ACCOUNT = f"tpu-vm-sa@{PROJECT}.iam.gserviceaccount.com"
+
+# One clock for every plan: a VM's expiry label is read from it, and the commands are the test's
+# parameters, which each xdist worker collects again (a second ticking between two plans made two
+# workers collect different tests).
+PLAN_CLOCK = 1_767_225_600.0
 
 
 def _gcloud(commands: Iterator[tuple[str, Command]]) -> dict[tuple[str, ...], set[str]]:
@@ -75,7 +80,13 @@ def rendered_gcloud_commands() -> dict[tuple[str, ...], set[str]]:
                     }
                     yield from (
                         (s.task_id, s.command)
-                        for s in tpu_vm_plan(tpu_vm_pipeline_from_conf({**conf, **extra}))
+                        for s in tpu_vm_plan(tpu_vm_pipeline_from_conf({**conf, **extra}), now=PLAN_CLOCK)
+                    )
+                    # a workload image pinned by digest: the bake's real family, no tag to resolve
+                    pinned = {**conf, "workload_image": f"us-docker.pkg.dev/p/r/img@sha256:{'ab' * 32}"}
+                    yield from (
+                        (s.task_id, s.command)
+                        for s in tpu_vm_plan(tpu_vm_pipeline_from_conf(pinned), now=PLAN_CLOCK)
                     )
                     # the TPU VM's other capacities: a reservation's, and none (flex-start on the
                     # alpha track)
@@ -84,7 +95,7 @@ def rendered_gcloud_commands() -> dict[tuple[str, ...], set[str]]:
                         other = {**conf, **extra, "capacity": capacity, "reservation": reservation}
                         yield from (
                             (s.task_id, s.command)
-                            for s in tpu_vm_plan(tpu_vm_pipeline_from_conf(other))
+                            for s in tpu_vm_plan(tpu_vm_pipeline_from_conf(other), now=PLAN_CLOCK)
                             if s.task_id == "create_vm"
                         )
         yield "janitor", gke.list_managed_clusters(PROJECT)
@@ -96,6 +107,16 @@ def rendered_gcloud_commands() -> dict[tuple[str, ...], set[str]]:
         ).vm
         yield "train", tpu_vm.describe_vm_status(vm)
         yield "train", tpu_vm.start_vm(vm)
+        # the machines' clocks, read for the ledger (render/billing.py)
+        yield "delete_vm", billing.describe_instance(PROJECT, "us-east5-b", "tpu-rl-vm")
+        yield "delete_vm", billing.list_instance_operations(PROJECT, "us-east5-b", ["tpu-rl-vm"])
+        yield "destroy_tpu_pool", billing.list_pool_nodes(PROJECT, "us-east5-b", "c1", ["gke-tpu-v6e-pool"])
+        yield (
+            "destroy_tpu_pool",
+            billing.list_instance_operations(
+                PROJECT, "us-east5-b", ["gke-c1-gke-tpu-v6e-pool-1a2b3c4d"], group_bases=True
+            ),
+        )
 
     return _gcloud(all_commands())
 
@@ -151,6 +172,7 @@ def test_the_commands_cover_every_gcloud_task() -> None:
     assert {a for argv in creates for a in argv if a.startswith("--machine-type=")} == {
         "--machine-type=ct6e-standard-8t",
         "--machine-type=n2-highmem-32",
+        "--machine-type=n2-standard-8",  # the boot image's bake VM
     }
     # the TPU VM's four capacities (flex-start's create is on the alpha track)
     models = {a for argv in COMMANDS for a in argv if a.startswith("--provisioning-model=")}

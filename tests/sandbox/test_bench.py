@@ -1,14 +1,18 @@
 """The benchmark's arithmetic: simulated cloud work is the union of jobs and fake-CLI calls; each
-task's duration from Airflow's database."""
+task's duration from Airflow's database; section 4's flags (``--tpu-time-only``,
+``--stage-minutes``) and its cost lines."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tpu_rl_sandbox.commands import bench, tpu_cost
 from tpu_rl_sandbox.commands.bench import PipelineRun, task_seconds, union_seconds
 from tpu_rl_sandbox.world.calls import CALL_START_ENV, call_start
 
@@ -69,3 +73,75 @@ def test_task_seconds_are_the_newest_runs_durations_in_start_order(tmp_path: Pat
         )
         db.commit()
     assert list(task_seconds(tmp_path, "d").items()) == [("validate", 1.0), ("train", 30.5)]
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="tpu-rl-sandbox bench")
+    bench.add_bench_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_stage_minutes_takes_a_json_object_of_stage_and_capacity_minutes() -> None:
+    args = _args("--stage-minutes", '{"train": 60, "vm_provisioning": 1.5}', "--tpu-time-only")
+    assert args.stage_minutes == {"train": 60.0, "vm_provisioning": 1.5}
+    assert args.tpu_time_only is True
+    assert _args().stage_minutes == {}
+    assert _args().tpu_time_only is False
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        (
+            '{"train": 60, "tpu_vm_boot": 1.5}',
+            "unknown duration(s) tpu_vm_boot: the known ones are convert, train",
+        ),
+        ("train=60", "not JSON"),
+        ("[60]", "not a JSON object of minutes"),
+        ('{"train": -1}', "train: -1 is not a number of minutes >= 0"),
+    ],
+)
+def test_stage_minutes_refuses_in_one_line(value: str, says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        _args("--stage-minutes", value)
+    assert exit_.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("tpu-rl-sandbox bench: error: argument --stage-minutes: ")
+    assert says in error
+
+
+def test_tpu_time_only_runs_section_4_alone_with_the_overrides(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def not_run(*args: Any) -> Any:
+        raise AssertionError("sections 1-3 must not run")
+
+    seen: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(bench, "bench_parse", not_run)
+    monkeypatch.setattr(bench, "bench_pipeline", not_run)
+    monkeypatch.setattr(bench, "bench_tpu_time", lambda *args: seen.append(args) or ["4. the TPU time"])
+    args = _args("--tpu-time-only", "--stage-minutes", '{"train": 60}', "--minute-seconds", "1")
+    assert bench.run_bench_command(args) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "4. the TPU time"
+    (call,) = seen
+    assert call[1:4] == (1.0, 2.0, {"train": 60.0})
+    assert bench.run_bench_command(_args("--tpu-time-only", "--parse-only")) == 2
+
+
+def test_the_cost_lines_set_the_run_against_the_tutorials_flow_on_the_same_durations() -> None:
+    prices = tpu_cost.read_price_table(Path(__file__).resolve().parents[2] / "docs" / "tpu-prices.md")
+    run = bench.TPU_TIME_RUNS["TPU VM (Llama 3.1 8B, v6e-8)"]
+    # 26 real minutes billed at 2 s a minute, the tutorials' 52 (train 10 -> 20 with the override: 62)
+    tpu = {"chips": 8, "billed_seconds": 52.0}
+    lines = bench.cost_lines(run, tpu, 2.0, prices, {"train": 20}, {})
+    tutorial_minutes = tpu_cost.tutorial_tpu_vm_minutes(run.model, {"train": 20})
+    assert tutorial_minutes == pytest.approx(62.0)
+    assert lines[1].split()[3:5] == ["26.0", "real"]
+    assert lines[1].split()[-3] == f"${26 / 60 * 8 * 2.70:.2f}"
+    assert lines[2].split()[2] == "62.0"
+    assert lines[2].split()[-3] == f"${62 / 60 * 8 * 2.70:.2f}"
+    ratios = lines[4].split()[-3:]
+    assert ratios[0] == f"{26 / 62:.2f}x"
+    assert ratios[1] == f"{26 * prices['spot'].usd_per_chip_hour / (62 * 2.70):.2f}x"
+    assert lines[5].split()[1:5] == ["on-demand", "≤", "0.50x", "(met),"]
+    assert bench.cost_lines(run, None, 2.0, prices, {}, {}) == ["   cost: the ledger recorded no billed span"]

@@ -5,7 +5,7 @@ the newest ``develop`` of mid-2026): ``gcluster.go``/``pkg/dependencies/resolver
 terraform version, packer, the ``[y/N]`` prompt), ``cmd/dependencies.go`` (which commands check),
 ``cmd/job/prereq.go`` (``job submit`` prerequisites), ``pkg/config/staging.go`` and
 ``pkg/modulewriter/modulewriter.go`` (``ghpc_stage``). The fake runs as a real process through
-its shim, with PATH built by :func:`tests.toolpath.path_without`.
+its shim, with PATH built by :func:`tests.support.toolpath.path_without`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from tests.sandbox.conftest import Cli, Result, deploy_args, submit_args
-from tests.toolpath import path_without
+from tests.support.toolpath import path_without
 from tpu_rl_sandbox.clis.gcluster import dependencies
 from tpu_rl_sandbox.clis.tool_stubs import (
     STUB_MARKER,

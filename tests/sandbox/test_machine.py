@@ -314,3 +314,34 @@ def test_vm_gcloud_secret_needs_the_cloud_platform_scope(cli: Cli, tmp_path: Pat
     assert code == 1
     assert "insufficient authentication scopes" in out
     assert "after" not in out
+
+
+def test_a_held_job_goes_on_by_itself_after_the_settings_hold_seconds(tmp_path: Path) -> None:
+    """A test that forgets its hold file (or is killed) never stalls a job longer than
+    ``hold_seconds``; a cancelled job stops holding at once."""
+    from tpu_rl_sandbox.machines import maxtext_sim
+    from tpu_rl_sandbox.world.settings import SandboxSettings
+
+    assert SandboxSettings().hold_seconds == 120.0
+    hold = tmp_path / "hold"
+    hold.write_text("held")
+
+    def runner(cancelled: bool) -> maxtext_sim.MaxTextRunner:
+        ctx = maxtext_sim.SimContext(
+            router=None,  # type: ignore[arg-type]  # the hold touches no storage
+            write=lambda text: None,
+            platform="gke",
+            seed="t",
+            hold_file=str(hold),
+            hold_seconds=0.3,
+            sleep=time.sleep,
+            cancelled=lambda: cancelled,
+        )
+        return maxtext_sim.MaxTextRunner(ctx, "maxtext.trainers.post_train.rl.train_rl", [], {})
+
+    started = time.monotonic()
+    runner(False).hold_before_commit()
+    assert time.monotonic() - started >= 0.3
+    assert hold.exists()
+    with pytest.raises(maxtext_sim.Cancelled):
+        runner(True).hold_before_commit()

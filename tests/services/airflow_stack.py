@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 import httpx
 
 from airflow_provider_tpu_rl.compat import AIRFLOW_V_3_0_PLUS
-from tests.ledger.pg_server import PostgresServer, free_port
+from tests.support.pg_server import PostgresServer, free_port
 
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))
 REPO = Path(__file__).resolve().parents[2]

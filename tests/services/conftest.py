@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, TPU_VM_DAG_ID
-from tests.ledger.pg_server import INSTALL_HINT, PostgresServer, find_postgres_bin
 from tests.services.airflow_stack import (
     AirflowApi,
     AirflowStack,
@@ -24,13 +23,18 @@ from tests.services.airflow_stack import (
     process_alive,
     start_stack,
 )
+from tests.support.dags import CONSUMER_DAG_ID
+from tests.support.pg_server import INSTALL_HINT, PostgresServer, find_postgres_bin
 from tpu_rl_sandbox.commands.lifecycle import SandboxInfo, sandbox_down, sandbox_env, sandbox_up
 from tpu_rl_sandbox.machines.maxtext_sim import HOLD_FILE_ENV, STEP_SECONDS_ENV
 from tpu_rl_sandbox.world.layout import SandboxLayout
+from tpu_rl_sandbox.world.settings import update_settings
 
 # Simulated seconds per MaxText step: long enough that `train` is seen deferred, short enough for
 # a whole run in about a minute on two cores.
 STEP_SECONDS = "0.3"
+# The longest a held job waits (sandbox setting hold_seconds): the tests' waits on a hold stay below.
+HOLD_SECONDS = 600.0
 # Both pipelines, unpaused once parsed (neither has a schedule: only a trigger starts a run).
 PIPELINE_DAG_IDS = (GKE_DAG_ID, TPU_VM_DAG_ID)
 
@@ -75,16 +79,18 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServicesWorld
     with PostgresServer(bin_dir) as postgres:
         info = sandbox_up(root / "sandbox")
         try:
+            update_settings(SandboxLayout(info.root), hold_seconds=HOLD_SECONDS)
             stack, api = start_stack(
                 root,
                 postgres,
                 sandbox_env(info.root),
-                PIPELINE_DAG_IDS,
+                (*PIPELINE_DAG_IDS, CONSUMER_DAG_ID),
                 marker,
                 # the fake gcluster copies both into the job it submits (sandbox/.../clis/gcluster/jobs.py)
                 extra_env={STEP_SECONDS_ENV: STEP_SECONDS, HOLD_FILE_ENV: str(hold_file)},
             )
-            for dag_id in PIPELINE_DAG_IDS:
+            # the model asset's downstream example too: a promoted model's event queues it
+            for dag_id in (*PIPELINE_DAG_IDS, CONSUMER_DAG_ID):
                 api.unpause(dag_id)
             yield ServicesWorld(stack=stack, api=api, sandbox=info, hold_file=hold_file)
         finally:

@@ -65,8 +65,8 @@ CHROMIUM_ARGS = [
 ]
 UI_TIMEOUT_MS = 60_000.0  # a page or a control to appear (two busy cores)
 SUBMIT_TIMEOUT = 30.0  # the submitted form's run to be listed by the REST API
-RUN_TIMEOUT = 420.0  # each run, up to five at once on two cores (one alone takes about two minutes)
-HOLD_TIMEOUT = 90.0  # below the simulated job's own 120 s limit on a hold
+RUN_TIMEOUT = 900.0  # each run, up to five at once on two cores beside the other leg (one alone takes about two minutes)
+HOLD_TIMEOUT = 420.0  # below the simulated job's own limit on a hold (conftest.HOLD_SECONDS)
 PIPELINE_KINDS = {GKE_DAG_ID: "gke", TPU_VM_DAG_ID: "tpu_vm"}
 # Where each spot run fails, and why: the first runs hold the cluster and the VM of the forms' names.
 SPOT_FAILS_AT = {GKE_DAG_ID: "preflight", TPU_VM_DAG_ID: "create_cpu_vm"}
@@ -328,7 +328,10 @@ def test_the_untouched_form_runs_to_success(runs: BrowserRuns, dag_id: str) -> N
     failed = {
         task_id: ti.get("state")
         for task_id, ti in watch.task_instances.items()
-        if task_id != "watcher" and ti.get("state") != "success"
+        if task_id != "watcher"
+        and ti.get("state") != "success"
+        # a model asset task of a preset the run did not train skips (no event)
+        and not (task_id.startswith("publish_") and ti.get("state") == "skipped")
     }
     assert failed == {}, watch.describe()
 

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_tpu_rl.render import preflight as render
 from airflow_provider_tpu_rl.spec import preflight
 from airflow_provider_tpu_rl.spec.errors import SpecError
 from airflow_provider_tpu_rl.spec.presets import Runner
@@ -278,32 +277,6 @@ def test_the_reservation_json_is_found_after_warnings() -> None:
     lines = ["WARNING: something", *json.dumps(document, indent=2).splitlines()]
     assert preflight.parse_json_document(lines) == document
     assert preflight.parse_json_document(["ERROR: nothing"]) is None
-
-
-# -- the commands ----------------------------------------------------------------------------------
-def test_the_commands_only_read() -> None:
-    services = render.enabled_services(PROJECT)
-    assert services.argv == (
-        "gcloud",
-        "services",
-        "list",
-        "--enabled",
-        f"--project={PROJECT}",
-        "--format=value(config.name)",
-    )
-    reservation = render.describe_reservation(PROJECT, "us-east5-b", "res-1")
-    assert reservation.argv == (
-        "gcloud",
-        "compute",
-        "reservations",
-        "describe",
-        "res-1",
-        "--zone=us-east5-b",
-        f"--project={PROJECT}",
-        "--format=json",
-    )
-    assert not services.stdin_secret
-    assert not reservation.stdin_secret
 
 
 # ---------------------------------------------------------------- the TPU VM's network, SSH, OS Login

@@ -1,7 +1,6 @@
 """Serialisation and failure paths of the GCS checkpoint/export triggers (no GCS needed).
 
-Polling behaviour against the emulator is in tests/sensors/test_checkpoint_triggers_on_emulator.py,
-which shares the emulator fixture of tests/sensors/conftest.py.
+Polling behaviour against the emulator is in tests/triggers/test_gcs_checkpoint_on_emulator.py.
 """
 
 from __future__ import annotations

@@ -15,6 +15,11 @@
    its one DAG file (``--dagfile-path``); the trivial DAG without the Params is shown beside it.
 3. Worker-slot time of the ``train`` task during a 120-second simulated training: the time it
    spends executing in a worker, against the time the training took (the rest is deferred).
+4. TPU time and cost: each pipeline once with its stages lasting their real minutes on the time
+   scale (``--minute-seconds``; any duration replaced with ``--stage-minutes``): TPU billed by the
+   machines' clocks, training, the idle share and the idle real minutes, and the run's TPU cost at
+   on-demand, spot and flex-start prices (docs/tpu-prices.md, ``--prices``) next to the tutorials'
+   flow on the same durations. ``--tpu-time-only`` runs this section alone.
 
 A benchmark, not a test: it prints numbers and asserts nothing.
 """
@@ -33,19 +38,23 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_tpu_rl.ledger.billing import billed_chip_seconds, spans_from_json
 from airflow_provider_tpu_rl.ledger.records import idle_share
 from airflow_provider_tpu_rl.ledger.schema import DEFAULT_SQLITE_FILE
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, TPU_VM_DAG_ID
+from tpu_rl_sandbox.commands import tpu_cost
 from tpu_rl_sandbox.commands.lifecycle import sandbox_down, sandbox_env, sandbox_up
 from tpu_rl_sandbox.world.calls import read_calls
 from tpu_rl_sandbox.world.layout import SandboxLayout
 from tpu_rl_sandbox.world.settings import update_settings
 from tpu_rl_sandbox.world.store import StateStore
+from tpu_rl_sandbox.world.timescale import split_minutes
 
 PARSE_FILL_GOAL = 0.30  # the GKE pipeline's DagBag fill, as a fraction of the stock equivalent's
 OVERHEAD_RATIO_GOAL = 1.5  # the pipeline's orchestration overhead per task vs a trivial DAG's
@@ -54,7 +63,11 @@ OVERHEAD_RATIO_GOAL = 1.5  # the pipeline's orchestration overhead per task vs a
 # the baselines are the medians of the rounds, five so that one slow run moves neither.
 ROUNDS = 5
 SHORT_TRAIN_SECONDS = 10.0  # the simulated training of every round but the first
-TPU_IDLE_GOAL = 0.15  # the share of billed TPU time that does not train
+# The share of billed TPU time that does not train, per pipeline (the TPU VM trains 10 minutes only,
+# so its boot weighs more), and the run's cost against the tutorials' flow at on-demand: at the
+# on-demand price, and at the cheaper of spot and flex-start.
+GKE_IDLE_GOAL, TPU_VM_IDLE_GOAL = 0.10, 0.15
+ON_DEMAND_COST_GOAL, DISCOUNTED_COST_GOAL = 0.5, 0.25
 # Section 4's time scale: one real minute of a stage lasts this long in the sandbox. Airflow's own
 # seconds per task (about 0.5-1 s here, seconds in a real deployment too) count as that many
 # "minutes", so the idle share read here is an upper bound of a real run's.
@@ -423,16 +436,20 @@ def _dags_test(
 
 
 def ledger_tpu_time(airflow_home: Path, dag_id: str) -> dict[str, Any] | None:
-    """The newest run of ``dag_id`` as the product's ledger recorded it: the TPU capacity's span,
-    the training span and their chip-hours (the ledger file Airflow's default connection uses)."""
+    """The newest run of ``dag_id`` as the product's ledger recorded it: the TPU billed by the
+    machines' clocks (its RUNNING spans, per chip), the training span, the capacity held (the create
+    task's start to the delete task's end), from the ledger file Airflow's default connection uses.
+
+    The billed seconds are the spans' own, without the one-minute minimum a real machine is billed:
+    the sandbox's seconds stand for its time scale's minutes, where that minimum is no minute."""
     path = airflow_home / DEFAULT_SQLITE_FILE
     if not path.exists():
         return None
     with contextlib.closing(sqlite3.connect(path)) as db:
         db.row_factory = sqlite3.Row
         row = db.execute(
-            "SELECT cluster_started_at, cluster_ended_at, train_started_at, train_ended_at, chip_hours,"
-            " busy_chip_hours FROM runs WHERE dag_id = ? ORDER BY recorded_at DESC LIMIT 1",
+            "SELECT chips, cluster_started_at, cluster_ended_at, train_started_at, train_ended_at,"
+            " billed_spans_json FROM runs WHERE dag_id = ? ORDER BY recorded_at DESC LIMIT 1",
             (dag_id,),
         ).fetchone()
     if row is None:
@@ -443,28 +460,97 @@ def ledger_tpu_time(airflow_home: Path, dag_id: str) -> dict[str, Any] | None:
             return None
         return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
 
-    billed = seconds(row["cluster_started_at"], row["cluster_ended_at"])
+    spans = spans_from_json(json.loads(row["billed_spans_json"])) if row["billed_spans_json"] else None
+    chip_seconds = None if spans is None else billed_chip_seconds(spans, minimum=0.0)
+    billed = None if chip_seconds is None or not row["chips"] else chip_seconds / row["chips"]
     trained = seconds(row["train_started_at"], row["train_ended_at"])
     return {
+        "chips": row["chips"],
         "billed_seconds": billed,
         "trained_seconds": trained,
-        "idle_share": idle_share(row["chip_hours"], row["busy_chip_hours"]),
+        "held_seconds": seconds(row["cluster_started_at"], row["cluster_ended_at"]),
+        "idle_share": idle_share(billed, trained),
     }
 
 
-def tpu_time_lines(title: str, tpu: dict[str, Any] | None) -> list[str]:
-    """The bench's lines of TPU billed vs trained time, from the ledger."""
+@dataclass(frozen=True)
+class TpuTimeRun:
+    """One pipeline of section 4: its DAG, its bench conf, its model, its idle goal and the
+    tutorials' flow its cost is set against (real minutes from the stage and capacity durations)."""
+
+    dag_id: str
+    conf: dict[str, Any]
+    model: str
+    idle_goal: float
+    tutorial_minutes: Callable[[str, Mapping[str, float], Mapping[str, float]], float]
+    tutorial_flow: str
+
+
+def tpu_time_lines(
+    title: str,
+    tpu: dict[str, Any] | None,
+    *,
+    idle_goal: float = TPU_VM_IDLE_GOAL,
+    minute_seconds: float = DEFAULT_MINUTE_SECONDS,
+) -> list[str]:
+    """The bench's lines of TPU billed vs trained time, from the ledger, in sandbox seconds and in
+    real minutes (sandbox seconds / ``minute_seconds``)."""
     if tpu is None or tpu["billed_seconds"] is None:
         return [f"{title}: the ledger recorded no billed span"]
     share = tpu["idle_share"]
+    billed = tpu["billed_seconds"]
     trained = tpu["trained_seconds"]
-    verdict = "" if share is None else ("; met" if share <= TPU_IDLE_GOAL else "; NOT met")
+    held = tpu.get("held_seconds")
+    verdict = "" if share is None else ("; met" if share <= idle_goal else "; NOT met")
+
+    def minutes(seconds: float | None) -> str:
+        return "-" if seconds is None else f"{tpu_cost.real_minutes(seconds, minute_seconds):6.1f} real min"
+
+    idle = None if trained is None else max(0.0, billed - trained)
     return [
         f"{title}, as the run ledger recorded it",
-        f"   TPU billed (capacity create to delete)  {tpu['billed_seconds']:8.1f}s",
-        f"   TPU training (the training job ran)     {(trained if trained is not None else float('nan')):8.1f}s",
+        f"   TPU billed (the machines' clocks)       {billed:8.1f}s  = {minutes(billed)}",
+        f"   TPU training (the training job ran)     {(trained if trained is not None else float('nan')):8.1f}s  = {minutes(trained)}",
         f"   idle share of the billed time           {('-' if share is None else f'{share:.0%}'):>8}"
-        f"  (goal ≤ {TPU_IDLE_GOAL:.0%}{verdict})",
+        f"  (goal ≤ {idle_goal:.0%}{verdict}); idle {minutes(idle).strip()}",
+        f"   capacity held (create to delete task)   {(held if held is not None else float('nan')):8.1f}s  = {minutes(held)}",
+    ]
+
+
+def cost_lines(
+    run: TpuTimeRun,
+    tpu: dict[str, Any] | None,
+    minute_seconds: float,
+    prices: Mapping[str, tpu_cost.Price],
+    stages: Mapping[str, float],
+    capacity: Mapping[str, float],
+) -> list[str]:
+    """The run's estimated TPU cost at each capacity's price beside the tutorials' flow on the same
+    durations at on-demand, and the ratios against the issue's goals."""
+    if tpu is None or tpu["billed_seconds"] is None or not tpu.get("chips"):
+        return ["   cost: the ledger recorded no billed span"]
+    chips = int(tpu["chips"])
+    ours = tpu_cost.costs(tpu_cost.real_minutes(tpu["billed_seconds"], minute_seconds), chips, prices)
+    tutorial = tpu_cost.costs(run.tutorial_minutes(run.model, stages, capacity), chips, prices)
+    ratios = tpu_cost.ratios_to_tutorial(ours, tutorial)
+    discounted = min(ratios["spot"], ratios["flex-start"])
+    header = "".join(f"{capacity:>12}" for capacity in tpu_cost.CAPACITIES)
+
+    def usd(line: tpu_cost.CostLine) -> str:
+        return "".join(f"{'$' + format(line.usd[c], '.2f'):>12}" for c in tpu_cost.CAPACITIES)
+
+    def verdict(ratio: float, goal: float) -> str:
+        return "met" if ratio <= goal else "NOT met"
+
+    return [
+        f"   estimated TPU cost of the run, {chips} chips               {header}",
+        f"     this run: billed {ours.minutes:6.1f} real min               {usd(ours)}",
+        f"     tutorials' flow: {tutorial.minutes:6.1f} real min               {usd(tutorial)}",
+        f"       ({run.tutorial_flow})",
+        "     this run / tutorials' flow at on-demand         "
+        + "".join(f"{ratios[c]:>11.2f}x" for c in tpu_cost.CAPACITIES),
+        f"     goals: on-demand ≤ {ON_DEMAND_COST_GOAL:.2f}x ({verdict(ratios['on-demand'], ON_DEMAND_COST_GOAL)}),"
+        f" spot or flex-start ≤ {DISCOUNTED_COST_GOAL:.2f}x ({verdict(discounted, DISCOUNTED_COST_GOAL)})",
     ]
 
 
@@ -485,43 +571,96 @@ def task_seconds(airflow_home: Path, dag_id: str) -> dict[str, float]:
 
 
 # The pipelines the TPU time is measured on, each with the conf of its bench run (the rest comes
-# from the sandbox's [tpu_rl] defaults), and the tutorials' batch count.
-TPU_TIME_RUNS: dict[str, tuple[str, dict[str, Any]]] = {
-    "GKE (Qwen3-30B-A3B, v6e-32)": (
+# from the sandbox's [tpu_rl] defaults).
+TPU_TIME_RUNS: dict[str, TpuTimeRun] = {
+    "GKE (Qwen3-30B-A3B, v6e-32)": TpuTimeRun(
         GKE_DAG_ID,
         {"project": "tpu-rl-bench", "cluster_name": "tpu-rl-bench", "bucket": "tpu-rl-bench-bucket"},
+        "qwen3-30b-a3b",
+        GKE_IDLE_GOAL,
+        tpu_cost.tutorial_gke_minutes,
+        "the TPU nodes from the cluster deploy to its teardown: node boot, convert, train, export, drain",
     ),
-    "TPU VM (Llama 3.1 8B, v6e-8)": (
+    "TPU VM (Llama 3.1 8B, v6e-8)": TpuTimeRun(
         TPU_VM_DAG_ID,
         {"project": "tpu-rl-bench", "vm_name": "tpu-rl-bench", "bucket": "tpu-rl-bench-bucket"},
+        "llama3.1-8b-Instruct",
+        TPU_VM_IDLE_GOAL,
+        tpu_cost.tutorial_tpu_vm_minutes,
+        "the TPU VM from its create to its delete: install from sources, convert, train, copy, export",
     ),
 }
 
 
-def bench_tpu_time(dags_dir: Path, minute_seconds: float, step_seconds: float) -> list[str]:
+def parse_stage_minutes(text: str) -> dict[str, float]:
+    """``--stage-minutes``: a JSON object of real minutes by stage or capacity duration; ValueError
+    in one line (not JSON, not an object, an unknown key naming the known ones, a bad value)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"not JSON ({err.msg}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"not a JSON object of minutes: {text!r}")
+    stages, capacity = split_minutes(value)
+    return {**stages, **capacity}
+
+
+def _stage_minutes_argument(text: str) -> dict[str, float]:
+    try:
+        return parse_stage_minutes(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def bench_tpu_time(
+    dags_dir: Path,
+    minute_seconds: float,
+    step_seconds: float,
+    stage_minutes: Mapping[str, float] | None = None,
+    prices_path: Path = tpu_cost.DEFAULT_PRICE_TABLE,
+) -> list[str]:
     """Section 4: each pipeline once, in a fresh sandbox whose stages last their real minutes x
-    ``minute_seconds`` (the sandbox's time scale); the ledger's TPU billed and training time and
-    the idle share, with every task's duration beside them."""
+    ``minute_seconds`` (the sandbox's time scale, ``stage_minutes`` replacing any duration); the
+    ledger's TPU billed and training time, the idle share, the run's cost beside the tutorials'
+    flow's, and every task's duration."""
+    stages, capacity = split_minutes(stage_minutes or {})
+    prices = tpu_cost.read_price_table(prices_path)
     lines = [
         f"4. TPU time with the stages in the tutorials' proportions (1 real minute = {minute_seconds:g}s here;",
         "   conversion, training, export and the TPU VM's install last their minutes in tpu_rl_sandbox.world.timescale)",
+        f"   durations replaced (real minutes): {json.dumps({**stages, **capacity}, sort_keys=True) if stages or capacity else 'none'}",
+        f"   real minutes = sandbox seconds / {minute_seconds:g}; Airflow's own seconds (about 0.5-1 s a task here)",
+        "   count as minutes too, so the idle share and minutes are upper bounds of a real run's",
+        f"   prices from {prices_path} (USD per v6e chip-hour): "
+        + ", ".join(f"{c} {prices[c].usd_per_chip_hour:.2f}" for c in tpu_cost.CAPACITIES),
     ]
+    lines += [f"   caveat: {caveat}" for caveat in tpu_cost.price_caveats(prices)]
     with tempfile.TemporaryDirectory() as tmp:
-        for number, (title, (dag_id, conf)) in enumerate(TPU_TIME_RUNS.items()):
+        for number, (title, run) in enumerate(TPU_TIME_RUNS.items()):
             root, home = Path(tmp) / f"tpu-{number}" / "sandbox", Path(tmp) / f"tpu-{number}" / "airflow"
             sandbox_up(root)
             try:
-                update_settings(SandboxLayout(root.resolve()), minute_seconds=minute_seconds)
+                update_settings(
+                    SandboxLayout(root.resolve()),
+                    minute_seconds=minute_seconds,
+                    stage_minutes=stages,
+                    capacity_minutes=capacity,
+                )
                 airflow, env = _migrated_airflow(root, home, dags_dir, step_seconds)
-                alone = Path(tmp) / f"tpu-{number}" / "dag" / f"{dag_id}.py"
+                alone = Path(tmp) / f"tpu-{number}" / "dag" / f"{run.dag_id}.py"
                 alone.parent.mkdir(parents=True)
-                alone.write_text((dags_dir / f"{dag_id}.py").read_text())
-                wall, _ = _dags_test(airflow, dag_id, alone, env, {**conf, "run_name": f"bench-{number}"})
-                stages = task_seconds(home, dag_id)
-                lines += tpu_time_lines(f"   {title}", ledger_tpu_time(home, dag_id))
+                alone.write_text((dags_dir / f"{run.dag_id}.py").read_text())
+                conf = {**run.conf, "run_name": f"bench-{number}"}
+                wall, _ = _dags_test(airflow, run.dag_id, alone, env, conf)
+                durations = task_seconds(home, run.dag_id)
+                tpu = ledger_tpu_time(home, run.dag_id)
+                lines += tpu_time_lines(
+                    f"   {title}", tpu, idle_goal=run.idle_goal, minute_seconds=minute_seconds
+                )
+                lines += cost_lines(run, tpu, minute_seconds, prices, stages, capacity)
                 lines.append(f"   the run's wall time {wall:.1f}s; each task's duration:")
                 lines += textwrap.wrap(
-                    ", ".join(f"{task} {seconds:.1f}s" for task, seconds in stages.items()),
+                    ", ".join(f"{task} {seconds:.1f}s" for task, seconds in durations.items()),
                     width=100,
                     initial_indent="     ",
                     subsequent_indent="     ",
@@ -671,11 +810,32 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         help="the sandbox seconds one real minute of a stage lasts in the TPU time runs (4.)",
     )
     parser.add_argument("--parse-only", action="store_true", help="only the DAG parse benchmark (1.)")
+    parser.add_argument("--tpu-time-only", action="store_true", help="only the TPU time and cost (4.)")
+    parser.add_argument(
+        "--stage-minutes",
+        type=_stage_minutes_argument,
+        default={},
+        metavar="JSON",
+        help="real minutes replacing stage or capacity durations of the time scale in 4., e.g. "
+        '\'{"train": 60, "vm_provisioning": 2}\' (keys: tpu_rl_sandbox.world.timescale STAGE_KEYS and '
+        "CAPACITY_MINUTES; a stage applies to both pipelines' models)",
+    )
+    parser.add_argument(
+        "--prices",
+        type=Path,
+        default=tpu_cost.DEFAULT_PRICE_TABLE,
+        help="the price table 4. costs runs at (docs/tpu-prices.md)",
+    )
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
     dags = args.dags_folder.resolve()
     print(f"tpu-rl-sandbox bench on {os.cpu_count()} cores, Python {sys.version.split()[0]}", flush=True)
+    if args.parse_only and args.tpu_time_only:
+        print("--parse-only and --tpu-time-only exclude each other", file=sys.stderr)
+        return 2
+    if args.tpu_time_only:
+        return _print_tpu_time(dags, args)
     lines, parsed = bench_parse(dags, args.repeats)
     for line in lines:
         print(line, flush=True)
@@ -686,7 +846,11 @@ def run_bench_command(args: argparse.Namespace) -> int:
         return 1
     for line in bench_pipeline(dags, args.train_seconds, args.step_seconds):
         print(line, flush=True)
-    for line in bench_tpu_time(dags, args.minute_seconds, args.step_seconds):
+    return _print_tpu_time(dags, args)
+
+
+def _print_tpu_time(dags: Path, args: argparse.Namespace) -> int:
+    for line in bench_tpu_time(dags, args.minute_seconds, args.step_seconds, args.stage_minutes, args.prices):
         print(line, flush=True)
     return 0
 

@@ -22,6 +22,7 @@ from airflow_provider_tpu_rl.render.gke import resource_record_object
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, gke_pipeline_from_conf
 from tpu_rl_sandbox.apis.gcs_emulator import gcs_client
 from tpu_rl_sandbox.commands.lifecycle import sandbox_down, sandbox_env, sandbox_form_defaults, sandbox_up
+from tpu_rl_sandbox.commands.schedule_once import run_queued_task
 from tpu_rl_sandbox.world.calls import read_calls
 from tpu_rl_sandbox.world.layout import SandboxLayout, default_root
 
@@ -38,7 +39,35 @@ FAST_SETTINGS = {
     "AIRFLOW__TPU_RL__RETRY_DELAY": "2",
     "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
     "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+    # the model asset's downstream example DAG is queued by the pipeline's event only when unpaused
+    "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
 }
+CONSUMER_DAG_ID = "tpu_rl_model_consumer_example"
+CONSUMER_TASK_ID = "check_model"
+
+
+def run_downstream(env: Mapping[str, str], log: Path) -> str:
+    """The downstream example DAG, after the pipeline: the scheduler's step that creates the runs
+    the model asset's event queued, then its task in the newest run; one line saying what happened."""
+    queued = run_queued_task(env, CONSUMER_DAG_ID, CONSUMER_TASK_ID)
+    with log.open("a") as out:
+        out.write(queued.step_output + queued.task_output)
+    if queued.task_code is None:
+        return f"downstream: {CONSUMER_DAG_ID} was not queued (no model asset event; see {log})"
+    run_type = queued.runs[-1][1]
+    said = [line for line in queued.task_output.splitlines() if "new model " in line]
+    if queued.task_code != 0 or not said:
+        return f"DEMO FAILED: downstream {CONSUMER_DAG_ID} ({run_type}) did not succeed; see {log}"
+    line = said[-1].split("new model ", 1)[1].split(" [airflow.", 1)[0]  # without the log's tail
+    return f"downstream: {CONSUMER_DAG_ID} ran ({run_type}): new model {line}"
+
+
+def _sync_dags_on_airflow_2(airflow: str, env: Mapping[str, str], log: Path) -> None:
+    """Airflow 2.11's ``dags test`` records dataset events only for datasets already in the database."""
+    from airflow_provider_tpu_rl.compat import AIRFLOW_V_3_0_PLUS
+
+    if not AIRFLOW_V_3_0_PLUS:
+        _run([airflow, "dags", "reserialize"], env, log)
 
 
 def _airflow(env: Mapping[str, str]) -> str:
@@ -75,14 +104,15 @@ def _summary(
     run = runs[0]
     lines.append(f"run {run.airflow_run_id}: {run.state.upper()}  ({run.model}, {run.chips} chips)")
     lines.append("")
-    lines.append(f"  {'task':<28}{'state':<16}{'try':>4}{'duration':>10}")
     steps = ledger.recorded_steps(run.run_id)
+    width = max([28, *(len(task_id) + 2 for task_id in steps)])  # publish_converted_qwen3-30b-a3b
+    lines.append(f"  {'task':<{width}}{'state':<16}{'try':>4}{'duration':>10}")
     for step in sorted(steps.values(), key=lambda s: (s.started_at is None, s.started_at or 0)):
         duration = (
             (step.ended_at - step.started_at).total_seconds() if step.started_at and step.ended_at else None
         )
         lines.append(
-            f"  {step.task_id:<28}{step.state or 'not run':<16}{step.try_number or 0:>4}{_fmt_seconds(duration):>10}"
+            f"  {step.task_id:<{width}}{step.state or 'not run':<16}{step.try_number or 0:>4}{_fmt_seconds(duration):>10}"
         )
     lines.append("")
     lines.append(
@@ -119,6 +149,12 @@ def _summary(
     lines.append(
         f"Hugging Face export:  {pipeline.export.output_directory}  ({count(pipeline.export.output_directory)} objects)"
     )
+    card = pipeline.export.output_directory + "README.md"
+    has_card = client.bucket(bucket).blob(card.removeprefix(f"gs://{bucket}/")).exists()
+    lines.append(f"model card:           {card}  ({'written' if has_card else 'MISSING'})")
+    if run.state == "success" and not has_card:
+        lines.append("DEMO FAILED: the export has no model card")
+    lines.append(f"promotion: {run.promotion or '-'}")
     destroys = [c for c in calls if c["tool"] == "gcluster" and c["argv"][:1] == ["destroy"]]
     clusters = (
         json.loads((root / "state" / "clusters.json").read_text() or "{}")
@@ -161,11 +197,14 @@ def run_demo(root: Path, airflow_home: Path, dags_folder: Path, conf: Mapping[st
         if _run([airflow, "db", "migrate"], env, log) != 0:
             print(f"airflow db migrate failed; see {log}", file=sys.stderr)
             return 1
+        _sync_dags_on_airflow_2(airflow, env, log)
         calls_before = len(read_calls(SandboxLayout(root)))
         started = time.monotonic()
         print("running: airflow dags test tpu_rl_gke_pipeline (Qwen3-30B-A3B preset) ...", flush=True)
         code = _run([airflow, "dags", "test", GKE_DAG_ID, "-c", json.dumps(dict(conf))], env, log)
         summary = _summary(root, conf, env, calls_before, time.monotonic() - started)
+        if code == 0:
+            summary.append(run_downstream(env, log))
         print("\n".join(summary))
         if any(line.startswith("DEMO FAILED") for line in summary) and code == 0:
             code = 1

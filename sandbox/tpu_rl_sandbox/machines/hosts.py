@@ -20,7 +20,7 @@ import shlex
 import shutil
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,8 @@ from tpu_rl_sandbox.machines.machine import (
 )
 from tpu_rl_sandbox.world import secret_values
 from tpu_rl_sandbox.world.faults import FaultSpec
-from tpu_rl_sandbox.world.timescale import DOCKER_INSTALL_MINUTES, INSTALL_MINUTES, PULL_MINUTES
+from tpu_rl_sandbox.world.registry import digest_of, image_parts
+from tpu_rl_sandbox.world.timescale import DOCKER_INSTALL, INSTALL, PULL, stage_real_minutes
 
 UV_INSTALLER_URL_RE = re.compile(r"^https://astral\.sh/uv/(?:[0-9.]+/)?install\.sh$")
 SECRET_ACCESS_RE = re.compile(
@@ -78,13 +79,17 @@ class MachineServices:
     authorize: Authorize | None = None
     bucket_project: Callable[[str], str | None] | None = None
     minute_seconds: float = 0.0  # the time scale (settings.SandboxSettings.minute_seconds)
+    # stages' real minutes that replace the time scale's (settings.SandboxSettings.stage_minutes)
+    stage_minutes: Mapping[str, float] = field(default_factory=dict)
+    hold_seconds: float = 120.0  # the longest a hold lasts (settings.SandboxSettings.hold_seconds)
     # (run directory, its committed checkpoints, steps trained past the newest) -> the machine is
     # lost now (settings' preempt_after_checkpoints, preempt_steps_after; the caller remembers
     # that it fired)
     preempt: Callable[[str, int, int], bool] = lambda run_dir, committed, past: False
-    # Told of every simulated MaxText program the machine starts (its module, and the runtime it
-    # ran in: the machine's ``runtime``): the sandbox's record of which VM ran what, and how.
-    on_program: Callable[[str, str], None] | None = None
+    # Told of every simulated MaxText program the machine starts (its module, the runtime it ran
+    # in: the machine's ``runtime``, and the MaxText release it imports): the sandbox's record of
+    # which VM ran what, and how.
+    on_program: Callable[[str, str, str], None] | None = None
 
 
 SCOPE_DENIED = "Access denied. Provided scope(s) are not authorized."
@@ -311,7 +316,7 @@ class MachineHost:
             return 1
         services = self.services
         if services.on_program is not None:
-            services.on_program(module, self.runtime)
+            services.on_program(module, self.runtime, self.maxtext_version(call))
         if module == maxtext_sim.TRAIN_RL and self.tpu_chips() == 0:
             # JAX on a machine without TPU chips, asked for the TPU (TPU_* set, as train_rl's
             # McJAX run does): the backend cannot start; MaxText's trainer needs it.
@@ -327,7 +332,9 @@ class MachineHost:
             cancelled=call.cancelled,
             step_seconds=services.step_seconds,
             minute_seconds=services.minute_seconds,
+            stage_minutes=services.stage_minutes,
             hold_file=services.hold_file,
+            hold_seconds=services.hold_seconds,
             preempt=services.preempt,
             tpu_chips=self.tpu_chips(),
         )
@@ -515,14 +522,6 @@ class PodHost(MachineHost):
         return {"PATH": MACHINE_PATH, "HOME": "/root", "HOSTNAME": self.hostname, **self.image_env}
 
 
-# The images the sandbox's registry holds: the post-training image of the GKE jobs (its files are
-# pod_image.POD_FILES). Any other reference is unknown to the registry.
-POST_TRAINING_IMAGE = "us-docker.pkg.dev/cloud-tpu-images/maxtext-images/tpu_post_training:0.2.4"
-REGISTRY_IMAGES = {
-    POST_TRAINING_IMAGE: "sha256:" + "5d1c0b1a9e3f" * 5 + "2a4c",
-}
-
-
 class ContainerHost(PodHost):
     """A container ``docker run`` starts on a VM from the post-training image: the image's files
     (as a GKE pod's), the VM's hostname and network (``--net=host``: its service account through
@@ -547,6 +546,17 @@ DOCKER_RUN_SWITCHES = ("--rm", "--privileged", "-i", "--interactive", "-t", "--t
 DOCKER_RUN_VALUES = ("--name", "--net", "--network", "--ipc", "-e", "--env", "-w", "--workdir", "--shm-size")
 
 
+# The one ``--format`` of ``docker image inspect`` the sandbox plays (the bake and the boot check).
+IMAGE_ID_FORMAT = "{{.Id}}"
+
+
+def image_id(digest: str) -> str:
+    """A pulled image's id (its config's digest) in the sandbox: derived from its manifest digest."""
+    import hashlib
+
+    return "sha256:" + hashlib.sha256(digest.encode()).hexdigest()
+
+
 def docker_socket_denied(endpoint: str) -> str:
     """The docker client's error for a user outside the ``docker`` group (the socket is root:docker
     660): moby's ``client/request.go`` ``doRequest`` of the 23.x/24.x clients wraps the dial error
@@ -557,16 +567,6 @@ def docker_socket_denied(endpoint: str) -> str:
         f'Post "http://%2Fvar%2Frun%2Fdocker.sock/v1.24/{endpoint}": dial unix /var/run/docker.sock: '
         "connect: permission denied\n"
     )
-
-
-def image_parts(image: str) -> tuple[str, str, str]:
-    """``(registry host, repository path, tag or digest)`` of an image reference."""
-    host, _, rest = image.partition("/")
-    if "@" in rest:
-        path, _, ref = rest.partition("@")
-        return host, path.rsplit(":", 1)[0], ref
-    path, _, tag = rest.rpartition(":") if ":" in rest else (rest, "", "latest")
-    return host, path, tag
 
 
 APT_LISTS_LOCK = "/var/lib/apt/lists/lock"
@@ -882,7 +882,7 @@ class VmHost(MachineHost):
         self.add_packages(venv, requested)
         if "maxtext" in requested:
             # the install from sources takes its real minutes when the time scale is on
-            if not self.wait_minutes(call, INSTALL_MINUTES):
+            if not self.wait_minutes(call, self.stage_minutes(INSTALL)):
                 return 137
             self._install(f"{venv}/bin/install_tpu_post_train_extra_deps", "extra-deps")
             self.add_packages(
@@ -891,6 +891,10 @@ class VmHost(MachineHost):
             )
         call.err(f"Resolved 212 packages in 3.1s\nInstalled {len(requested) + 200} packages in 41.2s\n")
         return 0
+
+    def stage_minutes(self, stage: str) -> float:
+        """Real minutes of one of the VM's own stages (install, pull, Docker install)."""
+        return stage_real_minutes(stage, overrides=self.services.stage_minutes) or 0.0
 
     def wait_minutes(self, call: ToolCall, minutes: float) -> bool:
         """Last ``minutes`` real minutes on the time scale (none when it is off); False if cancelled."""
@@ -975,7 +979,7 @@ class VmHost(MachineHost):
                 return 1
             packages = [a for a in args if not a.startswith("-") and a != action]
             if action == "install" and "docker.io" in packages:
-                if not self.wait_minutes(call, DOCKER_INSTALL_MINUTES):
+                if not self.wait_minutes(call, self.stage_minutes(DOCKER_INSTALL)):
                     return 137
                 # Ubuntu's docker.io: /usr/bin/docker and dockerd (the sandbox's /usr is the host's,
                 # read-only: the client goes to /usr/local/bin, also on every PATH and sudo's)
@@ -1034,14 +1038,17 @@ class VmHost(MachineHost):
 
         Root only (the login user is in no ``docker`` group). A pull needs credentials for the
         image's registry in the client's config (gcloud's helper or an ``auths`` entry) and an image
-        the sandbox's registry holds (``REGISTRY_IMAGES``), with Artifact Registry's answers otherwise.
+        the sandbox's registry holds (``world/registry.py``), with Artifact Registry's answers
+        otherwise. ``tag`` and ``image inspect`` work on the daemon's images.
         """
         args = call.argv[1:]
         if args in (["--version"], ["-v"]):
             call.out(DOCKER_VERSION + "\n")
             return 0
         command = args[0] if args else ""
-        if command not in ("pull", "run", "rm", "inspect"):
+        if command == "image" and args[1:2] == ["inspect"]:
+            command, args = "image-inspect", ["image-inspect", *args[2:]]
+        if command not in ("pull", "run", "rm", "inspect", "tag", "image-inspect"):
             call.err(f"docker: '{command}' is not a docker command.\nSee 'docker --help'\n")
             return 1
         if call.env.get("USER") != "root":
@@ -1050,6 +1057,8 @@ class VmHost(MachineHost):
                 "run": "containers/create",
                 "rm": "containers/x",
                 "inspect": "containers/x/json",
+                "tag": "images/x/tag",
+                "image-inspect": "images/x/json",
             }[command]
             call.err(docker_socket_denied(endpoint))
             return 1
@@ -1062,7 +1071,57 @@ class VmHost(MachineHost):
             return self.docker_rm(call, args[1:])
         if command == "inspect":
             return self.docker_inspect(call, args[1:])
+        if command == "tag":
+            return self.docker_tag(call, args[1:])
+        if command == "image-inspect":
+            return self.docker_image_inspect(call, args[1:])
         return self.docker_run(call, args[1:])
+
+    def image_digest(self, reference: str) -> str | None:
+        """The digest of the daemon's image ``reference`` names (a tag it has, or the digest of an
+        image it has: a pull by tag records the repository's digest too), None if it has none."""
+        images = self.docker_images()
+        if reference in images:
+            return images[reference]
+        host, path, ref = image_parts(reference)
+        if ref.startswith("sha256:"):
+            held = {(*image_parts(name)[:2], digest) for name, digest in images.items()}
+            return ref if (host, path, ref) in held else None
+        return None
+
+    def docker_tag(self, call: ToolCall, args: list[str]) -> int:
+        """``docker tag SOURCE TARGET``: another name of an image the daemon has (moby's 404 else)."""
+        if len(args) != 2 or any(arg.startswith("-") for arg in args):
+            call.err("\"docker tag\" requires exactly 2 arguments.\nSee 'docker tag --help'.\n")
+            return 1
+        digest = self.image_digest(args[0])
+        if digest is None:
+            call.err(f"Error response from daemon: No such image: {args[0]}\n")
+            return 1
+        images = self.docker_images()
+        images[args[1]] = digest
+        self.docker_state_file.write_text(json.dumps({"images": images}))
+        return 0
+
+    def docker_image_inspect(self, call: ToolCall, args: list[str]) -> int:
+        """``docker image inspect --format={{.Id}} IMAGE...``: each image's id (the one format the
+        sandbox plays); moby client's "Error: No such image: REF" for one the daemon has not."""
+        parsed = _inspect_arguments(call, args, "docker image inspect")
+        if parsed is None:
+            return 125
+        form, names = parsed
+        if form != IMAGE_ID_FORMAT:
+            call.err(f"sandbox: docker image inspect --format {form!r} is not simulated\n")
+            return 125
+        code = 0
+        for name in names:
+            digest = self.image_digest(name)
+            if digest is None:
+                call.err(f"Error: No such image: {name}\n")
+                code = 1
+                continue
+            call.out(image_id(digest) + "\n")
+        return code
 
     def docker_rm(self, call: ToolCall, args: list[str]) -> int:
         """``docker rm [--force] NAME...``: a running container only with ``--force`` (its
@@ -1092,19 +1151,10 @@ class VmHost(MachineHost):
     def docker_inspect(self, call: ToolCall, args: list[str]) -> int:
         """``docker inspect --format FORMAT NAME``, for the one format the sandbox plays
         (``dockerd.INSPECT_FORMAT``); "Error: No such object" for a name the daemon has not."""
-        rest, form = list(args), None
-        names = []
-        while rest:
-            arg = rest.pop(0)
-            if arg in ("-f", "--format"):
-                form = rest.pop(0) if rest else None
-            elif arg.startswith("--format="):
-                form = arg.split("=", 1)[1]
-            elif arg.startswith("-"):
-                call.err(f"unknown flag: {arg}\nSee 'docker inspect --help'.\n")
-                return 125
-            else:
-                names.append(arg)
+        parsed = _inspect_arguments(call, args, "docker inspect")
+        if parsed is None:
+            return 125
+        form, names = parsed
         if form != dockerd.INSPECT_FORMAT:
             call.err(f"sandbox: docker inspect --format {form!r} is not simulated\n")
             return 125
@@ -1138,7 +1188,7 @@ class VmHost(MachineHost):
                 f'"projects/{project}/locations/{location}/repositories/{repository}" (or it may not exist)\n'
             )
             return 1
-        digest = REGISTRY_IMAGES.get(image)
+        digest = digest_of(image)
         if digest is None:
             call.err(
                 f"Error response from daemon: manifest for {image} not found: manifest unknown: "
@@ -1146,13 +1196,13 @@ class VmHost(MachineHost):
             )
             return 1
         images = self.docker_images()
-        if images.get(image) == digest:
+        if self.image_digest(image) == digest:
             call.out(
                 f"{ref}: Pulling from {path}\nDigest: {digest}\nStatus: Image is up to date for {image}\n{image}\n"
             )
             return 0
         call.out(f"{ref}: Pulling from {path}\n")
-        if not self.wait_minutes(call, PULL_MINUTES):
+        if not self.wait_minutes(call, self.stage_minutes(PULL)):
             return 137
         for layer in range(6):
             call.out(f"{digest[7 + layer * 2 : 19 + layer * 2]}: Pull complete\n")
@@ -1187,7 +1237,7 @@ class VmHost(MachineHost):
             call.err("\"docker run\" requires at least 1 argument.\nSee 'docker run --help'.\n")
             return 125
         image, command = rest[0], rest[1:]
-        if image not in self.docker_images():
+        if self.image_digest(image) is None:
             call.err(f"Unable to find image '{image}' locally\n")
             code = self.docker_pull(call, image)
             if code != 0:
@@ -1406,3 +1456,22 @@ hash -r 2>/dev/null || true
 
 
 __all__ = ["TOOLS_DIR", "IamGcsStore", "MachineHost", "MachineServices", "MachineStore", "PodHost", "VmHost"]
+
+
+def _inspect_arguments(call: ToolCall, args: list[str], command: str) -> tuple[str | None, list[str]] | None:
+    """``--format``/``-f`` and the names of a ``docker [image] inspect``; None (the CLI's "unknown
+    flag" line written) for any other flag."""
+    form, names = None, []
+    rest = list(args)
+    while rest:
+        arg = rest.pop(0)
+        if arg in ("-f", "--format"):
+            form = rest.pop(0) if rest else None
+        elif arg.startswith("--format="):
+            form = arg.split("=", 1)[1]
+        elif arg.startswith("-"):
+            call.err(f"unknown flag: {arg}\nSee '{command} --help'.\n")
+            return None
+        else:
+            names.append(arg)
+    return form, names

@@ -36,6 +36,7 @@ from tpu_rl_sandbox.world.faults import FaultGate, claim_preemption, parse_fault
 from tpu_rl_sandbox.world.layout import SandboxLayout
 from tpu_rl_sandbox.world.settings import load_settings
 from tpu_rl_sandbox.world.store import StateStore
+from tpu_rl_sandbox.world.timescale import PULL_MINUTES
 from tpu_rl_sandbox.world.timestamps import rfc3339
 
 
@@ -214,6 +215,7 @@ class Worker:
             if self.cancelled():
                 raise JobGone()
             time.sleep(0.05)
+        self.pull_image(job)
         coordinator = f"{job['name']}-pathways-head-0-0.{job['name']}"
         workload = _workload_name(job)
         instance = f"{str(job.get('compute_type') or 'tpu').split('-')[0]}:{job.get('topology') or ''}"
@@ -281,6 +283,34 @@ class Worker:
         self.update_pods(begin)
         time.sleep(max(step, 0.01))
 
+    def pull_image(self, job: dict[str, Any]) -> None:
+        """The kubelet pulls the workload image on the TPU pool's nodes before their containers
+        start (they stay ContainerCreating meanwhile): :data:`~tpu_rl_sandbox.world.timescale.PULL_MINUTES`
+        on the time scale, once per pool (a tag other than ``latest`` defaults to
+        ``imagePullPolicy: IfNotPresent``: a later pod on the same nodes finds it there; a pool
+        deployed again has new nodes). The TPU pool has no image streaming (the provider leaves the
+        toolkit's ``enable_gcfs`` off: docs/tutorial-differences.md), so the whole image is pulled."""
+        image = str(job.get("image") or "")
+        if not job.get("tpu") or not image:
+            return
+        if image in (self._tpu_pool(job) or {}).get("pulled_images", []):
+            return
+        deadline = time.monotonic() + PULL_MINUTES * load_settings(self.layout).minute_seconds
+        while time.monotonic() < deadline:
+            if self.cancelled():
+                raise JobGone()
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+        with self.store.txn() as txn:
+            cluster = txn.doc("clusters").get(job["cluster_key"]) or {}
+            pool = next((p for p in cluster.get("node_pools", []) if p.get("topology")), None)
+            if pool is not None and image not in pool.setdefault("pulled_images", []):
+                pool["pulled_images"].append(image)
+                txn.save("clusters")
+
+    def _tpu_pool(self, job: dict[str, Any]) -> dict[str, Any] | None:
+        cluster = self.store.read("clusters").get(job["cluster_key"]) or {}
+        return next((p for p in cluster.get("node_pools", []) if p.get("topology")), None)
+
     def finish_pods(self, job: dict[str, Any], main: dict[str, Any], status: int) -> None:
         """The workload container ended: the sidecars stop, the workers end with the JobSet."""
         finished = rfc3339()
@@ -345,6 +375,8 @@ class Worker:
             seed=f"{job['key']}",
             step_seconds=step,
             minute_seconds=load_settings(self.layout).minute_seconds,
+            stage_minutes=dict(load_settings(self.layout).stage_minutes),
+            hold_seconds=load_settings(self.layout).hold_seconds,
             hold_file=job.get("hold_file") or None,
             cancelled=self.cancelled,
             default_project=str(job["project"]),

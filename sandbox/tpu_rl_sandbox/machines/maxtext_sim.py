@@ -22,7 +22,7 @@ import os
 import random
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from airflow_provider_tpu_rl.maxtext.config_keys import KEYS as MAXTEXT_CONFIG_KEYS
@@ -125,7 +125,10 @@ class SimContext:
     step_seconds: float = DEFAULT_STEP_SECONDS
     # The time scale (sandbox setting ``minute_seconds``): 0 = off, stages last a few steps.
     minute_seconds: float = 0.0
+    # Stages' real minutes that replace the time scale's (sandbox setting ``stage_minutes``).
+    stage_minutes: Mapping[str, float] = field(default_factory=dict)
     hold_file: str | None = None
+    hold_seconds: float = 120.0  # the longest a hold lasts (settings.SandboxSettings.hold_seconds)
     # (run directory, its committed checkpoints, steps trained past the newest) -> the machine is
     # lost now
     preempt: Callable[[str, int, int], bool] = lambda run_dir, committed, past: False
@@ -315,7 +318,7 @@ class MaxTextRunner:
         """Test hook: wait while the hold file exists (a step stays visibly in progress)."""
         if not self.ctx.hold_file:
             return
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + self.ctx.hold_seconds
         while os.path.exists(self.ctx.hold_file) and time.monotonic() < deadline:
             if self.ctx.cancelled():
                 raise Cancelled()
@@ -586,7 +589,9 @@ class MaxTextRunner:
             f"Loading Hugging Face model {repo} (lazy_load_tensors={args.flags.get('lazy_load_tensors', 'True')})"
         )
         self.require_token(repo)
-        total = stage_seconds(self.ctx.minute_seconds, model, CONVERT, self.ctx.step_seconds * 8)
+        total = stage_seconds(
+            self.ctx.minute_seconds, model, CONVERT, self.ctx.step_seconds * 8, self.ctx.stage_minutes
+        )
         self.wait(total / 4)
         self.log("Peak memory usage: 12.41 GB")
         self.check_fault("loading weights")
@@ -672,7 +677,11 @@ class MaxTextRunner:
         # One unit per step, two for the first evaluation, two for XLA's compilation: with the time
         # scale on, the whole run (start-up and every step) lasts the stage's minutes.
         unit = stage_seconds(
-            self.ctx.minute_seconds, model, TRAIN, self.ctx.step_seconds * (num_batches + 4)
+            self.ctx.minute_seconds,
+            model,
+            TRAIN,
+            self.ctx.step_seconds * (num_batches + 4),
+            self.ctx.stage_minutes,
         ) / (num_batches + 4)
         self.wait(unit * 2)
         if num_test_batches > 0:
@@ -783,7 +792,9 @@ class MaxTextRunner:
         self.load_checkpoint(load_path, model, scan_layers, reads_metadata_first=True)
         self.log(f"Loading tokenizer from {repo}")
         self.require_token(repo)
-        total = stage_seconds(self.ctx.minute_seconds, model, EXPORT, self.ctx.step_seconds * 8)
+        total = stage_seconds(
+            self.ctx.minute_seconds, model, EXPORT, self.ctx.step_seconds * 8, self.ctx.stage_minutes
+        )
         self.wait(total / 4)
         self.check_fault("weight conversion")
         files = hf_export.export_files(model, self.ctx.maxtext_version, self.rng)

@@ -17,14 +17,18 @@ from tpu_rl_sandbox.world.store import StateStore
 from tpu_rl_sandbox.world.timestamps import rfc3339
 
 
-def record_program(store: StateStore, project: str, zone: str, name: str, module: str, runtime: str) -> None:
+def record_program(
+    store: StateStore, project: str, zone: str, name: str, module: str, runtime: str, version: str
+) -> None:
     """The VM's history (``vm_history``: each life's machine type, create and delete times)
-    notes a MaxText program it started, with the time and its runtime (``install``: the VM's
-    venv; ``container``: a container of the post-training image)."""
+    notes a MaxText program it started, with the time, its runtime (``install``: the VM's venv;
+    ``container``: a container of the post-training image) and the MaxText release it ran."""
     with store.txn() as txn:
         lives = txn.doc("vm_history").get(f"{project}/{zone}/{name}") or []
         if lives:
-            lives[-1]["programs"].append({"module": module, "started": time.time(), "runtime": runtime})
+            lives[-1]["programs"].append(
+                {"module": module, "started": time.time(), "runtime": runtime, "maxtext_version": version}
+            )
             txn.save("vm_history")
 
 
@@ -68,11 +72,15 @@ def vm_services(
         step_seconds=step_seconds,
         hold_file=hold_file,
         minute_seconds=load_settings(layout).minute_seconds,
+        stage_minutes=dict(load_settings(layout).stage_minutes),
+        hold_seconds=load_settings(layout).hold_seconds,
         cancelled=lambda: False,
         default_project=project,
         authorize=authorize,
         bucket_project=bucket_project,
-        on_program=lambda module, runtime: record_program(store, project, zone, name, module, runtime),
+        on_program=lambda module, runtime, version: record_program(
+            store, project, zone, name, module, runtime, version
+        ),
         preempt=lambda run_dir, committed, past: claim_preemption(
             store,
             load_settings(layout).preemption,

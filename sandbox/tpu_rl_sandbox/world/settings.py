@@ -19,6 +19,7 @@ from types import MappingProxyType
 from typing import Any
 
 from tpu_rl_sandbox.world.layout import SandboxLayout
+from tpu_rl_sandbox.world.timescale import CAPACITY_MINUTES, STAGE_KEYS
 
 SETTINGS_FILE = "settings.json"
 
@@ -85,6 +86,14 @@ class SandboxSettings:
     * ``minute_seconds``: the time scale. 0 (the default): every stage lasts a few
       ``step_seconds``. Above 0: conversion, training, export and the TPU VM's install last their
       real minutes (``timescale.STAGE_MINUTES``) times this, as ``make bench`` plays them.
+    * ``capacity_minutes``: real minutes of capacity states and operations that replace
+      ``timescale.CAPACITY_MINUTES``'s estimates (``{"vm_provisioning": 4}``), under the same scale.
+    * ``stage_minutes``: real minutes of stages (``timescale.STAGE_KEYS``: conversion, training,
+      export for every model, the TPU VM's install, pull and Docker install) that replace the time
+      scale's (``{"train": 60}``), under the same scale.
+    * ``hold_seconds``: the longest a job waits on a test's hold file (``TPU_RL_SANDBOX_HOLD_FILE``)
+      before it goes on by itself (120 s; the real-services tests, whose runs share two cores with
+      another leg's, give theirs longer).
     """
 
     conditional_bindings: bool = True
@@ -101,6 +110,9 @@ class SandboxSettings:
     kueue_admits: bool = True
     preempt_after_checkpoints: int = 0
     preempt_steps_after: int = 0
+    capacity_minutes: Mapping[str, float] = field(default_factory=dict)
+    stage_minutes: Mapping[str, float] = field(default_factory=dict)
+    hold_seconds: float = 120.0
 
     @property
     def preemption(self) -> tuple[int, int]:
@@ -131,6 +143,9 @@ def _from_json(data: Mapping[str, Any]) -> SandboxSettings:
         }
     if "reservations" in values:
         values["reservations"] = {str(k): dict(v) for k, v in dict(values["reservations"]).items()}
+    for name in ("capacity_minutes", "stage_minutes"):
+        if name in values:
+            values[name] = {str(k): float(v) for k, v in dict(values[name] or {}).items()}
     return SandboxSettings(**values)
 
 
@@ -161,12 +176,20 @@ def update_settings(layout: SandboxLayout, **changes: Any) -> SandboxSettings:
     unknown = set(changes) - {f.name for f in fields(SandboxSettings)}
     if unknown:
         raise TypeError(f"unknown sandbox setting(s): {', '.join(sorted(unknown))}")
+    strange = set(dict(changes.get("capacity_minutes") or {})) - set(CAPACITY_MINUTES)
+    if strange:
+        raise TypeError(f"unknown capacity_minutes key(s): {', '.join(sorted(strange))}")
+    strange = set(dict(changes.get("stage_minutes") or {})) - set(STAGE_KEYS)
+    if strange:
+        raise TypeError(f"unknown stage_minutes key(s): {', '.join(sorted(strange))}")
     with _settings_lock(layout):
         current = load_settings(layout)
         updated = _from_json({**asdict(current), **changes})
         data = asdict(updated)
         data["reservations"] = {k: dict(v) for k, v in updated.reservations.items()}
         data["gcluster_release"] = dict(updated.gcluster_release)
+        data["capacity_minutes"] = dict(updated.capacity_minutes)
+        data["stage_minutes"] = dict(updated.stage_minutes)
         fd, tmp = tempfile.mkstemp(dir=layout.state_dir, prefix=".settings.", suffix=".tmp")
         with os.fdopen(fd, "w") as handle:
             json.dump(data, handle, indent=1, sort_keys=True)

@@ -10,15 +10,22 @@ Real minutes: the tutorials' where they state them (seed 002, the Llama 3.1 8B T
 "Where the TPU time goes" (the seeds state no GKE durations): midpoints of conversion 15-30 min,
 training start-up and 50 steps 20-50 min, export 15-30 min for the 26-30B models; the TPU VM's
 install 15-30 min; its export a third of the 9-22 min of copy, export and delete.
+
+Every duration here can be replaced, in real minutes, by the sandbox settings ``stage_minutes``
+(the stages: :data:`STAGE_KEYS`) and ``capacity_minutes`` (:data:`CAPACITY_MINUTES`'s keys), as
+``tpu-rl-sandbox bench --stage-minutes '{"train": 60, "vm_provisioning": 2}'`` does; a stage's
+override applies to every model.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
 
 CONVERT, TRAIN, EXPORT = "convert", "train", "export"
+INSTALL, PULL, DOCKER_INSTALL, COPY = "install", "pull", "docker_install", "copy"
 
 _LARGE: Final = MappingProxyType({CONVERT: 22.5, TRAIN: 35.0, EXPORT: 22.5})
 _SINGLE_HOST: Final = MappingProxyType({CONVERT: 5.0, TRAIN: 10.0, EXPORT: 5.0})
@@ -31,6 +38,23 @@ INSTALL_MINUTES: Final = 22.5  # the TPU VM's MaxText install (apt, uv, pip from
 PULL_MINUTES: Final = 5.0
 # Ubuntu's docker.io when the VM image has no Docker: apt fetches and sets up ~70 MB of packages.
 DOCKER_INSTALL_MINUTES: Final = 1.0
+# The tutorials' TPU VM flow copies the trained checkpoint off the VM before its export: the
+# reference's 9-22 minutes of copy, export and delete (midpoint 15.5) less the export's 5 and the
+# delete's shutdown (vm_stopping, 1): an estimate. Only the tutorials' flow in the bench uses it (the
+# pipeline trains straight into the bucket).
+TUTORIAL_COPY_MINUTES: Final = 9.5
+
+# The stages the sandbox times that are not capacity: the MaxText programs' (per model, below) and
+# the TPU VM's own (one duration each).
+STAGE_KEYS: Final = (CONVERT, TRAIN, EXPORT, INSTALL, PULL, DOCKER_INSTALL, COPY)
+_FIXED_MINUTES: Final = MappingProxyType(
+    {
+        INSTALL: INSTALL_MINUTES,
+        PULL: PULL_MINUTES,
+        DOCKER_INSTALL: DOCKER_INSTALL_MINUTES,
+        COPY: TUTORIAL_COPY_MINUTES,
+    }
+)
 
 # MaxText model_name -> stage -> real minutes.
 STAGE_MINUTES: Final[Mapping[str, Mapping[str, float]]] = MappingProxyType(
@@ -43,23 +67,93 @@ STAGE_MINUTES: Final[Mapping[str, Mapping[str, float]]] = MappingProxyType(
 )
 
 
-# How long creating and deleting capacity takes, real minutes. No source states them: estimates of
-# a Compute Engine VM's create/delete operations and of Terraform creating/destroying a GKE TPU
-# slice node pool (its nodes bill from their creation, so the whole span counts as billed).
+# How long capacity takes to come and go, real minutes: the states a Compute Engine instance goes
+# through (world/instances.py) and a GKE TPU node pool's own work around its node VMs. Billing runs
+# from RUNNING to STOPPING only (docs/ledger.md, "What the TPU bills"), so each entry says whether
+# it is billed. No source states any of these durations: every number is an estimate.
 CAPACITY_MINUTES: Final[Mapping[str, float]] = MappingProxyType(
-    {"vm_create": 1.0, "vm_delete": 1.0, "tpu_pool_create": 5.0, "tpu_pool_delete": 3.0}
+    {
+        # A TPU instance's create waits in PENDING while Compute Engine finds capacity (instance
+        # lifecycle page); a reservation or free on-demand capacity: at once. Unbilled.
+        "vm_pending": 0.0,
+        # A queued flex-start request's wait for capacity (DWS: "up to two hours" in its queue, the
+        # flex-start VMs blog; the wait depends on capacity, 5 minutes is a guess). Unbilled.
+        "flex_start_wait": 5.0,
+        # A Spot request waits for nothing: capacity is there or the create fails. Unbilled.
+        "spot_wait": 0.0,
+        # PROVISIONING (resources allocated) and STAGING (prepared for first boot), unbilled; the
+        # two together were the whole estimated minute of a VM create before.
+        "vm_provisioning": 0.5,
+        "vm_staging": 0.5,
+        # STOPPING to gone (a delete) or TERMINATED (a stop, a preemption): the guest's shutdown,
+        # unbilled; the whole estimated minute of a VM delete before.
+        "vm_stopping": 1.0,
+        # A TPU node pool's create: GKE's and Terraform's work before any node VM exists, unbilled;
+        # then the node VMs' own PENDING, PROVISIONING and STAGING (the entries above); then, billed,
+        # each node's boot until its node is Ready (kubelet, the TPU device plugin) and Terraform sees
+        # the pool RUNNING. 1 + 1 + 3: the 5 estimated minutes of the pool's create before.
+        "tpu_pool_create": 1.0,
+        "tpu_node_ready": 3.0,
+        # A TPU node pool's destroy: its nodes drained (pods evicted) while their VMs still run,
+        # billed; then the VMs' STOPPING (vm_stopping) and the pool's removal. 2 + 1: the 3 estimated
+        # minutes of the pool's destroy before.
+        "tpu_pool_drain": 2.0,
+        # compute images create from a stopped VM's 200 GB boot disk (~25 GB written): no source
+        # states its duration, an estimate. The bake's own cost, not TPU time.
+        "image_create": 5.0,
+    }
 )
 
 
-def capacity_seconds(minute_seconds: float, what: str) -> float:
-    """Sandbox seconds of a capacity operation (:data:`CAPACITY_MINUTES`); 0 when the scale is off."""
-    return CAPACITY_MINUTES[what] * minute_seconds if minute_seconds > 0 else 0.0
+def capacity_seconds(minute_seconds: float, what: str, overrides: Mapping[str, float] | None = None) -> float:
+    """Sandbox seconds of a capacity state or operation (:data:`CAPACITY_MINUTES`, or the
+    sandbox setting ``capacity_minutes``'s value for it); 0 when the scale is off."""
+    minutes = CAPACITY_MINUTES[what]
+    if overrides and what in overrides:
+        minutes = float(overrides[what])
+    return minutes * minute_seconds if minute_seconds > 0 else 0.0
 
 
-def stage_seconds(minute_seconds: float, model: str, stage: str, default: float) -> float:
-    """Sandbox seconds of ``stage`` for ``model``: its real minutes x ``minute_seconds`` when the
-    time scale is on and the stage has a duration, else ``default``."""
+def stage_real_minutes(
+    stage: str, model: str | None = None, overrides: Mapping[str, float] | None = None
+) -> float | None:
+    """Real minutes of ``stage`` (:data:`STAGE_KEYS`): the override (sandbox setting
+    ``stage_minutes``) if any, else the MaxText stage's for ``model`` or the TPU VM stage's own
+    estimate; None when the model has no duration for it."""
+    if overrides and stage in overrides:
+        return float(overrides[stage])
+    if stage in _FIXED_MINUTES:
+        return _FIXED_MINUTES[stage]
+    return STAGE_MINUTES.get(model or "", {}).get(stage)
+
+
+def stage_seconds(
+    minute_seconds: float,
+    model: str,
+    stage: str,
+    default: float,
+    overrides: Mapping[str, float] | None = None,
+) -> float:
+    """Sandbox seconds of ``stage`` for ``model``: its real minutes (:func:`stage_real_minutes`) x
+    ``minute_seconds`` when the time scale is on and the stage has a duration, else ``default``."""
     if minute_seconds <= 0:
         return default
-    minutes = STAGE_MINUTES.get(model, {}).get(stage)
+    minutes = stage_real_minutes(stage, model, overrides)
     return default if minutes is None else minutes * minute_seconds
+
+
+def split_minutes(overrides: Mapping[str, object]) -> tuple[dict[str, float], dict[str, float]]:
+    """Real-minute overrides split into the stages' (``stage_minutes``) and the capacity's
+    (``capacity_minutes``); ValueError, in one line naming the known keys, for an unknown key or a
+    value that is not a number of minutes >= 0."""
+    known = (*STAGE_KEYS, *CAPACITY_MINUTES)
+    unknown = sorted(str(key) for key in overrides if key not in known)
+    if unknown:
+        raise ValueError(f"unknown duration(s) {', '.join(unknown)}: the known ones are {', '.join(known)}")
+    stages: dict[str, float] = {}
+    capacity: dict[str, float] = {}
+    for key, value in overrides.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+            raise ValueError(f"{key}: {value!r} is not a number of minutes >= 0")
+        (stages if key in STAGE_KEYS else capacity)[key] = float(value)
+    return stages, capacity

@@ -18,10 +18,12 @@ from tpu_rl_sandbox.clis.gcloud.call import api_path
 from tpu_rl_sandbox.clis.gcloud.commands import COMMANDS
 from tpu_rl_sandbox.clis.gcloud.compute_instances import InstancesCommands
 from tpu_rl_sandbox.clis.gcloud.compute_networks import NetworksCommands
+from tpu_rl_sandbox.clis.gcloud.compute_operations import OperationsCommands
 from tpu_rl_sandbox.clis.gcloud.compute_project_info import ProjectInfoCommands
 from tpu_rl_sandbox.clis.gcloud.compute_reservations import ReservationsCommands
 from tpu_rl_sandbox.clis.gcloud.compute_ssh import SshCommand
 from tpu_rl_sandbox.clis.gcloud.container_clusters import ClustersCommands
+from tpu_rl_sandbox.clis.gcloud.container_images import ContainerImagesCommands
 from tpu_rl_sandbox.clis.gcloud.output import GcloudError
 from tpu_rl_sandbox.clis.gcloud.parser import GcloudUsageError, gcloud_parse, gcloud_resolve
 from tpu_rl_sandbox.clis.gcloud.projects import ProjectsCommands
@@ -41,12 +43,14 @@ class Gcloud(
     ProjectsCommands,
     SecretsCommands,
     SshCommand,
-    InstancesCommands,
+    InstancesCommands,  # with ImagesCommands (instances boot from images)
+    OperationsCommands,
     ReservationsCommands,
     NetworksCommands,
     ProjectInfoCommands,
     ServicesCommands,
     ClustersCommands,
+    ContainerImagesCommands,
 ):
     """One ``gcloud`` invocation, every command group the sandbox knows."""
 

@@ -235,6 +235,51 @@ COMMANDS: tuple[GcloudCommand, ...] = (
         (F("zone"), F("delete-disks"), F("keep-disks")),
     ),
     GcloudCommand(("compute", "instances", "describe"), (P("NAME"),), (F("zone"),)),
+    # surface/compute/instances/stop.py (GA): INSTANCES_ARG, --discard-local-ssd, base.ASYNC_FLAG
+    GcloudCommand(
+        ("compute", "instances", "stop"),
+        (P("INSTANCE_NAMES", many=True),),
+        (F("zone"), F("discard-local-ssd"), F("async", "bool")),
+    ),
+    # surface/compute/images/create.py (GA) _Args: the source group (checked by the command), the
+    # common args, labels, --force, the CSEK/KMS/shielded-VM keys, --storage-location
+    GcloudCommand(
+        ("compute", "images", "create"),
+        (P("IMAGE_NAME"),),
+        (
+            F("source-disk"),
+            F("source-image"),
+            F("source-image-family"),
+            F("source-snapshot"),
+            F("source-uri"),
+            F("source-disk-zone"),
+            F("source-disk-project"),
+            F("source-image-project"),
+            F("description"),
+            F("family"),
+            F("licenses"),
+            F("labels"),
+            F("force", "bool"),
+            F("guest-os-features"),
+            F("architecture", choices=("ARM64", "X86_64")),
+            F("storage-location"),
+            F("csek-key-file"),
+            F("require-csek-key-create", "bool", negatable=True),
+            F("kms-key"),
+            F("kms-keyring"),
+            F("kms-location"),
+            F("kms-project"),
+            F("platform-key-file"),
+            F("key-exchange-key-file"),
+            F("signature-database-file"),
+            F("forbidden-database-file"),
+        ),
+    ),
+    GcloudCommand(("compute", "images", "describe"), (P("IMAGE_NAME"),), ()),
+    # surface/compute/images/describe_from_family.py: the family as IMAGE_NAME, --zone (image family views)
+    GcloudCommand(("compute", "images", "describe-from-family"), (P("IMAGE_NAME"),), (F("zone"),)),
+    # surface/container/images/describe.py (GA): the image, by tag or digest
+    GcloudCommand(("container", "images", "describe"), (P("IMAGE_NAME"),), ()),
     # surface/compute/instances/start.py _CommonArgs: INSTANCES_ARG, csek_utils.AddCsekKeyArgs
     # (flags_about_creation=False: --csek-key-file), base.ASYNC_FLAG
     GcloudCommand(
@@ -247,9 +292,29 @@ COMMANDS: tuple[GcloudCommand, ...] = (
         (P("NAME", required=False, many=True),),
         (F("filter"), F("zones"), F("limit"), F("sort-by"), F("uri", "bool")),
     ),
+    # surface/compute/operations/list.py (GA): lister.AddMultiScopeListerFlags (NAME, --regexp, and
+    # one of --zones | --regions | --global), base.ListCommand's --filter, --limit, --page-size,
+    # --sort-by, --uri
+    GcloudCommand(
+        ("compute", "operations", "list"),
+        (P("NAME", required=False, many=True),),
+        (
+            F("zones"),
+            F("regions"),
+            F("global", "bool"),
+            F("regexp", short="r"),
+            F("filter"),
+            F("limit"),
+            F("page-size"),
+            F("sort-by"),
+            F("uri", "bool"),
+        ),
+        exclusive=(("zones", "regions", "global"),),
+    ),
     GcloudCommand(
         ("compute", "ssh"),
-        (P("USER_AT_INSTANCE", many=True),),
+        # [USER@]INSTANCE and the command's trailing args; the command says when it is missing
+        (P("USER_AT_INSTANCE", required=False, many=True),),
         (
             F("zone"),
             F("command"),

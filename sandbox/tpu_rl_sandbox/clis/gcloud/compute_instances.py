@@ -1,5 +1,7 @@
-"""``gcloud [alpha] compute instances create|delete|start|describe|list``: the fake VMs (their
-records in the sandbox state, their folders), and their preemption."""
+"""``gcloud [alpha] compute instances create|delete|start|stop|describe|list``: the fake VMs (their
+records in the sandbox state, their folders: a VM booted from a custom image gets its files), their
+lifecycle states with the zone operations that change them (``world/instances.py``), and their
+preemption."""
 
 from __future__ import annotations
 
@@ -9,15 +11,15 @@ import shutil
 import time
 from typing import Any
 
+from tpu_rl_sandbox.clis.gcloud.compute_images import ImagesCommands
 from tpu_rl_sandbox.clis.gcloud.compute_networks import NetworksCommands
 from tpu_rl_sandbox.clis.gcloud.compute_reservations import ReservationsCommands
 from tpu_rl_sandbox.clis.gcloud.output import GcloudError, formatted, matches_filter, table
 from tpu_rl_sandbox.clis.gcloud.parser import GcloudParse
 from tpu_rl_sandbox.clis.gcloud.values import parse_labels
-from tpu_rl_sandbox.world import inventory, vpc
+from tpu_rl_sandbox.world import instances, inventory, vpc
 from tpu_rl_sandbox.world.settings import load_settings
 from tpu_rl_sandbox.world.timescale import capacity_seconds
-from tpu_rl_sandbox.world.timestamps import rfc3339
 
 DEFAULT_SCOPES = [
     "devstorage.read_only",
@@ -52,7 +54,7 @@ def check_instance_scheduling(parsed: GcloudParse) -> None:
         )
 
 
-class InstancesCommands(ReservationsCommands, NetworksCommands):
+class InstancesCommands(ReservationsCommands, NetworksCommands, ImagesCommands):
     """``gcloud compute instances``."""
 
     def _instance_url(self, project: str, zone: str, name: str) -> str:
@@ -121,7 +123,23 @@ class InstancesCommands(ReservationsCommands, NetworksCommands):
         if network not in vpc.read_vpc(self.store, project)["networks"]:
             raise self._network_missing(project, network)
         machine_type = str(parsed.get("machine-type") or "n1-standard-1")
+        # a custom image of the sandbox (--image/--image-family of --image-project) gives the boot
+        # disk its files; Google's images a bare one
+        source_image = self.boot_source(
+            str(parsed.get("image-project") or project), parsed.get("image"), parsed.get("image-family")
+        )
+        settings = load_settings(self.layout)
+        provisioning_model = parsed.get("provisioning-model") or "STANDARD"
+        phases = instances.start_phases(
+            settings.minute_seconds,
+            settings.capacity_minutes,
+            machine_type=machine_type,
+            provisioning_model=provisioning_model,
+            created=True,
+        )
         created: list[dict[str, Any]] = []
+        requested = time.time()
+        running_at = requested
         with self.store.txn() as txn:
             vms = txn.doc("vms")
             docs = {"vms": vms, "clusters": txn.doc("clusters")}
@@ -139,9 +157,10 @@ class InstancesCommands(ReservationsCommands, NetworksCommands):
                         raise GcloudError(f"Could not fetch resource:\n - {problem}")
                 record = {
                     "name": name,
+                    "id": instances.new_id(),
                     "project": project,
                     "zone": zone,
-                    "status": "RUNNING",
+                    "status": phases[0][0],
                     "machineType": machine_type,
                     "network": network,
                     "labels": labels,
@@ -155,7 +174,7 @@ class InstancesCommands(ReservationsCommands, NetworksCommands):
                     },
                     "bootDiskSize": size,
                     "scheduling": {
-                        "provisioningModel": parsed.get("provisioning-model") or "STANDARD",
+                        "provisioningModel": provisioning_model,
                         "instanceTerminationAction": parsed.get("instance-termination-action"),
                         "onHostMaintenance": parsed.get("maintenance-policy") or "MIGRATE",
                         "maxRunDuration": parsed.get("max-run-duration"),
@@ -164,20 +183,38 @@ class InstancesCommands(ReservationsCommands, NetworksCommands):
                         "type": affinity or "any",
                         "reservation": parsed.get("reservation"),
                     },
-                    "created": rfc3339(),
+                    "created": instances.api_time(requested),
                 }
+                running_at = instances.schedule(record, phases, requested)
                 vms[key] = record
                 created.append(record)
+                record["operation"] = instances.add_operation(
+                    txn, project, zone, "insert", name, record["id"], started=requested, user=self.account()
+                )["name"]
                 history = txn.doc("vm_history")
                 history.setdefault(key, []).append(
                     {"machineType": machine_type, "created": time.time(), "deleted": None, "programs": []}
                 )
                 vm_dir = self.layout.vm_dir(name)
                 vm_dir.mkdir(parents=True, exist_ok=True)
+                if source_image is not None:
+                    record["image"]["source"] = source_image["name"]
+                    self.copy_boot_disk(source_image, vm_dir)
             txn.save("vms")
             txn.save("vm_history")
-        # the create operation runs until the VM is up (the VM exists, and bills, meanwhile)
-        time.sleep(capacity_seconds(load_settings(self.layout).minute_seconds, "vm_create"))
+        # gcloud waits for the insert operation: the VM goes PENDING (a TPU), PROVISIONING, STAGING,
+        # unbilled, and the operation is done once it is RUNNING
+        time.sleep(max(0.0, running_at - time.time()))
+        with self.store.txn() as txn:
+            vms = txn.doc("vms")
+            for record in created:
+                stored = vms.get(f"{project}/{zone}/{record['name']}")
+                if stored is not None:
+                    op_name = stored.pop("operation", "")
+                    instances.settle(stored, running_at)
+                    record.update(stored)
+                    instances.finish_operation(txn, project, zone, op_name, running_at)
+            txn.save("vms")
         for record in created:
             self.err(f"Created [{self._instance_url(project, zone, record['name'])}].\n")
         if parsed.get("format"):
@@ -192,7 +229,7 @@ class InstancesCommands(ReservationsCommands, NetworksCommands):
                     "",
                     "10.128.0.5",
                     inventory.external_ip(r["name"]),
-                    r["status"],
+                    instances.settled(r)["status"],
                 ]
                 for r in created
             ]
@@ -203,9 +240,12 @@ class InstancesCommands(ReservationsCommands, NetworksCommands):
         project, zone, name = record["project"], record["zone"], record["name"]
         base = f"https://www.googleapis.com/compute/v1/projects/{project}/zones/{zone}"
         affinity = record.get("reservationAffinity", {})
+        record = instances.settled(record)
         running = record["status"] == "RUNNING"
         resource = {
-            "id": str(int(hashlib.sha256(f"{project}/{zone}/{name}".encode()).hexdigest()[:15], 16)),
+            # a record of an older sandbox has no id: a stable one from its name
+            "id": record.get("id")
+            or str(int(hashlib.sha256(f"{project}/{zone}/{name}".encode()).hexdigest()[:15], 16)),
             "kind": "compute#instance",
             "name": name,
             "status": record["status"],
@@ -275,12 +315,37 @@ class InstancesCommands(ReservationsCommands, NetworksCommands):
                 if fault.transient
                 else f"Could not fetch resource:\n - Required 'compute.instances.delete' permission for '{resource}'"
             )
-        # the delete operation stops the VM first (it bills until then): its processes end
-        time.sleep(capacity_seconds(load_settings(self.layout).minute_seconds, "vm_delete"))
+        # The delete: the VM goes STOPPING at once (its billing ends; its processes end), then it
+        # is gone when the operation is done.
+        settings = load_settings(self.layout)
+        started = time.time()
+        stopping = capacity_seconds(settings.minute_seconds, "vm_stopping", settings.capacity_minutes)
+        deleting: dict[str, str] = {}
+        with self.store.txn() as txn:
+            vms = txn.doc("vms")
+            for name in names:
+                record = vms.get(f"{project}/{zone}/{name}")
+                if record is None:
+                    continue
+                instances.settle(record, started)
+                instances.schedule(record, [("STOPPING", 0.0)], started)
+                instances.settle(record, started)
+                deleting[name] = instances.add_operation(
+                    txn,
+                    project,
+                    zone,
+                    "delete",
+                    name,
+                    str(record.get("id", "")),
+                    started=started,
+                    user=self.account(),
+                )["name"]
+            txn.save("vms")
         from tpu_rl_sandbox.machines import dockerd
 
         for name in names:
             dockerd.stop_all(self.layout.vm_dir(name))
+        time.sleep(stopping)
         with self.store.txn() as txn:
             vms = txn.doc("vms")
             history = txn.doc("vm_history")
@@ -290,47 +355,108 @@ class InstancesCommands(ReservationsCommands, NetworksCommands):
                 lives = history.get(f"{project}/{zone}/{name}") or []
                 if lives and lives[-1]["deleted"] is None:
                     lives[-1]["deleted"] = time.time()
+                if name in deleting:
+                    instances.finish_operation(txn, project, zone, deleting[name], started + stopping)
             txn.save("vms")
             txn.save("vm_history")
         for name in names:
             self.err(f"Deleted [{self._instance_url(project, zone, name)}].\n")
         return 0
 
-    def cmd_compute_instances_start(self, parsed: GcloudParse) -> int:
-        """surface/compute/instances/start.py: instances.start on each VM, then one "Updated" line and
-        its IPs per VM; starting a RUNNING VM does nothing (the API's operation is done at once)."""
+    def _existing_instances(self, parsed: GcloudParse, verb: str) -> tuple[str, str, list[str]]:
+        """The project, zone and names of a start or stop: each VM must exist, the caller needs
+        ``compute.instances.<verb>``, and gcloud's wait is simulated (no ``--async``)."""
         project = self.project(parsed)
         names = list(parsed.positionals["INSTANCE_NAMES"])
         zone = self.zone(parsed, names[0])
         for name in names:
             self._vm(project, zone, name)
         self._require_permission(
-            "compute.instances.start", project, f"projects/{project}/zones/{zone}/instances/{names[0]}"
+            f"compute.instances.{verb}", project, f"projects/{project}/zones/{zone}/instances/{names[0]}"
         )
         if parsed.get("async"):
-            raise GcloudError("sandbox: --async is not simulated for instances start")
-        time.sleep(capacity_seconds(load_settings(self.layout).minute_seconds, "vm_create"))
+            raise GcloudError(f"sandbox: --async is not simulated for instances {verb}")
+        return project, zone, names
+
+    def cmd_compute_instances_start(self, parsed: GcloudParse) -> int:
+        """surface/compute/instances/start.py: instances.start on each VM, then one "Updated" line and
+        its IPs per VM; starting a RUNNING VM does nothing (the API's operation is done at once)."""
+        project, zone, names = self._existing_instances(parsed, "start")
+        settings = load_settings(self.layout)
+        started = time.time()
+        running_at = started
+        starting: dict[str, str] = {}
         with self.store.txn() as txn:
             vms = txn.doc("vms")
-            history = txn.doc("vm_history")
             for name in names:
-                record = vms[f"{project}/{zone}/{name}"]
+                record = instances.settle(vms[f"{project}/{zone}/{name}"], started)
                 if record["status"] == "RUNNING":
                     continue
                 if record["status"] != "TERMINATED":
                     raise GcloudError(
                         f"Could not fetch resource:\n - The resource 'projects/{project}/zones/{zone}/instances/{name}' is not ready"
                     )
-                record.update(status="RUNNING", lastStartTimestamp=rfc3339())
-                lives = history.get(f"{project}/{zone}/{name}") or []
-                if lives:
-                    lives[-1].setdefault("started", []).append(time.time())
+                phases = instances.start_phases(
+                    settings.minute_seconds,
+                    settings.capacity_minutes,
+                    machine_type=str(record.get("machineType", "")),
+                    provisioning_model=(record.get("scheduling") or {}).get("provisioningModel"),
+                    created=False,
+                )
+                starting[name], done_at = instances.begin_transition(
+                    txn, project, zone, name, "start", phases, started, user=self.account()
+                )
+                running_at = max(running_at, done_at)
             txn.save("vms")
-            txn.save("vm_history")
+        # gcloud waits for the start operation: PROVISIONING, STAGING (unbilled), then RUNNING
+        time.sleep(max(0.0, running_at - time.time()))
+        with self.store.txn() as txn:
+            instances.finish_transitions(txn, project, zone, starting, running_at)
         for name in names:
             self.err(f"Updated [{self._instance_url(project, zone, name)}].\n")
             self.err("Instance internal IP is 10.128.0.5\n")
             self.err(f"Instance external IP is {inventory.external_ip(name)}\n")
+        return 0
+
+    def cmd_compute_instances_stop(self, parsed: GcloudParse) -> int:
+        """surface/compute/instances/stop.py: instances.stop on each VM and a wait for the
+        operations ("Stopping instance(s) NAME..."), then one "Updated" line per VM; stopping a
+        stopped VM returns without errors. Its processes end; its boot disk (and what is on it) stays."""
+        project, zone, names = self._existing_instances(parsed, "stop")
+        from tpu_rl_sandbox.machines import dockerd
+
+        # The stop: each RUNNING VM goes STOPPING at once (its billing ends, its processes end) and
+        # is TERMINATED once the guest's shutdown is over; the operation waits for it.
+        settings = load_settings(self.layout)
+        started = time.time()
+        stopping = capacity_seconds(settings.minute_seconds, "vm_stopping", settings.capacity_minutes)
+        stops: dict[str, str] = {}
+        with self.store.txn() as txn:
+            vms = txn.doc("vms")
+            for name in names:
+                record = instances.settle(vms[f"{project}/{zone}/{name}"], started)
+                if record["status"] != "RUNNING":
+                    continue
+                stops[name], _ = instances.begin_transition(
+                    txn,
+                    project,
+                    zone,
+                    name,
+                    "stop",
+                    [("STOPPING", stopping), ("TERMINATED", 0.0)],
+                    started,
+                    user=self.account(),
+                )
+            txn.save("vms")
+        for name in stops:
+            dockerd.stop_all(self.layout.vm_dir(name))
+        if stops:
+            time.sleep(stopping)
+        with self.store.txn() as txn:
+            instances.finish_transitions(txn, project, zone, stops, started + stopping)
+        self.err(f"Stopping instance(s) {', '.join(names)}...done.\n")
+        for name in names:
+            self.err(f"Updated [{self._instance_url(project, zone, name)}].\n")
         return 0
 
     def _preempt_vm(self, project: str, zone: str, name: str) -> None:
@@ -341,6 +467,8 @@ class InstancesCommands(ReservationsCommands, NetworksCommands):
         from tpu_rl_sandbox.machines import dockerd
 
         dockerd.stop_all(self.layout.vm_dir(name))  # the machine shuts down: its containers end
+        settings = load_settings(self.layout)
+        stopping = capacity_seconds(settings.minute_seconds, "vm_stopping", settings.capacity_minutes)
         with self.store.txn() as txn:
             vms = txn.doc("vms")
             history = txn.doc("vm_history")
@@ -348,6 +476,19 @@ class InstancesCommands(ReservationsCommands, NetworksCommands):
             record = vms.get(key)
             if record is None:
                 return
+            # Compute Engine's system operation of a preemption ("List preemption history":
+            # operationType="compute.instances.preempted"): the VM goes STOPPING as it starts
+            instances.add_operation(
+                txn,
+                project,
+                zone,
+                "compute.instances.preempted",
+                name,
+                str(record.get("id", "")),
+                started=now,
+                ended=now + stopping,
+                user="system",
+            )
             action = (record.get("scheduling") or {}).get("instanceTerminationAction") or "STOP"
             lives = history.get(key) or []
             if lives:
@@ -358,7 +499,9 @@ class InstancesCommands(ReservationsCommands, NetworksCommands):
                 if lives:
                     lives[-1]["deleted"] = now
             else:
-                record.update(status="TERMINATED", lastStopTimestamp=rfc3339())
+                instances.settle(record, now)
+                instances.schedule(record, [("STOPPING", stopping), ("TERMINATED", 0.0)], now)
+                instances.settle(record, now)
             txn.save("vms")
             txn.save("vm_history")
 
@@ -368,7 +511,7 @@ class InstancesCommands(ReservationsCommands, NetworksCommands):
             raise GcloudError(
                 f"Could not fetch resource:\n - The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found"
             )
-        return record
+        return instances.settled(record)
 
     def cmd_compute_instances_describe(self, parsed: GcloudParse) -> int:
         project = self.project(parsed)

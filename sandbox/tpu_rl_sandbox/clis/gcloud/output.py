@@ -72,7 +72,9 @@ def dig(resource: Any, dotted: str) -> Any:
 
 
 def matches_filter(resource: dict[str, Any], expression: str | None) -> bool:
-    """gcloud's ``--filter`` for the forms the provider uses: ``a.b=v``, ``a.b:v``, ``AND``, ``NOT``."""
+    """gcloud's ``--filter`` for the forms the provider uses: ``a.b=v``, ``a.b:v``, ``a=(v OR w)``,
+    ``a~"regex"``, ``AND``, ``NOT``. A ``~`` pattern holding parentheses must be quoted, as gcloud's
+    filter lexer reads an unquoted ``(`` as the start of a value list (resource_filter.py)."""
     if not expression or not expression.strip():
         return True
     terms = re.split(r"\s+AND\s+|\s+(?=(?:NOT\s+|-)?[A-Za-z_][\w.]*\s*[:=~!])", expression.strip())
@@ -88,25 +90,35 @@ def matches_filter(resource: dict[str, Any], expression: str | None) -> bool:
         match = re.fullmatch(r"([A-Za-z_][\w.\-]*)\s*(!=|=|:|~)\s*(.*)", term)
         if not match:
             raise GcloudError(f"Invalid value for [--filter]: unsupported expression [{raw}].")
-        key, op, wanted = match.group(1), match.group(2), match.group(3).strip().strip("'\"()")
-        actual = dig(resource, key)
-        if op == ":" and wanted == "*":
-            result = actual is not None
-        elif actual is None:
-            result = False
-        elif op in ("=", "!="):
-            result = (
-                str(actual).lower() == wanted.lower() if not isinstance(actual, list) else wanted in actual
-            )
-            result = (not result) if op == "!=" else result
-        elif op == ":":
-            text = json.dumps(actual) if isinstance(actual, (list, dict)) else str(actual)
-            result = wanted.lower() in text.lower()
+        key, op, given = match.group(1), match.group(2), match.group(3).strip()
+        quoted = len(given) >= 2 and given[0] == given[-1] and given[0] in "'\""
+        if op == "~" and not quoted and "(" in given:
+            raise GcloudError(f"Invalid value for [--filter]: Unexpected tokens [{raw}] in expression.")
+        if quoted:
+            choices = [given[1:-1]]
+        elif given.startswith("(") and given.endswith(")") and " OR " in given:
+            choices = [part.strip().strip("'\"") for part in given[1:-1].split(" OR ")]
         else:
-            result = re.search(wanted, str(actual)) is not None
+            choices = [given.strip("'\"()")]
+        actual = dig(resource, key)
+        result = any(_term_matches(actual, op, wanted) for wanted in choices)
         if result == negate:
             return False
     return True
+
+
+def _term_matches(actual: Any, op: str, wanted: str) -> bool:
+    if op == ":" and wanted == "*":
+        return actual is not None
+    if actual is None:
+        return False
+    if op in ("=", "!="):
+        equal = str(actual).lower() == wanted.lower() if not isinstance(actual, list) else wanted in actual
+        return (not equal) if op == "!=" else equal
+    if op == ":":
+        text = json.dumps(actual) if isinstance(actual, (list, dict)) else str(actual)
+        return wanted.lower() in text.lower()
+    return re.search(wanted, str(actual)) is not None
 
 
 def table(rows: list[list[str]]) -> str:

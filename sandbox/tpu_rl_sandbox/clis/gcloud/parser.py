@@ -51,6 +51,8 @@ class GcloudCommand:
     path: tuple[str, ...]
     positionals: tuple[GPositional, ...] = ()
     flags: tuple[GFlag, ...] = ()
+    # mutually exclusive groups of flag names (argparse's add_mutually_exclusive_group)
+    exclusive: tuple[tuple[str, ...], ...] = ()
 
     @property
     def dotted(self) -> str:
@@ -126,6 +128,7 @@ def gcloud_parse(command: GcloudCommand, args: Sequence[str]) -> GcloudParse:
     shorts = {f.short: f for f in flags.values() if f.short}
     values: dict[str, Any] = {name: ([] if f.kind == "append" else None) for name, f in flags.items()}
     given: set[str] = set()
+    order: list[str] = []  # the flags given, as they came
     loose: list[str] = []
     unknown: list[str] = []
     index = 0
@@ -152,6 +155,7 @@ def gcloud_parse(command: GcloudCommand, args: Sequence[str]) -> GcloudParse:
                     )
                 values[flag.name] = not negated
                 given.add(flag.name)
+                order.append(flag.name)
                 continue
             if not has_value:
                 if index >= len(args) or (args[index].startswith("-") and len(args[index]) > 1):
@@ -168,6 +172,7 @@ def gcloud_parse(command: GcloudCommand, args: Sequence[str]) -> GcloudParse:
             else:
                 values[flag.name] = value
             given.add(flag.name)
+            order.append(flag.name)
             continue
         if arg.startswith("-") and len(arg) == 2 and arg[1] in shorts:
             flag = shorts[arg[1]]
@@ -201,7 +206,16 @@ def gcloud_parse(command: GcloudCommand, args: Sequence[str]) -> GcloudParse:
         raise GcloudUsageError(command.dotted, "unrecognized arguments: " + " ".join(unknown) + " ")
     for spec in command.positionals:
         if spec.required and not positionals.get(spec.name):
-            raise GcloudUsageError(command.dotted, f"argument {spec.name}: Must be specified.")
+            # argparse shows a one-or-more positional (nargs='+') as "NAME [NAME ...]"
+            shown = f"{spec.name} [{spec.name} ...]" if spec.many else spec.name
+            raise GcloudUsageError(command.dotted, f"argument {shown}: Must be specified.")
+    for group in command.exclusive:
+        seen = list(dict.fromkeys(name for name in order if name in group))
+        if len(seen) > 1:
+            choices = " | ".join(f"--{name}" for name in sorted(group))
+            raise GcloudUsageError(
+                command.dotted, f"argument --{seen[1]}: At most one of {choices} can be specified."
+            )
     missing = [f"--{f.name}" for f in command.flags if f.required and f.name not in given]
     if missing:
         raise GcloudUsageError(command.dotted, f"argument {' '.join(missing)}: Must be specified.")

@@ -33,7 +33,7 @@ from tpu_rl_sandbox.clis.gcluster.gotime import go_quote
 
 # yaml is imported by the functions that read or write YAML: each fake call is a new interpreter,
 # and `gcluster job` commands need none of it.
-from tpu_rl_sandbox.world import inventory
+from tpu_rl_sandbox.world import gke_nodes, inventory
 from tpu_rl_sandbox.world.faults import FaultGate
 from tpu_rl_sandbox.world.layout import SandboxLayout
 from tpu_rl_sandbox.world.settings import load_settings
@@ -1063,8 +1063,55 @@ class DeploymentRunner:
                 )
 
     def _capacity_pause(self, what: str) -> None:
-        """A TPU node pool's create or destroy, in estimated minutes when the time scale is on."""
-        time.sleep(capacity_seconds(load_settings(self.layout).minute_seconds, what))
+        """A part of a TPU node pool's create or destroy, in estimated minutes when the time scale
+        is on (``timescale.CAPACITY_MINUTES``)."""
+        settings = load_settings(self.layout)
+        time.sleep(capacity_seconds(settings.minute_seconds, what, settings.capacity_minutes))
+
+    def _bring_up_tpu_nodes(self, key: str, pools: list[dict[str, Any]]) -> None:
+        """The TPU pools' node VMs (world/gke_nodes.py): inserted, through PENDING, PROVISIONING
+        and STAGING to RUNNING (unbilled until then), then booted until their nodes are Ready."""
+        settings = load_settings(self.layout)
+        begin = time.time()
+        running_at = begin
+        with self.store.txn() as txn:
+            cluster = txn.doc("clusters").get(key)
+            if cluster is None:
+                return
+            for pool in pools:
+                if gke_nodes.is_tpu_pool(pool):
+                    running_at = max(
+                        running_at,
+                        gke_nodes.create_nodes(
+                            txn,
+                            cluster,
+                            pool,
+                            begin=begin,
+                            minute_seconds=settings.minute_seconds,
+                            overrides=dict(settings.capacity_minutes),
+                        ),
+                    )
+        time.sleep(max(0.0, running_at - time.time()))
+        with self.store.txn() as txn:
+            cluster = txn.doc("clusters").get(key)
+            for pool in pools:
+                if cluster is not None and gke_nodes.is_tpu_pool(pool):
+                    gke_nodes.finish_creates(txn, cluster, pool, running_at)
+        self._capacity_pause("tpu_node_ready")
+
+    def _take_down_tpu_nodes(self, key: str, group: dict[str, Any]) -> None:
+        """The group's TPU pools' node VMs deleted by their managed instance group: STOPPING (billing
+        ends), then gone."""
+        settings = load_settings(self.layout)
+        begin = time.time()
+        with self.store.txn() as txn:
+            cluster = txn.doc("clusters").get(key)
+            pools = [p for p in (cluster or {}).get("node_pools", []) if p.get("group") == group["group"]]
+            keys = [k for pool in pools for k in gke_nodes.begin_deletes(txn, cluster or {}, pool, begin)]
+        stopping = capacity_seconds(settings.minute_seconds, "vm_stopping", settings.capacity_minutes)
+        time.sleep(stopping)
+        with self.store.txn() as txn:
+            gke_nodes.finish_deletes(txn, keys, begin + stopping)
 
     def _pause(self, factor: float = 1.0) -> None:
         time.sleep(max(0.0, self.step_seconds * factor))
@@ -1402,6 +1449,7 @@ class DeploymentRunner:
                 f"{detail}\n\n  with {to_add[0][0]},\n  on modules/embedded/modules/compute/gke-node-pool/main.tf line 59, in "
                 'resource "google_container_node_pool" "node_pool":\n  59: resource "google_container_node_pool" "node_pool" {'
             )
+        self._bring_up_tpu_nodes(key, pools)
         cluster_id = (
             f"projects/{world.get('project')}/locations/{world.get('region')}/clusters/{world.get('name')}"
         )
@@ -1482,8 +1530,9 @@ class DeploymentRunner:
             )
         if not self._confirm_destroy(shown, managed):
             return
-        self._capacity_pause("tpu_pool_delete")
+        self._capacity_pause("tpu_pool_drain")  # the nodes drained: their VMs still run (billed)
         if world and world.get("exists", True):
+            self._take_down_tpu_nodes(key, group)
             self._set_pools(key, group, [])
         state["resources"] = []
         state["outputs"] = {}
@@ -1636,7 +1685,23 @@ def is_pool_group(group: dict[str, Any]) -> bool:
 def _pool_events(
     txn: Any, key: str, before: list[dict[str, Any]], after: list[dict[str, Any]], now: float
 ) -> None:
-    """Record node pools created (in ``after`` only) and deleted (in ``before`` only) at ``now``."""
+    """Record node pools created (in ``after`` only) and deleted (in ``before`` only) at ``now``;
+    a TPU pool that came or went without its node VMs (a deploy or destroy of the whole cluster)
+    gets them or loses them at once."""
+    cluster = txn.doc("clusters").get(key)
+    if cluster is not None:
+        kept = {p["name"] for p in after}
+        for pool in after:
+            if gke_nodes.is_tpu_pool(pool) and not gke_nodes.has_nodes(txn, cluster, pool):
+                gke_nodes.finish_creates(
+                    txn,
+                    cluster,
+                    pool,
+                    gke_nodes.create_nodes(txn, cluster, pool, begin=now, minute_seconds=0.0, overrides={}),
+                )
+        for pool in before:
+            if pool["name"] not in kept:
+                gke_nodes.finish_deletes(txn, gke_nodes.begin_deletes(txn, cluster, pool, now), now)
     events = txn.doc("node_pool_events")
     rows = events.setdefault("events", [])
     old, new = {p["name"] for p in before}, {p["name"] for p in after}

@@ -1,0 +1,152 @@
+"""The bench's TPU cost of a run (section 4): real minutes from the sandbox's scaled seconds, the
+tutorials' flow on the same stage durations, and the prices of docs/tpu-prices.md.
+
+Pure arithmetic, no Airflow: the bench feeds it the ledger's billed and trained seconds.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from tpu_rl_sandbox.world.timescale import (
+    CAPACITY_MINUTES,
+    CONVERT,
+    COPY,
+    EXPORT,
+    INSTALL,
+    TRAIN,
+    stage_real_minutes,
+)
+
+# The capacities section 4 prices, in the order it prints them; on-demand is what the tutorials'
+# flow is compared at.
+CAPACITIES = ("on-demand", "spot", "flex-start")
+ON_DEMAND = CAPACITIES[0]
+DEFAULT_PRICE_TABLE = Path("docs/tpu-prices.md")
+# A row of the price table: | TPU | capacity | USD per chip-hour | read on | source | how direct |
+_ROW = re.compile(
+    r"^\|\s*(?P<tpu>v\w+)\s*\|\s*(?P<capacity>[\w-]+)\s*\|\s*(?P<usd>[0-9.]+)\s*\|(?P<rest>.*)\|\s*$"
+)
+
+
+@dataclass(frozen=True)
+class Price:
+    """One price of the table: USD per chip-hour, when it was read, and how directly."""
+
+    capacity: str
+    usd_per_chip_hour: float
+    read_on: str
+    source: str
+    how_direct: str
+
+    @property
+    def read_from_its_source(self) -> bool:
+        """The table read it on its source page (not derived, not second-hand)."""
+        return self.how_direct.strip().lower().startswith("states")
+
+
+def read_price_table(path: Path, tpu: str = "v6e") -> dict[str, Price]:
+    """The prices of ``tpu`` in the Markdown table of ``path`` (docs/tpu-prices.md), by capacity.
+    ValueError when a capacity of :data:`CAPACITIES` has no row."""
+    prices: dict[str, Price] = {}
+    for line in path.read_text().splitlines():
+        match = _ROW.match(line.strip())
+        if match is None or match["tpu"] != tpu:
+            continue
+        cells = [cell.strip() for cell in match["rest"].split("|")]
+        if len(cells) != 3:
+            raise ValueError(f"{path}: a {tpu} row needs 6 cells: {line.strip()}")
+        read_on, source, how_direct = cells
+        prices[match["capacity"]] = Price(match["capacity"], float(match["usd"]), read_on, source, how_direct)
+    missing = [capacity for capacity in CAPACITIES if capacity not in prices]
+    if missing:
+        raise ValueError(f"{path} has no {tpu} price for {', '.join(missing)}")
+    return prices
+
+
+def real_minutes(sandbox_seconds: float, minute_seconds: float) -> float:
+    """Real minutes of a span the sandbox played at ``minute_seconds`` seconds per real minute."""
+    if minute_seconds <= 0:
+        raise ValueError("the time scale is off: sandbox seconds stand for no real minutes")
+    return sandbox_seconds / minute_seconds
+
+
+def cost_usd(minutes: float, chips: int, usd_per_chip_hour: float) -> float:
+    """The TPU cost of ``chips`` chips billed for ``minutes`` real minutes."""
+    return minutes / 60.0 * chips * usd_per_chip_hour
+
+
+def _capacity(what: str, overrides: Mapping[str, float] | None) -> float:
+    return float((overrides or {}).get(what, CAPACITY_MINUTES[what]))
+
+
+def _stage(stage: str, model: str, overrides: Mapping[str, float] | None) -> float:
+    minutes = stage_real_minutes(stage, model, overrides)
+    if minutes is None:
+        raise ValueError(f"the time scale has no {stage} duration for {model}")
+    return minutes
+
+
+def tutorial_gke_minutes(
+    model: str,
+    stages: Mapping[str, float] | None = None,
+    capacity: Mapping[str, float] | None = None,
+) -> float:
+    """Real minutes the tutorials' GKE flow bills its TPU nodes on the same durations: the cluster
+    deploy creates the TPU pool, whose node VMs bill from their start (their boot to Ready), through
+    conversion, training and export on the TPU slice, to the teardown (the nodes' drain; their
+    STOPPING bills nothing, as for the pipeline)."""
+    return (
+        _capacity("tpu_node_ready", capacity)
+        + _stage(CONVERT, model, stages)
+        + _stage(TRAIN, model, stages)
+        + _stage(EXPORT, model, stages)
+        + _capacity("tpu_pool_drain", capacity)
+    )
+
+
+def tutorial_tpu_vm_minutes(
+    model: str,
+    stages: Mapping[str, float] | None = None,
+    capacity: Mapping[str, float] | None = None,
+) -> float:
+    """Real minutes the tutorials' TPU VM flow bills its TPU VM on the same durations: from its start
+    (its create's PROVISIONING and STAGING bill nothing) through the install from sources, the
+    conversion, training, the copy of the checkpoint and the export, all on the TPU VM, to its
+    delete (its STOPPING bills nothing)."""
+    del capacity  # nothing billed in the create's or the delete's own states
+    return sum(_stage(stage, model, stages) for stage in (INSTALL, CONVERT, TRAIN, COPY, EXPORT))
+
+
+@dataclass(frozen=True)
+class CostLine:
+    """The cost of one TPU span at each capacity's price."""
+
+    minutes: float
+    chips: int
+    usd: Mapping[str, float]  # capacity -> USD
+
+
+def costs(minutes: float, chips: int, prices: Mapping[str, Price]) -> CostLine:
+    """``minutes`` of ``chips`` chips at every capacity of :data:`CAPACITIES`."""
+    return CostLine(
+        minutes, chips, {c: cost_usd(minutes, chips, prices[c].usd_per_chip_hour) for c in CAPACITIES}
+    )
+
+
+def ratios_to_tutorial(run: CostLine, tutorial: CostLine) -> dict[str, float]:
+    """The run's cost at each capacity's price against the tutorials' flow at on-demand."""
+    base = tutorial.usd[ON_DEMAND]
+    return {capacity: (usd / base if base > 0 else float("nan")) for capacity, usd in run.usd.items()}
+
+
+def price_caveats(prices: Mapping[str, Price]) -> list[str]:
+    """One line per price the table did not read on its source, saying how it got it."""
+    return [
+        f"{p.capacity} ${p.usd_per_chip_hour:.2f}/chip-hour: {p.how_direct} (read {p.read_on})"
+        for capacity in CAPACITIES
+        if not (p := prices[capacity]).read_from_its_source
+    ]

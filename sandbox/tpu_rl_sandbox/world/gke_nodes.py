@@ -1,0 +1,192 @@
+"""A GKE TPU node pool's node VMs: Compute Engine instances (``world/instances.py``) that GKE
+creates with the pool and deletes with it, labelled as GKE labels them.
+
+Labels: the pool's resource labels (cluster-toolkit ``modules/compute/gke-node-pool/main.tf``:
+``resource_labels = local.labels``, the blueprint's ``vars.labels`` merged with ``ghpc_module`` and
+``ghpc_role``; container v1 ``NodeConfig.resourceLabels``: "The resource labels for the node pool
+to use to annotate any related Google Compute Engine resources"), and GKE's own:
+``goog-k8s-cluster-name``, ``goog-k8s-node-pool-name``, ``goog-k8s-cluster-location`` (the keys
+Cloud Billing's cost table documents for GKE resources) and ``goog-gke-node`` (seen on real node
+VMs). Names: a managed instance group's ``baseInstanceName`` and "a hyphen and a random
+four-character string" (compute v1 ``InstanceGroupManager``); the base is ``gke-<cluster>-<pool>-
+<8 hex>`` (GKE's own pattern, as node names show it, cut so the base stays within the API's 58
+characters). TPU nodes, in a managed instance group, start PENDING (instance lifecycle page).
+
+The sandbox makes node VMs for the TPU node pools only (the capacity the ledger bills as TPU); its
+pools do not autoscale, so a pool's nodes come with the pool and go with it.
+"""
+
+from __future__ import annotations
+
+import secrets
+import string
+from typing import Any
+
+from tpu_rl_sandbox.world import instances
+from tpu_rl_sandbox.world.inventory import project_number
+
+CLUSTER_LABEL = "goog-k8s-cluster-name"
+POOL_LABEL = "goog-k8s-node-pool-name"
+LOCATION_LABEL = "goog-k8s-cluster-location"
+NODE_LABEL = "goog-gke-node"
+_BASE_LIMIT = 58
+
+
+def is_tpu_pool(pool: dict[str, Any]) -> bool:
+    return bool(pool.get("topology")) and not pool.get("failed")
+
+
+def base_instance_name(cluster: str, pool: str) -> str:
+    """``gke-<cluster>-<pool>-<8 hex>``, its parts cut to fit the API's 58 characters."""
+    suffix = secrets.token_hex(4)
+    room = _BASE_LIMIT - len("gke---") - len(suffix)
+    cluster_part = cluster[: max(1, room // 2)]
+    pool_part = pool[: max(1, room - len(cluster_part))]
+    return f"gke-{cluster_part}-{pool_part}-{suffix}".replace("--", "-")
+
+
+def _random_suffix() -> str:
+    return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(4))
+
+
+def node_labels(cluster: dict[str, Any], pool: dict[str, Any]) -> dict[str, str]:
+    labels = {str(k): str(v) for k, v in (cluster.get("labels") or {}).items()}
+    labels.update(
+        {
+            "ghpc_module": "gke-node-pool",
+            "ghpc_role": "compute",
+            CLUSTER_LABEL: str(cluster["name"]),
+            POOL_LABEL: str(pool["name"]),
+            LOCATION_LABEL: str(cluster.get("region") or ""),
+            NODE_LABEL: "",
+        }
+    )
+    return labels
+
+
+def pool_zone(cluster: dict[str, Any], pool: dict[str, Any]) -> str:
+    zones = pool.get("zones")
+    return str(zones[0]) if isinstance(zones, list) and zones else str(cluster.get("zone") or "")
+
+
+def provisioning_model(pool: dict[str, Any]) -> str:
+    option = pool.get("consumption") or {}
+    if option.get("enable_flex_start"):
+        return "FLEX_START"
+    return "SPOT" if option.get("spot") else "STANDARD"
+
+
+def create_nodes(
+    txn: Any,
+    cluster: dict[str, Any],
+    pool: dict[str, Any],
+    *,
+    begin: float,
+    minute_seconds: float,
+    overrides: dict[str, float],
+) -> float:
+    """Insert the pool's node VMs (one zone operation each, by GKE's service agent) and schedule
+    their states; the moment they all run. The operations end when the nodes run
+    (:func:`finish_creates`)."""
+    project, zone = str(cluster["project"]), pool_zone(cluster, pool)
+    base = base_instance_name(str(cluster["name"]), str(pool["name"]))
+    pool["base_instance_name"] = base
+    phases = instances.start_phases(
+        minute_seconds,
+        overrides,
+        machine_type=str(pool["machine_type"]),
+        provisioning_model=provisioning_model(pool),
+        created=True,
+    )
+    vms = txn.doc("vms")
+    running_at = begin
+    for _ in range(int(pool.get("nodes") or 1)):
+        name = f"{base}-{_random_suffix()}"
+        record: dict[str, Any] = {
+            "name": name,
+            "id": instances.new_id(),
+            "project": project,
+            "zone": zone,
+            "status": phases[0][0],
+            "machineType": str(pool["machine_type"]),
+            "network": f"{cluster['name']}-net-0",
+            "labels": node_labels(cluster, pool),
+            "scopes": ["cloud-platform"],
+            "serviceAccount": pool.get("service_account", ""),
+            "image": {"project": "gke-node-images", "family": None, "image": "cos"},
+            "bootDiskSize": "100GB",
+            "scheduling": {"provisioningModel": provisioning_model(pool), "onHostMaintenance": "TERMINATE"},
+            "reservationAffinity": {"type": "none", "reservation": None},
+            "created": instances.api_time(begin),
+            "gke_node": True,
+        }
+        running_at = max(running_at, instances.schedule(record, phases, begin))
+        record["operation"] = instances.add_operation(
+            txn, project, zone, "insert", name, record["id"], started=begin, user=_service_agent(project)
+        )["name"]
+        vms[f"{project}/{zone}/{name}"] = record
+    txn.save("vms")
+    return running_at
+
+
+def finish_creates(txn: Any, cluster: dict[str, Any], pool: dict[str, Any], running_at: float) -> None:
+    """The pool's node VMs run: their insert operations are done."""
+    for key, record in _nodes(txn, cluster, pool):
+        instances.settle(record, running_at)
+        op_name = record.pop("operation", None)
+        if op_name:
+            instances.finish_operation(txn, record["project"], record["zone"], op_name, running_at)
+        txn.doc("vms")[key] = record
+    txn.save("vms")
+
+
+def begin_deletes(txn: Any, cluster: dict[str, Any], pool: dict[str, Any], begin: float) -> list[str]:
+    """The managed instance group deletes the pool's node VMs: each goes STOPPING (its billing ends)
+    with its delete operation; the keys of those deleted."""
+    deleting: list[str] = []
+    for key, record in _nodes(txn, cluster, pool):
+        instances.settle(record, begin)
+        instances.schedule(record, [("STOPPING", 0.0)], begin)
+        instances.settle(record, begin)
+        record["operation"] = instances.add_operation(
+            txn,
+            record["project"],
+            record["zone"],
+            "delete",
+            record["name"],
+            str(record["id"]),
+            started=begin,
+            user=_service_agent(str(record["project"])),
+        )["name"]
+        deleting.append(key)
+    txn.save("vms")
+    return deleting
+
+
+def finish_deletes(txn: Any, keys: list[str], ended: float) -> None:
+    """The node VMs ``keys`` are gone; their delete operations are done."""
+    vms = txn.doc("vms")
+    for key in keys:
+        record = vms.pop(key, None)
+        if record is not None and record.get("operation"):
+            instances.finish_operation(txn, record["project"], record["zone"], record["operation"], ended)
+    txn.save("vms")
+
+
+def _nodes(txn: Any, cluster: dict[str, Any], pool: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (key, record)
+        for key, record in txn.doc("vms").items()
+        if (record.get("labels") or {}).get(CLUSTER_LABEL) == cluster["name"]
+        and (record.get("labels") or {}).get(POOL_LABEL) == pool["name"]
+        and record.get("project") == cluster["project"]
+    ]
+
+
+def has_nodes(txn: Any, cluster: dict[str, Any], pool: dict[str, Any]) -> bool:
+    return bool(_nodes(txn, cluster, pool))
+
+
+def _service_agent(project: str) -> str:
+    """Who a node VM's operations run as: the managed instance group's Google APIs service agent."""
+    return f"{project_number(project)}@cloudservices.gserviceaccount.com"

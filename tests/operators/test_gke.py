@@ -1,0 +1,396 @@
+"""Deploy and destroy operators against the sandbox: idempotent deploy, safe destroy, bucket kept."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from airflow_provider_tpu_rl.compat import AirflowFailException
+from airflow_provider_tpu_rl.operators.gke import (
+    EnsureBucketOperator,
+    GclusterDeployOperator,
+    GclusterDestroyOperator,
+)
+from airflow_provider_tpu_rl.records.lease import ClusterLeaseHook, Lease, lease_object
+from airflow_provider_tpu_rl.render import gke
+from tests.support.compat import capture_task_logs
+from tests.support.sandbox_run import SandboxRun, prepare_cluster
+from tpu_rl_sandbox.world.iam import iam_bindings
+
+RUN_ID = "manual__2026-03-01T00:00:00+00:00"
+
+
+def _tfstate(sb: SandboxRun) -> dict[str, Any]:
+    """The Terraform state the deploy keeps in the bucket (GCS backend)."""
+    (name,) = [n for n in sb.objects() if n.endswith("default.tfstate") and f"/{sb.cluster}/" in n]
+    return dict(json.loads(sb.api.download(sb.bucket, name)))
+
+
+def _deploy(sb: SandboxRun, conf: dict[str, Any], start: datetime) -> dict[str, Any]:
+    deploy = sb.operator(GclusterDeployOperator, task_id="deploy_cluster")
+    result: dict[str, Any] = deploy.execute(sb.context(deploy, conf, run_id=RUN_ID, start_date=start))
+    return result
+
+
+def _destroy(sb: SandboxRun, conf: dict[str, Any]) -> dict[str, Any]:
+    destroy = sb.operator(GclusterDestroyOperator, task_id="destroy_cluster")
+    result: dict[str, Any] = destroy.execute(sb.context(destroy, conf, run_id=RUN_ID))
+    return result
+
+
+def _lease(sb: SandboxRun) -> Lease | None:
+    return ClusterLeaseHook().read(sb.bucket, sb.cluster)
+
+
+def _ensure_bucket(sb: SandboxRun, conf: dict[str, Any]) -> None:
+    bucket = sb.operator(EnsureBucketOperator, task_id="ensure_bucket")
+    bucket.execute(sb.context(bucket, conf, run_id=RUN_ID))
+
+
+def _deploy_calls(sb: SandboxRun) -> list[dict[str, Any]]:
+    return [c for c in sb.calls() if c["tool"] == "gcluster" and c["argv"][:1] == ["deploy"]]
+
+
+def test_a_second_deploy_with_the_same_conf_changes_nothing(sb: SandboxRun) -> None:
+    conf = sb.gke_conf()
+    start = datetime(2030, 1, 1, 8, 0, tzinfo=UTC)
+    _ensure_bucket(sb, conf)
+    first = _deploy(sb, conf, start)
+    created = sb.cluster_record()
+    assert created is not None
+    state_after_first = _tfstate(sb)
+    assert any(r["kind"] == "cluster" for r in state_after_first["resources"])
+
+    with capture_task_logs() as logs:
+        second = _deploy(sb, conf, start)
+
+    output = "\n".join(str(entry.get("event")) for entry in logs)
+    assert re.search(
+        rf"Cloud infrastructure in deployment group \S*/{sb.cluster}/\S+ is already applied", output
+    )
+    assert "Running terraform apply" not in output
+    # Terraform wrote no new state and the cluster is the one the first deploy created.
+    assert _tfstate(sb)["serial"] == state_after_first["serial"]
+    again = sb.cluster_record()
+    assert again is not None
+    assert again["created"] == created["created"]
+    assert again["settings_digest"] == created["settings_digest"]
+    deploys = _deploy_calls(sb)
+    assert len(deploys) == 2
+    assert all(call["exit_code"] == 0 for call in deploys)
+    expires = int(start.timestamp()) + 72 * 3600  # max_cluster_hours defaults to 72
+    assert first["expires_at"] == second["expires_at"] == expires
+    assert first["cluster_name"] == sb.cluster
+    assert first["chips"] == 32
+
+
+def test_deploy_writes_the_blueprint_labels_and_the_resource_record(sb: SandboxRun) -> None:
+    conf = sb.gke_conf()
+    start = datetime.now(UTC)
+    _ensure_bucket(sb, conf)
+    result = _deploy(sb, conf, start)
+    expires = int(start.timestamp()) + 72 * 3600
+    assert result["expires_at"] == expires
+
+    # The blueprint's labels and roles, as the cluster the fake Terraform created from it carries
+    # them (the work folder itself is gone with the task): its node pool may write to GCS.
+    wanted = {"tpu-rl-managed": "true", "tpu-rl-expires": str(expires), "tpu-rl-bucket": sb.bucket}
+    record = sb.cluster_record()
+    assert record is not None
+    assert wanted.items() <= record["labels"].items()
+    assert "storage.admin" in record["node_pool_roles"]
+    assert "storage.objectViewer" not in record["node_pool_roles"]
+    # What the janitor needs to destroy it, written in the run's bucket.
+    resource = json.loads(sb.api.download(sb.bucket, gke.resource_record_object(sb.cluster)))
+    assert resource == {
+        "kind": "cluster",
+        "name": sb.cluster,
+        "dag_id": "tpu_rl_gke_pipeline",
+        "run_id": RUN_ID,
+        "cluster": {
+            "project": sb.project,
+            "region": conf["region"],
+            "zone": conf["zone"],
+            "cluster_name": sb.cluster,
+            "bucket": sb.bucket,
+            "reservation": conf["reservation"],
+            "capacity": "reservation",
+            "compute_type": "ct6e-standard-4t",
+            "topology": "4x8",
+            "num_slices": 1,
+            "authorized_cidr": "0.0.0.0/0",
+        },
+        "model": conf["model"],
+        "expires_at": expires,
+        "keep": False,
+    }
+    # No project-level grant is run (gcloud would refuse it non-interactively on a policy with a
+    # conditional binding): the blueprint's service-account modules gave both accounts the role.
+    assert not [c for c in sb.calls() if c["argv"][:2] == ["projects", "add-iam-policy-binding"]]
+    admins = iam_bindings(sb.layout, f"projects/{sb.project}")["roles/storage.admin"]
+    for account in ("np", "wl"):
+        assert f"serviceAccount:{sb.cluster}-gke-{account}-sa@{sb.project}.iam.gserviceaccount.com" in admins
+
+
+def test_destroy_leaves_alone_a_cluster_this_run_never_deployed(sb: SandboxRun) -> None:
+    """No lease and no record of this run: nothing this run made, nothing to tear down."""
+    conf = sb.gke_conf()
+    _ensure_bucket(sb, conf)
+    result = _destroy(sb, conf)
+    assert result == {
+        "cluster_name": sb.cluster,
+        "destroyed": False,
+        "revoked_accounts": [],
+        "bucket_deleted": False,
+        "objects_deleted": [],
+        "bucket_kept": None,
+        "lease_holder": None,
+    }
+    assert not [c for c in sb.calls() if c["argv"][:1] == ["destroy"]]
+    assert sb.cluster_record() is None
+    assert sb.bucket_exists()
+
+
+def test_a_destroy_without_its_gcs_connection_destroys_nothing_and_fails_in_one_line(sb: SandboxRun) -> None:
+    """The cluster is this run's, but without GCS the destroy cannot read the lease that says so: it
+    destroys nothing (a run never destroys a cluster it does not hold) and fails at once, no retry;
+    the cluster stays for the janitor."""
+    conf = sb.gke_conf()
+    prepare_cluster(sb, conf, run_id=RUN_ID)
+    destroy = sb.operator(
+        GclusterDestroyOperator, task_id="destroy_cluster", gcp_conn_id="tpu_rl_no_such_connection"
+    )
+    with pytest.raises(AirflowFailException) as failed:
+        destroy.execute(sb.context(destroy, conf, run_id=RUN_ID))
+    message = str(failed.value)
+    assert "\n" not in message
+    assert message.startswith("connection tpu_rl_no_such_connection is not defined: the cluster lease "), (
+        message
+    )
+    assert not [c for c in sb.calls() if c["argv"][:1] == ["destroy"]]
+    assert sb.cluster_record() is not None
+
+
+def test_a_retried_destroy_after_the_lease_was_released_destroys_again(sb: SandboxRun) -> None:
+    """The record says this run created the cluster: with no lease left, the retry still runs
+    (``gcluster destroy`` of an absent cluster succeeds)."""
+    conf = sb.gke_conf()
+    prepare_cluster(sb, conf, run_id=RUN_ID)
+    assert _destroy(sb, conf)["destroyed"] is True
+    assert _lease(sb) is None
+    assert _destroy(sb, conf)["destroyed"] is True
+    destroys = [c for c in sb.calls() if c["argv"][:1] == ["destroy"]]
+    assert [c["exit_code"] for c in destroys] == [0, 0]
+
+
+def test_destroy_removes_the_cluster_and_keeps_the_bucket(sb: SandboxRun) -> None:
+    conf = sb.gke_conf()
+    prepare_cluster(sb, conf, run_id=RUN_ID)
+    assert sb.cluster_record() is not None
+    sb.api.upload(sb.bucket, "gemma4-26b/hf-trained/config.json", b"{}")
+    before = sb.objects()
+
+    result = _destroy(sb, conf)
+
+    assert result["destroyed"] is True
+    assert result["bucket_deleted"] is False
+    assert sb.cluster_record() is None
+    assert sb.bucket_exists()
+    # every object is kept but the lease, released at the end of the teardown
+    assert set(before) - {lease_object(sb.cluster)} <= set(sb.objects())
+    assert lease_object(sb.cluster) in before
+    assert _lease(sb) is None
+    assert not any(c["argv"][:2] == ["storage", "rm"] for c in sb.calls())
+    # The second destroy (a retry of the teardown) finds nothing left and succeeds too.
+    assert _destroy(sb, conf)["destroyed"] is True
+
+
+def test_delete_bucket_true_deletes_the_bucket_after_the_cluster(sb: SandboxRun) -> None:
+    conf = sb.gke_conf(delete_bucket=True)
+    prepare_cluster(sb, conf, run_id=RUN_ID)
+
+    result = _destroy(sb, conf)
+
+    assert result == {
+        "cluster_name": sb.cluster,
+        "destroyed": True,
+        "revoked_accounts": [],  # none given: revoking is only for what the token task added
+        "bucket_deleted": True,  # it created the bucket, nothing in it names another run
+        "objects_deleted": [],
+        "bucket_kept": None,
+        "lease_holder": f"tpu_rl_gke_pipeline/{RUN_ID}",
+    }
+    assert sb.cluster_record() is None
+    assert not sb.bucket_exists()
+    verbs = [c["argv"][0] if c["tool"] == "gcluster" else " ".join(c["argv"][:2]) for c in sb.calls()]
+    assert verbs.index("destroy") < verbs.index("storage rm")
+
+
+def test_keep_cluster_leaves_the_cluster_running(sb: SandboxRun) -> None:
+    conf = sb.gke_conf(keep_cluster=True)
+    prepare_cluster(sb, conf, run_id=RUN_ID)
+
+    result = _destroy(sb, conf)
+
+    assert result["destroyed"] is False
+    assert sb.cluster_record() is not None
+    assert not [c for c in sb.calls() if c["argv"][:1] == ["destroy"]]
+
+
+# ------------------------------------------------------------------------------ the lease
+OTHER_RUN_ID = "manual__2026-03-02T00:00:00+00:00"
+
+
+def test_deploy_takes_the_lease_and_a_second_run_is_refused_in_one_line(sb: SandboxRun) -> None:
+    conf = sb.gke_conf()
+    start = datetime.now(UTC)
+    _ensure_bucket(sb, conf)
+    first = _deploy(sb, conf, start)
+    lease = _lease(sb)
+    assert lease is not None
+    assert lease.holder == f"tpu_rl_gke_pipeline/{RUN_ID}"
+    # the lease runs to the cluster's expiry (start + max_cluster_hours): it covers the whole run
+    assert int(lease.expires_at) == first["lease_expires_at"] == first["expires_at"]
+    record_before = sb.api.download(sb.bucket, gke.resource_record_object(sb.cluster))
+    deploys_before = len(_deploy_calls(sb))
+
+    other = sb.operator(GclusterDeployOperator, task_id="deploy_cluster", run_id=OTHER_RUN_ID)
+    with pytest.raises(AirflowFailException) as refused:
+        other.execute(sb.context(other, conf, run_id=OTHER_RUN_ID))
+
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith(f"cluster {sb.cluster} is in use by run tpu_rl_gke_pipeline/{RUN_ID} until ")
+    assert len(_deploy_calls(sb)) == deploys_before  # never deployed over the first run's cluster
+    assert sb.api.download(sb.bucket, gke.resource_record_object(sb.cluster)) == record_before
+    assert _lease(sb) == lease
+
+
+def test_a_run_without_the_lease_never_destroys_the_cluster(sb: SandboxRun) -> None:
+    conf = sb.gke_conf(delete_bucket=True)
+    prepare_cluster(sb, conf, run_id=RUN_ID)
+
+    other = sb.operator(GclusterDestroyOperator, task_id="destroy_cluster", run_id=OTHER_RUN_ID)
+    result = other.execute(sb.context(other, conf, run_id=OTHER_RUN_ID))
+
+    assert result["destroyed"] is False
+    assert result["bucket_deleted"] is False  # the bucket holds the other run's lease and state
+    assert result["lease_holder"] == f"tpu_rl_gke_pipeline/{RUN_ID}"
+    assert sb.cluster_record() is not None
+    assert sb.bucket_exists()
+    assert not [c for c in sb.calls() if c["argv"][:1] == ["destroy"]]
+    # the holder's own teardown still destroys it and releases the lease
+    assert _destroy(sb, conf)["destroyed"] is True
+    assert sb.cluster_record() is None
+    assert not sb.bucket_exists()
+
+
+def test_keep_cluster_hands_the_cluster_to_a_later_run(sb: SandboxRun) -> None:
+    conf = sb.gke_conf(keep_cluster=True)
+    prepare_cluster(sb, conf, run_id=RUN_ID)
+    assert _destroy(sb, conf)["destroyed"] is False
+    kept = _lease(sb)
+    assert kept is not None
+    assert kept.kept
+    assert kept.holder == f"tpu_rl_gke_pipeline/{RUN_ID}"
+
+    later_conf = sb.gke_conf()
+    later = sb.operator(GclusterDeployOperator, task_id="deploy_cluster", run_id=OTHER_RUN_ID)
+    later.execute(sb.context(later, later_conf, run_id=OTHER_RUN_ID))
+    taken = _lease(sb)
+    assert taken is not None
+    assert taken.holder == f"tpu_rl_gke_pipeline/{OTHER_RUN_ID}"
+    assert not taken.kept
+    record = json.loads(sb.api.download(sb.bucket, gke.resource_record_object(sb.cluster)))
+    assert record["run_id"] == OTHER_RUN_ID
+
+    # the first run's teardown, retried now, leaves the later run's cluster alone
+    assert _destroy(sb, conf)["destroyed"] is False
+    destroy = sb.operator(GclusterDestroyOperator, task_id="destroy_cluster", run_id=OTHER_RUN_ID)
+    assert destroy.execute(sb.context(destroy, later_conf, run_id=OTHER_RUN_ID))["destroyed"] is True
+    assert sb.cluster_record() is None
+    assert _lease(sb) is None
+
+
+# ------------------------------------------------------------------------ the deploy used alone
+def test_a_deploy_without_its_bucket_fails_in_one_line_before_anything_is_created(sb: SandboxRun) -> None:
+    """A DAG of the user's own with no EnsureBucketOperator: the lease cannot be written; the task
+    fails at once with what to do, no retry, and gcluster never runs."""
+    conf = sb.gke_conf()
+    with pytest.raises(AirflowFailException) as failed:
+        _deploy(sb, conf, datetime(2030, 1, 1, tzinfo=UTC))
+
+    message = str(failed.value)
+    assert "\n" not in message
+    assert message.startswith(f"bucket gs://{sb.bucket} does not exist: the lease of cluster {sb.cluster} ")
+    assert "EnsureBucketOperator" in message
+    assert _deploy_calls(sb) == []
+    assert sb.cluster_record() is None
+
+
+def test_the_deploy_says_how_long_it_holds_the_lease_and_what_releases_it(sb: SandboxRun) -> None:
+    conf = sb.gke_conf()
+    _ensure_bucket(sb, conf)
+    with capture_task_logs() as logs:
+        _deploy(sb, conf, datetime(2030, 1, 1, tzinfo=UTC))
+    lease = _lease(sb)
+    assert lease is not None
+    lines = [str(entry.get("event")) for entry in logs]
+    assert any(
+        line.startswith(f"cluster {sb.cluster}: lease held by run {lease.holder} until ")
+        and "until a GclusterDestroyOperator of this run releases it" in line
+        for line in lines
+    ), lines
+
+
+def _tpu_pools(sb: SandboxRun) -> list[str]:
+    record = sb.cluster_record()
+    return [] if record is None else [p["name"] for p in record["node_pools"] if p.get("topology")]
+
+
+def test_the_tpu_pool_tasks_act_only_on_a_cluster_this_run_holds(sb: SandboxRun) -> None:
+    """deploy_tpu_pool/destroy_tpu_pool (``only_groups=["tpu"]``): this run's lease or nothing."""
+    conf = sb.gke_conf()
+    _ensure_bucket(sb, conf)
+    _deploy(sb, conf, datetime.now(UTC))
+    assert sb.cluster_record() is not None
+    assert _tpu_pools(sb) == []  # deploy_cluster skipped the tpu group
+    lease = _lease(sb)
+
+    other = sb.operator(GclusterDeployOperator, task_id="deploy_tpu_pool", run_id=OTHER_RUN_ID)
+    with pytest.raises(AirflowFailException) as refused:
+        other.execute(sb.context(other, conf, run_id=OTHER_RUN_ID))
+    assert str(refused.value).startswith(
+        f"cluster {sb.cluster}: its lease is held by run tpu_rl_gke_pipeline/{RUN_ID}; this run deploys no node pool"
+    )
+    assert [c["argv"][-1] for c in _deploy_calls(sb)] == ["--skip=tpu"]
+    assert _tpu_pools(sb) == []
+
+    pool = sb.operator(GclusterDeployOperator, task_id="deploy_tpu_pool")
+    result = pool.execute(sb.context(pool, conf, run_id=RUN_ID))
+    assert (result["groups"], result["chips"]) == (["tpu"], 32)
+    assert _tpu_pools(sb) == ["gke-tpu-v6e-pool"]
+    assert [c["argv"][-1] for c in _deploy_calls(sb)] == ["--skip=tpu", "--only=tpu"]
+    assert _lease(sb) == lease  # the pool's deploy neither takes nor renews the lease
+
+    stranger = sb.operator(GclusterDestroyOperator, task_id="destroy_tpu_pool", run_id=OTHER_RUN_ID)
+    assert stranger.execute(sb.context(stranger, conf, run_id=OTHER_RUN_ID))["destroyed"] is False
+    assert _tpu_pools(sb) == ["gke-tpu-v6e-pool"]
+
+    own = sb.operator(GclusterDestroyOperator, task_id="destroy_tpu_pool")
+    destroyed = own.execute(sb.context(own, conf, run_id=RUN_ID))
+    assert destroyed["destroyed"] is True
+    spans = destroyed["billed"]["spans"]  # the TPU node VMs' own clocks, for the ledger
+    assert (len(spans), {s["chips"] for s in spans}, {s["ended_by"] for s in spans}) == (8, {4}, {"delete"})
+    assert _tpu_pools(sb) == []
+    assert sb.cluster_record() is not None  # the cluster stays for the export
+    assert _lease(sb) == lease  # and so does the lease
+    # an already destroyed pool: success again
+    assert own.execute(sb.context(own, conf, run_id=RUN_ID))["destroyed"] is True
+    assert _destroy(sb, conf)["destroyed"] is True
+    assert sb.cluster_record() is None
+    assert _lease(sb) is None

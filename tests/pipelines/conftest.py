@@ -1,0 +1,3 @@
+"""The ``pipeline`` fixture: each pipeline DAG of the parsed folder with its shape."""
+
+from tests.support.pipeline_shapes import pipeline as pipeline
