@@ -75,7 +75,7 @@ def tail(log: Path) -> str:
 def hf_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An offline Hugging Face home holding the random-weight Qwen/Qwen3-0.6B (model + tokenizer)."""
     root = tmp_path_factory.mktemp("hf")
-    release = PIPELINES["gke"].train_release
+    release = PIPELINES["gke"].release
     argv = [
         str(venv_python(release)),
         str(TOOLS / "tiny_model.py"),
@@ -129,7 +129,7 @@ def converter_argv(release: str, localized: list[str], *extra: str) -> list[str]
 
 def actor_argv(pipeline: Pipeline, items_dir: Path, actor_dir: Path, *, gcs: bool = True) -> list[str]:
     argv = [
-        str(venv_python(pipeline.train_release)),
+        str(venv_python(pipeline.release)),
         str(TOOLS / "actor_step.py"),
         str(items_dir),
         str(actor_dir),
@@ -179,7 +179,7 @@ def outputs(
     log = logs / "to_maxtext.log"
     done = run(
         f"{pipeline.name} to_maxtext",
-        converter_argv(pipeline.convert_release, convert),
+        converter_argv(pipeline.release, convert),
         env | audit.env(),
         log,
     )
@@ -197,9 +197,7 @@ def outputs(
 
     log = logs / "to_huggingface.log"
     with WriteLog(bucket) as writes:
-        done = run(
-            f"{pipeline.name} to_huggingface", converter_argv(pipeline.convert_release, export), env, log
-        )
+        done = run(f"{pipeline.name} to_huggingface", converter_argv(pipeline.release, export), env, log)
     assert done.returncode == 0, tail(log)
     writes.check_complete(out.export, layouts.is_milestone_file)
     out.events["export"] = writes.under(out.export)

@@ -26,7 +26,6 @@ import pytest
 from airflow_provider_tpu_rl.maxtext import layout
 from tools.maxtext_real import layouts, pipelines
 from tools.maxtext_real.bucket import checkpoint_verdict, export_verdict, object_names
-from tools.maxtext_real.pipelines import TPU_VM_PIP_SPEC
 from tools.maxtext_real.writes import AuditLog, WriteLog
 
 from .conftest import (
@@ -88,23 +87,17 @@ def ckpt(root: Path, prefix: str, step: int | None, items: tuple[str, ...]) -> d
 
 
 # -- the leg runs what the pipelines pin -------------------------------------------------------------
-def test_the_releases_are_the_ones_the_pipelines_run(outputs: Outputs) -> None:
-    pipeline = outputs.pipeline
+def test_the_release_is_the_one_the_pipelines_run(outputs: Outputs) -> None:
+    """Conversion, training and export run in the workload image of the spec's release (one
+    MaxText per run), and the leg's venv holds that release."""
+    release = outputs.pipeline.release
     steps = {s["task_id"]: s for s in outputs.plan["steps"]}
-    texts = lambda task: " ".join([*steps[task]["argv"], *pipelines.step_texts(steps[task])])  # noqa: E731
-    train_image = f"tpu_post_training:{pipeline.train_release}"
-    assert train_image in texts("train")
-    if pipeline.name == "tpu_vm":
-        assert TPU_VM_PIP_SPEC.endswith(f"=={pipeline.convert_release}")
-        assert TPU_VM_PIP_SPEC in texts("install_cpu_vm")
-    else:
-        for task in pipelines.TASKS:
-            assert f"tpu_post_training:{pipeline.convert_release}" in texts(task)
-    for release in {pipeline.convert_release, pipeline.train_release}:
-        found = list(
-            venv_python(release).parent.parent.glob("lib/python3.12/site-packages/maxtext-*.dist-info")
-        )
-        assert [p.name for p in found] == [f"maxtext-{release}.dist-info"]
+    image = f"/tpu_post_training:{release}"
+    for task in ("train", *pipelines.TASKS):
+        words = " ".join([*steps[task]["argv"], *pipelines.step_texts(steps[task])]).split()
+        assert any(word.endswith(image) for word in words), (task, words)
+    found = list(venv_python(release).parent.parent.glob("lib/python3.12/site-packages/maxtext-*.dist-info"))
+    assert [p.name for p in found] == [f"maxtext-{release}.dist-info"]
 
 
 # -- the converted checkpoint (to_maxtext: step 0, item "items") ------------------------------------
@@ -240,7 +233,7 @@ def test_maxtext_refuses_an_item_without_its_marker(outputs: Outputs, tmp_path: 
     log = tmp_path / "refused.log"
     done = run(
         f"{outputs.pipeline.name} to_huggingface (no item marker)",
-        converter_argv(outputs.pipeline.convert_release, argv),
+        converter_argv(outputs.pipeline.release, argv),
         outputs.env,
         log,
     )
@@ -261,13 +254,13 @@ def test_to_huggingface_with_hf_model_path_and_no_checkpoint(outputs: Outputs, t
     log = tmp_path / "flag.log"
     done = run(
         f"{outputs.pipeline.name} to_huggingface --hf_model_path",
-        converter_argv(outputs.pipeline.convert_release, argv),
+        converter_argv(outputs.pipeline.release, argv),
         outputs.env,
         log,
     )
     assert done.returncode != 0, tail(log)
     error = last_error(log)
-    compare_with_fixture(f"to_huggingface_hf_model_path.{outputs.pipeline.convert_release}", error)
+    compare_with_fixture(f"to_huggingface_hf_model_path.{outputs.pipeline.release}", error)
 
 
 # -- the layouts the sandbox's simulation is compared against ------------------------------------------
@@ -295,9 +288,7 @@ def test_a_sharded_export(outputs: Outputs, tmp_path: Path) -> None:
     out.mkdir()
     log = tmp_path / "sharded.log"
     with WriteLog(root) as writes:
-        argv = converter_argv(
-            outputs.pipeline.convert_release, argv, "--max-shard-bytes", str(SHARDED_MAX_BYTES)
-        )
+        argv = converter_argv(outputs.pipeline.release, argv, "--max-shard-bytes", str(SHARDED_MAX_BYTES))
         done = run("gke to_huggingface (sharded)", argv, outputs.env, log)
     assert done.returncode == 0, tail(log)
     writes.check_complete("sharded", layouts.is_milestone_file)

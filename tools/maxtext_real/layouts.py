@@ -1,9 +1,9 @@
 """Checkpoint and export layouts in a normal form, to compare MaxText's real output with the sandbox's.
 
 The real-converter leg (``make test-maxtext``) writes ``tests/fixtures/maxtext/real_layouts.json``
-from what MaxText and Orbax wrote (``MAXTEXT_REAL_REFRESH=1``); ``tests/sandbox/machines/
-test_maxtext_sim.py`` runs the sandbox's simulation with the same keys and compares it with the
-file, so the simulation cannot drift from the real layout unnoticed.
+from what MaxText and Orbax wrote (``MAXTEXT_REAL_REFRESH=1``); ``tests/sandbox/test_maxtext_sim.py``
+runs the sandbox's simulation with the same keys and compares it with the file, so the simulation
+cannot drift from the real layout unnoticed.
 
 A layout in normal form:
 

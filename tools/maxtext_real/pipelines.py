@@ -1,10 +1,11 @@
 """What the real-converter leg runs for each pipeline: its MaxText releases and the converter calls
 ``tpu-rl plan`` renders, rewritten to run on this machine.
 
-The releases come from the provider's pins (``spec/presets.py``): the TPU VM pipeline converts and
-exports on a CPU VM that installs ``MAXTEXT_PIP_SPEC`` (``render/tpu_vm.py``), the GKE pipeline in
-CPU jobs of the ``tpu_post_training`` image; both train in that image. ``python -m
-tools.maxtext_real.pipelines`` prints the releases, one a line (the Makefile builds a venv for each).
+The release is the one the provider runs each pipeline with: the default run's
+``preset.maxtext_version`` from the provider's own spec (``spec/pipeline.py``; with the default
+runtime ``container`` the TPU VM pipeline's conversion, training and export all run in the workload
+image, as the GKE jobs do: one MaxText release per run). ``python -m tools.maxtext_real.pipelines``
+prints the releases, one a line (the Makefile builds a venv for each).
 
 ``converter_calls(dag_id)`` runs ``tpu-rl plan DAG_ID`` and returns the ``python3 -m maxtext.…`` argv
 of ``convert_to_maxtext`` and ``export_to_huggingface`` (found in the TPU VM's SSH script or the GKE
@@ -31,7 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_tpu_rl.spec.presets import GKE_MAXTEXT_VERSION, MAXTEXT_PIP_SPEC, TPU_VM_MAXTEXT_VERSION
+from airflow_provider_tpu_rl.spec.pipeline import (
+    GKE_DAG_ID,
+    TPU_VM_DAG_ID,
+    gke_pipeline_from_conf,
+    tpu_vm_pipeline_from_conf,
+)
 
 MODEL = "qwen3-0.6b"
 TASKS = ("convert_to_maxtext", "export_to_huggingface")
@@ -44,24 +50,24 @@ class Pipeline:
 
     name: str
     dag_id: str
-    convert_release: str  # the release its conversion and export run
-    train_release: str  # the release of the image it trains in (tunix's checkpoint manager)
     pathways: bool  # training under Pathways: tunix's handlers without OCDBT and zarr3
+
+    @property
+    def release(self) -> str:
+        """The MaxText release a default run converts, trains and exports with (the spec's)."""
+        spec = gke_pipeline_from_conf(None) if self.dag_id == GKE_DAG_ID else tpu_vm_pipeline_from_conf(None)
+        return spec.preset.maxtext_version
 
 
 PIPELINES: dict[str, Pipeline] = {
-    "tpu_vm": Pipeline(
-        "tpu_vm", "tpu_rl_tpu_vm_pipeline", TPU_VM_MAXTEXT_VERSION, GKE_MAXTEXT_VERSION, False
-    ),
-    "gke": Pipeline("gke", "tpu_rl_gke_pipeline", GKE_MAXTEXT_VERSION, GKE_MAXTEXT_VERSION, True),
+    "tpu_vm": Pipeline("tpu_vm", TPU_VM_DAG_ID, False),
+    "gke": Pipeline("gke", GKE_DAG_ID, True),
 }
-# What the TPU VM pipeline's CPU VM installs (render/tpu_vm.py), for the leg's check of the table.
-TPU_VM_PIP_SPEC = MAXTEXT_PIP_SPEC
 
 
 def releases() -> list[str]:
     """Every MaxText release the leg needs a venv of."""
-    return sorted({r for p in PIPELINES.values() for r in (p.convert_release, p.train_release)})
+    return sorted({p.release for p in PIPELINES.values()})
 
 
 def _python_calls(script: str) -> list[list[str]]:

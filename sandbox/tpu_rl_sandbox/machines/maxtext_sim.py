@@ -9,7 +9,7 @@ and finalizes them (``fsview.CheckpointWriter``), the arrays' folders and files 
 them, the Hugging Face export's files in MaxText's order (``hf_export``). Contents are small
 made-up bytes; the structure is what matters. ``make test-maxtext`` runs MaxText's real converters
 and writes their layouts to ``tests/fixtures/maxtext/real_layouts.json``, which
-``tests/sandbox/machines/test_maxtext_sim.py`` compares this simulation with.
+``tests/sandbox/test_maxtext_sim.py`` compares this simulation with.
 """
 
 from __future__ import annotations

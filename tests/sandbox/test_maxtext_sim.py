@@ -105,17 +105,15 @@ def context(gcs: RecordingGcs, disk: LocalStore | None, pipeline: Pipeline, *, t
     """Where the pipeline runs the program: conversions on a CPU machine (the TPU VM pipeline's CPU
     VM, the GKE pipeline's CPU pod), training on the TPU VM or the GKE job's Pathways head."""
     if training:
-        platform, chips, version = (
-            ("gke", None, pipeline.train_release) if pipeline.pathways else ("vm", 8, pipeline.train_release)
-        )
+        platform, chips = ("gke", None) if pipeline.pathways else ("vm", 8)
     else:
-        platform, chips, version = ("gke" if pipeline.name == "gke" else "vm", 0, pipeline.convert_release)
+        platform, chips = ("gke" if pipeline.name == "gke" else "vm", 0)
     return maxtext_sim.SimContext(
         router=Router(gcs=GcsStore(gcs), local=disk),  # type: ignore[arg-type]
         write=lambda text: None,
         platform=platform,
         seed="real-layouts",
-        maxtext_version=version,
+        maxtext_version=pipeline.release,
         step_seconds=0.0,
         tpu_chips=chips,
     )
@@ -269,7 +267,7 @@ def test_the_readers_refuse_an_item_without_its_marker(simulated: Simulated) -> 
 
 
 def test_hf_model_path_and_a_missing_checkpoint_as_each_release_answers(simulated: Simulated) -> None:
-    release = simulated.pipeline.convert_release
+    release = simulated.pipeline.release
     argv = [
         f"load_parameters_path={ROOT}/nothing/model_params" if w.startswith("load_parameters_path=") else w
         for w in simulated.export_argv
@@ -313,3 +311,17 @@ def test_a_step_on_a_machine_disk_is_renamed_into_place(tmp_path: Path) -> None:
     ]
     real = FIXTURE["local.actor"]
     assert {"files": layouts.files(names), "order": layouts.checkpoint_order(events, ACTOR_ITEMS)} == real
+
+
+@pytest.mark.parametrize(("release", "refused"), [("0.2.3", True), ("0.2.4", False)])
+def test_to_huggingface_flags_by_release(release: str, refused: bool) -> None:
+    """``--hf_model_path`` is an absl flag of maxtext-v0.2.4's to_huggingface only (l.112-119); the
+    TPU VM's runtime ``install`` runs 0.2.3, whose absl refuses it without a traceback."""
+    argv = ["model_name=qwen3-0.6b", "--hf_model_path=Qwen/Qwen3-0.6B"]
+    if not refused:
+        assert maxtext_sim.parse_args(maxtext_sim.TO_HUGGINGFACE, argv, release).flags["hf_model_path"]
+        return
+    with pytest.raises(maxtext_sim.WorkloadFailed) as failure:
+        maxtext_sim.parse_args(maxtext_sim.TO_HUGGINGFACE, argv, release)
+    assert failure.value.lines[0] == "FATAL Flags parsing error: Unknown command line flag 'hf_model_path'"
+    assert failure.value.traceback is False
