@@ -161,11 +161,11 @@ test-all: test $(VENV_211)/.installed postgres chromium
 	$(BIN)/pytest $(PYTEST_ARGS) $(ON_AIRFLOW_2_11_ONLY)
 
 # MaxText's own to_maxtext and to_huggingface on CPU, with the keys the pipelines render, judged by the
-# provider's layout rules (tests/maxtext_real; about 8 minutes here, not part of `make test`; .ci/run
-# runs it after). One venv per MaxText release the pipelines pin (tools/maxtext_real/pipelines.py reads
-# them from spec/presets.py), built from PyPI on Python 3.12 from pyenv by tools/maxtext_real/setup.sh
-# into .venv-maxtext-<release>/ (~5 GB each, hard-linked from uv's cache; a stamp makes a re-run a
-# no-op). MAXTEXT_REAL_REFRESH=1 rewrites tests/fixtures/maxtext/real_layouts.json from the run.
+# provider's layout rules (tests/maxtext_real; about 5 minutes here, not part of `make test`; .ci/run
+# runs it after). One venv per MaxText release the pipelines run (tools/maxtext_real/pipelines.py reads
+# it from the provider's spec: 0.2.4, one release per run), built from PyPI on Python 3.12 from pyenv by
+# tools/maxtext_real/setup.sh into .venv-maxtext-<release>/ (~5 GB, hard-linked from uv's cache; a
+# stamp makes a re-run a no-op). MAXTEXT_REAL_REFRESH=1 rewrites tests/fixtures/maxtext/real_layouts.json.
 test-maxtext: venv inotify-tools
 	@for release in $$($(BIN)/python -m tools.maxtext_real.pipelines); do \
 	  UV=$(CURDIR)/$(BIN)/uv bash tools/maxtext_real/setup.sh $$release .venv-maxtext-$$release || exit 1; \
