@@ -13,7 +13,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 # pytest worker, a real scheduler) compiles its ~4,500 imported modules again, 10 s of CPU each.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: venv postgres chromium test test-side-unit test-side-others test-all lint typecheck unit unit-airflow unit-airflow-free test-airflow-2.11 test-lowest demo plan bench screenshots clean
+.PHONY: venv postgres chromium inotify-tools test test-maxtext test-side-unit test-side-others test-all lint typecheck unit unit-airflow unit-airflow-free test-airflow-2.11 test-lowest demo plan bench screenshots clean
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
 venv: $(VENV)/.installed
@@ -48,6 +48,11 @@ postgres:
 chromium:
 	@ls /usr/bin/chromium >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends chromium; }
+
+# The real-converter leg watches MaxText write with inotify (inotifywait, Debian's inotify-tools).
+inotify-tools:
+	@command -v inotifywait >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends inotify-tools; }
 
 lint: venv
 	$(BIN)/ruff check airflow_provider_tpu_rl sandbox dags tests tools docs/examples
@@ -155,6 +160,18 @@ test-all: test $(VENV_211)/.installed postgres chromium
 	PATH=$(CURDIR)/$(VENV_211)/bin:$$PATH $(VENV_211)/bin/pytest $(PYTEST_ARGS) $(SAME_ON_EVERY_AIRFLOW)
 	$(BIN)/pytest $(PYTEST_ARGS) $(ON_AIRFLOW_2_11_ONLY)
 
+# MaxText's own to_maxtext and to_huggingface on CPU, with the keys the pipelines render, judged by the
+# provider's layout rules (tests/maxtext_real; about 5 minutes here, not part of `make test`; .ci/run
+# runs it after). One venv per MaxText release the pipelines run (tools/maxtext_real/pipelines.py reads
+# it from the provider's spec: 0.2.4, one release per run), built from PyPI on Python 3.12 from pyenv by
+# tools/maxtext_real/setup.sh into .venv-maxtext-<release>/ (~5 GB, hard-linked from uv's cache; a
+# stamp makes a re-run a no-op). MAXTEXT_REAL_REFRESH=1 rewrites tests/fixtures/maxtext/real_layouts.json.
+test-maxtext: venv inotify-tools
+	@for release in $$($(BIN)/python -m tools.maxtext_real.pipelines); do \
+	  UV=$(CURDIR)/$(BIN)/uv bash tools/maxtext_real/setup.sh $$release .venv-maxtext-$$release || exit 1; \
+	done
+	TPU_RL_MAXTEXT_LEG=1 $(BIN)/pytest -q -rs tests/maxtext_real
+
 plan: venv
 	$(BIN)/tpu-rl plan tpu_rl_gke_pipeline
 
@@ -178,4 +195,4 @@ screenshots: venv postgres chromium
 	TPU_RL_SCREENSHOTS=$(CURDIR)/$(SCREENSHOT_DIR) $(BIN)/pytest -q tests/services/test_browser_trigger.py
 
 clean:
-	rm -rf $(VENV) $(VENV_211) $(VENV_LOWEST) .sandbox .demo .sandbox-211 .demo-211 .sandbox-lowest .demo-lowest .airflow
+	rm -rf $(VENV) $(VENV_211) $(VENV_LOWEST) .venv-maxtext-* .sandbox .demo .sandbox-211 .demo-211 .sandbox-lowest .demo-lowest .airflow

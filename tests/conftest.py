@@ -46,6 +46,9 @@ from tests.support.dags import parse_dags_folder, serialize_dags  # noqa: E402
 from tests.support.gcs_emulator import GcsEmulator, running_gcs_emulator  # noqa: E402
 from tpu_rl_sandbox.commands.lifecycle import SandboxInfo, sandbox_down, sandbox_up  # noqa: E402
 
+# tests/maxtext_real runs MaxText's own converters (minutes, GBs of venvs): `make test-maxtext` only.
+collect_ignore = [] if os.environ.get("TPU_RL_MAXTEXT_LEG") == "1" else ["maxtext_real"]
+
 # The longest files first (the Makefile runs pytest-xdist with --dist loadfile and
 # --no-loadscope-reorder): xdist hands whole files to its workers in collection order, one more as
 # a worker runs low, so a long end-to-end file collected last would run alone at the end of a leg

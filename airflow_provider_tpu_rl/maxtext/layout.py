@@ -3,21 +3,30 @@
 Object names are relative to the bucket, as GCS lists them. A listing may be recursive (every object)
 or made with ``delimiter="/"``, where a sub-folder shows up as a name ending in ``/``; both work.
 
-Checkpoints (checked at the source: MaxText ``maxtext-v0.2.4``, tunix, Orbax ``main`` of August 2026)
+Checkpoints (checked at the source: MaxText ``maxtext-v0.2.3``/``v0.2.4``, tunix 0.1.7, Orbax
+0.12.0/0.12.2, and against what they write: ``make test-maxtext``)
 
-* The RL trainer saves through tunix's ``CheckpointManager`` (Orbax ``ocp.training.Checkpointer``) to
+* The RL trainer saves through tunix's ``CheckpointManager`` (Orbax's) to
   ``<base_output_directory>/<run_name>/checkpoints/actor/<step>/{model_params,optimizer_state}/``.
 * ``to_maxtext`` saves step 0 with the single item ``items``: ``<base_output_directory>/0/items/``.
-* On GCS Orbax picks ``CommitFileTemporaryPath``: it writes straight into ``<step>/`` (plus
-  ``<step>/_CHECKPOINT_METADATA``) and, once every host has finished, writes
-  ``<step>/commit_success.txt``. A step folder without that marker is still being written (or the
-  save died). Elsewhere Orbax writes ``<step>.orbax-checkpoint-tmp[-<timestamp>]/`` and renames it
-  at the end; v1 partial saves use ``<step>.partial_save/``. Such folders are saves in progress.
+* On GCS Orbax picks ``CommitFileTemporaryPath`` for the step and for each item
+  (``_src/path/atomicity_defaults.py``): it writes straight into ``<step>/`` (first
+  ``<step>/_CHECKPOINT_METADATA``) and, once every host has finished, writes each item's
+  ``<step>/<item>/commit_success.txt``, then ``<step>/commit_success.txt`` (``finalize``,
+  ``_src/path/atomicity.py``). A step folder without its marker is still being written (or the save
+  died). A reader checks the item's own marker: ``Checkpointer.restore`` of ``<step>/<item>``, which
+  MaxText's converters and trainer run, raises ``Found incomplete checkpoint`` without it
+  (``is_path_finalized``), so a committed step whose item lost its marker (a partial copy, a
+  deletion) is never usable. Elsewhere Orbax writes ``<step>.orbax-checkpoint-tmp/`` (each item in
+  ``<item>.orbax-checkpoint-tmp/`` inside; Orbax releases before 0.12 appended ``-<timestamp>``)
+  and renames it at the end; v1 partial saves use ``<step>.partial_save/``. Such folders are saves
+  in progress.
 
-Hugging Face exports (``to_huggingface``, ``checkpoint_conversion/utils/utils.py``) upload, in this
-order: tokenizer files, ``config.json``, the weight shards (``model-0000i-of-0000N.safetensors``,
-in parallel) and last ``model.safetensors.index.json``; a model small enough for one shard gets a
-single ``model.safetensors`` and no index.
+Hugging Face exports (``to_huggingface``, ``checkpoint_conversion/utils/utils.py``
+``save_model_files``) upload, in this order: the tokenizer's files (``chat_template.jinja``,
+``tokenizer_config.json``, ``tokenizer.json``), ``config.json``, the weight shards
+(``model-0000i-of-0000N.safetensors``, in parallel) and last ``model.safetensors.index.json``; a
+model whose tensors fit in one 3 GiB shard gets a single ``model.safetensors`` and no index.
 """
 
 from __future__ import annotations
@@ -78,7 +87,9 @@ class StepStatus(enum.StrEnum):
 
     COMPLETE = "complete"
     IN_PROGRESS = "in_progress"
-    # Committed by Orbax, but without one of the items asked for: it will never appear.
+    # Committed by Orbax, but without one of the items asked for, or with an item that lacks its own
+    # commit marker (Orbax writes those before the step's; its reader refuses such an item): it will
+    # never appear.
     MISSING_ITEMS = "missing_items"
 
 
@@ -101,6 +112,7 @@ class _StepFolder:
     name: str
     committed: bool = False
     items: set[str] = field(default_factory=set)
+    committed_items: set[str] = field(default_factory=set)
 
 
 def _scan_steps(
@@ -120,9 +132,11 @@ def _scan_steps(
             step_folder = finals.setdefault(int(match["step"]), _StepFolder(name=root + folder + "/"))
             if rest == COMMIT_SUCCESS_FILE:
                 step_folder.committed = True
-            item, item_sep, _ = rest.partition("/")
+            item, item_sep, item_rest = rest.partition("/")
             if item and item_sep:
                 step_folder.items.add(item)
+                if item_rest == COMMIT_SUCCESS_FILE:
+                    step_folder.committed_items.add(item)
         elif match := _IN_PROGRESS_DIR_RE.match(folder):
             in_progress.setdefault(int(match["step"]), []).append(root + folder + "/")
     return finals, in_progress
@@ -141,7 +155,11 @@ def checkpoint_steps(
             missing = (COMMIT_SUCCESS_FILE,)
             states[step] = StepState(step, StepStatus.IN_PROGRESS, f"{root}{step}/", missing)
             continue
-        missing_items = tuple(f"{item}/" for item in items if item not in folder.items)
+        missing_items = tuple(
+            f"{item}/" if item not in folder.items else f"{item}/{COMMIT_SUCCESS_FILE}"
+            for item in items
+            if item not in folder.committed_items
+        )
         status = StepStatus.MISSING_ITEMS if missing_items else StepStatus.COMPLETE
         states[step] = StepState(step, status, folder.name, missing_items)
     return states
@@ -265,8 +283,9 @@ def probe_checkpoint(
 ) -> Generator[ProbeRequest, Any, CheckpointProbeResult]:
     """One poll of a checkpoint root: the given ``step``, or the latest complete one when None.
 
-    Lists the root one level deep, then each candidate step folder (newest first) one level deep,
-    so a large non-OCDBT checkpoint is never listed object by object.
+    Lists the root one level deep, then each candidate step folder (newest first) one level deep and,
+    when it is committed and holds the items, each of them one level deep (for its own marker), so
+    a large non-OCDBT checkpoint is never listed object by object.
     """
     root = as_folder(root_prefix)
     root_names: list[str] = yield ListFolder(root)
@@ -274,8 +293,14 @@ def probe_checkpoint(
     seen: list[str] = list(root_names)
     candidates = sorted(finals, reverse=True) if step is None else [s for s in finals if s == step]
     for candidate in candidates:
-        step_names: list[str] = yield ListFolder(finals[candidate].name)
+        folder = finals[candidate].name
+        step_names: list[str] = yield ListFolder(folder)
         seen.extend(step_names)
+        listed = _scan_steps(step_names, root)[0].get(candidate)
+        if listed is not None and listed.committed and all(item in listed.items for item in items):
+            for item in items:
+                item_names: list[str] = yield ListFolder(f"{folder}{item}/")
+                seen.extend(item_names)
         states = checkpoint_steps(seen, root, items)
         state = states[candidate]
         if state.is_complete:

@@ -29,19 +29,27 @@ _Result = TypeVar("_Result")
 
 
 def step_objects(
-    step: int | str, *, committed: bool, items: Iterable[str] = ("model_params", "optimizer_state")
+    step: int | str,
+    *,
+    committed: bool,
+    items: Iterable[str] = ("model_params", "optimizer_state"),
+    uncommitted_items: Iterable[str] = (),
 ):
-    """Objects Orbax writes for one step on GCS (non-OCDBT layout, a few array chunks per item)."""
+    """Objects Orbax writes for one step on GCS (non-OCDBT layout, a few array chunks per item):
+    once committed, each item's ``commit_success.txt`` (but ``uncommitted_items``'), then the step's."""
     folder = f"{ROOT}{step}/"
     names = [f"{folder}_CHECKPOINT_METADATA"]
     for item in items:
         names += [
             f"{folder}{item}/_METADATA",
             f"{folder}{item}/_sharding",
-            f"{folder}{item}/decoder.layers.mlp.wi_0.kernel/.zarray",
-            f"{folder}{item}/decoder.layers.mlp.wi_0.kernel/0.0.0",
+            f"{folder}{item}/base.decoder.layers.mlp.wi_0.kernel.value/.zarray",
+            f"{folder}{item}/base.decoder.layers.mlp.wi_0.kernel.value/0.0.0",
         ]
     if committed:
+        names += [
+            f"{folder}{item}/commit_success.txt" for item in items if item not in set(uncommitted_items)
+        ]
         names.append(f"{folder}commit_success.txt")
     return names
 
@@ -153,9 +161,11 @@ def test_delimiter_listing_gives_the_same_verdict_as_a_recursive_one() -> None:
     recursive = [*step_objects(50, committed=True), *step_objects(100, committed=False)]
     root_level = list_one_level(recursive, ROOT)
     step_levels = list_one_level(recursive, f"{ROOT}50/") + list_one_level(recursive, f"{ROOT}100/")
+    # each item of a committed step, for its own marker
+    item_levels = list_one_level(recursive, f"{ROOT}50/model_params/")
 
     assert root_level == [f"{ROOT}100/", f"{ROOT}50/"]
-    assert checkpoint_steps(root_level + step_levels, ROOT) == checkpoint_steps(recursive, ROOT)
+    assert checkpoint_steps(root_level + step_levels + item_levels, ROOT) == checkpoint_steps(recursive, ROOT)
 
 
 def test_converted_checkpoint_layout() -> None:
@@ -170,6 +180,10 @@ def test_converted_checkpoint_layout() -> None:
 
     assert checkpoint_steps(names, root, items=("items",))[0].is_complete
     assert checkpoint_steps(names[:-1], root, items=("items",))[0].status is StepStatus.IN_PROGRESS
+    without_item_marker = [name for name in names if name != f"{root}0/items/commit_success.txt"]
+    assert checkpoint_steps(without_item_marker, root, items=("items",))[0].missing == (
+        "items/commit_success.txt",
+    )
     state = checkpoint_steps(names, root, items=("items",))[0]
     assert checkpoint_event_payload("bkt", state, ("items",)) == {
         "status": "success",
@@ -192,7 +206,12 @@ def test_probe_latest_lists_only_step_folders_newest_first() -> None:
     assert result.is_complete
     assert result.state is not None
     assert result.state.step == 20
-    assert requests == [ListFolder(ROOT), ListFolder(f"{ROOT}30/"), ListFolder(f"{ROOT}20/")]
+    assert requests == [
+        ListFolder(ROOT),
+        ListFolder(f"{ROOT}30/"),
+        ListFolder(f"{ROOT}20/"),
+        ListFolder(f"{ROOT}20/model_params/"),
+    ]
     payload = checkpoint_event_payload("bkt", result.state, ("model_params", "optimizer_state"))
     assert payload["uris"] == [f"gs://bkt/{ROOT}20/model_params/", f"gs://bkt/{ROOT}20/optimizer_state/"]
     assert payload["checkpoint_uri"] == f"gs://bkt/{ROOT}20/model_params/"
@@ -215,6 +234,42 @@ def test_probe_for_a_given_step() -> None:
     assert done.is_complete
 
 
+def test_a_committed_step_whose_item_has_no_marker_never_completes() -> None:
+    """Orbax writes each item's commit_success.txt before the step's, and its reader
+    (``Checkpointer.restore`` -> ``is_path_finalized`` of the item folder) refuses an item without
+    one: MaxText's to_huggingface fails with ``Found incomplete checkpoint at <item>``."""
+    names = step_objects(50, committed=True, uncommitted_items=("model_params",))
+
+    state = checkpoint_steps(names, ROOT, items=("model_params", "optimizer_state"))[50]
+    assert state.status is StepStatus.MISSING_ITEMS
+    assert state.missing == ("model_params/commit_success.txt",)
+    assert checkpoint_steps(names, ROOT, items=("optimizer_state",))[50].is_complete
+    result = drive(probe_checkpoint(ROOT, 50, ("model_params",)), names)
+    assert not result.is_complete
+    assert result.error is not None
+    assert "model_params/commit_success.txt" in result.error
+    latest = drive(
+        probe_checkpoint(ROOT, None, ("model_params",)), [*step_objects(40, committed=True), *names]
+    )
+    assert latest.state is not None
+    assert latest.state.step == 40
+
+
+def test_the_probe_lists_each_item_of_a_committed_step_once() -> None:
+    names = step_objects(50, committed=True)
+    requests: list[ProbeRequest] = []
+
+    result = drive(probe_checkpoint(ROOT, 50, ("model_params", "optimizer_state")), names, requests=requests)
+
+    assert result.is_complete
+    assert requests == [
+        ListFolder(ROOT),
+        ListFolder(f"{ROOT}50/"),
+        ListFolder(f"{ROOT}50/model_params/"),
+        ListFolder(f"{ROOT}50/optimizer_state/"),
+    ]
+
+
 def test_probe_reports_an_error_for_a_committed_step_missing_an_item() -> None:
     names = step_objects(50, committed=True, items=("model_params",))
 
@@ -228,15 +283,19 @@ def test_probe_reports_an_error_for_a_committed_step_missing_an_item() -> None:
 @given(
     st.dictionaries(
         keys=st.integers(min_value=0, max_value=500),
-        values=st.tuples(st.booleans(), st.booleans()),  # (committed, has model_params)
+        # (committed, has model_params, model_params lost its own marker)
+        values=st.tuples(st.booleans(), st.booleans(), st.booleans()),
         max_size=8,
     )
 )
-def test_latest_complete_step_property(steps: dict[int, tuple[bool, bool]]) -> None:
+def test_latest_complete_step_property(steps: dict[int, tuple[bool, bool, bool]]) -> None:
     names: list[str] = []
-    for step, (committed, has_params) in steps.items():
-        names += step_objects(step, committed=committed, items=("model_params",) if has_params else ())
-    expected = max((s for s, (c, p) in steps.items() if c and p), default=None)
+    for step, (committed, has_params, lost_marker) in steps.items():
+        items = ("model_params",) if has_params else ()
+        names += step_objects(
+            step, committed=committed, items=items, uncommitted_items=items if lost_marker else ()
+        )
+    expected = max((s for s, (c, p, lost) in steps.items() if c and p and not lost), default=None)
 
     complete = [step for step, state in checkpoint_steps(names, ROOT).items() if state.is_complete]
     assert max(complete, default=None) == expected

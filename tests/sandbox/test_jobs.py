@@ -116,17 +116,17 @@ def test_convert_train_export_pipeline(cli: Cli, cluster: Cluster) -> None:
     assert exported.code == 0, exported.text
     files = {name.rsplit("/", 1)[1] for name in cli.objects(cluster.bucket, "qwen/hf-trained/")}
     assert {
+        "chat_template.jinja",
         "config.json",
         "model.safetensors.index.json",
         "tokenizer.json",
         "tokenizer_config.json",
-        "special_tokens_map.json",
     } <= files
-    assert "generation_config.json" not in files
+    assert not {"generation_config.json", "special_tokens_map.json"} & files
     index = json.loads(cli.api.download(cluster.bucket, "qwen/hf-trained/model.safetensors.index.json"))
     shards = sorted(f for f in files if f.endswith(".safetensors"))
     assert sorted(set(index["weight_map"].values())) == shards
-    total = 0
+    assert len(shards) == 19  # qwen3-30b-a3b's 61 GB of bf16 tensors in shards of at most 3 GiB
     for shard in shards:
         data = cli.api.download(cluster.bucket, f"qwen/hf-trained/{shard}")
         header_size = struct.unpack("<Q", data[:8])[0]
@@ -134,8 +134,7 @@ def test_convert_train_export_pipeline(cli: Cli, cluster: Cluster) -> None:
         assert {k for k in header if k != "__metadata__"} == {
             k for k, v in index["weight_map"].items() if v == shard
         }
-        total += len(data)
-    assert index["metadata"]["total_size"] == total
+    assert index["metadata"]["total_size"] == 61_064_245_248  # the real tensors' bytes, not the files'
 
 
 def test_status_suspended_while_kueue_queues_then_running_then_succeeded(
@@ -154,11 +153,13 @@ def test_status_suspended_while_kueue_queues_then_running_then_succeeded(
     assert second.code == 0, second.text
     actor = "qwen/trained/rl/checkpoints/actor/2/"
     wait_for(
-        lambda: f"{actor}_CHECKPOINT_METADATA" in cli.objects(cluster.bucket, actor), what="step 2 content"
+        lambda: f"{actor}optimizer_state/_METADATA" in cli.objects(cluster.bucket, actor),
+        what="step 2 content",
     )
-    # A step being written: content present, commit marker not yet.
+    # A step being written: content present, commit markers (the items', then the step's) not yet.
     in_progress = cli.objects(cluster.bucket, actor)
     assert f"{actor}model_params/_METADATA" in in_progress
+    assert f"{actor}model_params/commit_success.txt" not in in_progress
     assert f"{actor}commit_success.txt" not in in_progress
     listed = cli.gcluster("job", "list")
     rows = {line.split()[0]: line.split()[1] for line in listed.out.splitlines()[2:]}

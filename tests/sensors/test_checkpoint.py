@@ -105,6 +105,17 @@ def test_poke_fails_for_good_when_a_committed_step_lacks_an_item(gcs_emulator, a
         sensor.poke(make_context())
 
 
+def test_poke_fails_for_good_when_an_item_of_a_committed_step_lost_its_marker(
+    gcs_emulator, actor_root
+) -> None:
+    """MaxText's reader (Orbax's restore) refuses an item without its own commit_success.txt."""
+    gcs_emulator.write_checkpoint_step(actor_root, 50, committed=True, uncommitted_items=("model_params",))
+    sensor = checkpoint_sensor(gcs_emulator, actor_root, step=50, items=("model_params",))
+
+    with pytest.raises(AirflowFailException, match=r"model_params/commit_success\.txt"):
+        sensor.poke(make_context())
+
+
 def test_poke_mode_execute_returns_the_payload_and_persists_the_link(gcs_emulator, actor_root) -> None:
     gcs_emulator.write_checkpoint_step(actor_root, 50, committed=True)
     sensor = checkpoint_sensor(gcs_emulator, actor_root, step=50, deferrable=False)

@@ -80,13 +80,18 @@ class GcsEmulator:
         *,
         committed: bool,
         items: Iterable[str] = ("model_params", "optimizer_state"),
+        uncommitted_items: Iterable[str] = (),
     ) -> None:
-        """Objects Orbax writes for one step on GCS; ``commit_success.txt`` only when committed."""
+        """Objects Orbax writes for one step on GCS; once committed, each item's
+        ``commit_success.txt`` (but ``uncommitted_items``'), then the step's."""
         folder = f"{root}{step}/"
         names = [f"{folder}_CHECKPOINT_METADATA"]
         for item in items:
-            names += [f"{folder}{item}/_METADATA", f"{folder}{item}/params.decoder/0.0"]
+            names += [f"{folder}{item}/_METADATA", f"{folder}{item}/base.decoder.value/0.0"]
         if committed:
+            names += [
+                f"{folder}{item}/commit_success.txt" for item in items if item not in set(uncommitted_items)
+            ]
             names.append(f"{folder}commit_success.txt")
         self.upload(names)
 

@@ -117,7 +117,8 @@ async def test_trigger_fires_once_the_marker_lands(gcs_emulator, gcs_prefix, pol
     )
     assert not first_event.done(), "fired before the commit marker was written"
     assert enough_polls.done()
-    await asyncio.to_thread(gcs_emulator.upload, [f"{root}50/commit_success.txt"])
+    markers = [f"{root}50/{item}/commit_success.txt" for item in ("model_params", "optimizer_state")]
+    await asyncio.to_thread(gcs_emulator.upload, [*markers, f"{root}50/commit_success.txt"])
     event = await asyncio.wait_for(first_event, timeout=EVENT_DEADLINE_SECONDS)
 
     assert event.payload["status"] == "success"

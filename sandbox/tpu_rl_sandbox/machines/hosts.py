@@ -158,6 +158,11 @@ class IamGcsStore(GcsStore):
                 self._require("storage.objects.delete", bucket, key, "POST")
         super().write(path, data)
 
+    def delete(self, path: str) -> None:
+        bucket, key = split_gs_url(path)
+        self.check_delete(bucket, key)
+        super().delete(path)
+
     def check_delete(self, bucket: str, key: str) -> None:
         """Raise :class:`StorageError` unless the account may delete ``gs://bucket/key``."""
         if not STORAGE_WRITE_SCOPES & set(self._scopes):
@@ -192,6 +197,16 @@ class MachineStore(LocalStore):
         if not self.own(path):
             raise StorageError(f"OSError: [Errno 30] Read-only file system: '{path}'")
         super().write(path, data)
+
+    def delete(self, path: str) -> None:
+        if not self.own(path):
+            raise StorageError(f"OSError: [Errno 30] Read-only file system: '{path}'")
+        super().delete(path)
+
+    def make_dir(self, path: str) -> None:
+        if not self.own(path):
+            raise StorageError(f"OSError: [Errno 30] Read-only file system: '{path}'")
+        super().make_dir(path)
 
     def rename_dir(self, src: str, dst: str) -> None:
         if not (self.own(src) and self.own(dst)):

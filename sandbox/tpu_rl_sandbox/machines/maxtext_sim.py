@@ -4,24 +4,30 @@ Each reads its arguments the way MaxText does (``key=value`` config overrides ch
 the config keys of the MaxText release the machine runs, from the product's generated tables in
 ``airflow_provider_tpu_rl.maxtext.config_keys``, plus the script's own ``--flags``), reads
 ``HF_TOKEN`` from the environment, checks its inputs exist, prints MaxText/tunix-format log
-lines and writes an output tree with the real layout (Orbax step directories finalized last,
-Hugging Face export files). Contents are small made-up bytes; the structure is what matters.
+lines and writes an output tree with the real layout: Orbax step directories as Orbax 0.12 writes
+and finalizes them (``fsview.CheckpointWriter``), the arrays' folders and files as MaxText names
+them, the Hugging Face export's files in MaxText's order (``hf_export``). Contents are small
+made-up bytes; the structure is what matters. ``make test-maxtext`` runs MaxText's real converters
+and writes their layouts to ``tests/fixtures/maxtext/real_layouts.json``, which
+``tests/sandbox/test_maxtext_sim.py`` compares this simulation with.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import json
 import os
 import random
-import struct
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from airflow_provider_tpu_rl.maxtext.config_keys import KEYS as MAXTEXT_CONFIG_KEYS
 from airflow_provider_tpu_rl.spec.presets import GKE_MAXTEXT_VERSION
+from tpu_rl_sandbox.machines import hf_export
 from tpu_rl_sandbox.machines.fsview import (
     ORBAX_COMMIT_MARKER,
     CheckpointWriter,
@@ -69,26 +75,31 @@ SCRIPT_FLAGS: dict[str, dict[str, str]] = {
     },
     TRAIN_RL: {},
 }
+# Flags a release added: to_huggingface's --hf_model_path and --parallel_threads are absl flags of
+# maxtext-v0.2.4 (to_huggingface.py l.112-125); v0.2.3 defines only --override_model_architecture
+# (l.102) and absl refuses the others.
+FLAGS_SINCE: dict[str, dict[str, str]] = {
+    TO_HUGGINGFACE: {"hf_model_path": "0.2.4", "parallel_threads": "0.2.4"}
+}
 
+# MaxText's HF_IDS (utils/globals.py, maxtext-v0.2.3 and v0.2.4)
 HF_IDS = {
+    "qwen3-0.6b": "Qwen/Qwen3-0.6B",
     "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B-Thinking-2507",
     "gemma4-26b": "google/gemma-4-26b-a4b-it",
     "llama3.1-8b": "meta-llama/Llama-3.1-8B",
     "llama3.1-8b-Instruct": "meta-llama/Llama-3.1-8B-Instruct",
 }
-HF_ARCH = {
-    "qwen3": ("Qwen3MoeForCausalLM", "qwen3_moe"),
-    "gemma4": ("Gemma4ForConditionalGeneration", "gemma4"),
-    "llama3": ("LlamaForCausalLM", "llama"),
-}
 
 
 class WorkloadFailed(Exception):
-    """The simulated program stops with exit status 1 after printing ``lines``."""
+    """The simulated program stops with exit status 1 after printing ``lines`` (after a Python
+    traceback's head, unless ``traceback`` is False: absl's flag errors print none)."""
 
-    def __init__(self, *lines: str) -> None:
+    def __init__(self, *lines: str, traceback: bool = True) -> None:
         super().__init__(lines[-1] if lines else "failed")
         self.lines = lines
+        self.traceback = traceback
 
 
 class Preempted(Exception):
@@ -197,6 +208,20 @@ def config_keys_of(version: str) -> frozenset[str]:
     return frozenset(keys)
 
 
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split(".") if part.isdigit())
+
+
+def script_flags(module: str, maxtext_version: str) -> dict[str, str]:
+    """The ``--flags`` of ``module`` in MaxText ``maxtext_version``, and their kind."""
+    since = FLAGS_SINCE.get(module, {})
+    return {
+        name: kind
+        for name, kind in SCRIPT_FLAGS[module].items()
+        if name not in since or _release(maxtext_version) >= _release(since[name])
+    }
+
+
 def parse_args(module: str, argv: list[str], maxtext_version: str = GKE_MAXTEXT_VERSION) -> MaxTextArgs:
     """Split ``argv`` (after ``-m module``) into config overrides and script flags.
 
@@ -205,7 +230,7 @@ def parse_args(module: str, argv: list[str], maxtext_version: str = GKE_MAXTEXT_
     pyconfig's ``_prepare_for_pydantic`` refuses it: a ``ValueError`` naming the valid fields.
     """
     args = MaxTextArgs(module)
-    known = SCRIPT_FLAGS[module]
+    known = script_flags(module, maxtext_version)
     valid = config_keys_of(maxtext_version)
     index = 0
     while index < len(argv):
@@ -215,7 +240,11 @@ def parse_args(module: str, argv: list[str], maxtext_version: str = GKE_MAXTEXT_
             name, has_value, value = item[2:].partition("=")
             kind = known.get(name)
             if kind is None:
-                raise WorkloadFailed(f"FATAL Flags parsing error: Unknown command line flag '{name}'")
+                raise WorkloadFailed(
+                    f"FATAL Flags parsing error: Unknown command line flag '{name}'",
+                    "Pass --helpshort or --helpfull to see help on flags.",
+                    traceback=False,
+                )
             if not has_value:
                 if kind == "bool":
                     value = "true"
@@ -250,13 +279,6 @@ def _family(model_name: str) -> str:
         if lowered.endswith(suffix):
             lowered = lowered[: -len(suffix)]
     return lowered
-
-
-def _arch(model_name: str) -> tuple[str, str]:
-    for prefix, arch in HF_ARCH.items():
-        if model_name.lower().startswith(prefix):
-            return arch
-    return ("AutoModelForCausalLM", model_name.split("-")[0])
 
 
 # ==================================================================================== runner
@@ -309,8 +331,9 @@ class MaxTextRunner:
         try:
             self.dispatch()
         except WorkloadFailed as failure:
-            self.raw("Traceback (most recent call last):")
-            self.raw(f'  File "/deps/src/maxtext/{self.script}", line 1, in <module>')
+            if failure.traceback:
+                self.raw("Traceback (most recent call last):")
+                self.raw(f'  File "/deps/src/maxtext/{self.script}", line 1, in <module>')
             for line in failure.lines:
                 self.raw(line)
             return 1
@@ -451,8 +474,10 @@ class MaxTextRunner:
             message = f"RuntimeError: Checkpoint conversion failed during {stage}: tensor shape mismatch."
         raise WorkloadFailed(message)
 
-    def load_checkpoint(self, path: str, model: str, scan_layers: bool) -> dict[str, object]:
-        problem = checkpoint_problem(self.ctx.router, path)
+    def load_checkpoint(
+        self, path: str, model: str, scan_layers: bool, *, reads_metadata_first: bool = False
+    ) -> dict[str, object]:
+        problem = checkpoint_problem(self.ctx.router, path, reads_metadata_first=reads_metadata_first)
         if problem:
             raise WorkloadFailed(problem)
         raw = self.ctx.router.store(path).read(join(path.rstrip("/"), "_METADATA")) or b"{}"
@@ -473,6 +498,26 @@ class MaxTextRunner:
             )
         return written
 
+    def check_write_access(self, directory: str) -> None:
+        """MaxText's ``mkdir_and_check_permissions`` before a checkpoint manager is made
+        (maxtext-v0.2.3 ``utils/gcs_utils.py`` l.279-318, ``common/checkpointing.py`` l.408): write
+        ``<directory>/.write_test_<uuid4>`` and delete it (a failed delete is ignored)."""
+        probe = join(directory, f".write_test_{uuid.UUID(int=self.rng.getrandbits(128), version=4)}")
+        store = self.ctx.router.store(probe)
+        try:
+            store.write(probe, b"test")
+        except StorageError as error:
+            raise WorkloadFailed(
+                str(error),
+                "",
+                "The above exception was the direct cause of the following exception:",
+                "",
+                f"PermissionError: Directory '{directory.rstrip('/')}' exists, but is not writable. "
+                "Please check permissions.",
+            ) from None
+        with contextlib.suppress(StorageError):
+            store.delete(probe)
+
     # -- Orbax trees ----------------------------------------------------------------------
     def _param_names(self, scan_layers: bool) -> list[str]:
         layers = ["decoder.layers"] if scan_layers else ["decoder.layers_0", "decoder.layers_1"]
@@ -485,51 +530,51 @@ class MaxTextRunner:
         self,
         writer: CheckpointWriter,
         item: str,
-        names: list[str],
+        arrays: list[str],
         ocdbt: bool,
         zarr3: bool,
         meta: dict[str, object],
     ) -> None:
-        tree = {name: {"value_type": "jax.Array", "skip_deserialize": False} for name in names}
+        """One PyTree item as Orbax's PyTreeCheckpointHandler writes it: ``array_metadatas/process_0``,
+        the arrays (one folder each, ``.zarray`` and chunks; or OCDBT's ``ocdbt.process_0/`` and, merged,
+        ``d/`` and ``manifest.ocdbt``), ``_sharding``, then ``_METADATA``."""
+        tree = {name: {"value_type": "jax.Array", "skip_deserialize": False} for name in arrays}
         metadata = {"tree_metadata": tree, "use_zarr3": zarr3, "sandbox": meta}
+        writer.write(
+            item, "array_metadatas/process_0", json.dumps({"array_metadatas": sorted(arrays)}).encode()
+        )
+
+        def digest(text: str) -> str:
+            return hashlib.md5(text.encode()).hexdigest()  # noqa: S324 (a file name)
+
         if ocdbt:
-            for name in names:
-                digest = hashlib.sha1(f"{item}/{name}".encode()).hexdigest()  # noqa: S324 (file name only)
-                writer.write(f"{item}/ocdbt.process_0/d/{digest}", self.rng.randbytes(64))
-            writer.write(f"{item}/ocdbt.process_0/manifest.ocdbt", b"OCDBT-MANIFEST")
-            writer.write(f"{item}/manifest.ocdbt", b"OCDBT-MANIFEST")
+            for name in arrays:
+                writer.write(item, f"ocdbt.process_0/d/{digest(f'{item}/{name}')}", self.rng.randbytes(64))
+            writer.write(item, "ocdbt.process_0/manifest.ocdbt", b"OCDBT-MANIFEST")
         else:
-            for name in names:
-                directory = f"{item}/params.{name}"
+            for name in arrays:
                 if zarr3:
                     writer.write(
-                        f"{directory}/zarr.json", json.dumps({"zarr_format": 3, "shape": [4, 4]}).encode()
+                        item, f"{name}/zarr.json", json.dumps({"zarr_format": 3, "shape": [4, 4]}).encode()
                     )
-                    writer.write(f"{directory}/c/0/0", self.rng.randbytes(32))
+                    writer.write(item, f"{name}/c/0/0", self.rng.randbytes(32))
                 else:
                     writer.write(
-                        f"{directory}/.zarray", json.dumps({"zarr_format": 2, "shape": [4, 4]}).encode()
+                        item, f"{name}/.zarray", json.dumps({"zarr_format": 2, "shape": [4, 4]}).encode()
                     )
-                    writer.write(f"{directory}/0.0", self.rng.randbytes(32))
+                    writer.write(item, f"{name}/0.0", self.rng.randbytes(32))
         writer.write(
-            f"{item}/_sharding",
-            json.dumps({name: {"sharding_type": "NamedSharding"} for name in names}).encode(),
+            item,
+            "_sharding",
+            json.dumps({name: {"sharding_type": "NamedSharding"} for name in arrays}).encode(),
         )
-        writer.write(f"{item}/_METADATA", json.dumps(metadata, sort_keys=True).encode())
+        writer.write(item, "_METADATA", json.dumps(metadata, sort_keys=True).encode())
+        if ocdbt:
+            writer.write(item, f"d/{digest(item)}", self.rng.randbytes(64))
+            writer.write(item, "manifest.ocdbt", b"OCDBT-MANIFEST")
 
-    def finish_step(self, writer: CheckpointWriter, step: int, items: list[str]) -> None:
-        writer.write(
-            "_CHECKPOINT_METADATA",
-            json.dumps(
-                {
-                    "item_handlers": dict.fromkeys(items, "orbax.checkpoint.PyTreeCheckpointHandler"),
-                    "metrics": {},
-                    "init_timestamp_nsecs": int(self.ctx.clock() * 1e9),
-                    "commit_timestamp_nsecs": None,
-                    "step": step,
-                }
-            ).encode(),
-        )
+    def finish_step(self, writer: CheckpointWriter) -> None:
+        writer.saved()
         self.hold_before_commit()
         writer.commit()
 
@@ -556,16 +601,20 @@ class MaxTextRunner:
             self.raw(f"Converting layers: {int((layer + 1) * 100 / layers)}% | {layer + 1}/{layers}")
         step_dir = join(base, "0")
         self.log(f"Saving MaxText checkpoint to {join(step_dir, 'items')}")
-        writer = CheckpointWriter(self.ctx.router, step_dir)
+        self.check_write_access(base)
+        writer = CheckpointWriter(self.ctx.router, step_dir, self.ctx.clock)
+        writer.begin(["items"])
         meta = {
             "model_name": model,
             "model_family": _family(model),
             "scan_layers": scan_layers,
             "producer": "to_maxtext",
         }
-        self.write_item(writer, "items", self._param_names(scan_layers), ocdbt, zarr3, meta)
+        # A TrainState's {"params": {"params": …}} and its step (utils.py maxtext-v0.2.3 l.1180-1182)
+        arrays = ["step", *(f"params.params.{name}" for name in self._param_names(scan_layers))]
+        self.write_item(writer, "items", arrays, ocdbt, zarr3, meta)
         self.wait(total / 4)
-        self.finish_step(writer, 0, ["items"])
+        self.finish_step(writer)
         self.log(f"Checkpoint saved at step 0 to {join(step_dir, 'items')}")
         self.log(f"Overall Elapse: {total / 60:.2f} min")
 
@@ -588,8 +637,14 @@ class MaxTextRunner:
         total = num_test_batches * (eval_batch if eval_batch > 0 else batch_size)
         tokenizer = args.get("tokenizer_path") or HF_IDS.get(model, model)
         enable_checkpointing = args.bool("enable_checkpointing", True)
-        ocdbt = args.bool("checkpoint_storage_use_ocdbt", False)
-        zarr3 = args.bool("checkpoint_storage_use_zarr3", False)
+        # tunix's checkpoint manager picks its own handlers, whatever MaxText's checkpoint_storage_*
+        # keys say: without OCDBT and zarr3 under Pathways (JAX_PLATFORMS holds "proxy"), Orbax's
+        # defaults (OCDBT, zarr3) otherwise (google-tunix 0.1.7 sft/checkpoint_manager.py l.50-63).
+        # The sandbox's Pathways head is the GKE pod whose chips are not modelled.
+        pathways = "proxy" in self.env.get("JAX_PLATFORMS", "") or (
+            self.ctx.platform == "gke" and self.ctx.tpu_chips is None
+        )
+        ocdbt = zarr3 = not pathways
 
         self.log(f"Loading tokenizer {tokenizer}", source="tokenizer.py")
         self.require_token(tokenizer)
@@ -701,7 +756,8 @@ class MaxTextRunner:
     ) -> None:
         step_dir = join(actor_dir, str(step))
         self.log(f"Saving checkpoint for step {step} to {step_dir}", source="checkpoint_manager.py")
-        writer = CheckpointWriter(self.ctx.router, step_dir)
+        writer = CheckpointWriter(self.ctx.router, step_dir, self.ctx.clock)
+        writer.begin(["model_params", "optimizer_state"])
         meta = {
             "model_name": model,
             "model_family": _family(model),
@@ -709,13 +765,14 @@ class MaxTextRunner:
             "producer": "train_rl",
             "step": step,
         }
+        # tunix's items: nnx.state(model), the actor's params under "base", and the optimizer's state
+        # (google-tunix 0.1.7 sft/checkpoint_manager.py l.91-143), each leaf a ".value"
         names = self._param_names(scan_layers)
-        self.write_item(writer, "model_params", names, ocdbt, zarr3, meta)
+        self.write_item(writer, "model_params", [f"base.{n}.value" for n in names], ocdbt, zarr3, meta)
         self.wait(self.ctx.step_seconds / 2)
-        self.write_item(
-            writer, "optimizer_state", [f"opt_state.mu.{n}" for n in names[:2]], ocdbt, zarr3, meta
-        )
-        self.finish_step(writer, step, ["model_params", "optimizer_state"])
+        optimizer = [*(f"opt_state.0.mu.base.{n}.value" for n in names[:2]), "step.value"]
+        self.write_item(writer, "optimizer_state", optimizer, ocdbt, zarr3, meta)
+        self.finish_step(writer)
         self.log(f"Finished saving checkpoint for step {step}.", source="checkpoint_manager.py")
 
     # -- to_huggingface -------------------------------------------------------------------
@@ -726,10 +783,13 @@ class MaxTextRunner:
                 "ValueError: load_parameters_path must be set to the MaxText checkpoint to export."
             )
         base = self.require_output_dir(args)
+        if model not in hf_export.MODELS:
+            # HF_MODEL_CONFIGS[model_key] (to_huggingface.py maxtext-v0.2.4 l.521)
+            raise WorkloadFailed(f"KeyError: '{model}'")
         scan_layers = args.bool("scan_layers", True)
         repo = args.flags.get("hf_model_path") or HF_IDS.get(model, f"hf-org/{model}")
         self.log(f"Loading MaxText checkpoint from {load_path}")
-        self.load_checkpoint(load_path, model, scan_layers)
+        self.load_checkpoint(load_path, model, scan_layers, reads_metadata_first=True)
         self.log(f"Loading tokenizer from {repo}")
         self.require_token(repo)
         total = stage_seconds(
@@ -737,61 +797,16 @@ class MaxTextRunner:
         )
         self.wait(total / 4)
         self.check_fault("weight conversion")
-        architecture, model_type = _arch(model)
-        config = {
-            "architectures": [architecture],
-            "model_type": model_type,
-            "torch_dtype": args.get("weight_dtype", "bfloat16"),
-            "transformers_version": "4.57.1",
-            "_name_or_path": repo,
-        }
-        self.write_file(join(base, "config.json"), json.dumps(config, indent=2).encode())
-        shards = 4
-        weight_map: dict[str, str] = {}
-        total_size = 0
-        for index in range(1, shards + 1):
-            self.wait(total / (2 * shards))
-            name = f"model-{index:05d}-of-{shards:05d}.safetensors"
-            tensors = [
-                f"model.layers.{index - 1}.self_attn.q_proj.weight",
-                f"model.layers.{index - 1}.mlp.up_proj.weight",
-            ]
-            if index == 1:
-                tensors.insert(0, "model.embed_tokens.weight")
-            data = safetensors_bytes(tensors, self.rng)
+        files = hf_export.export_files(model, self.ctx.maxtext_version, self.rng)
+        weights = [name for name, _ in files if name.endswith(".safetensors")]
+        for name, data in files:
+            if name in weights:
+                self.wait(total / (2 * len(weights)))
             self.write_file(join(base, name), data)
-            total_size += len(data)
-            weight_map.update(dict.fromkeys(tensors, name))
-            self.raw(f"Saving shards: {int(index * 100 / shards)}% | {index}/{shards}")
-        index_doc = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
-        self.write_file(join(base, "model.safetensors.index.json"), json.dumps(index_doc, indent=2).encode())
-        self.write_file(
-            join(base, "tokenizer.json"), json.dumps({"version": "1.0", "model": {"type": "BPE"}}).encode()
-        )
-        self.write_file(
-            join(base, "tokenizer_config.json"),
-            json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 131072}).encode(),
-        )
-        self.write_file(
-            join(base, "special_tokens_map.json"),
-            json.dumps({"bos_token": "<bos>", "eos_token": "<eos>"}).encode(),
-        )
+            if name in weights:
+                done = weights.index(name) + 1
+                self.raw(f"Saving shards: {int(done * 100 / len(weights))}% | {done}/{len(weights)}")
         self.log(f"Hugging Face model saved to {base}")
-
-
-def safetensors_bytes(names: list[str], rng: random.Random) -> bytes:
-    """A valid safetensors file holding tiny BF16 tensors."""
-    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
-    offset = 0
-    payload = b""
-    for name in names:
-        size = 2 * 2 * 2  # 2x2 bf16
-        header[name] = {"dtype": "BF16", "shape": [2, 2], "data_offsets": [offset, offset + size]}
-        payload += rng.randbytes(size)
-        offset += size
-    encoded = json.dumps(header, separators=(",", ":")).encode()
-    encoded += b" " * ((8 - len(encoded) % 8) % 8)
-    return struct.pack("<Q", len(encoded)) + encoded + payload
 
 
 def run(module: str, argv: list[str], env: dict[str, str], ctx: SimContext) -> int:
