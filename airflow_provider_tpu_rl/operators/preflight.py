@@ -35,6 +35,7 @@ from airflow_provider_tpu_rl.spec.presets import Runner
 
 if TYPE_CHECKING:
     from airflow_provider_tpu_rl.hooks.vm_access import VmAccessReader
+    from airflow_provider_tpu_rl.render.command import Command
 
 COMMAND_TIMEOUT = 180.0
 # Each request of the ADC check (a token from the key's token_uri, or the metadata server).
@@ -228,6 +229,35 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         line = checks.gke_version_problem(version)
         return [line] if line else []
 
+    def _read_document(
+        self,
+        command: Command,
+        what: str,
+        unreadable: str,
+        no_json: str,
+        not_found: tuple[Sequence[str], str] | None = None,
+    ) -> tuple[dict[str, Any] | None, list[str]]:
+        """A ``--format=json`` read: ``(its document, [])``, or ``(None, its problem lines)``
+        (none when it was skipped for lack of a gcloud account). ``unreadable`` is the line of a
+        failed read, its ``{error}`` gcloud's error line; ``not_found`` the messages that mean the
+        resource does not exist and the line to say instead. A retryable failure is raised."""
+        try:
+            result = self.hook.run(command, log_output=False, timeout=COMMAND_TIMEOUT)
+        except ConfigurationError as err:
+            return None, self._tool_problem(err)
+        if not result.ok and self._skipped_without_account(what, result.output):
+            return None, []
+        if not result.ok and not_found is not None and any(m in result.output for m in not_found[0]):
+            return None, [not_found[1]]
+        try:
+            self.hook.check_result(command, result)
+        except CommandError as err:
+            if err.retryable:
+                raise
+            return None, [unreadable.format(error=error_line(str(err)))]
+        document = checks.parse_json_document(result.output_lines)
+        return (document, []) if document is not None else (None, [no_json])
+
     def check_quotas(
         self, project: str, zone: str, run: Runner, capacity: str, need: checks.ReservationNeed
     ) -> list[str]:
@@ -242,24 +272,14 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
             return []
         region = zone.rsplit("-", 1)[0]
         command = commands.describe_region(project, region)
-        try:
-            result = self.hook.run(command, log_output=False, timeout=COMMAND_TIMEOUT)
-        except ConfigurationError as err:
-            return self._tool_problem(err)
-        if not result.ok and self._skipped_without_account("the quota check", result.output):
-            return []
-        try:
-            self.hook.check_result(command, result)
-        except CommandError as err:
-            if err.retryable:
-                raise
-            return [
-                f"could not read the quotas of region {region} ({error_line(str(err))}): the caller needs "
-                "compute.regions.get"
-            ]
-        document = checks.parse_json_document(result.output_lines)
+        document, problems = self._read_document(
+            command,
+            "the quota check",
+            f"could not read the quotas of region {region} ({{error}}): the caller needs compute.regions.get",
+            f"gcloud printed no region JSON for {region}",
+        )
         if document is None:
-            return [f"gcloud printed no region JSON for {region}"]
+            return problems
         problems, notes = checks.quota_problems(project, region, needs, document)
         for note in notes:
             self.log.warning("preflight: %s", note)
@@ -367,26 +387,19 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         self, project: str, zone: str, reservation: str, need: checks.ReservationNeed
     ) -> list[str]:
         command = commands.describe_reservation(project, zone, reservation)
-        try:
-            result = self.hook.run(command, log_output=False, timeout=COMMAND_TIMEOUT)
-        except ConfigurationError as err:
-            return self._tool_problem(err)
-        if not result.ok and self._skipped_without_account("the reservation check", result.output):
-            return []
-        if not result.ok and any(m in result.output for m in commands.RESERVATION_NOT_FOUND):
-            return [checks.reservation_not_found_problem(project, zone, reservation)]
-        try:
-            self.hook.check_result(command, result)
-        except CommandError as err:
-            if err.retryable:
-                raise
-            return [
-                f"could not read reservation {reservation} in zone {zone} ({error_line(str(err))}): "
-                "the Compute Engine API must be enabled and the caller hold compute.reservations.get"
-            ]
-        document = checks.parse_json_document(result.output_lines)
+        document, problems = self._read_document(
+            command,
+            "the reservation check",
+            f"could not read reservation {reservation} in zone {zone} ({{error}}): "
+            "the Compute Engine API must be enabled and the caller hold compute.reservations.get",
+            f"gcloud printed no reservation JSON for {reservation} in zone {zone}",
+            not_found=(
+                commands.RESERVATION_NOT_FOUND,
+                checks.reservation_not_found_problem(project, zone, reservation),
+            ),
+        )
         if document is None:
-            return [f"gcloud printed no reservation JSON for {reservation} in zone {zone}"]
+            return problems
         note = checks.reservation_in_use_note(need, document)
         if note is not None:
             self.log.warning("%s", note)

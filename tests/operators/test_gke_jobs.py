@@ -432,67 +432,27 @@ def test_a_job_without_its_token_secret_fails_in_one_line_before_submitting(
     assert sb.job_calls("submit", _job_names(conf)[0]) == []
 
 
-def test_the_conversion_waits_for_its_workload_identity_binding_to_take_effect(sb: SandboxRun) -> None:
-    """The CPU pods authenticate through Workload Identity, bound by the deploy minutes earlier.
-    Until the binding is in effect the GKE metadata server refuses the pod a token, which
-    google-auth raises as RefreshError (not an HTTP 403 of the read): the pod waits on it, one line
-    per wait, instead of failing its JobSet."""
+def _conversion_through_a_wait(
+    sb: SandboxRun, waiting: dict[str, Any], effective: dict[str, Any], wait_text: str
+) -> tuple[str, str]:
+    """The conversion run with the sandbox's ``waiting`` settings until its pod logs ``wait_text``,
+    then ``effective``: it must succeed on its first attempt, one submit. ``(its log, the token
+    secret's resource)``."""
     conf = sb.gke_conf()
     convert_job, _, _ = _job_names(conf)
-    update_settings(sb.layout, workload_identity_effective=False)
+    update_settings(sb.layout, **waiting)
     try:
         prepare_cluster(sb, conf, run_id=RUN_1)
         op = _convert_op(sb)
         context = sb.context(op, conf, run_id=RUN_1)
         deferred = defer(op, context)
 
-        async def binding_takes_effect() -> None:
-            while "not readable yet (RefreshError: the pod has no token yet" not in sb.job_log_of(
-                convert_job
-            ):
+        async def takes_effect() -> None:
+            while wait_text not in sb.job_log_of(convert_job):
                 await asyncio.sleep(0.1)
-            update_settings(sb.layout, workload_identity_effective=True)
+            update_settings(sb.layout, **effective)
 
-        event = run_trigger(deferred.trigger, alongside=binding_takes_effect)
-    finally:
-        reset_settings(sb.layout)
-
-    assert event["status"] == "success", event
-    job = sb.job_record(convert_job)
-    assert job is not None
-    assert (job["status"], job["attempt"]) == ("Succeeded", 1)  # no failed attempt, no restart
-    log = sb.job_log(job)
-    pipeline = gke_pipeline_from_conf(conf, run_id=RUN_1)
-    waits = [line for line in log.splitlines() if "not readable yet" in line]
-    assert waits
-    for line in waits:
-        assert line.startswith(f"HF token secret {pipeline.token_resource} not readable yet (RefreshError: ")
-        assert line.endswith(" s, retrying")
-    assert "sandbox-token" not in log
-    assert f"{CONVERTED}0/commit_success.txt" in sb.objects()
-
-
-# -- the HF token secret's new grant -------------------------------------------------------------------
-def test_the_conversion_waits_for_its_new_token_grant_to_take_effect(sb: SandboxRun) -> None:
-    """The token task grants the cluster's accounts secretAccessor just before the conversion, and
-    IAM takes minutes to make a grant effective: the conversion's pod waits on the 403 until it is,
-    instead of failing its JobSet (a wasted attempt and a task retry)."""
-    conf = sb.gke_conf()
-    convert_job, _, _ = _job_names(conf)
-    # far longer than the gap between the grant and the pod's read; ended by hand below
-    update_settings(sb.layout, iam_propagation_seconds=600.0)
-    try:
-        prepare_cluster(sb, conf, run_id=RUN_1)
-        op = _convert_op(sb)
-        context = sb.context(op, conf, run_id=RUN_1)
-        deferred = defer(op, context)
-
-        async def grant_takes_effect() -> None:
-            while "not readable yet (403 PERMISSION_DENIED" not in sb.job_log_of(convert_job):
-                await asyncio.sleep(0.1)
-            update_settings(sb.layout, iam_propagation_seconds=0.0)
-
-        event = run_trigger(deferred.trigger, alongside=grant_takes_effect)
+        event = run_trigger(deferred.trigger, alongside=takes_effect)
     finally:
         reset_settings(sb.layout)
 
@@ -501,8 +461,40 @@ def test_the_conversion_waits_for_its_new_token_grant_to_take_effect(sb: Sandbox
     job = sb.job_record(convert_job)
     assert job is not None
     assert (job["status"], job["attempt"]) == ("Succeeded", 1)  # no failed attempt, no restart
-    log = sb.job_log(job)
-    pipeline = gke_pipeline_from_conf(conf, run_id=RUN_1)
-    assert f"HF token secret {pipeline.token_resource} not readable yet (403 PERMISSION_DENIED" in log
     assert len(sb.job_calls("submit", convert_job)) == 1
     assert f"{CONVERTED}0/commit_success.txt" in sb.objects()
+    return sb.job_log(job), gke_pipeline_from_conf(conf, run_id=RUN_1).token_resource
+
+
+def test_the_conversion_waits_for_its_workload_identity_binding_to_take_effect(sb: SandboxRun) -> None:
+    """The CPU pods authenticate through Workload Identity, bound by the deploy minutes earlier.
+    Until the binding is in effect the GKE metadata server refuses the pod a token, which
+    google-auth raises as RefreshError (not an HTTP 403 of the read): the pod waits on it, one line
+    per wait, instead of failing its JobSet."""
+    log, secret = _conversion_through_a_wait(
+        sb,
+        {"workload_identity_effective": False},
+        {"workload_identity_effective": True},
+        "not readable yet (RefreshError: the pod has no token yet",
+    )
+    waits = [line for line in log.splitlines() if "not readable yet" in line]
+    assert waits
+    for line in waits:
+        assert line.startswith(f"HF token secret {secret} not readable yet (RefreshError: ")
+        assert line.endswith(" s, retrying")
+    assert "sandbox-token" not in log
+
+
+# -- the HF token secret's new grant -------------------------------------------------------------------
+def test_the_conversion_waits_for_its_new_token_grant_to_take_effect(sb: SandboxRun) -> None:
+    """The token task grants the cluster's accounts secretAccessor just before the conversion, and
+    IAM takes minutes to make a grant effective: the conversion's pod waits on the 403 until it is,
+    instead of failing its JobSet (a wasted attempt and a task retry)."""
+    # far longer than the gap between the grant and the pod's read; ended by hand
+    log, secret = _conversion_through_a_wait(
+        sb,
+        {"iam_propagation_seconds": 600.0},
+        {"iam_propagation_seconds": 0.0},
+        "not readable yet (403 PERMISSION_DENIED",
+    )
+    assert f"HF token secret {secret} not readable yet (403 PERMISSION_DENIED" in log
