@@ -34,9 +34,9 @@ from __future__ import annotations
 import enum
 import json
 import re
-from collections.abc import Generator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 COMMIT_SUCCESS_FILE = "commit_success.txt"
 ORBAX_TMP_SUFFIX = ".orbax-checkpoint-tmp"
@@ -263,6 +263,28 @@ class ReadObject:
 
 
 ProbeRequest = ListFolder | ReadObject
+_Verdict = TypeVar("_Verdict")
+
+
+def answer_probe(
+    probe: Generator[ProbeRequest, Any, _Verdict],
+    list_folder: Callable[[str], Any],
+    read_object: Callable[[str], bytes],
+) -> _Verdict:
+    """Run a probe to its verdict, answering each request with ``list_folder(prefix)`` or
+    ``read_object(name)`` (the caller's I/O: a GCS hook, a local folder)."""
+    answer: Any = None
+    while True:
+        try:
+            request = probe.send(answer)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        if isinstance(request, ListFolder):
+            answer = list_folder(request.prefix)
+        elif isinstance(request, ReadObject):
+            answer = read_object(request.name)
+        else:  # pragma: no cover - the probes only make the two requests above
+            raise TypeError(f"Unknown probe request {request!r}")
 
 
 @dataclass(frozen=True)

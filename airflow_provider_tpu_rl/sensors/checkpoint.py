@@ -27,9 +27,8 @@ from airflow_provider_tpu_rl.links import GCSBrowserLink
 from airflow_provider_tpu_rl.maxtext.layout import (
     COMMIT_SUCCESS_FILE,
     RL_CHECKPOINT_ITEMS,
-    ListFolder,
     ProbeRequest,
-    ReadObject,
+    answer_probe,
     as_folder,
     checkpoint_event_payload,
     export_event_payload,
@@ -63,18 +62,11 @@ def list_folder(hook: GCSHook, bucket: str, prefix: str) -> list[str]:
 
 def run_probe_sync(hook: GCSHook, bucket: str, probe: Generator[ProbeRequest, Any, _Result]) -> _Result:
     """Answer a layout probe's list/read requests through ``hook`` and return its verdict."""
-    answer: Any = None
-    while True:
-        try:
-            request = probe.send(answer)
-        except StopIteration as stop:
-            return stop.value
-        if isinstance(request, ListFolder):
-            answer = list_folder(hook, bucket, request.prefix)
-        elif isinstance(request, ReadObject):
-            answer = hook.download(bucket_name=bucket, object_name=request.name)
-        else:  # pragma: no cover - the probes only make the two requests above
-            raise TypeError(f"Unknown probe request {request!r}")
+    return answer_probe(
+        probe,
+        lambda prefix: list_folder(hook, bucket, prefix),
+        lambda name: hook.download(bucket_name=bucket, object_name=name),
+    )
 
 
 def _step_from_template(step: int | str | None) -> int | None:

@@ -15,6 +15,7 @@ from airflow_provider_tpu_rl.maxtext.layout import (
     ProbeRequest,
     ReadObject,
     StepStatus,
+    answer_probe,
     checkpoint_event_payload,
     checkpoint_steps,
     export_event_payload,
@@ -23,6 +24,7 @@ from airflow_provider_tpu_rl.maxtext.layout import (
     probe_checkpoint,
     probe_hf_export,
 )
+from tools.maxtext_real.bucket import list_one_level
 
 ROOT = "gemma4-26b/trained/rl/checkpoints/actor/"
 _Result = TypeVar("_Result")
@@ -54,36 +56,26 @@ def step_objects(
     return names
 
 
-def list_one_level(all_names: Iterable[str], prefix: str) -> list[str]:
-    """What GCS answers to a list with ``delimiter="/"``: objects at this level and sub-folders."""
-    level: set[str] = set()
-    for name in all_names:
-        if name.startswith(prefix):
-            rest = name[len(prefix) :]
-            head, sep, _ = rest.partition("/")
-            level.add(prefix + head + sep)
-    return sorted(level)
-
-
 def drive(
     probe: Generator[ProbeRequest, Any, _Result],
     all_names: list[str],
     blobs: dict[str, bytes] | None = None,
     requests: list[ProbeRequest] | None = None,
 ) -> _Result:
-    answer: Any = None
-    while True:
-        try:
-            request = probe.send(answer)
-        except StopIteration as stop:
-            return stop.value
+    """The probe answered from ``all_names`` (a GCS listing) and ``blobs``; each request kept in
+    ``requests``."""
+
+    def listing(prefix: str) -> list[str]:
         if requests is not None:
-            requests.append(request)
-        if isinstance(request, ListFolder):
-            answer = list_one_level(all_names, request.prefix)
-        else:
-            assert isinstance(request, ReadObject)
-            answer = (blobs or {})[request.name]
+            requests.append(ListFolder(prefix))
+        return list_one_level(all_names, prefix)
+
+    def reading(name: str) -> bytes:
+        if requests is not None:
+            requests.append(ReadObject(name))
+        return (blobs or {})[name]
+
+    return answer_probe(probe, listing, reading)
 
 
 @pytest.mark.parametrize(

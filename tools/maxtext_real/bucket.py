@@ -35,16 +35,9 @@ def list_one_level(names: list[str], prefix: str) -> list[str]:
 def drive(root: Path, probe: Generator[layout.ProbeRequest, Any, _Result]) -> _Result:
     """Answer ``probe``'s requests from the folder ``root``; its verdict."""
     names = object_names(root)
-    answer: Any = None
-    while True:
-        try:
-            request = probe.send(answer)
-        except StopIteration as stop:
-            return stop.value
-        if isinstance(request, layout.ListFolder):
-            answer = list_one_level(names, request.prefix)
-        else:
-            answer = (root / request.name).read_bytes()
+    return layout.answer_probe(
+        probe, lambda prefix: list_one_level(names, prefix), lambda name: (root / name).read_bytes()
+    )
 
 
 def checkpoint_verdict(root: Path, prefix: str, step: int | None, items: tuple[str, ...]) -> dict[str, Any]:
