@@ -263,4 +263,14 @@ def dagrun_timeout(kind: str) -> timedelta:
     total = timedelta()
     for stage, retried in PIPELINE_STAGES[kind]:
         total += task_timeout(stage) * (retries + 1 if retried else 1) + (waits if retried else timedelta())
-    return total + DAGRUN_MARGIN
+    return total + task_timeout("short") * asset_tasks(kind) + DAGRUN_MARGIN
+
+
+def asset_tasks(kind: str) -> int:
+    """The short tasks of a pipeline's assets, not in :data:`PIPELINE_STAGES` (their number follows
+    the presets): ``promote_model``, and a ``publish_converted_<preset>`` and a
+    ``publish_<preset>`` per model the pipeline offers."""
+    from airflow_provider_tpu_rl.spec.presets import Runner, presets_for
+
+    runner = {"gke": Runner.GKE, "tpu_vm": Runner.TPU_VM}.get(kind)
+    return 0 if runner is None else 1 + 2 * len(presets_for(runner))

@@ -15,10 +15,10 @@ from airflow.providers.common.compat.sdk import DAG, AssetAny
 from airflow_provider_tpu_rl.assets import model_asset
 from airflow_provider_tpu_rl.operators.promotion import CheckPromotedModelOperator
 from airflow_provider_tpu_rl.spec import Runner
-from airflow_provider_tpu_rl.spec.presets import presets_for
+from airflow_provider_tpu_rl.spec.presets import tutorial_presets_for
 from airflow_provider_tpu_rl.timeouts import task_timeout
 
-MODELS = presets_for(Runner.GKE)
+MODELS = tutorial_presets_for(Runner.GKE)  # a rehearsal (qwen3-0.6b) is not served
 
 with DAG(
     dag_id="tpu_rl_model_consumer_example",

@@ -383,3 +383,41 @@ def test_any_json_conf_is_planned_or_refused_in_one_line(dag_id: str) -> None:
         assert len(refusal.splitlines()) == 1, refusal
 
     check()
+
+
+@pytest.mark.parametrize(
+    ("dag_id", "shape", "machine"),
+    [
+        ("tpu_rl_gke_pipeline", "--topology=4x4", "ct6e-standard-4t"),
+        ("tpu_rl_tpu_vm_pipeline", None, "ct6e-standard-4t"),
+    ],
+)
+def test_the_rehearsals_plan_shows_the_small_model_and_shape(
+    dag_id: str, shape: str | None, machine: str
+) -> None:
+    """``model: qwen3-0.6b`` is the rehearsal on both pipelines: the same steps, MaxText's smallest
+    RL model, a few steps and the smallest slice (GKE v6e-16, the TPU VM a v6e-4)."""
+    from airflow_provider_tpu_rl.cli import build_plan
+    from airflow_provider_tpu_rl.spec.params import PARAMS_BY_KEY
+
+    plan = build_plan(dag_id, {"model": "qwen3-0.6b", "project": "my-proj-123", "bucket": "my-bkt"})
+    text = json.dumps(plan["steps"])
+    assert "model_name=qwen3-0.6b" in text
+    assert "num_batches=4" in text or "--num_batches=4" in text or '"num_batches=4"' in text
+    assert machine in text
+    if shape:
+        (train,) = [
+            s
+            for s in plan["steps"]
+            if s["task_id"] == "train" and s["argv"][:3] == ["gcluster", "job", "submit"]
+        ]
+        assert shape in train["argv"]
+    else:
+        (create,) = [s for s in plan["steps"] if s["task_id"] == "create_vm" and "create" in s["argv"]]
+        assert f"--machine-type={machine}" in create["argv"]
+    pipeline = "gke" if dag_id == "tpu_rl_gke_pipeline" else "tpu_vm"
+    field = PARAMS_BY_KEY["model"].form_field(pipeline)
+    assert "qwen3-0.6b" in field["enum"]
+    assert field["values_display"]["qwen3-0.6b"].startswith(
+        "qwen3-0.6b: rehearsal of 4 steps, Qwen/Qwen3-0.6B"
+    )

@@ -40,6 +40,8 @@ BASE_MODELS: Final[Mapping[str, BaseModelFacts]] = {
     "qwen3-30b-a3b": BaseModelFacts("Qwen/Qwen3-30B-A3B-Instruct-2507", "apache-2.0"),
     "gemma4-26b": BaseModelFacts("google/gemma-4-26b-a4b-it", "apache-2.0", None),
     "llama3.1-8b-Instruct": BaseModelFacts("meta-llama/Llama-3.1-8B-Instruct", "llama3.1"),
+    # the rehearsal's (MaxText's HF_IDS: "qwen3-0.6b": "Qwen/Qwen3-0.6B"), Apache-2.0 as Qwen3
+    "qwen3-0.6b": BaseModelFacts("Qwen/Qwen3-0.6B", "apache-2.0"),
 }
 TAGS: Final = ("tpu-rl", "maxtext", "grpo", "reinforcement-learning", "tpu-v6e")
 

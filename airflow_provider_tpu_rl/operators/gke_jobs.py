@@ -100,7 +100,7 @@ from airflow_provider_tpu_rl.spec.pipeline import (
     secret_version,
 )
 from airflow_provider_tpu_rl.spec.preflight import enabled_secret_versions
-from airflow_provider_tpu_rl.spec.presets import ModelPreset, get_preset
+from airflow_provider_tpu_rl.spec.presets import ModelPreset, Runner, get_preset
 from airflow_provider_tpu_rl.spec.workloads import check_patched_image, num_test_batches
 from airflow_provider_tpu_rl.toolchain.job_output import GclusterJob, JobState
 
@@ -325,7 +325,7 @@ class _GclusterJobOperator(LineageMixin, GclusterBaseOperator):
 
     # -- resolving the arguments (in execute: templates are rendered by then) ---------------------
     def preset(self) -> ModelPreset:
-        preset = get_preset(self.model, "model")
+        preset = get_preset(self.model, "model", Runner.GKE)
         if preset.job_prefixes is None:
             raise SpecError(
                 "model", f"{preset.model_name} is a single-host preset; it has no GKE jobs", self.model

@@ -26,7 +26,7 @@ from airflow_provider_tpu_rl.ledger.records import ArtifactRecord, RunRecord
 from airflow_provider_tpu_rl.links import RunDashboardLink
 from airflow_provider_tpu_rl.maxtext.layout import parse_gs_uri
 from airflow_provider_tpu_rl.spec import SpecError
-from airflow_provider_tpu_rl.spec.presets import get_preset
+from airflow_provider_tpu_rl.spec.presets import Runner, get_preset
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +68,10 @@ def run_settings(derived: Mapping[str, Any]) -> dict[str, Any]:
     overrides. The dashboard's run page lists them; the ledger keeps them with the run."""
     model = str(derived.get("model") or "")
     overrides = dict(derived.get("train_overrides") or {})
+    # the pipeline the values are of: a TPU VM run names its VM (a model both offer has a preset each)
+    runner = Runner.TPU_VM if derived.get("vm_name") else Runner.GKE
     try:
-        preset_overrides = dict(get_preset(model).train_overrides)
+        preset_overrides = dict(get_preset(model, runner=runner).train_overrides)
     except SpecError:
         preset_overrides = {}
     learning_rate = overrides.get("learning_rate", preset_overrides.get("learning_rate"))

@@ -37,7 +37,12 @@ from airflow_provider_tpu_rl.operators.ledger import (
 )
 from airflow_provider_tpu_rl.spec import SpecError
 from airflow_provider_tpu_rl.spec.pipeline import min_reward_gain as check_min_reward_gain
-from airflow_provider_tpu_rl.spec.presets import GKE_MAXTEXT_VERSION, TPU_VM_MAXTEXT_VERSION, get_preset
+from airflow_provider_tpu_rl.spec.presets import (
+    GKE_MAXTEXT_VERSION,
+    TPU_VM_MAXTEXT_VERSION,
+    Runner,
+    get_preset,
+)
 
 PROMOTION_XCOM_KEY = "promotion"
 MAXTEXT_RELEASES = {"gke": GKE_MAXTEXT_VERSION, "tpu_vm": TPU_VM_MAXTEXT_VERSION}
@@ -60,10 +65,13 @@ def image_digest(image: str | None) -> str | None:
     return None
 
 
-def training_dataset(model: str, train_overrides: Mapping[str, Any] | None) -> str:
-    """The Hub dataset the run trained on: its ``dataset_name`` override, the preset's, else MaxText's default."""
+def training_dataset(
+    model: str, train_overrides: Mapping[str, Any] | None, runner: Runner | None = None
+) -> str:
+    """The Hub dataset the run trained on: its ``dataset_name`` override, the preset's (the
+    ``runner``'s, for a model both pipelines offer), else MaxText's default."""
     try:
-        own = dict(get_preset(model).train_overrides)
+        own = dict(get_preset(model, runner=runner).train_overrides)
     except SpecError:
         own = {}
     own.update(dict(train_overrides or {}))
@@ -255,7 +263,7 @@ class PromoteModelOperator(BaseOperator):
             base_model=base.hub_id,
             license=base.license,
             pipeline_tag=base.pipeline_tag,
-            dataset=training_dataset(model, overrides),
+            dataset=training_dataset(model, overrides, Runner(self.runner)),
             maxtext_release=MAXTEXT_RELEASES[self.runner],
             image=str(self.image) if self.image else None,
             curves_uri=curves_uri(folder, derived.get("suffix")) if folder else None,

@@ -28,7 +28,16 @@ from airflow_provider_tpu_rl.spec.cluster import (
     V6E_TOPOLOGIES,
     SliceShape,
 )
-from airflow_provider_tpu_rl.spec.presets import PRESETS, Runner, presets_for
+from airflow_provider_tpu_rl.spec.presets import (
+    REHEARSAL_HF_MODEL,
+    REHEARSAL_MODEL,
+    Runner,
+    get_preset,
+    presets_for,
+)
+
+# The Hub checkpoint MaxText converts for a preset that names none (HF_IDS, src/maxtext/utils/globals.py).
+MAXTEXT_CHECKPOINT = {REHEARSAL_MODEL: REHEARSAL_HF_MODEL}
 
 T = TypeVar("T")
 
@@ -131,14 +140,18 @@ class RunParam:
         return metadata
 
 
-def model_label(model: str) -> str:
+def model_label(model: str, runner: Runner | None = None) -> str:
     """A model preset in the forms' dropdowns, one style on both pipelines:
-    ``qwen3-30b-a3b: Qwen/Qwen3-30B-A3B-Instruct-2507 on TPU v6e-32 (4x8)``."""
-    preset = PRESETS[model]
-    checkpoint = preset.hf_model_path or "MaxText's checkpoint"
+    ``qwen3-30b-a3b: Qwen/Qwen3-30B-A3B-Instruct-2507 on TPU v6e-32 (4x8)``; the rehearsal's says
+    it is one: ``qwen3-0.6b: rehearsal of 4 steps, Qwen/Qwen3-0.6B on TPU v6e-16 (4x4)``."""
+    preset = get_preset(model, runner=runner)
+    checkpoint = preset.hf_model_path or MAXTEXT_CHECKPOINT.get(model, "MaxText's checkpoint")
     shape = SliceShape(preset.compute_type, preset.topology)
     slices = f" x {preset.num_slices}" if preset.num_slices > 1 else ""
-    return f"{model}: {checkpoint} on TPU {shape.tpu_type}{slices} ({preset.topology})"
+    label = f"{checkpoint} on TPU {shape.tpu_type}{slices} ({preset.topology})"
+    if model == REHEARSAL_MODEL:
+        return f"{model}: rehearsal of {preset.num_batches} steps, {label}"
+    return f"{model}: {label}"
 
 
 def _models(pipeline: str) -> list[str]:
@@ -181,7 +194,8 @@ RUN_PARAMS: Final[tuple[RunParam, ...]] = (
         schema={
             "enum": PerPipeline(_models(GKE), _models(TPU_VM)),
             "values_display": PerPipeline(
-                {m: model_label(m) for m in _models(GKE)}, {m: model_label(m) for m in _models(TPU_VM)}
+                {m: model_label(m, Runner.GKE) for m in _models(GKE)},
+                {m: model_label(m, Runner.TPU_VM) for m in _models(TPU_VM)},
             ),
         },
     ),

@@ -320,7 +320,7 @@ def cluster_from_arguments(arguments: Mapping[str, Any], model: str | None, *, p
         raise SpecError(
             unknown[0], f"not a cluster argument; they are {list(CLUSTER_ARGUMENTS)}", show_value=False
         )
-    preset = get_preset(model, "model") if model else None
+    preset = get_preset(model, "model", Runner.GKE) if model else None
     values = {
         key: value
         for key, value in arguments.items()
@@ -403,7 +403,7 @@ def default_shape(runner: Runner) -> tuple[str, str]:
     """``(compute_type, topology)`` of the pipeline's default model preset: what a task given no
     shape (preflight) checks."""
     pipeline = params.GKE if runner is Runner.GKE else params.TPU_VM
-    preset = get_preset(params.PARAMS_BY_KEY["model"].default_on(pipeline))
+    preset = get_preset(params.PARAMS_BY_KEY["model"].default_on(pipeline), runner=runner)
     return preset.compute_type, preset.topology
 
 
@@ -666,7 +666,7 @@ def gke_pipeline_from_conf(
 ) -> GkePipelineSpec:
     """Validate a conf for ``tpu_rl_gke_pipeline`` and derive every spec from it."""
     merged = _merge_conf(GKE_DEFAULTS, conf)
-    preset = get_preset(merged["model"])
+    preset = get_preset(merged["model"], runner=Runner.GKE)
     if preset.runner is not Runner.GKE:
         raise SpecError(
             "model", f"{preset.model_name} runs on one TPU VM; use the {TPU_VM_DAG_ID} DAG", preset.model_name
@@ -834,7 +834,7 @@ def tpu_vm_pipeline_from_conf(
     max_vm_hours = rules.int_range("max_vm_hours", merged["max_vm_hours"], 1, 24 * 7)
     if require_reservation:
         require_reservation_name(merged["capacity"], merged["reservation"])
-    preset = get_preset(merged["model"])
+    preset = get_preset(merged["model"], runner=Runner.TPU_VM)
     if preset.runner is not Runner.TPU_VM:
         raise SpecError(
             "model",

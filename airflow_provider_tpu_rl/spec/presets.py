@@ -233,13 +233,94 @@ PRESETS: Final[MappingProxyType[str, ModelPreset]] = MappingProxyType(
     {p.model_name: p for p in (QWEN3_30B_A3B, GEMMA4_26B, LLAMA31_8B_INSTRUCT)}
 )
 
+# The rehearsal: every step of a real run at the smallest model MaxText's RL trainer and converters
+# support, qwen3-0.6b (the smallest of MaxText's HF_IDS, src/maxtext/utils/globals.py l.60 at
+# maxtext-v0.2.3 and v0.2.4: "qwen3-0.6b": "Qwen/Qwen3-0.6B"; its own RL integration test trains
+# it: tests/post_training/integration/single_host_train_rl_test.py), for a few steps, on the
+# smallest slice each pipeline can use: on GKE a 4x4 v6e slice of four ct6e-standard-4t VMs (the
+# toolkit's TPU pool is a multi-host COMPACT slice of ct6e-standard-4t, and the smallest multi-host
+# v6e slice is 4x4: a 2x4 is one ct6e-standard-8t, spec/cluster.py SliceShape), on a TPU VM one
+# ct6e-standard-4t (v6e-4: the trainer and the vLLM sampler share its chips).
+# One model name on both pipelines: each pipeline has its own preset of it (get_preset's runner).
+REHEARSAL_MODEL: Final = "qwen3-0.6b"
+REHEARSAL_HF_MODEL: Final = "Qwen/Qwen3-0.6B"
+# MaxText's RL integration test's vLLM share of HBM for qwen3-0.6b (hbm_utilization_vllm=0.4).
+_REHEARSAL_VLLM_HBM: Final = "0.4"
+REHEARSAL_PRESETS: Final[MappingProxyType[Runner, ModelPreset]] = MappingProxyType(
+    {
+        Runner.GKE: ModelPreset(
+            model_name=REHEARSAL_MODEL,
+            runner=Runner.GKE,
+            hf_model_path=REHEARSAL_HF_MODEL,
+            export_model_name=REHEARSAL_MODEL,
+            scan_layers=True,
+            topology="4x4",
+            num_batches=4,
+            job_prefixes=JobPrefixes(
+                convert="rehearsal-hf-to-mt", train="rehearsal-rl", export="rehearsal-mt-to-hf"
+            ),
+            blueprint=BlueprintEdits(grant_storage_admin=True),
+            train_overrides=_gke_overrides(
+                REHEARSAL_MODEL,
+                {
+                    "num_test_batches": "1",
+                    "batch_size": "4",
+                    "train_micro_batch_size": "4",
+                    "max_target_length": "256",
+                    "rollout_tensor_parallelism": "1",
+                    "rollout_expert_parallelism": "1",
+                    # a dense model: no experts to shard
+                    "ici_tensor_parallelism": "1",
+                    "ici_expert_parallelism": "1",
+                    "tokenizer_path": REHEARSAL_HF_MODEL,
+                    "hbm_utilization_vllm": _REHEARSAL_VLLM_HBM,
+                },
+                _TUTORIAL_ORDER,
+            ),
+        ),
+        Runner.TPU_VM: ModelPreset(
+            model_name=REHEARSAL_MODEL,
+            runner=Runner.TPU_VM,
+            hf_model_path=None,  # as the TPU VM tutorial: MaxText picks the checkpoint (HF_IDS)
+            export_model_name=REHEARSAL_MODEL,
+            scan_layers=True,
+            compute_type="ct6e-standard-4t",
+            topology="2x2",
+            num_batches=4,
+            patch_adafactor=False,
+            lazy_load_tensors=False,
+            checkpoint_storage_use_zarr3=1,
+            checkpoint_storage_use_ocdbt=1,
+            maxtext_version=TPU_VM_MAXTEXT_VERSION,
+            train_overrides=(
+                ("chips_per_vm", "4"),
+                ("num_test_batches", "1"),
+                ("rollout_data_parallelism", "1"),
+                ("rollout_tensor_parallelism", "-1"),
+                ("hbm_utilization_vllm", _REHEARSAL_VLLM_HBM),
+            ),
+        ),
+    }
+)
 
-def get_preset(model: str, field: str = "model") -> ModelPreset:
+
+def get_preset(model: str, field: str = "model", runner: Runner | None = None) -> ModelPreset:
+    """The preset of ``model``; the rehearsal's for ``runner`` (its settings that both pipelines
+    share, the dataset and the learning rate, are the same in both: without a runner, the GKE one)."""
+    if model == REHEARSAL_MODEL:
+        return REHEARSAL_PRESETS[runner or Runner.GKE]
     try:
         return PRESETS[model]
     except (KeyError, TypeError):
-        raise SpecError(field, f"unknown model; choose one of {sorted(PRESETS)}", model) from None
+        known = sorted([*PRESETS, REHEARSAL_MODEL])
+        raise SpecError(field, f"unknown model; choose one of {known}", model) from None
 
 
 def presets_for(runner: Runner) -> list[str]:
+    """The models a pipeline offers: the tutorials' for its runner, then the rehearsal."""
+    return [*tutorial_presets_for(runner), REHEARSAL_MODEL]
+
+
+def tutorial_presets_for(runner: Runner) -> list[str]:
+    """The tutorials' models of a pipeline (no rehearsal)."""
     return [name for name, p in PRESETS.items() if p.runner is runner]

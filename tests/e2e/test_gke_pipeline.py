@@ -27,6 +27,7 @@ from airflow_provider_tpu_rl.ledger.model_card import parse_front_matter
 from airflow_provider_tpu_rl.ledger.records import as_utc
 from airflow_provider_tpu_rl.render.gke import resource_record_object
 from airflow_provider_tpu_rl.spec import GkePipelineSpec, gke_pipeline_from_conf
+from airflow_provider_tpu_rl.spec.presets import REHEARSAL_MODEL
 from tests.e2e.curves import check_curves_next_to_the_checkpoints, check_runs_plot_draws_the_trend
 from tests.support.harness import GKE_DAG_ID, DagRunResult, E2EWorld, duplicates, printed_rewards
 from tpu_rl_sandbox.commands.lifecycle import HF_SANDBOX_TOKEN
@@ -131,10 +132,16 @@ def fault_run(world: E2EWorld, happy: DagRunResult) -> Callable[[str], DagRunRes
 @pytest.fixture(scope="module")
 def transient(world: E2EWorld) -> DagRunResult:
     """Deploy, conversion, training, export and destroy each fail once, transiently, in one run;
-    its model's reward cannot gain ``min_reward_gain`` (1000): the gate holds it back."""
+    its model's reward cannot gain ``min_reward_gain`` (1000): the gate holds it back. It is the
+    rehearsal (qwen3-0.6b on a v6e-16): every step of a real run, end to end."""
     return world.run_dag(
         GKE_DAG_ID,
-        conf("t-work", train_overrides=MID_WAY_CHECKPOINTS, min_reward_gain=NOT_PROMOTED_GAIN),
+        conf(
+            "t-work",
+            model=REHEARSAL_MODEL,
+            train_overrides=MID_WAY_CHECKPOINTS,
+            min_reward_gain=NOT_PROMOTED_GAIN,
+        ),
         faults=TRANSIENT_FAULTS,
     )
 
@@ -152,10 +159,13 @@ def test_pipeline_succeeds_with_one_cluster_lifecycle(world: E2EWorld, happy: Da
     assert happy.exit_code == 0, happy.describe()
     assert happy.state == "success", happy.describe()
     failed = {t: r.state for t, r in happy.tasks.items() if t != "watcher" and r.state != "success"}
-    # only the other preset's asset tasks skip (this run trained qwen3-30b-a3b)
-    assert failed == {"publish_gemma4-26b": "skipped", "publish_converted_gemma4-26b": "skipped"}, (
-        happy.describe()
-    )
+    # only the other presets' asset tasks skip (this run trained qwen3-30b-a3b)
+    assert failed == {
+        "publish_gemma4-26b": "skipped",
+        "publish_converted_gemma4-26b": "skipped",
+        "publish_qwen3-0_6b": "skipped",
+        "publish_converted_qwen3-0_6b": "skipped",
+    }, happy.describe()
     assert happy.task_state("watcher") == "skipped"
     # the cluster without its TPU node pool, then the pool alone; the pool's destroy, then the rest
     deploys = [c.argv[-1] for c in happy.calls_of("gcluster", "deploy")]
@@ -337,6 +347,11 @@ def test_transient_faults_are_retried_and_the_run_succeeds(world: E2EWorld, tran
     deploys = transient.calls_of("gcluster", "deploy")
     assert [c.exit_code != 0 for c in deploys] == [False, True, False], transient.describe()
     assert_no_duplicate_submits(transient)
+    # the rehearsal: qwen3-0.6b, trained on a v6e-16 (4x4 of ct6e-standard-4t)
+    rehearsal = spec_of(transient)
+    assert (rehearsal.preset.model_name, rehearsal.cluster.topology) == (REHEARSAL_MODEL, "4x4")
+    submits = [" ".join(c.argv) for c in transient.calls_of("gcluster", "job", "submit")]
+    assert any("--topology=4x4" in s and f"model_name={REHEARSAL_MODEL}" in s for s in submits), submits
     spec = spec_of(transient)
     assert sorted(set(transient.submitted_jobs())) == sorted(
         [spec.convert_job, spec.train_job, spec.export_job]
@@ -403,11 +418,12 @@ def test_a_promoted_model_is_an_asset_event_with_its_card_beside_the_export(
     assert world.asset_events("tpu-rl://models/gemma4-26b") == []
     # the model the gate held back: its publish skipped, no event; its export still has its card
     assert [run for _, run, _ in events if run == transient.run_id] == []
-    assert transient.task_state("publish_qwen3-30b-a3b") == "skipped"
-    for run in (happy, transient):
+    assert transient.task_state("publish_qwen3-0_6b") == "skipped"  # the held-back rehearsal
+    assert world.asset_events("tpu-rl://models/qwen3-0.6b") == []
+    for run, base in ((happy, "Qwen/Qwen3-30B-A3B-Instruct-2507"), (transient, "Qwen/Qwen3-0.6B")):
         card = world.model_card(spec_of(run).export.output_directory)
         meta = parse_front_matter(card)
-        assert meta["base_model"] == "Qwen/Qwen3-30B-A3B-Instruct-2507"
+        assert meta["base_model"] == base
         assert meta["datasets"] == ["nvidia/OpenMathInstruct-2"]
         assert run.ledger_run_id in card
         assert len(meta["model-index"][0]["results"][0]["metrics"]) == 2  # the rewards before and after
@@ -628,7 +644,7 @@ def test_tpu_rl_runs_lists_every_run_with_its_state(world: E2EWorld, all_runs: l
     assert any(line.split()[:3] == ["RUN", "MODEL", "STATE"] for line in lines), listed.stdout
     for run in all_runs:
         (line,) = [line for line in lines if line.startswith(run.ledger_run_id + " ")]
-        assert line.split()[1:3] == ["qwen3-30b-a3b", run.state], line
+        assert line.split()[1:3] == [spec_of(run).preset.model_name, run.state], line
     happy = all_runs[0]
     (happy_line,) = [line for line in lines if line.startswith(happy.ledger_run_id + " ")]
     printed = rewards_the_sandbox_printed(world, happy)

@@ -24,6 +24,7 @@ import pytest
 
 from airflow_provider_tpu_rl.ledger.model_card import parse_front_matter
 from airflow_provider_tpu_rl.spec import TpuVmPipelineSpec, tpu_vm_pipeline_from_conf
+from airflow_provider_tpu_rl.spec.presets import REHEARSAL_MODEL
 from tests.e2e.curves import check_curves_next_to_the_checkpoints, check_runs_plot_draws_the_trend
 from tests.support.harness import TPU_VM_DAG_ID, DagRunResult, E2EWorld, printed_rewards
 from tpu_rl_sandbox.apis.gcs_client import split_gs_url
@@ -114,9 +115,12 @@ def fault_run(world: E2EWorld) -> Callable[[str], DagRunResult]:
 
 @pytest.fixture(scope="module")
 def transient(world: E2EWorld) -> DagRunResult:
-    """Each of :data:`TRANSIENT_KINDS` fails once, transiently, in one run."""
+    """Each of :data:`TRANSIENT_KINDS` fails once, transiently, in one run. It is the rehearsal
+    (qwen3-0.6b on a v6e-4): every step of a real run, end to end."""
     faults = ",".join(f"{kind}:transient" for kind in TRANSIENT_KINDS)
-    return world.run_dag(TPU_VM_DAG_ID, conf("t-all"), faults=faults)
+    # on-demand: the module's reservation holds ct6e-standard-8t VMs, which preflight refuses for a v6e-4
+    rehearsal = conf("t-all", model=REHEARSAL_MODEL, reservation="", capacity="on-demand")
+    return world.run_dag(TPU_VM_DAG_ID, rehearsal, faults=faults)
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +138,10 @@ def test_pipeline_succeeds_with_one_vm_lifecycle(world: E2EWorld, happy: DagRunR
     assert happy.exit_code == 0, happy.describe()
     assert happy.state == "success", happy.describe()
     failed = {t: r.state for t, r in happy.tasks.items() if t != "watcher" and r.state != "success"}
-    assert failed == {}, happy.describe()
+    # only the rehearsal's asset tasks skip (this run trained llama3.1-8b-Instruct)
+    assert failed == {"publish_qwen3-0_6b": "skipped", "publish_converted_qwen3-0_6b": "skipped"}, (
+        happy.describe()
+    )
     assert happy.task_state("watcher") == "skipped"
     spec = spec_of(happy)
     for vm in (spec.cpu_vm.vm_name, spec.vm.vm_name):
@@ -237,6 +244,12 @@ def test_transient_failures_are_retried_and_the_run_succeeds(
     spec = spec_of(result)
     assert spec.vm.vm_name not in world.live_vms()
     assert world.hf_export_problems(spec.gcs_export) == []
+    # the rehearsal: qwen3-0.6b on one v6e-4, converted, trained and exported by name
+    assert (spec.preset.model_name, spec.vm.machine_type) == (REHEARSAL_MODEL, "ct6e-standard-4t")
+    tpu_lives = lives(world, spec, spec.vm.vm_name)
+    assert tpu_lives
+    assert {life["machineType"] for life in tpu_lives} == {"ct6e-standard-4t"}, tpu_lives
+    assert TRAIN_RL in [p["module"] for life in tpu_lives for p in life["programs"]], tpu_lives
 
 
 def test_ledger_records_the_rewards_the_vm_printed(world: E2EWorld, happy: DagRunResult) -> None:
@@ -303,7 +316,7 @@ def test_tpu_rl_runs_lists_every_run_with_its_state(world: E2EWorld, all_runs: l
     assert any(line.split()[:3] == ["RUN", "MODEL", "STATE"] for line in lines), listed.stdout
     for run in all_runs:
         (line,) = [line for line in lines if line.startswith(run.ledger_run_id + " ")]
-        assert line.split()[1:3] == ["llama3.1-8b-Instruct", run.state], line
+        assert line.split()[1:3] == [spec_of(run).preset.model_name, run.state], line
     happy = all_runs[0]
     (happy_line,) = [line for line in lines if line.startswith(happy.ledger_run_id + " ")]
     printed = printed_rewards(happy.output)

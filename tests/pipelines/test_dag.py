@@ -18,6 +18,7 @@ STAGE_GROUPS = {
             "wait_converted_checkpoint",
             "publish_converted_qwen3-30b-a3b",
             "publish_converted_gemma4-26b",
+            "publish_converted_qwen3-0_6b",
         ],
         "training": ["deploy_tpu_pool", "train", "wait_actor_checkpoint", "destroy_tpu_pool"],
         "export": [
@@ -26,6 +27,7 @@ STAGE_GROUPS = {
             "promote_model",
             "publish_qwen3-30b-a3b",
             "publish_gemma4-26b",
+            "publish_qwen3-0_6b",
         ],
         "teardown": ["destroy_cluster", "record_run"],
     },
@@ -43,6 +45,7 @@ STAGE_GROUPS = {
             "convert_to_maxtext",
             "wait_converted_checkpoint",
             "publish_converted_llama3_1-8b-Instruct",
+            "publish_converted_qwen3-0_6b",
         ],
         "training": ["create_vm", "install_maxtext", "train", "wait_actor_checkpoint", "delete_vm"],
         "export": [
@@ -50,6 +53,7 @@ STAGE_GROUPS = {
             "wait_hf_export",
             "promote_model",
             "publish_llama3_1-8b-Instruct",
+            "publish_qwen3-0_6b",
         ],
         "teardown": ["delete_cpu_vm", "record_run"],
     },

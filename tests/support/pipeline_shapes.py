@@ -86,8 +86,12 @@ SHAPES = {
             ("export_to_huggingface", frozenset({"wait_actor_checkpoint"})),
         ),
         extra_setups=frozenset({"deploy_tpu_pool"}),
-        publishers=("publish_qwen3-30b-a3b", "publish_gemma4-26b"),
-        checkpoint_publishers=("publish_converted_qwen3-30b-a3b", "publish_converted_gemma4-26b"),
+        publishers=("publish_qwen3-30b-a3b", "publish_gemma4-26b", "publish_qwen3-0_6b"),
+        checkpoint_publishers=(
+            "publish_converted_qwen3-30b-a3b",
+            "publish_converted_gemma4-26b",
+            "publish_converted_qwen3-0_6b",
+        ),
     ),
     TPU_VM_DAG_ID: Shape(
         order=TPU_VM_TASK_ORDER,
@@ -121,8 +125,8 @@ SHAPES = {
         ),
         side=tuple(TPU_VM_SIDE_TASKS.items()),
         own_resources=(("delete_bake_vm", "bake_image"),),
-        publishers=("publish_llama3_1-8b-Instruct",),
-        checkpoint_publishers=("publish_converted_llama3_1-8b-Instruct",),
+        publishers=("publish_llama3_1-8b-Instruct", "publish_qwen3-0_6b"),
+        checkpoint_publishers=("publish_converted_llama3_1-8b-Instruct", "publish_converted_qwen3-0_6b"),
     ),
 }
 

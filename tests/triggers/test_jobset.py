@@ -42,6 +42,7 @@ from tests.support.sandbox_run import (
     wait_for,
 )
 from tpu_rl_sandbox.apis import kube_access
+from tpu_rl_sandbox.world.settings import reset_settings, update_settings
 
 RUN_ID = "manual__2026-03-01T00:00:00+00:00"
 HEAD, WORKLOAD = "pathways-head", "workload-container"
@@ -70,6 +71,16 @@ def recording(trigger: JobSetTrigger) -> Iterator[LineRecorder]:
         yield recorder
     finally:
         logger.removeHandler(recorder)
+
+
+@pytest.fixture(autouse=True)
+def long_holds(sb: SandboxRun) -> Iterator[None]:
+    """A held job waits for its release up to 600 s, not the sandbox's default 120: on a loaded
+    machine a test's own steps (the trigger's imports, its cancellation) can take longer, and a job
+    that went on by itself would end before the trigger is cancelled."""
+    update_settings(sb.layout, hold_seconds=600.0)
+    yield
+    reset_settings(sb.layout)
 
 
 def _held_training(

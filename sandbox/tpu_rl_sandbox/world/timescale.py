@@ -29,6 +29,9 @@ INSTALL, PULL, DOCKER_INSTALL, COPY = "install", "pull", "docker_install", "copy
 
 _LARGE: Final = MappingProxyType({CONVERT: 22.5, TRAIN: 35.0, EXPORT: 22.5})
 _SINGLE_HOST: Final = MappingProxyType({CONVERT: 5.0, TRAIN: 10.0, EXPORT: 5.0})
+# The rehearsal's qwen3-0.6b (a 13th of Llama 3.1 8B's parameters), for a few steps: no source,
+# estimates a fifth of the 8B's conversion and export and half its training (start-up dominates).
+_REHEARSAL: Final = MappingProxyType({CONVERT: 1.0, TRAIN: 5.0, EXPORT: 1.0})
 INSTALL_MINUTES: Final = 22.5  # the TPU VM's MaxText install (apt, uv, pip from sources)
 # The TPU VM's container runtime instead of the install. No source states either: estimates.
 # Pulling tpu_post_training (JAX, libtpu, torch, vLLM and tpu-inference: ~10-12 GB compressed,
@@ -63,6 +66,7 @@ STAGE_MINUTES: Final[Mapping[str, Mapping[str, float]]] = MappingProxyType(
         "gemma4-26b": _LARGE,
         "llama3.1-8b-Instruct": _SINGLE_HOST,
         "llama3.1-8b": _SINGLE_HOST,
+        "qwen3-0.6b": _REHEARSAL,
     }
 )
 
