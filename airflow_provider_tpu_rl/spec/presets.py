@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Final
+from typing import Any, Final
 
 from airflow_provider_tpu_rl.spec.errors import SpecError
 
@@ -208,6 +208,16 @@ GEMMA4_26B = ModelPreset(
     ),
 )
 
+# What the TPU VM tutorial (seed 002) runs every model with: its conversion's keys (eager tensors,
+# zarr3 and OCDBT checkpoints), no Adafactor patch, and the TPU VM's MaxText release.
+_TPU_VM_TUTORIAL: Final[dict[str, Any]] = {
+    "patch_adafactor": False,
+    "lazy_load_tensors": False,
+    "checkpoint_storage_use_zarr3": 1,
+    "checkpoint_storage_use_ocdbt": 1,
+    "maxtext_version": TPU_VM_MAXTEXT_VERSION,
+}
+
 LLAMA31_8B_INSTRUCT = ModelPreset(
     model_name="llama3.1-8b-Instruct",
     runner=Runner.TPU_VM,
@@ -216,11 +226,7 @@ LLAMA31_8B_INSTRUCT = ModelPreset(
     scan_layers=True,
     compute_type="ct6e-standard-8t",
     topology="2x4",
-    patch_adafactor=False,
-    lazy_load_tensors=False,
-    checkpoint_storage_use_zarr3=1,
-    checkpoint_storage_use_ocdbt=1,
-    maxtext_version=TPU_VM_MAXTEXT_VERSION,
+    **_TPU_VM_TUTORIAL,
     train_overrides=(
         ("chips_per_vm", "8"),
         ("num_test_batches", "10"),
@@ -287,11 +293,7 @@ REHEARSAL_PRESETS: Final[MappingProxyType[Runner, ModelPreset]] = MappingProxyTy
             compute_type="ct6e-standard-4t",
             topology="2x2",
             num_batches=4,
-            patch_adafactor=False,
-            lazy_load_tensors=False,
-            checkpoint_storage_use_zarr3=1,
-            checkpoint_storage_use_ocdbt=1,
-            maxtext_version=TPU_VM_MAXTEXT_VERSION,
+            **_TPU_VM_TUTORIAL,
             train_overrides=(
                 ("chips_per_vm", "4"),
                 ("num_test_batches", "1"),

@@ -1225,7 +1225,9 @@ class VmHost(MachineHost):
         """``docker login --username=U --password-stdin REGISTRY``: the password from stdin into
         ``auths`` of the client's config (docker prints its unencrypted-storage warning), or into
         the registry's credential helper when one is configured for it. Artifact Registry takes the
-        user ``oauth2accesstoken`` with an access token (its "access token" authentication)."""
+        user ``oauth2accesstoken`` with an access token (its "access token" authentication). The
+        warning and "Login Succeeded" as docker's client prints them (docker/cli's login command;
+        read in users' transcripts of it, second-hand: no docker/cli source was reachable here)."""
         username, password_stdin, positionals = "", False, []
         for arg in args:
             if arg.startswith(("--username=", "-u=")):
@@ -1262,7 +1264,7 @@ class VmHost(MachineHost):
             call.err(
                 f"WARNING! Your password will be stored unencrypted in {directory}/config.json.\n"
                 "Configure a credential helper to remove this warning. See\n"
-                "https://docs.docker.com/engine/reference/commandline/login/#credential-stores\n\n"
+                "https://docs.docker.com/engine/reference/commandline/login/#credentials-store\n\n"
             )
         call.out("Login Succeeded\n")
         return 0
