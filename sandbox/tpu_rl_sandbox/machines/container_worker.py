@@ -43,7 +43,9 @@ def main() -> int:
                 spec["caller_env"],
             )
     finally:
-        Path(record["exit_file"]).write_text(json.dumps({"exit": code, "preempted": container.preempted}))
+        # --rm: the container is removed before its exit status is given, as the attached docker
+        # client waits for the condition "removed" (docker/cli cli/command/container/utils.go,
+        # waitExitOrRemoved): a client that has its status finds the container gone.
         with dockerd.locked(root) as found:
             if (found.get(record["name"]) or {}).get("id") == record["id"]:
                 if record["rm"]:
@@ -52,6 +54,7 @@ def main() -> int:
                     found[record["name"]]["exit"] = code
         if record["rm"]:
             shutil.rmtree(root / ".containers" / record["name"], ignore_errors=True)
+        Path(record["exit_file"]).write_text(json.dumps({"exit": code, "preempted": container.preempted}))
     return 0
 
 
