@@ -100,6 +100,33 @@ def _held_training(
     return train, context, deferred.trigger, job_name, hold
 
 
+# How long a cancelled trigger may take to end: its clean-up saves the cursor and, on a kill, deletes
+# the JobSet (seconds); a cancellation it lost would leave it waiting on the held job instead.
+CANCELLED_END_SECONDS = 60.0
+
+
+async def _cancel_while_watching(trigger: JobSetTrigger) -> bool:
+    """Run the trigger as a triggerer does (``async for`` in a task of its own), cancel that task
+    once the trigger watches the JobSet, and wait (bounded) for it to end: True when it ended with
+    the cancellation, False when it fired an event instead."""
+
+    async def first_event() -> Any:
+        async for event in trigger.run():
+            return event
+        return None
+
+    task = asyncio.create_task(first_event())
+    deadline = time.monotonic() + 120
+    while not trigger._first_seen:
+        assert not task.done(), f"the trigger ended before it watched the JobSet: {task.result()}"
+        assert time.monotonic() < deadline, "the trigger never saw the JobSet"
+        await asyncio.sleep(0.02)
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=CANCELLED_END_SECONDS)
+    assert done, f"the trigger was still running {CANCELLED_END_SECONDS:.0f} s after its cancellation"
+    return task.cancelled()
+
+
 def _release_when(recorder: LineRecorder, hold: Path, text: str) -> Any:
     async def release() -> None:
         while not any(text in line for line in recorder.lines):
@@ -266,16 +293,14 @@ def test_before_airflow_3_3_only_a_kill_cancels_the_job(
 
     monkeypatch.setattr(trigger, "safe_to_cancel", safe_to_cancel)
 
-    async def run_then_cancel() -> None:
-        task = asyncio.ensure_future(anext(aiter(trigger.run())))
-        await asyncio.sleep(1.0)
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        # Released before asyncio.run shuts down: nothing it waits for waits on the held job.
-        hold.unlink()
+    async def run_then_cancel() -> bool:
+        try:
+            return await _cancel_while_watching(trigger)
+        finally:
+            # Released before asyncio.run shuts down: nothing it waits for waits on the held job.
+            hold.unlink()
 
-    asyncio.run(run_then_cancel())
+    assert asyncio.run(run_then_cancel()) is True
     path = f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets/{job_name}"
     assert kube_access.request(sb.kube(), "GET", path).status == (404 if killed else 200)
 
@@ -299,18 +324,8 @@ def test_a_kill_whose_delete_fails_says_so_and_still_cancels(
     monkeypatch.setattr(trigger, "safe_to_cancel", safe_to_cancel)
     monkeypatch.setattr(trigger, "on_kill", refused)
 
-    async def run_then_cancel() -> bool:
-        task = asyncio.ensure_future(anext(aiter(trigger.run())))
-        await asyncio.sleep(1.0)
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            return True
-        return False
-
     with caplog.at_level(logging.ERROR, logger=f"tests.jobset_trigger.{id(trigger)}"), recording(trigger):
-        assert asyncio.run(run_then_cancel()) is True
+        assert asyncio.run(_cancel_while_watching(trigger)) is True
     (record,) = [r for r in caplog.records if "Could not delete JobSet" in r.getMessage()]
     assert job_name in record.getMessage()
     assert "gcluster job cancel" in record.getMessage()
