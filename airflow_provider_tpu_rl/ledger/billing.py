@@ -149,6 +149,12 @@ def parse_operation(resource: Mapping[str, Any]) -> Operation | None:
     )
 
 
+def billed_seconds_of(seconds: float | None, minimum: float = MINIMUM_SECONDS) -> float | None:
+    """What a machine that ran ``seconds`` in one span is billed: at least ``minimum``, per second
+    after it (None when the seconds are unknown)."""
+    return None if seconds is None else max(minimum, seconds)
+
+
 @dataclass(frozen=True)
 class BilledSpan:
     """One RUNNING span of one machine: billed from ``started_at`` to ``ended_at`` (None: it had
@@ -169,8 +175,7 @@ class BilledSpan:
 
     def billed_seconds(self, now: datetime | None = None, minimum: float = MINIMUM_SECONDS) -> float | None:
         """:meth:`seconds` with the minimum a started machine is billed."""
-        seconds = self.seconds(now)
-        return None if seconds is None else max(minimum, seconds)
+        return billed_seconds_of(self.seconds(now), minimum)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -351,3 +356,62 @@ def closed_at(spans: Iterable[BilledSpan], now: datetime) -> tuple[BilledSpan, .
         span if span.ended_at is not None else replace(span, ended_at=as_utc(now), ended_by="still running")
         for span in spans
     )
+
+
+# The XCom key of a CPU VM's billed spans in its task's result: the bake VM's, under the
+# ``bake_image`` task's ``return_value`` (operators/boot_image.py): a list of {"name", "zone",
+# "machine_type", "started", "ended"}, RFC 3339 times.
+VM_SPANS_KEY = "vm_spans"
+
+
+@dataclass(frozen=True)
+class VmSpan:
+    """One RUNNING span of a CPU VM a run used (``purpose``: ``bake``, the TPU VM's boot image):
+    billed from ``started_at`` to ``ended_at`` by Compute Engine's rule (:func:`billed_seconds`),
+    priced by its ``machine_type``'s vCPUs and memory."""
+
+    purpose: str
+    name: str
+    zone: str
+    machine_type: str
+    started_at: datetime
+    ended_at: datetime | None
+
+    @property
+    def seconds(self) -> float | None:
+        """Seconds it ran; None when its end is unknown."""
+        if self.ended_at is None:
+            return None
+        return max(0.0, (self.ended_at - self.started_at).total_seconds())
+
+    @property
+    def billed_seconds(self) -> float | None:
+        """:attr:`seconds` with the minute a started VM is billed at least."""
+        return billed_seconds_of(self.seconds)
+
+    @classmethod
+    def from_result(cls, purpose: str, value: Any) -> VmSpan | None:
+        """A span as a task returned it under :data:`VM_SPANS_KEY`, or None (no name or start)."""
+        if not isinstance(value, Mapping):
+            return None
+        started = _timestamp(value.get("started"))
+        if started is None or not value.get("name"):
+            return None
+        return cls(
+            purpose=purpose,
+            name=str(value["name"]),
+            zone=str(value.get("zone") or ""),
+            machine_type=_name_of(value.get("machine_type")),
+            started_at=started,
+            ended_at=_timestamp(value.get("ended")),
+        )
+
+
+def vm_spans_from_result(purpose: str, result: Any, now: datetime) -> tuple[VmSpan, ...]:
+    """The CPU VM spans a task's result holds under :data:`VM_SPANS_KEY` (none when it holds
+    none); a span without an end is billed up to ``now``, when the run is recorded."""
+    found = result.get(VM_SPANS_KEY) if isinstance(result, Mapping) else None
+    if not isinstance(found, list):
+        return ()
+    spans = (span for item in found if (span := VmSpan.from_result(purpose, item)) is not None)
+    return tuple(span if span.ended_at else replace(span, ended_at=as_utc(now)) for span in spans)

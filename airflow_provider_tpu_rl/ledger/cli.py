@@ -31,6 +31,9 @@ RUNS_COLUMNS = (
     "COST $",
     "EXPORT",
 )
+# The billed CPU minutes of the TPU VM's boot image bake (its bake VM): a column before EXPORT
+# only when a listed run baked.
+BAKE_COLUMN = "BAKE CPU-MIN"
 FAILED_COLUMNS = ("RUN", "MODEL", "TASK", "STATE", "TRY", "JOB", "ENDED")
 
 
@@ -41,7 +44,8 @@ def add_runs_subcommand(subparsers: Any) -> argparse.ArgumentParser:
         help="list recent pipeline runs from the run ledger",
         description=(
             "List recent pipeline runs: state, duration, mean reward before and after training, "
-            "TPU chip-hours and the Hugging Face export. The ledger is Airflow connection "
+            "TPU chip-hours, the CPU minutes a TPU VM run's boot image bake billed (BAKE CPU-MIN, "
+            "when a listed run baked) and the Hugging Face export. The ledger is Airflow connection "
             "tpu_rl_ledger, or $AIRFLOW_HOME/tpu_rl_ledger.db when that is not defined."
         ),
     )
@@ -218,9 +222,23 @@ def format_tpu_time(
     return line if held is None else f"{line}; capacity held {format_chip_hours(held)}"
 
 
+def format_cpu_minutes(seconds: float | None) -> str:
+    """Billed CPU seconds as minutes, one decimal; ``-`` when none were billed or unknown."""
+    return UNKNOWN if seconds is None or seconds <= 0 else f"{seconds / 60:.1f}"
+
+
+def runs_columns(runs: Sequence[RunSummary]) -> tuple[str, ...]:
+    """:data:`RUNS_COLUMNS`, with :data:`BAKE_COLUMN` before EXPORT when a run's bake billed CPU time."""
+    if not any(run.bake_billed_seconds for run in runs):
+        return RUNS_COLUMNS
+    export = RUNS_COLUMNS.index("EXPORT")
+    return (*RUNS_COLUMNS[:export], BAKE_COLUMN, *RUNS_COLUMNS[export:])
+
+
 def runs_table_rows(runs: Sequence[RunSummary]) -> list[tuple[str, ...]]:
-    """The table's cells, one tuple per run, in :data:`RUNS_COLUMNS` order. A run refused before
+    """The table's cells, one tuple per run, in :func:`runs_columns` order. A run refused before
     anything was spent has no values past STATE: its row ends with why (one cell spanning them)."""
+    bake = BAKE_COLUMN in runs_columns(runs)
     return [
         (run.run_id, run.model or UNKNOWN, run.state or UNKNOWN, run.refusal)
         if run.refusal
@@ -236,6 +254,7 @@ def runs_table_rows(runs: Sequence[RunSummary]) -> list[tuple[str, ...]]:
             format_share(run.idle_share),
             format_resumes(run.resumes, run.steps_lost, run.seconds_lost),
             format_cost(run.estimated_cost_usd),
+            *((format_cpu_minutes(run.bake_billed_seconds),) if bake else ()),
             run.export_uri or UNKNOWN,
         )
         for run in runs
@@ -244,10 +263,10 @@ def runs_table_rows(runs: Sequence[RunSummary]) -> list[tuple[str, ...]]:
 
 def format_runs_table(runs: Sequence[RunSummary]) -> str:
     """A fixed-width table of runs, aligned columns separated by two spaces."""
-    right_aligned = {
-        RUNS_COLUMNS.index(name) for name in ("DURATION", "BILLED CHIP-H", "TRAINED", "IDLE", "COST $")
-    }
-    return _format_table(RUNS_COLUMNS, runs_table_rows(runs), right_aligned)
+    columns = runs_columns(runs)
+    numbers = ("DURATION", "BILLED CHIP-H", "TRAINED", "IDLE", "COST $", BAKE_COLUMN)
+    right_aligned = {columns.index(name) for name in numbers if name in columns}
+    return _format_table(columns, runs_table_rows(runs), right_aligned)
 
 
 def failed_table_rows(steps: Sequence[Mapping[str, Any]]) -> list[tuple[str, ...]]:

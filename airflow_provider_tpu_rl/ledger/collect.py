@@ -18,7 +18,12 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from airflow_provider_tpu_rl.ledger.billing import BilledSpan, closed_at, spans_from_json
+from airflow_provider_tpu_rl.ledger.billing import (
+    BilledSpan,
+    closed_at,
+    spans_from_json,
+    vm_spans_from_result,
+)
 from airflow_provider_tpu_rl.ledger.records import (
     NUM_TEST_BATCHES_METRIC,
     ArtifactRecord,
@@ -42,6 +47,10 @@ GKE_CLUSTER_TASK_IDS = ("deploy_tpu_pool", "destroy_tpu_pool")
 # on is not TPU time).
 TPU_VM_CLUSTER_TASK_IDS = ("create_vm", "delete_vm")
 TPU_VM_CHIPS = 8
+# The TPU VM pipeline's bake of its boot image, on a CPU VM: its result's ``vm_spans`` are the bake
+# VM's billed spans (a GKE run has no such task).
+BAKE_TASK_ID = "bake_image"
+BAKE_PURPOSE = "bake"
 TRAIN_TASK_ID = "train"
 JOB_TASK_IDS = ("convert_to_maxtext", "train", "export_to_huggingface")
 ARTIFACT_TASK_IDS: Mapping[str, str] = {
@@ -81,6 +90,7 @@ def collect_run_from_context(
     now: datetime | None = None,
     usd_per_chip_hour: float | None = None,
     billing_task_id: str | None = None,
+    bake_task_id: str = BAKE_TASK_ID,
 ) -> Collected:
     """The run, its steps, metrics and artifacts, as the ledger stores them.
 
@@ -91,7 +101,8 @@ def collect_run_from_context(
     clocks: the spans ``billing_task_id`` (default ``cluster_task_ids[1]``, the task that deletes
     the capacity) returned under ``billed`` (:func:`billed_spans`); the capacity held is the start
     of ``cluster_task_ids[0]`` to the end of ``cluster_task_ids[1]`` (or ``now``); the TPU time that
-    trained is :func:`training_span`.
+    trained is :func:`training_span`. The CPU VM that baked the TPU VM's boot image is billed by
+    the spans ``bake_task_id`` returned under ``vm_spans``, read when the run has that task.
     """
     current = now or datetime.now(UTC)
     dag_run = context["dag_run"]
@@ -134,6 +145,11 @@ def collect_run_from_context(
         train_ended_at=train_ended,
         usd_per_chip_hour=usd_per_chip_hour,
         billed_spans=billed,
+        vm_spans=(
+            vm_spans_from_result(BAKE_PURPOSE, _xcom(own_ti, bake_task_id), current)
+            if bake_task_id in steps
+            else ()
+        ),
         resume_loss=resume_loss(
             train_result.get("attempts") if isinstance(train_result, Mapping) else None,
             make_run_id(dag_run.dag_id, dag_run.run_id),

@@ -14,6 +14,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from airflow_provider_tpu_rl.ledger.billing import VmSpan
 from airflow_provider_tpu_rl.ledger.records import (
     ArtifactRecord,
     MetricRecord,
@@ -230,6 +231,25 @@ RUN_ARTIFACTS = TableSpec(
     ),
 )
 
+# One row per RUNNING span of a CPU VM the run used (the bake VM), keyed by the VM and its start:
+# a retried record_run updates the row.
+RUN_VM_SPANS = TableSpec(
+    name="run_vm_spans",
+    key=("run_id", "vm_name", "started_at"),
+    columns=(
+        Column("run_id", "STRING"),
+        Column("vm_name", "STRING"),
+        Column("started_at", "TIMESTAMP"),
+        Column("purpose", "STRING"),
+        Column("vm_zone", "STRING"),
+        Column("machine_type", "STRING"),
+        Column("ended_at", "TIMESTAMP"),
+        Column("seconds", "FLOAT64"),
+        Column("billed_seconds", "FLOAT64"),
+        Column("recorded_at", "TIMESTAMP", Merge.REPLACE),
+    ),
+)
+
 
 def _merged_value(table: TableSpec, column: Column, new: str, old: str) -> str:
     new_value, old_value = f"{new}.{column.name}", f"{old}.{column.name}"
@@ -388,6 +408,22 @@ def artifact_row(run_id: str, artifact: ArtifactRecord, recorded_at: datetime) -
         "kind": artifact.kind,
         "uri": artifact.uri,
         "step": artifact.step,
+        "recorded_at": as_utc(recorded_at),
+    }
+
+
+def vm_span_row(run_id: str, span: VmSpan, recorded_at: datetime) -> dict[str, Any]:
+    """The ``run_vm_spans`` row of a CPU VM's span."""
+    return {
+        "run_id": run_id,
+        "vm_name": span.name,
+        "started_at": as_utc(span.started_at),
+        "purpose": span.purpose,
+        "vm_zone": span.zone or None,
+        "machine_type": span.machine_type or None,
+        "ended_at": as_utc(span.ended_at),
+        "seconds": span.seconds,
+        "billed_seconds": span.billed_seconds,
         "recorded_at": as_utc(recorded_at),
     }
 

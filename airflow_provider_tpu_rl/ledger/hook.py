@@ -40,6 +40,7 @@ from airflow_provider_tpu_rl.ledger.dialects import (
     RUN_ARTIFACTS,
     RUN_METRICS,
     RUN_STEPS,
+    RUN_VM_SPANS,
     RUNS,
     Dialect,
     TableSpec,
@@ -55,6 +56,7 @@ from airflow_provider_tpu_rl.ledger.dialects import (
     run_row,
     step_row,
     upsert_sql,
+    vm_span_row,
 )
 from airflow_provider_tpu_rl.ledger.records import (
     ArtifactRecord,
@@ -376,7 +378,8 @@ class RunLedger:
         *,
         recorded_at: datetime | None = None,
     ) -> None:
-        """Upsert a run with its steps, metrics and artifacts in one transaction."""
+        """Upsert a run with its steps, metrics, artifacts and CPU VM spans (``run.vm_spans``) in
+        one transaction."""
         self._ensure_schema()
         when = recorded_at or datetime.now(UTC)
         run_id = run.run_id
@@ -387,6 +390,10 @@ class RunLedger:
             (
                 RUN_ARTIFACTS,
                 dedupe_rows(RUN_ARTIFACTS, [artifact_row(run_id, artifact, when) for artifact in artifacts]),
+            ),
+            (
+                RUN_VM_SPANS,
+                dedupe_rows(RUN_VM_SPANS, [vm_span_row(run_id, span, when) for span in run.vm_spans]),
             ),
         ]
         self._write(tables)

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from itertools import pairwise
 from typing import Any
 
-from airflow_provider_tpu_rl.ledger.billing import BilledSpan, billed_chip_seconds, spans_from_json
+from airflow_provider_tpu_rl.ledger.billing import BilledSpan, VmSpan, billed_chip_seconds, spans_from_json
 from airflow_provider_tpu_rl.ledger.billing import as_utc as as_utc
 from airflow_provider_tpu_rl.ledger.promotion import is_promoted
 
@@ -171,6 +171,9 @@ class RunRecord:
     # the TPU machines' RUNNING spans, from their own clocks (ledger/billing.py); a machine still
     # running when the run was recorded is billed up to then (None: not known)
     billed_spans: tuple[BilledSpan, ...] | None = None
+    # the CPU VMs the run used besides its TPU (the bake VM of the TPU VM's boot image): stored one
+    # row per span in run_vm_spans; none on a GKE run, or when nothing was baked
+    vm_spans: tuple[VmSpan, ...] = ()
 
     def __post_init__(self) -> None:
         if self.state not in RUN_STATES:
@@ -360,6 +363,8 @@ class RunSummary:
     billed_chip_seconds: float | None = None
     held_chip_hours: float | None = None
     billed_spans_json: str | None = None
+    # the bake VM's billed CPU seconds (run_vm_spans, purpose bake); None: the run baked nothing
+    bake_billed_seconds: float | None = None
 
     @property
     def promoted(self) -> bool | None:

@@ -11,6 +11,7 @@ from typing import Any
 from airflow.providers.common.compat.sdk import Context
 
 from airflow_provider_tpu_rl.exceptions import ConfigurationError
+from airflow_provider_tpu_rl.ledger.billing import VM_SPANS_KEY
 from airflow_provider_tpu_rl.operators.base import expiry_of_run, fail_fast
 from airflow_provider_tpu_rl.operators.tpu_vm import _TpuVmOperator
 from airflow_provider_tpu_rl.render import boot_image, tpu_vm
@@ -20,11 +21,11 @@ from airflow_provider_tpu_rl.spec.pipeline import TpuVmPipelineSpec
 from airflow_provider_tpu_rl.spec.preflight import parse_json_document
 from airflow_provider_tpu_rl.timeouts import stage_command_timeout
 
-# The XCom key of the bake VM's billed spans (the bake's share of the run's cost; the ledger does
-# not read it yet: docs/ledger.md): a list of {"name", "zone", "machine_type", "started", "ended"},
+# The bake VM's billed spans go under VM_SPANS_KEY ("vm_spans"; the ledger stores them, table
+# run_vm_spans: docs/ledger.md): a list of {"name", "zone", "machine_type", "started", "ended"},
 # RFC 3339 UTC times: the VM's lastStartTimestamp (creationTimestamp when it has none) to its
-# lastStopTimestamp (else the moment its stop was asked). Compute Engine bills a VM's vCPUs and memory from its start until it stops.
-VM_SPANS_KEY = "vm_spans"
+# lastStopTimestamp (else the moment its stop was asked). Compute Engine bills a VM's vCPUs and
+# memory from its start until it stops.
 
 
 def _utc(epoch: float) -> str:

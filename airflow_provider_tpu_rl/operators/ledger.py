@@ -10,7 +10,7 @@ from typing import Any
 from airflow.providers.common.compat.sdk import BaseOperator, Context
 
 from airflow_provider_tpu_rl.compat import conf
-from airflow_provider_tpu_rl.ledger.cli import format_resumes, format_tpu_time
+from airflow_provider_tpu_rl.ledger.cli import format_cpu_minutes, format_resumes, format_tpu_time
 from airflow_provider_tpu_rl.ledger.collect import ERROR_XCOM_KEY, INVALID_CONF, task_states
 from airflow_provider_tpu_rl.ledger.hook import DEFAULT_CONN_ID, RunLedger, record_run_from_context
 from airflow_provider_tpu_rl.ledger.plots import (
@@ -190,6 +190,14 @@ class RecordRunOperator(BaseOperator):
             **self.collect_options,
         )
         self.log.info("TPU time of this run: %s", tpu_time_line(run))
+        for span in run.vm_spans:
+            self.log.info(
+                "CPU VM %s (%s, %s): billed %s minutes",
+                span.name,
+                span.purpose,
+                span.machine_type,
+                format_cpu_minutes(span.billed_seconds),
+            )
         if run.resume_loss is not None and run.resume_loss.resumes:
             loss = run.resume_loss
             self.log.info(

@@ -1,8 +1,9 @@
 -- Newest runs first, with pre/post mean reward (and the evaluation's num_test_batches, which says
 -- why a reward is missing), the Hugging Face export, the price its cost was estimated at,
 -- what it was asked to do (settings_json), its billed TPU time from the machines' clocks
--- (chip_hours, billed_chip_seconds, billed_spans_json), the capacity it held (held_chip_hours)
--- and the promotion gate's line (promotion).
+-- (chip_hours, billed_chip_seconds, billed_spans_json), the capacity it held (held_chip_hours),
+-- the promotion gate's line (promotion) and the billed CPU seconds of its boot image's bake VM
+-- (bake_billed_seconds, from run_vm_spans; NULL when it baked nothing).
 -- Parameters: :any_model (1 = all models, 0 = only :model), :any_run (1 = all runs, 0 = only
 -- :run_id), :row_limit.
 WITH rewards AS (
@@ -31,6 +32,15 @@ exports AS (
     FROM run_artifacts AS a
     WHERE a.kind = 'hf_export'
     GROUP BY a.run_id
+),
+
+bakes AS (
+    SELECT
+        v.run_id,
+        SUM(v.billed_seconds) AS bake_billed_seconds
+    FROM run_vm_spans AS v
+    WHERE v.purpose = 'bake'
+    GROUP BY v.run_id
 )
 
 SELECT
@@ -59,10 +69,12 @@ SELECT
     rewards.pre_mean_reward,
     rewards.post_mean_reward,
     rewards.num_test_batches,
-    exports.export_uri
+    exports.export_uri,
+    bakes.bake_billed_seconds
 FROM runs AS r
 LEFT JOIN rewards ON r.run_id = rewards.run_id
 LEFT JOIN exports ON r.run_id = exports.run_id
+LEFT JOIN bakes ON r.run_id = bakes.run_id
 WHERE
     (:any_model = 1 OR r.model = :model)
     AND (:any_run = 1 OR r.run_id = :run_id)

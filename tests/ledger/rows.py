@@ -6,10 +6,10 @@ the tables themselves, through the ledger's own session so that SQLite and Postg
 
 from __future__ import annotations
 
-from airflow_provider_tpu_rl.ledger.dialects import RUN_ARTIFACTS, RUN_METRICS, RUN_STEPS, RUNS
+from airflow_provider_tpu_rl.ledger.dialects import RUN_ARTIFACTS, RUN_METRICS, RUN_STEPS, RUN_VM_SPANS, RUNS
 from airflow_provider_tpu_rl.ledger.hook import RunLedger
 
-LEDGER_TABLES = (RUNS, RUN_STEPS, RUN_METRICS, RUN_ARTIFACTS)
+LEDGER_TABLES = (RUNS, RUN_STEPS, RUN_METRICS, RUN_ARTIFACTS, RUN_VM_SPANS)
 _TABLE_NAMES = frozenset(table.name for table in LEDGER_TABLES)
 
 

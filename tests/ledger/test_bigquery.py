@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 import sqlfluff
 
+from airflow_provider_tpu_rl.ledger.billing import VmSpan
 from airflow_provider_tpu_rl.ledger.dialects import Dialect
 from airflow_provider_tpu_rl.ledger.hook import RunLedger
 from airflow_provider_tpu_rl.ledger.records import (
@@ -98,7 +99,7 @@ def test_migrations_create_the_dataset_and_run_each_bigquery_file(
 ) -> None:
     ledger, client = bigquery_ledger
     client.applied_versions = [1]
-    assert ledger.apply_migrations() == [2, 3, 4, 5, 6, 7, 8]  # 7: billed_time, 8: model_promotion
+    assert ledger.apply_migrations() == [2, 3, 4, 5, 6, 7, 8, 9]  # 7: billed_time, 8: model_promotion
     assert client.datasets == ["my-project.rl_results"]
     sqls = [sql for sql, _ in client.jobs]
     assert sqls[0].startswith("CREATE TABLE IF NOT EXISTS schema_migrations")
@@ -121,6 +122,8 @@ def test_migrations_create_the_dataset_and_run_each_bigquery_file(
     assert parameters(client.jobs[13][1])["version"] == ("INT64", 7)  # sqls[12]: 0007_billed_time (issue 46)
     assert sqls[14].splitlines()[1:] == ["ALTER TABLE runs", "ADD COLUMN IF NOT EXISTS promotion STRING;"]
     assert parameters(client.jobs[15][1])["version"] == ("INT64", 8)
+    assert "CREATE TABLE IF NOT EXISTS run_vm_spans" in sqls[16]  # 0009_vm_spans: the bake VM's spans
+    assert parameters(client.jobs[17][1])["version"] == ("INT64", 9)
     for _, job_config in client.jobs:
         assert str(job_config.default_dataset) == "my-project.rl_results"
 
@@ -145,6 +148,23 @@ def test_record_is_one_merge_script_with_typed_parameters(
     assert values["run_steps_r0_try_number"] == ("INT64", 2)
     assert values["run_steps_r0_ended_at"] == ("TIMESTAMP", None)
     assert values["run_metrics_r0_metric_value"] == ("FLOAT64", 0.4)
+
+
+def test_a_bake_vms_span_is_merged_on_its_vm_and_start(
+    bigquery_ledger: tuple[RunLedger, FakeClient],
+) -> None:
+    ledger, client = bigquery_ledger
+    client.applied_versions = list(range(1, 10))
+    bake = VmSpan("bake", "tpu-rl-bake-0301", "us-east5-b", "n2-standard-8", T0, T0 + timedelta(seconds=20))
+    ledger.record(RunRecord("dag", "run", "m", "success", T0, T0, vm_spans=(bake,)))
+    script, job_config = client.jobs[-1]
+    assert "MERGE run_vm_spans AS target" in script
+    assert "target.vm_name = source.vm_name AND target.started_at = source.started_at" in script
+    sqlfluff.parse(script, dialect="bigquery")
+    values = parameters(job_config)
+    assert values["run_vm_spans_r0_started_at"] == ("TIMESTAMP", T0)
+    assert values["run_vm_spans_r0_billed_seconds"] == ("FLOAT64", 60.0)
+    assert values["run_vm_spans_r0_machine_type"] == ("STRING", "n2-standard-8")
 
 
 def test_queries_use_at_parameters(bigquery_ledger: tuple[RunLedger, FakeClient]) -> None:

@@ -9,8 +9,10 @@ import pytest
 
 from airflow_provider_tpu_rl.ledger.billing import (
     MINIMUM_SECONDS,
+    VM_SPANS_KEY,
     BilledSpan,
     Observation,
+    VmSpan,
     base_instance_names,
     billed_chip_seconds,
     chips_of_machine_type,
@@ -20,6 +22,7 @@ from airflow_provider_tpu_rl.ledger.billing import (
     observe_instance,
     parse_operation,
     spans_from_json,
+    vm_spans_from_result,
 )
 
 T0 = datetime(2026, 3, 4, 13, 0, tzinfo=UTC)
@@ -211,3 +214,42 @@ def test_spans_round_trip_through_json() -> None:
     assert spans_from_json([s.as_dict() for s in spans]) == spans
     assert spans_from_json("not a list") is None
     assert spans_from_json([{"machine": "x"}, "junk"]) == ()
+
+
+def bake_span(start: float, end: float | None) -> dict[str, object]:
+    """A bake VM's span as ``bake_image`` returns it (operators/boot_image.py, ``vm_span``)."""
+    return {
+        "name": "tpu-rl-bake-0301",
+        "zone": "us-east5-b",
+        "machine_type": "n2-standard-8",
+        "started": pacific(start),
+        "ended": None if end is None else at(end).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z",
+    }
+
+
+def test_a_bake_vm_span_bills_a_minute_at_least_then_per_second() -> None:
+    result = {VM_SPANS_KEY: [bake_span(0, 0.5), bake_span(10, 17.25)]}
+    short, long = vm_spans_from_result("bake", result, at(60))
+    assert (short.purpose, short.name, short.zone, short.machine_type) == (
+        "bake",
+        "tpu-rl-bake-0301",
+        "us-east5-b",
+        "n2-standard-8",
+    )
+    assert (short.started_at, short.ended_at) == (at(0), at(0.5))
+    assert (short.seconds, short.billed_seconds) == (30.0, MINIMUM_SECONDS)
+    assert (long.seconds, long.billed_seconds) == (435.0, 435.0)
+
+
+def test_a_bake_span_without_its_end_is_billed_up_to_the_recording() -> None:
+    (span_,) = vm_spans_from_result("bake", {VM_SPANS_KEY: [bake_span(0, None)]}, at(3))
+    assert (span_.ended_at, span_.billed_seconds) == (at(3), 180.0)
+
+
+@pytest.mark.parametrize(
+    "result",
+    [None, {}, {VM_SPANS_KEY: []}, {VM_SPANS_KEY: "junk"}, {VM_SPANS_KEY: [{"name": "x"}, "junk"]}],
+)
+def test_a_result_without_vm_spans_gives_none(result: object) -> None:
+    assert vm_spans_from_result("bake", result, at(3)) == ()
+    assert VmSpan.from_result("bake", {"started": pacific(0)}) is None  # no name

@@ -101,6 +101,23 @@ def test_table_is_aligned_with_dashes_for_unknowns() -> None:
     ]
 
 
+def test_a_run_that_baked_shows_its_bake_vms_billed_cpu_minutes() -> None:
+    table = format_runs_table(
+        [
+            summary("vm/manual__1", model="llama3.1-8b-Instruct", bake_billed_seconds=450.0),
+            summary("gke/manual__2", bake_billed_seconds=None, export_uri="gs://b/x/"),
+        ]
+    )
+    header, baked, gke = table.splitlines()
+    assert header.endswith("COST $  BAKE CPU-MIN  EXPORT")
+    column = header.index("EXPORT")
+    assert baked[:column].rstrip().endswith("-           7.5")  # COST $ unknown, 7.5 billed minutes
+    assert gke[:column].rstrip().endswith("-             -")
+    assert gke[column:] == "gs://b/x/"
+    # no listed run baked: no column
+    assert "BAKE" not in format_runs_table([summary("gke/manual__2", bake_billed_seconds=0.0)])
+
+
 def test_a_model_the_gate_held_back_says_not_promoted() -> None:
     line = "not promoted: reward gain +0.01 < min_reward_gain 0.05 (mean reward 0.3 -> 0.31)"
     table = format_runs_table(

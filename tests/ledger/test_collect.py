@@ -27,6 +27,7 @@ from tests.support.ledger_fakes import (
     FakeDagRun,
     FakeLedgerTaskInstance,
     FakeTaskInstance,
+    bake_result,
     context_for,
     gke_task_instances,
     minutes,
@@ -172,6 +173,29 @@ def test_tpu_vm_pipeline_task_ids() -> None:
     assert (run.cluster_started_at, run.cluster_ended_at) == (minutes(0), minutes(30))
     assert run.held_chip_hours == pytest.approx(8 * 0.5)
     assert MetricRecord("post", 0, "mean_reward", 0.34) in metrics
+
+
+def test_a_tpu_vm_run_carries_its_bake_vms_span() -> None:
+    instances = [
+        FakeTaskInstance("bake_image", "success", 1, minutes(0), minutes(9)),
+        FakeTaskInstance("create_vm", "success", 1, minutes(10), minutes(15)),
+    ]
+    dag_run = FakeDagRun(instances, dag_id="tpu_rl_tpu_vm_pipeline")
+    context = {"dag_run": dag_run, "ti": FakeLedgerTaskInstance({"bake_image": bake_result(1, 8.5)})}
+    run, _, _, _ = collect_run_from_context(
+        context, model="m", chips=TPU_VM_CHIPS, cluster_task_ids=TPU_VM_CLUSTER_TASK_IDS, now=NOW
+    )
+    (span,) = run.vm_spans
+    assert (span.purpose, span.name, span.machine_type) == ("bake", "tpu-rl-bake-0301", "n2-standard-8")
+    assert (span.started_at, span.ended_at, span.billed_seconds) == (minutes(1), minutes(8.5), 450.0)
+
+
+def test_a_run_without_a_bake_task_reads_no_bake_xcom() -> None:
+    ti = FakeLedgerTaskInstance(SUCCESS_XCOMS)
+    context = {**context_for(FakeDagRun(gke_task_instances()), SUCCESS_XCOMS), "ti": ti}
+    run, _, _, _ = collect_run_from_context(context, model="m", chips=32, now=NOW)
+    assert run.vm_spans == ()
+    assert "bake_image" not in {task_id for task_id, _ in ti.pulled}
 
 
 def test_task_ids_are_parameters() -> None:

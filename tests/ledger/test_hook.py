@@ -64,7 +64,7 @@ def test_a_migration_that_fails_halfway_leaves_no_trace(
     with pytest.raises(Exception, match="no_such_table"):
         ledger.apply_migrations()
     monkeypatch.setattr(hook_module, "load_migrations", load_migrations)
-    assert ledger.apply_migrations() == [1, 2, 3, 4, 5, 6, 7, 8, 9]  # the failed try left nothing behind
+    assert ledger.apply_migrations() == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]  # the failed try left nothing behind
     ledger.record(make_run("after"), [], [], [])
     with pytest.raises(Exception, match="probe"), ledger._session(write=False) as session:
         session.fetch("SELECT probe FROM runs", {})
@@ -80,11 +80,11 @@ def rewards(pre: float | None, post: float | None) -> list[MetricRecord]:
 
 
 def test_migrations_apply_once_and_twice_is_a_no_op(ledger: RunLedger) -> None:
-    assert ledger.apply_migrations() == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert ledger.apply_migrations() == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
     assert ledger.apply_migrations() == []
     assert RunLedger().apply_migrations() == []  # a new instance sees the recorded versions
-    assert applied_versions(ledger) == [1, 2, 3, 4, 5, 6, 7, 8, 9]
-    for table in ("runs", "run_steps", "run_metrics", "run_artifacts"):
+    assert applied_versions(ledger) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    for table in ("runs", "run_steps", "run_metrics", "run_artifacts", "run_vm_spans"):
         assert count_rows(ledger, table) == 0
 
 
@@ -378,6 +378,6 @@ def test_concurrent_first_writers_apply_each_migration_once(ledger: RunLedger) -
     with ThreadPoolExecutor(max_workers=4) as pool:
         applied = list(pool.map(first_write, range(4)))
 
-    assert sorted(version for versions in applied for version in versions) == [1, 2, 3, 4, 5, 6, 7, 8, 9]
-    assert applied_versions(ledger) == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert sorted(version for versions in applied for version in versions) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    assert applied_versions(ledger) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
     assert count_rows(ledger, "run_steps", f"{DAG}/concurrent") == 4

@@ -25,6 +25,7 @@ from tests.support.ledger_fakes import (
     FakeDagRun,
     FakeLedgerTaskInstance,
     FakeTaskInstance,
+    bake_result,
     context_for,
     gke_task_instances,
     minutes,
@@ -115,6 +116,26 @@ def test_a_run_refused_at_validate_is_recorded_with_its_reason(ledger: RunLedger
     # a run whose validate passed has none
     ti = KeyedLedgerTaskInstance({}, task_states={**states, "validate": "success"})
     assert operator.refusal({"dag_run": FakeAirflow3DagRun(), "ti": ti}) is None  # type: ignore[arg-type]
+
+
+def test_the_bake_vms_billed_cpu_time_is_stored_once_per_span(ledger: RunLedger) -> None:
+    """The TPU VM run's bake VM: a row per span, a minute billed at least; a retry adds no row."""
+    states = {"bake_image": "success", "create_vm": "success", LEDGER_TASK: "running"}
+    context: dict[str, Any] = {
+        "dag_run": FakeAirflow3DagRun(dag_id="tpu_rl_tpu_vm_pipeline"),
+        "ti": FakeLedgerTaskInstance({"bake_image": bake_result(1, 1.5)}, task_states=states),
+    }
+    for _ in range(2):  # record_run retried
+        run = record_run_from_context(context, model="llama3.1-8b-Instruct", chips=8)
+
+    assert count_rows(ledger, "run_vm_spans") == 1
+    with ledger._session(write=False) as session:
+        (row,) = session.fetch("SELECT * FROM run_vm_spans", {})
+    assert (row["run_id"], row["purpose"], row["vm_name"]) == (run.run_id, "bake", "tpu-rl-bake-0301")
+    assert (row["machine_type"], row["vm_zone"]) == ("n2-standard-8", "us-east5-b")
+    assert (row["seconds"], row["billed_seconds"]) == (30.0, 60.0)  # Compute Engine's one-minute minimum
+    (summary,) = ledger.latest_runs()
+    assert summary.bake_billed_seconds == 60.0
 
 
 def test_airflow3_run_gets_step_times_from_the_callbacks(ledger: RunLedger) -> None:

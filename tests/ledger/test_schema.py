@@ -66,6 +66,7 @@ def test_portable_and_bigquery_migrations_create_the_same_tables() -> None:
             "run_steps",
             "run_metrics",
             "run_artifacts",
+            "run_vm_spans",
         }
     )
 

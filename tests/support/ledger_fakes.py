@@ -121,6 +121,18 @@ def billed_result(start: float, end: float | None, machines: int = 8, chips: int
     }
 
 
+def bake_result(start: float, end: float) -> dict[str, Any]:
+    """What ``bake_image`` returns after a bake: its bake VM's span, from minute ``start`` to ``end``."""
+    span = {
+        "name": "tpu-rl-bake-0301",
+        "zone": "us-east5-b",
+        "machine_type": "n2-standard-8",
+        "started": minutes(start).isoformat(),
+        "ended": minutes(end).isoformat(),
+    }
+    return {"boot_image_family": "tpu-rl-1a2b", "baked": True, "vm_spans": [span]}
+
+
 # The TPU pool's deploy runs from minute 36 to 41 and its destroy from 121 to 126 (the capacity
 # held: 90 minutes); its 8 node VMs run (billed) from minute 38 to 124: 86 minutes.
 BILLED_MINUTES = 86
