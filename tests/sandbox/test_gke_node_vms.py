@@ -42,7 +42,6 @@ def scaled(cli: Cli) -> Iterator[None]:
             "vm_provisioning": 5.0,
             "vm_staging": 0.0,
             "tpu_node_ready": 5.0,
-            "tpu_pool_drain": 5.0,
         },
     )
     try:
@@ -118,8 +117,9 @@ def test_the_tpu_pools_nodes_are_labelled_vms_that_run_after_provisioning_and_st
     assert sorted(op["targetId"] for op in deletes) == sorted(node["id"] for node in nodes)
     last_start = max(datetime.fromisoformat(node["lastStartTimestamp"]) for node in nodes)
     for op in deletes:
-        # the nodes ran (billed) through the drain, then went STOPPING as their delete started
-        assert (datetime.fromisoformat(op["startTime"]) - last_start).total_seconds() >= 5 * SCALE - 0.05
+        # the nodes ran (billed) until they went STOPPING as their delete started (no pod ran on
+        # them: no drain, tests/sandbox/test_pool_drain.py)
+        assert datetime.fromisoformat(op["startTime"]) >= last_start
         assert op["status"] == "DONE"
 
 

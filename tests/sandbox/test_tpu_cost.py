@@ -56,22 +56,31 @@ def test_real_minutes_and_cost() -> None:
 def test_the_tutorials_flows_bill_every_stage_on_the_tpu_on_the_same_durations() -> None:
     qwen, llama = "qwen3-30b-a3b", "llama3.1-8b-Instruct"
     capacity = timescale.CAPACITY_MINUTES
-    # GKE: the TPU nodes from their start in the cluster deploy (boot to Ready) through convert,
-    # train and export to the teardown's drain
-    gke = capacity["tpu_node_ready"] + 22.5 + 35.0 + 22.5 + capacity["tpu_pool_drain"]
+    # GKE: the TPU nodes from their start in the cluster deploy (boot to Ready) through the image's
+    # pull, convert, train and export to the teardown, whose drain is none: the jobs have finished
+    gke = capacity["tpu_node_ready"] + timescale.PULL_MINUTES + 22.5 + 35.0 + 22.5
     assert tpu_cost.tutorial_gke_minutes(qwen) == pytest.approx(gke)
     # the TPU VM: install from sources, convert, train, copy, export (create and delete states unbilled)
     vm = timescale.INSTALL_MINUTES + 5.0 + 10.0 + timescale.TUTORIAL_COPY_MINUTES + 5.0
     assert tpu_cost.tutorial_tpu_vm_minutes(llama) == pytest.approx(vm)
     # the bench's overrides move the tutorials' flow as they move the run
-    assert tpu_cost.tutorial_gke_minutes(qwen, {"train": 60}, {"tpu_pool_drain": 0}) == pytest.approx(
-        gke + 25.0 - capacity["tpu_pool_drain"]
+    assert tpu_cost.tutorial_gke_minutes(qwen, {"train": 60}, {"tpu_node_ready": 0}) == pytest.approx(
+        gke + 25.0 - capacity["tpu_node_ready"]
     )
     assert tpu_cost.tutorial_tpu_vm_minutes(llama, {"train": 60, "install": 20}) == pytest.approx(
         vm + 50.0 - timescale.INSTALL_MINUTES + 20.0
     )
     with pytest.raises(ValueError, match="no convert duration for gpt-x"):
         tpu_cost.tutorial_gke_minutes("gpt-x")
+
+
+def test_the_tutorials_gke_nodes_pull_the_workload_image_before_converting() -> None:
+    # the conversion runs the workload image on the TPU slice (the shared reference's step 7): the
+    # nodes pull it first, for the estimate the sandbox's GKE pull takes, and --stage-minutes moves it
+    qwen = "qwen3-30b-a3b"
+    without_pull = tpu_cost.tutorial_gke_minutes(qwen, {"pull": 0})
+    assert tpu_cost.tutorial_gke_minutes(qwen) == pytest.approx(without_pull + timescale.PULL_MINUTES)
+    assert tpu_cost.tutorial_gke_minutes(qwen, {"pull": 12}) == pytest.approx(without_pull + 12)
 
 
 def test_the_runs_cost_is_set_against_the_tutorials_at_on_demand() -> None:

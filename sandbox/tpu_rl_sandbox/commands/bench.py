@@ -579,7 +579,7 @@ TPU_TIME_RUNS: dict[str, TpuTimeRun] = {
         "qwen3-30b-a3b",
         GKE_IDLE_GOAL,
         tpu_cost.tutorial_gke_minutes,
-        "the TPU nodes from the cluster deploy to its teardown: node boot, convert, train, export, drain",
+        "the TPU nodes from the cluster deploy to its teardown: node boot, image pull, convert, train, export",
     ),
     "TPU VM (Llama 3.1 8B, v6e-8)": TpuTimeRun(
         TPU_VM_DAG_ID,

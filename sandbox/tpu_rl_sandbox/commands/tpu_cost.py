@@ -17,7 +17,9 @@ from tpu_rl_sandbox.world.timescale import (
     COPY,
     EXPORT,
     INSTALL,
+    PULL,
     TRAIN,
+    drain_real_minutes,
     stage_real_minutes,
 )
 
@@ -96,15 +98,21 @@ def tutorial_gke_minutes(
     capacity: Mapping[str, float] | None = None,
 ) -> float:
     """Real minutes the tutorials' GKE flow bills its TPU nodes on the same durations: the cluster
-    deploy creates the TPU pool, whose node VMs bill from their start (their boot to Ready), through
-    conversion, training and export on the TPU slice, to the teardown (the nodes' drain; their
-    STOPPING bills nothing, as for the pipeline)."""
+    deploy creates the TPU pool, whose node VMs bill from their start (their boot to Ready); the
+    conversion, the tutorials' first job on the TPU slice, runs the workload image there (the shared
+    reference's workloads, step 7: "HF → MaxText conversion as a gcluster job on the TPU slice"), so
+    the nodes first pull it (``pull``, the estimate the sandbox's GKE pull uses); then conversion,
+    training and export on the slice, to the teardown. Its drain lasts as GKE drains a pool (the
+    running pods' largest grace period, :func:`~tpu_rl_sandbox.world.timescale.drain_real_minutes`):
+    at the teardown the tutorials' jobs have finished, no pod runs, so none. The nodes' STOPPING
+    bills nothing, as for the pipeline."""
     return (
         _capacity("tpu_node_ready", capacity)
+        + _stage(PULL, model, stages)
         + _stage(CONVERT, model, stages)
         + _stage(TRAIN, model, stages)
         + _stage(EXPORT, model, stages)
-        + _capacity("tpu_pool_drain", capacity)
+        + drain_real_minutes(())  # the tutorials' jobs have all finished: no running pod
     )
 
 

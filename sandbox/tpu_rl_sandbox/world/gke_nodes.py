@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import secrets
 import string
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from tpu_rl_sandbox.world import instances
@@ -29,6 +30,10 @@ CLUSTER_LABEL = "goog-k8s-cluster-name"
 POOL_LABEL = "goog-k8s-node-pool-name"
 LOCATION_LABEL = "goog-k8s-cluster-location"
 NODE_LABEL = "goog-gke-node"
+# The node labels a TPU pod's nodeSelector asks for (GKE's TPU node labels, as gcluster writes them)
+TPU_ACCELERATOR_SELECTOR = "cloud.google.com/gke-tpu-accelerator"
+TPU_TOPOLOGY_SELECTOR = "cloud.google.com/gke-tpu-topology"
+FINISHED_PHASES = ("Succeeded", "Failed")
 _BASE_LIMIT = 58
 
 
@@ -181,6 +186,36 @@ def _nodes(txn: Any, cluster: dict[str, Any], pool: dict[str, Any]) -> list[tupl
         and (record.get("labels") or {}).get(POOL_LABEL) == pool["name"]
         and record.get("project") == cluster["project"]
     ]
+
+
+def running_pod_graces(
+    jobs: Iterable[Mapping[str, Any]], cluster_key: str, pool: Mapping[str, Any]
+) -> list[int | float | None]:
+    """The ``terminationGracePeriodSeconds`` (None where the pod spec leaves it unset) of each pod
+    of the cluster's JobSets that is still on the TPU pool's nodes: not finished (Succeeded,
+    Failed), its nodeSelector asking for a TPU accelerator and, where it names one, the pool's
+    topology. What the pool's drain waits for (:func:`~tpu_rl_sandbox.world.timescale.drain_seconds`)."""
+    graces: list[int | float | None] = []
+    for job in jobs:
+        if job.get("cluster_key") != cluster_key:
+            continue
+        specs: dict[str, Mapping[str, Any]] = {}
+        for rjob in ((job.get("manifest") or {}).get("spec") or {}).get("replicatedJobs") or []:
+            template = (((rjob.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec")
+            specs[str(rjob.get("name"))] = template or {}
+        for pod in job.get("pods") or []:
+            if pod.get("phase") in FINISHED_PHASES:
+                continue
+            spec = specs.get(str(pod.get("replicatedJob")), {})
+            selector = spec.get("nodeSelector") or {}
+            if TPU_ACCELERATOR_SELECTOR not in selector:
+                continue
+            topology = selector.get(TPU_TOPOLOGY_SELECTOR)
+            if topology and pool.get("topology") and str(topology) != str(pool["topology"]):
+                continue
+            grace = spec.get("terminationGracePeriodSeconds")
+            graces.append(grace if isinstance(grace, int | float) and not isinstance(grace, bool) else None)
+    return graces
 
 
 def has_nodes(txn: Any, cluster: dict[str, Any], pool: dict[str, Any]) -> bool:

@@ -20,7 +20,7 @@ override applies to every model.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Final
 
@@ -98,15 +98,43 @@ CAPACITY_MINUTES: Final[Mapping[str, float]] = MappingProxyType(
         # the pool RUNNING. 1 + 1 + 3: the 5 estimated minutes of the pool's create before.
         "tpu_pool_create": 1.0,
         "tpu_node_ready": 3.0,
-        # A TPU node pool's destroy: its nodes drained (pods evicted) while their VMs still run,
-        # billed; then the VMs' STOPPING (vm_stopping) and the pool's removal. 2 + 1: the 3 estimated
-        # minutes of the pool's destroy before.
-        "tpu_pool_drain": 2.0,
+        # A TPU node pool's destroy drains its nodes first (billed; no estimate: :func:`drain_seconds`,
+        # from the pods still running), then the VMs' STOPPING (vm_stopping) and the pool's removal.
         # compute images create from a stopped VM's 200 GB boot disk (~25 GB written): no source
         # states its duration, an estimate. The bake's own cost, not TPU time.
         "image_create": 5.0,
     }
 )
+
+
+# A TPU node pool's drain, before its node VMs are deleted (they still run meanwhile: billed). The
+# `gcloud container node-pools delete` reference (cloud.google.com/sdk/gcloud/reference/container/
+# node-pools/delete; second-hand for GKE's own behaviour, which the page describes): GKE drains every
+# node of the pool by deleting its pods with a grace period of the largest
+# ``terminationGracePeriodSeconds`` among the pods on that node, capped at one hour. Kubernetes'
+# PodSpec: the field "Defaults to 30 seconds". Pods that have finished (Succeeded, Failed) have
+# nothing to stop and DaemonSet pods are not the workload (the sandbox has none): no pod running,
+# no drain. The sandbox waits the whole grace period, an upper bound (a pod that ends on its SIGTERM
+# sooner ends the real drain sooner).
+DEFAULT_GRACE_SECONDS: Final = 30
+DRAIN_CAP_SECONDS: Final = 3600
+
+
+def drain_real_minutes(graces: Iterable[int | float | None]) -> float:
+    """Real minutes of a TPU node pool's drain: the largest of ``graces`` (the running pods'
+    ``terminationGracePeriodSeconds``, None where unset: :data:`DEFAULT_GRACE_SECONDS`), capped at
+    :data:`DRAIN_CAP_SECONDS`, in minutes; 0 with no pod running."""
+    seconds = max(
+        (min(DRAIN_CAP_SECONDS, max(0.0, float(DEFAULT_GRACE_SECONDS if g is None else g))) for g in graces),
+        default=0.0,
+    )
+    return seconds / 60.0
+
+
+def drain_seconds(minute_seconds: float, graces: Iterable[int | float | None]) -> float:
+    """Sandbox seconds of a TPU node pool's drain (:func:`drain_real_minutes` on the time scale);
+    0 when the scale is off."""
+    return drain_real_minutes(graces) * minute_seconds if minute_seconds > 0 else 0.0
 
 
 def capacity_seconds(minute_seconds: float, what: str, overrides: Mapping[str, float] | None = None) -> float:

@@ -38,7 +38,7 @@ from tpu_rl_sandbox.world.faults import FaultGate
 from tpu_rl_sandbox.world.layout import SandboxLayout
 from tpu_rl_sandbox.world.settings import load_settings
 from tpu_rl_sandbox.world.store import StateStore
-from tpu_rl_sandbox.world.timescale import capacity_seconds
+from tpu_rl_sandbox.world.timescale import capacity_seconds, drain_seconds
 from tpu_rl_sandbox.world.timestamps import rfc3339
 
 LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
@@ -1114,6 +1114,22 @@ class DeploymentRunner:
                     gke_nodes.finish_creates(txn, cluster, pool, running_at)
         self._capacity_pause("tpu_node_ready")
 
+    def _drain_tpu_nodes(self, key: str, group: dict[str, Any]) -> None:
+        """GKE drains the group's TPU pools' nodes before their VMs go: it deletes their pods with a
+        grace period of the largest ``terminationGracePeriodSeconds`` among those still running
+        (30 s where unset, capped at an hour), on the time scale; no pod running, no drain
+        (``timescale.drain_seconds``, ``gke_nodes.running_pod_graces``). The VMs run meanwhile."""
+        settings = load_settings(self.layout)
+        cluster = self.store.read("clusters").get(key) or {}
+        jobs = list(self.store.read("jobs").values())
+        graces = [
+            grace
+            for pool in cluster.get("node_pools", [])
+            if pool.get("group") == group["group"] and gke_nodes.is_tpu_pool(pool)
+            for grace in gke_nodes.running_pod_graces(jobs, key, pool)
+        ]
+        time.sleep(drain_seconds(settings.minute_seconds, graces))
+
     def _take_down_tpu_nodes(self, key: str, group: dict[str, Any]) -> None:
         """The group's TPU pools' node VMs deleted by their managed instance group: STOPPING (billing
         ends), then gone."""
@@ -1545,8 +1561,8 @@ class DeploymentRunner:
             )
         if not self._confirm_destroy(shown, managed):
             return
-        self._capacity_pause("tpu_pool_drain")  # the nodes drained: their VMs still run (billed)
         if world and world.get("exists", True):
+            self._drain_tpu_nodes(key, group)  # their VMs still run (billed)
             self._take_down_tpu_nodes(key, group)
             self._set_pools(key, group, [])
         state["resources"] = []
