@@ -149,6 +149,11 @@ def parse_operation(resource: Mapping[str, Any]) -> Operation | None:
     )
 
 
+def span_seconds(started_at: datetime, ended_at: datetime | None) -> float | None:
+    """Seconds from ``started_at`` to ``ended_at`` (0 at least); None when it has no end."""
+    return None if ended_at is None else max(0.0, (ended_at - started_at).total_seconds())
+
+
 def billed_seconds_of(seconds: float | None, minimum: float = MINIMUM_SECONDS) -> float | None:
     """What a machine that ran ``seconds`` in one span is billed: at least ``minimum``, per second
     after it (None when the seconds are unknown)."""
@@ -170,8 +175,7 @@ class BilledSpan:
 
     def seconds(self, now: datetime | None = None) -> float | None:
         """Seconds it ran (to ``now`` when it has not ended); None when unknown."""
-        end = self.ended_at or as_utc(now)
-        return None if end is None else max(0.0, (end - self.started_at).total_seconds())
+        return span_seconds(self.started_at, self.ended_at or as_utc(now))
 
     def billed_seconds(self, now: datetime | None = None, minimum: float = MINIMUM_SECONDS) -> float | None:
         """:meth:`seconds` with the minimum a started machine is billed."""
@@ -380,9 +384,7 @@ class VmSpan:
     @property
     def seconds(self) -> float | None:
         """Seconds it ran; None when its end is unknown."""
-        if self.ended_at is None:
-            return None
-        return max(0.0, (self.ended_at - self.started_at).total_seconds())
+        return span_seconds(self.started_at, self.ended_at)
 
     @property
     def billed_seconds(self) -> float | None:
