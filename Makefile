@@ -55,19 +55,30 @@ inotify-tools:
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends inotify-tools; }
 
 lint: venv
-	$(BIN)/ruff check airflow_provider_tpu_rl sandbox dags tests tools docs/examples
-	$(BIN)/ruff format --check airflow_provider_tpu_rl sandbox dags tests tools docs/examples
-	$(BIN)/sqlfluff lint sql/
+	$(call timed,lint,$(BIN)/ruff check airflow_provider_tpu_rl sandbox dags tests tools docs/examples \
+	  && $(BIN)/ruff format --check airflow_provider_tpu_rl sandbox dags tests tools docs/examples \
+	  && $(BIN)/sqlfluff lint sql/)
 
 typecheck: venv
-	$(BIN)/mypy
+	$(call timed,typecheck,$(BIN)/mypy)
 
 # pytest-xdist: each leg spreads its test files over WORKERS processes (--dist loadfile keeps a
 # file's module-scoped sandbox world on one worker), the longest files first (tests/conftest.py;
 # --no-loadscope-reorder keeps that order). Most tests wait on subprocesses, the emulator or a
 # poll, so a leg keeps more workers than this machine has cores busy.
 WORKERS ?= 3
-PYTEST_ARGS := -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder
+# --durations=10: every pytest session ends with its ten slowest tests (setup, call or teardown).
+PYTEST_ARGS := -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder --durations=10
+
+# `make test` prints each leg's wall time at its end and all of them once both sides are done:
+# $(call timed,<leg name>,<command>) runs the command, appends "<leg>: N s wall (exit E)" to
+# $(LEG_TIMES) and prints it, and fails as the command did.
+LEG_TIMES := .test-leg-times
+define timed
+	@start=$$(date +%s); status=0; $(2) || status=$$?; \
+	  line="$(1): $$(( $$(date +%s) - start )) s wall (exit $$status)"; \
+	  echo "== $$line"; echo "$$line" >> $(LEG_TIMES); exit $$status
+endef
 
 # Tests of code that imports no Airflow and no provider package (the pure spec, renderer and MaxText
 # tables, the golden tutorial commands, the sandbox's fakes, the Docker files): another Airflow line
@@ -85,7 +96,7 @@ ON_AIRFLOW_2_11_ONLY := tests/e2e/test_cluster_lease.py tests/operators/test_run
 
 # The whole suite on Airflow 3.3 (but ON_AIRFLOW_2_11_ONLY); `make test` runs it in two parts, one on each side.
 unit: venv postgres chromium
-	$(BIN)/pytest $(PYTEST_ARGS) $(addprefix --ignore=,$(ON_AIRFLOW_2_11_ONLY))
+	$(call timed,unit (Airflow 3.3),$(BIN)/pytest $(PYTEST_ARGS) $(addprefix --ignore=,$(ON_AIRFLOW_2_11_ONLY)))
 
 unit-airflow: venv postgres chromium
 	$(BIN)/pytest $(PYTEST_ARGS) $(addprefix --ignore=,$(AIRFLOW_FREE_TESTS))
@@ -118,8 +129,8 @@ SAME_ON_EVERY_AIRFLOW := tests/operators/test_bucket_sharing.py tests/operators/
 # Every other test that runs Airflow or the providers, again on Airflow 2.11.2, the end-to-end runs
 # and the real services included (lint and types run once).
 test-airflow-2.11: $(VENV_211)/.installed postgres chromium
-	PATH=$(CURDIR)/$(VENV_211)/bin:$$PATH $(VENV_211)/bin/pytest $(PYTEST_ARGS) \
-	  $(addprefix --ignore=,$(AIRFLOW_FREE_TESTS) $(SAME_ON_EVERY_AIRFLOW))
+	$(call timed,test-airflow-2.11,PATH=$(CURDIR)/$(VENV_211)/bin:$$PATH $(VENV_211)/bin/pytest $(PYTEST_ARGS) \
+	  $(addprefix --ignore=,$(AIRFLOW_FREE_TESTS) $(SAME_ON_EVERY_AIRFLOW)))
 
 # The lowest provider versions: the tests of the code that calls the providers. The hooks, the tool
 # runtime, the bucket's records, sensors, triggers (but the JobSet trigger's recovery, which no
@@ -137,10 +148,11 @@ LOWEST_TESTS := tests/hooks tests/toolchain tests/records tests/sensors tests/le
 	tests/operators/test_deploy_cluster_link.py tests/operators/test_preflight.py tests/operators/test_base.py \
 	tests/operators/test_ledger.py tests/test_links.py tests/test_get_provider_info.py tests/test_exceptions.py \
 	tests/test_lineage.py tests/test_assets.py
+LOWEST_PATH := PATH=$(CURDIR)/$(VENV_LOWEST)/bin:$$PATH
 test-lowest: $(VENV_LOWEST)/.installed postgres
-	PATH=$(CURDIR)/$(VENV_LOWEST)/bin:$$PATH $(VENV_LOWEST)/bin/pytest $(PYTEST_ARGS) $(LOWEST_TESTS)
-	PATH=$(CURDIR)/$(VENV_LOWEST)/bin:$$PATH $(VENV_LOWEST)/bin/pytest -qq --collect-only tests/operators tests/triggers
-	PATH=$(CURDIR)/$(VENV_LOWEST)/bin:$$PATH $(VENV_LOWEST)/bin/tpu-rl-sandbox demo --dir .sandbox-lowest --airflow-home .demo-lowest/airflow
+	$(call timed,test-lowest,$(LOWEST_PATH) $(VENV_LOWEST)/bin/pytest $(PYTEST_ARGS) $(LOWEST_TESTS) \
+	  && $(LOWEST_PATH) $(VENV_LOWEST)/bin/pytest -qq --collect-only tests/operators tests/triggers \
+	  && $(LOWEST_PATH) $(VENV_LOWEST)/bin/tpu-rl-sandbox demo --dir .sandbox-lowest --airflow-home .demo-lowest/airflow)
 
 # Two sides at once: the whole Airflow 3.3 leg (`unit`, one pytest session: its short Airflow-free
 # files fill its workers' tails) on one; lint, types, the Airflow 2.11 leg and the lowest-providers
@@ -151,7 +163,10 @@ test-lowest: $(VENV_LOWEST)/.installed postgres
 SIDE_B := lint typecheck test-airflow-2.11 test-lowest
 test: venv postgres chromium
 	@echo "make test: the suite on Airflow 3.3 (unit) beside lint, typecheck, the suite on Airflow 2.11 (test-airflow-2.11) and on the lowest providers (test-lowest); each one's output appears when it ends"
-	$(MAKE) --no-print-directory --jobs=2 --keep-going --output-sync=target test-side-unit test-side-others
+	@rm -f $(LEG_TIMES); start=$$(date +%s); status=0; \
+	  $(MAKE) --no-print-directory --jobs=2 --keep-going --output-sync=target test-side-unit test-side-others || status=$$?; \
+	  echo "== make test: each leg's wall time (the two sides ran at once; the 2.11 and lowest venvs are built before their legs)"; \
+	  cat $(LEG_TIMES) 2>/dev/null; echo "both sides: $$(( $$(date +%s) - start )) s wall (exit $$status)"; exit $$status
 
 test-side-unit:
 	@$(MAKE) --no-print-directory unit
@@ -200,4 +215,4 @@ screenshots: venv postgres chromium
 	TPU_RL_SCREENSHOTS=$(CURDIR)/$(SCREENSHOT_DIR) $(BIN)/pytest -q tests/services/test_browser_trigger.py
 
 clean:
-	rm -rf $(VENV) $(VENV_211) $(VENV_LOWEST) .venv-maxtext-* .sandbox .demo .sandbox-211 .demo-211 .sandbox-lowest .demo-lowest .airflow
+	rm -rf $(LEG_TIMES) $(VENV) $(VENV_211) $(VENV_LOWEST) .venv-maxtext-* .sandbox .demo .sandbox-211 .demo-211 .sandbox-lowest .demo-lowest .airflow

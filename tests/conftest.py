@@ -68,6 +68,31 @@ LONGEST_FIRST = (
 )
 
 
+# Folders whose files share one expensive world per pytest-xdist worker: all of a folder's files go
+# to the same worker, one after another (``tests/services``: one services stack for the browser
+# and the REST modules, instead of one each).
+SHARED_WORLD_FOLDERS = ("tests/services/",)
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit ``--dist loadfile`` hands a worker whole: a file, or a folder of :data:`SHARED_WORLD_FOLDERS`."""
+    path = nodeid.split("::", 1)[0]
+    return next((folder for folder in SHARED_WORLD_FOLDERS if path.startswith(folder)), path)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile``, but a shared-world folder is one unit (:func:`work_unit`)."""
+    if config.getoption("dist", None) != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedWorldScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return SharedWorldScheduling(config, log)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> int:
         return next(

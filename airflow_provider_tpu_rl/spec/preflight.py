@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final
@@ -830,12 +830,46 @@ def os_login_reason(project: str) -> str:
     )
 
 
+# What gcloud 528 prints after its ``ERROR: (gcloud.…)`` line, when the reason is not on it:
+# - ``Could not fetch resource:`` then `` - <reason>`` lines (api_lib/compute/client_adapter.py
+#   MakeRequests, base_classes.py; utils.RaiseToolException);
+# - ``---`` then a YAML list of the operation's errors, for a stockout or a quota
+#   (api_lib/compute/operations/poller.py OperationErrors: utils.ShouldUseYaml on the codes
+#   ZONE_RESOURCE_POOL_EXHAUSTED[_WITH_DETAILS] and QUOTA_EXCEEDED, then utils.ConstructList), whose
+#   ``code:`` and ``message:`` say what was refused.
+_YAML_REASON = re.compile(r"^(code|message):\s*(?P<value>\S.*)$")
+
+
+def gcloud_reason(lines: Sequence[str], index: int) -> list[str]:
+    """The lines after gcloud's ``ERROR:`` line ``lines[index]`` that hold its reason: the first
+    `` - `` bullet (``Could not fetch resource:``), or the ``code:`` and ``message:`` of a YAML
+    error list (``---``); none when the ERROR line says it all."""
+    head = lines[index].strip()
+    after = list(lines[index + 1 :])
+    if head.endswith("---"):
+        # each error is a YAML document (resource_printer's yaml format): its own keys start a line,
+        # a long value goes on in lines indented by two; keys nested in errorDetails are indented
+        reason: dict[str, str] = {}
+        for number, line in enumerate(after):
+            match = _YAML_REASON.match(line)
+            if match is None or match[1] in reason:
+                continue
+            value = [match["value"].strip()]
+            for more in after[number + 1 :]:
+                if not more.startswith("  ") or more.lstrip().startswith("- "):
+                    break
+                value.append(more.strip())
+            reason[match[1]] = " ".join(value)
+        return [f"{key}: {reason[key]}" for key in ("code", "message") if key in reason]
+    bullets = [line.strip() for line in after if line.strip().startswith("- ")]
+    return bullets[:1]
+
+
 def error_line(message: str) -> str:
-    """The line of a failed command's message that says what went wrong (gcloud's ``ERROR:``)."""
+    """The line of a failed command's message that says what went wrong: gcloud's ``ERROR:`` line
+    with its reason (:func:`gcloud_reason`), else the last line."""
     lines = [line.strip() for line in str(message).splitlines() if line.strip()]
     for index, line in enumerate(lines):
         if line.startswith("ERROR:"):
-            # "Could not fetch resource:" is followed by " - <the reason>" lines
-            details = [d for d in lines[index + 1 :] if d.startswith("- ")]
-            return " ".join([line, *details])
+            return " ".join([line, *gcloud_reason(lines, index)])
     return lines[-1] if lines else "no output"

@@ -11,6 +11,7 @@ import re
 from collections.abc import Sequence
 
 from airflow_provider_tpu_rl.exceptions import FailureKind
+from airflow_provider_tpu_rl.spec.preflight import gcloud_reason
 
 __all__ = ["FailureKind", "classify_failure", "classify_workload", "error_line"]
 
@@ -104,10 +105,14 @@ _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt
 
 def error_line(lines: Sequence[str]) -> str | None:
     """The line that says what went wrong: the last one that looks like an error (a traceback's
-    exception, ``ERROR:``, Terraform's ``│ Error:``), box drawing and blanks stripped; None if none."""
-    for line in reversed(lines):
+    exception, ``ERROR:``, Terraform's ``│ Error:``), box drawing and blanks stripped, with gcloud's
+    reason when its ``ERROR:`` line leaves it to the next lines (:func:`gcloud_reason`); None if none."""
+    for index in range(len(lines) - 1, -1, -1):
+        line = lines[index]
         if _ERROR_LINE.search(line) and "Traceback (most recent call last)" not in line:
             text = line.strip().strip("│|").strip()
+            if text.startswith("ERROR: (gcloud"):
+                text = " ".join([text, *gcloud_reason(lines, index)])
             if text:
                 return text if len(text) <= 400 else text[:397] + "..."
     return None

@@ -73,6 +73,26 @@ FOLLOW_RETRY_SECONDS = 5.0  # a pod not started yet, or a dropped stream: try ag
 STORAGE_TIMEOUT = 60
 
 
+async def reap_cancelled(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` (a child this trigger started) and wait for its end, whatever it raises,
+    while a cancellation of the waiting task itself still propagates.
+
+    Neither ``suppress(CancelledError)`` around the await (which also swallows the waiter's own
+    cancellation) nor Python 3.11's ``asyncio.wait_for`` (which returns a result that arrives in
+    the same loop turn as the cancellation: CPython gh-86296) is used anywhere in this trigger: a
+    lost cancellation keeps a killed task's JobSet training (tests/triggers/test_jobset_cancellation.py).
+    """
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise
+    except Exception:  # noqa: S110 - the child's own failure is not the waiter's
+        pass
+
+
 class JobSetTrigger(BaseTrigger):
     """Polls the JobSet ``job_name`` until it ends; yields exactly one event.
 
@@ -344,15 +364,13 @@ class JobSetTrigger(BaseTrigger):
             document = {"cursor": self._cursor.as_dict(), "metrics": self._tracker.metrics()}
             try:
                 storage = await self._storage_client()
-                await asyncio.wait_for(
-                    storage.upload(
+                async with asyncio.timeout(STORAGE_TIMEOUT):  # never wait_for: see reap_cancelled
+                    await storage.upload(
                         *location,
                         json.dumps(document),
                         content_type="application/json",
                         timeout=STORAGE_TIMEOUT,
-                    ),
-                    STORAGE_TIMEOUT,
-                )
+                    )
             except Exception as err:
                 self.log.warning("Could not save the log cursor %s: %s", self.cursor_uri, err)
                 return
@@ -463,26 +481,24 @@ class JobSetTrigger(BaseTrigger):
             delay, self._quick_delay = self._quick_delay, self._quick_delay * 2
             await asyncio.sleep(min(delay, self.poll_interval))
             return
-        with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
-            await asyncio.wait_for(self._log_ended.wait(), timeout=self.poll_interval)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.poll_interval):
+                await self._log_ended.wait()
 
     async def _stop_follower(self) -> None:
         follower = self._follower
         if follower is not None and not follower.done():
-            follower.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await follower
+            await reap_cancelled(follower)
 
     async def _finish_log(self, follower: asyncio.Task[None] | None) -> None:
         """After the job ended: let the follower drain (unless it is between two reads), then read
         whatever it did not see."""
         if follower is not None and not follower.done():
             if self._follower_reading:
-                with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(follower), timeout=FOLLOW_DRAIN_SECONDS)
-            follower.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await follower
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(FOLLOW_DRAIN_SECONDS):
+                        await asyncio.shield(follower)
+            await reap_cancelled(follower)
         if self.follow_logs and self.namespace is not None:
             try:
                 await self._read_log(follow=False)

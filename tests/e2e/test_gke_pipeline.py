@@ -225,8 +225,9 @@ def test_a_second_default_run_trains_its_own_model_and_skips_conversion(
 
 
 # How long after the actor checkpoint's commit the TPU node pool may still exist: the sensor's
-# trigger sees the commit, then the destroy task starts and runs gcluster (seconds in the sandbox).
-TPU_POOL_EPSILON_S = 60.0
+# trigger sees the commit, then the destroy task starts and runs gcluster (seconds in the sandbox on
+# a quiet machine; a bound, not a timing goal: the order of the calls below is what the run promises).
+TPU_POOL_EPSILON_S = 300.0
 TPU_POOL = "gke-tpu-v6e-pool"
 
 

@@ -24,6 +24,7 @@ from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID
 from airflow_provider_tpu_rl.spec.pipeline import GKE_DAG_ID
 from tests.support.sandbox_run import SandboxRun, api_server
 from tests.support.toolpath import path_without
+from tests.support.waiting import HANG_BOUND
 from tpu_rl_sandbox.clis.gcloud.app import Gcloud
 from tpu_rl_sandbox.world import vpc
 from tpu_rl_sandbox.world.calls import read_calls
@@ -112,7 +113,7 @@ def test_the_permission_client_loads_on_its_thread_while_the_gcloud_reads_run(
     check_toolchain = TpuRlPreflightOperator.check_toolchain
 
     def toolchain_after_the_load_began(self: TpuRlPreflightOperator, run: Any) -> list[str]:
-        seen["loading before the toolchain check"] = loading.wait(timeout=10)
+        seen["loading before the toolchain check"] = loading.wait(timeout=HANG_BOUND)
         return check_toolchain(self, run)
 
     monkeypatch.setattr(preflight, "load_permission_client", load_permission_client)

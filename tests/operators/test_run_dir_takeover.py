@@ -230,7 +230,9 @@ def test_an_unreadable_cluster_refuses_until_the_directory_has_been_silent_long_
     takes over. Then, A's JobSet gone, an ordinary takeover proves it dead."""
     crashed.start()
     monkeypatch.setenv("AIRFLOW__TPU_RL__RUN_DIR_CLAIM_MINUTES", "0.02")  # 1.2 s
-    monkeypatch.setenv("AIRFLOW__TPU_RL__TRAIN_TIMEOUT_MINUTES", "0.05")  # 3 s
+    # The refusal's silence bound is the claim window plus the train stage's: an hour while B must
+    # refuse (however slowly this machine gets there), 3 s once B may take over.
+    monkeypatch.setenv("AIRFLOW__TPU_RL__TRAIN_TIMEOUT_MINUTES", "60")
     update_settings(sb.layout, denied_permissions=["container.clusters.get"])
     kubernetes._cluster_access.clear()  # the process's cached endpoints: ask the GKE API again
     try:
@@ -242,6 +244,7 @@ def test_an_unreadable_cluster_refuses_until_the_directory_has_been_silent_long_
         assert "the train stage's bound" in message
         assert crashed.b_submits() == []
 
+        monkeypatch.setenv("AIRFLOW__TPU_RL__TRAIN_TIMEOUT_MINUTES", "0.05")  # 3 s
         time.sleep(4.5)  # A's job is held: nothing under the directory is written any more
         defer(later, context)
         assert len(crashed.b_submits()) == 1

@@ -114,7 +114,7 @@ def test_a_crashed_runs_training_container_refuses_the_run_reusing_its_run_name_
             held = RunDirRecords().read(sb.bucket, directory).writer
             return held is not None and held.run == f"{TPU_VM_DAG_ID}/{RUN_B}"
 
-        wait_for(taken_over, "run B's takeover", timeout=120)
+        wait_for(taken_over, "run B's takeover")
         assert _container(sb, sb.vm) is None  # removed before B claimed the directory
         hold.unlink()
         b_thread.join(timeout=180)

@@ -12,7 +12,6 @@ import re
 import shutil
 import subprocess
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from airflow_provider_tpu_rl.render import billing, gke, tpu_vm
 from airflow_provider_tpu_rl.render.command import Command
 from airflow_provider_tpu_rl.render.plan import gke_plan, tpu_vm_plan
 from airflow_provider_tpu_rl.spec import PRESETS, Runner, gke_pipeline_from_conf, tpu_vm_pipeline_from_conf
+from tests.support.gcloud_batch import run_gcloud_commands
 
 GCLOUD = shutil.which("gcloud")
 pytestmark = pytest.mark.skipif(
@@ -152,14 +152,14 @@ def run_gcloud(argv: tuple[str, ...], home: Path) -> tuple[int, str]:
 
 @pytest.fixture(scope="module")
 def parsed(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, ...], tuple[int, str]]:
-    """Each command's exit code and output under the real gcloud, no account, HOME in a temp dir."""
+    """Each command's exit code and output under the real gcloud, no account, HOME in a temp dir:
+    gcloud loaded once, each command in a process of its own forked from it
+    (tests/support/gcloud_batch.py; the single-command tests below start the launcher itself)."""
     home = tmp_path_factory.mktemp("home")
-
-    def run(argv: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[int, str]]:
-        return argv, run_gcloud(argv, home)
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(pool.map(run, COMMANDS))
+    commands = list(COMMANDS)
+    assert GCLOUD is not None
+    results = run_gcloud_commands(GCLOUD, [argv[1:] for argv in commands], offline_env(home), home)
+    return dict(zip(commands, results, strict=True))
 
 
 def test_the_commands_cover_every_gcloud_task() -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -14,6 +13,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_tpu_rl.render.shell import hf_token_from_secret_manager
+from tests.support.waiting import HANG_BOUND, wait_until
 from tpu_rl_sandbox.apis.gcs_client import GcsApi
 from tpu_rl_sandbox.apis.gcs_emulator import api_for
 from tpu_rl_sandbox.clis.gcloud.app import Gcloud
@@ -40,15 +40,9 @@ class Result:
         return self.out + self.err
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    """Poll ``predicate`` until it returns something truthy (a deadline, not a timing assertion)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+def wait_for(predicate: Callable[[], Any], timeout: float = HANG_BOUND, what: str = "condition") -> Any:
+    """Poll ``predicate`` until it returns something truthy (a bound against hangs, not a timing assertion)."""
+    return wait_until(predicate, what, timeout)
 
 
 @dataclass

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tpu_rl_sandbox.clis.gcluster import deploy
 from tpu_rl_sandbox.clis.gcluster.deploy import DeploymentRunner
 from tpu_rl_sandbox.world import gke_nodes, timescale
 from tpu_rl_sandbox.world.layout import SandboxLayout
@@ -60,10 +61,21 @@ def test_the_drain_is_the_largest_grace_of_the_pods_still_on_the_tpu_nodes() -> 
     assert timescale.drain_seconds(2.0, [90]) == pytest.approx(3.0)
 
 
-def _billed_after_destroy(tmp_path: Path, minute_seconds: float, jobs: list[dict[str, Any]]) -> list[float]:
+def _billed_after_destroy(
+    tmp_path: Path, minute_seconds: float, jobs: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> tuple[float, list[float]]:
     """The TPU pool's node VMs RUNNING from now, then its group destroyed as ``gcluster destroy``
-    does it (the drain, then the VMs' delete); each node's billed seconds: RUNNING (its insert's
-    end) to its delete's start (STOPPING)."""
+    does it (the drain, then the VMs' delete): the drain the sandbox waited (what its clock was
+    asked for, not how long the sleep took on this machine) and each node's billed seconds: RUNNING
+    (its insert's end) to its delete's start (STOPPING)."""
+    waited: list[float] = []
+    sleep = time.sleep
+
+    def recorded_sleep(seconds: float) -> None:
+        waited.append(seconds)
+        sleep(seconds)
+
+    monkeypatch.setattr(deploy.time, "sleep", recorded_sleep)
     layout = SandboxLayout(tmp_path)
     update_settings(layout, minute_seconds=minute_seconds)
     cluster = {"name": "c", "project": "p", "region": "r", "zone": "r-a", "node_pools": [dict(TPU_POOL)]}
@@ -79,6 +91,7 @@ def _billed_after_destroy(tmp_path: Path, minute_seconds: float, jobs: list[dict
         txn.save("jobs")
     runner = DeploymentRunner(layout, None, None, None, True, lambda: None, 0.0, lambda _: None)  # type: ignore[arg-type]
     runner._drain_tpu_nodes(KEY, GROUP)
+    (drain,) = waited
     runner._take_down_tpu_nodes(KEY, GROUP)
     store = StateStore(layout)
     assert store.read("vms") == {}
@@ -87,24 +100,33 @@ def _billed_after_destroy(tmp_path: Path, minute_seconds: float, jobs: list[dict
     stopping = {op["targetId"]: op["startTime"] for op in ops if op["operationType"] == "delete"}
     assert set(running) == set(stopping)
     assert len(running) == 2
-    return [
+    return drain, [
         (datetime.fromisoformat(stopping[node]) - datetime.fromisoformat(running[node])).total_seconds()
         for node in running
     ]
 
 
-def test_a_pool_whose_pods_have_all_finished_is_not_drained(tmp_path: Path) -> None:
-    # 1 real minute = 1.2 s: the flat 2-minute drain the sandbox had would bill 2.4 s more
-    billed = _billed_after_destroy(tmp_path, 1.2, [_job("Succeeded", 600), _job("Failed")])
-    assert max(billed) < 2.4 / 2
+def test_a_pool_whose_pods_have_all_finished_is_not_drained(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the flat 2-minute drain the sandbox had would wait 2.4 s at 1 real minute = 1.2 s
+    drain, billed = _billed_after_destroy(
+        tmp_path, 1.2, [_job("Succeeded", 600), _job("Failed")], monkeypatch
+    )
+    assert drain == 0.0
+    assert all(seconds >= 0.0 for seconds in billed), billed
 
 
-def test_a_running_pods_grace_period_is_the_drain_billed_on_the_time_scale(tmp_path: Path) -> None:
+def test_a_running_pods_grace_period_is_the_drain_billed_on_the_time_scale(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # 45 s of grace at 1 real minute = 1.2 s: 0.9 s, the longest of the running pods' (a finished
-    # pod's longer grace does not count)
+    # pod's longer grace does not count); the nodes bill all of it
     jobs = [_job("Running", 45), _job("Running", 10), _job("Succeeded", 600)]
-    billed = _billed_after_destroy(tmp_path / "grace", 1.2, jobs)
-    assert all(0.9 - 0.01 <= seconds < 0.9 + 0.5 for seconds in billed), billed
+    drain, billed = _billed_after_destroy(tmp_path / "grace", 1.2, jobs, monkeypatch)
+    assert drain == pytest.approx(0.9)
+    assert all(seconds >= drain - 0.01 for seconds in billed), billed
     # two hours of grace are capped at GKE's hour: 60 real minutes at 0.01 s each, 0.6 s (not 1.2)
-    billed = _billed_after_destroy(tmp_path / "cap", 0.01, [_job("Running", 7200)])
-    assert all(0.6 - 0.01 <= seconds < 1.2 - 0.1 for seconds in billed), billed
+    drain, billed = _billed_after_destroy(tmp_path / "cap", 0.01, [_job("Running", 7200)], monkeypatch)
+    assert drain == pytest.approx(0.6)
+    assert all(seconds >= drain - 0.01 for seconds in billed), billed

@@ -91,3 +91,44 @@ def test_the_runs_cost_is_set_against_the_tutorials_at_on_demand() -> None:
     assert ratios["on-demand"] == pytest.approx(0.5)
     assert ratios["spot"] == pytest.approx(0.5 * prices["spot"].usd_per_chip_hour / 2.70)
     assert ratios["flex-start"] == pytest.approx(0.5 * prices["flex-start"].usd_per_chip_hour / 2.70)
+
+
+def test_a_real_gke_run_bills_the_nodes_boot_the_pull_and_training() -> None:
+    """The demo's last table: what the GKE pipeline's TPU pool bills at the seeds' durations."""
+    qwen = "qwen3-30b-a3b"
+    real = tpu_cost.pipeline_gke_estimate(qwen)
+    boot = timescale.CAPACITY_MINUTES["tpu_node_ready"]
+    train = timescale.stage_real_minutes(timescale.TRAIN, qwen)
+    assert train is not None
+    assert real.billed_minutes == pytest.approx(boot + timescale.PULL_MINUTES + train)
+    assert real.trained_minutes == pytest.approx(train)
+    assert real.idle_share == pytest.approx((boot + timescale.PULL_MINUTES) / real.billed_minutes)
+    assert list(real.parts) == ["node boot", "image pull", "training"]
+    # a run that converts and exports on CPU bills less than the tutorials' flow on its slice
+    assert real.billed_minutes < tpu_cost.tutorial_gke_minutes(qwen)
+    assert tpu_cost.pipeline_gke_estimate(qwen, {"pull": 0}).idle_share == pytest.approx(
+        boot / (boot + train)
+    )
+
+
+def test_the_demos_last_table_sets_the_sandboxs_idle_beside_a_real_runs() -> None:
+    """A newcomer's first figure: the sandbox's idle share, why it is high, and a real run's."""
+    from types import SimpleNamespace
+
+    from tpu_rl_sandbox.commands.demo import idle_table
+
+    # 32 chips billed 12 minutes, of which 3 trained: the sandbox's 75% idle
+    run = SimpleNamespace(
+        model="qwen3-30b-a3b", chips=32, chip_hours=32 * 12 / 60, busy_chip_hours=32 * 3 / 60, idle_share=0.75
+    )
+    header, columns, sandbox_row, real_row = idle_table(run)[-4:]
+    assert "qwen3-30b-a3b, 32 chips" in header
+    assert columns.split()[:4] == ["BILLED", "MIN", "TRAINED", "MIN"]
+    assert sandbox_row.split()[7:10] == ["12.0", "3.0", "75%"]
+    assert "Airflow's own steps take their real seconds" in sandbox_row
+    real = tpu_cost.pipeline_gke_estimate("qwen3-30b-a3b")
+    assert f"{real.billed_minutes:.1f}" in real_row
+    assert f"{real.idle_share:.0%}" in real_row
+    assert "make bench" in real_row
+    # a model the time scale has no duration for: the sandbox's row alone, no invented figure
+    assert len(idle_table(SimpleNamespace(**{**vars(run), "model": "gpt-x"}))) == 3

@@ -1,4 +1,5 @@
-"""Real Airflow services for the ``services`` marker: one stack (PostgreSQL, sandbox, four services) per module.
+"""Real Airflow services for the ``services`` marker: one stack (PostgreSQL, sandbox, four services)
+for the whole folder, shared by its modules (tests/conftest.py sends the folder to one xdist worker).
 
 Select or skip these tests with ``-m services`` / ``-m "not services"``. The stack is torn down
 even when a test or the start-up fails, and the teardown errors if any process it started
@@ -12,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import Browser, Page
 
-from airflow_provider_tpu_rl.spec import GKE_DAG_ID, TPU_VM_DAG_ID
 from tests.services.airflow_stack import (
     AirflowApi,
     AirflowStack,
@@ -23,6 +24,7 @@ from tests.services.airflow_stack import (
     process_alive,
     start_stack,
 )
+from tests.services.form_runs import PIPELINE_DAG_IDS, BrowserRuns, chromium, logged_in_page, run_forms
 from tests.support.dags import CONSUMER_DAG_ID
 from tests.support.pg_server import INSTALL_HINT, PostgresServer, find_postgres_bin
 from tpu_rl_sandbox.commands.lifecycle import SandboxInfo, sandbox_down, sandbox_env, sandbox_up
@@ -34,9 +36,7 @@ from tpu_rl_sandbox.world.settings import update_settings
 # a whole run in about a minute on two cores.
 STEP_SECONDS = "0.3"
 # The longest a held job waits (sandbox setting hold_seconds): the tests' waits on a hold stay below.
-HOLD_SECONDS = 600.0
-# Both pipelines, unpaused once parsed (neither has a schedule: only a trigger starts a run).
-PIPELINE_DAG_IDS = (GKE_DAG_ID, TPU_VM_DAG_ID)
+HOLD_SECONDS = 1500.0
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -66,9 +66,11 @@ class ServicesWorld:
         return SandboxLayout(self.sandbox.root)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServicesWorld]:
-    """PostgreSQL + sandbox + the four Airflow services, started once for the module; both pipelines unpaused."""
+    """PostgreSQL + sandbox + the four Airflow services, started once for the folder; both pipelines
+    unpaused. Each module's runs use names of their own (cluster, bucket, run ids), so the runs of one
+    module never decide what another sees."""
     bin_dir = find_postgres_bin()
     if bin_dir is None:
         pytest.fail(f"PostgreSQL server binaries not found in /usr/lib/postgresql/*/bin: {INSTALL_HINT}")
@@ -103,3 +105,25 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServicesWorld
             kill_leftovers(marker)
     assert not left, "processes left running after the stack was stopped:\n" + "\n".join(left)
     assert not sandbox_left, f"the sandbox's emulator is still running: {sandbox_left}"
+
+
+@pytest.fixture(scope="package")
+def browser() -> Iterator[Browser]:
+    """Debian's Chromium, headless, through Playwright (which never downloads a browser here)."""
+    with chromium() as launched:
+        yield launched
+
+
+@pytest.fixture(scope="package")
+def user_page(browser: Browser, services: ServicesWorld) -> Iterator[Page]:
+    """One logged-in tab for the dashboard checks."""
+    with logged_in_page(browser, services) as page:
+        yield page
+
+
+@pytest.fixture(scope="package")
+def runs(
+    services: ServicesWorld, browser: Browser, user_page: Page, tmp_path_factory: pytest.TempPathFactory
+) -> BrowserRuns:
+    """The folder's runs (tests/services/form_runs.py), each asserted on by every test that reads it."""
+    return run_forms(services, browser, user_page, tmp_path_factory.mktemp("screenshots"))

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import tempfile
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ from airflow_provider_tpu_rl.spec import (
     tpu_vm_pipeline_from_conf,
 )
 from airflow_provider_tpu_rl.triggers.jobset import first_event
+from tests.support.waiting import HANG_BOUND, wait_until
 from tpu_rl_sandbox.apis import kube_access
 from tpu_rl_sandbox.apis.api_server import api_server_url, start_api_server, stop_api_server
 from tpu_rl_sandbox.apis.gcs_client import GcsApi
@@ -95,15 +95,9 @@ class RecordingTI:
         return next(value for k, value in reversed(self.pushed) if k == key)
 
 
-def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
-    """Poll ``predicate`` until it is truthy (a deadline against hangs, not a timing assertion)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+def wait_for(predicate: Callable[[], Any], what: str, timeout: float = HANG_BOUND) -> Any:
+    """Poll ``predicate`` until it is truthy (a bound against hangs, not a timing assertion)."""
+    return wait_until(predicate, what, timeout)
 
 
 def defer(operator: BaseOperator, context: Context) -> TaskDeferred:

@@ -217,3 +217,44 @@ def test_a_pod_lost_to_its_node_is_a_disruption():
     assert pod_disruption([healthy, preempted]) == f"pod job-worker-0: TerminationByKubelet: {NODE_SHUTDOWN}"
     assert pod_disruption([shut_down]) == f"pod job-worker-1: Terminated: {NODE_SHUTDOWN}"
     assert pod_disruption([healthy]) is None
+
+
+# What gcloud 528 prints when an operation fails for capacity or quota: "---" on the ERROR line, then
+# the operation's errors as YAML (api_lib/compute/operations/poller.py OperationErrors and
+# utils.ConstructList, printed here by gcloud 528's own classes for one ZONE_RESOURCE_POOL_EXHAUSTED
+# error: the top-level message wraps onto a line indented by two).
+GCLOUD_STOCKOUT = [
+    "Starting instance(s) tpu-vm...",
+    "....failed.",
+    "ERROR: (gcloud.compute.instances.start) ---",
+    "code: ZONE_RESOURCE_POOL_EXHAUSTED",
+    "errorDetails:",
+    "- localizedMessage:",
+    "    locale: en-US",
+    "    message: nested",
+    "message: The zone 'projects/p/zones/z' does not have enough resources available to",
+    "  fulfill the request.  Try a different zone, or try again later.",
+]
+
+
+def test_gclouds_reason_stays_with_its_error_line():
+    """The one line a watcher or a user reads keeps why gcloud failed, not only that it did."""
+    assert error_line(GCLOUD_STOCKOUT) == (
+        "ERROR: (gcloud.compute.instances.start) --- code: ZONE_RESOURCE_POOL_EXHAUSTED message: The zone "
+        "'projects/p/zones/z' does not have enough resources available to fulfill the request.  Try a "
+        "different zone, or try again later."
+    )
+    # "Could not fetch resource:" (client_adapter.MakeRequests): the first " - " reason is kept
+    fetched = [
+        "ERROR: (gcloud.compute.instances.describe) Could not fetch resource:",
+        " - The resource 'projects/p/zones/z/instances/vm' was not found",
+        " - a second reason",
+        "",
+    ]
+    assert error_line(fetched) == (
+        "ERROR: (gcloud.compute.instances.describe) Could not fetch resource: "
+        "- The resource 'projects/p/zones/z/instances/vm' was not found"
+    )
+    # an ERROR line that says it all is left as it is
+    one = ["ERROR: (gcloud.compute.instances.start) HTTPError 400: Invalid value for field 'resource'", "x"]
+    assert error_line(one) == one[0]

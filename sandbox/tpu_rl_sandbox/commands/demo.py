@@ -21,6 +21,7 @@ from typing import Any
 from airflow_provider_tpu_rl.render.gke import resource_record_object
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, gke_pipeline_from_conf
 from tpu_rl_sandbox.apis.gcs_emulator import gcs_client
+from tpu_rl_sandbox.commands import tpu_cost
 from tpu_rl_sandbox.commands.lifecycle import sandbox_down, sandbox_env, sandbox_form_defaults, sandbox_up
 from tpu_rl_sandbox.commands.schedule_once import run_queued_task
 from tpu_rl_sandbox.world.calls import read_calls
@@ -177,6 +178,58 @@ def _summary(
     return lines
 
 
+def idle_table(run: Any) -> list[str]:
+    """The demo's last table: the run's TPU time as the ledger has it (the sandbox's seconds) beside
+    what a real run of it would bill and train at the seeds' durations, each row saying why."""
+    chips = run.chips or 0
+    if not chips or run.chip_hours is None:
+        return []
+
+    def minutes(chip_hours: float | None) -> str:
+        return "-" if chip_hours is None else f"{chip_hours * 60 / chips:.1f}"
+
+    share = run.idle_share
+    rows = [
+        (
+            "this run, in the sandbox (the ledger's)",
+            minutes(run.chip_hours),
+            minutes(run.busy_chip_hours),
+            "-" if share is None else f"{share:.0%}",
+            "training plays in seconds, while Airflow's own steps take their real seconds",
+        )
+    ]
+    try:
+        real = tpu_cost.pipeline_gke_estimate(str(run.model))
+    except ValueError:
+        real = None
+    if real is not None:
+        parts = " + ".join(f"{name} {value:g}" for name, value in real.parts.items())
+        rows.append(
+            (
+                "a real run of it, at the seeds' durations",
+                f"{real.billed_minutes:.1f}",
+                f"{real.trained_minutes:.1f}",
+                f"{real.idle_share:.0%}",
+                f"{parts} min, estimates (sandbox world/timescale.py); make bench measures it",
+            )
+        )
+    width = max(len(row[0]) for row in rows)
+    lines = [
+        f"\n== TPU idle of this run ({run.model}, {chips} chips): the sandbox's figure and a real run's",
+        f"  {'':<{width}}  {'BILLED MIN':>10}  {'TRAINED MIN':>11}  {'IDLE':>4}  WHY",
+    ]
+    lines += [f"  {r[0]:<{width}}  {r[1]:>10}  {r[2]:>11}  {r[3]:>4}  {r[4]}" for r in rows]
+    return lines
+
+
+def _latest_gke_run() -> Any:
+    """The newest GKE pipeline run of the demo's ledger (its environment already set), or None."""
+    from airflow_provider_tpu_rl.ledger.hook import RunLedger
+
+    runs = [r for r in RunLedger(conn_id="tpu_rl_ledger").latest_runs(limit=50) if r.dag_id == GKE_DAG_ID]
+    return runs[0] if runs else None
+
+
 def run_demo(root: Path, airflow_home: Path, dags_folder: Path, conf: Mapping[str, Any]) -> int:
     """Run the pipeline once in the sandbox and print the summary; return the DAG run's exit code."""
     # This process imports Airflow (the ledger hook, the summary): it reads the demo's own
@@ -216,6 +269,9 @@ def run_demo(root: Path, airflow_home: Path, dags_folder: Path, conf: Mapping[st
             text=True,
         )
         print("\n== run ledger (tpu-rl runs)\n" + runs.stdout.rstrip())
+        latest = _latest_gke_run()
+        if latest is not None:
+            print("\n".join(idle_table(latest)))
         return code
     finally:
         sandbox_down(root)

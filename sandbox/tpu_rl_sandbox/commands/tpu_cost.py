@@ -128,6 +128,38 @@ def tutorial_tpu_vm_minutes(
 
 
 @dataclass(frozen=True)
+class RealRunEstimate:
+    """What a pipeline run would bill and train on its TPU at the seeds' durations, real minutes."""
+
+    billed_minutes: float
+    trained_minutes: float
+    parts: Mapping[str, float]  # what the billed minutes are made of, in billing order
+
+    @property
+    def idle_share(self) -> float:
+        return 1.0 - self.trained_minutes / self.billed_minutes if self.billed_minutes > 0 else 0.0
+
+
+def pipeline_gke_estimate(
+    model: str,
+    stages: Mapping[str, float] | None = None,
+    capacity: Mapping[str, float] | None = None,
+) -> RealRunEstimate:
+    """The GKE pipeline's TPU pool at the seeds' durations, by the estimates the bench's time scale
+    plays: the pool is created once the converted checkpoint is committed, its nodes bill from their
+    boot (``tpu_node_ready``), pull the workload image (``pull``), train (``train``), and the pool is
+    destroyed once the actor checkpoint is committed (no drain: the training job has ended; the
+    nodes' STOPPING bills nothing). Airflow's own seconds between those steps are left out: the bench,
+    which runs the pipeline on the time scale, measures them too."""
+    parts = {
+        "node boot": _capacity("tpu_node_ready", capacity),
+        "image pull": _stage(PULL, model, stages),
+        "training": _stage(TRAIN, model, stages),
+    }
+    return RealRunEstimate(sum(parts.values()), parts["training"], parts)
+
+
+@dataclass(frozen=True)
 class CostLine:
     """The cost of one TPU span at each capacity's price."""
 

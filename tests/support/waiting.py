@@ -1,0 +1,48 @@
+"""The suite's one way to wait: a bound against a hang, never a timing assertion.
+
+Every wait polls its predicate with a growing pause (from 20 ms to half a second: a quick
+condition is seen at once, a slow one costs little CPU while it is awaited, so a loaded machine
+is not loaded further), and fails after its bound with one line naming what it waited for. The
+bounds are at least five times what the wait takes on a quiet machine: :data:`HANG_BOUND`
+unless a caller names a longer one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+# Five times and more what any of the suite's waits on a sandbox condition takes on a quiet
+# two-core machine (the longest, a takeover of a held job, about 40 s).
+HANG_BOUND = 300.0
+FIRST_PAUSE = 0.02
+LONGEST_PAUSE = 0.5
+
+
+class WaitTimedOut(AssertionError):
+    """A wait ran past its bound (its message names what was awaited)."""
+
+
+def wait_until(
+    predicate: Callable[[], T | None],
+    what: str,
+    timeout: float = HANG_BOUND,
+    longest_pause: float = LONGEST_PAUSE,
+    on_timeout: Callable[[], str] | str = "",
+) -> T:
+    """Call ``predicate`` until it returns something truthy, and return that; :class:`WaitTimedOut`
+    after ``timeout`` seconds, whose first line is ``timed out after N s waiting for <what>``."""
+    deadline = time.monotonic() + timeout
+    pause = FIRST_PAUSE
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            detail = on_timeout() if callable(on_timeout) else on_timeout
+            raise WaitTimedOut(f"timed out after {timeout:.0f} s waiting for {what}\n{detail}".rstrip())
+        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        pause = min(pause * 2, longest_pause)
