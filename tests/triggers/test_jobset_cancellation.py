@@ -23,7 +23,11 @@ CURSOR = "gs://bucket/tpu-rl/log-cursors/job-1/cursor.json"
 
 def _trigger() -> JobSetTrigger:
     return JobSetTrigger(
-        job_name="job-1", cluster_url="https://127.0.0.1:1", ssl_ca_cert="ca", cursor_uri=CURSOR, poll_interval=5
+        job_name="job-1",
+        cluster_url="https://127.0.0.1:1",
+        ssl_ca_cert="ca",
+        cursor_uri=CURSOR,
+        poll_interval=5,
     )
 
 
