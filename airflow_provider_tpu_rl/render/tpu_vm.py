@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
+from typing import Final
 
 from airflow_provider_tpu_rl.render import gke, maxtext
 from airflow_provider_tpu_rl.render.command import Command
@@ -554,15 +555,33 @@ def container_install_script(pipeline: TpuVmPipelineSpec) -> str:
     )
 
 
+# A TPU VM's chips as its guest sees them: VFIO (Cloud TPU's custom OS image page,
+# docs.cloud.google.com/tpu/docs/custom-os-image: the TPU images' udev rule binds the TPU's PCI
+# devices to vfio-pci), the container /dev/vfio/vfio and one group /dev/vfio/N per device (the paths
+# tpu-info opens, tpu_info/device.py). A custom image without that rule boots with neither.
+TPU_VFIO_CONTAINER: Final = "/dev/vfio/vfio"
+TPU_VFIO_GROUPS: Final = "/dev/vfio/[0-9]*"
+
+
 def boot_check_script(image: str, family: str) -> str:
-    """The TPU VM's install stage when it booted from a baked image: it checks that Docker and the
-    workload image are there, and installs and pulls nothing; either missing fails the stage in
-    one line (the image in ``family`` is not what its name says: delete it and a run bakes again)."""
+    """The TPU VM's install stage when it booted from a baked image: it checks that the TPU's
+    devices, Docker and the workload image are there, and installs and pulls nothing; any missing
+    fails the stage in one line, in seconds rather than in ``train`` (the image in ``family`` is
+    not what its name says: delete it and a run bakes again)."""
     broken = f"the boot image of family {family} lacks"
+    no_tpu = (
+        f"{broken} the TPU's devices (no {TPU_VFIO_CONTAINER} and {TPU_VFIO_GROUPS}: the TPU images' "
+        "udev rule binds the chips to vfio-pci, cloud.google.com/tpu/docs/custom-os-image); "
+        "delete the family image or set bake_image=false"
+    )
     return (
         "\n".join(
             [
                 "set -euo pipefail",
+                f"if [ ! -e {TPU_VFIO_CONTAINER} ] || ! compgen -G {quote_all([TPU_VFIO_GROUPS])} >/dev/null; then",
+                f"  echo {quote_all([no_tpu])} >&2",
+                "  exit 1",
+                "fi",
                 "if ! command -v docker >/dev/null 2>&1; then",
                 f"  echo {quote_all([f'{broken} Docker; delete the family image or set bake_image=false'])} >&2",
                 "  exit 1",
@@ -571,7 +590,7 @@ def boot_check_script(image: str, family: str) -> str:
                 f"  echo {quote_all([f'{broken} {image}; delete the family image or set bake_image=false'])} >&2",
                 "  exit 1",
                 "fi",
-                f"echo {quote_all([f'Docker and {image} are on the boot image ({family}): nothing to install or pull'])}",
+                f"echo {quote_all([f'the TPU devices, Docker and {image} are on the boot image ({family}): nothing to install or pull'])}",
             ]
         )
         + "\n"
@@ -689,7 +708,7 @@ def stage_script(
         return (build() if stage == "install" else build(pipeline)), description  # type: ignore[operator]
     if stage == "install" and machine == "tpu" and boot_family:
         return boot_check_script(image, boot_family), (
-            f"check that the baked boot image holds Docker and {image} (nothing installed or pulled)"
+            f"check that the baked boot image holds the TPU devices, Docker and {image} (nothing installed or pulled)"
         )
     if stage == "install":
         return container_install_script(pipeline), f"prepare Docker and pull {image}"

@@ -19,6 +19,9 @@ from airflow_provider_tpu_rl.spec.presets import POST_TRAINING_IMAGE
 
 SHM_PATH = re.compile(r"^/dev/shm/[A-Za-z0-9._-]+(?:/[A-Za-z0-9._-]+)*/?$")
 
+_DERIVED_BY_MAXTEXT: Final = (
+    "MaxText derives it from `base_output_directory` and `run_name` and ignores any value"
+)
 # Keys the pipeline sets itself: a user override would point training at the wrong data or put a
 # secret on the command line.
 RESERVED_KEYS: Final[dict[str, str]] = {
@@ -28,6 +31,12 @@ RESERVED_KEYS: Final[dict[str, str]] = {
     "load_parameters_path": "derived from the converted checkpoint",
     "hf_access_token": "the HF token never goes on a command line; use `hf_token_conn_id`",
     "num_batches": "set it with the `num_batches` param",
+    # MaxText derives these from base_output_directory and run_name (both set by the pipeline) and
+    # overwrites any value given (0.2.3 and 0.2.4: configs/types.py, set_derived_and_validate_values and RLConfig's
+    # validator): an override would not move the checkpoints, it would be dropped without a word.
+    "checkpoint_dir": _DERIVED_BY_MAXTEXT,
+    "metrics_dir": _DERIVED_BY_MAXTEXT,
+    "tensorboard_dir": _DERIVED_BY_MAXTEXT,
 }
 # The largest num_batches a run may ask for (the tutorials train 50).
 MAX_NUM_BATCHES: Final = 10**7

@@ -17,6 +17,7 @@ from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID, tpu_vm_pipeline_from_con
 from tests.support.sandbox_run import TPU_VM_CONVERSION_TASKS, SandboxRun
 from tpu_rl_sandbox.clis.gcloud.compute_images import image_dir
 from tpu_rl_sandbox.world.registry import POST_TRAINING_IMAGE, REGISTRY_IMAGES
+from tpu_rl_sandbox.world.store import StateStore
 
 RUN_A = "manual__2026-04-01T00:00:00+00:00"
 RUN_B = "manual__2026-04-02T00:00:00+00:00"
@@ -135,6 +136,29 @@ def test_the_install_stage_checks_the_boot_image_and_fails_in_one_line_when_it_l
         _execute(sb, TpuVmStageOperator, conf, RUN_A, task_id="install_maxtext", boot_image_family=FAMILY)
     assert f"the boot image of family {FAMILY} lacks {POST_TRAINING_IMAGE}" in str(failed.value)
     assert _installs_or_pulls(sb.vm_tool_calls(sb.vm)) == []
+
+
+def test_a_boot_image_without_the_tpus_devices_fails_the_install_stage_in_one_line(sb: SandboxRun) -> None:
+    """A family image made from a disk without Cloud TPU's udev rule (baked from a plain Ubuntu
+    image, say) boots a TPU VM with no /dev/vfio: install_maxtext fails in seconds, not train."""
+    conf = sb.tpu_vm_conf()
+    baked = _execute(sb, TpuVmBootImageOperator, conf, RUN_A, task_id="bake_image")
+    # the bake VM booted from Google's TPU family: its disk, and so the image, has the rule
+    images = sb.state("images")
+    assert images[f"{sb.project}/{baked['boot_image']}"]["tpuVfio"] is True
+    with StateStore(sb.layout).txn() as txn:  # as if baked from an image without it
+        txn.doc("images")[f"{sb.project}/{baked['boot_image']}"]["tpuVfio"] = False
+        txn.save("images")
+    for task_id, factory in TPU_VM_CONVERSION_TASKS[:2]:  # the bucket and the token
+        _execute(sb, factory, conf, RUN_A, task_id=task_id)
+    _execute(sb, TpuVmCreateOperator, conf, RUN_A, task_id="create_vm", boot_image_family=FAMILY)
+    with pytest.raises(AirflowException) as failed:
+        _execute(sb, TpuVmStageOperator, conf, RUN_A, task_id="install_maxtext", boot_image_family=FAMILY)
+    assert f"the boot image of family {FAMILY} lacks the TPU's devices (no /dev/vfio/vfio" in str(
+        failed.value
+    )
+    # the check came first: no tool ran on the VM (no docker call, nothing installed)
+    assert sb.vm_tool_calls(sb.vm) == []
 
 
 def test_without_a_baked_image_the_tpu_vm_installs_docker_and_pulls(sb: SandboxRun) -> None:

@@ -96,7 +96,10 @@ def test_with_a_baked_image_the_plan_shows_no_install_and_no_pull_on_the_tpu_vm(
     script = install.command.stdin_text or ""
     assert not [word for word in INSTALLS if word in script]
     assert f"sudo docker image inspect '--format={{{{.Id}}}}' {shlex.quote(PINNED)}" in script
-    assert install.command.description.startswith("check that the baked boot image holds Docker")
+    assert install.command.description.startswith(
+        "check that the baked boot image holds the TPU devices, Docker"
+    )
+    assert "if [ ! -e /dev/vfio/vfio ] || ! compgen -G '/dev/vfio/[0-9]*' >/dev/null; then" in script
     # the CPU VM pulls the image (it is not TPU time)
     (cpu,) = _steps({"workload_image": PINNED}, "install_cpu_vm")
     assert f"sudo docker pull {PINNED}" in (cpu.command.stdin_text or "")

@@ -279,6 +279,28 @@ uv frobnicate || echo "unknown=$?"
     assert "unknown=2" in out
 
 
+@pytest.mark.parametrize(
+    ("machine_type", "tpu_vfio", "expected"),
+    [
+        ("ct6e-standard-8t", True, "0 1 2 3 4 5 6 7 vfio"),
+        ("ct6e-standard-4t", True, "0 1 2 3 vfio"),
+        ("ct6e-standard-8t", False, "no-vfio"),  # a boot disk without Cloud TPU's udev rule
+        ("n2-highmem-32", True, "no-vfio"),  # no TPU chip to bind
+    ],
+)
+def test_a_tpu_vm_has_its_chips_as_vfio_devices_only_with_the_tpu_images_rule(
+    cli: Cli, tmp_path: Path, machine_type: str, tpu_vfio: bool, expected: str
+) -> None:
+    vm = VmHost(
+        tmp_path / "vm", services(cli), "vm-test", "alice", "proj", ["cloud-platform"],
+        machine_type=machine_type, tpu_vfio=tpu_vfio,
+    )  # fmt: skip
+    output: list[str] = []
+    script = "if [ -d /dev/vfio ]; then ls /dev/vfio | sort | tr '\\n' ' '; else echo no-vfio; fi"
+    assert vm.run_session(["bash", "-s"], script.encode(), output.append, output.append, {}) == 0
+    assert "".join(output).strip() == expected
+
+
 def test_vm_sudo_and_apt_rules(cli: Cli, tmp_path: Path) -> None:
     script = """apt-get update || echo "user=$?"
 sudo apt-get install cmake < /dev/null || echo "noyes=$?"

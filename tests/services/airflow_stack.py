@@ -40,7 +40,7 @@ import httpx
 
 from airflow_provider_tpu_rl.compat import AIRFLOW_V_3_0_PLUS
 from tests.support.pg_server import PostgresServer, free_port
-from tests.support.waiting import WaitTimedOut, wait_until
+from tests.support.waiting import HANG_BOUND, WaitTimedOut, wait_until
 
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))
 REPO = Path(__file__).resolve().parents[2]
@@ -51,8 +51,9 @@ ADMIN_USER = "admin"
 FINISHED_RUN_STATES = frozenset({"success", "failed"})
 _INHERITED_PREFIXES = ("AIRFLOW", "TPU_RL_SANDBOX", "STORAGE_EMULATOR_HOST")
 
-MIGRATE_TIMEOUT = 300.0  # also for ``airflow users create`` (it loads the FAB app)
-STARTUP_TIMEOUT = 180.0
+# bounds against a hang: on two cores shared by both legs a start took ~3x a quiet one
+MIGRATE_TIMEOUT = 2 * HANG_BOUND  # also for ``airflow users create`` (it loads the FAB app)
+STARTUP_TIMEOUT = 2 * HANG_BOUND
 STOP_TIMEOUT = 30.0
 # Airflow's triggerer gives its triggers 10 s to clean up, then escalates SIGINT, SIGTERM, SIGKILL
 # to the trigger runner 10 s apart (airflow/jobs/triggerer_job_runner.py, sdk supervisor).
@@ -394,6 +395,13 @@ def _flavor_env(home: Path, api_url: str) -> dict[str, str]:
         ),
         # gunicorn's workers are not recycled during a test (0 turns the refresh off)
         "AIRFLOW__WEBSERVER__WORKER_REFRESH_BATCH_SIZE": "0",
+        # the webserver's monitor gives gunicorn's master 120 s by default to have its workers up,
+        # counted from before the app's permission sync (cli/commands/webserver_command.py,
+        # _wait_until_true); with both legs on two cores that sync alone took ~80 s and the
+        # webserver shut itself down. A bound against a hang, like every wait in the suite.
+        "AIRFLOW__WEBSERVER__WEB_SERVER_MASTER_TIMEOUT": str(int(HANG_BOUND * 3)),
+        # gunicorn kills a worker silent this long (a loaded worker answering a slow request)
+        "AIRFLOW__WEBSERVER__WEB_SERVER_WORKER_TIMEOUT": str(int(HANG_BOUND * 2)),
         "AIRFLOW__SCHEDULER__STANDALONE_DAG_PROCESSOR": "True",
         "AIRFLOW__SCHEDULER__DAG_DIR_LIST_INTERVAL": "5",
         "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "600",

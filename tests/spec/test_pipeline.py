@@ -147,6 +147,16 @@ BAD_GKE_CONF: list[tuple[dict[str, Any], str, str]] = [
         "train_overrides.base_output_directory",
         "cannot be overridden",
     ),
+    (
+        {"train_overrides": {"checkpoint_dir": "gs://elsewhere/ckpt/"}},
+        "train_overrides.checkpoint_dir",
+        "MaxText derives it from `base_output_directory` and `run_name`",
+    ),
+    (
+        {"train_overrides": {"tensorboard_dir": "gs://elsewhere/tb/"}},
+        "train_overrides.tensorboard_dir",
+        "ignores any value",
+    ),
     ({"train_overrides": {"debug": None}}, "train_overrides.debug", "must not be null"),
     ({"train_overrides": []}, "train_overrides", "must be an object"),
     ({"hf_token_conn_id": "my conn"}, "hf_token_conn_id", "connection id"),

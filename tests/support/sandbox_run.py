@@ -275,9 +275,10 @@ class SandboxRun:
         ]
 
     def vm_tool_calls(self, vm_name: str) -> list[dict[str, Any]]:
-        """The tool calls a VM's own log recorded (its shell's apt, uv, docker, python, gcloud …)."""
+        """The tool calls a VM's own log recorded (its shell's apt, uv, docker, python, gcloud …);
+        none when no tool ran there."""
         log = self.layout.vm_dir(vm_name) / VmHost.TOOL_CALL_LOG.lstrip("/")
-        return [json.loads(line) for line in log.read_text().splitlines()]
+        return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
     def job_calls(self, verb: str, job_name: str) -> list[dict[str, Any]]:
         """``gcluster job <verb>`` calls for ``job_name`` (submit: ``--name=``; others: the argument)."""

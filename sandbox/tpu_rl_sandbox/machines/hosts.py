@@ -256,8 +256,13 @@ class MachineHost:
             argv=argv,
             timeout=machine_timeout(dict(caller_env) if caller_env is not None else None),
             hidden=self.hidden,
+            devices=self.devices(),
         )
         return Machine(spec, self.run_tool, self.services.cancelled).run(stdin, stdout, stderr)
+
+    def devices(self) -> tuple[str, ...]:
+        """The machine's device paths under /dev beyond the standard ones (none)."""
+        return ()
 
     # Every tool call on the machine, with the NAMES of its environment (never values), one JSON
     # line each, in the machine's own file system: what a test reads to check which process saw a
@@ -652,8 +657,12 @@ class VmHost(MachineHost):
         zone: str = "",
         layout_root: Path | None = None,
         credential_helper: bool = True,
+        tpu_vfio: bool = True,
     ) -> None:
         super().__init__(fs_root, services, vm_name)
+        # the boot disk has Cloud TPU's udev rule binding the chips to vfio-pci
+        # (clis/gcloud/compute_images.py binds_tpu_vfio)
+        self.tpu_vfio = tpu_vfio
         if credential_helper:
             # google-cloud-cli's /usr/bin/docker-credential-gcloud: on every PATH, sudo's too
             self.tools = {**self.tools, "docker-credential-gcloud": "docker-credential-gcloud"}
@@ -685,6 +694,14 @@ class VmHost(MachineHost):
     def tpu_chips(self) -> int:
         """The machine type decides the devices: ``ct6e-standard-Nt`` has N TPU chips, others none."""
         return tpu_chips_of(self.machine_type)
+
+    def devices(self) -> tuple[str, ...]:
+        """A TPU VM's chips as VFIO devices (``/dev/vfio/vfio`` and a group per chip, as tpu-info
+        opens them), when its boot disk has the udev rule that binds them; none otherwise."""
+        chips = self.tpu_chips()
+        if not chips or not self.tpu_vfio:
+            return ()
+        return ("/dev/vfio/vfio", *(f"/dev/vfio/{chip}" for chip in range(chips)))
 
     def login_env(self, base: Mapping[str, str]) -> dict[str, str]:
         """What sshd gives a session: HOME, USER, LOGNAME, SHELL, PATH (plus the client's LANG)."""

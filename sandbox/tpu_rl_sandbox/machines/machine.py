@@ -215,6 +215,9 @@ class MachineSpec:
     # host files the machine must not have (its /usr is the host's): each covered by /dev/null,
     # which no PATH lookup takes for a program (not a regular file)
     hidden: tuple[str, ...] = ()
+    # the machine's own device paths under /dev (a TPU VM's /dev/vfio/*): files a script can find;
+    # nothing opens them (the simulated programs take the chips from the host, not from /dev)
+    devices: tuple[str, ...] = ()
 
     def config(self, address: str) -> dict[str, Any]:
         return {
@@ -228,6 +231,7 @@ class MachineSpec:
             "argv": self.argv,
             "address": address,
             "hidden": list(self.hidden),
+            "devices": list(self.devices),
         }
 
 
@@ -572,6 +576,11 @@ def enter(config: dict[str, Any]) -> None:
             _bind(f"/dev/{device}", f"{new_root}/dev/{device}", read_only=False)
     for name, target in DEVICE_LINKS.items():
         os.symlink(target, f"{new_root}/dev/{name}")
+    for device in config.get("devices") or ():
+        if not device.startswith("/dev/") or ".." in device.split("/"):
+            raise ValueError(f"not a device path: {device}")
+        os.makedirs(os.path.dirname(new_root + device), exist_ok=True)
+        Path(new_root + device).touch()
     for hidden in config.get("hidden") or ():
         if os.path.lexists(new_root + hidden):
             _bind("/dev/null", new_root + hidden, read_only=True)

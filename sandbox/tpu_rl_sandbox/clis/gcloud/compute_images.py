@@ -34,6 +34,13 @@ IMAGE_SOURCES = ("source-disk", "source-image", "source-image-family", "source-s
 PUBLIC_IMAGE_PROJECTS = frozenset(
     {"ubuntu-os-cloud", "ubuntu-os-accelerator-images", "debian-cloud", "cos-cloud", "ubuntu-os-pro-cloud"}
 )
+# Cloud TPU's custom OS image page (cloud.google.com/tpu/docs/custom-os-image) lists what makes the
+# TPU VM images TPU images: a udev rule binding the TPU's PCI devices to vfio-pci
+# (99-tpu-vfiopci.rules) and boot-time tasks. A TPU VM booted from such an image has /dev/vfio/vfio
+# and one /dev/vfio/N group per chip (the paths tpu-info opens, tpu_info/device.py); from an image
+# without the rule it has no TPU device. Google's TPU images: Ubuntu's accelerator families for TPUs.
+TPU_IMAGE_PROJECT = "ubuntu-os-accelerator-images"
+TPU_FAMILY_MARK = "-tpu-"  # ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e
 # What of a VM's folder is its boot disk: not /tmp (Ubuntu's tmpfiles.d clears it at boot), not
 # /dev/shm, and not the docker daemon's running containers (a stopped VM has none).
 NOT_ON_DISK = ("tmp", "dev", ".sandbox-dockerd-containers.json", ".sandbox-dockerd", ".sandbox-dockerd.lock")
@@ -118,6 +125,14 @@ class ImagesCommands(GcloudCall):
             )
         return record
 
+    @staticmethod
+    def binds_tpu_vfio(project: str, family: str | None, custom: dict[str, Any] | None) -> bool:
+        """Whether the boot disk has Cloud TPU's VFIO udev rule: Google's TPU family, or a custom
+        image made from a disk that had it (a disk keeps what its image had)."""
+        if custom is not None:
+            return bool(custom.get("tpuVfio"))
+        return project == TPU_IMAGE_PROJECT and TPU_FAMILY_MARK in (family or "")
+
     def copy_boot_disk(self, record: dict[str, Any], vm_folder: Path) -> None:
         """Give a new VM's boot disk the image's files."""
         _copy_disk(image_dir(self.layout.root, record["project"], record["name"]), vm_folder)
@@ -182,6 +197,7 @@ class ImagesCommands(GcloudCall):
             "labels": labels,
             "sourceDisk": f"https://www.googleapis.com/compute/v1/{disk_url}",
             "diskSizeGb": re.sub(r"\D", "", str(vm.get("bootDiskSize") or "10")),
+            "tpuVfio": bool((vm.get("image") or {}).get("tpuVfio")),
             "archiveSizeBytes": str(size),
             "created": rfc3339(),
             "created_ts": time.time(),

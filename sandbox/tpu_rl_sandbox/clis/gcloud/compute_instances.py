@@ -125,9 +125,9 @@ class InstancesCommands(ReservationsCommands, NetworksCommands, ImagesCommands):
         machine_type = str(parsed.get("machine-type") or "n1-standard-1")
         # a custom image of the sandbox (--image/--image-family of --image-project) gives the boot
         # disk its files; Google's images a bare one
-        source_image = self.boot_source(
-            str(parsed.get("image-project") or project), parsed.get("image"), parsed.get("image-family")
-        )
+        image_project = str(parsed.get("image-project") or project)
+        source_image = self.boot_source(image_project, parsed.get("image"), parsed.get("image-family"))
+        tpu_vfio = self.binds_tpu_vfio(image_project, parsed.get("image-family"), source_image)
         settings = load_settings(self.layout)
         provisioning_model = parsed.get("provisioning-model") or "STANDARD"
         phases = instances.start_phases(
@@ -171,6 +171,7 @@ class InstancesCommands(ReservationsCommands, NetworksCommands, ImagesCommands):
                         "project": parsed.get("image-project"),
                         "family": parsed.get("image-family"),
                         "image": parsed.get("image"),
+                        "tpuVfio": tpu_vfio,
                     },
                     "bootDiskSize": size,
                     "scheduling": {

@@ -308,6 +308,7 @@ class SshCommand(InstancesCommands, ProjectInfoCommands):
             zone=zone,
             layout_root=self.layout.root,
             credential_helper=load_settings(self.layout).vm_docker_credential_helper,
+            tpu_vfio=bool((record.get("image") or {}).get("tpuVfio")),
         )
         stdin = self.read_stdin()
         if command is None:
