@@ -149,7 +149,9 @@ def test_the_tpu_vm_plan_shows_the_runtime(capsys: pytest.CaptureFixture[str], r
     assert (pulls in steps["install_cpu_vm"]["stdin"]) is (runtime == "container")
     assert ("uv pip install" in steps["install_cpu_vm"]["stdin"]) is (runtime == "install")
     assert steps["install_maxtext"]["description"].startswith(
-        "check that the baked boot image holds Docker" if runtime == "container" else "install MaxText"
+        "check that the baked boot image holds the TPU devices, Docker"
+        if runtime == "container"
+        else "install MaxText"
     )
 
 
