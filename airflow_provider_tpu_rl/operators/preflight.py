@@ -90,6 +90,10 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
     :param ssh_source_ranges: (``tpu_vm``) the CIDR ranges the Airflow workers' SSH sessions come
         from (their egress addresses): a firewall rule must let tcp:22 in from all of them. Default:
         a rule allowing tcp:22 from any source range counts.
+    :param cpu_machine_types: (``tpu_vm``) the machine types of the CPU VMs the run creates at once
+        (the pipeline: the bake VM, when it bakes, and the conversion's CPU VM): their vCPUs are
+        checked against the region's quota of each series (``N2_CPUS``, …) and the project's
+        ``CPUS_ALL_REGIONS``, before anything is created.
     """
 
     ui_color = "#e8f5e9"
@@ -111,6 +115,7 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         "cluster_name",
         "bucket",
         "ssh_source_ranges",
+        "cpu_machine_types",
     )
 
     def __init__(
@@ -131,6 +136,7 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         cluster_name: str | None = None,
         bucket: str | None = None,
         ssh_source_ranges: Sequence[str] | None = None,
+        cpu_machine_types: Sequence[str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -149,6 +155,7 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         self.cluster_name = cluster_name
         self.bucket = bucket
         self.ssh_source_ranges = ssh_source_ranges
+        self.cpu_machine_types = cpu_machine_types
 
     # ------------------------------------------------------------------ arguments
     def _services(self, run: Runner) -> tuple[str, ...]:
@@ -261,15 +268,52 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
     def check_quotas(
         self, project: str, zone: str, run: Runner, capacity: str, need: checks.ReservationNeed
     ) -> list[str]:
-        """The region's free quota for what the run takes (:func:`checks.quota_needs`): one line
-        per short quota; a flex-start zone the docs do not list is a warning."""
+        """The region's free quota for what the run takes (:func:`checks.quota_needs`), and the
+        project's vCPUs in all regions for its CPU VMs: one line per short quota; a flex-start zone
+        the docs do not list is a warning."""
         if capacity == FLEX_START:
             note = checks.flex_start_zone_note(run, zone)
             if note:
                 self.log.warning("preflight: %s", note)
-        needs = checks.quota_needs(run, capacity, need.chips)
-        if not needs:
+        cpu_types = self._cpu_machine_types()
+        _, cpu_total, cpu_notes = checks.cpu_vm_quota_needs(cpu_types)
+        for note in cpu_notes:
+            self.log.warning("preflight: %s", note)
+        what = checks.cpu_vms_taking(cpu_types)
+        needs = checks.quota_needs(run, capacity, need.chips, cpu_types)
+        problems = self._check_region_quotas(project, zone, needs, what) if needs else []
+        if cpu_total:
+            problems += self._check_project_quotas(project, {checks.CPUS_ALL_REGIONS_QUOTA: cpu_total}, what)
+        return problems
+
+    def _cpu_machine_types(self) -> list[str]:
+        value = self.cpu_machine_types
+        if not value:
             return []
+        if isinstance(value, str):
+            raise ConfigurationError("cpu_machine_types must be a list of machine types, not a string")
+        return [rules.gce_name("cpu_machine_types", str(item), "machine type") for item in value]
+
+    def _check_project_quotas(
+        self, project: str, needs: Mapping[str, int], what: Mapping[str, str]
+    ) -> list[str]:
+        """The project's own quotas (``compute project-info describe``: all regions)."""
+        document, problems = self._read_document(
+            commands.describe_project_info(project, "quotas (all regions)"),
+            "the project quota check",
+            f"could not read the quotas of project {project} ({{error}}): the caller needs compute.projects.get",
+            f"gcloud printed no project JSON for {project}",
+        )
+        if document is None:
+            return problems
+        problems, notes = checks.quota_problems(project, None, needs, document, what)
+        for note in notes:
+            self.log.warning("preflight: %s", note)
+        return problems
+
+    def _check_region_quotas(
+        self, project: str, zone: str, needs: Mapping[str, int], what: Mapping[str, str]
+    ) -> list[str]:
         region = zone.rsplit("-", 1)[0]
         command = commands.describe_region(project, region)
         document, problems = self._read_document(
@@ -280,7 +324,7 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         )
         if document is None:
             return problems
-        problems, notes = checks.quota_problems(project, region, needs, document)
+        problems, notes = checks.quota_problems(project, region, needs, document, what)
         for note in notes:
             self.log.warning("preflight: %s", note)
         return problems

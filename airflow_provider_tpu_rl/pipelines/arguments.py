@@ -218,6 +218,7 @@ def tpu_vm_task_arguments(value: Value, bake: Value | None = None) -> dict[str, 
             "compute_type": value("compute_type"),
             "topology": value("topology"),
             "num_slices": 1,
+            "cpu_machine_types": value("cpu_machine_types"),
         },
         "ensure_bucket": {
             "project_id": value("project"),

@@ -17,7 +17,12 @@ from airflow_provider_tpu_rl.spec.pipeline import (
     GkePipelineSpec,
     TpuVmPipelineSpec,
 )
-from airflow_provider_tpu_rl.spec.preflight import REQUIRED_PERMISSIONS, VM_NETWORK, quota_needs
+from airflow_provider_tpu_rl.spec.preflight import (
+    REQUIRED_PERMISSIONS,
+    VM_NETWORK,
+    cpu_vm_quota_needs,
+    quota_needs,
+)
 from airflow_provider_tpu_rl.spec.presets import Runner
 
 
@@ -52,12 +57,18 @@ PLAN_DEPENDENCY_CHECK_GROUP = "<tmp>/deployment/primary"
 
 
 def preflight_commands(
-    runner: Runner, project: str, zone: str, reservation: str, capacity: str
+    runner: Runner,
+    project: str,
+    zone: str,
+    reservation: str,
+    capacity: str,
+    cpu_machine_types: Sequence[str] = (),
 ) -> list[Command]:
     """Every command of the ``preflight`` task, in the order it runs them (operators/preflight.py
     ``execute``): on GKE gcluster's own dependency check; gcloud's active account; on a TPU VM the
     project's metadata (OS Login); the enabled APIs; on a TPU VM its network, the firewall rules
-    and, for flex-start, gcloud's components; the region's quotas; the reservation. Its API call (the permission test,
+    and, for flex-start, gcloud's components; the region's quotas, and the project's for the CPU VMs'
+    vCPUs; the reservation. Its API call (the permission test,
     beside the gcloud reads) is :func:`api_calls`'."""
     steps: list[Command] = []
     if runner is Runner.GKE:
@@ -70,8 +81,11 @@ def preflight_commands(
         steps += [preflight.describe_network(project, VM_NETWORK), preflight.list_firewall_rules(project)]
         if tpu_vm.gcloud_components_needed(capacity):
             steps.append(preflight.gcloud_version())
-    if quota_needs(runner, capacity, 1):
+    if quota_needs(runner, capacity, 1, cpu_machine_types):
         steps.append(preflight.describe_region(project, zone.rsplit("-", 1)[0]))
+    if cpu_vm_quota_needs(cpu_machine_types)[1]:
+        # the project's quotas (CPUS_ALL_REGIONS) for the CPU VMs' vCPUs
+        steps.append(preflight.describe_project_info(project, "quotas (all regions)"))
     if reservation:
         steps.append(preflight.describe_reservation(project, zone, reservation))
     return steps
@@ -187,7 +201,9 @@ def tpu_vm_plan(pipeline: TpuVmPipelineSpec, *, now: float | None = None) -> lis
         bake.append(boot_image.find_image(vm.project, family))
         bake += boot_image.bake_commands(pipeline, family, digest, labels, ssh_key_file=PLAN_SSH_KEY_FILE)
     commands = {
-        "preflight": preflight_commands(Runner.TPU_VM, vm.project, vm.zone, vm.reservation, vm.capacity),
+        "preflight": preflight_commands(
+            Runner.TPU_VM, vm.project, vm.zone, vm.reservation, vm.capacity, pipeline.cpu_machine_types
+        ),
         "ensure_bucket": [gke.create_bucket(vm.project, pipeline.region, vm.bucket)],
         "sync_hf_token": gke.hf_token_secret(
             vm.project, pipeline.hf_token.secret_id, (), sync=pipeline.hf_token.sync_from_connection

@@ -106,11 +106,12 @@ def list_firewall_rules(project: str) -> Command:
     )
 
 
-def describe_project_info(project: str) -> Command:
-    """The project's Compute Engine metadata (``enable-oslogin`` among its items)."""
+def describe_project_info(project: str, what: str = "metadata") -> Command:
+    """The project's Compute Engine metadata (``enable-oslogin`` among its items) and its own quotas
+    (``quotas[]``, all regions); ``what`` the description says is read."""
     return Command(
         ("gcloud", "compute", "project-info", "describe", f"--project={project}", "--format=json"),
-        description=f"read project {project}'s Compute Engine metadata",
+        description=f"read project {project}'s Compute Engine {what}",
     )
 
 

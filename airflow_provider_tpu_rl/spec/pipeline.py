@@ -766,6 +766,12 @@ class TpuVmPipelineSpec:
         )
 
     @property
+    def cpu_machine_types(self) -> tuple[str, ...]:
+        """The CPU VMs that run at once, before the TPU VM exists: the bake VM (when the run bakes)
+        beside the conversion's CPU VM; preflight checks their vCPU quotas."""
+        return (*((self.bake_vm.machine_type,) if self.bakes else ()), self.cpu_vm.machine_type)
+
+    @property
     def gcs_actor_checkpoint(self) -> str:
         """The final actor checkpoint: training writes it to GCS, the export reads it there."""
         step = self.training.final_step
@@ -790,6 +796,7 @@ class TpuVmPipelineSpec:
             "vm_name": v.vm_name,
             "cpu_vm_name": self.cpu_vm.vm_name,
             "cpu_machine_type": self.cpu_vm.machine_type,
+            "cpu_machine_types": list(self.cpu_machine_types),
             "bucket": v.bucket,
             "reservation": v.reservation,
             "capacity": v.capacity,

@@ -261,41 +261,123 @@ def enabled_secret_versions(lines: Iterable[str]) -> list[int]:
 PREEMPTIBLE_TPU_V6E_QUOTA: Final = "PREEMPTIBLE_TPU_V6E"
 N4_CPUS_QUOTA: Final = "N4_CPUS"
 CPU_NP_VCPUS: Final = 64  # one n4-standard-64 node: a conversion's pod needs the pool to scale to one
+# - N2_CPUS and the other series' vCPU quotas: the TPU VM pipeline's CPU VMs, which run at once
+#   before the TPU VM exists: the bake VM (n2-standard-8, when the run bakes its boot image) beside
+#   the conversion's CPU VM (n2-highmem-32). CPUS_ALL_REGIONS: the project's vCPUs in every region
+#   (``gcloud compute project-info describe``: ``quotas[]``, compute v1 Project.quotas, the same
+#   fields). The names are gcloud
+#   528's (compute_v1_messages.py, Quota.MetricValueValuesEnum: CPUS, CPUS_ALL_REGIONS, N2_CPUS,
+#   N2D_CPUS, C2_CPUS, C2D_CPUS, C3_CPUS, T2D_CPUS; direct); which series takes which metric is read
+#   from the names (N1 has no metric of its own and takes CPUS; inferred). A machine type of another
+#   series, or not named <series>-<standard|highmem|highcpu>-<vCPUs>, is a note, not a refusal. The
+#   TPU VM's own vCPUs are not counted: no source says whether a ct6e VM takes CPU quota.
+CPUS_ALL_REGIONS_QUOTA: Final = "CPUS_ALL_REGIONS"
+SERIES_CPU_QUOTAS: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "n1": "CPUS",
+        "n2": "N2_CPUS",
+        "n2d": "N2D_CPUS",
+        "c2": "C2_CPUS",
+        "c2d": "C2D_CPUS",
+        "c3": "C3_CPUS",
+        "t2d": "T2D_CPUS",
+        "n4": N4_CPUS_QUOTA,
+    }
+)
+_PREDEFINED_MACHINE_TYPE: Final = re.compile(r"^([a-z][a-z0-9]*)-(?:standard|highmem|highcpu)-([1-9][0-9]*)$")
 
 
-def quota_needs(runner: Runner, capacity: str, chips: int) -> dict[str, int]:
+def machine_vcpus(machine_type: str) -> tuple[str, int] | None:
+    """``(vCPU quota metric, vCPUs)`` of a predefined machine type of a known series, else None."""
+    match = _PREDEFINED_MACHINE_TYPE.fullmatch(machine_type)
+    if match is None or match[1] not in SERIES_CPU_QUOTAS:
+        return None
+    return SERIES_CPU_QUOTAS[match[1]], int(match[2])
+
+
+def cpu_vm_quota_needs(machine_types: Sequence[str]) -> tuple[dict[str, int], int, list[str]]:
+    """What CPU VMs running at once take: ``(regional metric -> vCPUs, vCPUs in all, notes)``;
+    a note per machine type whose quota is not known (not counted)."""
+    regional: dict[str, int] = {}
+    total = 0
+    notes: list[str] = []
+    for machine_type in machine_types:
+        known = machine_vcpus(machine_type)
+        if known is None:
+            notes.append(f"the vCPU quota of machine type {machine_type} is not known: not checked")
+            continue
+        metric, vcpus = known
+        regional[metric] = regional.get(metric, 0) + vcpus
+        total += vcpus
+    return regional, total, notes
+
+
+def quota_needs(
+    runner: Runner, capacity: str, chips: int, cpu_machine_types: Sequence[str] = ()
+) -> dict[str, int]:
     """metric -> how much of it the run takes in its region (:data:`PREEMPTIBLE_TPU_V6E_QUOTA`,
-    :data:`N4_CPUS_QUOTA`)."""
+    :data:`N4_CPUS_QUOTA`, and the series' vCPU quotas of ``cpu_machine_types``, the CPU VMs that
+    run at once)."""
     needs: dict[str, int] = {}
     if capacity in (SPOT, FLEX_START):
         needs[PREEMPTIBLE_TPU_V6E_QUOTA] = chips
     if runner is Runner.GKE:
         needs[N4_CPUS_QUOTA] = CPU_NP_VCPUS
+    for metric, vcpus in cpu_vm_quota_needs(cpu_machine_types)[0].items():
+        needs[metric] = needs.get(metric, 0) + vcpus
     return needs
 
 
 def quota_problems(
-    project: str, region: str, needs: Mapping[str, int], document: Mapping[str, Any]
+    project: str,
+    region: str | None,
+    needs: Mapping[str, int],
+    document: Mapping[str, Any],
+    what: Mapping[str, str] | None = None,
 ) -> tuple[list[str], list[str]]:
     """``(problems, notes)``: one problem line per quota with less free (limit - usage) than the run
-    needs; a note per quota the region does not list (a name we could not confirm at its source
-    is not reason enough to refuse)."""
+    needs; a note per quota the document does not list (a name we could not confirm at its source
+    is not reason enough to refuse). ``region`` None: the project's own quotas (all regions);
+    ``what``: metric -> what takes it, said in the line."""
     listed = {str(q.get("metric")): q for q in document.get("quotas") or [] if isinstance(q, Mapping)}
+    where = f"region {region} of project {project}" if region else f"project {project} (all regions)"
+    elsewhere = "choose another region" if region else "delete VMs the project no longer needs"
     problems: list[str] = []
     notes: list[str] = []
     for metric, need in needs.items():
         quota = listed.get(metric)
         if quota is None:
-            notes.append(f"region {region} of project {project} lists no {metric} quota: not checked")
+            notes.append(f"{where} lists no {metric} quota: not checked")
             continue
         free = float(quota.get("limit") or 0) - float(quota.get("usage") or 0)
         if free < need:
+            taker = f" ({what[metric]})" if what and metric in what else ""
             problems.append(
-                f"quota {metric} in region {region} of project {project} has {free:g} free "
+                f"quota {metric} in {where} has {free:g} free "
                 f"(limit {float(quota.get('limit') or 0):g}, in use {float(quota.get('usage') or 0):g}); "
-                f"the run needs {need}: request more (IAM & Admin > Quotas) or choose another region"
+                f"the run needs {need}{taker}: request more (IAM & Admin > Quotas) or {elsewhere}"
             )
     return problems, notes
+
+
+def cpu_vms_taking(machine_types: Sequence[str]) -> dict[str, str]:
+    """metric -> the CPU VMs that take it, in words (``2 CPU VMs at once: n2-standard-8 + n2-highmem-32``),
+    for :func:`quota_problems`' lines; :data:`CPUS_ALL_REGIONS_QUOTA` takes them all."""
+    by_metric: dict[str, list[str]] = {}
+    for machine_type in machine_types:
+        known = machine_vcpus(machine_type)
+        if known is not None:
+            by_metric.setdefault(known[0], []).append(machine_type)
+            by_metric.setdefault(CPUS_ALL_REGIONS_QUOTA, []).append(machine_type)
+
+    def words(types: list[str]) -> str:
+        return (
+            f"{len(types)} CPU VMs at once: {' + '.join(types)}"
+            if len(types) > 1
+            else f"its CPU VM {types[0]}"
+        )
+
+    return {metric: words(types) for metric, types in by_metric.items()}
 
 
 # Zones where the sources we could read say v6e flex-start is offered, by API (each read

@@ -613,12 +613,31 @@ def test_gke_needs_n4_cpus_for_its_cpu_pool_whatever_the_capacity(pf: SandboxRun
     (line,) = _refusal(pf)
     assert line.startswith(f"quota N4_CPUS in region us-east5 of project {pf.project} has 32 free")
     assert "the run needs 64:" in line
-    # a TPU VM on its reservation takes neither: no quota read at all
-    before = len(read_calls(pf.layout))
+    # a TPU VM on its reservation takes neither: the region's quotas are read for its CPU VMs' N2 vCPUs only
     _run(pf, TPU_VM_DAG_ID)
-    assert not [
-        c for c in read_calls(pf.layout)[before:] if c["argv"][:3] == ["compute", "regions", "describe"]
+
+
+def test_the_tpu_vms_cpu_vms_are_checked_against_the_regions_n2_and_the_projects_vcpus(
+    pf: SandboxRun,
+) -> None:
+    """The bake VM (n2-standard-8) runs beside the conversion's CPU VM (n2-highmem-32): 40 N2
+    vCPUs at once, in the region's N2_CPUS and the project's CPUS_ALL_REGIONS, which a new
+    project's quota may not hold: one line each, before anything is created."""
+    update_settings(pf.layout, region_quotas={"N2_CPUS": 32}, project_quotas={"CPUS_ALL_REGIONS": 24})
+    both = "2 CPU VMs at once: n2-standard-8 + n2-highmem-32"
+    assert _refusal(pf, TPU_VM_DAG_ID) == [
+        f"quota N2_CPUS in region us-east5 of project {pf.project} has 32 free (limit 32, in use 0); "
+        f"the run needs 40 ({both}): request more (IAM & Admin > Quotas) or choose another region",
+        f"quota CPUS_ALL_REGIONS in project {pf.project} (all regions) has 24 free (limit 24, in use 0); "
+        f"the run needs 40 ({both}): request more (IAM & Admin > Quotas) or delete VMs the project no longer needs",
     ]
+    _created_nothing(pf)
+    # without the bake the CPU VM alone takes 32, which fits
+    update_settings(pf.layout, project_quotas={"CPUS_ALL_REGIONS": 32})
+    assert _run(pf, TPU_VM_DAG_ID, bake_image=False)["runner"] == "tpu_vm"
+    # a machine type whose quota is not known is a note, not a refusal
+    update_settings(pf.layout, region_quotas={"N2_CPUS": 0}, project_quotas={"CPUS_ALL_REGIONS": 0})
+    assert _run(pf, TPU_VM_DAG_ID, bake_image=False, cpu_machine_type="e2-standard-32")["runner"] == "tpu_vm"
 
 
 def test_a_quota_the_region_does_not_list_is_a_note_not_a_refusal(pf: SandboxRun) -> None:

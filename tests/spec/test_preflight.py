@@ -403,3 +403,49 @@ def test_enabled_secret_versions_are_the_enabled_numbered_ones_ascending() -> No
     assert preflight.enabled_secret_versions(listed) == [2, 10]
     assert preflight.enabled_secret_versions(["[]"]) == []
     assert preflight.enabled_secret_versions(["ERROR: (gcloud.secrets.versions.list) NOT_FOUND"]) == []
+
+
+@pytest.mark.parametrize(
+    ("machine_type", "expected"),
+    [
+        ("n2-standard-8", ("N2_CPUS", 8)),
+        ("n2-highmem-32", ("N2_CPUS", 32)),
+        ("n2d-highcpu-16", ("N2D_CPUS", 16)),
+        ("n1-standard-4", ("CPUS", 4)),
+        ("n4-standard-64", ("N4_CPUS", 64)),
+        ("e2-standard-8", None),  # a series whose metric no source we read names
+        ("n2-custom-8-65536", None),  # a custom machine type
+        ("ct6e-standard-8t", None),  # the TPU VM: not counted
+    ],
+)
+def test_a_machine_types_vcpu_quota_is_read_from_its_series_and_name(
+    machine_type: str, expected: tuple[str, int] | None
+) -> None:
+    assert preflight.machine_vcpus(machine_type) == expected
+
+
+def test_cpu_vms_at_once_add_up_per_series_and_in_all() -> None:
+    regional, total, notes = preflight.cpu_vm_quota_needs(["n2-standard-8", "n2-highmem-32", "e2-standard-4"])
+    assert (regional, total) == ({"N2_CPUS": 40}, 40)
+    assert notes == ["the vCPU quota of machine type e2-standard-4 is not known: not checked"]
+    # beside the TPU's own quota, in one mapping
+    assert preflight.quota_needs(Runner.TPU_VM, "spot", 8, ["n2-standard-8", "n2-highmem-32"]) == {
+        "PREEMPTIBLE_TPU_V6E": 8,
+        "N2_CPUS": 40,
+    }
+
+
+def test_a_project_quota_line_says_all_regions_and_what_takes_it() -> None:
+    what = preflight.cpu_vms_taking(["n2-highmem-32"])
+    problems, notes = preflight.quota_problems(
+        "p",
+        None,
+        {"CPUS_ALL_REGIONS": 32},
+        {"quotas": [{"metric": "CPUS_ALL_REGIONS", "limit": 32.0, "usage": 8.0}]},
+        what,
+    )
+    assert problems == [
+        "quota CPUS_ALL_REGIONS in project p (all regions) has 24 free (limit 32, in use 8); the run needs 32 "
+        "(its CPU VM n2-highmem-32): request more (IAM & Admin > Quotas) or delete VMs the project no longer needs"
+    ]
+    assert notes == []

@@ -79,7 +79,9 @@ class SandboxSettings:
     * ``region_quotas``: each region's Compute Engine quota limits, metric -> limit, as ``gcloud
       compute regions describe`` lists them (usage 0: the sandbox does not count it). Defaults:
       PREEMPTIBLE_TPU_V6E 64 (Cloud TPU's "default preemptible quota for TPU v5e and v6e is 64
-      cores", request-using-flex-start), N4_CPUS and CPUS generous; a test lowers one.
+      cores", request-using-flex-start), N4_CPUS, N2_CPUS and CPUS generous; a test lowers one.
+    * ``project_quotas``: the project's own quota limits (all regions), as ``gcloud compute
+      project-info describe`` lists them (usage 0). Default: CPUS_ALL_REGIONS generous.
     * ``gcluster_release``: the release the fake ``gcluster`` plays, ``{"version", "terraform",
       "packer"}`` (what ``--version`` prints, and the Terraform/Packer versions its dependency
       check requires); empty: the pinned release (``clis.gcluster.dependencies.PINNED_RELEASE``).
@@ -126,8 +128,14 @@ class SandboxSettings:
     gcloud_components: tuple[str, ...] = ("alpha", "beta")
     vm_docker_credential_helper: bool = True
     region_quotas: Mapping[str, float] = field(
-        default_factory=lambda: {"PREEMPTIBLE_TPU_V6E": 64.0, "N4_CPUS": 512.0, "CPUS": 2400.0}
+        default_factory=lambda: {
+            "PREEMPTIBLE_TPU_V6E": 64.0,
+            "N4_CPUS": 512.0,
+            "N2_CPUS": 512.0,
+            "CPUS": 2400.0,
+        }
     )
+    project_quotas: Mapping[str, float] = field(default_factory=lambda: {"CPUS_ALL_REGIONS": 2400.0})
     iam_propagation_seconds: float = 0.5
     minute_seconds: float = 0.0
     kueue_admits: bool = True

@@ -9,6 +9,7 @@ from tpu_rl_sandbox.clis.gcloud.output import GcloudError, formatted
 from tpu_rl_sandbox.clis.gcloud.parser import GcloudParse
 from tpu_rl_sandbox.clis.gcloud.values import parse_map
 from tpu_rl_sandbox.world import inventory
+from tpu_rl_sandbox.world.settings import load_settings
 
 
 class ProjectInfoCommands(GcloudCall):
@@ -19,7 +20,8 @@ class ProjectInfoCommands(GcloudCall):
 
     def cmd_compute_project_info_describe(self, parsed: GcloudParse) -> int:
         """A Compute API Project: ``commonInstanceMetadata.items`` (``ssh-keys`` as one newline-joined
-        value, as compute/ssh_utils writes it)."""
+        value, as compute/ssh_utils writes it) and its ``quotas`` (compute v1 ``Project.quotas``:
+        metric, limit, usage; the limits from the sandbox setting ``project_quotas``)."""
         project = self.project(parsed)
         self._require_permission("compute.projects.get", project)
         items = []
@@ -30,6 +32,10 @@ class ProjectInfoCommands(GcloudCall):
             "name": project,
             "id": str(inventory.project_number(project)),
             "commonInstanceMetadata": {"kind": "compute#metadata", "items": items},
+            "quotas": [
+                {"limit": float(limit), "metric": metric, "usage": 0.0}
+                for metric, limit in sorted(load_settings(self.layout).project_quotas.items())
+            ],
             "selfLink": f"https://www.googleapis.com/compute/v1/projects/{project}",
         }
         self.out(formatted(resource, parsed.get("format")))
