@@ -546,3 +546,26 @@ def test_a_hold_file_reading_tpu_holds_only_the_jobs_that_request_tpus(tmp_path:
     hold.write_text(POD_HOLD_TPU_ONLY + "\n")
     assert _held(hold, tpu_job)
     assert not _held(hold, cpu_job)
+
+
+def test_a_finished_jobs_record_never_signals_the_process_that_took_its_pid() -> None:
+    """pids are reused: a job whose worker ended keeps its pid in its record, and with two suites on
+    one machine that pid once became another suite's API server (a session leader), which the
+    job's deletion then killed. Only the job's own worker (its argv names the job's uid) is signalled."""
+    import subprocess
+    import sys
+
+    from tpu_rl_sandbox.apis import kube_api
+
+    stranger = subprocess.Popen(  # a session leader, as the API server and the job workers are
+        [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
+    )
+    try:
+        job = {"pid": stranger.pid, "uid": "a-finished-jobs-uid"}
+        kube_api.stop_worker(job)
+        kube_api.wait_worker_stopped(job, grace=0.2)
+        time.sleep(0.2)
+        assert stranger.poll() is None, "a process that is not the job's worker was signalled"
+    finally:
+        stranger.kill()
+        stranger.wait(timeout=30)

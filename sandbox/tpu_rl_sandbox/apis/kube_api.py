@@ -555,10 +555,24 @@ def record_key(project: str, location: str, cluster: str, name: str, namespace: 
     return key if namespace == DEFAULT_NAMESPACE else f"{key}@{namespace}"
 
 
+WORKER_MODULE = "tpu_rl_sandbox.machines.job_worker"
+
+
+def _is_job_worker(pid: int, job: Mapping[str, Any]) -> bool:
+    """Whether ``pid`` is still this job's worker (its argv names the module and the job's uid), not
+    a process that took the pid after the worker ended: pids are reused, and with two suites on one
+    machine a finished job's record once signalled another suite's API server."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return WORKER_MODULE.encode() in argv and str(job.get("uid")).encode() in argv
+
+
 def stop_worker(job: Mapping[str, Any]) -> None:
-    """Stop the job worker (its pods' processes)."""
+    """Stop the job worker (its pods' processes), if it is still the process its record names."""
     pid = job.get("pid")
-    if not pid:
+    if not pid or not _is_job_worker(int(pid), job):
         return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         if os.getpgid(int(pid)) == int(pid):
@@ -592,13 +606,17 @@ def wait_worker_stopped(job: Mapping[str, Any], grace: float = WORKER_STOP_SECON
     if not pid:
         return
     stop_worker(job)
+
+    def alive() -> bool:
+        return _worker_alive(pid) and _is_job_worker(pid, job)
+
     deadline = time.monotonic() + grace
-    while _worker_alive(pid) and time.monotonic() < deadline:
+    while alive() and time.monotonic() < deadline:
         time.sleep(0.02)
-    if _worker_alive(pid):
+    if alive():
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL) if os.getpgid(pid) == pid else os.kill(pid, signal.SIGKILL)
-        while _worker_alive(pid) and time.monotonic() < deadline + grace:
+        while alive() and time.monotonic() < deadline + grace:
             time.sleep(0.02)
 
 
@@ -656,7 +674,7 @@ def start_worker(layout: SandboxLayout, job: dict[str, Any], env: Mapping[str, s
             [
                 sys.executable,
                 "-m",
-                "tpu_rl_sandbox.machines.job_worker",
+                WORKER_MODULE,
                 str(layout.root),
                 str(job["key"]),
                 str(job["uid"]),
