@@ -298,30 +298,45 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         self, project: str, needs: Mapping[str, int], what: Mapping[str, str]
     ) -> list[str]:
         """The project's own quotas (``compute project-info describe``: all regions)."""
-        document, problems = self._read_document(
+        return self._quota_lines(
             commands.describe_project_info(project, "quotas (all regions)"),
+            project,
+            None,
+            needs,
+            what,
             "the project quota check",
             f"could not read the quotas of project {project} ({{error}}): the caller needs compute.projects.get",
             f"gcloud printed no project JSON for {project}",
         )
-        if document is None:
-            return problems
-        problems, notes = checks.quota_problems(project, None, needs, document, what)
-        for note in notes:
-            self.log.warning("preflight: %s", note)
-        return problems
 
     def _check_region_quotas(
         self, project: str, zone: str, needs: Mapping[str, int], what: Mapping[str, str]
     ) -> list[str]:
         region = zone.rsplit("-", 1)[0]
-        command = commands.describe_region(project, region)
-        document, problems = self._read_document(
-            command,
+        return self._quota_lines(
+            commands.describe_region(project, region),
+            project,
+            region,
+            needs,
+            what,
             "the quota check",
             f"could not read the quotas of region {region} ({{error}}): the caller needs compute.regions.get",
             f"gcloud printed no region JSON for {region}",
         )
+
+    def _quota_lines(
+        self,
+        command: Command,
+        project: str,
+        region: str | None,
+        needs: Mapping[str, int],
+        what: Mapping[str, str],
+        check: str,
+        unreadable: str,
+        no_json: str,
+    ) -> list[str]:
+        """Read ``command``'s quotas document; one line per short quota, a warning per note."""
+        document, problems = self._read_document(command, check, unreadable, no_json)
         if document is None:
             return problems
         problems, notes = checks.quota_problems(project, region, needs, document, what)
