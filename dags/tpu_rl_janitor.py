@@ -20,7 +20,7 @@ from typing import Any, Final
 
 from airflow.providers.common.compat.sdk import DAG, Param, get_current_context, task
 
-from airflow_provider_tpu_rl.compat import AirflowException
+from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailException
 from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
 from airflow_provider_tpu_rl.spec import rules
 from airflow_provider_tpu_rl.timeouts import dagrun_timeout, task_timeout
@@ -51,6 +51,15 @@ run tries again.
 """
 
 
+def refuse_bad_projects(projects: list[str]) -> None:
+    """The ``projects`` param's rule, in one line: each a project ID, each once."""
+    for index, project in enumerate(projects):
+        if rules.PROJECT_ID.fullmatch(str(project)) is None:
+            raise AirflowFailException(f"projects: {rules.PROJECT_ID_RULE} (got {project!r})")
+        if project in projects[:index]:
+            raise AirflowFailException(f"projects: each project once ({project!r} is named twice)")
+
+
 def describe(resource: Any) -> Any:
     """A resource as plain JSON-able data, for the log and the XCom."""
     if dataclasses.is_dataclass(resource) and not isinstance(resource, type):
@@ -77,11 +86,13 @@ with DAG(
             title="Projects",
             description=(
                 "Project IDs to scan; empty = the google_cloud_default connection's project and every "
-                "project named in the resource records of the known buckets ([tpu_rl] janitor_buckets, the ledger)."
+                "project named in the resource records of the known buckets ([tpu_rl] janitor_buckets, "
+                f"the ledger). Rule: {rules.PROJECT_ID_RULE}; each once."
             ),
+            # the rule is checked by the task (refuse_bad_projects), in one line: a pattern here
+            # would be refused by Airflow with jsonschema's message and the schema dumped
             type="array",
-            items={"type": "string", "pattern": rules.PROJECT_ID.pattern},
-            uniqueItems=True,
+            items={"type": "string"},
         ),
         "dry_run": Param(
             False,
@@ -105,6 +116,7 @@ with DAG(
 
         context = get_current_context()
         params = context["params"]
+        refuse_bad_projects(params["projects"])
         hook = GclusterHook(gcluster_conn_id=GCLUSTER_CONN_ID)
         now = int(time.time())
         # The buckets of [tpu_rl] janitor_buckets and the ledger, and the projects their resource

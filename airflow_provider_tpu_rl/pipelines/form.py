@@ -132,9 +132,12 @@ def form_schema(metadata: Mapping[str, Any]) -> dict[str, Any]:
     """A key's form metadata, its section the one the installed Airflow's trigger form opens,
     in the forms' JSON Schema dialect (``FORM_SCHEMA_DIALECT``).
 
-    A field with a ``pattern`` carries the spec's ``rule`` for it (what ``validate`` says of a value
-    the pattern refuses): it is added to the description, which the form shows next to the field,
-    since the form's own refusal is a raw JSON-schema dump of the regex.
+    The field's value rules (``params.VALUE_RULES``: pattern, bounds, length) are not in the
+    Param's schema: Airflow would refuse a value breaking one before any task runs, with
+    jsonschema's message and the schema dumped over ~40 lines (in the form, the REST API and
+    ``airflow dags test``). ``validate`` refuses it in one line naming the field and the rule
+    (the spec's ``check_value_rules``), and the rule, in words, is added to the description, which
+    the form shows next to the field. A field with a ``pattern`` must carry the spec's ``rule``.
 
     A dropdown with a null choice ("the preset's value") where the form cannot submit null
     (``FORM_NULL_CHOICE``, Airflow 2) becomes a text field proposing the other choices; empty
@@ -145,12 +148,14 @@ def form_schema(metadata: Mapping[str, Any]) -> dict[str, Any]:
         choices = [choice for choice in schema.pop("enum") if choice is not None]
         schema["examples"] = choices
         schema["anyOf"] = [{"type": "null"}, {"enum": choices}]
-    rule = schema.pop("rule", None)
     patterned = "pattern" in schema or "pattern" in schema.get("propertyNames", {})
-    if patterned and not rule:
+    if patterned and not schema.get("rule"):
         raise ValueError(f"form field {schema.get('title')!r} has a pattern but no rule to show")
-    if rule:
-        schema["description"] = f"{schema['description']} Rule: {rule}."
+    words = params.value_rule_words(schema)
+    for keyword in (*params.VALUE_RULES, "rule"):
+        schema.pop(keyword, None)
+    if words:
+        schema["description"] = f"{schema['description']} Rule: {words}."
     if FORM_BOOLEAN_NULLABLE and schema.get("type") == "boolean":
         # a switch is always on or off: not "required" (validate refuses a null from the REST API)
         schema["type"] = ["boolean", "null"]

@@ -726,3 +726,34 @@ def conf_kind(key: str) -> tuple[str, bool] | None:
 def form_fields(pipeline: str) -> dict[str, dict[str, Any]]:
     """key → its form metadata on ``pipeline`` (``RunParam.form_field``), in the table's order."""
     return {param.key: param.form_field(pipeline) for param in params_of(pipeline)}
+
+
+# The JSON-schema keywords of a field that a value of the right type can still break. Airflow checks
+# each Param against its schema before any task runs and refuses with jsonschema's own message, the
+# field's schema dumped after it over ~40 lines (3.3: Param.resolve in airflow/sdk/definitions/param.py
+# and SerializedParam.resolve in airflow/serialization/definitions/param.py, which the REST API's
+# trigger calls; 2.11: airflow/models/param.py; all raise ParamValidationError(err) of
+# jsonschema.validate). The forms' Params leave these out (pipelines/form.py shows them as the
+# field's rule, in words) and the spec, which checks every one of them, refuses in one line.
+VALUE_RULES: Final = ("pattern", "propertyNames", "minimum", "maximum", "minLength", "maxLength")
+
+
+def value_rule_words(metadata: Mapping[str, Any]) -> str:
+    """A field's value rules (``VALUE_RULES``) in words, as the spec says them: its pattern's rule,
+    its bounds, its length."""
+    words = [metadata["rule"]] if metadata.get("rule") else []
+    low, high = metadata.get("minimum"), metadata.get("maximum")
+    if low is not None and high is not None:
+        words.append(f"must be between {low} and {high}")
+    elif low is not None or high is not None:
+        words.append(f"must be >= {low}" if low is not None else f"must be <= {high}")
+    shortest, longest = metadata.get("minLength"), metadata.get("maxLength")
+    if shortest is not None and longest is not None:
+        words.append(f"must be {shortest}-{longest} characters")
+    elif shortest is not None or longest is not None:
+        words.append(
+            f"must be at least {shortest} characters"
+            if shortest is not None
+            else f"must be at most {longest} characters"
+        )
+    return "; ".join(words)

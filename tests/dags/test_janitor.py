@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from croniter import croniter
 
-from airflow_provider_tpu_rl.compat import AirflowException
+from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailException
 from airflow_provider_tpu_rl.spec import rules
 from tests.support.compat import dag_schedule
 from tests.support.dags import JANITOR_DAG_ID
@@ -37,7 +37,10 @@ def test_runs_every_30_minutes_one_run_at_a_time(janitor: Any) -> None:
 def test_params_are_a_form(janitor: Any) -> None:
     janitor.params.validate()
     projects = janitor.params.get_param("projects").schema
-    assert projects["items"]["pattern"] == rules.PROJECT_ID.pattern
+    # the rule is the task's, in one line (Airflow would refuse a pattern with the schema dumped)
+    assert projects["items"] == {"type": "string"}
+    assert f"Rule: {rules.PROJECT_ID_RULE}" in janitor.params.get_param("projects").description
+    janitor.params.get_param("projects").resolve(["Bad_Project"])
     assert projects["title"]
     assert janitor.params.get_param("dry_run").schema["type"] == "boolean"
     assert janitor.params["dry_run"] is False
@@ -132,6 +135,24 @@ def test_destroys_every_expired_resource_of_every_project(run_janitor: Any) -> N
     assert len(report["found"]) == len(report["destroyed"]) == 3
     assert report["failed"] == []
     json.dumps(report)  # the XCom must be JSON
+
+
+@pytest.mark.parametrize(
+    ("projects", "said"),
+    [
+        (["proj-one-1", "Bad_Project"], f"projects: {rules.PROJECT_ID_RULE} (got 'Bad_Project')"),
+        (["proj-one-1", "proj-one-1"], "projects: each project once ('proj-one-1' is named twice)"),
+    ],
+)
+def test_bad_projects_are_refused_in_one_line_before_any_scan(
+    run_janitor: Any, projects: list[str], said: str
+) -> None:
+    fake = FakeJanitor(EXPIRED)
+    with pytest.raises(AirflowFailException) as refused:
+        run_janitor(fake, projects=projects)
+    assert str(refused.value) == said
+    assert fake.scanned == []
+    assert fake.destroyed == []
 
 
 def test_scan_time_is_now(run_janitor: Any) -> None:

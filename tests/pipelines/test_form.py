@@ -1,8 +1,9 @@
 """The pipelines' trigger forms: one Param per spec key, form metadata, and rules that agree with the spec.
 
-A conf is refused twice: by the params' JSON schema when the run is created (per field), and by the
-``validate`` task (whole conf, with the spec's cross-field rules and the unknown-key check). The
-tables below say for each bad conf which of the two can refuse it and with which message.
+A conf is refused by the ``validate`` task, in one line (whole conf: each field's rule, the spec's
+cross-field rules and the unknown-key check); the params' JSON schema, which Airflow checks when
+the run is created, refuses only a wrong JSON type or a value outside a dropdown's choices. The
+tables below say for each bad conf its message and whether Airflow refuses it first.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from airflow_provider_tpu_rl.compat import (
 )
 from airflow_provider_tpu_rl.pipelines.form import form_schema
 from airflow_provider_tpu_rl.pipelines.validate import validate_pipeline_conf
-from airflow_provider_tpu_rl.spec import GKE_DEFAULTS, TPU_VM_DEFAULTS, Runner, rules
+from airflow_provider_tpu_rl.spec import GKE_DEFAULTS, TPU_VM_DEFAULTS, Runner, params, rules
 from airflow_provider_tpu_rl.spec.cluster import SYSTEM_MACHINE_TYPE
 from airflow_provider_tpu_rl.spec.presets import presets_for
 from airflow_provider_tpu_rl.timeouts import resource_hours
@@ -54,6 +55,7 @@ CLOUD_KEYS = {
     TPU_VM_DAG_ID: ["project", "zone", "bucket", "reservation", "capacity", "service_account"],
 }
 RUNNERS = {GKE_DAG_ID: Runner.GKE, TPU_VM_DAG_ID: Runner.TPU_VM}
+PIPELINES = {GKE_DAG_ID: params.GKE, TPU_VM_DAG_ID: params.TPU_VM}
 # Which spec regex each pattern-carrying param must reuse.
 PATTERNS: dict[str, dict[str, Any]] = {
     GKE_DAG_ID: {
@@ -85,15 +87,21 @@ PATTERNS: dict[str, dict[str, Any]] = {
     },
 }
 
-# (case id, conf, message validate_pipeline_conf raises, whether the JSON schema refuses it too)
+# (case id, conf, message validate_pipeline_conf raises, whether the JSON schema refuses it first:
+# a wrong type or a value outside a dropdown's choices)
 GKE_BAD_CONFS = [
     ("unknown_key", {"clustr_name": "tpu-rl"}, "clustr_name: unknown conf key", False),
-    ("cluster_name_uppercase", {"cluster_name": "TPU-rl"}, "cluster_name: GKE cluster name must start", True),
+    (
+        "cluster_name_uppercase",
+        {"cluster_name": "TPU-rl"},
+        "cluster_name: GKE cluster name must start",
+        False,
+    ),
     (
         "cluster_name_too_long",
         {"cluster_name": "a" * 21},
         "cluster_name: must be at most 20 characters",
-        True,
+        False,
     ),
     ("topology_not_v6e", {"topology": "3x3"}, "topology: not a v6e slice shape", True),
     ("topology_malformed", {"topology": "big"}, "topology: topology must look like 4x8", True),
@@ -110,8 +118,8 @@ GKE_BAD_CONFS = [
         "runs on one TPU VM; use the tpu_rl_tpu_vm_pipeline",
         True,
     ),
-    ("negative_batches", {"num_batches": -5}, "num_batches: must be >= 1", True),
-    ("zero_batches", {"num_batches": 0}, "num_batches: must be >= 1", True),
+    ("negative_batches", {"num_batches": -5}, "num_batches: must be >= 1", False),
+    ("zero_batches", {"num_batches": 0}, "num_batches: must be >= 1", False),
     (
         "negative_batch_size",
         {"train_overrides": {"batch_size": -8}},
@@ -123,7 +131,7 @@ GKE_BAD_CONFS = [
         "override_key",
         {"train_overrides": {"Bad-Key": 1}},
         "train_overrides.Bad-Key: MaxText override keys",
-        True,
+        False,
     ),
     ("zone_outside_region", {"zone": "us-west1-a"}, "zone: zone must be inside region 'us-east5'", False),
     (
@@ -137,11 +145,11 @@ GKE_BAD_CONFS = [
         "bucket_with_scheme",
         {"bucket": "gs://my-bucket"},
         "bucket: give the bucket name without 'gs://'",
-        True,
+        False,
     ),
-    ("zero_slices", {"num_slices": 0}, "num_slices: must be between 1 and 64", True),
+    ("zero_slices", {"num_slices": 0}, "num_slices: must be between 1 and 64", False),
     ("keep_cluster_text", {"keep_cluster": "yes"}, "keep_cluster: must be true or false", True),
-    ("cluster_hours", {"max_cluster_hours": 337}, "max_cluster_hours: must be between 1 and 336", True),
+    ("cluster_hours", {"max_cluster_hours": 337}, "max_cluster_hours: must be between 1 and 336", False),
     (
         "cluster_hours_below_the_stage_bounds",
         {"max_cluster_hours": 12},
@@ -186,12 +194,12 @@ GKE_BAD_CONFS = [
 ]
 TPU_VM_BAD_CONFS = [
     ("gke_key", {"keep_cluster": True}, "keep_cluster: unknown conf key", False),
-    ("vm_name", {"vm_name": "VM_1"}, "vm_name: VM name must be 1-63 lowercase letters", True),
+    ("vm_name", {"vm_name": "VM_1"}, "vm_name: VM name must be 1-63 lowercase letters", False),
     ("runtime", {"runtime": "docker"}, "runtime: must be one of ['container', 'install']", True),
-    ("workload_image", {"workload_image": "img;id"}, "workload_image: container image must be", True),
+    ("workload_image", {"workload_image": "img;id"}, "workload_image: container image must be", False),
     ("unknown_model", {"model": "gpt-5"}, "model: unknown model", True),
     ("gke_model", {"model": "qwen3-30b-a3b"}, "needs a multi-host slice; use the tpu_rl_gke_pipeline", True),
-    ("negative_batches", {"num_batches": -1}, "num_batches: must be >= 1", True),
+    ("negative_batches", {"num_batches": -1}, "num_batches: must be >= 1", False),
     # an empty reservation is valid in the form (all but reservation capacity take none): validate
     # refuses it with reservation capacity, in one line
     (
@@ -217,9 +225,9 @@ TPU_VM_BAD_CONFS = [
         "service_account",
         {"service_account": "me@example.com"},
         "service_account: must be a service account",
-        True,
+        False,
     ),
-    ("vm_hours", {"max_vm_hours": 169}, "max_vm_hours: must be between 1 and 168", True),
+    ("vm_hours", {"max_vm_hours": 169}, "max_vm_hours: must be between 1 and 168", False),
     (
         "vm_hours_below_the_stage_bounds",
         {"max_vm_hours": 6},
@@ -304,13 +312,62 @@ def test_tpu_vm_runtime_is_a_dropdown_of_the_spec_runtimes(dag_bag: Any) -> None
 
 
 @pytest.mark.parametrize("dag_id", PIPELINE_DAG_IDS)
-def test_patterns_reuse_the_spec_regexes(dag_bag: Any, dag_id: str) -> None:
-    found = {
-        key: schema["pattern"] for key, schema in schemas(dag_bag.dags[dag_id]).items() if "pattern" in schema
-    }
+def test_patterns_reuse_the_spec_regexes(dag_id: str) -> None:
+    fields = params.form_fields(PIPELINES[dag_id])
+    found = {key: field["pattern"] for key, field in fields.items() if "pattern" in field}
     assert set(found) == set(PATTERNS[dag_id])
     for key, regex in PATTERNS[dag_id].items():
         assert found[key] in (regex.pattern, f"^$|(?:{regex.pattern})"), key
+
+
+@pytest.mark.parametrize("dag_id", PIPELINE_DAG_IDS)
+def test_the_params_leave_the_value_rules_to_validate(dag_bag: Any, dag_id: str) -> None:
+    """No Param carries a pattern, a bound or a length: Airflow would refuse a value breaking one
+    with jsonschema's multi-line dump before validate could say it in one line."""
+    for key, schema in schemas(dag_bag.dags[dag_id]).items():
+        assert not set(params.VALUE_RULES) & set(schema), (key, schema)
+        assert "rule" not in schema, key
+
+
+def breaking_values(field: Mapping[str, Any]) -> list[Any]:
+    """One value of the field's type per value rule it has, each breaking that rule."""
+    values: list[Any] = []
+    if "pattern" in field:
+        values.append("Bad Value!")
+    if "propertyNames" in field:
+        values.append({"Bad Key": 1})
+    if "minimum" in field:
+        values.append(field["minimum"] - 1)
+    if "maximum" in field:
+        values.append(field["maximum"] + 1)
+    if "minLength" in field:
+        values.append("a" * (field["minLength"] - 1))
+    if "maxLength" in field:
+        values.append("a" * (field["maxLength"] + 1))
+    return values
+
+
+def value_rule_cases() -> list[Any]:
+    cases = []
+    for dag_id in PIPELINE_DAG_IDS:
+        for key, field in params.form_fields(PIPELINES[dag_id]).items():
+            for index, value in enumerate(breaking_values(field)):
+                cases.append(pytest.param(dag_id, key, value, id=f"{dag_id}-{key}-{index}"))
+    return cases
+
+
+@pytest.mark.parametrize(("dag_id", "key", "value"), value_rule_cases())
+def test_a_value_breaking_a_fields_rule_is_refused_in_one_line_naming_the_field(
+    serialized_dags: dict[str, Any], dag_id: str, key: str, value: Any
+) -> None:
+    """The form, the REST API and `dags test` create the run (Airflow's Param takes the value);
+    validate refuses it in one line: the field, its rule, the value."""
+    trigger_time_validate(serialized_dags[dag_id], {key: value})
+    with pytest.raises(AirflowFailException) as refused:
+        run_validate(dag_id, {key: value})
+    said = str(refused.value)
+    assert "\n" not in said, said
+    assert said.startswith(f"invalid pipeline conf: {key}"), said
 
 
 @pytest.mark.parametrize("dag_id", PIPELINE_DAG_IDS)
@@ -335,10 +392,15 @@ def test_bad_conf_is_refused_by_the_form_where_json_schema_can_say_it(
     serialized_dags: dict[str, Any], dag_id: str, conf: dict[str, Any], message: str, schema_refuses: bool
 ) -> None:
     if schema_refuses:
-        with pytest.raises(ParamValidationError, match=f"Invalid input for param {next(iter(conf))}"):
+        # only a wrong JSON type or a value outside the form's choices (its dropdown): the value
+        # rules are validate's, in one line
+        with pytest.raises(
+            ParamValidationError, match=f"Invalid input for param {next(iter(conf))}"
+        ) as refused:
             trigger_time_validate(serialized_dags[dag_id], conf)
+        assert re.search(r"Failed validating '(type|enum|anyOf)'", str(refused.value)), refused.value
     else:
-        # Cross-field rules, override ranges and unknown keys: only the validate task can refuse these.
+        # Value rules, cross-field rules, override ranges and unknown keys: the validate task's.
         trigger_time_validate(serialized_dags[dag_id], conf)
 
 
@@ -354,7 +416,7 @@ def test_a_patterned_fields_description_shows_what_validate_says_of_a_bad_value(
         said = str(refused.value)
         rule = said.split(f"{key}: ", 1)[1].rsplit(" (got ", 1)[0]
         description = dag_bag.dags[dag_id].params.get_param(key).description
-        assert description.endswith(f" Rule: {rule}."), (key, rule, description)
+        assert f" Rule: {rule}" in description, (key, rule, description)
     overrides = dag_bag.dags[dag_id].params.get_param("train_overrides").description
     assert overrides.endswith(f" Rule: {rules.MAXTEXT_KEY_RULE}.")
 
@@ -397,7 +459,9 @@ def integer_bounds() -> list[Any]:
 def test_integer_bounds_of_the_form_are_the_specs(
     serialized_dags: dict[str, Any], dag_id: str, key: str
 ) -> None:
-    schema = serialized_dags[dag_id].params.get_param(key).schema
+    schema = params.form_fields(PIPELINES[dag_id])[key]
+    words = params.value_rule_words(schema)
+    assert f"Rule: {words}." in serialized_dags[dag_id].params.get_param(key).description
     inside = [schema["minimum"]] + ([schema["maximum"]] if "maximum" in schema else [])
     outside = [schema["minimum"] - 1] + ([schema["maximum"] + 1] if "maximum" in schema else [])
     # an expiry must also cover the stage bounds (validate's own rule, read from [tpu_rl])
@@ -406,8 +470,7 @@ def test_integer_bounds_of_the_form_are_the_specs(
         trigger_time_validate(serialized_dags[dag_id], {key: value})
         run_validate(dag_id, {key: max(value, least)})
     for value in outside:
-        with pytest.raises(ParamValidationError):
-            trigger_time_validate(serialized_dags[dag_id], {key: value})
+        trigger_time_validate(serialized_dags[dag_id], {key: value})
         with pytest.raises(AirflowFailException, match=f"{key}: must be"):
             run_validate(dag_id, {key: value})
 
@@ -425,7 +488,7 @@ def test_empty_optional_fields_mean_the_preset_value_for_form_and_spec(
     for key in optional:
         trigger_time_validate(serialized_dags[dag_id], {key: None})
         assert run_validate(dag_id, {key: None})["model"] == DEFAULTS[dag_id]["model"]
-        if "pattern" in schemas(serialized_dags[dag_id])[key]:
+        if "pattern" in params.form_fields(PIPELINES[dag_id])[key]:
             trigger_time_validate(serialized_dags[dag_id], {key: ""})
             run_validate(dag_id, {key: ""})
 
@@ -735,15 +798,15 @@ def test_every_field_is_draft_07_and_its_dialect_still_refuses(dag_bag: Any, dag
     every resolve), is valid draft-07, and Airflow's resolve still refuses what its keywords refuse."""
     from jsonschema import Draft7Validator, validators
 
-    params = dag_bag.dags[dag_id].params
-    for key in params:
-        schema = params.get_param(key).schema
+    dag_params = dag_bag.dags[dag_id].params
+    for key in dag_params:
+        schema = dag_params.get_param(key).schema
         assert validators.validator_for(schema) is Draft7Validator, key
         Draft7Validator.check_schema(schema)
-    bad = {"project": "Bad Value!", "num_batches": 0, "model": "no-such-model"}
+    bad = {"project": 7, "num_batches": "ten", "model": "no-such-model"}
     for key, value in bad.items():
         with pytest.raises(ParamValidationError):
-            params.get_param(key).resolve(value)
+            dag_params.get_param(key).resolve(value)
 
 
 @pytest.mark.parametrize("dag_id", PIPELINE_DAG_IDS)
