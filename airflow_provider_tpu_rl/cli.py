@@ -50,13 +50,15 @@ def build_plan(
         conf = {**environment, **(conf or {})}
     if dag_id == GKE_DAG_ID:
         gke = gke_pipeline_from_conf(conf, dag_id=dag_id, run_id=run_id)
-        calls = api_calls(Runner.GKE, gke.cluster.project)
-        document, resolved = plan_document(dag_id, gke_plan(gke), calls), gke.resolved()
+        resolved = gke.resolved()
+        calls = api_calls(Runner.GKE, gke.cluster.project, gke.cluster.bucket, resolved["run_dirs"])
+        document = plan_document(dag_id, gke_plan(gke), calls)
         document["capacity"] = gke_capacity(gke)
     elif dag_id == TPU_VM_DAG_ID:
         vm = tpu_vm_pipeline_from_conf(conf, dag_id=dag_id, run_id=run_id)
-        calls = api_calls(Runner.TPU_VM, vm.vm.project)
-        document, resolved = plan_document(dag_id, tpu_vm_plan(vm), calls), vm.resolved()
+        resolved = vm.resolved()
+        calls = api_calls(Runner.TPU_VM, vm.vm.project, vm.vm.bucket, resolved["run_dirs"])
+        document = plan_document(dag_id, tpu_vm_plan(vm), calls)
         document["capacity"] = tpu_vm_capacity(vm)
     else:
         raise SpecError("dag_id", f"unknown DAG; choose one of {list(PLAN_DAG_IDS)}", dag_id)

@@ -32,11 +32,12 @@ model whose tensors fit in one 3 GiB shard gets a single ``model.safetensors`` a
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 import re
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 COMMIT_SUCCESS_FILE = "commit_success.txt"
 ORBAX_TMP_SUFFIX = ".orbax-checkpoint-tmp"
@@ -386,3 +387,12 @@ def export_event_payload(bucket: str, prefix: str, status: ExportStatus) -> dict
 def run_dir(uri: str) -> str:
     """A run directory's URI in one spelling (one trailing ``/``), so two spellings compare equal."""
     return uri.rstrip("/") + "/"
+
+
+# Where the provider records who writes each run directory (records/run_dirs.py), in the run's bucket.
+RUN_DIR_PREFIX: Final = "tpu-rl/run-dirs/"
+
+
+def run_record_object(directory: str) -> str:
+    """The object recording who wrote ``directory`` (one per run directory, in the run's bucket)."""
+    return f"{RUN_DIR_PREFIX}{hashlib.sha256(run_dir(directory).encode()).hexdigest()[:24]}.json"

@@ -94,6 +94,13 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         (the pipeline: the bake VM, when it bakes, and the conversion's CPU VM): their vCPUs are
         checked against the region's quota of each series (``N2_CPUS``, …) and the project's
         ``CPUS_ALL_REGIONS``, before anything is created.
+    :param run_dirs: the run's own directories in ``bucket``, by the stage that writes them
+        (``{"train": "gs://…/RUN_NAME/", "export": "gs://…/"}``, ``validate``'s ``run_dirs``): a
+        claim of another run that still vouches for its job is a problem ("… is being written by
+        job J of run R"), before any TPU exists; a claim that no longer vouches is proven dead
+        here as ``train`` would (its job read where it runs), a live one is a problem.
+    :param cancel_previous_writer: with ``run_dirs``: stop a job whose claim no longer vouches
+        for it (as ``train`` would) instead of refusing the run.
     """
 
     ui_color = "#e8f5e9"
@@ -116,6 +123,8 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         "bucket",
         "ssh_source_ranges",
         "cpu_machine_types",
+        "run_dirs",
+        "cancel_previous_writer",
     )
 
     def __init__(
@@ -137,6 +146,8 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         bucket: str | None = None,
         ssh_source_ranges: Sequence[str] | None = None,
         cpu_machine_types: Sequence[str] | None = None,
+        run_dirs: Mapping[str, str] | None = None,
+        cancel_previous_writer: bool | str = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -156,6 +167,8 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         self.bucket = bucket
         self.ssh_source_ranges = ssh_source_ranges
         self.cpu_machine_types = cpu_machine_types
+        self.run_dirs = run_dirs
+        self.cancel_previous_writer = cancel_previous_writer
 
     # ------------------------------------------------------------------ arguments
     def _services(self, run: Runner) -> tuple[str, ...]:
@@ -504,6 +517,54 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
             return None
         return held_message(lease)
 
+    def run_dir_claim_lines(self, context: Context) -> list[str]:
+        """Each of the run's directories (``run_dirs``) another run's job writes, as one line:
+        a claim that vouches for its job, or one that does not whose job is not proven dead
+        where it runs (``takeover.prove_dead``: stopped first with ``cancel_previous_writer``).
+        The same reads ``train`` and ``export`` make before they write, made before the TPU
+        exists."""
+        if not self.run_dirs or not self.bucket:
+            return []
+        from google.api_core.exceptions import GoogleAPIError
+
+        from airflow_provider_tpu_rl.operators.gke_jobs import claim_seconds
+        from airflow_provider_tpu_rl.operators.takeover import prove_dead
+        from airflow_provider_tpu_rl.records.janitor_sources import run_finished, run_probe
+        from airflow_provider_tpu_rl.records.run_dirs import RunDirRecords, busy_message, vouches
+
+        bucket = rules.bucket_name("bucket", self.bucket)
+        cancel = rules.boolean("cancel_previous_writer", self.cancel_previous_writer)
+        run = "/".join(self.run_ids(context))
+        records = RunDirRecords(self.gcp_conn_id, self.chain)
+        probe = run_probe(context)
+        lines = []
+        for stage, directory in self.run_dirs.items():
+            try:
+                held = records.read(bucket, directory).writer
+            except GoogleAPIError as err:  # ensure_bucket says why; train reads the claim again
+                self.log.warning("preflight: the claim of %s cannot be read: %s", directory, err)
+                continue
+            if held is None or held.run == run:
+                continue
+            finished = run_finished(probe, held.run)
+            if vouches(held, finished):
+                lines.append(busy_message(directory, held))
+                continue
+            try:
+                prove_dead(
+                    self,
+                    held,
+                    directory,
+                    finished=finished,
+                    stage=stage,
+                    cancel=cancel,
+                    pathways=self.runner == Runner.GKE.value and stage == "train",
+                    claim_seconds=claim_seconds(),
+                )
+            except AirflowFailException as refused:
+                lines.append(str(refused))
+        return lines
+
     def wait_for_lease(self, context: Context, deadline: float, line: str) -> None:
         """Defer until the lease may be free (bounded by ``deadline``), or fail with ``line``."""
         if time.time() >= deadline:
@@ -578,6 +639,7 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
                 reservation_problems = []
                 self.log.info("%s capacity consumes no reservation: none is checked", capacity)
             problems += permission_problems.result() + reservation_problems
+        problems += self.run_dir_claim_lines(context)
         lease_line = self.lease_holder_line(context)
         waiting = lease_wait_seconds()
         if lease_line is not None and (problems or not waiting):

@@ -724,7 +724,7 @@ class TpuVmStageOperator(LineageMixin, _TpuVmOperator):
         if self.stage == "convert":
             return run_dir(p.conversion.output_directory)
         if self.stage == "train":
-            return run_dir(f"{p.gcs_prefix}/post-train/{p.training.run_name}")
+            return p.training_run_dir
         if self.stage == "export":
             return run_dir(p.gcs_export)
         return None

@@ -144,6 +144,8 @@ def gke_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
             "num_slices": value("num_slices"),
             "cluster_name": value("cluster_name"),
             "bucket": value("bucket"),
+            "run_dirs": value("run_dirs"),
+            "cancel_previous_writer": value("cancel_previous_writer"),
         },
         "ensure_bucket": scope,
         # the cluster without its TPU node pool; the pool is deployed once the conversion is done
@@ -219,6 +221,9 @@ def tpu_vm_task_arguments(value: Value, bake: Value | None = None) -> dict[str, 
             "topology": value("topology"),
             "num_slices": 1,
             "cpu_machine_types": value("cpu_machine_types"),
+            "bucket": value("bucket"),
+            "run_dirs": value("run_dirs"),
+            "cancel_previous_writer": value("cancel_previous_writer"),
         },
         "ensure_bucket": {
             "project_id": value("project"),

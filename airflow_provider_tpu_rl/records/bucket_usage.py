@@ -29,8 +29,9 @@ from typing import Any
 
 from airflow_provider_tpu_rl.compat import AirflowNotFoundException
 from airflow_provider_tpu_rl.exceptions import ConfigurationError
+from airflow_provider_tpu_rl.maxtext.layout import RUN_DIR_PREFIX
 from airflow_provider_tpu_rl.records.lease import LEASE_PREFIX, Lease, held_message, utc_text
-from airflow_provider_tpu_rl.records.run_dirs import RUN_DIR_PREFIX, RunDirRecord
+from airflow_provider_tpu_rl.records.run_dirs import RunDirRecord
 
 BUCKET_OWNER_OBJECT = "tpu-rl/bucket.json"
 RESOURCE_PREFIX = "tpu-rl/resources/"

@@ -28,7 +28,6 @@ object), so of two runs claiming at once exactly one wins, the other re-reads an
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import threading
 import time
@@ -40,17 +39,11 @@ from typing import Any, Final
 
 from airflow_provider_tpu_rl.compat import AirflowNotFoundException
 from airflow_provider_tpu_rl.exceptions import ConfigurationError, RunDirBusyError, TpuRlError
-from airflow_provider_tpu_rl.maxtext.layout import run_dir
+from airflow_provider_tpu_rl.maxtext.layout import run_dir, run_record_object
 
-RUN_DIR_PREFIX = "tpu-rl/run-dirs/"
 GCS_TIMEOUT_S = 60.0
 MAX_ROUNDS = 8  # re-read-and-decide rounds after a precondition failure
 MAX_ATTEMPTS = 20  # training attempts a record keeps (the latest)
-
-
-def run_record_object(directory: str) -> str:
-    """The object recording who wrote ``directory`` (one per run directory, in the run's bucket)."""
-    return f"{RUN_DIR_PREFIX}{hashlib.sha256(run_dir(directory).encode()).hexdigest()[:24]}.json"
 
 
 def _utc(epoch: float) -> str:

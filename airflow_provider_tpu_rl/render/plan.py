@@ -106,10 +106,18 @@ class PlanApiCall:
         return out
 
 
-def api_calls(runner: Runner, project: str) -> list[PlanApiCall]:
+def api_calls(
+    runner: Runner, project: str, bucket: str = "", run_dirs: Mapping[str, str] | None = None
+) -> list[PlanApiCall]:
     """The run's API calls that no command makes: the preflight's permission test (a TPU VM
-    under OS Login also tests compute.instances.osAdminLogin)."""
-    return [PlanApiCall("preflight", preflight.test_permissions(project, list(REQUIRED_PERMISSIONS[runner])))]
+    under OS Login also tests compute.instances.osAdminLogin) and its reads of who writes the
+    run's directories (``run_dirs``, in ``bucket``)."""
+    calls = [
+        PlanApiCall("preflight", preflight.test_permissions(project, list(REQUIRED_PERMISSIONS[runner])))
+    ]
+    for stage, directory in (run_dirs or {}).items():
+        calls.append(PlanApiCall("preflight", preflight.read_run_dir_claim(bucket, stage, directory)))
+    return calls
 
 
 def gke_plan(pipeline: GkePipelineSpec) -> list[PlanStep]:

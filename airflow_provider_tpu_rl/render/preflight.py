@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from urllib.parse import quote
 
+from airflow_provider_tpu_rl.maxtext.layout import run_record_object
 from airflow_provider_tpu_rl.render.command import ApiCall, Command
 
 # gcloud's error for a describe of a resource that does not exist (Compute API 404).
@@ -55,6 +57,7 @@ def active_account() -> Command:
 # Resource Manager v3 projects.testIamPermissions (the google-cloud-resource-manager ProjectsClient
 # the permission check uses: ``POST /v3/{resource=projects/*}:testIamPermissions``).
 RESOURCE_MANAGER = "https://cloudresourcemanager.googleapis.com"
+CLOUD_STORAGE = "https://storage.googleapis.com"
 
 
 def test_permissions(project: str, permissions: Sequence[str]) -> ApiCall:
@@ -65,6 +68,20 @@ def test_permissions(project: str, permissions: Sequence[str]) -> ApiCall:
         f"{RESOURCE_MANAGER}/v3/projects/{project}:testIamPermissions",
         {"permissions": list(permissions)},
         description=f"test the caller's {len(permissions)} permissions on project {project} (an API call)",
+    )
+
+
+def read_run_dir_claim(bucket: str, stage: str, directory: str) -> ApiCall:
+    """Who writes one of the run's directories: its record's object, read through the Cloud
+    Storage JSON API (objects.get with ``alt=media``), as ``train``/``export`` read it later."""
+    name = quote(run_record_object(directory), safe="")
+    return ApiCall(
+        "GET",
+        f"{CLOUD_STORAGE}/storage/v1/b/{bucket}/o/{name}?alt=media",
+        description=(
+            f"read who writes {directory} (the {stage} stage's directory): another run's live job "
+            "there refuses this run before anything bills (an API call)"
+        ),
     )
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Final
 
+from airflow_provider_tpu_rl.maxtext.layout import run_dir
 from airflow_provider_tpu_rl.spec import params, rules
 from airflow_provider_tpu_rl.spec.cluster import (
     BAKE_VM_MACHINE_TYPE,
@@ -591,6 +592,15 @@ class GkePipelineSpec:
     def export_job(self) -> str:
         return self._job("export")
 
+    @property
+    def written_run_dirs(self) -> tuple[str, str]:
+        """The run's own directories, each claimed by one writer: its training's and its export's
+        (``preflight`` reads their claims, ``train`` and ``export_to_huggingface`` take them)."""
+        t = self.training
+        return run_dir(f"{t.base_output_directory.rstrip('/')}/{t.run_name}"), run_dir(
+            self.export.output_directory
+        )
+
     def resolved(self) -> dict[str, Any]:
         """Every value the pipeline's operators take, resolved once (``validate``'s XCom)."""
         c, t = self.cluster, self.training
@@ -622,6 +632,7 @@ class GkePipelineSpec:
             "converted_root": self.conversion.output_directory,
             "actor_root": t.actor_checkpoint_root,
             "export_uri": self.export.output_directory,
+            "run_dirs": dict(zip(("train", "export"), self.written_run_dirs, strict=True)),
             "jobs": {"convert": self.convert_job, "train": self.train_job, "export": self.export_job},
         }
 
@@ -785,6 +796,16 @@ class TpuVmPipelineSpec:
     def gcs_export(self) -> str:
         return f"{self.gcs_prefix}/hf-trained/{self.training.run_name}"
 
+    @property
+    def training_run_dir(self) -> str:
+        return run_dir(f"{self.gcs_prefix}/post-train/{self.training.run_name}")
+
+    @property
+    def written_run_dirs(self) -> tuple[str, str]:
+        """The run's own directories, each claimed by one writer: its training's and its export's
+        (``preflight`` reads their claims, ``train`` and ``export`` take them)."""
+        return self.training_run_dir, run_dir(self.gcs_export)
+
     def resolved(self) -> dict[str, Any]:
         """Every value the pipeline's operators take, resolved once (``validate``'s XCom)."""
         v, t = self.vm, self.training
@@ -822,6 +843,7 @@ class TpuVmPipelineSpec:
             "converted_root": self.conversion.output_directory,
             "actor_root": self.gcs_actor_checkpoint_root,
             "export_uri": self.gcs_export + "/",
+            "run_dirs": dict(zip(("train", "export"), self.written_run_dirs, strict=True)),
         }
 
 

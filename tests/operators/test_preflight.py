@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
 from airflow_provider_tpu_rl.compat import AirflowFailException, TaskDeferred
+from airflow_provider_tpu_rl.maxtext.layout import run_record_object
 from airflow_provider_tpu_rl.operators import preflight
 from airflow_provider_tpu_rl.operators.preflight import TpuRlPreflightOperator, error_line
 from airflow_provider_tpu_rl.records.lease import ClusterLeaseHook, Lease
@@ -582,12 +585,23 @@ def test_the_plan_shows_every_command_the_preflight_makes(
     conf = pf.gke_conf(**overrides) if dag_id == GKE_DAG_ID else pf.tpu_vm_conf(**overrides)
     plan = build_plan(dag_id, conf)
     assert [s["argv"] for s in plan["steps"] if s["task_id"] == "preflight"] == ran
-    (api,) = [c for c in plan["api_calls"] if c["task_id"] == "preflight"]
+    api, *claims = [c for c in plan["api_calls"] if c["task_id"] == "preflight"]
     assert (
         api["api"]
         == f"POST https://cloudresourcemanager.googleapis.com/v3/projects/{pf.project}:testIamPermissions"
     )
     assert api["body"]["permissions"]
+    # who writes the run's training and export directories: their records' objects in the bucket
+    conf = {**conf, "run_name": RUN_NAME}
+    plan = build_plan(dag_id, conf)
+    claims = [c for c in plan["api_calls"] if c["task_id"] == "preflight"][1:]
+    operator = pf.operator(TpuRlPreflightOperator, dag_id, conf=conf, task_id="preflight")
+    operator.render_template_fields(pf.context(operator, conf))
+    assert [c["api"] for c in claims] == [
+        f"GET https://storage.googleapis.com/storage/v1/b/{pf.bucket}/o/"
+        f"{quote(run_record_object(directory), safe='')}?alt=media"
+        for directory in operator.run_dirs.values()
+    ]
 
 
 @pytest.mark.parametrize(("dag_id", "chips"), [(GKE_DAG_ID, 32), (TPU_VM_DAG_ID, 8)])
@@ -670,3 +684,49 @@ def test_a_blueprint_older_than_gkes_v6e_is_one_line(pf: SandboxRun) -> None:
     finally:
         blueprint.write_text(original)
     assert line.startswith("the blueprint's version_prefix '1.30.' picks a GKE older than 1.31.2-gke.1115000")
+
+
+# ------------------------------------------------------------- the run's directories (issue 54 item 1)
+RUN_NAME = "shared-rn"
+
+
+def _claim_train_dir(sb: SandboxRun, run: str, expires_in: float) -> str:
+    """Another run's job claims this run's training directory (as its train task does)."""
+    from airflow_provider_tpu_rl.records.run_dirs import RunDirRecords, WriterClaim
+    from airflow_provider_tpu_rl.spec.pipeline import gke_pipeline_from_conf
+
+    conf = sb.gke_conf(run_name=RUN_NAME)
+    directory = gke_pipeline_from_conf(conf, dag_id=GKE_DAG_ID, run_id="r").written_run_dirs[0]
+    if not sb.bucket_exists():
+        sb.api.create_bucket(sb.bucket)
+    where = f"{sb.project}/{conf['region']}/{sb.cluster}"
+    writer = WriterClaim(run, "other-train-job", where, time.time() + expires_in, "gke")
+    records = RunDirRecords()
+    held = records.read(sb.bucket, directory).writer
+    records.claim(sb.bucket, directory, run=run, settings={}, writer=writer, takeover=held)
+    return directory
+
+
+def test_a_run_dir_another_live_run_writes_is_one_line_before_anything_bills(pf: SandboxRun) -> None:
+    """The refusal train would give after deploy_tpu_pool, given by preflight: nothing is created."""
+    directory = _claim_train_dir(pf, f"{GKE_DAG_ID}/{OTHER_RUN}", expires_in=3600)
+    problems = _refusal(pf, run_name=RUN_NAME)
+    region = pf.gke_conf()["region"]
+    assert problems == [
+        f"{directory} is being written by job other-train-job ({pf.project}/{region}/{pf.cluster}) of "
+        f"run {GKE_DAG_ID}/{OTHER_RUN}, claimed until {problems[0].split('claimed until ')[1].split(';')[0]}; "
+        "never two jobs on one directory: wait for that run to end, or choose another run_name"
+    ]
+    assert pf.cluster_record() is None
+
+
+def test_a_run_dir_claimed_by_this_run_or_by_a_dead_job_passes(pf: SandboxRun) -> None:
+    conf = pf.gke_conf(run_name=RUN_NAME)
+    operator = pf.operator(TpuRlPreflightOperator, GKE_DAG_ID, conf=conf, task_id="preflight")
+    context = pf.context(operator, conf)
+    _claim_train_dir(pf, f"{GKE_DAG_ID}/{context['run_id']}", expires_in=3600)  # this run's retry
+    assert operator.execute(context)["runner"] == "gke"
+    # an expired claim whose cluster does not exist (its job cannot run) and whose directory was
+    # never written: proven dead as train would prove it, nothing to refuse
+    _claim_train_dir(pf, f"{GKE_DAG_ID}/{OTHER_RUN}-expired", expires_in=-1)
+    assert operator.execute(context)["runner"] == "gke"

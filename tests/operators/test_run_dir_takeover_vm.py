@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_tpu_rl.compat import AirflowFailException
+from airflow_provider_tpu_rl.operators.preflight import TpuRlPreflightOperator
 from airflow_provider_tpu_rl.operators.tpu_vm import TpuVmCreateOperator, TpuVmStageOperator
 from airflow_provider_tpu_rl.records.run_dirs import RunDirRecords
 from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID
@@ -81,6 +82,15 @@ def test_a_crashed_runs_training_container_refuses_the_run_reusing_its_run_name_
     thread, errors, _ = _in_thread(lambda: first.execute(context))
     try:
         wait_for(lambda: _training(sb, sb.vm), "run A's container to train")
+        # Issue 54 item 1: B is refused at preflight, before its TPU VM exists: A's claim vouches
+        # for its job while A runs ...
+        with pytest.raises(AirflowFailException) as refused:
+            _execute(
+                sb, TpuRlPreflightOperator, other, "preflight", RUN_B, ti=RunStatesTI({RUN_A: "running"})
+            )
+        said = str(refused.value)
+        assert f"- {directory} is being written by job {sb.vm}/train (" in said, said
+        assert f"of run {TPU_VM_DAG_ID}/{RUN_A}, claimed until " in said, said
         first.hook.terminate()  # A's SSH session dies with its worker; the container is dockerd's
         thread.join(timeout=120)
         assert errors, "run A's stage must fail once its session is gone"
@@ -88,6 +98,15 @@ def test_a_crashed_runs_training_container_refuses_the_run_reusing_its_run_name_
         writer = RunDirRecords().read(sb.bucket, directory).writer
         assert writer is not None  # kept: never released under a running writer
         assert (writer.run, writer.job) == (f"{TPU_VM_DAG_ID}/{RUN_A}", f"{sb.vm}/train")
+
+        # ... and once A's run has ended, while its container still trains (read over SSH): the
+        # same line train gives, and nothing stopped without cancel_previous_writer
+        with pytest.raises(AirflowFailException) as refused:
+            _execute(sb, TpuRlPreflightOperator, other, "preflight", RUN_B, ti=RunStatesTI({RUN_A: "failed"}))
+        line = f"- {directory} is still written by job {sb.vm}/train of run {TPU_VM_DAG_ID}/{RUN_A} ("
+        assert line in str(refused.value)
+        assert "cancel_previous_writer=true" in str(refused.value)
+        assert _training(sb, sb.vm)
 
         _execute(sb, TpuVmCreateOperator, other, "create_vm", RUN_B)
         _execute(sb, TpuVmStageOperator, other, "install_maxtext", RUN_B)

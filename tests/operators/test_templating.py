@@ -187,3 +187,33 @@ def test_the_google_conventions_render_from_templates(cls: Any) -> None:
     )
     assert op.gcp_conn_id == "gcp_tmpl"
     assert op.impersonation_chain == ["hop@p.iam.gserviceaccount.com", "t@p.iam.gserviceaccount.com"]
+
+
+def test_preflight_reads_the_claims_of_the_directories_train_and_export_write() -> None:
+    """``validate``'s ``run_dirs`` (what preflight reads the claims of, issue 54 item 1) are the
+    directories the GKE train and export jobs and the TPU VM's stages claim, in one spelling."""
+    gke = gke_pipeline_from_conf(GKE_CONF, run_id=RUN_ID).resolved()
+    arguments = gke_task_arguments(lambda key: "{{ params." + key + " }}")
+    dag = DAG(GKE_DAG_ID, schedule=None, render_template_as_native_obj=True)
+    context: Any = {"params": gke, "run_id": RUN_ID}
+    for stage, task_id, factory in (
+        ("train", "train", PathwaysRLTrainOperator),
+        ("export", "export_to_huggingface", MaxTextExportOperator),
+    ):
+        op = factory(task_id=task_id, dag=dag, **arguments[task_id])
+        op.render_template_fields(context)
+        assert op.plan(context).run_dir == gke["run_dirs"][stage], stage
+    tpu_vm = tpu_vm_pipeline_from_conf(TPU_VM_CONF, run_id=RUN_ID)
+    vm_arguments = tpu_vm_task_arguments(lambda key: "{{ params." + key + " }}")
+    vm_dag = DAG(TPU_VM_DAG_ID, schedule=None, render_template_as_native_obj=True)
+    vm_context: Any = {"params": tpu_vm.resolved(), "run_id": RUN_ID}
+    for stage, task_id in (("train", "train"), ("export", "export_to_huggingface")):
+        op = TpuVmStageOperator(task_id=task_id, dag=vm_dag, **vm_arguments[task_id])
+        op.render_template_fields(vm_context)
+        assert op.output_directory(tpu_vm) == tpu_vm.resolved()["run_dirs"][stage], stage
+    for dag_id, resolved, task_arguments in (
+        (GKE_DAG_ID, gke, arguments),
+        (TPU_VM_DAG_ID, tpu_vm.resolved(), vm_arguments),
+    ):
+        assert task_arguments["preflight"]["run_dirs"] == "{{ params.run_dirs }}", dag_id
+        assert set(resolved["run_dirs"]) == {"train", "export"}, dag_id

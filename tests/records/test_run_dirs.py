@@ -11,17 +11,15 @@ from dataclasses import replace
 import pytest
 
 from airflow_provider_tpu_rl.exceptions import RunDirBusyError
-from airflow_provider_tpu_rl.maxtext.layout import run_dir
+from airflow_provider_tpu_rl.maxtext.layout import RUN_DIR_PREFIX, run_dir, run_record_object
 from airflow_provider_tpu_rl.records.run_dirs import (
     MAX_ATTEMPTS,
-    RUN_DIR_PREFIX,
     RunDirRecord,
     RunDirRecords,
     TrainingAttempt,
     WriterClaim,
     attempt_from_log,
     claim_kept_alive,
-    run_record_object,
     vouches,
 )
 from tests.support.gcs_emulator import EMULATOR_BUCKET, GcsEmulator
