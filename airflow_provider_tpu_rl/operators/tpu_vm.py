@@ -77,7 +77,7 @@ from airflow_provider_tpu_rl.spec.pipeline import (
     TpuVmPipelineSpec,
     tpu_vm_pipeline_from_conf,
 )
-from airflow_provider_tpu_rl.spec.preflight import parse_json_document
+from airflow_provider_tpu_rl.spec.preflight import error_line, parse_json_document
 from airflow_provider_tpu_rl.timeouts import stage_command_timeout
 
 DEFAULT_MODEL = str(TPU_VM_DEFAULTS["model"])
@@ -664,7 +664,14 @@ class TpuVmStageOperator(LineageMixin, _TpuVmOperator):
 
     def bring_back_vm(self, context: Context, p: TpuVmPipelineSpec) -> None:
         """Before a retry trains: start the TPU VM if it is stopped; re-create it if it is gone (as
-        the create task did, for the run holding its lease) and install MaxText on it."""
+        the create task did, for the run holding its lease) and install MaxText on it.
+
+        A stopped VM whose start is refused is deleted and re-created the same way: Cloud TPU's
+        spot page (docs.cloud.google.com/tpu/docs/spot) says "You can't restart TPU Spot VMs, and
+        you must recreate them after preemption", while Compute Engine's spot page lets a stopped
+        Spot VM start again; which of the two holds for a ct6e instance is not stated, so the start
+        is tried first (it keeps the boot disk) and its refusal is not fatal.
+        """
         status = self.lost_vm_status(p.vm)
         if status is None:
             return
@@ -675,26 +682,24 @@ class TpuVmStageOperator(LineageMixin, _TpuVmOperator):
             )
         if status == "TERMINATED":
             self.log.info("TPU VM %s was stopped under training: starting it", p.vm.vm_name)
-            self.hook.run_checked(tpu_vm.start_vm(p.vm), timeout=stage_command_timeout("vm_create"))
-            billing.note_vm(self, p.vm)  # its second billed span: from this start
-            return
+            started = self.hook.run(tpu_vm.start_vm(p.vm), timeout=stage_command_timeout("vm_create"))
+            if started.ok:
+                billing.note_vm(self, p.vm)  # its second billed span: from this start
+                return
+            refusal = error_line(started.output)
+            record = self.owned_vm_record(context, p, f"cannot be started ({refusal}) and")
+            self.log.warning(
+                "TPU VM %s cannot be started again (%s): deleting it and re-creating it as create_vm did",
+                p.vm.vm_name,
+                refusal,
+            )
+            self.hook.run_checked(tpu_vm.delete_vm(p.vm), timeout=stage_command_timeout("teardown"))
+        else:
+            record = self.owned_vm_record(context, p, "is gone and")
+            self.log.warning(
+                "TPU VM %s was deleted under training: re-creating it as create_vm did", p.vm.vm_name
+            )
         dag_id, run_id = self.run_ids(context)
-        holder = f"{dag_id}/{run_id}"
-        lease = ClusterLeaseHook(self.gcp_conn_id, self.chain).read(p.vm.bucket, vm_lease_name(p.vm.vm_name))
-        record = read_resource_record(self.gcp_conn_id, p.vm.bucket, p.vm.vm_name, self.chain)
-        if lease is None or lease.holder != holder:
-            raise AirflowFailException(
-                f"TPU VM {p.vm.vm_name} is gone and this run does not hold its lease "
-                f"({held_message(lease) if lease else 'nobody does'}): it is not re-created"
-            )
-        if record is None or f"{record.get('dag_id')}/{record.get('run_id')}" != holder:
-            raise AirflowFailException(
-                f"TPU VM {p.vm.vm_name} is gone and its resource record does not name this run: "
-                "it is not re-created"
-            )
-        self.log.warning(
-            "TPU VM %s was deleted under training: re-creating it as create_vm did", p.vm.vm_name
-        )
         boot_family = boot_family_argument(record.get("boot_image_family"))
         vm, command = vm_create_command(
             record["conf"],
@@ -716,6 +721,26 @@ class TpuVmStageOperator(LineageMixin, _TpuVmOperator):
             ),
             timeout=stage_command_timeout("install"),
         )
+
+    def owned_vm_record(self, context: Context, p: TpuVmPipelineSpec, state: str) -> dict[str, Any]:
+        """The TPU VM's resource record, once this run is proven its owner (it holds the VM's lease
+        and the record names it): only then is the VM deleted or re-created. ``state`` says what
+        happened to the VM, for the line refusing otherwise."""
+        dag_id, run_id = self.run_ids(context)
+        holder = f"{dag_id}/{run_id}"
+        lease = ClusterLeaseHook(self.gcp_conn_id, self.chain).read(p.vm.bucket, vm_lease_name(p.vm.vm_name))
+        record = read_resource_record(self.gcp_conn_id, p.vm.bucket, p.vm.vm_name, self.chain)
+        if lease is None or lease.holder != holder:
+            raise AirflowFailException(
+                f"TPU VM {p.vm.vm_name} {state} this run does not hold its lease "
+                f"({held_message(lease) if lease else 'nobody does'}): it is not re-created"
+            )
+        if record is None or f"{record.get('dag_id')}/{record.get('run_id')}" != holder:
+            raise AirflowFailException(
+                f"TPU VM {p.vm.vm_name} {state} its resource record does not name this run: "
+                "it is not re-created"
+            )
+        return record
 
     # -- the run directory this stage writes in GCS (train, export) ------------------------------
     def output_directory(self, p: TpuVmPipelineSpec) -> str | None:

@@ -6,6 +6,7 @@ committed checkpoint."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -22,6 +23,7 @@ from airflow_provider_tpu_rl.records.lease import ClusterLeaseHook, vm_lease_nam
 from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID
 from tests.support.compat import capture_task_logs
 from tests.support.sandbox_run import TPU_VM_CONVERSION_TASKS, RecordingTI, SandboxRun
+from tpu_rl_sandbox.world.settings import update_settings
 
 RUN_ID = "manual__2026-03-04T00:00:00+00:00"
 START = datetime(2030, 1, 1, tzinfo=UTC)
@@ -65,10 +67,12 @@ def _preempted_try(sb: SandboxRun, conf: dict[str, Any], status: str) -> None:
     )
 
 
-def _resumed_try(sb: SandboxRun, conf: dict[str, Any]) -> dict[str, Any]:
+def _resumed_try(sb: SandboxRun, conf: dict[str, Any], seen: list[str] | None = None) -> dict[str, Any]:
     with capture_task_logs() as logs:
         result = _execute(sb, TpuVmStageOperator, conf, "train", try_number=2)
     log = _train_log(logs)
+    if seen is not None:
+        seen.append(log)
     assert "Restored params from step: 2 in" in log  # steps 1-2 are not trained again
     assert "Train step 2 " not in log
     assert "Train step 3 " in log
@@ -109,7 +113,18 @@ def test_a_deleted_tpu_vm_is_re_created_and_reinstalled_and_training_resumes(sb:
     assert _installs_on_vm(sb) == 1  # the new VM got MaxText installed before training
 
 
-@pytest.mark.usefixtures("preempt_after_two")
+@pytest.fixture
+def spot_tpu_restarts(sb: SandboxRun) -> Iterator[None]:
+    """A world where a preempted Spot TPU VM may start again (Compute Engine's spot page; Cloud
+    TPU's says it may not, the sandbox's default)."""
+    update_settings(sb.layout, spot_tpu_restart=True)
+    try:
+        yield
+    finally:
+        update_settings(sb.layout, spot_tpu_restart=False)
+
+
+@pytest.mark.usefixtures("preempt_after_two", "spot_tpu_restarts")
 def test_a_stopped_tpu_vm_is_started_without_reinstalling_and_training_resumes(sb: SandboxRun) -> None:
     # spot capacity: a preempted VM is stopped (--instance-termination-action=STOP), not deleted
     conf = sb.tpu_vm_conf(**CONF, capacity="spot", reservation="")
@@ -132,6 +147,35 @@ def test_a_stopped_tpu_vm_is_started_without_reinstalling_and_training_resumes(s
     assert sb.state("vms")[vm_key]["status"] == "RUNNING"
     (life,) = sb.state("vm_history")[vm_key]
     assert len(life["preempted"]) == len(life["started"]) == 1
+
+
+@pytest.mark.usefixtures("preempt_after_two")
+def test_a_preempted_spot_tpu_vm_whose_start_is_refused_is_re_created_and_training_resumes(
+    sb: SandboxRun,
+) -> None:
+    """Issue 53 item 0: Cloud TPU's spot page: a preempted TPU Spot VM cannot be restarted, it must
+    be re-created. The retry's start is refused (the sandbox's default): the VM is deleted, created
+    again from its resource record, installed, and training resumes; the run does not fail."""
+    conf = sb.tpu_vm_conf(**CONF, capacity="spot", reservation="")
+    vm_key = f"{sb.project}/{conf['zone']}/{sb.vm}"
+    _ready_to_train(sb, conf)
+    _preempted_try(sb, conf, "TERMINATED")
+    creates = _calls(sb, "compute", "instances", "create")
+
+    seen: list[str] = []
+    _resumed_try(sb, conf, seen)
+    assert len(_calls(sb, "compute", "instances", "start")) == 1  # tried once, refused
+    assert len(_calls(sb, "compute", "instances", "delete")) == 1
+    again = _calls(sb, "compute", "instances", "create")
+    assert len(again) == len(creates) + 1
+    assert again[-1] == creates[-1]  # the create task's argv, from the resource record
+    assert f"TPU VM {sb.vm} cannot be started again (ERROR: (gcloud.compute.instances.start) " in seen[0]
+    first, _new = sb.state("vm_history")[vm_key]  # the stopped VM's life ended, a new one began
+    assert first["deleted"] is not None
+    assert len(first["preempted"]) == 1
+    assert "started" not in first
+    assert sb.state("vms")[vm_key]["status"] == "RUNNING"
+    assert _installs_on_vm(sb) == 1  # the new VM (its own call log) got the workload before training
 
 
 def test_only_the_run_holding_the_vms_lease_re_creates_it(sb: SandboxRun) -> None:

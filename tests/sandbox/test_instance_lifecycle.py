@@ -168,6 +168,17 @@ def test_a_flex_start_request_waits_pending_unbilled(cli: Cli, names: dict[str, 
     assert _seconds(instance["creationTimestamp"], instance["lastStartTimestamp"]) >= 5 * SCALE - 0.01
 
 
+@pytest.fixture
+def spot_tpu_restarts(cli: Cli) -> Iterator[None]:
+    """Compute Engine's spot page: a Spot VM stopped by its termination action starts again."""
+    update_settings(cli.layout, spot_tpu_restart=True)
+    try:
+        yield
+    finally:
+        update_settings(cli.layout, spot_tpu_restart=False)
+
+
+@pytest.mark.usefixtures("spot_tpu_restarts")
 def test_a_preempted_spot_vm_stops_and_a_start_begins_its_second_running_span(
     cli: Cli, names: dict[str, str]
 ) -> None:
@@ -200,6 +211,27 @@ def test_a_preempted_spot_vm_stops_and_a_start_begins_its_second_running_span(
     ]
     preempted = _operations(cli, names, vm)[1]
     assert preempted["startTime"] >= first["lastStartTimestamp"]
+
+
+def test_a_preempted_spot_tpu_vm_cannot_start_again_by_default(cli: Cli, names: dict[str, str]) -> None:
+    """Cloud TPU's spot page: "You can't restart TPU Spot VMs, and you must recreate them after
+    preemption" (the setting's default); a start before any preemption, or of a Spot VM that is
+    not a TPU, is not refused."""
+    vm = "life-spot-tpu"
+    assert (
+        _create(cli, names, vm, "--provisioning-model=SPOT", "--instance-termination-action=STOP").code == 0
+    )
+    where = (f"--zone={names['zone']}", f"--project={names['project']}")
+    assert cli.gcloud("compute", "instances", "stop", vm, *where).code == 0
+    assert cli.gcloud("compute", "instances", "start", vm, *where).code == 0  # stopped by its owner
+    Gcloud(cli.layout, cli._env(None), lambda: b"", lambda _: None, lambda _: None)._preempt_vm(
+        names["project"], names["zone"], vm
+    )
+    refused = cli.gcloud("compute", "instances", "start", vm, *where)
+    assert refused.code == 1
+    assert refused.err.startswith("ERROR: (gcloud.compute.instances.start) Could not fetch resource:\n - ")
+    assert "cannot be restarted" in refused.err
+    assert _describe(cli, names, vm)["status"] == "TERMINATED"
 
 
 def test_operations_list_takes_one_scope_and_a_quoted_regex(cli: Cli, names: dict[str, str]) -> None:

@@ -111,6 +111,11 @@ class SandboxSettings:
     * ``stage_minutes``: real minutes of stages (``timescale.STAGE_KEYS``: conversion, training,
       export for every model, the TPU VM's install, pull and Docker install) that replace the time
       scale's (``{"train": 60}``), under the same scale.
+    * ``spot_tpu_restart``: ``False`` (the default) refuses ``instances start`` of a Spot TPU VM
+      (a ``ct*`` machine type, ``SPOT`` provisioning model) preempted since it last started, as
+      Cloud TPU's spot page says (docs.cloud.google.com/tpu/docs/spot: "You can't restart TPU
+      Spot VMs, and you must recreate them after preemption"); ``True`` starts it, as Compute
+      Engine's spot page says of Spot VMs stopped by their termination action.
     * ``hold_seconds``: the longest a job waits on a test's hold file (``TPU_RL_SANDBOX_HOLD_FILE``)
       before it goes on by itself (120 s; the real-services tests, whose runs share two cores with
       another leg's, give theirs longer).
@@ -145,6 +150,7 @@ class SandboxSettings:
     capacity_minutes: Mapping[str, float] = field(default_factory=dict)
     stage_minutes: Mapping[str, float] = field(default_factory=dict)
     hold_seconds: float = 120.0
+    spot_tpu_restart: bool = False
 
     @property
     def preemption(self) -> tuple[int, int]:
