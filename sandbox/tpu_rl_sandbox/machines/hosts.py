@@ -1302,7 +1302,9 @@ class VmHost(MachineHost):
         """``docker wait NAME...`` (docs.docker.com/reference/cli/docker/container/wait/): block
         until each container stops, then print its exit code; 137 for one killed (``docker rm
         --force``, the VM's end). "No such container" for a name the daemon has not: a ``--rm``
-        container that ended before the wait began is gone, its status with it."""
+        container that ended before the wait began is gone, its status with it (the CLI waits for
+        the condition "not-running": one asked while the container runs gets its status, one asked
+        after its removal 404s; the race docker-java/docker-java#2487 describes)."""
         flags = [a for a in args if a.startswith("-")]
         if flags:
             call.err(f"unknown flag: {flags[0]}\nSee 'docker wait --help'.\n")
