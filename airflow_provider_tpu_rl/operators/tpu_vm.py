@@ -4,11 +4,12 @@ for the checkpoint conversions (MaxText's converters run on the CPU only)."""
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.providers.common.compat.sdk import Context
@@ -134,6 +135,35 @@ def create_run_vm(
             "choose another vm_name"
         )
     operator.log.info("%s %s already exists: created by an earlier try of this run, reused", what, vm.vm_name)
+
+
+# The start a stage script's "following container" line gives (docker's .State.StartedAt: RFC 3339
+# in UTC, nanoseconds).
+_FOLLOWED_START = re.compile(
+    r"\(started ([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2})(?:\.([0-9]+))?Z\)"
+)
+
+
+def container_start(line: str) -> float | None:
+    """Epoch seconds of the start a "following container" line gives; None without one."""
+    match = _FOLLOWED_START.search(line)
+    if match is None:
+        return None
+    began = datetime.strptime(match[1], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC)
+    return began.timestamp() + float(f"0.{match[2] or 0}")
+
+
+def container_failure(error: str) -> AirflowException | None:
+    """A stage session's failure as its script's own line tells it: another run's running
+    container refused (fatal), or a followed container's exit status lost (a retry looks again);
+    None for any other failure."""
+    for line in error.splitlines():
+        text = line.strip()
+        if text.startswith(tpu_vm.REFUSED_CONTAINER):
+            return AirflowFailException(text.removeprefix(tpu_vm.REFUSED_CONTAINER).strip())
+        if text.startswith(tpu_vm.UNSEEN_EXIT):
+            return AirflowException(text.removeprefix(tpu_vm.UNSEEN_EXIT).strip())
+    return None
 
 
 class _TpuVmOperator(GclusterBaseOperator):
@@ -511,8 +541,14 @@ class TpuVmStageOperator(LineageMixin, _TpuVmOperator):
         self._lineage = stage_lineage(p, self.stage)
         tracker = TrainingLogTracker()
         total = p.training.final_step
+        followed: list[float] = []  # the start of an earlier try's container the session follows
 
         def on_line(line: str) -> None:
+            if line.startswith(tpu_vm.FOLLOWING_CONTAINER):
+                followed.append(container_start(line) or time.time())
+                self.log.warning("%s", line)
+            if self.stage != "train":
+                return
             before = tracker.last_step
             tracker.feed(line)
             if tracker.last_step is not None and tracker.last_step != before:
@@ -547,10 +583,13 @@ class TpuVmStageOperator(LineageMixin, _TpuVmOperator):
                                 ssh_key_file=str(self.hook.ssh_key_file()),
                                 boot_family=boot_family_argument(self.boot_image_family),
                             ),
-                            on_line=on_line if self.stage == "train" else None,
+                            on_line=on_line,
                             timeout=stage_command_timeout(self.stage),
                         )
-                    except CommandError:
+                    except CommandError as err:
+                        told = container_failure(str(err))
+                        if told is not None:
+                            raise told from None
                         lost = self.lost_vm_status(p.vm) if self.stage == "train" else None
                         if lost is None:
                             raise  # not a lost VM: classified as any failed command
@@ -560,7 +599,8 @@ class TpuVmStageOperator(LineageMixin, _TpuVmOperator):
                 if directory is not None and (ended or not self.still_writing(p, directory, run)):
                     attempt = None
                     if self.stage == "train":  # what this session trained, for the next one's resume
-                        span = {"started_at": started, "ended_at": time.time()}
+                        # a followed container's attempt began at its start, not this session's
+                        span = {"started_at": followed[0] if followed else started, "ended_at": time.time()}
                         attempt = attempt_from_log(run, self.stage_job(p), tracker.metrics(), span)
                     record = self.release_output(p, directory, run, attempt)
                     if record is not None and record.attempts:
@@ -746,13 +786,7 @@ class TpuVmStageOperator(LineageMixin, _TpuVmOperator):
     def output_directory(self, p: TpuVmPipelineSpec) -> str | None:
         """The GCS folder the stage writes: the model's converted checkpoint, the run's for
         training, its export's."""
-        if self.stage == "convert":
-            return run_dir(p.conversion.output_directory)
-        if self.stage == "train":
-            return p.training_run_dir
-        if self.stage == "export":
-            return run_dir(p.gcs_export)
-        return None
+        return tpu_vm.stage_output_directory(p, self.stage)
 
     def _ready(self, p: TpuVmPipelineSpec) -> dict[str, Any] | None:
         from airflow_provider_tpu_rl.operators.gke_jobs import checkpoint_ready, export_ready

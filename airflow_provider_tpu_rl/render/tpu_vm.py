@@ -6,6 +6,7 @@ import shlex
 from collections.abc import Mapping
 from typing import Final
 
+from airflow_provider_tpu_rl.maxtext.layout import run_dir
 from airflow_provider_tpu_rl.render import gke, maxtext
 from airflow_provider_tpu_rl.render.command import Command
 from airflow_provider_tpu_rl.render.shell import hf_token_from_gcloud, quote_all, with_hf_token
@@ -480,8 +481,90 @@ DOCKER_RUN_FLAGS = ("--rm", "--privileged", "--net=host", "--ipc=host")
 CPU_DOCKER_RUN_FLAGS = ("--rm", "--net=host")
 TRAIN_CONTAINER = "tpu-rl-train"
 # Each stage's container, by name: an earlier try's (its SSH session gone, the container not) is
-# removed before the stage starts again, and a writer probe finds it (records/writers.py).
+# followed, refused or removed before the stage starts again (_existing_container_lines), and a
+# writer probe finds it (records/writers.py).
 STAGE_CONTAINERS = {"convert": "tpu-rl-convert", "train": TRAIN_CONTAINER, "export": "tpu-rl-export"}
+# What a stage's container is started with (`docker run --label`): the run directory it writes and
+# the run that started it, under the reverse DNS of the tool's name, as Docker asks of third-party
+# tools' label keys (docs.docker.com/engine/manage-resources/labels/, "Key format recommendations").
+RUN_DIR_LABEL: Final = "io.tpu-rl.run-dir"
+RUN_ID_LABEL: Final = "io.tpu-rl.run-id"
+# What the stage reads of an existing container of its name (`docker inspect --format`, a Go
+# template: docs.docker.com/reference/cli/docker/inspect/; `index` of a label it lacks is ""):
+# running, since when, and its two labels; the run id last, as `read` gives the last name the rest.
+CONTAINER_IDENTITY_FORMAT: Final = (
+    "{{.State.Running}} {{.State.StartedAt}} "
+    f'{{{{index .Config.Labels "{RUN_DIR_LABEL}"}}}} {{{{index .Config.Labels "{RUN_ID_LABEL}"}}}}'
+)
+# The line a stage prints when it follows this run's container instead of starting one; the one
+# it refuses another run's running container with (the operator fails the task with it, for good);
+# the one a followed container that ended before its exit status was read leaves (a retry looks
+# at the directory again).
+FOLLOWING_CONTAINER: Final = "tpu-rl: following container"
+REFUSED_CONTAINER: Final = "tpu-rl: refused:"
+UNSEEN_EXIT: Final = "tpu-rl: exit status lost:"
+
+
+def stage_output_directory(pipeline: TpuVmPipelineSpec, stage: str) -> str | None:
+    """The run directory a stage writes in GCS: the model's converted checkpoint, the run's
+    training, its export (``install`` writes none)."""
+    if stage == "convert":
+        return run_dir(pipeline.conversion.output_directory)
+    if stage == "train":
+        return pipeline.training_run_dir
+    if stage == "export":
+        return run_dir(pipeline.gcs_export)
+    return None
+
+
+def _existing_container_lines(pipeline: TpuVmPipelineSpec, stage: str, directory: str) -> list[str]:
+    """Before ``docker run``: a container of the stage's name that an earlier try left (its SSH
+    session gone, the container not: the docker client's end does not stop it).
+
+    Running for this run and directory (its labels): followed, its logs from its start
+    (``docker logs --follow``, docs.docker.com/reference/cli/docker/container/logs/) and then its
+    exit status as the stage's (``docker wait``, .../container/wait/, asked while it still runs: a
+    ``--rm`` container is gone once it ends). Running for another run or directory (or with no
+    labels): refused in one line, untouched. Not running: removed (``docker rm`` without
+    ``--force`` never stops one), and a new one starts.
+    """
+    container = STAGE_CONTAINERS[stage]
+    run = f"{pipeline.dag_id}/{pipeline.run_id}"
+    vm = pipeline.cpu_vm if stage_machine(stage) == "cpu" else pipeline.vm
+    inspect = quote_all(["sudo", "docker", "inspect", f"--format={CONTAINER_IDENTITY_FORMAT}", container])
+    following = f"{FOLLOWING_CONTAINER} {container} of this run (started "
+    refused = f"{REFUSED_CONTAINER} container {container} on VM {vm.vm_name} is running for run "
+    stop = quote_all(["sudo", "docker", "rm", "--force", container])
+    return [
+        f"if found=$({inspect} 2>/dev/null); then",
+        '  read -r running started run_dir run_id <<<"${found}"',
+        f'  if [ "${{running}}" = true ] && [ "${{run_dir}}" = {shlex.quote(directory)} ] '
+        f'&& [ "${{run_id}}" = {shlex.quote(run)} ]; then',
+        f'    echo {shlex.quote(following)}"${{started}}"{shlex.quote("): its logs, then its exit status")} >&2',
+        f"    {quote_all(['sudo', 'docker', 'logs', '--follow', container])} &",
+        "    logs_pid=$!",
+        f"    if ! status=$({quote_all(['sudo', 'docker', 'wait', container])}); then",
+        '      wait "${logs_pid}" || true',
+        f"      echo {shlex.quote(f'{UNSEEN_EXIT} container {container} ended before its exit status could be read; a retry looks at {directory} again')} >&2",
+        "      exit 1",
+        "    fi",
+        '    wait "${logs_pid}" || true',
+        '    [[ "${status}" =~ ^[0-9]+$ ]] || status=1',
+        '    exit "${status}"',
+        "  fi",
+        '  if [ "${running}" = true ]; then',
+        f'    echo {shlex.quote(refused)}"${{run_id:-(none recorded)}}"{shlex.quote(" writing ")}'
+        f'"${{run_dir:-(none recorded)}}"'
+        + shlex.quote(
+            f", not {directory} of this run: never two jobs on one VM; wait for that run to end, or stop it "
+            f"({stop} on {vm.vm_name})"
+        )
+        + " >&2",
+        "    exit 3",
+        "  fi",
+        f"  {quote_all(['sudo', 'docker', 'rm', container])} >/dev/null 2>&1 || true",
+        "fi",
+    ]
 
 
 def image_registry(image: str) -> str:
@@ -605,7 +688,9 @@ def _container_script(
     names: list[str],
     environment: list[str],
 ) -> str:
-    """``argv`` in ``docker run`` of the workload image, as the stage's container.
+    """``argv`` in ``docker run`` of the workload image, as the stage's container, labelled with
+    the run directory it writes and its run; an earlier try's container of this run is followed
+    instead (:func:`_existing_container_lines`).
 
     The variables ``names`` and HF_TOKEN reach the container by name (``-e NAME``: docker copies
     the value from its own environment), never on argv. sudo's env_reset would drop them, so they
@@ -614,6 +699,9 @@ def _container_script(
     one command only. ``environment``: the lines that set the other names.
     """
     container = STAGE_CONTAINERS[stage]
+    directory = stage_output_directory(pipeline, stage)
+    if directory is None:
+        raise ValueError(f"stage {stage!r} runs no container")
     passed = [*names, "HF_TOKEN"]
     docker = [
         "sudo",
@@ -622,15 +710,15 @@ def _container_script(
         "run",
         f"--name={container}",
         *flags,
+        f"--label={RUN_DIR_LABEL}={directory}",
+        f"--label={RUN_ID_LABEL}={pipeline.dag_id}/{pipeline.run_id}",
         *[flag for name in passed for flag in ("-e", name)],
         pipeline.workload_image,
         *argv,
     ]
     lines = [
         "set -euo pipefail",
-        # an earlier try's container outlives its SSH session (the docker client's end does not
-        # stop it): removed first, so two never write the same directory (or share the TPU chips)
-        f"sudo docker rm --force {container} >/dev/null 2>&1 || true",
+        *_existing_container_lines(pipeline, stage, directory),
         *hf_token_from_gcloud(pipeline.hf_token.secret_id, pipeline.vm.project),
         *environment,
         with_hf_token(quote_all(docker)),

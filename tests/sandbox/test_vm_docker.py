@@ -215,3 +215,89 @@ def test_with_roots_credential_helper_the_pull_uses_it(cli: Cli, prepared: dict[
     assert code == 0, out + err
     assert "Adding credentials for: us-docker.pkg.dev" in err
     assert "Login Succeeded" not in out
+
+
+def test_a_containers_labels_state_logs_and_exit_status_as_docker_gives_them(
+    cli: Cli, prepared: dict[str, str]
+) -> None:
+    """``docker run --label``/``-l``, ``docker inspect --format`` of the state and the labels,
+    ``docker logs --follow`` from the container's start until it stops (stdout and stderr apart)
+    and ``docker wait`` (its exit status; gone with a ``--rm`` container that ended). A client that
+    follows or waits is another session's: the container is the daemon's."""
+    names = prepared
+    vm = _vm(cli, names)
+    pipeline = _pipeline(names, vm)
+    code, out, err = ssh(cli, names, vm, tpu_vm.container_install_script(pipeline))
+    assert code == 0, out + err
+    program = "echo first; echo oops >&2; sleep 2; echo last; exit 7"
+    form = (
+        '{{.State.Running}} {{.State.Status}} {{index .Config.Labels "io.tpu-rl.run-id"}}|'
+        '{{index .Config.Labels "bare"}}|{{index .Config.Labels "absent"}}|'
+    )
+    script = "\n".join(
+        [
+            f"sudo docker run --name=kept --label=io.tpu-rl.run-id=dag/run-1 -l bare {IMAGE} "
+            f"bash -c {shlex.quote(program)} >/dev/null 2>&1 &",
+            "until sudo docker inspect --format '{{.Id}}' kept >/dev/null 2>&1; do sleep 0.1; done",
+            f"sudo docker inspect --format {shlex.quote(form)} kept",
+            "sudo docker logs --follow kept >followed.out 2>followed.err &",
+            "sudo docker wait kept",
+            "wait",
+            'echo "out: $(tr "\\n" " " <followed.out)"',
+            'echo "err: $(tr "\\n" " " <followed.err)"',
+            f"sudo docker inspect --format {shlex.quote(form)} kept",
+            "sudo docker wait kept",  # stopped: at once
+            "sudo docker rm kept",
+            "",
+        ]
+    )
+    code, out, err = ssh(cli, names, vm, script)
+    assert code == 0, out + err
+    assert out.splitlines()[-7:] == [
+        "true running dag/run-1|||",
+        "7",
+        "out: first last ",
+        "err: oops ",
+        "false exited dag/run-1|||",
+        "7",
+        "kept",
+    ]
+    started = "until sudo docker inspect --format '{{.Id}}' gone >/dev/null 2>&1; do sleep 0.1; done"
+    script = "\n".join(
+        [
+            f"sudo docker run --rm --name=gone {IMAGE} bash -c 'sleep 1; exit 3' >/dev/null 2>&1 &",
+            started,
+            "sudo docker wait gone",  # asked while it runs: its status
+            "wait",
+            "sudo docker wait gone || echo wait-failed",  # --rm: gone once it ended
+            "sudo docker logs --follow gone || echo logs-failed",
+            "",
+        ]
+    )
+    code, out, err = ssh(cli, names, vm, script)
+    assert code == 0, out + err
+    assert out.splitlines()[-3:] == ["3", "wait-failed", "logs-failed"]
+    assert err.count("Error response from daemon: No such container: gone") == 2
+
+
+def test_docker_refuses_what_it_does_not_take(cli: Cli, prepared: dict[str, str]) -> None:
+    names = prepared
+    vm = _vm(cli, names)
+    pipeline = _pipeline(names, vm)
+    code, out, err = ssh(cli, names, vm, tpu_vm.container_install_script(pipeline))
+    assert code == 0, out + err
+    code, _, err = ssh(cli, names, vm, f"sudo docker run --rm -l =x {IMAGE} true\n")
+    assert code == 125
+    assert "invalid label '=x': empty name" in err
+    code, _, err = ssh(cli, names, vm, "sudo docker wait\n")
+    assert code == 1
+    assert '"docker wait" requires at least 1 argument.' in err
+    code, _, err = ssh(cli, names, vm, "sudo docker logs a b\n")
+    assert code == 1
+    assert '"docker logs" requires exactly 1 argument.' in err
+    code, _, err = ssh(cli, names, vm, "sudo docker logs --bogus a\n")
+    assert code == 125
+    assert "unknown flag: --bogus" in err
+    code, _, err = ssh(cli, names, vm, "docker wait a\n")
+    assert code == 1
+    assert "permission denied while trying to connect to the Docker daemon socket" in err

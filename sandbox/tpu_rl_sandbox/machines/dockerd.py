@@ -18,9 +18,11 @@ ends them (:func:`stop_all`).
 from __future__ import annotations
 
 import contextlib
+import datetime
 import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -36,8 +38,13 @@ import tpu_rl_sandbox
 CONTAINERS_FILE = ".sandbox-dockerd-containers.json"
 DAEMON_DIR = ".sandbox-dockerd"
 STOP_SECONDS = 10.0  # docker rm --force: SIGKILL at once; the wait for the process to be gone
-# The one ``--format`` of ``docker inspect`` the sandbox plays (the provider's probe asks it).
+# The ``--format`` of ``docker inspect`` the provider's writer probe asks (records/writers.py).
 INSPECT_FORMAT = "{{.State.Running}} {{json .Config.Cmd}}"
+# The template actions of ``docker inspect --format`` the sandbox plays, on a container's
+# ``ContainerJSON`` (docs.docker.com/reference/cli/docker/inspect/ "Format the output using the
+# given Go template"; Go's text/template: ``index`` of a map's missing key is its zero value, "").
+_ACTION = re.compile(r"\{\{\s*(.*?)\s*\}\}")
+_LABEL_ACTION = re.compile(r'^index \.Config\.Labels "([^"\\]*)"$')
 
 
 def _containers_path(root: Path) -> Path:
@@ -87,6 +94,45 @@ def running(record: Mapping[str, Any]) -> bool:
     return record.get("exit") is None and _alive(int(record.get("pid") or 0))
 
 
+def started_at(record: Mapping[str, Any]) -> str:
+    """``.State.StartedAt`` as moby gives it: RFC 3339 in UTC with nanoseconds."""
+    when = datetime.datetime.fromtimestamp(float(record["started"]), datetime.UTC)
+    return when.strftime("%Y-%m-%dT%H:%M:%S.%f") + "000Z"
+
+
+def inspect_values(record: Mapping[str, Any]) -> dict[str, str]:
+    """What each template action the sandbox plays gives for ``record``."""
+    alive = running(record)
+    return {
+        ".Id": str(record["id"]),
+        ".State.Running": "true" if alive else "false",
+        ".State.Status": "running" if alive else "exited",
+        ".State.StartedAt": started_at(record),
+        "json .Config.Cmd": json.dumps(record["cmd"], separators=(",", ":")),
+    }
+
+
+def render_inspect(form: str, record: Mapping[str, Any]) -> str | None:
+    """``form`` (a ``docker inspect --format`` template) for ``record``; None when it uses an
+    action the sandbox does not play."""
+    values = inspect_values(record)
+    labels = record.get("labels") or {}
+    out, at = [], 0
+    for match in _ACTION.finditer(form):
+        out.append(form[at : match.start()])
+        action = match[1]
+        label = _LABEL_ACTION.match(action)
+        if label is not None:
+            out.append(str(labels.get(label[1], "")))
+        elif action in values:
+            out.append(values[action])
+        else:
+            return None
+        at = match.end()
+    out.append(form[at:])
+    return "".join(out)
+
+
 def start(root: Path, name: str, spec: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
     """Create and start container ``name`` from ``spec`` (what :func:`main` runs; its ``env``
     holds the container's environment, handed over on a pipe, never written to disk); its record."""
@@ -98,6 +144,7 @@ def start(root: Path, name: str, spec: dict[str, Any], env: Mapping[str, str]) -
         "name": name,
         "image": spec["image"],
         "cmd": list(spec["command"]),
+        "labels": dict(spec.get("labels") or {}),
         "rm": bool(spec["rm"]),
         "out": str(base / f"{name}-{container_id[:12]}.out"),
         "err": str(base / f"{name}-{container_id[:12]}.err"),
@@ -175,8 +222,10 @@ def stop(root: Path, name: str) -> bool:
 
 
 def forget(record: Mapping[str, Any]) -> None:
-    """The daemon's files of a removed container (its output, its exit status)."""
-    for key in ("out", "err", "exit_file"):
+    """The daemon's files of a removed container: its output. Its exit status stays for the
+    clients already waiting on it (moby gives it to every ``docker wait`` asked before the container
+    stopped, removed or not); a later one finds no container by its name."""
+    for key in ("out", "err"):
         Path(record[key]).unlink(missing_ok=True)
 
 

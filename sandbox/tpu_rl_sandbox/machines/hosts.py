@@ -573,7 +573,12 @@ DOCKER_VERSION = "Docker version 24.0.7, build 24.0.7-0ubuntu2~22.04.1"  # jammy
 DOCKER_SOCKET = "unix:///var/run/docker.sock"
 # docker run's flags the rendered scripts may use; others are refused as not simulated.
 DOCKER_RUN_SWITCHES = ("--rm", "--privileged", "-i", "--interactive", "-t", "--tty", "--init")
-DOCKER_RUN_VALUES = ("--name", "--net", "--network", "--ipc", "-e", "--env", "-w", "--workdir", "--shm-size")
+DOCKER_RUN_VALUES = (
+    "--name", "--net", "--network", "--ipc", "-e", "--env", "-w", "--workdir", "--shm-size", "-l", "--label",
+)  # fmt: skip
+# docker logs' flags beyond --follow (docs.docker.com/reference/cli/docker/container/logs/): real,
+# but not simulated here.
+DOCKER_LOGS_UNSIMULATED = ("--details", "--since", "--until", "-n", "--tail", "-t", "--timestamps")
 
 
 # The one ``--format`` of ``docker image inspect`` the sandbox plays (the bake and the boot check).
@@ -587,14 +592,14 @@ def image_id(digest: str) -> str:
     return "sha256:" + hashlib.sha256(digest.encode()).hexdigest()
 
 
-def docker_socket_denied(endpoint: str) -> str:
+def docker_socket_denied(endpoint: str, method: str = "Post") -> str:
     """The docker client's error for a user outside the ``docker`` group (the socket is root:docker
     660): moby's ``client/request.go`` ``doRequest`` of the 23.x/24.x clients wraps the dial error
     as "permission denied while trying to connect to the Docker daemon socket at %v" (older ones
     began with "Got")."""
     return (
         f"permission denied while trying to connect to the Docker daemon socket at {DOCKER_SOCKET}: "
-        f'Post "http://%2Fvar%2Frun%2Fdocker.sock/v1.24/{endpoint}": dial unix /var/run/docker.sock: '
+        f'{method} "http://%2Fvar%2Frun%2Fdocker.sock/v1.24/{endpoint}": dial unix /var/run/docker.sock: '
         "connect: permission denied\n"
     )
 
@@ -1083,7 +1088,8 @@ class VmHost(MachineHost):
         return loaded if isinstance(loaded, dict) else {}
 
     def tool_docker(self, call: ToolCall) -> int:
-        """Ubuntu's docker.io client and its daemon: ``pull``, ``run``, ``rm``, ``--version``.
+        """Ubuntu's docker.io client and its daemon: ``pull``, ``run``, ``rm``, ``inspect``,
+        ``logs``, ``wait``, ``--version``.
 
         Root only (the login user is in no ``docker`` group). A pull needs credentials for the
         image's registry in the client's config (gcloud's helper or an ``auths`` entry) and an image
@@ -1097,7 +1103,8 @@ class VmHost(MachineHost):
         command = args[0] if args else ""
         if command == "image" and args[1:2] == ["inspect"]:
             command, args = "image-inspect", ["image-inspect", *args[2:]]
-        if command not in ("pull", "run", "rm", "inspect", "tag", "image-inspect", "login", "logout"):
+        commands = ("pull", "run", "rm", "inspect", "logs", "wait", "tag", "image-inspect", "login", "logout")
+        if command not in commands:
             call.err(f"docker: '{command}' is not a docker command.\nSee 'docker --help'\n")
             return 1
         if call.env.get("USER") != "root":
@@ -1106,12 +1113,14 @@ class VmHost(MachineHost):
                 "run": "containers/create",
                 "rm": "containers/x",
                 "inspect": "containers/x/json",
+                "logs": "containers/x/logs",
+                "wait": "containers/x/wait",
                 "tag": "images/x/tag",
                 "image-inspect": "images/x/json",
                 "login": "auth",
                 "logout": "auth",
             }[command]
-            call.err(docker_socket_denied(endpoint))
+            call.err(docker_socket_denied(endpoint, "Get" if command == "logs" else "Post"))
             return 1
         if command == "pull":
             if len(args) != 2 or args[1].startswith("-"):
@@ -1126,6 +1135,10 @@ class VmHost(MachineHost):
             return self.docker_rm(call, args[1:])
         if command == "inspect":
             return self.docker_inspect(call, args[1:])
+        if command == "logs":
+            return self.docker_logs(call, args[1:])
+        if command == "wait":
+            return self.docker_wait(call, args[1:])
         if command == "tag":
             return self.docker_tag(call, args[1:])
         if command == "image-inspect":
@@ -1204,14 +1217,15 @@ class VmHost(MachineHost):
         return code
 
     def docker_inspect(self, call: ToolCall, args: list[str]) -> int:
-        """``docker inspect --format FORMAT NAME``, for the one format the sandbox plays
-        (``dockerd.INSPECT_FORMAT``); "Error: No such object" for a name the daemon has not."""
+        """``docker inspect --format FORMAT NAME...``, for a template of the actions the sandbox
+        plays (:func:`dockerd.render_inspect`: the id, the state's running, status and start, the
+        command, a label); "Error: No such object" for a name the daemon has not."""
         parsed = _inspect_arguments(call, args, "docker inspect")
         if parsed is None:
             return 125
         form, names = parsed
-        if form != dockerd.INSPECT_FORMAT:
-            call.err(f"sandbox: docker inspect --format {form!r} is not simulated\n")
+        if form is None:
+            call.err("sandbox: docker inspect without --format (its JSON document) is not simulated\n")
             return 125
         code = 0
         for name in names:
@@ -1220,9 +1234,114 @@ class VmHost(MachineHost):
                 call.err(f"Error: No such object: {name}\n")
                 code = 1
                 continue
-            state = "true" if dockerd.running(record) else "false"
-            call.out(f"{state} {json.dumps(record['cmd'], separators=(',', ':'))}\n")
+            shown = dockerd.render_inspect(form, record)
+            if shown is None:
+                call.err(f"sandbox: docker inspect --format {form!r} is not simulated\n")
+                return 125
+            call.out(shown + "\n")
         return code
+
+    def docker_logs(self, call: ToolCall, args: list[str]) -> int:
+        """``docker logs [--follow] NAME`` (docs.docker.com/reference/cli/docker/container/logs/):
+        the container's output from its start, stdout to stdout and stderr to stderr; with
+        ``--follow`` streamed until the container stops. "No such container" for a name the daemon
+        has not (a ``--rm`` container that ended is gone)."""
+        follow = False
+        names = []
+        for arg in args:
+            flag = arg.split("=", 1)[0]
+            if arg in ("-f", "--follow"):
+                follow = True
+            elif flag in DOCKER_LOGS_UNSIMULATED:
+                call.err(f"sandbox: docker logs {flag} is not simulated\n")
+                return 125
+            elif arg.startswith("-"):
+                call.err(f"unknown flag: {flag}\nSee 'docker logs --help'.\n")
+                return 125
+            else:
+                names.append(arg)
+        if len(names) != 1:
+            call.err("\"docker logs\" requires exactly 1 argument.\nSee 'docker logs --help'.\n")
+            return 1
+        record = dockerd.containers(self.fs.root).get(names[0])
+        if record is None:
+            call.err(f"Error response from daemon: No such container: {names[0]}\n")
+            return 1
+        return self.relay_logs(call, record, follow=follow)
+
+    def relay_logs(self, call: ToolCall, record: dict[str, Any], *, follow: bool) -> int:
+        """The container's output files relayed from their start; following, until it stops. The
+        files are opened first: a ``--rm`` container's are deleted at its removal, and an open
+        stream reads them to their end (as moby's json-file reader keeps its file open)."""
+        import codecs
+
+        streams = []
+        with contextlib.ExitStack() as opened:
+            for key, write in (("out", call.out), ("err", call.err)):
+                with contextlib.suppress(OSError):
+                    handle = opened.enter_context(Path(record[key]).open("rb"))
+                    streams.append((handle, write, codecs.getincrementaldecoder("utf-8")("replace")))
+            while True:
+                current = dockerd.containers(self.fs.root).get(record["name"]) or record
+                stopped = (
+                    current.get("id") != record["id"]
+                    or Path(record["exit_file"]).is_file()
+                    or not dockerd.running(current)
+                )
+                for handle, write, decoder in streams:
+                    text = decoder.decode(handle.read())
+                    if text:
+                        write(text)
+                if not follow or stopped:
+                    return 0
+                if call.cancelled():
+                    return 137
+                time.sleep(0.05)
+
+    def docker_wait(self, call: ToolCall, args: list[str]) -> int:
+        """``docker wait NAME...`` (docs.docker.com/reference/cli/docker/container/wait/): block
+        until each container stops, then print its exit code; 137 for one killed (``docker rm
+        --force``, the VM's end). "No such container" for a name the daemon has not: a ``--rm``
+        container that ended before the wait began is gone, its status with it (the CLI waits for
+        the condition "not-running": one asked while the container runs gets its status, one asked
+        after its removal 404s; the race docker-java/docker-java#2487 describes)."""
+        flags = [a for a in args if a.startswith("-")]
+        if flags:
+            call.err(f"unknown flag: {flags[0]}\nSee 'docker wait --help'.\n")
+            return 125
+        if not args:
+            call.err("\"docker wait\" requires at least 1 argument.\nSee 'docker wait --help'.\n")
+            return 1
+        code = 0
+        for name in args:
+            record = dockerd.containers(self.fs.root).get(name)
+            if record is None:
+                call.err(f"Error response from daemon: No such container: {name}\n")
+                code = 1
+                continue
+            status = self.container_exit(call, record)
+            if status is None:
+                return 137  # the client is gone
+            call.out(f"{status}\n")
+        return code
+
+    def container_exit(self, call: ToolCall, record: dict[str, Any]) -> int | None:
+        """The container's exit status once it stops; None when the waiting client goes first."""
+        exit_file = Path(record["exit_file"])
+        while True:
+            if exit_file.is_file():
+                with contextlib.suppress(ValueError, OSError):
+                    outcome = json.loads(exit_file.read_text())
+                    self.preempted = self.preempted or bool(outcome.get("preempted"))
+                    return int(outcome["exit"])
+            current = dockerd.containers(self.fs.root).get(record["name"]) or record
+            if current.get("id") == record["id"] and current.get("exit") is not None:
+                return int(current["exit"])
+            if not dockerd.running(current) and not exit_file.is_file():
+                return 137  # killed: no status was written
+            if call.cancelled():
+                return None
+            time.sleep(0.05)
 
     def missing_helper(self, call: ToolCall, config: Mapping[str, object], host: str) -> bool:
         """The registry's credential helper in ``config`` is not a program the client can run:
@@ -1394,6 +1513,15 @@ class VmHost(MachineHost):
         if not command:
             call.err("sandbox: the image's default command is not simulated; give one\n")
             return 125
+        labels: dict[str, str] = {}
+        for item in values.get("l", []) + values.get("label", []):
+            key, _, value = item.partition("=")  # docker run -l KEY: an empty value
+            if not key.strip():
+                call.err(
+                    f'invalid argument "{item}" for "-l, --label" flag: invalid label \'{item}\': empty name\n'
+                )
+                return 125
+            labels[key] = value
         env_flags = values.get("e", []) + values.get("env", [])
         env: dict[str, str] = {}
         for item in env_flags:
@@ -1423,6 +1551,7 @@ class VmHost(MachineHost):
                 "image": image,
                 "command": command,
                 "rm": "--rm" in switches,
+                "labels": labels,
                 "chips": chips,
                 "workdir": workdir,
                 "hostname": self.hostname,
