@@ -233,7 +233,7 @@ def format_cpu_minutes(seconds: float | None) -> str:
 def runs_columns(runs: Sequence[RunSummary]) -> tuple[str, ...]:
     """:data:`RUNS_COLUMNS`, with :data:`BAKE_COLUMN` before EXPORT when a run's bake billed CPU time,
     and :data:`REASON_COLUMN` last when the janitor closed a listed run's row."""
-    columns = RUNS_COLUMNS
+    columns: tuple[str, ...] = RUNS_COLUMNS
     if any(run.bake_billed_seconds for run in runs):
         export = RUNS_COLUMNS.index("EXPORT")
         columns = (*RUNS_COLUMNS[:export], BAKE_COLUMN, *RUNS_COLUMNS[export:])

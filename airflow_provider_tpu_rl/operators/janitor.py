@@ -418,8 +418,10 @@ def destroy_resource(
         hook.run_checked(command)
         if resource.bucket:
             clear_orphan_marker(gcp_conn_id, resource.bucket, resource.name)
-        billed = billing.vm_billed(reader, vm) if tpu else None
-        return _run_end(resource, record, f"deleted VM {resource.name}", billed)
+        if not tpu:
+            return _run_end(resource, record, f"deleted VM {resource.name}", None)
+        record = read_record(gcp_conn_id, resource.bucket, resource.name) or record  # with its noted start
+        return _run_end(resource, record, f"deleted VM {resource.name}", billing.vm_billed(reader, vm))
     if record is None or not resource.bucket:
         raise AirflowException(
             f"cluster {resource.name}: no record gs://{resource.bucket}/{gke.resource_record_object(resource.name)}; "
@@ -486,8 +488,9 @@ def close_ledger_rows(
     """Close the ledger rows that still say ``running`` of the runs whose resources the janitor
     ended (``ends``), and of the runs whose DAG run has ended (``runs``); returns one line per
     row closed. ``failed`` when the DAG run ended failed, else ``abandoned``
-    (:func:`~airflow_provider_tpu_rl.ledger.records.closing_state`). A row already closed is left
-    alone. No ledger (the default SQLite file not created): nothing to close."""
+    (:func:`~airflow_provider_tpu_rl.ledger.records.closing_state`). A row already closed, or of a
+    run with a live task (its record_run will close it), is left alone. No ledger (the default
+    SQLite file not created): nothing to close."""
     from airflow_provider_tpu_rl.ledger.hook import DEFAULT_CONN_ID, RunLedger
     from airflow_provider_tpu_rl.operators.ledger import default_usd_per_chip_hour
 
@@ -496,12 +499,29 @@ def close_ledger_rows(
         return []
     ledger = RunLedger(conn_id)
     price = default_usd_per_chip_hour() if usd_per_chip_hour is None else usd_per_chip_hour
-    closings: list[RunClosing] = []
+    closings = _closings_of_ends(ends, runs, price)
+    if runs is not None:
+        closings += _closings_of_ended_runs(ledger, runs, {c.run_id for c in closings}, price, now)
+    closed: list[str] = []
+    for closing in closings:
+        if ledger.close_run(closing):
+            line = f"{closing.run_id}: {closing.state}; {closing.reason}"
+            log.warning("ledger: closed %s", line)
+            closed.append(line)
+    return closed
+
+
+def _closings_of_ends(ends: Sequence[RunEnd], runs: RunProbe | None, price: float) -> list[RunClosing]:
+    """One closing per run the janitor ended resources of, naming each; none for a live run."""
     by_holder: dict[str, list[RunEnd]] = {}
     for end in ends:
         by_holder.setdefault(end.holder, []).append(end)
+    closings: list[RunClosing] = []
     for holder, parts in by_holder.items():
         state = next((p.run_state for p in parts if p.run_state), "") or _dagrun_state(runs, holder)
+        if state in ACTIVE_RUN_STATES and _has_live_task(runs, holder):
+            log.info("ledger: %s has a live task; its record_run closes its row", holder)
+            continue
         known = [span for p in parts if p.billed_spans is not None for span in p.billed_spans]
         what = "; ".join(f"{p.what} ({p.reason})" if p.reason else p.what for p in parts)
         closings.append(
@@ -514,33 +534,33 @@ def close_ledger_rows(
                 price,
             )
         )
-    done = set(by_holder)
-    if runs is not None:
-        for run_id in ledger.running_runs(LEDGER_SWEEP_LIMIT):
-            if run_id in done:
-                continue
-            state = _dagrun_state(runs, run_id)
-            if state not in ("success", "failed"):
-                continue  # still going (the janitor ends an orphan's resources), or unknown here
-            steps = ledger.recorded_steps(run_id).values()
-            ended = max((s.ended_at for s in steps if s.ended_at), default=None) or now or datetime.now(UTC)
-            closings.append(
-                RunClosing(
-                    run_id,
-                    closing_state(state),
-                    ended,
-                    f"janitor: its DAG run ended {state} and record_run never recorded it",
-                    None,
-                    price,
-                )
-            )
-    closed: list[str] = []
-    for closing in closings:
-        if ledger.close_run(closing):
-            line = f"{closing.run_id}: {closing.state}; {closing.reason}"
-            log.warning("ledger: closed %s", line)
-            closed.append(line)
-    return closed
+    return closings
+
+
+def _closings_of_ended_runs(
+    ledger: Any, runs: RunProbe, skip: set[str], price: float, now: datetime | None
+) -> list[RunClosing]:
+    """A closing per newest row still ``running`` whose DAG run has ended (success or failed), at
+    its last task's end in the ledger (else ``now``); its billed time unknown."""
+    closings: list[RunClosing] = []
+    for run_id in ledger.running_runs(LEDGER_SWEEP_LIMIT):
+        if run_id in skip:
+            continue
+        state = _dagrun_state(runs, run_id)
+        if state not in ("success", "failed"):
+            continue  # still going (the janitor ends an orphan's resources), or unknown here
+        steps = ledger.recorded_steps(run_id).values()
+        ended = max((s.ended_at for s in steps if s.ended_at), default=None) or now or datetime.now(UTC)
+        reason = f"janitor: its DAG run ended {state} and record_run never recorded it"
+        closings.append(RunClosing(run_id, closing_state(state), ended, reason, None, price))
+    return closings
+
+
+def _has_live_task(runs: RunProbe | None, holder: str) -> bool:
+    if runs is None or "/" not in holder:
+        return False
+    states = runs.task_states(*holder.split("/", 1))
+    return any(state in ALIVE_TASK_STATES for state in (states or {}).values())
 
 
 def _dagrun_state(runs: RunProbe | None, holder: str) -> str:

@@ -212,6 +212,21 @@ def test_the_ends_of_one_run_close_its_row_once_with_every_destroy_named(ledger:
     assert len(closed) == 1
 
 
+def test_a_run_with_a_live_task_keeps_its_row_for_its_record_run(ledger: RunLedger) -> None:
+    """Its VM went past its expiry label while it trains: the janitor deletes the VM, but the run
+    is alive and its record_run will close the row (with what the run saw)."""
+    t0 = datetime(2026, 3, 1, 8, tzinfo=UTC)
+    holder = f"{TPU_VM_DAG_ID}/alive"
+    _open_row(ledger, TPU_VM_DAG_ID, "alive", t0)
+    runs = MetadataStandIn({holder: "running"}, {holder: {"validate": "success", "train": "running"}})
+
+    assert close_ledger_rows([_end(holder, "")], runs) == []
+    assert _row(ledger, TPU_VM_DAG_ID, "alive").state == "running"
+    runs.tasks[holder] = dict(CRASHED_TASKS)  # then it crashed: the next end closes it
+    assert len(close_ledger_rows([_end(holder, "")], runs)) == 1
+    assert _row(ledger, TPU_VM_DAG_ID, "alive").state == "abandoned"
+
+
 def test_without_a_ledger_there_is_nothing_to_close(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AIRFLOW_CONN_TPU_RL_LEDGER", raising=False)
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
