@@ -46,6 +46,10 @@ never deleted here.
   `[tpu_rl] janitor_buckets` and in the run ledger.
 - `dry_run`: list what would be destroyed, destroy nothing.
 
+A run whose resources it destroyed, or whose DAG run has ended, while its run-ledger row still says
+`running` gets that row closed: `failed` (its DAG run failed) or `abandoned`, with its end, its
+billed TPU time so far and why (docs/janitor.md). A row already closed is left alone.
+
 One failed destroy does not stop the others; the run fails afterwards so it shows, and the next
 run tries again.
 """
@@ -108,6 +112,7 @@ with DAG(
     def destroy_expired() -> dict[str, list[Any]]:
         """Find the stale resources of every project, destroy each; fail after trying them all."""
         from airflow_provider_tpu_rl.operators.janitor import (
+            close_ledger_rows,
             destroy_resource,
             discover_sources,
             find_expired_resources,
@@ -125,7 +130,8 @@ with DAG(
         # DAG-run and task states of the runs holding the resources: the Task SDK on Airflow 3.1+,
         # the metadata database on Airflow 2 (None on 3.0: expiry labels and leases alone).
         runs = run_probe(context)
-        report: dict[str, list[Any]] = {"found": [], "destroyed": [], "failed": []}
+        report: dict[str, list[Any]] = {"found": [], "destroyed": [], "failed": [], "closed": []}
+        ends: list[Any] = []  # what was ended of each run, for its ledger row
         for project in sources.projects:
             try:
                 expired = list(
@@ -145,7 +151,7 @@ with DAG(
                     continue
                 log.warning("destroying expired %s", describe(resource))
                 try:
-                    destroy_resource(
+                    end = destroy_resource(
                         hook, resource, gcp_conn_id=GCP_CONN_ID, janitor_run_id=str(context["run_id"])
                     )
                 except Exception:
@@ -153,15 +159,25 @@ with DAG(
                     report["failed"].append(describe(resource))
                 else:
                     report["destroyed"].append(describe(resource))
+                    if end is not None:
+                        ends.append(end)
+        if not params["dry_run"]:
+            # The ledger rows still `running` of the runs it ended, or whose DAG run has ended.
+            try:
+                report["closed"] = close_ledger_rows(ends, runs)
+            except Exception:
+                log.exception("could not close the ledger rows of ended runs")
+                report["failed"].append({"ledger": "close_ledger_rows"})
         log.info(
-            "janitor: %d expired, %d destroyed, %d failed",
+            "janitor: %d expired, %d destroyed, %d failed, %d ledger rows closed",
             len(report["found"]),
             len(report["destroyed"]),
             len(report["failed"]),
+            len(report["closed"]),
         )
         if report["failed"]:
             raise AirflowException(
-                f"{len(report['failed'])} expired resource(s) or project(s) could not be destroyed or scanned"
+                f"{len(report['failed'])} expired resource(s), project(s) or ledger closes could not be destroyed, scanned or closed"
             )
         return report
 

@@ -50,6 +50,8 @@ table.facts th { font-weight: 600; width: 14rem; }
 .state { font-weight: 600; }
 .state-success { color: #2f855a; } .state-failed { color: #c53030; } .state-running { color: #00a3c4; }
 .state-upstream_failed { color: #dd6b20; } .state-skipped { color: #d53f8c; }
+.state-abandoned { color: #718096; }
+.end-reason { font-weight: 400; font-size: 0.8rem; color: #4a5568; max-width: 24rem; }
 .note { color: #4a5568; }
 img { max-width: 100%; border: 1px solid #edf2f7; }
 """
@@ -224,7 +226,13 @@ TRAINED_TOOLTIP = "Chips x hours the training job ran, never more than billed"
 COLUMNS: tuple[Column, ...] = (
     Column("Run", "The DAG and its run id; opens the run's page", lambda r, _: r.run_id),
     Column("Model", "The MaxText model preset", lambda r, _: r.model or UNKNOWN, nowrap=True),
-    Column("State", "success, failed, or running (listed from its validate on)", lambda r, _: r.state),
+    Column(
+        "State",
+        "success, failed, or running (listed from its validate on); abandoned: the janitor ended the "
+        "resources of a run nobody finished. A row the janitor closed says why beneath",
+        lambda r, _: r.state,
+        cell_tooltip=lambda r: r.end_reason or "",
+    ),
     Column(
         "Started (UTC)",
         "When the DAG run started, in UTC",
@@ -303,7 +311,8 @@ def _td(column: Column, run: RunSummary, now: datetime, root: str) -> str:
         href = run_href(root, run.dag_id, run.airflow_run_id)
         return f"<td><a href='{escape(href)}'>{escape(value)}</a></td>"
     if column.heading == "State":
-        return f"<td class='state state-{escape(value)}'>{escape(value)}</td>"
+        reason = f"<div class='end-reason'>{escape(run.end_reason)}</div>" if run.end_reason else ""
+        return f"<td class='state state-{escape(value)}'{attributes}>{escape(value)}{reason}</td>"
     css = " class='num'" if column.numeric else " class='word'" if column.nowrap else ""
     return f"<td{css}{attributes}>{escape(value)}</td>"
 
@@ -370,6 +379,11 @@ def _summary(run: RunSummary, now: datetime) -> str:
     seconds, counting = _duration_seconds(run, now)
     rows = [
         ("State", run.state, ""),
+        *(
+            [("Why it ended", run.end_reason, "Closed by the janitor: its run never recorded its end")]
+            if run.end_reason
+            else []
+        ),
         ("Started (UTC)", format_time(run.started_at), ""),
         ("Ended (UTC)", format_time(run.ended_at) if run.state != "running" else UNKNOWN, ""),
         ("Duration (hh:mm:ss)", format_clock(seconds) + (" so far" if counting else ""), ""),

@@ -34,6 +34,9 @@ RUNS_COLUMNS = (
 # The billed CPU minutes of the TPU VM's boot image bake (its bake VM): a column before EXPORT
 # only when a listed run baked.
 BAKE_COLUMN = "BAKE CPU-MIN"
+# Why the janitor closed a row its run never closed (abandoned, or failed): a last column only when
+# a listed run has one.
+REASON_COLUMN = "REASON"
 FAILED_COLUMNS = ("RUN", "MODEL", "TASK", "STATE", "TRY", "JOB", "ENDED")
 
 
@@ -228,17 +231,22 @@ def format_cpu_minutes(seconds: float | None) -> str:
 
 
 def runs_columns(runs: Sequence[RunSummary]) -> tuple[str, ...]:
-    """:data:`RUNS_COLUMNS`, with :data:`BAKE_COLUMN` before EXPORT when a run's bake billed CPU time."""
-    if not any(run.bake_billed_seconds for run in runs):
-        return RUNS_COLUMNS
-    export = RUNS_COLUMNS.index("EXPORT")
-    return (*RUNS_COLUMNS[:export], BAKE_COLUMN, *RUNS_COLUMNS[export:])
+    """:data:`RUNS_COLUMNS`, with :data:`BAKE_COLUMN` before EXPORT when a run's bake billed CPU time,
+    and :data:`REASON_COLUMN` last when the janitor closed a listed run's row."""
+    columns: tuple[str, ...] = RUNS_COLUMNS
+    if any(run.bake_billed_seconds for run in runs):
+        export = RUNS_COLUMNS.index("EXPORT")
+        columns = (*RUNS_COLUMNS[:export], BAKE_COLUMN, *RUNS_COLUMNS[export:])
+    if any(run.end_reason for run in runs):
+        columns = (*columns, REASON_COLUMN)
+    return columns
 
 
 def runs_table_rows(runs: Sequence[RunSummary]) -> list[tuple[str, ...]]:
     """The table's cells, one tuple per run, in :func:`runs_columns` order. A run refused before
     anything was spent has no values past STATE: its row ends with why (one cell spanning them)."""
-    bake = BAKE_COLUMN in runs_columns(runs)
+    columns = runs_columns(runs)
+    bake, reason = BAKE_COLUMN in columns, REASON_COLUMN in columns
     return [
         (run.run_id, run.model or UNKNOWN, run.state or UNKNOWN, run.refusal)
         if run.refusal
@@ -256,6 +264,7 @@ def runs_table_rows(runs: Sequence[RunSummary]) -> list[tuple[str, ...]]:
             format_cost(run.estimated_cost_usd),
             *((format_cpu_minutes(run.bake_billed_seconds),) if bake else ()),
             run.export_uri or UNKNOWN,
+            *((run.end_reason or UNKNOWN,) if reason else ()),
         )
         for run in runs
     ]

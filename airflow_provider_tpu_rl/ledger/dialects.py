@@ -185,6 +185,8 @@ RUNS = TableSpec(
         Column("billed_chip_seconds", "FLOAT64"),
         Column("billed_spans_json", "STRING"),
         Column("held_chip_hours", "FLOAT64"),
+        # written by the janitor's close (RunLedger.close_run); record_run's NULL keeps it
+        Column("end_reason", "STRING"),
     ),
 )
 
@@ -371,6 +373,7 @@ def run_row(run: RunRecord, recorded_at: datetime) -> dict[str, Any]:
         "billed_chip_seconds": run.billed_chip_seconds,
         "billed_spans_json": run.billed_spans_json,
         "held_chip_hours": run.held_chip_hours,
+        "end_reason": run.end_reason,
     }
 
 

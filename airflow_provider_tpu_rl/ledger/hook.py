@@ -61,6 +61,7 @@ from airflow_provider_tpu_rl.ledger.dialects import (
 from airflow_provider_tpu_rl.ledger.records import (
     ArtifactRecord,
     MetricRecord,
+    RunClosing,
     RunRecord,
     RunSummary,
     StepRecord,
@@ -131,9 +132,14 @@ class _DbApiSession:
         self._dialect = dialect
 
     def execute(self, sql: str, params: Mapping[str, Any]) -> None:
+        self.changed(sql, params)
+
+    def changed(self, sql: str, params: Mapping[str, Any]) -> int:
+        """Run one statement; the rows it changed (the driver's ``rowcount``)."""
         cursor = self._connection.cursor()
         try:
             cursor.execute(convert_params(sql, self._dialect), adapt_row(params, self._dialect))
+            return int(cursor.rowcount or 0)
         finally:
             cursor.close()
 
@@ -509,6 +515,59 @@ class RunLedger:
         when = recorded_at or datetime.now(UTC)
         rows = [artifact_row(run_id, artifact, when) for artifact in artifacts]
         self._write([(RUN_ARTIFACTS, dedupe_rows(RUN_ARTIFACTS, rows))])
+
+    def running_runs(self, limit: int = 200) -> list[str]:
+        """The run ids of the newest rows that still say ``running``."""
+        self._ensure_schema()
+        sql = (
+            "SELECT run_id FROM runs WHERE state = 'running' "
+            "ORDER BY recorded_at DESC, run_id DESC LIMIT :row_limit"
+        )
+        with self._session(write=False) as session:
+            rows = session.fetch(sql, {"row_limit": self._check_limit(limit)})
+        return [str(row["run_id"]) for row in rows]
+
+    def close_run(self, closing: RunClosing, *, recorded_at: datetime | None = None) -> bool:
+        """Close a row that still says ``running``: its end, duration, state, reason and billed TPU
+        time so far. A row already closed (or not in the ledger) is left as it is: False."""
+        self._ensure_schema()
+        when = recorded_at or datetime.now(UTC)
+        select = "SELECT started_at, usd_per_chip_hour FROM runs WHERE run_id = :run_id AND state = 'running'"
+        with self._session(write=True) as session:
+            found = session.fetch(select, {"run_id": closing.run_id})
+            if not found:
+                return False
+            started = as_utc(found[0]["started_at"])
+            price = found[0]["usd_per_chip_hour"]
+            price = closing.usd_per_chip_hour if price is None else float(price)
+            billed = closing.billed_chip_seconds
+            values: dict[str, Any] = {
+                "state": closing.state,
+                "ended_at": as_utc(closing.ended_at),
+                "end_reason": closing.reason,
+                "recorded_at": as_utc(when),
+                "duration_seconds": (
+                    None if started is None else max(0.0, (closing.ended_at - started).total_seconds())
+                ),
+                "billed_spans_json": closing.billed_spans_json,
+                "billed_chip_seconds": billed,
+                "chip_hours": None if billed is None else billed / 3600.0,
+                "usd_per_chip_hour": price,
+                "estimated_cost_usd": None if billed is None or price is None else billed / 3600.0 * price,
+            }
+            known = {name: value for name, value in values.items() if value is not None}
+            # typed parameters only (BigQuery types a NULL as STRING); still running, or untouched.
+            # The column names are the literal keys above, never input.
+            sql = (
+                "UPDATE runs SET "  # noqa: S608
+                + ", ".join(f"{name} = :{name}" for name in known)
+                + " WHERE run_id = :run_id AND state = 'running'"
+            )
+            params = {**known, "run_id": closing.run_id}
+            if isinstance(session, _DbApiSession):
+                return session.changed(sql, params) > 0
+            session.execute(sql, params)
+            return True
 
     def reward_trend(self, model: str | None = None) -> list[Row]:
         """Pre and post mean reward of every run that has one, per model, oldest first."""

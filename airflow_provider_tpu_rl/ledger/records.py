@@ -14,7 +14,12 @@ from airflow_provider_tpu_rl.ledger.billing import BilledSpan, VmSpan, billed_ch
 from airflow_provider_tpu_rl.ledger.billing import as_utc as as_utc
 from airflow_provider_tpu_rl.ledger.promotion import is_promoted
 
-RUN_STATES = ("running", "success", "failed")
+RUN_STATES = ("running", "success", "failed", "abandoned")
+# The states a row still ``running`` is closed with by someone other than its own record_run (the
+# janitor): ``failed`` when its DAG run ended failed; ``abandoned`` when the janitor ended the
+# resources of a run nobody finished (its DAG run still running with no live task, ended without
+# recording, unknown to this Airflow, or past its lease or expiry).
+CLOSING_STATES = ("failed", "abandoned")
 METRIC_PHASES = ("pre", "intermediate", "post", "train")
 ARTIFACT_KINDS = ("converted_checkpoint", "actor_checkpoint", "hf_export", "curves", "model_card")
 
@@ -174,6 +179,8 @@ class RunRecord:
     # the CPU VMs the run used besides its TPU (the bake VM of the TPU VM's boot image): stored one
     # row per span in run_vm_spans; none on a GKE run, or when nothing was baked
     vm_spans: tuple[VmSpan, ...] = ()
+    # why someone other than record_run closed the row ("janitor: ..."; None: the run recorded itself)
+    end_reason: str | None = None
 
     def __post_init__(self) -> None:
         if self.state not in RUN_STATES:
@@ -251,6 +258,49 @@ class RunRecord:
         if self.settings is None:
             return None
         return json.dumps(redact_conf(self.settings), sort_keys=True, default=str)
+
+
+def closing_state(dagrun_state: str | None) -> str:
+    """The state the janitor closes a ``running`` row with: ``failed`` when its DAG run ended
+    failed, ``abandoned`` otherwise (:data:`CLOSING_STATES`)."""
+    return "failed" if dagrun_state == "failed" else "abandoned"
+
+
+@dataclass(frozen=True)
+class RunClosing:
+    """How a row that still says ``running`` is closed when its run never recorded its end: its
+    end, state (:data:`CLOSING_STATES`), the TPU time billed so far and why, in one line."""
+
+    run_id: str
+    state: str
+    ended_at: datetime
+    reason: str
+    # the TPU machines' spans, each ended (None: not known)
+    billed_spans: tuple[BilledSpan, ...] | None = None
+    usd_per_chip_hour: float | None = None  # the price, when the row has none
+
+    def __post_init__(self) -> None:
+        if self.state not in CLOSING_STATES:
+            raise ValueError(f"a closed run's state must be one of {CLOSING_STATES}, got {self.state!r}")
+        if not self.reason.strip() or "\n" in self.reason:
+            raise ValueError(f"the reason must be one non-empty line, got {self.reason!r}")
+        if "/" not in self.run_id:
+            raise ValueError(f"run_id must be <dag_id>/<run_id>, got {self.run_id!r}")
+        object.__setattr__(self, "ended_at", as_utc(self.ended_at))
+
+    @property
+    def billed_chip_seconds(self) -> float | None:
+        """The spans' billed chip-seconds (open ones up to :attr:`ended_at`); None when not known."""
+        if self.billed_spans is None:
+            return None
+        return billed_chip_seconds(self.billed_spans, self.ended_at)
+
+    @property
+    def billed_spans_json(self) -> str | None:
+        """The spans as JSON, as :attr:`RunRecord.billed_spans_json`; None when not known."""
+        if self.billed_spans is None:
+            return None
+        return json.dumps([span.as_dict() for span in self.billed_spans], sort_keys=True)
 
 
 @dataclass(frozen=True)
@@ -365,6 +415,8 @@ class RunSummary:
     billed_spans_json: str | None = None
     # the bake VM's billed CPU seconds (run_vm_spans, purpose bake); None: the run baked nothing
     bake_billed_seconds: float | None = None
+    # why the janitor closed the row (RunClosing.reason); None: the run recorded itself
+    end_reason: str | None = None
 
     @property
     def promoted(self) -> bool | None:

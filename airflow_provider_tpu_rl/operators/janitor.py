@@ -22,6 +22,11 @@ A managed cluster or TPU VM (label ``tpu-rl-managed=true``) is judged, in this o
 Before destroying a cluster the janitor takes its lease over (a conditional write naming the
 generation it judged), so a run that took the cluster meanwhile keeps it; the lease is released
 after the destroy. Buckets, records and everything else in them are never deleted.
+
+A run whose resources the janitor ended, or whose DAG run ended, while its ledger row still says
+``running`` gets its row closed (:func:`close_ledger_rows`): ``failed`` when its DAG run ended
+failed, else ``abandoned``; its end, its billed TPU time so far and why, in one line. A row
+already closed is never touched.
 """
 
 from __future__ import annotations
@@ -30,13 +35,17 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Any, Literal
 
 from airflow_provider_tpu_rl.compat import AirflowException
 from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
+from airflow_provider_tpu_rl.ledger.billing import BilledSpan, machine_spans, spans_from_json
+from airflow_provider_tpu_rl.ledger.records import RunClosing, closing_state
+from airflow_provider_tpu_rl.operators import billing
 from airflow_provider_tpu_rl.operators.gke import cluster_spec, destroy_cluster
 from airflow_provider_tpu_rl.records.janitor_sources import (
     ALIVE_TASK_STATES,
@@ -44,6 +53,7 @@ from airflow_provider_tpu_rl.records.janitor_sources import (
     JanitorSources,
     RunProbe,
     discover_sources,
+    ledger_exists,
     orphan_minutes,
     run_probe,
 )
@@ -78,6 +88,19 @@ class ManagedResource:
     reason: str = ""
     holder: str = ""  # the run judged: ``dag_id/run_id`` of the lease or of the record
     lease_generation: int = 0  # generation of the lease the janitor judged (0: none)
+    run_state: str = ""  # the holder's DAG-run state as the janitor read it ("": not read)
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    """What the janitor ended of one run (``holder``, ``dag_id/run_id``): for its ledger row."""
+
+    holder: str
+    run_state: str  # its DAG run's state as read ("": not read)
+    reason: str  # why the resource was destroyed (ManagedResource.reason)
+    what: str  # "deleted TPU VM x", "destroyed cluster y"
+    ended_at: datetime  # when the destroy ended
+    billed_spans: tuple[BilledSpan, ...] | None  # its TPU machines' spans (None: none noted)
 
 
 def parse_json_listing(lines: Iterable[str]) -> list[dict[str, Any]]:
@@ -258,6 +281,7 @@ def _judge(
     state = runs.dagrun_state(dag_id, run_id)
     if state is None:
         return resource  # a run this Airflow does not know: the expiry and the lease decide
+    resource = replace(resource, run_state=state)
     if state not in ACTIVE_RUN_STATES:
         return replace(resource, reason=f"its DAG run {dag_id}/{run_id} is {state}")
     if state != "running" or not resource.bucket:
@@ -344,25 +368,60 @@ def recorded_cluster_arguments(cluster: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
+def _billing_reader(hook: GclusterHook, gcp_conn_id: str) -> Any:
+    """What ``operators/billing.py``'s readers take of an operator: the hook, the connection, a log."""
+    return SimpleNamespace(hook=hook, gcp_conn_id=gcp_conn_id, chain=None, log=log)
+
+
+def ended_spans(
+    billed: Mapping[str, Any] | None, record: Mapping[str, Any] | None, ended_at: datetime
+) -> tuple[BilledSpan, ...] | None:
+    """The TPU machines' spans up to the janitor's destroy: those read from the machines' clocks
+    (``billed``: the zone operations end them), else the starts noted in the resource record; a
+    span still open ends at ``ended_at`` (``ended_by`` ``janitor``). None when no start was noted."""
+    spans = spans_from_json((billed or {}).get("spans"))
+    if not spans:
+        observations, _ = billing.noted(dict(record) if record else None)
+        spans = tuple(machine_spans(observations, []))
+    if not spans:
+        return None
+    return tuple(
+        span if span.ended_at else replace(span, ended_at=ended_at, ended_by="janitor") for span in spans
+    )
+
+
 def destroy_resource(
     hook: GclusterHook,
     resource: ManagedResource,
     *,
     gcp_conn_id: str = "google_cloud_default",
     janitor_run_id: str | None = None,
-) -> None:
+) -> RunEnd | None:
     """Delete a VM, or destroy a cluster from its Terraform state in GCS (found via its record).
 
     A cluster's lease is taken over first (only if it is still the one judged: a run that took
-    the cluster since keeps it) and released after the destroy.
+    the cluster since keeps it) and released after the destroy. Returns what it ended of the run
+    that held it, with its TPU machines' billed spans, for :func:`close_ledger_rows` (None: no run
+    is known).
     """
+    reader = _billing_reader(hook, gcp_conn_id)
+    record = read_record(gcp_conn_id, resource.bucket, resource.name)
     if resource.kind == "vm":
+        vm = SimpleNamespace(
+            project=resource.project, zone=resource.location, vm_name=resource.name, bucket=resource.bucket
+        )
+        # a TPU VM's record holds the starts its tasks noted; a CPU VM's none (it bills no TPU)
+        tpu = bool(resource.bucket and record and record.get(billing.RECORD_KEY))
+        if tpu:
+            billing.note_vm(reader, vm)  # a start no task noted (never raises)
         command: Command = tpu_vm.delete_vm_named(resource.project, resource.location, resource.name)
         hook.run_checked(command)
         if resource.bucket:
             clear_orphan_marker(gcp_conn_id, resource.bucket, resource.name)
-        return
-    record = read_record(gcp_conn_id, resource.bucket, resource.name)
+        if not tpu:
+            return _run_end(resource, record, f"deleted VM {resource.name}", None)
+        record = read_record(gcp_conn_id, resource.bucket, resource.name) or record  # with its noted start
+        return _run_end(resource, record, f"deleted VM {resource.name}", billing.vm_billed(reader, vm))
     if record is None or not resource.bucket:
         raise AirflowException(
             f"cluster {resource.name}: no record gs://{resource.bucket}/{gke.resource_record_object(resource.name)}; "
@@ -375,10 +434,12 @@ def destroy_resource(
         raise AirflowException(
             f"cluster {resource.name}: its lease changed since the janitor judged it; left for the next scan"
         )
+    cluster = cluster_spec(recorded_cluster_arguments(record["cluster"]), record.get("model"))
     try:
+        billing.note_pool_nodes(reader, cluster)  # their latest starts, before they go (never raises)
         destroy_cluster(
             hook,
-            cluster_spec(recorded_cluster_arguments(record["cluster"]), record.get("model")),
+            cluster,
             dag_id=str(record["dag_id"]),
             run_id=str(record["run_id"]),
             expires_at=int(record.get("expires_at") or 0),
@@ -386,10 +447,133 @@ def destroy_resource(
         clear_orphan_marker(gcp_conn_id, resource.bucket, resource.name)
     finally:
         ClusterLeaseHook(gcp_conn_id=gcp_conn_id).release(resource.bucket, lease)
+    record = read_record(gcp_conn_id, resource.bucket, resource.name) or record  # with the noted starts
+    billed = billing.pool_billed(reader, cluster)
+    return _run_end(resource, record, f"destroyed cluster {resource.name}", billed)
+
+
+def _run_end(
+    resource: ManagedResource,
+    record: Mapping[str, Any] | None,
+    what: str,
+    billed: Mapping[str, Any] | None,
+) -> RunEnd | None:
+    holder = resource.holder
+    if not holder and record and record.get("dag_id") and record.get("run_id"):
+        holder = f"{record['dag_id']}/{record['run_id']}"
+    if not holder:
+        return None
+    ended_at = datetime.now(UTC)
+    return RunEnd(
+        holder, resource.run_state, resource.reason, what, ended_at, ended_spans(billed, record, ended_at)
+    )
+
+
+# How many of the ledger's newest rows still ``running`` one janitor run looks at.
+LEDGER_SWEEP_LIMIT = 200
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def close_ledger_rows(
+    ends: Sequence[RunEnd],
+    runs: RunProbe | None,
+    *,
+    ledger_conn_id: str | None = None,
+    usd_per_chip_hour: float | None = None,
+    now: datetime | None = None,
+) -> list[str]:
+    """Close the ledger rows that still say ``running`` of the runs whose resources the janitor
+    ended (``ends``), and of the runs whose DAG run has ended (``runs``); returns one line per
+    row closed. ``failed`` when the DAG run ended failed, else ``abandoned``
+    (:func:`~airflow_provider_tpu_rl.ledger.records.closing_state`). A row already closed, or of a
+    run with a live task (its record_run will close it), is left alone. No ledger (the default
+    SQLite file not created): nothing to close."""
+    from airflow_provider_tpu_rl.ledger.hook import DEFAULT_CONN_ID, RunLedger
+    from airflow_provider_tpu_rl.operators.ledger import default_usd_per_chip_hour
+
+    conn_id = ledger_conn_id or DEFAULT_CONN_ID
+    if not ledger_exists(conn_id):
+        return []
+    ledger = RunLedger(conn_id)
+    price = default_usd_per_chip_hour() if usd_per_chip_hour is None else usd_per_chip_hour
+    closings = _closings_of_ends(ends, runs, price)
+    if runs is not None:
+        closings += _closings_of_ended_runs(ledger, runs, {c.run_id for c in closings}, price, now)
+    closed: list[str] = []
+    for closing in closings:
+        if ledger.close_run(closing):
+            line = f"{closing.run_id}: {closing.state}; {closing.reason}"
+            log.warning("ledger: closed %s", line)
+            closed.append(line)
+    return closed
+
+
+def _closings_of_ends(ends: Sequence[RunEnd], runs: RunProbe | None, price: float) -> list[RunClosing]:
+    """One closing per run the janitor ended resources of, naming each; none for a live run."""
+    by_holder: dict[str, list[RunEnd]] = {}
+    for end in ends:
+        by_holder.setdefault(end.holder, []).append(end)
+    closings: list[RunClosing] = []
+    for holder, parts in by_holder.items():
+        state = next((p.run_state for p in parts if p.run_state), "") or _dagrun_state(runs, holder)
+        if state in ACTIVE_RUN_STATES and _has_live_task(runs, holder):
+            log.info("ledger: %s has a live task; its record_run closes its row", holder)
+            continue
+        known = [span for p in parts if p.billed_spans is not None for span in p.billed_spans]
+        what = "; ".join(f"{p.what} ({p.reason})" if p.reason else p.what for p in parts)
+        closings.append(
+            RunClosing(
+                holder,
+                closing_state(state),
+                max(p.ended_at for p in parts),
+                _one_line(f"janitor: {what}"),
+                tuple(known) if any(p.billed_spans is not None for p in parts) else None,
+                price,
+            )
+        )
+    return closings
+
+
+def _closings_of_ended_runs(
+    ledger: Any, runs: RunProbe, skip: set[str], price: float, now: datetime | None
+) -> list[RunClosing]:
+    """A closing per newest row still ``running`` whose DAG run has ended (success or failed), at
+    its last task's end in the ledger (else ``now``); its billed time unknown."""
+    closings: list[RunClosing] = []
+    for run_id in ledger.running_runs(LEDGER_SWEEP_LIMIT):
+        if run_id in skip:
+            continue
+        state = _dagrun_state(runs, run_id)
+        if state not in ("success", "failed"):
+            continue  # still going (the janitor ends an orphan's resources), or unknown here
+        steps = ledger.recorded_steps(run_id).values()
+        ended = max((s.ended_at for s in steps if s.ended_at), default=None) or now or datetime.now(UTC)
+        reason = f"janitor: its DAG run ended {state} and record_run never recorded it"
+        closings.append(RunClosing(run_id, closing_state(state), ended, reason, None, price))
+    return closings
+
+
+def _has_live_task(runs: RunProbe | None, holder: str) -> bool:
+    if runs is None or "/" not in holder:
+        return False
+    states = runs.task_states(*holder.split("/", 1))
+    return any(state in ALIVE_TASK_STATES for state in (states or {}).values())
+
+
+def _dagrun_state(runs: RunProbe | None, holder: str) -> str:
+    if runs is None or "/" not in holder:
+        return ""
+    dag_id, run_id = holder.split("/", 1)
+    return runs.dagrun_state(dag_id, run_id) or ""
 
 
 __all__ = [
     "ManagedResource",
+    "RunEnd",
+    "close_ledger_rows",
     "destroy_resource",
     "discover_sources",
     "find_expired_resources",

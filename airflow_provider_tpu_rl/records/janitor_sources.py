@@ -69,17 +69,27 @@ def ledger_projects(conn_id: str | None = None) -> list[str]:
     return ledger_conf_values("project", conn_id)
 
 
-def ledger_conf_values(key: str, conn_id: str | None = None) -> list[str]:
-    """The values of one conf key over the ledger's runs, newest first (read only)."""
-    from airflow_provider_tpu_rl.ledger.dialects import Dialect
-    from airflow_provider_tpu_rl.ledger.hook import DEFAULT_CONN_ID, RunLedger, default_sqlite_path
+def ledger_exists(conn_id: str | None = None) -> bool:
+    """Whether there is a run ledger to read: its connection is defined, or (the default one
+    undefined) the default SQLite file exists."""
+    from airflow_provider_tpu_rl.ledger.hook import DEFAULT_CONN_ID, default_sqlite_path
 
     conn_id = conn_id or DEFAULT_CONN_ID
     try:
         BaseHook.get_connection(conn_id)
     except AirflowNotFoundException:
-        if conn_id != DEFAULT_CONN_ID or not default_sqlite_path().is_file():
-            return []
+        return conn_id == DEFAULT_CONN_ID and default_sqlite_path().is_file()
+    return True
+
+
+def ledger_conf_values(key: str, conn_id: str | None = None) -> list[str]:
+    """The values of one conf key over the ledger's runs, newest first (read only)."""
+    from airflow_provider_tpu_rl.ledger.dialects import Dialect
+    from airflow_provider_tpu_rl.ledger.hook import DEFAULT_CONN_ID, RunLedger
+
+    conn_id = conn_id or DEFAULT_CONN_ID
+    if not ledger_exists(conn_id):
+        return []
     try:
         ledger = RunLedger(conn_id, auto_migrate=False)
         table = f"`{ledger.bigquery_dataset}.runs`" if ledger.dialect is Dialect.BIGQUERY else "runs"
@@ -310,6 +320,7 @@ __all__ = [
     "janitor_buckets",
     "ledger_buckets",
     "ledger_conf_values",
+    "ledger_exists",
     "ledger_projects",
     "orphan_minutes",
     "read_bucket_records",

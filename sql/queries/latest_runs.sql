@@ -3,7 +3,8 @@
 -- what it was asked to do (settings_json), its billed TPU time from the machines' clocks
 -- (chip_hours, billed_chip_seconds, billed_spans_json), the capacity it held (held_chip_hours),
 -- the promotion gate's line (promotion) and the billed CPU seconds of its boot image's bake VM
--- (bake_billed_seconds, from run_vm_spans; NULL when it baked nothing).
+-- (bake_billed_seconds, from run_vm_spans; NULL when it baked nothing), and why the janitor closed
+-- a row its run never closed (end_reason).
 -- Parameters: :any_model (1 = all models, 0 = only :model), :any_run (1 = all runs, 0 = only
 -- :run_id), :row_limit.
 WITH rewards AS (
@@ -66,6 +67,7 @@ SELECT
     r.billed_chip_seconds,
     r.held_chip_hours,
     r.billed_spans_json,
+    r.end_reason,
     rewards.pre_mean_reward,
     rewards.post_mean_reward,
     rewards.num_test_batches,

@@ -68,6 +68,8 @@ class FakeJanitor:
         self.destroyed: list[str] = []
         self.destroy_options: list[dict[str, Any]] = []
         self.probe = object()
+        self.closed: list[tuple[list[Any], Any]] = []
+        self.ledger_broken = False
 
     def discover_sources(self, projects: list[str], *, gcp_conn_id: str) -> Any:
         from airflow_provider_tpu_rl.records.janitor_sources import JanitorSources, discover_sources
@@ -93,6 +95,13 @@ class FakeJanitor:
         if resource["name"] in self.broken:
             raise RuntimeError(f"destroy of {resource['name']} failed")
         self.destroyed.append(resource["name"])
+        return None if resource["kind"] == "tpu_vm" else f"end of {resource['name']}"
+
+    def close_ledger_rows(self, ends: list[Any], runs: Any) -> list[str]:
+        self.closed.append((list(ends), runs))
+        if self.ledger_broken:
+            raise RuntimeError("ledger unreachable")
+        return [f"closed {end}" for end in ends]
 
 
 @pytest.fixture
@@ -102,7 +111,13 @@ def run_janitor(janitor: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
 
     def run(fake: FakeJanitor, **params: Any) -> dict[str, list[Any]]:
         module = types.ModuleType(JANITOR_MODULE)
-        for name in ("find_expired_resources", "destroy_resource", "discover_sources", "run_probe"):
+        for name in (
+            "find_expired_resources",
+            "destroy_resource",
+            "discover_sources",
+            "run_probe",
+            "close_ledger_rows",
+        ):
             setattr(module, name, getattr(fake, name))
         monkeypatch.setitem(sys.modules, JANITOR_MODULE, module)
         # The ledger of this test session names no bucket.
@@ -134,6 +149,7 @@ def test_destroys_every_expired_resource_of_every_project(run_janitor: Any) -> N
     assert all(hook == ("hook", {"gcluster_conn_id": "gcluster_default"}) for hook, _, _ in fake.scanned)
     assert len(report["found"]) == len(report["destroyed"]) == 3
     assert report["failed"] == []
+    assert report["closed"] == ["closed end of tpu-rl", "closed end of old-rl"]
     json.dumps(report)  # the XCom must be JSON
 
 
@@ -170,9 +186,27 @@ def test_one_failed_destroy_does_not_stop_the_others_but_fails_the_run(run_janit
     assert fake.destroyed == ["tpu-rl-vm", "old-rl"]
 
 
+def test_the_ledger_rows_of_the_runs_it_ended_are_closed_after_the_destroys(run_janitor: Any) -> None:
+    fake = FakeJanitor(EXPIRED, broken=frozenset({"old-rl"}))
+    with pytest.raises(AirflowException, match="1 expired resource"):
+        run_janitor(fake, projects=["proj-one-1", "proj-two-2"])
+    # one close after every destroy: the ends of those destroyed (a failed destroy ended nothing),
+    # and the probe, which finds the rows of DAG runs that ended
+    assert fake.closed == [(["end of tpu-rl"], fake.probe)]
+
+
+def test_a_ledger_that_cannot_be_closed_fails_the_run_after_the_destroys(run_janitor: Any) -> None:
+    fake = FakeJanitor(EXPIRED)
+    fake.ledger_broken = True
+    with pytest.raises(AirflowException, match="1 expired resource"):
+        run_janitor(fake, projects=["proj-one-1", "proj-two-2"])
+    assert fake.destroyed == ["tpu-rl", "tpu-rl-vm", "old-rl"]
+
+
 def test_dry_run_destroys_nothing(run_janitor: Any) -> None:
     fake = FakeJanitor(EXPIRED)
     report = run_janitor(fake, projects=["proj-one-1"], dry_run=True)
+    assert fake.closed == []  # nor closes a ledger row
     assert fake.destroyed == []
     assert [r["name"] for r in report["found"]] == ["tpu-rl", "tpu-rl-vm"]
     assert report["destroyed"] == []
@@ -200,6 +234,7 @@ def test_the_provider_janitor_functions_have_the_signatures_the_dag_calls() -> N
         JANITOR_MODULE,
         fromlist=["find_expired_resources", "destroy_resource", "discover_sources", "run_probe"],
     )
+    inspect.signature(module.close_ledger_rows).bind([], None)
     find = inspect.signature(module.find_expired_resources)
     assert list(find.parameters)[:3] == ["hook", "project", "now"]
     find.bind("hook", "project", 0, runs=None, sources=None, gcp_conn_id="google_cloud_default")

@@ -8,7 +8,13 @@ import pytest
 
 from airflow_provider_tpu_rl.ledger.billing import BilledSpan
 from airflow_provider_tpu_rl.ledger.hook import RunLedger, sqlite_connection_uri
-from airflow_provider_tpu_rl.ledger.records import ArtifactRecord, MetricRecord, RunRecord, StepRecord
+from airflow_provider_tpu_rl.ledger.records import (
+    ArtifactRecord,
+    MetricRecord,
+    RunClosing,
+    RunRecord,
+    StepRecord,
+)
 from tests.support.ledger_fakes import minutes
 
 GKE, VM = "tpu_rl_gke_pipeline", "tpu_rl_tpu_vm_pipeline"
@@ -58,7 +64,12 @@ EVERY_STATE = {
     "running": "still running: listed from its validate on, with its settings",
     "no-picture": "succeeded without curves (matplotlib missing where record_run ran)",
     "success": "succeeded with its curves, rewards, TPU time and cost",
+    "abandoned": "crashed: the janitor destroyed its cluster and closed its row, with why",
 }
+ABANDONED_REASON = (
+    "janitor: destroyed cluster c1 (orphaned: its DAG run tpu_rl_gke_pipeline/abandoned is running "
+    "but none of its tasks has been alive since 2026-03-01T09:25:00+00:00)"
+)
 
 
 def billed(start: float, end: float, chips: int) -> tuple[BilledSpan, ...]:
@@ -111,4 +122,8 @@ def every_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> RunLedger:
         metrics=[MetricRecord("pre", 0, "mean_reward", 0.0884), MetricRecord("post", 0, "mean_reward", 0.245)],
         artifacts=[ArtifactRecord("curves", CURVES), ArtifactRecord("hf_export", "gs://bkt/qwen/hf-trained/rl/")],
     )  # fmt: skip
+    ledger.record(RunRecord(GKE, "abandoned", model, "running", started_at=minutes(20), chips=32))
+    ledger.close_run(
+        RunClosing(f"{GKE}/abandoned", "abandoned", minutes(45), ABANDONED_REASON, billed(22, 45, 32), 2.7)
+    )
     return ledger

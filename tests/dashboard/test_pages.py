@@ -23,7 +23,7 @@ from airflow_provider_tpu_rl.dashboard.pages import (
 )
 from airflow_provider_tpu_rl.dashboard.reads import DashboardReader
 from airflow_provider_tpu_rl.ledger.hook import RunLedger
-from tests.dashboard.conftest import EVERY_STATE, GKE, REFUSAL
+from tests.dashboard.conftest import ABANDONED_REASON, EVERY_STATE, GKE, REFUSAL
 from tests.support.ledger_fakes import minutes
 
 NOW = minutes(55)  # the running run started at minute 50
@@ -116,6 +116,23 @@ def test_a_running_run_is_listed_with_its_time_so_far(every_state: RunLedger) ->
     assert cells["Started (UTC)"] == format_time(minutes(50)) == "2026-03-01 08:50:00"
 
 
+def test_a_row_the_janitor_closed_shows_abandoned_and_why_on_both_pages(every_state: RunLedger) -> None:
+    row = runs_rows(every_state)["abandoned"]
+    cells = {COLUMNS[i].heading: (attrs, text) for i, (_, attrs, text) in enumerate(row)}
+    attrs, text = cells["State"]
+    assert text == f"abandoned{ABANDONED_REASON}"  # the state, and why beneath it
+    assert (attrs["class"], attrs["title"]) == ("state state-abandoned", ABANDONED_REASON)
+    assert cells["Duration (hh:mm:ss)"][1] == "00:25:00"  # to the janitor's close, not "so far"
+    assert cells["TPU billed (chip-hours)"][1] == "12.3"  # 32 chips x 23 minutes, up to the destroy
+    view = DashboardReader().run(GKE, "abandoned")
+    page = run_page("/tpu-rl", view.run, view.artifacts, view.steps, ui=UI, now=NOW)
+    facts = {row[0][2]: row[1][2] for row in table(page, "facts") if len(row) == 2}
+    assert (facts["State"], facts["Why it ended"]) == ("abandoned", ABANDONED_REASON)
+    assert facts["Ended (UTC)"] == format_time(minutes(45))
+    running = DashboardReader().run(GKE, "running")
+    assert "Why it ended" not in run_page("/tpu-rl", running.run, [], ui=UI, now=NOW)
+
+
 def test_the_idle_share_reads_right_beside_its_inputs(every_state: RunLedger) -> None:
     """IDLE 52% beside "0.1" and "0.2" looked wrong: the chip-hours have the digits that explain it,
     and the cell's tooltip does the sum."""
@@ -172,7 +189,7 @@ def test_every_kind_of_run_has_a_page(every_state: RunLedger, name: str) -> None
     if name == "running":
         assert facts["Duration (hh:mm:ss)"] == "00:05:00 so far"
         assert "The curves are drawn when the run ends" in page
-    if name in ("failed", "no-picture"):
+    if name in ("failed", "no-picture", "abandoned"):
         assert "No curves were recorded for this run" in page
 
 

@@ -203,6 +203,14 @@ def test_a_crashed_runs_cluster_goes_and_a_live_runs_cluster_stays(
     alive_lease = json.loads(world.gcs.download(BUCKET, lease_object(ALIVE)))
     assert alive_lease["run_id"] == crashed_runs[ALIVE]
     assert world.bucket_exists(BUCKET)
+    # The crashed run's ledger row, left running by its killed worker, is closed: abandoned, with its
+    # TPU pool's billed time and why; the live run's stays running for its record_run.
+    row = "SELECT state, end_reason, billed_chip_seconds FROM runs WHERE run_id = ?"
+    [(state, reason, billed)] = world.ledger(row, (f"{GKE_DAG_ID}/{crashed_runs[CRASHED]}",))
+    assert state == "abandoned", janitor.describe()
+    assert reason.startswith(f"janitor: destroyed cluster {CRASHED} (orphaned: its DAG run"), reason
+    assert billed > 0
+    assert world.ledger(row, (f"{GKE_DAG_ID}/{crashed_runs[ALIVE]}",)) == [("running", None, None)]
 
 
 def test_the_metadata_database_reader_sees_the_states_the_task_sdk_sees(

@@ -9,12 +9,13 @@ from typing import Any
 import pytest
 import sqlfluff
 
-from airflow_provider_tpu_rl.ledger.billing import VmSpan
+from airflow_provider_tpu_rl.ledger.billing import BilledSpan, VmSpan
 from airflow_provider_tpu_rl.ledger.dialects import Dialect
 from airflow_provider_tpu_rl.ledger.hook import RunLedger
 from airflow_provider_tpu_rl.ledger.records import (
     ArtifactRecord,
     MetricRecord,
+    RunClosing,
     RunRecord,
     RunSummary,
     StepRecord,
@@ -99,7 +100,7 @@ def test_migrations_create_the_dataset_and_run_each_bigquery_file(
 ) -> None:
     ledger, client = bigquery_ledger
     client.applied_versions = [1]
-    assert ledger.apply_migrations() == [2, 3, 4, 5, 6, 7, 8, 9]  # 7: billed_time, 8: model_promotion
+    assert ledger.apply_migrations() == [2, 3, 4, 5, 6, 7, 8, 9, 10]  # 7: billed_time, 8: model_promotion
     assert client.datasets == ["my-project.rl_results"]
     sqls = [sql for sql, _ in client.jobs]
     assert sqls[0].startswith("CREATE TABLE IF NOT EXISTS schema_migrations")
@@ -124,6 +125,8 @@ def test_migrations_create_the_dataset_and_run_each_bigquery_file(
     assert parameters(client.jobs[15][1])["version"] == ("INT64", 8)
     assert "CREATE TABLE IF NOT EXISTS run_vm_spans" in sqls[16]  # 0009_vm_spans: the bake VM's spans
     assert parameters(client.jobs[17][1])["version"] == ("INT64", 9)
+    assert sqls[18].splitlines()[1:] == ["ALTER TABLE runs", "ADD COLUMN IF NOT EXISTS end_reason STRING;"]
+    assert parameters(client.jobs[19][1])["version"] == ("INT64", 10)
     for _, job_config in client.jobs:
         assert str(job_config.default_dataset) == "my-project.rl_results"
 
@@ -270,3 +273,34 @@ def test_run_artifacts_reads_one_runs_artifacts_with_an_at_parameter(
     assert parameters(job_config) == {"run_id": ("STRING", "tpu_rl_gke_pipeline/manual__a")}
     assert str(job_config.default_dataset) == "my-project.rl_results"
     sqlfluff.parse(sql, dialect="bigquery")
+
+
+def test_closing_a_running_row_is_a_guarded_update_with_typed_parameters_only(
+    bigquery_ledger: tuple[RunLedger, FakeClient],
+) -> None:
+    """Only known values are set (a NULL parameter would be a STRING to BigQuery), and only on a row
+    that still says running; a row already closed is never read as running, so nothing is written."""
+    ledger, client = bigquery_ledger
+    client.applied_versions = list(range(1, 11))
+    client.answers = [("AND state = 'running'", [{"started_at": T0, "usd_per_chip_hour": None}])]
+    end = T0 + timedelta(hours=1)
+    span = BilledSpan("vm", "1", 8, T0, end, "janitor")
+
+    assert ledger.close_run(RunClosing("dag/run", "abandoned", end, "janitor: lease expired", (span,), 2.5))
+
+    select, update = client.jobs[-2][0], client.jobs[-1][0]
+    assert select.startswith("SELECT started_at, usd_per_chip_hour FROM runs")
+    assert update.startswith("UPDATE runs SET state = @state, ended_at = @ended_at, end_reason = @end_reason")
+    assert update.endswith("WHERE run_id = @run_id AND state = 'running'")
+    sqlfluff.parse(update, dialect="bigquery")
+    values = parameters(client.jobs[-1][1])
+    assert values["state"] == ("STRING", "abandoned")
+    assert values["billed_chip_seconds"] == ("FLOAT64", 8 * 3600.0)
+    assert values["estimated_cost_usd"] == ("FLOAT64", 8 * 2.5)
+    assert values["duration_seconds"] == ("FLOAT64", 3600.0)
+    assert all(value is not None for _, value in values.values())
+
+    client.answers = []  # closed meanwhile: the read finds no running row
+    jobs = len(client.jobs)
+    assert ledger.close_run(RunClosing("dag/run", "failed", end, "janitor: x")) is False
+    assert not [sql for sql, _ in client.jobs[jobs:] if sql.startswith("UPDATE")]

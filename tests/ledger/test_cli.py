@@ -21,6 +21,7 @@ from airflow_provider_tpu_rl.ledger.hook import RunLedger
 from airflow_provider_tpu_rl.ledger.records import (
     ArtifactRecord,
     MetricRecord,
+    RunClosing,
     RunRecord,
     RunSummary,
     StepRecord,
@@ -116,6 +117,41 @@ def test_a_run_that_baked_shows_its_bake_vms_billed_cpu_minutes() -> None:
     assert gke[column:] == "gs://b/x/"
     # no listed run baked: no column
     assert "BAKE" not in format_runs_table([summary("gke/manual__2", bake_billed_seconds=0.0)])
+
+
+def test_a_row_the_janitor_closed_shows_its_state_and_why() -> None:
+    reason = (
+        "janitor: deleted VM vm-1 (orphaned: its DAG run vm/manual__1 is running but none of its tasks ...)"
+    )
+    table = format_runs_table(
+        [
+            summary("vm/manual__1", state="abandoned", chip_hours=0.5, end_reason=reason),
+            summary("gke/manual__2", export_uri="gs://b/x/"),
+        ]
+    )
+    header, closed, recorded = table.splitlines()
+    assert header.endswith("EXPORT     REASON")
+    assert closed.split()[2] == "abandoned"
+    assert closed.endswith(f"-          {reason}")
+    assert recorded.endswith("gs://b/x/  -")
+    # no listed row was closed by the janitor: no column
+    assert "REASON" not in format_runs_table([summary("gke/manual__2")])
+
+
+def test_runs_command_prints_a_row_the_janitor_closed(
+    sqlite_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_TPU_RL_LEDGER", sqlite_uri)
+    ledger = RunLedger()
+    ledger.record(RunRecord("tpu_rl_gke_pipeline", "crashed", "qwen3-30b-a3b", "running", T0, chips=32))
+    reason = "janitor: destroyed cluster c1 (the lease of run tpu_rl_gke_pipeline/crashed expired at ...)"
+    ledger.close_run(RunClosing("tpu_rl_gke_pipeline/crashed", "abandoned", T0 + timedelta(hours=2), reason))
+    out = io.StringIO()
+    assert run_runs_command(parse("runs"), out=out) == 0
+    header, row = out.getvalue().splitlines()
+    assert row.split()[2:4] == ["abandoned", "2h00m"]
+    assert header.rstrip().endswith("REASON")
+    assert row.endswith(reason)
 
 
 def test_a_model_the_gate_held_back_says_not_promoted() -> None:

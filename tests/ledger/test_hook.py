@@ -10,12 +10,14 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_tpu_rl.ledger import hook as hook_module
+from airflow_provider_tpu_rl.ledger.billing import BilledSpan
 from airflow_provider_tpu_rl.ledger.dialects import Dialect
 from airflow_provider_tpu_rl.ledger.hook import RunLedger, default_sqlite_path
 from airflow_provider_tpu_rl.ledger.records import (
     ArtifactRecord,
     MetricRecord,
     ResumeLoss,
+    RunClosing,
     RunRecord,
     StepRecord,
 )
@@ -64,7 +66,19 @@ def test_a_migration_that_fails_halfway_leaves_no_trace(
     with pytest.raises(Exception, match="no_such_table"):
         ledger.apply_migrations()
     monkeypatch.setattr(hook_module, "load_migrations", load_migrations)
-    assert ledger.apply_migrations() == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]  # the failed try left nothing behind
+    assert ledger.apply_migrations() == [
+        1,
+        2,
+        3,
+        4,
+        5,
+        6,
+        7,
+        8,
+        9,
+        10,
+        11,
+    ]  # the failed try left nothing behind
     ledger.record(make_run("after"), [], [], [])
     with pytest.raises(Exception, match="probe"), ledger._session(write=False) as session:
         session.fetch("SELECT probe FROM runs", {})
@@ -80,10 +94,10 @@ def rewards(pre: float | None, post: float | None) -> list[MetricRecord]:
 
 
 def test_migrations_apply_once_and_twice_is_a_no_op(ledger: RunLedger) -> None:
-    assert ledger.apply_migrations() == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    assert ledger.apply_migrations() == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
     assert ledger.apply_migrations() == []
     assert RunLedger().apply_migrations() == []  # a new instance sees the recorded versions
-    assert applied_versions(ledger) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    assert applied_versions(ledger) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
     for table in ("runs", "run_steps", "run_metrics", "run_artifacts", "run_vm_spans"):
         assert count_rows(ledger, table) == 0
 
@@ -378,6 +392,110 @@ def test_concurrent_first_writers_apply_each_migration_once(ledger: RunLedger) -
     with ThreadPoolExecutor(max_workers=4) as pool:
         applied = list(pool.map(first_write, range(4)))
 
-    assert sorted(version for versions in applied for version in versions) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
-    assert applied_versions(ledger) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    assert sorted(version for versions in applied for version in versions) == [
+        1,
+        2,
+        3,
+        4,
+        5,
+        6,
+        7,
+        8,
+        9,
+        10,
+        11,
+    ]
+    assert applied_versions(ledger) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
     assert count_rows(ledger, "run_steps", f"{DAG}/concurrent") == 4
+
+
+def running(airflow_run_id: str, start: datetime = T0) -> RunRecord:
+    """A row as validate opens it (record_run_started): running, no end, no billed time."""
+    return RunRecord(DAG, airflow_run_id, "qwen3-30b-a3b", "running", started_at=start, chips=8)
+
+
+def test_a_crashed_runs_row_is_closed_abandoned_with_its_billed_time_and_reason(ledger: RunLedger) -> None:
+    ledger.record(running("crashed"))
+    destroyed = T0 + timedelta(hours=2)
+    span = BilledSpan("tpu-vm-1", "42", 8, T0 + timedelta(minutes=10), destroyed, "janitor")
+    reason = (
+        "janitor: orphaned: its DAG run is running but none of its tasks is alive; deleted TPU VM tpu-vm-1"
+    )
+    closing = RunClosing(f"{DAG}/crashed", "abandoned", destroyed, reason, (span,), usd_per_chip_hour=2.0)
+
+    assert ledger.close_run(closing) is True
+
+    [summary] = ledger.latest_runs()
+    assert (summary.state, summary.end_reason) == ("abandoned", reason)
+    assert summary.ended_at == destroyed
+    assert summary.duration_seconds == pytest.approx(7200.0)
+    assert summary.billed_chip_seconds == pytest.approx(110 * 60 * 8)
+    assert summary.chip_hours == pytest.approx(110 / 60 * 8)
+    assert summary.estimated_cost_usd == pytest.approx(110 / 60 * 8 * 2.0)
+    assert summary.billed_spans == (span,)
+
+
+def test_closing_never_touches_a_row_already_closed_or_missing(ledger: RunLedger) -> None:
+    ledger.record(make_run("finished", state="success"))
+    ledger.record(running("crashed"))
+    first = RunClosing(f"{DAG}/crashed", "failed", T0 + timedelta(hours=1), "janitor: its DAG run is failed")
+    later = RunClosing(f"{DAG}/crashed", "abandoned", T0 + timedelta(hours=5), "janitor: again")
+
+    assert ledger.close_run(RunClosing(f"{DAG}/finished", "abandoned", T0, "janitor: no")) is False
+    assert ledger.close_run(RunClosing(f"{DAG}/nowhere", "abandoned", T0, "janitor: no")) is False
+    assert ledger.close_run(first) is True
+    assert ledger.close_run(later) is False  # idempotent: the first close stands
+
+    runs = {run.airflow_run_id: run for run in ledger.latest_runs()}
+    assert (runs["finished"].state, runs["finished"].end_reason) == ("success", None)
+    assert runs["finished"].ended_at == T0 + timedelta(hours=2)
+    crashed = runs["crashed"]
+    assert (crashed.state, crashed.end_reason) == ("failed", "janitor: its DAG run is failed")
+    assert crashed.ended_at == T0 + timedelta(hours=1)
+    assert crashed.chip_hours is None  # no spans known: billed time unknown, not zero
+    assert ledger.running_runs() == []
+
+
+def test_a_later_record_run_replaces_the_state_and_keeps_the_reason(ledger: RunLedger) -> None:
+    """record_run owns the row: if it runs after the janitor closed it, its state stands."""
+    ledger.record(running("late"))
+    ledger.close_run(
+        RunClosing(f"{DAG}/late", "abandoned", T0 + timedelta(hours=1), "janitor: lease expired")
+    )
+    ledger.record(make_run("late", state="failed"))
+    [summary] = ledger.latest_runs()
+    assert (summary.state, summary.end_reason) == ("failed", "janitor: lease expired")
+
+
+def test_running_runs_lists_only_rows_that_still_say_running(ledger: RunLedger) -> None:
+    ledger.record(running("a"), recorded_at=T0)
+    ledger.record(running("b"), recorded_at=T0 + timedelta(minutes=1))
+    ledger.record(make_run("c", state="failed"))
+    assert ledger.running_runs() == [f"{DAG}/b", f"{DAG}/a"]
+    assert ledger.running_runs(limit=1) == [f"{DAG}/b"]
+
+
+def test_a_ledger_at_version_10_upgrades_and_its_running_row_can_be_closed(
+    ledger: RunLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An existing ledger (before end_reason) takes migration 0011 and keeps its rows."""
+    real = load_migrations(ledger.dialect)
+    monkeypatch.setattr(hook_module, "load_migrations", lambda dialect: real[:10])
+    assert ledger.apply_migrations()[-1] == 10
+    with ledger._session(write=True) as session:
+        session.execute(
+            "INSERT INTO runs (run_id, dag_id, airflow_run_id, model, state, started_at, recorded_at) "
+            "VALUES (:run_id, :dag_id, :airflow_run_id, 'm', 'running', :started_at, :started_at)",
+            {"run_id": f"{DAG}/old", "dag_id": DAG, "airflow_run_id": "old", "started_at": T0},
+        )
+    monkeypatch.setattr(hook_module, "load_migrations", load_migrations)
+    upgraded = RunLedger()
+
+    assert upgraded.apply_migrations() == [11]
+    assert upgraded.close_run(RunClosing(f"{DAG}/old", "abandoned", T0 + timedelta(hours=1), "janitor: x"))
+    [summary] = upgraded.latest_runs()
+    assert (summary.state, summary.end_reason, summary.duration_seconds) == (
+        "abandoned",
+        "janitor: x",
+        3600.0,
+    )

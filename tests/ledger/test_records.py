@@ -13,9 +13,11 @@ from airflow_provider_tpu_rl.ledger.records import (
     ArtifactRecord,
     MetricRecord,
     ResumeLoss,
+    RunClosing,
     RunRecord,
     StepRecord,
     as_utc,
+    closing_state,
     estimate_chip_hours,
     idle_share,
     make_run_id,
@@ -177,3 +179,20 @@ def test_resume_loss_without_times_or_progress_is_partly_unknown() -> None:
     assert resume_loss(no_progress, run) == ResumeLoss(1, 0, 60.0)
     assert resume_loss(None, run) is None
     assert resume_loss(["not an attempt"], run) is None
+
+
+def test_the_janitor_closes_failed_only_when_the_dag_run_failed() -> None:
+    assert closing_state("failed") == "failed"
+    assert [closing_state(state) for state in ("running", "success", "queued", None)] == ["abandoned"] * 4
+    assert RunRecord("d", "r", "m", "abandoned").state == "abandoned"  # the ledger accepts it
+
+
+def test_a_closing_is_one_line_with_a_closing_state_and_bills_its_spans_up_to_its_end() -> None:
+    open_span = BilledSpan("vm", "1", 4, T0, None)
+    closing = RunClosing("d/r", "abandoned", datetime(2026, 3, 1, 9, 0), "janitor: x", (open_span,))
+    assert closing.ended_at == T0 + timedelta(hours=1)  # naive means UTC
+    assert closing.billed_chip_seconds == 4 * 3600.0
+    assert RunClosing("d/r", "failed", T0, "janitor: x").billed_chip_seconds is None
+    for state, reason in (("running", "x"), ("success", "x"), ("abandoned", ""), ("failed", "a\nb")):
+        with pytest.raises(ValueError):
+            RunClosing("d/r", state, T0, reason)
