@@ -5,6 +5,8 @@ privileged container, and training in it reads and writes GCS as the VM does."""
 from __future__ import annotations
 
 import shlex
+import time
+from pathlib import Path
 
 from airflow_provider_tpu_rl.render import tpu_vm
 from airflow_provider_tpu_rl.spec import tpu_vm_pipeline_from_conf
@@ -301,3 +303,28 @@ def test_docker_refuses_what_it_does_not_take(cli: Cli, prepared: dict[str, str]
     code, _, err = ssh(cli, names, vm, "docker wait a\n")
     assert code == 1
     assert "permission denied while trying to connect to the Docker daemon socket" in err
+
+
+def test_a_removed_containers_record_never_signals_the_process_that_took_its_pid(tmp_path: Path) -> None:
+    """The same for the VMs' docker daemon: ``docker rm --force`` (and a machine's stop) signals a
+    container's process only while its argv names the container's id."""
+    import subprocess
+    import sys
+
+    from tpu_rl_sandbox.machines import dockerd
+
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        out, err = tmp_path / "c.out", tmp_path / "c.err"
+        record = {"id": "a" * 64, "name": "tpu-rl-train", "pid": stranger.pid, "exit": None,
+                  "out": str(out), "err": str(err)}  # fmt: skip
+        assert not dockerd.running(record)
+        with dockerd.locked(tmp_path) as found:
+            found["tpu-rl-train"] = record
+        assert dockerd.stop(tmp_path, "tpu-rl-train")
+        time.sleep(0.2)
+        assert stranger.poll() is None, "a process that is not the container's was signalled"
+        assert "tpu-rl-train" not in dockerd.containers(tmp_path)
+    finally:
+        stranger.kill()
+        stranger.wait(timeout=30)

@@ -89,9 +89,24 @@ def _alive(pid: int) -> bool:
         return False
 
 
+CONTAINER_MODULE = "tpu_rl_sandbox.machines.container_worker"
+
+
+def _is_container_process(pid: int, record: Mapping[str, Any]) -> bool:
+    """Whether ``pid`` is still this container's process (its argv names the worker module and the
+    container's id), not one that took the pid after it ended: pids are reused, and a removed
+    container's stale pid must never signal another process (two suites share one machine)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return CONTAINER_MODULE.encode() in argv and f"--container={record.get('id')}".encode() in argv
+
+
 def running(record: Mapping[str, Any]) -> bool:
     """The container's process still runs."""
-    return record.get("exit") is None and _alive(int(record.get("pid") or 0))
+    pid = int(record.get("pid") or 0)
+    return record.get("exit") is None and _alive(pid) and _is_container_process(pid, record)
 
 
 def started_at(record: Mapping[str, Any]) -> str:
@@ -183,9 +198,11 @@ def start(root: Path, name: str, spec: dict[str, Any], env: Mapping[str, str]) -
 def launch(err_path: str) -> int:
     """The launcher: start the container's process in its own session, print its pid, exit."""
     spec = sys.stdin.buffer.read()
+    container_id = json.loads(spec)["record"]["id"]
     with open(err_path, "ab") as worker_err:
         process = subprocess.Popen(
-            [sys.executable, "-m", "tpu_rl_sandbox.machines.container_worker"],
+            # the id on argv: what tells this container's process from a later one of its pid
+            [sys.executable, "-m", CONTAINER_MODULE, f"--container={container_id}"],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=worker_err,
@@ -207,11 +224,11 @@ def stop(root: Path, name: str) -> bool:
     if record is None:
         return False
     pid = int(record.get("pid") or 0)
-    if pid:
+    if pid and _is_container_process(pid, record):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
         deadline = time.monotonic() + STOP_SECONDS
-        while _alive(pid) and time.monotonic() < deadline:
+        while running({**record, "exit": None}) and time.monotonic() < deadline:
             time.sleep(0.02)
     with locked(root) as found:
         if (found.get(name) or {}).get("id") == record["id"]:
