@@ -21,7 +21,9 @@ A managed cluster or TPU VM (label ``tpu-rl-managed=true``) is judged, in this o
 
 Before destroying a cluster the janitor takes its lease over (a conditional write naming the
 generation it judged), so a run that took the cluster meanwhile keeps it; the lease is released
-after the destroy. Buckets, records and everything else in them are never deleted.
+after the destroy. A destroyed cluster or VM then lets go of the IAM grants its record lists (each
+removed when it held it last and it did not exist before; its holder object goes with it). Buckets,
+records and everything else in them are never deleted.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from typing import Any, Literal
 from airflow_provider_tpu_rl.compat import AirflowException
 from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
 from airflow_provider_tpu_rl.operators.gke import cluster_spec, destroy_cluster
+from airflow_provider_tpu_rl.records.grants import RunGrants
 from airflow_provider_tpu_rl.records.janitor_sources import (
     ALIVE_TASK_STATES,
     DagRunStateOnly,
@@ -344,6 +347,13 @@ def recorded_cluster_arguments(cluster: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
+def release_grants(hook: GclusterHook, gcp_conn_id: str, bucket: str, name: str) -> None:
+    """The destroyed resource lets go of the grants its record lists (``records/grants.py``)."""
+    removed = RunGrants(hook, gcp_conn_id).release(bucket, name)
+    for binding in removed:
+        log.info("%s: removed %s (it held it last)", name, binding.text())
+
+
 def destroy_resource(
     hook: GclusterHook,
     resource: ManagedResource,
@@ -360,6 +370,7 @@ def destroy_resource(
         command: Command = tpu_vm.delete_vm_named(resource.project, resource.location, resource.name)
         hook.run_checked(command)
         if resource.bucket:
+            release_grants(hook, gcp_conn_id, resource.bucket, resource.name)
             clear_orphan_marker(gcp_conn_id, resource.bucket, resource.name)
         return
     record = read_record(gcp_conn_id, resource.bucket, resource.name)
@@ -383,6 +394,7 @@ def destroy_resource(
             run_id=str(record["run_id"]),
             expires_at=int(record.get("expires_at") or 0),
         )
+        release_grants(hook, gcp_conn_id, resource.bucket, resource.name)
         clear_orphan_marker(gcp_conn_id, resource.bucket, resource.name)
     finally:
         ClusterLeaseHook(gcp_conn_id=gcp_conn_id).release(resource.bucket, lease)
