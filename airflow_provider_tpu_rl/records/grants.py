@@ -241,14 +241,18 @@ class RunGrants:
         record = read_resource_record(self.gcp_conn_id, bucket, holder, self.chain)
         removed = []
         for binding in recorded_grants(record):
+            holds = self.registry.read(bucket, binding)
+            if holder not in holds.holders:
+                continue  # let go of already (a retried teardown)
+            # removed before the hold is dropped: a failed removal is retried with the task
+            last = holds.holders == (holder,) and not holds.preexisting
+            if last:
+                self.hook.run_checked(binding.remove())
             left = self.registry.release(bucket, binding, holder)
-            if left is None or left.holders or left.preexisting:
-                continue
-            self.hook.run_checked(binding.remove())
-            removed.append(binding)
-            if self.registry.read(bucket, binding).holders:  # held again meanwhile: give it back
+            if last and left is not None and left.holders:  # held again meanwhile: give it back
                 self.hook.run_checked(binding.add())
-                removed.pop()
+            elif last:
+                removed.append(binding)
         if record is not None and record.get("grants"):
             write_resource_record(self.gcp_conn_id, bucket, holder, _with_grants(record, []), self.chain)
         return removed

@@ -125,3 +125,24 @@ def test_policy_members_reads_only_unconditional_bindings() -> None:
     ]
     assert policy_members(lines, "r") == {"a"}
     assert policy_members(["{}"], "r") == set()
+
+
+def test_a_removal_that_fails_keeps_the_hold_for_the_retry(
+    gcs_emulator: GcsEmulator, binding: Binding
+) -> None:
+    gcloud = PolicyGcloud()
+    grants = RunGrants(gcloud, CONN)  # type: ignore[arg-type]
+    holder = _holder(gcs_emulator)
+    grants.grant(EMULATOR_BUCKET, holder, [binding])
+
+    def refuse() -> None:
+        raise RuntimeError("transient")
+
+    gcloud.on_remove = refuse
+    with pytest.raises(RuntimeError):
+        grants.release(EMULATOR_BUCKET, holder)
+    gcloud.on_remove = None
+    gcloud.members.add(MEMBER)  # the failed call changed nothing
+
+    assert grants.release(EMULATOR_BUCKET, holder) == [binding]  # the teardown's retry
+    assert MEMBER not in gcloud.members
