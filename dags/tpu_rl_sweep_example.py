@@ -87,6 +87,9 @@ with DAG(
             "{{ params.cluster_name }}-gke-wl-sa@{{ params.project }}.iam.gserviceaccount.com",
             "{{ params.cluster_name }}-gke-np-sa@{{ params.project }}.iam.gserviceaccount.com",
         ],
+        # recorded for the cluster: destroy_cluster takes back the grants it added
+        bucket="{{ params.bucket }}",
+        cluster_name="{{ params.cluster_name }}",
         **bounded("short"),
     )
     convert = MaxTextConvertOperator(

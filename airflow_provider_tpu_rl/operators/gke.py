@@ -16,6 +16,7 @@ from airflow_provider_tpu_rl.exceptions import ConfigurationError, LeaseHeldErro
 from airflow_provider_tpu_rl.links import GKEClusterLink
 from airflow_provider_tpu_rl.operators import billing
 from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, expiry_of_run, fail_fast
+from airflow_provider_tpu_rl.records.grants import RunGrants, carried_grants, recorded_grants
 from airflow_provider_tpu_rl.records.lease import ClusterLeaseHook, Lease, held_message, utc_text
 from airflow_provider_tpu_rl.records.resources import read_resource_record, write_resource_record
 from airflow_provider_tpu_rl.render import gke
@@ -103,8 +104,11 @@ GRANTED_XCOM_KEY = "granted_accounts"
 class HfTokenSecretOperator(GclusterBaseOperator):
     """Put the HF token where the workloads read it: a Secret Manager secret, value over stdin.
 
-    The readers it grants that had no access before are pushed to XCom (``granted_accounts``):
-    a teardown revokes those, never a binding another run (or the user) made.
+    The readers it grants that had no access before are pushed to XCom (``granted_accounts``).
+    With ``bucket`` and ``cluster_name`` (the cluster whose service accounts read it), the grants
+    are also recorded in the cluster's resource record and held for it (``records/grants.py``):
+    the cluster's destroy (the run's or the janitor's) takes back those it was the last to hold,
+    never a binding that existed before or another holder still needs.
 
     :param project_id: project of the secret.
     :param hf_token_conn_id: Airflow connection holding the token (password field).
@@ -112,6 +116,8 @@ class HfTokenSecretOperator(GclusterBaseOperator):
     :param sync_from_connection: write the connection's token into the secret (a new version);
         empty = only when ``hf_token_secret`` is empty (a named secret already holds the token).
     :param reader_service_accounts: service accounts granted ``secretAccessor`` on the secret.
+    :param bucket: the run's bucket, where the cluster's resource record is.
+    :param cluster_name: the cluster that holds the grants (its record names them).
     """
 
     template_fields: Sequence[str] = (
@@ -120,6 +126,8 @@ class HfTokenSecretOperator(GclusterBaseOperator):
         "hf_token_secret",
         "sync_from_connection",
         "reader_service_accounts",
+        "bucket",
+        "cluster_name",
         "gcluster_conn_id",
         "gcp_conn_id",
         "impersonation_chain",
@@ -133,6 +141,8 @@ class HfTokenSecretOperator(GclusterBaseOperator):
         hf_token_secret: str | None = None,
         sync_from_connection: bool | str | None = None,
         reader_service_accounts: Sequence[str] = (),
+        bucket: str | None = None,
+        cluster_name: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -141,6 +151,8 @@ class HfTokenSecretOperator(GclusterBaseOperator):
         self.hf_token_secret = hf_token_secret
         self.sync_from_connection = sync_from_connection
         self.reader_service_accounts = reader_service_accounts
+        self.bucket = bucket
+        self.cluster_name = cluster_name
 
     @fail_fast
     def execute(self, context: Context) -> str:
@@ -161,16 +173,38 @@ class HfTokenSecretOperator(GclusterBaseOperator):
             from airflow_provider_tpu_rl.hooks.hf_token import get_hf_token
 
             self.store_token(project, token.secret_id, get_hf_token(token.conn_id))
-        granted: list[str] = []
-        if readers:
-            present = self.accessors(project, token.secret_id)
-            for account in readers:
-                self.hook.run_checked(gke.grant_secret_accessor(project, token.secret_id, account))
-                if f"serviceAccount:{account}" not in present:
-                    granted.append(account)
+        granted = self.grant_readers(project, token.secret_id, readers) if readers else []
         # What this run added (and only that) is what its teardown may take back.
         context["ti"].xcom_push(key=GRANTED_XCOM_KEY, value=granted)
         return token.secret_id
+
+    def grant_readers(self, project: str, secret_id: str, readers: Sequence[str]) -> list[str]:
+        """Grant ``readers`` ``secretAccessor``; the ones that had no access before."""
+        from airflow_provider_tpu_rl.records.grants import Binding, RunGrants
+
+        if self.bucket and self.cluster_name:
+            bucket = rules.bucket_name("bucket", self.bucket)
+            bindings = [
+                Binding("secret", project, secret_id, gke.SECRET_ACCESSOR, f"serviceAccount:{a}")
+                for a in readers
+            ]
+            added = RunGrants(self.hook, self.gcp_conn_id, self.chain).grant(
+                bucket, self.cluster_name, bindings
+            )
+            if added is not None:
+                return [b.member.split(":", 1)[1] for b in added]
+            self.log.warning(
+                "cluster %s has no resource record in gs://%s: its grants are not recorded for its destroy",
+                self.cluster_name,
+                bucket,
+            )
+        present = self.accessors(project, secret_id)
+        granted = []
+        for account in readers:
+            self.hook.run_checked(gke.grant_secret_accessor(project, secret_id, account))
+            if f"serviceAccount:{account}" not in present:
+                granted.append(account)
+        return granted
 
     def accessors(self, project: str, secret_id: str) -> set[str]:
         """The members bound to ``secretAccessor`` on the secret now (unconditionally)."""
@@ -564,6 +598,8 @@ class GclusterDeployOperator(_ClusterOperator):
                 "model": self.model,
                 "expires_at": expires_at,
                 "keep": rules.boolean("keep_cluster", self.keep_cluster),
+                # the grants the cluster holds (a re-deploy, or a kept cluster taken over, keeps them)
+                **carried_grants(self.gcp_conn_id, cluster.bucket, cluster.cluster_name, self.chain),
             },
             self.chain,
         )
@@ -648,8 +684,10 @@ class GclusterDestroyOperator(_ClusterOperator):
     Only a cluster this run holds the lease of is destroyed (or, with no lease at all, one whose
     resource record says this run created it): a run that failed before taking the lease, or
     found the cluster in use by another run, leaves it alone. The lease is released at the end
-    (with ``keep_cluster``: marked kept, for a later run naming the cluster to take over), and
-    the cluster's ``secretAccessor`` bindings on the HF token secret are removed.
+    (with ``keep_cluster``: marked kept, for a later run naming the cluster to take over). Once the
+    cluster is destroyed, the grants its resource record lists are let go of (``records/grants.py``:
+    each removed when the cluster was its last holder and it did not exist before); the TPU pool's
+    destroy lets go of none (the export that follows reads the token with the same accounts).
 
     Takes the same arguments as :class:`GclusterDeployOperator`, plus:
 
@@ -659,7 +697,8 @@ class GclusterDestroyOperator(_ClusterOperator):
     :param hf_token_secret: the HF token secret the cluster's service accounts were granted.
     :param revoke_service_accounts: the ``secretAccessor`` grants to take back once the cluster is
         destroyed: the ones this run added (the token task's ``granted_accounts`` XCom); empty =
-        none. A binding this run did not add is never revoked.
+        none. One the cluster's record lists is decided by its holders instead. A binding this run
+        did not add is never revoked.
     """
 
     ui_color = "#ffd9d4"
@@ -718,9 +757,9 @@ class GclusterDestroyOperator(_ClusterOperator):
         )
         return False, None
 
-    def revoke_secret_access(self, cluster: ClusterSpec) -> list[str]:
-        """Take back the ``secretAccessor`` grants this run added (``revoke_service_accounts``);
-        what it revoked."""
+    def revoke_secret_access(self, cluster: ClusterSpec, recorded: set[str]) -> list[str]:
+        """Take back the ``secretAccessor`` grants this run added (``revoke_service_accounts``)
+        that its record does not list (``recorded``: its holders decide those); what it revoked."""
         accounts = self.revoke_service_accounts or []
         if isinstance(accounts, str):
             accounts = [a.strip() for a in accounts.split(",") if a.strip()]
@@ -730,9 +769,27 @@ class GclusterDestroyOperator(_ClusterOperator):
             rules.match(
                 "revoke_service_accounts", account, rules.SERVICE_ACCOUNT, "must be a service account e-mail"
             )
+            if f"serviceAccount:{account}" in recorded:
+                continue
             self.hook.run_checked(gke.revoke_secret_accessor(cluster.project, token.secret_id, account))
             revoked.append(account)
         return revoked
+
+    def release_grants(self, cluster: ClusterSpec) -> tuple[list[str], list[str]]:
+        """Let go of the grants the destroyed cluster held: ``(accounts revoked, bindings removed)``."""
+        record = read_resource_record(self.gcp_conn_id, cluster.bucket, cluster.cluster_name, self.chain)
+        token = hf_token_spec(self.hf_token_conn_id, self.hf_token_secret or None)
+        recorded = {
+            b.member for b in recorded_grants(record) if b.kind == "secret" and b.name == token.secret_id
+        }
+        removed = RunGrants(self.hook, self.gcp_conn_id, self.chain).release(
+            cluster.bucket, cluster.cluster_name
+        )
+        accounts = [
+            b.member.split(":", 1)[1] for b in removed if b.role == gke.SECRET_ACCESSOR and b.kind == "secret"
+        ]
+        accounts += self.revoke_secret_access(cluster, recorded)
+        return accounts, [b.text() for b in removed]
 
     @fail_fast
     def execute(self, context: Context) -> dict[str, Any]:
@@ -749,6 +806,7 @@ class GclusterDestroyOperator(_ClusterOperator):
         leases = ClusterLeaseHook(self.gcp_conn_id, self.chain)
         destroyed = False
         revoked: list[str] = []
+        removed: list[str] = []
         if not owned:
             pass
         elif keep:
@@ -762,7 +820,7 @@ class GclusterDestroyOperator(_ClusterOperator):
             expires_at = expiry_of_run(context, rules.integer("max_cluster_hours", self.max_cluster_hours, 1))
             destroy_cluster(self.hook, cluster, dag_id=dag_id, run_id=run_id, expires_at=expires_at)
             destroyed = True
-            revoked = self.revoke_secret_access(cluster)
+            revoked, removed = self.release_grants(cluster)
             if lease is not None:
                 leases.release(cluster.bucket, lease)
         deleted: dict[str, Any] = {"bucket_deleted": False, "objects_deleted": [], "bucket_kept": None}
@@ -773,6 +831,7 @@ class GclusterDestroyOperator(_ClusterOperator):
             "cluster_name": cluster.cluster_name,
             "destroyed": destroyed,
             "revoked_accounts": revoked,
+            "removed_grants": removed,
             **deleted,
             "lease_holder": lease.holder if lease is not None else None,
         }

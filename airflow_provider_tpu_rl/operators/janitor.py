@@ -21,7 +21,9 @@ A managed cluster or TPU VM (label ``tpu-rl-managed=true``) is judged, in this o
 
 Before destroying a cluster the janitor takes its lease over (a conditional write naming the
 generation it judged), so a run that took the cluster meanwhile keeps it; the lease is released
-after the destroy. Buckets, records and everything else in them are never deleted.
+after the destroy. A destroyed cluster or VM then lets go of the IAM grants its record lists (each
+removed when it held it last and it did not exist before; its holder object goes with it). Buckets,
+records and everything else in them are never deleted.
 
 A run whose resources the janitor ended, or whose DAG run ended, while its ledger row still says
 ``running`` gets its row closed (:func:`close_ledger_rows`): ``failed`` when its DAG run ended
@@ -47,6 +49,7 @@ from airflow_provider_tpu_rl.ledger.billing import BilledSpan, machine_spans, sp
 from airflow_provider_tpu_rl.ledger.records import RunClosing, closing_state
 from airflow_provider_tpu_rl.operators import billing
 from airflow_provider_tpu_rl.operators.gke import cluster_spec, destroy_cluster
+from airflow_provider_tpu_rl.records.grants import RunGrants
 from airflow_provider_tpu_rl.records.janitor_sources import (
     ALIVE_TASK_STATES,
     DagRunStateOnly,
@@ -390,6 +393,13 @@ def ended_spans(
     )
 
 
+def release_grants(hook: GclusterHook, gcp_conn_id: str, bucket: str, name: str) -> None:
+    """The destroyed resource lets go of the grants its record lists (``records/grants.py``)."""
+    removed = RunGrants(hook, gcp_conn_id).release(bucket, name)
+    for binding in removed:
+        log.info("%s: removed %s (it held it last)", name, binding.text())
+
+
 def destroy_resource(
     hook: GclusterHook,
     resource: ManagedResource,
@@ -417,6 +427,7 @@ def destroy_resource(
         command: Command = tpu_vm.delete_vm_named(resource.project, resource.location, resource.name)
         hook.run_checked(command)
         if resource.bucket:
+            release_grants(hook, gcp_conn_id, resource.bucket, resource.name)
             clear_orphan_marker(gcp_conn_id, resource.bucket, resource.name)
         if not tpu:
             return _run_end(resource, record, f"deleted VM {resource.name}", None)
@@ -444,6 +455,7 @@ def destroy_resource(
             run_id=str(record["run_id"]),
             expires_at=int(record.get("expires_at") or 0),
         )
+        release_grants(hook, gcp_conn_id, resource.bucket, resource.name)
         clear_orphan_marker(gcp_conn_id, resource.bucket, resource.name)
     finally:
         ClusterLeaseHook(gcp_conn_id=gcp_conn_id).release(resource.bucket, lease)

@@ -50,6 +50,7 @@ from airflow_provider_tpu_rl.operators.gke import (
     write_resource_record,
 )
 from airflow_provider_tpu_rl.operators.takeover import DEFAULT_STOP_TIMEOUT, displaced_attempt, prove_dead
+from airflow_provider_tpu_rl.records.grants import Binding, RunGrants, carried_grants
 from airflow_provider_tpu_rl.records.lease import (
     ClusterLeaseHook,
     Lease,
@@ -68,7 +69,7 @@ from airflow_provider_tpu_rl.records.run_dirs import (
     vouches,
 )
 from airflow_provider_tpu_rl.records.writers import VmWriter
-from airflow_provider_tpu_rl.render import boot_image, tpu_vm
+from airflow_provider_tpu_rl.render import boot_image, gke, tpu_vm
 from airflow_provider_tpu_rl.render.command import Command
 from airflow_provider_tpu_rl.spec import rules
 from airflow_provider_tpu_rl.spec.cluster import CpuVmSpec, TpuVmSpec, default_capacity
@@ -350,6 +351,8 @@ class TpuVmCreateOperator(_TpuVmOperator):
                 "boot_image_family": boot_family,
                 "expires_at": expires_at,
                 "keep": p.keep_vm,
+                # the grants the VM holds (a retry of the create keeps them)
+                **carried_grants(self.gcp_conn_id, target.bucket, target.vm_name, self.chain),
             },
             self.chain,
         )
@@ -386,11 +389,28 @@ class TpuVmCreateOperator(_TpuVmOperator):
                 f"the HF token secret or write gs://{p.vm.bucket}; name one with service_account"
             )
         account = accounts[0]
-        for command in tpu_vm.service_account_grants(
-            p.vm.project, p.vm.bucket, p.hf_token.secret_id, account
-        ):
-            self.hook.run_checked(command)
-        self.log.info("Granted %s the HF token secret and object access to gs://%s", account, p.vm.bucket)
+        member = f"serviceAccount:{account}"
+        bindings = [
+            Binding("secret", p.vm.project, p.hf_token.secret_id, gke.SECRET_ACCESSOR, member),
+            Binding("bucket", p.vm.project, p.vm.bucket, gke.STORAGE_OBJECT_ADMIN, member),
+        ]
+        # recorded in the VM's resource record and held for it: its delete takes back what it was
+        # the last to hold (never a binding that existed before)
+        added = RunGrants(self.hook, self.gcp_conn_id, self.chain).grant(
+            target.bucket, target.vm_name, bindings
+        )
+        if added is None:  # no record to keep them in (a create without its record): granted only
+            for command in tpu_vm.service_account_grants(
+                p.vm.project, p.vm.bucket, p.hf_token.secret_id, account
+            ):
+                self.hook.run_checked(command)
+        self.log.info(
+            "Granted %s the HF token secret and object access to gs://%s (%s new: %s)",
+            account,
+            p.vm.bucket,
+            self.what,
+            ", ".join(b.text() for b in added or []) or "none",
+        )
         return account
 
 
@@ -941,7 +961,9 @@ class TpuVmDeleteOperator(_TpuVmOperator):
 
     Only a VM this run holds the lease of is deleted (or, with no lease at all, one whose resource
     record says this run created it): a run that never got the VM, or found it in use by another
-    run, leaves it alone. The lease is released at the end (with ``keep_vm``: marked kept).
+    run, leaves it alone. The lease is released at the end (with ``keep_vm``: marked kept). Once
+    the VM is deleted, the grants its resource record lists are let go of (``records/grants.py``:
+    each removed when the VM was its last holder and it did not exist before).
 
     :param keep_vm: leave the VM running (it bills until its expiry).
     :param delete_bucket: also delete the bucket, **with every checkpoint and export in it**.
@@ -983,6 +1005,7 @@ class TpuVmDeleteOperator(_TpuVmOperator):
             rules.boolean("delete_bucket", self.delete_bucket),
         )
         deleted = False
+        removed: list[Binding] = []
         dag_id, run_id = self.run_ids(context)
         leases = ClusterLeaseHook(self.gcp_conn_id, self.chain)
         vm = self.target_vm(p)
@@ -1000,9 +1023,15 @@ class TpuVmDeleteOperator(_TpuVmOperator):
         else:
             self.hook.run_checked(tpu_vm.delete_vm(vm), timeout=stage_command_timeout("teardown"))
             deleted = True
+            removed = RunGrants(self.hook, self.gcp_conn_id, self.chain).release(vm.bucket, vm.vm_name)
             if lease is not None:
                 leases.release(vm.bucket, lease)
-        result: dict[str, Any] = {"vm_name": vm.vm_name, "deleted": deleted, "bucket_deleted": False}
+        result: dict[str, Any] = {
+            "vm_name": vm.vm_name,
+            "deleted": deleted,
+            "bucket_deleted": False,
+            "removed_grants": [b.text() for b in removed],
+        }
         if billed:
             result[billing.XCOM_KEY] = billing.vm_billed(self, vm)
         if delete_bucket:

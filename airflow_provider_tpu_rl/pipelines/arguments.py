@@ -156,7 +156,12 @@ def gke_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
             **{key: item for key, item in cluster.items() if key != "keep_cluster"},
             "only_groups": [TPU_GROUP],
         },
-        "sync_hf_token": _hf_token_arguments(value),
+        # the cluster holds its service accounts' grants: its record lists them for its destroy
+        "sync_hf_token": {
+            **_hf_token_arguments(value),
+            "bucket": value("bucket"),
+            "cluster_name": value("cluster_name"),
+        },
         "convert_to_maxtext": {**cpu_job, "hf_model_path": value("hf_model_path")},
         "train": {
             **job,

@@ -40,10 +40,15 @@ def read_resource_record(
 
     from airflow_provider_tpu_rl.hooks.credentials import gcs_hook
 
+    # the client's blob, not GCSHook.download: "no record yet" is an answer, not an error to log
+    blob = (
+        gcs_hook(gcp_conn_id, impersonation_chain)
+        .get_conn()
+        .bucket(bucket)
+        .blob(gke.resource_record_object(name))
+    )
     try:
-        raw = gcs_hook(gcp_conn_id, impersonation_chain).download(
-            bucket_name=bucket, object_name=gke.resource_record_object(name), timeout=RECORD_TIMEOUT_S
-        )
+        raw = blob.download_as_bytes(timeout=RECORD_TIMEOUT_S)
     except NotFound:
         return None
     try:

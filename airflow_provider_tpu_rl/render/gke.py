@@ -359,17 +359,45 @@ def disable_secret_version(project: str, secret_id: str, version: str) -> Comman
 
 
 def _accessor_binding(verb: str, project: str, secret_id: str, account: str) -> tuple[str, ...]:
-    return (
-        "gcloud",
-        "secrets",
-        f"{verb}-iam-policy-binding",
-        secret_id,
-        f"--project={project}",
-        f"--member=serviceAccount:{account}",
-        f"--role={SECRET_ACCESSOR}",
-        # without it gcloud refuses in non-interactive mode when the policy holds a conditional
-        # binding (googlecloudsdk/command_lib/iam/iam_util.py)
-        "--condition=None",
+    return iam_binding_argv(verb, "secret", project, secret_id, f"serviceAccount:{account}", SECRET_ACCESSOR)
+
+
+STORAGE_OBJECT_ADMIN = "roles/storage.objectAdmin"
+# A bucket binding already gone (iam_util.RemoveBindingFromIamPolicyWithCondition), or the bucket
+# (surface/storage/buckets/remove_iam_policy_binding.py reads the policy first: a 404).
+BUCKET_BINDING_GONE = ("Policy binding with the specified principal", "HTTPError 404")
+
+
+def iam_binding_argv(
+    verb: str, kind: str, project: str, name: str, member: str, role: str
+) -> tuple[str, ...]:
+    """``gcloud secrets|storage buckets <verb>-iam-policy-binding`` of one unconditional binding.
+
+    ``--condition=None``: without it gcloud refuses in non-interactive mode when the policy holds a
+    conditional binding (googlecloudsdk/command_lib/iam/iam_util.py).
+    """
+    tail = (f"--member={member}", f"--role={role}", "--condition=None")
+    if kind == "secret":
+        return ("gcloud", "secrets", f"{verb}-iam-policy-binding", name, f"--project={project}", *tail)
+    return ("gcloud", "storage", "buckets", f"{verb}-iam-policy-binding", f"gs://{name}", *tail)
+
+
+def iam_policy_command(kind: str, project: str, name: str) -> Command:
+    """A secret's or a bucket's IAM policy as JSON (which bindings exist before a run adds one)."""
+    if kind == "secret":
+        return secret_iam_policy(project, name)
+    return Command(
+        ("gcloud", "storage", "buckets", "get-iam-policy", f"gs://{name}", "--format=json"),
+        description=f"read who may use gs://{name} (the grants a run adds are its own)",
+    )
+
+
+def remove_iam_binding(kind: str, project: str, name: str, member: str, role: str) -> Command:
+    """Remove a binding a run added; one (or a secret, a bucket) already gone is success."""
+    return Command(
+        iam_binding_argv("remove", kind, project, name, member, role),
+        ok_if_output_contains=BINDING_GONE if kind == "secret" else BUCKET_BINDING_GONE,
+        description=f"remove {role} for {member}: the run that added it no longer needs it",
     )
 
 

@@ -136,7 +136,8 @@ def gke_plan(pipeline: GkePipelineSpec) -> list[PlanStep]:
     if not pipeline.keep_cluster:
         # only when this run holds the cluster's lease (or created it and nobody holds one)
         teardown += [*folder, gke.destroy(cluster, workdir)]
-        # only the grants sync_hf_token added (its granted_accounts XCom); here, as on a first run
+        # only the grants the cluster holds last (its record; sync_hf_token added them); here, as
+        # on a first run
         teardown += [
             gke.revoke_secret_accessor(cluster.project, pipeline.hf_token.secret_id, account)
             for account in (cluster.workload_service_account, cluster.node_pool_service_account)
@@ -196,6 +197,11 @@ def tpu_vm_plan(pipeline: TpuVmPipelineSpec, *, now: float | None = None) -> lis
     grants = tpu_vm.service_account_grants(vm.project, vm.bucket, pipeline.hf_token.secret_id, account)
     teardown: list[Command] = [] if pipeline.keep_vm else [tpu_vm.delete_vm(vm)]
     cpu_teardown: list[Command] = [] if pipeline.keep_vm else [tpu_vm.delete_vm(cpu_vm)]
+    if not pipeline.keep_vm:
+        # the CPU VM holds the grants last; here, as on a first run (none of them pre-existing)
+        cpu_teardown += tpu_vm.service_account_revokes(
+            vm.project, vm.bucket, pipeline.hf_token.secret_id, account
+        )
     if pipeline.delete_bucket:
         cpu_teardown.append(gke.delete_bucket(vm.bucket))
     # The baked boot image: found in its family, or baked on a CPU VM of its own (skipped at run
@@ -219,7 +225,16 @@ def tpu_vm_plan(pipeline: TpuVmPipelineSpec, *, now: float | None = None) -> lis
         "create_cpu_vm": [
             tpu_vm.create_cpu_vm(cpu_labelled, pipeline.service_account),
             tpu_vm.vm_service_account(cpu_vm),
-            *grants,
+            # the first holder of the grants reads each policy before it adds the binding
+            *[
+                command
+                for pair in zip(
+                    tpu_vm.service_account_policy_reads(vm.project, vm.bucket, pipeline.hf_token.secret_id),
+                    grants,
+                    strict=True,
+                )
+                for command in pair
+            ],
         ],
         "bake_image": bake,
         "delete_bake_vm": [boot_image.delete_bake_vm(pipeline.bake_vm)] if pipeline.bakes else [],

@@ -307,39 +307,34 @@ def vm_service_account(vm: TpuVmSpec | CpuVmSpec) -> Command:
 
 
 def service_account_grants(project: str, bucket: str, secret_id: str, account: str) -> list[Command]:
-    """What the VM's stages need: read the HF token secret, write outputs to the bucket.
-
-    ``--condition=None``: gcloud refuses a binding without it in non-interactive mode when the
-    policy holds a conditional binding (googlecloudsdk/command_lib/iam/iam_util.py).
-    """
-    member = f"--member=serviceAccount:{account}"
+    """What the VM's stages need: read the HF token secret, write outputs to the bucket."""
+    member = f"serviceAccount:{account}"
     return [
         Command(
-            (
-                "gcloud",
-                "secrets",
-                "add-iam-policy-binding",
-                secret_id,
-                f"--project={project}",
-                member,
-                "--role=roles/secretmanager.secretAccessor",
-                "--condition=None",
-            ),
+            gke.iam_binding_argv("add", "secret", project, secret_id, member, gke.SECRET_ACCESSOR),
             description=f"let {account} read the HF token secret",
         ),
         Command(
-            (
-                "gcloud",
-                "storage",
-                "buckets",
-                "add-iam-policy-binding",
-                f"gs://{bucket}",
-                member,
-                "--role=roles/storage.objectAdmin",
-                "--condition=None",
-            ),
+            gke.iam_binding_argv("add", "bucket", project, bucket, member, gke.STORAGE_OBJECT_ADMIN),
             description=f"let {account} write the run's outputs to gs://{bucket}",
         ),
+    ]
+
+
+def service_account_policy_reads(project: str, bucket: str, secret_id: str) -> list[Command]:
+    """The policies the first VM to hold the grants reads (a binding already there is nobody's)."""
+    return [
+        gke.iam_policy_command("secret", project, secret_id),
+        gke.iam_policy_command("bucket", project, bucket),
+    ]
+
+
+def service_account_revokes(project: str, bucket: str, secret_id: str, account: str) -> list[Command]:
+    """What the last VM to hold the grants removes (one already gone is success)."""
+    member = f"serviceAccount:{account}"
+    return [
+        gke.remove_iam_binding("secret", project, secret_id, member, gke.SECRET_ACCESSOR),
+        gke.remove_iam_binding("bucket", project, bucket, member, gke.STORAGE_OBJECT_ADMIN),
     ]
 
 

@@ -97,6 +97,9 @@ with DAG(
             "{{ params.cluster_name }}-gke-wl-sa@" + project + ".iam.gserviceaccount.com",
             "{{ params.cluster_name }}-gke-np-sa@" + project + ".iam.gserviceaccount.com",
         ],
+        # the grants are recorded for the cluster: destroy_cluster takes back those it added
+        bucket="{{ params.bucket }}",
+        cluster_name="{{ params.cluster_name }}",
         execution_timeout=task_timeout("short"),
         **google,
     )

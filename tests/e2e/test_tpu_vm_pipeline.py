@@ -28,6 +28,8 @@ from airflow_provider_tpu_rl.spec.presets import REHEARSAL_MODEL
 from tests.e2e.curves import check_curves_next_to_the_checkpoints, check_runs_plot_draws_the_trend
 from tests.support.harness import TPU_VM_DAG_ID, DagRunResult, E2EWorld, printed_rewards
 from tpu_rl_sandbox.apis.gcs_client import split_gs_url
+from tpu_rl_sandbox.world.iam import iam_bindings
+from tpu_rl_sandbox.world.inventory import project_number
 from tpu_rl_sandbox.world.store import StateStore
 
 pytestmark = pytest.mark.e2e
@@ -154,6 +156,27 @@ def test_pipeline_succeeds_with_one_vm_lifecycle(world: E2EWorld, happy: DagRunR
     assert spec.vm.vm_name not in world.live_vms()
     assert spec.cpu_vm.vm_name not in world.live_vms()
     assert bake not in world.live_vms()
+
+
+def test_the_runs_iam_grants_go_with_its_last_vm(world: E2EWorld, happy: DagRunResult) -> None:
+    """The VMs' account got the token secret and the bucket; the CPU VM's delete, the last of the
+    run's VMs, took both back: the sandbox's policies hold nothing of the run's."""
+    spec = spec_of(happy)
+    member = f"serviceAccount:{project_number(PROJECT)}-compute@developer.gserviceaccount.com"
+    for verb in ("add", "remove"):
+        calls = [
+            call
+            for call in happy.calls
+            if call.is_("gcloud", "secrets", f"{verb}-iam-policy-binding")
+            or call.is_("gcloud", "storage", "buckets", f"{verb}-iam-policy-binding")
+        ]
+        assert calls, verb
+        assert all(call.exit_code == 0 and f"--member={member}" in call.argv for call in calls), verb
+    secret = iam_bindings(world.layout, f"projects/{PROJECT}/secrets/{spec.hf_token.secret_id}")
+    assert member not in secret.get("roles/secretmanager.secretAccessor", [])
+    assert member not in iam_bindings(world.layout, f"b/{spec.vm.bucket}").get(
+        "roles/storage.objectAdmin", []
+    )
 
 
 def test_the_tpu_vm_exists_only_while_it_trains(world: E2EWorld, happy: DagRunResult) -> None:

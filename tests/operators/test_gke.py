@@ -145,6 +145,7 @@ def test_destroy_leaves_alone_a_cluster_this_run_never_deployed(sb: SandboxRun) 
         "cluster_name": sb.cluster,
         "destroyed": False,
         "revoked_accounts": [],
+        "removed_grants": [],
         "bucket_deleted": False,
         "objects_deleted": [],
         "bucket_kept": None,
@@ -200,8 +201,12 @@ def test_destroy_removes_the_cluster_and_keeps_the_bucket(sb: SandboxRun) -> Non
     assert result["bucket_deleted"] is False
     assert sb.cluster_record() is None
     assert sb.bucket_exists()
-    # every object is kept but the lease, released at the end of the teardown
-    assert set(before) - {lease_object(sb.cluster)} <= set(sb.objects())
+    # every object is kept but the lease, released at the end of the teardown, and the holder
+    # objects of the grants the cluster was the last to hold (records/grants.py)
+    grants = {name for name in before if name.startswith("tpu-rl/grants/")}
+    assert len(grants) == 2
+    assert set(before) - {lease_object(sb.cluster)} - grants <= set(sb.objects())
+    assert not grants & set(sb.objects())
     assert lease_object(sb.cluster) in before
     assert _lease(sb) is None
     assert not any(c["argv"][:2] == ["storage", "rm"] for c in sb.calls())
@@ -215,10 +220,11 @@ def test_delete_bucket_true_deletes_the_bucket_after_the_cluster(sb: SandboxRun)
 
     result = _destroy(sb, conf)
 
+    # the token task's grants, from the cluster's record (the test passes no XCom)
+    assert len(result.pop("removed_grants")) == len(result.pop("revoked_accounts")) == 2
     assert result == {
         "cluster_name": sb.cluster,
         "destroyed": True,
-        "revoked_accounts": [],  # none given: revoking is only for what the token task added
         "bucket_deleted": True,  # it created the bucket, nothing in it names another run
         "objects_deleted": [],
         "bucket_kept": None,

@@ -102,7 +102,8 @@ def test_the_whole_vm_pipeline_leaves_checkpoint_and_export_in_gcs(sb: SandboxRu
     output = "\n".join(str(entry.get("event")) for entry in logs)
     (span,) = deleted.pop("billed")["spans"]  # the TPU VM's one RUNNING span, by its clock
     assert (span["machine"], span["chips"], span["ended_by"]) == (sb.vm, 8, "delete")
-    assert deleted == {"vm_name": sb.vm, "deleted": True, "bucket_deleted": False}
+    # the CPU VM (the export's) still holds the grants both VMs hold
+    assert deleted == {"vm_name": sb.vm, "deleted": True, "bucket_deleted": False, "removed_grants": []}
     # What each stage read and wrote, kept for OpenLineage (install: nothing), and the converted
     # checkpoint's asset event once the conversion was verified
     for stage, op in ops.items():
@@ -191,6 +192,8 @@ def test_the_whole_vm_pipeline_leaves_checkpoint_and_export_in_gcs(sb: SandboxRu
     assert shards <= exported
 
     deleted = _execute(sb, CpuVmDeleteOperator, conf, task_id="delete_cpu_vm")
+    removed = deleted.pop("removed_grants")  # the last VM to hold them: the grants go
+    assert sorted(text.split(" ")[0] for text in removed) == [gke.SECRET_ACCESSOR, gke.STORAGE_OBJECT_ADMIN]
     assert deleted == {"vm_name": cpu_vm, "deleted": True, "bucket_deleted": False}
     assert cpu_key not in sb.state("vms")
     assert not sb.layout.vm_dir(sb.vm).exists()
@@ -260,7 +263,7 @@ def test_deleting_this_runs_vm_that_is_already_gone_succeeds(sb: SandboxRun) -> 
     result = _execute(sb, TpuVmDeleteOperator, conf, task_id="delete_vm")
 
     assert result.pop("billed") is None  # no start of it was ever noted: not known
-    assert result == {"vm_name": sb.vm, "deleted": True, "bucket_deleted": False}
+    assert result == {"vm_name": sb.vm, "deleted": True, "bucket_deleted": False, "removed_grants": []}
     (call,) = _delete_calls(sb)
     assert call["exit_code"] != 0  # gcloud said "not found": counted as already deleted
     assert ClusterLeaseHook().read(sb.bucket, vm_lease_name(sb.vm)) is None  # released

@@ -10,6 +10,7 @@ import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -267,6 +268,51 @@ def test_bucket_bindings(cli: Cli, prepared: dict[str, str]) -> None:
     assert cli.gcloud("storage", "rm", "-r", url).code == 0
     assert cli.gcloud("storage", "buckets", "create", url, f"--project={names['project']}").code == 0
     assert iam_bindings(cli.layout, f"b/{names['bucket']}") == {}
+
+
+def test_bucket_binding_removal(cli: Cli, prepared: dict[str, str]) -> None:
+    """surface/storage/buckets/remove_iam_policy_binding.py: the binding must be there (under the
+    condition given), a policy holding a conditional binding needs --condition or --all, and a
+    missing bucket is a 404."""
+    names = prepared
+    url = f"gs://{names['bucket']}"
+    writer = f"serviceAccount:{sa(names)}"
+    role = "--role=roles/storage.objectAdmin"
+
+    def remove(*extra: str, target: str = url) -> Any:
+        return cli.gcloud("storage", "buckets", "remove-iam-policy-binding", target, *extra)
+
+    assert (
+        cli.gcloud("storage", "buckets", "add-iam-policy-binding", url, f"--member={writer}", role).code == 0
+    )
+    assert remove(f"--member={writer}", role).code == 0
+    assert iam_bindings(cli.layout, f"b/{names['bucket']}") == {}
+    gone = remove(f"--member={writer}", role)
+    assert gone.code == 1
+    assert "Policy binding with the specified principal, role, and condition not found!" in gone.err
+
+    assert (
+        cli.gcloud("storage", "buckets", "add-iam-policy-binding", url, f"--member={writer}", role).code == 0
+    )
+    timed = cli.gcloud(
+        "storage",
+        "buckets",
+        "add-iam-policy-binding",
+        url,
+        "--member=user:a@example.com",
+        "--role=roles/storage.objectViewer",
+        f"--condition={CONDITION}",
+    )
+    assert timed.code == 0, timed.text
+    refused = remove(f"--member={writer}", role)
+    assert refused.code == 1
+    assert "prohibited in non-interactive mode" in refused.err
+    both = remove(f"--member={writer}", role, "--all", "--condition=None")
+    assert both.code == 2
+    assert remove(f"--member={writer}", role, "--condition=None").code == 0
+    assert "roles/storage.objectAdmin" not in iam_bindings(cli.layout, f"b/{names['bucket']}")
+    missing = remove(f"--member={writer}", role, "--condition=None", target="gs://no-such-bucket-zz9")
+    assert (missing.code, "HTTPError 404: The specified bucket does not exist." in missing.err) == (1, True)
 
 
 def test_iam_bindings_rejects_an_unknown_resource(cli: Cli) -> None:

@@ -70,6 +70,18 @@ COMMANDS: tuple[GcloudCommand, ...] = (
         (F("member", required=True), F("role", required=True), F("condition"), F("condition-from-file")),
     ),
     GcloudCommand(("storage", "buckets", "get-iam-policy"), (P("URL"),), (F("filter"), F("flatten"))),
+    # surface/storage/buckets/remove_iam_policy_binding.py: iam_util.AddArgsForRemoveIamPolicyBinding(add_condition=True)
+    GcloudCommand(
+        ("storage", "buckets", "remove-iam-policy-binding"),
+        (P("URL"),),
+        (
+            F("member", required=True),
+            F("role", required=True),
+            F("condition"),
+            F("condition-from-file"),
+            F("all", "bool"),
+        ),
+    ),
     GcloudCommand(
         ("storage", "ls"),
         (P("PATH", required=False, many=True),),

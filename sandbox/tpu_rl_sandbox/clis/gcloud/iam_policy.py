@@ -168,3 +168,53 @@ class IamPolicies(GcloudCall):
             role,
             condition,
         )
+
+    def _removal(self, parsed: GcloudParse, role: str) -> tuple[bool, bool, dict[str, str] | None]:
+        """``(--all, condition specified, condition)`` of a ``remove-iam-policy-binding``
+        (iam_util.AddArgsForRemoveIamPolicyBinding: ``--all`` excludes the condition flags)."""
+        remove_all = bool(parsed.get("all"))
+        if remove_all and {"condition", "condition-from-file"} & parsed.given:
+            raise GcloudUsageError(
+                parsed.command.dotted,
+                "argument --all: At most one of --all | --condition | --condition-from-file can be specified.",
+            )
+        specified, condition = self._condition(parsed, role)
+        return remove_all, specified, condition
+
+    @staticmethod
+    def _unbind_in_record(
+        record: dict[str, Any],
+        member: str,
+        role: str,
+        condition: dict[str, str] | None,
+        *,
+        specified: bool,
+        remove_all: bool,
+    ) -> None:
+        """iam_util.RemoveBindingFromIamPolicyWithCondition on a secret's or bucket's stored policy:
+        no ``--condition``/``--all`` on a policy holding a conditional binding is refused
+        non-interactively; the binding with this member, role and condition must be there;
+        ``--all`` removes it under every condition."""
+        plain = record.setdefault("bindings", {})
+        conditional = record.setdefault("conditional_bindings", [])
+        if conditional and not specified and not remove_all:
+            raise GcloudError(
+                "Removing a binding without specifying a condition from a policy containing conditions "
+                "is prohibited in non-interactive mode. Run the command again with `--condition=None` "
+                "to remove a binding without condition or run command with `--all` to remove all "
+                "bindings of the specified principal and role."
+            )
+        removed = False
+        if (remove_all or condition is None) and member in plain.get(role, []):
+            plain[role].remove(member)
+            if not plain[role]:
+                del plain[role]
+            removed = True
+        for binding in list(conditional):
+            matches = remove_all or binding["condition"] == condition
+            if binding["role"] == role and member in binding["members"] and matches:
+                binding["members"].remove(member)
+                removed = True
+        record["conditional_bindings"] = [b for b in conditional if b["members"]]
+        if not removed:
+            raise GcloudError("Policy binding with the specified principal, role, and condition not found!")

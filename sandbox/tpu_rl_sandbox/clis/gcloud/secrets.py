@@ -296,13 +296,7 @@ class SecretsCommands(IamPolicies):
         project = self.project(parsed)
         secret = str(parsed.positionals["SECRET"])
         member, role = str(parsed.get("member")), str(parsed.get("role"))
-        remove_all = bool(parsed.get("all"))
-        if remove_all and {"condition", "condition-from-file"} & parsed.given:
-            raise GcloudUsageError(
-                parsed.command.dotted,
-                "argument --all: At most one of --all | --condition | --condition-from-file can be specified.",
-            )
-        specified, condition = self._condition(parsed, role)
+        remove_all, specified, condition = self._removal(parsed, role)
         with self.store.txn() as txn:
             secrets = txn.doc("secrets")
             record = secrets.get(f"{project}/{secret}")
@@ -311,32 +305,10 @@ class SecretsCommands(IamPolicies):
                     f"Status code: 404. Secret [projects/{inventory.project_number(project)}/secrets/{secret}] "
                     "not found or has no versions.."
                 )
-            plain = record.setdefault("bindings", {})
-            conditional = record.setdefault("conditional_bindings", [])
-            if conditional and not specified and not remove_all:
-                raise GcloudError(
-                    "Removing a binding without specifying a condition from a policy containing conditions "
-                    "is prohibited in non-interactive mode. Run the command again with `--condition=None` "
-                    "to remove a binding without condition or run command with `--all` to remove all "
-                    "bindings of the specified principal and role."
-                )
-            removed = False
-            if (remove_all or condition is None) and member in plain.get(role, []):
-                plain[role].remove(member)
-                if not plain[role]:
-                    del plain[role]
-                record.get(iam.GRANTED_AT, {}).get(role, {}).pop(member, None)
-                removed = True
-            for binding in list(conditional):
-                matches = remove_all or binding["condition"] == condition
-                if binding["role"] == role and member in binding["members"] and matches:
-                    binding["members"].remove(member)
-                    removed = True
-            record["conditional_bindings"] = [b for b in conditional if b["members"]]
-            if not removed:
-                raise GcloudError(
-                    "Policy binding with the specified principal, role, and condition not found!"
-                )
+            self._unbind_in_record(
+                record, member, role, condition, specified=specified, remove_all=remove_all
+            )
+            record.get(iam.GRANTED_AT, {}).get(role, {}).pop(member, None)
             txn.save("secrets")
             plain, conditional = iam.policy_from_docs(
                 {"secrets": secrets}, f"projects/{project}/secrets/{secret}", False

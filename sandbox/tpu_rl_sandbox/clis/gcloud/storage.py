@@ -173,6 +173,24 @@ class StorageCommands(IamPolicies):
         self.out(formatted(self._policy(plain, conditional), parsed.get("format")))
         return 0
 
+    def cmd_storage_buckets_remove_iam_policy_binding(self, parsed: GcloudParse) -> int:
+        """surface/storage/buckets/remove_iam_policy_binding.py: the bucket URL checked, its policy
+        read (a missing bucket is a 404), then iam_command_util.remove_iam_binding_from_resource:
+        iam_util.RemoveBindingFromIamPolicyWithCondition and the policy set."""
+        member, role = str(parsed.get("member")), str(parsed.get("role"))
+        bucket = self._bucket_of(parsed)
+        remove_all, specified, condition = self._removal(parsed, role)
+        with self.store.txn() as txn:
+            buckets = txn.doc("buckets")
+            record = buckets.setdefault(bucket, {})
+            self._unbind_in_record(
+                record, member, role, condition, specified=specified, remove_all=remove_all
+            )
+            txn.save("buckets")
+            plain, conditional = iam.policy_from_docs({"buckets": buckets}, f"b/{bucket}", False)
+        self.out(formatted(self._policy(plain, conditional), parsed.get("format")))
+        return 0
+
     def cmd_storage_buckets_get_iam_policy(self, parsed: GcloudParse) -> int:
         bucket = self._bucket_of(parsed)
         plain, conditional = iam.iam_policy(self.layout, f"b/{bucket}")
