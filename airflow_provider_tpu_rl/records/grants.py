@@ -13,13 +13,18 @@ a cleared DAG run (its XCom gone) loses nothing:
   lose each other.
 
 A binding is removed when its last holder lets go and it was not pre-existing; a holder that came
-meanwhile gets it back. Only runs naming the same bucket see each other's holds.
+meanwhile gets it back. A bucket's binding has its holders in that bucket. A secret is the
+project's: runs of other buckets may hold the same binding, so the holders recorded in every bucket
+this Airflow knows (``[tpu_rl] janitor_buckets`` and the ledger's, as the janitor reads them) count
+too, and a binding one of them holds is neither pre-existing nor removed. A run of another Airflow
+whose bucket this one does not know is not seen (docs/run-safety.md says how to keep them apart).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -37,6 +42,8 @@ if TYPE_CHECKING:
 GRANTS_PREFIX = "tpu-rl/grants/"
 GCS_TIMEOUT_S = 60.0
 MAX_ROUNDS = 8
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -215,6 +222,13 @@ class RunGrants:
         result = self.hook.run_checked(command, log_output=False)
         return binding.member in policy_members(result.output_lines, binding.role)
 
+    def _preexisting(self, bucket: str, binding: Binding) -> bool:
+        """The binding is there and no run holds it (a run of another bucket holding a secret's
+        binding added it: not a binding of the user's, so its last holder removes it)."""
+        if not self._present(binding):
+            return False
+        return binding.kind != "secret" or not self.holders_elsewhere(bucket, binding)
+
     def grant(self, bucket: str, holder: str, bindings: Sequence[Binding]) -> list[Binding] | None:
         """Record, hold and add ``bindings`` for ``holder``; the ones it added (not pre-existing).
 
@@ -230,10 +244,30 @@ class RunGrants:
             write_resource_record(self.gcp_conn_id, bucket, holder, merged, self.chain)
         added = []
         for binding in bindings:
-            if not self.registry.hold(bucket, binding, holder, partial(self._present, binding)):
+            if not self.registry.hold(bucket, binding, holder, partial(self._preexisting, bucket, binding)):
                 added.append(binding)
             self.hook.run_checked(binding.add())
         return added
+
+    def holders_elsewhere(self, bucket: str, binding: Binding) -> list[str]:
+        """The holders of ``binding`` that other buckets this Airflow knows record: a secret is
+        the project's, so runs of other buckets may hold the same binding (``[tpu_rl]
+        janitor_buckets`` and the ledger's buckets, as the janitor knows them). ``bucket/holder``;
+        a bucket that cannot be read counts as holding it (nothing is removed on a guess)."""
+        from airflow_provider_tpu_rl.records.janitor_sources import janitor_buckets, ledger_buckets
+
+        found = []
+        for other in dict.fromkeys([*janitor_buckets(), *ledger_buckets()]):
+            if other == bucket:
+                continue
+            try:
+                holds = self.registry.read(other, binding)
+            except Exception as err:  # unreadable: assume it holds
+                log.warning("%s: the holders in gs://%s cannot be read (%s)", binding.text(), other, err)
+                found.append(f"{other}/(unreadable)")
+                continue
+            found += [f"{other}/{holder}" for holder in holds.holders]
+        return found
 
     def release(self, bucket: str, holder: str) -> list[Binding]:
         """``holder`` is gone: drop its holds; remove each binding it was the last to hold (never
@@ -246,10 +280,20 @@ class RunGrants:
                 continue  # let go of already (a retried teardown)
             # removed before the hold is dropped: a failed removal is retried with the task
             last = holds.holders == (holder,) and not holds.preexisting
+            if last and binding.kind == "secret":
+                elsewhere = self.holders_elsewhere(bucket, binding)
+                if elsewhere:
+                    last = False
+                    log.info(
+                        "%s: kept for %s (a run of another bucket holds it)", binding.text(), elsewhere[0]
+                    )
             if last:
                 self.hook.run_checked(binding.remove())
             left = self.registry.release(bucket, binding, holder)
-            if last and left is not None and left.holders:  # held again meanwhile: give it back
+            again = last and left is not None and bool(left.holders)
+            if last and binding.kind == "secret" and not again:
+                again = bool(self.holders_elsewhere(bucket, binding))
+            if again:  # held again meanwhile (here or in another bucket): give it back
                 self.hook.run_checked(binding.add())
             elif last:
                 removed.append(binding)

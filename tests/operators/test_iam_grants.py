@@ -9,6 +9,8 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
+
 from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
 from airflow_provider_tpu_rl.operators.gke import (
     GRANTED_XCOM_KEY,
@@ -141,6 +143,32 @@ def test_a_binding_another_live_run_holds_is_kept_until_it_lets_go(sb: SandboxRu
     second = _vm_task(sb, CpuVmDeleteOperator, conf_b, "delete_cpu_vm", run_id=RUN_B)
     assert len(second["removed_grants"]) == 2
     assert _holds(sb, conf_a) == {"secret": False, "bucket": False}
+
+
+def test_a_secret_binding_a_run_of_another_bucket_holds_is_kept_until_it_lets_go(
+    sb: SandboxRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The token secret is the project's: run B, in another bucket this Airflow knows ([tpu_rl]
+    janitor_buckets), holds the binding run A added. A's teardown keeps it (and removes its own
+    bucket's); B's, the last holder, removes it: B did not take it for the user's."""
+    other = f"{sb.bucket}-b"
+    sb.api.create_bucket(other)
+    monkeypatch.setenv("AIRFLOW__TPU_RL__JANITOR_BUCKETS", f"{sb.bucket},{other}")
+    conf_a, conf_b = sb.tpu_vm_conf(), sb.tpu_vm_conf(vm_name=f"{sb.vm}b", bucket=other)
+    _vm_run_setup(sb, conf_a)
+    _vm_task(sb, CpuVmCreateOperator, conf_a, "create_cpu_vm")
+    _vm_task(sb, CpuVmCreateOperator, conf_b, "create_cpu_vm", run_id=RUN_B)
+    secret = f"projects/{sb.project}/secrets/{_secret(conf_a)}"
+
+    first = _vm_task(sb, CpuVmDeleteOperator, conf_a, "delete_cpu_vm")
+    assert first["removed_grants"] == [f"{OBJECT_ADMIN} for {_account(sb)} on gs://{sb.bucket}"]
+    assert _account(sb) in iam_bindings(sb.layout, secret).get(ACCESSOR, [])  # B still needs it
+
+    second = _vm_task(sb, CpuVmDeleteOperator, conf_b, "delete_cpu_vm", run_id=RUN_B)
+    assert (
+        f"{ACCESSOR} for {_account(sb)} on secret {sb.project}/{_secret(conf_a)}" in second["removed_grants"]
+    )
+    assert _account(sb) not in iam_bindings(sb.layout, secret).get(ACCESSOR, [])
 
 
 def test_a_retried_create_keeps_the_grants_its_record_lists(sb: SandboxRun) -> None:
