@@ -57,7 +57,13 @@ BOOT_DISK_TYPES_TAKEN: dict[str, tuple[str, ...]] = {
     "ct6e": ("hyperdisk-balanced", "hyperdisk-balanced-high-availability"),
     "n4": ("hyperdisk-balanced", "hyperdisk-balanced-high-availability"),
     "c4": ("hyperdisk-balanced", "hyperdisk-balanced-high-availability"),
-    "c3": ("pd-balanced", "pd-ssd", "hyperdisk-balanced", "hyperdisk-balanced-high-availability"),
+    "c3": (
+        "pd-balanced",
+        "pd-ssd",
+        "pd-extreme",
+        "hyperdisk-balanced",
+        "hyperdisk-balanced-high-availability",
+    ),
     "n1": PERSISTENT_DISK_TYPES,
     "n2": PERSISTENT_DISK_TYPES,
     "n2d": PERSISTENT_DISK_TYPES,
@@ -73,9 +79,11 @@ DEFAULT_BOOT_DISK_TYPE = "pd-standard"
 
 def boot_disk_type(machine_type: str, given: str | None) -> str:
     """The boot disk type a create gets; one the machine series does not take is refused as the API
-    refuses incompatible features: the message's form is the one third-party reports quote
-    (terraform-provider-google#8148 "[e2-medium, local-ssd] features are not compatible for creating
-    instance.", dsub#301 "[pd-standard, n4-standard-2] ..."); the items' order is the sandbox's."""
+    refuses incompatible features, in the form third-party reports quote (terraform-provider-google
+    #8148 "Error 400: [e2-medium, local-ssd] features are not compatible for creating instance.",
+    dsub#301 "[pd-standard, n4-standard-2] ..." with the disk type first, as here). No source read
+    quotes instances.insert's own text for a boot disk type, so the wording is the sandbox's guess;
+    the provider reads none of it (an unrecognised failure is a configuration error: toolchain/failures.py)."""
     taken = BOOT_DISK_TYPES_TAKEN.get(machine_type.split("-", 1)[0])
     if given is None:
         return DEFAULT_BOOT_DISK_TYPE if taken is None or DEFAULT_BOOT_DISK_TYPE in taken else taken[0]
