@@ -48,7 +48,9 @@ def create_instance(
     track: tuple[str, ...] = (),
     boot_family: str | None = None,
 ) -> Command:
-    """``gcloud [track] compute instances create`` of ``vm`` with its image, disk, scope and labels;
+    """``gcloud [track] compute instances create`` of ``vm`` with its image, disk (the type its
+    machine series takes, never Compute Engine's pd-standard default: spec/cluster.py
+    ``BOOT_DISK_TYPES``), scope and labels;
     ``capacity`` is how it is provisioned. ``boot_family``: an image family of the VM's own project
     it boots from instead of its image family (the baked boot image: render/boot_image.py)."""
     sa = [f"--service-account={service_account}"] if service_account else []
@@ -69,6 +71,7 @@ def create_instance(
             f"--image-project={image_project}",
             f"--image-family={image_family}",
             f"--boot-disk-size={vm.boot_disk_size}",
+            f"--boot-disk-type={vm.boot_disk_type}",
             *capacity,
             *sa,
             "--scopes=cloud-platform",

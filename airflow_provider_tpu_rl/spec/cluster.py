@@ -35,6 +35,53 @@ FLEX_START: Final = "flex-start"
 CAPACITIES: Final = (ON_DEMAND, RESERVATION, SPOT, FLEX_START)
 
 
+# The boot disk type the provider renders (``--boot-disk-type``) for each machine series it creates
+# VMs of. Compute Engine's default is pd-standard (compute v1 AttachedDiskInitializeParams.diskType,
+# gcloud 528's generated compute_v1_messages.py: "If not specified, the default is pd-standard"), an
+# HDD that reads a >10 GB image slowly, and some series take no Persistent Disk at all:
+# - ct6e (TPU v6e): Hyperdisk Balanced. Cloud TPU "Storage options for TPU data"
+#   (docs.cloud.google.com/tpu/docs/storage-options): v6e supports Hyperdisk Balanced and Hyperdisk
+#   ML, "Persistent Disk is not supported for the latest machine series, including Cloud TPU v6e";
+#   Compute Engine "About Hyperdisk Balanced": Hyperdisk Balanced (and its HA variant) are the only
+#   Hyperdisk boot disk types, "including for TPU VMs". Direct: Google's pages.
+# - n4, c4: Hyperdisk only. Indirect: Red Hat OpenShift's GCP PD CSI page ("regular persistent disks
+#   are not available on N4/C3 VMs"), nextflow-io/nextflow#6841 ("C4, C4A, C4D, N4, N4A, N4D ... do
+#   not support pd-balanced"), DataBiosphere/dsub#301 (n4 with pd-standard refused by the API).
+# - c3: Hyperdisk Balanced, which every source agrees it takes (GoogleCloudPlatform/cluster-toolkit
+#   #1601 refuses only pd-standard on c3; Red Hat says no Persistent Disk at all).
+# - n1, n2, n2d, e2: Balanced Persistent Disk (SSD-backed). Compute Engine "Storage options": "for
+#   earlier generation machine series, the most common solution is ... a Balanced Persistent Disk";
+#   its Hyperdisk page lists no Hyperdisk Balanced for them (nextflow#6841 reads it the same way).
+# A series not listed is refused (one line): a guessed type fails the create or is the slow default.
+HYPERDISK_BALANCED: Final = "hyperdisk-balanced"
+PD_BALANCED: Final = "pd-balanced"
+BOOT_DISK_TYPES: Final = MappingProxyType(
+    {
+        "ct6e": HYPERDISK_BALANCED,
+        "n4": HYPERDISK_BALANCED,
+        "c4": HYPERDISK_BALANCED,
+        "c3": HYPERDISK_BALANCED,
+        "n1": PD_BALANCED,
+        "n2": PD_BALANCED,
+        "n2d": PD_BALANCED,
+        "e2": PD_BALANCED,
+    }
+)
+
+
+def boot_disk_type(name: str, machine_type: str) -> str:
+    """The boot disk type of ``machine_type``'s series (:data:`BOOT_DISK_TYPES`); a series it does not
+    list is refused in one line, ``name`` the field."""
+    series = machine_type.split("-", 1)[0]
+    if series not in BOOT_DISK_TYPES:
+        raise SpecError(
+            name,
+            f"machine series {series} has no known boot disk type; use one of {sorted(BOOT_DISK_TYPES)}",
+            machine_type,
+        )
+    return BOOT_DISK_TYPES[series]
+
+
 def check_capacity(capacity: object, reservation: str) -> str:
     """``capacity`` is one of :data:`CAPACITIES` and agrees with ``reservation`` (one line if not):
     on-demand, spot and flex-start capacity consume no reservation."""
@@ -293,6 +340,7 @@ class TpuVmSpec:
         rules.int_range("max_run_hours", self.max_run_hours, 1, 24 * 7)
         rules.bucket_name("bucket", self.bucket)
         SliceShape(self.machine_type, self.topology)
+        boot_disk_type("machine_type", self.machine_type)
         rules.gce_name("image_project", self.image_project, "image project")
         rules.gce_name("image_family", self.image_family, "image family")
         rules.match(
@@ -303,6 +351,11 @@ class TpuVmSpec:
     @property
     def shape(self) -> SliceShape:
         return SliceShape(self.machine_type, self.topology)
+
+    @property
+    def boot_disk_type(self) -> str:
+        """The boot disk type its machine series takes (:data:`BOOT_DISK_TYPES`)."""
+        return boot_disk_type("machine_type", self.machine_type)
 
     @property
     def chips(self) -> int:
@@ -365,9 +418,15 @@ class CpuVmSpec:
             SYSTEM_MACHINE_TYPE,
             "a CPU machine type like n2-highmem-32",
         )
+        boot_disk_type("cpu_machine_type", self.machine_type)
         rules.gce_name("image_project", self.image_project, "image project")
         rules.gce_name("image_family", self.image_family, "image family")
         rules.match(
             "boot_disk_size", self.boot_disk_size, rules.re.compile(r"^[1-9][0-9]{1,4}GB$"), "like 200GB"
         )
         object.__setattr__(self, "labels", _labels(self.labels))
+
+    @property
+    def boot_disk_type(self) -> str:
+        """The boot disk type its machine series takes (:data:`BOOT_DISK_TYPES`)."""
+        return boot_disk_type("cpu_machine_type", self.machine_type)

@@ -554,8 +554,10 @@ RUN_PARAMS: Final[tuple[RunParam, ...]] = (
         "CPU VM machine type",
         VM,
         "Machine type of the CPU VM the checkpoint conversions run on (MaxText's converters run on the "
-        "CPU only); 256 GB of RAM by default. Not a TPU (ct*) type.",
-        "machine type of the CPU VM the conversions run on; a CPU type (a `ct…` one is refused)",
+        "CPU only); 256 GB of RAM by default. Not a TPU (ct*) type; a series whose boot disk type is "
+        "known: n1, n2, n2d, e2 (pd-balanced), n4, c3, c4 (hyperdisk-balanced).",
+        "machine type of the CPU VM the conversions run on; a CPU type (a `ct…` one is refused) of a "
+        "series with a known boot disk type (n1, n2, n2d, e2, n4, c3, c4)",
         default=CPU_VM_MACHINE_TYPE,
         pipelines=_TPU_VM_ONLY,
         schema={"pattern": SYSTEM_MACHINE_TYPE.pattern},

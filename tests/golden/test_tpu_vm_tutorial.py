@@ -94,6 +94,10 @@ def test_vm_create_and_delete_match_tutorial() -> None:
     assert ours.argv[:5] == tuple(create[:5])
     # Documented difference: cloud-platform scope so the VM can copy to GCS and read the secret.
     assert got.pop("--scopes") == ["cloud-platform"]
+    # Documented difference (item 20): the boot disk type v6e takes, explicit (the tutorial leaves
+    # the API's default, documented as pd-standard, which v6e does not take).
+    assert "--boot-disk-type" not in want
+    assert got.pop("--boot-disk-type") == ["hyperdisk-balanced"]
     assert got == want
     assert list(tpu_vm.delete_vm(pipeline.vm).argv) == delete
 
@@ -163,6 +167,7 @@ def test_cpu_vm_create_and_delete() -> None:
         "gcloud", "compute", "instances", "create", "llama-vm-cpu",
         "--zone=us-east5-b", "--project=tpu-proj-123", "--machine-type=n2-highmem-32",
         "--image-project=ubuntu-os-cloud", "--image-family=ubuntu-2204-lts", "--boot-disk-size=200GB",
+        "--boot-disk-type=pd-balanced",
         "--service-account=sa@tpu-proj-123.iam.gserviceaccount.com", "--scopes=cloud-platform",
     ]  # fmt: skip
     assert list(tpu_vm.delete_vm(cpu).argv) == [

@@ -71,6 +71,8 @@ def test_the_bake_runs_on_a_cpu_vm_from_the_tpu_family_and_leaves_an_image_of_it
     assert {"--machine-type=n2-standard-8", f"--image-family={pipeline.vm.image_family}"} <= set(create)
     assert f"--image-project={pipeline.vm.image_project}" in create
     assert f"--boot-disk-size={pipeline.vm.boot_disk_size}" in create  # the TPU VM's disk fits it
+    # n2 takes no Hyperdisk Balanced; Balanced PD, not the API's pd-standard HDD, reads the image
+    assert "--boot-disk-type=pd-balanced" in create
     assert any(flag.startswith("--labels=tpu-rl-managed=true") for flag in create)
     image = argvs[5]
     assert image[4] == boot_image.image_name(family, pipeline.suffix)

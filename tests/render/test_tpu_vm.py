@@ -23,6 +23,7 @@ COMMON = [
     "--image-project=ubuntu-os-accelerator-images",
     "--image-family=ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e",
     "--boot-disk-size=200GB",
+    "--boot-disk-type=hyperdisk-balanced",  # v6e takes no Persistent Disk (spec/cluster.py)
 ]
 # the golden argv of each capacity (before the service account, scopes and labels)
 CREATE = {
@@ -208,3 +209,19 @@ def test_without_a_container_of_its_name_the_stage_starts_one(tmp_path: Any) -> 
     code, _, calls = _run_train_script(tmp_path, "")
     assert code == 0
     assert [call.split()[0] for call in calls] == ["inspect", "run"]
+
+
+@pytest.mark.parametrize(
+    ("cpu_machine_type", "disk_type"), [(None, "pd-balanced"), ("n4-highmem-32", "hyperdisk-balanced")]
+)
+def test_every_vm_create_names_the_boot_disk_type_its_series_takes(
+    cpu_machine_type: str | None, disk_type: str
+) -> None:
+    """Never Compute Engine's default (pd-standard: slow, and refused by Hyperdisk-only series): the
+    CPU VM's type follows ``cpu_machine_type``, the TPU VM's is v6e's Hyperdisk Balanced."""
+    conf = {**VM_CONF, **({"cpu_machine_type": cpu_machine_type} if cpu_machine_type else {})}
+    pipeline = tpu_vm_pipeline_from_conf(conf)
+    cpu = tpu_vm.create_cpu_vm(pipeline.cpu_vm).argv
+    assert [a for a in cpu if a.startswith("--boot-disk-type")] == [f"--boot-disk-type={disk_type}"]
+    tpu = tpu_vm.create_vm(pipeline.vm).argv
+    assert [a for a in tpu if a.startswith("--boot-disk-type")] == ["--boot-disk-type=hyperdisk-balanced"]

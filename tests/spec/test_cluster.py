@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from airflow_provider_tpu_rl.spec import ClusterSpec, SliceShape, SpecError
-from airflow_provider_tpu_rl.spec.cluster import GkeJobTarget
+from airflow_provider_tpu_rl.spec.cluster import CpuVmSpec, GkeJobTarget, TpuVmSpec, boot_disk_type
 
 
 @pytest.mark.parametrize(
@@ -52,3 +52,40 @@ def test_a_job_target_is_a_tpu_slice_or_a_cpu_machine_on_one_node() -> None:
         dataclasses.replace(cpu, node_pool="CPU_NP;")
     with pytest.raises(SpecError, match="compute_type"):
         dataclasses.replace(cpu, compute_type="n4 standard")
+
+
+@pytest.mark.parametrize(
+    ("machine_type", "disk_type"),
+    [
+        ("ct6e-standard-8t", "hyperdisk-balanced"),  # v6e: no Persistent Disk
+        ("n4-highmem-32", "hyperdisk-balanced"),  # N4: Hyperdisk only
+        ("n2-highmem-32", "pd-balanced"),  # N2: no Hyperdisk Balanced; not the pd-standard default
+        ("n2-standard-8", "pd-balanced"),  # the bake VM
+        ("e2-standard-32", "pd-balanced"),
+    ],
+)
+def test_each_machine_series_boots_from_the_disk_type_it_takes(machine_type: str, disk_type: str) -> None:
+    assert boot_disk_type("machine_type", machine_type) == disk_type
+
+
+def test_the_vms_know_their_boot_disk_type_and_refuse_an_unknown_series() -> None:
+    """A CPU VM of a series with no known boot disk type is refused in one line naming the field
+    and the known series; the TPU VM's and the default CPU VM's types are their series'."""
+    vm = TpuVmSpec(
+        project="tpu-proj-123", zone="us-east5-b", vm_name="llama-vm", reservation="", bucket="rl-b"
+    )
+    assert vm.boot_disk_type == "hyperdisk-balanced"
+    cpu = CpuVmSpec(project="tpu-proj-123", zone="us-east5-b", vm_name="llama-vm-cpu", bucket="rl-b")
+    assert cpu.boot_disk_type == "pd-balanced"
+    with pytest.raises(
+        SpecError, match=r"cpu_machine_type.*machine series m3 has no known boot disk type"
+    ) as err:
+        CpuVmSpec(
+            project="tpu-proj-123",
+            zone="us-east5-b",
+            vm_name="llama-vm-cpu",
+            bucket="rl-b",
+            machine_type="m3-ultramem-32",
+        )
+    assert "\n" not in str(err.value)
+    assert "'n2'" in str(err.value)

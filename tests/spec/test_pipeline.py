@@ -192,6 +192,12 @@ def test_bad_gke_conf_is_rejected_with_field_and_rule(conf: dict[str, Any], fiel
         # the CPU VM runs the converters: a TPU machine type would bill TPUs for CPU work
         ({"cpu_machine_type": "ct6e-standard-8t"}, "cpu_machine_type", "not a TPU one"),
         ({"cpu_machine_type": "N2 highmem"}, "cpu_machine_type", "a CPU machine type like n2-highmem-32"),
+        # its boot disk type is not known: a guess fails the create or is the slow pd-standard
+        (
+            {"cpu_machine_type": "m3-ultramem-32"},
+            "cpu_machine_type",
+            "machine series m3 has no known boot disk type",
+        ),
     ],
 )
 def test_bad_tpu_vm_conf_is_rejected(conf: dict[str, Any], field: str, rule: str) -> None:

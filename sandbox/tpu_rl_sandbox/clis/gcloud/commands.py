@@ -249,6 +249,9 @@ COMMANDS: tuple[GcloudCommand, ...] = (
         (F("zone"), F("delete-disks"), F("keep-disks")),
     ),
     GcloudCommand(("compute", "instances", "describe"), (P("NAME"),), (F("zone"),)),
+    # surface/compute/disks/describe.py (GA): disks_flags.MakeDiskArg(plural=False): DISK_NAME, --zone
+    # or --region (a regional disk: not simulated)
+    GcloudCommand(("compute", "disks", "describe"), (P("DISK_NAME"),), (F("zone"), F("region"))),
     # surface/compute/instances/stop.py (GA): INSTANCES_ARG, --discard-local-ssd, base.ASYNC_FLAG
     GcloudCommand(
         ("compute", "instances", "stop"),
