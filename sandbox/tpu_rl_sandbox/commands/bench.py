@@ -597,7 +597,7 @@ TPU_TIME_RUNS: dict[str, TpuTimeRun] = {
         "llama3.1-8b-Instruct",
         TPU_VM_IDLE_GOAL,
         tpu_cost.tutorial_tpu_vm_minutes,
-        "the TPU VM from its create to its delete: install from sources, convert, train, copy, export",
+        "the TPU VM from its create to its delete: its guest's boot, install from sources, convert, train, copy, export",
     ),
 }
 
