@@ -90,11 +90,13 @@ CAPACITY_MINUTES: Final[Mapping[str, float]] = MappingProxyType(
         "vm_provisioning": 0.5,
         "vm_staging": 0.5,
         # RUNNING until the guest's sshd answers, after each create and each start: billed (RUNNING).
-        # Compute Engine's lifecycle page says of RUNNING "You should be able to ssh into the
-        # instance soon, but not immediately"; it gives no duration. The one measurement found, a
-        # third party's (R. Aboukhalil, "Move Fast and Break the Cloud", Medium, 2018: ~5,000 N1 VMs,
-        # Debian 9), times request-to-SSH at ~25 s up to 32 vCPUs and under a minute up to 96; a
-        # ct6e-standard-8t has 180 vCPUs and an Ubuntu accelerator image. An estimate.
+        # An earlier version of Compute Engine's lifecycle page said of RUNNING "You should be able
+        # to ssh into the instance soon, but not immediately" (second-hand: as study notes quote it,
+        # jayendrapatil.com/gcp-compute-engine; the current page's copy here does not show the
+        # sentence); no page gives a duration. The one measurement found is a third party's (R.
+        # Aboukhalil, "Move Fast and Break the Cloud", Medium, 2018: ~5,000 N1 VMs, Debian 9):
+        # request-to-SSH ~25 s up to 32 vCPUs, under a minute up to 96; a ct6e-standard-8t has 180
+        # vCPUs and an Ubuntu accelerator image. An estimate, not a TPU VM's measured boot.
         "guest_boot": 1.0,
         # STOPPING to gone (a delete) or TERMINATED (a stop, a preemption): the guest's shutdown,
         # unbilled; the whole estimated minute of a VM delete before.
