@@ -120,6 +120,12 @@ DEFAULT_ADMISSION_MINUTES: Final = 30.0
 # and a job that is admitted at once still needs Kueue's admission, the scheduler's placement and
 # the kubelet's start of its first pod; below this, every job would be cancelled before it could start.
 MIN_ADMISSION_MINUTES: Final = 5.0
+# A new or started VM's guest boots after it is RUNNING; its sshd refuses connections meanwhile.
+# gcloud's own SSH poll (only for a newly added key) tries every 5 s for 60 s (command_lib/util/ssh/
+# ssh.py SSHPoller, compute/ssh_utils.SSH_KEY_PROPAGATION_TIMEOUT_MS): the provider's wait polls as
+# often, for longer.
+DEFAULT_SSH_BOOT_WAIT_MINUTES: Final = 5.0
+DEFAULT_SSH_BOOT_POLL_SECONDS: Final = 5.0
 # Added to the sum of a DAG run's stages: scheduling, queueing, retry delays.
 DAGRUN_MARGIN: Final = timedelta(hours=2)
 # pipelines/arguments.transient_retries: max_retry_delay.
@@ -196,6 +202,15 @@ def kill_grace_seconds() -> float:
 def terraform_lock_timeout() -> float:
     """Seconds Terraform's ``apply`` waits for a held state lock: ``[tpu_rl] terraform_lock_timeout_minutes``."""
     return _minutes("terraform_lock_timeout_minutes", DEFAULT_TERRAFORM_LOCK_MINUTES) * 60
+
+
+def ssh_boot_wait() -> tuple[float, float]:
+    """Seconds a ``gcloud compute ssh`` refused by a booting guest is tried again for, and between
+    tries: ``[tpu_rl] ssh_boot_wait_minutes`` (5) and ``ssh_boot_poll_seconds`` (5)."""
+    poll = conf.getfloat(SECTION, "ssh_boot_poll_seconds", fallback=DEFAULT_SSH_BOOT_POLL_SECONDS)
+    if not (poll > 0 and math.isfinite(poll)):
+        raise ValueError(f"[{SECTION}] ssh_boot_poll_seconds must be a finite number > 0, not {poll}")
+    return _minutes("ssh_boot_wait_minutes", DEFAULT_SSH_BOOT_WAIT_MINUTES) * 60, poll
 
 
 def command_timeout() -> float:

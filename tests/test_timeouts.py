@@ -85,3 +85,16 @@ def test_other_unbounded_options_are_refused_in_one_line(
 def test_unknown_stage_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown stage"):
         timeouts.task_timeout("nap")
+
+
+def test_the_ssh_boot_wait_is_bounded_and_polls_as_often_as_gclouds_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert timeouts.ssh_boot_wait() == (300.0, 5.0)  # gcloud's SSHPoller: every 5 s (for 60 s)
+    monkeypatch.setenv("AIRFLOW__TPU_RL__SSH_BOOT_WAIT_MINUTES", "inf")
+    with pytest.raises(ValueError, match="ssh_boot_wait_minutes must be a positive, finite number"):
+        timeouts.ssh_boot_wait()
+    monkeypatch.setenv("AIRFLOW__TPU_RL__SSH_BOOT_WAIT_MINUTES", "2")
+    monkeypatch.setenv("AIRFLOW__TPU_RL__SSH_BOOT_POLL_SECONDS", "0")
+    with pytest.raises(ValueError, match="ssh_boot_poll_seconds must be a finite number > 0"):
+        timeouts.ssh_boot_wait()

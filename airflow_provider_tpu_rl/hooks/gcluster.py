@@ -17,6 +17,7 @@ import re
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -42,12 +43,14 @@ from airflow_provider_tpu_rl.hooks.connection_fields import (
 )
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.render import preflight as preflight_commands
+from airflow_provider_tpu_rl.render import tpu_vm as tpu_vm_commands
 from airflow_provider_tpu_rl.render.command import Command
 from airflow_provider_tpu_rl.spec import rules
 from airflow_provider_tpu_rl.spec.errors import SpecError
 from airflow_provider_tpu_rl.timeouts import (
     command_timeout,
     kill_grace_seconds,
+    ssh_boot_wait,
     stage_command_timeout,
     terraform_lock_timeout,
 )
@@ -332,6 +335,7 @@ class GclusterHook(BaseHook):
         self._toolchains: dict[str, Toolchain] = {}
         self._running: set[SyncProcess] = set()
         self._running_lock = threading.Lock()
+        self._terminated = threading.Event()  # ends a wait between tries (on_kill)
 
     # ------------------------------------------------------------------ connection form
     @classmethod
@@ -660,6 +664,7 @@ class GclusterHook(BaseHook):
         timeout: float | None = None,
         job_home: str | os.PathLike[str] | None = None,
         log_output: bool = True,
+        wait_for_sshd: bool = True,
     ) -> CommandResult:
         """Run ``command`` to the end and return its exit code and redacted output lines.
 
@@ -675,9 +680,18 @@ class GclusterHook(BaseHook):
         ``gcluster job`` command first needs its toolchain (:meth:`require_toolchain`): a missing
         tool is a one-line :class:`ConfigurationError` before any process starts; the toolchain's
         folders go first on the command's PATH, with ``TF_PLUGIN_CACHE_DIR``.
+
+        A ``gcloud compute ssh`` refused by a booting guest is tried again (``wait_for_sshd``, off
+        for a probe that only looks).
         """
         purpose = command_purpose(command)
         toolchain = self._ready_toolchain(purpose, self.config, install=True) if purpose else None
+        bound = default_timeout(command) if timeout is None else timeout
+        if wait_for_sshd and tpu_vm_commands.is_ssh(command):
+            return self._run_until_sshd_answers(
+                command, timeout=bound, secrets=secrets, cwd=cwd, job_home=job_home, on_line=on_line,
+                log_output=log_output,
+            )  # fmt: skip
         return self._run_with(
             command,
             toolchain,
@@ -685,9 +699,29 @@ class GclusterHook(BaseHook):
             cwd=cwd,
             job_home=job_home,
             on_line=on_line,
-            timeout=default_timeout(command) if timeout is None else timeout,
+            timeout=bound,
             log_output=log_output,
         )
+
+    def _run_until_sshd_answers(self, command: Command, *, timeout: float, **kwargs: Any) -> CommandResult:
+        """A ``gcloud compute ssh`` tried again while the VM's sshd refuses it (a guest still
+        booting: no session ran), every ``[tpu_rl] ssh_boot_poll_seconds`` for up to
+        ``ssh_boot_wait_minutes``, one log line per wait; ``timeout`` bounds the whole."""
+        bound, poll = ssh_boot_wait()
+        started = time.monotonic()
+        while True:
+            left = timeout - (time.monotonic() - started)
+            result = self._run_with(command, None, timeout=max(left, 1.0), **kwargs)
+            refused = tpu_vm_commands.ssh_refused(result.exit_code, result.output_lines)
+            waited = time.monotonic() - started
+            if refused is None or result.timed_out or waited + poll > min(bound, left):
+                return result
+            self.log.info(
+                "%s: %s (the VM's guest is still booting): trying again in %gs, %.0fs of %.0fs waited",
+                self._label(command), refused, poll, waited, bound,
+            )  # fmt: skip
+            if self._terminated.wait(poll):
+                return result
 
     def _run_with(
         self,
@@ -738,6 +772,18 @@ class GclusterHook(BaseHook):
         label = redact(self._label(command))
         if result.timed_out:
             raise CommandError(f"{label} timed out; last output:\n{tail}", FailureKind.TRANSIENT)
+        refused = (
+            tpu_vm_commands.ssh_refused(result.exit_code, result.output_lines)
+            if tpu_vm_commands.is_ssh(command)
+            else None
+        )
+        if refused is not None:
+            bound = ssh_boot_wait()[0] / 60
+            raise CommandError(
+                f"{label}: the VM's sshd still refused connections after the boot wait "
+                f"([tpu_rl] ssh_boot_wait_minutes = {bound:g}): {redact(refused)}",
+                FailureKind.TRANSIENT,
+            )
         kind = classify_failure(result.output)
         # The error line first: the one line a watcher or a user reads says what went wrong.
         said = error_line([redact(line) for line in result.output_lines])
@@ -773,6 +819,7 @@ class GclusterHook(BaseHook):
 
     def terminate(self) -> None:
         """Stop every command this hook is running (SIGTERM its process group, then SIGKILL)."""
+        self._terminated.set()
         with self._running_lock:
             running = list(self._running)
         for process in running:

@@ -365,7 +365,8 @@ class VmWriter:
             ssh_key_file=str(self.hook.ssh_key_file()),
         )  # fmt: skip
         try:
-            result = self.hook.run(command, log_output=False, timeout=600)
+            # a refused probe is not waited for: it answers unknown, so nothing is taken over
+            result = self.hook.run(command, log_output=False, timeout=600, wait_for_sshd=False)
         except (CommandError, ConfigurationError):
             return None
         return parse_vm_probe(result.output_lines, self.directory) if result.ok else None

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 from airflow_provider_tpu_rl.maxtext.layout import run_dir
@@ -209,6 +210,24 @@ SSH_FLAGS = (
     "--ssh-flag=-o ServerAliveCountMax=10",
     "--ssh-flag=-o ConnectTimeout=60",
 )
+
+
+# A guest still booting: nothing listens on port 22 yet. OpenSSH's connect failure (sshconnect.c
+# ssh_connect_direct: "ssh: connect to host %s port %s: %s", strerror(ECONNREFUSED)); gcloud exits
+# with ssh's 255, or 1 once its key-propagation poll gave up (compute/ssh_utils.NetworkError).
+SSH_REFUSED = re.compile(r"ssh: connect to host \S+ port 22: Connection refused")
+
+
+def is_ssh(command: Command) -> bool:
+    """Whether ``command`` is a ``gcloud compute ssh``."""
+    return tuple(command.argv[:3]) == ("gcloud", "compute", "ssh")
+
+
+def ssh_refused(exit_code: int, lines: Sequence[str]) -> str | None:
+    """OpenSSH's refused-connection line of a failed ``gcloud compute ssh`` (no session ran), or None."""
+    if exit_code not in (1, 255):
+        return None
+    return next((line for line in reversed(lines) if SSH_REFUSED.fullmatch(line.strip())), None)
 
 
 def ssh(

@@ -326,3 +326,66 @@ def test_terraform_commands_get_a_state_lock_timeout(make_hook, fake_tools, monk
     gcloud = hook.run(Command(("gcloud", "version")), timeout=GUARD)
     assert "TF_CLI_ARGS_apply=-lock-timeout=300s" in deploy.output_lines
     assert not any(line.startswith("TF_CLI_ARGS_apply=-lock") for line in gcloud.output_lines)
+
+
+REFUSED = "ssh: connect to host 34.1.2.3 port 22: Connection refused"
+SSH = Command(
+    ("gcloud", "compute", "ssh", "vm-1", "--zone=z", "--command=bash -s"), description="install on vm-1"
+)
+
+
+def _refused(code: int = 255) -> dict:
+    tail = (
+        "[/usr/bin/ssh] exited with return code [255]." if code == 255 else "Could not SSH into the instance."
+    )
+    return {"steps": [["err", REFUSED], ["err", f"ERROR: (gcloud.compute.ssh) {tail}"]], "exit": code}
+
+
+def test_ssh_refused_by_a_booting_guest_is_tried_again_until_sshd_answers(
+    make_hook, fake_tools, recording_logger, monkeypatch
+):
+    """Refused with ssh's 255, then with gcloud's given-up key poll (exit 1), then a session."""
+    monkeypatch.setenv("AIRFLOW__TPU_RL__SSH_BOOT_POLL_SECONDS", "0.05")
+    fake_tools.respond(
+        {"match": ["ssh"], "sequence": [_refused(255), _refused(1), {"steps": [["out", "installed"]]}]}
+    )
+    result = make_hook().run_checked(SSH, timeout=GUARD)
+    assert result.output_lines == ("installed",)
+    assert len(fake_tools.calls()) == 3
+    waits = [m for m in recording_logger.messages if "still booting" in m]
+    assert len(waits) == 2  # one line per wait
+    assert waits[0].startswith(
+        f"install on vm-1: {REFUSED} (the VM's guest is still booting): trying again in 0.05s"
+    )
+
+
+def test_ssh_refused_past_the_boot_wait_fails_in_one_line(make_hook, fake_tools, monkeypatch):
+    monkeypatch.setenv("AIRFLOW__TPU_RL__SSH_BOOT_POLL_SECONDS", "0.05")
+    monkeypatch.setenv("AIRFLOW__TPU_RL__SSH_BOOT_WAIT_MINUTES", "0.01")  # 0.6 s
+    fake_tools.respond({"match": ["ssh"], **_refused()})
+    with pytest.raises(CommandError) as failed:
+        make_hook().run_checked(SSH, timeout=GUARD)
+    assert str(failed.value) == (
+        "install on vm-1: the VM's sshd still refused connections after the boot wait "
+        f"([tpu_rl] ssh_boot_wait_minutes = 0.01): {REFUSED}"
+    )
+    assert failed.value.kind is FailureKind.TRANSIENT
+    assert 2 <= len(fake_tools.calls()) <= 13  # bounded: about 0.6 s of 0.05 s waits
+
+
+def test_only_a_refused_connection_is_tried_again(make_hook, fake_tools, monkeypatch):
+    """A timed-out connect (a firewall) or a failed session is not a booting guest: one try."""
+    monkeypatch.setenv("AIRFLOW__TPU_RL__SSH_BOOT_POLL_SECONDS", "0.05")
+    timed_out = "ssh: connect to host 34.1.2.3 port 22: Connection timed out"
+    fake_tools.respond({"match": ["ssh"], "steps": [["err", timed_out]], "exit": 255})
+    assert not make_hook().run(SSH, timeout=GUARD).ok
+    fake_tools.respond({"match": ["ssh"], "steps": [["err", REFUSED]], "exit": 3})  # the script's own
+    assert not make_hook().run(SSH, timeout=GUARD).ok
+    assert len(fake_tools.calls()) == 2
+
+
+def test_a_probe_that_only_looks_is_not_kept_waiting_on_a_booting_guest(make_hook, fake_tools, monkeypatch):
+    monkeypatch.setenv("AIRFLOW__TPU_RL__SSH_BOOT_POLL_SECONDS", "0.05")
+    fake_tools.respond({"match": ["ssh"], "sequence": [_refused(255), {"steps": [["out", "ok"]]}]})
+    assert not make_hook().run(SSH, timeout=GUARD, wait_for_sshd=False).ok
+    assert len(fake_tools.calls()) == 1

@@ -11,6 +11,7 @@ import pytest
 
 from airflow_provider_tpu_rl.assets import converted_checkpoint_asset
 from airflow_provider_tpu_rl.compat import AirflowFailException
+from airflow_provider_tpu_rl.exceptions import CommandError
 from airflow_provider_tpu_rl.operators.gke import EnsureBucketOperator, HfTokenSecretOperator
 from airflow_provider_tpu_rl.operators.tpu_vm import (
     CpuVmCreateOperator,
@@ -26,6 +27,7 @@ from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID, tpu_vm_pipeline_from_con
 from tests.support.compat import capture_task_logs
 from tests.support.outlets import outlet_events
 from tests.support.sandbox_run import TPU_VM_CONVERSION_TASKS, SandboxRun, printed_rewards
+from tpu_rl_sandbox.world.settings import update_settings
 
 RUN_ID = "manual__2026-03-01T00:00:00+00:00"
 START = datetime(2030, 1, 1, tzinfo=UTC)
@@ -236,6 +238,37 @@ def test_the_tpu_vms_runtime_installs_and_trains(sb: SandboxRun, runtime: str) -
         assert with_token == [["python3", "-m"]]
         assert not [c for c in calls if c["tool"] == "docker"]
         assert list(venv.glob("*/maxtext_venv"))
+
+
+def test_the_first_stage_waits_for_the_guests_sshd_and_fails_in_one_line_past_the_bound(
+    sb: SandboxRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new VM's guest boots after RUNNING: its install's ssh is refused (gcloud's own key poll
+    gives up first), the stage tries again, one log line a wait, and runs once sshd answers; a
+    guest that outlasts ``[tpu_rl] ssh_boot_wait_minutes`` fails the stage in one line."""
+    conf = sb.tpu_vm_conf()
+    monkeypatch.setenv("AIRFLOW__TPU_RL__SSH_BOOT_POLL_SECONDS", "0.3")
+    for task_id, factory in TPU_VM_CONVERSION_TASKS[:2]:
+        _execute(sb, factory, conf, task_id=task_id)
+    update_settings(sb.layout, capacity_minutes={"guest_boot": 20})  # 2 s with the time scale off
+    try:
+        _execute(sb, CpuVmCreateOperator, conf, task_id="create_cpu_vm")
+        with capture_task_logs() as logs:
+            installed = _execute(sb, TpuVmStageOperator, conf, task_id="install_cpu_vm")
+        assert installed["stage"] == "install"
+        waits = [str(line.get("event")) for line in logs if "still booting" in str(line.get("event"))]
+        assert waits, "the first ssh should have met the booting guest"
+        assert all("port 22: Connection refused (the VM's guest is still booting)" in w for w in waits)
+
+        # a guest that boots for a minute from the same RUNNING: past a 1.2 s bound
+        update_settings(sb.layout, capacity_minutes={"guest_boot": 600})
+        monkeypatch.setenv("AIRFLOW__TPU_RL__SSH_BOOT_WAIT_MINUTES", "0.02")
+        with pytest.raises(CommandError) as failed:
+            _execute(sb, TpuVmStageOperator, conf, task_id="install_cpu_vm")
+        assert "\n" not in str(failed.value)
+        assert "the VM's sshd still refused connections after the boot wait" in str(failed.value)
+    finally:
+        update_settings(sb.layout, capacity_minutes={})
 
 
 def test_training_on_a_cpu_vm_fails_as_jax_does(sb: SandboxRun) -> None:

@@ -6,17 +6,22 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from airflow_provider_tpu_rl.records.run_dirs import WriterClaim
 from airflow_provider_tpu_rl.records.writers import (
+    UNREACHABLE,
     VM_PROBE_SCRIPT,
+    VmWriter,
     directory_activity,
     parse_vm_probe,
     stop_command,
     vm_stop_script,
 )
+from airflow_provider_tpu_rl.toolchain.process import CommandResult
 
 DIRECTORY = "gs://bkt/llama3.1-8b-Instruct/post-train/dup-rn/"
 TRAIN = [
@@ -87,3 +92,24 @@ def test_how_to_stop_a_job_by_hand() -> None:
     argv = shlex.split(stop_command(vm))
     assert argv[:6] == ["gcloud", "compute", "ssh", "vm-1", "--zone=us-east5-b", "--project=proj"]
     assert argv[6].startswith("--command=sudo docker rm --force tpu-rl-train tpu-rl-convert tpu-rl-export")
+
+
+def test_a_vm_probe_refused_by_a_booting_guest_answers_unreachable_without_waiting(tmp_path: Path) -> None:
+    """The stage's own SSH waits for a booting guest's sshd; the probe only looks: not kept waiting."""
+    calls: list[dict[str, Any]] = []
+
+    class Hook:
+        def ssh_key_file(self) -> Path:
+            return tmp_path / "key"
+
+        def run(self, command: Any, **kwargs: Any) -> CommandResult:
+            calls.append({"argv": command.argv[:3], **kwargs})
+            if command.argv[:3] == ("gcloud", "compute", "ssh"):
+                return CommandResult(255, ("ssh: connect to host 34.1.2.3 port 22: Connection refused",))
+            return CommandResult(0, ("RUNNING",))
+
+    claim = WriterClaim("d/r", "vm-1/train", "proj/us-east5-b/vm-1", 0.0, "vm")
+    state = VmWriter(claim, Hook(), "gs://b/run").state()  # type: ignore[arg-type]
+    assert state.state == UNREACHABLE
+    (probe,) = [c for c in calls if c["argv"] == ("gcloud", "compute", "ssh")]
+    assert probe["wait_for_sshd"] is False

@@ -167,3 +167,14 @@ def test_the_settings_keep_the_stage_overrides_and_refuse_unknown_stages(
     assert (services.minute_seconds, services.stage_minutes) == (2.0, {"train": 60.0})
     with pytest.raises(TypeError, match="unknown stage_minutes key"):
         update_settings(layout, stage_minutes={"vm_provisioning": 1})
+
+
+def test_a_guests_boot_is_billed_and_lasts_its_minute_on_the_scale_and_none_off_it_unless_set() -> None:
+    assert "guest_boot" in timescale.CAPACITY_MINUTES
+    assert timescale.guest_boot_seconds(2.0) == pytest.approx(2.0 * timescale.CAPACITY_MINUTES["guest_boot"])
+    assert timescale.guest_boot_seconds(2.0, {"guest_boot": 3}) == pytest.approx(6.0)
+    assert timescale.guest_boot_seconds(0.0) == 0.0  # a test's ssh right after its create answers
+    off = timescale.SCALE_OFF_GUEST_MINUTE_SECONDS
+    assert timescale.guest_boot_seconds(0.0, {"guest_boot": 10}) == pytest.approx(10 * off)
+    assert timescale.guest_seconds(0.0, 60.0) == pytest.approx(off)  # gcloud's 60 s SSH poll
+    assert timescale.guest_seconds(6.0, 5.0) == pytest.approx(0.5)

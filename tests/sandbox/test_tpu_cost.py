@@ -60,8 +60,16 @@ def test_the_tutorials_flows_bill_every_stage_on_the_tpu_on_the_same_durations()
     # pull, convert, train and export to the teardown, whose drain is none: the jobs have finished
     gke = capacity["tpu_node_ready"] + timescale.PULL_MINUTES + 22.5 + 35.0 + 22.5
     assert tpu_cost.tutorial_gke_minutes(qwen) == pytest.approx(gke)
-    # the TPU VM: install from sources, convert, train, copy, export (create and delete states unbilled)
-    vm = timescale.INSTALL_MINUTES + 5.0 + 10.0 + timescale.TUTORIAL_COPY_MINUTES + 5.0
+    # the TPU VM: its guest's boot until ssh answers (billed: RUNNING), install from sources,
+    # convert, train, copy, export (create and delete states unbilled)
+    vm = (
+        capacity["guest_boot"]
+        + timescale.INSTALL_MINUTES
+        + 5.0
+        + 10.0
+        + timescale.TUTORIAL_COPY_MINUTES
+        + 5.0
+    )
     assert tpu_cost.tutorial_tpu_vm_minutes(llama) == pytest.approx(vm)
     # the bench's overrides move the tutorials' flow as they move the run
     assert tpu_cost.tutorial_gke_minutes(qwen, {"train": 60}, {"tpu_node_ready": 0}) == pytest.approx(
@@ -69,6 +77,9 @@ def test_the_tutorials_flows_bill_every_stage_on_the_tpu_on_the_same_durations()
     )
     assert tpu_cost.tutorial_tpu_vm_minutes(llama, {"train": 60, "install": 20}) == pytest.approx(
         vm + 50.0 - timescale.INSTALL_MINUTES + 20.0
+    )
+    assert tpu_cost.tutorial_tpu_vm_minutes(llama, {}, {"guest_boot": 3}) == pytest.approx(
+        vm - capacity["guest_boot"] + 3
     )
     with pytest.raises(ValueError, match="no convert duration for gpt-x"):
         tpu_cost.tutorial_gke_minutes("gpt-x")

@@ -8,6 +8,7 @@ login (the session logs in, sudo wants a password).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -194,3 +195,72 @@ def test_os_login_without_admin_login_logs_in_without_sudo(
     code, _, err = ssh(cli, names, vm, "true\n")
     assert code == 255
     assert "Permission denied (publickey)." in err
+
+
+def _ssh_to(cli: Cli, names: dict[str, str], vm: str, *extra: str) -> tuple[int, str]:
+    result = cli.gcloud(
+        "compute", "ssh", vm, f"--zone={names['zone']}", f"--project={names['project']}", "--command=true", *extra
+    )  # fmt: skip
+    return result.code, result.err
+
+
+def _instances(cli: Cli, names: dict[str, str], verb: str, vm: str) -> None:
+    done = cli.gcloud(
+        "compute", "instances", verb, vm, f"--zone={names['zone']}", f"--project={names['project']}"
+    )
+    assert done.code == 0, done.text
+
+
+def test_sshd_refuses_until_the_guest_has_booted_after_each_create_and_start(
+    cli: Cli, names: dict[str, str], settings: None
+) -> None:
+    """A kept key (no poll): ssh's refused connect, exit 255, until ``guest_boot`` past RUNNING."""
+    vm = "vm-boot"
+    create_vm(cli, names, vm)
+    assert _ssh_to(cli, names, vm)[0] == 0  # the key added (the scale off: no boot by default)
+    update_settings(cli.layout, capacity_minutes={"guest_boot": 10})  # 1 s with the scale off
+    _instances(cli, names, "stop", vm)
+    _instances(cli, names, "start", vm)
+    code, err = _ssh_to(cli, names, vm)
+    assert code == 255
+    assert err.endswith(
+        "port 22: Connection refused\nERROR: (gcloud.compute.ssh) [/usr/bin/ssh] exited with return code [255].\n"
+    )
+    assert "Waiting for SSH key to propagate." not in err
+    tunnel = _ssh_to(cli, names, vm, "--tunnel-through-iap")
+    assert tunnel[0] == 255
+    assert "[4003: 'failed to connect to backend']" in tunnel[1]
+    time.sleep(1.05)
+    assert _ssh_to(cli, names, vm)[0] == 0
+
+
+def test_a_new_keys_poll_waits_for_the_guest_or_gives_up_after_a_minute(
+    cli: Cli, names: dict[str, str], settings: None
+) -> None:
+    """gcloud's SSHPoller after a newly added key: every 5 s for 60 s (0.1 s a minute with the scale
+    off), each refused try shown; a boot longer than that ends in ssh_utils.NetworkError, exit 1."""
+    update_settings(cli.layout, capacity_minutes={"guest_boot": 20})  # 2 s: past the poll's 0.1 s
+    create_vm(cli, names, "vm-slow")
+    code, err = _ssh_to(cli, names, "vm-slow")
+    assert code == 1
+    assert "Waiting for SSH key to propagate." in err
+    assert 2 <= err.count("port 22: Connection refused") <= 13
+    assert "ERROR: (gcloud.compute.ssh) Could not SSH into the instance." in err
+    deleted = cli.gcloud(
+        "compute", "instances", "delete", "vm-slow", f"--zone={names['zone']}", f"--project={names['project']}",
+        "--quiet",
+    )  # fmt: skip
+    assert deleted.code == 0, deleted.text  # the reservation's one VM
+    # on the scale, a boot within the poll's minute is waited for: ssh answers
+    update_settings(
+        cli.layout,
+        minute_seconds=3.0,
+        capacity_minutes={"vm_provisioning": 0, "vm_staging": 0, "vm_stopping": 0, "guest_boot": 0.5},
+    )
+    create_vm(cli, names, "vm-fast")
+    started = time.time()
+    code, err = _ssh_to(cli, names, "vm-fast", "--ssh-key-expire-after=1d")  # a new entry: polled
+    assert code == 0, err
+    assert "Waiting for SSH key to propagate." in err
+    assert "port 22: Connection refused" in err
+    assert time.time() - started >= 1.0  # half a minute on the scale: 1.5 s from RUNNING

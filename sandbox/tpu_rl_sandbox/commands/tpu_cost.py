@@ -120,11 +120,12 @@ def tutorial_tpu_vm_minutes(
     capacity: Mapping[str, float] | None = None,
 ) -> float:
     """Real minutes the tutorials' TPU VM flow bills its TPU VM on the same durations: from its start
-    (its create's PROVISIONING and STAGING bill nothing) through the install from sources, the
-    conversion, training, the copy of the checkpoint and the export, all on the TPU VM, to its
-    delete (its STOPPING bills nothing)."""
-    del capacity  # nothing billed in the create's or the delete's own states
-    return sum(_stage(stage, model, stages) for stage in (INSTALL, CONVERT, TRAIN, COPY, EXPORT))
+    (its create's PROVISIONING and STAGING bill nothing) through its guest's boot until ssh answers
+    (``guest_boot``), the install from sources, the conversion, training, the copy of the checkpoint
+    and the export, all on the TPU VM, to its delete (its STOPPING bills nothing)."""
+    return _capacity("guest_boot", capacity) + sum(
+        _stage(stage, model, stages) for stage in (INSTALL, CONVERT, TRAIN, COPY, EXPORT)
+    )
 
 
 @dataclass(frozen=True)

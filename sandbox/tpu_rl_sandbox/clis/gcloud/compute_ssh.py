@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import re
+import time
 from pathlib import Path
 
 from tpu_rl_sandbox.clis.gcloud.compute_instances import InstancesCommands
@@ -20,8 +21,20 @@ from tpu_rl_sandbox.world import inventory, vpc
 from tpu_rl_sandbox.world.layout import SandboxLayout
 from tpu_rl_sandbox.world.settings import load_settings
 from tpu_rl_sandbox.world.store import StateStore
+from tpu_rl_sandbox.world.timescale import guest_boot_seconds, guest_seconds
 
 DEFAULT_SSH_KEY_FILE = "~/.ssh/google_compute_engine"  # command_lib/util/ssh/ssh.py Keys.DEFAULT_KEY_FILE
+# compute/ssh_utils.NetworkError, raised when the poll after a newly added key gives up.
+NETWORK_ERROR = (
+    "Could not SSH into the instance.  It is possible that your SSH key has not propagated to the "
+    "instance yet. Try running this command again.  If you still cannot connect, verify that the "
+    "firewall and instance are set to accept ssh traffic."
+)
+# The poll's tries (command_lib/util/ssh/ssh.py SSHPoller: sleep_ms 5 s; compute/ssh_utils
+# SSH_KEY_PROPAGATION_TIMEOUT_MS 60 s, core/util/retry.Retryer: no try once the time passed plus
+# the next sleep exceeds it), in real seconds.
+SSH_POLL_SLEEP_SECONDS = 5.0
+SSH_POLL_MAX_WAIT_SECONDS = 60.0
 
 
 def _ssh_key_expiry(entry: str) -> dt.datetime | None:
@@ -215,6 +228,31 @@ class SshCommand(InstancesCommands, ProjectInfoCommands):
         value = self._project_metadata(project).get("enable-oslogin")
         return isinstance(value, str) and value.lower() == "true"
 
+    def _refused(self, iap: bool, name: str) -> None:
+        """ssh's failure to connect to a guest whose sshd does not listen yet: OpenSSH's refused
+        connect (sshconnect.c), or through IAP the tunnel's 4003 (no backend on port 22)."""
+        if iap:
+            self.err(
+                "ERROR: (gcloud.compute.start-iap-tunnel) Error while connecting "
+                "[4003: 'failed to connect to backend']. (Failed to connect to port 22)\n"
+                "kex_exchange_identification: Connection closed by remote host\n"
+            )
+        else:
+            self.err(f"ssh: connect to host {inventory.external_ip(name)} port 22: Connection refused\n")
+
+    def _poll_until_sshd(self, answers_at: float, iap: bool, name: str, minute_seconds: float) -> None:
+        """surface/compute/ssh.py after a newly added key: ``ssh_utils.CreateSSHPoller`` tries ``:``
+        over ssh until it connects, every 5 s for 60 s (on the guest's scale), each failed try's
+        stderr shown; past that, ``ssh_utils.NetworkError``."""
+        sleep = guest_seconds(minute_seconds, SSH_POLL_SLEEP_SECONDS)
+        max_wait = guest_seconds(minute_seconds, SSH_POLL_MAX_WAIT_SECONDS)
+        started = time.time()
+        while time.time() < answers_at:
+            self._refused(iap, name)
+            if time.time() - started + sleep > max_wait:
+                raise GcloudError(NETWORK_ERROR)
+            time.sleep(sleep)
+
     def cmd_compute_ssh(self, parsed: GcloudParse) -> int:
         project = self.project(parsed)
         targets = list(parsed.positionals["USER_AT_INSTANCE"])
@@ -266,14 +304,23 @@ class SshCommand(InstancesCommands, ProjectInfoCommands):
         if not vpc.ingress_allowed(vpc.read_vpc(self.store, project), network, source, 22):
             self.err(f"ssh: connect to host {inventory.external_ip(name)} port 22: Connection timed out\n")
             if keys_newly_added:
-                raise GcloudError(
-                    "Could not SSH into the instance.  It is possible that your SSH key has not propagated to the "
-                    "instance yet. Try running this command again.  If you still cannot connect, verify that the "
-                    "firewall and instance are set to accept ssh traffic."
-                )
+                raise GcloudError(NETWORK_ERROR)
             self.err("ERROR: (gcloud.compute.ssh) [/usr/bin/ssh] exited with return code [255].\n")
             return 255
-        denied = load_settings(self.layout).denied_permissions
+        # The guest boots after RUNNING (each create, each start): until its sshd listens, the
+        # connection is refused. A newly added key's poll tries again; else ssh's 255 is reported.
+        boot = record.get("lastStartTimestamp") or record["created"]  # its last boot
+        booted = dt.datetime.fromisoformat(str(boot).replace("Z", "+00:00")).timestamp()
+        settings = load_settings(self.layout)
+        answers_at = booted + guest_boot_seconds(settings.minute_seconds, settings.capacity_minutes)
+        iap = bool(parsed.get("tunnel-through-iap"))
+        if keys_newly_added:
+            self._poll_until_sshd(answers_at, iap, name, settings.minute_seconds)
+        elif time.time() < answers_at:
+            self._refused(iap, name)
+            self.err("ERROR: (gcloud.compute.ssh) [/usr/bin/ssh] exited with return code [255].\n")
+            return 255
+        denied = settings.denied_permissions
         if os_login and {"compute.instances.osLogin", "compute.instances.osAdminLogin"} <= set(denied):
             # the guest's OS Login authorizes neither login: sshd refuses the key.
             self.err(f"{user}@{inventory.external_ip(name)}: Permission denied (publickey).\n")
@@ -292,9 +339,7 @@ class SshCommand(InstancesCommands, ProjectInfoCommands):
         from tpu_rl_sandbox.machines.vm_services import vm_services
 
         services = vm_services(self.layout, dict(self.env), project, zone, name, record)
-        boot = record.get("lastStartTimestamp") or record["created"]  # its last boot
-        booted = dt.datetime.fromisoformat(str(boot).replace("Z", "+00:00")).timestamp()
-        boot_apt = load_settings(self.layout).boot_apt_seconds
+        boot_apt = settings.boot_apt_seconds
         vm = hosts.VmHost(
             self.layout.vm_dir(name),
             services,
