@@ -106,11 +106,11 @@ unit-airflow-free: venv
 
 # Tests that use Airflow but whose behaviour no Airflow line changes: the operator tests that call
 # execute() with a plain-dict context and check the provider's own logic against the sandbox (the
-# TPU VM run directory's takeover, shared buckets, cleanup, the cluster's lifecycle, the job
-# operators' failure handling, metrics, the JobSet trigger's recovery without its cancel path;
-# run identity, the GKE takeover and the TPU VM operators run on 2.11 instead: ON_AIRFLOW_2_11_ONLY),
-# the sweep example (the same
-# operators in a hand-written DAG), `tpu-rl doctor` (tools, gcloud and ADC; its connection lookup is
+# TPU VM run directory's takeover and a retry following its container (both run a task in a thread,
+# which Airflow 2's ExecutorSafeguard refuses), shared buckets, cleanup, the cluster's lifecycle,
+# the job operators' failure handling, metrics, the JobSet trigger's recovery without its cancel
+# path; run identity, the GKE takeover and the TPU VM operators run on 2.11 instead:
+# ON_AIRFLOW_2_11_ONLY), the sweep example (the same operators in a hand-written DAG), `tpu-rl doctor` (tools, gcloud and ADC; its connection lookup is
 # the hooks' own, tested on 2.11), the wheel's contents (built from the sources alone) and the test
 # file each module has (a file listing). On Airflow 2.11 the pipelines' end-to-end runs drive
 # every operator through real tasks, tests/operators/test_templating.py
@@ -121,6 +121,7 @@ SAME_ON_EVERY_AIRFLOW := tests/operators/test_bucket_sharing.py tests/operators/
 	tests/operators/test_gke_jobs.py tests/operators/test_gke.py \
 	tests/operators/test_hygiene.py \
 	tests/operators/test_run_dir_takeover_vm.py tests/operators/test_takeover.py \
+	tests/operators/test_tpu_vm_container_retry.py \
 	tests/operators/test_tpu_vm_capacity.py tests/operators/test_training_metrics.py \
 	tests/operators/test_boot_image.py \
 	tests/e2e/test_sweep_example.py tests/test_doctor.py tests/test_wheel.py \

@@ -122,7 +122,7 @@ def test_the_creates_provisioning_and_the_deletes_shutdown_bill_nothing(sb: Sand
     assert run.held_chip_hours == pytest.approx(TPU_VM_CHIPS * held / 3600)
 
 
-@pytest.mark.usefixtures("preempt_after_two")
+@pytest.mark.usefixtures("preempt_after_two", "spot_tpu_restarts")
 def test_a_spot_vms_second_running_span_is_billed_and_its_time_stopped_is_not(sb: SandboxRun) -> None:
     conf = sb.tpu_vm_conf(
         num_batches=5,

@@ -57,7 +57,8 @@ def test_a_retry_follows_its_runs_running_container_to_its_end_and_another_run_i
     context = sb.context(first, conf, run_id=RUN_A)
     thread, errors, _ = _in_thread(lambda: first.execute(context))
     try:
-        wait_for(lambda: _training(sb, sb.vm), "run A's container to train")
+        wait_for(lambda: errors or _training(sb, sb.vm), "run A's container to train")
+        assert not errors, f"run A's train failed before its container trained: {errors[0]!r}"
         first.hook.terminate()  # the worker dies: its SSH session with it, not the container
         thread.join(timeout=120)
         assert errors, "the first try must fail once its session is gone"

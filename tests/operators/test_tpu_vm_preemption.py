@@ -6,7 +6,6 @@ committed checkpoint."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -23,7 +22,6 @@ from airflow_provider_tpu_rl.records.lease import ClusterLeaseHook, vm_lease_nam
 from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID
 from tests.support.compat import capture_task_logs
 from tests.support.sandbox_run import TPU_VM_CONVERSION_TASKS, RecordingTI, SandboxRun
-from tpu_rl_sandbox.world.settings import update_settings
 
 RUN_ID = "manual__2026-03-04T00:00:00+00:00"
 START = datetime(2030, 1, 1, tzinfo=UTC)
@@ -111,17 +109,6 @@ def test_a_deleted_tpu_vm_is_re_created_and_reinstalled_and_training_resumes(sb:
         "maxtext.trainers.post_train.rl.train_rl"
     ]
     assert _installs_on_vm(sb) == 1  # the new VM got MaxText installed before training
-
-
-@pytest.fixture
-def spot_tpu_restarts(sb: SandboxRun) -> Iterator[None]:
-    """A world where a preempted Spot TPU VM may start again (Compute Engine's spot page; Cloud
-    TPU's says it may not, the sandbox's default)."""
-    update_settings(sb.layout, spot_tpu_restart=True)
-    try:
-        yield
-    finally:
-        update_settings(sb.layout, spot_tpu_restart=False)
 
 
 @pytest.mark.usefixtures("preempt_after_two", "spot_tpu_restarts")

@@ -473,3 +473,14 @@ def preempt_after_two(sb: SandboxRun) -> Iterator[None]:
         yield
     finally:
         update_settings(sb.layout, preempt_after_checkpoints=0)
+
+
+@pytest.fixture
+def spot_tpu_restarts(sb: SandboxRun) -> Iterator[None]:
+    """A world where a preempted Spot TPU VM may start again (Compute Engine's spot page; Cloud
+    TPU's says it may not, the sandbox's default: settings ``spot_tpu_restart``)."""
+    update_settings(sb.layout, spot_tpu_restart=True)
+    try:
+        yield
+    finally:
+        update_settings(sb.layout, spot_tpu_restart=False)
