@@ -195,6 +195,22 @@ def test_pipeline_succeeds_with_one_cluster_lifecycle(world: E2EWorld, happy: Da
     }
 
 
+def test_the_runs_secret_grants_go_with_its_cluster(happy: DagRunResult) -> None:
+    """Issue 54 item 3: the token task gave the cluster's two service accounts secretAccessor on the
+    HF token secret (held by the cluster, in its resource record); the cluster's destroy took both
+    back, each once it was removed from the record."""
+    spec = spec_of(happy)
+    readers = {spec.cluster.workload_service_account, spec.cluster.node_pool_service_account}
+
+    def members(verb: str) -> list[str]:
+        calls = [c for c in happy.calls if c.is_("gcloud", "secrets", f"{verb}-iam-policy-binding")]
+        assert all(c.exit_code == 0 for c in calls), verb
+        return [str(c.flag("member")).split(":", 1)[-1] for c in calls]
+
+    assert set(members("add")) == readers
+    assert sorted(members("remove")) == sorted(readers)
+
+
 def test_pipeline_exports_a_complete_hugging_face_model(world: E2EWorld, happy: DagRunResult) -> None:
     spec = spec_of(happy)
     assert happy.state == "success", happy.describe()
