@@ -42,6 +42,11 @@ KUEUE_TEMPLATE_FALLBACKS: dict[str, str] = {
     "namespace": "$(vars.user_namespace)",
     "tpu_topology": "$(vars.tpu_topology)",
 }
+# kubectl-apply's Kueue default for Pathways clusters, used when the blueprint names no config_path
+# (modules/management/kubectl-apply/main.tf l.22-24 at v1.92.0); added by cluster-toolkit #5628
+# (962b1d303, 2026-05-19), first in release v1.92.0. Relative to the module's folder.
+KUEUE_DEFAULT_TEMPLATE = "kueue/kueue-configuration-pathways.yaml.tftpl"
+KUEUE_DEFAULT_RELEASE = "v1.92.0"
 KUEUE_DEFAULT_NAMESPACE = "default"  # the example's LocalQueue namespace before vars.user_namespace
 _MODULE_REF = re.compile(r"\b([A-Za-z][A-Za-z0-9_-]*)\.[A-Za-z_][A-Za-z0-9_]*")
 _EXPRESSION = re.compile(r"\$\(([^)]*)\)")
@@ -375,3 +380,18 @@ def split_tpu_group(doc: dict[str, Any], tpu_quota: int) -> None:
         )
     groups[:] = [g for g in groups if g.get("modules")]
     groups.append({"group": TPU_GROUP, "modules": [pool]})
+
+
+def kueue_default_template(text: str) -> str | None:
+    """The kubectl-apply file the edited blueprint ``text`` takes its Kueue queue from when it
+    names no ``config_path`` (:data:`KUEUE_DEFAULT_TEMPLATE`); ``None`` when it names one."""
+    doc = yaml.safe_load(text)
+    if not isinstance(doc, dict):
+        raise BlueprintError("blueprint must be a mapping")
+    kubectl = next(
+        (m for m in _modules(doc) if str(m.get("source", "")).endswith(KUBECTL_APPLY_SOURCE)), None
+    )
+    kueue = ((kubectl or {}).get("settings") or {}).get("kueue")
+    if not isinstance(kueue, dict):
+        raise BlueprintError(f"blueprint has no {KUBECTL_APPLY_SOURCE} module with kueue settings")
+    return None if kueue.get("config_path") else KUEUE_DEFAULT_TEMPLATE
