@@ -191,11 +191,13 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
             return {checks.permission_name(p): str(role or "") for p, role in value.items()}
         return {checks.permission_name(p): "" for p in value}
 
+    def _slices(self) -> int:
+        return 1 if self.num_slices in (None, "") else rules.integer("num_slices", self.num_slices, 1, 64)
+
     def _need(self, run: Runner) -> checks.ReservationNeed:
         compute_type, topology = default_shape(run)
-        slices = 1 if self.num_slices in (None, "") else rules.integer("num_slices", self.num_slices, 1, 64)
         return checks.ReservationNeed.for_slices(
-            self.compute_type or compute_type, self.topology or topology, slices
+            self.compute_type or compute_type, self.topology or topology, self._slices()
         )
 
     # ------------------------------------------------------------------ checks
@@ -216,7 +218,7 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         return self._account_missing
 
     def check_blueprint(
-        self, capacity: str, reservation: bool, need: checks.ReservationNeed, project: str, zone: str
+        self, capacity: str, reservation: str, need: checks.ReservationNeed, project: str, zone: str
     ) -> list[str]:
         """The bundle's blueprint takes the run's edits (render/blueprint.py, both of its shapes):
         a shape they do not know is one line here, before the deploy makes anything; so is a
@@ -241,7 +243,7 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
             edited = customize_blueprint(
                 text,
                 edits,
-                reservation=reservation,
+                reservation=bool(reservation),
                 capacity=capacity,
                 slice_vms=need.vms,
                 tpu_quota=need.chips,
@@ -253,9 +255,11 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         document = yaml.safe_load(text)
         version = (document.get("vars") or {}).get("version_prefix") if isinstance(document, dict) else None
         line = checks.gke_version_problem(version)
-        return ([line] if line else []) + self.check_kueue_file(source, edited, project, zone)
+        return ([line] if line else []) + self.check_kueue_file(source, edited, project, zone, reservation)
 
-    def check_kueue_file(self, source: Path, edited: str, project: str, zone: str) -> list[str]:
+    def check_kueue_file(
+        self, source: Path, edited: str, project: str, zone: str, reservation: str
+    ) -> list[str]:
         """The Kueue default the edited blueprint relies on (no ``config_path``: kubectl-apply's
         ``kueue-configuration-pathways.yaml.tftpl``, release v1.92.0 on) is in the kubectl-apply
         module gcluster writes: without it no ClusterQueue with the TPU quota is applied and no
@@ -273,7 +277,14 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
             (Path(folder) / BLUEPRINT_FILENAME).write_text(edited)
             try:
                 self.hook.run_checked(
-                    commands.expand_blueprint(folder, project, zone),
+                    commands.expand_blueprint(
+                        folder,
+                        project,
+                        zone,
+                        num_slices=self._slices(),
+                        topology=self.topology or default_shape(Runner.GKE)[1],
+                        reservation=reservation,
+                    ),
                     cwd=folder,
                     log_output=False,
                     timeout=COMMAND_TIMEOUT,
@@ -665,7 +676,7 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
             problems += self.check_gcloud_account(run)
             if run is Runner.GKE:
                 problems += self.check_adc()
-                problems += self.check_blueprint(capacity, bool(reservation), need, project, zone)
+                problems += self.check_blueprint(capacity, reservation, need, project, zone)
             reasons: dict[str, str] = {}
             if run is Runner.TPU_VM:
                 # Under OS Login, sudo on the VM needs admin login: tested with the other permissions.

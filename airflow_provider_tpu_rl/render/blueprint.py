@@ -134,6 +134,7 @@ def customize_blueprint(
         set_capacity(_tpu_pool(modules), capacity, slice_vms)
     if tpu_quota is not None:
         split_tpu_group(doc, tpu_quota)
+    _drop_unused_empty_vars(doc)
     if labels:
         merged = dict(doc["vars"].get("labels") or {})
         merged.update(labels)
@@ -206,6 +207,21 @@ def _queue_cpu_jobs(doc: dict[str, Any], modules: list[dict[str, Any]]) -> None:
     else:
         kueue.pop("config_path", None)
     kueue["config_template_vars"] = template_vars
+
+
+# The example's empty vars an edit may leave unreferenced: the reservation (no pool bound to it)
+# and, up to v1.89.0, static_node_count (its setting dropped).
+EDITED_AWAY_VARS = ("reservation", "static_node_count")
+
+
+def _drop_unused_empty_vars(doc: dict[str, Any]) -> None:
+    """Drop an empty var of :data:`EDITED_AWAY_VARS` that no module refers to any more: gcluster
+    refuses a blueprint var left null, "deployment variable X was not set" (cluster-toolkit
+    ``pkg/config/validate.go`` ``validateVars`` at v1.95.0), and the run passes no value for it."""
+    text = yaml.safe_dump(doc["deployment_groups"])
+    for name in EDITED_AWAY_VARS:
+        if name in doc["vars"] and doc["vars"][name] is None and not re.search(rf"\bvars\.{name}\b", text):
+            del doc["vars"][name]
 
 
 def _drop_unset_static_node_count(doc: dict[str, Any], modules: list[dict[str, Any]]) -> None:

@@ -65,6 +65,9 @@ def preflight_commands(
     reservation: str,
     capacity: str,
     cpu_machine_types: Sequence[str] = (),
+    *,
+    num_slices: int = 1,
+    topology: str = "",
 ) -> list[Command]:
     """Every command of the ``preflight`` task, in the order it runs them (operators/preflight.py
     ``execute``): on GKE gcluster's own dependency check; gcloud's active account; on GKE the
@@ -78,7 +81,16 @@ def preflight_commands(
         steps.append(preflight.gcluster_dependency_check(PLAN_DEPENDENCY_CHECK_GROUP))
     steps.append(preflight.active_account())
     if runner is Runner.GKE:
-        steps.append(preflight.expand_blueprint(PLAN_BLUEPRINT_CHECK_FOLDER, project, zone))
+        steps.append(
+            preflight.expand_blueprint(
+                PLAN_BLUEPRINT_CHECK_FOLDER,
+                project,
+                zone,
+                num_slices=num_slices,
+                topology=topology,
+                reservation=reservation,
+            )
+        )
     if runner is Runner.TPU_VM:
         steps.append(preflight.describe_project_info(project))
     steps.append(preflight.enabled_services(project))
@@ -151,7 +163,13 @@ def gke_plan(pipeline: GkePipelineSpec) -> list[PlanStep]:
         teardown.append(gke.delete_bucket(cluster.bucket))
     commands = {
         "preflight": preflight_commands(
-            Runner.GKE, cluster.project, cluster.zone, cluster.reservation, cluster.capacity
+            Runner.GKE,
+            cluster.project,
+            cluster.zone,
+            cluster.reservation,
+            cluster.capacity,
+            num_slices=cluster.num_slices,
+            topology=cluster.topology,
         ),
         "ensure_bucket": [gke.create_bucket(cluster.project, cluster.region, cluster.bucket)],
         # the cluster, cpu-np and Kueue: no TPU node pool while the conversion runs

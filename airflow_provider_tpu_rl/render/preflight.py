@@ -153,23 +153,35 @@ def gcluster_dependency_check(group_dir: str) -> Command:
 BLUEPRINT_CHECK_DEPLOYMENT = "tpu-rl-preflight"
 
 
-def expand_blueprint(folder: str, project: str, zone: str) -> Command:
+# Any valid CIDR: the expansion deploys nothing (the deploy passes the run's authorized_cidr).
+BLUEPRINT_CHECK_CIDR = "0.0.0.0/0"
+
+
+def expand_blueprint(
+    folder: str, project: str, zone: str, *, num_slices: int, topology: str, reservation: str
+) -> Command:
     """``gcluster create`` of the edited blueprint in ``folder`` into ``folder`` (cmd/create.go:
     ``--out``, ``-l IGNORE`` skips the validators); it writes the embedded modules the gcluster
-    binary carries, so what the deploy's Terraform will read can be checked. No API call."""
+    binary carries, so what the deploy's Terraform will read can be checked. No API call. The vars
+    are the deploy's (gcluster refuses one left empty, pkg/config/validate.go ``validateVars``)."""
+    pairs = [
+        ("project_id", project),
+        ("deployment_name", BLUEPRINT_CHECK_DEPLOYMENT),
+        ("region", zone.rsplit("-", 1)[0]),
+        ("zone", zone),
+        ("num_slices", str(num_slices)),
+        ("tpu_topology", topology),
+        ("authorized_cidr", BLUEPRINT_CHECK_CIDR),
+    ]
+    if reservation:
+        pairs.append(("reservation", reservation))
+    variables = [arg for key, value in pairs for arg in ("--vars", f"{key}={value}")]
     return Command(
         (
             "gcluster",
             "create",
             os.path.join(folder, BLUEPRINT_FILENAME),
-            "--vars",
-            f"project_id={project}",
-            "--vars",
-            f"deployment_name={BLUEPRINT_CHECK_DEPLOYMENT}",
-            "--vars",
-            f"region={zone.rsplit('-', 1)[0]}",
-            "--vars",
-            f"zone={zone}",
+            *variables,
             "-l",
             "IGNORE",
             f"--out={folder}",

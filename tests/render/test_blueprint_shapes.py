@@ -163,3 +163,15 @@ def test_a_module_copy_without_the_default_template_applies_no_tpu_queue(tmp_pat
     assert cluster_queue(kueue, True, None, module)["covered"] == ["cpu", "memory"]
     (module / "kueue" / "kueue-configuration-pathways.yaml.tftpl").write_text("")
     assert cluster_queue(kueue, True, None, module)["covered"] == ["google.com/tpu", "cpu", "memory"]
+
+
+@SHAPES
+def test_an_empty_var_no_module_uses_any_more_is_dropped(text: str) -> None:
+    """gcluster refuses a var left empty (pkg/config/validate.go validateVars): with no pool bound
+    to the reservation, ``vars.reservation`` goes (the run passes none); so does v1.89's
+    ``static_node_count`` with its setting."""
+    on_demand = _edit(text, ON_DEMAND)["vars"]
+    assert "reservation" not in on_demand
+    assert "static_node_count" not in on_demand
+    assert "reservation" in _edit(text, RESERVATION)["vars"]
+    assert "tpu_topology" in on_demand  # empty, but the deploy passes it

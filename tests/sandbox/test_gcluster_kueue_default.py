@@ -103,3 +103,15 @@ def test_before_v1_91_the_module_applies_no_queue_at_all(
 def test_the_pinned_release_applies_the_default_queue(cli: Cli, names: dict[str, str], edited: Path) -> None:
     make_cluster(cli, names, edited)
     assert _queue(cli, names)["covered"] == ["google.com/tpu", "cpu", "memory"]
+
+
+def test_a_var_left_empty_is_refused_as_gcluster_refuses_it(cli: Cli, names: dict[str, str]) -> None:
+    """pkg/config/validate.go validateVars: every blueprint var needs a value."""
+    args = deploy_args(names, backend=False)[:-2]
+    variables = args[1].replace(",reservation=res-1", "")
+    created = cli.gcluster("create", str(cli.info.blueprint), "--vars", variables, *args[2:])
+    assert created.code == 1
+    assert created.err.rstrip().endswith(
+        'Error: vars.reservation: deployment variable "reservation" was not set'
+    )
+    assert not (cli.cwd / names["cluster"]).exists()

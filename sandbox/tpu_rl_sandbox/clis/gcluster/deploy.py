@@ -219,6 +219,17 @@ def expand_blueprint(
             'Error: vars.deployment_name: invalid value for "deployment_name": value can only contain lowercase '
             "letters, numeric characters, underscores and dashes, and must be between 0 and 63 characters long"
         )
+    # pkg/config/validate.go validateVars (v1.95.0): a var left null (``reservation:`` with no
+    # value; yaml.go reads it as a null, yaml_test.go TestDictUnmarshalYAML) is refused.
+    unset = [
+        f'vars.{key}: deployment variable "{key}" was not set'
+        for key, value in variables.items()
+        if value is None
+    ]
+    if len(unset) == 1:
+        raise Fatal(f"Error: {unset[0]}")
+    if unset:
+        raise Fatal("".join(f"Error: {error}\n" for error in unset))
     labels = dict(variables.get("labels") or {})
     labels.setdefault("ghpc_blueprint", name)
     labels.setdefault("ghpc_deployment", deployment)
