@@ -9,10 +9,13 @@ create, and all of them fail the task together (``AirflowFailException``: a retr
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.common.compat.sdk import Context
@@ -188,11 +191,13 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
             return {checks.permission_name(p): str(role or "") for p, role in value.items()}
         return {checks.permission_name(p): "" for p in value}
 
+    def _slices(self) -> int:
+        return 1 if self.num_slices in (None, "") else rules.integer("num_slices", self.num_slices, 1, 64)
+
     def _need(self, run: Runner) -> checks.ReservationNeed:
         compute_type, topology = default_shape(run)
-        slices = 1 if self.num_slices in (None, "") else rules.integer("num_slices", self.num_slices, 1, 64)
         return checks.ReservationNeed.for_slices(
-            self.compute_type or compute_type, self.topology or topology, slices
+            self.compute_type or compute_type, self.topology or topology, self._slices()
         )
 
     # ------------------------------------------------------------------ checks
@@ -212,10 +217,13 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
             self.log.warning("skipped %s (gcloud has no active account): %s", what, error_line(str(err)))
         return self._account_missing
 
-    def check_blueprint(self, capacity: str, reservation: bool, need: checks.ReservationNeed) -> list[str]:
+    def check_blueprint(
+        self, capacity: str, reservation: str, need: checks.ReservationNeed, project: str, zone: str
+    ) -> list[str]:
         """The bundle's blueprint takes the run's edits (render/blueprint.py, both of its shapes):
         a shape they do not know is one line here, before the deploy makes anything; so is a
-        ``version_prefix`` older than GKE's first with TPU v6e."""
+        ``version_prefix`` older than GKE's first with TPU v6e, and a Kueue file the edited
+        blueprint relies on that gcluster's modules lack (:meth:`check_kueue_file`)."""
         import yaml
 
         from airflow_provider_tpu_rl.render.blueprint import (
@@ -232,10 +240,10 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
             return [f"the Cluster Toolkit blueprint cannot be read: {error_line(str(err))}"]
         edits = BlueprintEdits(system_node_pool_machine_type="n2-standard-8", pin_system_node_pool_zone=True)
         try:
-            customize_blueprint(
+            edited = customize_blueprint(
                 text,
                 edits,
-                reservation=reservation,
+                reservation=bool(reservation),
                 capacity=capacity,
                 slice_vms=need.vms,
                 tpu_quota=need.chips,
@@ -247,7 +255,57 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         document = yaml.safe_load(text)
         version = (document.get("vars") or {}).get("version_prefix") if isinstance(document, dict) else None
         line = checks.gke_version_problem(version)
-        return [line] if line else []
+        return ([line] if line else []) + self.check_kueue_file(source, edited, project, zone, reservation)
+
+    def check_kueue_file(
+        self, source: Path, edited: str, project: str, zone: str, reservation: str
+    ) -> list[str]:
+        """The Kueue default the edited blueprint relies on (no ``config_path``: kubectl-apply's
+        ``kueue-configuration-pathways.yaml.tftpl``, release v1.92.0 on) is in the kubectl-apply
+        module gcluster writes: without it no ClusterQueue with the TPU quota is applied and no
+        job is admitted. The blueprint is expanded with ``gcluster create`` into a temporary
+        folder, as the deploy expands it; a ``ghpc_stage`` file it lacks fails there too."""
+        from airflow_provider_tpu_rl.render.blueprint import (
+            BLUEPRINT_FILENAME,
+            KUEUE_DEFAULT_RELEASE,
+            kueue_default_template,
+        )
+
+        template = kueue_default_template(edited)
+        with tempfile.TemporaryDirectory(prefix="tpu-rl-blueprint-check-") as folder:
+            shutil.copytree(source.parent, folder, dirs_exist_ok=True)
+            (Path(folder) / BLUEPRINT_FILENAME).write_text(edited)
+            try:
+                self.hook.run_checked(
+                    commands.expand_blueprint(
+                        folder,
+                        project,
+                        zone,
+                        num_slices=self._slices(),
+                        topology=self.topology or default_shape(Runner.GKE)[1],
+                        reservation=reservation,
+                    ),
+                    cwd=folder,
+                    log_output=False,
+                    timeout=COMMAND_TIMEOUT,
+                )
+            except ConfigurationError as err:
+                return self._tool_problem(err)
+            except CommandError as err:
+                return [f"gcluster cannot expand the edited blueprint {source}: {error_line(str(err))}"]
+            if template is None:
+                return []
+            found = any(
+                (Path(module) / template).is_file() for module in commands.kubectl_apply_folders(folder)
+            )
+        if found:
+            return []
+        return [
+            f"the gcluster in use has no {template} in its kubectl-apply module, the Kueue default the "
+            f"bundle's blueprint {source} relies on (it names no kueue config_path): no ClusterQueue "
+            f"would admit the run's jobs; use a Cluster Toolkit release {KUEUE_DEFAULT_RELEASE} or newer "
+            "for both gcluster and the bundle's examples"
+        ]
 
     def _read_document(
         self,
@@ -618,7 +676,7 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
             problems += self.check_gcloud_account(run)
             if run is Runner.GKE:
                 problems += self.check_adc()
-                problems += self.check_blueprint(capacity, bool(reservation), need)
+                problems += self.check_blueprint(capacity, reservation, need, project, zone)
             reasons: dict[str, str] = {}
             if run is Runner.TPU_VM:
                 # Under OS Login, sudo on the VM needs admin login: tested with the other permissions.

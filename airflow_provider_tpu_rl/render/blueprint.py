@@ -42,6 +42,11 @@ KUEUE_TEMPLATE_FALLBACKS: dict[str, str] = {
     "namespace": "$(vars.user_namespace)",
     "tpu_topology": "$(vars.tpu_topology)",
 }
+# kubectl-apply's Kueue default for Pathways clusters, used when the blueprint names no config_path
+# (modules/management/kubectl-apply/main.tf l.22-24 at v1.92.0); added by cluster-toolkit #5628
+# (962b1d303, 2026-05-19), first in release v1.92.0. Relative to the module's folder.
+KUEUE_DEFAULT_TEMPLATE = "kueue/kueue-configuration-pathways.yaml.tftpl"
+KUEUE_DEFAULT_RELEASE = "v1.92.0"
 KUEUE_DEFAULT_NAMESPACE = "default"  # the example's LocalQueue namespace before vars.user_namespace
 _MODULE_REF = re.compile(r"\b([A-Za-z][A-Za-z0-9_-]*)\.[A-Za-z_][A-Za-z0-9_]*")
 _EXPRESSION = re.compile(r"\$\(([^)]*)\)")
@@ -129,6 +134,7 @@ def customize_blueprint(
         set_capacity(_tpu_pool(modules), capacity, slice_vms)
     if tpu_quota is not None:
         split_tpu_group(doc, tpu_quota)
+    _drop_unused_empty_vars(doc)
     if labels:
         merged = dict(doc["vars"].get("labels") or {})
         merged.update(labels)
@@ -201,6 +207,21 @@ def _queue_cpu_jobs(doc: dict[str, Any], modules: list[dict[str, Any]]) -> None:
     else:
         kueue.pop("config_path", None)
     kueue["config_template_vars"] = template_vars
+
+
+# The example's empty vars an edit may leave unreferenced: the reservation (no pool bound to it)
+# and, up to v1.89.0, static_node_count (its setting dropped).
+EDITED_AWAY_VARS = ("reservation", "static_node_count")
+
+
+def _drop_unused_empty_vars(doc: dict[str, Any]) -> None:
+    """Drop an empty var of :data:`EDITED_AWAY_VARS` that no module refers to any more: gcluster
+    refuses a blueprint var left null, "deployment variable X was not set" (cluster-toolkit
+    ``pkg/config/validate.go`` ``validateVars`` at v1.95.0), and the run passes no value for it."""
+    text = yaml.safe_dump(doc["deployment_groups"])
+    for name in EDITED_AWAY_VARS:
+        if name in doc["vars"] and doc["vars"][name] is None and not re.search(rf"\bvars\.{name}\b", text):
+            del doc["vars"][name]
 
 
 def _drop_unset_static_node_count(doc: dict[str, Any], modules: list[dict[str, Any]]) -> None:
@@ -375,3 +396,18 @@ def split_tpu_group(doc: dict[str, Any], tpu_quota: int) -> None:
         )
     groups[:] = [g for g in groups if g.get("modules")]
     groups.append({"group": TPU_GROUP, "modules": [pool]})
+
+
+def kueue_default_template(text: str) -> str | None:
+    """The kubectl-apply file the edited blueprint ``text`` takes its Kueue queue from when it
+    names no ``config_path`` (:data:`KUEUE_DEFAULT_TEMPLATE`); ``None`` when it names one."""
+    doc = yaml.safe_load(text)
+    if not isinstance(doc, dict):
+        raise BlueprintError("blueprint must be a mapping")
+    kubectl = next(
+        (m for m in _modules(doc) if str(m.get("source", "")).endswith(KUBECTL_APPLY_SOURCE)), None
+    )
+    kueue = ((kubectl or {}).get("settings") or {}).get("kueue")
+    if not isinstance(kueue, dict):
+        raise BlueprintError(f"blueprint has no {KUBECTL_APPLY_SOURCE} module with kueue settings")
+    return None if kueue.get("config_path") else KUEUE_DEFAULT_TEMPLATE

@@ -54,6 +54,8 @@ PLAN_DEFAULT_SERVICE_ACCOUNT = "PROJECT_NUMBER-compute@developer.gserviceaccount
 # Where the GKE preflight runs gcluster's dependency check: an empty group folder in a temporary
 # folder of the worker (GclusterHook.gcluster_dependency_problem).
 PLAN_DEPENDENCY_CHECK_GROUP = "<tmp>/deployment/primary"
+# Where it expands the edited blueprint (TpuRlPreflightOperator.check_kueue_file).
+PLAN_BLUEPRINT_CHECK_FOLDER = "<tmp>"
 
 
 def preflight_commands(
@@ -63,9 +65,13 @@ def preflight_commands(
     reservation: str,
     capacity: str,
     cpu_machine_types: Sequence[str] = (),
+    *,
+    num_slices: int = 1,
+    topology: str = "",
 ) -> list[Command]:
     """Every command of the ``preflight`` task, in the order it runs them (operators/preflight.py
-    ``execute``): on GKE gcluster's own dependency check; gcloud's active account; on a TPU VM the
+    ``execute``): on GKE gcluster's own dependency check; gcloud's active account; on GKE the
+    edited blueprint expanded by ``gcluster create`` (its Kueue file checked); on a TPU VM the
     project's metadata (OS Login); the enabled APIs; on a TPU VM its network, the firewall rules
     and, for flex-start, gcloud's components; the region's quotas, and the project's for the CPU VMs'
     vCPUs; the reservation. Its API call (the permission test,
@@ -74,6 +80,17 @@ def preflight_commands(
     if runner is Runner.GKE:
         steps.append(preflight.gcluster_dependency_check(PLAN_DEPENDENCY_CHECK_GROUP))
     steps.append(preflight.active_account())
+    if runner is Runner.GKE:
+        steps.append(
+            preflight.expand_blueprint(
+                PLAN_BLUEPRINT_CHECK_FOLDER,
+                project,
+                zone,
+                num_slices=num_slices,
+                topology=topology,
+                reservation=reservation,
+            )
+        )
     if runner is Runner.TPU_VM:
         steps.append(preflight.describe_project_info(project))
     steps.append(preflight.enabled_services(project))
@@ -146,7 +163,13 @@ def gke_plan(pipeline: GkePipelineSpec) -> list[PlanStep]:
         teardown.append(gke.delete_bucket(cluster.bucket))
     commands = {
         "preflight": preflight_commands(
-            Runner.GKE, cluster.project, cluster.zone, cluster.reservation, cluster.capacity
+            Runner.GKE,
+            cluster.project,
+            cluster.zone,
+            cluster.reservation,
+            cluster.capacity,
+            num_slices=cluster.num_slices,
+            topology=cluster.topology,
         ),
         "ensure_bucket": [gke.create_bucket(cluster.project, cluster.region, cluster.bucket)],
         # the cluster, cpu-np and Kueue: no TPU node pool while the conversion runs

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from urllib.parse import quote
 
 from airflow_provider_tpu_rl.maxtext.layout import run_record_object
+from airflow_provider_tpu_rl.render.blueprint import BLUEPRINT_FILENAME, KUBECTL_APPLY_SOURCE, PRIMARY_GROUP
 from airflow_provider_tpu_rl.render.command import ApiCall, Command
 
 # gcloud's error for a describe of a resource that does not exist (Compute API 404).
@@ -144,4 +146,56 @@ def gcluster_dependency_check(group_dir: str) -> Command:
     return Command(
         ("gcluster", "export-outputs", group_dir, "--download-dependencies=false"),
         description="gcluster's dependency check (export-outputs of an empty folder)",
+    )
+
+
+# The deployment the preflight expands the edited blueprint into (a temporary folder; nothing deploys).
+BLUEPRINT_CHECK_DEPLOYMENT = "tpu-rl-preflight"
+
+
+# Any valid CIDR: the expansion deploys nothing (the deploy passes the run's authorized_cidr).
+BLUEPRINT_CHECK_CIDR = "0.0.0.0/0"
+
+
+def expand_blueprint(
+    folder: str, project: str, zone: str, *, num_slices: int, topology: str, reservation: str
+) -> Command:
+    """``gcluster create`` of the edited blueprint in ``folder`` into ``folder`` (cmd/create.go:
+    ``--out``, ``-l IGNORE`` skips the validators); it writes the embedded modules the gcluster
+    binary carries, so what the deploy's Terraform will read can be checked. No API call. The vars
+    are the deploy's (gcluster refuses one left empty, pkg/config/validate.go ``validateVars``)."""
+    pairs = [
+        ("project_id", project),
+        ("deployment_name", BLUEPRINT_CHECK_DEPLOYMENT),
+        ("region", zone.rsplit("-", 1)[0]),
+        ("zone", zone),
+        ("num_slices", str(num_slices)),
+        ("tpu_topology", topology),
+        ("authorized_cidr", BLUEPRINT_CHECK_CIDR),
+    ]
+    if reservation:
+        pairs.append(("reservation", reservation))
+    variables = [arg for key, value in pairs for arg in ("--vars", f"{key}={value}")]
+    return Command(
+        (
+            "gcluster",
+            "create",
+            os.path.join(folder, BLUEPRINT_FILENAME),
+            *variables,
+            "-l",
+            "IGNORE",
+            f"--out={folder}",
+        ),
+        description="expand the edited blueprint into a temporary folder (gcluster create; nothing deploys)",
+    )
+
+
+def kubectl_apply_folders(folder: str) -> tuple[str, str]:
+    """Where :func:`expand_blueprint` leaves the kubectl-apply module: ``<deployment>/_modules/
+    embedded/<source>`` from v1.91.0 (pkg/modulewriter/modulewriter.go ``copySharedEmbeddedModules``),
+    ``<deployment>/<group>/modules/embedded/<source>`` before (``DeploymentSource`` at v1.90.0)."""
+    deployment = os.path.join(folder, BLUEPRINT_CHECK_DEPLOYMENT)
+    return (
+        os.path.join(deployment, "_modules", "embedded", KUBECTL_APPLY_SOURCE),
+        os.path.join(deployment, PRIMARY_GROUP, "modules", "embedded", KUBECTL_APPLY_SOURCE),
     )

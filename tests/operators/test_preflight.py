@@ -9,6 +9,7 @@ own dependency check.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -75,11 +76,24 @@ def _refusal(sb: SandboxRun, dag_id: str = GKE_DAG_ID, **conf_overrides: Any) ->
     return [line[2:] for line in lines[1:]]
 
 
+def _is_blueprint_check(call: dict[str, Any]) -> bool:
+    """The GKE preflight's ``gcluster create`` of the edited blueprint into its temporary folder."""
+    argv = call["argv"]
+    return (
+        call["tool"] == "gcluster"
+        and argv[0] == "create"
+        and "/tpu-rl-blueprint-check-" in argv[1]
+        and argv[-3:-1] == ["-l", "IGNORE"]
+    )
+
+
 def _created_nothing(sb: SandboxRun) -> None:
     """Only the reads ran; no cluster, VM, bucket or secret exists."""
     calls = sb.calls()
     assert calls, "the preflight ran no gcloud command"
     for call in calls:
+        if _is_blueprint_check(call):
+            continue
         assert call["tool"] == "gcloud", call
         assert any(call["argv"][: len(read)] == list(read) for read in READS), call["argv"]
     assert sb.cluster_record() is None
@@ -312,8 +326,8 @@ def test_a_newer_gcluster_wanting_a_newer_terraform_is_one_line_naming_the_extra
     assert "terraform_1.14.0_SHA256SUMS" in line
     _created_nothing(pf)
     gcluster_calls = [call["argv"] for call in read_calls(pf.layout)[before:] if call["tool"] == "gcluster"]
-    # the check, then `gcluster --version` for the line: nothing else
-    assert [argv[0] for argv in gcluster_calls] == ["export-outputs", "--version"], gcluster_calls
+    # the check, then `gcluster --version` for the line, and the blueprint's expansion: nothing else
+    assert [argv[0] for argv in gcluster_calls] == ["export-outputs", "--version", "create"], gcluster_calls
     assert gcluster_calls[0][-1] == "--download-dependencies=false"
 
 
@@ -321,7 +335,7 @@ def test_the_gke_preflight_runs_gclusters_dependency_check(pf: SandboxRun) -> No
     before = len(read_calls(pf.layout))
     assert _run(pf)["runner"] == "gke"
     gcluster_calls = [call["argv"] for call in read_calls(pf.layout)[before:] if call["tool"] == "gcluster"]
-    assert [argv[0] for argv in gcluster_calls] == ["export-outputs"]
+    assert [argv[0] for argv in gcluster_calls] == ["export-outputs", "create"]
 
 
 def test_a_bad_shape_fails_before_any_command(pf: SandboxRun) -> None:
@@ -578,7 +592,12 @@ def test_the_plan_shows_every_command_the_preflight_makes(
     ran = [
         [
             call["tool"],
-            *("<tmp>/deployment/primary" if a.endswith("/deployment/primary") else a for a in call["argv"]),
+            *(
+                "<tmp>/deployment/primary"
+                if a.endswith("/deployment/primary")
+                else re.sub(r"/\S*/tpu-rl-blueprint-check-[^/]+", "<tmp>", a)
+                for a in call["argv"]
+            ),
         ]
         for call in read_calls(pf.layout)[before:]
     ]
@@ -684,6 +703,40 @@ def test_a_blueprint_older_than_gkes_v6e_is_one_line(pf: SandboxRun) -> None:
     finally:
         blueprint.write_text(original)
     assert line.startswith("the blueprint's version_prefix '1.30.' picks a GKE older than 1.31.2-gke.1115000")
+
+
+def test_a_gcluster_without_the_kueue_default_the_blueprint_relies_on_is_one_line(pf: SandboxRun) -> None:
+    """The edited develop-shape blueprint names no kueue config_path, so the queue is kubectl-apply's
+    default, which a gcluster before v1.92.0 does not carry: one line naming the file and the
+    release, and nothing is created; v1.92.0 carries it."""
+    update_settings(pf.layout, gcluster_release={"version": "v1.91.0"})
+    (line,) = _refusal(pf)
+    assert line.startswith(
+        "the gcluster in use has no kueue/kueue-configuration-pathways.yaml.tftpl in its kubectl-apply "
+        "module, the Kueue default the bundle's blueprint "
+    ), line
+    assert line.endswith(
+        "no ClusterQueue would admit the run's jobs; use a Cluster Toolkit release v1.92.0 or newer for "
+        "both gcluster and the bundle's examples"
+    )
+    _created_nothing(pf)
+    update_settings(pf.layout, gcluster_release={"version": "v1.92.0"})
+    assert _run(pf)["runner"] == "gke"
+
+
+def test_a_kueue_file_the_bundle_lacks_is_one_line_from_gclusters_create(pf: SandboxRun) -> None:
+    """The blueprint stages the example's kueue-configuration.yaml.tftpl: a bundle without it fails
+    gcluster's create in the preflight, as it would fail the deploy."""
+    staged = pf.layout.bundle_dir / "examples" / "gke-tpu-v6e" / "kueue-configuration.yaml.tftpl"
+    original = staged.read_text()
+    staged.unlink()
+    try:
+        (line,) = _refusal(pf)
+    finally:
+        staged.write_text(original)
+    assert line.startswith("gcluster cannot expand the edited blueprint "), line
+    assert "kueue-configuration.yaml.tftpl" in line
+    _created_nothing(pf)
 
 
 # ------------------------------------------------------------- the run's directories (issue 54 item 1)

@@ -15,8 +15,10 @@ import tpu_rl_sandbox
 from airflow_provider_tpu_rl.render.blueprint import (
     BLUEPRINT_RELPATH,
     KUBECTL_APPLY_SOURCE,
+    KUEUE_DEFAULT_TEMPLATE,
     BlueprintError,
     customize_blueprint,
+    kueue_default_template,
 )
 from airflow_provider_tpu_rl.spec import gke_pipeline_from_conf
 from airflow_provider_tpu_rl.spec.cluster import FLEX_START, ON_DEMAND, RESERVATION, SPOT
@@ -132,3 +134,44 @@ def test_templatefile_refuses_a_variable_its_vars_map_lacks(tmp_path: Path) -> N
     )
     kueue["config_template_vars"] = {"tpu_quota": 32, "tpu_topology": "4x8", "unused": "x"}
     assert "error" not in cluster_queue(kueue, pathways=False, group_dir=None)
+
+
+@pytest.mark.parametrize(
+    ("text", "template"), [(DEVELOP, KUEUE_DEFAULT_TEMPLATE), (V1_89, None)], ids=["develop", "v1.89"]
+)
+def test_the_kueue_file_the_edited_blueprint_relies_on(text: str, template: str | None) -> None:
+    """The develop shape drops config_path and relies on kubectl-apply's default (v1.92.0 on); the
+    v1.89 shape keeps the example's own file."""
+    edited = yaml.safe_dump(_edit(text), sort_keys=False)
+    assert kueue_default_template(edited) == template
+    assert KUEUE_DEFAULT_TEMPLATE == "kueue/kueue-configuration-pathways.yaml.tftpl"
+    with pytest.raises(
+        BlueprintError, match="no modules/management/kubectl-apply module with kueue settings"
+    ):
+        kueue_default_template(text.replace("kueue:", "other:", 1))
+
+
+def test_a_module_copy_without_the_default_template_applies_no_tpu_queue(tmp_path: Path) -> None:
+    """The sandbox's Terraform reads the module gcluster wrote: before v1.92.0 it has no default,
+    only v1.91.0's Pathways queue (cpu, memory) where Pathways is on, else none."""
+    kueue = {"install": True, "config_template_vars": {"accelerator_type": "tpu-v6e-slice", "tpu_quota": 32}}
+    module = tmp_path / "kubectl-apply"
+    (module / "kueue").mkdir(parents=True)
+    (module / "kueue" / "pathways.yaml.tftpl").write_text("")
+    assert cluster_queue(kueue, True, None, module)["covered"] == []
+    (module / "variables.tf").write_text("")
+    assert cluster_queue(kueue, True, None, module)["covered"] == ["cpu", "memory"]
+    (module / "kueue" / "kueue-configuration-pathways.yaml.tftpl").write_text("")
+    assert cluster_queue(kueue, True, None, module)["covered"] == ["google.com/tpu", "cpu", "memory"]
+
+
+@SHAPES
+def test_an_empty_var_no_module_uses_any_more_is_dropped(text: str) -> None:
+    """gcluster refuses a var left empty (pkg/config/validate.go validateVars): with no pool bound
+    to the reservation, ``vars.reservation`` goes (the run passes none); so does v1.89's
+    ``static_node_count`` with its setting."""
+    on_demand = _edit(text, ON_DEMAND)["vars"]
+    assert "reservation" not in on_demand
+    assert "static_node_count" not in on_demand
+    assert "reservation" in _edit(text, RESERVATION)["vars"]
+    assert "tpu_topology" in on_demand  # empty, but the deploy passes it

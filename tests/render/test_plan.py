@@ -61,6 +61,7 @@ def test_preflight_comes_right_after_validate_and_only_reads(model: str, plan: l
     reads = [s.command.argv for s in plan if s.task_id == "preflight"]
     read_only = (
         ("gcluster", "export-outputs"),  # gcluster's dependency check, in an empty folder
+        ("gcluster", "create"),  # the edited blueprint expanded into a temporary folder
         ("gcloud", "auth", "list"),
         ("gcloud", "services", "list", "--enabled"),
         ("gcloud", "compute", "reservations", "describe"),

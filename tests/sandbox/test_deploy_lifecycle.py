@@ -156,10 +156,14 @@ def test_destroy_and_deploy_argument_errors(cli: Cli, names: dict[str, str]) -> 
         "IGNORE",
         "--auto-approve",
     )
+    # pkg/config/validate.go validateVars, in the expansion: before Terraform and the validators
     assert no_project.code == 1
-    assert 'The root module input variable "project_id" is not set' in no_project.err
+    assert 'Error: vars.project_id: deployment variable "project_id" was not set\n' in no_project.err
     validated = cli.gcluster(
-        "deploy", str(cli.info.blueprint), "--vars", f"deployment_name={names['cluster']}y", "--auto-approve"
+        "deploy",
+        str(cli.info.blueprint),
+        *deploy_args(dict(names, cluster=f"{names['cluster']}y", zone="europe-west4-a"), backend=False)[:2],
+        "--auto-approve",
     )
     assert validated.code == 1
     assert "Validation failed due to the issues listed above" in validated.err
@@ -180,7 +184,15 @@ def test_an_empty_reservation_name_fails_the_tpu_pools_precondition(cli: Cli, na
         ).code
         == 0
     )
-    args = [arg.replace("reservation=res-1", "reservation=") for arg in deploy_args(names)]
+    # `reservation=` is a null, which gcluster refuses (pkg/config/validate.go validateVars);
+    # `reservation=""` is the empty name
+    unset = [arg.replace("reservation=res-1", "reservation=") for arg in deploy_args(names)]
+    refused = cli.gcluster("deploy", str(cli.info.blueprint), *unset)
+    assert refused.code == 1
+    assert refused.err.rstrip().endswith(
+        'Error: vars.reservation: deployment variable "reservation" was not set'
+    )
+    args = [arg.replace("reservation=res-1", 'reservation=""') for arg in deploy_args(names)]
 
     result = cli.gcluster("deploy", str(cli.info.blueprint), *args)
 

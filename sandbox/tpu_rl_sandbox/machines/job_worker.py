@@ -86,7 +86,8 @@ class Worker:
 
     # -- phases ---------------------------------------------------------------------------
     def wait_for_admission(self, job: dict[str, Any], step: float) -> None:
-        """Kueue: a TPU job waits until the cluster has enough free slices (FIFO); a CPU job until
+        """Kueue: a TPU job waits until the cluster has enough free slices (FIFO), and for ever
+        when the installed Kueue's queue covers no ``google.com/tpu``; a CPU job until
         the ClusterQueue's cpu quota has room, and for ever when the queue covers no ``cpu`` (Kueue
         admits a workload only when every resource it requests is covered: "resource cpu
         unavailable in ClusterQueue"). With the settings' ``kueue_admits`` off, nothing is admitted."""
@@ -106,6 +107,10 @@ class Worker:
                     if self._cpu_fits(me, jobs, cluster):
                         return
                     time.sleep(0.05)
+                    continue
+                queue = cluster.get("kueue") or {}
+                if queue.get("installed") and "google.com/tpu" not in (queue.get("covered") or []):
+                    time.sleep(0.05)  # no ClusterQueue quota for TPUs: never admitted
                     continue
                 quota = int(cluster.get("num_slices") or 0)
                 same_cluster = [

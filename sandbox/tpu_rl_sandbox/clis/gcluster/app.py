@@ -334,7 +334,7 @@ class Gcluster:
         check_overwrite_allowed(
             depl, bp, bool(parsed.get("overwrite-deployment")), bool(parsed.get("force")), display
         )
-        write_deployment(depl, bp, blueprint_arg, Path(self.cwd), self.console)
+        write_deployment(depl, bp, blueprint_arg, Path(self.cwd), self.console, self.release.version)
         return depl, display
 
     def run_infra(self, command: str, parsed: CobraParse) -> int:

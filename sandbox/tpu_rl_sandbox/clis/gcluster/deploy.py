@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from tpu_rl_sandbox.apis.gcs_client import GcsApi, GcsError
+from tpu_rl_sandbox.clis.gcluster.dependencies import VERSION as PINNED_VERSION
 from tpu_rl_sandbox.clis.gcluster.gotime import go_quote
 
 # yaml is imported by the functions that read or write YAML: each fake call is a new interpreter,
@@ -218,6 +219,17 @@ def expand_blueprint(
             'Error: vars.deployment_name: invalid value for "deployment_name": value can only contain lowercase '
             "letters, numeric characters, underscores and dashes, and must be between 0 and 63 characters long"
         )
+    # pkg/config/validate.go validateVars (v1.95.0): a var left null (``reservation:`` with no
+    # value; yaml.go reads it as a null, yaml_test.go TestDictUnmarshalYAML) is refused.
+    unset = [
+        f'vars.{key}: deployment variable "{key}" was not set'
+        for key, value in variables.items()
+        if value is None
+    ]
+    if len(unset) == 1:
+        raise Fatal(f"Error: {unset[0]}")
+    if unset:
+        raise Fatal("".join(f"Error: {error}\n" for error in unset))
     labels = dict(variables.get("labels") or {})
     labels.setdefault("ghpc_blueprint", name)
     labels.setdefault("ghpc_deployment", deployment)
@@ -464,17 +476,81 @@ def _hcl(value: Any) -> str:
     return json.dumps(value)
 
 
+def _release_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
+
+
+# pkg/modulewriter/modulewriter.go: embedded modules shared in <deployment>/_modules/embedded/ from
+# v1.91.0 (copySharedEmbeddedModules, #5625/#5627), in each <group>/modules/embedded/ before
+# (DeploymentSource at v1.90.0).
+SHARED_MODULES_RELEASE = (1, 91, 0)
+# modules/management/kubectl-apply/kueue/ at each release (git ls-tree): pathways.yaml.tftpl up to
+# v1.91.0; kueue-configuration-pathways.yaml.tftpl (#5628, 962b1d303) from v1.92.0 on.
+KUEUE_DEFAULT_TEMPLATE = "kueue-configuration-pathways.yaml.tftpl"
+KUEUE_DEFAULT_RELEASE = (1, 92, 0)
+KUEUE_OLD_PATHWAYS_TEMPLATE = "pathways.yaml.tftpl"
+# variables.tf declares enable_pathways_for_tpus (which the blueprint's var of that name sets) from
+# v1.91.0; before, only kueue.enable_pathways_for_tpus turns the Pathways queue on.
+KUBECTL_PATHWAYS_VARIABLE_RELEASE = (1, 91, 0)
+KUBECTL_APPLY = "modules/management/kubectl-apply"
+
+
+def embedded_module_dir(depl: Path, group: str, source: str, release: str) -> Path:
+    """Where ``create`` writes an embedded module at ``release`` (modulewriter, above)."""
+    if _release_tuple(release) >= SHARED_MODULES_RELEASE:
+        return depl / "_modules" / "embedded" / source
+    return depl / group / "modules" / "embedded" / source
+
+
+def write_embedded_modules(depl: Path, bp: dict[str, Any], release: str) -> None:
+    """The blueprint's embedded modules (sources under ``modules/``/``community/modules/``) as
+    stand-ins: a ``main.tf`` stub each; kubectl-apply with its ``kueue/`` files of ``release``
+    (their contents are stand-ins, not the release's files) and, from v1.91.0, its module-level
+    ``enable_pathways_for_tpus`` variable."""
+    version = _release_tuple(release)
+    for group in bp["deployment_groups"]:
+        for module in group["modules"]:
+            source = str(module.get("source", ""))
+            if not (source.startswith("modules/") or source.startswith("community/modules/")):
+                continue
+            folder = embedded_module_dir(depl, str(group["group"]), source, release)
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "main.tf").write_text("# sandbox stand-in of the embedded module\n")
+            if source != KUBECTL_APPLY:
+                continue
+            kueue = folder / "kueue"
+            kueue.mkdir(exist_ok=True)
+            (kueue / "kueue-helm-values.yaml").write_text("# sandbox stand-in\n")
+            name = KUEUE_DEFAULT_TEMPLATE if version >= KUEUE_DEFAULT_RELEASE else KUEUE_OLD_PATHWAYS_TEMPLATE
+            (kueue / name).write_text("# sandbox stand-in: cluster_queue() models what it applies\n")
+            if version >= KUBECTL_PATHWAYS_VARIABLE_RELEASE:
+                (folder / "variables.tf").write_text('variable "enable_pathways_for_tpus" {}\n')
+
+
+def kubectl_apply_copy(group_dir: Path) -> Path | None:
+    """The kubectl-apply module a group's Terraform reads (either layout), or None."""
+    for folder in (
+        group_dir.parent / "_modules" / "embedded" / KUBECTL_APPLY,
+        group_dir / "modules" / "embedded" / KUBECTL_APPLY,
+    ):
+        if folder.is_dir():
+            return folder
+    return None
+
+
 def write_deployment(
     depl: Path,
     bp: dict[str, Any],
     blueprint_arg: str = "",
     cwd: Path | None = None,
     console: Console | None = None,
+    release: str = "",
 ) -> None:
     """The deployment folder as modulewriter lays it out (Terraform files are simplified).
 
     ``blueprint_arg`` is the blueprint path as given on the command line: ``ghpc_stage`` files
     are resolved against its folder and copied to ``.ghpc/staged`` (``WriteDeployment``).
+    ``release``: the gcluster release played, whose embedded modules are written.
     """
     import yaml
 
@@ -541,6 +617,7 @@ def write_deployment(
             f"  terraform -chdir={gdir} apply",
             "",
         ]
+    write_embedded_modules(depl, bp, release or PINNED_VERSION)
     instructions += [
         "Destroying infrastructure when no longer needed",
         "===============================================",
@@ -796,7 +873,10 @@ def desired_cluster(
             else None
         ),
         "kueue": cluster_queue(
-            kueue_settings, bool(cluster_settings.get("enable_pathways_for_tpus")), group_dir
+            kueue_settings,
+            bool(cluster_settings.get("enable_pathways_for_tpus")),
+            group_dir,
+            kubectl_apply_copy(group_dir) if group_dir is not None else None,
         ),
     }
     record["settings_digest"] = hashlib.sha256(
@@ -814,13 +894,29 @@ PATHWAYS_QUEUE_RESOURCES = ("google.com/tpu", "cpu", "memory")
 _TEMPLATE_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
-def cluster_queue(kueue: dict[str, Any] | None, pathways: bool, group_dir: Path | None) -> dict[str, Any]:
+def cluster_queue(
+    kueue: dict[str, Any] | None, pathways: bool, group_dir: Path | None, module: Path | None = None
+) -> dict[str, Any]:
+    """:func:`_cluster_queue`, with ``installed``: Kueue is installed, so a job is admitted only
+    through the queue."""
+    queue = _cluster_queue(kueue, pathways, group_dir, module)
+    if kueue and kueue.get("install"):
+        queue["installed"] = True
+    return queue
+
+
+def _cluster_queue(
+    kueue: dict[str, Any] | None, pathways: bool, group_dir: Path | None, module: Path | None = None
+) -> dict[str, Any]:
     """The Kueue ClusterQueue the kubectl-apply module configures: the resources it covers and
     its nominal quotas (``{"covered": [...], "quota": {...}}``; ``error`` for a failed precondition).
 
     kubectl-apply main.tf: a blueprint ``config_path`` is rendered with the template vars and
     applied instead of the default; without one, a Pathways cluster gets
     ``kueue-configuration-pathways.yaml.tftpl`` (its precondition wants ``accelerator_type``).
+    ``module``: the module copy Terraform reads; one without that file (before v1.92.0) has no
+    default: only its ``pathways.yaml.tftpl`` queue (cpu/memory, no TPU) when Pathways is on
+    (main.tf l.22-35 at v1.91.0), else no ClusterQueue.
     """
     import yaml
 
@@ -832,6 +928,13 @@ def cluster_queue(kueue: dict[str, Any] | None, pathways: bool, group_dir: Path 
     if staged:  # evaluated at create: the copy next to the groups
         config_path = staged_destination(_unescape(staged.group(1)))
     if not config_path:
+        if module is not None and not (module / "kueue" / KUEUE_DEFAULT_TEMPLATE).is_file():
+            module_var = (module / "variables.tf").is_file() and pathways
+            if (module / "kueue" / KUEUE_OLD_PATHWAYS_TEMPLATE).is_file() and (
+                kueue.get("enable_pathways_for_tpus") or module_var
+            ):
+                return {"covered": ["cpu", "memory"], "quota": {"cpu": 480, "memory": "2000G"}}
+            return {"covered": [], "quota": {}}
         if not pathways:
             return {"covered": [], "quota": {}}
         if "accelerator_type" not in (kueue.get("config_template_vars") or {}):
