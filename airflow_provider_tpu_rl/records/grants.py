@@ -31,6 +31,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_tpu_rl.exceptions import LeaseLostError
+from airflow_provider_tpu_rl.records.lease import read_generation
 from airflow_provider_tpu_rl.records.resources import read_resource_record, write_resource_record
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.render.command import Command
@@ -127,26 +128,18 @@ class GrantRegistry:
         return self._client.bucket(bucket).blob(grant_object(binding))
 
     def read(self, bucket: str, binding: Binding) -> Holds:
-        from google.api_core.exceptions import NotFound, PreconditionFailed
-
-        for _ in range(MAX_ROUNDS):
-            blob = self._blob(bucket, binding)
-            try:
-                blob.reload(timeout=GCS_TIMEOUT_S)
-                generation = int(blob.generation or 0)
-                raw = blob.download_as_bytes(if_generation_match=generation, timeout=GCS_TIMEOUT_S)
-            except NotFound:
-                return Holds((), False, 0)
-            except PreconditionFailed:
-                continue
-            try:
-                body = json.loads(raw)
-            except ValueError:
-                body = {}
-            body = body if isinstance(body, dict) else {}
-            holders = tuple(str(h) for h in body.get("holders") or [] if isinstance(h, str))
-            return Holds(holders, bool(body.get("preexisting")), generation)
-        raise LeaseLostError(f"{binding.text()}: its holders keep changing while they are read")
+        changing = LeaseLostError(f"{binding.text()}: its holders keep changing while they are read")
+        found = read_generation(lambda: self._blob(bucket, binding), changing)
+        if found is None:
+            return Holds((), False, 0)
+        raw, generation = found
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = {}
+        body = body if isinstance(body, dict) else {}
+        holders = tuple(str(h) for h in body.get("holders") or [] if isinstance(h, str))
+        return Holds(holders, bool(body.get("preexisting")), generation)
 
     def _write(self, bucket: str, binding: Binding, holds: Holds, holders: Sequence[str], pre: bool) -> None:
         blob = self._blob(bucket, binding)

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_tpu_rl.compat import AirflowNotFoundException
-from airflow_provider_tpu_rl.exceptions import ConfigurationError, LeaseHeldError, LeaseLostError
+from airflow_provider_tpu_rl.exceptions import ConfigurationError, LeaseHeldError, LeaseLostError, TpuRlError
 
 if TYPE_CHECKING:
     from google.cloud.storage import Blob
@@ -55,6 +56,27 @@ def _what(name: str) -> str:
 def utc_text(epoch: float) -> str:
     """``2026-12-01 17:00 UTC`` for an epoch time."""
     return datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def read_generation(blob_of: Callable[[], Any], changing: TpuRlError) -> tuple[bytes, int] | None:
+    """An object's content and the generation it was read at, both of one write (the download
+    names the generation ``reload`` saw; an object rewritten between the two is read again, at most
+    ``MAX_ROUNDS`` times, then ``changing`` is raised); None when there is no object. ``blob_of``
+    gives a fresh blob handle each round. The lease, the run directories' records and the grants'
+    holders are read this way."""
+    from google.api_core.exceptions import NotFound, PreconditionFailed
+
+    for _ in range(MAX_ROUNDS):
+        blob = blob_of()
+        try:
+            blob.reload(timeout=GCS_TIMEOUT_S)
+            generation = int(blob.generation or 0)
+            return blob.download_as_bytes(if_generation_match=generation, timeout=GCS_TIMEOUT_S), generation
+        except NotFound:
+            return None
+        except PreconditionFailed:
+            continue  # rewritten between the two calls: read again
+    raise changing
 
 
 @dataclass(frozen=True)
@@ -148,20 +170,9 @@ class ClusterLeaseHook:
 
     def read(self, bucket: str, cluster: str) -> Lease | None:
         """The cluster's lease, or ``None`` when nobody holds one."""
-        from google.api_core.exceptions import NotFound, PreconditionFailed
-
-        for _ in range(MAX_ROUNDS):
-            blob = self._blob(bucket, cluster)
-            try:
-                blob.reload(timeout=GCS_TIMEOUT_S)
-                generation = int(blob.generation or 0)
-                text = blob.download_as_bytes(if_generation_match=generation, timeout=GCS_TIMEOUT_S)
-            except NotFound:
-                return None
-            except PreconditionFailed:
-                continue  # rewritten between the two calls: read again
-            return Lease.parse(text, generation, cluster)
-        raise LeaseLostError(f"cluster {cluster}: the lease keeps changing while it is read")
+        changing = LeaseLostError(f"cluster {cluster}: the lease keeps changing while it is read")
+        found = read_generation(lambda: self._blob(bucket, cluster), changing)
+        return None if found is None else Lease.parse(found[0], found[1], cluster)
 
     def _write(self, bucket: str, lease: Lease, if_generation_match: int) -> Lease:
         """Write ``lease`` if the object's generation is ``if_generation_match``; the new read.

@@ -40,6 +40,7 @@ from typing import Any, Final
 from airflow_provider_tpu_rl.compat import AirflowNotFoundException
 from airflow_provider_tpu_rl.exceptions import ConfigurationError, RunDirBusyError, TpuRlError
 from airflow_provider_tpu_rl.maxtext.layout import run_dir, run_record_object
+from airflow_provider_tpu_rl.records.lease import read_generation
 
 GCS_TIMEOUT_S = 60.0
 MAX_ROUNDS = 8  # re-read-and-decide rounds after a precondition failure
@@ -295,20 +296,9 @@ class RunDirRecords:
 
     def read(self, bucket: str, directory: str) -> RunDirRecord:
         """The record of ``directory`` (an empty one, generation 0, when none exists)."""
-        from google.api_core.exceptions import NotFound, PreconditionFailed
-
-        for _ in range(MAX_ROUNDS):
-            blob = self._blob(bucket, directory)
-            try:
-                blob.reload(timeout=GCS_TIMEOUT_S)
-                generation = int(blob.generation or 0)
-                text = blob.download_as_bytes(if_generation_match=generation, timeout=GCS_TIMEOUT_S)
-            except NotFound:
-                return RunDirRecord(run_dir(directory))
-            except PreconditionFailed:
-                continue  # rewritten between the two calls: read again
-            return RunDirRecord.parse(directory, text, generation)
-        raise TpuRlError(f"the record of {directory} keeps changing while it is read")
+        changing = TpuRlError(f"the record of {directory} keeps changing while it is read")
+        found = read_generation(lambda: self._blob(bucket, directory), changing)
+        return RunDirRecord(run_dir(directory)) if found is None else RunDirRecord.parse(directory, *found)
 
     def _write(self, bucket: str, record: RunDirRecord) -> RunDirRecord:
         """Write ``record`` if the object is still at the generation it was read at."""
