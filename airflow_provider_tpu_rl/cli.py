@@ -13,6 +13,7 @@ from typing import Any
 from airflow_provider_tpu_rl.render.plan import (
     api_calls,
     gke_capacity,
+    gke_image_streaming,
     gke_plan,
     plan_document,
     tpu_vm_capacity,
@@ -51,9 +52,17 @@ def build_plan(
     if dag_id == GKE_DAG_ID:
         gke = gke_pipeline_from_conf(conf, dag_id=dag_id, run_id=run_id)
         resolved = gke.resolved()
-        calls = api_calls(Runner.GKE, gke.cluster.project, gke.cluster.bucket, resolved["run_dirs"])
+        calls = api_calls(
+            Runner.GKE,
+            gke.cluster.project,
+            gke.cluster.bucket,
+            resolved["run_dirs"],
+            streams_image=gke.streams_image,
+        )
         document = plan_document(dag_id, gke_plan(gke), calls)
         document["capacity"] = gke_capacity(gke)
+        if gke.streams_image:  # the TPU pool's image streaming and what it renders
+            document["image_streaming"] = gke_image_streaming(gke)
     elif dag_id == TPU_VM_DAG_ID:
         vm = tpu_vm_pipeline_from_conf(conf, dag_id=dag_id, run_id=run_id)
         resolved = vm.resolved()

@@ -47,6 +47,9 @@ DEFAULT_TASK_MINUTES: Final[dict[str, float]] = {
     # Baking the TPU VM's boot image: a CPU VM, Docker, the workload image's pull (over 10 GB), the
     # VM stopped and its 200 GB disk imaged.
     "bake": 120,
+    # Copying the GKE training image into the run's repository (over 10 GB through the worker,
+    # once per digest; a copy already there takes a minute).
+    "copy": 60,
     # The janitor's scan and the destroys it starts.
     "janitor": 240,
 }
@@ -60,6 +63,7 @@ PIPELINE_STAGES: Final[dict[str, tuple[tuple[str, bool], ...]]] = {
         ("short", True),  # ensure_bucket
         ("deploy", True),
         ("short", True),  # sync_hf_token
+        ("copy", True),  # copy_workload_image (beside the cluster: counted as if after it)
         ("convert", True),
         ("checkpoint", False),
         ("deploy", True),  # deploy_tpu_pool

@@ -17,14 +17,15 @@ from airflow_provider_tpu_rl.operators.gke_jobs import (
     MaxTextExportOperator,
     PathwaysRLTrainOperator,
 )
+from airflow_provider_tpu_rl.operators.image_stream import CopyWorkloadImageOperator
 from airflow_provider_tpu_rl.pipelines import dag as pipeline
 from airflow_provider_tpu_rl.pipelines import waits
-from airflow_provider_tpu_rl.pipelines.arguments import gke_task_arguments, xcom
+from airflow_provider_tpu_rl.pipelines.arguments import copied_image_template, gke_task_arguments, xcom
 from airflow_provider_tpu_rl.pipelines.failures import WATCHER_TASK_ID, add_watcher
 from airflow_provider_tpu_rl.pipelines.validate import validate_task
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, Runner
 from airflow_provider_tpu_rl.spec.params import GKE
-from airflow_provider_tpu_rl.spec.pipeline import GKE_TASK_ORDER
+from airflow_provider_tpu_rl.spec.pipeline import GKE_SIDE_TASKS, GKE_TASK_ORDER
 from airflow_provider_tpu_rl.spec.presets import presets_for
 
 GKE_MODELS: Final = presets_for(Runner.GKE)
@@ -34,7 +35,9 @@ DOC_MD = f"""
 
 GRPO post-training of an LLM with MaxText on a TPU v6e slice on GKE (Pathways), as in the
 Qwen3-30B-A3B and Gemma 4 tutorials: bucket → cluster (no TPU yet) → HF→MaxText conversion
-(CPU node pool) → TPU node pool → training → TPU node pool destroyed → MaxText→HF export (CPU
+(CPU node pool; beside it, `copy_workload_image` copies the training image into the project's
+own Artifact Registry repository `image_repository`, once per digest, so the TPU node pool
+streams it) → TPU node pool → training → TPU node pool destroyed → MaxText→HF export (CPU
 node pool) → cluster destroyed.
 
 **TPU billed only while it trains.** The blueprint's TPU node pool is moved to a deployment group
@@ -83,12 +86,17 @@ with pipeline.pipeline_dag(
     doc_md=DOC_MD,
 ) as dag:
     validate_task()
-    args = gke_task_arguments(xcom)
+    args = gke_task_arguments(xcom, training_image=copied_image_template())
     # The graph groups the stages; every task keeps its own id (stage_group).
     with pipeline.stage_group("prepare"):
         ensure_bucket = pipeline.first_steps(args)[1]
         deploy_cluster = GclusterDeployOperator(
             task_id="deploy_cluster", **args["deploy_cluster"], **pipeline.transient("deploy")
+        )
+        # Beside the cluster and the conversion: the training image copied into the run's own
+        # repository (once per digest), so the TPU node pool streams it; deploy_tpu_pool waits for it.
+        copy_workload_image = CopyWorkloadImageOperator(
+            task_id="copy_workload_image", **args["copy_workload_image"], **pipeline.transient("copy")
         )
     with pipeline.stage_group("conversion"):
         MaxTextConvertOperator(
@@ -135,7 +143,8 @@ with pipeline.pipeline_dag(
             **pipeline.transient("teardown"),
         ).as_teardown(setups=[ensure_bucket, deploy_cluster])
         pipeline.record_run_task(GKE_CLUSTER_TASK_IDS)
-    pipeline.chain_in_order(GKE_TASK_ORDER, dag)
+    pipeline.chain_in_order(GKE_TASK_ORDER, dag, beside=GKE_SIDE_TASKS)
+    copy_workload_image >> deploy_tpu_pool
     # The export follows the TPU pool's destroy, and needs the actor checkpoint itself (a teardown
     # succeeds after a failed training too).
     actor_checkpoint >> export_to_huggingface

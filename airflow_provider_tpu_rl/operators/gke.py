@@ -23,7 +23,12 @@ from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.render.blueprint import BLUEPRINT_RELPATH, TPU_GROUP, customize_blueprint
 from airflow_provider_tpu_rl.spec import rules
 from airflow_provider_tpu_rl.spec.cluster import ClusterSpec, default_capacity
-from airflow_provider_tpu_rl.spec.pipeline import cluster_from_arguments, hf_token_spec, run_suffix
+from airflow_provider_tpu_rl.spec.pipeline import (
+    cluster_from_arguments,
+    hf_token_spec,
+    image_repository,
+    run_suffix,
+)
 from airflow_provider_tpu_rl.spec.preflight import enabled_secret_versions, parse_json_document
 
 if TYPE_CHECKING:
@@ -326,7 +331,12 @@ def cluster_spec(arguments: Mapping[str, Any], model: str | None) -> ClusterSpec
 
 
 def write_blueprint(
-    hook: GclusterHook, cluster: ClusterSpec, labels: Mapping[str, str], workdir: str
+    hook: GclusterHook,
+    cluster: ClusterSpec,
+    labels: Mapping[str, str],
+    workdir: str,
+    *,
+    stream_image: bool = False,
 ) -> None:
     """Copy the bundle's whole example folder into ``workdir`` and customise its blueprint there.
 
@@ -351,6 +361,7 @@ def write_blueprint(
             slice_vms=cluster.shape.vms,
             # the TPU pool in a group of its own: deployed and destroyed around the training alone
             tpu_quota=cluster.total_chips,
+            stream_image=stream_image,
         )
     )
 
@@ -529,6 +540,9 @@ class GclusterDeployOperator(_ClusterOperator):
     :param only_groups: deploy only these groups (``gcluster deploy --only``) of a cluster whose
         lease this run already holds (taken by a deploy of the other groups), e.g. ``["tpu"]``:
         the TPU node pool alone, once the work that needs it is ready. Not with ``skip_groups``.
+    :param image_repository: the Artifact Registry repository the training image is copied into
+        (``CopyWorkloadImageOperator``): named, the TPU node pool streams its image (``enable_gcfs``
+        and Service Usage Consumer for its account); empty: the pool pulls the image whole.
     """
 
     ui_color = "#d4e8ff"
@@ -537,6 +551,7 @@ class GclusterDeployOperator(_ClusterOperator):
         "keep_cluster",
         "skip_groups",
         "only_groups",
+        "image_repository",
     )
     operator_extra_links = (GKEClusterLink(),)
 
@@ -546,12 +561,19 @@ class GclusterDeployOperator(_ClusterOperator):
         keep_cluster: bool | str = False,
         skip_groups: Sequence[str] | str | None = None,
         only_groups: Sequence[str] | str | None = None,
+        image_repository: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.keep_cluster = keep_cluster
         self.skip_groups = skip_groups
         self.only_groups = only_groups
+        self.image_repository = image_repository
+
+    @property
+    def stream_image(self) -> bool:
+        """The TPU node pool streams its image (``image_repository`` named: the image is copied there)."""
+        return bool(image_repository(self.image_repository))
 
     @fail_fast
     def execute(self, context: Context) -> dict[str, Any]:
@@ -607,7 +629,7 @@ class GclusterDeployOperator(_ClusterOperator):
         labels = gke.managed_labels(dag_id, suffix, cluster.bucket, expires_at)
         workdir = gke.make_workdir(cluster.cluster_name, suffix)
         try:
-            write_blueprint(self.hook, cluster, labels, workdir)
+            write_blueprint(self.hook, cluster, labels, workdir, stream_image=self.stream_image)
             started = time.time()
             # No project-level grants: the blueprint's service-account modules hold the roles.
             self.hook.run_checked(gke.deploy(cluster, workdir, skip_groups=skip), cwd=workdir)
@@ -639,7 +661,11 @@ class GclusterDeployOperator(_ClusterOperator):
         workdir = gke.make_workdir(cluster.cluster_name, suffix)
         try:
             write_blueprint(
-                self.hook, cluster, gke.managed_labels(dag_id, suffix, cluster.bucket, expires_at), workdir
+                self.hook,
+                cluster,
+                gke.managed_labels(dag_id, suffix, cluster.bucket, expires_at),
+                workdir,
+                stream_image=self.stream_image,
             )
             started = time.time()
             prepare_deployment_folder(self.hook, cluster, workdir)

@@ -32,7 +32,7 @@ from airflow_provider_tpu_rl.spec.cluster import (
     default_capacity,
     require_reservation_name,
 )
-from airflow_provider_tpu_rl.spec.pipeline import default_shape
+from airflow_provider_tpu_rl.spec.pipeline import default_shape, image_repository
 from airflow_provider_tpu_rl.spec.preflight import error_line
 from airflow_provider_tpu_rl.spec.presets import Runner
 
@@ -104,6 +104,9 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         here as ``train`` would (its job read where it runs), a live one is a problem.
     :param cancel_previous_writer: with ``run_dirs``: stop a job whose claim no longer vouches
         for it (as ``train`` would) instead of refusing the run.
+    :param image_repository: GKE: the Artifact Registry repository the training image is copied
+        into for image streaming; named, the Container File System API and the copy's Artifact
+        Registry permissions are checked too.
     """
 
     ui_color = "#e8f5e9"
@@ -128,6 +131,7 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         "cpu_machine_types",
         "run_dirs",
         "cancel_previous_writer",
+        "image_repository",
     )
 
     def __init__(
@@ -151,9 +155,11 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         cpu_machine_types: Sequence[str] | None = None,
         run_dirs: Mapping[str, str] | None = None,
         cancel_previous_writer: bool | str = False,
+        image_repository: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.image_repository = image_repository
         self.runner = runner
         self.project_id = project_id
         self.zone = zone
@@ -174,9 +180,14 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         self.cancel_previous_writer = cancel_previous_writer
 
     # ------------------------------------------------------------------ arguments
+    def _streams(self, run: Runner) -> bool:
+        """A GKE run whose TPU node pool streams its image (``image_repository`` named)."""
+        return run is Runner.GKE and bool(image_repository(self.image_repository))
+
     def _services(self, run: Runner) -> tuple[str, ...]:
         if self.required_services is None:
-            return checks.REQUIRED_SERVICES[run]
+            streaming = checks.STREAMING_SERVICES if self._streams(run) else ()
+            return (*checks.REQUIRED_SERVICES[run], *streaming)
         if isinstance(self.required_services, str):
             raise ConfigurationError("required_services must be a list of API names, not a string")
         return tuple(checks.service_name(s) for s in self.required_services)
@@ -184,7 +195,8 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
     def _permissions(self, run: Runner) -> dict[str, str]:
         value = self.required_permissions
         if value is None:
-            return dict(checks.REQUIRED_PERMISSIONS[run])
+            streaming = checks.STREAMING_PERMISSIONS if self._streams(run) else {}
+            return {**checks.REQUIRED_PERMISSIONS[run], **streaming}
         if isinstance(value, str):
             raise ConfigurationError("required_permissions must be a mapping or a list, not a string")
         if isinstance(value, Mapping):

@@ -51,8 +51,29 @@ def bake_result(key: str) -> str:
     return "{{ " + BAKED_MACRO + "(ti).get('" + key + "') }}"
 
 
-# A pipeline DAG's ``user_defined_macros``: what :func:`xcom` and :func:`bake_result` templates call.
-PIPELINE_MACROS: Final[dict[str, Any]] = {VALIDATED_MACRO: validated, BAKED_MACRO: baked}
+COPIED_MACRO: Final = "copied_image"
+COPY_TASK_ID: Final = "copy_workload_image"
+
+
+def copied_image(ti: Any) -> Any:
+    """The image GKE training runs: the ``copy_workload_image`` task's copy (streamed by the TPU
+    node pool), else ``validate``'s ``image`` (no copy: ``image_repository`` empty)."""
+    copy = ti.xcom_pull(task_ids=COPY_TASK_ID) or {}
+    return copy.get("image") or validated(ti)["image"]
+
+
+def copied_image_template() -> str:
+    """Template reading :func:`copied_image`."""
+    return "{{ " + COPIED_MACRO + "(ti) }}"
+
+
+# A pipeline DAG's ``user_defined_macros``: what :func:`xcom`, :func:`bake_result` and
+# :func:`copied_image_template` templates call.
+PIPELINE_MACROS: Final[dict[str, Any]] = {
+    VALIDATED_MACRO: validated,
+    BAKED_MACRO: baked,
+    COPIED_MACRO: copied_image,
+}
 
 
 def transient_retries() -> dict[str, Any]:
@@ -99,11 +120,13 @@ def _promote_arguments(value: Value, runner: str, image: Any) -> dict[str, Any]:
     }
 
 
-def gke_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
+def gke_task_arguments(value: Value, training_image: Any = None) -> dict[str, dict[str, Any]]:
     """The arguments of each ``tpu_rl_gke_pipeline`` operator, named by task id.
 
     ``value(key)`` gives one of ``validate``'s resolved values (``GkePipelineSpec.resolved``): the
     DAG passes a template that pulls it from XCom; a test passes the value itself.
+    ``training_image``: the image ``train`` runs (the DAG: :func:`copied_image_template`, the copy
+    streamed by the TPU node pool); None: ``value("image")``.
     """
     scope = {"project_id": value("project"), "location": value("region"), "bucket": value("bucket")}
     cluster = {
@@ -146,11 +169,20 @@ def gke_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
             "bucket": value("bucket"),
             "run_dirs": value("run_dirs"),
             "cancel_previous_writer": value("cancel_previous_writer"),
+            "image_repository": value("image_repository"),
         },
         "ensure_bucket": scope,
+        # the training image copied into the run's repository, streamed by the TPU node pool
+        "copy_workload_image": {
+            "project_id": value("project"),
+            "location": value("region"),
+            "image": value("image"),
+            "image_repository": value("image_repository"),
+        },
         # the cluster without its TPU node pool; the pool is deployed once the conversion is done
-        "deploy_cluster": {**cluster, "skip_groups": [TPU_GROUP]},
-        "deploy_tpu_pool": {**cluster, "only_groups": [TPU_GROUP]},
+        # both write the blueprint: the TPU pool's image streaming and its account's role
+        "deploy_cluster": {**cluster, "skip_groups": [TPU_GROUP], "image_repository": value("image_repository")},
+        "deploy_tpu_pool": {**cluster, "only_groups": [TPU_GROUP], "image_repository": value("image_repository")},
         # keep_cluster keeps the cluster, never the TPU pool (it bills most)
         "destroy_tpu_pool": {
             **{key: item for key, item in cluster.items() if key != "keep_cluster"},
@@ -165,6 +197,7 @@ def gke_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
         "convert_to_maxtext": {**cpu_job, "hf_model_path": value("hf_model_path")},
         "train": {
             **job,
+            "image": value("image") if training_image is None else training_image,
             "cancel_previous_writer": value("cancel_previous_writer"),
             "run_name": value("run_name"),
             "num_batches": value("num_batches"),

@@ -119,7 +119,7 @@ def publish_converted_tasks(model: str, models: Sequence[str], after: Any) -> No
 STAGE_GROUP_TOOLTIPS: Final[Mapping[str, str]] = {
     "prepare": (
         "Checks, the bucket, the HF token secret, the machines the conversion runs on and the TPU "
-        "VM's boot image"
+        "VM's boot image (on GKE: the training image's copy the TPU node pool streams)"
     ),
     "conversion": "Hugging Face checkpoint to MaxText, and its commit in the bucket",
     "training": "The billed TPUs: created, trained on until the actor checkpoint is committed, deleted",

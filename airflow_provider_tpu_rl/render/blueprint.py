@@ -14,6 +14,8 @@ from airflow_provider_tpu_rl.spec.presets import BlueprintEdits
 BLUEPRINT_RELPATH = "examples/gke-tpu-v6e/gke-tpu-v6e-advanced.yaml"
 BLUEPRINT_FILENAME = "gke-tpu-v6e-advanced.yaml"
 NODE_POOL_SA_MODULE = "node_pool_service_account"
+# What a custom node service account needs for image streaming, in the image's project.
+STREAMING_ROLE = "serviceusage.serviceUsageConsumer"
 KUBECTL_APPLY_SOURCE = "modules/management/kubectl-apply"
 NODE_POOL_SOURCE = "modules/compute/gke-node-pool"
 GKE_CLUSTER_SOURCE = "modules/scheduler/gke-cluster"
@@ -91,6 +93,7 @@ def customize_blueprint(
     tpu_quota: int | None = None,
     capacity: str = RESERVATION,
     slice_vms: int | None = None,
+    stream_image: bool = False,
 ) -> str:
     """Apply the tutorial edits to the blueprint text and return the new YAML.
 
@@ -101,6 +104,7 @@ def customize_blueprint(
     flex-start pool's autoscaling).
     ``tpu_quota`` (the slices' chips): the TPU node pool moves to its own deployment group
     ``tpu`` (:func:`split_tpu_group`), deployed and destroyed on its own around the training.
+    ``stream_image``: the TPU node pool streams its image (:func:`stream_tpu_pool_image`).
     """
     doc = yaml.safe_load(text)
     if not isinstance(doc, dict) or not isinstance(doc.get("vars"), dict):
@@ -132,6 +136,8 @@ def customize_blueprint(
         _consume_no_reservation(modules)
     if capacity in (SPOT, FLEX_START):
         set_capacity(_tpu_pool(modules), capacity, slice_vms)
+    if stream_image:
+        stream_tpu_pool_image(modules)
     if tpu_quota is not None:
         split_tpu_group(doc, tpu_quota)
     _drop_unused_empty_vars(doc)
@@ -140,6 +146,23 @@ def customize_blueprint(
         merged.update(labels)
         doc["vars"]["labels"] = {key: QuotedStr(value) for key, value in merged.items()}
     return yaml.dump(doc, Dumper=_BlueprintDumper, sort_keys=False, default_flow_style=False)
+
+
+def stream_tpu_pool_image(modules: list[dict[str, Any]]) -> None:
+    """Image streaming on the TPU node pool: gke-node-pool's ``enable_gcfs`` (``gcfs_config {
+    enabled = true }``; variables.tf l.74-78, main.tf l.237-242 at v1.95.0), and Service Usage
+    Consumer for the pool's custom account ``gke-np-sa`` (GKE's image streaming page, "Requirements":
+    a custom node account needs it in the project hosting the image; the copy is in the run's own
+    project, where the service-account module grants its ``project_roles``: main.tf l.36,
+    ``"${var.project_id}=>roles/${role}"``). The account already reads Artifact Registry
+    (``artifactregistry.reader`` in the example)."""
+    sa = next((m for m in modules if m.get("id") == NODE_POOL_SA_MODULE), None)
+    if sa is None:
+        raise BlueprintError(f"blueprint has no module with id {NODE_POOL_SA_MODULE!r}")
+    roles = list(sa.setdefault("settings", {}).get("project_roles") or [])
+    if STREAMING_ROLE not in roles:
+        sa["settings"]["project_roles"] = [*roles, STREAMING_ROLE]
+    _tpu_pool(modules).setdefault("settings", {})["enable_gcfs"] = True
 
 
 def _pathways_enabled(doc: Mapping[str, Any], modules: list[dict[str, Any]]) -> bool:

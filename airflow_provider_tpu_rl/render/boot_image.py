@@ -89,14 +89,14 @@ def plan_family(image: str) -> tuple[str, str]:
     return (family_of(digest), digest) if digest else (PLAN_FAMILY, "sha256:<digest>")
 
 
-def resolve_digest(image: str) -> Command:
+def resolve_digest(image: str, why: str = "the boot image family is named after it") -> Command:
     """The digest a tag names now, from the image's registry: gcloud's documented "Find the digest
     for a tag" (surface/container/images/describe.py: ``util.GetDigestFromName`` asks the registry
     for the manifest, the Docker Registry API, with the account's token; it prints a warning that a
     digest is better on stderr)."""
     return Command(
         ("gcloud", "container", "images", "describe", image, "--format=value(image_summary.digest)"),
-        description=f"resolve {image} to its digest (the boot image family is named after it)",
+        description=f"resolve {image} to its digest ({why})",
     )
 
 

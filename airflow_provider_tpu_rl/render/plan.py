@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from airflow_provider_tpu_rl.render import boot_image, gke, preflight, tpu_vm
-from airflow_provider_tpu_rl.render.blueprint import capacity_settings
+from airflow_provider_tpu_rl.render import boot_image, gke, image_stream, preflight, tpu_vm
+from airflow_provider_tpu_rl.render.blueprint import STREAMING_ROLE, capacity_settings
 from airflow_provider_tpu_rl.render.command import ApiCall, Command
 from airflow_provider_tpu_rl.spec.cluster import RESERVATION
 from airflow_provider_tpu_rl.spec.pipeline import (
@@ -19,6 +19,7 @@ from airflow_provider_tpu_rl.spec.pipeline import (
 )
 from airflow_provider_tpu_rl.spec.preflight import (
     REQUIRED_PERMISSIONS,
+    STREAMING_PERMISSIONS,
     VM_NETWORK,
     cpu_vm_quota_needs,
     quota_needs,
@@ -124,14 +125,19 @@ class PlanApiCall:
 
 
 def api_calls(
-    runner: Runner, project: str, bucket: str = "", run_dirs: Mapping[str, str] | None = None
+    runner: Runner,
+    project: str,
+    bucket: str = "",
+    run_dirs: Mapping[str, str] | None = None,
+    *,
+    streams_image: bool = False,
 ) -> list[PlanApiCall]:
     """The run's API calls that no command makes: the preflight's permission test (a TPU VM
-    under OS Login also tests compute.instances.osAdminLogin) and its reads of who writes the
-    run's directories (``run_dirs``, in ``bucket``)."""
-    calls = [
-        PlanApiCall("preflight", preflight.test_permissions(project, list(REQUIRED_PERMISSIONS[runner])))
-    ]
+    under OS Login also tests compute.instances.osAdminLogin; a GKE run that streams its image,
+    the copy's permissions too) and its reads of who writes the run's directories (``run_dirs``,
+    in ``bucket``)."""
+    permissions = [*REQUIRED_PERMISSIONS[runner], *(STREAMING_PERMISSIONS if streams_image else ())]
+    calls = [PlanApiCall("preflight", preflight.test_permissions(project, permissions))]
     for stage, directory in (run_dirs or {}).items():
         calls.append(PlanApiCall("preflight", preflight.read_run_dir_claim(bucket, stage, directory)))
     return calls
@@ -161,6 +167,24 @@ def gke_plan(pipeline: GkePipelineSpec) -> list[PlanStep]:
         ]
     if pipeline.delete_bucket:
         teardown.append(gke.delete_bucket(cluster.bucket))
+    # The training image copied into the run's repository (beside the cluster), and trained from
+    # there by digest: the TPU node pool streams it.
+    copy: list[Command] = []
+    train_target = target
+    if pipeline.streams_image:
+        repo, image = pipeline.image_repository, pipeline.image
+        digest = boot_image.pinned_digest(image)
+        if digest is None:
+            copy.append(boot_image.resolve_digest(image, image_stream.DIGEST_PURPOSE))
+            digest = image_stream.PLAN_DIGEST
+        copy += [
+            image_stream.create_repository(cluster.project, cluster.region, repo),
+            image_stream.copy_image(image, digest, cluster.project, cluster.region, repo),
+        ]
+        # a digest resolved at run time: the job's spec shows the stand-in (the copy's argv, <digest>)
+        shown = image_stream.PLAN_DIGEST_STANDIN if digest == image_stream.PLAN_DIGEST else digest
+        streamed = image_stream.streamed_image(cluster.project, cluster.region, repo, image, shown)
+        train_target = replace(target, image=streamed)
     commands = {
         "preflight": preflight_commands(
             Runner.GKE,
@@ -172,6 +196,7 @@ def gke_plan(pipeline: GkePipelineSpec) -> list[PlanStep]:
             topology=cluster.topology,
         ),
         "ensure_bucket": [gke.create_bucket(cluster.project, cluster.region, cluster.bucket)],
+        "copy_workload_image": copy,
         # the cluster, cpu-np and Kueue: no TPU node pool while the conversion runs
         "deploy_cluster": [gke.deploy(cluster, workdir, skip_groups=tpu)],
         # the TPU capacity exists from here (the converted checkpoint is committed) ...
@@ -189,7 +214,7 @@ def gke_plan(pipeline: GkePipelineSpec) -> list[PlanStep]:
         "train": [
             *auth,
             gke.training_job(
-                target,
+                train_target,
                 pipeline.train_job,
                 pipeline.preset,
                 pipeline.training,
@@ -310,6 +335,20 @@ def gke_capacity(pipeline: GkePipelineSpec) -> dict[str, Any]:
         }
     settings = capacity_settings(cluster.capacity, cluster.shape.vms)
     return {"value": cluster.capacity, "reservation": None, "tpu_pool_settings": settings}
+
+
+def gke_image_streaming(pipeline: GkePipelineSpec) -> dict[str, Any]:
+    """Whether the TPU node pool streams its image, from which repository, and what the blueprint
+    sets for it (the ``deploy_*`` argv do not show the blueprint)."""
+    if not pipeline.streams_image:
+        return {"streamed": False, "repository": None, "tpu_pool_settings": {}, "node_account_roles": []}
+    c = pipeline.cluster
+    return {
+        "streamed": True,
+        "repository": f"{image_stream.registry_host(c.region)}/{c.project}/{pipeline.image_repository}",
+        "tpu_pool_settings": {"enable_gcfs": True},
+        "node_account_roles": [STREAMING_ROLE],
+    }
 
 
 def tpu_vm_capacity(pipeline: TpuVmPipelineSpec) -> dict[str, Any]:

@@ -350,6 +350,24 @@ RUN_PARAMS: Final[tuple[RunParam, ...]] = (
         pipelines=_GKE_ONLY,
     ),
     RunParam(
+        "image_repository",
+        "str",
+        "Stream the image from this repository",
+        MODEL,
+        "Artifact Registry Docker repository (its ID, in the run's project and region; created when "
+        "missing) the training image is copied into, once per digest, so the TPU node pool streams it "
+        "(GKE image streaming) instead of pulling it whole. Empty: no copy, no streaming.",
+        "Artifact Registry Docker repository (its ID, in the run's `project` and `region`; created when "
+        "missing) that `copy_workload_image` copies `image` into, once per digest and kept for later "
+        "runs; the TPU node pool then runs the copy with **image streaming** (`enable_gcfs`) instead of "
+        "pulling the whole image before training starts. Empty: no copy, the pool pulls the image whole",
+        default="",
+        nullable=True,
+        pipelines=_GKE_ONLY,
+        schema={"pattern": optional(rules.REPOSITORY_ID)},
+        rule=rules.REPOSITORY_ID_RULE,
+    ),
+    RunParam(
         "compute_type",
         "str",
         "TPU machine type",

@@ -72,6 +72,9 @@ GKE_TASK_ORDER: Final = (
     "ensure_bucket",
     "deploy_cluster",
     "sync_hf_token",
+    # The training image copied into the run's own Artifact Registry repository (once per digest),
+    # beside the cluster and the conversion (GKE_SIDE_TASKS), so the TPU node pool streams it.
+    "copy_workload_image",
     "convert_to_maxtext",
     "wait_converted_checkpoint",
     "deploy_tpu_pool",
@@ -117,6 +120,9 @@ TPU_VM_TASK_ORDER: Final = (
 TPU_VM_SIDE_TASKS: Final[Mapping[str, str]] = MappingProxyType(
     {"bake_image": "sync_hf_token", "delete_bake_vm": "bake_image"}
 )
+# Tasks of GKE_TASK_ORDER that run beside the main line (task -> the one it follows): the image's
+# copy costs no TPU time; deploy_tpu_pool waits for it (the DAG's join).
+GKE_SIDE_TASKS: Final[Mapping[str, str]] = MappingProxyType({"copy_workload_image": "preflight"})
 # The GKE pipeline's job tasks; a job's default name derives from its task id.
 GKE_JOB_TASKS: Final = {"convert": "convert_to_maxtext", "train": "train", "export": "export_to_huggingface"}
 
@@ -543,6 +549,14 @@ class GkePipelineSpec:
     max_cluster_hours: int
     cancel_previous_writer: bool = False
     min_reward_gain: float | None = None  # the promotion gate (None: no gate)
+    # The Artifact Registry repository the training image is copied into and streamed from by the
+    # TPU node pool (render/image_stream.py); "" = no copy, the pool pulls the image whole.
+    image_repository: str = ""
+
+    @property
+    def streams_image(self) -> bool:
+        """The TPU node pool streams the training image (copied into :attr:`image_repository`)."""
+        return bool(self.image_repository)
 
     @property
     def suffix(self) -> str:
@@ -618,6 +632,7 @@ class GkePipelineSpec:
             "num_slices": c.num_slices,
             "authorized_cidr": c.authorized_cidr,
             "image": self.image,
+            "image_repository": self.image_repository,
             "workload_image_patched": t.workload_image_patched,
             **workload_values(self.preset, self.conversion, t, self.hf_token),
             "secret_readers": [c.workload_service_account, c.node_pool_service_account],
@@ -716,7 +731,15 @@ def gke_pipeline_from_conf(
         max_cluster_hours=rules.int_range("max_cluster_hours", merged["max_cluster_hours"], 1, 24 * 14),
         cancel_previous_writer=merged["cancel_previous_writer"],
         min_reward_gain=min_reward_gain(merged.get("min_reward_gain")),
+        image_repository=image_repository(merged.get("image_repository")),
     )
+
+
+def image_repository(value: Any) -> str:
+    """The ``image_repository`` conf value: an Artifact Registry repository ID, or "" (no streaming)."""
+    if value is None or value == "":
+        return ""
+    return rules.match("image_repository", value, rules.REPOSITORY_ID, rules.REPOSITORY_ID_RULE)
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,10 @@ TPU_VM_SERVICES: Final = (
     "serviceusage.googleapis.com",
     "secretmanager.googleapis.com",
 )
+# GKE image streaming (a run whose image_repository is named): "You must enable the Container File
+# System API" (docs.cloud.google.com/kubernetes-engine/docs/how-to/image-streaming, "Requirements";
+# states). Artifact Registry, which holds the copy, is among GKE_SERVICES already.
+STREAMING_SERVICES: Final = ("containerfilesystem.googleapis.com",)
 REQUIRED_SERVICES: Final[Mapping[Runner, tuple[str, ...]]] = MappingProxyType(
     {Runner.GKE: GKE_SERVICES, Runner.TPU_VM: TPU_VM_SERVICES}
 )
@@ -156,6 +160,16 @@ _TPU_VM_PERMISSIONS: Final = {
     "storage.buckets.getIamPolicy": "roles/storage.admin",
     "storage.buckets.setIamPolicy": "roles/storage.admin",
 }
+# The image's copy for streaming (render/image_stream.py): the repository created when missing, the
+# source read and the copy pushed (Artifact Registry's predefined roles: admin creates
+# repositories, writer uploads, reader downloads; cloud.google.com/artifact-registry/docs/access-control).
+STREAMING_PERMISSIONS: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "artifactregistry.repositories.create": "roles/artifactregistry.admin",
+        "artifactregistry.repositories.uploadArtifacts": "roles/artifactregistry.writer",
+        "artifactregistry.repositories.downloadArtifacts": "roles/artifactregistry.reader",
+    }
+)
 REQUIRED_PERMISSIONS: Final[Mapping[Runner, Mapping[str, str]]] = MappingProxyType(
     {
         Runner.GKE: MappingProxyType({**_SHARED_PERMISSIONS, **_GKE_PERMISSIONS}),

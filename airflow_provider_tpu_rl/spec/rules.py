@@ -34,6 +34,10 @@ SERVICE_ACCOUNT = re.compile(
     r"^[a-z][a-z0-9-]{4,61}[a-z0-9]@[a-z0-9.-]+\.iam\.gserviceaccount\.com$|^[0-9]+-compute@developer\.gserviceaccount\.com$"
 )
 DURATION = re.compile(r"^[0-9]+(?:s|m|h)$")
+# An Artifact Registry repository ID as the run names it: lowercase letters, digits and hyphens,
+# a letter first, no hyphen last, 63 at most (the GCE-name form; Artifact Registry's create page
+# asks for lowercase letters, numbers and hyphens: inference that the stricter form is accepted).
+REPOSITORY_ID = GCE_NAME
 # What the spec says when a value breaks a pattern: SpecError's rule, and the trigger form's
 # description of the field (pipelines/form.py), so the form shows it next to the field.
 GKE_CLUSTER_NAME_RULE = (
@@ -53,6 +57,10 @@ BUCKET_CHARS_RULE = (
 IMAGE_RULE = (
     "container image must be a lowercase registry/path, then an optional :tag and an optional "
     "@sha256: digest, like us-docker.pkg.dev/project/repo/image:1.0"
+)
+REPOSITORY_ID_RULE = (
+    "Artifact Registry repository ID must be 1-63 lowercase letters, digits or hyphens, start with a "
+    "letter and not end with a hyphen"
 )
 HF_REPO_ID_RULE = "Hugging Face repo id like org/model"
 RUN_NAME_RULE = (

@@ -147,6 +147,15 @@ def test_a_disabled_api_is_one_line_naming_the_enable_command(pf: SandboxRun) ->
     _created_nothing(pf)
 
 
+def test_streaming_without_the_container_file_system_api_is_one_line(pf: SandboxRun) -> None:
+    """issue 53 item 5: a run that streams its image (image_repository named) needs the API."""
+    update_settings(pf.layout, disabled_services=("containerfilesystem.googleapis.com",))
+    _run(pf)  # a run that does not stream passes without it
+    (line,) = _refusal(pf, image_repository="tpu-rl-images")
+    assert f"gcloud services enable containerfilesystem.googleapis.com --project={pf.project}" in line
+    _created_nothing(pf)
+
+
 def test_a_missing_permission_is_one_line_naming_the_role(pf: SandboxRun) -> None:
     update_settings(pf.layout, denied_permissions=("compute.instances.create",))
     (line,) = _refusal(pf, TPU_VM_DAG_ID)

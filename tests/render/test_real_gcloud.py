@@ -59,7 +59,12 @@ def rendered_gcloud_commands() -> dict[tuple[str, ...], set[str]]:
         for model, preset in PRESETS.items():
             for extra in (
                 {},
-                {"delete_bucket": True, "hf_token_secret": "my-hf-secret", "keep_cluster": True},
+                {
+                    "delete_bucket": True,
+                    "hf_token_secret": "my-hf-secret",
+                    "keep_cluster": True,
+                    "image_repository": "tpu-rl-images",
+                },
             ):
                 if preset.runner is Runner.GKE:
                     conf = {
@@ -71,7 +76,7 @@ def rendered_gcloud_commands() -> dict[tuple[str, ...], set[str]]:
                     }
                     yield from ((s.task_id, s.command) for s in gke_plan(gke_pipeline_from_conf(conf)))
                 else:
-                    extra = {k: v for k, v in extra.items() if k != "keep_cluster"}
+                    extra = {k: v for k, v in extra.items() if k not in ("keep_cluster", "image_repository")}
                     conf = {
                         "model": model,
                         "project": PROJECT,
@@ -167,6 +172,7 @@ def test_the_commands_cover_every_gcloud_task() -> None:
     assert {"preflight", "ensure_bucket", "sync_hf_token", "convert_to_maxtext", "create_vm"} <= tasks
     assert {"install_maxtext", "train", "export_to_huggingface", "delete_vm", "janitor"} <= tasks
     assert {"create_cpu_vm", "install_cpu_vm", "delete_cpu_vm"} <= tasks
+    assert "copy_workload_image" in tasks  # the GKE image's copy for streaming (image_repository named)
     # both VMs' create commands go through the parser: the TPU VM's and the CPU VM's
     creates = [argv for argv in COMMANDS if argv[1:4] == ("compute", "instances", "create")]
     assert {a for argv in creates for a in argv if a.startswith("--machine-type=")} == {
@@ -181,7 +187,7 @@ def test_the_commands_cover_every_gcloud_task() -> None:
     }
     assert any(argv[1:5] == ("alpha", "compute", "instances", "create") for argv in COMMANDS)
     groups = {argv[1] for argv in COMMANDS}
-    assert groups == {"services", "storage", "secrets", "auth", "compute", "container", "alpha"}
+    assert groups == {"services", "storage", "secrets", "auth", "compute", "container", "alpha", "artifacts"}
 
 
 @pytest.mark.parametrize("argv", list(COMMANDS), ids=lambda a: f"{min(COMMANDS[a])}:{' '.join(a[1:4])}")

@@ -12,7 +12,12 @@ from typing import Any
 import pytest
 
 from airflow_provider_tpu_rl.spec import GKE_DEFAULTS, TPU_VM_DEFAULTS
-from airflow_provider_tpu_rl.spec.pipeline import GKE_TASK_ORDER, TPU_VM_SIDE_TASKS, TPU_VM_TASK_ORDER
+from airflow_provider_tpu_rl.spec.pipeline import (
+    GKE_SIDE_TASKS,
+    GKE_TASK_ORDER,
+    TPU_VM_SIDE_TASKS,
+    TPU_VM_TASK_ORDER,
+)
 from tests.support.dags import GKE_DAG_ID, PIPELINE_DAG_IDS, TPU_VM_DAG_ID
 
 # validate refuses the form's example project and bucket: a run names its own (here with a
@@ -71,6 +76,7 @@ SHAPES = {
                 "ensure_bucket",
                 "deploy_cluster",
                 "sync_hf_token",
+                "copy_workload_image",
                 "convert_to_maxtext",
                 "deploy_tpu_pool",
                 "train",
@@ -84,8 +90,11 @@ SHAPES = {
             # the TPU pool's teardown hangs off its setups; the export needs the actor checkpoint
             ("destroy_tpu_pool", frozenset({"deploy_cluster", "deploy_tpu_pool"})),
             ("export_to_huggingface", frozenset({"wait_actor_checkpoint"})),
+            # the TPU pool streams the copied image: it is deployed once the copy is done
+            ("deploy_tpu_pool", frozenset({"copy_workload_image"})),
         ),
         extra_setups=frozenset({"deploy_tpu_pool"}),
+        side=tuple(GKE_SIDE_TASKS.items()),
         publishers=("publish_qwen3-30b-a3b", "publish_gemma4-26b", "publish_qwen3-0_6b"),
         checkpoint_publishers=(
             "publish_converted_qwen3-30b-a3b",

@@ -17,6 +17,9 @@ ENABLED_BY_DEFAULT: dict[str, str] = {
     "cloudresourcemanager.googleapis.com": "Cloud Resource Manager API",
     "compute.googleapis.com": "Compute Engine API",
     "container.googleapis.com": "Kubernetes Engine API",
+    # GKE image streaming's API (docs.cloud.google.com/kubernetes-engine/docs/how-to/image-streaming,
+    # "Requirements": "Enable Container File System API"; states)
+    "containerfilesystem.googleapis.com": "Container File System API",
     "containerregistry.googleapis.com": "Container Registry API",
     "file.googleapis.com": "Cloud Filestore API",
     "iam.googleapis.com": "Identity and Access Management (IAM) API",
