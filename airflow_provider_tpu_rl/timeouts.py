@@ -63,7 +63,7 @@ PIPELINE_STAGES: Final[dict[str, tuple[tuple[str, bool], ...]]] = {
         ("short", True),  # ensure_bucket
         ("deploy", True),
         ("short", True),  # sync_hf_token
-        ("copy", True),  # copy_workload_image (beside the cluster: counted as if after it)
+        # copy_workload_image ("copy") runs beside deploy_cluster, whose bound is longer: not counted
         ("convert", True),
         ("checkpoint", False),
         ("deploy", True),  # deploy_tpu_pool

@@ -111,7 +111,8 @@ def test_the_gke_tpu_pool_exists_only_around_training(dag_bag: Any) -> None:
     export; the cluster's own deploy and destroy leave the pool to those two."""
     dag = dag_bag.dags[GKE_DAG_ID]
     deploy, destroy = dag.get_task("deploy_tpu_pool"), dag.get_task("destroy_tpu_pool")
-    assert deploy.upstream_task_ids == {"wait_converted_checkpoint"}
+    # and after the training image's copy (its image streaming; issue 53 item 5)
+    assert deploy.upstream_task_ids == {"wait_converted_checkpoint", "copy_workload_image"}
     assert dag.get_task("train").upstream_task_ids == {"deploy_tpu_pool"}
     assert destroy.is_teardown
     assert destroy.trigger_rule == TriggerRule.ALL_DONE_SETUP_SUCCESS
@@ -182,7 +183,9 @@ def test_retries_only_where_a_failure_can_be_transient(pipeline: tuple[Any, Shap
 def test_the_plan_lists_commands_in_the_dags_task_order(pipeline: tuple[Any, Shape]) -> None:
     """DAG, plan and this test read one order (GKE_TASK_ORDER / TPU_VM_TASK_ORDER)."""
     dag, shape = pipeline
-    plan_tasks = [step["task_id"] for step in build_plan(dag.dag_id, None)["steps"]]
+    # every switch that adds a task's commands on (GKE: the image's copy for streaming)
+    conf = {"image_repository": "tpu-rl-images"} if dag.dag_id == GKE_DAG_ID else None
+    plan_tasks = [step["task_id"] for step in build_plan(dag.dag_id, conf)["steps"]]
     assert plan_tasks == sorted(plan_tasks, key=shape.order.index)
     assert set(plan_tasks) == shape.transient  # the tasks that run a command are the retried ones
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from airflow_provider_tpu_rl.pipelines.arguments import (
     bake_result,
+    copied_image_template,
     gke_task_arguments,
     tpu_vm_task_arguments,
     xcom,
@@ -20,7 +21,9 @@ from tests.support.pipeline_shapes import OWN_CLOUD, Shape, ValidateXCom, render
 def test_operators_take_every_value_from_validate_and_jobs_defer(pipeline: tuple[Any, Shape]) -> None:
     dag, shape = pipeline
     arguments = (
-        gke_task_arguments(xcom) if dag.dag_id == GKE_DAG_ID else tpu_vm_task_arguments(xcom, bake_result)
+        gke_task_arguments(xcom, copied_image_template())
+        if dag.dag_id == GKE_DAG_ID
+        else tpu_vm_task_arguments(xcom, bake_result)
     )
     assert set(arguments) == set(shape.order) - {"validate", "record_run"} - {
         t for t in shape.order if t.startswith("wait_")
@@ -51,6 +54,7 @@ def test_every_operator_argument_renders_to_validates_value(pipeline: tuple[Any,
     )
     for task_id, values in arguments.items():
         for name, value in values.items():
+            # train's image: the copy's (none without image_repository: validate's image)
             assert render(dag, task_id, name, derived) == value, (task_id, name)
 
 

@@ -12,7 +12,7 @@ from tests.support.pipeline_shapes import WATCHER, Shape
 # watcher stay outside.
 STAGE_GROUPS = {
     GKE_DAG_ID: {
-        "prepare": ["preflight", "ensure_bucket", "deploy_cluster", "sync_hf_token"],
+        "prepare": ["preflight", "ensure_bucket", "deploy_cluster", "sync_hf_token", "copy_workload_image"],
         "conversion": [
             "convert_to_maxtext",
             "wait_converted_checkpoint",

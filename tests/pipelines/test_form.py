@@ -66,6 +66,7 @@ PATTERNS: dict[str, dict[str, Any]] = {
         "reservation": rules.GCE_NAME,
         "cluster_name": rules.GKE_CLUSTER_NAME,
         "image": rules.IMAGE,
+        "image_repository": rules.REPOSITORY_ID,
         "hf_model_path": rules.HF_REPO_ID,
         "run_name": rules.RUN_NAME,
         "hf_token_conn_id": rules.CONN_ID,

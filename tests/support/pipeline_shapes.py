@@ -161,7 +161,7 @@ class ValidateXCom:
         self.map_index, self.try_number = -1, 1
 
     def xcom_pull(self, task_ids: str, **_: Any) -> dict[str, Any] | None:
-        if task_ids == "bake_image":  # not run: no baked image
+        if task_ids in ("bake_image", "copy_workload_image"):  # not run: no baked image, no copy
             return None
         assert task_ids == "validate"
         return self.derived
