@@ -9,13 +9,15 @@ image is copied, once per digest, into a Docker repository of the run's own proj
 missing) and the training job runs the copy by that digest.
 
 The copy is ``gcloud container images add-tag SOURCE@DIGEST DEST:TAG`` on the Airflow worker (gcloud
-528, ``surface/container/images/add_tag.py``: it reads the source's manifest (list) from its
-registry and pushes it to each destination tag with containerregistry's ``docker_session.Push``,
-so the copy keeps the manifest's bytes and its digest; ``upload`` skips blobs the destination has
-and returns at once when the tag already names that manifest: a second run copies nothing). Its
-blobs pass through the worker one at a time (``Push`` with its default single thread:
-``_monolithic_upload`` sends ``image.blob(digest)``, the whole layer, read into memory): the worker
-needs the image's largest layer in memory and moves the image's bytes once per digest.
+528, ``surface/container/images/add_tag.py`` l.87-135: it reads the source's manifest (list) from
+its registry and pushes it to each destination tag with containerregistry's ``docker_session.Push``,
+so the copy keeps the manifest's bytes and its digest; ``upload``, ``v2_2/docker_session_.py``
+l.292-331, skips blobs the destination has and returns at once when the tag already names that
+manifest: a second run copies nothing). Its blobs pass through the worker one at a time (``Push``'s
+default ``threads=1``, l.45-50; ``_upload_one`` l.283-290 -> ``patch_upload`` l.157-187 sends
+``_get_blob`` l.119-122, ``image.blob(digest)``: ``v2_2/docker_image_.py`` l.362-371 reads the
+whole layer from the source registry into memory, ``_content`` l.250-271): the worker needs memory
+for the image's largest compressed layer and moves the image's bytes once per digest.
 """
 
 from __future__ import annotations

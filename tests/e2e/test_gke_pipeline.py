@@ -25,12 +25,16 @@ import pytest
 from airflow_provider_tpu_rl.ledger.billing import spans_from_json
 from airflow_provider_tpu_rl.ledger.model_card import parse_front_matter
 from airflow_provider_tpu_rl.ledger.records import as_utc
+from airflow_provider_tpu_rl.render import boot_image, image_stream
 from airflow_provider_tpu_rl.render.gke import resource_record_object
 from airflow_provider_tpu_rl.spec import GkePipelineSpec, gke_pipeline_from_conf
 from airflow_provider_tpu_rl.spec.presets import REHEARSAL_MODEL
 from tests.e2e.curves import check_curves_next_to_the_checkpoints, check_runs_plot_draws_the_trend
 from tests.support.harness import GKE_DAG_ID, DagRunResult, E2EWorld, duplicates, printed_rewards
 from tpu_rl_sandbox.commands.lifecycle import HF_SANDBOX_TOKEN
+from tpu_rl_sandbox.world.registry import REGISTRY_IMAGES
+from tpu_rl_sandbox.world.store import StateStore
+from tpu_rl_sandbox.world.timescale import PULL_MINUTES, STREAMED_PULL_MINUTES
 
 pytestmark = pytest.mark.e2e
 
@@ -47,6 +51,8 @@ MID_WAY_CHECKPOINTS = {"checkpoint_period": 2}
 # A reward gain no run reaches: the transient run's model is not promoted (promote_model skipped).
 NOT_PROMOTED_GAIN = 1000
 OL_EVENTS = "ol-events.jsonl"
+# The transient run's Artifact Registry repository: its TPU node pool streams the training image.
+IMAGE_REPOSITORY = "tpu-rl-e2e-images"
 
 
 def conf(name: str, **extra: Any) -> dict[str, Any]:
@@ -133,7 +139,9 @@ def fault_run(world: E2EWorld, happy: DagRunResult) -> Callable[[str], DagRunRes
 def transient(world: E2EWorld) -> DagRunResult:
     """Deploy, conversion, training, export and destroy each fail once, transiently, in one run;
     its model's reward cannot gain ``min_reward_gain`` (1000): the gate holds it back. It is the
-    rehearsal (qwen3-0.6b on a v6e-16): every step of a real run, end to end."""
+    rehearsal (qwen3-0.6b on a v6e-16): every step of a real run, end to end. Its TPU node pool
+    streams the training image (``image_repository``: the image copied into the project's own
+    Artifact Registry repository first)."""
     return world.run_dag(
         GKE_DAG_ID,
         conf(
@@ -141,6 +149,7 @@ def transient(world: E2EWorld) -> DagRunResult:
             model=REHEARSAL_MODEL,
             train_overrides=MID_WAY_CHECKPOINTS,
             min_reward_gain=NOT_PROMOTED_GAIN,
+            image_repository=IMAGE_REPOSITORY,
         ),
         faults=TRANSIENT_FAULTS,
     )
@@ -385,6 +394,41 @@ def test_transient_faults_are_retried_and_the_run_succeeds(world: E2EWorld, tran
     assert world.hf_export_problems(spec.export.output_directory) == []
     # the gate held its model back: skipped, and the run is still a success
     assert transient.task_state("promote_model") == "skipped", transient.describe()
+
+
+def test_a_streaming_run_copies_the_image_once_and_its_pool_streams_the_copy(
+    world: E2EWorld, happy: DagRunResult, transient: DagRunResult
+) -> None:
+    """``image_repository`` (the transient run): the image copied once, by digest, into the
+    project's repository; training runs the copy; the pool has ``enable_gcfs`` and streams it.
+    The happy run (no ``image_repository``): no copy, the pool pulls the image whole."""
+    spec = spec_of(transient)
+    creates = transient.calls_of("gcloud", "artifacts", "repositories", "create")
+    copies = transient.calls_of("gcloud", "container", "images", "add-tag")
+    assert [c.argv[3] for c in creates] == [IMAGE_REPOSITORY], transient.describe()
+    assert [c.exit_code for c in copies] == [0], transient.describe()
+    digest = REGISTRY_IMAGES[spec.image]
+    copy = image_stream.streamed_image(PROJECT, spec.cluster.region, IMAGE_REPOSITORY, spec.image, digest)
+    assert copies[0].argv[3] == f"{boot_image.repository(spec.image)}@{digest}", transient.describe()
+    trains = [c for c in transient.calls_of("gcluster", "job", "submit") if c.flag("name") == spec.train_job]
+    assert trains, transient.describe()
+    assert {c.flag("image") for c in trains} == {copy}, transient.describe()
+    pulls = StateStore(world.layout).read("image_pulls")["pulls"]
+
+    def pulls_of(result: DagRunResult) -> list[tuple[str, bool, bool, float]]:
+        cluster = spec_of(result).cluster.cluster_name
+        return [
+            (p["image"], p["enable_gcfs"], p["streamed"], p["real_minutes"])
+            for p in pulls
+            if p["cluster_key"].rsplit("/", 1)[-1] == cluster
+        ]
+
+    # the streamed pull is the sandbox's estimate, shorter than the whole pull's
+    assert set(pulls_of(transient)) == {(copy, True, True, STREAMED_PULL_MINUTES)}, pulls
+    assert STREAMED_PULL_MINUTES < PULL_MINUTES
+    assert set(pulls_of(happy)) == {(spec_of(happy).image, False, False, PULL_MINUTES)}, pulls
+    assert happy.calls_of("gcloud", "container", "images", "add-tag") == [], happy.describe()
+    assert happy.task_state("copy_workload_image") == "success", happy.describe()
 
 
 def test_the_promotion_gate_says_its_line_in_the_ledger(

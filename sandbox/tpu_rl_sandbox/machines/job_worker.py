@@ -34,14 +34,57 @@ from tpu_rl_sandbox.machines.maxtext_sim import DEFAULT_STEP_SECONDS
 from tpu_rl_sandbox.world import iam, secret_values
 from tpu_rl_sandbox.world.faults import FaultGate, claim_preemption, parse_faults
 from tpu_rl_sandbox.world.layout import SandboxLayout
+from tpu_rl_sandbox.world.registry import Copies, ar_repository, digest_of
 from tpu_rl_sandbox.world.settings import load_settings
 from tpu_rl_sandbox.world.store import StateStore
-from tpu_rl_sandbox.world.timescale import PULL_MINUTES
+from tpu_rl_sandbox.world.timescale import PULL, STREAM_PULL, stage_real_minutes
 from tpu_rl_sandbox.world.timestamps import rfc3339
 
 
 class JobGone(Exception):
     """The JobSet was deleted (cancelled, cluster destroyed, garbage-collected)."""
+
+
+# The role image streaming needs for a node pool's custom service account, in the project that hosts
+# the image (GKE's image-streaming page, "Requirements"; states); the blueprint's service-account
+# module lists roles without "roles/".
+STREAMING_ROLE = "serviceusage.serviceUsageConsumer"
+STREAMING_API = "containerfilesystem.googleapis.com"
+
+
+def pull_kind(
+    pool: dict[str, Any],
+    cluster: dict[str, Any],
+    image: str,
+    copies: Copies,
+    disabled_services: tuple[str, ...] = (),
+) -> tuple[bool, str]:
+    """``(streamed, why)``: does the TPU pool stream ``image``? GKE's image-streaming page,
+    "Requirements" (states): the Container File System API enabled, the image in an Artifact
+    Registry repository, and a custom node account (the blueprint's ``gke-np-sa``) with Service
+    Usage Consumer in the project hosting the image; the pool's nodes on COS with containerd (the
+    toolkit's gke-node-pool ``image_type``, default ``COS_CONTAINERD``: variables.tf l.119-122 at v1.95.0).
+    The account holds its roles in the cluster's own project only (the service-account module's
+    ``project_roles``), so only an image in that project's Artifact Registry can be streamed.
+    Otherwise the image is pulled whole: the page's "Limitations" say of images it cannot stream
+    (those with duplicate layers) that GKE "downloads these images" without streaming; the
+    sandbox takes that as what GKE does with any image it cannot stream (an inference)."""
+    if not pool.get("enable_gcfs"):
+        return False, "the TPU node pool has no image streaming (enable_gcfs off)"
+    project = str(cluster.get("project") or "")
+    if pool.get("image_type", "COS_CONTAINERD") != "COS_CONTAINERD":
+        return False, f"the TPU node pool's nodes are {pool.get('image_type')}, not COS_CONTAINERD"
+    if STREAMING_API in disabled_services:
+        return False, f"the Container File System API is disabled in {project}"
+    where = ar_repository(image)
+    if where is None or where[0] != project:
+        return False, f"{image} is not in an Artifact Registry repository of {project}"
+    roles = {str(role).removeprefix("roles/") for role in cluster.get("node_pool_roles") or []}
+    if STREAMING_ROLE not in roles:
+        return False, f"the node pool's service account lacks roles/{STREAMING_ROLE} in {project}"
+    if digest_of(image, copies) is None:
+        return False, f"{image} is not in its repository"
+    return True, f"streamed from {where[2]} in {project}"
 
 
 class Worker:
@@ -290,27 +333,52 @@ class Worker:
 
     def pull_image(self, job: dict[str, Any]) -> None:
         """The kubelet pulls the workload image on the TPU pool's nodes before their containers
-        start (they stay ContainerCreating meanwhile): :data:`~tpu_rl_sandbox.world.timescale.PULL_MINUTES`
-        on the time scale, once per pool (a tag other than ``latest`` defaults to
-        ``imagePullPolicy: IfNotPresent``: a later pod on the same nodes finds it there; a pool
-        deployed again has new nodes). The TPU pool has no image streaming (the provider leaves the
-        toolkit's ``enable_gcfs`` off: docs/tutorial-differences.md), so the whole image is pulled."""
+        start (they stay ContainerCreating meanwhile), once per pool (a tag other than ``latest``
+        defaults to ``imagePullPolicy: IfNotPresent``: a later pod on the same nodes finds it
+        there; a pool deployed again has new nodes): the whole image
+        (:data:`~tpu_rl_sandbox.world.timescale.PULL_MINUTES` on the time scale), or, where the pool
+        streams it (:func:`pull_kind`), the streamed estimate
+        (:data:`~tpu_rl_sandbox.world.timescale.STREAMED_PULL_MINUTES`). Each pull is noted in the
+        state document ``image_pulls`` (what the bench reports)."""
         image = str(job.get("image") or "")
         if not job.get("tpu") or not image:
             return
-        if image in (self._tpu_pool(job) or {}).get("pulled_images", []):
+        pool = self._tpu_pool(job) or {}
+        if image in pool.get("pulled_images", []):
             return
-        deadline = time.monotonic() + PULL_MINUTES * load_settings(self.layout).minute_seconds
+        cluster = self.store.read("clusters").get(job["cluster_key"]) or {}
+        settings = load_settings(self.layout)
+        copies = self.store.read("registry").get("images") or {}
+        streamed, reason = pull_kind(pool, cluster, image, copies, settings.disabled_services)
+        stage = STREAM_PULL if streamed else PULL
+        minutes = stage_real_minutes(stage, overrides=settings.stage_minutes) or 0.0
+        deadline = time.monotonic() + minutes * settings.minute_seconds
         while time.monotonic() < deadline:
             if self.cancelled():
                 raise JobGone()
             time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
         with self.store.txn() as txn:
-            cluster = txn.doc("clusters").get(job["cluster_key"]) or {}
-            pool = next((p for p in cluster.get("node_pools", []) if p.get("topology")), None)
-            if pool is not None and image not in pool.setdefault("pulled_images", []):
-                pool["pulled_images"].append(image)
+            record = txn.doc("clusters").get(job["cluster_key"]) or {}
+            tpu = next((p for p in record.get("node_pools", []) if p.get("topology")), None)
+            if tpu is not None and image not in tpu.setdefault("pulled_images", []):
+                tpu["pulled_images"].append(image)
                 txn.save("clusters")
+            txn.doc("image_pulls").setdefault("pulls", []).append(
+                {
+                    "job": job.get("name"),
+                    "uid": self.uid,
+                    "cluster_key": job["cluster_key"],
+                    "pool": pool.get("name"),
+                    "enable_gcfs": bool(pool.get("enable_gcfs")),
+                    "image": image,
+                    "streamed": streamed,
+                    "reason": reason,
+                    "stage": stage,
+                    "real_minutes": minutes,
+                    "ts": time.time(),
+                }
+            )
+            txn.save("image_pulls")
 
     def _tpu_pool(self, job: dict[str, Any]) -> dict[str, Any] | None:
         cluster = self.store.read("clusters").get(job["cluster_key"]) or {}

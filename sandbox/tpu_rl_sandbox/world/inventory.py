@@ -53,6 +53,8 @@ def gke_node_pools(record: dict[str, Any]) -> list[dict[str, Any]]:
             "config": {
                 "machineType": pool["machine_type"],
                 "serviceAccount": pool.get("service_account", ""),
+                # NodeConfig.gcfsConfig: image streaming, shown when the pool turns it on
+                **({"gcfsConfig": {"enabled": True}} if pool.get("enable_gcfs") else {}),
             },
             "initialNodeCount": pool.get("nodes", 1),
             "status": ("ERROR" if pool.get("failed") else "RUNNING"),

@@ -26,6 +26,7 @@ from typing import Final
 
 CONVERT, TRAIN, EXPORT = "convert", "train", "export"
 INSTALL, PULL, DOCKER_INSTALL, COPY = "install", "pull", "docker_install", "copy"
+STREAM_PULL = "stream_pull"
 
 _LARGE: Final = MappingProxyType({CONVERT: 22.5, TRAIN: 35.0, EXPORT: 22.5})
 _SINGLE_HOST: Final = MappingProxyType({CONVERT: 5.0, TRAIN: 10.0, EXPORT: 5.0})
@@ -39,6 +40,21 @@ INSTALL_MINUTES: Final = 22.5  # the TPU VM's MaxText install (apt, uv, pip from
 # time (dockerd's max-concurrent-downloads default), ~1-2 minutes at 100-200 MB/s, then unpacks each
 # layer's gzip on one core (~100 MB/s), ~3 minutes: 5 minutes in all.
 PULL_MINUTES: Final = 5.0
+# A GKE TPU node pool's pull of an image it streams (image streaming: the pool's enable_gcfs, the image
+# in an Artifact Registry repository its nodes' account may use): an estimate, from two sources,
+# none about TPU nodes or an image this size. Google's launch blog ("Introducing GKE image
+# streaming for fast application startup and autoscaling", 2021-11-03, cloud.google.com/blog/
+# products/containers-kubernetes/introducing-container-image-streaming-in-gke): the pull time goes
+# "to a couple of seconds (irrespective of container size)" (GKE in general, a vendor's launch
+# claim: second-hand for a v6e node and a 10+ GB image). One third party's test of Google's deep learning container (an
+# aggregator's copy of a blog post, roastidio.us/topic/8750009, unverified): created in 20 s instead
+# of 3 min 50 s. GKE's image-streaming page, "Limitations" (states, but gives no figure): a workload
+# that reads many of the image's files while it starts (MaxText imports JAX, libtpu, torch) starts
+# later, its reads being remote; and the first pull of an eligible image may show no benefit until
+# image streaming has cached it. Half a minute: the blog's seconds plus an allowance for those remote
+# reads, near the third party's 20 s; a guess. ``--stage-minutes '{"stream_pull": 5}'`` plays a
+# first pull that shows no benefit.
+STREAMED_PULL_MINUTES: Final = 0.5
 # Ubuntu's docker.io when the VM image has no Docker: apt fetches and sets up ~70 MB of packages.
 DOCKER_INSTALL_MINUTES: Final = 1.0
 # The tutorials' TPU VM flow copies the trained checkpoint off the VM before its export: the
@@ -49,11 +65,12 @@ TUTORIAL_COPY_MINUTES: Final = 9.5
 
 # The stages the sandbox times that are not capacity: the MaxText programs' (per model, below) and
 # the TPU VM's own (one duration each).
-STAGE_KEYS: Final = (CONVERT, TRAIN, EXPORT, INSTALL, PULL, DOCKER_INSTALL, COPY)
+STAGE_KEYS: Final = (CONVERT, TRAIN, EXPORT, INSTALL, PULL, STREAM_PULL, DOCKER_INSTALL, COPY)
 _FIXED_MINUTES: Final = MappingProxyType(
     {
         INSTALL: INSTALL_MINUTES,
         PULL: PULL_MINUTES,
+        STREAM_PULL: STREAMED_PULL_MINUTES,
         DOCKER_INSTALL: DOCKER_INSTALL_MINUTES,
         COPY: TUTORIAL_COPY_MINUTES,
     }

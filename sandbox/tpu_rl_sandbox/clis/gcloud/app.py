@@ -13,6 +13,7 @@ import sys
 import time
 
 from tpu_rl_sandbox.clis.gcloud import storage_ops
+from tpu_rl_sandbox.clis.gcloud.artifacts import ArtifactsCommands
 from tpu_rl_sandbox.clis.gcloud.auth import ACCOUNT_FREE_COMMANDS, NO_ACTIVE_ACCOUNT, AuthCommands
 from tpu_rl_sandbox.clis.gcloud.call import RELEASE_TRACKS, api_path
 from tpu_rl_sandbox.clis.gcloud.commands import COMMANDS
@@ -51,6 +52,7 @@ class Gcloud(
     ServicesCommands,
     ClustersCommands,
     ContainerImagesCommands,
+    ArtifactsCommands,
 ):
     """One ``gcloud`` invocation, every command group the sandbox knows."""
 

@@ -21,10 +21,15 @@ API_OF_GROUP: dict[str, tuple[str, str]] = {
     "secrets": ("secretmanager.googleapis.com", "Secret Manager API"),
     "compute": ("compute.googleapis.com", "Compute Engine API"),
     "container": ("container.googleapis.com", "Kubernetes Engine API"),
+    "artifacts": ("artifactregistry.googleapis.com", "Artifact Registry API"),
 }
 # Commands of a group that call none of its API: get-credentials writes a kubeconfig, images
-# describe asks the image's registry.
-LOCAL_COMMANDS = {("container", "clusters", "get-credentials"), ("container", "images", "describe")}
+# describe and add-tag talk to the images' registries (Docker Registry API).
+LOCAL_COMMANDS = {
+    ("container", "clusters", "get-credentials"),
+    ("container", "images", "describe"),
+    ("container", "images", "add-tag"),
+}
 # The release tracks a command path may start with (``gcloud alpha compute ...``).
 RELEASE_TRACKS = ("alpha", "beta")
 IMPERSONATE_ENV = "CLOUDSDK_AUTH_IMPERSONATE_SERVICE_ACCOUNT"  # the auth/impersonate_service_account property

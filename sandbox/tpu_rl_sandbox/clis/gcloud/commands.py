@@ -297,6 +297,29 @@ COMMANDS: tuple[GcloudCommand, ...] = (
     GcloudCommand(("compute", "images", "describe-from-family"), (P("IMAGE_NAME"),), (F("zone"),)),
     # surface/container/images/describe.py (GA): the image, by tag or digest
     GcloudCommand(("container", "images", "describe"), (P("IMAGE_NAME"),), ()),
+    # surface/container/images/add_tag.py Args: flags.AddTagOrDigestPositional twice (command_lib/
+    # container/flags.py l.3485-3508): SRC_IMAGE, then DEST_IMAGE nargs='+'; no flags of its own
+    GcloudCommand(("container", "images", "add-tag"), (P("SRC_IMAGE"), P("DEST_IMAGE", many=True)), ()),
+    # surface/artifacts/repositories/create.yaml (GA): the repository resource (REPOSITORY,
+    # --location), its params, labels, --async; util.AddAdditionalArgs: --upstream-policy-file,
+    # --repository-format (required); --mode, --immutable-tags and the remote repository flags are not
+    # simulated (unknown here)
+    GcloudCommand(
+        ("artifacts", "repositories", "create"),
+        (P("REPOSITORY"),),
+        (
+            F("location"),
+            F("repository-format", required=True),
+            F("description"),
+            F("kms-key"),
+            F("labels"),
+            F("allow-vulnerability-scanning", "bool"),
+            F("disable-vulnerability-scanning", "bool"),
+            F("upstream-policy-file"),
+            F("async", "bool"),
+        ),
+        exclusive=(("allow-vulnerability-scanning", "disable-vulnerability-scanning"),),
+    ),
     # surface/compute/instances/start.py _CommonArgs: INSTANCES_ARG, csek_utils.AddCsekKeyArgs
     # (flags_about_creation=False: --csek-key-file), base.ASYNC_FLAG
     GcloudCommand(

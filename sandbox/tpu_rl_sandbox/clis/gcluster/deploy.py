@@ -824,6 +824,11 @@ def desired_cluster(
                     },
                     "service_account": accounts["node_pool"],
                     "group": str(group.get("group")),
+                    # gke-node-pool variables.tf enable_gcfs (default false) -> main.tf's
+                    # gcfs_config { enabled } (v1.95.0 l.74-78, l.237-242): image streaming
+                    "enable_gcfs": bool(settings.get("enable_gcfs")),
+                    # variables.tf image_type, default COS_CONTAINERD (l.119-122 at v1.95.0)
+                    "image_type": str(settings.get("image_type") or "COS_CONTAINERD"),
                     **consumption_of(settings, machine),
                 }
             )
