@@ -360,7 +360,10 @@ RUN_PARAMS: Final[tuple[RunParam, ...]] = (
         "Artifact Registry Docker repository (its ID, in the run's `project` and `region`; created when "
         "missing) that `copy_workload_image` copies `image` into, once per digest and kept for later "
         "runs; the TPU node pool then runs the copy with **image streaming** (`enable_gcfs`) instead of "
-        "pulling the whole image before training starts. Empty: no copy, the pool pulls the image whole",
+        "pulling the whole image before training starts. The copy runs on the Airflow worker (`gcloud container "
+        "images add-tag`, one layer at a time, held in memory: the worker needs memory for the image's largest "
+        "layer), hence off by default ([first real run](first-real-run.md)). Empty: no copy, the pool pulls the "
+        "image whole",
         default="",
         nullable=True,
         pipelines=_GKE_ONLY,

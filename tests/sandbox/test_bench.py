@@ -154,3 +154,30 @@ def test_section_four_plays_the_providers_sshd_wait_on_its_time_scale() -> None:
     env = bench.provider_on_the_scale(2.0)
     assert float(env["AIRFLOW__TPU_RL__SSH_BOOT_POLL_SECONDS"]) == pytest.approx(5 * 2.0 / 60)
     assert float(env["AIRFLOW__TPU_RL__SSH_BOOT_WAIT_MINUTES"]) * 60 == pytest.approx(5 * 2.0)
+
+
+def test_the_gke_section_says_whether_the_pools_image_is_streamed_and_from_which_figure() -> None:
+    streamed = {
+        "streamed": True,
+        "enable_gcfs": True,
+        "reason": "streamed from images in p",
+        "stage": "stream_pull",
+        "real_minutes": 0.5,
+    }
+    whole = {**streamed, "streamed": False, "enable_gcfs": False, "stage": "pull", "real_minutes": 5.0}
+    whole["reason"] = "the TPU node pool has no image streaming (enable_gcfs off)"
+    text = " ".join(bench.image_pull_lines([streamed]))
+    assert "image streamed (enable_gcfs on; streamed from images in p): 0.5 real min" in text
+    assert "'a couple of seconds (irrespective of container size)'" in " ".join(text.split())
+    text = " ".join(" ".join(bench.image_pull_lines([whole])).split())
+    assert "image pulled whole (enable_gcfs off; the TPU node pool has no image streaming" in text
+    assert "5.0 real min, timescale's 'pull': an estimate from the image's size" in text
+    assert bench.image_pull_lines([]) == ["   the TPU node pool's image: no pull recorded"]
+    both = {bench.WHOLE_GKE_RUN: 9.0, bench.STREAMED_GKE_RUN: 4.5}
+    (line,) = bench.streaming_lines(both, {})
+    assert "image pulled whole 9.0 real min, streamed 4.5 real min" in line
+    assert "5.0 vs 0.5 real min" in line
+    assert "6.0 vs 0.5 real min" in bench.streaming_lines(both, {"pull": 6.0})[0]
+    assert bench.streaming_lines({bench.WHOLE_GKE_RUN: 9.0}, {}) == []
+    assert bench.TPU_TIME_RUNS[bench.STREAMED_GKE_RUN].conf["image_repository"]
+    assert "image_repository" not in bench.TPU_TIME_RUNS[bench.WHOLE_GKE_RUN].conf

@@ -19,7 +19,10 @@
    scale (``--minute-seconds``; any duration replaced with ``--stage-minutes``): TPU billed by the
    machines' clocks, training, the idle share and the idle real minutes, and the run's TPU cost at
    on-demand, spot and flex-start prices (docs/tpu-prices.md, ``--prices``) next to the tutorials'
-   flow on the same durations. ``--tpu-time-only`` runs this section alone.
+   flow on the same durations. The GKE pipeline runs twice: its TPU node pool pulling the image
+   whole, then streaming it (``image_repository``); each says which pull it played and which figure
+   that is, estimated from what, and the two runs' idle TPU minutes stand side by side.
+   ``--tpu-time-only`` runs this section alone.
 
 A benchmark, not a test: it prints numbers and asserts nothing.
 """
@@ -42,7 +45,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Final
 
 from airflow_provider_tpu_rl.ledger.billing import billed_chip_seconds, spans_from_json
 from airflow_provider_tpu_rl.ledger.records import idle_share
@@ -54,7 +58,7 @@ from tpu_rl_sandbox.world.calls import read_calls
 from tpu_rl_sandbox.world.layout import SandboxLayout
 from tpu_rl_sandbox.world.settings import update_settings
 from tpu_rl_sandbox.world.store import StateStore
-from tpu_rl_sandbox.world.timescale import split_minutes
+from tpu_rl_sandbox.world.timescale import PULL, STREAM_PULL, split_minutes, stage_real_minutes
 
 PARSE_FILL_GOAL = 0.30  # the GKE pipeline's DagBag fill, as a fraction of the stock equivalent's
 OVERHEAD_RATIO_GOAL = 1.5  # the pipeline's orchestration overhead per task vs a trivial DAG's
@@ -580,12 +584,83 @@ def task_seconds(airflow_home: Path, dag_id: str) -> dict[str, float]:
     }
 
 
+# Where each pull figure comes from (world/timescale.py says it at length): the bench's words.
+PULL_SOURCES: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        PULL: "an estimate from the image's size (~10-12 GB compressed) and a registry in the same continent; no source states it",
+        STREAM_PULL: (
+            "an estimate: Google's 2021 launch blog's 'a couple of seconds (irrespective of container size)', "
+            "GKE in general, not TPU nodes, plus an allowance for the remote reads of a workload that opens many "
+            "files as it starts (GKE's image-streaming page, Limitations; no figure); the page also says a first "
+            "pull may show no benefit"
+        ),
+    }
+)
+
+
+def image_pull_lines(pulls: list[dict[str, Any]]) -> list[str]:
+    """The bench's lines on the TPU pool's image: streamed or pulled whole (and why), the real
+    minutes the sandbox played and which figure that is, from the sandbox's ``image_pulls``."""
+    if not pulls:
+        return ["   the TPU node pool's image: no pull recorded"]
+    lines = []
+    for pull in pulls:
+        how = "streamed" if pull["streamed"] else "pulled whole"
+        gcfs = "enable_gcfs on" if pull.get("enable_gcfs") else "enable_gcfs off"
+        lines += textwrap.wrap(
+            f"the TPU node pool's image {how} ({gcfs}; {pull['reason']}): {pull['real_minutes']:.1f} real min, "
+            f"timescale's {pull['stage']!r}: {PULL_SOURCES.get(pull['stage'], 'an estimate')}",
+            width=100,
+            initial_indent="   ",
+            subsequent_indent="     ",
+        )
+    return lines
+
+
+def image_pulls(root: Path) -> list[dict[str, Any]]:
+    """The pulls the sandbox at ``root`` played (``machines/job_worker.py``)."""
+    pulls: list[dict[str, Any]] = (
+        StateStore(SandboxLayout(root.resolve())).read("image_pulls").get("pulls", [])
+    )
+    return pulls
+
+
+def streaming_lines(idle: Mapping[str, float | None], stages: Mapping[str, float]) -> list[str]:
+    """The GKE run's idle TPU minutes with the image pulled whole beside the streamed run's
+    (``stages``: the stage minutes replaced)."""
+    whole, streamed = idle.get(WHOLE_GKE_RUN), idle.get(STREAMED_GKE_RUN)
+    if whole is None or streamed is None:
+        return []
+    return [
+        f"   GKE idle TPU time: image pulled whole {whole:.1f} real min, streamed {streamed:.1f} real min"
+        f" (the difference is the pull's two estimates, {stage_real_minutes(PULL, overrides=stages)} vs"
+        f" {stage_real_minutes(STREAM_PULL, overrides=stages)} real min, and the runs' own noise)"
+    ]
+
+
+WHOLE_GKE_RUN: Final = "GKE (Qwen3-30B-A3B, v6e-32)"
+STREAMED_GKE_RUN: Final = "GKE (Qwen3-30B-A3B, v6e-32), image streamed"
 # The pipelines the TPU time is measured on, each with the conf of its bench run (the rest comes
 # from the sandbox's [tpu_rl] defaults).
 TPU_TIME_RUNS: dict[str, TpuTimeRun] = {
-    "GKE (Qwen3-30B-A3B, v6e-32)": TpuTimeRun(
+    WHOLE_GKE_RUN: TpuTimeRun(
         GKE_DAG_ID,
         {"project": "tpu-rl-bench", "cluster_name": "tpu-rl-bench", "bucket": "tpu-rl-bench-bucket"},
+        "qwen3-30b-a3b",
+        GKE_IDLE_GOAL,
+        tpu_cost.tutorial_gke_minutes,
+        "the TPU nodes from the cluster deploy to its teardown: node boot, image pull, convert, train, export",
+    ),
+    # The same run with its TPU node pool streaming the image (image_repository: the image copied
+    # into the project's Artifact Registry first): the pull's estimate against the whole pull's.
+    STREAMED_GKE_RUN: TpuTimeRun(
+        GKE_DAG_ID,
+        {
+            "project": "tpu-rl-bench",
+            "cluster_name": "tpu-rl-bench",
+            "bucket": "tpu-rl-bench-bucket",
+            "image_repository": "tpu-rl-bench-images",
+        },
         "qwen3-30b-a3b",
         GKE_IDLE_GOAL,
         tpu_cost.tutorial_gke_minutes,
@@ -646,6 +721,7 @@ def bench_tpu_time(
         + ", ".join(f"{c} {prices[c].usd_per_chip_hour:.2f}" for c in tpu_cost.CAPACITIES),
     ]
     lines += [f"   caveat: {caveat}" for caveat in tpu_cost.price_caveats(prices)]
+    idle: dict[str, float | None] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for number, (title, run) in enumerate(TPU_TIME_RUNS.items()):
             root, home = Path(tmp) / f"tpu-{number}" / "sandbox", Path(tmp) / f"tpu-{number}" / "airflow"
@@ -670,6 +746,9 @@ def bench_tpu_time(
                     f"   {title}", tpu, idle_goal=run.idle_goal, minute_seconds=minute_seconds
                 )
                 lines += cost_lines(run, tpu, minute_seconds, prices, stages, capacity)
+                if run.dag_id == GKE_DAG_ID:
+                    lines += image_pull_lines(image_pulls(root))
+                    idle[title] = _idle_minutes(tpu, minute_seconds)
                 lines.append(f"   the run's wall time {wall:.1f}s; each task's duration:")
                 lines += textwrap.wrap(
                     ", ".join(f"{task} {seconds:.1f}s" for task, seconds in durations.items()),
@@ -679,7 +758,14 @@ def bench_tpu_time(
                 )
             finally:
                 sandbox_down(root, wipe=True)
-    return lines
+    return lines + streaming_lines(idle, stages)
+
+
+def _idle_minutes(tpu: dict[str, Any] | None, minute_seconds: float) -> float | None:
+    """Real minutes of billed TPU time that did not train, from the ledger's figures."""
+    if tpu is None or tpu["billed_seconds"] is None or tpu["trained_seconds"] is None:
+        return None
+    return tpu_cost.real_minutes(max(0.0, tpu["billed_seconds"] - tpu["trained_seconds"]), minute_seconds)
 
 
 @dataclass(frozen=True)
