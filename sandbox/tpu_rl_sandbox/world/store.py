@@ -12,6 +12,9 @@ Documents (each a JSON object):
 * ``buckets``   -- bucket metadata the emulator does not keep (project, location, IAM bindings)
 * ``project_metadata`` -- Compute Engine project metadata (``ssh-keys`` entries), keyed by project
 * ``faults``    -- which transient faults already fired
+* ``registry``  -- Artifact Registry ``repositories`` (keyed ``project/location/name``), the images
+  ``add-tag`` copied (``images``: ``host/path`` -> tag -> digest) and its ``pushes``
+* ``image_pulls`` -- ``pulls``: each TPU pool's pull of a job's image, streamed or whole, and why
 
 The sandbox's settings (conditional bindings, disabled APIs, denied permissions, reservations)
 live apart in ``settings.json`` (:mod:`tpu_rl_sandbox.world.settings`).
