@@ -125,8 +125,7 @@ def check_capacity(capacity: object, reservation: str) -> str | list[str]:
         raise SpecError(
             "capacity",
             f"{named} capacity consumes no reservation: clear reservation ({reservation}) "
-            f"or set capacity to {RESERVATION}"
-            + ("" if len(kinds) == 1 else " or list it"),
+            f"or set capacity to {RESERVATION}" + ("" if len(kinds) == 1 else " or list it"),
             capacity_value(kinds),
         )
     return capacity_value(kinds)

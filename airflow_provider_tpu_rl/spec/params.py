@@ -138,7 +138,11 @@ class RunParam:
             "type": ["null", json_type] if self.nullable and isinstance(json_type, str) else json_type,
         }
         metadata.update(
-            {key: _on(value, pipeline) for key, value in self.schema.items() if _on(value, pipeline) is not None}
+            {
+                key: _on(value, pipeline)
+                for key, value in self.schema.items()
+                if _on(value, pipeline) is not None
+            }
         )
         if self.rule:
             metadata["rule"] = self.rule

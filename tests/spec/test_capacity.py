@@ -122,7 +122,10 @@ def test_a_one_kind_list_is_that_kind() -> None:
     [
         ([], "capacity: an empty list names no capacity"),
         (["spot", "spot"], "capacity: spot is listed twice"),
-        (["spot", "preemptible"], "capacity: must be one of ['on-demand', 'reservation', 'spot', 'flex-start']"),
+        (
+            ["spot", "preemptible"],
+            "capacity: must be one of ['on-demand', 'reservation', 'spot', 'flex-start']",
+        ),
         (["spot", 3], "capacity: must be a string or a list of strings"),
         (["reservation", "spot"], "capacity: reservation capacity needs a reservation"),
     ],
