@@ -259,8 +259,9 @@ class TpuVmCreateOperator(_TpuVmOperator):
 
     :param reservation: the v6e-8 reservation the VM is bound to (``reservation`` capacity).
     :param capacity: how the TPU VM is provisioned: ``on-demand``, ``reservation``, ``spot`` or
-        ``flex-start`` (``render.tpu_vm.capacity_flags``); empty: ``reservation`` when one is
-        named, else ``on-demand``. Only ``reservation`` takes a reservation.
+        ``flex-start`` (``render.tpu_vm.capacity_flags``), or an ordered list of them tried in
+        turn (:meth:`create_falling_through`); empty: ``reservation`` when one is named, else
+        ``on-demand``. Only ``reservation`` takes a reservation.
     :param service_account: the VM's service account; empty = the project's default.
     :param hf_token_conn_id: the HF token connection, which names the default secret.
     :param hf_token_secret: the secret the VM reads the token from; empty = the connection's.
@@ -291,7 +292,7 @@ class TpuVmCreateOperator(_TpuVmOperator):
         self,
         *,
         reservation: str | None = None,
-        capacity: str | None = None,
+        capacity: str | list[str] | None = None,
         service_account: str | None = None,
         hf_token_conn_id: str = "huggingface_default",
         hf_token_secret: str | None = None,

@@ -20,9 +20,9 @@ from airflow_provider_tpu_rl.spec.cluster import (
     GkeJobTarget,
     TpuVmSpec,
     bake_vm_name,
-    cpu_vm_name,
     capacity_order,
     capacity_value,
+    cpu_vm_name,
     default_capacity,
     require_reservation_name,
 )
