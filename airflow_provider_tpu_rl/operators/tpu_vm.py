@@ -27,6 +27,7 @@ from airflow_provider_tpu_rl.exceptions import (
     LeaseHeldError,
     RunDirBusyError,
 )
+from airflow_provider_tpu_rl.ledger.collect import CAPACITY_XCOM_KEY
 from airflow_provider_tpu_rl.ledger.model_card import base_model_facts
 from airflow_provider_tpu_rl.ledger.records import NUM_TEST_BATCHES_METRIC, reward_summary
 from airflow_provider_tpu_rl.lineage import (
@@ -85,9 +86,8 @@ from airflow_provider_tpu_rl.timeouts import stage_command_timeout
 from airflow_provider_tpu_rl.toolchain.failures import capacity_refused
 
 DEFAULT_MODEL = str(TPU_VM_DEFAULTS["model"])
-# create_vm's XCom of the capacity that served the TPU VM: {"served": kind, "attempts": [{"capacity":
-# kind, "error": line}, ...]} (the kinds refused before it); the ledger's record_run reads it.
-CAPACITY_XCOM = "capacity"
+# create_vm's XCom of the capacity that served the TPU VM (the ledger's record_run reads it)
+CAPACITY_XCOM = CAPACITY_XCOM_KEY
 
 
 def vm_create_command(
