@@ -12,7 +12,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from tpu_rl_sandbox.world.settings import DEFAULT_RESERVATIONS, SandboxSettings, update_settings
 
 from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.exceptions import CommandError, FailureKind
@@ -21,6 +20,7 @@ from airflow_provider_tpu_rl.operators.tpu_vm import CAPACITY_XCOM, TpuVmCreateO
 from airflow_provider_tpu_rl.render.gke import resource_record_object
 from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID
 from tests.support.sandbox_run import ZONE, RecordingTI, SandboxRun
+from tpu_rl_sandbox.world.settings import DEFAULT_RESERVATIONS, SandboxSettings, update_settings
 
 RUN_ID = "manual__2026-03-02T00:00:00+00:00"
 START = datetime(2030, 1, 1, tzinfo=UTC)
@@ -116,7 +116,9 @@ def test_a_full_reservation_and_a_flex_start_stockout_fall_through_to_spot_in_on
     assert len(_creates(sb)) == 3
     # Airflow 3 logs through structlog (stdout), Airflow 2 through logging (caplog)
     logged = caplog.text + capsys.readouterr().out
-    refused = re.findall(r"Capacity (?:reservation|flex-start|spot|on-demand)\b.*?(?= \[airflow|$)", logged, re.M)
+    refused = re.findall(
+        r"Capacity (?:reservation|flex-start|spot|on-demand)\b.*?(?= \[airflow|$)", logged, re.M
+    )
     assert len(refused) == 3, refused
     assert refused[0].startswith("Capacity reservation refused: ERROR: (gcloud.compute.instances.create)")
     assert "Specified reservation 'res-8' does not have available resources" in refused[0]

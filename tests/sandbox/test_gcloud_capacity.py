@@ -11,14 +11,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from tpu_rl_sandbox.world.capacity import check_setting
-from tpu_rl_sandbox.world.settings import SandboxSettings, update_settings
 
 from airflow_provider_tpu_rl.exceptions import FailureKind
 from airflow_provider_tpu_rl.render import tpu_vm
 from airflow_provider_tpu_rl.spec.cluster import CpuVmSpec, TpuVmSpec
 from airflow_provider_tpu_rl.toolchain.failures import classify_failure
 from tests.sandbox.conftest import Cli
+from tpu_rl_sandbox.world.capacity import check_setting
+from tpu_rl_sandbox.world.settings import SandboxSettings, update_settings
 
 
 def _vm(names: dict[str, str], capacity: str) -> TpuVmSpec:
