@@ -329,6 +329,16 @@ def test_the_plan_of_an_ordered_capacity_shows_each_kinds_create(capsys: pytest.
     assert "--reservation=res-8" in create
     preflight = [s["argv"] for s in plan["steps"] if s["task_id"] == "preflight"]
     assert ["gcloud", "version", "--format=json"] in preflight
+    # GKE: each kind's TPU pool settings, in order
+    code, out, _ = _plan(
+        capsys, "tpu_rl_gke_pipeline", "--conf", json.dumps({"capacity": ["on-demand", "spot"]})
+    )
+    assert code == 0
+    attempts = json.loads(out)["capacity"]["attempts"]
+    assert [(a["kind"], a["tpu_pool_settings"].get("spot")) for a in attempts] == [
+        ("on-demand", None),
+        ("spot", True),
+    ]
 
 
 def test_a_capacity_with_a_reservation_is_an_invalid_conf(capsys: pytest.CaptureFixture[str]) -> None:

@@ -29,7 +29,7 @@ from airflow_provider_tpu_rl.spec import preflight as checks
 from airflow_provider_tpu_rl.spec import rules
 from airflow_provider_tpu_rl.spec.cluster import (
     FLEX_START,
-    GKE_ONE_CAPACITY,
+    GKE_FLEX_START_LAST,
     capacity_order,
     check_capacity,
     default_capacity,
@@ -697,8 +697,8 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         capacity = check_capacity(self.capacity or default_capacity(reservation), reservation)
         require_reservation_name(capacity, reservation)
         kinds = capacity_order(capacity)
-        if run is Runner.GKE and len(kinds) > 1:
-            raise AirflowFailException(f"capacity: {GKE_ONE_CAPACITY}")
+        if run is Runner.GKE and FLEX_START in kinds[:-1]:
+            raise AirflowFailException(f"capacity: {GKE_FLEX_START_LAST}")
         services = self._services(run)
         permissions = self._permissions(run)
         need = self._need(run)

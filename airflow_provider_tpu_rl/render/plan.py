@@ -10,7 +10,7 @@ from typing import Any
 from airflow_provider_tpu_rl.render import boot_image, gke, preflight, tpu_vm
 from airflow_provider_tpu_rl.render.blueprint import capacity_settings
 from airflow_provider_tpu_rl.render.command import ApiCall, Command
-from airflow_provider_tpu_rl.spec.cluster import RESERVATION, TpuVmSpec
+from airflow_provider_tpu_rl.spec.cluster import RESERVATION, ClusterSpec, TpuVmSpec
 from airflow_provider_tpu_rl.spec.pipeline import (
     GKE_TASK_ORDER,
     TPU_VM_TASK_ORDER,
@@ -298,20 +298,34 @@ def plan_document(dag_id: str, steps: list[PlanStep], calls: Sequence[PlanApiCal
 
 def gke_capacity(pipeline: GkePipelineSpec) -> dict[str, Any]:
     """The run's capacity and what it renders: the TPU node pool's blueprint settings (the
-    ``deploy_tpu_pool`` argv does not show them)."""
+    ``deploy_tpu_pool`` argv does not show them); for an ordered list, each kind's in the order
+    ``deploy_tpu_pool`` tries them."""
     cluster = pipeline.cluster
-    if cluster.capacity == RESERVATION:  # the spec refuses it without a reservation named
-        affinity = {
-            "consume_reservation_type": "SPECIFIC_RESERVATION",
-            "specific_reservations": [{"name": cluster.reservation}],
-        }
+    if cluster.fallback:
         return {
-            "value": cluster.capacity,
-            "reservation": cluster.reservation,
-            "tpu_pool_settings": {"reservation_affinity": affinity},
+            "value": list(cluster.capacities),
+            "reservation": cluster.reservation or None,
+            "attempts": [
+                {"kind": kind, "tpu_pool_settings": _pool_settings(cluster.attempt(kind))}
+                for kind in cluster.capacities
+            ],
         }
-    settings = capacity_settings(cluster.capacity, cluster.shape.vms)
-    return {"value": cluster.capacity, "reservation": None, "tpu_pool_settings": settings}
+    return {
+        "value": cluster.capacity,
+        "reservation": cluster.reservation or None,
+        "tpu_pool_settings": _pool_settings(cluster),
+    }
+
+
+def _pool_settings(cluster: ClusterSpec) -> dict[str, Any]:
+    if cluster.capacity == RESERVATION:  # the spec refuses it without a reservation named
+        return {
+            "reservation_affinity": {
+                "consume_reservation_type": "SPECIFIC_RESERVATION",
+                "specific_reservations": [{"name": cluster.reservation}],
+            }
+        }
+    return capacity_settings(cluster.capacity, cluster.shape.vms)
 
 
 def tpu_vm_capacity(pipeline: TpuVmPipelineSpec) -> dict[str, Any]:

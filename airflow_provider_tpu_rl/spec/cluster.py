@@ -33,10 +33,11 @@ RESERVATION: Final = "reservation"
 SPOT: Final = "spot"
 FLEX_START: Final = "flex-start"
 CAPACITIES: Final = (ON_DEMAND, RESERVATION, SPOT, FLEX_START)
-# A GKE run's TPU node pool is created by the cluster's deploy (the blueprint's pool module): an
-# ordered list of kinds, which the TPU VM pipeline falls through, is not offered on GKE yet.
-GKE_ONE_CAPACITY: Final = (
-    "the GKE pipeline takes one capacity kind: an ordered list falls through on the TPU VM pipeline only"
+# A GKE flex-start TPU pool is created empty and scales up when the training's pods ask (its
+# capacity is queued, never refused at the pool's create): in an ordered list it can only be last.
+GKE_FLEX_START_LAST: Final = (
+    "on GKE flex-start can only be the last kind: its TPU node pool is created empty and queues for "
+    "capacity, so no kind after it would be tried"
 )
 
 
@@ -217,6 +218,8 @@ class ClusterSpec:
     bucket: str
     reservation: str = ""
     capacity: str = ON_DEMAND
+    # the kinds the TPU node pool's deploy falls through to, in order (``capacity`` refused first)
+    fallback: tuple[str, ...] = ()
     compute_type: str = "ct6e-standard-4t"
     topology: str = "4x8"
     num_slices: int = 1
@@ -234,13 +237,14 @@ class ClusterSpec:
             rules.gce_name("reservation", self.reservation, "reservation name")
         else:
             rules.require_str("reservation", self.reservation)
-        kinds = capacity_order(self.capacity)
-        if len(kinds) > 1:
-            # the TPU node pool is created by the blueprint's deploy: its fall-through is not built
-            raise SpecError("capacity", GKE_ONE_CAPACITY, list(kinds))
+        # an ordered list given as ``capacity`` is split into the first kind and its fallback
+        kinds = capacity_order(self.capacity) + tuple(self.fallback)
+        if FLEX_START in kinds[:-1]:
+            raise SpecError("capacity", GKE_FLEX_START_LAST, list(kinds))
         object.__setattr__(self, "capacity", kinds[0])
-        check_capacity(self.capacity, self.reservation)
-        require_reservation_name(self.capacity, self.reservation)
+        object.__setattr__(self, "fallback", kinds[1:])
+        check_capacity(list(kinds), self.reservation)
+        require_reservation_name(list(kinds), self.reservation)
         SliceShape(self.compute_type, self.topology)
         rules.int_range("num_slices", self.num_slices, 1, 64)
         rules.cidr("authorized_cidr", self.authorized_cidr)
@@ -260,6 +264,18 @@ class ClusterSpec:
     @property
     def total_chips(self) -> int:
         return self.shape.chips * self.num_slices
+
+    @property
+    def capacities(self) -> tuple[str, ...]:
+        """The kinds its TPU node pool's deploy tries, in order: ``capacity``, then ``fallback``."""
+        return (self.capacity, *self.fallback)
+
+    def attempt(self, kind: str) -> ClusterSpec:
+        """This cluster with its TPU node pool of ``kind`` alone (the reservation only with
+        ``reservation``)."""
+        return replace(
+            self, capacity=kind, fallback=(), reservation=self.reservation if kind == RESERVATION else ""
+        )
 
     @property
     def workload_service_account(self) -> str:

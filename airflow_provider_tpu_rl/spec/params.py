@@ -137,13 +137,7 @@ class RunParam:
             "description": _on(self.help, pipeline),
             "type": ["null", json_type] if self.nullable and isinstance(json_type, str) else json_type,
         }
-        metadata.update(
-            {
-                key: _on(value, pipeline)
-                for key, value in self.schema.items()
-                if _on(value, pipeline) is not None
-            }
-        )
+        metadata.update({key: _on(value, pipeline) for key, value in self.schema.items()})
         if self.rule:
             metadata["rule"] = self.rule
         return metadata
@@ -319,13 +313,14 @@ RUN_PARAMS: Final[tuple[RunParam, ...]] = (
         "TPU capacity",
         CLOUD,
         PerPipeline(
-            "How the TPUs are provisioned. on-demand (the default): the list price, no reservation, "
-            "no preemption; the zone needs free v6e capacity and quota. reservation: from the "
-            "reservation named in reservation. spot: Spot VMs, much cheaper but preemptible at any "
-            "time; training resumes from its newest checkpoint. flex-start: Dynamic Workload "
-            "Scheduler capacity, queued until free, then runs for a bounded time without preemption. "
-            "Only reservation takes a reservation: leave it empty for the others. See the README's "
-            "capacity table.",
+            "How the TPU node pool is provisioned: one kind, or an ordered list tried in turn, like "
+            '["on-demand", "spot"]: a kind whose pool create is refused for lack of capacity '
+            "(stockout, quota, a full reservation) moves to the next at once; flex-start only last. "
+            "on-demand (the default): the list price, no reservation, no preemption. reservation: "
+            "from the reservation named in reservation. spot: Spot VMs, much cheaper but preemptible "
+            "at any time; training resumes from its newest checkpoint. flex-start: Dynamic Workload "
+            "Scheduler capacity, queued until free, then runs for a bounded time. Only reservation "
+            "takes a reservation. See the README's capacity table.",
             "How the TPU VM is provisioned: one kind, or an ordered list tried in turn, like "
             '["reservation", "flex-start", "spot"]: a kind refused for lack of capacity (stockout, '
             "quota, a full reservation) moves to the next at once. on-demand (the default): the list "
@@ -337,23 +332,19 @@ RUN_PARAMS: Final[tuple[RunParam, ...]] = (
         ),
         "how the TPUs are provisioned: `on-demand`, `reservation`, `spot` or `flex-start` (what each "
         "renders, costs and risks, and why `on-demand` is the default: [README, TPU capacity]"
-        "(../README.md#tpu-capacity-on-demand-reservation-spot-or-flex-start)); on the TPU VM "
-        'pipeline also an ordered list of them, like `["reservation", "flex-start", "spot"]`, tried '
-        "in turn ([capacity that falls back](../README.md#capacity-that-falls-back)). A conf (REST, "
+        "(../README.md#tpu-capacity-on-demand-reservation-spot-or-flex-start)), or an ordered list of "
+        'them, like `["reservation", "flex-start", "spot"]`, tried in turn (on GKE flex-start only '
+        "last: [capacity that falls back](../README.md#capacity-that-falls-back)). A conf (REST, "
         "CLI, `tpu-rl plan`) that names a `reservation` and no `capacity` consumes it",
         default=ON_DEMAND,
-        # GKE: one kind (a dropdown); the TPU VM: one kind or an ordered list (a field that takes
-        # either, Airflow 3's form for a type of several JSON types)
+        # one kind or an ordered list: a field that takes either (Airflow 3's form for a type of
+        # several JSON types)
         schema={
-            "type": PerPipeline("string", ["string", "array"]),
-            "enum": PerPipeline(list(CAPACITIES), None),
-            "anyOf": PerPipeline(
-                None,
-                [
-                    {"type": "string", "enum": list(CAPACITIES)},
-                    {"type": "array", "items": {"type": "string", "enum": list(CAPACITIES)}},
-                ],
-            ),
+            "type": ["string", "array"],
+            "anyOf": [
+                {"type": "string", "enum": list(CAPACITIES)},
+                {"type": "array", "items": {"type": "string", "enum": list(CAPACITIES)}},
+            ],
         },
         doc_default="`on-demand`; `reservation` where `[tpu_rl] default_*_reservation` is set",
     ),

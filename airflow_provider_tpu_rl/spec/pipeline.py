@@ -616,7 +616,7 @@ class GkePipelineSpec:
             "cluster_name": c.cluster_name,
             "bucket": c.bucket,
             "reservation": c.reservation,
-            "capacity": c.capacity,
+            "capacity": capacity_value(c.capacities),
             "compute_type": c.compute_type,
             "topology": c.topology,
             "num_slices": c.num_slices,

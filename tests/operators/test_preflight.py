@@ -810,12 +810,12 @@ def test_a_quota_or_reservation_only_some_kinds_take_is_a_warning_in_a_list(pf: 
     assert [line.split(" in ")[0] for line in lines] == ["quota N2_CPUS"]
 
 
-def test_a_list_on_gke_is_one_line(pf: SandboxRun) -> None:
+def test_flex_start_before_another_kind_on_gke_is_one_line(pf: SandboxRun) -> None:
     conf = pf.gke_conf(reservation="")
     operator = pf.operator(
-        TpuRlPreflightOperator, task_id="preflight", conf=conf, capacity=["spot", "on-demand"]
+        TpuRlPreflightOperator, task_id="preflight", conf=conf, capacity=["flex-start", "on-demand"]
     )
-    with pytest.raises(AirflowFailException, match=r"^capacity: the GKE pipeline takes one capacity kind"):
+    with pytest.raises(AirflowFailException, match=r"^capacity: on GKE flex-start can only be the last kind"):
         operator.execute(pf.context(operator, conf, apply_arguments=False))
 
 

@@ -142,8 +142,12 @@ def test_a_reservation_needs_reservation_in_the_list() -> None:
     assert line.startswith("capacity: flex-start, spot capacity consumes no reservation"), line
 
 
-def test_the_gke_pipeline_takes_one_kind() -> None:
-    """Its TPU node pool is created by the cluster's deploy: no fall-through there yet."""
-    line = _refused(gke_pipeline_from_conf, {**GKE, "capacity": ["spot", "on-demand"]})
-    assert line.startswith("capacity: the GKE pipeline takes one capacity kind"), line
+def test_the_gke_pipeline_takes_a_list_with_flex_start_only_last() -> None:
+    """A flex-start TPU pool is created empty and queues: no kind after it would be tried."""
+    p = gke_pipeline_from_conf({**GKE, "capacity": ["on-demand", "spot", "flex-start"]})
+    assert (p.cluster.capacity, p.cluster.fallback) == ("on-demand", ("spot", "flex-start"))
+    assert p.resolved()["capacity"] == ["on-demand", "spot", "flex-start"]
+    assert p.cluster.attempt("spot").capacities == ("spot",)
+    line = _refused(gke_pipeline_from_conf, {**GKE, "capacity": ["flex-start", "spot"]})
+    assert line.startswith("capacity: on GKE flex-start can only be the last kind"), line
     assert gke_pipeline_from_conf({**GKE, "capacity": ["spot"]}).resolved()["capacity"] == "spot"

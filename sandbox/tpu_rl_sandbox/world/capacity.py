@@ -51,6 +51,35 @@ def requested_kind(provisioning_model: str, affinity: str | None) -> str:
     return "on-demand"
 
 
+def pool_kind(pool: Mapping[str, object]) -> str:
+    """The capacity kind a GKE TPU node pool asks for (gke-node-pool settings, as the sandbox's
+    gcluster reads them): spot, flex-start, a specific reservation, else on-demand."""
+    consumption = pool.get("consumption")
+    options = consumption if isinstance(consumption, Mapping) else {}
+    if options.get("spot"):
+        return "spot"
+    if options.get("enable_flex_start"):
+        return "flex-start"
+    affinity = pool.get("reservation_affinity")
+    if isinstance(affinity, Mapping) and affinity.get("type") == "SPECIFIC_RESERVATION":
+        return "reservation"
+    return "on-demand"
+
+
+def pool_stockout(out: Mapping[str, str], zone: str, pools: list[dict[str, object]]) -> bool:
+    """Whether the TPU node pool of ``pools`` is out of stock in ``zone`` (``tpu_capacity_out``): a
+    pool of static TPU nodes fails its create with the instances' GCE_STOCKOUT. A flex-start pool
+    is created empty and queues (its nodes come when capacity does), and a quota refusal of a node
+    pool is not modeled (its GKE text was not read): neither fails the create here."""
+    for pool in pools:
+        if not str(pool.get("machine_type") or "").startswith("ct"):
+            continue
+        kind = pool_kind(pool)
+        if kind != "flex-start" and out.get(f"{zone}/{kind}") == STOCKOUT:
+            return True
+    return False
+
+
 def refusal(
     out: Mapping[str, str], project: str, zone: str, kind: str, quota_limits: Mapping[str, float]
 ) -> str | None:

@@ -34,7 +34,7 @@ from tpu_rl_sandbox.clis.gcluster.gotime import go_quote
 
 # yaml is imported by the functions that read or write YAML: each fake call is a new interpreter,
 # and `gcluster job` commands need none of it.
-from tpu_rl_sandbox.world import gke_nodes, inventory
+from tpu_rl_sandbox.world import capacity, gke_nodes, inventory
 from tpu_rl_sandbox.world.faults import FaultGate
 from tpu_rl_sandbox.world.layout import SandboxLayout
 from tpu_rl_sandbox.world.settings import load_settings
@@ -1565,15 +1565,19 @@ class DeploymentRunner:
         self.console.terraform("\n".join(f"{address}: Creating..." for address, _ in to_add))
         self._pause()
         self._capacity_pause("tpu_pool_create")
-        fault = self.faults.fire("deploy")
-        if fault is not None:
+        # the TPU capacity of the pool's kind the zone cannot give now (setting tpu_capacity_out)
+        stockout = capacity.pool_stockout(
+            load_settings(self.layout).tpu_capacity_out, str(world.get("zone")), pools
+        )
+        fault = None if stockout else self.faults.fire("deploy")
+        if stockout or fault is not None:
             project, zone = world.get("project"), world.get("zone")
             detail = (
                 f"Error: error creating NodePool: googleapi: Error 400: Instance 'gke-{world.get('name')}-tpu-pool-9f2c' "
                 f"creation failed: Code: 'GCE_STOCKOUT'. Message: 'The zone 'projects/{project}/zones/{zone}' does "
                 "not have enough resources available to fulfill the request.  Try a different zone, or try again "
                 "later. (ZONE_RESOURCE_POOL_EXHAUSTED)'., stockout"
-                if fault.transient
+                if stockout or (fault is not None and fault.transient)
                 else f"Error: error creating NodePool: googleapi: Error 400: Reservation "
                 f"'projects/{project}/zones/{zone}/reservations/{pools[0].get('reservation') if pools else ''}' "
                 "does not exist or is not usable: invalid value for field 'nodePool.config.reservationAffinity'., "
