@@ -678,8 +678,23 @@ class GclusterDeployOperator(_ClusterOperator):
         kind's blueprint is deployed; any other failure stops as a one-kind deploy does. The kind
         that served goes into the ``capacity`` XCom with the refused attempts; all refused is one
         line listing each (a capacity failure: the task's retries may try again)."""
-        attempts: list[dict[str, str]] = []
-        for kind in cluster.capacities:
+        dag_id, run_id = self.run_ids(context)
+        record = (
+            read_resource_record(self.gcp_conn_id, cluster.bucket, cluster.cluster_name, self.chain) or {}
+        )
+        mine = record.get("run_id") == run_id and record.get("dag_id") == dag_id
+        served = record.get("capacity_served") if mine else None
+        # an earlier try of this run got ``served``: its pool may stand, so it is tried first (a
+        # deploy of the pool as it is changes nothing) and the kinds refused then stay recorded
+        kinds = (
+            [served, *(k for k in cluster.capacities if k != served)]
+            if served in cluster.capacities
+            else list(cluster.capacities)
+        )
+        attempts: list[dict[str, str]] = (
+            [dict(a) for a in record.get("capacity_attempts") or []] if served else []
+        )
+        for kind in kinds:
             attempt = cluster.attempt(kind)
             write_blueprint(self.hook, attempt, labels, workdir)
             prepare_deployment_folder(self.hook, attempt, workdir)
@@ -701,6 +716,14 @@ class GclusterDeployOperator(_ClusterOperator):
                 cluster.cluster_name,
                 len(attempts),
             )
+            if mine:  # the cluster's record keeps the kind for a retry (and the janitor)
+                write_resource_record(
+                    self.gcp_conn_id,
+                    cluster.bucket,
+                    cluster.cluster_name,
+                    {**record, "capacity_served": kind, "capacity_attempts": attempts},
+                    self.chain,
+                )
             context["ti"].xcom_push(key=CAPACITY_XCOM_KEY, value={"served": kind, "attempts": attempts})
             return attempt
         raise CommandError(

@@ -368,11 +368,19 @@ class TpuVmCreateOperator(_TpuVmOperator):
             "keep": p.keep_vm,
             # the grants the VM holds (a retry of the create keeps them)
             **carried_grants(self.gcp_conn_id, target.bucket, target.vm_name, self.chain),
+            # the kind an earlier try of this run's ordered capacity got (a retry tries it first)
+            **(
+                self.served_before(target, run_id)
+                if isinstance(target, TpuVmSpec) and target.fallback
+                else {}
+            ),
         }
         write_resource_record(self.gcp_conn_id, target.bucket, target.vm_name, record, self.chain)
         if isinstance(target, TpuVmSpec) and target.fallback:
+            served = record.get("capacity_served")
+            kinds = [served, *(k for k in target.capacities if k != served)] if served else target.capacities
             vm: TpuVmSpec | CpuVmSpec = self.create_falling_through(
-                context, conf, record, target.capacities, expires_at, boot_family
+                context, conf, record, kinds, expires_at, boot_family
             )
         else:
             vm, command = vm_create_command(
@@ -389,6 +397,19 @@ class TpuVmCreateOperator(_TpuVmOperator):
         if grant:
             self.grant_vm_access(p)
         return vm.vm_name
+
+    def served_before(self, target: TpuVmSpec, run_id: str) -> dict[str, str]:
+        """``capacity_served`` and ``capacity_attempts`` of an earlier try of this run whose create
+        got a kind (its VM may exist: a retry tries that kind first, so "already exists" is the
+        kind that served, and the kinds refused then stay recorded), else nothing."""
+        earlier = read_resource_record(self.gcp_conn_id, target.bucket, target.vm_name, self.chain) or {}
+        served = earlier.get("capacity_served")
+        if earlier.get("run_id") == run_id and served in target.capacities:
+            return {
+                "capacity_served": str(served),
+                "capacity_attempts": list(earlier.get("capacity_attempts") or []),
+            }
+        return {}
 
     def create_falling_through(
         self,
@@ -407,7 +428,7 @@ class TpuVmCreateOperator(_TpuVmOperator):
         take it) and into the ``capacity`` XCom with the refused attempts; all refused is one line
         listing each (a capacity failure: the task's retries may try again)."""
         dag_id, run_id = self.run_ids(context)
-        attempts: list[dict[str, str]] = []
+        attempts: list[dict[str, str]] = [dict(a) for a in record.get("capacity_attempts") or []]
         for kind in kinds:
             served = attempt_conf(conf, kind)
             vm, command = vm_create_command(
@@ -438,7 +459,7 @@ class TpuVmCreateOperator(_TpuVmOperator):
                 self.gcp_conn_id,
                 vm.bucket,
                 vm.vm_name,
-                {**record, "conf": served, "capacity_attempts": attempts},
+                {**record, "conf": served, "capacity_served": kind, "capacity_attempts": attempts},
                 self.chain,
             )
             context["ti"].xcom_push(key=CAPACITY_XCOM, value={"served": kind, "attempts": attempts})

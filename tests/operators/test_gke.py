@@ -442,6 +442,13 @@ def test_the_tpu_pool_falls_through_an_ordered_capacity_in_one_try(
     # deploy, refused; the failed pool's group destroyed; deploy again with the next kind
     tpu_calls = [c["argv"][0] for c in sb.calls() if c["argv"][-1] == "--only=tpu"]
     assert tpu_calls == ["deploy", "destroy", "deploy"]
+    # a retry of the task: the kind that served first, its pool as it is (no change), one deploy
+    again = sb.operator(GclusterDeployOperator, task_id="deploy_tpu_pool", conf=conf)
+    retry = RecordingTI(try_number=2)
+    again.execute(sb.context(again, conf, run_id=RUN_ID, ti=retry))
+    assert retry.pulled("capacity") == served
+    tpu_calls = [c["argv"][0] for c in sb.calls() if c["argv"][-1] == "--only=tpu"]
+    assert tpu_calls == ["deploy", "destroy", "deploy", "deploy"]
 
 
 def test_every_kind_refused_fails_the_pool_in_one_line_with_no_pool_left(sb: SandboxRun) -> None:

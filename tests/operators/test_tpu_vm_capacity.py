@@ -136,6 +136,15 @@ def test_a_full_reservation_and_a_flex_start_stockout_fall_through_to_spot_in_on
     assert (resource["conf"]["capacity"], resource["conf"]["reservation"]) == ("spot", "")
     assert [a["capacity"] for a in resource["capacity_attempts"]] == ["reservation", "flex-start"]
 
+    # a retry of the create (its grant failed, say): the kind that served is tried first, the VM
+    # is this run's and reused, the refusals stay recorded
+    again = sb.operator(TpuVmCreateOperator, dag_id=TPU_VM_DAG_ID, task_id="create_vm")
+    retry = RecordingTI(try_number=2)
+    assert again.execute(sb.context(again, conf, run_id=RUN_ID, start_date=START, ti=retry)) == sb.vm
+    assert "--provisioning-model=SPOT" in _creates(sb)[-1]
+    assert len(_creates(sb)) == 4
+    assert retry.pulled(CAPACITY_XCOM) == served
+
 
 def test_every_kind_refused_fails_the_create_in_one_line_with_nothing_left(
     sb: SandboxRun, scarce: Callable[..., None]
