@@ -398,7 +398,7 @@ class TpuVmCreateOperator(_TpuVmOperator):
             self.grant_vm_access(p)
         return vm.vm_name
 
-    def served_before(self, target: TpuVmSpec, run_id: str) -> dict[str, str]:
+    def served_before(self, target: TpuVmSpec, run_id: str) -> dict[str, Any]:
         """``capacity_served`` and ``capacity_attempts`` of an earlier try of this run whose create
         got a kind (its VM may exist: a retry tries that kind first, so "already exists" is the
         kind that served, and the kinds refused then stay recorded), else nothing."""
