@@ -23,7 +23,7 @@ from airflow_provider_tpu_rl.render import gke
 from tests.support.compat import capture_task_logs
 from tests.support.sandbox_run import RecordingTI, SandboxRun, prepare_cluster
 from tpu_rl_sandbox.world.iam import iam_bindings
-from tpu_rl_sandbox.world.settings import update_settings
+from tpu_rl_sandbox.world.settings import DEFAULT_RESERVATIONS, update_settings
 
 RUN_ID = "manual__2026-03-01T00:00:00+00:00"
 
@@ -473,3 +473,29 @@ def test_every_kind_refused_fails_the_pool_in_one_line_with_no_pool_left(sb: San
     assert "; on-demand: " in line
     assert _tpu_pools(sb) == []  # nothing of a failed attempt bills or lingers
     assert _destroy(sb, conf)["destroyed"] is True
+
+
+def test_a_full_reservation_falls_through_to_spot(sb: SandboxRun) -> None:
+    """The reservation holds fewer VMs than the slice: the reservation pool's create is refused
+    with Compute Engine's "does not have available resources" and the spot pool is deployed."""
+    reservations = {key: dict(value) for key, value in DEFAULT_RESERVATIONS.items()}
+    reservations["us-east5-b/res-1"]["count"] = 0
+    update_settings(sb.layout, reservations=reservations)
+    try:
+        conf = sb.gke_conf(capacity=["reservation", "spot"])
+        _ensure_bucket(sb, conf)
+        _deploy(sb, conf, datetime.now(UTC))
+        pool = sb.operator(GclusterDeployOperator, task_id="deploy_tpu_pool", conf=conf)
+        ti = RecordingTI()
+        pool.execute(sb.context(pool, conf, run_id=RUN_ID, ti=ti))
+    finally:
+        update_settings(sb.layout, reservations={k: dict(v) for k, v in DEFAULT_RESERVATIONS.items()})
+    served = ti.pulled("capacity")
+    assert served["served"] == "spot"
+    (refused,) = served["attempts"]
+    assert refused["capacity"] == "reservation"
+    assert (
+        "Specified reservation 'res-1' does not have available resources for the request" in refused["error"]
+    )
+    (tpu,) = [p for p in sb.cluster_record()["node_pools"] if p.get("topology")]
+    assert (tpu["consumption"]["spot"], tpu["reservation"]) == (True, None)

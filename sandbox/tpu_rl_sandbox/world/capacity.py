@@ -80,6 +80,23 @@ def pool_stockout(out: Mapping[str, str], zone: str, pools: list[dict[str, objec
     return False
 
 
+def pool_reservation_full(
+    reservations: Mapping[str, Mapping[str, object]], zone: str, pools: list[dict[str, object]]
+) -> str | None:
+    """The name of the reservation a static TPU node pool of ``pools`` consumes whose ``count``
+    (settings ``reservations``) holds fewer VMs than the pool's nodes, or None. Others' use of the
+    reservation is not counted here: a reservation smaller than the slice is the world a test sets."""
+    for pool in pools:
+        if not str(pool.get("machine_type") or "").startswith("ct") or pool_kind(pool) != "reservation":
+            continue
+        name = str(pool.get("reservation") or "").rsplit("/", 1)[-1]
+        found = reservations.get(f"{zone}/{name}")
+        nodes = pool.get("nodes")
+        if found is not None and isinstance(nodes, int) and int(str(found.get("count", 0))) < nodes:
+            return name
+    return None
+
+
 def refusal(
     out: Mapping[str, str], project: str, zone: str, kind: str, quota_limits: Mapping[str, float]
 ) -> str | None:
