@@ -1569,14 +1569,16 @@ class DeploymentRunner:
         # or a reservation too small for the pool's nodes (settings reservations)
         settings = load_settings(self.layout)
         stockout = capacity.pool_stockout(settings.tpu_capacity_out, str(world.get("zone")), pools)
-        full = capacity.pool_reservation_full(settings.reservations, str(world.get("zone")), pools)
-        if full is not None:
+        full_reservation = capacity.pool_reservation_full(
+            settings.reservations, str(world.get("zone")), pools
+        )
+        if full_reservation is not None:
             # Compute Engine's CONDITION_NOT_MET text for a full reservation (kubernetes/autoscaler's
             # gce client reads it as RESERVATION_CAPACITY_EXCEEDED), in the shape of the node
             # pool's instance-creation error above (indirect: no GKE output of it was read)
             self._fail_apply(
                 f"Error: error creating NodePool: googleapi: Error 400: Instance 'gke-{world.get('name')}-tpu-pool-9f2c' "
-                f"creation failed: Code: 'CONDITION_NOT_MET'. Message: 'Specified reservation '{full}' does not "
+                f"creation failed: Code: 'CONDITION_NOT_MET'. Message: 'Specified reservation '{full_reservation}' does not "
                 "have available resources for the request.'., badRequest"
                 f"\n\n  with {to_add[0][0]},\n  on modules/embedded/modules/compute/gke-node-pool/main.tf line 59, in "
                 'resource "google_container_node_pool" "node_pool":\n  59: resource "google_container_node_pool" "node_pool" {'
