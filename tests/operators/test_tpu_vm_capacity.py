@@ -16,7 +16,7 @@ import pytest
 from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.exceptions import CommandError, FailureKind
 from airflow_provider_tpu_rl.operators.gke import EnsureBucketOperator, HfTokenSecretOperator
-from airflow_provider_tpu_rl.operators.tpu_vm import CAPACITY_XCOM, TpuVmCreateOperator
+from airflow_provider_tpu_rl.operators.tpu_vm import CAPACITY_XCOM, TpuVmCreateOperator, vm_create_command
 from airflow_provider_tpu_rl.render.gke import resource_record_object
 from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID
 from tests.support.sandbox_run import ZONE, RecordingTI, SandboxRun
@@ -135,6 +135,16 @@ def test_a_full_reservation_and_a_flex_start_stockout_fall_through_to_spot_in_on
     resource = json.loads(sb.api.download(sb.bucket, resource_record_object(sb.vm)))
     assert (resource["conf"]["capacity"], resource["conf"]["reservation"]) == ("spot", "")
     assert [a["capacity"] for a in resource["capacity_attempts"]] == ["reservation", "flex-start"]
+    # what a train retry re-creates a lost (preempted) VM with: the spot create, as a one-kind spot run's
+    _, recreate = vm_create_command(
+        resource["conf"],
+        dag_id=TPU_VM_DAG_ID,
+        run_id=RUN_ID,
+        machine="tpu",
+        expires_at=resource["expires_at"],
+    )
+    assert "--provisioning-model=SPOT" in recreate.argv
+    assert "--instance-termination-action=STOP" in recreate.argv
 
     # a retry of the create (its grant failed, say): the kind that served is tried first, the VM
     # is this run's and reused, the refusals stay recorded
