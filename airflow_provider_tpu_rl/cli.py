@@ -326,7 +326,11 @@ def conf_keys_help() -> str:
         for param in params.params_of(pipeline):
             default = param.default_on(pipeline)
             shown = "empty" if default in (None, "") else json.dumps(default)
-            kind = params.JSON_TYPES[param.kind] + (" or null" if param.nullable else "")
+            json_type = param.form_field(pipeline)["type"]  # a list: any of them (null last)
+            types = (
+                [json_type] if isinstance(json_type, str) else sorted(json_type, key=lambda t: t == "null")
+            )
+            kind = " or ".join(types)
             lines.append(f"    {param.key} ({kind}; default {shown})")
     return "\n".join(lines)
 

@@ -304,6 +304,43 @@ def test_the_plan_shows_the_capacity_and_what_it_renders(capsys: pytest.CaptureF
     }
 
 
+def test_the_plan_of_an_ordered_capacity_shows_each_kinds_create(capsys: pytest.CaptureFixture[str]) -> None:
+    """The steps show the first kind's create; the capacity document each kind's, in order, and
+    the preflight reads what any kind needs (flex-start: gcloud's components)."""
+    conf = {"project": "my-proj-123", "bucket": "my-bkt", "reservation": "res-8"}
+    code, out, _ = _plan(
+        capsys,
+        "tpu_rl_tpu_vm_pipeline",
+        "--conf",
+        json.dumps({**conf, "capacity": ["reservation", "flex-start", "spot"]}),
+    )
+    assert code == 0
+    plan = json.loads(out)
+    capacity = plan["capacity"]
+    assert (capacity["value"], capacity["reservation"]) == (["reservation", "flex-start", "spot"], "res-8")
+    assert [(a["kind"], a["release_track"]) for a in capacity["attempts"]] == [
+        ("reservation", "ga"),
+        ("flex-start", "alpha"),
+        ("spot", "ga"),
+    ]
+    assert "--reservation=res-8" in capacity["attempts"][0]["create_vm_flags"]
+    assert "--provisioning-model=SPOT" in capacity["attempts"][2]["create_vm_flags"]
+    (create,) = [s["argv"] for s in plan["steps"] if s["task_id"] == "create_vm"][:1]
+    assert "--reservation=res-8" in create
+    preflight = [s["argv"] for s in plan["steps"] if s["task_id"] == "preflight"]
+    assert ["gcloud", "version", "--format=json"] in preflight
+    # GKE: each kind's TPU pool settings, in order
+    code, out, _ = _plan(
+        capsys, "tpu_rl_gke_pipeline", "--conf", json.dumps({"capacity": ["on-demand", "spot"]})
+    )
+    assert code == 0
+    attempts = json.loads(out)["capacity"]["attempts"]
+    assert [(a["kind"], a["tpu_pool_settings"].get("spot")) for a in attempts] == [
+        ("on-demand", None),
+        ("spot", True),
+    ]
+
+
 def test_a_capacity_with_a_reservation_is_an_invalid_conf(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = _plan(
         capsys, "tpu_rl_gke_pipeline", "--conf", json.dumps({"capacity": "spot", "reservation": "r1"})

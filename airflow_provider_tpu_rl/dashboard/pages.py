@@ -25,7 +25,7 @@ from airflow_provider_tpu_rl.ledger.cli import (
     format_resumes,
     format_reward,
 )
-from airflow_provider_tpu_rl.ledger.records import ArtifactRecord, RunSummary, StepRecord
+from airflow_provider_tpu_rl.ledger.records import ArtifactRecord, RunSummary, StepRecord, capacity_text
 
 TITLE = "TPU RL runs"
 # Airflow 3's look (Chakra UI's system font stack and its gray and state colours), kept plain.
@@ -411,6 +411,10 @@ def _summary(run: RunSummary, now: datetime) -> str:
     )
 
 
+CAPACITY_TOOLTIP = (
+    "The capacity kind that served the TPUs; an ordered capacity tries its kinds in turn and names "
+    "the ones refused before it (stockout, quota, a full reservation)"
+)
 SETTING_NAMES: tuple[tuple[str, str], ...] = (
     ("model", "Model"),
     ("capacity", "TPU capacity"),
@@ -445,8 +449,15 @@ def _settings(run: RunSummary) -> str:
         return f"<p class='note'>Settings: {escape(why)}.</p>"
     rows = [
         (name, _setting_value(key, settings.get(key)), "")
+        if key != "capacity"
+        else (name, capacity_text(settings) or UNKNOWN, CAPACITY_TOOLTIP)
         for key, name in SETTING_NAMES
         if key in settings or key == "learning_rate"
+    ]
+    attempts = [a for a in settings.get("capacity_attempts") or () if isinstance(a, Mapping)]
+    rows += [
+        (f"Refused: {a.get('capacity')}", str(a.get("error") or UNKNOWN), "create_vm's attempt of this kind")
+        for a in attempts
     ]
     return _facts(rows)
 

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from airflow_provider_tpu_rl.ledger.records import RunSummary, idle_share
+from airflow_provider_tpu_rl.ledger.records import RunSummary, idle_share, served_capacity
 
 UNKNOWN = "-"
 DEFAULT_PLOT_FILE = "tpu-rl-reward-trend.png"
@@ -34,6 +34,9 @@ RUNS_COLUMNS = (
 # The billed CPU minutes of the TPU VM's boot image bake (its bake VM): a column before EXPORT
 # only when a listed run baked.
 BAKE_COLUMN = "BAKE CPU-MIN"
+# The capacity kind that served the TPUs and how many kinds were refused before it: a column after
+# STATE only when a listed run's ordered capacity fell through.
+CAPACITY_COLUMN = "CAPACITY"
 # Why the janitor closed a row its run never closed (abandoned, or failed): a last column only when
 # a listed run has one.
 REASON_COLUMN = "REASON"
@@ -239,7 +242,17 @@ def runs_columns(runs: Sequence[RunSummary]) -> tuple[str, ...]:
         columns = (*RUNS_COLUMNS[:export], BAKE_COLUMN, *RUNS_COLUMNS[export:])
     if any(run.end_reason for run in runs):
         columns = (*columns, REASON_COLUMN)
+    if any(run.settings.get("capacity_attempts") for run in runs):
+        state = columns.index("STATE") + 1
+        columns = (*columns[:state], CAPACITY_COLUMN, *columns[state:])
     return columns
+
+
+def format_capacity(settings: Mapping[str, Any]) -> str:
+    """The kind that served, and the kinds refused before it: ``spot (2 refused)``."""
+    served = served_capacity(settings) or UNKNOWN
+    refused = len(settings.get("capacity_attempts") or ())
+    return f"{served} ({refused} refused)" if refused else served
 
 
 def runs_table_rows(runs: Sequence[RunSummary]) -> list[tuple[str, ...]]:
@@ -247,6 +260,7 @@ def runs_table_rows(runs: Sequence[RunSummary]) -> list[tuple[str, ...]]:
     anything was spent has no values past STATE: its row ends with why (one cell spanning them)."""
     columns = runs_columns(runs)
     bake, reason = BAKE_COLUMN in columns, REASON_COLUMN in columns
+    capacity = CAPACITY_COLUMN in columns
     return [
         (run.run_id, run.model or UNKNOWN, run.state or UNKNOWN, run.refusal)
         if run.refusal
@@ -254,6 +268,7 @@ def runs_table_rows(runs: Sequence[RunSummary]) -> list[tuple[str, ...]]:
             run.run_id,
             run.model or UNKNOWN,
             run.state or UNKNOWN,
+            *((format_capacity(run.settings),) if capacity else ()),
             format_duration(run.duration_seconds),
             format_reward(run.pre_mean_reward, run.post_mean_reward, run.num_test_batches),
             format_promoted(run.promoted),

@@ -61,6 +61,9 @@ ARTIFACT_TASK_IDS: Mapping[str, str] = {
 # What a pipeline's failed task leaves in XCom: the first line of its error (pipelines/failures.py),
 # and how validate's refusal of a conf starts (pipelines/validate.py): the ledger reads both.
 ERROR_XCOM_KEY = "tpu_rl_error"
+# The capacity that served a TPU VM whose ``capacity`` is an ordered list: ``create_vm``'s XCom
+# ``{"served": kind, "attempts": [{"capacity": kind, "error": line}, ...]}`` (the kinds refused first).
+CAPACITY_XCOM_KEY = "capacity"
 INVALID_CONF = "invalid pipeline conf: "
 FAILED_STATES = frozenset({"failed", "upstream_failed"})
 _STATE_PRIORITY = ("failed", "upstream_failed", "up_for_retry", "running", "deferred", "queued", "success")
@@ -314,6 +317,20 @@ def _xcom(ti: Any, task_id: str) -> Any:
     except Exception:
         log.warning("could not read the XCom of task %s; the ledger records the run without it", task_id)
         return None
+
+
+def capacity_served(ti: Any, task_id: str) -> dict[str, Any] | None:
+    """``task_id``'s :data:`CAPACITY_XCOM_KEY` as run settings (``capacity_served``,
+    ``capacity_attempts``), or None when it left none (one kind asked, or no create ran)."""
+    try:
+        found = ti.xcom_pull(task_ids=task_id, key=CAPACITY_XCOM_KEY)
+    except Exception:
+        log.warning("could not read the capacity XCom of task %s", task_id)
+        return None
+    if not isinstance(found, Mapping) or not found.get("served"):
+        return None
+    attempts = [dict(a) for a in found.get("attempts") or () if isinstance(a, Mapping)]
+    return {"capacity_served": str(found["served"]), "capacity_attempts": attempts}
 
 
 def _number(value: Any) -> float | None:

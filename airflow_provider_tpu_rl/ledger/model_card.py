@@ -14,7 +14,7 @@ from typing import Any, Final
 
 import yaml
 
-from airflow_provider_tpu_rl.ledger.records import RunSummary
+from airflow_provider_tpu_rl.ledger.records import RunSummary, capacity_text
 from airflow_provider_tpu_rl.maxtext.layout import HF_MODEL_CARD_FILE
 
 MODEL_CARD_FILE: Final = HF_MODEL_CARD_FILE
@@ -116,7 +116,7 @@ def model_card(summary: RunSummary, facts: CardFacts) -> str:
         ("Training steps", str(settings.get("steps", "-"))),
         ("Learning rate", str(settings.get("learning_rate", "MaxText's default"))),
         ("TPU", f"{settings.get('compute_type', '-')} {settings.get('topology', '')}".strip()),
-        ("Capacity", str(settings.get("capacity", "-"))),
+        ("Capacity", capacity_text(settings) or "-"),
         (
             "MaxText overrides",
             yaml.safe_dump(settings.get("train_overrides") or {}, default_flow_style=True).strip(),

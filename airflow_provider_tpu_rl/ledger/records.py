@@ -453,3 +453,31 @@ class RunSummary:
     def no_reward_reason(self) -> str | None:
         """Why the run has no mean reward before or after training, when the ledger knows."""
         return no_reward_reason(self.num_test_batches, self.pre_mean_reward, self.post_mean_reward)
+
+
+def served_capacity(settings: Mapping[str, Any]) -> str | None:
+    """The capacity kind that served the run's TPUs: ``capacity_served`` (an ordered ``capacity``
+    that fell through, from ``create_vm``), else a one-kind ``capacity``; None when not known."""
+    served = settings.get("capacity_served")
+    if served:
+        return str(served)
+    capacity = settings.get("capacity")
+    return capacity if isinstance(capacity, str) and capacity else None
+
+
+def capacity_text(settings: Mapping[str, Any]) -> str | None:
+    """The TPU capacity a run got, in words: ``spot (after reservation, flex-start refused)``
+    when an ordered ``capacity`` fell through, the kind alone when the first served or one kind
+    was asked, the ordered kinds when none is known to have served; None when not recorded."""
+    served = served_capacity(settings)
+    refused = [
+        str(a.get("capacity")) for a in settings.get("capacity_attempts") or () if isinstance(a, Mapping)
+    ]
+    if served and refused:
+        return f"{served} (after {', '.join(refused)} refused)"
+    if served:
+        return served
+    capacity = settings.get("capacity")
+    if isinstance(capacity, list | tuple) and capacity:
+        return " then ".join(str(kind) for kind in capacity)
+    return None

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 from airflow.providers.common.compat.sdk import Context
 
 from airflow_provider_tpu_rl.compat import AirflowFailException
-from airflow_provider_tpu_rl.exceptions import ConfigurationError, LeaseHeldError
+from airflow_provider_tpu_rl.exceptions import CommandError, ConfigurationError, FailureKind, LeaseHeldError
+from airflow_provider_tpu_rl.ledger.collect import CAPACITY_XCOM_KEY
 from airflow_provider_tpu_rl.links import GKEClusterLink
 from airflow_provider_tpu_rl.operators import billing
 from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, expiry_of_run, fail_fast
@@ -30,6 +31,7 @@ from airflow_provider_tpu_rl.spec.pipeline import (
     run_suffix,
 )
 from airflow_provider_tpu_rl.spec.preflight import enabled_secret_versions, parse_json_document
+from airflow_provider_tpu_rl.toolchain.failures import capacity_refused
 
 if TYPE_CHECKING:
     from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
@@ -275,7 +277,7 @@ class _ClusterOperator(GclusterBaseOperator):
         cluster_name: str,
         bucket: str,
         reservation: str = "",
-        capacity: str | None = None,
+        capacity: str | list[str] | None = None,
         model: str | None = None,
         compute_type: str | None = None,
         topology: str | None = None,
@@ -525,7 +527,9 @@ class GclusterDeployOperator(_ClusterOperator):
     :param reservation: TPU reservation the node pool consumes (``reservation`` capacity).
     :param capacity: how the TPU node pool is provisioned: ``on-demand`` (no reservation),
         ``reservation`` (the reservation named), ``spot`` (Spot VMs) or ``flex-start`` (DWS
-        flex-start); empty: ``reservation`` when one is named, else ``on-demand``.
+        flex-start), or an ordered list of them the TPU pool's deploy falls through
+        (:meth:`deploy_pool_falling_through`; flex-start only last); empty: ``reservation`` when
+        one is named, else ``on-demand``.
     :param model: a model preset name: it sets the blueprint edits and the slice shape left empty.
     :param compute_type: TPU machine type (default the preset's, ``ct6e-standard-4t``).
     :param topology: slice topology (default the preset's, ``4x8``).
@@ -659,17 +663,15 @@ class GclusterDeployOperator(_ClusterOperator):
         expires_at = expiry_of_run(context, rules.integer("max_cluster_hours", self.max_cluster_hours, 1))
         suffix = run_suffix(dag_id, run_id)
         workdir = gke.make_workdir(cluster.cluster_name, suffix)
+        labels = gke.managed_labels(dag_id, suffix, cluster.bucket, expires_at)
         try:
-            write_blueprint(
-                self.hook,
-                cluster,
-                gke.managed_labels(dag_id, suffix, cluster.bucket, expires_at),
-                workdir,
-                stream_image=self.stream_image,
-            )
             started = time.time()
-            prepare_deployment_folder(self.hook, cluster, workdir)
-            self.hook.run_checked(gke.deploy_groups(cluster, workdir, only), cwd=workdir)
+            if TPU_GROUP in only and cluster.fallback:
+                cluster = self.deploy_pool_falling_through(context, cluster, only, labels, workdir)
+            else:
+                write_blueprint(self.hook, cluster, labels, workdir, stream_image=self.stream_image)
+                prepare_deployment_folder(self.hook, cluster, workdir)
+                self.hook.run_checked(gke.deploy_groups(cluster, workdir, only), cwd=workdir)
             deploy_seconds = round(time.time() - started, 3)
         finally:
             gke.remove_workdir(workdir)
@@ -683,6 +685,74 @@ class GclusterDeployOperator(_ClusterOperator):
             "deploy_seconds": deploy_seconds,
             "lease_expires_at": int(lease.expires_at),
         }
+
+    def deploy_pool_falling_through(
+        self,
+        context: Context,
+        cluster: ClusterSpec,
+        only: tuple[str, ...],
+        labels: Mapping[str, str],
+        workdir: str,
+    ) -> ClusterSpec:
+        """Deploy the TPU node pool with the first of the cluster's ordered capacity kinds GKE
+        gives: a pool whose create is refused for lack of capacity (``capacity_refused``) is one
+        log line, then destroyed (its group alone: nothing of it bills or lingers) before the next
+        kind's blueprint is deployed; any other failure stops as a one-kind deploy does. The kind
+        that served goes into the ``capacity`` XCom with the refused attempts; all refused is one
+        line listing each (a capacity failure: the task's retries may try again)."""
+        dag_id, run_id = self.run_ids(context)
+        record = (
+            read_resource_record(self.gcp_conn_id, cluster.bucket, cluster.cluster_name, self.chain) or {}
+        )
+        mine = record.get("run_id") == run_id and record.get("dag_id") == dag_id
+        served = record.get("capacity_served") if mine else None
+        # an earlier try of this run got ``served``: its pool may stand, so it is tried first (a
+        # deploy of the pool as it is changes nothing) and the kinds refused then stay recorded
+        kinds = (
+            [served, *(k for k in cluster.capacities if k != served)]
+            if served in cluster.capacities
+            else list(cluster.capacities)
+        )
+        attempts: list[dict[str, str]] = (
+            [dict(a) for a in record.get("capacity_attempts") or []] if served else []
+        )
+        for kind in kinds:
+            attempt = cluster.attempt(kind)
+            write_blueprint(self.hook, attempt, labels, workdir, stream_image=self.stream_image)
+            prepare_deployment_folder(self.hook, attempt, workdir)
+            try:
+                self.hook.run_checked(gke.deploy_groups(attempt, workdir, only), cwd=workdir)
+            except CommandError as err:
+                if not capacity_refused(str(err)):
+                    raise
+                said = str(err).splitlines()[0].removesuffix("; last output:")
+                attempts.append(
+                    {"capacity": kind, "error": said[said.find("Error:") :] if "Error:" in said else said}
+                )
+                self.log.warning("Capacity %s refused: %s", kind, attempts[-1]["error"])
+                self.hook.run_checked(gke.destroy(attempt, workdir, only_groups=only), cwd=workdir)
+                continue
+            self.log.info(
+                "Capacity %s: the TPU node pool of %s deployed after %d refused kind(s)",
+                kind,
+                cluster.cluster_name,
+                len(attempts),
+            )
+            if mine:  # the cluster's record keeps the kind for a retry (and the janitor)
+                write_resource_record(
+                    self.gcp_conn_id,
+                    cluster.bucket,
+                    cluster.cluster_name,
+                    {**record, "capacity_served": kind, "capacity_attempts": attempts},
+                    self.chain,
+                )
+            context["ti"].xcom_push(key=CAPACITY_XCOM_KEY, value={"served": kind, "attempts": attempts})
+            return attempt
+        raise CommandError(
+            f"TPU node pool of cluster {cluster.cluster_name}: no capacity kind could create it in "
+            f"{cluster.zone}: " + "; ".join(f"{a['capacity']}: {a['error']}" for a in attempts),
+            FailureKind.CAPACITY,
+        )
 
 
 def require_own_lease(

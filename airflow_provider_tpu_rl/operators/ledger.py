@@ -11,7 +11,7 @@ from airflow.providers.common.compat.sdk import BaseOperator, Context
 
 from airflow_provider_tpu_rl.compat import conf
 from airflow_provider_tpu_rl.ledger.cli import format_cpu_minutes, format_resumes, format_tpu_time
-from airflow_provider_tpu_rl.ledger.collect import ERROR_XCOM_KEY, INVALID_CONF, task_states
+from airflow_provider_tpu_rl.ledger.collect import ERROR_XCOM_KEY, INVALID_CONF, capacity_served, task_states
 from airflow_provider_tpu_rl.ledger.hook import DEFAULT_CONN_ID, RunLedger, record_run_from_context
 from airflow_provider_tpu_rl.ledger.plots import (
     PLOT_EXTRA_HINT,
@@ -22,10 +22,11 @@ from airflow_provider_tpu_rl.ledger.plots import (
     run_curves_figure,
     run_timeline,
 )
-from airflow_provider_tpu_rl.ledger.records import ArtifactRecord, RunRecord
+from airflow_provider_tpu_rl.ledger.records import ArtifactRecord, RunRecord, served_capacity
 from airflow_provider_tpu_rl.links import RunDashboardLink
 from airflow_provider_tpu_rl.maxtext.layout import parse_gs_uri
 from airflow_provider_tpu_rl.spec import SpecError
+from airflow_provider_tpu_rl.spec.cluster import ON_DEMAND
 from airflow_provider_tpu_rl.spec.presets import Runner, get_preset
 
 log = logging.getLogger(__name__)
@@ -42,9 +43,15 @@ Upload = Callable[[str, bytes], None]
 DEFAULT_USD_PER_CHIP_HOUR = 2.70
 
 
-def default_usd_per_chip_hour() -> float:
-    """``[tpu_rl] usd_per_chip_hour``: the price a run's billed chip-hours are costed at."""
-    return conf.getfloat("tpu_rl", "usd_per_chip_hour", fallback=DEFAULT_USD_PER_CHIP_HOUR)
+def default_usd_per_chip_hour(capacity: str | None = None) -> float:
+    """``[tpu_rl] usd_per_chip_hour``: the price a run's billed chip-hours are costed at; for the
+    capacity kind that served them, its own option where set (``spot_usd_per_chip_hour``,
+    ``flex_start_usd_per_chip_hour``, ``reservation_usd_per_chip_hour``: no default, the prices of
+    docs/tpu-prices.md other than on-demand's are derived, not read), else that one."""
+    price = conf.getfloat("tpu_rl", "usd_per_chip_hour", fallback=DEFAULT_USD_PER_CHIP_HOUR)
+    if capacity and capacity != ON_DEMAND:
+        return conf.getfloat("tpu_rl", f"{capacity.replace('-', '_')}_usd_per_chip_hour", fallback=price)
+    return price
 
 
 def run_output_folder(actor_root: str | None) -> str | None:
@@ -61,11 +68,12 @@ def curves_uri(folder: str, suffix: str | None) -> str:
     return folder.rstrip("/") + "/" + name
 
 
-def run_settings(derived: Mapping[str, Any]) -> dict[str, Any]:
+def run_settings(derived: Mapping[str, Any], served: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What a run was asked to do, from ``validate``'s resolved values: the model, the TPU capacity
     (and its reservation), the training steps, the learning rate (the run's override, else the
     preset's; None: MaxText's own default), the run name, the TPU shape and the run's own MaxText
-    overrides. The dashboard's run page lists them; the ledger keeps them with the run."""
+    overrides; with ``served`` (``collect.capacity_served``), the kind an ordered capacity got and
+    the kinds refused before it. The dashboard's run page lists them; the ledger keeps them."""
     model = str(derived.get("model") or "")
     overrides = dict(derived.get("train_overrides") or {})
     # the pipeline the values are of: a TPU VM run names its VM (a model both offer has a preset each)
@@ -87,6 +95,7 @@ def run_settings(derived: Mapping[str, Any]) -> dict[str, Any]:
         "num_slices": derived.get("num_slices"),
         "runtime": derived.get("runtime"),
         "train_overrides": overrides,
+        **dict(served or {}),
     }
     return {key: value for key, value in settings.items() if value is not None}
 
@@ -174,18 +183,26 @@ class RecordRunOperator(BaseOperator):
         refusal = self.refusal(context)
         if refusal:
             self.log.info("The run was %s", refusal)
+        settings = (
+            run_settings(derived, capacity_served(context["ti"], self.cluster_task_ids[0]))
+            if derived
+            else None
+        )
         run = record_run_from_context(
             context,
             model=str(derived.get("model") or context["params"].get("model")),
             chips=derived.get("chips"),
             conn_id=self.conn_id,
             refusal=refusal,
-            settings=run_settings(derived) if derived else None,
+            settings=settings,
             cluster_task_ids=self.cluster_task_ids,
             teardown_task_ids=self.teardown_task_ids,
             ignored_task_ids=self.ignored_task_ids,
+            # the price of the kind that served the TPUs
             usd_per_chip_hour=(
-                default_usd_per_chip_hour() if self.usd_per_chip_hour is None else self.usd_per_chip_hour
+                default_usd_per_chip_hour(served_capacity(settings or {}))
+                if self.usd_per_chip_hour is None
+                else self.usd_per_chip_hour
             ),
             **self.collect_options,
         )

@@ -9,6 +9,7 @@ create, and all of them fail the task together (``AirflowFailException``: a retr
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 import time
@@ -28,6 +29,8 @@ from airflow_provider_tpu_rl.spec import preflight as checks
 from airflow_provider_tpu_rl.spec import rules
 from airflow_provider_tpu_rl.spec.cluster import (
     FLEX_START,
+    GKE_FLEX_START_LAST,
+    capacity_order,
     check_capacity,
     default_capacity,
     require_reservation_name,
@@ -35,6 +38,9 @@ from airflow_provider_tpu_rl.spec.cluster import (
 from airflow_provider_tpu_rl.spec.pipeline import default_shape, image_repository
 from airflow_provider_tpu_rl.spec.preflight import error_line
 from airflow_provider_tpu_rl.spec.presets import Runner
+
+# A short quota's line (spec/preflight.py quota_problems): "quota <METRIC> in region ...".
+_QUOTA_LINE = re.compile(r"^quota (\S+) ")
 
 if TYPE_CHECKING:
     from airflow_provider_tpu_rl.hooks.vm_access import VmAccessReader
@@ -75,7 +81,9 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
     :param zone: zone of the TPUs (and of the reservation).
     :param reservation: reservation the run consumes (``reservation`` capacity), checked for room.
     :param capacity: how the TPUs are provisioned (``on-demand``, ``reservation``, ``spot`` or
-        ``flex-start``); empty: ``reservation`` when one is named, else ``on-demand``. Only
+        ``flex-start``), or on a TPU VM an ordered list of them (each kind's gcloud components are
+        checked; a short quota or reservation only some kinds take is a warning: their create
+        falls through); empty: ``reservation`` when one is named, else ``on-demand``. Only
         ``reservation`` capacity consumes a reservation: it must name one, the others none.
     :param compute_type: TPU machine type (default the runner's: ct6e-standard-4t / -8t).
     :param topology: slice topology (default the runner's: 4x8 / 2x4).
@@ -141,7 +149,7 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         zone: str,
         project_id: str | None = None,
         reservation: str | None = "",
-        capacity: str | None = None,
+        capacity: str | list[str] | None = None,
         compute_type: str | None = None,
         topology: str | None = None,
         num_slices: int | str | None = 1,
@@ -349,12 +357,19 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         return (document, []) if document is not None else (None, [no_json])
 
     def check_quotas(
-        self, project: str, zone: str, run: Runner, capacity: str, need: checks.ReservationNeed
+        self,
+        project: str,
+        zone: str,
+        run: Runner,
+        capacity: str | Sequence[str],
+        need: checks.ReservationNeed,
     ) -> list[str]:
         """The region's free quota for what the run takes (:func:`checks.quota_needs`), and the
         project's vCPUs in all regions for its CPU VMs: one line per short quota; a flex-start zone
-        the docs do not list is a warning."""
-        if capacity == FLEX_START:
+        the docs do not list is a warning. With an ordered list of kinds, a short quota only some
+        kinds take is a warning (their create is refused and falls through to the next kind)."""
+        kinds = [capacity] if isinstance(capacity, str) else list(capacity)
+        if FLEX_START in kinds:
             note = checks.flex_start_zone_note(run, zone)
             if note:
                 self.log.warning("preflight: %s", note)
@@ -363,11 +378,32 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         for note in cpu_notes:
             self.log.warning("preflight: %s", note)
         what = checks.cpu_vms_taking(cpu_types)
-        needs = checks.quota_needs(run, capacity, need.chips, cpu_types)
+        per_kind = [checks.quota_needs(run, kind, need.chips, cpu_types) for kind in kinds]
+        needs: dict[str, int] = {}
+        for kind_needs in per_kind:
+            for metric, amount in kind_needs.items():
+                needs[metric] = max(needs.get(metric, 0), amount)
         problems = self._check_region_quotas(project, zone, needs, what) if needs else []
+        if len(kinds) > 1:
+            problems = self._every_kinds(problems, kinds, per_kind)
         if cpu_total:
             problems += self._check_project_quotas(project, {checks.CPUS_ALL_REGIONS_QUOTA: cpu_total}, what)
         return problems
+
+    def _every_kinds(
+        self, problems: list[str], kinds: Sequence[str], per_kind: Sequence[Mapping[str, int]]
+    ) -> list[str]:
+        """The quota problems every kind of the list meets; one of a quota only some kinds take is
+        logged as a warning naming them."""
+        kept = []
+        for problem in problems:
+            found = _QUOTA_LINE.match(problem)
+            takers = [k for k, n in zip(kinds, per_kind, strict=True) if found is None or found[1] in n]
+            if len(takers) == len(kinds):
+                kept.append(problem)
+            else:
+                self.log.warning("preflight: with %s capacity: %s", " or ".join(takers), problem)
+        return kept
 
     def _cpu_machine_types(self) -> list[str]:
         value = self.cpu_machine_types
@@ -672,6 +708,9 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
             rules.gce_name("reservation", reservation, "reservation name")
         capacity = check_capacity(self.capacity or default_capacity(reservation), reservation)
         require_reservation_name(capacity, reservation)
+        kinds = capacity_order(capacity)
+        if run is Runner.GKE and FLEX_START in kinds[:-1]:
+            raise AirflowFailException(f"capacity: {GKE_FLEX_START_LAST}")
         services = self._services(run)
         permissions = self._permissions(run)
         need = self._need(run)
@@ -688,7 +727,7 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
             problems += self.check_gcloud_account(run)
             if run is Runner.GKE:
                 problems += self.check_adc()
-                problems += self.check_blueprint(capacity, reservation, need, project, zone)
+                problems += self.check_blueprint(kinds[0], reservation, need, project, zone)
             reasons: dict[str, str] = {}
             if run is Runner.TPU_VM:
                 # Under OS Login, sudo on the VM needs admin login: tested with the other permissions.
@@ -701,10 +740,16 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
             problems += self.check_services(project, services)
             if run is Runner.TPU_VM:
                 problems += self.check_vm_network(project, sources)
-                problems += self.check_gcloud_components(capacity)
-            problems += self.check_quotas(project, zone, run, capacity, need)
+                for kind in kinds:
+                    problems += self.check_gcloud_components(kind)
+            problems += self.check_quotas(project, zone, run, kinds, need)
             if reservation:
                 reservation_problems = self.check_reservation(project, zone, reservation, need)
+                if reservation_problems and len(kinds) > 1:
+                    # a full or missing reservation is a refusal the create falls through
+                    for problem in reservation_problems:
+                        self.log.warning("preflight: with %s capacity: %s", kinds[0], problem)
+                    reservation_problems = []
             else:
                 reservation_problems = []
                 self.log.info("%s capacity consumes no reservation: none is checked", capacity)

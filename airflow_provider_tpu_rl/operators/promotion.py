@@ -17,7 +17,11 @@ from airflow_provider_tpu_rl.assets import (
     model_asset_uri,
 )
 from airflow_provider_tpu_rl.compat import AirflowFailException, AirflowSkipException
-from airflow_provider_tpu_rl.ledger.collect import GKE_CLUSTER_TASK_IDS, collect_run_from_context
+from airflow_provider_tpu_rl.ledger.collect import (
+    GKE_CLUSTER_TASK_IDS,
+    capacity_served,
+    collect_run_from_context,
+)
 from airflow_provider_tpu_rl.ledger.hook import DEFAULT_CONN_ID, RunLedger
 from airflow_provider_tpu_rl.ledger.model_card import (
     MAXTEXT_DEFAULT_DATASET,
@@ -27,7 +31,13 @@ from airflow_provider_tpu_rl.ledger.model_card import (
     model_card,
 )
 from airflow_provider_tpu_rl.ledger.promotion import Promotion, decide
-from airflow_provider_tpu_rl.ledger.records import ArtifactRecord, RunRecord, RunSummary, make_run_id
+from airflow_provider_tpu_rl.ledger.records import (
+    ArtifactRecord,
+    RunRecord,
+    RunSummary,
+    make_run_id,
+    served_capacity,
+)
 from airflow_provider_tpu_rl.maxtext.layout import as_folder, parse_gs_uri, probe_hf_export
 from airflow_provider_tpu_rl.operators.ledger import (
     curves_uri,
@@ -102,6 +112,12 @@ def asset_extra(
         "image": facts.image,
         "image_digest": image_digest(facts.image),
         "promotion": summary.promotion,
+        # the capacity kind that served the TPUs (an ordered capacity's: after the kinds refused)
+        "capacity": served_capacity(summary.settings),
+        "capacity_refused": ", ".join(
+            str(a.get("capacity")) for a in summary.settings.get("capacity_attempts") or ()
+        )
+        or None,
     }
 
 
@@ -231,6 +247,11 @@ class PromoteModelOperator(BaseOperator):
         dag_run = context["dag_run"]
         run_id = make_run_id(dag_run.dag_id, dag_run.run_id)
         chips = None if self.chips in (None, "") else int(self.chips)  # type: ignore[arg-type]
+        settings = (
+            run_settings(derived, capacity_served(context["ti"], self.cluster_task_ids[0]))
+            if derived
+            else None
+        )
         run, steps, metrics, artifacts = collect_run_from_context(
             context,
             model=str(self.model),
@@ -238,13 +259,13 @@ class PromoteModelOperator(BaseOperator):
             cluster_task_ids=(self.cluster_task_ids[0], self.cluster_task_ids[1]),
             recorded_steps=ledger.recorded_steps(run_id),
             usd_per_chip_hour=(
-                default_usd_per_chip_hour() if self.usd_per_chip_hour is None else self.usd_per_chip_hour
+                default_usd_per_chip_hour(served_capacity(settings or {}))
+                if self.usd_per_chip_hour is None
+                else self.usd_per_chip_hour
             ),
             **self.collect_options,
         )
-        run = dataclasses.replace(
-            run, state="running", ended_at=None, settings=run_settings(derived) if derived else None
-        )
+        run = dataclasses.replace(run, state="running", ended_at=None, settings=settings)
         ledger.record(run, steps, metrics, artifacts)
         summary = ledger.run_summary(run_id)
         if summary is None:  # the row was just written: only a ledger that lost it gets here

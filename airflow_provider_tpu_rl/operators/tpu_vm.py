@@ -23,9 +23,11 @@ from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailExceptio
 from airflow_provider_tpu_rl.exceptions import (
     CommandError,
     ConfigurationError,
+    FailureKind,
     LeaseHeldError,
     RunDirBusyError,
 )
+from airflow_provider_tpu_rl.ledger.collect import CAPACITY_XCOM_KEY
 from airflow_provider_tpu_rl.ledger.model_card import base_model_facts
 from airflow_provider_tpu_rl.ledger.records import NUM_TEST_BATCHES_METRIC, reward_summary
 from airflow_provider_tpu_rl.lineage import (
@@ -72,7 +74,7 @@ from airflow_provider_tpu_rl.records.writers import VmWriter
 from airflow_provider_tpu_rl.render import boot_image, gke, tpu_vm
 from airflow_provider_tpu_rl.render.command import Command
 from airflow_provider_tpu_rl.spec import rules
-from airflow_provider_tpu_rl.spec.cluster import CpuVmSpec, TpuVmSpec, default_capacity
+from airflow_provider_tpu_rl.spec.cluster import RESERVATION, CpuVmSpec, TpuVmSpec, default_capacity
 from airflow_provider_tpu_rl.spec.errors import SpecError
 from airflow_provider_tpu_rl.spec.pipeline import (
     TPU_VM_DEFAULTS,
@@ -81,8 +83,11 @@ from airflow_provider_tpu_rl.spec.pipeline import (
 )
 from airflow_provider_tpu_rl.spec.preflight import error_line, parse_json_document
 from airflow_provider_tpu_rl.timeouts import stage_command_timeout
+from airflow_provider_tpu_rl.toolchain.failures import capacity_refused
 
 DEFAULT_MODEL = str(TPU_VM_DEFAULTS["model"])
+# create_vm's XCom of the capacity that served the TPU VM (the ledger's record_run reads it)
+CAPACITY_XCOM = CAPACITY_XCOM_KEY
 
 
 def vm_create_command(
@@ -136,6 +141,19 @@ def create_run_vm(
             "choose another vm_name"
         )
     operator.log.info("%s %s already exists: created by an earlier try of this run, reused", what, vm.vm_name)
+
+
+def refusal_line(err: CommandError) -> str:
+    """The error's first line from gcloud's own ``ERROR:`` on (what an attempt's log line says)."""
+    first = str(err).splitlines()[0].removesuffix("; last output:")
+    said = first[first.index("ERROR:") :] if "ERROR:" in first else first
+    return said if len(said) <= 300 else said[:297] + "..."
+
+
+def attempt_conf(conf: Mapping[str, Any], kind: str) -> dict[str, Any]:
+    """The create's conf for one kind of its ordered ``capacity``: the reservation only with
+    ``reservation``."""
+    return {**conf, "capacity": kind, "reservation": conf.get("reservation") if kind == RESERVATION else ""}
 
 
 # The start a stage script's "following container" line gives (docker's .State.StartedAt: RFC 3339
@@ -241,8 +259,9 @@ class TpuVmCreateOperator(_TpuVmOperator):
 
     :param reservation: the v6e-8 reservation the VM is bound to (``reservation`` capacity).
     :param capacity: how the TPU VM is provisioned: ``on-demand``, ``reservation``, ``spot`` or
-        ``flex-start`` (``render.tpu_vm.capacity_flags``); empty: ``reservation`` when one is
-        named, else ``on-demand``. Only ``reservation`` takes a reservation.
+        ``flex-start`` (``render.tpu_vm.capacity_flags``), or an ordered list of them tried in
+        turn (:meth:`create_falling_through`); empty: ``reservation`` when one is named, else
+        ``on-demand``. Only ``reservation`` takes a reservation.
     :param service_account: the VM's service account; empty = the project's default.
     :param hf_token_conn_id: the HF token connection, which names the default secret.
     :param hf_token_secret: the secret the VM reads the token from; empty = the connection's.
@@ -273,7 +292,7 @@ class TpuVmCreateOperator(_TpuVmOperator):
         self,
         *,
         reservation: str | None = None,
-        capacity: str | None = None,
+        capacity: str | list[str] | None = None,
         service_account: str | None = None,
         hf_token_conn_id: str = "huggingface_default",
         hf_token_secret: str | None = None,
@@ -338,38 +357,118 @@ class TpuVmCreateOperator(_TpuVmOperator):
             lease.holder,
             utc_text(lease.expires_at),
         )
-        write_resource_record(
-            self.gcp_conn_id,
-            target.bucket,
-            target.vm_name,
-            {
-                "kind": "vm",
-                "name": target.vm_name,
-                "dag_id": dag_id,
-                "run_id": run_id,
-                "conf": conf,
-                "boot_image_family": boot_family,
-                "expires_at": expires_at,
-                "keep": p.keep_vm,
-                # the grants the VM holds (a retry of the create keeps them)
-                **carried_grants(self.gcp_conn_id, target.bucket, target.vm_name, self.chain),
-            },
-            self.chain,
-        )
-        vm, command = vm_create_command(
-            conf,
-            dag_id=dag_id,
-            run_id=run_id,
-            machine=self.machine,
-            expires_at=expires_at,
-            boot_family=boot_family,
-        )
-        create_run_vm(self, self.what, vm, command)
+        record = {
+            "kind": "vm",
+            "name": target.vm_name,
+            "dag_id": dag_id,
+            "run_id": run_id,
+            "conf": conf,
+            "boot_image_family": boot_family,
+            "expires_at": expires_at,
+            "keep": p.keep_vm,
+            # the grants the VM holds (a retry of the create keeps them)
+            **carried_grants(self.gcp_conn_id, target.bucket, target.vm_name, self.chain),
+            # the kind an earlier try of this run's ordered capacity got (a retry tries it first)
+            **(
+                self.served_before(target, run_id)
+                if isinstance(target, TpuVmSpec) and target.fallback
+                else {}
+            ),
+        }
+        write_resource_record(self.gcp_conn_id, target.bucket, target.vm_name, record, self.chain)
+        if isinstance(target, TpuVmSpec) and target.fallback:
+            served = record.get("capacity_served")
+            kinds = [served, *(k for k in target.capacities if k != served)] if served else target.capacities
+            vm: TpuVmSpec | CpuVmSpec = self.create_falling_through(
+                context, conf, record, kinds, expires_at, boot_family
+            )
+        else:
+            vm, command = vm_create_command(
+                conf,
+                dag_id=dag_id,
+                run_id=run_id,
+                machine=self.machine,
+                expires_at=expires_at,
+                boot_family=boot_family,
+            )
+            create_run_vm(self, self.what, vm, command)
         if self.machine == "tpu":
             billing.note_vm(self, vm)  # its billed time: from this start
         if grant:
             self.grant_vm_access(p)
         return vm.vm_name
+
+    def served_before(self, target: TpuVmSpec, run_id: str) -> dict[str, Any]:
+        """``capacity_served`` and ``capacity_attempts`` of an earlier try of this run whose create
+        got a kind (its VM may exist: a retry tries that kind first, so "already exists" is the
+        kind that served, and the kinds refused then stay recorded), else nothing."""
+        earlier = read_resource_record(self.gcp_conn_id, target.bucket, target.vm_name, self.chain) or {}
+        served = earlier.get("capacity_served")
+        if earlier.get("run_id") == run_id and served in target.capacities:
+            return {
+                "capacity_served": str(served),
+                "capacity_attempts": list(earlier.get("capacity_attempts") or []),
+            }
+        return {}
+
+    def create_falling_through(
+        self,
+        context: Context,
+        conf: Mapping[str, Any],
+        record: Mapping[str, Any],
+        kinds: Sequence[str],
+        expires_at: int,
+        boot_family: str | None,
+    ) -> TpuVmSpec:
+        """Create the TPU VM with the first of ``kinds`` the zone gives: a kind refused for lack of
+        capacity (``capacity_refused``: stockout, quota, a full reservation) is one log line and
+        the next is tried at once; any other failure stops as a one-kind create does. A refused
+        create leaves no instance (Compute Engine fails the insert's operation). The kind that
+        served goes into the resource record's conf (a train retry's re-create and the janitor
+        take it) and into the ``capacity`` XCom with the refused attempts; all refused is one line
+        listing each (a capacity failure: the task's retries may try again)."""
+        dag_id, run_id = self.run_ids(context)
+        attempts: list[dict[str, str]] = [dict(a) for a in record.get("capacity_attempts") or []]
+        for kind in kinds:
+            served = attempt_conf(conf, kind)
+            vm, command = vm_create_command(
+                served,
+                dag_id=dag_id,
+                run_id=run_id,
+                machine="tpu",
+                expires_at=expires_at,
+                boot_family=boot_family,
+            )
+            try:
+                create_run_vm(self, self.what, vm, command)
+            except CommandError as err:
+                if not capacity_refused(str(err)):
+                    raise
+                attempts.append({"capacity": kind, "error": refusal_line(err)})
+                self.log.warning("Capacity %s refused: %s", kind, attempts[-1]["error"])
+                continue
+            assert isinstance(vm, TpuVmSpec)
+            self.log.info(
+                "Capacity %s: %s %s created after %d refused kind(s)",
+                kind,
+                self.what,
+                vm.vm_name,
+                len(attempts),
+            )
+            write_resource_record(
+                self.gcp_conn_id,
+                vm.bucket,
+                vm.vm_name,
+                {**record, "conf": served, "capacity_served": kind, "capacity_attempts": attempts},
+                self.chain,
+            )
+            context["ti"].xcom_push(key=CAPACITY_XCOM, value={"served": kind, "attempts": attempts})
+            return vm
+        raise CommandError(
+            f"{self.what} {conf['vm_name']}: no capacity kind could create it in {conf['zone']}: "
+            + "; ".join(f"{a['capacity']}: {a['error']}" for a in attempts),
+            FailureKind.CAPACITY,
+        )
 
     def machine_conf(self) -> dict[str, Any]:
         """Conf keys only the CPU VM's create takes."""

@@ -10,7 +10,7 @@ from typing import Any
 from airflow_provider_tpu_rl.render import boot_image, gke, image_stream, preflight, tpu_vm
 from airflow_provider_tpu_rl.render.blueprint import STREAMING_ROLE, capacity_settings
 from airflow_provider_tpu_rl.render.command import ApiCall, Command
-from airflow_provider_tpu_rl.spec.cluster import RESERVATION
+from airflow_provider_tpu_rl.spec.cluster import RESERVATION, ClusterSpec, TpuVmSpec
 from airflow_provider_tpu_rl.spec.pipeline import (
     GKE_TASK_ORDER,
     TPU_VM_TASK_ORDER,
@@ -64,7 +64,7 @@ def preflight_commands(
     project: str,
     zone: str,
     reservation: str,
-    capacity: str,
+    capacity: str | Sequence[str],
     cpu_machine_types: Sequence[str] = (),
     *,
     num_slices: int = 1,
@@ -76,7 +76,9 @@ def preflight_commands(
     project's metadata (OS Login); the enabled APIs; on a TPU VM its network, the firewall rules
     and, for flex-start, gcloud's components; the region's quotas, and the project's for the CPU VMs'
     vCPUs; the reservation. Its API call (the permission test,
-    beside the gcloud reads) is :func:`api_calls`'."""
+    beside the gcloud reads) is :func:`api_calls`'. ``capacity``: one kind or the ordered kinds
+    (each kind's components and quotas)."""
+    kinds = [capacity] if isinstance(capacity, str) else list(capacity)
     steps: list[Command] = []
     if runner is Runner.GKE:
         steps.append(preflight.gcluster_dependency_check(PLAN_DEPENDENCY_CHECK_GROUP))
@@ -97,9 +99,9 @@ def preflight_commands(
     steps.append(preflight.enabled_services(project))
     if runner is Runner.TPU_VM:
         steps += [preflight.describe_network(project, VM_NETWORK), preflight.list_firewall_rules(project)]
-        if tpu_vm.gcloud_components_needed(capacity):
+        if any(tpu_vm.gcloud_components_needed(kind) for kind in kinds):
             steps.append(preflight.gcloud_version())
-    if quota_needs(runner, capacity, 1, cpu_machine_types):
+    if any(quota_needs(runner, kind, 1, cpu_machine_types) for kind in kinds):
         steps.append(preflight.describe_region(project, zone.rsplit("-", 1)[0]))
     if cpu_vm_quota_needs(cpu_machine_types)[1]:
         # the project's quotas (CPUS_ALL_REGIONS) for the CPU VMs' vCPUs
@@ -264,7 +266,7 @@ def tpu_vm_plan(pipeline: TpuVmPipelineSpec, *, now: float | None = None) -> lis
         bake += boot_image.bake_commands(pipeline, family, digest, labels, ssh_key_file=PLAN_SSH_KEY_FILE)
     commands = {
         "preflight": preflight_commands(
-            Runner.TPU_VM, vm.project, vm.zone, vm.reservation, vm.capacity, pipeline.cpu_machine_types
+            Runner.TPU_VM, vm.project, vm.zone, vm.reservation, vm.capacities, pipeline.cpu_machine_types
         ),
         "ensure_bucket": [gke.create_bucket(vm.project, pipeline.region, vm.bucket)],
         "sync_hf_token": gke.hf_token_secret(
@@ -321,20 +323,34 @@ def plan_document(dag_id: str, steps: list[PlanStep], calls: Sequence[PlanApiCal
 
 def gke_capacity(pipeline: GkePipelineSpec) -> dict[str, Any]:
     """The run's capacity and what it renders: the TPU node pool's blueprint settings (the
-    ``deploy_tpu_pool`` argv does not show them)."""
+    ``deploy_tpu_pool`` argv does not show them); for an ordered list, each kind's in the order
+    ``deploy_tpu_pool`` tries them."""
     cluster = pipeline.cluster
-    if cluster.capacity == RESERVATION:  # the spec refuses it without a reservation named
-        affinity = {
-            "consume_reservation_type": "SPECIFIC_RESERVATION",
-            "specific_reservations": [{"name": cluster.reservation}],
-        }
+    if cluster.fallback:
         return {
-            "value": cluster.capacity,
-            "reservation": cluster.reservation,
-            "tpu_pool_settings": {"reservation_affinity": affinity},
+            "value": list(cluster.capacities),
+            "reservation": cluster.reservation or None,
+            "attempts": [
+                {"kind": kind, "tpu_pool_settings": _pool_settings(cluster.attempt(kind))}
+                for kind in cluster.capacities
+            ],
         }
-    settings = capacity_settings(cluster.capacity, cluster.shape.vms)
-    return {"value": cluster.capacity, "reservation": None, "tpu_pool_settings": settings}
+    return {
+        "value": cluster.capacity,
+        "reservation": cluster.reservation or None,
+        "tpu_pool_settings": _pool_settings(cluster),
+    }
+
+
+def _pool_settings(cluster: ClusterSpec) -> dict[str, Any]:
+    if cluster.capacity == RESERVATION:  # the spec refuses it without a reservation named
+        return {
+            "reservation_affinity": {
+                "consume_reservation_type": "SPECIFIC_RESERVATION",
+                "specific_reservations": [{"name": cluster.reservation}],
+            }
+        }
+    return capacity_settings(cluster.capacity, cluster.shape.vms)
 
 
 def gke_image_streaming(pipeline: GkePipelineSpec) -> dict[str, Any]:
@@ -352,11 +368,18 @@ def gke_image_streaming(pipeline: GkePipelineSpec) -> dict[str, Any]:
 
 
 def tpu_vm_capacity(pipeline: TpuVmPipelineSpec) -> dict[str, Any]:
-    """The run's capacity and the TPU VM create's release track and scheduling flags."""
-    track, flags = tpu_vm.capacity_flags(pipeline.vm)
-    return {
-        "value": pipeline.vm.capacity,
-        "reservation": pipeline.vm.reservation or None,
-        "release_track": track[0] if track else "ga",
-        "create_vm_flags": flags,
-    }
+    """The run's capacity and the TPU VM create's release track and scheduling flags; for an
+    ordered list, each kind's in the order ``create_vm`` tries them (the steps show the first)."""
+    vm = pipeline.vm
+    if vm.fallback:
+        return {
+            "value": list(vm.capacities),
+            "reservation": vm.reservation or None,
+            "attempts": [{"kind": kind, **_create_flags(vm.attempt(kind))} for kind in vm.capacities],
+        }
+    return {"value": vm.capacity, "reservation": vm.reservation or None, **_create_flags(vm)}
+
+
+def _create_flags(vm: TpuVmSpec) -> dict[str, Any]:
+    track, flags = tpu_vm.capacity_flags(vm)
+    return {"release_track": track[0] if track else "ga", "create_vm_flags": flags}

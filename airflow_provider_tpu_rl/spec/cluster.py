@@ -33,6 +33,12 @@ RESERVATION: Final = "reservation"
 SPOT: Final = "spot"
 FLEX_START: Final = "flex-start"
 CAPACITIES: Final = (ON_DEMAND, RESERVATION, SPOT, FLEX_START)
+# A GKE flex-start TPU pool is created empty and scales up when the training's pods ask (its
+# capacity is queued, never refused at the pool's create): in an ordered list it can only be last.
+GKE_FLEX_START_LAST: Final = (
+    "on GKE flex-start can only be the last kind: its TPU node pool is created empty and queues for "
+    "capacity, so no kind after it would be tried"
+)
 
 
 # The boot disk type the provider renders (``--boot-disk-type``) for each machine series it creates
@@ -82,29 +88,61 @@ def boot_disk_type(name: str, machine_type: str) -> str:
     return BOOT_DISK_TYPES[series]
 
 
-def check_capacity(capacity: object, reservation: str) -> str:
-    """``capacity`` is one of :data:`CAPACITIES` and agrees with ``reservation`` (one line if not):
-    on-demand, spot and flex-start capacity consume no reservation."""
-    if capacity not in CAPACITIES:
-        raise SpecError("capacity", f"must be one of {list(CAPACITIES)}", capacity)
-    if capacity != RESERVATION and reservation:
+def capacity_order(value: object) -> tuple[str, ...]:
+    """``capacity`` as the ordered kinds a create tries: one kind (a string, today's meaning), or a
+    list of them tried in order (each refused for lack of capacity moves to the next). One line
+    each for an empty list, a kind not in :data:`CAPACITIES` and a kind listed twice."""
+    if isinstance(value, str):
+        kinds: tuple[object, ...] = (value,)
+    elif isinstance(value, list | tuple):
+        if not value:
+            raise SpecError(
+                "capacity", "an empty list names no capacity: give one kind or an ordered list", value
+            )
+        kinds = tuple(value)
+    else:
+        raise SpecError("capacity", f"must be one of {list(CAPACITIES)} or an ordered list of them", value)
+    for kind in kinds:
+        if kind not in CAPACITIES:
+            raise SpecError("capacity", f"must be one of {list(CAPACITIES)}", kind)
+    for index, kind in enumerate(kinds):
+        if kind in kinds[:index]:
+            raise SpecError("capacity", f"{kind} is listed twice: each kind is tried once", kind)
+    return tuple(str(kind) for kind in kinds)
+
+
+def capacity_value(kinds: tuple[str, ...]) -> str | list[str]:
+    """The conf's spelling of ``kinds``: the kind itself when there is one, else the ordered list."""
+    return kinds[0] if len(kinds) == 1 else list(kinds)
+
+
+def check_capacity(capacity: object, reservation: str) -> str | list[str]:
+    """``capacity`` (one kind of :data:`CAPACITIES` or an ordered list, :func:`capacity_order`)
+    agrees with ``reservation`` (one line if not): only ``reservation`` consumes one. Returns the
+    conf's spelling (:func:`capacity_value`)."""
+    kinds = capacity_order(capacity)
+    if RESERVATION not in kinds and reservation:
+        named = kinds[0] if len(kinds) == 1 else ", ".join(kinds)
         raise SpecError(
             "capacity",
-            f"{capacity} capacity consumes no reservation: clear reservation ({reservation}) "
-            f"or set capacity to {RESERVATION}",
-            capacity,
+            f"{named} capacity consumes no reservation: clear reservation ({reservation}) "
+            f"or set capacity to {RESERVATION}" + ("" if len(kinds) == 1 else " or list it"),
+            capacity_value(kinds),
         )
-    return str(capacity)
+    return capacity_value(kinds)
 
 
-def require_reservation_name(capacity: str, reservation: str | None) -> None:
-    """``reservation`` capacity names its reservation (one line if not): what creates the TPUs."""
-    if capacity == RESERVATION and not reservation:
+def require_reservation_name(capacity: object, reservation: str | None) -> None:
+    """``reservation`` capacity (alone or in the list) names its reservation (one line if not):
+    what creates the TPUs."""
+    kinds = capacity_order(capacity)
+    if RESERVATION in kinds and not reservation:
         raise SpecError(
             "capacity",
             f"{RESERVATION} capacity needs a reservation: name it in reservation, or set capacity to "
-            f"{ON_DEMAND} (no reservation)",
-            capacity,
+            f"{ON_DEMAND} (no reservation)"
+            + ("" if len(kinds) == 1 else f" or leave {RESERVATION} out of the list"),
+            capacity_value(kinds),
         )
 
 
@@ -180,6 +218,8 @@ class ClusterSpec:
     bucket: str
     reservation: str = ""
     capacity: str = ON_DEMAND
+    # the kinds the TPU node pool's deploy falls through to, in order (``capacity`` refused first)
+    fallback: tuple[str, ...] = ()
     compute_type: str = "ct6e-standard-4t"
     topology: str = "4x8"
     num_slices: int = 1
@@ -197,8 +237,14 @@ class ClusterSpec:
             rules.gce_name("reservation", self.reservation, "reservation name")
         else:
             rules.require_str("reservation", self.reservation)
-        check_capacity(self.capacity, self.reservation)
-        require_reservation_name(self.capacity, self.reservation)
+        # an ordered list given as ``capacity`` is split into the first kind and its fallback
+        kinds = capacity_order(self.capacity) + tuple(self.fallback)
+        if FLEX_START in kinds[:-1]:
+            raise SpecError("capacity", GKE_FLEX_START_LAST, list(kinds))
+        object.__setattr__(self, "capacity", kinds[0])
+        object.__setattr__(self, "fallback", kinds[1:])
+        check_capacity(list(kinds), self.reservation)
+        require_reservation_name(list(kinds), self.reservation)
         SliceShape(self.compute_type, self.topology)
         rules.int_range("num_slices", self.num_slices, 1, 64)
         rules.cidr("authorized_cidr", self.authorized_cidr)
@@ -218,6 +264,18 @@ class ClusterSpec:
     @property
     def total_chips(self) -> int:
         return self.shape.chips * self.num_slices
+
+    @property
+    def capacities(self) -> tuple[str, ...]:
+        """The kinds its TPU node pool's deploy tries, in order: ``capacity``, then ``fallback``."""
+        return (self.capacity, *self.fallback)
+
+    def attempt(self, kind: str) -> ClusterSpec:
+        """This cluster with its TPU node pool of ``kind`` alone (the reservation only with
+        ``reservation``)."""
+        return replace(
+            self, capacity=kind, fallback=(), reservation=self.reservation if kind == RESERVATION else ""
+        )
 
     @property
     def workload_service_account(self) -> str:
@@ -307,6 +365,8 @@ class TpuVmSpec:
     ``reservation`` capacity needs one (``tpu_vm_pipeline_from_conf``).
 
     ``max_run_hours``: how long a flex-start VM may run (Compute Engine ends it then).
+    ``fallback``: the kinds its create tries, in order, when ``capacity``'s is refused for lack of
+    capacity (a stockout, a quota, a full reservation): ``render.tpu_vm.capacity_attempts``.
     """
 
     project: str
@@ -315,6 +375,7 @@ class TpuVmSpec:
     reservation: str
     bucket: str
     capacity: str = RESERVATION
+    fallback: tuple[str, ...] = ()
     max_run_hours: int = 72
     machine_type: str = "ct6e-standard-8t"
     topology: str = "2x4"
@@ -336,7 +397,7 @@ class TpuVmSpec:
             rules.gce_name("reservation", self.reservation, "reservation name")
         else:
             rules.require_str("reservation", self.reservation)
-        check_capacity(self.capacity, self.reservation)
+        check_capacity([self.capacity, *self.fallback], self.reservation)
         rules.int_range("max_run_hours", self.max_run_hours, 1, 24 * 7)
         rules.bucket_name("bucket", self.bucket)
         SliceShape(self.machine_type, self.topology)
@@ -360,6 +421,18 @@ class TpuVmSpec:
     @property
     def chips(self) -> int:
         return self.shape.chips
+
+    @property
+    def capacities(self) -> tuple[str, ...]:
+        """The kinds its create tries, in order: ``capacity``, then ``fallback``."""
+        return (self.capacity, *self.fallback)
+
+    def attempt(self, kind: str) -> TpuVmSpec:
+        """This VM as one attempt of its create with ``kind`` alone (the reservation only with
+        ``reservation``)."""
+        return replace(
+            self, capacity=kind, fallback=(), reservation=self.reservation if kind == RESERVATION else ""
+        )
 
 
 # The CPU VM of the single-host pipeline: MaxText's converters force JAX onto the CPU

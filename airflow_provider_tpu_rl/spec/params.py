@@ -56,9 +56,11 @@ CLOUD, CLUSTER, VM, MODEL, SAFETY = "Run Parameters", "Cluster", "VM", "Model & 
 # (the tutorial's way, 15-30 minutes). The CPU VM always installs (it is not TPU time).
 TPU_VM_RUNTIMES: Final = ("container", "install")
 
-Kind = Literal["str", "int", "number", "bool", "object"]
-JSON_TYPES: Final[Mapping[str, str]] = {
+Kind = Literal["str", "int", "number", "bool", "object", "str_list"]
+JSON_TYPES: Final[Mapping[str, str | list[str]]] = {
     "str": "string",
+    # one value, or an ordered list of them (``capacity``)
+    "str_list": ["string", "array"],
     "int": "integer",
     "number": "number",
     "bool": "boolean",
@@ -70,6 +72,7 @@ TYPE_RULES: Final[Mapping[str, str]] = {
     "number": "must be a number",
     "bool": "must be true or false",
     "object": "must be an object of MaxText key → value",
+    "str_list": "must be a string or a list of strings",
 }
 
 
@@ -132,7 +135,7 @@ class RunParam:
             "title": self.title,
             "section": self.section,
             "description": _on(self.help, pipeline),
-            "type": ["null", json_type] if self.nullable else json_type,
+            "type": ["null", json_type] if self.nullable and isinstance(json_type, str) else json_type,
         }
         metadata.update({key: _on(value, pipeline) for key, value in self.schema.items()})
         if self.rule:
@@ -306,21 +309,43 @@ RUN_PARAMS: Final[tuple[RunParam, ...]] = (
     ),
     RunParam(
         "capacity",
-        "str",
+        "str_list",
         "TPU capacity",
         CLOUD,
-        "How the TPUs are provisioned. on-demand (the default): the list price, no reservation, no "
-        "preemption; the zone needs free v6e capacity and quota. reservation: from the reservation "
-        "named in reservation. spot: Spot VMs, much cheaper but preemptible at any time; training "
-        "resumes from its newest checkpoint. flex-start: Dynamic Workload Scheduler capacity, queued "
-        "until free, then runs for a bounded time without preemption. Only reservation takes a "
-        "reservation: leave it empty for the others. See the README's capacity table.",
+        PerPipeline(
+            "How the TPU node pool is provisioned: one kind, or an ordered list tried in turn, like "
+            '["on-demand", "spot"]: a kind whose pool create is refused for lack of capacity '
+            "(stockout, quota, a full reservation) moves to the next at once; flex-start only last. "
+            "on-demand (the default): the list price, no reservation, no preemption. reservation: "
+            "from the reservation named in reservation. spot: Spot VMs, much cheaper but preemptible "
+            "at any time; training resumes from its newest checkpoint. flex-start: Dynamic Workload "
+            "Scheduler capacity, queued until free, then runs for a bounded time. Only reservation "
+            "takes a reservation. See the README's capacity table.",
+            "How the TPU VM is provisioned: one kind, or an ordered list tried in turn, like "
+            '["reservation", "flex-start", "spot"]: a kind refused for lack of capacity (stockout, '
+            "quota, a full reservation) moves to the next at once. on-demand (the default): the list "
+            "price, no reservation, no preemption. reservation: from the reservation named in "
+            "reservation. spot: Spot VMs, much cheaper but preemptible at any time; training resumes "
+            "from its newest checkpoint. flex-start: Dynamic Workload Scheduler capacity, queued until "
+            "free, then runs for a bounded time. Only reservation takes a reservation. See the "
+            "README's capacity table.",
+        ),
         "how the TPUs are provisioned: `on-demand`, `reservation`, `spot` or `flex-start` (what each "
         "renders, costs and risks, and why `on-demand` is the default: [README, TPU capacity]"
-        "(../README.md#tpu-capacity-on-demand-reservation-spot-or-flex-start)). A conf (REST, CLI, "
-        "`tpu-rl plan`) that names a `reservation` and no `capacity` consumes it",
+        "(../README.md#tpu-capacity-on-demand-reservation-spot-or-flex-start)), or an ordered list of "
+        'them, like `["reservation", "flex-start", "spot"]`, tried in turn (on GKE flex-start only '
+        "last: [capacity that falls back](../README.md#capacity-that-falls-back)). A conf (REST, "
+        "CLI, `tpu-rl plan`) that names a `reservation` and no `capacity` consumes it",
         default=ON_DEMAND,
-        schema={"enum": list(CAPACITIES)},
+        # one kind or an ordered list: a field that takes either (Airflow 3's form for a type of
+        # several JSON types)
+        schema={
+            "type": ["string", "array"],
+            "anyOf": [
+                {"type": "string", "enum": list(CAPACITIES)},
+                {"type": "array", "items": {"type": "string", "enum": list(CAPACITIES)}},
+            ],
+        },
         doc_default="`on-demand`; `reservation` where `[tpu_rl] default_*_reservation` is set",
     ),
     RunParam(

@@ -20,6 +20,8 @@ from airflow_provider_tpu_rl.spec.cluster import (
     GkeJobTarget,
     TpuVmSpec,
     bake_vm_name,
+    capacity_order,
+    capacity_value,
     cpu_vm_name,
     default_capacity,
     require_reservation_name,
@@ -174,6 +176,8 @@ def check_conf_type(key: str, value: Any) -> None:
         "number": isinstance(value, int | float) and not isinstance(value, bool),
         "bool": isinstance(value, bool),
         "object": isinstance(value, Mapping),
+        "str_list": isinstance(value, str)
+        or (isinstance(value, list | tuple) and all(isinstance(item, str) for item in value)),
     }[kind]
     if not ok:
         raise SpecError(key, params.TYPE_RULES[kind], value)
@@ -626,7 +630,7 @@ class GkePipelineSpec:
             "cluster_name": c.cluster_name,
             "bucket": c.bucket,
             "reservation": c.reservation,
-            "capacity": c.capacity,
+            "capacity": capacity_value(c.capacities),
             "compute_type": c.compute_type,
             "topology": c.topology,
             "num_slices": c.num_slices,
@@ -843,7 +847,7 @@ class TpuVmPipelineSpec:
             "cpu_machine_types": list(self.cpu_machine_types),
             "bucket": v.bucket,
             "reservation": v.reservation,
-            "capacity": v.capacity,
+            "capacity": capacity_value(v.capacities),
             "service_account": self.service_account,
             **workload_values(self.preset, self.conversion, t, self.hf_token),
             # create_vm grants the VM's own service account (named or the default) access
@@ -884,8 +888,9 @@ def tpu_vm_pipeline_from_conf(
     """
     merged = _merge_conf(TPU_VM_DEFAULTS, conf)
     max_vm_hours = rules.int_range("max_vm_hours", merged["max_vm_hours"], 1, 24 * 7)
+    kinds = capacity_order(merged["capacity"])
     if require_reservation:
-        require_reservation_name(merged["capacity"], merged["reservation"])
+        require_reservation_name(kinds, merged["reservation"])
     preset = get_preset(merged["model"], runner=Runner.TPU_VM)
     if preset.runner is not Runner.TPU_VM:
         raise SpecError(
@@ -904,7 +909,8 @@ def tpu_vm_pipeline_from_conf(
         vm_name=merged["vm_name"],
         reservation=merged["reservation"] or "",
         bucket=merged["bucket"],
-        capacity=merged["capacity"],
+        capacity=kinds[0],
+        fallback=kinds[1:],
         # a flex-start VM runs at most as long as the janitor lets it live
         max_run_hours=max_vm_hours,
         machine_type=preset.compute_type,

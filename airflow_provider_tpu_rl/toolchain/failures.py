@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from airflow_provider_tpu_rl.exceptions import FailureKind
 from airflow_provider_tpu_rl.spec.preflight import gcloud_reason
 
-__all__ = ["FailureKind", "classify_failure", "classify_workload", "error_line"]
+__all__ = ["FailureKind", "capacity_refused", "classify_failure", "classify_workload", "error_line"]
 
 _CAPACITY_PATTERNS = (
     re.compile(r"GCE_STOCKOUT"),
@@ -24,6 +24,13 @@ _CAPACITY_PATTERNS = (
     re.compile(r"\bquota exceeded\b", re.IGNORECASE),
     re.compile(r"QUOTA_EXCEEDED"),
 )
+
+# A reservation with no room left for the request: Compute Engine's CONDITION_NOT_MET text, which
+# kubernetes/autoscaler's gce client (cloudprovider/gce/autoscaling_gce_client.go,
+# isReservationCapacityExceeded) reads as RESERVATION_CAPACITY_EXCEEDED. Not a retryable failure of
+# a one-kind create (a full reservation stays full: preflight checks its room), but the reservation
+# kind's refusal for a create that has other kinds to fall through to.
+_RESERVATION_FULL = re.compile(r"Specified reservation \S+ does not have available resources for the request")
 
 _TRANSIENT_PATTERNS = (
     # An HTTP status next to a word that says it is one: "Error 503", "HTTP 502", "status code: 429",
@@ -150,3 +157,10 @@ def classify_failure(output: str) -> FailureKind:
     if any(p.search(output) for p in (*_TRANSIENT_PATTERNS, *_WORKLOAD_TRANSIENT_PATTERNS)):
         return FailureKind.TRANSIENT
     return FailureKind.CONFIG
+
+
+def capacity_refused(output: str) -> bool:
+    """Whether a create was refused for lack of its kind of capacity: a stockout, a quota, a full
+    reservation. Such a refusal moves an ordered ``capacity`` list to its next kind; anything else
+    (a transient or a configuration failure) does not."""
+    return any(p.search(output) for p in (*_CAPACITY_PATTERNS, _RESERVATION_FULL))

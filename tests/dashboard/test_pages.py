@@ -297,3 +297,25 @@ def test_the_run_page_links_the_model_card(every_state: RunLedger) -> None:
         "<a href='https://console.cloud.google.com/storage/browser/_details/bkt/qwen/hf-trained/rl/README.md'"
         in page
     )
+
+
+def test_the_run_page_names_the_capacity_that_served_and_each_refusal(every_state: RunLedger) -> None:
+    import dataclasses
+    import json
+
+    view = DashboardReader().run(GKE, "running")
+    settings = {
+        **view.run.settings,
+        "capacity": ["reservation", "flex-start", "spot"],
+        "capacity_served": "spot",
+        "capacity_attempts": [
+            {"capacity": "reservation", "error": "ERROR: (gcloud.compute.instances.create) full"},
+            {"capacity": "flex-start", "error": "ERROR: (gcloud.alpha.compute.instances.create) stockout"},
+        ],
+    }
+    run = dataclasses.replace(view.run, settings_json=json.dumps(settings))
+    page = run_page("/tpu-rl", run, view.artifacts, view.steps, ui=UI, now=NOW)
+    facts = {row[0][2]: unescape(row[1][2]) for row in table(page, "facts") if len(row) == 2}
+    assert facts["TPU capacity"] == "spot (after reservation, flex-start refused)"
+    assert facts["Refused: reservation"] == "ERROR: (gcloud.compute.instances.create) full"
+    assert facts["Refused: flex-start"] == "ERROR: (gcloud.alpha.compute.instances.create) stockout"

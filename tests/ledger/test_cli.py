@@ -313,3 +313,22 @@ def test_failed_does_not_go_with_plot(sqlite_uri: str, monkeypatch: pytest.Monke
     out, err = io.StringIO(), io.StringIO()
     assert run_runs_command(parse("runs", "--failed", "--plot"), out=out, err=err) == 2
     assert "--failed and --plot cannot go together" in err.getvalue()
+
+
+def test_a_run_whose_capacity_fell_through_adds_the_capacity_column() -> None:
+    """The kind that served and how many were refused; the column only when a listed run fell back."""
+    from airflow_provider_tpu_rl.ledger.cli import format_runs_table
+
+    plain = summary("d/plain", settings_json='{"capacity": "spot"}')
+    assert "CAPACITY" not in format_runs_table([plain])
+    fell = summary(
+        "d/fell",
+        settings_json=(
+            '{"capacity": ["reservation", "flex-start", "spot"], "capacity_served": "spot", '
+            '"capacity_attempts": [{"capacity": "reservation", "error": "e"}, {"capacity": "flex-start", "error": "e"}]}'
+        ),
+    )
+    header, *rows = format_runs_table([fell, plain]).splitlines()
+    assert header.split()[:4] == ["RUN", "MODEL", "STATE", "CAPACITY"]
+    assert rows[0].split()[3:6] == ["spot", "(2", "refused)"]
+    assert rows[1].split()[3] == "spot"

@@ -93,3 +93,12 @@ def test_the_base_model_is_the_runs_checkpoint_or_the_presets() -> None:
 def test_a_card_without_front_matter_is_refused(text: str) -> None:
     with pytest.raises(ValueError, match=r"front matter|starts with"):
         parse_front_matter(text)
+
+
+def test_the_card_names_the_capacity_that_served() -> None:
+    settings = (
+        '{"capacity": ["reservation", "spot"], "capacity_served": "spot", '
+        '"capacity_attempts": [{"capacity": "reservation", "error": "full"}]}'
+    )
+    card = model_card(RunSummary(**{**SUMMARY.__dict__, "settings_json": settings}), FACTS)
+    assert "| Capacity | spot (after reservation refused) |" in card

@@ -356,3 +356,50 @@ def test_listing_a_run_never_fails_its_validate(
     resolved = gke_pipeline_from_conf({}).resolved()
     note_run_started({"dag_run": FakeDagRun(gke_task_instances())}, resolved)  # logs, never raises
     assert "could not list this run as running" in caplog.text
+
+
+def test_an_ordered_capacity_records_the_kind_that_served_and_its_price(
+    ledger: RunLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """create_vm's capacity XCom names the kind that served and the ones refused first: the
+    settings keep them, and the billed time is costed at that kind's price where one is set."""
+    monkeypatch.setenv("AIRFLOW__TPU_RL__SPOT_USD_PER_CHIP_HOUR", "1.08")
+    resolved = tpu_vm_pipeline_from_conf(
+        {"reservation": "res-8", "capacity": ["reservation", "flex-start", "spot"]}
+    ).resolved()
+    attempts = [
+        {"capacity": "reservation", "error": "ERROR: (gcloud.compute.instances.create) reservation full"},
+        {"capacity": "flex-start", "error": "ERROR: (gcloud.alpha.compute.instances.create) stockout"},
+    ]
+    dag_run = FakeDagRun(gke_task_instances(), run_id="fell-back")
+    context = context_for(dag_run, {**SUCCESS_XCOMS, "validate": resolved})
+    context["ti"] = KeyedLedgerTaskInstance(
+        {
+            **{
+                (task_id, "return_value"): value
+                for task_id, value in {**SUCCESS_XCOMS, "validate": resolved}.items()
+            },
+            ("deploy_cluster", "capacity"): {"served": "spot", "attempts": attempts},
+        }
+    )
+    context["params"] = {"model": resolved["model"]}
+    RecordRunOperator(task_id="record_run", plot=False).record(context)  # type: ignore[arg-type]
+
+    (run,) = ledger.latest_runs()
+    assert run.settings["capacity"] == ["reservation", "flex-start", "spot"]
+    assert run.settings["capacity_served"] == "spot"
+    assert run.settings["capacity_attempts"] == attempts
+    assert run.usd_per_chip_hour == pytest.approx(1.08)
+
+
+def test_a_one_kind_run_is_costed_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No per-kind price set: every kind at [tpu_rl] usd_per_chip_hour, as before."""
+    from airflow_provider_tpu_rl.operators.ledger import default_usd_per_chip_hour
+
+    monkeypatch.setenv("AIRFLOW__TPU_RL__USD_PER_CHIP_HOUR", "2.5")
+    assert {
+        default_usd_per_chip_hour(k) for k in (None, "on-demand", "spot", "flex-start", "reservation")
+    } == {2.5}
+    monkeypatch.setenv("AIRFLOW__TPU_RL__FLEX_START_USD_PER_CHIP_HOUR", "1.27")
+    assert default_usd_per_chip_hour("flex-start") == pytest.approx(1.27)
+    assert default_usd_per_chip_hour("on-demand") == pytest.approx(2.5)

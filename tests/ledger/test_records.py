@@ -196,3 +196,25 @@ def test_a_closing_is_one_line_with_a_closing_state_and_bills_its_spans_up_to_it
     for state, reason in (("running", "x"), ("success", "x"), ("abandoned", ""), ("failed", "a\nb")):
         with pytest.raises(ValueError):
             RunClosing("d/r", state, T0, reason)
+
+
+def test_the_capacity_a_run_got_in_words() -> None:
+    from airflow_provider_tpu_rl.ledger.records import capacity_text, served_capacity
+
+    fell_back = {
+        "capacity": ["reservation", "flex-start", "spot"],
+        "capacity_served": "spot",
+        "capacity_attempts": [
+            {"capacity": "reservation", "error": "e1"},
+            {"capacity": "flex-start", "error": "e2"},
+        ],
+    }
+    assert served_capacity(fell_back) == "spot"
+    assert capacity_text(fell_back) == "spot (after reservation, flex-start refused)"
+    assert (
+        capacity_text({"capacity": ["reservation", "spot"], "capacity_served": "reservation"})
+        == "reservation"
+    )
+    assert capacity_text({"capacity": ["reservation", "spot"]}) == "reservation then spot"  # never served
+    assert (served_capacity({"capacity": "spot"}), capacity_text({"capacity": "spot"})) == ("spot", "spot")
+    assert (served_capacity({}), capacity_text({})) == (None, None)

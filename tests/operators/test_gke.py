@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from airflow_provider_tpu_rl.compat import AirflowFailException
+from airflow_provider_tpu_rl.exceptions import CommandError, FailureKind
 from airflow_provider_tpu_rl.operators.gke import (
     EnsureBucketOperator,
     GclusterDeployOperator,
@@ -18,8 +21,9 @@ from airflow_provider_tpu_rl.operators.gke import (
 from airflow_provider_tpu_rl.records.lease import ClusterLeaseHook, Lease, lease_object
 from airflow_provider_tpu_rl.render import gke
 from tests.support.compat import capture_task_logs
-from tests.support.sandbox_run import SandboxRun, prepare_cluster
+from tests.support.sandbox_run import RecordingTI, SandboxRun, prepare_cluster
 from tpu_rl_sandbox.world.iam import iam_bindings
+from tpu_rl_sandbox.world.settings import DEFAULT_RESERVATIONS, update_settings
 
 RUN_ID = "manual__2026-03-01T00:00:00+00:00"
 
@@ -400,3 +404,98 @@ def test_the_tpu_pool_tasks_act_only_on_a_cluster_this_run_holds(sb: SandboxRun)
     assert _destroy(sb, conf)["destroyed"] is True
     assert sb.cluster_record() is None
     assert _lease(sb) is None
+
+
+@pytest.fixture
+def on_demand_out(sb: SandboxRun) -> Iterator[None]:
+    """The test's zone has no on-demand v6e (``tpu_capacity_out``), spot is there."""
+    update_settings(sb.layout, tpu_capacity_out={"us-east5-b/on-demand": "stockout"})
+    try:
+        yield
+    finally:
+        update_settings(sb.layout, tpu_capacity_out={})
+
+
+def test_the_tpu_pool_falls_through_an_ordered_capacity_in_one_try(
+    sb: SandboxRun, on_demand_out: None, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The on-demand pool's create is refused (GCE_STOCKOUT): its group is destroyed, and the spot
+    pool is deployed in the same try; the capacity XCom names spot and the refusal."""
+    conf = sb.gke_conf(capacity=["on-demand", "spot"], reservation="")
+    _ensure_bucket(sb, conf)
+    _deploy(sb, conf, datetime.now(UTC))
+    pool = sb.operator(GclusterDeployOperator, task_id="deploy_tpu_pool", conf=conf)
+    ti = RecordingTI()
+    with caplog.at_level(logging.INFO):
+        result = pool.execute(sb.context(pool, conf, run_id=RUN_ID, ti=ti))
+    assert result["groups"] == ["tpu"]
+    (tpu,) = [p for p in sb.cluster_record()["node_pools"] if p.get("topology")]
+    assert tpu["consumption"]["spot"] is True
+    served = ti.pulled("capacity")
+    assert served["served"] == "spot"
+    (refused,) = served["attempts"]
+    assert refused["capacity"] == "on-demand"
+    assert "GCE_STOCKOUT" in refused["error"]
+    assert "\n" not in refused["error"]
+    logged = caplog.text + capsys.readouterr().out
+    assert "Capacity on-demand refused: " in logged
+    # deploy, refused; the failed pool's group destroyed; deploy again with the next kind
+    tpu_calls = [c["argv"][0] for c in sb.calls() if c["argv"][-1] == "--only=tpu"]
+    assert tpu_calls == ["deploy", "destroy", "deploy"]
+    # a retry of the task: the kind that served first, its pool as it is (no change), one deploy
+    again = sb.operator(GclusterDeployOperator, task_id="deploy_tpu_pool", conf=conf)
+    retry = RecordingTI(try_number=2)
+    again.execute(sb.context(again, conf, run_id=RUN_ID, ti=retry))
+    assert retry.pulled("capacity") == served
+    tpu_calls = [c["argv"][0] for c in sb.calls() if c["argv"][-1] == "--only=tpu"]
+    assert tpu_calls == ["deploy", "destroy", "deploy", "deploy"]
+
+
+def test_every_kind_refused_fails_the_pool_in_one_line_with_no_pool_left(sb: SandboxRun) -> None:
+    update_settings(
+        sb.layout, tpu_capacity_out={"us-east5-b/on-demand": "stockout", "us-east5-b/spot": "stockout"}
+    )
+    try:
+        conf = sb.gke_conf(capacity=["spot", "on-demand"], reservation="")
+        _ensure_bucket(sb, conf)
+        _deploy(sb, conf, datetime.now(UTC))
+        pool = sb.operator(GclusterDeployOperator, task_id="deploy_tpu_pool", conf=conf)
+        with pytest.raises(CommandError) as caught:
+            pool.execute(sb.context(pool, conf, run_id=RUN_ID))
+    finally:
+        update_settings(sb.layout, tpu_capacity_out={})
+    line = str(caught.value)
+    assert "\n" not in line
+    assert caught.value.kind is FailureKind.CAPACITY
+    assert line.startswith(
+        f"TPU node pool of cluster {sb.cluster}: no capacity kind could create it in us-east5-b: spot: "
+    )
+    assert "; on-demand: " in line
+    assert _tpu_pools(sb) == []  # nothing of a failed attempt bills or lingers
+    assert _destroy(sb, conf)["destroyed"] is True
+
+
+def test_a_full_reservation_falls_through_to_spot(sb: SandboxRun) -> None:
+    """The reservation holds fewer VMs than the slice: the reservation pool's create is refused
+    with Compute Engine's "does not have available resources" and the spot pool is deployed."""
+    reservations = {key: dict(value) for key, value in DEFAULT_RESERVATIONS.items()}
+    reservations["us-east5-b/res-1"]["count"] = 0
+    update_settings(sb.layout, reservations=reservations)
+    try:
+        conf = sb.gke_conf(capacity=["reservation", "spot"])
+        _ensure_bucket(sb, conf)
+        _deploy(sb, conf, datetime.now(UTC))
+        pool = sb.operator(GclusterDeployOperator, task_id="deploy_tpu_pool", conf=conf)
+        ti = RecordingTI()
+        pool.execute(sb.context(pool, conf, run_id=RUN_ID, ti=ti))
+    finally:
+        update_settings(sb.layout, reservations={k: dict(v) for k, v in DEFAULT_RESERVATIONS.items()})
+    served = ti.pulled("capacity")
+    assert served["served"] == "spot"
+    (refused,) = served["attempts"]
+    assert refused["capacity"] == "reservation"
+    assert (
+        "Specified reservation 'res-1' does not have available resources for the request" in refused["error"]
+    )
+    (tpu,) = [p for p in sb.cluster_record()["node_pools"] if p.get("topology")]
+    assert (tpu["consumption"]["spot"], tpu["reservation"]) == (True, None)

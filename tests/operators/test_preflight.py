@@ -32,7 +32,12 @@ from tests.support.waiting import HANG_BOUND
 from tpu_rl_sandbox.clis.gcloud.app import Gcloud
 from tpu_rl_sandbox.world import vpc
 from tpu_rl_sandbox.world.calls import read_calls
-from tpu_rl_sandbox.world.settings import reset_settings, update_settings
+from tpu_rl_sandbox.world.settings import (
+    DEFAULT_RESERVATIONS,
+    SandboxSettings,
+    reset_settings,
+    update_settings,
+)
 
 READS = (
     ("auth", "list"),
@@ -792,3 +797,38 @@ def test_a_run_dir_claimed_by_this_run_or_by_a_dead_job_passes(pf: SandboxRun) -
     # never written: proven dead as train would prove it, nothing to refuse
     _claim_train_dir(pf, f"{GKE_DAG_ID}/{OTHER_RUN}-expired", expires_in=-1)
     assert operator.execute(context)["runner"] == "gke"
+
+
+# ================================================ an ordered capacity list (issue 56)
+def test_a_quota_or_reservation_only_some_kinds_take_is_a_warning_in_a_list(pf: SandboxRun) -> None:
+    """Short preemptible quota and a full reservation refuse a one-kind run; in a list with
+    on-demand after them, create_vm falls through them: warnings, not refusals."""
+    reservations = {key: dict(value) for key, value in DEFAULT_RESERVATIONS.items()}
+    reservations["us-east5-b/res-8"]["count"] = 0
+    update_settings(pf.layout, region_quotas={**SandboxSettings().region_quotas, "PREEMPTIBLE_TPU_V6E": 0})
+    update_settings(pf.layout, reservations=reservations)
+    (line,) = _refusal(pf, TPU_VM_DAG_ID, capacity="spot", reservation="")
+    assert line.startswith("quota PREEMPTIBLE_TPU_V6E in region us-east5")
+    kinds = ["reservation", "spot", "flex-start", "on-demand"]
+    result = _run(pf, TPU_VM_DAG_ID, capacity=kinds)
+    assert result["capacity"] == kinds
+    _created_nothing(pf)
+    # every kind's need of the CPU VMs' quota is still a refusal
+    update_settings(pf.layout, region_quotas={**SandboxSettings().region_quotas, "N2_CPUS": 8})
+    lines = _refusal(pf, TPU_VM_DAG_ID, capacity=["spot", "on-demand"], reservation="")
+    assert [line.split(" in ")[0] for line in lines] == ["quota N2_CPUS"]
+
+
+def test_flex_start_before_another_kind_on_gke_is_one_line(pf: SandboxRun) -> None:
+    conf = pf.gke_conf(reservation="")
+    operator = pf.operator(
+        TpuRlPreflightOperator, task_id="preflight", conf=conf, capacity=["flex-start", "on-demand"]
+    )
+    with pytest.raises(AirflowFailException, match=r"^capacity: on GKE flex-start can only be the last kind"):
+        operator.execute(pf.context(operator, conf, apply_arguments=False))
+
+
+def test_a_list_with_flex_start_checks_gcloud_alpha(pf: SandboxRun) -> None:
+    update_settings(pf.layout, gcloud_components=["beta"])
+    (line,) = _refusal(pf, TPU_VM_DAG_ID, capacity=["spot", "flex-start"], reservation="")
+    assert line.startswith("flex-start capacity on a TPU VM runs `gcloud alpha compute instances create`")

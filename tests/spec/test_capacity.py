@@ -94,3 +94,60 @@ def test_a_flex_start_vm_runs_at_most_max_vm_hours() -> None:
         {**TPU_VM, "capacity": "flex-start", "reservation": "", "max_vm_hours": 30}
     )
     assert vm.vm.max_run_hours == 30
+
+
+# An ordered list of kinds (issue 56): the TPU VM's create tries them in turn.
+
+
+def test_a_tpu_vm_conf_takes_an_ordered_list_of_kinds() -> None:
+    """The list is kept in its order: the VM's capacity is the first, the rest its fallback."""
+    conf = {**TPU_VM, "reservation": "res-8", "capacity": ["reservation", "flex-start", "spot"]}
+    p = tpu_vm_pipeline_from_conf(conf)
+    assert (p.vm.capacity, p.vm.fallback) == ("reservation", ("flex-start", "spot"))
+    assert p.vm.capacities == ("reservation", "flex-start", "spot")
+    assert p.resolved()["capacity"] == ["reservation", "flex-start", "spot"]
+    spot = p.vm.attempt("spot")
+    assert (spot.capacity, spot.fallback, spot.reservation) == ("spot", (), "")
+    assert p.vm.attempt("reservation").reservation == "res-8"
+
+
+def test_a_one_kind_list_is_that_kind() -> None:
+    """A single value keeps today's meaning, spelt as a string or as a list of one."""
+    resolved = tpu_vm_pipeline_from_conf({**TPU_VM, "capacity": ["spot"]}).resolved()
+    assert resolved["capacity"] == "spot"
+
+
+@pytest.mark.parametrize(
+    ("capacity", "said"),
+    [
+        ([], "capacity: an empty list names no capacity"),
+        (["spot", "spot"], "capacity: spot is listed twice"),
+        (
+            ["spot", "preemptible"],
+            "capacity: must be one of ['on-demand', 'reservation', 'spot', 'flex-start']",
+        ),
+        (["spot", 3], "capacity: must be a string or a list of strings"),
+        (["reservation", "spot"], "capacity: reservation capacity needs a reservation"),
+    ],
+)
+def test_a_bad_list_is_refused_in_one_line(capacity: Any, said: str) -> None:
+    line = _refused(tpu_vm_pipeline_from_conf, {**TPU_VM, "capacity": capacity})
+    assert line.startswith(said), line
+
+
+def test_a_reservation_needs_reservation_in_the_list() -> None:
+    line = _refused(
+        tpu_vm_pipeline_from_conf, {**TPU_VM, "reservation": "res-8", "capacity": ["flex-start", "spot"]}
+    )
+    assert line.startswith("capacity: flex-start, spot capacity consumes no reservation"), line
+
+
+def test_the_gke_pipeline_takes_a_list_with_flex_start_only_last() -> None:
+    """A flex-start TPU pool is created empty and queues: no kind after it would be tried."""
+    p = gke_pipeline_from_conf({**GKE, "capacity": ["on-demand", "spot", "flex-start"]})
+    assert (p.cluster.capacity, p.cluster.fallback) == ("on-demand", ("spot", "flex-start"))
+    assert p.resolved()["capacity"] == ["on-demand", "spot", "flex-start"]
+    assert p.cluster.attempt("spot").capacities == ("spot",)
+    line = _refused(gke_pipeline_from_conf, {**GKE, "capacity": ["flex-start", "spot"]})
+    assert line.startswith("capacity: on GKE flex-start can only be the last kind"), line
+    assert gke_pipeline_from_conf({**GKE, "capacity": ["spot"]}).resolved()["capacity"] == "spot"

@@ -7,6 +7,7 @@ import pytest
 from airflow_provider_tpu_rl.hooks.kubernetes import pod_disruption
 from airflow_provider_tpu_rl.toolchain.failures import (
     FailureKind,
+    capacity_refused,
     classify_failure,
     classify_workload,
     error_line,
@@ -258,3 +259,40 @@ def test_gclouds_reason_stays_with_its_error_line():
     # an ERROR line that says it all is left as it is
     one = ["ERROR: (gcloud.compute.instances.start) HTTPError 400: Invalid value for field 'resource'", "x"]
     assert error_line(one) == one[0]
+
+
+@pytest.mark.parametrize(
+    ("output", "refused"),
+    [
+        # Compute Engine's refusals through gcloud (the sandbox's world/capacity.py texts)
+        (
+            "ERROR: (gcloud.compute.instances.create) Could not fetch resource:\n - The zone "
+            "'projects/p/zones/us-east5-b' does not have enough resources available to fulfill the request.",
+            True,
+        ),
+        (
+            "ERROR: (gcloud.compute.instances.create) Could not fetch resource:\n - Quota 'PREEMPTIBLE_TPU_V6E' exceeded.  Limit: 0.0 in region us-east5.",
+            True,
+        ),
+        (
+            "ERROR: (gcloud.compute.instances.create) Could not fetch resource:\n - Specified reservation "
+            "'res-8' does not have available resources for the request.",
+            True,
+        ),
+        # not a lack of capacity: the create's own errors, a missing reservation, a 503
+        (
+            "ERROR: (gcloud.compute.instances.create) Could not fetch resource:\n - Specified reservation 'r' does not exist.",
+            False,
+        ),
+        (
+            "ERROR: (gcloud.alpha.compute.instances.create) You do not currently have this command group installed.",
+            False,
+        ),
+        ("googleapi: Error 503: Service Unavailable", False),
+    ],
+)
+def test_a_capacity_refusal_is_a_stockout_a_quota_or_a_full_reservation(output: str, refused: bool) -> None:
+    assert capacity_refused(output) is refused
+    # a full reservation is not retried as capacity when it is the only kind (as before)
+    if "Specified reservation" in output:
+        assert classify_failure(output) is FailureKind.CONFIG

@@ -23,6 +23,10 @@
    whole, then streaming it (``image_repository``); each says which pull it played and which figure
    that is, estimated from what, and the two runs' idle TPU minutes stand side by side.
    ``--tpu-time-only`` runs this section alone.
+5. Capacity that falls back: a world where the TPU VM's reservation is full and flex-start out of
+   stock; the time to training and the training's cost of ``["reservation", "flex-start", "spot"]``
+   against a run that waits for its reservation (``commands/fallback_bench.py``).
+   ``--fallback-only`` runs this section alone.
 
 A benchmark, not a test: it prints numbers and asserts nothing.
 """
@@ -52,7 +56,7 @@ from airflow_provider_tpu_rl.ledger.billing import billed_chip_seconds, spans_fr
 from airflow_provider_tpu_rl.ledger.records import idle_share
 from airflow_provider_tpu_rl.ledger.schema import DEFAULT_SQLITE_FILE
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, TPU_VM_DAG_ID
-from tpu_rl_sandbox.commands import tpu_cost
+from tpu_rl_sandbox.commands import fallback_bench, tpu_cost
 from tpu_rl_sandbox.commands.lifecycle import sandbox_down, sandbox_env, sandbox_up
 from tpu_rl_sandbox.world.calls import read_calls
 from tpu_rl_sandbox.world.layout import SandboxLayout
@@ -909,6 +913,13 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--parse-only", action="store_true", help="only the DAG parse benchmark (1.)")
     parser.add_argument("--tpu-time-only", action="store_true", help="only the TPU time and cost (4.)")
+    parser.add_argument("--fallback-only", action="store_true", help="only the capacity fallback (5.)")
+    parser.add_argument(
+        "--stockout-minutes",
+        type=float,
+        default=120.0,
+        help="real minutes the reservation stays full in 5. (the waiting run's retries meet it)",
+    )
     parser.add_argument(
         "--stage-minutes",
         type=_stage_minutes_argument,
@@ -929,9 +940,11 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
 def run_bench_command(args: argparse.Namespace) -> int:
     dags = args.dags_folder.resolve()
     print(f"tpu-rl-sandbox bench on {os.cpu_count()} cores, Python {sys.version.split()[0]}", flush=True)
-    if args.parse_only and args.tpu_time_only:
-        print("--parse-only and --tpu-time-only exclude each other", file=sys.stderr)
+    if sum(bool(x) for x in (args.parse_only, args.tpu_time_only, args.fallback_only)) > 1:
+        print("--parse-only, --tpu-time-only and --fallback-only exclude each other", file=sys.stderr)
         return 2
+    if args.fallback_only:
+        return _print_fallback(args)
     if args.tpu_time_only:
         return _print_tpu_time(dags, args)
     lines, parsed = bench_parse(dags, args.repeats)
@@ -944,7 +957,17 @@ def run_bench_command(args: argparse.Namespace) -> int:
         return 1
     for line in bench_pipeline(dags, args.train_seconds, args.step_seconds):
         print(line, flush=True)
-    return _print_tpu_time(dags, args)
+    _print_tpu_time(dags, args)
+    return _print_fallback(args)
+
+
+def _print_fallback(args: argparse.Namespace) -> int:
+    prices = tpu_cost.read_price_table(args.prices)
+    for line in fallback_bench.bench_fallback(
+        args.minute_seconds, prices, stockout_minutes=args.stockout_minutes
+    ):
+        print(line, flush=True)
+    return 0
 
 
 def _print_tpu_time(dags: Path, args: argparse.Namespace) -> int:

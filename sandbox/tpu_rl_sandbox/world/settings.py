@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
+from tpu_rl_sandbox.world import capacity
 from tpu_rl_sandbox.world.layout import SandboxLayout
 from tpu_rl_sandbox.world.timescale import CAPACITY_MINUTES, STAGE_KEYS
 
@@ -116,6 +117,11 @@ class SandboxSettings:
       Cloud TPU's spot page says (docs.cloud.google.com/tpu/docs/spot: "You can't restart TPU
       Spot VMs, and you must recreate them after preemption"); ``True`` starts it, as Compute
       Engine's spot page says of Spot VMs stopped by their termination action.
+    * ``tpu_capacity_out``: the TPU capacity a zone cannot give now, ``"<zone>/<kind>"`` (kind:
+      ``on-demand``, ``reservation``, ``spot``, ``flex-start``) -> ``stockout`` or ``quota`` (spot
+      and flex-start, whose chips take PREEMPTIBLE_TPU_V6E): a TPU VM's ``instances create`` of
+      that kind fails as Compute Engine's refusal does (``world/capacity.py``). A full reservation
+      is its ``count`` in ``reservations``.
     * ``hold_seconds``: the longest a job waits on a test's hold file (``TPU_RL_SANDBOX_HOLD_FILE``)
       before it goes on by itself (120 s; the real-services tests, whose runs share two cores with
       another leg's, give theirs longer).
@@ -151,6 +157,7 @@ class SandboxSettings:
     stage_minutes: Mapping[str, float] = field(default_factory=dict)
     hold_seconds: float = 120.0
     spot_tpu_restart: bool = False
+    tpu_capacity_out: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def preemption(self) -> tuple[int, int]:
@@ -181,6 +188,8 @@ def _from_json(data: Mapping[str, Any]) -> SandboxSettings:
         }
     if "reservations" in values:
         values["reservations"] = {str(k): dict(v) for k, v in dict(values["reservations"]).items()}
+    if "tpu_capacity_out" in values:
+        values["tpu_capacity_out"] = capacity.check_setting(dict(values["tpu_capacity_out"] or {}))
     for name in ("capacity_minutes", "stage_minutes"):
         if name in values:
             values[name] = {str(k): float(v) for k, v in dict(values[name] or {}).items()}
@@ -228,6 +237,7 @@ def update_settings(layout: SandboxLayout, **changes: Any) -> SandboxSettings:
         data["gcluster_release"] = dict(updated.gcluster_release)
         data["capacity_minutes"] = dict(updated.capacity_minutes)
         data["stage_minutes"] = dict(updated.stage_minutes)
+        data["tpu_capacity_out"] = dict(updated.tpu_capacity_out)
         fd, tmp = tempfile.mkstemp(dir=layout.state_dir, prefix=".settings.", suffix=".tmp")
         with os.fdopen(fd, "w") as handle:
             json.dump(data, handle, indent=1, sort_keys=True)

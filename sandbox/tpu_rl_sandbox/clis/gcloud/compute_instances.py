@@ -18,7 +18,7 @@ from tpu_rl_sandbox.clis.gcloud.compute_reservations import ReservationsCommands
 from tpu_rl_sandbox.clis.gcloud.output import GcloudError, formatted, matches_filter, table
 from tpu_rl_sandbox.clis.gcloud.parser import GcloudParse
 from tpu_rl_sandbox.clis.gcloud.values import parse_labels
-from tpu_rl_sandbox.world import instances, inventory, vpc
+from tpu_rl_sandbox.world import capacity, instances, inventory, vpc
 from tpu_rl_sandbox.world.settings import load_settings
 from tpu_rl_sandbox.world.timescale import capacity_seconds
 
@@ -189,6 +189,12 @@ class InstancesCommands(ReservationsCommands, NetworksCommands, ImagesCommands):
         tpu_vfio = self.binds_tpu_vfio(image_project, parsed.get("image-family"), source_image)
         settings = load_settings(self.layout)
         provisioning_model = parsed.get("provisioning-model") or "STANDARD"
+        if machine_type.startswith("ct"):
+            # the TPU capacity of this kind the zone cannot give now (setting tpu_capacity_out)
+            kind = capacity.requested_kind(str(provisioning_model), affinity)
+            refused = capacity.refusal(settings.tpu_capacity_out, project, zone, kind, settings.region_quotas)
+            if refused is not None:
+                raise GcloudError(f"Could not fetch resource:\n - {refused}")
         phases = instances.start_phases(
             settings.minute_seconds,
             settings.capacity_minutes,

@@ -34,7 +34,7 @@ from tpu_rl_sandbox.clis.gcluster.gotime import go_quote
 
 # yaml is imported by the functions that read or write YAML: each fake call is a new interpreter,
 # and `gcluster job` commands need none of it.
-from tpu_rl_sandbox.world import gke_nodes, inventory
+from tpu_rl_sandbox.world import capacity, gke_nodes, inventory
 from tpu_rl_sandbox.world.faults import FaultGate
 from tpu_rl_sandbox.world.layout import SandboxLayout
 from tpu_rl_sandbox.world.settings import load_settings
@@ -1570,15 +1570,33 @@ class DeploymentRunner:
         self.console.terraform("\n".join(f"{address}: Creating..." for address, _ in to_add))
         self._pause()
         self._capacity_pause("tpu_pool_create")
-        fault = self.faults.fire("deploy")
-        if fault is not None:
+        # the TPU capacity of the pool's kind the zone cannot give now (setting tpu_capacity_out),
+        # or a reservation too small for the pool's nodes (settings reservations)
+        settings = load_settings(self.layout)
+        stockout = capacity.pool_stockout(settings.tpu_capacity_out, str(world.get("zone")), pools)
+        full_reservation = capacity.pool_reservation_full(
+            settings.reservations, str(world.get("zone")), pools
+        )
+        if full_reservation is not None:
+            # Compute Engine's CONDITION_NOT_MET text for a full reservation (kubernetes/autoscaler's
+            # gce client reads it as RESERVATION_CAPACITY_EXCEEDED), in the shape of the node
+            # pool's instance-creation error above (indirect: no GKE output of it was read)
+            self._fail_apply(
+                f"Error: error creating NodePool: googleapi: Error 400: Instance 'gke-{world.get('name')}-tpu-pool-9f2c' "
+                f"creation failed: Code: 'CONDITION_NOT_MET'. Message: 'Specified reservation '{full_reservation}' does not "
+                "have available resources for the request.'., badRequest"
+                f"\n\n  with {to_add[0][0]},\n  on modules/embedded/modules/compute/gke-node-pool/main.tf line 59, in "
+                'resource "google_container_node_pool" "node_pool":\n  59: resource "google_container_node_pool" "node_pool" {'
+            )
+        fault = None if stockout else self.faults.fire("deploy")
+        if stockout or fault is not None:
             project, zone = world.get("project"), world.get("zone")
             detail = (
                 f"Error: error creating NodePool: googleapi: Error 400: Instance 'gke-{world.get('name')}-tpu-pool-9f2c' "
                 f"creation failed: Code: 'GCE_STOCKOUT'. Message: 'The zone 'projects/{project}/zones/{zone}' does "
                 "not have enough resources available to fulfill the request.  Try a different zone, or try again "
                 "later. (ZONE_RESOURCE_POOL_EXHAUSTED)'., stockout"
-                if fault.transient
+                if stockout or (fault is not None and fault.transient)
                 else f"Error: error creating NodePool: googleapi: Error 400: Reservation "
                 f"'projects/{project}/zones/{zone}/reservations/{pools[0].get('reservation') if pools else ''}' "
                 "does not exist or is not usable: invalid value for field 'nodePool.config.reservationAffinity'., "
