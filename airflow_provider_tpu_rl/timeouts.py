@@ -63,7 +63,9 @@ PIPELINE_STAGES: Final[dict[str, tuple[tuple[str, bool], ...]]] = {
         ("short", True),  # ensure_bucket
         ("deploy", True),
         ("short", True),  # sync_hf_token
-        # copy_workload_image ("copy") runs beside deploy_cluster, whose bound is longer: not counted
+        # copy_workload_image runs beside deploy_cluster and conversion and deploy_tpu_pool waits for
+        # it: counted as if after them (a slow copy holds the cluster and the run that long)
+        ("copy", True),
         ("convert", True),
         ("checkpoint", False),
         ("deploy", True),  # deploy_tpu_pool

@@ -181,8 +181,16 @@ def gke_task_arguments(value: Value, training_image: Any = None) -> dict[str, di
         },
         # the cluster without its TPU node pool; the pool is deployed once the conversion is done
         # both write the blueprint: the TPU pool's image streaming and its account's role
-        "deploy_cluster": {**cluster, "skip_groups": [TPU_GROUP], "image_repository": value("image_repository")},
-        "deploy_tpu_pool": {**cluster, "only_groups": [TPU_GROUP], "image_repository": value("image_repository")},
+        "deploy_cluster": {
+            **cluster,
+            "skip_groups": [TPU_GROUP],
+            "image_repository": value("image_repository"),
+        },
+        "deploy_tpu_pool": {
+            **cluster,
+            "only_groups": [TPU_GROUP],
+            "image_repository": value("image_repository"),
+        },
         # keep_cluster keeps the cluster, never the TPU pool (it bills most)
         "destroy_tpu_pool": {
             **{key: item for key, item in cluster.items() if key != "keep_cluster"},
