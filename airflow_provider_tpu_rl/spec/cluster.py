@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import Field, dataclass, field, replace
 from types import MappingProxyType
-from typing import Final
+from typing import Any, ClassVar, Final, Self
 
 from airflow_provider_tpu_rl.spec import rules
 from airflow_provider_tpu_rl.spec.errors import SpecError
@@ -151,6 +151,27 @@ def default_capacity(reservation: str | None) -> str:
     return RESERVATION if reservation else ON_DEMAND
 
 
+class OrderedCapacity:
+    """The ordered capacity of a TPU create (a GKE TPU node pool, a TPU VM): ``capacity`` first,
+    then the kinds of ``fallback``. Mixed into frozen dataclasses (``replace`` makes an attempt)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+    capacity: str
+    fallback: tuple[str, ...]
+    reservation: str
+
+    @property
+    def capacities(self) -> tuple[str, ...]:
+        """The kinds its create tries, in order: ``capacity``, then ``fallback``."""
+        return (self.capacity, *self.fallback)
+
+    def attempt(self, kind: str) -> Self:
+        """This spec as one attempt of its create with ``kind`` alone (the reservation only with
+        ``reservation``)."""
+        reservation = self.reservation if kind == RESERVATION else ""
+        return replace(self, capacity=kind, fallback=(), reservation=reservation)
+
+
 @dataclass(frozen=True)
 class SliceShape:
     """A TPU v6e slice: compute type x topology, checked for consistency."""
@@ -208,7 +229,7 @@ def _labels(value: Mapping[str, str]) -> MappingProxyType[str, str]:
 
 
 @dataclass(frozen=True)
-class ClusterSpec:
+class ClusterSpec(OrderedCapacity):
     """A Cluster Toolkit GKE deployment with one or more TPU v6e slices."""
 
     project: str
@@ -264,18 +285,6 @@ class ClusterSpec:
     @property
     def total_chips(self) -> int:
         return self.shape.chips * self.num_slices
-
-    @property
-    def capacities(self) -> tuple[str, ...]:
-        """The kinds its TPU node pool's deploy tries, in order: ``capacity``, then ``fallback``."""
-        return (self.capacity, *self.fallback)
-
-    def attempt(self, kind: str) -> ClusterSpec:
-        """This cluster with its TPU node pool of ``kind`` alone (the reservation only with
-        ``reservation``)."""
-        return replace(
-            self, capacity=kind, fallback=(), reservation=self.reservation if kind == RESERVATION else ""
-        )
 
     @property
     def workload_service_account(self) -> str:
@@ -358,7 +367,7 @@ class GkeJobTarget:
 
 
 @dataclass(frozen=True)
-class TpuVmSpec:
+class TpuVmSpec(OrderedCapacity):
     """One TPU VM (seed 002: ct6e-standard-8t, v6e-8, topology 2x4), reservation-bound by default.
 
     An empty ``reservation`` is a spec of a VM that exists already (stages, delete); a create with
@@ -421,18 +430,6 @@ class TpuVmSpec:
     @property
     def chips(self) -> int:
         return self.shape.chips
-
-    @property
-    def capacities(self) -> tuple[str, ...]:
-        """The kinds its create tries, in order: ``capacity``, then ``fallback``."""
-        return (self.capacity, *self.fallback)
-
-    def attempt(self, kind: str) -> TpuVmSpec:
-        """This VM as one attempt of its create with ``kind`` alone (the reservation only with
-        ``reservation``)."""
-        return replace(
-            self, capacity=kind, fallback=(), reservation=self.reservation if kind == RESERVATION else ""
-        )
 
 
 # The CPU VM of the single-host pipeline: MaxText's converters force JAX onto the CPU

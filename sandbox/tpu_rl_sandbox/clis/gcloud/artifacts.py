@@ -22,7 +22,7 @@ import time
 import uuid
 
 from tpu_rl_sandbox.clis.gcloud.call import GcloudCall
-from tpu_rl_sandbox.clis.gcloud.output import GcloudError, api_error_text
+from tpu_rl_sandbox.clis.gcloud.output import GcloudError, api_error_text, unspecified_attribute
 from tpu_rl_sandbox.clis.gcloud.parser import GcloudParse
 from tpu_rl_sandbox.world.settings import load_settings
 from tpu_rl_sandbox.world.timestamps import rfc3339
@@ -57,14 +57,7 @@ class ArtifactsCommands(GcloudCall):
         name = str(parsed.positionals["REPOSITORY"])
         location = parsed.get("location") or self.env.get("CLOUDSDK_ARTIFACTS_LOCATION")
         if not location:
-            # calliope/concepts/concepts.py l.430-433, deps.py l.386-393 (checked with gcloud 528)
-            raise GcloudError(
-                "Error parsing [repository].\nThe [repository] resource is not properly specified.\n"
-                "Failed to find attribute [location]. The attribute can be set in the following ways: \n"
-                "- provide the argument `repository` on the command line with a fully specified name\n"
-                "- provide the argument `--location` on the command line\n"
-                "- set the property `artifacts/location`"
-            )
+            raise unspecified_attribute("repository", "location", "artifacts/location")
         project = self.project(parsed)
         if not REPO_NAME.match(name):
             raise GcloudError(INVALID_REPO_NAME)

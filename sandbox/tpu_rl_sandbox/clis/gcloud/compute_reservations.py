@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tpu_rl_sandbox.clis.gcloud.call import GcloudCall
-from tpu_rl_sandbox.clis.gcloud.output import GcloudError, formatted
+from tpu_rl_sandbox.clis.gcloud.output import GcloudError, formatted, unspecified_attribute
 from tpu_rl_sandbox.clis.gcloud.parser import GcloudParse
 from tpu_rl_sandbox.world.settings import load_settings
 
@@ -95,12 +95,7 @@ class ReservationsCommands(GcloudCall):
         name = str(parsed.positionals["RESERVATION"])
         zone = parsed.get("zone") or self.env.get("CLOUDSDK_COMPUTE_ZONE")
         if not zone:
-            raise GcloudError(
-                "Error parsing [reservation].\nThe [reservation] resource is not properly specified.\n"
-                "Failed to find attribute [zone]. The attribute can be set in the following ways: \n"
-                "- provide the argument `reservation` on the command line with a fully specified name\n"
-                "- provide the argument `--zone` on the command line\n- set the property `compute/zone`"
-            )
+            raise unspecified_attribute("reservation", "zone", "compute/zone")
         path = f"projects/{project}/zones/{zone}/reservations/{name}"
         self._require_permission("compute.reservations.get", project, path)
         spec = load_settings(self.layout).reservation(str(zone), name)

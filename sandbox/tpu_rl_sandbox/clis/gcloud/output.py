@@ -20,6 +20,17 @@ class GcloudError(Exception):
         self.code = code
 
 
+def unspecified_attribute(resource: str, attribute: str, prop: str) -> GcloudError:
+    """A resource argument missing an attribute with neither its flag nor its property set
+    (calliope/concepts/concepts.py l.430-433, deps.py l.386-393; checked with gcloud 528)."""
+    return GcloudError(
+        f"Error parsing [{resource}].\nThe [{resource}] resource is not properly specified.\n"
+        f"Failed to find attribute [{attribute}]. The attribute can be set in the following ways: \n"
+        f"- provide the argument `{resource}` on the command line with a fully specified name\n"
+        f"- provide the argument `--{attribute}` on the command line\n- set the property `{prop}`"
+    )
+
+
 def api_error_text(problem: str, account: str = "") -> str:
     """How gcloud prints an API error: ``NOT_FOUND: ...`` / ``PERMISSION_DENIED: ...``; for a 403
     it appends who the command ran as (googlecloudsdk/api_lib/util/exceptions.py
