@@ -74,7 +74,6 @@ EXISTING_CLUSTER_PERMISSIONS: Final = {
     "container.pods.list": "roles/container.developer",
     "container.pods.getLogs": "roles/container.developer",
 }
-NODE_POOL_PERMISSION: Final = "container.clusters.update"
 
 TPU_POOL_PREFIX: Final = "tpu-rl-"
 # The node labels (Kubernetes) and resource labels (the node VMs') of a run's own pools.
@@ -339,16 +338,3 @@ def kubernetes_problems(
             f"({', '.join(local_queues)}): name the one the run may use in kueue_queue"
         )
     return problems, None
-
-
-def permission_problems(where: str, granted: Iterable[str], account: str) -> list[str]:
-    """One line naming the permissions ``account`` lacks on the cluster's project, and the roles."""
-    have = set(granted)
-    missing = {p: role for p, role in EXISTING_CLUSTER_PERMISSIONS.items() if p not in have}
-    if not missing:
-        return []
-    roles = sorted(set(missing.values()))
-    return [
-        f"{account} lacks {', '.join(sorted(missing))} on cluster {where}'s project: grant it "
-        f"{', '.join(roles)} (node pools are created and deleted under {NODE_POOL_PERMISSION})"
-    ]
