@@ -1,0 +1,248 @@
+"""A run's own node pools on a GKE cluster it does not own: created named and labelled after the
+run, with a resource record written first; deleted only when both the pool's labels and the record
+say they are the run's. The cluster itself is never created nor deleted here
+([platform teams](../docs/platform-teams.md))."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.providers.common.compat.sdk import Context
+
+from airflow_provider_tpu_rl.compat import AirflowFailException
+from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, expiry_of_run, fail_fast
+from airflow_provider_tpu_rl.records.resources import read_resource_record, write_resource_record
+from airflow_provider_tpu_rl.render import existing_cluster as render
+from airflow_provider_tpu_rl.render import gke
+from airflow_provider_tpu_rl.spec import rules
+from airflow_provider_tpu_rl.spec.cluster import (
+    CPU_COMPUTE_TYPE,
+    SliceShape,
+    check_capacity,
+    default_capacity,
+    require_reservation_name,
+)
+from airflow_provider_tpu_rl.spec.existing_cluster import (
+    CPU_POOL_ROLE,
+    TPU_POOL_ROLE,
+    RunPools,
+    parse_existing_cluster,
+    pool_is_runs,
+)
+from airflow_provider_tpu_rl.spec.pipeline import run_suffix
+from airflow_provider_tpu_rl.spec.preflight import parse_json_list
+from airflow_provider_tpu_rl.timeouts import stage_command_timeout
+
+POOL_RECORD_KIND = "node_pool"
+ROLES = (TPU_POOL_ROLE, CPU_POOL_ROLE)
+ALREADY_EXISTS = "code=409"
+
+
+class _RunPoolsOperator(GclusterBaseOperator):
+    """The arguments that name a cluster the run does not own and the pools it adds to it."""
+
+    template_fields: Sequence[str] = (
+        "existing_cluster",
+        "zone",
+        "bucket",
+        "compute_type",
+        "topology",
+        "num_slices",
+        "cpu_node_pool",
+        "pools",
+        "gcluster_conn_id",
+        "gcp_conn_id",
+        "impersonation_chain",
+    )
+
+    def __init__(
+        self,
+        *,
+        existing_cluster: str,
+        zone: str,
+        bucket: str,
+        compute_type: str = "ct6e-standard-4t",
+        topology: str = "4x8",
+        num_slices: int | str = 1,
+        cpu_node_pool: str | None = None,
+        pools: str = TPU_POOL_ROLE,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.existing_cluster = existing_cluster
+        self.zone = zone
+        self.bucket = bucket
+        self.compute_type = compute_type
+        self.topology = topology
+        self.num_slices = num_slices
+        self.cpu_node_pool = cpu_node_pool
+        self.pools = pools
+
+    def run_pools(self, context: Context) -> RunPools:
+        dag_id, run_id = self.run_ids(context)
+        return RunPools(
+            parse_existing_cluster(self.existing_cluster),
+            run_suffix(dag_id, run_id),
+            rules.zone("zone", self.zone, None),
+            SliceShape(self.compute_type, self.topology),
+            rules.integer("num_slices", self.num_slices, 1, 64),
+            self.cpu_node_pool or "",
+        )
+
+    def role(self) -> str:
+        return rules.one_of("pools", self.pools, ROLES)
+
+    def names(self, pools: RunPools) -> tuple[str, ...]:
+        """The pools of :meth:`role` this run creates (none: it uses the cluster's CPU pool)."""
+        if self.role() == TPU_POOL_ROLE:
+            return pools.tpu_pools
+        return (pools.created_cpu_pool,) if pools.created_cpu_pool else ()
+
+    def listed(self, pools: RunPools) -> dict[str, dict[str, Any]]:
+        """The cluster's node pools now, by name."""
+        result = self.hook.run_checked(render.list_pools(pools.cluster), log_output=False)
+        return {
+            str(p.get("name")): p for p in parse_json_list(result.output_lines) or [] if isinstance(p, dict)
+        }
+
+
+class ExistingClusterPoolCreateOperator(_RunPoolsOperator):
+    """Create the run's TPU node pool(s) (``pools="tpu"``) or its CPU pool (``pools="cpu"``, none
+    when ``cpu_node_pool`` names the cluster's) in a cluster the run does not own.
+
+    Each pool's resource record (``tpu-rl/resources/<pool>.json`` in ``bucket``) is written before
+    the pool exists; a pool of the run's name that exists already is the run's own (a retry) only
+    when its labels say so, otherwise the task fails in one line.
+
+    :param existing_cluster: ``PROJECT/LOCATION/NAME`` of the cluster.
+    :param zone: the zone of the pools (inside the cluster's region).
+    :param bucket: the run's bucket (the pools' records).
+    :param capacity: ``on-demand``, ``reservation``, ``spot`` or ``flex-start`` (TPU pools).
+    :param reservation: the reservation of ``reservation`` capacity.
+    :param cpu_machine_type: the machine type of the run's own CPU pool.
+    :param max_cluster_hours: the pools' expiry label, from the run's start (the janitor's).
+    """
+
+    ui_color = "#d4e8ff"
+    template_fields: Sequence[str] = (
+        *_RunPoolsOperator.template_fields,
+        "capacity",
+        "reservation",
+        "cpu_machine_type",
+        "max_cluster_hours",
+    )
+
+    def __init__(
+        self,
+        *,
+        capacity: str | None = None,
+        reservation: str = "",
+        cpu_machine_type: str = CPU_COMPUTE_TYPE,
+        max_cluster_hours: int | str = 72,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.capacity = capacity
+        self.reservation = reservation
+        self.cpu_machine_type = cpu_machine_type
+        self.max_cluster_hours = max_cluster_hours
+
+    @fail_fast
+    def execute(self, context: Context) -> dict[str, Any]:
+        pools = self.run_pools(context)
+        bucket = rules.bucket_name("bucket", self.bucket)
+        reservation = self.reservation or ""
+        capacity = check_capacity(self.capacity or default_capacity(reservation), reservation)
+        require_reservation_name(capacity, reservation)
+        dag_id, run_id = self.run_ids(context)
+        expires_at = expiry_of_run(context, rules.integer("max_cluster_hours", self.max_cluster_hours, 1))
+        labels = gke.managed_labels(dag_id, pools.suffix, bucket, expires_at)
+        created: list[str] = []
+        for index, name in enumerate(self.names(pools)):
+            write_resource_record(
+                self.gcp_conn_id,
+                bucket,
+                name,
+                {
+                    "kind": POOL_RECORD_KIND,
+                    "name": name,
+                    "dag_id": dag_id,
+                    "run_id": run_id,
+                    "cluster": {
+                        "project": pools.cluster.project,
+                        "location": pools.cluster.location,
+                        "name": pools.cluster.name,
+                    },
+                    "expires_at": expires_at,
+                },
+                self.chain,
+            )
+            if self.role() == TPU_POOL_ROLE:
+                command = render.create_tpu_pool(
+                    pools, index, capacity=capacity, reservation=reservation, labels=labels
+                )
+            else:
+                command = render.create_cpu_pool(pools, self.cpu_machine_type, labels)
+            result = self.hook.run(command, timeout=stage_command_timeout("deploy"))
+            if not result.ok and not result.timed_out and ALREADY_EXISTS in result.output:
+                if not pool_is_runs(self.listed(pools).get(name, {}), pools.suffix):
+                    raise AirflowFailException(
+                        f"cluster {pools.cluster.where} has a node pool {name} that is not this run's "
+                        "(its labels do not name it): delete or rename it; the run creates no other"
+                    )
+                self.log.info("node pool %s exists already and is this run's (a retry): kept", name)
+            else:
+                self.hook.check_result(command, result)
+            created.append(name)
+        return {"existing_cluster": pools.cluster.where, "pools": created, "run": pools.suffix}
+
+
+class ExistingClusterPoolDeleteOperator(_RunPoolsOperator):
+    """Delete the run's TPU pool(s) (``pools="tpu"``) or its own CPU pool (``pools="cpu"``) from a
+    cluster the run does not own: only a pool whose labels name the run (``pool_is_runs``) and
+    whose resource record names this DAG run. Another team's pool, another run's, and the cluster
+    itself are never touched; a pool already gone is success.
+
+    Takes the arguments of :class:`ExistingClusterPoolCreateOperator` that name the pools.
+    """
+
+    ui_color = "#ffd9d4"
+
+    @fail_fast
+    def execute(self, context: Context) -> dict[str, Any]:
+        pools = self.run_pools(context)
+        bucket = rules.bucket_name("bucket", self.bucket)
+        dag_id, run_id = self.run_ids(context)
+        names = self.names(pools)
+        listed = self.listed(pools) if names else {}
+        deleted: list[str] = []
+        left: list[str] = []
+        for name in names:
+            pool = listed.get(name)
+            if pool is None:
+                self.log.info(
+                    "node pool %s is not in cluster %s: nothing to delete", name, pools.cluster.where
+                )
+                continue
+            record = read_resource_record(self.gcp_conn_id, bucket, name, self.chain) or {}
+            recorded = (record.get("kind"), record.get("dag_id"), record.get("run_id")) == (
+                POOL_RECORD_KIND,
+                dag_id,
+                run_id,
+            )
+            if not (pool_is_runs(pool, pools.suffix) and recorded):
+                self.log.warning(
+                    "node pool %s of cluster %s is not provably this run's (labels: %s, record: %s): left alone",
+                    name,
+                    pools.cluster.where,
+                    "the run's" if pool_is_runs(pool, pools.suffix) else "not the run's",
+                    f"{record.get('dag_id')}/{record.get('run_id')}" if record else "none",
+                )
+                left.append(name)
+                continue
+            self.hook.run_checked(
+                render.delete_pool(pools.cluster, name), timeout=stage_command_timeout("teardown")
+            )
+            deleted.append(name)
+        return {"existing_cluster": pools.cluster.where, "deleted": deleted, "left_alone": left}
