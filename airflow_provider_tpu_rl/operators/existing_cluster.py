@@ -5,8 +5,9 @@ say they are the run's. The cluster itself is never created nor deleted here
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from airflow.providers.common.compat.sdk import Context
 
@@ -26,6 +27,7 @@ from airflow_provider_tpu_rl.spec.cluster import (
 from airflow_provider_tpu_rl.spec.existing_cluster import (
     CPU_POOL_ROLE,
     TPU_POOL_ROLE,
+    ExistingCluster,
     RunPools,
     parse_existing_cluster,
     pool_is_runs,
@@ -33,6 +35,11 @@ from airflow_provider_tpu_rl.spec.existing_cluster import (
 from airflow_provider_tpu_rl.spec.pipeline import run_suffix
 from airflow_provider_tpu_rl.spec.preflight import parse_json_list
 from airflow_provider_tpu_rl.timeouts import stage_command_timeout
+
+if TYPE_CHECKING:
+    from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
+
+log = logging.getLogger(__name__)
 
 POOL_RECORD_KIND = "node_pool"
 ROLES = (TPU_POOL_ROLE, CPU_POOL_ROLE)
@@ -246,3 +253,76 @@ class ExistingClusterPoolDeleteOperator(_RunPoolsOperator):
             )
             deleted.append(name)
         return {"existing_cluster": pools.cluster.where, "deleted": deleted, "left_alone": left}
+
+
+# DAG-run states after which a run's pools are no longer needed (the janitor's rule 4).
+ENDED_RUN_STATES = frozenset({"success", "failed"})
+
+
+def condemned_pools(
+    records: Mapping[str, Mapping[str, Any]], now: float, run_state: Callable[[str, str], str | None]
+) -> list[Mapping[str, Any]]:
+    """The node pool records (``kind: node_pool``) whose pool is no longer needed: past their
+    ``expires_at``, or their DAG run has ended. Other records are never in it."""
+    found = []
+    for record in records.values():
+        if record.get("kind") != POOL_RECORD_KIND or not isinstance(record.get("cluster"), Mapping):
+            continue
+        expires = record.get("expires_at")
+        expired = isinstance(expires, int | float) and now >= expires
+        ended = run_state(str(record.get("dag_id")), str(record.get("run_id"))) in ENDED_RUN_STATES
+        if expired or ended:
+            found.append(record)
+    return found
+
+
+def sweep_run_pools(
+    hook: GclusterHook,
+    gcp_conn_id: str,
+    buckets: Sequence[str],
+    now: float,
+    run_state: Callable[[str, str], str | None],
+    *,
+    dry_run: bool = False,
+) -> dict[str, list[str]]:
+    """The janitor's pass over runs' pools on clusters they do not own: each pool a record in one
+    of ``buckets`` condemns (:func:`condemned_pools`) is deleted when its labels say it is that
+    run's (:func:`pool_is_runs`); a pool already gone, or not provably the run's, is left alone. A
+    cluster is never deleted: the janitor finds clusters to destroy by the provider's label, which
+    a cluster made outside it does not carry."""
+    from airflow_provider_tpu_rl.records.janitor_sources import read_bucket_records
+
+    report: dict[str, list[str]] = {"deleted": [], "left_alone": [], "failed": []}
+    for bucket in buckets:
+        try:
+            records = read_bucket_records(gcp_conn_id, bucket)
+        except Exception as error:
+            log.warning("janitor: cannot read the resource records of gs://%s (%s); skipped", bucket, error)
+            continue
+        for record in condemned_pools(records, now, run_state):
+            place = record["cluster"]
+            name = str(record.get("name"))
+            try:
+                cluster = ExistingCluster(str(place["project"]), str(place["location"]), str(place["name"]))
+                listed = hook.run_checked(render.list_pools(cluster), log_output=False)
+                pools = {
+                    str(p.get("name")): p
+                    for p in parse_json_list(listed.output_lines) or []
+                    if isinstance(p, dict)
+                }
+                pool = pools.get(name)
+                suffix = run_suffix(str(record.get("dag_id")), str(record.get("run_id")))
+                if pool is None or not pool_is_runs(pool, suffix):
+                    report["left_alone"].append(f"{cluster.where}/{name}")
+                    continue
+                if dry_run:
+                    log.warning("dry run: would delete node pool %s of %s", name, cluster.where)
+                else:
+                    hook.run_checked(
+                        render.delete_pool(cluster, name), timeout=stage_command_timeout("teardown")
+                    )
+                report["deleted"].append(f"{cluster.where}/{name}")
+            except Exception:
+                log.exception("janitor: could not delete node pool %s of %s", name, place)
+                report["failed"].append(f"{place}/{name}")
+    return report

@@ -5,14 +5,17 @@ another team's pool, a pool the run cannot prove its own, and the cluster are le
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import pytest
 
 from airflow_provider_tpu_rl.compat import AirflowFailException
+from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
 from airflow_provider_tpu_rl.operators.existing_cluster import (
     ExistingClusterPoolCreateOperator,
     ExistingClusterPoolDeleteOperator,
+    sweep_run_pools,
 )
 from airflow_provider_tpu_rl.operators.gke import EnsureBucketOperator
 from airflow_provider_tpu_rl.records.resources import read_resource_record
@@ -139,4 +142,44 @@ def test_a_pool_with_the_runs_name_it_cannot_prove_its_own_is_left_alone(sb: San
     # labels copied without the node labels, or no record of this run: never deleted
     result = _run(sb, ExistingClusterPoolDeleteOperator, RUN_A, where)
     assert (result["deleted"], result["left_alone"]) == ([], [name])
+    assert name in _pools(sb)
+
+
+def test_the_janitor_deletes_only_the_pools_of_ended_or_expired_runs(sb: SandboxRun) -> None:
+    where = _cluster(sb)
+    a, b = run_suffix(GKE_DAG_ID, RUN_A), run_suffix(GKE_DAG_ID, RUN_B)
+    for run_id in (RUN_A, RUN_B):
+        _run(sb, ExistingClusterPoolCreateOperator, run_id, where, pools="cpu")
+        _run(sb, ExistingClusterPoolCreateOperator, run_id, where)
+    states = {RUN_A: "success", RUN_B: "running"}
+    hook = GclusterHook()
+    now = time.time()
+
+    dry = sweep_run_pools(
+        hook, "google_cloud_default", [sb.bucket], now, lambda _d, r: states[r], dry_run=True
+    )
+    assert sorted(dry["deleted"]) == sorted(f"{where}/tpu-rl-{a}-{k}" for k in ("tpu-0", "cpu"))
+    assert len(_pools(sb)) == len(TEAM_POOLS) + 4  # a dry run deletes nothing
+
+    swept = sweep_run_pools(hook, "google_cloud_default", [sb.bucket], now, lambda _d, r: states[r])
+    assert swept["failed"] == []
+    assert set(_pools(sb)) == set(TEAM_POOLS) | {f"tpu-rl-{b}-tpu-0", f"tpu-rl-{b}-cpu"}
+    # past their expiry label, the running run's pools go too; the cluster and the team's stay
+    later = now + 73 * 3600
+    sweep_run_pools(hook, "google_cloud_default", [sb.bucket], later, lambda _d, r: states[r])
+    assert _pools(sb) == TEAM_POOLS
+    assert not any(c["argv"][:3] == ["container", "clusters", "delete"] for c in sb.calls())
+
+
+def test_the_janitor_leaves_a_recorded_pool_it_cannot_prove_the_runs(sb: SandboxRun) -> None:
+    where = _cluster(sb)
+    suffix = run_suffix(GKE_DAG_ID, RUN_A)
+    _run(sb, ExistingClusterPoolCreateOperator, RUN_A, where)
+    name = f"tpu-rl-{suffix}-tpu-0"
+    _run(sb, ExistingClusterPoolDeleteOperator, RUN_A, where)
+    _squat(sb, name, "")  # the record stays; someone else's pool now has the name
+    swept = sweep_run_pools(
+        GclusterHook(), "google_cloud_default", [sb.bucket], time.time(), lambda _d, _r: "failed"
+    )
+    assert swept["left_alone"] == [f"{where}/{name}"]
     assert name in _pools(sb)
