@@ -129,6 +129,9 @@ class ExistingClusterPoolCreateOperator(_RunPoolsOperator):
     :param reservation: the reservation of ``reservation`` capacity.
     :param cpu_machine_type: the machine type of the run's own CPU pool.
     :param max_cluster_hours: the pools' expiry label, from the run's start (the janitor's).
+    :param node_service_account: the Google service account the pools' nodes run as (a TPU pod,
+        on the host network, reads the bucket and the HF token as it); empty: Compute Engine's
+        default service account. The caller needs ``iam.serviceAccounts.actAs`` on it.
     """
 
     ui_color = "#d4e8ff"
@@ -138,6 +141,7 @@ class ExistingClusterPoolCreateOperator(_RunPoolsOperator):
         "reservation",
         "cpu_machine_type",
         "max_cluster_hours",
+        "node_service_account",
     )
 
     def __init__(
@@ -147,9 +151,11 @@ class ExistingClusterPoolCreateOperator(_RunPoolsOperator):
         reservation: str = "",
         cpu_machine_type: str = CPU_COMPUTE_TYPE,
         max_cluster_hours: int | str = 72,
+        node_service_account: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.node_service_account = node_service_account
         self.capacity = capacity
         self.reservation = reservation
         self.cpu_machine_type = cpu_machine_type
@@ -165,6 +171,11 @@ class ExistingClusterPoolCreateOperator(_RunPoolsOperator):
         dag_id, run_id = self.run_ids(context)
         expires_at = expiry_of_run(context, rules.integer("max_cluster_hours", self.max_cluster_hours, 1))
         labels = gke.managed_labels(dag_id, pools.suffix, bucket, expires_at)
+        account = self.node_service_account or ""
+        if account:
+            rules.match(
+                "node_service_account", account, rules.SERVICE_ACCOUNT, "must be a service account e-mail"
+            )
         created: list[str] = []
         for index, name in enumerate(self.names(pools)):
             write_resource_record(
@@ -187,10 +198,15 @@ class ExistingClusterPoolCreateOperator(_RunPoolsOperator):
             )
             if self.role() == TPU_POOL_ROLE:
                 command = render.create_tpu_pool(
-                    pools, index, capacity=capacity, reservation=reservation, labels=labels
+                    pools,
+                    index,
+                    capacity=capacity,
+                    reservation=reservation,
+                    labels=labels,
+                    service_account=account,
                 )
             else:
-                command = render.create_cpu_pool(pools, self.cpu_machine_type, labels)
+                command = render.create_cpu_pool(pools, self.cpu_machine_type, labels, account)
             result = self.hook.run(command, timeout=stage_command_timeout("deploy"))
             if not result.ok and not result.timed_out and ALREADY_EXISTS in result.output:
                 if not pool_is_runs(self.listed(pools).get(name, {}), pools.suffix):

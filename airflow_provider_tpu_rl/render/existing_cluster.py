@@ -93,8 +93,20 @@ def capacity_flags(capacity: str, reservation: str, vms: int) -> tuple[str, ...]
     raise ValueError(f"no node pool flags for capacity {capacity!r}")
 
 
+def _service_account_flag(service_account: str) -> tuple[str, ...]:
+    """``--service-account``: who the pool's nodes run as — and so who a TPU pod is to Google APIs
+    (TPU pods use the host network); empty: the Compute Engine default service account."""
+    return (f"--service-account={service_account}",) if service_account else ()
+
+
 def create_tpu_pool(
-    pools: RunPools, index: int, *, capacity: str, reservation: str, labels: Mapping[str, str]
+    pools: RunPools,
+    index: int,
+    *,
+    capacity: str,
+    reservation: str,
+    labels: Mapping[str, str],
+    service_account: str = "",
 ) -> Command:
     """The run's ``index``-th TPU slice: a node pool named after the run, its node VMs carrying the
     run's resource ``labels`` (the janitor's) and its nodes the run's Kubernetes labels."""
@@ -111,6 +123,7 @@ def create_tpu_pool(
             f"--machine-type={pools.shape.compute_type}",
             f"--tpu-topology={pools.shape.topology}",
             *capacity_flags(capacity, reservation, pools.shape.vms),
+            *_service_account_flag(service_account),
             "--workload-metadata=GKE_METADATA",
             _labels_flag("--node-labels", pools.node_labels(TPU_POOL_ROLE)),
             _labels_flag("--labels", labels),
@@ -120,7 +133,9 @@ def create_tpu_pool(
     )
 
 
-def create_cpu_pool(pools: RunPools, machine_type: str, labels: Mapping[str, str]) -> Command:
+def create_cpu_pool(
+    pools: RunPools, machine_type: str, labels: Mapping[str, str], service_account: str = ""
+) -> Command:
     """The run's own CPU pool (the conversions and the export), when it names none of the cluster's."""
     name = pools.created_cpu_pool
     if not name:
@@ -136,6 +151,7 @@ def create_cpu_pool(pools: RunPools, machine_type: str, labels: Mapping[str, str
             f"--node-locations={pools.zone}",
             f"--machine-type={machine_type}",
             f"--num-nodes={CPU_POOL_NODES}",
+            *_service_account_flag(service_account),
             "--workload-metadata=GKE_METADATA",
             _labels_flag("--node-labels", pools.node_labels(CPU_POOL_ROLE)),
             _labels_flag("--labels", labels),

@@ -88,7 +88,12 @@ def test_two_runs_each_create_and_delete_only_their_own_pools(sb: SandboxRun) ->
 
 def test_a_create_retry_keeps_its_own_pool(sb: SandboxRun) -> None:
     where = _cluster(sb)
-    _run(sb, ExistingClusterPoolCreateOperator, RUN_A, where)
+    account = f"team-a-nodes@{sb.project}.iam.gserviceaccount.com"
+    _run(sb, ExistingClusterPoolCreateOperator, RUN_A, where, node_service_account=account)
+    record = sb.cluster_record()
+    assert record is not None
+    pool = next(p for p in record["node_pools"] if p["name"].startswith("tpu-rl-"))
+    assert pool["service_account"] == account  # who the TPU pods are to Google APIs
     again = _run(sb, ExistingClusterPoolCreateOperator, RUN_A, where)
     assert again["pools"] == [f"tpu-rl-{run_suffix(GKE_DAG_ID, RUN_A)}-tpu-0"]
 

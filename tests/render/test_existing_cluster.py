@@ -24,6 +24,12 @@ def test_the_tpu_pool_is_named_and_labelled_after_the_run() -> None:
     assert "--num-nodes=8" in argv  # the slice's VMs: 32 chips, 4 a VM
     assert "--node-labels=tpu-rl-pool=tpu,tpu-rl-run=1a2b3c" in argv
     assert "--labels=tpu-rl-managed=true,tpu-rl-run=1a2b3c" in argv
+    assert not any(a.startswith("--service-account") for a in argv)  # Compute Engine's default
+    account = "nodes@my-proj-123.iam.gserviceaccount.com"
+    named = render.create_tpu_pool(
+        POOLS, 0, capacity="spot", reservation="", labels=LABELS, service_account=account
+    )
+    assert f"--service-account={account}" in named.argv
 
 
 @pytest.mark.parametrize(

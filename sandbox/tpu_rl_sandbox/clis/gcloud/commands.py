@@ -382,6 +382,7 @@ COMMANDS: tuple[GcloudCommand, ...] = (
             F("max-nodes"),
             F("location-policy", choices=("BALANCED", "ANY")),
             F("workload-metadata", choices=("GCE_METADATA", "GKE_METADATA")),
+            F("service-account"),
             F("node-labels"),
             F("labels"),
             F("async", "bool"),

@@ -116,6 +116,11 @@ class NodePoolsCommands(GcloudCall):
                 )
             },
             "created_by": "gcloud",
+            # config.serviceAccount: the Compute Engine default service account when not given
+            "service_account": str(
+                parsed.get("service-account")
+                or f"{inventory.project_number(str(self.project(parsed)))}-compute@developer.gserviceaccount.com"
+            ),
         }
         if topology:
             pool["topology"] = str(topology)
