@@ -51,7 +51,13 @@ def build_plan(
     if dag_id == GKE_DAG_ID:
         gke = gke_pipeline_from_conf(conf, dag_id=dag_id, run_id=run_id)
         resolved = gke.resolved()
-        calls = api_calls(Runner.GKE, gke.cluster.project, gke.cluster.bucket, resolved["run_dirs"])
+        calls = api_calls(
+            Runner.GKE,
+            gke.cluster.project,
+            gke.cluster.bucket,
+            resolved["run_dirs"],
+            existing_cluster=gke.existing is not None,
+        )
         document = plan_document(dag_id, gke_plan(gke), calls)
         document["capacity"] = gke_capacity(gke)
     elif dag_id == TPU_VM_DAG_ID:

@@ -13,9 +13,16 @@ from airflow.providers.common.compat.sdk import Context
 
 from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, expiry_of_run, fail_fast
+from airflow_provider_tpu_rl.operators.gke import (
+    GclusterDeployOperator,
+    GclusterDestroyOperator,
+    delete_run_bucket,
+    group_selection,
+)
 from airflow_provider_tpu_rl.records.resources import read_resource_record, write_resource_record
 from airflow_provider_tpu_rl.render import existing_cluster as render
 from airflow_provider_tpu_rl.render import gke
+from airflow_provider_tpu_rl.render.blueprint import TPU_GROUP
 from airflow_provider_tpu_rl.spec import rules
 from airflow_provider_tpu_rl.spec.cluster import (
     CPU_COMPUTE_TYPE,
@@ -26,11 +33,16 @@ from airflow_provider_tpu_rl.spec.cluster import (
 )
 from airflow_provider_tpu_rl.spec.existing_cluster import (
     CPU_POOL_ROLE,
+    CREATE,
+    EXISTING,
     TPU_POOL_ROLE,
     ExistingCluster,
     RunPools,
     parse_existing_cluster,
     pool_is_runs,
+)
+from airflow_provider_tpu_rl.spec.existing_cluster import (
+    cluster_mode as parse_cluster_mode,
 )
 from airflow_provider_tpu_rl.spec.pipeline import run_suffix
 from airflow_provider_tpu_rl.spec.preflight import parse_json_list
@@ -342,3 +354,113 @@ def sweep_run_pools(
                 log.exception("janitor: could not delete node pool %s of %s", name, place)
                 report["failed"].append(f"{place}/{name}")
     return report
+
+
+# ---------------------------------------------------------------------------------------------
+# The GKE pipeline's cluster tasks, by cluster_mode: *create* runs the Cluster Toolkit operator as
+# before; *existing* runs the pool operators above under the same task id (the task order, the
+# ledger's steps and the plans are the same in both modes).
+class _ClusterModeMixin:
+    """``cluster_mode`` and the existing-cluster arguments beside a cluster operator's own."""
+
+    cluster_mode: str
+    existing_cluster: str
+    cpu_node_pool: str
+
+    def pool_operator(self, kind: type[_RunPoolsOperator], role: str, **extra: Any) -> _RunPoolsOperator:
+        """The pool operator doing this task's work in *existing* mode, from this task's values."""
+        this: Any = self
+        return kind(
+            task_id=this.task_id,
+            existing_cluster=self.existing_cluster,
+            zone=this.zone,
+            bucket=this.bucket,
+            compute_type=this.compute_type,
+            topology=this.topology,
+            num_slices=this.num_slices,
+            cpu_node_pool=self.cpu_node_pool or None,
+            pools=role,
+            gcluster_conn_id=this.gcluster_conn_id,
+            gcp_conn_id=this.gcp_conn_id,
+            impersonation_chain=this.impersonation_chain,
+            **extra,
+        )
+
+    def existing(self) -> bool:
+        return parse_cluster_mode(self.cluster_mode or CREATE) == EXISTING
+
+
+MODE_FIELDS = ("cluster_mode", "existing_cluster", "cpu_node_pool")
+
+
+class ClusterModeDeployOperator(_ClusterModeMixin, GclusterDeployOperator):
+    """``deploy_cluster`` / ``deploy_tpu_pool``: in *create* mode :class:`GclusterDeployOperator`;
+    in *existing* mode the run's own CPU pool (``skip_groups=["tpu"]``: the cluster's stage) or
+    its TPU pool(s) (``only_groups=["tpu"]``), and no cluster lease.
+
+    :param cluster_mode: ``create`` or ``existing``.
+    :param existing_cluster: with ``existing``: ``PROJECT/LOCATION/NAME``.
+    :param cpu_node_pool: with ``existing``: the cluster's CPU pool (empty: the run creates its own).
+    """
+
+    template_fields: Sequence[str] = (*GclusterDeployOperator.template_fields, *MODE_FIELDS)
+
+    def __init__(
+        self,
+        *,
+        cluster_mode: str = CREATE,
+        existing_cluster: str = "",
+        cpu_node_pool: str = "",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.cluster_mode = cluster_mode
+        self.existing_cluster = existing_cluster
+        self.cpu_node_pool = cpu_node_pool
+
+    def execute(self, context: Context) -> Any:
+        if not self.existing():
+            return super().execute(context)
+        role = TPU_POOL_ROLE if TPU_GROUP in group_selection(self.only_groups, None)[0] else CPU_POOL_ROLE
+        operator = self.pool_operator(
+            ExistingClusterPoolCreateOperator,
+            role,
+            capacity=self.capacity,
+            reservation=self.reservation,
+            max_cluster_hours=self.max_cluster_hours,
+        )
+        return operator.execute(context)
+
+
+class ClusterModeDestroyOperator(_ClusterModeMixin, GclusterDestroyOperator):
+    """``destroy_tpu_pool`` / ``destroy_cluster``: in *create* mode :class:`GclusterDestroyOperator`;
+    in *existing* mode the run's TPU pool(s) (``only_groups=["tpu"]``) or its own CPU pool and,
+    with ``delete_bucket``, the bucket — never the cluster.
+
+    Takes :class:`ClusterModeDeployOperator`'s mode arguments.
+    """
+
+    template_fields: Sequence[str] = (*GclusterDestroyOperator.template_fields, *MODE_FIELDS)
+
+    def __init__(
+        self,
+        *,
+        cluster_mode: str = CREATE,
+        existing_cluster: str = "",
+        cpu_node_pool: str = "",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.cluster_mode = cluster_mode
+        self.existing_cluster = existing_cluster
+        self.cpu_node_pool = cpu_node_pool
+
+    def execute(self, context: Context) -> Any:
+        if not self.existing():
+            return super().execute(context)
+        only, _ = group_selection(self.only_groups, None)
+        role = TPU_POOL_ROLE if TPU_GROUP in only else CPU_POOL_ROLE
+        result = self.pool_operator(ExistingClusterPoolDeleteOperator, role).execute(context)
+        if role == CPU_POOL_ROLE and rules.boolean("delete_bucket", self.delete_bucket):
+            result.update(delete_run_bucket(self, context, rules.bucket_name("bucket", self.bucket)))
+        return result

@@ -119,6 +119,10 @@ def gke_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
         "authorized_cidr": value("authorized_cidr"),
         "max_cluster_hours": value("max_cluster_hours"),
         "keep_cluster": value("keep_cluster"),
+        # existing mode: the same tasks add and delete only the run's own pools (ClusterMode*Operator)
+        "cluster_mode": value("cluster_mode"),
+        "existing_cluster": value("existing_cluster"),
+        "cpu_node_pool": value("cpu_node_pool"),
     }
     job = {
         **scope,
@@ -146,6 +150,9 @@ def gke_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
             "bucket": value("bucket"),
             "run_dirs": value("run_dirs"),
             "cancel_previous_writer": value("cancel_previous_writer"),
+            "existing_cluster": value("existing_cluster"),
+            "kueue_queue": value("kueue_queue"),
+            "cpu_node_pool": value("cpu_node_pool"),
         },
         "ensure_bucket": scope,
         # the cluster without its TPU node pool; the pool is deployed once the conversion is done

@@ -30,6 +30,12 @@ EXISTING_CLUSTER_NAME = re.compile(r"^[a-z](?:[-a-z0-9]{0,38}[a-z0-9])?$")
 EXISTING_CLUSTER_RULE = (
     "PROJECT/LOCATION/NAME, e.g. my-project/us-east5/team-tpu (a GKE cluster of ≤ 40 characters)"
 )
+# The whole PROJECT/LOCATION/NAME (the form's pattern; ExistingCluster checks each part in one line).
+EXISTING_CLUSTER_VALUE: Final = re.compile(
+    "^{}/{}(?:-[a-z])?/{}$".format(
+        *(p.pattern.strip("^$") for p in (rules.PROJECT_ID, rules.REGION, EXISTING_CLUSTER_NAME))
+    )
+)
 
 # GKE versions (first that runs the feature):
 # - TPU v6e: 1.31.2-gke.1115000 (GKE's TPU page, as Ray's "Start Google Cloud GKE Cluster with TPUs

@@ -13,6 +13,8 @@ import pytest
 from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
 from airflow_provider_tpu_rl.operators.existing_cluster import (
+    ClusterModeDeployOperator,
+    ClusterModeDestroyOperator,
     ExistingClusterPoolCreateOperator,
     ExistingClusterPoolDeleteOperator,
     sweep_run_pools,
@@ -188,3 +190,29 @@ def test_the_janitor_leaves_a_recorded_pool_it_cannot_prove_the_runs(sb: Sandbox
     )
     assert swept["left_alone"] == [f"{where}/{name}"]
     assert name in _pools(sb)
+
+
+def test_the_pipelines_cluster_tasks_in_existing_mode_add_and_delete_only_the_runs_pools(
+    sb: SandboxRun,
+) -> None:
+    """deploy_cluster, deploy_tpu_pool, destroy_tpu_pool and destroy_cluster with the pipeline's own
+    arguments (an existing-mode conf): the run's CPU and TPU pools, nothing of the cluster's."""
+    where = _cluster(sb)
+    conf = sb.gke_conf(cluster_mode="existing", existing_cluster=where)
+
+    def task(factory: Any, task_id: str) -> dict[str, Any]:
+        operator = sb.operator(factory, conf=conf, run_id=RUN_A, task_id=task_id)
+        result: dict[str, Any] = operator.execute(sb.context(operator, conf, run_id=RUN_A))
+        return result
+
+    cpu = task(ClusterModeDeployOperator, "deploy_cluster")
+    suffix = cpu["run"]
+    assert cpu["pools"] == [f"tpu-rl-{suffix}-cpu"]
+    assert task(ClusterModeDeployOperator, "deploy_tpu_pool")["pools"] == [f"tpu-rl-{suffix}-tpu-0"]
+    assert set(_pools(sb)) == {*TEAM_POOLS, f"tpu-rl-{suffix}-cpu", f"tpu-rl-{suffix}-tpu-0"}
+    assert task(ClusterModeDestroyOperator, "destroy_tpu_pool")["deleted"] == [f"tpu-rl-{suffix}-tpu-0"]
+    assert task(ClusterModeDestroyOperator, "destroy_cluster")["deleted"] == [f"tpu-rl-{suffix}-cpu"]
+    assert _pools(sb) == TEAM_POOLS
+    record = sb.cluster_record()
+    assert record is not None
+    assert record.get("status") == "RUNNING"

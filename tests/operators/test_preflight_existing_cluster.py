@@ -44,10 +44,16 @@ def _team_cluster(sb: SandboxRun, *missing: str) -> str:
 
 
 def _run(sb: SandboxRun, where: str, **arguments: Any) -> dict[str, Any]:
-    conf = sb.gke_conf(reservation="", capacity=arguments.pop("capacity", "on-demand"))
-    operator = sb.operator(
-        TpuRlPreflightOperator, conf=conf, task_id="preflight", existing_cluster=where, **arguments
+    # the pipeline's own arguments: the run's conf in existing mode (validate's resolved values)
+    existing = {key: arguments.pop(key) for key in ("kueue_queue", "cpu_node_pool") if key in arguments}
+    conf = sb.gke_conf(
+        reservation="",
+        capacity=arguments.pop("capacity", "on-demand"),
+        cluster_mode="existing",
+        existing_cluster=where,
+        **existing,
     )
+    operator = sb.operator(TpuRlPreflightOperator, conf=conf, task_id="preflight", **arguments)
     result: dict[str, Any] = operator.execute(sb.context(operator, conf))
     return result
 

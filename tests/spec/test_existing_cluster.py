@@ -202,3 +202,95 @@ def test_each_missing_controller_or_queue_is_one_line_naming_it(
 def test_a_run_never_needs_to_create_or_delete_a_cluster() -> None:
     assert "container.clusters.update" in EXISTING_CLUSTER_PERMISSIONS  # its own pools'
     assert not {"container.clusters.create", "container.clusters.delete"} & set(EXISTING_CLUSTER_PERMISSIONS)
+
+
+# --- the run parameters (cluster_mode, existing_cluster, kueue_queue, cpu_node_pool) ---------------
+_BASE = {"project": "team-project", "region": "us-east5", "zone": "us-east5-b", "bucket": "team-bucket"}
+_WHERE = "team-project/us-east5/shared-tpu"
+
+
+def test_existing_mode_names_the_cluster_and_the_runs_pools() -> None:
+    from airflow_provider_tpu_rl.spec.pipeline import gke_pipeline_from_conf
+
+    spec = gke_pipeline_from_conf(
+        {**_BASE, "cluster_mode": "existing", "existing_cluster": _WHERE, "cpu_node_pool": "cpu-np"}
+    )
+    assert spec.cluster_mode == "existing"
+    assert spec.run_pools is not None
+    assert spec.run_pools.created_cpu_pool == ""
+    resolved = spec.resolved()
+    assert (resolved["cluster_mode"], resolved["existing_cluster"], resolved["cpu_node_pool"]) == (
+        "existing",
+        _WHERE,
+        "cpu-np",
+    )
+    create = gke_pipeline_from_conf(_BASE)
+    assert (create.cluster_mode, create.run_pools, create.resolved()["existing_cluster"]) == (
+        "create",
+        None,
+        "",
+    )
+
+
+@pytest.mark.parametrize(
+    ("conf", "line"),
+    [
+        ({"existing_cluster": _WHERE}, "existing_cluster: is for cluster_mode existing"),
+        ({"kueue_queue": "q"}, "kueue_queue: is for cluster_mode existing"),
+        ({"cpu_node_pool": "cpu-np"}, "cpu_node_pool: is for cluster_mode existing"),
+        ({"cluster_mode": "shared"}, "cluster_mode: must be one of"),
+        ({"cluster_mode": "existing"}, "existing_cluster: cluster_mode existing needs the cluster"),
+        (
+            {"cluster_mode": "existing", "existing_cluster": "a/b"},
+            "existing_cluster: PROJECT/LOCATION/NAME",
+        ),
+        (
+            {"cluster_mode": "existing", "existing_cluster": "other-project/us-east5/x"},
+            "existing_cluster: is in project other-project",
+        ),
+        (
+            {"cluster_mode": "existing", "existing_cluster": "team-project/us-central1/x"},
+            "existing_cluster: is in us-central1, not in the run's region",
+        ),
+        (
+            {"cluster_mode": "existing", "existing_cluster": "team-project/us-east5-a/x"},
+            "existing_cluster: is a zonal cluster in us-east5-a",
+        ),
+        (
+            {"cluster_mode": "existing", "existing_cluster": _WHERE, "keep_cluster": True},
+            "keep_cluster: is for cluster_mode create",
+        ),
+        (
+            {"cluster_mode": "existing", "existing_cluster": _WHERE, "kueue_queue": "Team_Q"},
+            "kueue_queue: ",
+        ),
+    ],
+)
+def test_wrong_cluster_mode_values_are_refused_in_one_line(conf: dict[str, object], line: str) -> None:
+    from airflow_provider_tpu_rl.spec.pipeline import gke_pipeline_from_conf
+
+    with pytest.raises(SpecError) as refused:
+        gke_pipeline_from_conf({**_BASE, **conf})
+    assert str(refused.value).startswith(line)
+    assert "\n" not in str(refused.value)
+
+
+def test_the_existing_mode_plan_reads_the_cluster_and_touches_only_the_runs_pools() -> None:
+    from airflow_provider_tpu_rl.render.plan import api_calls, gke_plan
+    from airflow_provider_tpu_rl.spec.pipeline import gke_pipeline_from_conf
+    from airflow_provider_tpu_rl.spec.presets import Runner
+
+    spec = gke_pipeline_from_conf({**_BASE, "cluster_mode": "existing", "existing_cluster": _WHERE})
+    steps = [(s.task_id, s.command.argv) for s in gke_plan(spec, now=0)]
+    argvs = [" ".join(argv) for _, argv in steps]
+    assert not any(argv[0] == "gcluster" and argv[1] in ("deploy", "destroy", "create") for _, argv in steps)
+    assert not any("clusters delete" in a or "clusters create" in a for a in argvs)
+    by_task = {task: [" ".join(a[:4]) for t, a in steps if t == task] for task, _ in steps}
+    assert "gcloud container clusters describe" in by_task["preflight"]
+    run = spec.suffix
+    assert next(a for t, a in steps if t == "deploy_cluster")[4] == f"tpu-rl-{run}-cpu"
+    assert next(a for t, a in steps if t == "deploy_tpu_pool")[4] == f"tpu-rl-{run}-tpu-0"
+    deletes = [a[4] for _, a in steps if a[:4] == ("gcloud", "container", "node-pools", "delete")]
+    assert deletes == [f"tpu-rl-{run}-tpu-0", f"tpu-rl-{run}-cpu"]
+    tested = api_calls(Runner.GKE, spec.cluster.project, existing_cluster=True)[0].to_dict()
+    assert "container.clusters.update" in str(tested)
