@@ -133,6 +133,10 @@ def gke_task_arguments(value: Value) -> dict[str, dict[str, Any]]:
         "topology": value("topology"),
         "hf_token_conn_id": value("hf_token_conn_id"),
         "hf_token_secret": value("hf_token_secret"),
+        # existing mode: the jobs on the run's own pools, queued on kueue_queue
+        "existing_cluster": value("existing_cluster"),
+        "kueue_queue": value("kueue_queue"),
+        "cpu_node_pool": value("cpu_node_pool"),
     }
     # the conversions are CPU programs: the cluster's CPU node pool, not the slice's shape
     cpu_job = {key: item for key, item in job.items() if key not in ("compute_type", "topology")}

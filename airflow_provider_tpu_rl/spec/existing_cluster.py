@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from airflow_provider_tpu_rl.spec import rules
-from airflow_provider_tpu_rl.spec.cluster import FLEX_START, K8S_NAME, SliceShape
+from airflow_provider_tpu_rl.spec.cluster import FLEX_START, K8S_NAME, GkeJobTarget, SliceShape
 from airflow_provider_tpu_rl.spec.errors import SpecError
 
 CREATE: Final = "create"
@@ -344,3 +344,24 @@ def kubernetes_problems(
             f"({', '.join(local_queues)}): name the one the run may use in kueue_queue"
         )
     return problems, None
+
+
+def job_target_on(
+    target: GkeJobTarget, cluster: ExistingCluster, suffix: str, cpu_pool: str = "", queue: str = ""
+) -> GkeJobTarget:
+    """A job's target moved onto the existing cluster: a TPU job on the run's own pool(s) (their
+    ``tpu-rl-run`` node label: every slice's pool carries it) with its Pathways head on the CPU
+    pool, a CPU job on the CPU pool (``cpu_pool``, else the run's own); both queued on ``queue``
+    (empty: the only LocalQueue). A CPU job runs as the namespace's default Kubernetes service
+    account: the create mode's Workload Identity account is the toolkit cluster's."""
+    if queue:
+        rules.match("kueue_queue", queue, K8S_NAME, "a Kubernetes name like team-queue")
+    conversion_pool = cpu_pool or cpu_pool_name(suffix)
+    moved = replace(
+        target, project=cluster.project, location=cluster.location, cluster_name=cluster.name, queue=queue
+    )
+    if target.tpu:
+        return replace(
+            moved, node_pool="", node_constraints=((RUN_LABEL, suffix),), head_node_pool=conversion_pool
+        )
+    return replace(moved, node_pool=conversion_pool, service_account="", node_constraints=())

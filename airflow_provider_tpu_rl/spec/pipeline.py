@@ -33,6 +33,7 @@ from airflow_provider_tpu_rl.spec.existing_cluster import (
     ExistingCluster,
     RunPools,
     cluster_mode,
+    job_target_on,
     parse_existing_cluster,
 )
 from airflow_provider_tpu_rl.spec.params import TPU_VM_RUNTIMES
@@ -581,6 +582,16 @@ class GkePipelineSpec:
 
     @property
     def job_target(self) -> GkeJobTarget:
+        target = self._create_job_target
+        pools = self.run_pools
+        return (
+            target
+            if pools is None
+            else job_target_on(target, pools.cluster, pools.suffix, pools.cpu_pool, self.kueue_queue)
+        )
+
+    @property
+    def _create_job_target(self) -> GkeJobTarget:
         c = self.cluster
         return gke_job_target(
             self.preset,
@@ -596,7 +607,13 @@ class GkePipelineSpec:
     @property
     def cpu_job_target(self) -> GkeJobTarget:
         """Where the conversions run: the cluster's CPU node pool (they are CPU programs)."""
-        return self.job_target.on_cpu()
+        target = self._create_job_target.on_cpu()
+        pools = self.run_pools
+        return (
+            target
+            if pools is None
+            else job_target_on(target, pools.cluster, pools.suffix, pools.cpu_pool, self.kueue_queue)
+        )
 
     @property
     def token_resource(self) -> str:

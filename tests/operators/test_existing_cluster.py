@@ -20,6 +20,11 @@ from airflow_provider_tpu_rl.operators.existing_cluster import (
     sweep_run_pools,
 )
 from airflow_provider_tpu_rl.operators.gke import EnsureBucketOperator
+from airflow_provider_tpu_rl.operators.gke_jobs import (
+    MaxTextConvertOperator,
+    MaxTextExportOperator,
+    PathwaysRLTrainOperator,
+)
 from airflow_provider_tpu_rl.records.resources import read_resource_record
 from airflow_provider_tpu_rl.spec.pipeline import GKE_DAG_ID, run_suffix
 from tests.support.sandbox_run import REGION, ZONE, SandboxRun
@@ -216,3 +221,34 @@ def test_the_pipelines_cluster_tasks_in_existing_mode_add_and_delete_only_the_ru
     record = sb.cluster_record()
     assert record is not None
     assert record.get("status") == "RUNNING"
+
+
+def test_the_pipelines_jobs_in_existing_mode_go_to_the_runs_pools_and_queue(sb: SandboxRun) -> None:
+    where = f"{sb.project}/{REGION}/{sb.cluster}"
+    conf = sb.gke_conf(cluster_mode="existing", existing_cluster=where, kueue_queue="team-q")
+    plans = {}
+    for factory, task_id in (
+        (MaxTextConvertOperator, "convert_to_maxtext"),
+        (PathwaysRLTrainOperator, "train"),
+        (MaxTextExportOperator, "export_to_huggingface"),
+    ):
+        operator = sb.operator(factory, conf=conf, run_id=RUN_A, task_id=task_id)
+        plans[task_id] = operator.plan(sb.context(operator, conf, run_id=RUN_A))
+    train = plans["train"].target
+    suffix = dict(train.node_constraints)["tpu-rl-run"]
+    assert (train.cluster_name, train.queue, train.head_node_pool) == (
+        sb.cluster,
+        "team-q",
+        f"tpu-rl-{suffix}-cpu",
+    )
+    for task_id in ("convert_to_maxtext", "export_to_huggingface"):
+        target = plans[task_id].target
+        assert (target.cluster_name, target.node_pool, target.queue) == (
+            sb.cluster,
+            f"tpu-rl-{suffix}-cpu",
+            "team-q",
+        )
+    # create mode: as before (the toolkit cluster's cpu-np, no queue, no run label)
+    operator = sb.operator(PathwaysRLTrainOperator, run_id=RUN_A, task_id="train")
+    created = operator.plan(sb.context(operator, sb.gke_conf(), run_id=RUN_A)).target
+    assert (created.node_constraints, created.queue, created.head_node_pool) == ((), "", "")

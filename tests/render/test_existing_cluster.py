@@ -76,3 +76,35 @@ def test_a_pool_delete_names_one_pool_and_a_gone_pool_is_success() -> None:
     assert "--quiet" in delete.argv
     assert delete.ok_if_output_contains == ("code=404",)
     assert not any(a == "clusters" for a in delete.argv)  # a node pool's delete, never the cluster's
+
+
+def test_the_jobs_on_an_existing_cluster_name_the_runs_pools_and_queue() -> None:
+    from airflow_provider_tpu_rl.render.plan import gke_plan
+    from airflow_provider_tpu_rl.spec.pipeline import gke_pipeline_from_conf
+
+    spec = gke_pipeline_from_conf(
+        {
+            "project": "my-proj-123",
+            "region": "us-east5",
+            "zone": "us-east5-b",
+            "bucket": "team-bucket",
+            "cluster_mode": "existing",
+            "existing_cluster": "my-proj-123/us-east5/team-tpu",
+            "kueue_queue": "team-q",
+        }
+    )
+    jobs = {
+        s.task_id: s.command.argv for s in gke_plan(spec, now=0) if s.command.argv[1:3] == ("job", "submit")
+    }
+    run = spec.suffix
+    train = jobs["train"]
+    assert {
+        "--node-constraint=tpu-rl-run=" + run,
+        "--queue=team-q",
+        f"--pathways-head-np=tpu-rl-{run}-cpu",
+    } <= set(train)
+    assert {"--cluster=team-tpu", "--location=us-east5", "--project=my-proj-123"} <= set(train)
+    for task in ("convert_to_maxtext", "export_to_huggingface"):
+        assert f"--node-constraint=cloud.google.com/gke-nodepool=tpu-rl-{run}-cpu" in jobs[task]
+        assert "--queue=team-q" in jobs[task]
+        assert not any(a.startswith("--service-account") for a in jobs[task])  # no toolkit KSA there

@@ -7,17 +7,19 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_tpu_rl.spec.cluster import FLEX_START, ON_DEMAND, SliceShape
+from airflow_provider_tpu_rl.spec.cluster import FLEX_START, ON_DEMAND, GkeJobTarget, SliceShape
 from airflow_provider_tpu_rl.spec.errors import SpecError
 from airflow_provider_tpu_rl.spec.existing_cluster import (
     EXISTING_CLUSTER_PERMISSIONS,
     JOBSET_GROUP_VERSION,
     KUEUE_GROUP_VERSION,
     ClusterNeeds,
+    ExistingCluster,
     RunPools,
     cluster_mode,
     cluster_problems,
     gke_version,
+    job_target_on,
     kubernetes_problems,
     parse_existing_cluster,
     pool_is_runs,
@@ -294,3 +296,44 @@ def test_the_existing_mode_plan_reads_the_cluster_and_touches_only_the_runs_pool
     assert deletes == [f"tpu-rl-{run}-tpu-0", f"tpu-rl-{run}-cpu"]
     tested = api_calls(Runner.GKE, spec.cluster.project, existing_cluster=True)[0].to_dict()
     assert "container.clusters.update" in str(tested)
+
+
+# --- the jobs on an existing cluster ----------------------------------------------------------------
+def _target(**changes: object) -> GkeJobTarget:
+    values: dict[str, object] = {
+        "project": "team-project",
+        "location": "us-east5",
+        "cluster_name": "tpu-rl",
+        "image": "us-docker.pkg.dev/p/r/i:1",
+    }
+    return GkeJobTarget(**{**values, **changes})  # type: ignore[arg-type]
+
+
+def test_a_training_job_on_an_existing_cluster_runs_on_the_runs_own_pools_and_queue() -> None:
+    cluster = ExistingCluster("team-project", "us-east5", "shared-tpu")
+    moved = job_target_on(_target(), cluster, "1a2b3c", queue="team-q")
+    assert (moved.cluster_name, moved.location, moved.queue) == ("shared-tpu", "us-east5", "team-q")
+    assert moved.node_constraints == (("tpu-rl-run", "1a2b3c"),)
+    assert moved.head_node_pool == "tpu-rl-1a2b3c-cpu"  # gcluster would look for cpu-np
+
+
+def test_a_cpu_job_on_an_existing_cluster_runs_on_the_named_or_the_runs_cpu_pool() -> None:
+    cluster = ExistingCluster("team-project", "us-east5-b", "shared-tpu")
+    cpu = _target().on_cpu()
+    own = job_target_on(cpu, cluster, "1a2b3c")
+    assert (own.node_pool, own.service_account, own.location, own.queue) == (
+        "tpu-rl-1a2b3c-cpu",
+        "",
+        "us-east5-b",
+        "",
+    )
+    assert job_target_on(cpu, cluster, "1a2b3c", cpu_pool="cpu-np").node_pool == "cpu-np"
+    with pytest.raises(SpecError, match="kueue_queue"):
+        job_target_on(cpu, cluster, "1a2b3c", queue="Team_Q")
+
+
+def test_a_job_targets_a_gke_cluster_name_of_up_to_40_characters() -> None:
+    # the 20 is Cluster Toolkit's deployment name's (ClusterSpec keeps it); Cluster.name is ≤ 40
+    assert _target(cluster_name="a" * 40).cluster_name == "a" * 40
+    with pytest.raises(SpecError, match="at most 40"):
+        _target(cluster_name="a" * 41)
