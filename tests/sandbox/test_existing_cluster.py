@@ -171,3 +171,89 @@ def test_a_tpu_pool_has_its_slices_vms(cli: Cli, names: dict[str, str]) -> None:
     )
     assert wrong.code == 1
     assert "does not match TPU topology 4x8" in wrong.err
+
+
+# --- jobs on a cluster made outside the provider: its queues, per-pool scheduling ------------------
+def _submit(names: dict[str, str], *extra: str) -> list[str]:
+    return [
+        "job",
+        "submit",
+        "--name=team-a-cpu",
+        "--image=us-docker.pkg.dev/cloud-tpu-images/maxtext-images/tpu_post_training:0.2.4",
+        "--compute-type=n4-standard-64",
+        "--node-constraint=cloud.google.com/gke-nodepool=cpu-np",
+        *extra,
+        "--command=true",
+        f"--project={names['project']}",
+        f"--cluster={names['cluster']}",
+        f"--location={names['region']}",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("queues", "extra", "said", "code"),
+    [
+        (["team-queue"], (), "Auto-discovered Kueue LocalQueue: team-queue", 0),
+        (
+            ["team-queue", "sweep-queue"],
+            ("--queue=sweep-queue",),
+            "Using provided Kueue LocalQueue: sweep-queue",
+            0,
+        ),
+        # several and none named: gcluster warns, falls back to default-queue, which is not there
+        (["team-queue", "sweep-queue"], (), "multiple LocalQueues found ([team-queue sweep-queue])", 1),
+        # a queue that is not there: gcluster prompts to create queues; no answer ends it, nothing made
+        (["team-queue"], ("--queue=other",), "LocalQueue 'other' does not exist", 1),
+    ],
+)
+def test_gcluster_resolves_an_existing_clusters_queue_as_gcluster_does(
+    cli: Cli, names: dict[str, str], queues: list[str], extra: tuple[str, ...], said: str, code: int
+) -> None:
+    _made(cli, names)
+    store = StateStore(cli.layout)
+    with store.txn() as txn:
+        clusters = txn.doc("clusters")
+        next(c for c in clusters.values() if c.get("name") == names["cluster"])["local_queues"] = queues
+        txn.save("clusters")
+    # a submission that passes only writes its manifest (no job started); one that fails gets as far
+    # as the queue's check, past the Docker credentials
+    done = cli.gcloud("auth", "configure-docker", f"gcr.io,{names['region']}-docker.pkg.dev", "--quiet")
+    assert done.code == 0, done.text
+    result = cli.gcluster(*_submit(names, *extra, *(("--dry-run-out=/dev/null",) if code == 0 else ())))
+    assert result.code == code, result.text
+    assert said in result.text
+
+
+def test_a_tpu_job_runs_on_the_pool_its_node_selector_names_one_job_per_pool() -> None:
+    from tpu_rl_sandbox.machines.job_worker import existing_cluster_tpu_fits, matching_tpu_pool
+
+    def pool(name: str, run: str) -> dict[str, Any]:
+        return {"name": name, "topology": "2x2", "node_labels": {"tpu-rl-run": run} if run else {"team": "b"}}
+
+    cluster = {
+        "made_outside": True,
+        "node_pools": [pool("team-b-v6e", ""), pool("tpu-rl-aaaaaa-tpu-0", "aaaaaa")],
+    }
+
+    def job(uid: str, run: str, status: str, created: float) -> dict[str, Any]:
+        return {
+            "uid": uid,
+            "cluster_key": "k",
+            "tpu": True,
+            "topology": "2x2",
+            "node_constraint": {"tpu-rl-run": run},
+            "status": status,
+            "created_ts": created,
+        }
+
+    a = job("a", "aaaaaa", "Suspended", 1.0)
+    assert matching_tpu_pool(cluster, a)["name"] == "tpu-rl-aaaaaa-tpu-0"  # type: ignore[index]
+    assert existing_cluster_tpu_fits(a, {"a": a}, cluster)
+    # another run's job on the same cluster whose pool does not exist (yet): Pending, not on team b's
+    b = job("b", "bbbbbb", "Suspended", 2.0)
+    assert matching_tpu_pool(cluster, b) is None
+    assert not existing_cluster_tpu_fits(b, {"a": a, "b": b}, cluster)
+    # a second job of run a waits while the first runs on its pool
+    again = job("a2", "aaaaaa", "Suspended", 3.0)
+    running = {**a, "status": "Running"}
+    assert not existing_cluster_tpu_fits(again, {"a": running, "a2": again}, cluster)
