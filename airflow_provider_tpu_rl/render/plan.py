@@ -248,12 +248,9 @@ def _existing_cluster_plan(pipeline: GkePipelineSpec, pools: RunPools, now: floa
         "preflight": checks,
         "ensure_bucket": [gke.create_bucket(cluster.project, cluster.region, cluster.bucket)],
         "deploy_cluster": [pools_render.create_cpu_pool(pools, CPU_COMPUTE_TYPE, labels)] if cpu else [],
-        # as in create mode (the Workload Identity binding of an existing cluster: docs/platform-teams.md)
+        # no grant: the pools' node account is the platform team's to grant (docs/platform-teams.md)
         "sync_hf_token": gke.hf_token_secret(
-            cluster.project,
-            pipeline.hf_token.secret_id,
-            (cluster.workload_service_account, cluster.node_pool_service_account),
-            sync=pipeline.hf_token.sync_from_connection,
+            cluster.project, pipeline.hf_token.secret_id, (), sync=pipeline.hf_token.sync_from_connection
         ),
         "deploy_tpu_pool": [
             pools_render.create_tpu_pool(

@@ -664,7 +664,11 @@ class GkePipelineSpec:
             "image": self.image,
             "workload_image_patched": t.workload_image_patched,
             **workload_values(self.preset, self.conversion, t, self.hf_token),
-            "secret_readers": [c.workload_service_account, c.node_pool_service_account],
+            # existing mode: none (the toolkit cluster's accounts are not there; the platform team
+            # grants the run's pools' node account: docs/platform-teams.md)
+            "secret_readers": []
+            if self.existing
+            else [c.workload_service_account, c.node_pool_service_account],
             "keep_cluster": self.keep_cluster,
             "delete_bucket": self.delete_bucket,
             "max_cluster_hours": self.max_cluster_hours,

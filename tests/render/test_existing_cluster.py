@@ -93,6 +93,10 @@ def test_the_jobs_on_an_existing_cluster_name_the_runs_pools_and_queue() -> None
             "kueue_queue": "team-q",
         }
     )
+    steps = gke_plan(spec, now=0)
+    # no grant to the create mode's cluster accounts, which an existing cluster does not have
+    assert not any("add-iam-policy-binding" in s.command.argv for s in steps if s.task_id == "sync_hf_token")
+    assert spec.resolved()["secret_readers"] == []
     jobs = {
         s.task_id: s.command.argv for s in gke_plan(spec, now=0) if s.command.argv[1:3] == ("job", "submit")
     }
