@@ -109,7 +109,7 @@ unit-airflow-free: venv
 # TPU VM run directory's takeover and a retry following its container (both run a task in a thread,
 # which Airflow 2's ExecutorSafeguard refuses), shared buckets, cleanup, the cluster's lifecycle,
 # the job operators' failure handling, metrics, the JobSet trigger's recovery without its cancel
-# path; run identity, the GKE takeover and the TPU VM operators run on 2.11 instead:
+# path, a run's own pools and preflight on a GKE cluster it does not own; run identity, the GKE takeover and the TPU VM operators run on 2.11 instead:
 # ON_AIRFLOW_2_11_ONLY), the sweep example (the same operators in a hand-written DAG), `tpu-rl doctor` (tools, gcloud and ADC; its connection lookup is
 # the hooks' own, tested on 2.11), the wheel's contents (built from the sources alone) and the test
 # file each module has (a file listing). On Airflow 2.11 the pipelines' end-to-end runs drive
@@ -124,6 +124,7 @@ SAME_ON_EVERY_AIRFLOW := tests/operators/test_bucket_sharing.py tests/operators/
 	tests/operators/test_tpu_vm_container_retry.py \
 	tests/operators/test_tpu_vm_capacity.py tests/operators/test_training_metrics.py \
 	tests/operators/test_boot_image.py \
+	tests/operators/test_existing_cluster.py tests/operators/test_preflight_existing_cluster.py \
 	tests/e2e/test_sweep_example.py tests/test_doctor.py tests/test_wheel.py \
 	tests/docs/test_module_map.py
 

@@ -58,6 +58,7 @@ def build_plan(
             gke.cluster.bucket,
             resolved["run_dirs"],
             streams_image=gke.streams_image,
+            existing_cluster=gke.existing is not None,
         )
         document = plan_document(dag_id, gke_plan(gke), calls)
         document["capacity"] = gke_capacity(gke)

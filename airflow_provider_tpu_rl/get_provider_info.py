@@ -39,6 +39,7 @@ def get_provider_info() -> dict[str, Any]:
                 "integration-name": INTEGRATION,
                 "python-modules": [
                     "airflow_provider_tpu_rl.operators.gke",
+                    "airflow_provider_tpu_rl.operators.existing_cluster",
                     "airflow_provider_tpu_rl.operators.ledger",
                     "airflow_provider_tpu_rl.operators.gke_jobs",
                     "airflow_provider_tpu_rl.operators.preflight",

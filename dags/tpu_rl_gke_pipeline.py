@@ -11,7 +11,10 @@ from __future__ import annotations
 from typing import Final
 
 from airflow_provider_tpu_rl.ledger.collect import GKE_CLUSTER_TASK_IDS
-from airflow_provider_tpu_rl.operators.gke import GclusterDeployOperator, GclusterDestroyOperator
+from airflow_provider_tpu_rl.operators.existing_cluster import (
+    ClusterModeDeployOperator,
+    ClusterModeDestroyOperator,
+)
 from airflow_provider_tpu_rl.operators.gke_jobs import (
     MaxTextConvertOperator,
     MaxTextExportOperator,
@@ -64,6 +67,12 @@ and fails the run before anything is created or billed. `preflight` then checks 
 toolchain (Terraform, Packer, git, kubectl, gke-gcloud-auth-plugin), the project's APIs, the
 caller's IAM permissions and the reservation's free capacity, one line per problem.
 
+**Cluster mode.** `cluster_mode` `create` (the default) is the flow above. `existing` names a GKE
+cluster a platform team runs (`existing_cluster`): the same tasks create and delete only the run's
+own node pools in it (`deploy_cluster` its CPU pool unless `cpu_node_pool` names the cluster's,
+`deploy_tpu_pool` its TPU pool, `destroy_tpu_pool` and `destroy_cluster` delete them), with no
+cluster lease; the cluster is never deleted (docs/platform-teams.md).
+
 **Safety switches.**
 - `keep_cluster` (off): on, the cluster survives the run and keeps billing.
 - `delete_bucket` (off): on, the teardown deletes the bucket, **including the trained model**.
@@ -90,7 +99,7 @@ with pipeline.pipeline_dag(
     # The graph groups the stages; every task keeps its own id (stage_group).
     with pipeline.stage_group("prepare"):
         ensure_bucket = pipeline.first_steps(args)[1]
-        deploy_cluster = GclusterDeployOperator(
+        deploy_cluster = ClusterModeDeployOperator(
             task_id="deploy_cluster", **args["deploy_cluster"], **pipeline.transient("deploy")
         )
         # Beside the cluster and the conversion: the training image copied into the run's own
@@ -111,7 +120,7 @@ with pipeline.pipeline_dag(
     with pipeline.stage_group("training"):
         # The TPU node pool (its own deployment group) exists only while training needs it: deployed
         # once the converted checkpoint is committed, destroyed once the actor checkpoint is.
-        deploy_tpu_pool = GclusterDeployOperator(
+        deploy_tpu_pool = ClusterModeDeployOperator(
             task_id="deploy_tpu_pool", **args["deploy_tpu_pool"], **pipeline.transient("deploy")
         )
         PathwaysRLTrainOperator(
@@ -120,7 +129,7 @@ with pipeline.pipeline_dag(
         actor_checkpoint = waits.wait_actor_checkpoint(poke_interval=60)
         # A teardown of the pool: runs whatever training did once the cluster deploy succeeded (a
         # pool that failed half-way or was never deployed is an already-absent group: a no-op destroy).
-        GclusterDestroyOperator(
+        ClusterModeDestroyOperator(
             task_id="destroy_tpu_pool", **args["destroy_tpu_pool"], **pipeline.transient("teardown")
         ).as_teardown(setups=[deploy_cluster, deploy_tpu_pool])
     with pipeline.stage_group("export"):
@@ -135,7 +144,7 @@ with pipeline.pipeline_dag(
     with pipeline.stage_group("teardown"):
         # The bucket is a setup too: once it exists the destroy runs, also after a deploy that
         # failed half-way (a stockout leaves a cluster without TPU nodes). It also owns delete_bucket.
-        GclusterDestroyOperator(
+        ClusterModeDestroyOperator(
             task_id="destroy_cluster",
             **args["destroy_cluster"],
             # only the secretAccessor grants this run added (none when the token task never ran)

@@ -161,6 +161,21 @@ with DAG(
                     report["destroyed"].append(describe(resource))
                     if end is not None:
                         ends.append(end)
+        # Runs' own node pools on clusters the provider did not create (their records say which):
+        # deleted when the run has ended or they expired and their labels prove them its.
+        from airflow_provider_tpu_rl.operators.existing_cluster import sweep_run_pools
+
+        pools = sweep_run_pools(
+            hook,
+            GCP_CONN_ID,
+            sources.buckets,
+            now,
+            lambda dag_id, run_id: runs.dagrun_state(dag_id, run_id) if runs is not None else None,
+            dry_run=params["dry_run"],
+        )
+        report["found"] += [{"node_pool": p} for p in pools["deleted"]]
+        report["destroyed"] += [] if params["dry_run"] else [{"node_pool": p} for p in pools["deleted"]]
+        report["failed"] += [{"node_pool": p} for p in pools["failed"]]
         if not params["dry_run"]:
             # The ledger rows still `running` of the runs it ended, or whose DAG run has ended.
             try:

@@ -46,6 +46,7 @@ from airflow_provider_tpu_rl.exceptions import (
     KubernetesApiError,
 )
 from airflow_provider_tpu_rl.maxtext.layout import run_dir
+from airflow_provider_tpu_rl.spec.existing_cluster import KUEUE_GROUP_VERSION
 from airflow_provider_tpu_rl.toolchain.job_output import JobState
 
 if TYPE_CHECKING:
@@ -54,6 +55,8 @@ if TYPE_CHECKING:
 
 JOBSET_GROUP = "jobset.x-k8s.io"
 JOBSET_VERSION = "v1alpha2"
+# Kueue's LocalQueues (spec/existing_cluster.py KUEUE_GROUP_VERSION)
+KUEUE_GROUP, KUEUE_VERSION = KUEUE_GROUP_VERSION.split("/")
 JOBSET_PLURAL = "jobsets"
 WORKLOAD_LABEL = "gcluster.google.com/workload"
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
@@ -627,6 +630,30 @@ class JobSetClient:
                 f"found JobSets named {name} in several namespaces {namespaces}", FailureKind.CONFIG
             )
         return items[0] if items else None
+
+    async def api_groups(self, client: ApiClient) -> dict[str, Any]:
+        """The API server's discovery ``APIGroupList`` (``GET /apis``), as JSON: which controllers'
+        APIs (JobSet, Kueue) the cluster serves."""
+        from kubernetes_asyncio.client import ApisApi
+
+        try:
+            listed = await ApisApi(client).get_api_versions(_request_timeout=API_TIMEOUT)
+        except Exception as err:
+            raise _api_error(err, "read the API groups") from err
+        document: dict[str, Any] = client.sanitize_for_serialization(listed)
+        return document
+
+    async def local_queues(self, client: ApiClient, namespace: str) -> list[str]:
+        """The names of the Kueue LocalQueues of ``namespace`` (``kueue.x-k8s.io/v1beta1``)."""
+        from kubernetes_asyncio.client import CustomObjectsApi
+
+        try:
+            listed = await CustomObjectsApi(client).list_namespaced_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, namespace, "localqueues", _request_timeout=API_TIMEOUT
+            )
+        except Exception as err:
+            raise _api_error(err, f"list the LocalQueues of namespace {namespace}") from err
+        return [str(item["metadata"]["name"]) for item in listed.get("items") or [] if item.get("metadata")]
 
     async def list_all(self, client: ApiClient) -> list[dict[str, Any]]:
         """Every JobSet of the cluster, in every namespace."""

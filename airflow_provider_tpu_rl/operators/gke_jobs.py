@@ -89,6 +89,7 @@ from airflow_provider_tpu_rl.render.command import Command
 from airflow_provider_tpu_rl.spec import rules
 from airflow_provider_tpu_rl.spec.cluster import CPU_COMPUTE_TYPE, GkeJobTarget
 from airflow_provider_tpu_rl.spec.errors import SpecError
+from airflow_provider_tpu_rl.spec.existing_cluster import job_target_on, parse_existing_cluster
 from airflow_provider_tpu_rl.spec.pipeline import (
     default_job_name,
     gke_conversion,
@@ -97,6 +98,7 @@ from airflow_provider_tpu_rl.spec.pipeline import (
     gke_training,
     hf_token_spec,
     pathways_gcs_location,
+    run_suffix,
     secret_version,
 )
 from airflow_provider_tpu_rl.spec.preflight import enabled_secret_versions
@@ -267,6 +269,9 @@ class _GclusterJobOperator(LineageMixin, GclusterBaseOperator):
         "gcp_conn_id",
         "impersonation_chain",
         "cancel_previous_writer",
+        "existing_cluster",
+        "kueue_queue",
+        "cpu_node_pool",
     )
     pathways = False
     job_kind = "convert"
@@ -297,9 +302,15 @@ class _GclusterJobOperator(LineageMixin, GclusterBaseOperator):
         admission_timeout: timedelta | None = None,
         cancel_previous_writer: bool | str = False,
         previous_writer_stop_timeout: timedelta = DEFAULT_STOP_TIMEOUT,
+        existing_cluster: str | None = None,
+        kueue_queue: str | None = None,
+        cpu_node_pool: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.existing_cluster = existing_cluster
+        self.kueue_queue = kueue_queue
+        self.cpu_node_pool = cpu_node_pool
         self.cancel_previous_writer = cancel_previous_writer
         self.previous_writer_stop_timeout = previous_writer_stop_timeout
         self.project_id = project_id
@@ -353,6 +364,20 @@ class _GclusterJobOperator(LineageMixin, GclusterBaseOperator):
             num_slices=num_slices,
         )
         return target.on_cpu(self.compute_type or CPU_COMPUTE_TYPE) if on_cpu else target
+
+    def on_run_cluster(self, target: GkeJobTarget, context: Context) -> GkeJobTarget:
+        """The target on the cluster the run does not own (``existing_cluster``): its own pools and
+        ``kueue_queue`` (spec/existing_cluster.py ``job_target_on``); as given otherwise."""
+        if not self.existing_cluster:
+            return target
+        dag_id, run_id = self.run_ids(context)
+        return job_target_on(
+            target,
+            parse_existing_cluster(self.existing_cluster),
+            run_suffix(dag_id, run_id),
+            self.cpu_node_pool or "",
+            self.kueue_queue or "",
+        )
 
     def resolved_job_name(self, context: Context, preset: ModelPreset) -> str:
         if self.job_name:
@@ -912,7 +937,10 @@ class MaxTextConvertOperator(_GclusterJobOperator):
             hf_model_path=self.hf_model_path,
             output_directory=self.output_directory,
         )
-        target, name = self.target(preset), self.resolved_job_name(context, preset)
+        target, name = (
+            self.on_run_cluster(self.target(preset), context),
+            self.resolved_job_name(context, preset),
+        )
         command = gke.conversion_job(target, name, conversion, self.token_resource())
         return JobPlan(
             target,
@@ -984,7 +1012,10 @@ class MaxTextExportOperator(_GclusterJobOperator):
             load_parameters_path=self.load_parameters_path,
             output_directory=self.output_directory,
         )
-        target, name = self.target(preset), self.resolved_job_name(context, preset)
+        target, name = (
+            self.on_run_cluster(self.target(preset), context),
+            self.resolved_job_name(context, preset),
+        )
         command = gke.export_job(target, name, export, self.token_resource())
         return JobPlan(
             target,
@@ -1073,7 +1104,7 @@ class PathwaysRLTrainOperator(_GclusterJobOperator):
             load_parameters_path=self.load_parameters_path,
             base_output_directory=self.base_output_directory,
         )
-        target = self.target(preset, self.num_slices)
+        target = self.on_run_cluster(self.target(preset, self.num_slices), context)
         check_patched_image(target.image, patched)
         name = self.resolved_job_name(context, preset)
         command = gke.training_job(

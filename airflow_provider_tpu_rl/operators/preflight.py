@@ -24,6 +24,7 @@ from airflow.providers.common.compat.sdk import Context
 from airflow_provider_tpu_rl.compat import AirflowException, AirflowFailException, conf
 from airflow_provider_tpu_rl.exceptions import CommandError, ConfigurationError
 from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, fail_fast
+from airflow_provider_tpu_rl.render import existing_cluster as existing_commands
 from airflow_provider_tpu_rl.render import preflight as commands
 from airflow_provider_tpu_rl.spec import preflight as checks
 from airflow_provider_tpu_rl.spec import rules
@@ -34,6 +35,17 @@ from airflow_provider_tpu_rl.spec.cluster import (
     check_capacity,
     default_capacity,
     require_reservation_name,
+)
+from airflow_provider_tpu_rl.spec.existing_cluster import (
+    EXISTING_ONE_KIND,
+    KUEUE_GROUP_VERSION,
+    QUEUE_NAMESPACE,
+    ClusterNeeds,
+    ExistingCluster,
+    cluster_problems,
+    kubernetes_problems,
+    parse_existing_cluster,
+    served_group_versions,
 )
 from airflow_provider_tpu_rl.spec.pipeline import default_shape, image_repository
 from airflow_provider_tpu_rl.spec.preflight import error_line
@@ -63,6 +75,47 @@ def lease_wait_seconds() -> float:
     """``[tpu_rl] lease_wait_minutes``: how long preflight waits for another run's cluster lease
     (deferred, re-checked every minute); 0 (the default) fails at once."""
     return max(conf.getfloat("tpu_rl", "lease_wait_minutes", fallback=0.0), 0.0) * 60.0
+
+
+def read_cluster_controllers(
+    gcp_conn_id: str, impersonation_chain: str | Sequence[str] | None, cluster: ExistingCluster
+) -> tuple[set[str], list[str] | None, str | None]:
+    """What the cluster's Kubernetes API serves and the LocalQueues of ``default`` (None: Kueue is
+    not served), through the API the provider's jobs use; or a line saying why it cannot be read."""
+    import asyncio
+
+    from airflow_provider_tpu_rl.exceptions import KubernetesApiError
+    from airflow_provider_tpu_rl.hooks.kubernetes import GkeClusterHook, JobSetClient
+
+    async def read() -> tuple[set[str], list[str] | None]:
+        access = await asyncio.to_thread(
+            GkeClusterHook(gcp_conn_id, cluster.location, impersonation_chain).cluster_access,
+            cluster.name,
+            cluster.project,
+        )
+        client = JobSetClient(access, gcp_conn_id, impersonation_chain)
+        try:
+            async with client.connection() as api:
+                served = served_group_versions(await client.api_groups(api))
+                queues = (
+                    await client.local_queues(api, QUEUE_NAMESPACE) if KUEUE_GROUP_VERSION in served else None
+                )
+                return served, queues
+        finally:
+            await client.close()
+
+    try:
+        served, queues = asyncio.run(read())
+    except (ConfigurationError, KubernetesApiError) as err:
+        return (
+            set(),
+            None,
+            (
+                f"could not read cluster {cluster.where}'s Kubernetes API ({error_line(str(err))}): the caller "
+                "needs container.clusters.getCredentials and the API must be reachable from the Airflow workers"
+            ),
+        )
+    return served, queues, None
 
 
 def load_permission_client() -> None:
@@ -115,6 +168,14 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
     :param image_repository: GKE: the Artifact Registry repository the training image is copied
         into for image streaming; named, the Container File System API and the copy's Artifact
         Registry permissions are checked too.
+    :param existing_cluster: (``gke``) ``PROJECT/LOCATION/NAME`` of a GKE cluster the run does not
+        own ([platform teams](../docs/platform-teams.md)): it is read instead of a blueprint checked
+        (RUNNING, a GKE that runs v6e and flex-start when chosen, Workload Identity, JobSet, Kueue
+        and a LocalQueue, the CPU pool) and the permissions are a run's on it; no cluster lease.
+    :param kueue_queue: (with ``existing_cluster``) the LocalQueue of namespace ``default`` the
+        run's jobs go to; empty: the only one there.
+    :param cpu_node_pool: (with ``existing_cluster``) the cluster's CPU node pool the conversions
+        run on; empty: the run creates its own.
     """
 
     ui_color = "#e8f5e9"
@@ -140,6 +201,9 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         "run_dirs",
         "cancel_previous_writer",
         "image_repository",
+        "existing_cluster",
+        "kueue_queue",
+        "cpu_node_pool",
     )
 
     def __init__(
@@ -164,6 +228,9 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         run_dirs: Mapping[str, str] | None = None,
         cancel_previous_writer: bool | str = False,
         image_repository: str | None = None,
+        existing_cluster: str | None = None,
+        kueue_queue: str | None = None,
+        cpu_node_pool: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -186,6 +253,9 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         self.cpu_machine_types = cpu_machine_types
         self.run_dirs = run_dirs
         self.cancel_previous_writer = cancel_previous_writer
+        self.existing_cluster = existing_cluster
+        self.kueue_queue = kueue_queue
+        self.cpu_node_pool = cpu_node_pool
 
     # ------------------------------------------------------------------ arguments
     def _streams(self, run: Runner) -> bool:
@@ -202,6 +272,8 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
 
     def _permissions(self, run: Runner) -> dict[str, str]:
         value = self.required_permissions
+        if value is None and self._existing() is not None:
+            return dict(checks.EXISTING_CLUSTER_RUN_PERMISSIONS)
         if value is None:
             streaming = checks.STREAMING_PERMISSIONS if self._streams(run) else {}
             return {**checks.REQUIRED_PERMISSIONS[run], **streaming}
@@ -219,6 +291,12 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         return checks.ReservationNeed.for_slices(
             self.compute_type or compute_type, self.topology or topology, self._slices()
         )
+
+    def _existing(self) -> ExistingCluster | None:
+        """The cluster the run does not own (``existing_cluster``), or None: the run creates one."""
+        if not self.existing_cluster:
+            return None
+        return parse_existing_cluster(self.existing_cluster)
 
     # ------------------------------------------------------------------ checks
     _tool_missing = False
@@ -606,10 +684,51 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         except ConfigurationError as err:
             return self._tool_problem(err)
 
+    def check_existing_cluster(self, project: str, capacity: str) -> list[str]:
+        """The cluster the run does not own, read before anything is spent: the container API's
+        ``Cluster`` (``gcloud container clusters describe``), then, when it is there and RUNNING,
+        its Kubernetes API (discovery, the LocalQueues of ``default``); one line per prerequisite
+        it lacks (``spec/existing_cluster.py``)."""
+        cluster = self._existing()
+        if cluster is None:
+            return []
+        if cluster.project != project:
+            return [
+                f"existing_cluster {cluster.where} is in project {cluster.project}, not the run's {project}: "
+                "its TPU node pool, quota and reservation are the cluster's project's; set project to it"
+            ]
+        needs = ClusterNeeds(
+            cluster, capacity, cpu_pool=self.cpu_node_pool or "", queue=self.kueue_queue or ""
+        )
+        document, problems = self._read_document(
+            existing_commands.describe_cluster(cluster),
+            "the cluster check",
+            f"could not read cluster {cluster.where} ({{error}}): the caller needs container.clusters.get",
+            f"gcloud printed no cluster JSON for {cluster.where}",
+            not_found=(existing_commands.POOL_GONE, cluster_problems(needs, None)[0]),
+        )
+        if document is None:
+            return problems
+        problems = cluster_problems(needs, document)
+        if document.get("status") != "RUNNING":
+            return problems  # its Kubernetes API may not answer: read again once it is RUNNING
+        served, queues, unreadable = read_cluster_controllers(
+            self.gcp_conn_id, self.impersonation_chain, cluster
+        )
+        if unreadable is not None:
+            return [*problems, unreadable]
+        kube_problems, queue = kubernetes_problems(needs, served, queues)
+        if queue is not None:
+            self.log.info("preflight: the run's jobs go to LocalQueue %s of cluster %s", queue, cluster.where)
+        return problems + kube_problems
+
     def lease_holder_line(self, context: Context) -> str | None:
         """Another run's live lease on the cluster, as one line; ``None`` when this run may use it
-        (free, expired, kept for a later run, or already this run's)."""
+        (free, expired, kept for a later run, or already this run's). A cluster the run does not
+        own has no lease: runs share it."""
         if self.runner != Runner.GKE.value or not self.cluster_name or not self.bucket:
+            return None
+        if self._existing() is not None:
             return None
         from airflow_provider_tpu_rl.records.lease import ClusterLeaseHook, held_message
 
@@ -711,6 +830,8 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         kinds = capacity_order(capacity)
         if run is Runner.GKE and FLEX_START in kinds[:-1]:
             raise AirflowFailException(f"capacity: {GKE_FLEX_START_LAST}")
+        if len(kinds) > 1 and self._existing() is not None:
+            raise AirflowFailException(f"capacity: {EXISTING_ONE_KIND}")
         services = self._services(run)
         permissions = self._permissions(run)
         need = self._need(run)
@@ -727,7 +848,10 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
             problems += self.check_gcloud_account(run)
             if run is Runner.GKE:
                 problems += self.check_adc()
-                problems += self.check_blueprint(kinds[0], reservation, need, project, zone)
+                if self._existing() is None:
+                    problems += self.check_blueprint(kinds[0], reservation, need, project, zone)
+                else:
+                    problems += self.check_existing_cluster(project, kinds[0])
             reasons: dict[str, str] = {}
             if run is Runner.TPU_VM:
                 # Under OS Login, sudo on the VM needs admin login: tested with the other permissions.
@@ -775,4 +899,5 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
             "reservation": reservation or None,
             "capacity": capacity,
             "reservation_vms": need.vms if reservation else None,
+            **({"existing_cluster": self.existing_cluster} if self._existing() is not None else {}),
         }

@@ -142,6 +142,10 @@ def gke_task_arguments(value: Value, training_image: Any = None) -> dict[str, di
         "authorized_cidr": value("authorized_cidr"),
         "max_cluster_hours": value("max_cluster_hours"),
         "keep_cluster": value("keep_cluster"),
+        # existing mode: the same tasks add and delete only the run's own pools (ClusterMode*Operator)
+        "cluster_mode": value("cluster_mode"),
+        "existing_cluster": value("existing_cluster"),
+        "cpu_node_pool": value("cpu_node_pool"),
     }
     job = {
         **scope,
@@ -152,6 +156,10 @@ def gke_task_arguments(value: Value, training_image: Any = None) -> dict[str, di
         "topology": value("topology"),
         "hf_token_conn_id": value("hf_token_conn_id"),
         "hf_token_secret": value("hf_token_secret"),
+        # existing mode: the jobs on the run's own pools, queued on kueue_queue
+        "existing_cluster": value("existing_cluster"),
+        "kueue_queue": value("kueue_queue"),
+        "cpu_node_pool": value("cpu_node_pool"),
     }
     # the conversions are CPU programs: the cluster's CPU node pool, not the slice's shape
     cpu_job = {key: item for key, item in job.items() if key not in ("compute_type", "topology")}
@@ -170,6 +178,9 @@ def gke_task_arguments(value: Value, training_image: Any = None) -> dict[str, di
             "run_dirs": value("run_dirs"),
             "cancel_previous_writer": value("cancel_previous_writer"),
             "image_repository": value("image_repository"),
+            "existing_cluster": value("existing_cluster"),
+            "kueue_queue": value("kueue_queue"),
+            "cpu_node_pool": value("cpu_node_pool"),
         },
         "ensure_bucket": scope,
         # the training image copied into the run's repository, streamed by the TPU node pool

@@ -518,6 +518,11 @@ def _target_flags(target: GkeJobTarget, num_slices: int) -> tuple[str, ...]:
         flags.append(f"--topology={target.topology}")
     if target.node_pool:
         flags.append(f"--node-constraint={NODE_POOL_LABEL}={target.node_pool}")
+    # --node-constraint is a StringToString flag (nodeSelector): repeated flags merge
+    # (cluster-toolkit v1.95.0 cmd/job/submit.go; pflag stringToString Set)
+    flags += [f"--node-constraint={key}={value}" for key, value in target.node_constraints]
+    if target.queue:
+        flags.append(f"--queue={target.queue}")  # the Kueue LocalQueue (the same file)
     if target.service_account:
         flags.append(f"--service-account={target.service_account}")
     return tuple(flags)
@@ -587,6 +592,9 @@ def training_job(
             *_target_flags(target, target.num_slices),
             "--pathways",
             f"--pathways-gcs-location={pathways_gcs_location}",
+            # without it gcluster looks for cpu-np or pathways-np (cluster-toolkit v1.95.0
+            # gke_job_orchestrator.go autoDetectCPUNodePool): an existing cluster's CPU pool is the run's
+            *((f"--pathways-head-np={target.head_node_pool}",) if target.head_node_pool else ()),
             f"--gke-ttl-after-finished={TRAINING_TTL}",
             "--restarts=0",
             *_env_flags("--env", PATHWAYS_ENV),

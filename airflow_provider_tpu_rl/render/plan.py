@@ -8,9 +8,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from airflow_provider_tpu_rl.render import boot_image, gke, image_stream, preflight, tpu_vm
+from airflow_provider_tpu_rl.render import existing_cluster as pools_render
 from airflow_provider_tpu_rl.render.blueprint import STREAMING_ROLE, capacity_settings
 from airflow_provider_tpu_rl.render.command import ApiCall, Command
-from airflow_provider_tpu_rl.spec.cluster import RESERVATION, ClusterSpec, TpuVmSpec
+from airflow_provider_tpu_rl.spec.cluster import CPU_COMPUTE_TYPE, RESERVATION, ClusterSpec, TpuVmSpec
+from airflow_provider_tpu_rl.spec.existing_cluster import RunPools
 from airflow_provider_tpu_rl.spec.pipeline import (
     GKE_TASK_ORDER,
     TPU_VM_TASK_ORDER,
@@ -18,6 +20,7 @@ from airflow_provider_tpu_rl.spec.pipeline import (
     TpuVmPipelineSpec,
 )
 from airflow_provider_tpu_rl.spec.preflight import (
+    EXISTING_CLUSTER_RUN_PERMISSIONS,
     REQUIRED_PERMISSIONS,
     STREAMING_PERMISSIONS,
     VM_NETWORK,
@@ -133,20 +136,24 @@ def api_calls(
     run_dirs: Mapping[str, str] | None = None,
     *,
     streams_image: bool = False,
+    existing_cluster: bool = False,
 ) -> list[PlanApiCall]:
     """The run's API calls that no command makes: the preflight's permission test (a TPU VM
     under OS Login also tests compute.instances.osAdminLogin; a GKE run that streams its image,
-    the copy's permissions too) and its reads of who writes the run's directories (``run_dirs``,
-    in ``bucket``)."""
-    permissions = [*REQUIRED_PERMISSIONS[runner], *(STREAMING_PERMISSIONS if streams_image else ())]
+    the copy's permissions too; a run on an existing cluster tests a run's permissions on it) and
+    its reads of who writes the run's directories (``run_dirs``, in ``bucket``)."""
+    base = EXISTING_CLUSTER_RUN_PERMISSIONS if existing_cluster else REQUIRED_PERMISSIONS[runner]
+    permissions = [*base, *(STREAMING_PERMISSIONS if streams_image else ())]
     calls = [PlanApiCall("preflight", preflight.test_permissions(project, permissions))]
     for stage, directory in (run_dirs or {}).items():
         calls.append(PlanApiCall("preflight", preflight.read_run_dir_claim(bucket, stage, directory)))
     return calls
 
 
-def gke_plan(pipeline: GkePipelineSpec) -> list[PlanStep]:
+def gke_plan(pipeline: GkePipelineSpec, *, now: float | None = None) -> list[PlanStep]:
     """Every command of ``tpu_rl_gke_pipeline`` in execution order (skips are decided at run time)."""
+    if pipeline.run_pools is not None:
+        return _existing_cluster_plan(pipeline, pipeline.run_pools, now)
     cluster = pipeline.cluster
     workdir = gke.plan_workdir(cluster.cluster_name)
     target, token = pipeline.job_target, pipeline.token_resource
@@ -227,6 +234,70 @@ def gke_plan(pipeline: GkePipelineSpec) -> list[PlanStep]:
         # ... to here (the actor checkpoint is committed); the export runs on cpu-np (also with
         # keep_cluster, the TPU pool goes)
         "destroy_tpu_pool": [*folder, gke.destroy(cluster, workdir, only_groups=tpu)],
+        "export_to_huggingface": [
+            *auth,
+            gke.export_job(pipeline.cpu_job_target, pipeline.export_job, pipeline.export, token),
+        ],
+        "destroy_cluster": teardown,
+    }
+    return _in_task_order(GKE_TASK_ORDER, commands)
+
+
+def _existing_cluster_plan(pipeline: GkePipelineSpec, pools: RunPools, now: float | None) -> list[PlanStep]:
+    """``cluster_mode`` existing: the same tasks, the cluster read instead of deployed (preflight)
+    and only the run's own node pools created and deleted (``ClusterMode*Operator``)."""
+    cluster = pipeline.cluster
+    expires = int((now if now is not None else time.time()) + pipeline.max_cluster_hours * 3600)
+    labels = gke.managed_labels(pipeline.dag_id, pools.suffix, cluster.bucket, expires)
+    checks = preflight_commands(
+        Runner.GKE, cluster.project, cluster.zone, cluster.reservation, cluster.capacity
+    )
+    # the cluster is read where the create mode expands its blueprint (check_existing_cluster);
+    # then its Kubernetes API (discovery, LocalQueues) through the client library
+    checks = [
+        pools_render.describe_cluster(pools.cluster) if step.argv[:2] == ("gcluster", "create") else step
+        for step in checks
+    ]
+    cpu = [pools.created_cpu_pool] if pools.created_cpu_pool else []
+    listing = pools_render.list_pools(pools.cluster)
+    deletes = [pools_render.delete_pool(pools.cluster, name) for name in pools.tpu_pools]
+    teardown: list[Command] = (
+        [listing, *(pools_render.delete_pool(pools.cluster, n) for n in cpu)] if cpu else []
+    )
+    if pipeline.delete_bucket:
+        teardown.append(gke.delete_bucket(cluster.bucket))
+    auth = gke.docker_auth(cluster.region)
+    target, token = pipeline.job_target, pipeline.token_resource
+    commands = {
+        "preflight": checks,
+        "ensure_bucket": [gke.create_bucket(cluster.project, cluster.region, cluster.bucket)],
+        "deploy_cluster": [pools_render.create_cpu_pool(pools, CPU_COMPUTE_TYPE, labels)] if cpu else [],
+        # no grant: the pools' node account is the platform team's to grant (docs/platform-teams.md)
+        "sync_hf_token": gke.hf_token_secret(
+            cluster.project, pipeline.hf_token.secret_id, (), sync=pipeline.hf_token.sync_from_connection
+        ),
+        "deploy_tpu_pool": [
+            pools_render.create_tpu_pool(
+                pools, index, capacity=cluster.capacity, reservation=cluster.reservation, labels=labels
+            )
+            for index in range(len(pools.tpu_pools))
+        ],
+        "convert_to_maxtext": [
+            *auth,
+            gke.conversion_job(pipeline.cpu_job_target, pipeline.convert_job, pipeline.conversion, token),
+        ],
+        "train": [
+            *auth,
+            gke.training_job(
+                target,
+                pipeline.train_job,
+                pipeline.preset,
+                pipeline.training,
+                token,
+                pipeline.pathways_gcs_location,
+            ),
+        ],
+        "destroy_tpu_pool": [listing, *deletes],
         "export_to_huggingface": [
             *auth,
             gke.export_job(pipeline.cpu_job_target, pipeline.export_job, pipeline.export, token),

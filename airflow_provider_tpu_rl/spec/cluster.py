@@ -25,6 +25,10 @@ CPU_NODE_POOL: Final = "cpu-np"
 WORKLOAD_KSA: Final = "workload-identity-k8s-sa"
 NODE_POOL_LABEL: Final = "cloud.google.com/gke-nodepool"
 K8S_NAME = rules.re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+# A node label as gcluster's --node-constraint takes it (a key of the provider's, a label value).
+NODE_CONSTRAINT = rules.re.compile(
+    r"^[a-z0-9.-]+(?:/[a-z0-9-]+)?=[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
 # How the TPUs are provisioned: on demand (no reservation, the list price), from a reservation (the
 # seeds), as Spot VMs (preemptible, no reservation) or with DWS flex-start (queued until capacity is
 # free, then a bounded run time).
@@ -310,11 +314,31 @@ class GkeJobTarget:
     num_slices: int = 1
     node_pool: str = ""
     service_account: str = ""
+    # more node labels the pods must run on (an existing cluster: the run's own pool's tpu-rl-run)
+    node_constraints: tuple[tuple[str, str], ...] = ()
+    # the Kueue LocalQueue (`--queue`); empty: gcluster picks the only one
+    queue: str = ""
+    # a Pathways job's head pool (`--pathways-head-np`); empty: gcluster's cpu-np or pathways-np
+    head_node_pool: str = ""
 
     def __post_init__(self) -> None:
         rules.project_id("project_id", self.project)
-        rules.region("location", self.location)
-        rules.gke_cluster_name("cluster_name", self.cluster_name)
+        if not rules.ZONE.fullmatch(self.location or ""):  # a zonal existing cluster's location
+            rules.region("location", self.location)
+        # A job needs a GKE cluster name: ≤ 40 characters (container v1 Cluster.name, gcloud 528's
+        # container_v1_messages.py; direct). The 20 of rules.gke_cluster_name is Cluster Toolkit's
+        # deployment name's, which ClusterSpec keeps; a cluster the run does not own has none.
+        rules.max_len(
+            "cluster_name",
+            rules.match(
+                "cluster_name", self.cluster_name, rules.GKE_CLUSTER_NAME, rules.GKE_CLUSTER_NAME_RULE
+            ),
+            40,
+        )
+        for key, value in self.node_constraints:
+            rules.match("node_constraints", f"{key}={value}", NODE_CONSTRAINT, "key=value of a node label")
+        if self.queue:
+            rules.match("kueue_queue", self.queue, K8S_NAME, "a Kubernetes name like team-queue")
         rules.image("image", self.image)
         rules.int_range("num_slices", self.num_slices, 1, 64)
         if self.tpu:
@@ -328,7 +352,7 @@ class GkeJobTarget:
                 raise SpecError("topology", "must be empty for a CPU machine type", self.topology)
             if self.num_slices != 1:
                 raise SpecError("num_slices", "a CPU job runs on one node", str(self.num_slices))
-        for name in ("node_pool", "service_account"):
+        for name in ("node_pool", "service_account", "head_node_pool"):
             value = getattr(self, name)
             if value:
                 rules.match(name, value, K8S_NAME, "a Kubernetes name like cpu-np")

@@ -23,10 +23,17 @@ from airflow_provider_tpu_rl.spec.cluster import (
     CAPACITIES,
     CHIPS_PER_VM,
     CPU_VM_MACHINE_TYPE,
+    K8S_NAME,
     ON_DEMAND,
     SYSTEM_MACHINE_TYPE,
     V6E_TOPOLOGIES,
     SliceShape,
+)
+from airflow_provider_tpu_rl.spec.existing_cluster import (
+    CLUSTER_MODES,
+    CREATE,
+    EXISTING_CLUSTER_RULE,
+    EXISTING_CLUSTER_VALUE,
 )
 from airflow_provider_tpu_rl.spec.presets import (
     REHEARSAL_HF_MODEL,
@@ -256,6 +263,70 @@ RUN_PARAMS: Final[tuple[RunParam, ...]] = (
         pipelines=_GKE_ONLY,
         schema={"pattern": rules.GKE_CLUSTER_NAME.pattern, "maxLength": 20},
         rule=rules.GKE_CLUSTER_NAME_RULE,
+    ),
+    RunParam(
+        "cluster_mode",
+        "str",
+        "Cluster mode",
+        CLUSTER,
+        "create (the default): the run deploys its own cluster with Cluster Toolkit and destroys it. "
+        "existing: the run uses a GKE cluster a platform team runs (existing_cluster), adds only its "
+        "own TPU node pool (and a CPU pool when cpu_node_pool is empty) and deletes only those; the "
+        "cluster is never deleted. See docs/platform-teams.md.",
+        "`create`: the run deploys its cluster and destroys it; `existing`: the run names a cluster "
+        "it does not own (`existing_cluster`) and creates and deletes only its own node pools in it "
+        "([platform teams](platform-teams.md))",
+        default=CREATE,
+        pipelines=_GKE_ONLY,
+        schema={"enum": list(CLUSTER_MODES)},
+    ),
+    RunParam(
+        "existing_cluster",
+        "str",
+        "Existing cluster",
+        CLUSTER,
+        "With cluster mode existing: PROJECT/LOCATION/NAME of the GKE cluster (its project is the "
+        "run's project). Empty with create.",
+        "with `cluster_mode` `existing`: `PROJECT/LOCATION/NAME` of the GKE cluster the run uses and "
+        "never deletes (its project is the run's `project`); empty with `create`",
+        default="",
+        nullable=True,
+        pipelines=_GKE_ONLY,
+        schema={"pattern": optional(EXISTING_CLUSTER_VALUE)},
+        rule=EXISTING_CLUSTER_RULE,
+        doc_default="empty",
+    ),
+    RunParam(
+        "kueue_queue",
+        "str",
+        "Kueue LocalQueue",
+        CLUSTER,
+        "With cluster mode existing: the Kueue LocalQueue of namespace default the run's jobs go to; "
+        "empty: the cluster's only one. Empty with create.",
+        "with `cluster_mode` `existing`: the Kueue LocalQueue (namespace `default`) the run's jobs go "
+        "to; empty: the only one there (preflight refuses a cluster with none, or several)",
+        default="",
+        nullable=True,
+        pipelines=_GKE_ONLY,
+        schema={"pattern": optional(K8S_NAME)},
+        rule="a Kubernetes name like team-queue",
+        doc_default="empty",
+    ),
+    RunParam(
+        "cpu_node_pool",
+        "str",
+        "CPU node pool",
+        CLUSTER,
+        "With cluster mode existing: the cluster's CPU node pool the conversion and the export run "
+        "on; empty: the run creates its own (tpu-rl-<run>-cpu) and deletes it. Empty with create.",
+        "with `cluster_mode` `existing`: the cluster's CPU node pool the conversion and the export run "
+        "on; empty: the run creates `tpu-rl-<run>-cpu` and deletes it",
+        default="",
+        nullable=True,
+        pipelines=_GKE_ONLY,
+        schema={"pattern": optional(K8S_NAME)},
+        rule="a Kubernetes name like cpu-np",
+        doc_default="empty",
     ),
     RunParam(
         "vm_name",

@@ -15,6 +15,7 @@ from airflow_provider_tpu_rl.spec import params, rules
 from airflow_provider_tpu_rl.spec.cluster import (
     BAKE_VM_MACHINE_TYPE,
     CPU_VM_MACHINE_TYPE,
+    K8S_NAME,
     ClusterSpec,
     CpuVmSpec,
     GkeJobTarget,
@@ -27,6 +28,17 @@ from airflow_provider_tpu_rl.spec.cluster import (
     require_reservation_name,
 )
 from airflow_provider_tpu_rl.spec.errors import SpecError
+from airflow_provider_tpu_rl.spec.existing_cluster import (
+    CREATE,
+    EXISTING,
+    EXISTING_CLUSTER_VALUE,
+    EXISTING_ONE_KIND,
+    ExistingCluster,
+    RunPools,
+    cluster_mode,
+    job_target_on,
+    parse_existing_cluster,
+)
 from airflow_provider_tpu_rl.spec.params import TPU_VM_RUNTIMES
 from airflow_provider_tpu_rl.spec.presets import (
     GKE_MAXTEXT_VERSION,
@@ -562,9 +574,27 @@ class GkePipelineSpec:
         """The TPU node pool streams the training image (copied into :attr:`image_repository`)."""
         return bool(self.image_repository)
 
+    # cluster_mode existing: the cluster the run does not own, its LocalQueue and CPU pool (empty:
+    # the only LocalQueue; the run's own CPU pool)
+    existing: ExistingCluster | None = None
+    kueue_queue: str = ""
+    cpu_node_pool: str = ""
+
     @property
     def suffix(self) -> str:
         return run_suffix(self.dag_id, self.run_id)
+
+    @property
+    def cluster_mode(self) -> str:
+        return CREATE if self.existing is None else EXISTING
+
+    @property
+    def run_pools(self) -> RunPools | None:
+        """The node pools the run adds to the existing cluster (None in *create* mode)."""
+        if self.existing is None:
+            return None
+        c = self.cluster
+        return RunPools(self.existing, self.suffix, c.zone, c.shape, c.num_slices, self.cpu_node_pool)
 
     @property
     def pathways_gcs_location(self) -> str:
@@ -572,6 +602,16 @@ class GkePipelineSpec:
 
     @property
     def job_target(self) -> GkeJobTarget:
+        target = self._create_job_target
+        pools = self.run_pools
+        return (
+            target
+            if pools is None
+            else job_target_on(target, pools.cluster, pools.suffix, pools.cpu_pool, self.kueue_queue)
+        )
+
+    @property
+    def _create_job_target(self) -> GkeJobTarget:
         c = self.cluster
         return gke_job_target(
             self.preset,
@@ -587,7 +627,13 @@ class GkePipelineSpec:
     @property
     def cpu_job_target(self) -> GkeJobTarget:
         """Where the conversions run: the cluster's CPU node pool (they are CPU programs)."""
-        return self.job_target.on_cpu()
+        target = self._create_job_target.on_cpu()
+        pools = self.run_pools
+        return (
+            target
+            if pools is None
+            else job_target_on(target, pools.cluster, pools.suffix, pools.cpu_pool, self.kueue_queue)
+        )
 
     @property
     def token_resource(self) -> str:
@@ -639,7 +685,11 @@ class GkePipelineSpec:
             "image_repository": self.image_repository,
             "workload_image_patched": t.workload_image_patched,
             **workload_values(self.preset, self.conversion, t, self.hf_token),
-            "secret_readers": [c.workload_service_account, c.node_pool_service_account],
+            # existing mode: none (the toolkit cluster's accounts are not there; the platform team
+            # grants the run's pools' node account: docs/platform-teams.md)
+            "secret_readers": []
+            if self.existing
+            else [c.workload_service_account, c.node_pool_service_account],
             "keep_cluster": self.keep_cluster,
             "delete_bucket": self.delete_bucket,
             "max_cluster_hours": self.max_cluster_hours,
@@ -653,6 +703,10 @@ class GkePipelineSpec:
             "export_uri": self.export.output_directory,
             "run_dirs": dict(zip(("train", "export"), self.written_run_dirs, strict=True)),
             "jobs": {"convert": self.convert_job, "train": self.train_job, "export": self.export_job},
+            "cluster_mode": self.cluster_mode,
+            "existing_cluster": self.existing.where if self.existing else "",
+            "kueue_queue": self.kueue_queue,
+            "cpu_node_pool": self.cpu_node_pool,
         }
 
 
@@ -720,6 +774,7 @@ def gke_pipeline_from_conf(
     export = gke_export(
         preset, bucket=cluster.bucket, run_name=training.run_name, checkpoint_step=training.final_step
     )
+    existing = _existing_cluster(merged, cluster)
     return GkePipelineSpec(
         dag_id=dag_id,
         run_id=run_id,
@@ -736,7 +791,71 @@ def gke_pipeline_from_conf(
         cancel_previous_writer=merged["cancel_previous_writer"],
         min_reward_gain=min_reward_gain(merged.get("min_reward_gain")),
         image_repository=image_repository(merged.get("image_repository")),
+        existing=existing,
+        kueue_queue=merged["kueue_queue"] or "",
+        cpu_node_pool=merged["cpu_node_pool"] or "",
     )
+
+
+# The conf keys that only mean something on a cluster the run does not own.
+EXISTING_ONLY_KEYS: Final = ("existing_cluster", "kueue_queue", "cpu_node_pool")
+# Their formats, each refused with its run parameter's rule (spec/params.py) in either mode.
+_EXISTING_FORMATS: Final = tuple(
+    (key, pattern, params.PARAMS_BY_KEY[key].rule or "")
+    for key, pattern in (
+        ("existing_cluster", EXISTING_CLUSTER_VALUE),
+        ("kueue_queue", K8S_NAME),
+        ("cpu_node_pool", K8S_NAME),
+    )
+)
+
+
+def _existing_cluster(merged: Mapping[str, Any], cluster: ClusterSpec) -> ExistingCluster | None:
+    """``cluster_mode``'s cluster the run does not own, or None (*create*); one line per wrong
+    combination: the existing-only keys with *create*, no cluster, another project or region,
+    ``keep_cluster`` (an existing cluster is never deleted: nothing to keep)."""
+    for key, pattern, rule in _EXISTING_FORMATS:
+        if merged[key]:
+            rules.match(key, merged[key], pattern, rule)
+    if cluster_mode(merged["cluster_mode"]) == CREATE:
+        for key in EXISTING_ONLY_KEYS:
+            if merged[key]:
+                raise SpecError(key, "is for cluster_mode existing; leave it empty with create", merged[key])
+        return None
+    if not merged["existing_cluster"]:
+        raise SpecError(
+            "existing_cluster",
+            "cluster_mode existing needs the cluster: PROJECT/LOCATION/NAME",
+            show_value=False,
+        )
+    existing = parse_existing_cluster(merged["existing_cluster"])
+    if cluster.fallback:
+        raise SpecError("capacity", EXISTING_ONE_KIND, list(cluster.capacities))
+    if existing.project != cluster.project:
+        raise SpecError(
+            "existing_cluster",
+            f"is in project {existing.project}, not the run's {cluster.project}: set project to it",
+            existing.where,
+        )
+    if existing.region != cluster.region:
+        raise SpecError(
+            "existing_cluster",
+            f"is in {existing.location}, not in the run's region {cluster.region}: set region and zone to it",
+            existing.where,
+        )
+    if rules.ZONE.fullmatch(existing.location) and existing.location != cluster.zone:
+        raise SpecError(
+            "existing_cluster",
+            f"is a zonal cluster in {existing.location}: set zone to it (its node pools are there)",
+            existing.where,
+        )
+    if merged["keep_cluster"]:
+        raise SpecError(
+            "keep_cluster",
+            "is for cluster_mode create: an existing cluster is never deleted",
+            show_value=False,
+        )
+    return existing
 
 
 def image_repository(value: Any) -> str:

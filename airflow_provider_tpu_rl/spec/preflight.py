@@ -18,6 +18,7 @@ from typing import Any, Final
 from airflow_provider_tpu_rl.spec import rules
 from airflow_provider_tpu_rl.spec.cluster import FLEX_START, SPOT, SliceShape
 from airflow_provider_tpu_rl.spec.errors import SpecError
+from airflow_provider_tpu_rl.spec.existing_cluster import EXISTING_CLUSTER_PERMISSIONS
 from airflow_provider_tpu_rl.spec.presets import Runner
 
 # APIs each runner's commands call, from the modules and tools they use:
@@ -175,6 +176,11 @@ REQUIRED_PERMISSIONS: Final[Mapping[Runner, Mapping[str, str]]] = MappingProxyTy
         Runner.GKE: MappingProxyType({**_SHARED_PERMISSIONS, **_GKE_PERMISSIONS}),
         Runner.TPU_VM: MappingProxyType({**_SHARED_PERMISSIONS, **_TPU_VM_PERMISSIONS}),
     }
+)
+# A GKE run on a cluster it does not own: the bucket and token's, and the cluster's reads and its
+# own node pools' (spec/existing_cluster.py), never a cluster's create or delete.
+EXISTING_CLUSTER_RUN_PERMISSIONS: Final[Mapping[str, str]] = MappingProxyType(
+    {**_SHARED_PERMISSIONS, **EXISTING_CLUSTER_PERMISSIONS}
 )
 
 

@@ -8,10 +8,12 @@ from typing import Any
 import pytest
 from airflow.providers.common.compat.sdk import DAG
 
+from airflow_provider_tpu_rl.operators.existing_cluster import (
+    ClusterModeDeployOperator,
+    ClusterModeDestroyOperator,
+)
 from airflow_provider_tpu_rl.operators.gke import (
     EnsureBucketOperator,
-    GclusterDeployOperator,
-    GclusterDestroyOperator,
     HfTokenSecretOperator,
 )
 from airflow_provider_tpu_rl.operators.gke_jobs import (
@@ -56,12 +58,12 @@ TPU_VM_CONF = {
 GKE_CLASSES: dict[str, Any] = {
     "preflight": TpuRlPreflightOperator,
     "ensure_bucket": EnsureBucketOperator,
-    "deploy_cluster": GclusterDeployOperator,
+    "deploy_cluster": ClusterModeDeployOperator,
     "sync_hf_token": HfTokenSecretOperator,
     "convert_to_maxtext": MaxTextConvertOperator,
     "train": PathwaysRLTrainOperator,
     "export_to_huggingface": MaxTextExportOperator,
-    "destroy_cluster": GclusterDestroyOperator,
+    "destroy_cluster": ClusterModeDestroyOperator,
 }
 TPU_VM_CLASSES: dict[str, Any] = {
     "preflight": TpuRlPreflightOperator,

@@ -26,7 +26,8 @@ from airflow_provider_tpu_rl.compat import (
 from airflow_provider_tpu_rl.pipelines.form import form_schema
 from airflow_provider_tpu_rl.pipelines.validate import validate_pipeline_conf
 from airflow_provider_tpu_rl.spec import GKE_DEFAULTS, TPU_VM_DEFAULTS, Runner, params, rules
-from airflow_provider_tpu_rl.spec.cluster import SYSTEM_MACHINE_TYPE
+from airflow_provider_tpu_rl.spec.cluster import K8S_NAME, SYSTEM_MACHINE_TYPE
+from airflow_provider_tpu_rl.spec.existing_cluster import EXISTING_CLUSTER_VALUE
 from airflow_provider_tpu_rl.spec.presets import presets_for
 from airflow_provider_tpu_rl.timeouts import resource_hours
 from tests.support.dags import (
@@ -71,6 +72,9 @@ PATTERNS: dict[str, dict[str, Any]] = {
         "run_name": rules.RUN_NAME,
         "hf_token_conn_id": rules.CONN_ID,
         "hf_token_secret": rules.SECRET_ID,
+        "existing_cluster": EXISTING_CLUSTER_VALUE,
+        "kueue_queue": K8S_NAME,
+        "cpu_node_pool": K8S_NAME,
     },
     TPU_VM_DAG_ID: {
         "project": rules.PROJECT_ID,

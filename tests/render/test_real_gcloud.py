@@ -16,10 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_tpu_rl.render import billing, gke, tpu_vm
+from airflow_provider_tpu_rl.render import billing, existing_cluster, gke, tpu_vm
 from airflow_provider_tpu_rl.render.command import Command
 from airflow_provider_tpu_rl.render.plan import gke_plan, tpu_vm_plan
 from airflow_provider_tpu_rl.spec import PRESETS, Runner, gke_pipeline_from_conf, tpu_vm_pipeline_from_conf
+from airflow_provider_tpu_rl.spec.cluster import SliceShape
+from airflow_provider_tpu_rl.spec.existing_cluster import RunPools, parse_existing_cluster
 from tests.support.gcloud_batch import run_gcloud_commands
 
 GCLOUD = shutil.which("gcloud")
@@ -122,8 +124,28 @@ def rendered_gcloud_commands() -> dict[tuple[str, ...], set[str]]:
                 PROJECT, "us-east5-b", ["gke-c1-gke-tpu-v6e-pool-1a2b3c4d"], group_bases=True
             ),
         )
+        yield from existing_cluster_commands()
 
     return _gcloud(all_commands())
+
+
+def existing_cluster_commands() -> Iterator[tuple[str, Command]]:
+    """A run on a cluster it does not own: its reads, its own pools (each capacity), their delete."""
+    cluster = parse_existing_cluster(f"{PROJECT}/us-east5/team-tpu")
+    pools = RunPools(cluster, "1a2b3c", "us-east5-b", SliceShape("ct6e-standard-4t", "4x8"))
+    labels = gke.managed_labels("tpu_rl_gke_pipeline", "1a2b3c", "my-bkt", int(PLAN_CLOCK))
+    yield "preflight", existing_cluster.describe_cluster(cluster)
+    yield "destroy_tpu_pool", existing_cluster.list_pools(cluster)
+    for capacity in ("on-demand", "reservation", "spot", "flex-start"):
+        reservation = "res-1" if capacity == "reservation" else ""
+        yield (
+            "deploy_tpu_pool",
+            existing_cluster.create_tpu_pool(
+                pools, 0, capacity=capacity, reservation=reservation, labels=labels
+            ),
+        )
+    yield "deploy_cluster", existing_cluster.create_cpu_pool(pools, "n4-standard-64", labels)
+    yield "destroy_tpu_pool", existing_cluster.delete_pool(cluster, pools.tpu_pools[0])
 
 
 COMMANDS = rendered_gcloud_commands()

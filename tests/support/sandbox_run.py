@@ -25,6 +25,7 @@ import pytest
 from airflow.providers.common.compat.sdk import DAG, BaseOperator, Context
 
 from airflow_provider_tpu_rl.compat import TaskDeferred
+from airflow_provider_tpu_rl.operators.existing_cluster import MODE_FIELDS
 from airflow_provider_tpu_rl.operators.gke import (
     EnsureBucketOperator,
     GclusterDeployOperator,
@@ -221,6 +222,11 @@ class SandboxRun:
         if conf is None:
             conf = self.tpu_vm_conf() if dag_id == TPU_VM_DAG_ID else self.gke_conf()
         arguments = self.task_arguments(dag_id, kwargs["task_id"], conf, run_id)
+        if not isinstance(factory, type) or not set(MODE_FIELDS) <= set(
+            getattr(factory, "template_fields", ())
+        ):
+            # the Gcluster cluster operators themselves (the DAG's ClusterMode* subclasses take the mode)
+            arguments = {key: value for key, value in arguments.items() if key not in MODE_FIELDS}
         return factory(dag=DAG(dag_id, schedule=None), **{**arguments, **kwargs})
 
     def context(

@@ -43,7 +43,7 @@ from tpu_rl_sandbox.apis import oauth
 from tpu_rl_sandbox.apis.gcs_emulator import pid_alive
 from tpu_rl_sandbox.apis.kube_server import KubeServers
 from tpu_rl_sandbox.apis.tls import ca_base64
-from tpu_rl_sandbox.world import inventory
+from tpu_rl_sandbox.world import existing_clusters, inventory
 from tpu_rl_sandbox.world.layout import SandboxLayout
 from tpu_rl_sandbox.world.settings import load_settings
 from tpu_rl_sandbox.world.store import StateStore
@@ -290,11 +290,20 @@ def gke_cluster_resource(
     record: dict[str, Any], port: int, ca_base64: str, enum_int: bool = False
 ) -> dict[str, Any]:
     """container v1 ``Cluster`` (JSON, camelCase) of a fake cluster whose API listens on ``port``."""
-    pools = [{**pool, "version": GKE_VERSION} for pool in inventory.gke_node_pools(record)]
-    # google/container/v1/cluster_service.proto Cluster.Status: RUNNING = 2, DEGRADED = 6
-    status: Any = "RUNNING" if record.get("healthy", True) else "DEGRADED"
+    version = existing_clusters.gke_version(record)
+    pools = [{**pool, "version": version} for pool in inventory.gke_node_pools(record)]
+    # google/container/v1/cluster_service.proto Cluster.Status: PROVISIONING = 1, RUNNING = 2,
+    # RECONCILING = 3, STOPPING = 4, ERROR = 5, DEGRADED = 6
+    status: Any = existing_clusters.status(record)
     if enum_int:
-        status = {"RUNNING": 2, "DEGRADED": 6}[status]
+        status = {
+            "PROVISIONING": 1,
+            "RUNNING": 2,
+            "RECONCILING": 3,
+            "STOPPING": 4,
+            "ERROR": 5,
+            "DEGRADED": 6,
+        }[status]
         for pool in pools:
             pool["status"] = {"RUNNING": 2, "ERROR": 5}[str(pool["status"])]
     endpoint = f"127.0.0.1:{port}"
@@ -311,9 +320,10 @@ def gke_cluster_resource(
             "ipEndpointsConfig": {"enabled": True, "enablePublicEndpoint": True, "publicEndpoint": endpoint}
         },
         "resourceLabels": dict(record.get("labels", {})),
-        "initialClusterVersion": GKE_VERSION,
-        "currentMasterVersion": GKE_VERSION,
-        "currentNodeVersion": GKE_VERSION,
+        "initialClusterVersion": version,
+        "currentMasterVersion": version,
+        "currentNodeVersion": version,
+        **existing_clusters.workload_identity_config(record),
         "currentNodeCount": sum(int(p["initialNodeCount"]) for p in pools),
         "createTime": record.get("created", ""),
         "status": status,

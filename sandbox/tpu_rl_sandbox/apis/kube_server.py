@@ -49,10 +49,54 @@ from tpu_rl_sandbox.apis.kube_api import (
     unsupported_media_type,
 )
 from tpu_rl_sandbox.apis.tls import server_ssl_context
+from tpu_rl_sandbox.world import existing_clusters
 from tpu_rl_sandbox.world.layout import SandboxLayout
 from tpu_rl_sandbox.world.store import StateStore
 
 __all__ = ["KubeServers"]
+
+KUEUE_GROUP, KUEUE_VERSION = existing_clusters.KUEUE_API.split("/")
+
+
+def discovery(served: tuple[str, ...]) -> dict[str, Any]:
+    """``GET /apis``: the ``APIGroupList`` of the served groups (k8s.io/apimachinery
+    pkg/apis/meta/v1 types.go APIGroupList / APIGroup / GroupVersionForDiscovery)."""
+    groups: dict[str, list[str]] = {}
+    for group_version in served:
+        group, version = group_version.split("/")
+        groups.setdefault(group, []).append(version)
+    return {
+        "kind": "APIGroupList",
+        "apiVersion": "v1",
+        "groups": [
+            {
+                "name": group,
+                "versions": [{"groupVersion": f"{group}/{v}", "version": v} for v in versions],
+                "preferredVersion": {"groupVersion": f"{group}/{versions[0]}", "version": versions[0]},
+            }
+            for group, versions in groups.items()
+        ],
+    }
+
+
+def local_queue_list(namespace: str, names: list[str]) -> dict[str, Any]:
+    """``GET .../namespaces/{ns}/localqueues``: a ``LocalQueueList`` (Kueue v1beta1); the sandbox
+    keeps the queues of namespace ``default`` only."""
+    items = [
+        {
+            "apiVersion": existing_clusters.KUEUE_API,
+            "kind": "LocalQueue",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"clusterQueue": "cluster-queue"},
+        }
+        for name in (names if namespace == DEFAULT_NAMESPACE else [])
+    ]
+    return {
+        "apiVersion": existing_clusters.KUEUE_API,
+        "kind": "LocalQueueList",
+        "items": items,
+        "metadata": {},
+    }
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -124,9 +168,27 @@ class _Handler(BaseHTTPRequestHandler):
         parsed = urllib.parse.urlsplit(self.path)
         query = urllib.parse.parse_qs(parsed.query, keep_blank_values=True)
         parts = [urllib.parse.unquote(p) for p in parsed.path.strip("/").split("/")]
+        cluster = self._cluster() or {}
+        served = existing_clusters.served_apis(cluster)
         try:
-            if parts[:3] == ["apis", JOBSET_GROUP, JOBSET_VERSION]:
+            if parts == ["apis"] and method == "GET":
+                self._send_json(200, discovery(served))
+            elif parts[:3] == ["apis", JOBSET_GROUP, JOBSET_VERSION]:
+                if f"{JOBSET_GROUP}/{JOBSET_VERSION}" not in served:  # no CRD: no such path
+                    self._send_text(404, "404 page not found\n")
+                    return
                 self._jobsets(method, parts[3:], query)
+            elif (
+                parts[:3] == ["apis", KUEUE_GROUP, KUEUE_VERSION]
+                and f"{KUEUE_GROUP}/{KUEUE_VERSION}" in served
+                and len(parts) == 6
+                and parts[3] == "namespaces"
+                and parts[5] == "localqueues"
+            ):
+                if method != "GET":
+                    self._method_not_allowed()
+                    return
+                self._send_json(200, local_queue_list(parts[4], existing_clusters.local_queues(cluster)))
             elif (
                 parts[:2] == ["api", "v1"]
                 and len(parts) >= 5

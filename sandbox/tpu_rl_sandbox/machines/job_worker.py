@@ -155,6 +155,11 @@ class Worker:
                 if queue.get("installed") and "google.com/tpu" not in (queue.get("covered") or []):
                     time.sleep(0.05)  # no ClusterQueue quota for TPUs: never admitted
                     continue
+                if cluster.get("made_outside"):
+                    if existing_cluster_tpu_fits(me, jobs, cluster):
+                        return
+                    time.sleep(0.05)
+                    continue
                 quota = int(cluster.get("num_slices") or 0)
                 same_cluster = [
                     j for j in jobs.values() if j.get("cluster_key") == me["cluster_key"] and j.get("tpu")
@@ -359,9 +364,9 @@ class Worker:
             time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
         with self.store.txn() as txn:
             record = txn.doc("clusters").get(job["cluster_key"]) or {}
-            tpu = next((p for p in record.get("node_pools", []) if p.get("topology")), None)
-            if tpu is not None and image not in tpu.setdefault("pulled_images", []):
-                tpu["pulled_images"].append(image)
+            pulled = matching_tpu_pool(record, job)
+            if pulled is not None and image not in pulled.setdefault("pulled_images", []):
+                pulled["pulled_images"].append(image)
                 txn.save("clusters")
             txn.doc("image_pulls").setdefault("pulls", []).append(
                 {
@@ -382,7 +387,7 @@ class Worker:
 
     def _tpu_pool(self, job: dict[str, Any]) -> dict[str, Any] | None:
         cluster = self.store.read("clusters").get(job["cluster_key"]) or {}
-        return next((p for p in cluster.get("node_pools", []) if p.get("topology")), None)
+        return matching_tpu_pool(cluster, job)
 
     def finish_pods(self, job: dict[str, Any], main: dict[str, Any], status: int) -> None:
         """The workload container ended: the sidecars stop, the workers end with the JobSet."""
@@ -521,6 +526,51 @@ class Worker:
             pod.update(phase="Failed", disrupted=at)
 
         self.update_pods(lost)
+
+
+def pool_node_labels(pool: dict[str, Any]) -> dict[str, str]:
+    """A pool's nodes' labels: its own (``--node-labels``) and GKE's ``cloud.google.com/gke-nodepool``."""
+    return {**(pool.get("node_labels") or {}), "cloud.google.com/gke-nodepool": str(pool.get("name"))}
+
+
+def matching_tpu_pool(cluster: dict[str, Any], job: dict[str, Any]) -> dict[str, Any] | None:
+    """The TPU pool a job's pods land on: the first whose nodes carry every label of the job's
+    nodeSelector (``--node-constraint``) and its slice shape. The kube-scheduler places a pod
+    "only onto nodes that have each of the labels you specify" (Kubernetes, "Assigning Pods to
+    Nodes", nodeSelector; direct); none: its pods stay Pending."""
+    wanted = dict(job.get("node_constraint") or {})
+    for pool in cluster.get("node_pools", []):
+        if not pool.get("topology") or pool.get("failed"):
+            continue
+        if job.get("topology") and pool.get("topology") != job.get("topology"):
+            continue
+        labels = pool_node_labels(pool)
+        if all(labels.get(key) == value for key, value in wanted.items()):
+            return pool
+    return None
+
+
+def existing_cluster_tpu_fits(me: dict[str, Any], jobs: dict[str, Any], cluster: dict[str, Any]) -> bool:
+    """A TPU job on a cluster made outside the provider runs once a pool its nodeSelector names
+    is free: pools are per run there, so the check is per pool, not the cluster's slice count.
+    A pool runs one JobSet at a time (its TPU workers' ``alpha.jobset.sigs.k8s.io/exclusive-topology:
+    cloud.google.com/gke-nodepool``: one job per node pool, cluster-toolkit v1.95.0
+    gke_job_orchestrator.go ``exclusiveTopology``); earlier jobs waiting for the same pool go first
+    (FIFO)."""
+    pool = matching_tpu_pool(cluster, me)
+    if pool is None:
+        return False  # no node matches: the pods stay Pending
+    same_pool = [
+        j
+        for j in jobs.values()
+        if j.get("cluster_key") == me["cluster_key"]
+        and j.get("tpu")
+        and j["uid"] != me["uid"]
+        and (matching_tpu_pool(cluster, j) or {}).get("name") == pool.get("name")
+    ]
+    busy = any(j.get("status") == "Running" for j in same_pool)
+    earlier = any(j.get("status") == "Suspended" and j["created_ts"] < me["created_ts"] for j in same_pool)
+    return not busy and not earlier
 
 
 def _held(hold: Path, job: dict[str, Any]) -> bool:

@@ -55,11 +55,15 @@ def _random_suffix() -> str:
 
 
 def node_labels(cluster: dict[str, Any], pool: dict[str, Any]) -> dict[str, str]:
-    labels = {str(k): str(v) for k, v in (cluster.get("labels") or {}).items()}
+    """The node VMs' labels: a toolkit pool's (the blueprint's labels and ghpc_*), or a pool
+    ``gcloud container node-pools create --labels`` made (its own resource labels), and GKE's."""
+    if pool.get("resource_labels") is not None:
+        labels = {str(k): str(v) for k, v in pool["resource_labels"].items()}
+    else:
+        labels = {str(k): str(v) for k, v in (cluster.get("labels") or {}).items()}
+        labels.update({"ghpc_module": "gke-node-pool", "ghpc_role": "compute"})
     labels.update(
         {
-            "ghpc_module": "gke-node-pool",
-            "ghpc_role": "compute",
             CLUSTER_LABEL: str(cluster["name"]),
             POOL_LABEL: str(pool["name"]),
             LOCATION_LABEL: str(cluster.get("region") or ""),
@@ -225,3 +229,35 @@ def has_nodes(txn: Any, cluster: dict[str, Any], pool: dict[str, Any]) -> bool:
 def _service_agent(project: str) -> str:
     """Who a node VM's operations run as: the managed instance group's Google APIs service agent."""
     return f"{project_number(project)}@cloudservices.gserviceaccount.com"
+
+
+def record_pool_events(
+    txn: Any, key: str, before: list[dict[str, Any]], after: list[dict[str, Any]], now: float
+) -> None:
+    """Record node pools created (in ``after`` only) and deleted (in ``before`` only) at ``now``;
+    a TPU pool that came or went without its node VMs (a deploy or destroy of the whole cluster)
+    gets them or loses them at once."""
+    cluster = txn.doc("clusters").get(key)
+    if cluster is not None:
+        kept = {p["name"] for p in after}
+        for pool in after:
+            if is_tpu_pool(pool) and not has_nodes(txn, cluster, pool):
+                finish_creates(
+                    txn,
+                    cluster,
+                    pool,
+                    create_nodes(txn, cluster, pool, begin=now, minute_seconds=0.0, overrides={}),
+                )
+        for pool in before:
+            if pool["name"] not in kept:
+                finish_deletes(txn, begin_deletes(txn, cluster, pool, now), now)
+    events = txn.doc("node_pool_events")
+    rows = events.setdefault("events", [])
+    old, new = {p["name"] for p in before}, {p["name"] for p in after}
+    for name in sorted(new - old):
+        rows.append({"cluster": key, "pool": name, "created_at": now, "deleted_at": None})
+    for name in sorted(old - new):
+        for row in rows:
+            if row["cluster"] == key and row["pool"] == name and row["deleted_at"] is None:
+                row["deleted_at"] = now
+    txn.save("node_pool_events")

@@ -55,6 +55,10 @@ def gke_node_pools(record: dict[str, Any]) -> list[dict[str, Any]]:
                 "serviceAccount": pool.get("service_account", ""),
                 # NodeConfig.gcfsConfig: image streaming, shown when the pool turns it on
                 **({"gcfsConfig": {"enabled": True}} if pool.get("enable_gcfs") else {}),
+                # NodeConfig.labels (Kubernetes node labels) and .resourceLabels (the node VMs'),
+                # as ``gcloud container node-pools create --node-labels / --labels`` set them
+                **({"labels": dict(pool["node_labels"])} if pool.get("node_labels") else {}),
+                **({"resourceLabels": dict(pool["resource_labels"])} if pool.get("resource_labels") else {}),
             },
             "initialNodeCount": pool.get("nodes", 1),
             "status": ("ERROR" if pool.get("failed") else "RUNNING"),

@@ -25,6 +25,7 @@ from tpu_rl_sandbox.clis.gcloud.compute_reservations import ReservationsCommands
 from tpu_rl_sandbox.clis.gcloud.compute_ssh import SshCommand
 from tpu_rl_sandbox.clis.gcloud.container_clusters import ClustersCommands
 from tpu_rl_sandbox.clis.gcloud.container_images import ContainerImagesCommands
+from tpu_rl_sandbox.clis.gcloud.container_node_pools import NodePoolsCommands
 from tpu_rl_sandbox.clis.gcloud.output import GcloudError
 from tpu_rl_sandbox.clis.gcloud.parser import GcloudUsageError, gcloud_parse, gcloud_resolve
 from tpu_rl_sandbox.clis.gcloud.projects import ProjectsCommands
@@ -51,6 +52,7 @@ class Gcloud(
     ProjectInfoCommands,
     ServicesCommands,
     ClustersCommands,
+    NodePoolsCommands,
     ContainerImagesCommands,
     ArtifactsCommands,
 ):

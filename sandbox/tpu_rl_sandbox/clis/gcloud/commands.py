@@ -380,6 +380,47 @@ COMMANDS: tuple[GcloudCommand, ...] = (
     GcloudCommand(
         ("container", "clusters", "describe"), (P("NAME"),), (F("location"), F("region"), F("zone"))
     ),
+    # surface/container/node_pools/create.py (GA) _Args: the flags the provider renders (of its
+    # many), each with gcloud's choices (command_lib/container/flags.py AddReservationAffinityFlags,
+    # AddWorkloadMetadataFlag, AddLocationPolicyFlag; the autoscaling flags AddAutoscalerArgs)
+    GcloudCommand(
+        ("container", "node-pools", "create"),
+        (P("NAME"),),
+        (
+            F("cluster"),
+            F("location"),
+            F("region"),
+            F("zone"),
+            F("node-locations"),
+            F("machine-type"),
+            F("tpu-topology"),
+            F("num-nodes"),
+            F("reservation-affinity", choices=("any", "none", "specific")),
+            F("reservation"),
+            F("spot", "bool"),
+            F("flex-start", "bool"),
+            F("enable-autorepair", "bool", negatable=True),
+            F("enable-autoscaling", "bool", negatable=True),
+            F("min-nodes"),
+            F("max-nodes"),
+            F("location-policy", choices=("BALANCED", "ANY")),
+            F("workload-metadata", choices=("GCE_METADATA", "GKE_METADATA")),
+            F("service-account"),
+            F("node-labels"),
+            F("labels"),
+            F("async", "bool"),
+        ),
+    ),
+    GcloudCommand(
+        ("container", "node-pools", "list"),
+        (),
+        (F("cluster"), F("location"), F("region"), F("zone"), F("filter"), F("limit")),
+    ),
+    GcloudCommand(
+        ("container", "node-pools", "delete"),
+        (P("NAME"),),
+        (F("cluster"), F("location"), F("region"), F("zone"), F("async", "bool")),
+    ),
     GcloudCommand(
         ("container", "clusters", "get-credentials"),
         (P("NAME"),),

@@ -9,7 +9,7 @@ from typing import Any
 from tpu_rl_sandbox.clis.gcloud.call import GcloudCall
 from tpu_rl_sandbox.clis.gcloud.output import GcloudError, formatted, matches_filter, table
 from tpu_rl_sandbox.clis.gcloud.parser import GcloudParse
-from tpu_rl_sandbox.world import inventory
+from tpu_rl_sandbox.world import existing_clusters, inventory
 
 
 class ClustersCommands(GcloudCall):
@@ -22,10 +22,12 @@ class ClustersCommands(GcloudCall):
             "location": record["region"],
             "zone": record["region"],
             "locations": [record["zone"]],
-            "status": "RUNNING" if record.get("healthy", True) else "DEGRADED",
+            "status": existing_clusters.status(record),
             "resourceLabels": dict(record.get("labels", {})),
             "createTime": record["created"],
-            "currentMasterVersion": "1.35.1-gke.1000",
+            "currentMasterVersion": existing_clusters.gke_version(record),
+            **existing_clusters.workload_identity_config(record),
+            **({"autopilot": {"enabled": True}} if record.get("autopilot") else {}),
             "currentNodeCount": sum(p["initialNodeCount"] for p in pools),
             "endpoint": inventory.external_ip(record["name"]),
             "nodePools": pools,

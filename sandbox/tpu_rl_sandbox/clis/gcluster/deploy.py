@@ -1839,36 +1839,8 @@ def is_pool_group(group: dict[str, Any]) -> bool:
     )
 
 
-def _pool_events(
-    txn: Any, key: str, before: list[dict[str, Any]], after: list[dict[str, Any]], now: float
-) -> None:
-    """Record node pools created (in ``after`` only) and deleted (in ``before`` only) at ``now``;
-    a TPU pool that came or went without its node VMs (a deploy or destroy of the whole cluster)
-    gets them or loses them at once."""
-    cluster = txn.doc("clusters").get(key)
-    if cluster is not None:
-        kept = {p["name"] for p in after}
-        for pool in after:
-            if gke_nodes.is_tpu_pool(pool) and not gke_nodes.has_nodes(txn, cluster, pool):
-                gke_nodes.finish_creates(
-                    txn,
-                    cluster,
-                    pool,
-                    gke_nodes.create_nodes(txn, cluster, pool, begin=now, minute_seconds=0.0, overrides={}),
-                )
-        for pool in before:
-            if pool["name"] not in kept:
-                gke_nodes.finish_deletes(txn, gke_nodes.begin_deletes(txn, cluster, pool, now), now)
-    events = txn.doc("node_pool_events")
-    rows = events.setdefault("events", [])
-    old, new = {p["name"] for p in before}, {p["name"] for p in after}
-    for name in sorted(new - old):
-        rows.append({"cluster": key, "pool": name, "created_at": now, "deleted_at": None})
-    for name in sorted(old - new):
-        for row in rows:
-            if row["cluster"] == key and row["pool"] == name and row["deleted_at"] is None:
-                row["deleted_at"] = now
-    txn.save("node_pool_events")
+# the node pools a deploy or destroy created and deleted: world/gke_nodes.py
+_pool_events = gke_nodes.record_pool_events
 
 
 def _resource_list_from(

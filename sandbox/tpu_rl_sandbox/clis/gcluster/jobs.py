@@ -33,7 +33,7 @@ from tpu_rl_sandbox.clis.gcluster.gotime import (
     format_duration,
     parse_duration,
 )
-from tpu_rl_sandbox.world import inventory
+from tpu_rl_sandbox.world import existing_clusters, inventory
 from tpu_rl_sandbox.world.faults import FAULT_ENV, parse_faults
 from tpu_rl_sandbox.world.layout import SandboxLayout
 from tpu_rl_sandbox.world.store import StateStore
@@ -298,6 +298,41 @@ class JobCommands:
         error = self._jobsets_error(cluster, f"gcluster.google.com/workload={job_name}")
         if error is not None:
             raise JobError(f"failed to search for jobset {job_name} across namespaces: {error}")
+
+    def existing_cluster_queue(
+        self, cluster: Mapping[str, Any], requested: str, *, check: bool = True
+    ) -> str:
+        """The LocalQueue of a cluster made outside the provider, as gcluster resolves and checks it
+        (cluster-toolkit v1.95.0 gke_job_orchestrator.go ``configureClusterEnvironment``,
+        ``resolveKueueQueue``, ``checkLocalQueueExists``): the one named, else the only one, else
+        ``multislice-queue``; several and none named is a warning and ``default-queue``. Then, unless
+        the manifest is only written (``--dry-run-out``), a queue that does not exist makes gcluster
+        *prompt* to create default Kueue resources (``shell.PromptYesNo``); with no answer on stdin
+        (a task's subprocess) it ends on ``logging.Fatal`` of the read error (EOF), creating nothing."""
+        queues = existing_clusters.local_queues(cluster)
+        if requested:
+            self.console.info(f"Using provided Kueue LocalQueue: {requested}")
+            queue = requested
+        elif not queues:
+            self.console.info("No LocalQueues found. Defaulting to 'multislice-queue'.")
+            queue = "multislice-queue"
+        elif len(queues) == 1:
+            self.console.info(f"Auto-discovered Kueue LocalQueue: {queues[0]}")
+            queue = queues[0]
+        else:
+            self.console.info(
+                f"Warning: Failed to auto-discover Kueue Queue Name: multiple LocalQueues found "
+                f"([{' '.join(queues)}]). Please specify which one to use using --queue flag. Falling back "
+                "to default-queue."
+            )
+            queue = "default-queue"
+        if check and queue not in queues:
+            self.console.out(
+                f"LocalQueue '{queue}' does not exist. Do you want gcluster to create default Kueue resources "
+                "(ClusterQueue and LocalQueue) with calculated cluster capacity? [Y/n]: "
+            )
+            raise JobError("EOF")
+        return queue
 
     def _cluster_key(self, cluster: dict[str, Any]) -> str:
         return inventory.cluster_key(str(cluster["project"]), str(cluster["region"]), str(cluster["name"]))
@@ -732,7 +767,10 @@ class JobCommands:
                     "head job. You can explicitly specify your head node pool name using the --pathways-head-np flag"
                 )
         self.console.info(f"Configuring kubectl for GKE cluster '{cluster_name}'...")
-        self.console.info("Auto-discovered Kueue LocalQueue: default-queue")
+        if cluster.get("made_outside"):
+            self.existing_cluster_queue(cluster, str(parsed.get("queue") or ""), check=not dry_run)
+        else:
+            self.console.info("Auto-discovered Kueue LocalQueue: default-queue")
         self.console.info("Eagerly fetching and caching machine capabilities...")
         topology = str(parsed.get("topology") or "")
         machine_pools = [p for p in pools if p.get("machine_type") == compute_type and not p.get("failed")]
@@ -896,6 +934,8 @@ class JobCommands:
             "cpu_request": 0 if tpu else max(1, cpu_limit(compute_type)) * nodes,
             "service_account": str(parsed.get("service-account") or ""),
             "topology": topology,
+            # the pods' --node-constraint labels: the job worker places them on a pool carrying them
+            "node_constraint": dict(parsed.get("node-constraint") or {}),
             "num_slices": int(parsed.get("num-slices")),
             "nodes_per_slice": nodes,
             "pathways": pathways,

@@ -1,0 +1,471 @@
+"""A run's own node pools on a GKE cluster it does not own: created named and labelled after the
+run, with a resource record written first; deleted only when both the pool's labels and the record
+say they are the run's. The cluster itself is never created nor deleted here
+([platform teams](../docs/platform-teams.md))."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.providers.common.compat.sdk import Context
+
+from airflow_provider_tpu_rl.compat import AirflowFailException
+from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, expiry_of_run, fail_fast
+from airflow_provider_tpu_rl.operators.gke import (
+    GclusterDeployOperator,
+    GclusterDestroyOperator,
+    delete_run_bucket,
+    group_selection,
+)
+from airflow_provider_tpu_rl.records.resources import read_resource_record, write_resource_record
+from airflow_provider_tpu_rl.render import existing_cluster as render
+from airflow_provider_tpu_rl.render import gke
+from airflow_provider_tpu_rl.render.blueprint import TPU_GROUP
+from airflow_provider_tpu_rl.spec import rules
+from airflow_provider_tpu_rl.spec.cluster import (
+    CPU_COMPUTE_TYPE,
+    SliceShape,
+    capacity_order,
+    check_capacity,
+    default_capacity,
+    require_reservation_name,
+)
+from airflow_provider_tpu_rl.spec.existing_cluster import (
+    CPU_POOL_ROLE,
+    CREATE,
+    EXISTING,
+    EXISTING_ONE_KIND,
+    TPU_POOL_ROLE,
+    ExistingCluster,
+    RunPools,
+    parse_existing_cluster,
+    pool_is_runs,
+)
+from airflow_provider_tpu_rl.spec.existing_cluster import (
+    cluster_mode as parse_cluster_mode,
+)
+from airflow_provider_tpu_rl.spec.pipeline import run_suffix
+from airflow_provider_tpu_rl.spec.preflight import parse_json_list
+from airflow_provider_tpu_rl.timeouts import stage_command_timeout
+
+if TYPE_CHECKING:
+    from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
+
+log = logging.getLogger(__name__)
+
+POOL_RECORD_KIND = "node_pool"
+ROLES = (TPU_POOL_ROLE, CPU_POOL_ROLE)
+ALREADY_EXISTS = "code=409"
+
+
+class _RunPoolsOperator(GclusterBaseOperator):
+    """The arguments that name a cluster the run does not own and the pools it adds to it."""
+
+    template_fields: Sequence[str] = (
+        "existing_cluster",
+        "zone",
+        "bucket",
+        "compute_type",
+        "topology",
+        "num_slices",
+        "cpu_node_pool",
+        "pools",
+        "gcluster_conn_id",
+        "gcp_conn_id",
+        "impersonation_chain",
+    )
+
+    def __init__(
+        self,
+        *,
+        existing_cluster: str,
+        zone: str,
+        bucket: str,
+        compute_type: str = "ct6e-standard-4t",
+        topology: str = "4x8",
+        num_slices: int | str = 1,
+        cpu_node_pool: str | None = None,
+        pools: str = TPU_POOL_ROLE,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.existing_cluster = existing_cluster
+        self.zone = zone
+        self.bucket = bucket
+        self.compute_type = compute_type
+        self.topology = topology
+        self.num_slices = num_slices
+        self.cpu_node_pool = cpu_node_pool
+        self.pools = pools
+
+    def run_pools(self, context: Context) -> RunPools:
+        dag_id, run_id = self.run_ids(context)
+        return RunPools(
+            parse_existing_cluster(self.existing_cluster),
+            run_suffix(dag_id, run_id),
+            rules.zone("zone", self.zone, None),
+            SliceShape(self.compute_type, self.topology),
+            rules.integer("num_slices", self.num_slices, 1, 64),
+            self.cpu_node_pool or "",
+        )
+
+    def role(self) -> str:
+        return rules.one_of("pools", self.pools, ROLES)
+
+    def names(self, pools: RunPools) -> tuple[str, ...]:
+        """The pools of :meth:`role` this run creates (none: it uses the cluster's CPU pool)."""
+        if self.role() == TPU_POOL_ROLE:
+            return pools.tpu_pools
+        return (pools.created_cpu_pool,) if pools.created_cpu_pool else ()
+
+    def listed(self, pools: RunPools) -> dict[str, dict[str, Any]]:
+        """The cluster's node pools now, by name."""
+        result = self.hook.run_checked(render.list_pools(pools.cluster), log_output=False)
+        return {
+            str(p.get("name")): p for p in parse_json_list(result.output_lines) or [] if isinstance(p, dict)
+        }
+
+
+class ExistingClusterPoolCreateOperator(_RunPoolsOperator):
+    """Create the run's TPU node pool(s) (``pools="tpu"``) or its CPU pool (``pools="cpu"``, none
+    when ``cpu_node_pool`` names the cluster's) in a cluster the run does not own.
+
+    Each pool's resource record (``tpu-rl/resources/<pool>.json`` in ``bucket``) is written before
+    the pool exists; a pool of the run's name that exists already is the run's own (a retry) only
+    when its labels say so, otherwise the task fails in one line.
+
+    :param existing_cluster: ``PROJECT/LOCATION/NAME`` of the cluster.
+    :param zone: the zone of the pools (inside the cluster's region).
+    :param bucket: the run's bucket (the pools' records).
+    :param capacity: ``on-demand``, ``reservation``, ``spot`` or ``flex-start`` (TPU pools).
+    :param reservation: the reservation of ``reservation`` capacity.
+    :param cpu_machine_type: the machine type of the run's own CPU pool.
+    :param max_cluster_hours: the pools' expiry label, from the run's start (the janitor's).
+    :param node_service_account: the Google service account the pools' nodes run as (a TPU pod,
+        on the host network, reads the bucket and the HF token as it); empty: Compute Engine's
+        default service account. The caller needs ``iam.serviceAccounts.actAs`` on it.
+    """
+
+    ui_color = "#d4e8ff"
+    template_fields: Sequence[str] = (
+        *_RunPoolsOperator.template_fields,
+        "capacity",
+        "reservation",
+        "cpu_machine_type",
+        "max_cluster_hours",
+        "node_service_account",
+    )
+
+    def __init__(
+        self,
+        *,
+        capacity: str | None = None,
+        reservation: str = "",
+        cpu_machine_type: str = CPU_COMPUTE_TYPE,
+        max_cluster_hours: int | str = 72,
+        node_service_account: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.node_service_account = node_service_account
+        self.capacity = capacity
+        self.reservation = reservation
+        self.cpu_machine_type = cpu_machine_type
+        self.max_cluster_hours = max_cluster_hours
+
+    @fail_fast
+    def execute(self, context: Context) -> dict[str, Any]:
+        pools = self.run_pools(context)
+        bucket = rules.bucket_name("bucket", self.bucket)
+        reservation = self.reservation or ""
+        kinds = capacity_order(check_capacity(self.capacity or default_capacity(reservation), reservation))
+        if len(kinds) > 1:
+            raise AirflowFailException(f"capacity: {EXISTING_ONE_KIND}")
+        capacity = kinds[0]
+        require_reservation_name(capacity, reservation)
+        dag_id, run_id = self.run_ids(context)
+        expires_at = expiry_of_run(context, rules.integer("max_cluster_hours", self.max_cluster_hours, 1))
+        labels = gke.managed_labels(dag_id, pools.suffix, bucket, expires_at)
+        account = self.node_service_account or ""
+        if account:
+            rules.match(
+                "node_service_account", account, rules.SERVICE_ACCOUNT, "must be a service account e-mail"
+            )
+        created: list[str] = []
+        for index, name in enumerate(self.names(pools)):
+            write_resource_record(
+                self.gcp_conn_id,
+                bucket,
+                name,
+                {
+                    "kind": POOL_RECORD_KIND,
+                    "name": name,
+                    "dag_id": dag_id,
+                    "run_id": run_id,
+                    "cluster": {
+                        "project": pools.cluster.project,
+                        "location": pools.cluster.location,
+                        "name": pools.cluster.name,
+                    },
+                    "expires_at": expires_at,
+                },
+                self.chain,
+            )
+            if self.role() == TPU_POOL_ROLE:
+                command = render.create_tpu_pool(
+                    pools,
+                    index,
+                    capacity=capacity,
+                    reservation=reservation,
+                    labels=labels,
+                    service_account=account,
+                )
+            else:
+                command = render.create_cpu_pool(pools, self.cpu_machine_type, labels, account)
+            result = self.hook.run(command, timeout=stage_command_timeout("deploy"))
+            if not result.ok and not result.timed_out and ALREADY_EXISTS in result.output:
+                if not pool_is_runs(self.listed(pools).get(name, {}), pools.suffix):
+                    raise AirflowFailException(
+                        f"cluster {pools.cluster.where} has a node pool {name} that is not this run's "
+                        "(its labels do not name it): delete or rename it; the run creates no other"
+                    )
+                self.log.info("node pool %s exists already and is this run's (a retry): kept", name)
+            else:
+                self.hook.check_result(command, result)
+            created.append(name)
+        return {"existing_cluster": pools.cluster.where, "pools": created, "run": pools.suffix}
+
+
+class ExistingClusterPoolDeleteOperator(_RunPoolsOperator):
+    """Delete the run's TPU pool(s) (``pools="tpu"``) or its own CPU pool (``pools="cpu"``) from a
+    cluster the run does not own: only a pool whose labels name the run (``pool_is_runs``) and
+    whose resource record names this DAG run. Another team's pool, another run's, and the cluster
+    itself are never touched; a pool already gone is success.
+
+    Takes the arguments of :class:`ExistingClusterPoolCreateOperator` that name the pools.
+    """
+
+    ui_color = "#ffd9d4"
+
+    @fail_fast
+    def execute(self, context: Context) -> dict[str, Any]:
+        pools = self.run_pools(context)
+        bucket = rules.bucket_name("bucket", self.bucket)
+        dag_id, run_id = self.run_ids(context)
+        names = self.names(pools)
+        listed = self.listed(pools) if names else {}
+        deleted: list[str] = []
+        left: list[str] = []
+        for name in names:
+            pool = listed.get(name)
+            if pool is None:
+                self.log.info(
+                    "node pool %s is not in cluster %s: nothing to delete", name, pools.cluster.where
+                )
+                continue
+            record = read_resource_record(self.gcp_conn_id, bucket, name, self.chain) or {}
+            recorded = (record.get("kind"), record.get("dag_id"), record.get("run_id")) == (
+                POOL_RECORD_KIND,
+                dag_id,
+                run_id,
+            )
+            if not (pool_is_runs(pool, pools.suffix) and recorded):
+                self.log.warning(
+                    "node pool %s of cluster %s is not provably this run's (labels: %s, record: %s): left alone",
+                    name,
+                    pools.cluster.where,
+                    "the run's" if pool_is_runs(pool, pools.suffix) else "not the run's",
+                    f"{record.get('dag_id')}/{record.get('run_id')}" if record else "none",
+                )
+                left.append(name)
+                continue
+            self.hook.run_checked(
+                render.delete_pool(pools.cluster, name), timeout=stage_command_timeout("teardown")
+            )
+            deleted.append(name)
+        return {"existing_cluster": pools.cluster.where, "deleted": deleted, "left_alone": left}
+
+
+# DAG-run states after which a run's pools are no longer needed (the janitor's rule 4).
+ENDED_RUN_STATES = frozenset({"success", "failed"})
+
+
+def condemned_pools(
+    records: Mapping[str, Mapping[str, Any]], now: float, run_state: Callable[[str, str], str | None]
+) -> list[Mapping[str, Any]]:
+    """The node pool records (``kind: node_pool``) whose pool is no longer needed: past their
+    ``expires_at``, or their DAG run has ended. Other records are never in it."""
+    found = []
+    for record in records.values():
+        if record.get("kind") != POOL_RECORD_KIND or not isinstance(record.get("cluster"), Mapping):
+            continue
+        expires = record.get("expires_at")
+        expired = isinstance(expires, int | float) and now >= expires
+        ended = run_state(str(record.get("dag_id")), str(record.get("run_id"))) in ENDED_RUN_STATES
+        if expired or ended:
+            found.append(record)
+    return found
+
+
+def sweep_run_pools(
+    hook: GclusterHook,
+    gcp_conn_id: str,
+    buckets: Sequence[str],
+    now: float,
+    run_state: Callable[[str, str], str | None],
+    *,
+    dry_run: bool = False,
+) -> dict[str, list[str]]:
+    """The janitor's pass over runs' pools on clusters they do not own: each pool a record in one
+    of ``buckets`` condemns (:func:`condemned_pools`) is deleted when its labels say it is that
+    run's (:func:`pool_is_runs`); a pool already gone, or not provably the run's, is left alone. A
+    cluster is never deleted: the janitor finds clusters to destroy by the provider's label, which
+    a cluster made outside it does not carry."""
+    from airflow_provider_tpu_rl.records.janitor_sources import read_bucket_records
+
+    report: dict[str, list[str]] = {"deleted": [], "left_alone": [], "failed": []}
+    for bucket in buckets:
+        try:
+            records = read_bucket_records(gcp_conn_id, bucket)
+        except Exception as error:
+            log.warning("janitor: cannot read the resource records of gs://%s (%s); skipped", bucket, error)
+            continue
+        for record in condemned_pools(records, now, run_state):
+            place = record["cluster"]
+            name = str(record.get("name"))
+            try:
+                cluster = ExistingCluster(str(place["project"]), str(place["location"]), str(place["name"]))
+                listed = hook.run_checked(render.list_pools(cluster), log_output=False)
+                pools = {
+                    str(p.get("name")): p
+                    for p in parse_json_list(listed.output_lines) or []
+                    if isinstance(p, dict)
+                }
+                pool = pools.get(name)
+                suffix = run_suffix(str(record.get("dag_id")), str(record.get("run_id")))
+                if pool is None or not pool_is_runs(pool, suffix):
+                    report["left_alone"].append(f"{cluster.where}/{name}")
+                    continue
+                if dry_run:
+                    log.warning("dry run: would delete node pool %s of %s", name, cluster.where)
+                else:
+                    hook.run_checked(
+                        render.delete_pool(cluster, name), timeout=stage_command_timeout("teardown")
+                    )
+                report["deleted"].append(f"{cluster.where}/{name}")
+            except Exception:
+                log.exception("janitor: could not delete node pool %s of %s", name, place)
+                report["failed"].append(f"{place}/{name}")
+    return report
+
+
+# ---------------------------------------------------------------------------------------------
+# The GKE pipeline's cluster tasks, by cluster_mode: *create* runs the Cluster Toolkit operator as
+# before; *existing* runs the pool operators above under the same task id (the task order, the
+# ledger's steps and the plans are the same in both modes).
+class _ClusterModeMixin:
+    """``cluster_mode`` and the existing-cluster arguments beside a cluster operator's own."""
+
+    cluster_mode: str
+    existing_cluster: str
+    cpu_node_pool: str
+
+    def pool_operator(self, kind: type[_RunPoolsOperator], role: str, **extra: Any) -> _RunPoolsOperator:
+        """The pool operator doing this task's work in *existing* mode, from this task's values."""
+        this: Any = self
+        return kind(
+            task_id=this.task_id,
+            existing_cluster=self.existing_cluster,
+            zone=this.zone,
+            bucket=this.bucket,
+            compute_type=this.compute_type,
+            topology=this.topology,
+            num_slices=this.num_slices,
+            cpu_node_pool=self.cpu_node_pool or None,
+            pools=role,
+            gcluster_conn_id=this.gcluster_conn_id,
+            gcp_conn_id=this.gcp_conn_id,
+            impersonation_chain=this.impersonation_chain,
+            **extra,
+        )
+
+    def existing(self) -> bool:
+        return parse_cluster_mode(self.cluster_mode or CREATE) == EXISTING
+
+
+MODE_FIELDS = ("cluster_mode", "existing_cluster", "cpu_node_pool")
+
+
+class ClusterModeDeployOperator(_ClusterModeMixin, GclusterDeployOperator):
+    """``deploy_cluster`` / ``deploy_tpu_pool``: in *create* mode :class:`GclusterDeployOperator`;
+    in *existing* mode the run's own CPU pool (``skip_groups=["tpu"]``: the cluster's stage) or
+    its TPU pool(s) (``only_groups=["tpu"]``), and no cluster lease.
+
+    :param cluster_mode: ``create`` or ``existing``.
+    :param existing_cluster: with ``existing``: ``PROJECT/LOCATION/NAME``.
+    :param cpu_node_pool: with ``existing``: the cluster's CPU pool (empty: the run creates its own).
+    """
+
+    template_fields: Sequence[str] = (*GclusterDeployOperator.template_fields, *MODE_FIELDS)
+
+    def __init__(
+        self,
+        *,
+        cluster_mode: str = CREATE,
+        existing_cluster: str = "",
+        cpu_node_pool: str = "",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.cluster_mode = cluster_mode
+        self.existing_cluster = existing_cluster
+        self.cpu_node_pool = cpu_node_pool
+
+    def execute(self, context: Context) -> Any:
+        if not self.existing():
+            return super().execute(context)
+        role = TPU_POOL_ROLE if TPU_GROUP in group_selection(self.only_groups, None)[0] else CPU_POOL_ROLE
+        operator = self.pool_operator(
+            ExistingClusterPoolCreateOperator,
+            role,
+            capacity=self.capacity,
+            reservation=self.reservation,
+            max_cluster_hours=self.max_cluster_hours,
+        )
+        return operator.execute(context)
+
+
+class ClusterModeDestroyOperator(_ClusterModeMixin, GclusterDestroyOperator):
+    """``destroy_tpu_pool`` / ``destroy_cluster``: in *create* mode :class:`GclusterDestroyOperator`;
+    in *existing* mode the run's TPU pool(s) (``only_groups=["tpu"]``) or its own CPU pool and,
+    with ``delete_bucket``, the bucket — never the cluster.
+
+    Takes :class:`ClusterModeDeployOperator`'s mode arguments.
+    """
+
+    template_fields: Sequence[str] = (*GclusterDestroyOperator.template_fields, *MODE_FIELDS)
+
+    def __init__(
+        self,
+        *,
+        cluster_mode: str = CREATE,
+        existing_cluster: str = "",
+        cpu_node_pool: str = "",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.cluster_mode = cluster_mode
+        self.existing_cluster = existing_cluster
+        self.cpu_node_pool = cpu_node_pool
+
+    def execute(self, context: Context) -> Any:
+        if not self.existing():
+            return super().execute(context)
+        only, _ = group_selection(self.only_groups, None)
+        role = TPU_POOL_ROLE if TPU_GROUP in only else CPU_POOL_ROLE
+        result = self.pool_operator(ExistingClusterPoolDeleteOperator, role).execute(context)
+        if role == CPU_POOL_ROLE and rules.boolean("delete_bucket", self.delete_bucket):
+            result.update(delete_run_bucket(self, context, rules.bucket_name("bucket", self.bucket)))
+        return result

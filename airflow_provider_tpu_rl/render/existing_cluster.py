@@ -1,0 +1,169 @@
+"""Specs → argv for a run on a GKE cluster it does not own (``cluster_mode=existing``).
+
+The run's own node pools are created and deleted with ``gcloud container node-pools``, not a
+pool-only Cluster Toolkit blueprint: cluster-toolkit's ``pre-existing-gke-cluster`` module (v1.95.0
+``modules/scheduler/pre-existing-gke-cluster``) does fit ``gke-node-pool``, but every deployment
+keeps its Terraform state and a deployment folder, and ``gcluster destroy`` of it is the only way
+back; one ``node-pools delete`` of a pool the run can prove its own is the smaller thing to trust
+on a cluster other teams use. The flags mirror the settings the Cluster Toolkit TPU pool gets for
+each capacity (``render/blueprint.py`` ``capacity_settings``; gke-node-pool's main.tf preconditions:
+flex-start with ``auto_repair`` off, no static node count, no reservation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from airflow_provider_tpu_rl.render.command import Command
+from airflow_provider_tpu_rl.render.shell import key_values
+from airflow_provider_tpu_rl.spec.cluster import FLEX_START, ON_DEMAND, RESERVATION, SPOT
+from airflow_provider_tpu_rl.spec.existing_cluster import (
+    CPU_POOL_ROLE,
+    TPU_POOL_ROLE,
+    ExistingCluster,
+    RunPools,
+)
+
+# What the container API answers for a node pool (or its cluster) that does not exist: gcloud's
+# HttpException "ResponseError: code=404, message=Not found: ..." (googlecloudsdk/api_lib/container
+# /util.py, the same form the sandbox's clusters describe prints).
+POOL_GONE = ("code=404",)
+# The CPU pool a run creates when it names none: the machine the conversions need (spec/cluster.py
+# CPU_COMPUTE_TYPE: n4-standard-64, the advanced blueprint's cpu-np), one node, no autoscaling.
+CPU_POOL_NODES = 1
+
+
+def _scope(cluster: ExistingCluster) -> tuple[str, ...]:
+    return (f"--cluster={cluster.name}", f"--location={cluster.location}", f"--project={cluster.project}")
+
+
+def describe_cluster(cluster: ExistingCluster) -> Command:
+    """The container v1 ``Cluster`` as JSON: status, version, Workload Identity, node pools."""
+    return Command(
+        (
+            "gcloud",
+            "container",
+            "clusters",
+            "describe",
+            cluster.name,
+            f"--location={cluster.location}",
+            f"--project={cluster.project}",
+            "--format=json",
+        ),
+        description=f"read cluster {cluster.where} (status, GKE version, Workload Identity, node pools)",
+    )
+
+
+def list_pools(cluster: ExistingCluster) -> Command:
+    """The cluster's node pools as JSON (names and labels: which are a run's)."""
+    return Command(
+        ("gcloud", "container", "node-pools", "list", *_scope(cluster), "--format=json"),
+        description=f"list cluster {cluster.where}'s node pools (a run deletes only those labelled its own)",
+    )
+
+
+# ``--labels`` sets the node VMs' resource labels (NodeConfig.resourceLabels: gcloud 528
+# api_lib/container/api_adapter.py _AddLabelsToNodeConfig), ``--node-labels`` the Kubernetes labels
+# of its nodes (NodeConfig.labels, _AddNodeLabelsToNodeConfig); spec/existing_cluster.py
+# pool_is_runs reads both back from the NodePool.
+def _labels_flag(flag: str, labels: Mapping[str, str]) -> str:
+    return f"{flag}={','.join(key_values(tuple(sorted(labels.items()))))}"
+
+
+def capacity_flags(capacity: str, reservation: str, vms: int) -> tuple[str, ...]:
+    """How the TPU pool is provisioned, as the Cluster Toolkit TPU pool would be for ``capacity``."""
+    if capacity == ON_DEMAND:
+        return (f"--num-nodes={vms}", "--reservation-affinity=none")
+    if capacity == RESERVATION:
+        return (f"--num-nodes={vms}", "--reservation-affinity=specific", f"--reservation={reservation}")
+    if capacity == SPOT:
+        return (f"--num-nodes={vms}", "--spot", "--reservation-affinity=none")
+    if capacity == FLEX_START:
+        # starts empty, scales up to its slice when the training's pods ask for it
+        return (
+            "--flex-start",
+            "--reservation-affinity=none",
+            "--no-enable-autorepair",
+            "--enable-autoscaling",
+            "--num-nodes=0",
+            "--min-nodes=0",
+            f"--max-nodes={vms}",
+            "--location-policy=ANY",
+        )
+    raise ValueError(f"no node pool flags for capacity {capacity!r}")
+
+
+def _service_account_flag(service_account: str) -> tuple[str, ...]:
+    """``--service-account``: who the pool's nodes run as — and so who a TPU pod is to Google APIs
+    (TPU pods use the host network); empty: the Compute Engine default service account."""
+    return (f"--service-account={service_account}",) if service_account else ()
+
+
+def create_tpu_pool(
+    pools: RunPools,
+    index: int,
+    *,
+    capacity: str,
+    reservation: str,
+    labels: Mapping[str, str],
+    service_account: str = "",
+) -> Command:
+    """The run's ``index``-th TPU slice: a node pool named after the run, its node VMs carrying the
+    run's resource ``labels`` (the janitor's) and its nodes the run's Kubernetes labels."""
+    name = pools.tpu_pools[index]
+    return Command(
+        (
+            "gcloud",
+            "container",
+            "node-pools",
+            "create",
+            name,
+            *_scope(pools.cluster),
+            f"--node-locations={pools.zone}",
+            f"--machine-type={pools.shape.compute_type}",
+            f"--tpu-topology={pools.shape.topology}",
+            *capacity_flags(capacity, reservation, pools.shape.vms),
+            *_service_account_flag(service_account),
+            "--workload-metadata=GKE_METADATA",
+            _labels_flag("--node-labels", pools.node_labels(TPU_POOL_ROLE)),
+            _labels_flag("--labels", labels),
+        ),
+        description=f"create this run's TPU node pool {name} ({pools.shape.tpu_type}, {capacity}) in "
+        f"cluster {pools.cluster.where}",
+    )
+
+
+def create_cpu_pool(
+    pools: RunPools, machine_type: str, labels: Mapping[str, str], service_account: str = ""
+) -> Command:
+    """The run's own CPU pool (the conversions and the export), when it names none of the cluster's."""
+    name = pools.created_cpu_pool
+    if not name:
+        raise ValueError("the run uses the cluster's CPU pool: it creates none")
+    return Command(
+        (
+            "gcloud",
+            "container",
+            "node-pools",
+            "create",
+            name,
+            *_scope(pools.cluster),
+            f"--node-locations={pools.zone}",
+            f"--machine-type={machine_type}",
+            f"--num-nodes={CPU_POOL_NODES}",
+            *_service_account_flag(service_account),
+            "--workload-metadata=GKE_METADATA",
+            _labels_flag("--node-labels", pools.node_labels(CPU_POOL_ROLE)),
+            _labels_flag("--labels", labels),
+        ),
+        description=f"create this run's CPU node pool {name} ({machine_type}) in cluster {pools.cluster.where}",
+    )
+
+
+def delete_pool(cluster: ExistingCluster, name: str) -> Command:
+    """Delete one node pool the run proved its own; one already gone is success."""
+    return Command(
+        ("gcloud", "container", "node-pools", "delete", name, *_scope(cluster), "--quiet"),
+        ok_if_output_contains=POOL_GONE,
+        description=f"delete this run's node pool {name} (the cluster {cluster.where} is never deleted)",
+    )

@@ -1,0 +1,254 @@
+"""A run's own node pools on a cluster it does not own (operators/existing_cluster.py), against the
+sandbox's cluster made outside the provider: two runs each create and delete only their own pools;
+another team's pool, a pool the run cannot prove its own, and the cluster are left alone."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import pytest
+
+from airflow_provider_tpu_rl.compat import AirflowFailException
+from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
+from airflow_provider_tpu_rl.operators.existing_cluster import (
+    ClusterModeDeployOperator,
+    ClusterModeDestroyOperator,
+    ExistingClusterPoolCreateOperator,
+    ExistingClusterPoolDeleteOperator,
+    sweep_run_pools,
+)
+from airflow_provider_tpu_rl.operators.gke import EnsureBucketOperator
+from airflow_provider_tpu_rl.operators.gke_jobs import (
+    MaxTextConvertOperator,
+    MaxTextExportOperator,
+    PathwaysRLTrainOperator,
+)
+from airflow_provider_tpu_rl.records.resources import read_resource_record
+from airflow_provider_tpu_rl.spec.pipeline import GKE_DAG_ID, run_suffix
+from tests.support.sandbox_run import REGION, ZONE, SandboxRun
+from tpu_rl_sandbox.clis.gcloud.app import Gcloud
+from tpu_rl_sandbox.world.existing_clusters import make_existing_cluster
+from tpu_rl_sandbox.world.store import StateStore
+
+RUN_A, RUN_B = "manual__team-a", "manual__team-b-sweep"
+TEAM_POOLS = ["default-pool", "cpu-np", "team-b-v6e"]
+
+
+def _cluster(sb: SandboxRun) -> str:
+    make_existing_cluster(StateStore(sb.layout), sb.project, REGION, ZONE, sb.cluster)
+    conf = sb.gke_conf()
+    bucket = sb.operator(EnsureBucketOperator, conf=conf, task_id="ensure_bucket")
+    bucket.execute(sb.context(bucket, conf))
+    return f"{sb.project}/{REGION}/{sb.cluster}"
+
+
+def _run(sb: SandboxRun, factory: Any, run_id: str, where: str, **arguments: Any) -> dict[str, Any]:
+    conf = sb.gke_conf()
+    operator = sb.operator(
+        factory,
+        conf=conf,
+        run_id=run_id,
+        task_id=f"{factory.__name__}-{arguments.get('pools', 'tpu')}",
+        existing_cluster=where,
+        zone=ZONE,
+        bucket=sb.bucket,
+        topology="2x2",
+        **arguments,
+    )
+    result: dict[str, Any] = operator.execute(sb.context(operator, conf, run_id=run_id))
+    return result
+
+
+def _pools(sb: SandboxRun) -> list[str]:
+    record = sb.cluster_record()
+    assert record is not None
+    assert record.get("exists", True)
+    return [p["name"] for p in record["node_pools"]]
+
+
+def test_two_runs_each_create_and_delete_only_their_own_pools(sb: SandboxRun) -> None:
+    where = _cluster(sb)
+    a, b = run_suffix(GKE_DAG_ID, RUN_A), run_suffix(GKE_DAG_ID, RUN_B)
+    for run_id in (RUN_A, RUN_B):
+        _run(sb, ExistingClusterPoolCreateOperator, run_id, where, pools="cpu")
+        _run(sb, ExistingClusterPoolCreateOperator, run_id, where)
+    own = {f"tpu-rl-{s}-{kind}" for s in (a, b) for kind in ("tpu-0", "cpu")}
+    assert set(_pools(sb)) == set(TEAM_POOLS) | own
+    record = read_resource_record("google_cloud_default", sb.bucket, f"tpu-rl-{a}-tpu-0")
+    assert record is not None
+    assert (record["kind"], record["run_id"]) == ("node_pool", RUN_A)
+
+    deleted = _run(sb, ExistingClusterPoolDeleteOperator, RUN_A, where)
+    assert deleted["deleted"] == [f"tpu-rl-{a}-tpu-0"]
+    _run(sb, ExistingClusterPoolDeleteOperator, RUN_A, where, pools="cpu")
+    assert set(_pools(sb)) == set(TEAM_POOLS) | {f"tpu-rl-{b}-tpu-0", f"tpu-rl-{b}-cpu"}
+    # a retry of the delete finds nothing of its own left
+    assert _run(sb, ExistingClusterPoolDeleteOperator, RUN_A, where)["deleted"] == []
+
+    _run(sb, ExistingClusterPoolDeleteOperator, RUN_B, where)
+    _run(sb, ExistingClusterPoolDeleteOperator, RUN_B, where, pools="cpu")
+    assert _pools(sb) == TEAM_POOLS
+    assert not any(c["argv"][:3] == ["container", "clusters", "delete"] for c in sb.calls())
+
+
+def test_a_create_retry_keeps_its_own_pool(sb: SandboxRun) -> None:
+    where = _cluster(sb)
+    account = f"team-a-nodes@{sb.project}.iam.gserviceaccount.com"
+    _run(sb, ExistingClusterPoolCreateOperator, RUN_A, where, node_service_account=account)
+    record = sb.cluster_record()
+    assert record is not None
+    pool = next(p for p in record["node_pools"] if p["name"].startswith("tpu-rl-"))
+    assert pool["service_account"] == account  # who the TPU pods are to Google APIs
+    again = _run(sb, ExistingClusterPoolCreateOperator, RUN_A, where)
+    assert again["pools"] == [f"tpu-rl-{run_suffix(GKE_DAG_ID, RUN_A)}-tpu-0"]
+
+
+def test_the_clusters_cpu_pool_named_means_no_cpu_pool_of_the_runs(sb: SandboxRun) -> None:
+    where = _cluster(sb)
+    assert (
+        _run(sb, ExistingClusterPoolCreateOperator, RUN_A, where, pools="cpu", cpu_node_pool="cpu-np")[
+            "pools"
+        ]
+        == []
+    )
+    assert (
+        _run(sb, ExistingClusterPoolDeleteOperator, RUN_A, where, pools="cpu", cpu_node_pool="cpu-np")[
+            "deleted"
+        ]
+        == []
+    )
+    assert _pools(sb) == TEAM_POOLS
+
+
+def _squat(sb: SandboxRun, name: str, labels: str) -> None:
+    """Someone else makes a pool with the run's name (gcloud directly, not the provider)."""
+    out: list[str] = []
+    code = Gcloud(sb.layout, dict(os.environ), lambda: b"", out.append, out.append).run(
+        [
+            "container",
+            "node-pools",
+            "create",
+            name,
+            f"--cluster={sb.cluster}",
+            f"--location={REGION}",
+            f"--project={sb.project}",
+            "--machine-type=e2-standard-8",
+            "--num-nodes=1",
+            *([labels] if labels else []),
+        ]
+    )
+    assert code == 0, out
+
+
+@pytest.mark.parametrize("labels", ["", "--labels=tpu-rl-managed=true,tpu-rl-run={s}"])
+def test_a_pool_with_the_runs_name_it_cannot_prove_its_own_is_left_alone(sb: SandboxRun, labels: str) -> None:
+    where = _cluster(sb)
+    suffix = run_suffix(GKE_DAG_ID, RUN_A)
+    name = f"tpu-rl-{suffix}-tpu-0"
+    _squat(sb, name, labels.format(s=suffix))
+    if not labels:
+        with pytest.raises(AirflowFailException, match=f"has a node pool {name} that is not this run's"):
+            _run(sb, ExistingClusterPoolCreateOperator, RUN_A, where)
+    # labels copied without the node labels, or no record of this run: never deleted
+    result = _run(sb, ExistingClusterPoolDeleteOperator, RUN_A, where)
+    assert (result["deleted"], result["left_alone"]) == ([], [name])
+    assert name in _pools(sb)
+
+
+def test_the_janitor_deletes_only_the_pools_of_ended_or_expired_runs(sb: SandboxRun) -> None:
+    where = _cluster(sb)
+    a, b = run_suffix(GKE_DAG_ID, RUN_A), run_suffix(GKE_DAG_ID, RUN_B)
+    for run_id in (RUN_A, RUN_B):
+        _run(sb, ExistingClusterPoolCreateOperator, run_id, where, pools="cpu")
+        _run(sb, ExistingClusterPoolCreateOperator, run_id, where)
+    states = {RUN_A: "success", RUN_B: "running"}
+    hook = GclusterHook()
+    now = time.time()
+
+    dry = sweep_run_pools(
+        hook, "google_cloud_default", [sb.bucket], now, lambda _d, r: states[r], dry_run=True
+    )
+    assert sorted(dry["deleted"]) == sorted(f"{where}/tpu-rl-{a}-{k}" for k in ("tpu-0", "cpu"))
+    assert len(_pools(sb)) == len(TEAM_POOLS) + 4  # a dry run deletes nothing
+
+    swept = sweep_run_pools(hook, "google_cloud_default", [sb.bucket], now, lambda _d, r: states[r])
+    assert swept["failed"] == []
+    assert set(_pools(sb)) == set(TEAM_POOLS) | {f"tpu-rl-{b}-tpu-0", f"tpu-rl-{b}-cpu"}
+    # past their expiry label, the running run's pools go too; the cluster and the team's stay
+    later = now + 73 * 3600
+    sweep_run_pools(hook, "google_cloud_default", [sb.bucket], later, lambda _d, r: states[r])
+    assert _pools(sb) == TEAM_POOLS
+    assert not any(c["argv"][:3] == ["container", "clusters", "delete"] for c in sb.calls())
+
+
+def test_the_janitor_leaves_a_recorded_pool_it_cannot_prove_the_runs(sb: SandboxRun) -> None:
+    where = _cluster(sb)
+    suffix = run_suffix(GKE_DAG_ID, RUN_A)
+    _run(sb, ExistingClusterPoolCreateOperator, RUN_A, where)
+    name = f"tpu-rl-{suffix}-tpu-0"
+    _run(sb, ExistingClusterPoolDeleteOperator, RUN_A, where)
+    _squat(sb, name, "")  # the record stays; someone else's pool now has the name
+    swept = sweep_run_pools(
+        GclusterHook(), "google_cloud_default", [sb.bucket], time.time(), lambda _d, _r: "failed"
+    )
+    assert swept["left_alone"] == [f"{where}/{name}"]
+    assert name in _pools(sb)
+
+
+def test_the_pipelines_cluster_tasks_in_existing_mode_add_and_delete_only_the_runs_pools(
+    sb: SandboxRun,
+) -> None:
+    """deploy_cluster, deploy_tpu_pool, destroy_tpu_pool and destroy_cluster with the pipeline's own
+    arguments (an existing-mode conf): the run's CPU and TPU pools, nothing of the cluster's."""
+    where = _cluster(sb)
+    conf = sb.gke_conf(cluster_mode="existing", existing_cluster=where)
+
+    def task(factory: Any, task_id: str) -> dict[str, Any]:
+        operator = sb.operator(factory, conf=conf, run_id=RUN_A, task_id=task_id)
+        result: dict[str, Any] = operator.execute(sb.context(operator, conf, run_id=RUN_A))
+        return result
+
+    cpu = task(ClusterModeDeployOperator, "deploy_cluster")
+    suffix = cpu["run"]
+    assert cpu["pools"] == [f"tpu-rl-{suffix}-cpu"]
+    assert task(ClusterModeDeployOperator, "deploy_tpu_pool")["pools"] == [f"tpu-rl-{suffix}-tpu-0"]
+    assert set(_pools(sb)) == {*TEAM_POOLS, f"tpu-rl-{suffix}-cpu", f"tpu-rl-{suffix}-tpu-0"}
+    assert task(ClusterModeDestroyOperator, "destroy_tpu_pool")["deleted"] == [f"tpu-rl-{suffix}-tpu-0"]
+    assert task(ClusterModeDestroyOperator, "destroy_cluster")["deleted"] == [f"tpu-rl-{suffix}-cpu"]
+    assert _pools(sb) == TEAM_POOLS
+    record = sb.cluster_record()
+    assert record is not None
+    assert record.get("status") == "RUNNING"
+
+
+def test_the_pipelines_jobs_in_existing_mode_go_to_the_runs_pools_and_queue(sb: SandboxRun) -> None:
+    where = f"{sb.project}/{REGION}/{sb.cluster}"
+    conf = sb.gke_conf(cluster_mode="existing", existing_cluster=where, kueue_queue="team-q")
+    plans = {}
+    for factory, task_id in (
+        (MaxTextConvertOperator, "convert_to_maxtext"),
+        (PathwaysRLTrainOperator, "train"),
+        (MaxTextExportOperator, "export_to_huggingface"),
+    ):
+        operator = sb.operator(factory, conf=conf, run_id=RUN_A, task_id=task_id)
+        plans[task_id] = operator.plan(sb.context(operator, conf, run_id=RUN_A))
+    train = plans["train"].target
+    suffix = dict(train.node_constraints)["tpu-rl-run"]
+    assert (train.cluster_name, train.queue, train.head_node_pool) == (
+        sb.cluster,
+        "team-q",
+        f"tpu-rl-{suffix}-cpu",
+    )
+    for task_id in ("convert_to_maxtext", "export_to_huggingface"):
+        target = plans[task_id].target
+        assert (target.cluster_name, target.node_pool, target.queue) == (
+            sb.cluster,
+            f"tpu-rl-{suffix}-cpu",
+            "team-q",
+        )
+    # create mode: as before (the toolkit cluster's cpu-np, no queue, no run label)
+    operator = sb.operator(PathwaysRLTrainOperator, run_id=RUN_A, task_id="train")
+    created = operator.plan(sb.context(operator, sb.gke_conf(), run_id=RUN_A)).target
+    assert (created.node_constraints, created.queue, created.head_node_pool) == ((), "", "")
