@@ -158,8 +158,8 @@ GKE_BAD_CONFS = [
     (
         "cluster_hours_below_the_stage_bounds",
         {"max_cluster_hours": 12},
-        "max_cluster_hours: 12 h is shorter than the 67 h the run's stages may take while its cluster "
-        "exists (deploy 90 min, short 20 min, convert 3 h, checkpoint 2 h, deploy 90 min, train 48 h, "
+        "max_cluster_hours: 12 h is shorter than the 68 h the run's stages may take while its cluster "
+        "exists (deploy 90 min, short 20 min, copy 60 min, convert 3 h, checkpoint 2 h, deploy 90 min, train 48 h, "
         "checkpoint 2 h, teardown 90 min, export 3 h, checkpoint 2 h, teardown 90 min",
         False,
     ),
