@@ -145,7 +145,9 @@ def make_existing_cluster(
         "kueue": {
             "installed": "kueue" not in left_out,
             "covered": ["google.com/tpu", "cpu", "memory"],
-            "quota": {},
+            # the ClusterQueue's nominal quotas: the toolkit's own Pathways Kueue template's defaults
+            # (clis/gcluster/deploy.py KUEUE_TEMPLATE_DEFAULTS), as a team that followed it has them
+            "quota": {"cpu": 480, "memory": "2000G", "google.com/tpu": "999999"},
         },
         "pathways": True,
         "workload_identity_ksa": "workload-identity-k8s-sa",
