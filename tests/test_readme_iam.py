@@ -5,11 +5,16 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from airflow_provider_tpu_rl.spec.preflight import REQUIRED_PERMISSIONS, REQUIRED_SERVICES
+from airflow_provider_tpu_rl.spec.preflight import (
+    REQUIRED_PERMISSIONS,
+    REQUIRED_SERVICES,
+    STREAMING_PERMISSIONS,
+)
 from airflow_provider_tpu_rl.spec.presets import Runner
 
 README = Path(__file__).resolve().parents[1] / "docs" / "first-real-run.md"
-ROW = re.compile(r"^\| `(roles/[\w.]+)` \| (✓?) \| (✓?) \| .+ \|$")
+# ✓: checked on every run of that pipeline; (✓): on a GKE run that streams its image (image_repository)
+ROW = re.compile(r"^\| `(roles/[\w.]+)` \| (✓?|\(✓\)) \| (✓?) \| .+ \|$")
 
 
 def _section() -> str:
@@ -21,10 +26,17 @@ def _section() -> str:
 def test_the_roles_table_lists_exactly_the_roles_preflight_checks() -> None:
     rows = [ROW.match(line) for line in _section().splitlines() if line.startswith("| `roles/")]
     assert rows
-    assert all(rows), "every roles row has the form | `roles/x` | ✓ | ✓ | why |"
-    table = {m[1]: (bool(m[2]), bool(m[3])) for m in rows if m}
+    assert all(rows), "every roles row has the form | `roles/x` | ✓ or (✓) | ✓ | why |"
+    table = {m[1]: (m[2], bool(m[3])) for m in rows if m}
     gke, tpu_vm = (set(REQUIRED_PERMISSIONS[runner].values()) for runner in (Runner.GKE, Runner.TPU_VM))
-    assert {role for role, (g, _) in table.items() if g} == gke
+    assert {role for role, (g, _) in table.items() if g == "✓"} == gke
+    # the streaming rows name a role of each service whose permissions the copy needs (the table's
+    # roles/artifactregistry.admin holds the writer's and reader's: IAM's roles reference)
+    streaming = {role for role, (g, _) in table.items() if g == "(✓)"}
+    assert streaming
+    assert {role.split(".")[0] for role in streaming} == {
+        role.split(".")[0] for role in STREAMING_PERMISSIONS.values()
+    }
     assert {role for role, (_, v) in table.items() if v} == tpu_vm
 
 

@@ -384,17 +384,14 @@ RUN_PARAMS: Final[tuple[RunParam, ...]] = (
         "TPU capacity",
         CLOUD,
         PerPipeline(
-            "How the TPU node pool is provisioned: one kind, or an ordered list tried in turn, like "
-            '["on-demand", "spot"]: a kind whose pool create is refused for lack of capacity '
-            "(stockout, quota, a full reservation) moves to the next at once; flex-start only last. "
-            "on-demand (the default): the list price, no reservation, no preemption. reservation: "
+            "How the TPU node pool is provisioned (one kind here; an ordered list, tried in turn, is "
+            "the operators' capacity argument). on-demand (the default): the list price, no reservation, no preemption. reservation: "
             "from the reservation named in reservation. spot: Spot VMs, much cheaper but preemptible "
             "at any time; training resumes from its newest checkpoint. flex-start: Dynamic Workload "
             "Scheduler capacity, queued until free, then runs for a bounded time. Only reservation "
             "takes a reservation. See the README's capacity table.",
-            "How the TPU VM is provisioned: one kind, or an ordered list tried in turn, like "
-            '["reservation", "flex-start", "spot"]: a kind refused for lack of capacity (stockout, '
-            "quota, a full reservation) moves to the next at once. on-demand (the default): the list "
+            "How the TPU VM is provisioned (one kind here; an ordered list, tried in turn, is the "
+            "operators' capacity argument). on-demand (the default): the list "
             "price, no reservation, no preemption. reservation: from the reservation named in "
             "reservation. spot: Spot VMs, much cheaper but preemptible at any time; training resumes "
             "from its newest checkpoint. flex-start: Dynamic Workload Scheduler capacity, queued until "
@@ -405,18 +402,16 @@ RUN_PARAMS: Final[tuple[RunParam, ...]] = (
         "renders, costs and risks, and why `on-demand` is the default: [README, TPU capacity]"
         "(../README.md#tpu-capacity-on-demand-reservation-spot-or-flex-start)), or an ordered list of "
         'them, like `["reservation", "flex-start", "spot"]`, tried in turn (on GKE flex-start only '
-        "last: [capacity that falls back](../README.md#capacity-that-falls-back)). A conf (REST, "
+        "last: [capacity that falls back](../README.md#capacity-that-falls-back); the shipped DAGs' "
+        "form and Param take one kind, the list goes to the operators and `tpu-rl plan`). A conf (REST, "
         "CLI, `tpu-rl plan`) that names a `reservation` and no `capacity` consumes it",
         default=ON_DEMAND,
-        # one kind or an ordered list: a field that takes either (Airflow 3's form for a type of
-        # several JSON types)
-        schema={
-            "type": ["string", "array"],
-            "anyOf": [
-                {"type": "string", "enum": list(CAPACITIES)},
-                {"type": "array", "items": {"type": "string", "enum": list(CAPACITIES)}},
-            ],
-        },
+        # The shipped DAGs' form and Param take one kind, a dropdown: Airflow 2.11's trigger form
+        # renders a field whose type includes "array" as a textarea of the value's items, a string's
+        # characters one per line (www/templates/airflow/trigger.html), and Airflow 3's form failed
+        # the same field's dropdown; an ordered list goes to the operators (``capacity=[...]``) and to
+        # ``tpu-rl plan`` (the spec takes both).
+        schema={"type": "string", "enum": list(CAPACITIES)},
         doc_default="`on-demand`; `reservation` where `[tpu_rl] default_*_reservation` is set",
     ),
     RunParam(
