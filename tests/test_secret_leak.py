@@ -22,11 +22,8 @@ import pytest
 from airflow.providers.common.compat.sdk import DAG
 
 from airflow_provider_tpu_rl.cli import main as tpu_rl_cli
-from airflow_provider_tpu_rl.operators.gke import (
-    EnsureBucketOperator,
-    GclusterDeployOperator,
-    HfTokenSecretOperator,
-)
+from airflow_provider_tpu_rl.operators.existing_cluster import ClusterModeDeployOperator
+from airflow_provider_tpu_rl.operators.gke import EnsureBucketOperator, HfTokenSecretOperator
 from airflow_provider_tpu_rl.operators.gke_jobs import (
     MaxTextConvertOperator,
     MaxTextExportOperator,
@@ -68,10 +65,10 @@ def _run_pipeline(sb: SandboxRun, conf: dict[str, Any]) -> dict[str, list[Any]]:
     resolved = gke_pipeline_from_conf(conf, run_id=RUN_ID).resolved()
     classes = {
         "ensure_bucket": EnsureBucketOperator,
-        "deploy_cluster": GclusterDeployOperator,
+        "deploy_cluster": ClusterModeDeployOperator,
         "sync_hf_token": HfTokenSecretOperator,
         "convert_to_maxtext": MaxTextConvertOperator,
-        "deploy_tpu_pool": GclusterDeployOperator,
+        "deploy_tpu_pool": ClusterModeDeployOperator,
         "train": PathwaysRLTrainOperator,
         "export_to_huggingface": MaxTextExportOperator,
     }
