@@ -76,6 +76,10 @@ class _RunPoolsOperator(GclusterBaseOperator):
         "gcp_conn_id",
         "impersonation_chain",
     )
+    # The task this operator does the work of (the pipeline's ClusterMode* tasks build one outside
+    # any DAG, whose own dag_id is Airflow's ad hoc one): the pools are named after that task's run,
+    # as the run's jobs are, never after the ad hoc DAG's.
+    on_behalf_of: GclusterBaseOperator | None = None
 
     def __init__(
         self,
@@ -99,6 +103,11 @@ class _RunPoolsOperator(GclusterBaseOperator):
         self.num_slices = num_slices
         self.cpu_node_pool = cpu_node_pool
         self.pools = pools
+
+    def run_ids(self, context: Context) -> tuple[str, str]:
+        if self.on_behalf_of is not None:
+            return self.on_behalf_of.run_ids(context)
+        return super().run_ids(context)
 
     def run_pools(self, context: Context) -> RunPools:
         dag_id, run_id = self.run_ids(context)
@@ -375,7 +384,7 @@ class _ClusterModeMixin:
     def pool_operator(self, kind: type[_RunPoolsOperator], role: str, **extra: Any) -> _RunPoolsOperator:
         """The pool operator doing this task's work in *existing* mode, from this task's values."""
         this: Any = self
-        return kind(
+        operator = kind(
             task_id=this.task_id,
             existing_cluster=self.existing_cluster,
             zone=this.zone,
@@ -390,6 +399,9 @@ class _ClusterModeMixin:
             impersonation_chain=this.impersonation_chain,
             **extra,
         )
+        # built outside the DAG: its names, labels and records are this task's run's
+        operator.on_behalf_of = this
+        return operator
 
     def existing(self) -> bool:
         return parse_cluster_mode(self.cluster_mode or CREATE) == EXISTING

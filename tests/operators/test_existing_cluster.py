@@ -211,7 +211,14 @@ def test_the_pipelines_cluster_tasks_in_existing_mode_add_and_delete_only_the_ru
         return result
 
     cpu = task(ClusterModeDeployOperator, "deploy_cluster")
-    suffix = cpu["run"]
+    # named after this DAG's run, as the run's jobs are (not the ad hoc DAG of the pool operator
+    # the task builds): the training's node selector and the conversion's pool find them
+    suffix = run_suffix(GKE_DAG_ID, RUN_A)
+    assert cpu["run"] == suffix
+    train = sb.operator(PathwaysRLTrainOperator, conf=conf, run_id=RUN_A, task_id="train")
+    target = train.plan(sb.context(train, conf, run_id=RUN_A)).target
+    assert dict(target.node_constraints)["tpu-rl-run"] == suffix
+    assert target.head_node_pool == f"tpu-rl-{suffix}-cpu"
     assert cpu["pools"] == [f"tpu-rl-{suffix}-cpu"]
     assert task(ClusterModeDeployOperator, "deploy_tpu_pool")["pools"] == [f"tpu-rl-{suffix}-tpu-0"]
     assert set(_pools(sb)) == {*TEAM_POOLS, f"tpu-rl-{suffix}-cpu", f"tpu-rl-{suffix}-tpu-0"}
