@@ -140,6 +140,14 @@ def test_a_node_pool_is_created_listed_and_deleted_with_its_labels(cli: Cli, nam
     assert "code=404" in gone.err
     left = [p["name"] for p in _describe(cli, names)["nodePools"]]
     assert left == ["default-pool", "cpu-np", "team-b-v6e"]
+    # the other team's pool kept its slice's node VMs through it all
+    team_nodes = [
+        vm
+        for vm in cli.state("vms").values()
+        if (vm.get("labels") or {}).get("goog-k8s-node-pool-name") == "team-b-v6e"
+        and vm["labels"].get("goog-k8s-cluster-name") == names["cluster"]
+    ]
+    assert len(team_nodes) == 2
 
 
 def test_a_pool_is_refused_on_a_cluster_that_takes_none(cli: Cli, names: dict[str, str]) -> None:
@@ -257,3 +265,91 @@ def test_a_tpu_job_runs_on_the_pool_its_node_selector_names_one_job_per_pool() -
     again = job("a2", "aaaaaa", "Suspended", 3.0)
     running = {**a, "status": "Running"}
     assert not existing_cluster_tpu_fits(again, {"a": running, "a2": again}, cluster)
+
+
+def test_the_other_teams_job_runs_on_its_pool_through_the_kubernetes_api(
+    cli: Cli, names: dict[str, str]
+) -> None:
+    _made(cli, names)
+    job = cli.job(names["project"], names["region"], names["cluster"], "team-b-train")
+    assert job is not None
+    assert job["status"] == "Running"
+    assert not job["suspended"]
+    assert {p["phase"] for p in job["pods"]} == {"Running"}
+    assert len(job["pods"]) == 2
+    access = kube_access.cluster_access(cli.layout, names["project"], names["region"], names["cluster"])
+    listed = kube_access.request(
+        access, "GET", "/apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets"
+    ).json()
+    (item,) = listed["items"]
+    assert item["metadata"]["name"] == "team-b-train"
+    (status,) = item["status"]["replicatedJobsStatus"]
+    assert status["ready"] == 1
+    assert status["active"] == 1
+    # it is on team b's pool and holds it: a job of a run is never scheduled there
+    from tpu_rl_sandbox.machines.job_worker import matching_tpu_pool
+
+    cluster = next(c for c in cli.state("clusters").values() if c.get("name") == names["cluster"])
+    assert matching_tpu_pool(cluster, job)["name"] == "team-b-v6e"  # type: ignore[index]
+
+
+def test_no_other_teams_job_without_the_jobset_api(cli: Cli, names: dict[str, str]) -> None:
+    _made(cli, names, "jobset")
+    assert cli.job(names["project"], names["region"], names["cluster"], "team-b-train") is None
+
+
+def test_a_tpu_pod_is_its_pools_node_account_and_writes_with_that_accounts_grants(
+    cli: Cli, names: dict[str, str]
+) -> None:
+    from tpu_rl_sandbox.world import iam
+    from tpu_rl_sandbox.world.inventory import project_number
+
+    cluster = _made(cli, names)
+    # the pool's account: here the Compute Engine default one (`node-pools create` without --service-account)
+    own = f"{project_number(names['project'])}-compute@developer.gserviceaccount.com"
+    job = {"tpu": True}
+    # the pool's config.serviceAccount, not the cluster's (this one has none of a toolkit cluster's)
+    assert iam.pod_identity(cluster, job, {"name": "p", "service_account": own}) == (own, None)
+    toolkit = {**cluster, "service_accounts": {"node_pool": "np@p.iam.gserviceaccount.com"}}
+    assert iam.pod_identity(toolkit, job, None) == ("np@p.iam.gserviceaccount.com", "node_pool")
+    assert iam.pod_identity(toolkit, job, {"service_account": "np@p.iam.gserviceaccount.com"}) == (
+        "np@p.iam.gserviceaccount.com",
+        "node_pool",
+    )
+    store = StateStore(cli.layout)
+    principal, account = iam.pod_identity(cluster, {"tpu": False})
+    assert principal.startswith("principal://")
+    assert principal.endswith("/subject/ns/default/sa/default")
+    assert account is None
+    assert not iam.identity_can_write(store, cluster, None, own, names["bucket"])
+    assert not iam.identity_can_write(store, cluster, None, principal, names["bucket"])
+    made = cli.gcloud(
+        "storage", "buckets", "create", f"gs://{names['bucket']}", f"--project={names['project']}"
+    )
+    assert made.code == 0, made.text
+    for member in (f"serviceAccount:{own}", principal):
+        granted = cli.gcloud(
+            "storage",
+            "buckets",
+            "add-iam-policy-binding",
+            f"gs://{names['bucket']}",
+            f"--member={member}",
+            "--role=roles/storage.objectAdmin",
+        )
+        assert granted.code == 0, granted.text
+    assert iam.identity_can_write(store, cluster, None, own, names["bucket"])
+    assert iam.identity_can_write(store, cluster, None, principal, names["bucket"])
+    assert not iam.identity_can_write(store, cluster, None, own, "another-bucket")
+
+
+def test_a_cpu_job_on_an_existing_cluster_waits_for_a_pool_its_node_selector_names() -> None:
+    from tpu_rl_sandbox.machines.job_worker import has_matching_nodes
+
+    cluster = {"made_outside": True, "node_pools": [{"name": "cpu-np"}, {"name": "tpu-rl-aaaaaa-cpu"}]}
+    pinned = {"node_constraint": {"cloud.google.com/gke-nodepool": "tpu-rl-aaaaaa-cpu"}}
+    assert has_matching_nodes(cluster, pinned)
+    # another run's CPU pool, not (or no longer) there: its pods stay Pending
+    assert not has_matching_nodes(
+        cluster, {"node_constraint": {"cloud.google.com/gke-nodepool": "tpu-rl-bbbbbb-cpu"}}
+    )
+    assert has_matching_nodes(cluster, {"node_constraint": {}})

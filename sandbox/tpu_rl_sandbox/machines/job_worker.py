@@ -147,7 +147,7 @@ class Worker:
                     raise JobGone()
                 cluster = txn.doc("clusters").get(me["cluster_key"], {})
                 if not me.get("tpu"):
-                    if self._cpu_fits(me, jobs, cluster):
+                    if self._cpu_fits(me, jobs, cluster) and has_matching_nodes(cluster, me):
                         return
                     time.sleep(0.05)
                     continue
@@ -224,7 +224,7 @@ class Worker:
         attempts = int(job.get("restarts", 1)) + 1
         faults = FaultGate(self.store, parse_faults(job.get("faults")))
         cluster = self.store.read("clusters").get(job["cluster_key"], {})
-        identity, account = iam.pod_identity(cluster, job)
+        identity, account = iam.pod_identity(cluster, job, matching_tpu_pool(cluster, job))
         for attempt in range(1, attempts + 1):
             # a (re)start: the JobSet controller recreates every Job, the Job controller their pods
             job = self.update(
@@ -443,9 +443,7 @@ class Worker:
             gcs=GcsStore(
                 api_for(self.layout),
                 identity=identity,
-                can_write=lambda bucket: (
-                    account is not None and iam.account_can_write(store, cluster, account)
-                ),
+                can_write=lambda bucket: iam.identity_can_write(store, cluster, account, identity, bucket),
             ),
             # the pod reads as its own identity: it needs the grant, in effect
             secret_access=lambda p, s, v: secret_values.pod_secret_value(store, identity, p, s, v),
@@ -548,6 +546,22 @@ def matching_tpu_pool(cluster: dict[str, Any], job: dict[str, Any]) -> dict[str,
         if all(labels.get(key) == value for key, value in wanted.items()):
             return pool
     return None
+
+
+def has_matching_nodes(cluster: dict[str, Any], job: dict[str, Any]) -> bool:
+    """Whether a CPU job's pods can be placed on a cluster made outside the provider: some pool's
+    nodes carry every label of its nodeSelector (``--node-constraint``, e.g. the pool's
+    ``cloud.google.com/gke-nodepool``); none: they stay Pending, as the kube-scheduler leaves a pod
+    no node matches (Kubernetes, "Assigning Pods to Nodes", nodeSelector; direct). A toolkit
+    cluster's jobs are placed as before."""
+    if not cluster.get("made_outside"):
+        return True
+    wanted = dict(job.get("node_constraint") or {})
+    return any(
+        all(pool_node_labels(pool).get(key) == value for key, value in wanted.items())
+        for pool in cluster.get("node_pools", [])
+        if not pool.get("failed")
+    )
 
 
 def existing_cluster_tpu_fits(me: dict[str, Any], jobs: dict[str, Any], cluster: dict[str, Any]) -> bool:

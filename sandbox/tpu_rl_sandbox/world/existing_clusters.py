@@ -18,6 +18,10 @@ What each field stands for, and where the real answer comes from:
   module installs JobSet and Kueue).
 - ``local_queues``: the Kueue LocalQueues of namespace ``default``; a ``gcluster deploy`` cluster
   has ``user-queue`` (kubectl-apply ``kueue/kueue-configuration-pathways.yaml.tftpl``, v1.95.0).
+
+The other team's job is a JobSet in the ``jobs`` document like the ones ``gcluster job submit``
+makes, admitted and running on the other team's pool; no job worker plays its pods (its program is
+the other team's): it runs until someone deletes it, which no run of the provider may do.
 """
 
 from __future__ import annotations
@@ -101,10 +105,12 @@ def make_existing_cluster(
     *,
     missing: Iterable[str] = (),
     other_team_pool: str = "team-b-v6e",
+    other_team_job: str = "team-b-train",
 ) -> dict[str, Any]:
     """Write a cluster a platform team made: a system pool, a CPU pool ``cpu-np``, another team's
-    TPU pool, Kueue with a ``team-queue`` LocalQueue, JobSet — less each of ``missing``
-    (:data:`PREREQUISITES`). Returns the record."""
+    TPU pool with its running JobSet ``other_team_job`` (when JobSet is installed), Kueue with a
+    ``team-queue`` LocalQueue, JobSet — less each of ``missing`` (:data:`PREREQUISITES`). Returns
+    the record."""
     left_out = set(missing)
     unknown = left_out - set(PREREQUISITES)
     if unknown:
@@ -160,4 +166,73 @@ def make_existing_cluster(
             raise ValueError(f"cluster {key} exists already")
         clusters[key] = record
         txn.save("clusters")
+    if other_team_pool and other_team_job and JOBSET_API in apis:
+        start_other_team_job(store, record, other_team_pool, other_team_job)
     return record
+
+
+def start_other_team_job(
+    store: StateStore, cluster: Mapping[str, Any], pool: str, name: str
+) -> dict[str, Any]:
+    """Another team's JobSet on its own v6e pool, admitted, its pods Running: created through the
+    fake Kubernetes API as ``kubectl apply`` would, pinned to the pool by its nodeSelector (GKE's
+    TPU node labels and ``cloud.google.com/gke-nodepool``). Returns the stored record."""
+    from tpu_rl_sandbox.apis import kube_api  # the API layer (it imports this world, not the reverse)
+
+    selector = {
+        "cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
+        "cloud.google.com/gke-tpu-topology": "2x4",
+        "cloud.google.com/gke-nodepool": pool,
+    }
+    manifest = {
+        "apiVersion": kube_api.JOBSET_API_VERSION,
+        "kind": "JobSet",
+        "metadata": {"name": name, "labels": {"team": "b", kube_api.QUEUE_NAME_KEY: "team-queue"}},
+        "spec": {
+            "replicatedJobs": [
+                {
+                    "name": "slice",
+                    "replicas": 1,
+                    "template": {
+                        "spec": {
+                            "parallelism": 2,
+                            "completions": 2,
+                            "template": {
+                                "spec": {
+                                    "nodeSelector": selector,
+                                    "containers": [
+                                        {
+                                            "name": "jax-tpu",
+                                            "image": "us-docker.pkg.dev/team-b/train:latest",
+                                            "command": ["python3", "train.py"],
+                                        }
+                                    ],
+                                }
+                            },
+                        }
+                    },
+                }
+            ]
+        },
+    }
+    job = kube_api.create_jobset(
+        store.layout,
+        cluster,
+        kube_api.DEFAULT_NAMESPACE,
+        manifest,
+        {"node_constraint": {"cloud.google.com/gke-nodepool": pool}, "topology": "2x4", "other_team": True},
+    )
+    now = rfc3339()
+    pods = kube_api.plan_pods(job, 0)
+    for pod in pods:
+        pod["phase"] = "Running"
+        pod["containers"] = [
+            {"name": c["name"], "state": "running", "startedAt": now} for c in pod["containers"]
+        ]
+    with store.txn() as txn:
+        jobs = txn.doc("jobs")
+        stored = jobs[job["key"]]
+        # Kueue admitted it (spec.suspend false) and its pods run: what the other team left running
+        stored.update(suspended=False, admitted=now, status="Running", attempt=1, started=now, pods=pods)
+        txn.save("jobs")
+        return dict(stored)

@@ -33,18 +33,25 @@ def account_can_write(store: StateStore, cluster: dict[str, Any], account: str) 
     return any(member in bindings.get(role, []) for role in WRITE_ROLES)
 
 
-def pod_identity(cluster: dict[str, Any], job: dict[str, Any]) -> tuple[str, str | None]:
+def pod_identity(
+    cluster: dict[str, Any], job: dict[str, Any], pool: dict[str, Any] | None = None
+) -> tuple[str, str | None]:
     """Who a job's program is to Google APIs, and which of the cluster's accounts that is.
 
-    TPU pods use the host network, so the node's service account (the TPU pool's); other pods
-    get Workload Identity (the cluster's node pools run GKE_METADATA): their Kubernetes service
+    TPU pods use the host network, so the node's service account: the one of the TPU pool they run
+    on (``pool``, the pool's ``config.serviceAccount``: ``--service-account`` of ``gcloud container
+    node-pools create``, else the Compute Engine default service account; container v1
+    ``NodeConfig.serviceAccount``, direct), else the cluster's TPU pool account. Other pods get
+    Workload Identity (the cluster's node pools run GKE_METADATA): their Kubernetes service
     account's Google service account, which only ``configure_workload_identity_sa``'s
     ``workload-identity-k8s-sa`` has (bound to the workload account); any other is the bare
-    Workload Identity principal, with no role.
+    Workload Identity principal, with no role but those granted to it.
     """
     accounts = cluster.get("service_accounts", {})
     if job.get("tpu"):
-        return accounts.get("node_pool", ""), "node_pool"
+        node_pool_account = accounts.get("node_pool", "")
+        own = str((pool or {}).get("service_account") or node_pool_account)
+        return own, "node_pool" if own == node_pool_account else None
     ksa = str(job.get("service_account") or "default")
     if ksa == cluster.get("workload_identity_ksa"):
         return accounts.get("workload", ""), "workload"
@@ -53,6 +60,26 @@ def pod_identity(cluster: dict[str, Any], job: dict[str, Any]) -> tuple[str, str
         f"principal://iam.googleapis.com/projects/{project_number(project)}/locations/global/workloadIdentityPools/{project}.svc.id.goog/subject/ns/default/sa/{ksa}",
         None,
     )
+
+
+def iam_member(identity: str) -> str:
+    """The IAM policy member of a pod's identity: a Workload Identity principal as it is, a
+    service account e-mail as ``serviceAccount:<e-mail>``."""
+    return identity if identity.startswith("principal://") else f"serviceAccount:{identity}"
+
+
+def identity_can_write(
+    store: StateStore, cluster: dict[str, Any], account: str | None, identity: str, bucket: str
+) -> bool:
+    """Whether a pod (``identity``, the cluster's ``account`` when it is one of them) may create
+    objects in ``bucket``: its account's roles (:func:`account_can_write`), or a writing role bound
+    to it on the bucket or the cluster's project (a platform team's grant)."""
+    if account is not None and account_can_write(store, cluster, account):
+        return True
+    if not identity:
+        return False
+    resources = [f"b/{bucket}", f"projects/{cluster.get('project', '')}"]
+    return member_has_permission(store, resources, iam_member(identity), "storage.objects.create")
 
 
 # ====================================================================================== IAM

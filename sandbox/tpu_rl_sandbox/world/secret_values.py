@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 
-from tpu_rl_sandbox.world.iam import member_has_permission
+from tpu_rl_sandbox.world.iam import iam_member, member_has_permission
 from tpu_rl_sandbox.world.inventory import project_number
 from tpu_rl_sandbox.world.store import StateStore
 
@@ -59,7 +59,7 @@ def pod_secret_value(
     account e-mail or a Workload Identity principal) needs ``secretmanager.versions.access`` on the
     secret or its project, granted long enough ago to be in effect (:func:`member_has_permission`),
     else Secret Manager's 403 (:data:`SECRET_ACCESS_DENIED`)."""
-    member = identity if identity.startswith("principal://") else f"serviceAccount:{identity}"
+    member = iam_member(identity)
     resources = [f"projects/{project}/secrets/{secret}", f"projects/{project}"]
     if not member_has_permission(store, resources, member, "secretmanager.versions.access"):
         return None, SECRET_ACCESS_DENIED.format(project=project, secret=secret, version=version)
