@@ -86,12 +86,14 @@ endef
 AIRFLOW_FREE_TESTS := tests/spec tests/render tests/golden tests/maxtext tests/sql tests/sandbox tests/docker
 
 # Tests no Airflow line changes that run on the Airflow 2.11 leg instead of the 3.3 leg: the lease race
-# between two runs (two `airflow dags test` of the GKE pipeline at once, cheaper on 2.11) and three
+# between two runs and two runs at once on a cluster a platform team runs (each two `airflow dags test`
+# of the GKE pipeline at once, cheaper on 2.11) and three
 # operator modules that call execute() with a plain-dict context against the sandbox (run identity,
 # the run directory's takeover, the TPU VM operators: about four worker-minutes), so the two sides
 # of `make test` end together (the 3.3 leg ended 2.5 minutes after the other side without them).
 # `make test-all` runs them on 3.3 as well.
-ON_AIRFLOW_2_11_ONLY := tests/e2e/test_cluster_lease.py tests/operators/test_run_identity.py \
+ON_AIRFLOW_2_11_ONLY := tests/e2e/test_cluster_lease.py tests/e2e/test_existing_cluster_runs.py \
+	tests/operators/test_run_identity.py \
 	tests/operators/test_run_dir_takeover.py tests/operators/test_tpu_vm.py
 
 # The whole suite on Airflow 3.3 (but ON_AIRFLOW_2_11_ONLY); `make test` runs it in two parts, one on each side.

@@ -39,6 +39,10 @@ TPU_RL = str(Path(sys.executable).with_name("tpu-rl"))
 GKE_DAG_ID = "tpu_rl_gke_pipeline"
 TPU_VM_DAG_ID = "tpu_rl_tpu_vm_pipeline"
 E2E_RESERVATION = "res-8"  # a v6e-8 reservation start_world creates
+# A bound against a hung `airflow dags test`, not a timing goal: five times two minutes, above the
+# longest single run of the suite on a quiet two-core machine (a GKE run; 75-250 s in `make test`'s
+# two loaded legs, fixture set-up included). A module whose runs take longer names its own bound
+# (run_dag's ``timeout``, e.g. tests/e2e/test_existing_cluster_runs.py).
 RUN_TIMEOUT_SECONDS = 600
 
 # Fast sandbox and fast Airflow: 50 ms per simulated step, job polls every 0.5 s, one retry
@@ -182,9 +186,15 @@ class E2EWorld:
 
     # -- running ------------------------------------------------------------------------
     def run_dag(
-        self, dag_id: str, conf: dict[str, Any], faults: str = "", env_overrides: dict[str, str] | None = None
+        self,
+        dag_id: str,
+        conf: dict[str, Any],
+        faults: str = "",
+        env_overrides: dict[str, str] | None = None,
+        timeout: float = RUN_TIMEOUT_SECONDS,
     ) -> DagRunResult:
-        """``airflow dags test DAG -c CONF`` with ``TPU_RL_SANDBOX_FAIL=faults`` (transient faults re-armed)."""
+        """``airflow dags test DAG -c CONF`` with ``TPU_RL_SANDBOX_FAIL=faults`` (transient faults
+        re-armed), killed after ``timeout`` seconds (a hang's bound)."""
         if dag_id == TPU_VM_DAG_ID and "reservation" not in conf:
             # `validate` refuses the form's example reservation: name one of the sandbox's.
             conf = {**conf, "reservation": E2E_RESERVATION}
@@ -200,7 +210,7 @@ class E2EWorld:
             cwd=self.root,
             capture_output=True,
             text=True,
-            timeout=RUN_TIMEOUT_SECONDS,
+            timeout=timeout,
             check=False,
         )
         seconds = time.monotonic() - started
