@@ -235,7 +235,7 @@ class ExistingClusterPoolCreateOperator(_RunPoolsOperator):
                 command = render.create_cpu_pool(pools, self.cpu_machine_type, labels, account)
             result = self.hook.run(command, timeout=stage_command_timeout("deploy"))
             if not result.ok and not result.timed_out and ALREADY_EXISTS in result.output:
-                if not pool_is_runs(self.listed(pools).get(name, {}), pools.suffix):
+                if not pool_is_runs(self.listed(pools).get(name, {}), pools.suffix, bucket):
                     raise AirflowFailException(
                         f"cluster {pools.cluster.where} has a node pool {name} that is not this run's "
                         "(its labels do not name it): delete or rename it; the run creates no other"
@@ -280,12 +280,12 @@ class ExistingClusterPoolDeleteOperator(_RunPoolsOperator):
                 dag_id,
                 run_id,
             )
-            if not (pool_is_runs(pool, pools.suffix) and recorded):
+            if not (pool_is_runs(pool, pools.suffix, bucket) and recorded):
                 self.log.warning(
                     "node pool %s of cluster %s is not provably this run's (labels: %s, record: %s): left alone",
                     name,
                     pools.cluster.where,
-                    "the run's" if pool_is_runs(pool, pools.suffix) else "not the run's",
+                    "the run's" if pool_is_runs(pool, pools.suffix, bucket) else "not the run's",
                     f"{record.get('dag_id')}/{record.get('run_id')}" if record else "none",
                 )
                 left.append(name)
@@ -354,7 +354,7 @@ def sweep_run_pools(
                 }
                 pool = pools.get(name)
                 suffix = run_suffix(str(record.get("dag_id")), str(record.get("run_id")))
-                if pool is None or not pool_is_runs(pool, suffix):
+                if pool is None or not pool_is_runs(pool, suffix, bucket):
                     report["left_alone"].append(f"{cluster.where}/{name}")
                     continue
                 if dry_run:

@@ -23,6 +23,8 @@ from airflow_provider_tpu_rl.render.shell import (
     quote_all,
 )
 from airflow_provider_tpu_rl.spec.cluster import NODE_POOL_LABEL, ClusterSpec, GkeJobTarget
+from airflow_provider_tpu_rl.spec.existing_cluster import BUCKET_LABEL as BUCKET_LABEL
+from airflow_provider_tpu_rl.spec.existing_cluster import bucket_label_value
 from airflow_provider_tpu_rl.spec.presets import ModelPreset
 from airflow_provider_tpu_rl.spec.workloads import ConversionSpec, ExportSpec, TrainingSpec
 
@@ -630,7 +632,6 @@ def job_cancel(project: str | None, cluster_name: str | None, location: str | No
 
 MANAGED_LABEL = "tpu-rl-managed"
 EXPIRES_LABEL = "tpu-rl-expires"
-BUCKET_LABEL = "tpu-rl-bucket"
 RECORD_PREFIX = "tpu-rl/resources/"
 
 
@@ -646,7 +647,7 @@ def managed_labels(dag_id: str, suffix: str, bucket: str, expires_at: int) -> di
         "tpu-rl-run": suffix,
         EXPIRES_LABEL: str(int(expires_at)),
     }
-    if re.fullmatch(r"[a-z0-9_-]{1,63}", bucket):
+    if bucket_label_value(bucket):
         labels[BUCKET_LABEL] = bucket
     return labels
 

@@ -85,6 +85,7 @@ TPU_POOL_PREFIX: Final = "tpu-rl-"
 # The node labels (Kubernetes) and resource labels (the node VMs') of a run's own pools.
 RUN_LABEL: Final = "tpu-rl-run"
 MANAGED_LABEL: Final = "tpu-rl-managed"
+BUCKET_LABEL: Final = "tpu-rl-bucket"
 POOL_ROLE_LABEL: Final = "tpu-rl-pool"
 TPU_POOL_ROLE: Final = "tpu"
 CPU_POOL_ROLE: Final = "cpu"
@@ -195,20 +196,31 @@ class RunPools:
         return {RUN_LABEL: self.suffix, POOL_ROLE_LABEL: role}
 
 
-def pool_is_runs(pool: Mapping[str, Any], suffix: str) -> bool:
+def pool_is_runs(pool: Mapping[str, Any], suffix: str, bucket: str | None = None) -> bool:
     """Whether a container v1 ``NodePool`` is provably run ``suffix``'s: one of its derived names,
-    and its nodes' resource labels and Kubernetes labels both say the run and the provider."""
+    and its nodes' resource labels and Kubernetes labels both say the run and the provider. With
+    ``bucket`` (the run's), the pool's bucket label must name it too (absent only when the bucket
+    cannot be a label value): two Airflow deployments whose DAG and run ids match, and so whose
+    suffixes do, never take each other's pools."""
     name = str(pool.get("name") or "")
     if not name.startswith(f"{TPU_POOL_PREFIX}{suffix}-"):
         return False
     config = pool.get("config") or {}
     resource = config.get("resourceLabels") or {}
     node = config.get("labels") or {}
+    if bucket is not None and resource.get(BUCKET_LABEL) != bucket_label_value(bucket):
+        return False
     return (
         resource.get(RUN_LABEL) == suffix
         and resource.get(MANAGED_LABEL) == "true"
         and node.get(RUN_LABEL) == suffix
     )
+
+
+def bucket_label_value(bucket: str) -> str | None:
+    """The bucket label a resource of a run in ``bucket`` carries: the name, or none when the name
+    cannot be a label value (dotted names; labels are ``[a-z0-9_-]{1,63}``)."""
+    return bucket if re.fullmatch(r"[a-z0-9_-]{1,63}", bucket) else None
 
 
 def runs_pools(pools: Iterable[Mapping[str, Any]], suffix: str) -> list[str]:

@@ -136,19 +136,24 @@ def _squat(sb: SandboxRun, name: str, labels: str) -> None:
             f"--project={sb.project}",
             "--machine-type=e2-standard-8",
             "--num-nodes=1",
-            *([labels] if labels else []),
+            *labels.split(),
         ]
     )
     assert code == 0, out
 
 
-@pytest.mark.parametrize("labels", ["", "--labels=tpu-rl-managed=true,tpu-rl-run={s}"])
+ANOTHER_DEPLOYMENTS = "--labels=tpu-rl-managed=true,tpu-rl-run={s},tpu-rl-bucket=another-airflows-bucket --node-labels=tpu-rl-run={s}"
+
+
+@pytest.mark.parametrize("labels", ["", "--labels=tpu-rl-managed=true,tpu-rl-run={s}", ANOTHER_DEPLOYMENTS])
 def test_a_pool_with_the_runs_name_it_cannot_prove_its_own_is_left_alone(sb: SandboxRun, labels: str) -> None:
+    """Unlabelled, labels copied without the node labels, or every label of the run's but the
+    bucket's (another Airflow deployment's run with the same DAG and run ids, so the same names)."""
     where = _cluster(sb)
     suffix = run_suffix(GKE_DAG_ID, RUN_A)
     name = f"tpu-rl-{suffix}-tpu-0"
     _squat(sb, name, labels.format(s=suffix))
-    if not labels:
+    if labels != "--labels=tpu-rl-managed=true,tpu-rl-run={s}":
         with pytest.raises(AirflowFailException, match=f"has a node pool {name} that is not this run's"):
             _run(sb, ExistingClusterPoolCreateOperator, RUN_A, where)
     # labels copied without the node labels, or no record of this run: never deleted

@@ -114,6 +114,19 @@ def test_a_pool_is_the_runs_only_by_its_name_and_both_its_labels() -> None:
     assert not pool_is_runs(pools[0], "9f9f9f")
 
 
+def test_with_the_runs_bucket_a_pool_is_the_runs_only_if_its_bucket_label_names_it() -> None:
+    pool = _pool("tpu-rl-1a2b3c-tpu-0", "1a2b3c")
+    pool["config"]["resourceLabels"]["tpu-rl-bucket"] = "team-a-runs"
+    assert pool_is_runs(pool, "1a2b3c", "team-a-runs")
+    # another Airflow deployment's run: same DAG and run ids (so the same suffix), another bucket
+    assert not pool_is_runs(pool, "1a2b3c", "team-b-runs")
+    # a dotted bucket cannot be a label value: its runs' pools carry no bucket label
+    assert not pool_is_runs(pool, "1a2b3c", "runs.example.com")
+    del pool["config"]["resourceLabels"]["tpu-rl-bucket"]
+    assert pool_is_runs(pool, "1a2b3c", "runs.example.com")
+    assert not pool_is_runs(pool, "1a2b3c", "team-a-runs")
+
+
 def test_gke_versions_compare_by_their_numbers() -> None:
     assert gke_version("1.31.2-gke.1115000") == (1, 31, 2, 1115000)
     assert gke_version("1.33.10-gke.200") > gke_version("1.33.2-gke.1240000")  # type: ignore[operator]
