@@ -358,7 +358,7 @@ class _Handler(BaseHTTPRequestHandler):
                 [*(pod_object(job, pod) for job, pod in pods), *(standalone_pod_object(r) for r in own)],
                 key=lambda p: str(p["metadata"]["name"]),
             )
-            items = [i for i in items if selector_matches(selector, i["metadata"]["labels"])]
+            items = [i for i in items if selector_matches(selector, i["metadata"].get("labels") or {})]
             for item in items:
                 item.pop("kind", None)
                 item.pop("apiVersion", None)
