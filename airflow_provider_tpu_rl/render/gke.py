@@ -676,8 +676,10 @@ def list_managed_clusters(project: str) -> Command:
 # autoscaler add nodes for it (kubernetes-engine/docs/how-to/capacity-provisioning: "placeholder
 # Pods" whose requests GKE creates nodes for). It asks for one VM's TPU chips on a node of the
 # slice's accelerator and topology (GKE's TPU node labels; its TPU nodes' ``google.com/tpu`` taint
-# tolerated), as the training's pods do; a multi-host TPU slice pool scales up whole (GKE's TPU
-# autoscaling: "atomically", from zero to the slice). kubernetes' pause image: it never needs to run.
+# tolerated), as the training's pods do; a multi-host TPU slice pool's VMs come whole or not at all
+# (kubernetes-engine/docs/concepts/tpus, "atomicity": "If GKE can't deploy one node in the slice, no
+# nodes in the TPU slice node are deployed"; direct), so one placed pod proves the slice. With
+# several slices (several pools), it proves one. kubernetes' pause image: it never needs to run.
 CAPACITY_PROBE_NAMESPACE = "default"
 CAPACITY_PROBE_IMAGE = "registry.k8s.io/pause:3.10"
 CAPACITY_PROBE_LABEL = "tpu-rl.io/capacity-probe"
