@@ -13,7 +13,10 @@ pkg/controllers/jobset_controller.go), not from any client. It serves only:
   :func:`patch_jobset`);
 * ``GET /api/v1/namespaces/{ns}/pods`` (``labelSelector``), ``GET .../pods/{name}``;
 * ``GET /api/v1/namespaces/{ns}/pods/{name}/log`` (``container``, ``follow``, ``timestamps``,
-  ``sinceTime``, ``sinceSeconds``, ``tailLines``, ``limitBytes``, ``previous``).
+  ``sinceTime``, ``sinceSeconds``, ``tailLines``, ``limitBytes``, ``previous``);
+* ``POST /api/v1/namespaces/{ns}/pods`` and ``DELETE .../pods/{name}`` of a standalone pod (not a
+  JobSet's), placed or left Pending with its events at its create (:func:`create_pod`), and
+  ``GET /api/v1/namespaces/{ns}/events`` (``fieldSelector``: :func:`list_events`).
 
 Every request needs ``Authorization: Bearer <token>`` with a token the sandbox's token endpoint
 issued (:mod:`tpu_rl_sandbox.apis.oauth`), else 401 ``Unauthorized``. TLS with the sandbox CA's
