@@ -130,6 +130,13 @@ MIN_ADMISSION_MINUTES: Final = 5.0
 # gcloud's own SSH poll (only for a newly added key) tries every 5 s for 60 s (command_lib/util/ssh/
 # ssh.py SSHPoller, compute/ssh_utils.SSH_KEY_PROPAGATION_TIMEOUT_MS): the provider's wait polls as
 # often, for longer.
+# A flex-start TPU pool followed by other kinds in an ordered capacity is proved by a placeholder
+# pod its nodes must come up for (operators/gke.py ``flex_start_refusal``): how long that waits,
+# inside ``deploy_tpu_pool``'s own bound. The cluster autoscaler scans every 10 s and gives up on
+# nodes that do not appear in 15 min (kubernetes/autoscaler cluster-autoscaler/FAQ.md, its
+# parameters table: ``scan-interval``, ``max-node-provision-time``); a stockout's FailedScaleUp
+# comes with the first failed resize, a slice that comes registers its nodes in minutes.
+DEFAULT_FLEX_START_PROBE_MINUTES: Final = 10.0
 DEFAULT_SSH_BOOT_WAIT_MINUTES: Final = 5.0
 DEFAULT_SSH_BOOT_POLL_SECONDS: Final = 5.0
 # Added to the sum of a DAG run's stages: scheduling, queueing, retry delays.
@@ -208,6 +215,12 @@ def kill_grace_seconds() -> float:
 def terraform_lock_timeout() -> float:
     """Seconds Terraform's ``apply`` waits for a held state lock: ``[tpu_rl] terraform_lock_timeout_minutes``."""
     return _minutes("terraform_lock_timeout_minutes", DEFAULT_TERRAFORM_LOCK_MINUTES) * 60
+
+
+def flex_start_probe_timeout() -> float:
+    """Seconds a flex-start TPU pool's placeholder pod may wait for its nodes before the pool
+    counts as refused: ``[tpu_rl] flex_start_probe_timeout_minutes`` (default 10)."""
+    return _minutes("flex_start_probe_timeout_minutes", DEFAULT_FLEX_START_PROBE_MINUTES) * 60
 
 
 def ssh_boot_wait() -> tuple[float, float]:

@@ -98,3 +98,14 @@ def test_the_ssh_boot_wait_is_bounded_and_polls_as_often_as_gclouds_own(
     monkeypatch.setenv("AIRFLOW__TPU_RL__SSH_BOOT_POLL_SECONDS", "0")
     with pytest.raises(ValueError, match="ssh_boot_poll_seconds must be a finite number > 0"):
         timeouts.ssh_boot_wait()
+
+
+def test_the_flex_start_probe_is_bounded_ten_minutes_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert timeouts.flex_start_probe_timeout() == 600
+    monkeypatch.setenv("AIRFLOW__TPU_RL__FLEX_START_PROBE_TIMEOUT_MINUTES", "2.5")
+    assert timeouts.flex_start_probe_timeout() == 150
+    monkeypatch.setenv("AIRFLOW__TPU_RL__FLEX_START_PROBE_TIMEOUT_MINUTES", "inf")
+    with pytest.raises(
+        ValueError, match="flex_start_probe_timeout_minutes must be a positive, finite number"
+    ):
+        timeouts.flex_start_probe_timeout()

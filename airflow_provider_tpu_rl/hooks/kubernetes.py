@@ -515,6 +515,38 @@ class LogCursor:
 
 
 # ---------------------------------------------------------------------------------- API client
+# The cluster autoscaler's event on a pod whose scale-up failed, as GKE's autoscaler emits it
+# (k8s.io/gke-autoscaling cluster-autoscaler, package events: reason ``FailedScaleUp``, message
+# "Node scale up in zones %v associated with this pod failed: %v. Pod is at risk of not being
+# scheduled.", the failures joined by ", "; direct, read as the code corpus stores it). Of its
+# failure texts, these two say the zone has no capacity of the pool's kind (scale.up.error.out.of.
+# resources, scale.up.error.quota.exceeded: GKE's cluster-autoscaler-visibility page); the others
+# ("Internal error", "Invalid TPU configuration", ...) decide nothing: the autoscaler tries again.
+FAILED_SCALE_UP = "FailedScaleUp"
+SCALE_UP_CAPACITY_FAILURES = ("GCE out of resources", "GCE quota exceeded")
+
+
+def scale_up_refusal(events: Sequence[Mapping[str, Any]]) -> str | None:
+    """``FailedScaleUp: <message>`` of the latest of ``events`` (a pod's) that says its node pool's
+    zone has no capacity (:data:`SCALE_UP_CAPACITY_FAILURES`), or None."""
+    refusals = [
+        event
+        for event in events
+        if event.get("reason") == FAILED_SCALE_UP
+        and any(failure in str(event.get("message") or "") for failure in SCALE_UP_CAPACITY_FAILURES)
+    ]
+    if not refusals:
+        return None
+    latest = max(refusals, key=lambda event: str(event.get("lastTimestamp") or event.get("eventTime") or ""))
+    return f"{FAILED_SCALE_UP}: {' '.join(str(latest.get('message')).split())}"
+
+
+def pod_scheduled(pod: Mapping[str, Any]) -> bool:
+    """Whether the scheduler placed the pod on a node (its ``PodScheduled`` condition is True)."""
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "PodScheduled" and c.get("status") == "True" for c in conditions)
+
+
 def _api_error(err: Exception, what: str) -> Exception:
     """A Kubernetes client error as the provider's own: 401/403 are configuration, the rest may pass."""
     from kubernetes_asyncio.client.exceptions import ApiException
@@ -774,6 +806,74 @@ class JobSetClient:
             raise _api_error(err, f"list pods of JobSet {namespace}/{jobset}") from err
         items: list[dict[str, Any]] = json.loads(body).get("items") or []
         return items
+
+    async def create_pod(self, client: ApiClient, namespace: str, manifest: Mapping[str, Any]) -> None:
+        """Create the pod ``manifest`` (a plain dict) in ``namespace``."""
+        from kubernetes_asyncio.client import CoreV1Api
+
+        name = (manifest.get("metadata") or {}).get("name")
+        body: Any = dict(manifest)  # a plain dict: the client serializes it as it is
+        try:
+            await CoreV1Api(client).create_namespaced_pod(namespace, body, _request_timeout=API_TIMEOUT)
+        except Exception as err:
+            raise _api_error(err, f"create pod {namespace}/{name}") from err
+
+    async def read_pod(self, client: ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
+        """The pod ``namespace/name`` as the API sent it; None when it does not exist."""
+        import json
+
+        from kubernetes_asyncio.client import CoreV1Api
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            response: Any = await CoreV1Api(client).read_namespaced_pod(
+                name, namespace, _preload_content=False, _request_timeout=API_TIMEOUT
+            )
+            body = await response.read()
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise _api_error(err, f"read pod {namespace}/{name}") from err
+        except Exception as err:
+            raise _api_error(err, f"read pod {namespace}/{name}") from err
+        pod: dict[str, Any] = json.loads(body)
+        return pod
+
+    async def pod_events(self, client: ApiClient, namespace: str, name: str) -> list[dict[str, Any]]:
+        """The events of the pod ``namespace/name`` (``involvedObject.name`` field selector)."""
+        import json
+
+        from kubernetes_asyncio.client import CoreV1Api
+
+        try:
+            response: Any = await CoreV1Api(client).list_namespaced_event(
+                namespace,
+                field_selector=f"involvedObject.kind=Pod,involvedObject.name={name}",
+                _preload_content=False,
+                _request_timeout=API_TIMEOUT,
+            )
+            body = await response.read()
+        except Exception as err:
+            raise _api_error(err, f"list the events of pod {namespace}/{name}") from err
+        items: list[dict[str, Any]] = json.loads(body).get("items") or []
+        return items
+
+    async def delete_pod(self, client: ApiClient, namespace: str, name: str) -> bool:
+        """Delete the pod at once (grace period 0); False when already gone."""
+        from kubernetes_asyncio.client import CoreV1Api
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            await CoreV1Api(client).delete_namespaced_pod(
+                name, namespace, grace_period_seconds=0, _request_timeout=API_TIMEOUT
+            )
+        except ApiException as err:
+            if err.status == 404:
+                return False
+            raise _api_error(err, f"delete pod {namespace}/{name}") from err
+        except Exception as err:
+            raise _api_error(err, f"delete pod {namespace}/{name}") from err
+        return True
 
     async def pods_anywhere(self, client: ApiClient, jobset: str) -> list[dict[str, Any]]:
         """The JobSet's pods in every namespace (they outlive a deleted JobSet while they end)."""

@@ -23,7 +23,7 @@ from airflow_provider_tpu_rl.records.resources import read_resource_record, writ
 from airflow_provider_tpu_rl.render import gke
 from airflow_provider_tpu_rl.render.blueprint import BLUEPRINT_RELPATH, TPU_GROUP, customize_blueprint
 from airflow_provider_tpu_rl.spec import rules
-from airflow_provider_tpu_rl.spec.cluster import ClusterSpec, default_capacity
+from airflow_provider_tpu_rl.spec.cluster import FLEX_START, ClusterSpec, default_capacity
 from airflow_provider_tpu_rl.spec.pipeline import (
     cluster_from_arguments,
     hf_token_spec,
@@ -528,7 +528,8 @@ class GclusterDeployOperator(_ClusterOperator):
     :param capacity: how the TPU node pool is provisioned: ``on-demand`` (no reservation),
         ``reservation`` (the reservation named), ``spot`` (Spot VMs) or ``flex-start`` (DWS
         flex-start), or an ordered list of them the TPU pool's deploy falls through
-        (:meth:`deploy_pool_falling_through`; flex-start only last); empty: ``reservation`` when
+        (:meth:`deploy_pool_falling_through`; a flex-start pool before other kinds is proved by a
+        placeholder pod, :func:`flex_start_refusal`); empty: ``reservation`` when
         one is named, else ``on-demand``.
     :param model: a model preset name: it sets the blueprint edits and the slice shape left empty.
     :param compute_type: TPU machine type (default the preset's, ``ct6e-standard-4t``).
@@ -697,7 +698,9 @@ class GclusterDeployOperator(_ClusterOperator):
         """Deploy the TPU node pool with the first of the cluster's ordered capacity kinds GKE
         gives: a pool whose create is refused for lack of capacity (``capacity_refused``) is one
         log line, then destroyed (its group alone: nothing of it bills or lingers) before the next
-        kind's blueprint is deployed; any other failure stops as a one-kind deploy does. The kind
+        kind's blueprint is deployed; so is a flex-start pool with kinds after it whose placeholder
+        pod gets no node (:func:`flex_start_refusal`; flex-start last queues, as alone). Any other
+        failure stops as a one-kind deploy does. The kind
         that served goes into the ``capacity`` XCom with the refused attempts; all refused is one
         line listing each (a capacity failure: the task's retries may try again)."""
         dag_id, run_id = self.run_ids(context)
@@ -722,14 +725,21 @@ class GclusterDeployOperator(_ClusterOperator):
             prepare_deployment_folder(self.hook, attempt, workdir)
             try:
                 self.hook.run_checked(gke.deploy_groups(attempt, workdir, only), cwd=workdir)
+                # a flex-start pool is created empty and queues: with kinds after it, a placeholder
+                # pod proves its nodes come (or the autoscaler says they cannot) before it counts
+                refused = (
+                    flex_start_refusal(self.gcp_conn_id, self.chain, attempt)
+                    if kind == FLEX_START and kind != kinds[-1]
+                    else None
+                )
             except CommandError as err:
                 if not capacity_refused(str(err)):
                     raise
                 said = str(err).splitlines()[0].removesuffix("; last output:")
-                attempts.append(
-                    {"capacity": kind, "error": said[said.find("Error:") :] if "Error:" in said else said}
-                )
-                self.log.warning("Capacity %s refused: %s", kind, attempts[-1]["error"])
+                refused = said[said.find("Error:") :] if "Error:" in said else said
+            if refused is not None:
+                attempts.append({"capacity": kind, "error": refused})
+                self.log.warning("Capacity %s refused: %s", kind, refused)
                 self.hook.run_checked(gke.destroy(attempt, workdir, only_groups=only), cwd=workdir)
                 continue
             self.log.info(
@@ -753,6 +763,73 @@ class GclusterDeployOperator(_ClusterOperator):
             f"{cluster.zone}: " + "; ".join(f"{a['capacity']}: {a['error']}" for a in attempts),
             FailureKind.CAPACITY,
         )
+
+
+# How often the flex-start probe reads its placeholder pod and its events: the cluster
+# autoscaler's own scan interval (kubernetes/autoscaler cluster-autoscaler/FAQ.md: scan-interval 10 s).
+CAPACITY_PROBE_POLL_SECONDS = 10.0
+
+
+def flex_start_refusal(
+    gcp_conn_id: str, impersonation_chain: str | Sequence[str] | None, cluster: ClusterSpec
+) -> str | None:
+    """Whether ``cluster``'s just created flex-start TPU pool gets its nodes: a placeholder pod
+    asks for its TPUs (:func:`render.gke.capacity_probe_pod`) and is read until the scheduler places
+    it (None: capacity came; the pod is deleted and the nodes stay, unneeded for the autoscaler's
+    ``scale-down-unneeded-time``, 10 min, while the training's submit follows) or the autoscaler's
+    ``FailedScaleUp`` says the zone has none (``GCE out of resources``/``GCE quota exceeded``), or
+    ``[tpu_rl] flex_start_probe_timeout_minutes`` passes: the refusal's one line. The pod is deleted
+    either way. A synchronous wait in the task: bounded (10 min by default) and between a pool's
+    create and the next kind's, which a deferral could not resume in the same loop."""
+    import asyncio
+
+    from airflow_provider_tpu_rl.hooks.kubernetes import (
+        GkeClusterHook,
+        JobSetClient,
+        pod_scheduled,
+        scale_up_refusal,
+    )
+    from airflow_provider_tpu_rl.render.blueprint import V6E_ACCELERATOR
+    from airflow_provider_tpu_rl.timeouts import flex_start_probe_timeout
+
+    bound = flex_start_probe_timeout()
+    manifest = gke.capacity_probe_pod(cluster, V6E_ACCELERATOR)
+    name, namespace = gke.capacity_probe_name(cluster.cluster_name), gke.CAPACITY_PROBE_NAMESPACE
+
+    async def probe() -> str | None:
+        access = await asyncio.to_thread(
+            GkeClusterHook(gcp_conn_id, cluster.region, impersonation_chain).cluster_access,
+            cluster.cluster_name,
+            cluster.project,
+        )
+        client = JobSetClient(access, gcp_conn_id, impersonation_chain)
+        try:
+            async with client.connection() as api:
+                await client.delete_pod(api, namespace, name)  # an earlier try's, if it stayed
+                await client.create_pod(api, namespace, manifest)
+                try:
+                    deadline = time.monotonic() + bound
+                    while True:
+                        pod = await client.read_pod(api, namespace, name)
+                        if pod is not None and pod_scheduled(pod):
+                            return None
+                        said = scale_up_refusal(await client.pod_events(api, namespace, name))
+                        if said is not None:
+                            return said
+                        if time.monotonic() >= deadline:
+                            return (
+                                f"no node came for a placeholder pod on the flex-start pool in "
+                                f"{bound / 60:g} min ([tpu_rl] flex_start_probe_timeout_minutes)"
+                            )
+                        await asyncio.sleep(
+                            min(CAPACITY_PROBE_POLL_SECONDS, max(0.0, deadline - time.monotonic()))
+                        )
+                finally:
+                    await client.delete_pod(api, namespace, name)
+        finally:
+            await client.close()
+
+    return asyncio.run(probe())
 
 
 def require_own_lease(

@@ -30,7 +30,6 @@ from airflow_provider_tpu_rl.spec import preflight as checks
 from airflow_provider_tpu_rl.spec import rules
 from airflow_provider_tpu_rl.spec.cluster import (
     FLEX_START,
-    GKE_FLEX_START_LAST,
     capacity_order,
     check_capacity,
     default_capacity,
@@ -828,8 +827,6 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         capacity = check_capacity(self.capacity or default_capacity(reservation), reservation)
         require_reservation_name(capacity, reservation)
         kinds = capacity_order(capacity)
-        if run is Runner.GKE and FLEX_START in kinds[:-1]:
-            raise AirflowFailException(f"capacity: {GKE_FLEX_START_LAST}")
         if len(kinds) > 1 and self._existing() is not None:
             raise AirflowFailException(f"capacity: {EXISTING_ONE_KIND}")
         services = self._services(run)

@@ -670,3 +670,55 @@ def list_managed_clusters(project: str) -> Command:
         ),
         description="list clusters created by tpu-rl",
     )
+
+
+# The placeholder pod that proves a flex-start TPU node pool gets its nodes (operators/gke.py
+# ``flex_start_refusal``): GKE's own pattern of a pod that asks for capacity to make the cluster
+# autoscaler add nodes for it (kubernetes-engine/docs/how-to/capacity-provisioning: "placeholder
+# Pods" whose requests GKE creates nodes for). It asks for one VM's TPU chips on a node of the
+# slice's accelerator and topology (GKE's TPU node labels; its TPU nodes' ``google.com/tpu`` taint
+# tolerated), as the training's pods do; a multi-host TPU slice pool's VMs come whole or not at all
+# (kubernetes-engine/docs/concepts/tpus, "atomicity": "If GKE can't deploy one node in the slice, no
+# nodes in the TPU slice node are deployed"; direct), so one placed pod proves the slice. With
+# several slices (several pools), it proves one. kubernetes' pause image: it never needs to run.
+CAPACITY_PROBE_NAMESPACE = "default"
+CAPACITY_PROBE_IMAGE = "registry.k8s.io/pause:3.10"
+CAPACITY_PROBE_LABEL = "tpu-rl.io/capacity-probe"
+TPU_ACCELERATOR_NODE_LABEL = "cloud.google.com/gke-tpu-accelerator"
+TPU_TOPOLOGY_NODE_LABEL = "cloud.google.com/gke-tpu-topology"
+TPU_RESOURCE = "google.com/tpu"
+
+
+def capacity_probe_name(cluster_name: str) -> str:
+    """The placeholder pod's name: one per cluster (a run's cluster has one TPU pool at a time)."""
+    return f"{cluster_name}-capacity-probe"[:63].rstrip("-")
+
+
+def capacity_probe_pod(cluster: ClusterSpec, accelerator: str) -> dict[str, object]:
+    """The placeholder pod's manifest for ``cluster``'s slice (``accelerator``: GKE's node label value)."""
+    chips = {TPU_RESOURCE: str(cluster.shape.chips_per_vm)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": capacity_probe_name(cluster.cluster_name),
+            "namespace": CAPACITY_PROBE_NAMESPACE,
+            "labels": {CAPACITY_PROBE_LABEL: cluster.cluster_name},
+        },
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 0,
+            "nodeSelector": {
+                TPU_ACCELERATOR_NODE_LABEL: accelerator,
+                TPU_TOPOLOGY_NODE_LABEL: cluster.topology,
+            },
+            "tolerations": [{"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [
+                {
+                    "name": "placeholder",
+                    "image": CAPACITY_PROBE_IMAGE,
+                    "resources": {"requests": dict(chips), "limits": dict(chips)},
+                }
+            ],
+        },
+    }

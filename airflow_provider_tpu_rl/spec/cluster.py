@@ -37,12 +37,6 @@ RESERVATION: Final = "reservation"
 SPOT: Final = "spot"
 FLEX_START: Final = "flex-start"
 CAPACITIES: Final = (ON_DEMAND, RESERVATION, SPOT, FLEX_START)
-# A GKE flex-start TPU pool is created empty and scales up when the training's pods ask (its
-# capacity is queued, never refused at the pool's create): in an ordered list it can only be last.
-GKE_FLEX_START_LAST: Final = (
-    "on GKE flex-start can only be the last kind: its TPU node pool is created empty and queues for "
-    "capacity, so no kind after it would be tried"
-)
 
 
 # The boot disk type the provider renders (``--boot-disk-type``) for each machine series it creates
@@ -264,8 +258,6 @@ class ClusterSpec(OrderedCapacity):
             rules.require_str("reservation", self.reservation)
         # an ordered list given as ``capacity`` is split into the first kind and its fallback
         kinds = capacity_order(self.capacity) + tuple(self.fallback)
-        if FLEX_START in kinds[:-1]:
-            raise SpecError("capacity", GKE_FLEX_START_LAST, list(kinds))
         object.__setattr__(self, "capacity", kinds[0])
         object.__setattr__(self, "fallback", kinds[1:])
         check_capacity(list(kinds), self.reservation)

@@ -401,8 +401,8 @@ RUN_PARAMS: Final[tuple[RunParam, ...]] = (
         "how the TPUs are provisioned: `on-demand`, `reservation`, `spot` or `flex-start` (what each "
         "renders, costs and risks, and why `on-demand` is the default: [README, TPU capacity]"
         "(../README.md#tpu-capacity-on-demand-reservation-spot-or-flex-start)), or an ordered list of "
-        'them, like `["reservation", "flex-start", "spot"]`, tried in turn (on GKE flex-start only '
-        "last: [capacity that falls back](../README.md#capacity-that-falls-back); the shipped DAGs' "
+        'them, like `["reservation", "flex-start", "spot"]`, tried in turn (on GKE a flex-start '
+        "pool before other kinds is proved by a placeholder pod: [capacity that falls back](../README.md#capacity-that-falls-back); the shipped DAGs' "
         "form and Param take one kind, the list goes to the operators and `tpu-rl plan`). A conf (REST, "
         "CLI, `tpu-rl plan`) that names a `reservation` and no `capacity` consumes it",
         default=ON_DEMAND,

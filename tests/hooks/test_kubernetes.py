@@ -18,6 +18,8 @@ from airflow_provider_tpu_rl.hooks.kubernetes import (
     jobset_run_dir,
     jobset_run_id,
     jobset_state,
+    pod_scheduled,
+    scale_up_refusal,
     split_timestamp,
     workload_container,
 )
@@ -240,3 +242,45 @@ def test_accelerator_start_is_the_first_tpu_pods_start() -> None:
     assert accelerator_start(pods[:1]) == "2026-03-01T08:00:00Z"  # a CPU job: its own pods
     assert accelerator_start([pod(None, tpu=True)]) is None
     assert accelerator_start([]) is None
+
+
+def _event(reason: str, message: str, at: str = "2026-12-01T10:00:00Z") -> dict[str, str]:
+    return {"reason": reason, "message": message, "lastTimestamp": at}
+
+
+def test_a_scale_up_refusal_is_the_autoscalers_out_of_resources_or_quota_event() -> None:
+    out = "Node scale up in zones us-east5-b associated with this pod failed: GCE out of resources. Pod is at risk of not being scheduled."
+    quota = "Node scale up in zones us-east5-b associated with this pod failed: GCE quota exceeded. Pod is at risk of not being scheduled."
+    assert scale_up_refusal([]) is None
+    # the scheduler's own warning and the autoscaler's undecided failures decide nothing
+    assert (
+        scale_up_refusal(
+            [
+                _event(
+                    "FailedScheduling",
+                    "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector.",
+                ),
+                _event(
+                    "FailedScaleUp",
+                    "Node scale up in zones us-east5-b associated with this pod failed: Internal error. Pod is at risk of not being scheduled.",
+                ),
+                _event("TriggeredScaleUp", "pod triggered scale-up: [{gke-tpu 0->8 (max: 8)}]"),
+            ]
+        )
+        is None
+    )
+    assert scale_up_refusal([_event("FailedScaleUp", out)]) == f"FailedScaleUp: {out}"
+    latest = scale_up_refusal(
+        [
+            _event("FailedScaleUp", out, "2026-12-01T10:00:00Z"),
+            _event("FailedScaleUp", quota, "2026-12-01T10:05:00Z"),
+        ]
+    )
+    assert latest == f"FailedScaleUp: {quota}"
+
+
+def test_a_pod_is_scheduled_when_its_pod_scheduled_condition_is_true() -> None:
+    assert pod_scheduled({"status": {"conditions": [_cond("PodScheduled")]}})
+    assert not pod_scheduled({"status": {"conditions": [_cond("PodScheduled", "False")]}})
+    assert not pod_scheduled({"status": {"phase": "Pending"}})
+    assert not pod_scheduled({})

@@ -475,6 +475,118 @@ def test_every_kind_refused_fails_the_pool_in_one_line_with_no_pool_left(sb: San
     assert _destroy(sb, conf)["destroyed"] is True
 
 
+def _running_tpu_nodes(sb: SandboxRun) -> list[str]:
+    """The TPU node VMs of this test's cluster that exist and are not stopping (what bills)."""
+    return [
+        str(vm["name"])
+        for vm in sb.state("vms").values()
+        if vm.get("gke_node")
+        and (vm.get("labels") or {}).get("goog-k8s-cluster-name") == sb.cluster
+        and vm.get("status") not in ("STOPPING", "TERMINATED")
+    ]
+
+
+def _placeholder_pods(sb: SandboxRun) -> list[str]:
+    return [key for key in sb.state("pods") if f"/{sb.cluster}/" in key]
+
+
+def _pool_with(sb: SandboxRun, conf: dict[str, Any], ti: RecordingTI) -> dict[str, Any]:
+    _ensure_bucket(sb, conf)
+    _deploy(sb, conf, datetime.now(UTC))
+    pool = sb.operator(GclusterDeployOperator, task_id="deploy_tpu_pool", conf=conf)
+    result: dict[str, Any] = pool.execute(sb.context(pool, conf, run_id=RUN_ID, ti=ti))
+    return result
+
+
+def test_a_full_reservation_and_flex_start_out_of_stock_train_on_spot_in_one_try(
+    sb: SandboxRun, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The issue's order on GKE: the reservation pool's create is refused (the reservation is
+    full); the flex-start pool is created empty, its placeholder pod gets the autoscaler's
+    FailedScaleUp ("GCE out of resources"): refused too, its group destroyed; spot serves, in the
+    same try. One log line per refusal; the capacity XCom (the ledger's) names spot."""
+    reservations = {key: dict(value) for key, value in DEFAULT_RESERVATIONS.items()}
+    reservations["us-east5-b/res-1"]["count"] = 0
+    update_settings(
+        sb.layout, reservations=reservations, tpu_capacity_out={"us-east5-b/flex-start": "stockout"}
+    )
+    ti = RecordingTI()
+    try:
+        conf = sb.gke_conf(capacity=["reservation", "flex-start", "spot"])
+        with caplog.at_level(logging.INFO):
+            _pool_with(sb, conf, ti)
+    finally:
+        update_settings(
+            sb.layout,
+            reservations={k: dict(v) for k, v in DEFAULT_RESERVATIONS.items()},
+            tpu_capacity_out={},
+        )
+    served = ti.pulled("capacity")
+    assert served["served"] == "spot"
+    assert [a["capacity"] for a in served["attempts"]] == ["reservation", "flex-start"]
+    assert served["attempts"][1]["error"] == (
+        "FailedScaleUp: Node scale up in zones us-east5-b associated with this pod failed: GCE out of "
+        "resources. Pod is at risk of not being scheduled."
+    )
+    logged = caplog.text + capsys.readouterr().out
+    refusals = [line for line in logged.splitlines() if "Capacity " in line and " refused: " in line]
+    assert len(refusals) == 2, refusals
+    assert "Capacity reservation refused: Error: error creating NodePool" in refusals[0]
+    assert "Capacity flex-start refused: FailedScaleUp: Node scale up in zones us-east5-b" in refusals[1]
+    tpu_calls = [c["argv"][0] for c in sb.calls() if c["argv"][-1] == "--only=tpu"]
+    assert tpu_calls == ["deploy", "destroy", "deploy", "destroy", "deploy"]
+    (tpu,) = [p for p in sb.cluster_record()["node_pools"] if p.get("topology")]
+    assert (tpu["consumption"]["spot"], tpu["consumption"]["enable_flex_start"]) == (True, False)
+    assert len(_running_tpu_nodes(sb)) == 8  # the spot slice's nodes
+    assert _placeholder_pods(sb) == []
+
+
+def test_a_flex_start_pool_whose_nodes_come_serves_and_keeps_them(sb: SandboxRun) -> None:
+    """Flex-start before spot, with flex-start capacity in the zone: the placeholder pod is placed
+    on the pool's nodes, then deleted; the pool and its nodes stay for the training."""
+    ti = RecordingTI()
+    _pool_with(sb, sb.gke_conf(capacity=["flex-start", "spot"], reservation=""), ti)
+    assert ti.pulled("capacity") == {"served": "flex-start", "attempts": []}
+    (tpu,) = [p for p in sb.cluster_record()["node_pools"] if p.get("topology")]
+    assert tpu["consumption"]["enable_flex_start"] is True
+    assert len(_running_tpu_nodes(sb)) == 8
+    assert _placeholder_pods(sb) == []
+    events = [
+        e for key, events in sb.state("pod_events").items() if key.endswith(f"/{sb.cluster}") for e in events
+    ]
+    assert events == []  # placed at once: no scheduler or autoscaler warning
+
+
+def test_every_kind_out_with_flex_start_first_fails_in_one_line_leaving_nothing(sb: SandboxRun) -> None:
+    """Flex-start out of stock, spot's quota short (a pool's create refused for PREEMPTIBLE_TPU_V6E):
+    one line listing both attempts; no pool, node VM or placeholder pod left."""
+    update_settings(
+        sb.layout, tpu_capacity_out={"us-east5-b/flex-start": "stockout", "us-east5-b/spot": "quota"}
+    )
+    try:
+        with pytest.raises(CommandError) as caught:
+            _pool_with(sb, sb.gke_conf(capacity=["flex-start", "spot"], reservation=""), RecordingTI())
+    finally:
+        update_settings(sb.layout, tpu_capacity_out={})
+    line = str(caught.value)
+    assert "\n" not in line
+    assert caught.value.kind is FailureKind.CAPACITY
+    assert line.startswith(
+        f"TPU node pool of cluster {sb.cluster}: no capacity kind could create it in us-east5-b: "
+        "flex-start: FailedScaleUp: Node scale up in zones us-east5-b associated with this pod failed: "
+        "GCE out of resources. "
+    ), line
+    assert (
+        "; spot: Error: error creating NodePool: Insufficient quota to satisfy the request: Not all "
+        "instances running in IGM after "
+    ) in line
+    assert "[GCE_QUOTA_EXCEEDED]: Instance " in line
+    assert "Quota 'PREEMPTIBLE_TPU_V6E' exceeded." in line
+    assert _tpu_pools(sb) == []
+    assert _running_tpu_nodes(sb) == []
+    assert _placeholder_pods(sb) == []
+
+
 def test_a_full_reservation_falls_through_to_spot(sb: SandboxRun) -> None:
     """The reservation holds fewer VMs than the slice: the reservation pool's create is refused
     with Compute Engine's "does not have available resources" and the spot pool is deployed."""

@@ -819,13 +819,11 @@ def test_a_quota_or_reservation_only_some_kinds_take_is_a_warning_in_a_list(pf: 
     assert [line.split(" in ")[0] for line in lines] == ["quota N2_CPUS"]
 
 
-def test_flex_start_before_another_kind_on_gke_is_one_line(pf: SandboxRun) -> None:
-    conf = pf.gke_conf(reservation="")
-    operator = pf.operator(
-        TpuRlPreflightOperator, task_id="preflight", conf=conf, capacity=["flex-start", "on-demand"]
-    )
-    with pytest.raises(AirflowFailException, match=r"^capacity: on GKE flex-start can only be the last kind"):
-        operator.execute(pf.context(operator, conf, apply_arguments=False))
+def test_flex_start_before_another_kind_on_gke_passes(pf: SandboxRun) -> None:
+    """No refusal of flex-start's place in the list on GKE (its pool is proved by a placeholder pod)."""
+    result = _run(pf, GKE_DAG_ID, capacity=["flex-start", "on-demand"], reservation="")
+    assert result["capacity"] == ["flex-start", "on-demand"]
+    _created_nothing(pf)
 
 
 def test_a_list_with_flex_start_checks_gcloud_alpha(pf: SandboxRun) -> None:

@@ -57,3 +57,20 @@ def test_group_selection_argv_parses_as_gcluster_parses_it() -> None:
 def test_group_names_are_refused_unless_plain(call: Any, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         call(_pipeline().cluster)
+
+
+def test_the_flex_start_placeholder_pod_asks_for_one_vms_tpus_on_the_slices_nodes() -> None:
+    cluster = _pipeline(capacity="flex-start", reservation="").cluster
+    pod: Any = gke.capacity_probe_pod(cluster, "tpu-v6e-slice")
+    assert pod["metadata"]["name"] == gke.capacity_probe_name(cluster.cluster_name)
+    assert pod["metadata"]["labels"] == {gke.CAPACITY_PROBE_LABEL: cluster.cluster_name}
+    spec = pod["spec"]
+    assert spec["nodeSelector"] == {
+        "cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
+        "cloud.google.com/gke-tpu-topology": "4x8",
+    }
+    (container,) = spec["containers"]
+    assert container["resources"] == {"requests": {"google.com/tpu": "4"}, "limits": {"google.com/tpu": "4"}}
+    assert spec["tolerations"] == [{"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert (spec["restartPolicy"], spec["terminationGracePeriodSeconds"]) == ("Never", 0)
+    assert len(gke.capacity_probe_name("a" * 20)) <= 63

@@ -569,3 +569,65 @@ def test_a_finished_jobs_record_never_signals_the_process_that_took_its_pid() ->
     finally:
         stranger.kill()
         stranger.wait(timeout=30)
+
+
+def _placeholder(name: str, topology: str = "4x8") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {
+                "cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
+                "cloud.google.com/gke-tpu-topology": topology,
+            },
+            "containers": [
+                {
+                    "name": "placeholder",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"requests": {"google.com/tpu": "4"}, "limits": {"google.com/tpu": "4"}},
+                }
+            ],
+        },
+    }
+
+
+def test_a_standalone_pod_is_placed_on_a_tpu_node_or_left_pending_with_its_events(
+    access: ClusterAccess,
+) -> None:
+    pods_path = "/api/v1/namespaces/default/pods"
+    created = kube_access.request(access, "POST", pods_path, _placeholder("probe"))
+    assert created.status == 201, created.json()
+    placed = get(access, f"{pods_path}/probe").json()
+    assert placed["status"]["phase"] == "Running"
+    assert placed["spec"]["nodeName"].startswith("gke-")
+    assert {c["type"]: c["status"] for c in placed["status"]["conditions"]} == {"PodScheduled": "True"}
+    assert "probe" in [p["metadata"]["name"] for p in get(access, pods_path).json()["items"]]
+    again = kube_access.request(access, "POST", pods_path, _placeholder("probe"))
+    assert (again.status, again.json()["reason"]) == (409, "AlreadyExists")
+    invalid = kube_access.request(
+        access, "POST", pods_path, {"metadata": {"name": "bad"}, "spec": {"containers": []}}
+    )
+    assert (invalid.status, invalid.json()["reason"]) == (422, "Invalid")
+    assert invalid.json()["message"] == 'Pod "bad" is invalid: spec.containers: Required value'
+
+    # no slice of that topology: Pending, the scheduler's FailedScheduling, no scale-up refusal
+    assert kube_access.request(access, "POST", pods_path, _placeholder("nowhere", "2x4")).status == 201
+    pending = get(access, f"{pods_path}/nowhere").json()
+    assert pending["status"]["phase"] == "Pending"
+    assert pending["status"]["conditions"][0]["reason"] == "Unschedulable"
+    events = get(
+        access,
+        "/api/v1/namespaces/default/events",
+        fieldSelector="involvedObject.kind=Pod,involvedObject.name=nowhere",
+    ).json()
+    assert [(e["reason"], e["source"]["component"]) for e in events["items"]] == [
+        ("FailedScheduling", "default-scheduler")
+    ]
+    refused = get(access, "/api/v1/namespaces/default/events", fieldSelector="spec.nope=x")
+    assert (refused.status, refused.json()["message"]) == (400, "field label not supported: spec.nope")
+
+    for name in ("probe", "nowhere"):
+        assert kube_access.request(access, "DELETE", f"{pods_path}/{name}").status == 200
+        assert get(access, f"{pods_path}/{name}").status == 404
+    assert kube_access.request(access, "DELETE", f"{pods_path}/probe").status == 404

@@ -142,12 +142,16 @@ def test_a_reservation_needs_reservation_in_the_list() -> None:
     assert line.startswith("capacity: flex-start, spot capacity consumes no reservation"), line
 
 
-def test_the_gke_pipeline_takes_a_list_with_flex_start_only_last() -> None:
-    """A flex-start TPU pool is created empty and queues: no kind after it would be tried."""
+def test_the_gke_pipeline_takes_flex_start_anywhere_in_a_list() -> None:
+    """A flex-start TPU pool before other kinds is proved by a placeholder pod at its deploy
+    (operators/gke.py flex_start_refusal): no place in the list is refused."""
     p = gke_pipeline_from_conf({**GKE, "capacity": ["on-demand", "spot", "flex-start"]})
     assert (p.cluster.capacity, p.cluster.fallback) == ("on-demand", ("spot", "flex-start"))
     assert p.resolved()["capacity"] == ["on-demand", "spot", "flex-start"]
     assert p.cluster.attempt("spot").capacities == ("spot",)
-    line = _refused(gke_pipeline_from_conf, {**GKE, "capacity": ["flex-start", "spot"]})
-    assert line.startswith("capacity: on GKE flex-start can only be the last kind"), line
+    first = gke_pipeline_from_conf(
+        {**GKE, "reservation": "res-1", "capacity": ["reservation", "flex-start", "spot"]}
+    )
+    assert (first.cluster.capacity, first.cluster.fallback) == ("reservation", ("flex-start", "spot"))
+    assert first.cluster.attempt("flex-start").reservation == ""
     assert gke_pipeline_from_conf({**GKE, "capacity": ["spot"]}).resolved()["capacity"] == "spot"

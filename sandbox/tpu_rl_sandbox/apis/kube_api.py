@@ -13,7 +13,10 @@ pkg/controllers/jobset_controller.go), not from any client. It serves only:
   :func:`patch_jobset`);
 * ``GET /api/v1/namespaces/{ns}/pods`` (``labelSelector``), ``GET .../pods/{name}``;
 * ``GET /api/v1/namespaces/{ns}/pods/{name}/log`` (``container``, ``follow``, ``timestamps``,
-  ``sinceTime``, ``sinceSeconds``, ``tailLines``, ``limitBytes``, ``previous``).
+  ``sinceTime``, ``sinceSeconds``, ``tailLines``, ``limitBytes``, ``previous``);
+* ``POST /api/v1/namespaces/{ns}/pods`` and ``DELETE .../pods/{name}`` of a standalone pod (not a
+  JobSet's), placed or left Pending with its events at its create (:func:`create_pod`), and
+  ``GET /api/v1/namespaces/{ns}/events`` (``fieldSelector``: :func:`list_events`).
 
 Every request needs ``Authorization: Bearer <token>`` with a token the sandbox's token endpoint
 issued (:mod:`tpu_rl_sandbox.apis.oauth`), else 401 ``Unauthorized``. TLS with the sandbox CA's
@@ -1289,3 +1292,278 @@ def read_log(
                 continue
             return
         time.sleep(poll)
+
+
+# ====================================================================== standalone pods and events
+# Pods created on their own (``POST /api/v1/namespaces/{ns}/pods``: the provider's placeholder pod
+# of a flex-start TPU pool), their scheduling and the cluster autoscaler's answer for them, decided
+# when they are created; and the events that say it (``GET .../events``). Kept in the ``pods``
+# document, keyed ``<cluster key>/<namespace>/<name>``.
+PODS_DOC = "pods"
+TPU_RESOURCE = "google.com/tpu"
+# kubernetes pkg/apis/core/validation ValidatePodCreate: a pod needs at least one container, each
+# with a DNS-1123 label name and an image (the messages' field paths as the API server words them).
+_DNS_1123_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# The field selectors the API server accepts for events (k8s pkg/registry/core/event/strategy.go
+# ``ToSelectableFields``: involvedObject.*, reason, source, type); others: "field label not supported".
+EVENT_FIELDS = (
+    "involvedObject.kind",
+    "involvedObject.namespace",
+    "involvedObject.name",
+    "involvedObject.uid",
+    "involvedObject.apiVersion",
+    "involvedObject.resourceVersion",
+    "involvedObject.fieldPath",
+    "reason",
+    "reportingComponent",
+    "source",
+    "type",
+    "metadata.name",
+    "metadata.namespace",
+)
+
+
+def _invalid_pod(name: str, causes: list[tuple[str, str]]) -> KubeError:
+    message = f'Pod "{name}" is invalid: ' + ", ".join(f"{field}: {why}" for field, why in causes)
+    details = {
+        "name": name,
+        "kind": "Pod",
+        "causes": [{"reason": "FieldValueRequired", "message": why, "field": field} for field, why in causes],
+    }
+    return KubeError(status_object(422, "Invalid", message, details))
+
+
+def _event(pod: Mapping[str, Any], reason: str, message: str, component: str, when: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": f"{pod['name']}.{uuid.uuid4().hex[:16]}",
+            "namespace": pod["namespace"],
+            "creationTimestamp": when,
+        },
+        "involvedObject": {
+            "kind": "Pod",
+            "namespace": pod["namespace"],
+            "name": pod["name"],
+            "uid": k8s_uid(str(pod["uid"])),
+            "apiVersion": "v1",
+        },
+        "reason": reason,
+        "message": message,
+        "source": {"component": component},
+        "firstTimestamp": when,
+        "lastTimestamp": when,
+        "count": 1,
+        "type": "Warning",
+        "reportingComponent": component,
+    }
+
+
+def _tpu_pools_for(cluster: Mapping[str, Any], selector: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The cluster's TPU node pools a pod's nodeSelector can land on: GKE's TPU accelerator label
+    asked for and, where it names one, the pool's topology (as ``gke_nodes.running_pod_graces``)."""
+    from tpu_rl_sandbox.world import gke_nodes
+
+    topology = selector.get(gke_nodes.TPU_TOPOLOGY_SELECTOR)
+    return [
+        pool
+        for pool in cluster.get("node_pools") or []
+        if gke_nodes.is_tpu_pool(pool)
+        and gke_nodes.TPU_ACCELERATOR_SELECTOR in selector
+        and (not topology or str(topology) == str(pool.get("topology")))
+    ]
+
+
+def create_pod(
+    store: StateStore, cluster_key: str, cluster: Mapping[str, Any], namespace: str, body: Any
+) -> dict[str, Any]:
+    """Create a standalone pod and decide at once what the scheduler and the cluster autoscaler do
+    with it: placed on a node of a TPU pool that has nodes; else Pending, with the scheduler's
+    ``FailedScheduling`` and, for a pool whose scale-up fails (a flex-start pool in a zone without
+    flex-start capacity: the pool's ``scale_up_failure``), the autoscaler's ``FailedScaleUp``."""
+    from tpu_rl_sandbox.world import gke_nodes
+
+    if not isinstance(body, dict) or body.get("kind") not in (None, "Pod"):
+        raise bad_request("the body must be a Pod")
+    metadata = body.get("metadata") or {}
+    name = str(metadata.get("name") or "")
+    spec = body.get("spec") or {}
+    containers = spec.get("containers") or []
+    causes: list[tuple[str, str]] = []
+    if not name:
+        causes.append(("metadata.name", "Required value: name or generateName is required"))
+    elif not _DNS_1123_SUBDOMAIN_RE.match(name) or len(name) > 253:
+        causes.append(
+            (
+                "metadata.name",
+                f'Invalid value: "{name}": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters',
+            )
+        )
+    if not containers:
+        causes.append(("spec.containers", "Required value"))
+    for index, container in enumerate(containers):
+        if not _DNS_1123_LABEL_RE.match(str(container.get("name") or "")):
+            causes.append((f"spec.containers[{index}].name", "Required value"))
+        if not container.get("image"):
+            causes.append((f"spec.containers[{index}].image", "Required value"))
+    if causes:
+        raise _invalid_pod(name, causes)
+    key = f"{cluster_key}/{namespace}/{name}"
+    when = rfc3339()
+    with store.txn() as txn:
+        pods = txn.doc(PODS_DOC)
+        if key in pods:
+            raise KubeError(
+                status_object(
+                    409, "AlreadyExists", f'pods "{name}" already exists', {"name": name, "kind": "pods"}
+                )
+            )
+        record: dict[str, Any] = {
+            "cluster_key": cluster_key,
+            "namespace": namespace,
+            "name": name,
+            "uid": uuid.uuid4().hex,
+            "created": when,
+            "manifest": body,
+            "node": None,
+            "events": [],
+        }
+        selector = spec.get("nodeSelector") or {}
+        asks_tpu = any(TPU_RESOURCE in ((c.get("resources") or {}).get("requests") or {}) for c in containers)
+        pools = _tpu_pools_for(cluster, selector) if asks_tpu or selector else []
+        with_nodes = [
+            node
+            for pool in pools
+            for _, node in sorted(gke_nodes._nodes(txn, dict(cluster), pool), key=lambda item: item[0])
+        ]
+        if with_nodes:
+            record["node"] = str(with_nodes[0]["name"])
+        else:
+            # the nodes the scheduler looked at: the cluster's other pools' (system, CPU)
+            total = sum(
+                int(p.get("nodes") or 1) for p in cluster.get("node_pools") or [] if not p.get("topology")
+            )
+            # kube-scheduler's unschedulable message (pkg/scheduler/framework: "0/N nodes are
+            # available: ..." with the nodeaffinity plugin's "node(s) didn't match Pod's node
+            # affinity/selector"; indirect, as pods' events show it)
+            record["events"].append(
+                _event(
+                    record,
+                    "FailedScheduling",
+                    f"0/{total} nodes are available: {total} node(s) didn't match Pod's node affinity/selector.",
+                    "default-scheduler",
+                    when,
+                )
+            )
+            failure = next((p["scale_up_failure"] for p in pools if p.get("scale_up_failure")), None)
+            if failure is not None:
+                zone = gke_nodes.pool_zone(dict(cluster), pools[0])
+                # GKE's cluster autoscaler (k8s.io/gke-autoscaling cluster-autoscaler, package
+                # events: reason FailedScaleUp, zonalErrorMessageTemplate; direct)
+                record["events"].append(
+                    _event(
+                        record,
+                        "FailedScaleUp",
+                        f"Node scale up in zones {zone} associated with this pod failed: {failure}. "
+                        "Pod is at risk of not being scheduled.",
+                        "cluster-autoscaler",
+                        when,
+                    )
+                )
+        pods[key] = record
+        txn.save(PODS_DOC)
+    return standalone_pod_object(record)
+
+
+def standalone_pods(store: StateStore, cluster_key: str, namespace: str | None) -> list[dict[str, Any]]:
+    return [
+        record
+        for record in store.read(PODS_DOC).values()
+        if record.get("cluster_key") == cluster_key
+        and (namespace is None or record.get("namespace") == namespace)
+    ]
+
+
+def standalone_pod_object(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A standalone pod as ``GET .../pods/{name}`` returns it: Running on its node, or Pending
+    with ``PodScheduled`` False (reason ``Unschedulable``)."""
+    manifest = dict(record.get("manifest") or {})
+    metadata = dict(manifest.get("metadata") or {})
+    metadata.update(
+        {
+            "name": record["name"],
+            "namespace": record["namespace"],
+            "uid": k8s_uid(str(record["uid"])),
+            "creationTimestamp": record["created"],
+            "resourceVersion": _resource_version(record),
+        }
+    )
+    spec = dict(manifest.get("spec") or {})
+    if record.get("node"):
+        spec["nodeName"] = record["node"]
+        status = {
+            "phase": "Running",
+            "conditions": [_condition("PodScheduled", "True", "", "", str(record["created"]))],
+            "startTime": record["created"],
+        }
+    else:
+        events = record.get("events") or []
+        status = {
+            "phase": "Pending",
+            "conditions": [
+                _condition(
+                    "PodScheduled",
+                    "False",
+                    "Unschedulable",
+                    str(events[0]["message"]) if events else "",
+                    str(record["created"]),
+                )
+            ],
+        }
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec, "status": status}
+
+
+def delete_pod(store: StateStore, cluster_key: str, namespace: str, name: str) -> dict[str, Any] | None:
+    """Delete a standalone pod (its events stay, as the API server keeps them for their TTL);
+    the pod as it was, or None when there is none."""
+    with store.txn() as txn:
+        pods = txn.doc(PODS_DOC)
+        record = pods.pop(f"{cluster_key}/{namespace}/{name}", None)
+        if record is not None:
+            txn.doc("pod_events").setdefault(cluster_key, []).extend(record.get("events") or [])
+            txn.save(PODS_DOC)
+            txn.save("pod_events")
+    return None if record is None else standalone_pod_object(record)
+
+
+def list_events(
+    store: StateStore, cluster_key: str, namespace: str | None, field_selector: str
+) -> list[dict[str, Any]]:
+    """The events of the cluster's standalone pods (those of deleted pods too) matching
+    ``field_selector`` (equality terms, comma-separated, on :data:`EVENT_FIELDS`)."""
+    terms: list[tuple[str, str, bool]] = []
+    for raw in field_selector.split(","):
+        term = raw.strip()
+        if not term:
+            continue
+        negate = "!=" in term
+        field, _, value = term.partition("!=" if negate else "=")
+        field, value = field.strip(), value.strip().lstrip("=")
+        if field not in EVENT_FIELDS:
+            raise bad_request(f"field label not supported: {field}")
+        terms.append((field, value, negate))
+    events = [e for r in standalone_pods(store, cluster_key, namespace) for e in r.get("events") or []]
+    events += [
+        e
+        for e in store.read("pod_events").get(cluster_key) or []
+        if namespace is None or e["metadata"]["namespace"] == namespace
+    ]
+
+    def field_value(event: Mapping[str, Any], field: str) -> str:
+        value: Any = event
+        for part in field.split("."):
+            value = value.get(part) if isinstance(value, Mapping) else None
+        if field == "source":
+            value = (event.get("source") or {}).get("component")
+        return "" if value is None else str(value)
+
+    return [e for e in events if all((field_value(e, f) == v) != neg for f, v, neg in terms)]

@@ -36,14 +36,19 @@ from tpu_rl_sandbox.apis.kube_api import (
     collect_garbage,
     container_log_path,
     create_jobset,
+    create_pod,
     delete_jobset,
+    delete_pod,
     jobset_object,
     k8s_uid,
+    list_events,
     not_found,
     patch_jobset,
     pod_object,
     read_log,
     selector_matches,
+    standalone_pod_object,
+    standalone_pods,
     start_worker,
     status_object,
     unsupported_media_type,
@@ -196,6 +201,27 @@ class _Handler(BaseHTTPRequestHandler):
                 and parts[4] == "pods"
             ):
                 self._pods(method, parts[3], parts[5:], query)
+            elif (
+                parts[:2] == ["api", "v1"]
+                and len(parts) == 5
+                and parts[2] == "namespaces"
+                and parts[4] == "events"
+            ):
+                if method != "GET":
+                    self._method_not_allowed()
+                    return
+                items = list_events(
+                    self._store(), self.cluster_key, parts[3], (query.get("fieldSelector") or [""])[-1]
+                )
+                self._send_json(
+                    200,
+                    {
+                        "kind": "EventList",
+                        "apiVersion": "v1",
+                        "metadata": {"resourceVersion": _resource_version(items)},
+                        "items": items,
+                    },
+                )
             elif parts == ["api", "v1", "pods"]:
                 self._pods(method, None, [], query)  # every namespace's pods (a list only)
             else:
@@ -293,9 +319,33 @@ class _Handler(BaseHTTPRequestHandler):
     def _pods(
         self, method: str, namespace: str | None, rest: list[str], query: Mapping[str, list[str]]
     ) -> None:
+        own = standalone_pods(self._store(), self.cluster_key, namespace)
+        if method == "POST" and namespace is not None and not rest:
+            try:
+                body = json.loads(self._body() or b"null")
+            except ValueError as error:
+                raise bad_request(f"error decoding JSON: {error}") from None
+            cluster = self._cluster()
+            if cluster is None:
+                self._send_text(503, "service unavailable\n")
+                return
+            self._send_json(201, create_pod(self._store(), self.cluster_key, cluster, namespace, body))
+            return
+        if method == "DELETE" and namespace is not None and len(rest) == 1:
+            self._body()
+            deleted = delete_pod(self._store(), self.cluster_key, namespace, rest[0])
+            if deleted is None:
+                raise KubeError(not_found("pods", rest[0]))
+            self._send_json(200, deleted)  # a pod's DELETE answers the pod, now terminating
+            return
         if method != "GET":
             self._method_not_allowed()
             return
+        if len(rest) == 1 and namespace is not None:
+            found_own = next((r for r in own if r["name"] == rest[0]), None)
+            if found_own is not None:
+                self._send_json(200, standalone_pod_object(found_own))
+                return
         pods = [
             (job, pod)
             for job in self._jobs()
@@ -305,9 +355,10 @@ class _Handler(BaseHTTPRequestHandler):
         if not rest:
             selector = (query.get("labelSelector") or [""])[-1]
             items = sorted(
-                (pod_object(job, pod) for job, pod in pods), key=lambda p: str(p["metadata"]["name"])
+                [*(pod_object(job, pod) for job, pod in pods), *(standalone_pod_object(r) for r in own)],
+                key=lambda p: str(p["metadata"]["name"]),
             )
-            items = [i for i in items if selector_matches(selector, i["metadata"]["labels"])]
+            items = [i for i in items if selector_matches(selector, i["metadata"].get("labels") or {})]
             for item in items:
                 item.pop("kind", None)
                 item.pop("apiVersion", None)

@@ -66,18 +66,34 @@ def pool_kind(pool: Mapping[str, object]) -> str:
     return "on-demand"
 
 
-def pool_stockout(out: Mapping[str, str], zone: str, pools: list[dict[str, object]]) -> bool:
-    """Whether the TPU node pool of ``pools`` is out of stock in ``zone`` (``tpu_capacity_out``): a
-    pool of static TPU nodes fails its create with the instances' GCE_STOCKOUT. A flex-start pool
-    is created empty and queues (its nodes come when capacity does), and a quota refusal of a node
-    pool is not modeled (its GKE text was not read): neither fails the create here."""
+def pool_refusal(out: Mapping[str, str], zone: str, pools: list[dict[str, object]]) -> str | None:
+    """Why the TPU node pool of ``pools`` cannot be created in ``zone`` (``tpu_capacity_out``):
+    ``stockout`` or ``quota`` for a pool of static TPU nodes (its create waits for its nodes and
+    fails with their instances' error), or None. A flex-start pool is created empty whatever the
+    zone has (its nodes come when a pod asks: :func:`flex_scale_up_failure`)."""
     for pool in pools:
         if not str(pool.get("machine_type") or "").startswith("ct"):
             continue
         kind = pool_kind(pool)
-        if kind != "flex-start" and out.get(f"{zone}/{kind}") == STOCKOUT:
-            return True
-    return False
+        why = out.get(f"{zone}/{kind}")
+        if kind != "flex-start" and why in (STOCKOUT, QUOTA):
+            return why
+    return None
+
+
+# The cluster autoscaler's failure text of a scale-up whose instances the zone refused, as GKE's
+# autoscaler emits it on the pods (k8s.io/gke-autoscaling cluster-autoscaler, package events:
+# ``outOfResourcesMessage``, ``quotaExceededMessage``; direct, read as the code corpus stores it).
+SCALE_UP_FAILURES: Final[Mapping[str, str]] = {STOCKOUT: "GCE out of resources", QUOTA: "GCE quota exceeded"}
+
+
+def flex_scale_up_failure(out: Mapping[str, str], zone: str, pool: Mapping[str, object]) -> str | None:
+    """The autoscaler's failure text when a pod asks for the nodes of flex-start TPU ``pool`` and
+    ``zone`` has no flex-start capacity (``tpu_capacity_out``), or None (its nodes come)."""
+    if pool_kind(pool) != "flex-start":
+        return None
+    why = out.get(f"{zone}/flex-start")
+    return SCALE_UP_FAILURES.get(why) if why else None
 
 
 def pool_reservation_full(

@@ -13,7 +13,11 @@ four-character string" (compute v1 ``InstanceGroupManager``); the base is ``gke-
 characters). TPU nodes, in a managed instance group, start PENDING (instance lifecycle page).
 
 The sandbox makes node VMs for the TPU node pools only (the capacity the ledger bills as TPU); its
-pools do not autoscale, so a pool's nodes come with the pool and go with it.
+pools do not autoscale, so a pool's nodes come with the pool and go with it, but for a flex-start
+pool in a zone without flex-start capacity (``tpu_capacity_out``): created empty, its scale-up
+failing for every pod that asks for it (``scale_up_failure``, apis/kube_api.py ``create_pod``).
+A flex-start pool with capacity gets its nodes at its create, where GKE adds them when the first
+pod asks: the sandbox bills them from a few minutes early.
 """
 
 from __future__ import annotations
@@ -241,7 +245,8 @@ def record_pool_events(
     if cluster is not None:
         kept = {p["name"] for p in after}
         for pool in after:
-            if is_tpu_pool(pool) and not has_nodes(txn, cluster, pool):
+            # a flex-start pool whose scale-up fails stays empty (clis/gcluster/deploy.py)
+            if is_tpu_pool(pool) and not pool.get("scale_up_failure") and not has_nodes(txn, cluster, pool):
                 finish_creates(
                     txn,
                     cluster,

@@ -1202,6 +1202,15 @@ class DeploymentRunner:
             if cluster is None:
                 return
             for pool in pools:
+                # a flex-start pool whose zone has no flex-start capacity stays empty: the
+                # autoscaler's scale-up for a pod that asks for it fails (capacity.flex_scale_up_failure,
+                # what the Kubernetes API's events of that pod say: apis/kube_api.py)
+                failure = capacity.flex_scale_up_failure(
+                    settings.tpu_capacity_out, gke_nodes.pool_zone(cluster, pool), pool
+                )
+                if failure is not None:
+                    pool["scale_up_failure"] = failure
+                    continue
                 if gke_nodes.is_tpu_pool(pool):
                     running_at = max(
                         running_at,
@@ -1218,7 +1227,7 @@ class DeploymentRunner:
         with self.store.txn() as txn:
             cluster = txn.doc("clusters").get(key)
             for pool in pools:
-                if cluster is not None and gke_nodes.is_tpu_pool(pool):
+                if cluster is not None and gke_nodes.is_tpu_pool(pool) and not pool.get("scale_up_failure"):
                     gke_nodes.finish_creates(txn, cluster, pool, running_at)
         self._capacity_pause("tpu_node_ready")
 
@@ -1573,7 +1582,28 @@ class DeploymentRunner:
         # the TPU capacity of the pool's kind the zone cannot give now (setting tpu_capacity_out),
         # or a reservation too small for the pool's nodes (settings reservations)
         settings = load_settings(self.layout)
-        stockout = capacity.pool_stockout(settings.tpu_capacity_out, str(world.get("zone")), pools)
+        refusal = capacity.pool_refusal(settings.tpu_capacity_out, str(world.get("zone")), pools)
+        stockout = refusal == capacity.STOCKOUT
+        if refusal == capacity.QUOTA:
+            # GKE's error when the pool's instance group cannot create its VMs for a Compute Engine
+            # quota, in the shape public error reports quote it for a node pool's IGM ("Insufficient
+            # quota to satisfy the request: Not all instances running in IGM after 38.19512474s.
+            # Expected 3, running 1, transitioning 2. Current errors: [GCE_QUOTA_EXCEEDED]: Instance
+            # 'gke-…' creation failed: Quota 'SSD_TOTAL_GB' exceeded. Limit: 250.0 in region
+            # us-central1."; GKE's TPU troubleshooting page names "Insufficient quota to satisfy the
+            # request"): indirect. The metric is the kind's (capacity.QUOTA_METRICS).
+            tpu = next(p for p in pools if str(p.get("machine_type") or "").startswith("ct"))
+            metric = capacity.QUOTA_METRICS[capacity.pool_kind(tpu)]
+            limit = float(settings.region_quotas.get(metric, 0.0))
+            nodes = int(tpu.get("nodes") or 1)
+            self._fail_apply(
+                "Error: error creating NodePool: Insufficient quota to satisfy the request: Not all instances "
+                f"running in IGM after 41.273519s. Expected {nodes}, running 0, transitioning {nodes}. Current "
+                f"errors: [GCE_QUOTA_EXCEEDED]: Instance 'gke-{world.get('name')}-tpu-pool-9f2c' creation "
+                f"failed: Quota '{metric}' exceeded.  Limit: {limit} in region {world.get('region')}."
+                f"\n\n  with {to_add[0][0]},\n  on modules/embedded/modules/compute/gke-node-pool/main.tf line 59, in "
+                'resource "google_container_node_pool" "node_pool":\n  59: resource "google_container_node_pool" "node_pool" {'
+            )
         full_reservation = capacity.pool_reservation_full(
             settings.reservations, str(world.get("zone")), pools
         )
