@@ -23,6 +23,7 @@ from airflow_provider_tpu_rl.spec.cluster import (
     CAPACITIES,
     CHIPS_PER_VM,
     CPU_VM_MACHINE_TYPE,
+    FALLBACK,
     K8S_NAME,
     ON_DEMAND,
     SYSTEM_MACHINE_TYPE,
@@ -63,11 +64,13 @@ CLOUD, CLUSTER, VM, MODEL, SAFETY = "Run Parameters", "Cluster", "VM", "Model & 
 # (the tutorial's way, 15-30 minutes). The CPU VM always installs (it is not TPU time).
 TPU_VM_RUNTIMES: Final = ("container", "install")
 
-Kind = Literal["str", "int", "number", "bool", "object", "str_list"]
+Kind = Literal["str", "int", "number", "bool", "object", "str_list", "list"]
 JSON_TYPES: Final[Mapping[str, str | list[str]]] = {
     "str": "string",
     # one value, or an ordered list of them (``capacity``)
     "str_list": ["string", "array"],
+    # a list of strings, one a line in both forms (``capacity_fallback``)
+    "list": "array",
     "int": "integer",
     "number": "number",
     "bool": "boolean",
@@ -80,6 +83,7 @@ TYPE_RULES: Final[Mapping[str, str]] = {
     "bool": "must be true or false",
     "object": "must be an object of MaxText key → value",
     "str_list": "must be a string or a list of strings",
+    "list": "must be a list of strings",
 }
 
 
@@ -413,6 +417,37 @@ RUN_PARAMS: Final[tuple[RunParam, ...]] = (
         # ``tpu-rl plan`` (the spec takes both).
         schema={"type": "string", "enum": list(CAPACITIES)},
         doc_default="`on-demand`; `reservation` where `[tpu_rl] default_*_reservation` is set",
+    ),
+    RunParam(
+        FALLBACK,
+        "list",
+        "TPU capacity fallback",
+        CLOUD,
+        PerPipeline(
+            "Capacity kinds tried after capacity, in order, one a line (on-demand, reservation, "
+            "spot, flex-start): a kind refused for lack of capacity (a stockout, a quota, a full "
+            "reservation) moves the TPU node pool's create to the next, in the same task try. "
+            "flex-start only last (its pool queues). Empty: capacity alone.",
+            "Capacity kinds tried after capacity, in order, one a line (on-demand, reservation, "
+            "spot, flex-start): a kind refused for lack of capacity (a stockout, a quota, a full "
+            "reservation) moves the TPU VM's create to the next, in the same task try. Empty: "
+            "capacity alone.",
+        ),
+        "the capacity kinds tried after `capacity`, in order (one a line in the forms: `capacity` "
+        "is a dropdown of one kind); `capacity` then this list is the run's ordered capacity, as a "
+        "`capacity` list ([capacity that falls back](../README.md#capacity-that-falls-back)); "
+        "`validate` refuses an unknown kind or one tried already; blank lines are ignored",
+        default=[],
+        nullable=True,
+        # A plain array of strings: both forms render it as a textarea, one item a line, and submit
+        # the lines in their order (Airflow 2.11: www/templates/airflow/trigger.html's
+        # valuetype="array" textarea, static/js/trigger.js's updateJSONconf keeps the trimmed
+        # non-blank lines, none = null; Airflow 3.3: the UI's FieldSelector picks its string-array
+        # textarea for type array with items of type string, split on newlines). "examples" or
+        # "enum" would make both a multi-select, and 2.11's submits in the options' order. Nullable:
+        # both submit an emptied field as null, and 3.3 marks a null non-nullable field required.
+        schema={"items": {"type": "string"}},
+        doc_default="empty",
     ),
     RunParam(
         "image",
