@@ -388,14 +388,14 @@ RUN_PARAMS: Final[tuple[RunParam, ...]] = (
         "TPU capacity",
         CLOUD,
         PerPipeline(
-            "How the TPU node pool is provisioned (one kind here; an ordered list, tried in turn, is "
-            "the operators' capacity argument). on-demand (the default): the list price, no reservation, no preemption. reservation: "
+            "How the TPU node pool is provisioned (one kind here; the kinds tried after it go in "
+            "capacity fallback). on-demand (the default): the list price, no reservation, no preemption. reservation: "
             "from the reservation named in reservation. spot: Spot VMs, much cheaper but preemptible "
             "at any time; training resumes from its newest checkpoint. flex-start: Dynamic Workload "
             "Scheduler capacity, queued until free, then runs for a bounded time. Only reservation "
             "takes a reservation. See the README's capacity table.",
-            "How the TPU VM is provisioned (one kind here; an ordered list, tried in turn, is the "
-            "operators' capacity argument). on-demand (the default): the list "
+            "How the TPU VM is provisioned (one kind here; the kinds tried after it go in capacity "
+            "fallback). on-demand (the default): the list "
             "price, no reservation, no preemption. reservation: from the reservation named in "
             "reservation. spot: Spot VMs, much cheaper but preemptible at any time; training resumes "
             "from its newest checkpoint. flex-start: Dynamic Workload Scheduler capacity, queued until "
@@ -407,14 +407,16 @@ RUN_PARAMS: Final[tuple[RunParam, ...]] = (
         "(../README.md#tpu-capacity-on-demand-reservation-spot-or-flex-start)), or an ordered list of "
         'them, like `["reservation", "flex-start", "spot"]`, tried in turn (on GKE flex-start only '
         "last: [capacity that falls back](../README.md#capacity-that-falls-back); the shipped DAGs' "
-        "form and Param take one kind, the list goes to the operators and `tpu-rl plan`). A conf (REST, "
-        "CLI, `tpu-rl plan`) that names a `reservation` and no `capacity` consumes it",
+        "form and Param take one kind, the kinds after it go in `capacity_fallback`; a list goes to "
+        "the operators and `tpu-rl plan`). A conf (REST, CLI, `tpu-rl plan`) that names a "
+        "`reservation` and no `capacity` consumes it",
         default=ON_DEMAND,
         # The shipped DAGs' form and Param take one kind, a dropdown: Airflow 2.11's trigger form
         # renders a field whose type includes "array" as a textarea of the value's items, a string's
         # characters one per line (www/templates/airflow/trigger.html), and Airflow 3's form failed
-        # the same field's dropdown; an ordered list goes to the operators (``capacity=[...]``) and to
-        # ``tpu-rl plan`` (the spec takes both).
+        # the same field's dropdown; the form's ordered list is ``capacity_fallback`` (the next row),
+        # and a list goes to the operators (``capacity=[...]``) and to ``tpu-rl plan`` (the spec
+        # takes both).
         schema={"type": "string", "enum": list(CAPACITIES)},
         doc_default="`on-demand`; `reservation` where `[tpu_rl] default_*_reservation` is set",
     ),
