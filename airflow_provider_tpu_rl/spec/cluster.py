@@ -109,6 +109,32 @@ def capacity_order(value: object) -> tuple[str, ...]:
     return tuple(str(kind) for kind in kinds)
 
 
+FALLBACK: Final = "capacity_fallback"
+
+
+def with_fallback(capacity: object, fallback: object) -> tuple[str, ...]:
+    """The ordered kinds of ``capacity`` (:func:`capacity_order`) followed by those of
+    ``capacity_fallback``: the kinds tried after it, in order. The forms' one-kind-per-line field
+    leaves blank lines and spaces, which mean nothing here; null is no fallback. One line naming
+    ``capacity_fallback`` for an unknown kind or one tried already."""
+    kinds = capacity_order(capacity)
+    if fallback is None:
+        return kinds
+    if not isinstance(fallback, list | tuple) or not all(isinstance(k, str) for k in fallback):
+        raise SpecError(FALLBACK, "must be a list of capacity kinds, one a line in the form", fallback)
+    for kind in (k.strip() for k in fallback if k.strip()):
+        if kind not in CAPACITIES:
+            raise SpecError(FALLBACK, f"must list kinds of {list(CAPACITIES)}", kind)
+        if kind in kinds:
+            raise SpecError(
+                FALLBACK,
+                f"{kind} is tried already (capacity, or listed twice): each kind is tried once",
+                kind,
+            )
+        kinds = (*kinds, kind)
+    return kinds
+
+
 def capacity_value(kinds: tuple[str, ...]) -> str | list[str]:
     """The conf's spelling of ``kinds``: the kind itself when there is one, else the ordered list."""
     return kinds[0] if len(kinds) == 1 else list(kinds)

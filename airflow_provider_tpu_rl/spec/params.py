@@ -23,6 +23,7 @@ from airflow_provider_tpu_rl.spec.cluster import (
     CAPACITIES,
     CHIPS_PER_VM,
     CPU_VM_MACHINE_TYPE,
+    FALLBACK,
     K8S_NAME,
     ON_DEMAND,
     SYSTEM_MACHINE_TYPE,
@@ -63,11 +64,13 @@ CLOUD, CLUSTER, VM, MODEL, SAFETY = "Run Parameters", "Cluster", "VM", "Model & 
 # (the tutorial's way, 15-30 minutes). The CPU VM always installs (it is not TPU time).
 TPU_VM_RUNTIMES: Final = ("container", "install")
 
-Kind = Literal["str", "int", "number", "bool", "object", "str_list"]
+Kind = Literal["str", "int", "number", "bool", "object", "str_list", "list"]
 JSON_TYPES: Final[Mapping[str, str | list[str]]] = {
     "str": "string",
     # one value, or an ordered list of them (``capacity``)
     "str_list": ["string", "array"],
+    # a list of strings, one a line in both forms (``capacity_fallback``)
+    "list": "array",
     "int": "integer",
     "number": "number",
     "bool": "boolean",
@@ -80,6 +83,7 @@ TYPE_RULES: Final[Mapping[str, str]] = {
     "bool": "must be true or false",
     "object": "must be an object of MaxText key → value",
     "str_list": "must be a string or a list of strings",
+    "list": "must be a list of strings",
 }
 
 
@@ -384,14 +388,14 @@ RUN_PARAMS: Final[tuple[RunParam, ...]] = (
         "TPU capacity",
         CLOUD,
         PerPipeline(
-            "How the TPU node pool is provisioned (one kind here; an ordered list, tried in turn, is "
-            "the operators' capacity argument). on-demand (the default): the list price, no reservation, no preemption. reservation: "
+            "How the TPU node pool is provisioned (one kind here; the kinds tried after it go in "
+            "capacity fallback). on-demand (the default): the list price, no reservation, no preemption. reservation: "
             "from the reservation named in reservation. spot: Spot VMs, much cheaper but preemptible "
             "at any time; training resumes from its newest checkpoint. flex-start: Dynamic Workload "
             "Scheduler capacity, queued until free, then runs for a bounded time. Only reservation "
             "takes a reservation. See the README's capacity table.",
-            "How the TPU VM is provisioned (one kind here; an ordered list, tried in turn, is the "
-            "operators' capacity argument). on-demand (the default): the list "
+            "How the TPU VM is provisioned (one kind here; the kinds tried after it go in capacity "
+            "fallback). on-demand (the default): the list "
             "price, no reservation, no preemption. reservation: from the reservation named in "
             "reservation. spot: Spot VMs, much cheaper but preemptible at any time; training resumes "
             "from its newest checkpoint. flex-start: Dynamic Workload Scheduler capacity, queued until "
@@ -402,17 +406,50 @@ RUN_PARAMS: Final[tuple[RunParam, ...]] = (
         "renders, costs and risks, and why `on-demand` is the default: [README, TPU capacity]"
         "(../README.md#tpu-capacity-on-demand-reservation-spot-or-flex-start)), or an ordered list of "
         'them, like `["reservation", "flex-start", "spot"]`, tried in turn (on GKE a flex-start '
-        "pool before other kinds is proved by a placeholder pod: [capacity that falls back](../README.md#capacity-that-falls-back); the shipped DAGs' "
-        "form and Param take one kind, the list goes to the operators and `tpu-rl plan`). A conf (REST, "
-        "CLI, `tpu-rl plan`) that names a `reservation` and no `capacity` consumes it",
+        "pool before other kinds is proved by a placeholder pod: [capacity that falls back]"
+        "(../README.md#capacity-that-falls-back); the shipped DAGs' form and Param take one kind, the "
+        "kinds after it go in `capacity_fallback`; a list goes to the operators and `tpu-rl plan`). A "
+        "conf (REST, CLI, `tpu-rl plan`) that names a `reservation` and no `capacity` consumes it",
         default=ON_DEMAND,
         # The shipped DAGs' form and Param take one kind, a dropdown: Airflow 2.11's trigger form
         # renders a field whose type includes "array" as a textarea of the value's items, a string's
         # characters one per line (www/templates/airflow/trigger.html), and Airflow 3's form failed
-        # the same field's dropdown; an ordered list goes to the operators (``capacity=[...]``) and to
-        # ``tpu-rl plan`` (the spec takes both).
+        # the same field's dropdown; the form's ordered list is ``capacity_fallback`` (the next row),
+        # and a list goes to the operators (``capacity=[...]``) and to ``tpu-rl plan`` (the spec
+        # takes both).
         schema={"type": "string", "enum": list(CAPACITIES)},
         doc_default="`on-demand`; `reservation` where `[tpu_rl] default_*_reservation` is set",
+    ),
+    RunParam(
+        FALLBACK,
+        "list",
+        "TPU capacity fallback",
+        CLOUD,
+        PerPipeline(
+            "Capacity kinds tried after capacity, in order, one a line (on-demand, reservation, "
+            "spot, flex-start): a kind refused for lack of capacity (a stockout, a quota, a full "
+            "reservation) moves the TPU node pool's create to the next, in the same task try. "
+            "A flex-start pool with kinds after it is proved by a placeholder pod. Empty: capacity alone.",
+            "Capacity kinds tried after capacity, in order, one a line (on-demand, reservation, "
+            "spot, flex-start): a kind refused for lack of capacity (a stockout, a quota, a full "
+            "reservation) moves the TPU VM's create to the next, in the same task try. Empty: "
+            "capacity alone.",
+        ),
+        "the capacity kinds tried after `capacity`, in order (one a line in the forms: `capacity` "
+        "is a dropdown of one kind); `capacity` then this list is the run's ordered capacity, as a "
+        "`capacity` list ([capacity that falls back](../README.md#capacity-that-falls-back)); "
+        "`validate` refuses an unknown kind or one tried already; blank lines are ignored",
+        default=[],
+        nullable=True,
+        # A plain array of strings: both forms render it as a textarea, one item a line, and submit
+        # the lines in their order (Airflow 2.11: www/templates/airflow/trigger.html's
+        # valuetype="array" textarea, static/js/trigger.js's updateJSONconf keeps the trimmed
+        # non-blank lines, none = null; Airflow 3.3: the UI's FieldSelector picks its string-array
+        # textarea for type array with items of type string, split on newlines). "examples" or
+        # "enum" would make both a multi-select, and 2.11's submits in the options' order. Nullable:
+        # both submit an emptied field as null, and 3.3 marks a null non-nullable field required.
+        schema={"items": {"type": "string"}},
+        doc_default="empty",
     ),
     RunParam(
         "image",

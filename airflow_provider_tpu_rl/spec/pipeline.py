@@ -15,6 +15,7 @@ from airflow_provider_tpu_rl.spec import params, rules
 from airflow_provider_tpu_rl.spec.cluster import (
     BAKE_VM_MACHINE_TYPE,
     CPU_VM_MACHINE_TYPE,
+    FALLBACK,
     K8S_NAME,
     ClusterSpec,
     CpuVmSpec,
@@ -26,6 +27,7 @@ from airflow_provider_tpu_rl.spec.cluster import (
     cpu_vm_name,
     default_capacity,
     require_reservation_name,
+    with_fallback,
 )
 from airflow_provider_tpu_rl.spec.errors import SpecError
 from airflow_provider_tpu_rl.spec.existing_cluster import (
@@ -188,6 +190,7 @@ def check_conf_type(key: str, value: Any) -> None:
         "number": isinstance(value, int | float) and not isinstance(value, bool),
         "bool": isinstance(value, bool),
         "object": isinstance(value, Mapping),
+        "list": isinstance(value, list | tuple) and all(isinstance(item, str) for item in value),
         "str_list": isinstance(value, str)
         or (isinstance(value, list | tuple) and all(isinstance(item, str) for item in value)),
     }[kind]
@@ -210,6 +213,9 @@ def _merge_conf(defaults: Mapping[str, Any], conf: Mapping[str, Any] | None) -> 
     if "capacity" in defaults and "capacity" not in conf:
         # a conf naming a reservation and no capacity consumes it (as before capacity was a key)
         merged["capacity"] = default_capacity(merged["reservation"])
+    if merged.get(FALLBACK):
+        # the kinds tried after capacity (the forms' list field): one ordered capacity from here on
+        merged["capacity"] = capacity_value(with_fallback(merged["capacity"], merged[FALLBACK]))
     return merged
 
 
@@ -830,6 +836,8 @@ def _existing_cluster(merged: Mapping[str, Any], cluster: ClusterSpec) -> Existi
         )
     existing = parse_existing_cluster(merged["existing_cluster"])
     if cluster.fallback:
+        if any(kind.strip() for kind in merged.get(FALLBACK) or ()):
+            raise SpecError(FALLBACK, f"{EXISTING_ONE_KIND}: clear {FALLBACK}", list(cluster.capacities))
         raise SpecError("capacity", EXISTING_ONE_KIND, list(cluster.capacities))
     if existing.project != cluster.project:
         raise SpecError(

@@ -52,8 +52,16 @@ SECTIONS = {
     TPU_VM_DAG_ID: {FORM_OPEN_SECTION, "VM", "Model & training", "Safety"},
 }
 CLOUD_KEYS = {
-    GKE_DAG_ID: ["project", "region", "zone", "bucket", "reservation", "capacity"],
-    TPU_VM_DAG_ID: ["project", "zone", "bucket", "reservation", "capacity", "service_account"],
+    GKE_DAG_ID: ["project", "region", "zone", "bucket", "reservation", "capacity", "capacity_fallback"],
+    TPU_VM_DAG_ID: [
+        "project",
+        "zone",
+        "bucket",
+        "reservation",
+        "capacity",
+        "capacity_fallback",
+        "service_account",
+    ],
 }
 RUNNERS = {GKE_DAG_ID: Runner.GKE, TPU_VM_DAG_ID: Runner.TPU_VM}
 PIPELINES = {GKE_DAG_ID: params.GKE, TPU_VM_DAG_ID: params.TPU_VM}
@@ -147,6 +155,19 @@ GKE_BAD_CONFS = [
     ),
     ("unknown_capacity", {"capacity": "preemptible"}, "capacity: must be one of", True),
     (
+        "fallback_unknown_kind",
+        {"capacity_fallback": ["preemptible"]},
+        "capacity_fallback: must list kinds of",
+        False,
+    ),
+    ("fallback_not_a_list", {"capacity_fallback": "spot"}, "capacity_fallback: must be a list", True),
+    (
+        "fallback_repeats_capacity",
+        {"capacity": "spot", "capacity_fallback": ["spot"]},
+        "capacity_fallback: spot is tried already",
+        False,
+    ),
+    (
         "bucket_with_scheme",
         {"bucket": "gs://my-bucket"},
         "bucket: give the bucket name without 'gs://'",
@@ -225,6 +246,12 @@ TPU_VM_BAD_CONFS = [
         {"capacity": "preemptible", "reservation": ""},
         "capacity: must be one of ['on-demand', 'reservation', 'spot', 'flex-start']",
         True,
+    ),
+    (
+        "fallback_repeats_capacity",
+        {"capacity": "spot", "reservation": "", "capacity_fallback": ["spot"]},
+        "capacity_fallback: spot is tried already",
+        False,
     ),
     (
         "service_account",
@@ -827,3 +854,32 @@ def test_the_reservation_may_be_left_empty_on_both_forms(
         trigger_time_validate(serialized_dags[dag_id], conf)
         resolved = run_validate(dag_id, conf)
         assert (resolved["capacity"], resolved["reservation"]) == ("spot", "")
+
+
+@pytest.mark.parametrize("dag_id", PIPELINE_DAG_IDS)
+def test_the_capacity_fallback_is_a_list_field_whose_lines_keep_their_order(
+    serialized_dags: dict[str, Any], dag_id: str
+) -> None:
+    """A plain array of strings, nullable, no choices: Airflow 2.11's form renders it as a textarea
+    of one item a line (its valuetype="array", trimmed lines, none = null) and Airflow 3.3's as its
+    string-array textarea (the lines as typed, blank ones too); "examples" or "enum" would make
+    both a multi-select, whose 2.11 version submits in the options' order."""
+    param = serialized_dags[dag_id].params.get_param("capacity_fallback")
+    schema = {key: value for key, value in param.schema.items() if key not in {"title", "description"}}
+    expected = {
+        "type": ["null", "array"],
+        "items": {"type": "string"},
+        "$schema": "http://json-schema.org/draft-07/schema#",
+    }
+    if FORM_OPEN_SECTION is not None:  # Airflow 2: the open part's fields have no section
+        expected["section"] = FORM_OPEN_SECTION
+    assert schema == expected, schema
+    assert param.value == []
+    base = {"capacity": "spot", "reservation": ""}
+    for submitted in (["on-demand", "flex-start"], ["on-demand", "flex-start", ""], [" on-demand "]):
+        trigger_time_validate(serialized_dags[dag_id], {**base, "capacity_fallback": submitted})
+    for emptied in (None, [], [""]):
+        trigger_time_validate(serialized_dags[dag_id], {**base, "capacity_fallback": emptied})
+        assert run_validate(dag_id, {**base, "capacity_fallback": emptied})["capacity"] == "spot"
+    resolved = run_validate(dag_id, {**base, "capacity_fallback": ["on-demand", "flex-start", ""]})
+    assert resolved["capacity"] == ["spot", "on-demand", "flex-start"]

@@ -624,6 +624,12 @@ class AirflowApi:
         body = self.get(f"{FLAVOR.api_prefix}/dags/{dag_id}/dagRuns/{run_id}/taskInstances", limit=100)
         return {ti["task_id"]: ti for ti in body["task_instances"]}
 
+    def xcom_value(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value") -> Any:
+        """A task's XCom as JSON (``stringify=false``: Airflow 2.11's default is the value's
+        ``str()``, api_connexion/endpoints/xcom_endpoint.py; Airflow 3's is the stored value)."""
+        path = f"{FLAVOR.api_prefix}/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/{key}"
+        return self.get(path, stringify="false")["value"]
+
     def tries(self, dag_id: str, run_id: str, task_id: str) -> list[dict[str, Any]]:
         """Every try of a task instance (``/tries``: the history plus the current one; Airflow 2.10+)."""
         body = self.get(f"{FLAVOR.api_prefix}/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/tries")

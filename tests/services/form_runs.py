@@ -11,6 +11,9 @@ modules (the browser's forms and dashboard, the REST API's view of a run under a
   Both are validated, then fail in one line: the cluster and the VM they name are held by the first
   runs (a run never touches what another holds). A third run, triggered through the REST API with
   the form's example project, is refused at ``validate``;
+- beside the spot runs, each form is submitted once more with capacity ``spot``, the reservation
+  cleared and an ordered fallback typed into the capacity fallback field, one kind a line
+  (``FALLBACK_LINES``): validated into the ordered capacity, then turned away where the spot runs are;
 - the untouched GKE run's training is held (the sandbox's hold file) from the end of its conversion
   until the spot runs are turned away; then, once the triggerer has relayed the job's lines up to the
   held checkpoint, the triggerer is restarted (SIGTERM, exit, a new process) and the hold released
@@ -28,7 +31,7 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -73,6 +76,9 @@ HOLD_TIMEOUT = 1200.0  # below the simulated job's own limit on a hold (conftest
 PIPELINE_KINDS = {GKE_DAG_ID: "gke", TPU_VM_DAG_ID: "tpu_vm"}
 # Where each spot run fails, and why: the first runs hold the cluster and the VM of the forms' names.
 SPOT_FAILS_AT = {GKE_DAG_ID: "preflight", TPU_VM_DAG_ID: "create_cpu_vm"}
+# What the fallback runs type into the capacity fallback field, one kind a line, after capacity spot:
+# an order the form must keep (on the TPU VM not the choices' order; on GKE flex-start only last).
+FALLBACK_LINES = {GKE_DAG_ID: ["on-demand", "flex-start"], TPU_VM_DAG_ID: ["flex-start", "on-demand"]}
 VIEWPORT = {"width": 1440, "height": 900}
 FORM_SHOT_HEIGHT = 1700  # the form's open section, down to its capacity and reservation
 SCREENSHOTS = os.environ.get("TPU_RL_SCREENSHOTS")  # make screenshots: the docs' pictures go there
@@ -131,6 +137,8 @@ class BrowserRuns:
     spot: dict[str, FormRun]
     refused: FormRun
     running_dashboard: str = ""  # the front page's text while the untouched runs were in flight
+    # spot with an ordered fallback typed into the form (not in ``all()``: the dashboard's checks)
+    fallback: dict[str, FormRun] = field(default_factory=dict)
 
     def all(self) -> dict[str, FormRun]:
         """Every run by a name: ``untouched-<dag>``, ``spot-<dag>``, ``refused``."""
@@ -193,6 +201,19 @@ def choose_spot_without_reservation(page: Page, form: Locator) -> None:
     reservation.blur()
 
 
+def spot_then_fallback(dag_id: str) -> Callable[[Page, Locator], None]:
+    """Spot without reservation, then ``FALLBACK_LINES[dag_id]`` typed into the capacity fallback
+    field one kind a line (both Airflow lines render it as a textarea)."""
+
+    def change(page: Page, form: Locator) -> None:
+        choose_spot_without_reservation(page, form)
+        fallback = form.locator("#element_capacity_fallback")
+        fallback.fill("\n".join(FALLBACK_LINES[dag_id]))
+        fallback.blur()
+
+    return change
+
+
 def submit_form(
     browser: Browser,
     world: ServicesWorld,
@@ -225,7 +246,7 @@ def submit_form(
             SUBMIT_TIMEOUT,
         )
     except (PlaywrightError, StackError) as error:
-        kept = failures / f"{dag_id}-{'changed' if change else 'untouched'}.png"
+        kept = failures / f"{dag_id}-{getattr(change, '__name__', 'untouched')}.png"
         page.screenshot(path=str(kept), full_page=True)
         raise AssertionError(
             f"{error}\nat {page.url} (screenshot {kept}); the page says:\n{page.inner_text('body')[:3000]}"
@@ -275,6 +296,7 @@ def run_forms(world: ServicesWorld, browser: Browser, user_page: Page, failures:
         return task_state(w, "create_cpu_vm") == "success"
 
     spot_ids: dict[str, str] = {}
+    fallback_ids: dict[str, str] = {}
     running_dashboard = ""
     try:
         _follow(world, watches[GKE_DAG_ID], gke_converted)
@@ -288,17 +310,27 @@ def run_forms(world: ServicesWorld, browser: Browser, user_page: Page, failures:
             spot_ids[dag_id] = submit_form(
                 browser, world, dag_id, failures, change=choose_spot_without_reservation
             )
+            fallback_ids[dag_id] = submit_form(
+                browser, world, dag_id, failures, change=spot_then_fallback(dag_id)
+            )
         spot_watches = {dag_id: RunWatch(dag_id, run_id) for dag_id, run_id in spot_ids.items()}
+        fallback_watches = [RunWatch(dag_id, run_id) for dag_id, run_id in fallback_ids.items()]
 
         def turned_away(dag_id: str) -> Callable[[RunWatch], bool]:
             task_id = SPOT_FAILS_AT[dag_id]
             return lambda w: w.state in FINISHED_RUN_STATES or task_state(w, task_id) in {"failed", "success"}
 
         started = time.monotonic()
-        for dag_id, watch in spot_watches.items():
+        for watch in [*spot_watches.values(), *fallback_watches]:
             left = max(5.0, HOLD_TIMEOUT - (time.monotonic() - started))
             watch_run(
-                world.stack, world.api, dag_id, watch.run_id, left, until=turned_away(dag_id), watch=watch
+                world.stack,
+                world.api,
+                watch.dag_id,
+                watch.run_id,
+                left,
+                until=turned_away(watch.dag_id),
+                watch=watch,
             )
         restart_triggerer_while_held(world, watches[GKE_DAG_ID])
     finally:
@@ -307,6 +339,7 @@ def run_forms(world: ServicesWorld, browser: Browser, user_page: Page, failures:
     for name, (dag_id, run_id) in {
         **{f"u-{d}": (d, r) for d, r in untouched_ids.items()},
         **{f"s-{d}": (d, r) for d, r in spot_ids.items()},
+        **{f"f-{d}": (d, r) for d, r in fallback_ids.items()},
         "refused": (GKE_DAG_ID, refused_id),
     }.items():
         watch = watches.get(dag_id) if name.startswith("u-") else None
@@ -317,6 +350,7 @@ def run_forms(world: ServicesWorld, browser: Browser, user_page: Page, failures:
         spot={d: ended[f"s-{d}"] for d in PIPELINE_DAG_IDS},
         refused=ended["refused"],
         running_dashboard=running_dashboard,
+        fallback={d: ended[f"f-{d}"] for d in PIPELINE_DAG_IDS},
     )
 
 

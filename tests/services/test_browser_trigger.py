@@ -22,6 +22,7 @@ from airflow_provider_tpu_rl.spec import GKE_DAG_ID, TPU_VM_DAG_ID
 from tests.services.airflow_stack import FLAVOR
 from tests.services.conftest import ServicesWorld
 from tests.services.form_runs import (
+    FALLBACK_LINES,
     PIPELINE_DAG_IDS,
     PIPELINE_KINDS,
     SPOT_FAILS_AT,
@@ -76,6 +77,25 @@ def test_spot_with_no_reservation_triggers_from_the_form(
     assert (spot.watch.state, task_state(spot.watch, task_id)) == ("failed", "failed"), spot.watch.describe()
     log = " ".join(str(entry) for entry in services.api.task_log(dag_id, spot.run_id, task_id, 1))
     assert "is in use by run" in log, log[-2000:]  # the first run's: held, so never touched
+
+
+@pytest.mark.parametrize("dag_id", PIPELINE_DAG_IDS)
+def test_an_ordered_capacity_fallback_triggers_from_the_form(
+    services: ServicesWorld, runs: BrowserRuns, dag_id: str
+) -> None:
+    """Spot chosen, then kinds typed into the capacity fallback field one a line: the run's conf
+    holds them in their order and validate's resolved capacity is capacity then the fallback (what
+    the create tasks take); the run is then turned away where the spot run is."""
+    run = runs.fallback[dag_id]
+    assert run.conf["capacity"] == "spot", run.conf
+    assert run.conf["capacity_fallback"] == FALLBACK_LINES[dag_id], run.conf
+    assert task_state(run.watch, "validate") == "success", run.watch.describe()
+    resolved = services.api.xcom_value(dag_id, run.run_id, "validate")
+    assert resolved["capacity"] == ["spot", *FALLBACK_LINES[dag_id]], resolved
+    task_id = SPOT_FAILS_AT[dag_id]
+    assert (run.watch.state, task_state(run.watch, task_id)) == ("failed", "failed"), run.watch.describe()
+    log = " ".join(str(entry) for entry in services.api.task_log(dag_id, run.run_id, task_id, 1))
+    assert "is in use by run" in log, log[-2000:]
 
 
 # ============================================================================= the dashboard

@@ -155,3 +155,69 @@ def test_the_gke_pipeline_takes_flex_start_anywhere_in_a_list() -> None:
     assert (first.cluster.capacity, first.cluster.fallback) == ("reservation", ("flex-start", "spot"))
     assert first.cluster.attempt("flex-start").reservation == ""
     assert gke_pipeline_from_conf({**GKE, "capacity": ["spot"]}).resolved()["capacity"] == "spot"
+
+
+# capacity_fallback (the forms' list field): the kinds tried after capacity, in order.
+
+
+@pytest.mark.parametrize("build", [gke_pipeline_from_conf, tpu_vm_pipeline_from_conf])
+def test_capacity_then_its_fallback_is_the_ordered_capacity(build: Any) -> None:
+    """As the same list given as ``capacity``; the form's blank lines and spaces mean nothing."""
+    conf = {"project": "my-proj-123", "bucket": "my-bkt", "capacity": "spot"}
+    fallback = build({**conf, "capacity_fallback": ["on-demand", "", " flex-start "]}).resolved()
+    listed = build({**conf, "capacity": ["spot", "on-demand", "flex-start"]}).resolved()
+    assert fallback["capacity"] == listed["capacity"] == ["spot", "on-demand", "flex-start"]
+
+
+@pytest.mark.parametrize("build", [gke_pipeline_from_conf, tpu_vm_pipeline_from_conf])
+@pytest.mark.parametrize("empty", [[], None, "", ["", " "]])
+def test_an_empty_fallback_is_capacity_alone(build: Any, empty: Any) -> None:
+    resolved = build({**GKE, "capacity": "spot", "capacity_fallback": empty}).resolved()
+    assert resolved == build({**GKE, "capacity": "spot"}).resolved()
+    assert resolved["capacity"] == "spot"
+
+
+def test_a_fallback_after_a_named_reservation_and_no_capacity_follows_it() -> None:
+    """A conf naming a reservation and no capacity consumes it first, then the fallback's kinds."""
+    conf = {**TPU_VM, "reservation": "res-8", "capacity_fallback": ["spot"]}
+    vm = tpu_vm_pipeline_from_conf(conf).vm
+    assert (vm.capacities, vm.reservation) == (("reservation", "spot"), "res-8")
+
+
+@pytest.mark.parametrize(
+    ("conf", "said"),
+    [
+        (
+            {"capacity": "spot", "capacity_fallback": ["on-demand", "spot"]},
+            "capacity_fallback: spot is tried already (capacity, or listed twice): each kind is tried "
+            "once (got 'spot')",
+        ),
+        (
+            {"capacity": "spot", "capacity_fallback": ["on-demand", "on-demand"]},
+            "capacity_fallback: on-demand is tried already",
+        ),
+        (
+            {"capacity_fallback": ["preemptible"]},
+            "capacity_fallback: must list kinds of ['on-demand', 'reservation', 'spot', 'flex-start'] "
+            "(got 'preemptible')",
+        ),
+        ({"capacity_fallback": "spot"}, "capacity_fallback: must be a list of strings (got 'spot')"),
+        ({"capacity_fallback": ["spot", 3]}, "capacity_fallback: must be a list of strings"),
+        (
+            {"capacity": "spot", "capacity_fallback": ["reservation"]},
+            "capacity: reservation capacity needs a reservation",
+        ),
+    ],
+)
+def test_a_bad_fallback_is_refused_in_one_line(conf: dict[str, Any], said: str) -> None:
+    for build in (gke_pipeline_from_conf, tpu_vm_pipeline_from_conf):
+        line = _refused(build, {**GKE, **conf})
+        assert line.startswith(said), line
+
+
+def test_on_gke_a_fallback_after_flex_start_keeps_its_order() -> None:
+    """Flex-start before other kinds is proved by a placeholder pod (operators/gke.py)."""
+    p = gke_pipeline_from_conf({**GKE, "capacity": "flex-start", "capacity_fallback": ["spot"]})
+    assert p.cluster.capacities == ("flex-start", "spot")
+    p = gke_pipeline_from_conf({**GKE, "capacity": "spot", "capacity_fallback": ["flex-start"]})
+    assert p.cluster.capacities == ("spot", "flex-start")

@@ -283,6 +283,12 @@ def test_existing_mode_names_the_cluster_and_the_runs_pools() -> None:
             {"cluster_mode": "existing", "existing_cluster": _WHERE, "capacity": ["spot", "on-demand"]},
             "capacity: cluster_mode existing takes one capacity kind",
         ),
+        (
+            {"cluster_mode": "existing", "existing_cluster": _WHERE, "capacity_fallback": ["spot"]},
+            "capacity_fallback: cluster_mode existing takes one capacity kind: its node pool's create "
+            "does not fall through an ordered list (that is cluster_mode create's); give the one kind: "
+            "clear capacity_fallback",
+        ),
     ],
 )
 def test_wrong_cluster_mode_values_are_refused_in_one_line(conf: dict[str, object], line: str) -> None:
