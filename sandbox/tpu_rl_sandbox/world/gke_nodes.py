@@ -18,8 +18,6 @@ pools do not autoscale, so a pool's nodes come with the pool and go with it.
 
 from __future__ import annotations
 
-import secrets
-import string
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -43,6 +41,8 @@ def is_tpu_pool(pool: dict[str, Any]) -> bool:
 
 def base_instance_name(cluster: str, pool: str) -> str:
     """``gke-<cluster>-<pool>-<8 hex>``, its parts cut to fit the API's 58 characters."""
+    import secrets  # here and below: only a pool's creation names nodes
+
     suffix = secrets.token_hex(4)
     room = _BASE_LIMIT - len("gke---") - len(suffix)
     cluster_part = cluster[: max(1, room // 2)]
@@ -51,6 +51,9 @@ def base_instance_name(cluster: str, pool: str) -> str:
 
 
 def _random_suffix() -> str:
+    import secrets
+    import string
+
     return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(4))
 
 
