@@ -24,11 +24,15 @@ from pathlib import Path
 
 from tpu_rl_sandbox.commands.lifecycle import sandbox_down, sandbox_up
 
-# Typical calls of the suite's operator tests (the hooks' describes, lists and version checks), as
-# ``(label, argv)``; argv[0] is a tool in the sandbox's bin/ or, for the floor, the interpreter.
+# Typical calls of the suite's operator tests, as ``(label, argv)``; argv[0] is a tool in the
+# sandbox's bin/ or, for the floor, the interpreter. The operator tests' calls.jsonl (2026-12-06):
+# most gcloud calls are the HF token secret's (versions list, IAM policy, describe, create),
+# ``auth list``/``configure-docker``, buckets; most gcluster calls ``job list`` and ``job submit``.
 PROBE_ZONE = "us-east5-b"
 FAKE_COMMANDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("gcloud version", ("gcloud", "version")),
+    ("gcloud auth list", ("gcloud", "auth", "list")),
+    ("gcloud secrets versions list (absent)", ("gcloud", "secrets", "versions", "list", "cli-cost-probe")),
     ("gcloud config get-value project", ("gcloud", "config", "get-value", "project")),
     ("gcloud storage ls", ("gcloud", "storage", "ls")),
     (
