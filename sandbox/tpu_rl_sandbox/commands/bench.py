@@ -27,6 +27,9 @@
    stock; the time to training and the training's cost of ``["reservation", "flex-start", "spot"]``
    against a run that waits for its reservation (``commands/fallback_bench.py``).
    ``--fallback-only`` runs this section alone.
+6. The fake CLIs' cost: CPU milliseconds per call of typical ``gcloud``/``gcluster`` commands through
+   their shims, beside the interpreter's floor (``commands/cli_cost.py``). ``--cli-cost-only`` runs
+   this section alone (``--cli-calls`` per command).
 
 A benchmark, not a test: it prints numbers and asserts nothing.
 """
@@ -56,7 +59,7 @@ from airflow_provider_tpu_rl.ledger.billing import billed_chip_seconds, spans_fr
 from airflow_provider_tpu_rl.ledger.records import idle_share
 from airflow_provider_tpu_rl.ledger.schema import DEFAULT_SQLITE_FILE
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, TPU_VM_DAG_ID
-from tpu_rl_sandbox.commands import fallback_bench, tpu_cost
+from tpu_rl_sandbox.commands import cli_cost, fallback_bench, tpu_cost
 from tpu_rl_sandbox.commands.lifecycle import sandbox_down, sandbox_env, sandbox_up
 from tpu_rl_sandbox.world.calls import read_calls
 from tpu_rl_sandbox.world.layout import SandboxLayout
@@ -914,6 +917,10 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parse-only", action="store_true", help="only the DAG parse benchmark (1.)")
     parser.add_argument("--tpu-time-only", action="store_true", help="only the TPU time and cost (4.)")
     parser.add_argument("--fallback-only", action="store_true", help="only the capacity fallback (5.)")
+    parser.add_argument("--cli-cost-only", action="store_true", help="only the fake CLIs' CPU per call (6.)")
+    parser.add_argument(
+        "--cli-calls", type=int, default=20, help="calls per command in 6. (the median is shown)"
+    )
     parser.add_argument(
         "--stockout-minutes",
         type=float,
@@ -940,9 +947,17 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
 def run_bench_command(args: argparse.Namespace) -> int:
     dags = args.dags_folder.resolve()
     print(f"tpu-rl-sandbox bench on {os.cpu_count()} cores, Python {sys.version.split()[0]}", flush=True)
-    if sum(bool(x) for x in (args.parse_only, args.tpu_time_only, args.fallback_only)) > 1:
-        print("--parse-only, --tpu-time-only and --fallback-only exclude each other", file=sys.stderr)
+    if (
+        sum(bool(x) for x in (args.parse_only, args.tpu_time_only, args.fallback_only, args.cli_cost_only))
+        > 1
+    ):
+        print(
+            "--parse-only, --tpu-time-only, --fallback-only and --cli-cost-only exclude each other",
+            file=sys.stderr,
+        )
         return 2
+    if args.cli_cost_only:
+        return _print_cli_cost(args)
     if args.fallback_only:
         return _print_fallback(args)
     if args.tpu_time_only:
@@ -958,7 +973,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
     for line in bench_pipeline(dags, args.train_seconds, args.step_seconds):
         print(line, flush=True)
     _print_tpu_time(dags, args)
-    return _print_fallback(args)
+    _print_fallback(args)
+    return _print_cli_cost(args)
 
 
 def _print_fallback(args: argparse.Namespace) -> int:
@@ -966,6 +982,12 @@ def _print_fallback(args: argparse.Namespace) -> int:
     for line in fallback_bench.bench_fallback(
         args.minute_seconds, prices, stockout_minutes=args.stockout_minutes
     ):
+        print(line, flush=True)
+    return 0
+
+
+def _print_cli_cost(args: argparse.Namespace) -> int:
+    for line in cli_cost.bench_cli_cost(args.cli_calls):
         print(line, flush=True)
     return 0
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -182,6 +181,8 @@ class LocalStore:
     def rename_dir(self, src: str, dst: str) -> None:
         target = self.host_path(dst)
         if target.exists():
+            import shutil  # here: only a rename onto a folder removes one
+
             shutil.rmtree(target)
         self.host_path(src).rename(target)
 

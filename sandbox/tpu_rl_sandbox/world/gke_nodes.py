@@ -22,8 +22,6 @@ pod asks: the sandbox bills them from a few minutes early.
 
 from __future__ import annotations
 
-import secrets
-import string
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -47,6 +45,8 @@ def is_tpu_pool(pool: dict[str, Any]) -> bool:
 
 def base_instance_name(cluster: str, pool: str) -> str:
     """``gke-<cluster>-<pool>-<8 hex>``, its parts cut to fit the API's 58 characters."""
+    import secrets  # here and below: only a pool's creation names nodes
+
     suffix = secrets.token_hex(4)
     room = _BASE_LIMIT - len("gke---") - len(suffix)
     cluster_part = cluster[: max(1, room // 2)]
@@ -55,6 +55,9 @@ def base_instance_name(cluster: str, pool: str) -> str:
 
 
 def _random_suffix() -> str:
+    import secrets
+    import string
+
     return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(4))
 
 

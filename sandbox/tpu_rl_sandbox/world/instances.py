@@ -25,7 +25,6 @@ of gcloud 528's compute v1 ``Operation``: ``operationType`` (``insert``, ``delet
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections.abc import Iterable, Mapping
 from datetime import datetime
@@ -47,6 +46,8 @@ def api_time(epoch: float) -> str:
 
 def new_id() -> str:
     """A fresh instance or operation id (the API's are unsigned 64-bit decimal strings)."""
+    import secrets  # here and below: a describe or list makes no id
+
     return str(10**18 + secrets.randbelow(9 * 10**18))
 
 
@@ -138,6 +139,8 @@ def add_operation(
     at ``started``; DONE at ``ended`` when given, else RUNNING until :func:`finish_operation`."""
     ops = txn.doc("operations").setdefault(f"{project}/{zone}", [])
     millis = int(started * 1000)
+    import secrets
+
     op_name = f"operation-{millis}-{secrets.token_hex(6)}-{secrets.token_hex(4)}-{secrets.token_hex(4)}"
     op: dict[str, Any] = {
         "kind": "compute#operation",

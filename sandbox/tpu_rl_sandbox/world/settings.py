@@ -12,7 +12,6 @@ import contextlib
 import fcntl
 import json
 import os
-import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from types import MappingProxyType
@@ -238,6 +237,8 @@ def update_settings(layout: SandboxLayout, **changes: Any) -> SandboxSettings:
         data["capacity_minutes"] = dict(updated.capacity_minutes)
         data["stage_minutes"] = dict(updated.stage_minutes)
         data["tpu_capacity_out"] = dict(updated.tpu_capacity_out)
+        import tempfile  # here: a fake call that only reads starts without it
+
         fd, tmp = tempfile.mkstemp(dir=layout.state_dir, prefix=".settings.", suffix=".tmp")
         with os.fdopen(fd, "w") as handle:
             json.dump(data, handle, indent=1, sort_keys=True)

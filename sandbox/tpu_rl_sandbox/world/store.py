@@ -29,7 +29,6 @@ import contextlib
 import fcntl
 import json
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -67,6 +66,8 @@ class StateTxn:
     def flush(self) -> None:
         for name in sorted(self._dirty):
             target = self._dir / f"{name}.json"
+            import tempfile  # here: a fake call that only reads starts without it
+
             fd, tmp = tempfile.mkstemp(dir=self._dir, prefix=f".{name}.", suffix=".tmp")
             with os.fdopen(fd, "w") as handle:
                 json.dump(self._docs[name], handle, indent=1, sort_keys=True)

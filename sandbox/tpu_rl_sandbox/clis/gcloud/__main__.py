@@ -1,9 +1,7 @@
 """``python -m tpu_rl_sandbox.clis.gcloud ARGS``: the fake ``gcloud``."""
 
-import random
 import sys
 
-from tpu_rl_sandbox.clis.gcloud.app import main
+from tpu_rl_sandbox.clis.gcloud.dispatch import main
 
-random.seed()
 sys.exit(main())

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tpu_rl_sandbox.apis import gcs_emulator
 from tpu_rl_sandbox.clis.gcloud.output import GcloudError, Write, api_error_text
 from tpu_rl_sandbox.clis.gcloud.parser import GcloudParse
-from tpu_rl_sandbox.machines.fsview import GcsStore, LocalStore, Router
-from tpu_rl_sandbox.world import inventory
 from tpu_rl_sandbox.world.faults import FaultGate
 from tpu_rl_sandbox.world.layout import SandboxLayout
 from tpu_rl_sandbox.world.settings import load_settings
 from tpu_rl_sandbox.world.store import StateStore
+
+if TYPE_CHECKING:  # the file views and the emulator's client: only commands that move files
+    from tpu_rl_sandbox.machines.fsview import Router
 
 # The API behind each command group (a disabled one fails the group's API calls).
 API_OF_GROUP: dict[str, tuple[str, str]] = {
@@ -63,6 +64,9 @@ class GcloudCall:
     @property
     def router(self) -> Router:
         if self._router is None:
+            from tpu_rl_sandbox.apis import gcs_emulator
+            from tpu_rl_sandbox.machines.fsview import GcsStore, LocalStore, Router
+
             self._router = Router(GcsStore(gcs_emulator.api_for(self.layout)), LocalStore(Path("/")))
         return self._router
 
@@ -111,6 +115,8 @@ class GcloudCall:
             return
         if service[0] not in load_settings(self.layout).disabled_services:
             return
+        from tpu_rl_sandbox.world import inventory  # here: a disabled service is rare
+
         number = inventory.project_number(str(project))
         message = (
             f"PERMISSION_DENIED: {service[1]} has not been used in project {number} before or it is disabled. "
@@ -130,6 +136,8 @@ class GcloudCall:
                 f"Could not fetch resource:\n - Required '{permission}' permission for '{resource or 'projects/' + project}'"
             )
         if permission == "serviceusage.services.list":
+            from tpu_rl_sandbox.world import inventory  # here: a denied permission is rare
+
             message = (
                 "PERMISSION_DENIED: Permission denied to list services for consumer container "
                 f"[projects/{inventory.project_number(project)}]"

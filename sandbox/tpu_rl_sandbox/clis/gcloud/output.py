@@ -20,6 +20,11 @@ class GcloudError(Exception):
         self.code = code
 
 
+class StorageOpError(Exception):
+    """A ``gcloud storage cp|rsync|ls|rm`` failure (:mod:`.storage_ops`): printed as
+    ``ERROR: (gcloud.storage.<cmd>) <message>``, exit code 1."""
+
+
 def unspecified_attribute(resource: str, attribute: str, prop: str) -> GcloudError:
     """A resource argument missing an attribute with neither its flag nor its property set
     (calliope/concepts/concepts.py l.430-433, deps.py l.386-393; checked with gcloud 528)."""

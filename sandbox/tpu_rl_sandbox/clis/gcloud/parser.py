@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -114,6 +113,8 @@ def gcloud_resolve(commands: Sequence[GcloudCommand], argv: Sequence[str]) -> tu
         )
         dotted = "gcloud" + "".join("." + part for part in matched)
         message = f"Invalid choice: '{word}'."
+        import difflib  # here: only a mistyped command asks
+
         hint = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
         if hint:
             message += "\nMaybe you meant:\n  gcloud " + " ".join((*matched, hint[0]))

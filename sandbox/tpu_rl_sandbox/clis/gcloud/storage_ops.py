@@ -8,14 +8,10 @@ import re
 from collections.abc import Callable
 
 from tpu_rl_sandbox.apis.gcs_client import GcsError, split_gs_url
-from tpu_rl_sandbox.clis.gcloud.output import GcloudError
+from tpu_rl_sandbox.clis.gcloud.output import GcloudError, StorageOpError
 from tpu_rl_sandbox.machines.fsview import GcsStore, Router, StorageError, basename, join
 
 Write = Callable[[str], None]
-
-
-class StorageOpError(Exception):
-    """Printed as ``ERROR: (gcloud.storage.<cmd>) <message>``, exit code 1."""
 
 
 def _display(path: str) -> str:

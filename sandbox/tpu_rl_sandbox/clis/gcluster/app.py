@@ -29,8 +29,8 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tpu_rl_sandbox.apis import gcs_emulator
 from tpu_rl_sandbox.clis.gcluster.cobra import (
     CobraError,
     CobraHelp,
@@ -38,6 +38,7 @@ from tpu_rl_sandbox.clis.gcluster.cobra import (
     cobra_parse,
 )
 from tpu_rl_sandbox.clis.gcluster.commands import CREATE_FLAG_NAMES, build_tree
+from tpu_rl_sandbox.clis.gcluster.console import Console, Fatal, JobError, read_stdin_line
 from tpu_rl_sandbox.clis.gcluster.dependencies import (
     DEPENDENCY_COMMANDS,
     PINNED_RELEASE,
@@ -48,26 +49,14 @@ from tpu_rl_sandbox.clis.gcluster.dependencies import (
     patched_path,
     release_from_settings,
 )
-from tpu_rl_sandbox.clis.gcluster.deploy import (
-    Console,
-    DeploymentRunner,
-    Fatal,
-    TerraformState,
-    check_overwrite_allowed,
-    expand_blueprint,
-    group_names,
-    load_blueprint,
-    read_stdin_line,
-    run_validators,
-    write_deployment,
-)
 from tpu_rl_sandbox.clis.gcluster.gotime import go_quote
-from tpu_rl_sandbox.clis.gcluster.jobs import JobCommands, JobError, JobRegistry
-from tpu_rl_sandbox.clis.tool_stubs import write_tool_stubs
 from tpu_rl_sandbox.world.calls import call_start, record_call
 from tpu_rl_sandbox.world.faults import FAULT_ENV, FaultGate, parse_faults
 from tpu_rl_sandbox.world.layout import SandboxLayout, layout_from_env
 from tpu_rl_sandbox.world.store import StateError, StateStore
+
+if TYPE_CHECKING:  # a call imports deploy.py or jobs.py when its command is theirs
+    from tpu_rl_sandbox.clis.gcluster.deploy import DeploymentRunner
 
 # Sandbox-only control: ``TPU_RL_SANDBOX_HANG=deploy`` (or ``destroy``) makes that command hang in
 # its "terraform apply" after the infrastructure exists, as a stuck Terraform does. Each hung
@@ -288,6 +277,8 @@ class Gcluster:
                 f"refusing to write a stub {name} into {target}: that is this user's real cache, which a real "
                 "gcluster puts first on PATH; run with HOME (or XDG_CACHE_HOME) inside the sandbox"
             )
+        from tpu_rl_sandbox.clis.tool_stubs import write_tool_stubs
+
         write_tool_stubs(target, tools=[name])
 
     # -- create / deploy / destroy ----------------------------------------------------------
@@ -296,6 +287,9 @@ class Gcluster:
         return candidate if candidate.is_absolute() else Path(self.cwd) / candidate
 
     def _runner(self, parsed: CobraParse) -> DeploymentRunner:
+        from tpu_rl_sandbox.apis import gcs_emulator
+        from tpu_rl_sandbox.clis.gcluster.deploy import DeploymentRunner
+        from tpu_rl_sandbox.clis.gcluster.jobs import JobRegistry
         from tpu_rl_sandbox.machines.maxtext_sim import (
             context_from_env,
         )  # the simulated MaxText: not on every call
@@ -316,6 +310,14 @@ class Gcluster:
         )
 
     def do_create(self, parsed: CobraParse, blueprint_path: Path) -> tuple[Path, str]:
+        from tpu_rl_sandbox.clis.gcluster.deploy import (
+            check_overwrite_allowed,
+            expand_blueprint,
+            load_blueprint,
+            run_validators,
+            write_deployment,
+        )
+
         blueprint_arg = str(parsed.args[0])
         blueprint = load_blueprint(blueprint_path)
         bp = expand_blueprint(
@@ -394,6 +396,9 @@ class Gcluster:
         group folder and its state's outputs written to ``<artifacts>/<group>_outputs.tfvars``
         (``shell.ExportOutputs``; no outputs: "contains no artifacts to export", no file).
         """
+        from tpu_rl_sandbox.apis import gcs_emulator
+        from tpu_rl_sandbox.clis.gcluster.deploy import TerraformState, group_names, load_blueprint
+
         group = Path(os.path.abspath(group_dir))
         artifacts = str(parsed.get("artifacts") or "") or str(group.parent / ".ghpc" / "artifacts")
         try:  # shell.DirInfo: os.Lstat (a symlink is not a directory), then access(W_OK|R_OK|X_OK)
@@ -449,6 +454,8 @@ class Gcluster:
 
     # -- job ------------------------------------------------------------------------------
     def run_job(self, path: list[str], parsed: CobraParse) -> int:
+        from tpu_rl_sandbox.clis.gcluster.jobs import JobCommands
+
         jobs = JobCommands(self.layout, self.env, self.console, self.cwd)
         if path[:1] == ["config"]:
             if path[1:] == ["set"]:

@@ -21,7 +21,6 @@ import json
 import os
 import re
 import shutil
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from tpu_rl_sandbox.apis.gcs_client import GcsApi, GcsError
+from tpu_rl_sandbox.clis.gcluster.console import Console, Fatal
 from tpu_rl_sandbox.clis.gcluster.dependencies import VERSION as PINNED_VERSION
 from tpu_rl_sandbox.clis.gcluster.gotime import go_quote
 
@@ -62,44 +62,12 @@ Validators can be silenced or treated as warnings or errors:
 """
 
 
-class Fatal(Exception):
-    """``logging.Fatal``: ``<ts>: <message>`` on stderr, exit code (1 unless said otherwise)."""
-
-    def __init__(self, message: str, code: int = 1) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
-
-
 class PromptExit(Fatal):
     """``logging.Fatal``/``ExitWithCode`` from the approval prompt: ends the process at once."""
 
 
 def hint_error(message: str, hint: str) -> Fatal:
     return Fatal(f"Error: {message}\nHint: {hint}")
-
-
-class Console:
-    """gcluster's logging: ``<RFC3339>: msg`` on stdout (Info) or stderr (Error/Fatal)."""
-
-    def __init__(self, out: Callable[[str], None], err: Callable[[str], None]) -> None:
-        self.out = out
-        self.err = err
-
-    def info(self, message: str) -> None:
-        self.out(f"{rfc3339()}: {message}\n")
-
-    def error(self, message: str) -> None:
-        self.err(f"{rfc3339()}: {message}\n")
-
-    def terraform(self, text: str, stream: str = "out") -> None:
-        """Terraform output through gcluster's timestamp writer (no stamp on indented/empty lines)."""
-        write = self.out if stream == "out" else self.err
-        for line in text.splitlines():
-            if not line or line[0] in " \t":
-                write(line + "\n")
-            else:
-                write(f"{rfc3339()} {line}\n")
 
 
 # ================================================================================ blueprint
@@ -1882,11 +1850,3 @@ def _resource_list_from(
         merged[address] = kind
     del desired
     return list(merged.items())
-
-
-def read_stdin_line() -> str | None:
-    """One line from stdin, ``None`` at EOF (what Go's ``ReadString('\\n')`` reports as EOF)."""
-    if sys.stdin is None:
-        return None
-    line = sys.stdin.readline()
-    return line if line.endswith("\n") else None

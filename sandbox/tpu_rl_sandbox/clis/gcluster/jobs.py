@@ -26,7 +26,7 @@ from typing import Any
 from tpu_rl_sandbox.apis import kube_api
 from tpu_rl_sandbox.clis.gcluster import adc
 from tpu_rl_sandbox.clis.gcluster.cobra import CobraParse, required_flags_error
-from tpu_rl_sandbox.clis.gcluster.deploy import Console
+from tpu_rl_sandbox.clis.gcluster.console import Console, JobError
 from tpu_rl_sandbox.clis.gcluster.gotime import (
     GoDurationError,
     duration_to_seconds_or_int,
@@ -69,10 +69,6 @@ PATHWAYS_FLAGS = (
 MissingPrereqs = list[tuple[str, list[str]]]
 # (pod record, container name) of one log stream
 Streams = list[tuple[dict[str, Any], str]]
-
-
-class JobError(Exception):
-    """A RunE error: cobra prints ``Error: <message>``, exit code 1."""
 
 
 # vCPUs of the CPU machine types a cluster here can have (Compute Engine machine types; n4 has two
