@@ -100,6 +100,14 @@ class _RunPoolsOperator(GclusterBaseOperator):
         self.cpu_node_pool = cpu_node_pool
         self.pools = pools
 
+    # The DAG of the task that runs this operator inside its own execute (the ClusterMode* tasks):
+    # made there, this operator belongs to no DAG, and its own dag_id would name none.
+    owner_dag_id: str | None = None
+
+    def run_ids(self, context: Context) -> tuple[str, str]:
+        """``(dag_id, run_id)`` of the DAG run: the owning task's DAG when one runs this operator."""
+        return self.owner_dag_id or self.dag_id, str(context["run_id"])
+
     def run_pools(self, context: Context) -> RunPools:
         dag_id, run_id = self.run_ids(context)
         return RunPools(
@@ -375,7 +383,7 @@ class _ClusterModeMixin:
     def pool_operator(self, kind: type[_RunPoolsOperator], role: str, **extra: Any) -> _RunPoolsOperator:
         """The pool operator doing this task's work in *existing* mode, from this task's values."""
         this: Any = self
-        return kind(
+        made = kind(
             task_id=this.task_id,
             existing_cluster=self.existing_cluster,
             zone=this.zone,
@@ -390,6 +398,9 @@ class _ClusterModeMixin:
             impersonation_chain=this.impersonation_chain,
             **extra,
         )
+        # the pools' names, labels and records derive from this task's DAG run, as the jobs' do
+        made.owner_dag_id = this.dag_id
+        return made
 
     def existing(self) -> bool:
         return parse_cluster_mode(self.cluster_mode or CREATE) == EXISTING

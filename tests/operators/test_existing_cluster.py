@@ -212,6 +212,8 @@ def test_the_pipelines_cluster_tasks_in_existing_mode_add_and_delete_only_the_ru
 
     cpu = task(ClusterModeDeployOperator, "deploy_cluster")
     suffix = cpu["run"]
+    # the pipeline's DAG run's suffix: the one the jobs' node constraint names (tpu-rl-run=<suffix>)
+    assert suffix == run_suffix(GKE_DAG_ID, RUN_A)
     assert cpu["pools"] == [f"tpu-rl-{suffix}-cpu"]
     assert task(ClusterModeDeployOperator, "deploy_tpu_pool")["pools"] == [f"tpu-rl-{suffix}-tpu-0"]
     assert set(_pools(sb)) == {*TEAM_POOLS, f"tpu-rl-{suffix}-cpu", f"tpu-rl-{suffix}-tpu-0"}
