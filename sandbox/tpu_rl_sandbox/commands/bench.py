@@ -27,6 +27,10 @@
    stock; the time to training and the training's cost of ``["reservation", "flex-start", "spot"]``
    against a run that waits for its reservation (``commands/fallback_bench.py``).
    ``--fallback-only`` runs this section alone.
+6. A cluster the run does not own: the GKE pipeline's same training on an existing cluster (a
+   platform team's, ``cluster_mode existing``) beside a create-mode run; the TPU billed and the wall
+   time of each, and what the sandbox does not play (the cluster's deploy and teardown) from its
+   stated source (``commands/existing_bench.py``). ``--existing-only`` runs this section alone.
 
 A benchmark, not a test: it prints numbers and asserts nothing.
 """
@@ -915,6 +919,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tpu-time-only", action="store_true", help="only the TPU time and cost (4.)")
     parser.add_argument("--fallback-only", action="store_true", help="only the capacity fallback (5.)")
     parser.add_argument(
+        "--existing-only", action="store_true", help="only the existing cluster beside a created one (6.)"
+    )
+    parser.add_argument(
         "--stockout-minutes",
         type=float,
         default=120.0,
@@ -940,11 +947,17 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
 def run_bench_command(args: argparse.Namespace) -> int:
     dags = args.dags_folder.resolve()
     print(f"tpu-rl-sandbox bench on {os.cpu_count()} cores, Python {sys.version.split()[0]}", flush=True)
-    if sum(bool(x) for x in (args.parse_only, args.tpu_time_only, args.fallback_only)) > 1:
-        print("--parse-only, --tpu-time-only and --fallback-only exclude each other", file=sys.stderr)
+    only = (args.parse_only, args.tpu_time_only, args.fallback_only, args.existing_only)
+    if sum(bool(x) for x in only) > 1:
+        print(
+            "--parse-only, --tpu-time-only, --fallback-only and --existing-only exclude each other",
+            file=sys.stderr,
+        )
         return 2
     if args.fallback_only:
         return _print_fallback(args)
+    if args.existing_only:
+        return _print_existing(dags, args)
     if args.tpu_time_only:
         return _print_tpu_time(dags, args)
     lines, parsed = bench_parse(dags, args.repeats)
@@ -958,13 +971,24 @@ def run_bench_command(args: argparse.Namespace) -> int:
     for line in bench_pipeline(dags, args.train_seconds, args.step_seconds):
         print(line, flush=True)
     _print_tpu_time(dags, args)
-    return _print_fallback(args)
+    _print_fallback(args)
+    return _print_existing(dags, args)
 
 
 def _print_fallback(args: argparse.Namespace) -> int:
     prices = tpu_cost.read_price_table(args.prices)
     for line in fallback_bench.bench_fallback(
         args.minute_seconds, prices, stockout_minutes=args.stockout_minutes
+    ):
+        print(line, flush=True)
+    return 0
+
+
+def _print_existing(dags: Path, args: argparse.Namespace) -> int:
+    from tpu_rl_sandbox.commands import existing_bench  # it imports this module's helpers
+
+    for line in existing_bench.bench_existing(
+        dags, args.minute_seconds, args.step_seconds, args.stage_minutes
     ):
         print(line, flush=True)
     return 0
