@@ -205,7 +205,7 @@ demo: venv
 	$(BIN)/tpu-rl-sandbox demo
 
 # Benchmarks (not tests): parse time vs stock operators, orchestration overhead, worker-slot time,
-# TPU time and cost, the capacity fallback (5.), the fake CLIs' CPU per call (6., --cli-cost-only). BENCH_ARGS passes options on, e.g. make bench BENCH_ARGS="--tpu-time-only
+# TPU time and cost, the capacity fallback (5.), an existing cluster beside a created one (6., --existing-only), the fake CLIs' CPU per call (7., --cli-cost-only). BENCH_ARGS passes options on, e.g. make bench BENCH_ARGS="--tpu-time-only
 # --stage-minutes '{\"train\": 60}'" (tpu-rl-sandbox bench --help).
 BENCH_ARGS ?=
 bench: venv

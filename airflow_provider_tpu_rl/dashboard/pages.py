@@ -387,6 +387,7 @@ def _summary(run: RunSummary, now: datetime) -> str:
         ("Started (UTC)", format_time(run.started_at), ""),
         ("Ended (UTC)", format_time(run.ended_at) if run.state != "running" else UNKNOWN, ""),
         ("Duration (hh:mm:ss)", format_clock(seconds) + (" so far" if counting else ""), ""),
+        *([("GKE cluster", run.cluster_text, CLUSTER_TOOLTIP)] if run.cluster_text else []),
     ]
     if run.refusal:
         return _facts([*rows, ("Refused", run.refusal, "")])
@@ -411,6 +412,12 @@ def _summary(run: RunSummary, now: datetime) -> str:
     )
 
 
+CLUSTER_TOOLTIP = (
+    "PROJECT/LOCATION/NAME and where the cluster came from: created (deployed by this run), kept (an "
+    "earlier run's, handed over with keep_cluster) or existing (cluster_mode existing: the run added "
+    "only its own node pools). The run is billed its own TPU pool's nodes; a kept or existing "
+    "cluster's control plane and system pool are not charged to it"
+)
 CAPACITY_TOOLTIP = (
     "The capacity kind that served the TPUs; an ordered capacity tries its kinds in turn and names "
     "the ones refused before it (stockout, quota, a full reservation)"

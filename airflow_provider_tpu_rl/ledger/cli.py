@@ -37,6 +37,9 @@ BAKE_COLUMN = "BAKE CPU-MIN"
 # The capacity kind that served the TPUs and how many kinds were refused before it: a column after
 # STATE only when a listed run's ordered capacity fell through.
 CAPACITY_COLUMN = "CAPACITY"
+# The GKE cluster a run ran on (PROJECT/LOCATION/NAME) and whether it created, was kept or named it
+# (created, kept, existing): a column right after STATE only when a listed run has one.
+CLUSTER_COLUMN = "CLUSTER"
 # Why the janitor closed a row its run never closed (abandoned, or failed): a last column only when
 # a listed run has one.
 REASON_COLUMN = "REASON"
@@ -235,7 +238,8 @@ def format_cpu_minutes(seconds: float | None) -> str:
 
 def runs_columns(runs: Sequence[RunSummary]) -> tuple[str, ...]:
     """:data:`RUNS_COLUMNS`, with :data:`BAKE_COLUMN` before EXPORT when a run's bake billed CPU time,
-    and :data:`REASON_COLUMN` last when the janitor closed a listed run's row."""
+    :data:`REASON_COLUMN` last when the janitor closed a listed run's row and :data:`CLUSTER_COLUMN`
+    after STATE when a listed run ran on a GKE cluster."""
     columns: tuple[str, ...] = RUNS_COLUMNS
     if any(run.bake_billed_seconds for run in runs):
         export = RUNS_COLUMNS.index("EXPORT")
@@ -245,6 +249,9 @@ def runs_columns(runs: Sequence[RunSummary]) -> tuple[str, ...]:
     if any(run.settings.get("capacity_attempts") for run in runs):
         state = columns.index("STATE") + 1
         columns = (*columns[:state], CAPACITY_COLUMN, *columns[state:])
+    if any(run.gke_cluster for run in runs):
+        state = columns.index("STATE") + 1
+        columns = (*columns[:state], CLUSTER_COLUMN, *columns[state:])
     return columns
 
 
@@ -261,6 +268,7 @@ def runs_table_rows(runs: Sequence[RunSummary]) -> list[tuple[str, ...]]:
     columns = runs_columns(runs)
     bake, reason = BAKE_COLUMN in columns, REASON_COLUMN in columns
     capacity = CAPACITY_COLUMN in columns
+    cluster = CLUSTER_COLUMN in columns
     return [
         (run.run_id, run.model or UNKNOWN, run.state or UNKNOWN, run.refusal)
         if run.refusal
@@ -268,6 +276,7 @@ def runs_table_rows(runs: Sequence[RunSummary]) -> list[tuple[str, ...]]:
             run.run_id,
             run.model or UNKNOWN,
             run.state or UNKNOWN,
+            *((run.cluster_text or UNKNOWN,) if cluster else ()),
             *((format_capacity(run.settings),) if capacity else ()),
             format_duration(run.duration_seconds),
             format_reward(run.pre_mean_reward, run.post_mean_reward, run.num_test_batches),

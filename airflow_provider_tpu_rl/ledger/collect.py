@@ -31,6 +31,7 @@ from airflow_provider_tpu_rl.ledger.records import (
     RunRecord,
     StepRecord,
     as_utc,
+    gke_cluster,
     make_run_id,
     resume_loss,
     task_instance_start,
@@ -331,6 +332,23 @@ def capacity_served(ti: Any, task_id: str) -> dict[str, Any] | None:
         return None
     attempts = [dict(a) for a in found.get("attempts") or () if isinstance(a, Mapping)]
     return {"capacity_served": str(found["served"]), "capacity_attempts": attempts}
+
+
+# The task that deploys a create-mode GKE cluster: its result's ``cluster_origin`` says whether the
+# run deployed it or took over one an earlier run kept (records.gke_cluster).
+GKE_DEPLOY_CLUSTER_TASK_ID = "deploy_cluster"
+
+
+def gke_cluster_of(
+    ti: Any, derived: Mapping[str, Any], deploy_task_id: str = GKE_DEPLOY_CLUSTER_TASK_ID
+) -> tuple[str | None, str | None]:
+    """The run's GKE cluster and where it came from (:func:`records.gke_cluster`), reading
+    ``deploy_task_id``'s result only for a create-mode GKE run; ``(None, None)`` without one."""
+    cluster, origin = gke_cluster(derived)
+    if cluster is None or origin is not None:
+        return cluster, origin
+    deployed = _xcom(ti, deploy_task_id)
+    return gke_cluster(derived, deployed if isinstance(deployed, Mapping) else None)
 
 
 def _number(value: Any) -> float | None:

@@ -187,6 +187,8 @@ RUNS = TableSpec(
         Column("held_chip_hours", "FLOAT64"),
         # written by the janitor's close (RunLedger.close_run); record_run's NULL keeps it
         Column("end_reason", "STRING"),
+        Column("gke_cluster", "STRING"),
+        Column("gke_cluster_origin", "STRING"),
     ),
 )
 
@@ -374,6 +376,8 @@ def run_row(run: RunRecord, recorded_at: datetime) -> dict[str, Any]:
         "billed_spans_json": run.billed_spans_json,
         "held_chip_hours": run.held_chip_hours,
         "end_reason": run.end_reason,
+        "gke_cluster": run.gke_cluster,
+        "gke_cluster_origin": run.gke_cluster_origin,
     }
 
 

@@ -606,12 +606,14 @@ def record_run_from_context(
     conn_id: str = DEFAULT_CONN_ID,
     refusal: str | None = None,
     settings: Mapping[str, Any] | None = None,
+    gke_cluster: tuple[str | None, str | None] = (None, None),
     **collect_options: Any,
 ) -> RunRecord:
     """The ledger task's body: collect the run from the context and upsert it; returns the run.
 
     ``refusal`` is why the run was refused before anything was spent (``refused at validate: ...``);
-    ``settings`` what it was asked to do (:attr:`RunRecord.settings`).
+    ``settings`` what it was asked to do (:attr:`RunRecord.settings`); ``gke_cluster`` its GKE
+    cluster and where it came from (:func:`~airflow_provider_tpu_rl.ledger.records.gke_cluster`).
     ``collect_options`` go to :func:`~airflow_provider_tpu_rl.ledger.collect.collect_run_from_context`
     (cluster_task_ids, train_task_id, ...). Steps that :func:`step_callbacks` recorded fill in what
     the context does not know.
@@ -626,6 +628,7 @@ def record_run_from_context(
         run = dataclasses.replace(run, refusal=refusal)
     if settings is not None:
         run = dataclasses.replace(run, settings=dict(settings))
+    run = dataclasses.replace(run, gke_cluster=gke_cluster[0], gke_cluster_origin=gke_cluster[1])
     ledger.record(run, steps, metrics, artifacts)
     # the run's stages (its tasks), not its training steps
     log.info(
@@ -647,9 +650,11 @@ def record_run_started(
     chips: int | None,
     settings: Mapping[str, Any],
     conn_id: str = DEFAULT_CONN_ID,
+    gke_cluster: tuple[str | None, str | None] = (None, None),
 ) -> RunRecord:
-    """Upsert the DAG run as ``running`` with what it was asked to do, once it is validated: the
-    runs dashboard lists it while it runs. ``record_run``, its last teardown, replaces the state."""
+    """Upsert the DAG run as ``running`` with what it was asked to do (and its GKE cluster, as far
+    as it is known before the deploy), once it is validated: the runs dashboard lists it while it
+    runs. ``record_run``, its last teardown, replaces the state."""
     dag_run = context["dag_run"]
     run = RunRecord(
         dag_id=dag_run.dag_id,
@@ -660,6 +665,8 @@ def record_run_started(
         chips=chips,
         conf=dict(getattr(dag_run, "conf", None) or {}),
         settings=dict(settings),
+        gke_cluster=gke_cluster[0],
+        gke_cluster_origin=gke_cluster[1],
     )
     RunLedger(conn_id).record(run)
     return run

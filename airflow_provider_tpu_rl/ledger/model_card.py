@@ -117,6 +117,8 @@ def model_card(summary: RunSummary, facts: CardFacts) -> str:
         ("Learning rate", str(settings.get("learning_rate", "MaxText's default"))),
         ("TPU", f"{settings.get('compute_type', '-')} {settings.get('topology', '')}".strip()),
         ("Capacity", capacity_text(settings) or "-"),
+        # a GKE run's cluster and where it came from (created, kept, existing); none on a TPU VM
+        *((("GKE cluster", summary.cluster_text),) if summary.cluster_text else ()),
         (
             "MaxText overrides",
             yaml.safe_dump(settings.get("train_overrides") or {}, default_flow_style=True).strip(),

@@ -22,6 +22,11 @@ RUN_STATES = ("running", "success", "failed", "abandoned")
 CLOSING_STATES = ("failed", "abandoned")
 METRIC_PHASES = ("pre", "intermediate", "post", "train")
 ARTIFACT_KINDS = ("converted_checkpoint", "actor_checkpoint", "hf_export", "curves", "model_card")
+# Where a GKE run's cluster came from: ``created`` by this run (cluster_mode create), ``kept`` (a
+# create-mode cluster an earlier run handed over with keep_cluster, taken over through its lease) or
+# ``existing`` (cluster_mode existing: a cluster the run neither deploys nor destroys).
+CLUSTER_CREATED, CLUSTER_KEPT, CLUSTER_EXISTING = "created", "kept", "existing"
+CLUSTER_ORIGINS = (CLUSTER_CREATED, CLUSTER_KEPT, CLUSTER_EXISTING)
 
 _SECRET_KEY = re.compile(
     r"token|secret|password|passwd|credential|api[_-]?key|private[_-]?key", re.IGNORECASE
@@ -181,10 +186,18 @@ class RunRecord:
     vm_spans: tuple[VmSpan, ...] = ()
     # why someone other than record_run closed the row ("janitor: ..."; None: the run recorded itself)
     end_reason: str | None = None
+    # the GKE cluster the run ran on, PROJECT/LOCATION/NAME, and where it came from
+    # (CLUSTER_ORIGINS); None on a TPU VM run, or when not known
+    gke_cluster: str | None = None
+    gke_cluster_origin: str | None = None
 
     def __post_init__(self) -> None:
         if self.state not in RUN_STATES:
             raise ValueError(f"run state must be one of {RUN_STATES}, got {self.state!r}")
+        if self.gke_cluster_origin is not None and self.gke_cluster_origin not in CLUSTER_ORIGINS:
+            raise ValueError(
+                f"gke_cluster_origin must be one of {CLUSTER_ORIGINS}, got {self.gke_cluster_origin!r}"
+            )
         if not self.dag_id or not self.airflow_run_id:
             raise ValueError("dag_id and airflow_run_id must not be empty")
 
@@ -417,6 +430,14 @@ class RunSummary:
     bake_billed_seconds: float | None = None
     # why the janitor closed the row (RunClosing.reason); None: the run recorded itself
     end_reason: str | None = None
+    # the GKE cluster and where it came from (RunRecord.gke_cluster, gke_cluster_origin)
+    gke_cluster: str | None = None
+    gke_cluster_origin: str | None = None
+
+    @property
+    def cluster_text(self) -> str | None:
+        """``PROJECT/LOCATION/NAME (existing)``; None on a run with no GKE cluster recorded."""
+        return gke_cluster_text(self.gke_cluster, self.gke_cluster_origin)
 
     @property
     def promoted(self) -> bool | None:
@@ -481,3 +502,28 @@ def capacity_text(settings: Mapping[str, Any]) -> str | None:
     if isinstance(capacity, list | tuple) and capacity:
         return " then ".join(str(kind) for kind in capacity)
     return None
+
+
+def gke_cluster_text(cluster: str | None, origin: str | None) -> str | None:
+    """The cluster and where it came from, in words: ``p/us-east5/c (created)``; None when no
+    cluster is recorded."""
+    if not cluster:
+        return None
+    return f"{cluster} ({origin})" if origin else cluster
+
+
+def gke_cluster(
+    derived: Mapping[str, Any], deployed: Mapping[str, Any] | None = None
+) -> tuple[str | None, str | None]:
+    """The GKE cluster a run ran on and where it came from, from ``validate``'s resolved values and
+    ``deploy_cluster``'s result (its ``cluster_origin``: ``created`` or ``kept``): in *existing*
+    mode the named cluster, ``existing``; in *create* mode ``PROJECT/REGION/CLUSTER_NAME`` (the
+    toolkit's cluster is regional), with the origin the deploy said (None: it has not deployed).
+    ``(None, None)`` for a run without a GKE cluster (the TPU VM pipeline)."""
+    if derived.get("cluster_mode") == CLUSTER_EXISTING and derived.get("existing_cluster"):
+        return str(derived["existing_cluster"]), CLUSTER_EXISTING
+    name, project, region = (derived.get(key) for key in ("cluster_name", "project", "region"))
+    if not (name and project and region):
+        return None, None
+    origin = (deployed or {}).get("cluster_origin")
+    return f"{project}/{region}/{name}", origin if origin in (CLUSTER_CREATED, CLUSTER_KEPT) else None

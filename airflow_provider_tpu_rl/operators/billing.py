@@ -150,18 +150,38 @@ def pool_names(operator: Any, cluster: Any) -> list[str]:
 def note_pool_nodes(operator: Any, cluster: Any, since: datetime | None = None) -> None:
     """Note the starts of the cluster's TPU node VMs (GKE's labels: the cluster and the TPU pool),
     and ``since`` when the pool was watched (its deploy's start)."""
+    note_nodes(
+        operator,
+        cluster.project,
+        cluster.zone,
+        cluster.cluster_name,
+        pool_names(operator, cluster),
+        cluster.bucket,
+        cluster.cluster_name,
+        since,
+    )
+
+
+def note_nodes(
+    operator: Any,
+    project: str,
+    zone: str,
+    cluster: str,
+    pools: Sequence[str],
+    bucket: str,
+    record: str,
+    since: datetime | None = None,
+) -> None:
+    """Note the starts of the TPU node VMs of ``pools`` of GKE cluster ``cluster`` in the resource
+    record ``record`` (a cluster's, or a run's own pool's on a cluster it does not own)."""
     try:
-        command = billing.list_pool_nodes(
-            cluster.project, cluster.zone, cluster.cluster_name, pool_names(operator, cluster)
-        )
+        command = billing.list_pool_nodes(project, zone, cluster, pools)
         listed = json_value(operator.hook.run_checked(command, log_output=False).output_lines)
         seen = [o for item in listed or [] if isinstance(item, dict) and (o := observe_instance(item))]
-        _note(operator, cluster.bucket, cluster.cluster_name, [o for o in seen if o.chips > 0], since)
+        _note(operator, bucket, record, [o for o in seen if o.chips > 0], since)
     except Exception as err:
         operator.log.warning(
-            "Could not note when the TPU nodes of cluster %s started (their billed time): %s",
-            cluster.cluster_name,
-            err,
+            "Could not note when the TPU nodes of cluster %s started (their billed time): %s", cluster, err
         )
 
 

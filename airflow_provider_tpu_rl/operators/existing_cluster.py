@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.common.compat.sdk import Context
 
 from airflow_provider_tpu_rl.compat import AirflowFailException
+from airflow_provider_tpu_rl.operators import billing
 from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, expiry_of_run, fail_fast
 from airflow_provider_tpu_rl.operators.gke import (
     GclusterDeployOperator,
@@ -56,6 +59,19 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 POOL_RECORD_KIND = "node_pool"
+
+
+@dataclass(frozen=True)
+class PoolClock:
+    """What ``billing.pool_billed`` reads of one run pool: its project and zone (the operations on
+    its node VMs), and its resource record (``cluster_name``: the pool's record, named after it)."""
+
+    project: str
+    zone: str
+    cluster_name: str
+    bucket: str
+
+
 ROLES = (TPU_POOL_ROLE, CPU_POOL_ROLE)
 ALREADY_EXISTS = "code=409"
 
@@ -203,6 +219,7 @@ class ExistingClusterPoolCreateOperator(_RunPoolsOperator):
                 "node_service_account", account, rules.SERVICE_ACCOUNT, "must be a service account e-mail"
             )
         created: list[str] = []
+        started = datetime.now(UTC)
         for index, name in enumerate(self.names(pools)):
             write_resource_record(
                 self.gcp_conn_id,
@@ -244,6 +261,10 @@ class ExistingClusterPoolCreateOperator(_RunPoolsOperator):
             else:
                 self.hook.check_result(command, result)
             created.append(name)
+            if self.role() == TPU_POOL_ROLE:  # the pool's node VMs' clocks, for the ledger
+                billing.note_nodes(
+                    self, pools.cluster.project, pools.zone, pools.cluster.name, [name], bucket, name, started
+                )
         return {"existing_cluster": pools.cluster.where, "pools": created, "run": pools.suffix}
 
 
@@ -267,6 +288,7 @@ class ExistingClusterPoolDeleteOperator(_RunPoolsOperator):
         listed = self.listed(pools) if names else {}
         deleted: list[str] = []
         left: list[str] = []
+        spans: list[dict[str, Any] | None] = []
         for name in names:
             pool = listed.get(name)
             if pool is None:
@@ -290,11 +312,30 @@ class ExistingClusterPoolDeleteOperator(_RunPoolsOperator):
                 )
                 left.append(name)
                 continue
+            billed = self.role() == TPU_POOL_ROLE  # the pool's node VMs' clocks, for the ledger
+            if billed:
+                where = pools.cluster
+                billing.note_nodes(self, where.project, pools.zone, where.name, [name], bucket, name)
             self.hook.run_checked(
                 render.delete_pool(pools.cluster, name), timeout=stage_command_timeout("teardown")
             )
             deleted.append(name)
-        return {"existing_cluster": pools.cluster.where, "deleted": deleted, "left_alone": left}
+            if billed:
+                spans.append(billing.pool_billed(self, PoolClock(where.project, pools.zone, name, bucket)))
+        result: dict[str, Any] = {
+            "existing_cluster": pools.cluster.where,
+            "deleted": deleted,
+            "left_alone": left,
+        }
+        if spans:
+            known = [s for s in spans if s is not None]
+            # every deleted pool's spans; unknown when one pool's could not be read
+            result[billing.XCOM_KEY] = (
+                {"spans": [x for s in known for x in s["spans"]], "read_at": known[-1]["read_at"]}
+                if len(known) == len(spans)
+                else None
+            )
+        return result
 
 
 # DAG-run states after which a run's pools are no longer needed (the janitor's rule 4).

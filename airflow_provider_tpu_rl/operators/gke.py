@@ -14,6 +14,7 @@ from airflow.providers.common.compat.sdk import Context
 from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.exceptions import CommandError, ConfigurationError, FailureKind, LeaseHeldError
 from airflow_provider_tpu_rl.ledger.collect import CAPACITY_XCOM_KEY
+from airflow_provider_tpu_rl.ledger.records import CLUSTER_CREATED, CLUSTER_KEPT
 from airflow_provider_tpu_rl.links import GKEClusterLink
 from airflow_provider_tpu_rl.operators import billing
 from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, expiry_of_run, fail_fast
@@ -596,6 +597,7 @@ class GclusterDeployOperator(_ClusterOperator):
         self.hook.require_toolchain("deploy")
         dag_id, run_id = self.run_ids(context)
         expires_at = expiry_of_run(context, rules.integer("max_cluster_hours", self.max_cluster_hours, 1))
+        kept_from = self.kept_from(cluster, dag_id, run_id)
         # The lease first: a run that does not hold it never writes the record nor deploys.
         lease = take_cluster_lease(
             self.gcp_conn_id,
@@ -625,6 +627,8 @@ class GclusterDeployOperator(_ClusterOperator):
                 "model": self.model,
                 "expires_at": expires_at,
                 "keep": rules.boolean("keep_cluster", self.keep_cluster),
+                # the run that handed the cluster over with keep_cluster (a retry of this deploy reads it)
+                **({"kept_from": kept_from} if kept_from else {}),
                 # the grants the cluster holds (a re-deploy, or a kept cluster taken over, keeps them)
                 **carried_grants(self.gcp_conn_id, cluster.bucket, cluster.cluster_name, self.chain),
             },
@@ -653,7 +657,25 @@ class GclusterDeployOperator(_ClusterOperator):
             "expires_at": expires_at,
             "lease_expires_at": int(lease.expires_at),
             "skipped_groups": list(skip),
+            # for the ledger: a cluster this run deployed, or one an earlier run kept for it
+            "cluster_origin": CLUSTER_KEPT if kept_from else CLUSTER_CREATED,
+            "kept_from": kept_from,
         }
+
+    def kept_from(self, cluster: ClusterSpec, dag_id: str, run_id: str) -> str | None:
+        """The run that handed the cluster over with ``keep_cluster`` when this run takes it over
+        (its lease, read before it is taken, says ``kept``), or that an earlier try of this deploy
+        took over (the cluster's record of this run says so); None: the cluster is this run's own."""
+        holder = f"{dag_id}/{run_id}"
+        lease = ClusterLeaseHook(self.gcp_conn_id, self.chain).read(cluster.bucket, cluster.cluster_name)
+        if lease is not None and lease.kept and lease.holder != holder:
+            return lease.holder
+        if lease is None or lease.holder != holder:
+            return None
+        record = read_resource_record(self.gcp_conn_id, cluster.bucket, cluster.cluster_name, self.chain)
+        if record is None or (record.get("dag_id"), record.get("run_id")) != (dag_id, run_id):
+            return None
+        return str(record["kept_from"]) if record.get("kept_from") else None
 
     def deploy_groups(self, context: Context, cluster: ClusterSpec, only: tuple[str, ...]) -> dict[str, Any]:
         """Deploy ``only`` groups of a cluster this run holds the lease of (never takes it: the

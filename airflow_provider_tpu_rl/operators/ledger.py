@@ -11,7 +11,13 @@ from airflow.providers.common.compat.sdk import BaseOperator, Context
 
 from airflow_provider_tpu_rl.compat import conf
 from airflow_provider_tpu_rl.ledger.cli import format_cpu_minutes, format_resumes, format_tpu_time
-from airflow_provider_tpu_rl.ledger.collect import ERROR_XCOM_KEY, INVALID_CONF, capacity_served, task_states
+from airflow_provider_tpu_rl.ledger.collect import (
+    ERROR_XCOM_KEY,
+    INVALID_CONF,
+    capacity_served,
+    gke_cluster_of,
+    task_states,
+)
 from airflow_provider_tpu_rl.ledger.hook import DEFAULT_CONN_ID, RunLedger, record_run_from_context
 from airflow_provider_tpu_rl.ledger.plots import (
     PLOT_EXTRA_HINT,
@@ -22,7 +28,14 @@ from airflow_provider_tpu_rl.ledger.plots import (
     run_curves_figure,
     run_timeline,
 )
-from airflow_provider_tpu_rl.ledger.records import ArtifactRecord, RunRecord, served_capacity
+from airflow_provider_tpu_rl.ledger.records import (
+    CLUSTER_EXISTING,
+    CLUSTER_KEPT,
+    ArtifactRecord,
+    RunRecord,
+    gke_cluster_text,
+    served_capacity,
+)
 from airflow_provider_tpu_rl.links import RunDashboardLink
 from airflow_provider_tpu_rl.maxtext.layout import parse_gs_uri
 from airflow_provider_tpu_rl.spec import SpecError
@@ -104,6 +117,14 @@ def tpu_time_line(run: RunRecord) -> str:
     """One line: billed (the machines' clocks) and training chip-hours, the idle share, the
     estimated cost and the capacity held."""
     return format_tpu_time(run.chip_hours, run.busy_chip_hours, run.estimated_cost_usd, run.held_chip_hours)
+
+
+def cluster_line(cluster: str, origin: str | None) -> str:
+    """The run's GKE cluster and where it came from; a kept or existing one's own cost is not the run's."""
+    text = str(gke_cluster_text(cluster, origin))
+    if origin in (CLUSTER_KEPT, CLUSTER_EXISTING):
+        return f"{text}; its own cost (control plane, system pool) is not charged to this run"
+    return text
 
 
 class RecordRunOperator(BaseOperator):
@@ -195,6 +216,7 @@ class RecordRunOperator(BaseOperator):
             conn_id=self.conn_id,
             refusal=refusal,
             settings=settings,
+            gke_cluster=gke_cluster_of(context["ti"], derived),
             cluster_task_ids=self.cluster_task_ids,
             teardown_task_ids=self.teardown_task_ids,
             ignored_task_ids=self.ignored_task_ids,
@@ -207,6 +229,8 @@ class RecordRunOperator(BaseOperator):
             **self.collect_options,
         )
         self.log.info("TPU time of this run: %s", tpu_time_line(run))
+        if run.gke_cluster:
+            self.log.info("GKE cluster: %s", cluster_line(run.gke_cluster, run.gke_cluster_origin))
         for span in run.vm_spans:
             self.log.info(
                 "CPU VM %s (%s, %s): billed %s minutes",

@@ -21,6 +21,7 @@ from airflow_provider_tpu_rl.ledger.collect import (
     GKE_CLUSTER_TASK_IDS,
     capacity_served,
     collect_run_from_context,
+    gke_cluster_of,
 )
 from airflow_provider_tpu_rl.ledger.hook import DEFAULT_CONN_ID, RunLedger
 from airflow_provider_tpu_rl.ledger.model_card import (
@@ -118,6 +119,9 @@ def asset_extra(
             str(a.get("capacity")) for a in summary.settings.get("capacity_attempts") or ()
         )
         or None,
+        # the GKE cluster (PROJECT/LOCATION/NAME) and whether the run created, was kept or named it
+        "gke_cluster": summary.gke_cluster,
+        "gke_cluster_origin": summary.gke_cluster_origin,
     }
 
 
@@ -265,7 +269,15 @@ class PromoteModelOperator(BaseOperator):
             ),
             **self.collect_options,
         )
-        run = dataclasses.replace(run, state="running", ended_at=None, settings=settings)
+        cluster, origin = gke_cluster_of(context["ti"], derived)
+        run = dataclasses.replace(
+            run,
+            state="running",
+            ended_at=None,
+            settings=settings,
+            gke_cluster=cluster,
+            gke_cluster_origin=origin,
+        )
         ledger.record(run, steps, metrics, artifacts)
         summary = ledger.run_summary(run_id)
         if summary is None:  # the row was just written: only a ledger that lost it gets here

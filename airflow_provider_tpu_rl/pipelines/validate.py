@@ -13,6 +13,7 @@ from airflow_provider_tpu_rl import timeouts
 from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.ledger.collect import INVALID_CONF
 from airflow_provider_tpu_rl.ledger.hook import record_run_started
+from airflow_provider_tpu_rl.ledger.records import gke_cluster
 from airflow_provider_tpu_rl.operators.ledger import run_settings
 from airflow_provider_tpu_rl.pipelines.dag import LEDGER_CONN_ID, bounded
 from airflow_provider_tpu_rl.pipelines.failures import fail_in_one_line
@@ -130,6 +131,8 @@ def note_run_started(context: Mapping[str, Any], resolved: Mapping[str, Any]) ->
             chips=resolved.get("chips"),
             settings=run_settings(resolved),
             conn_id=LEDGER_CONN_ID,
+            # existing mode's cluster is known now; a create-mode one's origin once it is deployed
+            gke_cluster=gke_cluster(resolved),
         )
     except Exception:
         log.exception("ledger: could not list this run as running; it goes on")

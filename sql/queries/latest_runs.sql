@@ -4,7 +4,8 @@
 -- (chip_hours, billed_chip_seconds, billed_spans_json), the capacity it held (held_chip_hours),
 -- the promotion gate's line (promotion) and the billed CPU seconds of its boot image's bake VM
 -- (bake_billed_seconds, from run_vm_spans; NULL when it baked nothing), and why the janitor closed
--- a row its run never closed (end_reason).
+-- a row its run never closed (end_reason), and the GKE cluster it ran on and where that came from
+-- (gke_cluster, gke_cluster_origin: created, kept or existing).
 -- Parameters: :any_model (1 = all models, 0 = only :model), :any_run (1 = all runs, 0 = only
 -- :run_id), :row_limit.
 WITH rewards AS (
@@ -68,6 +69,8 @@ SELECT
     r.held_chip_hours,
     r.billed_spans_json,
     r.end_reason,
+    r.gke_cluster,
+    r.gke_cluster_origin,
     rewards.pre_mean_reward,
     rewards.post_mean_reward,
     rewards.num_test_batches,

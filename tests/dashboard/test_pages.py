@@ -319,3 +319,21 @@ def test_the_run_page_names_the_capacity_that_served_and_each_refusal(every_stat
     assert facts["TPU capacity"] == "spot (after reservation, flex-start refused)"
     assert facts["Refused: reservation"] == "ERROR: (gcloud.compute.instances.create) full"
     assert facts["Refused: flex-start"] == "ERROR: (gcloud.alpha.compute.instances.create) stockout"
+
+
+def test_the_run_page_names_the_gke_cluster_and_where_it_came_from(every_state: RunLedger) -> None:
+    import dataclasses
+
+    view = DashboardReader().run(GKE, "running")
+    page = run_page("/tpu-rl", view.run, view.artifacts, view.steps, ui=UI, now=NOW)
+    assert "GKE cluster" not in page  # none recorded
+    run = dataclasses.replace(view.run, gke_cluster="p-1/us-east5/tpu-rl", gke_cluster_origin="kept")
+    page = run_page("/tpu-rl", run, view.artifacts, view.steps, ui=UI, now=NOW)
+    facts = {
+        row[0][2]: (unescape(row[1][2]), row[1][1].get("title", ""))
+        for row in table(page, "facts")
+        if len(row) == 2
+    }
+    value, tooltip = facts["GKE cluster"]
+    assert value == "p-1/us-east5/tpu-rl (kept)"
+    assert "not charged to it" in unescape(tooltip)

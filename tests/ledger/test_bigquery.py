@@ -100,7 +100,7 @@ def test_migrations_create_the_dataset_and_run_each_bigquery_file(
 ) -> None:
     ledger, client = bigquery_ledger
     client.applied_versions = [1]
-    assert ledger.apply_migrations() == [2, 3, 4, 5, 6, 7, 8, 9, 10]  # 7: billed_time, 8: model_promotion
+    assert ledger.apply_migrations() == [2, 3, 4, 5, 6, 7, 8, 9, 10, 11]  # 7: billed_time, 8: model_promotion
     assert client.datasets == ["my-project.rl_results"]
     sqls = [sql for sql, _ in client.jobs]
     assert sqls[0].startswith("CREATE TABLE IF NOT EXISTS schema_migrations")
@@ -127,6 +127,12 @@ def test_migrations_create_the_dataset_and_run_each_bigquery_file(
     assert parameters(client.jobs[17][1])["version"] == ("INT64", 9)
     assert sqls[18].splitlines()[1:] == ["ALTER TABLE runs", "ADD COLUMN IF NOT EXISTS end_reason STRING;"]
     assert parameters(client.jobs[19][1])["version"] == ("INT64", 10)
+    assert sqls[20].splitlines()[1:] == [
+        "ALTER TABLE runs",
+        "ADD COLUMN IF NOT EXISTS gke_cluster STRING,",
+        "ADD COLUMN IF NOT EXISTS gke_cluster_origin STRING;",
+    ]
+    assert parameters(client.jobs[21][1])["version"] == ("INT64", 11)
     for _, job_config in client.jobs:
         assert str(job_config.default_dataset) == "my-project.rl_results"
 

@@ -332,3 +332,18 @@ def test_a_run_whose_capacity_fell_through_adds_the_capacity_column() -> None:
     assert header.split()[:4] == ["RUN", "MODEL", "STATE", "CAPACITY"]
     assert rows[0].split()[3:6] == ["spot", "(2", "refused)"]
     assert rows[1].split()[3] == "spot"
+
+
+def test_a_run_on_a_gke_cluster_adds_the_cluster_column() -> None:
+    """PROJECT/LOCATION/NAME and where it came from, after STATE; only when a listed run has one."""
+    from airflow_provider_tpu_rl.ledger.cli import format_runs_table
+
+    vm = summary("tpu_rl_tpu_vm_pipeline/vm")
+    assert "CLUSTER" not in format_runs_table([vm])
+    shared = summary("d/shared", gke_cluster="p-1/us-east5/team-gke", gke_cluster_origin="existing")
+    made = summary("d/made", gke_cluster="p-1/us-east5/tpu-rl", gke_cluster_origin="created")
+    header, *rows = format_runs_table([shared, made, vm]).splitlines()
+    assert header.split()[:4] == ["RUN", "MODEL", "STATE", "CLUSTER"]
+    assert rows[0].split()[3:5] == ["p-1/us-east5/team-gke", "(existing)"]
+    assert rows[1].split()[3:5] == ["p-1/us-east5/tpu-rl", "(created)"]
+    assert rows[2].split()[3] == "-"

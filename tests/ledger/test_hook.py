@@ -78,6 +78,7 @@ def test_a_migration_that_fails_halfway_leaves_no_trace(
         9,
         10,
         11,
+        12,
     ]  # the failed try left nothing behind
     ledger.record(make_run("after"), [], [], [])
     with pytest.raises(Exception, match="probe"), ledger._session(write=False) as session:
@@ -94,10 +95,10 @@ def rewards(pre: float | None, post: float | None) -> list[MetricRecord]:
 
 
 def test_migrations_apply_once_and_twice_is_a_no_op(ledger: RunLedger) -> None:
-    assert ledger.apply_migrations() == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+    assert ledger.apply_migrations() == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
     assert ledger.apply_migrations() == []
     assert RunLedger().apply_migrations() == []  # a new instance sees the recorded versions
-    assert applied_versions(ledger) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+    assert applied_versions(ledger) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
     for table in ("runs", "run_steps", "run_metrics", "run_artifacts", "run_vm_spans"):
         assert count_rows(ledger, table) == 0
 
@@ -404,8 +405,9 @@ def test_concurrent_first_writers_apply_each_migration_once(ledger: RunLedger) -
         9,
         10,
         11,
+        12,
     ]
-    assert applied_versions(ledger) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+    assert applied_versions(ledger) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
     assert count_rows(ledger, "run_steps", f"{DAG}/concurrent") == 4
 
 
@@ -491,7 +493,7 @@ def test_a_ledger_at_version_10_upgrades_and_its_running_row_can_be_closed(
     monkeypatch.setattr(hook_module, "load_migrations", load_migrations)
     upgraded = RunLedger()
 
-    assert upgraded.apply_migrations() == [11]
+    assert upgraded.apply_migrations() == [11, 12]
     assert upgraded.close_run(RunClosing(f"{DAG}/old", "abandoned", T0 + timedelta(hours=1), "janitor: x"))
     [summary] = upgraded.latest_runs()
     assert (summary.state, summary.end_reason, summary.duration_seconds) == (
@@ -499,3 +501,49 @@ def test_a_ledger_at_version_10_upgrades_and_its_running_row_can_be_closed(
         "janitor: x",
         3600.0,
     )
+
+
+def test_a_ledger_at_version_11_upgrades_to_the_cluster_columns_and_keeps_its_rows(
+    ledger: RunLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An existing ledger (before gke_cluster) takes migration 0012: its old rows read with no
+    cluster, a later record of the same run fills it, a run on an existing cluster says so."""
+    real = load_migrations(ledger.dialect)
+    monkeypatch.setattr(hook_module, "load_migrations", lambda dialect: real[:11])
+    assert ledger.apply_migrations()[-1] == 11
+    with ledger._session(write=True) as session:  # a row as the code of version 11 wrote it
+        session.execute(
+            "INSERT INTO runs (run_id, dag_id, airflow_run_id, model, state, started_at, recorded_at) "
+            "VALUES (:run_id, :dag_id, :airflow_run_id, 'm', 'running', :started_at, :started_at)",
+            {"run_id": f"{DAG}/old", "dag_id": DAG, "airflow_run_id": "old", "started_at": T0},
+        )
+    monkeypatch.setattr(hook_module, "load_migrations", load_migrations)
+    upgraded = RunLedger()
+
+    assert upgraded.apply_migrations() == [12]
+    [old] = upgraded.latest_runs()
+    assert (old.run_id, old.state, old.gke_cluster, old.gke_cluster_origin) == (
+        f"{DAG}/old",
+        "running",
+        None,
+        None,
+    )
+    upgraded.record(
+        replace(make_run("old"), gke_cluster="p/us-east5/c", gke_cluster_origin="kept"), [], [], []
+    )
+    upgraded.record(
+        replace(
+            make_run("new", start=T0 + timedelta(hours=3)),
+            gke_cluster="team-p/us-east5-b/shared",
+            gke_cluster_origin="existing",
+        ),
+        [],
+        [],
+        [],
+    )
+    new, old = upgraded.latest_runs()
+    assert (old.state, old.cluster_text) == ("success", "p/us-east5/c (kept)")
+    assert new.cluster_text == "team-p/us-east5-b/shared (existing)"
+    # a later record that knows no cluster (None) keeps the one recorded
+    upgraded.record(make_run("new", start=T0 + timedelta(hours=3)), [], [], [])
+    assert upgraded.run_summary(f"{DAG}/new").gke_cluster_origin == "existing"  # type: ignore[union-attr]

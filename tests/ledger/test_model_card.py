@@ -102,3 +102,11 @@ def test_the_card_names_the_capacity_that_served() -> None:
     )
     card = model_card(RunSummary(**{**SUMMARY.__dict__, "settings_json": settings}), FACTS)
     assert "| Capacity | spot (after reservation refused) |" in card
+
+
+def test_the_card_names_the_gke_cluster_and_where_it_came_from() -> None:
+    assert "GKE cluster" not in model_card(SUMMARY, FACTS)  # none recorded (a TPU VM run's)
+    shared = RunSummary(
+        **{**SUMMARY.__dict__, "gke_cluster": "p-1/us-east5/team-gke", "gke_cluster_origin": "existing"}
+    )
+    assert "| GKE cluster | p-1/us-east5/team-gke (existing) |" in model_card(shared, FACTS)

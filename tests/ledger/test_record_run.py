@@ -403,3 +403,65 @@ def test_a_one_kind_run_is_costed_as_before(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("AIRFLOW__TPU_RL__FLEX_START_USD_PER_CHIP_HOUR", "1.27")
     assert default_usd_per_chip_hour("flex-start") == pytest.approx(1.27)
     assert default_usd_per_chip_hour("on-demand") == pytest.approx(2.5)
+
+
+def _record(
+    ledger: RunLedger, resolved: dict[str, Any], run_id: str, deployed: dict[str, Any] | None
+) -> None:
+    """validate lists the run, then record_run records it, ``deploy_cluster`` having returned ``deployed``."""
+    dag_run = FakeDagRun(gke_task_instances(), run_id=run_id)
+    note_run_started({"dag_run": dag_run}, resolved)
+    xcoms = {**SUCCESS_XCOMS, "validate": resolved, "deploy_cluster": deployed}
+    context = context_for(dag_run, xcoms)
+    context["ti"] = KeyedLedgerTaskInstance({(task_id, "return_value"): v for task_id, v in xcoms.items()})
+    context["params"] = {"model": MODEL}
+    RecordRunOperator(task_id="record_run", plot=False).record(context)  # type: ignore[arg-type]
+
+
+def test_a_run_on_an_existing_cluster_is_listed_with_it_from_validate_on(ledger: RunLedger) -> None:
+    resolved = gke_pipeline_from_conf(
+        {
+            "project": "proj-123456",
+            "bucket": "bkt-1",
+            "cluster_mode": "existing",
+            "existing_cluster": "proj-123456/us-east5/team-gke",
+        }
+    ).resolved()
+    note_run_started({"dag_run": FakeDagRun(gke_task_instances(), run_id="shared")}, resolved)
+    (listed,) = ledger.latest_runs()
+    assert (listed.state, listed.cluster_text) == ("running", "proj-123456/us-east5/team-gke (existing)")
+
+    # its deploy_cluster created the run's CPU pool: no cluster_origin; the mode says existing
+    _record(ledger, resolved, "shared", {"existing_cluster": "proj-123456/us-east5/team-gke", "pools": []})
+    (recorded,) = ledger.latest_runs()
+    assert (recorded.state, recorded.gke_cluster, recorded.gke_cluster_origin) == (
+        "success",
+        "proj-123456/us-east5/team-gke",
+        "existing",
+    )
+
+
+@pytest.mark.parametrize(
+    ("deployed", "origin"),
+    [
+        ({"cluster_origin": "created"}, "created"),
+        ({"cluster_origin": "kept", "kept_from": "d/r"}, "kept"),
+        (None, None),
+    ],
+)
+def test_a_create_mode_run_records_the_cluster_it_deployed_or_took_over(
+    ledger: RunLedger, deployed: dict[str, Any] | None, origin: str | None
+) -> None:
+    """The cluster is named from validate on; whether the run deployed it or took over a kept one
+    is deploy_cluster's to say (no deploy: not known)."""
+    resolved = gke_pipeline_from_conf({"project": "proj-123456", "bucket": "bkt-1"}).resolved()
+    _record(ledger, resolved, "made", deployed)
+    (recorded,) = ledger.latest_runs()
+    assert (recorded.gke_cluster, recorded.gke_cluster_origin) == ("proj-123456/us-east5/tpu-rl", origin)
+
+
+def test_a_tpu_vm_run_has_no_gke_cluster(ledger: RunLedger) -> None:
+    resolved = tpu_vm_pipeline_from_conf({"project": "proj-123456", "bucket": "bkt-1"}).resolved()
+    note_run_started({"dag_run": FakeDagRun(gke_task_instances(), run_id="vm")}, resolved)
+    (listed,) = ledger.latest_runs()
+    assert (listed.gke_cluster, listed.gke_cluster_origin, listed.cluster_text) == (None, None, None)

@@ -218,3 +218,22 @@ def test_the_capacity_a_run_got_in_words() -> None:
     assert capacity_text({"capacity": ["reservation", "spot"]}) == "reservation then spot"  # never served
     assert (served_capacity({"capacity": "spot"}), capacity_text({"capacity": "spot"})) == ("spot", "spot")
     assert (served_capacity({}), capacity_text({})) == (None, None)
+
+
+def test_the_gke_cluster_and_its_origin_from_validates_values_and_the_deploy() -> None:
+    from airflow_provider_tpu_rl.ledger.records import gke_cluster
+
+    create = {"project": "p-1", "region": "us-east5", "cluster_name": "c", "cluster_mode": "create"}
+    assert gke_cluster(create) == ("p-1/us-east5/c", None)  # not deployed yet
+    assert gke_cluster(create, {"cluster_origin": "created"}) == ("p-1/us-east5/c", "created")
+    assert gke_cluster(create, {"cluster_origin": "kept"}) == ("p-1/us-east5/c", "kept")
+    assert gke_cluster(create, {"cluster_origin": "made up"}) == ("p-1/us-east5/c", None)
+    existing = {**create, "cluster_mode": "existing", "existing_cluster": "p-1/us-east5-b/shared"}
+    # the named cluster, whatever deploy_cluster returned (the run's CPU pool's result)
+    assert gke_cluster(existing, {"cluster_origin": "created"}) == ("p-1/us-east5-b/shared", "existing")
+    assert gke_cluster({"project": "p-1", "zone": "us-east5-b", "vm_name": "vm"}) == (None, None)
+
+
+def test_a_run_record_refuses_an_unknown_cluster_origin() -> None:
+    with pytest.raises(ValueError, match="gke_cluster_origin must be one of"):
+        RunRecord("d", "r", "m", "success", gke_cluster="p/l/c", gke_cluster_origin="borrowed")

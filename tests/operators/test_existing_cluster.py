@@ -227,7 +227,14 @@ def test_the_pipelines_cluster_tasks_in_existing_mode_add_and_delete_only_the_ru
     assert cpu["pools"] == [f"tpu-rl-{suffix}-cpu"]
     assert task(ClusterModeDeployOperator, "deploy_tpu_pool")["pools"] == [f"tpu-rl-{suffix}-tpu-0"]
     assert set(_pools(sb)) == {*TEAM_POOLS, f"tpu-rl-{suffix}-cpu", f"tpu-rl-{suffix}-tpu-0"}
-    assert task(ClusterModeDestroyOperator, "destroy_tpu_pool")["deleted"] == [f"tpu-rl-{suffix}-tpu-0"]
+    tpu = task(ClusterModeDestroyOperator, "destroy_tpu_pool")
+    assert tpu["deleted"] == [f"tpu-rl-{suffix}-tpu-0"]
+    # the ledger's billed TPU time: the run's own pool's node VMs, noted at its create, ended by
+    # their delete operations (the v6e-32 slice: 8 VMs of 4 chips)
+    spans = tpu["billed"]["spans"]
+    assert len(spans) == 8
+    assert all(span["chips"] == 4 and span["ended_at"] for span in spans)
+    assert all(span["machine"].startswith(f"gke-{sb.cluster}-tpu-rl-{suffix}-tpu-0-") for span in spans)
     assert task(ClusterModeDestroyOperator, "destroy_cluster")["deleted"] == [f"tpu-rl-{suffix}-cpu"]
     assert _pools(sb) == TEAM_POOLS
     record = sb.cluster_record()

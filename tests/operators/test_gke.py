@@ -64,6 +64,7 @@ def test_a_second_deploy_with_the_same_conf_changes_nothing(sb: SandboxRun) -> N
     start = datetime(2030, 1, 1, 8, 0, tzinfo=UTC)
     _ensure_bucket(sb, conf)
     first = _deploy(sb, conf, start)
+    assert (first["cluster_origin"], first["kept_from"]) == ("created", None)  # for the ledger
     created = sb.cluster_record()
     assert created is not None
     state_after_first = _tfstate(sb)
@@ -88,6 +89,7 @@ def test_a_second_deploy_with_the_same_conf_changes_nothing(sb: SandboxRun) -> N
     assert all(call["exit_code"] == 0 for call in deploys)
     expires = int(start.timestamp()) + 72 * 3600  # max_cluster_hours defaults to 72
     assert first["expires_at"] == second["expires_at"] == expires
+    assert second["cluster_origin"] == "created"  # the run's own re-deploy: not a kept cluster
     assert first["cluster_name"] == sb.cluster
     assert first["chips"] == 32
 
@@ -310,7 +312,11 @@ def test_keep_cluster_hands_the_cluster_to_a_later_run(sb: SandboxRun) -> None:
 
     later_conf = sb.gke_conf()
     later = sb.operator(GclusterDeployOperator, task_id="deploy_cluster", run_id=OTHER_RUN_ID)
-    later.execute(sb.context(later, later_conf, run_id=OTHER_RUN_ID))
+    deployed = later.execute(sb.context(later, later_conf, run_id=OTHER_RUN_ID))
+    # for the ledger: the cluster was kept for this run, by the first (a retry still says so)
+    assert (deployed["cluster_origin"], deployed["kept_from"]) == ("kept", f"tpu_rl_gke_pipeline/{RUN_ID}")
+    retried = later.execute(sb.context(later, later_conf, run_id=OTHER_RUN_ID))
+    assert (retried["cluster_origin"], retried["kept_from"]) == ("kept", f"tpu_rl_gke_pipeline/{RUN_ID}")
     taken = _lease(sb)
     assert taken is not None
     assert taken.holder == f"tpu_rl_gke_pipeline/{OTHER_RUN_ID}"

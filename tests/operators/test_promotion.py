@@ -67,11 +67,20 @@ def ledger(tmp_path, monkeypatch: pytest.MonkeyPatch) -> RunLedger:
 
 
 def run_gate(
-    export: str, min_reward_gain: Any, xcoms: dict[str, Any] | None = None, outlets: Any = ()
+    export: str,
+    min_reward_gain: Any,
+    xcoms: dict[str, Any] | None = None,
+    outlets: Any = (),
+    validated: dict[str, Any] | None = None,
 ) -> Any:
     xcoms = copy.deepcopy(xcoms or SUCCESS_XCOMS)
     xcoms["wait_hf_export"] = {"export_uri": export}
-    xcoms["validate"] = {"model": "qwen3-30b-a3b", "run_name": "rl-ab12cd", "num_batches": 3}
+    xcoms["validate"] = {
+        "model": "qwen3-30b-a3b",
+        "run_name": "rl-ab12cd",
+        "num_batches": 3,
+        **(validated or {}),
+    }
     ti = PushingTaskInstance(xcoms, task_id="promote_model")
     events = OutletEventAccessors()
     context: dict[str, Any] = {"dag_run": FakeDagRun(gke_task_instances()), "ti": ti, "outlet_events": events}
@@ -249,3 +258,11 @@ def test_image_digest() -> None:
     assert image_digest(IMAGE) == "sha256:" + "a" * 64
     assert image_digest("x/y:1") is None
     assert image_digest(None) is None
+
+
+def test_the_card_and_the_events_extra_name_the_gke_cluster_and_its_origin(export: str) -> None:
+    cluster = {"project": "p-1", "region": "us-east5", "cluster_name": "tpu-rl", "cluster_mode": "create"}
+    xcoms = {**copy.deepcopy(SUCCESS_XCOMS), "deploy_cluster": {"cluster_origin": "kept", "kept_from": "d/r"}}
+    result, _, _ = run_gate(export, "0.2", xcoms=xcoms, validated=cluster)
+    assert (result["gke_cluster"], result["gke_cluster_origin"]) == ("p-1/us-east5/tpu-rl", "kept")
+    assert "| GKE cluster | p-1/us-east5/tpu-rl (kept) |" in read(export + "README.md")

@@ -37,6 +37,6 @@ def test_the_table_has_a_line_per_command_with_its_median() -> None:
         CallCost("kubectl", [1.0], [1.0], 0, None),
     ]
     lines = cost_lines(costs, 3)
-    assert lines[0].startswith("6. Fake CLI calls: CPU per call, median of 3")
+    assert lines[0].startswith("7. Fake CLI calls: CPU per call, median of 3")
     assert lines[2].split() == ["gcloud", "version", "20.0", "2.0", "0", "100"]
     assert lines[3].split() == ["kubectl", "1.0", "1.0", "0", "-"]

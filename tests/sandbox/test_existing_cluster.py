@@ -353,3 +353,44 @@ def test_a_cpu_job_on_an_existing_cluster_waits_for_a_pool_its_node_selector_nam
         cluster, {"node_constraint": {"cloud.google.com/gke-nodepool": "tpu-rl-bbbbbb-cpu"}}
     )
     assert has_matching_nodes(cluster, {"node_constraint": {}})
+
+
+def test_a_tpu_pools_nodes_run_after_provisioning_and_its_create_waits_for_them_ready(
+    cli: Cli, names: dict[str, str]
+) -> None:
+    """On the time scale a run's TPU pool bills as a toolkit pool does: its node VMs RUNNING after
+    GKE's work and their provisioning, the create done once they are Ready; the delete stops them."""
+    from datetime import datetime
+
+    from tpu_rl_sandbox.world.settings import update_settings
+
+    scale = 0.4  # sandbox seconds per estimated minute
+    minutes = {"tpu_pool_create": 1.0, "vm_provisioning": 1.0, "vm_staging": 0.0, "tpu_node_ready": 2.0}
+    update_settings(cli.layout, minute_seconds=scale, capacity_minutes={**minutes, "vm_stopping": 1.0})
+    try:
+        _made(cli, names)
+        began = datetime.now().astimezone()
+        create = cli.gcloud(
+            "container", "node-pools", "create", "tpu-rl-4d5e6f-tpu-0", *_scope(names),
+            f"--node-locations={names['zone']}", "--machine-type=ct6e-standard-4t", "--tpu-topology=2x4",
+            "--num-nodes=2",
+        )  # fmt: skip
+        done = datetime.now().astimezone()
+        assert create.code == 0, create.text
+        nodes = [
+            vm
+            for vm in cli.state("vms").values()
+            if (vm.get("labels") or {}).get("goog-k8s-node-pool-name") == "tpu-rl-4d5e6f-tpu-0"
+        ]
+        assert len(nodes) == 2  # one record each, not one per look
+        for node in nodes:
+            started = datetime.fromisoformat(node["lastStartTimestamp"])
+            assert (started - began).total_seconds() >= 2 * scale - 0.05  # GKE's minute, provisioning's
+            assert (done - started).total_seconds() >= 2 * scale - 0.05  # the nodes' boot to Ready
+        delete = cli.gcloud(
+            "container", "node-pools", "delete", "tpu-rl-4d5e6f-tpu-0", *_scope(names), "--quiet"
+        )
+        assert delete.code == 0, delete.text
+        assert not [v for v in cli.state("vms").values() if v["name"] in {n["name"] for n in nodes}]
+    finally:
+        update_settings(cli.layout, minute_seconds=0.0, capacity_minutes={})

@@ -27,7 +27,11 @@
    stock; the time to training and the training's cost of ``["reservation", "flex-start", "spot"]``
    against a run that waits for its reservation (``commands/fallback_bench.py``).
    ``--fallback-only`` runs this section alone.
-6. The fake CLIs' cost: CPU milliseconds per call of typical ``gcloud``/``gcluster`` commands through
+6. A cluster the run does not own: the GKE pipeline's same training on an existing cluster (a
+   platform team's, ``cluster_mode existing``) beside a create-mode run; the TPU billed and the wall
+   time of each, and what the sandbox does not play (the cluster's deploy and teardown) from its
+   stated source (``commands/existing_bench.py``). ``--existing-only`` runs this section alone.
+7. The fake CLIs' cost: CPU milliseconds per call of typical ``gcloud``/``gcluster`` commands through
    their shims, beside the interpreter's floor (``commands/cli_cost.py``). ``--cli-cost-only`` runs
    this section alone (``--cli-calls`` per command).
 
@@ -917,9 +921,12 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parse-only", action="store_true", help="only the DAG parse benchmark (1.)")
     parser.add_argument("--tpu-time-only", action="store_true", help="only the TPU time and cost (4.)")
     parser.add_argument("--fallback-only", action="store_true", help="only the capacity fallback (5.)")
-    parser.add_argument("--cli-cost-only", action="store_true", help="only the fake CLIs' CPU per call (6.)")
+    parser.add_argument("--cli-cost-only", action="store_true", help="only the fake CLIs' CPU per call (7.)")
     parser.add_argument(
-        "--cli-calls", type=int, default=20, help="calls per command in 6. (the median is shown)"
+        "--cli-calls", type=int, default=20, help="calls per command in 7. (the median is shown)"
+    )
+    parser.add_argument(
+        "--existing-only", action="store_true", help="only the existing cluster beside a created one (6.)"
     )
     parser.add_argument(
         "--stockout-minutes",
@@ -947,12 +954,10 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
 def run_bench_command(args: argparse.Namespace) -> int:
     dags = args.dags_folder.resolve()
     print(f"tpu-rl-sandbox bench on {os.cpu_count()} cores, Python {sys.version.split()[0]}", flush=True)
-    if (
-        sum(bool(x) for x in (args.parse_only, args.tpu_time_only, args.fallback_only, args.cli_cost_only))
-        > 1
-    ):
+    only = (args.parse_only, args.tpu_time_only, args.fallback_only, args.existing_only, args.cli_cost_only)
+    if sum(bool(x) for x in only) > 1:
         print(
-            "--parse-only, --tpu-time-only, --fallback-only and --cli-cost-only exclude each other",
+            "--parse-only, --tpu-time-only, --fallback-only, --existing-only and --cli-cost-only exclude each other",
             file=sys.stderr,
         )
         return 2
@@ -960,6 +965,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
         return _print_cli_cost(args)
     if args.fallback_only:
         return _print_fallback(args)
+    if args.existing_only:
+        return _print_existing(dags, args)
     if args.tpu_time_only:
         return _print_tpu_time(dags, args)
     lines, parsed = bench_parse(dags, args.repeats)
@@ -974,6 +981,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         print(line, flush=True)
     _print_tpu_time(dags, args)
     _print_fallback(args)
+    _print_existing(dags, args)
     return _print_cli_cost(args)
 
 
@@ -981,6 +989,16 @@ def _print_fallback(args: argparse.Namespace) -> int:
     prices = tpu_cost.read_price_table(args.prices)
     for line in fallback_bench.bench_fallback(
         args.minute_seconds, prices, stockout_minutes=args.stockout_minutes
+    ):
+        print(line, flush=True)
+    return 0
+
+
+def _print_existing(dags: Path, args: argparse.Namespace) -> int:
+    from tpu_rl_sandbox.commands import existing_bench  # it imports this module's helpers
+
+    for line in existing_bench.bench_existing(
+        dags, args.minute_seconds, args.step_seconds, args.stage_minutes
     ):
         print(line, flush=True)
     return 0

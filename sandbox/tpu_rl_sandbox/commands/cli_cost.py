@@ -122,7 +122,7 @@ def cost_lines(costs: Sequence[CallCost], calls: int) -> list[str]:
     """The section's table: per command, median CPU and wall ms per call, exit code, modules."""
     width = max(len(cost.label) for cost in costs)
     lines = [
-        f"6. Fake CLI calls: CPU per call, median of {calls} (wait4: the shim, the interpreter, its children)",
+        f"7. Fake CLI calls: CPU per call, median of {calls} (wait4: the shim, the interpreter, its children)",
         f"   {'command':<{width}}  {'CPU ms':>7}  {'wall ms':>7}  {'exit':>4}  {'modules':>7}",
     ]
     for cost in costs:

@@ -22,6 +22,8 @@ from tpu_rl_sandbox.clis.gcloud.output import GcloudError, formatted, matches_fi
 from tpu_rl_sandbox.clis.gcloud.parser import GcloudParse
 from tpu_rl_sandbox.clis.gcloud.values import parse_labels, parse_map
 from tpu_rl_sandbox.world import existing_clusters, gke_nodes, inventory
+from tpu_rl_sandbox.world.settings import load_settings
+from tpu_rl_sandbox.world.timescale import capacity_seconds
 
 CHIPS_PER_VM = {"ct6e-standard-1t": 1, "ct6e-standard-4t": 4, "ct6e-standard-8t": 8}
 
@@ -63,6 +65,42 @@ class NodePoolsCommands(GcloudCall):
             f"https://container.googleapis.com/v1/projects/{project}/locations/{location}/clusters/"
             f"{cluster}/nodePools/{name}"
         )
+
+    def _bring_up_nodes(self, key: str, pool: dict[str, Any]) -> None:
+        """A TPU pool's node VMs, as a ``gcluster deploy``'s TPU pool gets them (world/gke_nodes.py):
+        GKE's own work first (``tpu_pool_create``, unbilled), the VMs through PENDING, PROVISIONING
+        and STAGING to RUNNING, then booted until their nodes are Ready (``tpu_node_ready``, billed),
+        on the time scale (``timescale.CAPACITY_MINUTES``; instant when it is off). The pool is
+        added after (``record_pool_events`` then finds its nodes)."""
+        settings = load_settings(self.layout)
+        time.sleep(capacity_seconds(settings.minute_seconds, "tpu_pool_create", settings.capacity_minutes))
+        begin = time.time()
+        with self.store.txn() as txn:
+            cluster = txn.doc("clusters")[key]
+            running_at = gke_nodes.create_nodes(
+                txn,
+                cluster,
+                pool,
+                begin=begin,
+                minute_seconds=settings.minute_seconds,
+                overrides=dict(settings.capacity_minutes),
+            )
+        time.sleep(max(0.0, running_at - time.time()))
+        with self.store.txn() as txn:
+            gke_nodes.finish_creates(txn, txn.doc("clusters")[key], pool, running_at)
+        time.sleep(capacity_seconds(settings.minute_seconds, "tpu_node_ready", settings.capacity_minutes))
+
+    def _take_down_nodes(self, key: str, pool: dict[str, Any]) -> None:
+        """The pool's node VMs deleted: STOPPING (billing ends), then gone, before the pool is. No
+        drain is played: the pipeline deletes its pool after its training's pods ended."""
+        settings = load_settings(self.layout)
+        begin = time.time()
+        with self.store.txn() as txn:
+            keys = gke_nodes.begin_deletes(txn, txn.doc("clusters")[key], pool, begin)
+        stopping = capacity_seconds(settings.minute_seconds, "vm_stopping", settings.capacity_minutes)
+        time.sleep(stopping)
+        with self.store.txn() as txn:
+            gke_nodes.finish_deletes(txn, keys, begin + stopping)
 
     def cmd_container_node_pools_list(self, parsed: GcloudParse) -> int:
         project, location, cluster, _ = self._pool_scope(parsed)
@@ -154,6 +192,8 @@ class NodePoolsCommands(GcloudCall):
         zones = str(parsed.get("node-locations") or record.get("zone") or "").split(",")
         pool = self._new_pool(parsed, name, zones[0])
         self.err(f"Creating node pool {name}...\n")
+        if gke_nodes.is_tpu_pool(pool) and not any(p["name"] == name for p in record.get("node_pools", [])):
+            self._bring_up_nodes(key, pool)  # before the pool is listed done (its create's operation)
         with self.store.txn() as txn:
             clusters = txn.doc("clusters")
             current = clusters.get(key)
@@ -194,6 +234,16 @@ class NodePoolsCommands(GcloudCall):
             f"{cluster}/nodePools/{name}."
         )
         self.err(f"Deleting node pool {name}...\n")
+        pool = next(
+            (
+                p
+                for p in self._existing(project, location, cluster).get("node_pools", [])
+                if p["name"] == name
+            ),
+            None,
+        )
+        if pool is not None and gke_nodes.is_tpu_pool(pool):
+            self._take_down_nodes(key, pool)  # its node VMs go first, then the pool
         with self.store.txn() as txn:
             clusters = txn.doc("clusters")
             current = clusters.get(key)
