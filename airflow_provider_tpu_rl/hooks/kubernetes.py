@@ -32,7 +32,7 @@ import contextlib
 import re
 import shlex
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cached_property
@@ -790,22 +790,17 @@ class JobSetClient:
 
     async def pods(self, client: ApiClient, namespace: str, jobset: str) -> list[dict[str, Any]]:
         """The JobSet's pods (as plain dicts, as the API sent them)."""
-        import json
-
         from kubernetes_asyncio.client import CoreV1Api
 
-        try:
-            response: Any = await CoreV1Api(client).list_namespaced_pod(
+        return await _listed_items(
+            CoreV1Api(client).list_namespaced_pod(
                 namespace,
                 label_selector=f"{JOBSET_NAME_LABEL}={jobset}",
                 _preload_content=False,
                 _request_timeout=API_TIMEOUT,
-            )
-            body = await response.read()
-        except Exception as err:
-            raise _api_error(err, f"list pods of JobSet {namespace}/{jobset}") from err
-        items: list[dict[str, Any]] = json.loads(body).get("items") or []
-        return items
+            ),
+            f"list pods of JobSet {namespace}/{jobset}",
+        )
 
     async def create_pod(self, client: ApiClient, namespace: str, manifest: Mapping[str, Any]) -> None:
         """Create the pod ``manifest`` (a plain dict) in ``namespace``."""
@@ -841,22 +836,17 @@ class JobSetClient:
 
     async def pod_events(self, client: ApiClient, namespace: str, name: str) -> list[dict[str, Any]]:
         """The events of the pod ``namespace/name`` (``involvedObject.name`` field selector)."""
-        import json
-
         from kubernetes_asyncio.client import CoreV1Api
 
-        try:
-            response: Any = await CoreV1Api(client).list_namespaced_event(
+        return await _listed_items(
+            CoreV1Api(client).list_namespaced_event(
                 namespace,
                 field_selector=f"involvedObject.kind=Pod,involvedObject.name={name}",
                 _preload_content=False,
                 _request_timeout=API_TIMEOUT,
-            )
-            body = await response.read()
-        except Exception as err:
-            raise _api_error(err, f"list the events of pod {namespace}/{name}") from err
-        items: list[dict[str, Any]] = json.loads(body).get("items") or []
-        return items
+            ),
+            f"list the events of pod {namespace}/{name}",
+        )
 
     async def delete_pod(self, client: ApiClient, namespace: str, name: str) -> bool:
         """Delete the pod at once (grace period 0); False when already gone."""
@@ -877,21 +867,16 @@ class JobSetClient:
 
     async def pods_anywhere(self, client: ApiClient, jobset: str) -> list[dict[str, Any]]:
         """The JobSet's pods in every namespace (they outlive a deleted JobSet while they end)."""
-        import json
-
         from kubernetes_asyncio.client import CoreV1Api
 
-        try:
-            response: Any = await CoreV1Api(client).list_pod_for_all_namespaces(
+        return await _listed_items(
+            CoreV1Api(client).list_pod_for_all_namespaces(
                 label_selector=f"{JOBSET_NAME_LABEL}={jobset}",
                 _preload_content=False,
                 _request_timeout=API_TIMEOUT,
-            )
-            body = await response.read()
-        except Exception as err:
-            raise _api_error(err, f"list pods of JobSet {jobset}") from err
-        items: list[dict[str, Any]] = json.loads(body).get("items") or []
-        return items
+            ),
+            f"list pods of JobSet {jobset}",
+        )
 
     async def log_lines(
         self,
@@ -957,3 +942,17 @@ class JobSetClient:
                 yield pending.decode(errors="replace").rstrip("\r\n")
         finally:
             response.release()
+
+
+async def _listed_items(listing: Awaitable[Any], what: str) -> list[dict[str, Any]]:
+    """The ``items`` of a list call made with ``_preload_content=False`` (plain dicts, as the API
+    sent them); a failure is the provider's error saying ``what``."""
+    import json
+
+    try:
+        response = await listing
+        body = await response.read()
+    except Exception as err:
+        raise _api_error(err, what) from err
+    items: list[dict[str, Any]] = json.loads(body).get("items") or []
+    return items
