@@ -31,7 +31,7 @@ from tpu_rl_sandbox.apis.gcs_emulator import api_for
 from tpu_rl_sandbox.machines.fsview import GcsStore
 from tpu_rl_sandbox.machines.hosts import MachineServices, PodHost, tpu_chips_of
 from tpu_rl_sandbox.machines.maxtext_sim import DEFAULT_STEP_SECONDS
-from tpu_rl_sandbox.world import iam, secret_values
+from tpu_rl_sandbox.world import compute_classes, iam, secret_values
 from tpu_rl_sandbox.world.faults import FaultGate, claim_preemption, parse_faults
 from tpu_rl_sandbox.world.layout import SandboxLayout
 from tpu_rl_sandbox.world.registry import Copies, ar_repository, digest_of
@@ -156,6 +156,16 @@ class Worker:
                     time.sleep(0.05)  # no ClusterQueue quota for TPUs: never admitted
                     continue
                 if cluster.get("made_outside"):
+                    # a TPU job selecting a ComputeClass no node of which exists: GKE's choice
+                    # among its priorities (world/compute_classes.py scale_up)
+                    wanted = (me.get("node_constraint") or {}).get(compute_classes.CLASS_LABEL)
+                    klass = (
+                        txn.doc(compute_classes.DOC).get(f"{me['cluster_key']}/{wanted}") if wanted else None
+                    )
+                    if klass is not None and matching_tpu_pool(cluster, me) is None:
+                        compute_classes.scale_up(
+                            txn, me["cluster_key"], cluster, klass, load_settings(self.layout), time.time()
+                        )
                     if existing_cluster_tpu_fits(me, jobs, cluster):
                         return
                     time.sleep(0.05)

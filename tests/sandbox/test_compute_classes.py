@@ -1,0 +1,93 @@
+"""GKE's ComputeClass in the sandbox (world/compute_classes.py, apis/kube_api.py): the CRD's
+schema refusals, its create/get/delete through the fake Kubernetes API as the real server answers
+them, and the kind each priority asks for."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.sandbox.conftest import Cli, Cluster
+from tpu_rl_sandbox.apis import kube_access
+from tpu_rl_sandbox.world import compute_classes
+from tpu_rl_sandbox.world.store import StateStore
+
+CLASSES = "/apis/cloud.google.com/v1/computeclasses"
+TPU = {"type": "tpu-v6e-slice", "count": 4, "topology": "2x2"}
+
+
+def _class(name: str = "tpu-rl-1a2b3c", **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "cloud.google.com/v1",
+        "kind": "ComputeClass",
+        "metadata": {"name": name},
+        "spec": {"priorities": [{"tpu": TPU, "spot": True}], **spec},
+    }
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (_class(priorities=[]), "spec.priorities"),
+        (_class(whenUnsatisfiable="Never"), "spec.whenUnsatisfiable"),
+        (_class(priorities=[{"tpu": {"type": "tpu-v6e-slice"}}]), "spec.priorities[0].tpu"),
+        (
+            _class(priorities=[{"tpu": TPU, "reservations": {"affinity": "Specific"}}]),
+            "spec.priorities[0].reservations.specific",
+        ),
+        (
+            _class(priorities=[{"tpu": TPU, "reservations": {"affinity": "Some"}}]),
+            "spec.priorities[0].reservations.affinity",
+        ),
+        (_class(name="Not_A_Name"), "metadata.name"),
+        ({**_class(), "kind": "Pod"}, "apiVersion"),
+    ],
+)
+def test_the_crd_schema_refuses_a_wrong_class(body: dict[str, Any], field: str) -> None:
+    assert [f for f, _ in compute_classes.problems(body)] == [field]
+    assert compute_classes.problems(_class()) == []
+
+
+@pytest.mark.parametrize(
+    ("priority", "kind"),
+    [
+        ({"tpu": TPU, "spot": True}, "spot"),
+        ({"tpu": TPU, "flexStart": {"enabled": True}}, "flex-start"),
+        ({"tpu": TPU, "reservations": {"affinity": "Specific", "specific": [{"name": "r"}]}}, "reservation"),
+        ({"tpu": TPU, "reservations": {"affinity": "None"}}, "on-demand"),
+        ({"tpu": TPU}, "on-demand"),
+    ],
+)
+def test_each_priority_asks_for_its_kind(priority: dict[str, Any], kind: str) -> None:
+    assert compute_classes.priority_kind(priority) == kind
+
+
+def test_a_class_is_created_read_and_deleted_through_the_api(cli: Cli, cluster: Cluster) -> None:
+    access = kube_access.cluster_access(cli.layout, cluster.project, cluster.region, cluster.name)
+    created = kube_access.request(access, "POST", CLASSES, _class())
+    assert created.status == 201
+    assert created.json()["metadata"]["uid"]
+    again = kube_access.request(access, "POST", CLASSES, _class())
+    assert (again.status, again.json()["reason"]) == (409, "AlreadyExists")
+    assert again.json()["message"] == 'computeclasses.cloud.google.com "tpu-rl-1a2b3c" already exists'
+    invalid = kube_access.request(access, "POST", CLASSES, _class(name="other", priorities=[]))
+    assert (invalid.status, invalid.json()["reason"]) == (422, "Invalid")
+    assert kube_access.request(access, "GET", f"{CLASSES}/tpu-rl-1a2b3c").json()["spec"] == _class()["spec"]
+    deleted = kube_access.request(access, "DELETE", f"{CLASSES}/tpu-rl-1a2b3c")
+    assert (deleted.status, deleted.json()["status"]) == (200, "Success")
+    gone = kube_access.request(access, "GET", f"{CLASSES}/tpu-rl-1a2b3c")
+    assert (gone.status, gone.json()["message"]) == (
+        404,
+        'computeclasses.cloud.google.com "tpu-rl-1a2b3c" not found',
+    )
+    assert kube_access.request(access, "DELETE", f"{CLASSES}/tpu-rl-1a2b3c").status == 404
+
+    # a cluster older than 1.30.3-gke.1451000 serves no ComputeClass: no such path
+    store = StateStore(cli.layout)
+    with store.txn() as txn:
+        key = next(k for k, v in txn.doc("clusters").items() if v.get("name") == cluster.name)
+        txn.doc("clusters")[key]["gke_version"] = "1.30.2-gke.1000"
+        txn.save("clusters")
+    old = kube_access.request(access, "POST", CLASSES, _class())
+    assert old.status == 404
