@@ -17,10 +17,17 @@ from typing import Any
 
 from airflow_provider_tpu_rl.render.blueprint import V6E_ACCELERATOR
 from airflow_provider_tpu_rl.render.command import ApiCall, Command
+from airflow_provider_tpu_rl.render.gke import (
+    CAPACITY_PROBE_IMAGE,
+    CAPACITY_PROBE_LABEL,
+    CAPACITY_PROBE_NAMESPACE,
+    TPU_RESOURCE,
+)
 from airflow_provider_tpu_rl.render.shell import key_values
 from airflow_provider_tpu_rl.spec.cluster import FLEX_START, ON_DEMAND, RESERVATION, SPOT
 from airflow_provider_tpu_rl.spec.existing_cluster import (
     COMPUTE_CLASS_GROUP_VERSION,
+    COMPUTE_CLASS_LABEL,
     COMPUTE_CLASS_PLURAL,
     CPU_POOL_ROLE,
     TPU_POOL_ROLE,
@@ -246,3 +253,38 @@ def delete_compute_class(pools: RunPools) -> ApiCall:
         description=f"delete this run's ComputeClass {name} when its labels name the run (GKE removes "
         "the node pools it auto-created once their nodes are empty)",
     )
+
+
+def compute_class_probe_name(pools: RunPools) -> str:
+    """The placeholder pod that asks the run's ComputeClass for its first node."""
+    return f"{compute_class_name(pools.suffix)}-capacity-probe"
+
+
+def compute_class_probe_pod(pools: RunPools) -> dict[str, Any]:
+    """A placeholder pod selecting the run's ComputeClass (``cloud.google.com/compute-class``) and
+    asking for one node's TPU chips: GKE auto-creates a node pool for the first priority it can
+    get, and the node it lands on says which kind that was. Deleted once read."""
+    chips = {TPU_RESOURCE: str(pools.shape.chips_per_vm)}
+    name = compute_class_name(pools.suffix)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": compute_class_probe_name(pools),
+            "namespace": CAPACITY_PROBE_NAMESPACE,
+            "labels": {CAPACITY_PROBE_LABEL: name},
+        },
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 0,
+            "nodeSelector": {COMPUTE_CLASS_LABEL: name},
+            "tolerations": [{"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [
+                {
+                    "name": "placeholder",
+                    "image": CAPACITY_PROBE_IMAGE,
+                    "resources": {"requests": dict(chips), "limits": dict(chips)},
+                }
+            ],
+        },
+    }

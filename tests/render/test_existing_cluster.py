@@ -145,3 +145,11 @@ def test_the_compute_class_is_created_and_deleted_through_the_kubernetes_api() -
     )
     delete = render.delete_compute_class(POOLS)
     assert (delete.method, delete.url) == ("DELETE", "/apis/cloud.google.com/v1/computeclasses/tpu-rl-1a2b3c")
+
+
+def test_the_compute_class_probe_pod_selects_the_class_and_asks_one_nodes_chips() -> None:
+    pod = render.compute_class_probe_pod(POOLS)
+    assert pod["metadata"]["name"] == "tpu-rl-1a2b3c-capacity-probe"
+    spec = pod["spec"]
+    assert spec["nodeSelector"] == {"cloud.google.com/compute-class": "tpu-rl-1a2b3c"}
+    assert spec["containers"][0]["resources"]["requests"] == {"google.com/tpu": "4"}
