@@ -183,6 +183,7 @@ def gke_task_arguments(value: Value, training_image: Any = None) -> dict[str, di
             "existing_cluster": value("existing_cluster"),
             "kueue_queue": value("kueue_queue"),
             "cpu_node_pool": value("cpu_node_pool"),
+            "capacity_route": value("capacity_route"),
         },
         "ensure_bucket": scope,
         # the training image copied into the run's repository, streamed by the TPU node pool

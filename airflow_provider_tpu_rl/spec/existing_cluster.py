@@ -336,12 +336,57 @@ def _version_text(version: tuple[int, int, int, int]) -> str:
 
 @dataclass(frozen=True)
 class ClusterNeeds:
-    """What the run needs of the existing cluster."""
+    """What the run needs of the existing cluster (``capacities``: the ordered kinds of the
+    ``compute-class`` route, its ComputeClass's priorities; empty on the ``pools`` route)."""
 
     cluster: ExistingCluster
     capacity: str
     cpu_pool: str = ""
     queue: str = ""
+    capacities: tuple[str, ...] = ()
+
+
+# The container v1 ClusterAutoscaling of ``clusters describe`` (gcloud 528's generated
+# container_v1_messages.py: ``enableNodeAutoprovisioning``, ``resourceLimits`` of
+# ``ResourceLimit{resourceType, minimum, maximum}``; direct). GKE's "Configure node pool
+# auto-creation" (direct): "Any resource limits that you set for the cluster when you enable node
+# auto-provisioning also apply to the node pools that GKE creates for ComputeClasses"; an
+# accelerator with no limit there is one auto-provisioning may not create (GKE "Use node
+# auto-provisioning", its accelerator limits; second-hand for TPUs).
+def _auto_provisioning_blocks_tpus(described: Mapping[str, Any]) -> bool:
+    autoscaling = described.get("autoscaling") or {}
+    if not autoscaling.get("enableNodeAutoprovisioning"):
+        return False
+    limits = [r for r in autoscaling.get("resourceLimits") or [] if isinstance(r, Mapping)]
+    return not any(
+        str(r.get("resourceType")) == "tpu-v6e-slice" and int(r.get("maximum") or 0) > 0 for r in limits
+    )
+
+
+def compute_class_problems(needs: ClusterNeeds, described: Mapping[str, Any]) -> list[str]:
+    """One line per thing the ``compute-class`` route needs of the cluster and it lacks: a GKE whose
+    ComputeClasses create their own node pools (and that runs flex-start TPUs when a priority is
+    flex-start), and no node auto-provisioning limits that leave TPU v6e out."""
+    where = needs.cluster.where
+    problems: list[str] = []
+    version = gke_version(described.get("currentMasterVersion"))
+    upgrade = (
+        f"upgrade its control plane (gcloud container clusters upgrade {needs.cluster.name} --master "
+        f"--location={needs.cluster.location} --cluster-version=...), or set capacity_route to pools"
+    )
+    shown = described.get("currentMasterVersion") or "of no known version"
+    if version is None or version < AUTO_CREATION_MIN_VERSION:
+        problems.append(
+            f"cluster {where} runs GKE {shown}, older than {_version_text(AUTO_CREATION_MIN_VERSION)}, the "
+            f"first whose ComputeClass creates its own node pools (nodePoolAutoCreation): {upgrade}"
+        )
+    if _auto_provisioning_blocks_tpus(described):
+        problems.append(
+            f"cluster {where} has node auto-provisioning on with no tpu-v6e-slice resource limit: its "
+            "limits apply to the node pools GKE creates for a ComputeClass, so none of TPU v6e can be "
+            "made; add a tpu-v6e-slice limit to its auto-provisioning, or set capacity_route to pools"
+        )
+    return problems
 
 
 def cluster_problems(needs: ClusterNeeds, described: Mapping[str, Any] | None) -> list[str]:
@@ -366,8 +411,9 @@ def cluster_problems(needs: ClusterNeeds, described: Mapping[str, Any] | None) -
             "Standard cluster"
         )
     version = gke_version(described.get("currentMasterVersion"))
-    minimum = FLEX_START_MIN_VERSION if needs.capacity == FLEX_START else V6E_MIN_VERSION
-    what = "flex-start TPU node pools" if needs.capacity == FLEX_START else "TPU v6e"
+    flex = FLEX_START in (needs.capacities or (needs.capacity,))
+    minimum = FLEX_START_MIN_VERSION if flex else V6E_MIN_VERSION
+    what = "flex-start TPU node pools" if flex else "TPU v6e"
     if version is None or version < minimum:
         problems.append(
             f"cluster {where} runs GKE {described.get('currentMasterVersion') or 'of no known version'}, "
@@ -375,6 +421,8 @@ def cluster_problems(needs: ClusterNeeds, described: Mapping[str, Any] | None) -
             f"(gcloud container clusters upgrade {needs.cluster.name} --master "
             f"--location={needs.cluster.location} --cluster-version=...)"
         )
+    if needs.capacities:
+        problems += compute_class_problems(needs, described)
     pool = (described.get("workloadIdentityConfig") or {}).get("workloadPool")
     expected = f"{needs.cluster.project}.svc.id.goog"
     if pool != expected:

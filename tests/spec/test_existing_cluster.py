@@ -458,3 +458,26 @@ def test_the_compute_class_plan_creates_and_deletes_the_class_and_no_tpu_pool() 
     assert calls["destroy_tpu_pool"]["api"] == f"DELETE /apis/cloud.google.com/v1/computeclasses/{name}"
     assert plan["capacity"]["value"] == _ORDER
     assert plan["capacity"]["route"] == "compute-class"
+
+
+def test_the_compute_class_route_needs_auto_creation_and_flex_start_when_a_priority_is_flex() -> None:
+    needs = ClusterNeeds(CLUSTER, "spot", capacities=("spot", "flex-start"))
+    assert cluster_problems(needs, _cluster(currentMasterVersion="1.35.1-gke.1000")) == []
+    old = cluster_problems(needs, _cluster(currentMasterVersion="1.32.4-gke.1106006"))
+    assert len(old) == 2
+    assert "the first with flex-start TPU node pools" in old[0]
+    assert "older than 1.33.3-gke.1136000, the first whose ComputeClass creates its own node pools" in old[1]
+    limited = {
+        "enableNodeAutoprovisioning": True,
+        "resourceLimits": [{"resourceType": "cpu", "maximum": "8"}],
+    }
+    new = "1.35.1-gke.1000"
+    assert cluster_problems(needs, _cluster(currentMasterVersion=new, autoscaling=limited)) == [
+        f"cluster {CLUSTER.where} has node auto-provisioning on with no tpu-v6e-slice resource limit: its "
+        "limits apply to the node pools GKE creates for a ComputeClass, so none of TPU v6e can be made; add "
+        "a tpu-v6e-slice limit to its auto-provisioning, or set capacity_route to pools"
+    ]
+    allowed = {**limited, "resourceLimits": [{"resourceType": "tpu-v6e-slice", "maximum": "64"}]}
+    assert cluster_problems(needs, _cluster(currentMasterVersion=new, autoscaling=allowed)) == []
+    # the pools route (no capacities) needs neither
+    assert cluster_problems(ClusterNeeds(CLUSTER, "spot"), _cluster(autoscaling=limited)) == []

@@ -161,7 +161,16 @@ def _pool_name(machine: str) -> str:
 def auto_creates(cluster: Mapping[str, Any], klass: Mapping[str, Any]) -> bool:
     """Whether GKE creates node pools for the class in this cluster."""
     enabled = bool(((klass.get("spec") or {}).get("nodePoolAutoCreation") or {}).get("enabled"))
-    return enabled and _version(existing_clusters.gke_version(cluster)) >= AUTO_CREATION_FROM
+    # node auto-provisioning's resource limits apply to the pools GKE creates for a ComputeClass
+    # ("Configure node pool auto-creation", direct): with limits and none for TPU v6e, none is made
+    autoscaling = cluster.get("autoscaling") or {}
+    limits = autoscaling.get("resourceLimits") or []
+    tpu_limited = autoscaling.get("enableNodeAutoprovisioning") and not any(
+        r.get("resourceType") == "tpu-v6e-slice" and int(r.get("maximum") or 0) > 0 for r in limits
+    )
+    return (
+        enabled and not tpu_limited and _version(existing_clusters.gke_version(cluster)) >= AUTO_CREATION_FROM
+    )
 
 
 def scale_up(
