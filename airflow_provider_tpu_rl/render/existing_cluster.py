@@ -189,8 +189,10 @@ def delete_pool(cluster: ExistingCluster, name: str) -> Command:
 # - ``priorities[].tpu``: ``type`` (the accelerator node label's value, tpu-v6e-slice), ``count``
 #   (TPU chips per node) and ``topology`` (the slice's);
 # - ``spot: true`` (Spot VMs), ``flexStart.enabled: true`` (flex-start), ``reservations``:
-#   ``affinity: Specific`` with ``specific: [{name}]`` (one reservation by name), ``affinity: None``
-#   (on-demand: consume none, as the pools route's ``--reservation-affinity=none``);
+#   ``affinity: Specific`` with ``specific: [{name}]`` (one reservation by name; the reference's
+#   example, direct), ``affinity: None`` (on-demand: consume none, as the pools route's
+#   ``--reservation-affinity=none``; the reference's third value beside Specific and AnyBestEffort,
+#   as we read it: not seen in a stored copy, second-hand);
 # - ``priorityDefaults.location.zones``: the zones new nodes go to (the run's one zone);
 # - ``nodePoolAutoCreation.enabled: true``: GKE creates the node pools itself;
 # - ``whenUnsatisfiable: DoNotScaleUp``: no node outside the priorities when none can be had (the

@@ -91,3 +91,55 @@ def test_a_class_is_created_read_and_deleted_through_the_api(cli: Cli, cluster: 
         txn.save("clusters")
     old = kube_access.request(access, "POST", CLASSES, _class())
     assert old.status == 404
+
+
+def test_gke_auto_creates_a_pool_for_the_first_priority_it_can_get_and_removes_it_unused(cli: Cli) -> None:
+    """Spot out of stock, the reservation missing: on-demand's pool is made, its nodes labelled with
+    the class; each refused priority one FailedScaleUp; unused, the autoscaler removes the pool and
+    its node VMs (the time scale off: at once)."""
+    from tpu_rl_sandbox.world.existing_clusters import make_existing_cluster
+    from tpu_rl_sandbox.world.gke_nodes import POOL_LABEL
+    from tpu_rl_sandbox.world.settings import load_settings, update_settings
+
+    store = StateStore(cli.layout)
+    make_existing_cluster(store, "cc-project", "us-east5", "us-east5-b", "cc-shared")
+    key = next(k for k, v in store.read("clusters").items() if v.get("name") == "cc-shared")
+    update_settings(cli.layout, tpu_capacity_out={"us-east5-b/spot": "stockout"})
+    try:
+        klass = _class(
+            nodePoolAutoCreation={"enabled": True},
+            priorityDefaults={"location": {"zones": ["us-east5-b"]}},
+            priorities=[
+                {"tpu": TPU, "spot": True},
+                {"tpu": TPU, "reservations": {"affinity": "Specific", "specific": [{"name": "absent"}]}},
+                {"tpu": TPU, "reservations": {"affinity": "None"}},
+            ],
+        )
+        with store.txn() as txn:
+            cluster = txn.doc("clusters")[key]
+            pool, events = compute_classes.scale_up(txn, key, cluster, klass, load_settings(cli.layout), 0.0)
+        assert pool is not None
+        assert pool["name"].startswith("nap-ct6e-standard-4t-")
+        assert pool["node_labels"] == {"cloud.google.com/compute-class": "tpu-rl-1a2b3c"}  # on-demand
+        assert [reason for reason, _ in events] == ["FailedScaleUp", "FailedScaleUp", "TriggeredScaleUp"]
+        assert "GCE out of resources" in events[0][1]
+        nodes = [
+            v for v in store.read("vms").values() if (v.get("labels") or {}).get(POOL_LABEL) == pool["name"]
+        ]
+        assert len(nodes) == 1  # a 2x2 slice of 4-chip nodes
+        # without nodePoolAutoCreation GKE makes nothing
+        with store.txn() as txn:
+            cluster = txn.doc("clusters")[key]
+            none, _ = compute_classes.scale_up(txn, key, cluster, _class(), load_settings(cli.layout), 0.0)
+        assert none is None
+
+        assert compute_classes.scale_down(store, key, load_settings(cli.layout)) == [pool["name"]]
+        assert not any(p.get("compute_class") for p in store.read("clusters")[key]["node_pools"])
+        assert not any(
+            (v.get("labels") or {}).get(POOL_LABEL) == pool["name"] for v in store.read("vms").values()
+        )
+    finally:
+        update_settings(cli.layout, tpu_capacity_out={})
+        with store.txn() as txn:  # the sandbox is the session's: the cluster goes
+            txn.doc("clusters").pop(key, None)
+            txn.save("clusters")
