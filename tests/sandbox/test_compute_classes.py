@@ -143,3 +143,47 @@ def test_gke_auto_creates_a_pool_for_the_first_priority_it_can_get_and_removes_i
         with store.txn() as txn:  # the sandbox is the session's: the cluster goes
             txn.doc("clusters").pop(key, None)
             txn.save("clusters")
+
+
+def test_a_tpu_job_selecting_the_class_gets_its_pool_and_then_fits(cli: Cli) -> None:
+    from tpu_rl_sandbox.machines.job_worker import (
+        existing_cluster_tpu_fits,
+        matching_tpu_pool,
+        scale_up_for_compute_class,
+    )
+    from tpu_rl_sandbox.world.existing_clusters import make_existing_cluster
+    from tpu_rl_sandbox.world.settings import load_settings
+
+    store = StateStore(cli.layout)
+    make_existing_cluster(store, "cc-project", "us-east5", "us-east5-b", "cc-jobs")
+    key = next(k for k, v in store.read("clusters").items() if v.get("name") == "cc-jobs")
+    job = {
+        "uid": "j",
+        "cluster_key": key,
+        "tpu": True,
+        "topology": "2x2",
+        "node_constraint": {"cloud.google.com/compute-class": "tpu-rl-1a2b3c"},
+        "status": "Suspended",
+        "created_ts": 1.0,
+    }
+    try:
+        with store.txn() as txn:
+            cluster = txn.doc("clusters")[key]
+            # no class of that name: nothing is made, the job stays pending
+            assert scale_up_for_compute_class(txn, job, cluster, load_settings(cli.layout)) is None
+            txn.doc(compute_classes.DOC)[f"{key}/tpu-rl-1a2b3c"] = _class(
+                nodePoolAutoCreation={"enabled": True}
+            )
+            pool = scale_up_for_compute_class(txn, job, cluster, load_settings(cli.layout))
+            assert pool is not None
+            assert pool["node_labels"]["cloud.google.com/gke-spot"] == "true"
+            assert matching_tpu_pool(cluster, job) == pool
+            assert existing_cluster_tpu_fits(job, {"j": job}, cluster)
+            # a pool there already: nothing more
+            assert scale_up_for_compute_class(txn, job, cluster, load_settings(cli.layout)) is None
+    finally:
+        with store.txn() as txn:
+            txn.doc("clusters").pop(key, None)
+            txn.doc(compute_classes.DOC).pop(f"{key}/tpu-rl-1a2b3c", None)
+            txn.save("clusters")
+            txn.save(compute_classes.DOC)
