@@ -313,14 +313,14 @@ COMPUTE_CLASS_RECORD_KIND = "compute_class"
 COMPUTE_CLASS_POLL_SECONDS = 10.0
 
 
-def _kube_client(operator: GclusterBaseOperator, cluster: ExistingCluster) -> Any:
+def _kube_client(gcp_conn_id: str, chain: str | Sequence[str] | None, cluster: ExistingCluster) -> Any:
     """A Kubernetes API client of ``cluster`` (the job operators' own)."""
     from airflow_provider_tpu_rl.hooks.kubernetes import GkeClusterHook, JobSetClient
 
-    access = GkeClusterHook(operator.gcp_conn_id, cluster.location, operator.chain).cluster_access(
+    access = GkeClusterHook(gcp_conn_id, cluster.location, chain).cluster_access(
         cluster.name, cluster.project
     )
-    return JobSetClient(access, operator.gcp_conn_id, operator.chain)
+    return JobSetClient(access, gcp_conn_id, chain)
 
 
 class ExistingClusterComputeClassOperator(_RunPoolsOperator):
@@ -397,7 +397,7 @@ class ExistingClusterComputeClassOperator(_RunPoolsOperator):
         probe_name = probe["metadata"]["name"]
         namespace = probe["metadata"]["namespace"]
         bound = flex_start_probe_timeout()
-        client = _kube_client(self, pools.cluster)
+        client = _kube_client(self.gcp_conn_id, self.chain, pools.cluster)
 
         async def apply_and_probe() -> tuple[str | None, list[str]]:
             try:
@@ -473,51 +473,60 @@ class ExistingClusterComputeClassOperator(_RunPoolsOperator):
 
     def delete_class(self, pools: RunPools, bucket: str, dag_id: str, run_id: str) -> bool:
         """Delete the run's ComputeClass when its labels and its record say it is the run's."""
-        return delete_run_compute_class(self, pools, bucket, dag_id, run_id)
+        return delete_run_compute_class(
+            self.gcp_conn_id, self.chain, pools.cluster, pools.suffix, bucket, dag_id, run_id
+        )
 
 
 def delete_run_compute_class(
-    operator: GclusterBaseOperator, pools: RunPools, bucket: str, dag_id: str, run_id: str
+    gcp_conn_id: str,
+    chain: str | Sequence[str] | None,
+    cluster: ExistingCluster,
+    suffix: str,
+    bucket: str,
+    dag_id: str,
+    run_id: str,
+    *,
+    dry_run: bool = False,
 ) -> bool:
-    """Delete run ``pools.suffix``'s ComputeClass when both its labels
-    (:func:`compute_class_is_runs`) and its resource record name this DAG run; True when deleted.
-    Another run's or team's class is left alone (one log line). The node pools GKE auto-created for
-    it are GKE's: once the run's jobs are gone their nodes are empty, the cluster autoscaler
-    removes them (``scale-down-unneeded-time``, 10 min by default: kubernetes/autoscaler
+    """Delete run ``suffix``'s ComputeClass when both its labels (:func:`compute_class_is_runs`)
+    and its resource record name this DAG run; True when deleted (with ``dry_run``: when it would
+    be). Another run's or team's class is left alone (one log line). The node pools GKE
+    auto-created for it are GKE's: once the run's jobs are gone their nodes are empty, the cluster
+    autoscaler removes them (``scale-down-unneeded-time``, 10 min by default: kubernetes/autoscaler
     cluster-autoscaler/FAQ.md) and GKE deletes an auto-created pool left empty ("About node pool
     auto-creation": GKE deletes "the entire node pool when it's no longer needed")."""
     import asyncio
 
-    name = compute_class_name(pools.suffix)
-    record = read_resource_record(operator.gcp_conn_id, bucket, name, operator.chain) or {}
+    name = compute_class_name(suffix)
+    record = read_resource_record(gcp_conn_id, bucket, name, chain) or {}
     recorded = (record.get("kind"), record.get("dag_id"), record.get("run_id")) == (
         COMPUTE_CLASS_RECORD_KIND,
         dag_id,
         run_id,
     )
-    client = _kube_client(operator, pools.cluster)
+    client = _kube_client(gcp_conn_id, chain, cluster)
 
     async def delete() -> bool:
         try:
             async with client.connection() as api:
                 found = await client.get_compute_class(api, name)
                 if found is None:
-                    log.info(
-                        "ComputeClass %s is not in cluster %s: nothing to delete", name, pools.cluster.where
-                    )
+                    log.info("ComputeClass %s is not in cluster %s: nothing to delete", name, cluster.where)
                     return False
-                if not (compute_class_is_runs(found, pools.suffix, bucket) and recorded):
+                if not (compute_class_is_runs(found, suffix, bucket) and recorded):
                     log.warning(
                         "ComputeClass %s of cluster %s is not provably this run's (labels: %s, record: %s): "
                         "left alone",
                         name,
-                        pools.cluster.where,
-                        "the run's"
-                        if compute_class_is_runs(found, pools.suffix, bucket)
-                        else "not the run's",
+                        cluster.where,
+                        "the run's" if compute_class_is_runs(found, suffix, bucket) else "not the run's",
                         f"{record.get('dag_id')}/{record.get('run_id')}" if record else "none",
                     )
                     return False
+                if dry_run:
+                    log.warning("dry run: would delete ComputeClass %s of %s", name, cluster.where)
+                    return True
                 return bool(await client.delete_compute_class(api, name))
         finally:
             await client.close()
@@ -537,7 +546,9 @@ class ExistingClusterComputeClassDeleteOperator(_RunPoolsOperator):
         bucket = rules.bucket_name("bucket", self.bucket)
         dag_id, run_id = self.run_ids(context)
         name = compute_class_name(pools.suffix)
-        deleted = delete_run_compute_class(self, pools, bucket, dag_id, run_id)
+        deleted = delete_run_compute_class(
+            self.gcp_conn_id, self.chain, pools.cluster, pools.suffix, bucket, dag_id, run_id
+        )
         return {
             "existing_cluster": pools.cluster.where,
             "deleted": [name] if deleted else [],
@@ -550,13 +561,17 @@ ENDED_RUN_STATES = frozenset({"success", "failed"})
 
 
 def condemned_pools(
-    records: Mapping[str, Mapping[str, Any]], now: float, run_state: Callable[[str, str], str | None]
+    records: Mapping[str, Mapping[str, Any]],
+    now: float,
+    run_state: Callable[[str, str], str | None],
+    kind: str = POOL_RECORD_KIND,
 ) -> list[Mapping[str, Any]]:
-    """The node pool records (``kind: node_pool``) whose pool is no longer needed: past their
-    ``expires_at``, or their DAG run has ended. Other records are never in it."""
+    """The records of ``kind`` (node pools; ``compute_class``: the runs' ComputeClasses) whose
+    resource is no longer needed: past their ``expires_at``, or their DAG run has ended. Other
+    records are never in it."""
     found = []
     for record in records.values():
-        if record.get("kind") != POOL_RECORD_KIND or not isinstance(record.get("cluster"), Mapping):
+        if record.get("kind") != kind or not isinstance(record.get("cluster"), Mapping):
             continue
         expires = record.get("expires_at")
         expired = isinstance(expires, int | float) and now >= expires
@@ -577,9 +592,10 @@ def sweep_run_pools(
 ) -> dict[str, list[str]]:
     """The janitor's pass over runs' pools on clusters they do not own: each pool a record in one
     of ``buckets`` condemns (:func:`condemned_pools`) is deleted when its labels say it is that
-    run's (:func:`pool_is_runs`); a pool already gone, or not provably the run's, is left alone. A
-    cluster is never deleted: the janitor finds clusters to destroy by the provider's label, which
-    a cluster made outside it does not carry."""
+    run's (:func:`pool_is_runs`); a pool already gone, or not provably the run's, is left alone;
+    so is each run's ComputeClass (:func:`delete_run_compute_class`). A cluster is never deleted:
+    the janitor finds clusters to destroy by the provider's label, which a cluster made outside it
+    does not carry."""
     from airflow_provider_tpu_rl.records.janitor_sources import read_bucket_records
 
     report: dict[str, list[str]] = {"deleted": [], "left_alone": [], "failed": []}
@@ -614,6 +630,27 @@ def sweep_run_pools(
                 report["deleted"].append(f"{cluster.where}/{name}")
             except Exception:
                 log.exception("janitor: could not delete node pool %s of %s", name, place)
+                report["failed"].append(f"{place}/{name}")
+        # the runs' ComputeClasses (capacity_route compute-class) whose run ended or expired
+        for record in condemned_pools(records, now, run_state, COMPUTE_CLASS_RECORD_KIND):
+            place = record["cluster"]
+            name = str(record.get("name"))
+            try:
+                cluster = ExistingCluster(str(place["project"]), str(place["location"]), str(place["name"]))
+                dag_id, run_id = str(record.get("dag_id")), str(record.get("run_id"))
+                deleted = delete_run_compute_class(
+                    gcp_conn_id,
+                    None,
+                    cluster,
+                    run_suffix(dag_id, run_id),
+                    bucket,
+                    dag_id,
+                    run_id,
+                    dry_run=dry_run,
+                )
+                report["deleted" if deleted else "left_alone"].append(f"{cluster.where}/{name}")
+            except Exception:
+                log.exception("janitor: could not delete ComputeClass %s of %s", name, place)
                 report["failed"].append(f"{place}/{name}")
     return report
 

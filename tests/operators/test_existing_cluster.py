@@ -33,7 +33,7 @@ from tpu_rl_sandbox.apis.kube_api import create_compute_class
 from tpu_rl_sandbox.clis.gcloud.app import Gcloud
 from tpu_rl_sandbox.world import compute_classes
 from tpu_rl_sandbox.world.existing_clusters import make_existing_cluster
-from tpu_rl_sandbox.world.gke_nodes import POOL_LABEL
+from tpu_rl_sandbox.world.gke_nodes import CLUSTER_LABEL, POOL_LABEL
 from tpu_rl_sandbox.world.settings import DEFAULT_RESERVATIONS, update_settings
 from tpu_rl_sandbox.world.store import StateStore
 
@@ -295,11 +295,17 @@ def _world(sb: SandboxRun, out: dict[str, str], reservation_count: int) -> None:
 
 
 def _classes(sb: SandboxRun) -> dict[str, dict[str, Any]]:
-    return {key.rsplit("/", 1)[-1]: value for key, value in sb.state(compute_classes.DOC).items()}
+    """The ComputeClasses of this test's cluster (the sandbox's state is the session's)."""
+    cluster = next(k for k in sb.state("clusters") if k.endswith(f"/{sb.cluster}"))
+    return {
+        key.rsplit("/", 1)[-1]: value
+        for key, value in sb.state(compute_classes.DOC).items()
+        if key.rsplit("/", 1)[0] == cluster
+    }
 
 
 def _auto_created(sb: SandboxRun) -> tuple[list[str], list[str]]:
-    """The node pools GKE auto-created, and their node VMs (what would bill)."""
+    """The node pools GKE auto-created in this test's cluster, and their node VMs (what would bill)."""
     record = sb.cluster_record()
     assert record is not None
     pools = [p["name"] for p in record["node_pools"] if p.get("compute_class")]
@@ -307,6 +313,7 @@ def _auto_created(sb: SandboxRun) -> tuple[list[str], list[str]]:
         v["name"]
         for v in sb.state("vms").values()
         if str((v.get("labels") or {}).get(POOL_LABEL, "")).startswith("nap-")
+        and (v.get("labels") or {}).get(CLUSTER_LABEL) == sb.cluster
     ]
     return pools, vms
 
@@ -396,3 +403,37 @@ def test_the_class_of_another_run_or_team_is_never_deleted(sb: SandboxRun) -> No
         _task(sb, conf, ClusterModeDeployOperator, "deploy_tpu_pool")
     assert _task(sb, conf, ClusterModeDestroyOperator, "destroy_tpu_pool")["deleted"] == []
     assert set(_classes(sb)) == {"team-b-tpus", f"tpu-rl-{suffix}"}
+
+
+def test_the_janitor_deletes_the_class_of_an_ended_run_and_no_other(sb: SandboxRun) -> None:
+    """A run that crashed before its teardown: its ComputeClass goes once the run has ended (its
+    record condemns it and its labels prove it); another team's class stays."""
+    where = _cluster(sb)
+    conf = _class_conf(sb, where)
+    suffix = run_suffix(GKE_DAG_ID, RUN_A)
+    _task(sb, conf, ClusterModeDeployOperator, "deploy_tpu_pool", RecordingTI())
+    key = next(k for k in sb.state("clusters") if k.endswith(f"/{sb.cluster}"))
+    create_compute_class(
+        StateStore(sb.layout),
+        key,
+        {
+            "apiVersion": "cloud.google.com/v1",
+            "kind": "ComputeClass",
+            "metadata": {"name": "team-b-tpus"},
+            "spec": {"priorities": [{"spot": True}]},
+        },
+    )
+    hook, now = GclusterHook(), time.time()
+    running = sweep_run_pools(hook, "google_cloud_default", [sb.bucket], now, lambda _d, _r: "running")
+    assert f"{where}/tpu-rl-{suffix}" not in running["deleted"]
+    dry = sweep_run_pools(
+        hook, "google_cloud_default", [sb.bucket], now, lambda _d, _r: "failed", dry_run=True
+    )
+    assert dry["deleted"] == [f"{where}/tpu-rl-{suffix}"]
+    assert set(_classes(sb)) == {"team-b-tpus", f"tpu-rl-{suffix}"}
+    swept = sweep_run_pools(hook, "google_cloud_default", [sb.bucket], now, lambda _d, _r: "failed")
+    assert (swept["deleted"], swept["failed"]) == ([f"{where}/tpu-rl-{suffix}"], [])
+    assert set(_classes(sb)) == {"team-b-tpus"}
+    # gone already: the next pass leaves it (nothing to delete)
+    again = sweep_run_pools(hook, "google_cloud_default", [sb.bucket], now, lambda _d, _r: "failed")
+    assert again["left_alone"] == [f"{where}/tpu-rl-{suffix}"]
