@@ -12,6 +12,7 @@ from typing import Any
 
 from airflow_provider_tpu_rl.render.plan import (
     api_calls,
+    compute_class_calls,
     gke_capacity,
     gke_image_streaming,
     gke_plan,
@@ -59,7 +60,7 @@ def build_plan(
             resolved["run_dirs"],
             streams_image=gke.streams_image,
             existing_cluster=gke.existing is not None,
-        )
+        ) + compute_class_calls(gke)
         document = plan_document(dag_id, gke_plan(gke), calls)
         document["capacity"] = gke_capacity(gke)
         if gke.streams_image:  # the TPU pool's image streaming and what it renders

@@ -46,7 +46,11 @@ from airflow_provider_tpu_rl.exceptions import (
     KubernetesApiError,
 )
 from airflow_provider_tpu_rl.maxtext.layout import run_dir
-from airflow_provider_tpu_rl.spec.existing_cluster import KUEUE_GROUP_VERSION
+from airflow_provider_tpu_rl.spec.existing_cluster import (
+    COMPUTE_CLASS_GROUP_VERSION,
+    COMPUTE_CLASS_PLURAL,
+    KUEUE_GROUP_VERSION,
+)
 from airflow_provider_tpu_rl.toolchain.job_output import JobState
 
 if TYPE_CHECKING:
@@ -58,6 +62,8 @@ JOBSET_VERSION = "v1alpha2"
 # Kueue's LocalQueues (spec/existing_cluster.py KUEUE_GROUP_VERSION)
 KUEUE_GROUP, KUEUE_VERSION = KUEUE_GROUP_VERSION.split("/")
 JOBSET_PLURAL = "jobsets"
+# GKE's ComputeClass (cluster-scoped; spec/existing_cluster.py COMPUTE_CLASS_GROUP_VERSION)
+COMPUTE_CLASS_GROUP, COMPUTE_CLASS_VERSION = COMPUTE_CLASS_GROUP_VERSION.split("/")
 WORKLOAD_LABEL = "gcluster.google.com/workload"
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
@@ -864,6 +870,91 @@ class JobSetClient:
         except Exception as err:
             raise _api_error(err, f"delete pod {namespace}/{name}") from err
         return True
+
+    async def create_compute_class(self, client: ApiClient, manifest: Mapping[str, Any]) -> bool:
+        """Create the ComputeClass ``manifest`` (cluster-scoped); False when one of its name exists."""
+        from kubernetes_asyncio.client import CustomObjectsApi
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        name = (manifest.get("metadata") or {}).get("name")
+        try:
+            await CustomObjectsApi(client).create_cluster_custom_object(
+                COMPUTE_CLASS_GROUP,
+                COMPUTE_CLASS_VERSION,
+                COMPUTE_CLASS_PLURAL,
+                dict(manifest),
+                _request_timeout=API_TIMEOUT,
+            )
+        except ApiException as err:
+            if err.status == 409:
+                return False
+            raise _api_error(err, f"create ComputeClass {name}") from err
+        except Exception as err:
+            raise _api_error(err, f"create ComputeClass {name}") from err
+        return True
+
+    async def get_compute_class(self, client: ApiClient, name: str) -> dict[str, Any] | None:
+        """The ComputeClass ``name``; None when it does not exist."""
+        from kubernetes_asyncio.client import CustomObjectsApi
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            obj: dict[str, Any] = await CustomObjectsApi(client).get_cluster_custom_object(
+                COMPUTE_CLASS_GROUP,
+                COMPUTE_CLASS_VERSION,
+                COMPUTE_CLASS_PLURAL,
+                name,
+                _request_timeout=API_TIMEOUT,
+            )
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise _api_error(err, f"get ComputeClass {name}") from err
+        except Exception as err:
+            raise _api_error(err, f"get ComputeClass {name}") from err
+        return obj
+
+    async def delete_compute_class(self, client: ApiClient, name: str) -> bool:
+        """Delete the ComputeClass ``name``; False when already gone."""
+        from kubernetes_asyncio.client import CustomObjectsApi
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            await CustomObjectsApi(client).delete_cluster_custom_object(
+                COMPUTE_CLASS_GROUP,
+                COMPUTE_CLASS_VERSION,
+                COMPUTE_CLASS_PLURAL,
+                name,
+                _request_timeout=API_TIMEOUT,
+            )
+        except ApiException as err:
+            if err.status == 404:
+                return False
+            raise _api_error(err, f"delete ComputeClass {name}") from err
+        except Exception as err:
+            raise _api_error(err, f"delete ComputeClass {name}") from err
+        return True
+
+    async def read_node(self, client: ApiClient, name: str) -> dict[str, Any] | None:
+        """The node ``name`` as the API sent it; None when it does not exist."""
+        import json
+
+        from kubernetes_asyncio.client import CoreV1Api
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            response: Any = await CoreV1Api(client).read_node(
+                name, _preload_content=False, _request_timeout=API_TIMEOUT
+            )
+            body = await response.read()
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise _api_error(err, f"read node {name}") from err
+        except Exception as err:
+            raise _api_error(err, f"read node {name}") from err
+        node: dict[str, Any] = json.loads(body)
+        return node
 
     async def pods_anywhere(self, client: ApiClient, jobset: str) -> list[dict[str, Any]]:
         """The JobSet's pods in every namespace (they outlive a deleted JobSet while they end)."""

@@ -6,6 +6,7 @@ say they are the run's. The cluster itself is never created nor deleted here
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -14,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 from airflow.providers.common.compat.sdk import Context
 
 from airflow_provider_tpu_rl.compat import AirflowFailException
+from airflow_provider_tpu_rl.exceptions import CommandError, FailureKind
+from airflow_provider_tpu_rl.ledger.collect import CAPACITY_XCOM_KEY
 from airflow_provider_tpu_rl.operators import billing
 from airflow_provider_tpu_rl.operators.base import GclusterBaseOperator, expiry_of_run, fail_fast
 from airflow_provider_tpu_rl.operators.gke import (
@@ -36,15 +39,21 @@ from airflow_provider_tpu_rl.spec.cluster import (
     require_reservation_name,
 )
 from airflow_provider_tpu_rl.spec.existing_cluster import (
+    COMPUTE_CLASS_ROUTE,
     CPU_POOL_ROLE,
     CREATE,
     EXISTING,
     EXISTING_ONE_KIND,
+    POOLS_ROUTE,
     TPU_POOL_ROLE,
     ExistingCluster,
     RunPools,
+    capacity_route,
+    compute_class_is_runs,
+    compute_class_name,
     parse_existing_cluster,
     pool_is_runs,
+    served_kind,
 )
 from airflow_provider_tpu_rl.spec.existing_cluster import (
     cluster_mode as parse_cluster_mode,
@@ -338,18 +347,272 @@ class ExistingClusterPoolDeleteOperator(_RunPoolsOperator):
         return result
 
 
+COMPUTE_CLASS_RECORD_KIND = "compute_class"
+# How often the ComputeClass probe reads its placeholder pod: the cluster autoscaler's scan
+# interval (kubernetes/autoscaler cluster-autoscaler/FAQ.md: scan-interval 10 s), as the flex-start
+# probe (operators/gke.py CAPACITY_PROBE_POLL_SECONDS).
+COMPUTE_CLASS_POLL_SECONDS = 10.0
+
+
+def _kube_client(gcp_conn_id: str, chain: str | Sequence[str] | None, cluster: ExistingCluster) -> Any:
+    """A Kubernetes API client of ``cluster`` (the job operators' own)."""
+    from airflow_provider_tpu_rl.hooks.kubernetes import GkeClusterHook, JobSetClient
+
+    access = GkeClusterHook(gcp_conn_id, cluster.location, chain).cluster_access(
+        cluster.name, cluster.project
+    )
+    return JobSetClient(access, gcp_conn_id, chain)
+
+
+class ExistingClusterComputeClassOperator(_RunPoolsOperator):
+    """The ``compute-class`` route: create the run's ComputeClass (its ordered capacity kinds as
+    priorities, :func:`render.compute_class`) in a cluster the run does not own, then ask it for a
+    node with a placeholder pod: the node GKE brings up says which kind served (its labels,
+    :func:`served_kind`), pushed as the ``capacity`` XCom the ledger reads. No kind within
+    ``[tpu_rl] flex_start_probe_timeout_minutes``: the class is deleted and the task fails in one
+    line (a capacity failure: its retries may try again). A class of the run's name that exists
+    already is kept only when its labels say it is the run's (a retry); otherwise one line.
+
+    Takes :class:`ExistingClusterPoolCreateOperator`'s ``capacity``, ``reservation`` and
+    ``max_cluster_hours``.
+    """
+
+    ui_color = "#d4e8ff"
+    template_fields: Sequence[str] = (
+        *_RunPoolsOperator.template_fields,
+        "capacity",
+        "reservation",
+        "max_cluster_hours",
+    )
+
+    def __init__(
+        self,
+        *,
+        capacity: str | list[str] | None = None,
+        reservation: str = "",
+        max_cluster_hours: int | str = 72,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.capacity = capacity
+        self.reservation = reservation
+        self.max_cluster_hours = max_cluster_hours
+
+    @fail_fast
+    def execute(self, context: Context) -> dict[str, Any]:
+        import asyncio
+
+        from airflow_provider_tpu_rl.hooks.kubernetes import pod_scheduled
+        from airflow_provider_tpu_rl.timeouts import flex_start_probe_timeout
+
+        pools = self.run_pools(context)
+        bucket = rules.bucket_name("bucket", self.bucket)
+        reservation = self.reservation or ""
+        kinds = capacity_order(check_capacity(self.capacity or default_capacity(reservation), reservation))
+        for kind in kinds:
+            require_reservation_name(kind, reservation)
+        dag_id, run_id = self.run_ids(context)
+        expires_at = expiry_of_run(context, rules.integer("max_cluster_hours", self.max_cluster_hours, 1))
+        labels = gke.managed_labels(dag_id, pools.suffix, bucket, expires_at)
+        manifest = render.compute_class(pools, kinds, reservation, labels)
+        name = compute_class_name(pools.suffix)
+        write_resource_record(
+            self.gcp_conn_id,
+            bucket,
+            name,
+            {
+                "kind": COMPUTE_CLASS_RECORD_KIND,
+                "name": name,
+                "dag_id": dag_id,
+                "run_id": run_id,
+                "cluster": {
+                    "project": pools.cluster.project,
+                    "location": pools.cluster.location,
+                    "name": pools.cluster.name,
+                },
+                "expires_at": expires_at,
+            },
+            self.chain,
+        )
+        probe = render.compute_class_probe_pod(pools)
+        probe_name = probe["metadata"]["name"]
+        namespace = probe["metadata"]["namespace"]
+        bound = flex_start_probe_timeout()
+        client = _kube_client(self.gcp_conn_id, self.chain, pools.cluster)
+
+        async def apply_and_probe() -> tuple[str | None, list[str]]:
+            try:
+                async with client.connection() as api:
+                    if not await client.create_compute_class(api, manifest):
+                        found = await client.get_compute_class(api, name)
+                        if not compute_class_is_runs(found, pools.suffix, bucket):
+                            raise AirflowFailException(
+                                f"cluster {pools.cluster.where} has a ComputeClass {name} that is not "
+                                "this run's (its labels do not name it): delete or rename it; the run "
+                                "creates no other"
+                            )
+                        self.log.info(
+                            "ComputeClass %s exists already and is this run's (a retry): kept", name
+                        )
+                    await client.delete_pod(api, namespace, probe_name)  # an earlier try's
+                    await client.create_pod(api, namespace, probe)
+                    said: list[str] = []
+                    try:
+                        deadline = time.monotonic() + bound
+                        while True:
+                            pod = await client.read_pod(api, namespace, probe_name)
+                            uid = ((pod or {}).get("metadata") or {}).get("uid")
+                            events = await client.pod_events(api, namespace, probe_name)
+                            said = [  # this pod's, not an earlier try's of the same name
+                                f"FailedScaleUp: {' '.join(str(e.get('message') or '').split())}"
+                                for e in events
+                                if e.get("reason") == "FailedScaleUp"
+                                and (e.get("involvedObject") or {}).get("uid") == uid
+                            ]
+                            if pod is not None and pod_scheduled(pod):
+                                node_name = str((pod.get("spec") or {}).get("nodeName") or "")
+                                node = await client.read_node(api, node_name) if node_name else None
+                                node_labels = ((node or {}).get("metadata") or {}).get("labels") or {}
+                                return served_kind(node_labels), said
+                            if time.monotonic() >= deadline:
+                                return None, said
+                            await asyncio.sleep(
+                                min(COMPUTE_CLASS_POLL_SECONDS, max(0.0, deadline - time.monotonic()))
+                            )
+                    finally:
+                        await client.delete_pod(api, namespace, probe_name)
+            finally:
+                await client.close()
+
+        served, said = asyncio.run(apply_and_probe())
+        if served is None:
+            self.delete_class(pools, bucket, dag_id, run_id)
+            last = f"; the autoscaler said: {said[-1]}" if said else ""
+            raise CommandError(
+                f"ComputeClass {name} of cluster {pools.cluster.where}: GKE got no node for any of "
+                f"{', '.join(kinds)} in {pools.zone} within {bound / 60:g} min ([tpu_rl] "
+                f"flex_start_probe_timeout_minutes){last}; the class is deleted",
+                FailureKind.CAPACITY,
+            )
+        passed = kinds[: kinds.index(served)] if served in kinds else kinds
+        # the autoscaler's FailedScaleUp events, in the order GKE tried the priorities
+        attempts = [
+            {
+                "capacity": kind,
+                "error": said[i] if i < len(said) else "not given: GKE went on to a later priority",
+            }
+            for i, kind in enumerate(passed)
+        ]
+        self.log.info(
+            "Capacity %s: GKE's ComputeClass %s brought up a node after %d kind(s) ahead of it",
+            served,
+            name,
+            len(attempts),
+        )
+        context["ti"].xcom_push(key=CAPACITY_XCOM_KEY, value={"served": served, "attempts": attempts})
+        return {"existing_cluster": pools.cluster.where, "compute_class": name, "run": pools.suffix}
+
+    def delete_class(self, pools: RunPools, bucket: str, dag_id: str, run_id: str) -> bool:
+        """Delete the run's ComputeClass when its labels and its record say it is the run's."""
+        return delete_run_compute_class(
+            self.gcp_conn_id, self.chain, pools.cluster, pools.suffix, bucket, dag_id, run_id
+        )
+
+
+def delete_run_compute_class(
+    gcp_conn_id: str,
+    chain: str | Sequence[str] | None,
+    cluster: ExistingCluster,
+    suffix: str,
+    bucket: str,
+    dag_id: str,
+    run_id: str,
+    *,
+    dry_run: bool = False,
+) -> bool:
+    """Delete run ``suffix``'s ComputeClass when both its labels (:func:`compute_class_is_runs`)
+    and its resource record name this DAG run; True when deleted (with ``dry_run``: when it would
+    be). Another run's or team's class is left alone (one log line). The node pools GKE
+    auto-created for it are GKE's: once the run's jobs are gone their nodes are empty, the cluster
+    autoscaler removes them (``scale-down-unneeded-time``, 10 min by default: kubernetes/autoscaler
+    cluster-autoscaler/FAQ.md) and GKE deletes an auto-created pool left empty ("About node pool
+    auto-creation": GKE deletes "the entire node pool when it's no longer needed")."""
+    import asyncio
+
+    name = compute_class_name(suffix)
+    record = read_resource_record(gcp_conn_id, bucket, name, chain) or {}
+    recorded = (record.get("kind"), record.get("dag_id"), record.get("run_id")) == (
+        COMPUTE_CLASS_RECORD_KIND,
+        dag_id,
+        run_id,
+    )
+    client = _kube_client(gcp_conn_id, chain, cluster)
+
+    async def delete() -> bool:
+        try:
+            async with client.connection() as api:
+                found = await client.get_compute_class(api, name)
+                if found is None:
+                    log.info("ComputeClass %s is not in cluster %s: nothing to delete", name, cluster.where)
+                    return False
+                if not (compute_class_is_runs(found, suffix, bucket) and recorded):
+                    log.warning(
+                        "ComputeClass %s of cluster %s is not provably this run's (labels: %s, record: %s): "
+                        "left alone",
+                        name,
+                        cluster.where,
+                        "the run's" if compute_class_is_runs(found, suffix, bucket) else "not the run's",
+                        f"{record.get('dag_id')}/{record.get('run_id')}" if record else "none",
+                    )
+                    return False
+                if dry_run:
+                    log.warning("dry run: would delete ComputeClass %s of %s", name, cluster.where)
+                    return True
+                return bool(await client.delete_compute_class(api, name))
+        finally:
+            await client.close()
+
+    return asyncio.run(delete())
+
+
+class ExistingClusterComputeClassDeleteOperator(_RunPoolsOperator):
+    """The ``compute-class`` route's teardown: delete the run's ComputeClass when its labels and
+    its record say it is this run's (:func:`delete_run_compute_class`); never another's."""
+
+    ui_color = "#ffd9d4"
+
+    @fail_fast
+    def execute(self, context: Context) -> dict[str, Any]:
+        pools = self.run_pools(context)
+        bucket = rules.bucket_name("bucket", self.bucket)
+        dag_id, run_id = self.run_ids(context)
+        name = compute_class_name(pools.suffix)
+        deleted = delete_run_compute_class(
+            self.gcp_conn_id, self.chain, pools.cluster, pools.suffix, bucket, dag_id, run_id
+        )
+        return {
+            "existing_cluster": pools.cluster.where,
+            "deleted": [name] if deleted else [],
+            "left_alone": [],
+        }
+
+
 # DAG-run states after which a run's pools are no longer needed (the janitor's rule 4).
 ENDED_RUN_STATES = frozenset({"success", "failed"})
 
 
 def condemned_pools(
-    records: Mapping[str, Mapping[str, Any]], now: float, run_state: Callable[[str, str], str | None]
+    records: Mapping[str, Mapping[str, Any]],
+    now: float,
+    run_state: Callable[[str, str], str | None],
+    kind: str = POOL_RECORD_KIND,
 ) -> list[Mapping[str, Any]]:
-    """The node pool records (``kind: node_pool``) whose pool is no longer needed: past their
-    ``expires_at``, or their DAG run has ended. Other records are never in it."""
+    """The records of ``kind`` (node pools; ``compute_class``: the runs' ComputeClasses) whose
+    resource is no longer needed: past their ``expires_at``, or their DAG run has ended. Other
+    records are never in it."""
     found = []
     for record in records.values():
-        if record.get("kind") != POOL_RECORD_KIND or not isinstance(record.get("cluster"), Mapping):
+        if record.get("kind") != kind or not isinstance(record.get("cluster"), Mapping):
             continue
         expires = record.get("expires_at")
         expired = isinstance(expires, int | float) and now >= expires
@@ -370,9 +633,10 @@ def sweep_run_pools(
 ) -> dict[str, list[str]]:
     """The janitor's pass over runs' pools on clusters they do not own: each pool a record in one
     of ``buckets`` condemns (:func:`condemned_pools`) is deleted when its labels say it is that
-    run's (:func:`pool_is_runs`); a pool already gone, or not provably the run's, is left alone. A
-    cluster is never deleted: the janitor finds clusters to destroy by the provider's label, which
-    a cluster made outside it does not carry."""
+    run's (:func:`pool_is_runs`); a pool already gone, or not provably the run's, is left alone;
+    so is each run's ComputeClass (:func:`delete_run_compute_class`). A cluster is never deleted:
+    the janitor finds clusters to destroy by the provider's label, which a cluster made outside it
+    does not carry."""
     from airflow_provider_tpu_rl.records.janitor_sources import read_bucket_records
 
     report: dict[str, list[str]] = {"deleted": [], "left_alone": [], "failed": []}
@@ -408,6 +672,27 @@ def sweep_run_pools(
             except Exception:
                 log.exception("janitor: could not delete node pool %s of %s", name, place)
                 report["failed"].append(f"{place}/{name}")
+        # the runs' ComputeClasses (capacity_route compute-class) whose run ended or expired
+        for record in condemned_pools(records, now, run_state, COMPUTE_CLASS_RECORD_KIND):
+            place = record["cluster"]
+            name = str(record.get("name"))
+            try:
+                cluster = ExistingCluster(str(place["project"]), str(place["location"]), str(place["name"]))
+                dag_id, run_id = str(record.get("dag_id")), str(record.get("run_id"))
+                deleted = delete_run_compute_class(
+                    gcp_conn_id,
+                    None,
+                    cluster,
+                    run_suffix(dag_id, run_id),
+                    bucket,
+                    dag_id,
+                    run_id,
+                    dry_run=dry_run,
+                )
+                report["deleted" if deleted else "left_alone"].append(f"{cluster.where}/{name}")
+            except Exception:
+                log.exception("janitor: could not delete ComputeClass %s of %s", name, place)
+                report["failed"].append(f"{place}/{name}")
     return report
 
 
@@ -421,6 +706,7 @@ class _ClusterModeMixin:
     cluster_mode: str
     existing_cluster: str
     cpu_node_pool: str
+    capacity_route: str
 
     def pool_operator(self, kind: type[_RunPoolsOperator], role: str, **extra: Any) -> _RunPoolsOperator:
         """The pool operator doing this task's work in *existing* mode, from this task's values."""
@@ -447,8 +733,12 @@ class _ClusterModeMixin:
     def existing(self) -> bool:
         return parse_cluster_mode(self.cluster_mode or CREATE) == EXISTING
 
+    def compute_class(self) -> bool:
+        """The run's TPU nodes come from its ComputeClass (``capacity_route`` compute-class)."""
+        return capacity_route(self.capacity_route or POOLS_ROUTE) == COMPUTE_CLASS_ROUTE
 
-MODE_FIELDS = ("cluster_mode", "existing_cluster", "cpu_node_pool")
+
+MODE_FIELDS = ("cluster_mode", "existing_cluster", "cpu_node_pool", "capacity_route")
 
 
 class ClusterModeDeployOperator(_ClusterModeMixin, GclusterDeployOperator):
@@ -459,6 +749,9 @@ class ClusterModeDeployOperator(_ClusterModeMixin, GclusterDeployOperator):
     :param cluster_mode: ``create`` or ``existing``.
     :param existing_cluster: with ``existing``: ``PROJECT/LOCATION/NAME``.
     :param cpu_node_pool: with ``existing``: the cluster's CPU pool (empty: the run creates its own).
+    :param capacity_route: with ``existing``: ``pools`` (the run's own TPU pool, one kind) or
+        ``compute-class`` (its ComputeClass, GKE choosing among the ordered kinds:
+        :class:`ExistingClusterComputeClassOperator`).
     """
 
     template_fields: Sequence[str] = (*GclusterDeployOperator.template_fields, *MODE_FIELDS)
@@ -469,19 +762,24 @@ class ClusterModeDeployOperator(_ClusterModeMixin, GclusterDeployOperator):
         cluster_mode: str = CREATE,
         existing_cluster: str = "",
         cpu_node_pool: str = "",
+        capacity_route: str = POOLS_ROUTE,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.cluster_mode = cluster_mode
         self.existing_cluster = existing_cluster
         self.cpu_node_pool = cpu_node_pool
+        self.capacity_route = capacity_route
 
     def execute(self, context: Context) -> Any:
         if not self.existing():
             return super().execute(context)
         role = TPU_POOL_ROLE if TPU_GROUP in group_selection(self.only_groups, None)[0] else CPU_POOL_ROLE
+        kind: type[_RunPoolsOperator] = ExistingClusterPoolCreateOperator
+        if role == TPU_POOL_ROLE and self.compute_class():
+            kind = ExistingClusterComputeClassOperator
         operator = self.pool_operator(
-            ExistingClusterPoolCreateOperator,
+            kind,
             role,
             capacity=self.capacity,
             reservation=self.reservation,
@@ -506,19 +804,24 @@ class ClusterModeDestroyOperator(_ClusterModeMixin, GclusterDestroyOperator):
         cluster_mode: str = CREATE,
         existing_cluster: str = "",
         cpu_node_pool: str = "",
+        capacity_route: str = POOLS_ROUTE,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.cluster_mode = cluster_mode
         self.existing_cluster = existing_cluster
         self.cpu_node_pool = cpu_node_pool
+        self.capacity_route = capacity_route
 
     def execute(self, context: Context) -> Any:
         if not self.existing():
             return super().execute(context)
         only, _ = group_selection(self.only_groups, None)
         role = TPU_POOL_ROLE if TPU_GROUP in only else CPU_POOL_ROLE
-        result = self.pool_operator(ExistingClusterPoolDeleteOperator, role).execute(context)
+        kind: type[_RunPoolsOperator] = ExistingClusterPoolDeleteOperator
+        if role == TPU_POOL_ROLE and self.compute_class():
+            kind = ExistingClusterComputeClassDeleteOperator
+        result = self.pool_operator(kind, role).execute(context)
         if role == CPU_POOL_ROLE and rules.boolean("delete_bucket", self.delete_bucket):
             result.update(delete_run_bucket(self, context, rules.bucket_name("bucket", self.bucket)))
         return result

@@ -89,7 +89,7 @@ from airflow_provider_tpu_rl.render.command import Command
 from airflow_provider_tpu_rl.spec import rules
 from airflow_provider_tpu_rl.spec.cluster import CPU_COMPUTE_TYPE, GkeJobTarget
 from airflow_provider_tpu_rl.spec.errors import SpecError
-from airflow_provider_tpu_rl.spec.existing_cluster import job_target_on, parse_existing_cluster
+from airflow_provider_tpu_rl.spec.existing_cluster import POOLS_ROUTE, job_target_on, parse_existing_cluster
 from airflow_provider_tpu_rl.spec.pipeline import (
     default_job_name,
     gke_conversion,
@@ -250,6 +250,8 @@ class _GclusterJobOperator(LineageMixin, GclusterBaseOperator):
         naming it and how to stop it. A claim of a live run is never taken over.
     :param previous_writer_stop_timeout: how long the stopped job may take to end (its pods'
         termination grace period); default 10 minutes.
+    :param capacity_route: with ``existing_cluster``: ``pools`` (default; a TPU job selects the
+        run's own pools) or ``compute-class`` (it selects the run's ComputeClass).
     """
 
     operator_extra_links = (GKEWorkloadLink(), CloudLoggingJobLink(), GCSBrowserLink())
@@ -272,6 +274,7 @@ class _GclusterJobOperator(LineageMixin, GclusterBaseOperator):
         "existing_cluster",
         "kueue_queue",
         "cpu_node_pool",
+        "capacity_route",
     )
     pathways = False
     job_kind = "convert"
@@ -305,12 +308,14 @@ class _GclusterJobOperator(LineageMixin, GclusterBaseOperator):
         existing_cluster: str | None = None,
         kueue_queue: str | None = None,
         cpu_node_pool: str | None = None,
+        capacity_route: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.existing_cluster = existing_cluster
         self.kueue_queue = kueue_queue
         self.cpu_node_pool = cpu_node_pool
+        self.capacity_route = capacity_route
         self.cancel_previous_writer = cancel_previous_writer
         self.previous_writer_stop_timeout = previous_writer_stop_timeout
         self.project_id = project_id
@@ -377,6 +382,7 @@ class _GclusterJobOperator(LineageMixin, GclusterBaseOperator):
             run_suffix(dag_id, run_id),
             self.cpu_node_pool or "",
             self.kueue_queue or "",
+            self.capacity_route or POOLS_ROUTE,
         )
 
     def resolved_job_name(self, context: Context, preset: ModelPreset) -> str:

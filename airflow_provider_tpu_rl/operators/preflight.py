@@ -36,11 +36,14 @@ from airflow_provider_tpu_rl.spec.cluster import (
     require_reservation_name,
 )
 from airflow_provider_tpu_rl.spec.existing_cluster import (
+    COMPUTE_CLASS_ROUTE,
     EXISTING_ONE_KIND,
     KUEUE_GROUP_VERSION,
+    POOLS_ROUTE,
     QUEUE_NAMESPACE,
     ClusterNeeds,
     ExistingCluster,
+    capacity_route,
     cluster_problems,
     kubernetes_problems,
     parse_existing_cluster,
@@ -175,6 +178,9 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         run's jobs go to; empty: the only one there.
     :param cpu_node_pool: (with ``existing_cluster``) the cluster's CPU node pool the conversions
         run on; empty: the run creates its own.
+    :param capacity_route: (with ``existing_cluster``) ``compute-class``: the ordered ``capacity``
+        is accepted and the cluster is checked for what the run's ComputeClass needs (a GKE whose
+        ComputeClasses create node pools, no auto-provisioning limits without TPU v6e).
     """
 
     ui_color = "#e8f5e9"
@@ -203,6 +209,7 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         "existing_cluster",
         "kueue_queue",
         "cpu_node_pool",
+        "capacity_route",
     )
 
     def __init__(
@@ -230,6 +237,7 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         existing_cluster: str | None = None,
         kueue_queue: str | None = None,
         cpu_node_pool: str | None = None,
+        capacity_route: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -255,6 +263,7 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         self.existing_cluster = existing_cluster
         self.kueue_queue = kueue_queue
         self.cpu_node_pool = cpu_node_pool
+        self.capacity_route = capacity_route
 
     # ------------------------------------------------------------------ arguments
     def _streams(self, run: Runner) -> bool:
@@ -683,7 +692,9 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         except ConfigurationError as err:
             return self._tool_problem(err)
 
-    def check_existing_cluster(self, project: str, capacity: str) -> list[str]:
+    def check_existing_cluster(
+        self, project: str, capacity: str, capacities: tuple[str, ...] = ()
+    ) -> list[str]:
         """The cluster the run does not own, read before anything is spent: the container API's
         ``Cluster`` (``gcloud container clusters describe``), then, when it is there and RUNNING,
         its Kubernetes API (discovery, the LocalQueues of ``default``); one line per prerequisite
@@ -697,7 +708,11 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
                 "its TPU node pool, quota and reservation are the cluster's project's; set project to it"
             ]
         needs = ClusterNeeds(
-            cluster, capacity, cpu_pool=self.cpu_node_pool or "", queue=self.kueue_queue or ""
+            cluster,
+            capacity,
+            cpu_pool=self.cpu_node_pool or "",
+            queue=self.kueue_queue or "",
+            capacities=capacities,
         )
         document, problems = self._read_document(
             existing_commands.describe_cluster(cluster),
@@ -827,7 +842,8 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
         capacity = check_capacity(self.capacity or default_capacity(reservation), reservation)
         require_reservation_name(capacity, reservation)
         kinds = capacity_order(capacity)
-        if len(kinds) > 1 and self._existing() is not None:
+        route = capacity_route(self.capacity_route or POOLS_ROUTE)
+        if len(kinds) > 1 and self._existing() is not None and route == POOLS_ROUTE:
             raise AirflowFailException(f"capacity: {EXISTING_ONE_KIND}")
         services = self._services(run)
         permissions = self._permissions(run)
@@ -848,7 +864,9 @@ class TpuRlPreflightOperator(GclusterBaseOperator):
                 if self._existing() is None:
                     problems += self.check_blueprint(kinds[0], reservation, need, project, zone)
                 else:
-                    problems += self.check_existing_cluster(project, kinds[0])
+                    problems += self.check_existing_cluster(
+                        project, kinds[0], tuple(kinds) if route == COMPUTE_CLASS_ROUTE else ()
+                    )
             reasons: dict[str, str] = {}
             if run is Runner.TPU_VM:
                 # Under OS Login, sudo on the VM needs admin login: tested with the other permissions.

@@ -146,6 +146,7 @@ def gke_task_arguments(value: Value, training_image: Any = None) -> dict[str, di
         "cluster_mode": value("cluster_mode"),
         "existing_cluster": value("existing_cluster"),
         "cpu_node_pool": value("cpu_node_pool"),
+        "capacity_route": value("capacity_route"),
     }
     job = {
         **scope,
@@ -160,6 +161,7 @@ def gke_task_arguments(value: Value, training_image: Any = None) -> dict[str, di
         "existing_cluster": value("existing_cluster"),
         "kueue_queue": value("kueue_queue"),
         "cpu_node_pool": value("cpu_node_pool"),
+        "capacity_route": value("capacity_route"),
     }
     # the conversions are CPU programs: the cluster's CPU node pool, not the slice's shape
     cpu_job = {key: item for key, item in job.items() if key not in ("compute_type", "topology")}
@@ -181,6 +183,7 @@ def gke_task_arguments(value: Value, training_image: Any = None) -> dict[str, di
             "existing_cluster": value("existing_cluster"),
             "kueue_queue": value("kueue_queue"),
             "cpu_node_pool": value("cpu_node_pool"),
+            "capacity_route": value("capacity_route"),
         },
         "ensure_bucket": scope,
         # the training image copied into the run's repository, streamed by the TPU node pool

@@ -12,16 +12,28 @@ flex-start with ``auto_repair`` off, no static node count, no reservation).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from airflow_provider_tpu_rl.render.command import Command
+from airflow_provider_tpu_rl.render.blueprint import V6E_ACCELERATOR
+from airflow_provider_tpu_rl.render.command import ApiCall, Command
+from airflow_provider_tpu_rl.render.gke import (
+    CAPACITY_PROBE_IMAGE,
+    CAPACITY_PROBE_LABEL,
+    CAPACITY_PROBE_NAMESPACE,
+    TPU_RESOURCE,
+)
 from airflow_provider_tpu_rl.render.shell import key_values
 from airflow_provider_tpu_rl.spec.cluster import FLEX_START, ON_DEMAND, RESERVATION, SPOT
 from airflow_provider_tpu_rl.spec.existing_cluster import (
+    COMPUTE_CLASS_GROUP_VERSION,
+    COMPUTE_CLASS_LABEL,
+    COMPUTE_CLASS_PLURAL,
     CPU_POOL_ROLE,
     TPU_POOL_ROLE,
     ExistingCluster,
     RunPools,
+    compute_class_name,
 )
 
 # What the container API answers for a node pool (or its cluster) that does not exist: gcloud's
@@ -167,3 +179,114 @@ def delete_pool(cluster: ExistingCluster, name: str) -> Command:
         ok_if_output_contains=POOL_GONE,
         description=f"delete this run's node pool {name} (the cluster {cluster.where} is never deleted)",
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# The ComputeClass route (capacity_route compute-class): one ComputeClass, the run's ordered
+# capacity kinds its priorities, GKE auto-creating a node pool for the first it can get. Fields
+# from GKE's ComputeClass CRD reference (kubernetes-engine/docs/reference/crds/computeclass,
+# direct) and the TPU compute-class page ("Provision TPUs using custom compute classes"):
+# - ``priorities[].tpu``: ``type`` (the accelerator node label's value, tpu-v6e-slice), ``count``
+#   (TPU chips per node) and ``topology`` (the slice's);
+# - ``spot: true`` (Spot VMs), ``flexStart.enabled: true`` (flex-start), ``reservations``:
+#   ``affinity: Specific`` with ``specific: [{name}]`` (one reservation by name; the reference's
+#   example, direct), ``affinity: None`` (on-demand: consume none, as the pools route's
+#   ``--reservation-affinity=none``; the reference's third value beside Specific and AnyBestEffort,
+#   as we read it: not seen in a stored copy, second-hand);
+# - ``priorityDefaults.location.zones``: the zones new nodes go to (the run's one zone);
+# - ``nodePoolAutoCreation.enabled: true``: GKE creates the node pools itself;
+# - ``whenUnsatisfiable: DoNotScaleUp``: no node outside the priorities when none can be had (the
+#   pods stay pending; the reference's other value, ScaleUpAnyway, would create a default one).
+def _priority(kind: str, reservation: str, pools: RunPools) -> dict[str, Any]:
+    tpu = {"type": V6E_ACCELERATOR, "count": pools.shape.chips_per_vm, "topology": pools.shape.topology}
+    if kind == SPOT:
+        return {"tpu": tpu, "spot": True}
+    if kind == FLEX_START:
+        return {"tpu": tpu, "flexStart": {"enabled": True}}
+    if kind == RESERVATION:
+        return {"tpu": tpu, "reservations": {"affinity": "Specific", "specific": [{"name": reservation}]}}
+    if kind == ON_DEMAND:
+        return {"tpu": tpu, "reservations": {"affinity": "None"}}
+    raise ValueError(f"no ComputeClass priority for capacity {kind!r}")
+
+
+def compute_class(
+    pools: RunPools, capacities: Sequence[str], reservation: str, labels: Mapping[str, str]
+) -> dict[str, Any]:
+    """The run's ComputeClass: named after the run, labelled as its pools (``labels``, the node
+    VMs' resource labels: run, provider, bucket, expiry), one priority per capacity kind in order."""
+    if not capacities:
+        raise ValueError("a ComputeClass needs at least one capacity kind")
+    return {
+        "apiVersion": COMPUTE_CLASS_GROUP_VERSION,
+        "kind": "ComputeClass",
+        "metadata": {"name": compute_class_name(pools.suffix), "labels": dict(sorted(labels.items()))},
+        "spec": {
+            "priorities": [_priority(kind, reservation, pools) for kind in capacities],
+            "priorityDefaults": {"location": {"zones": [pools.zone]}},
+            "nodePoolAutoCreation": {"enabled": True},
+            "whenUnsatisfiable": "DoNotScaleUp",
+        },
+    }
+
+
+def _compute_class_url(name: str = "") -> str:
+    base = f"/apis/{COMPUTE_CLASS_GROUP_VERSION}/{COMPUTE_CLASS_PLURAL}"
+    return f"{base}/{name}" if name else base
+
+
+def apply_compute_class(manifest: Mapping[str, Any]) -> ApiCall:
+    """The Kubernetes API request that creates the run's ComputeClass (cluster-scoped)."""
+    return ApiCall(
+        "POST",
+        _compute_class_url(),
+        manifest,
+        description=f"create this run's ComputeClass {manifest['metadata']['name']} (GKE auto-creates "
+        "a TPU node pool for its first priority it can get when the training's pods ask for it)",
+    )
+
+
+def delete_compute_class(pools: RunPools) -> ApiCall:
+    """The request that deletes the run's ComputeClass, made only when its labels say it is the run's."""
+    name = compute_class_name(pools.suffix)
+    return ApiCall(
+        "DELETE",
+        _compute_class_url(name),
+        description=f"delete this run's ComputeClass {name} when its labels name the run (GKE removes "
+        "the node pools it auto-created once their nodes are empty)",
+    )
+
+
+def compute_class_probe_name(pools: RunPools) -> str:
+    """The placeholder pod that asks the run's ComputeClass for its first node."""
+    return f"{compute_class_name(pools.suffix)}-capacity-probe"
+
+
+def compute_class_probe_pod(pools: RunPools) -> dict[str, Any]:
+    """A placeholder pod selecting the run's ComputeClass (``cloud.google.com/compute-class``) and
+    asking for one node's TPU chips: GKE auto-creates a node pool for the first priority it can
+    get, and the node it lands on says which kind that was. Deleted once read."""
+    chips = {TPU_RESOURCE: str(pools.shape.chips_per_vm)}
+    name = compute_class_name(pools.suffix)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": compute_class_probe_name(pools),
+            "namespace": CAPACITY_PROBE_NAMESPACE,
+            "labels": {CAPACITY_PROBE_LABEL: name},
+        },
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 0,
+            "nodeSelector": {COMPUTE_CLASS_LABEL: name},
+            "tolerations": [{"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [
+                {
+                    "name": "placeholder",
+                    "image": CAPACITY_PROBE_IMAGE,
+                    "resources": {"requests": dict(chips), "limits": dict(chips)},
+                }
+            ],
+        },
+    }

@@ -11,7 +11,13 @@ from airflow_provider_tpu_rl.render import boot_image, gke, image_stream, prefli
 from airflow_provider_tpu_rl.render import existing_cluster as pools_render
 from airflow_provider_tpu_rl.render.blueprint import STREAMING_ROLE, capacity_settings
 from airflow_provider_tpu_rl.render.command import ApiCall, Command
-from airflow_provider_tpu_rl.spec.cluster import CPU_COMPUTE_TYPE, RESERVATION, ClusterSpec, TpuVmSpec
+from airflow_provider_tpu_rl.spec.cluster import (
+    CPU_COMPUTE_TYPE,
+    RESERVATION,
+    ClusterSpec,
+    TpuVmSpec,
+    capacity_value,
+)
 from airflow_provider_tpu_rl.spec.existing_cluster import RunPools
 from airflow_provider_tpu_rl.spec.pipeline import (
     GKE_TASK_ORDER,
@@ -276,7 +282,10 @@ def _existing_cluster_plan(pipeline: GkePipelineSpec, pools: RunPools, now: floa
         "sync_hf_token": gke.hf_token_secret(
             cluster.project, pipeline.hf_token.secret_id, (), sync=pipeline.hf_token.sync_from_connection
         ),
-        "deploy_tpu_pool": [
+        # the compute-class route: no pool of the run's; its ComputeClass (compute_class_calls)
+        "deploy_tpu_pool": []
+        if pipeline.compute_class
+        else [
             pools_render.create_tpu_pool(
                 pools, index, capacity=cluster.capacity, reservation=cluster.reservation, labels=labels
             )
@@ -297,7 +306,7 @@ def _existing_cluster_plan(pipeline: GkePipelineSpec, pools: RunPools, now: floa
                 pipeline.pathways_gcs_location,
             ),
         ],
-        "destroy_tpu_pool": [listing, *deletes],
+        "destroy_tpu_pool": [] if pipeline.compute_class else [listing, *deletes],
         "export_to_huggingface": [
             *auth,
             gke.export_job(pipeline.cpu_job_target, pipeline.export_job, pipeline.export, token),
@@ -305,6 +314,30 @@ def _existing_cluster_plan(pipeline: GkePipelineSpec, pools: RunPools, now: floa
         "destroy_cluster": teardown,
     }
     return _in_task_order(GKE_TASK_ORDER, commands)
+
+
+def run_compute_class(pipeline: GkePipelineSpec, now: float | None = None) -> dict[str, Any] | None:
+    """The run's ComputeClass manifest (the ``compute-class`` route), or None (its own pools)."""
+    pools = pipeline.run_pools
+    if pools is None or not pipeline.compute_class:
+        return None
+    cluster = pipeline.cluster
+    expires = int((now if now is not None else time.time()) + pipeline.max_cluster_hours * 3600)
+    labels = gke.managed_labels(pipeline.dag_id, pools.suffix, cluster.bucket, expires)
+    return pools_render.compute_class(pools, cluster.capacities, cluster.reservation, labels)
+
+
+def compute_class_calls(pipeline: GkePipelineSpec, now: float | None = None) -> list[PlanApiCall]:
+    """The Kubernetes API requests of the ``compute-class`` route: ``deploy_tpu_pool`` creates the
+    run's ComputeClass, ``destroy_tpu_pool`` deletes it (none on the ``pools`` route)."""
+    manifest = run_compute_class(pipeline, now)
+    pools = pipeline.run_pools
+    if manifest is None or pools is None:
+        return []
+    return [
+        PlanApiCall("deploy_tpu_pool", pools_render.apply_compute_class(manifest)),
+        PlanApiCall("destroy_tpu_pool", pools_render.delete_compute_class(pools)),
+    ]
 
 
 def tpu_vm_plan(pipeline: TpuVmPipelineSpec, *, now: float | None = None) -> list[PlanStep]:
@@ -397,6 +430,13 @@ def gke_capacity(pipeline: GkePipelineSpec) -> dict[str, Any]:
     ``deploy_tpu_pool`` argv does not show them); for an ordered list, each kind's in the order
     ``deploy_tpu_pool`` tries them."""
     cluster = pipeline.cluster
+    if pipeline.compute_class:  # GKE chooses among the kinds: the ComputeClass's priorities
+        return {
+            "value": capacity_value(cluster.capacities),
+            "reservation": cluster.reservation or None,
+            "route": pipeline.capacity_route,
+            "compute_class": run_compute_class(pipeline),
+        }
     if cluster.fallback:
         return {
             "value": list(cluster.capacities),

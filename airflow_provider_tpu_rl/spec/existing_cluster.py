@@ -15,7 +15,15 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from airflow_provider_tpu_rl.spec import rules
-from airflow_provider_tpu_rl.spec.cluster import FLEX_START, K8S_NAME, GkeJobTarget, SliceShape
+from airflow_provider_tpu_rl.spec.cluster import (
+    FLEX_START,
+    K8S_NAME,
+    ON_DEMAND,
+    RESERVATION,
+    SPOT,
+    GkeJobTarget,
+    SliceShape,
+)
 from airflow_provider_tpu_rl.spec.errors import SpecError
 
 CREATE: Final = "create"
@@ -94,9 +102,91 @@ CPU_POOL_ROLE: Final = "cpu"
 # (its TPU node pool's blueprint group, operators/gke.py); a run's own node pool on a cluster it does
 # not own is created with one kind.
 EXISTING_ONE_KIND: Final = (
-    "cluster_mode existing takes one capacity kind: its node pool's create does not fall through "
-    "an ordered list (that is cluster_mode create's); give the one kind"
+    "cluster_mode existing takes one capacity kind with capacity_route pools: its node pool's create "
+    "does not fall through an ordered list; give the one kind, or set capacity_route to "
+    "compute-class (GKE chooses among the kinds)"
 )
+
+
+# How the run's TPU nodes come (``capacity_route``): ``pools``, its own node pools created with
+# gcloud (one kind); ``compute-class``, one GKE ComputeClass whose priorities are the ordered
+# capacity kinds, GKE auto-creating a node pool for the first it can get.
+POOLS_ROUTE: Final = "pools"
+COMPUTE_CLASS_ROUTE: Final = "compute-class"
+CAPACITY_ROUTES: Final = (POOLS_ROUTE, COMPUTE_CLASS_ROUTE)
+# The provider's blueprint creates its TPU pool itself and leaves Cluster Toolkit gke-cluster's
+# ``cluster_autoscaling`` (node auto-provisioning, v1.95.0 modules/scheduler/gke-cluster/README.md)
+# off: nothing there would auto-create a pool for a ComputeClass.
+COMPUTE_CLASS_CREATE_MODE: Final = (
+    "compute-class is for cluster_mode existing: the provider's own cluster creates its TPU pool "
+    "itself and has no node pool auto-creation for a ComputeClass; use pools (its create falls "
+    "through the ordered capacity)"
+)
+
+# ComputeClass (GKE's CRD reference, kubernetes-engine/docs/reference/crds/computeclass, direct):
+# apiVersion cloud.google.com/v1, kind ComputeClass, cluster-scoped (its example has no namespace);
+# a Pod asks for one with the node selector cloud.google.com/compute-class: NAME ("About custom
+# compute classes", direct). Versions (first that runs the feature):
+# - custom ComputeClasses in Standard clusters: 1.30.3-gke.1451000 ("About custom compute classes":
+#   "available ... in version 1.30.3-gke.1451000 and later", direct);
+# - nodePoolAutoCreation in a ComputeClass of a Standard cluster without cluster-level node
+#   auto-provisioning: 1.33.3-gke.1136000 (Google's gke-compute-classes skill, github google/skills
+#   skills/cloud/gke-compute-classes/SKILL.md, quoting GKE's "Configure node pool auto-creation";
+#   second-hand); node auto-provisioning of TPU v6e (Trillium): 1.31.1-gke.1146000 (GKE "Use node
+#   auto-provisioning", direct);
+# - flexStart in a ComputeClass priority for TPUs: flex-start TPU nodes need 1.33.0-gke.1712000
+#   (FLEX_START_MIN_VERSION above), later than both: the one this route checks with flex-start.
+COMPUTE_CLASS_GROUP_VERSION: Final = "cloud.google.com/v1"
+COMPUTE_CLASS_PLURAL: Final = "computeclasses"
+COMPUTE_CLASS_LABEL: Final = "cloud.google.com/compute-class"
+COMPUTE_CLASS_MIN_VERSION: Final = (1, 30, 3, 1451000)
+AUTO_CREATION_MIN_VERSION: Final = (1, 33, 3, 1136000)
+
+# The GKE node labels that say which kind a node is (each a node selector GKE documents):
+# - cloud.google.com/gke-spot: "true" on Spot VM nodes (GKE "Spot VMs", direct);
+# - cloud.google.com/gke-flex-start: "true" on flex-start nodes (GKE "About flex-start provisioning
+#   mode", kubernetes-engine/docs/concepts/dws, its node selector; direct in wording);
+# - cloud.google.com/reservation-name: the reservation a node consumes (GKE "Consuming reserved
+#   zonal resources", its node selector for a specific reservation; direct in wording).
+SPOT_NODE_LABEL: Final = "cloud.google.com/gke-spot"
+FLEX_START_NODE_LABEL: Final = "cloud.google.com/gke-flex-start"
+RESERVATION_NODE_LABEL: Final = "cloud.google.com/reservation-name"
+
+
+def capacity_route(value: Any) -> str:
+    """``pools`` or ``compute-class`` (one line if not)."""
+    return rules.one_of("capacity_route", value, CAPACITY_ROUTES)
+
+
+def compute_class_name(suffix: str) -> str:
+    """The run's ComputeClass: ``tpu-rl-<run suffix>`` (a Kubernetes name, like its pools')."""
+    return f"{TPU_POOL_PREFIX}{suffix}"
+
+
+def compute_class_is_runs(obj: Mapping[str, Any] | None, suffix: str, bucket: str | None = None) -> bool:
+    """Whether a ComputeClass object is provably run ``suffix``'s: its derived name and its labels
+    (the run, the provider and, with ``bucket``, the run's bucket) — as :func:`pool_is_runs`."""
+    if not obj:
+        return False
+    meta = obj.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    if meta.get("name") != compute_class_name(suffix):
+        return False
+    if bucket is not None and labels.get(BUCKET_LABEL) != bucket_label_value(bucket):
+        return False
+    return labels.get(RUN_LABEL) == suffix and labels.get(MANAGED_LABEL) == "true"
+
+
+def served_kind(node_labels: Mapping[str, Any]) -> str:
+    """The capacity kind a node is, from its GKE labels (on-demand: none of spot, flex-start,
+    reservation)."""
+    if str(node_labels.get(SPOT_NODE_LABEL, "")).lower() == "true":
+        return SPOT
+    if str(node_labels.get(FLEX_START_NODE_LABEL, "")).lower() == "true":
+        return FLEX_START
+    if node_labels.get(RESERVATION_NODE_LABEL):
+        return RESERVATION
+    return ON_DEMAND
 
 
 @dataclass(frozen=True)
@@ -246,12 +336,57 @@ def _version_text(version: tuple[int, int, int, int]) -> str:
 
 @dataclass(frozen=True)
 class ClusterNeeds:
-    """What the run needs of the existing cluster."""
+    """What the run needs of the existing cluster (``capacities``: the ordered kinds of the
+    ``compute-class`` route, its ComputeClass's priorities; empty on the ``pools`` route)."""
 
     cluster: ExistingCluster
     capacity: str
     cpu_pool: str = ""
     queue: str = ""
+    capacities: tuple[str, ...] = ()
+
+
+# The container v1 ClusterAutoscaling of ``clusters describe`` (gcloud 528's generated
+# container_v1_messages.py: ``enableNodeAutoprovisioning``, ``resourceLimits`` of
+# ``ResourceLimit{resourceType, minimum, maximum}``; direct). GKE's "Configure node pool
+# auto-creation" (direct): "Any resource limits that you set for the cluster when you enable node
+# auto-provisioning also apply to the node pools that GKE creates for ComputeClasses"; an
+# accelerator with no limit there is one auto-provisioning may not create (GKE "Use node
+# auto-provisioning", its accelerator limits; second-hand for TPUs).
+def _auto_provisioning_blocks_tpus(described: Mapping[str, Any]) -> bool:
+    autoscaling = described.get("autoscaling") or {}
+    if not autoscaling.get("enableNodeAutoprovisioning"):
+        return False
+    limits = [r for r in autoscaling.get("resourceLimits") or [] if isinstance(r, Mapping)]
+    return not any(
+        str(r.get("resourceType")) == "tpu-v6e-slice" and int(r.get("maximum") or 0) > 0 for r in limits
+    )
+
+
+def compute_class_problems(needs: ClusterNeeds, described: Mapping[str, Any]) -> list[str]:
+    """One line per thing the ``compute-class`` route needs of the cluster and it lacks: a GKE whose
+    ComputeClasses create their own node pools (and that runs flex-start TPUs when a priority is
+    flex-start), and no node auto-provisioning limits that leave TPU v6e out."""
+    where = needs.cluster.where
+    problems: list[str] = []
+    version = gke_version(described.get("currentMasterVersion"))
+    upgrade = (
+        f"upgrade its control plane (gcloud container clusters upgrade {needs.cluster.name} --master "
+        f"--location={needs.cluster.location} --cluster-version=...), or set capacity_route to pools"
+    )
+    shown = described.get("currentMasterVersion") or "of no known version"
+    if version is None or version < AUTO_CREATION_MIN_VERSION:
+        problems.append(
+            f"cluster {where} runs GKE {shown}, older than {_version_text(AUTO_CREATION_MIN_VERSION)}, the "
+            f"first whose ComputeClass creates its own node pools (nodePoolAutoCreation): {upgrade}"
+        )
+    if _auto_provisioning_blocks_tpus(described):
+        problems.append(
+            f"cluster {where} has node auto-provisioning on with no tpu-v6e-slice resource limit: its "
+            "limits apply to the node pools GKE creates for a ComputeClass, so none of TPU v6e can be "
+            "made; add a tpu-v6e-slice limit to its auto-provisioning, or set capacity_route to pools"
+        )
+    return problems
 
 
 def cluster_problems(needs: ClusterNeeds, described: Mapping[str, Any] | None) -> list[str]:
@@ -276,8 +411,9 @@ def cluster_problems(needs: ClusterNeeds, described: Mapping[str, Any] | None) -
             "Standard cluster"
         )
     version = gke_version(described.get("currentMasterVersion"))
-    minimum = FLEX_START_MIN_VERSION if needs.capacity == FLEX_START else V6E_MIN_VERSION
-    what = "flex-start TPU node pools" if needs.capacity == FLEX_START else "TPU v6e"
+    flex = FLEX_START in (needs.capacities or (needs.capacity,))
+    minimum = FLEX_START_MIN_VERSION if flex else V6E_MIN_VERSION
+    what = "flex-start TPU node pools" if flex else "TPU v6e"
     if version is None or version < minimum:
         problems.append(
             f"cluster {where} runs GKE {described.get('currentMasterVersion') or 'of no known version'}, "
@@ -285,6 +421,8 @@ def cluster_problems(needs: ClusterNeeds, described: Mapping[str, Any] | None) -
             f"(gcloud container clusters upgrade {needs.cluster.name} --master "
             f"--location={needs.cluster.location} --cluster-version=...)"
         )
+    if needs.capacities:
+        problems += compute_class_problems(needs, described)
     pool = (described.get("workloadIdentityConfig") or {}).get("workloadPool")
     expected = f"{needs.cluster.project}.svc.id.goog"
     if pool != expected:
@@ -367,13 +505,20 @@ def kubernetes_problems(
 
 
 def job_target_on(
-    target: GkeJobTarget, cluster: ExistingCluster, suffix: str, cpu_pool: str = "", queue: str = ""
+    target: GkeJobTarget,
+    cluster: ExistingCluster,
+    suffix: str,
+    cpu_pool: str = "",
+    queue: str = "",
+    route: str = POOLS_ROUTE,
 ) -> GkeJobTarget:
     """A job's target moved onto the existing cluster: a TPU job on the run's own pool(s) (their
     ``tpu-rl-run`` node label: every slice's pool carries it) with its Pathways head on the CPU
     pool, a CPU job on the CPU pool (``cpu_pool``, else the run's own); both queued on ``queue``
-    (empty: the only LocalQueue). A CPU job runs as the namespace's default Kubernetes service
-    account: the create mode's Workload Identity account is the toolkit cluster's."""
+    (empty: the only LocalQueue). With the ``compute-class`` route a TPU job selects the run's
+    ComputeClass (``cloud.google.com/compute-class``) instead: GKE makes its nodes. A CPU job runs
+    as the namespace's default Kubernetes service account: the create mode's Workload Identity
+    account is the toolkit cluster's."""
     if queue:
         rules.match("kueue_queue", queue, K8S_NAME, "a Kubernetes name like team-queue")
     conversion_pool = cpu_pool or cpu_pool_name(suffix)
@@ -381,7 +526,10 @@ def job_target_on(
         target, project=cluster.project, location=cluster.location, cluster_name=cluster.name, queue=queue
     )
     if target.tpu:
-        return replace(
-            moved, node_pool="", node_constraints=((RUN_LABEL, suffix),), head_node_pool=conversion_pool
+        selects = (
+            (COMPUTE_CLASS_LABEL, compute_class_name(suffix))
+            if capacity_route(route) == COMPUTE_CLASS_ROUTE
+            else (RUN_LABEL, suffix)
         )
+        return replace(moved, node_pool="", node_constraints=(selects,), head_node_pool=conversion_pool)
     return replace(moved, node_pool=conversion_pool, service_account="", node_constraints=())

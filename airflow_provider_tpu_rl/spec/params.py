@@ -31,10 +31,12 @@ from airflow_provider_tpu_rl.spec.cluster import (
     SliceShape,
 )
 from airflow_provider_tpu_rl.spec.existing_cluster import (
+    CAPACITY_ROUTES,
     CLUSTER_MODES,
     CREATE,
     EXISTING_CLUSTER_RULE,
     EXISTING_CLUSTER_VALUE,
+    POOLS_ROUTE,
 )
 from airflow_provider_tpu_rl.spec.presets import (
     REHEARSAL_HF_MODEL,
@@ -331,6 +333,23 @@ RUN_PARAMS: Final[tuple[RunParam, ...]] = (
         schema={"pattern": optional(K8S_NAME)},
         rule="a Kubernetes name like cpu-np",
         doc_default="empty",
+    ),
+    RunParam(
+        "capacity_route",
+        "str",
+        "Capacity route",
+        CLUSTER,
+        "With cluster mode existing: pools (the default): the run creates its own TPU node pool with "
+        "one capacity kind. compute-class: the run applies one GKE ComputeClass whose priorities are "
+        "the ordered capacity kinds and GKE auto-creates a node pool for the first it can get; the "
+        "class is deleted at teardown. Pools with create.",
+        "with `cluster_mode` `existing`: `pools`, the run's own TPU node pool with one capacity kind; "
+        "`compute-class`, one GKE ComputeClass with the ordered `capacity` kinds as priorities, GKE "
+        "auto-creating a node pool for the first it can get "
+        "([platform teams](platform-teams.md#the-computeclass-route)); `create` takes `pools`",
+        default=POOLS_ROUTE,
+        pipelines=_GKE_ONLY,
+        schema={"enum": list(CAPACITY_ROUTES)},
     ),
     RunParam(
         "vm_name",

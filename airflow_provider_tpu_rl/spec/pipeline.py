@@ -31,12 +31,16 @@ from airflow_provider_tpu_rl.spec.cluster import (
 )
 from airflow_provider_tpu_rl.spec.errors import SpecError
 from airflow_provider_tpu_rl.spec.existing_cluster import (
+    COMPUTE_CLASS_CREATE_MODE,
+    COMPUTE_CLASS_ROUTE,
     CREATE,
     EXISTING,
     EXISTING_CLUSTER_VALUE,
     EXISTING_ONE_KIND,
+    POOLS_ROUTE,
     ExistingCluster,
     RunPools,
+    capacity_route,
     cluster_mode,
     job_target_on,
     parse_existing_cluster,
@@ -585,6 +589,13 @@ class GkePipelineSpec:
     existing: ExistingCluster | None = None
     kueue_queue: str = ""
     cpu_node_pool: str = ""
+    # how the TPU nodes come in existing mode: the run's own pools, or its ComputeClass
+    capacity_route: str = POOLS_ROUTE
+
+    @property
+    def compute_class(self) -> bool:
+        """The run's TPU nodes come from its ComputeClass (existing mode, ``compute-class``)."""
+        return self.capacity_route == COMPUTE_CLASS_ROUTE
 
     @property
     def suffix(self) -> str:
@@ -613,7 +624,9 @@ class GkePipelineSpec:
         return (
             target
             if pools is None
-            else job_target_on(target, pools.cluster, pools.suffix, pools.cpu_pool, self.kueue_queue)
+            else job_target_on(
+                target, pools.cluster, pools.suffix, pools.cpu_pool, self.kueue_queue, self.capacity_route
+            )
         )
 
     @property
@@ -713,6 +726,7 @@ class GkePipelineSpec:
             "existing_cluster": self.existing.where if self.existing else "",
             "kueue_queue": self.kueue_queue,
             "cpu_node_pool": self.cpu_node_pool,
+            "capacity_route": self.capacity_route,
         }
 
 
@@ -780,7 +794,8 @@ def gke_pipeline_from_conf(
     export = gke_export(
         preset, bucket=cluster.bucket, run_name=training.run_name, checkpoint_step=training.final_step
     )
-    existing = _existing_cluster(merged, cluster)
+    route = capacity_route(merged["capacity_route"] or POOLS_ROUTE)
+    existing = _existing_cluster(merged, cluster, route)
     return GkePipelineSpec(
         dag_id=dag_id,
         run_id=run_id,
@@ -800,6 +815,7 @@ def gke_pipeline_from_conf(
         existing=existing,
         kueue_queue=merged["kueue_queue"] or "",
         cpu_node_pool=merged["cpu_node_pool"] or "",
+        capacity_route=route,
     )
 
 
@@ -816,10 +832,13 @@ _EXISTING_FORMATS: Final = tuple(
 )
 
 
-def _existing_cluster(merged: Mapping[str, Any], cluster: ClusterSpec) -> ExistingCluster | None:
+def _existing_cluster(
+    merged: Mapping[str, Any], cluster: ClusterSpec, route: str = POOLS_ROUTE
+) -> ExistingCluster | None:
     """``cluster_mode``'s cluster the run does not own, or None (*create*); one line per wrong
-    combination: the existing-only keys with *create*, no cluster, another project or region,
-    ``keep_cluster`` (an existing cluster is never deleted: nothing to keep)."""
+    combination: the existing-only keys or the ``compute-class`` route with *create*, no cluster,
+    an ordered capacity on the ``pools`` route, another project or region, ``keep_cluster`` (an
+    existing cluster is never deleted: nothing to keep)."""
     for key, pattern, rule in _EXISTING_FORMATS:
         if merged[key]:
             rules.match(key, merged[key], pattern, rule)
@@ -827,6 +846,8 @@ def _existing_cluster(merged: Mapping[str, Any], cluster: ClusterSpec) -> Existi
         for key in EXISTING_ONLY_KEYS:
             if merged[key]:
                 raise SpecError(key, "is for cluster_mode existing; leave it empty with create", merged[key])
+        if route == COMPUTE_CLASS_ROUTE:
+            raise SpecError("capacity_route", COMPUTE_CLASS_CREATE_MODE, route)
         return None
     if not merged["existing_cluster"]:
         raise SpecError(
@@ -835,7 +856,7 @@ def _existing_cluster(merged: Mapping[str, Any], cluster: ClusterSpec) -> Existi
             show_value=False,
         )
     existing = parse_existing_cluster(merged["existing_cluster"])
-    if cluster.fallback:
+    if cluster.fallback and route != COMPUTE_CLASS_ROUTE:
         if any(kind.strip() for kind in merged.get(FALLBACK) or ()):
             raise SpecError(FALLBACK, f"{EXISTING_ONE_KIND}: clear {FALLBACK}", list(cluster.capacities))
         raise SpecError("capacity", EXISTING_ONE_KIND, list(cluster.capacities))

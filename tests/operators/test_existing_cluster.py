@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_tpu_rl.compat import AirflowFailException
+from airflow_provider_tpu_rl.exceptions import CommandError, FailureKind
 from airflow_provider_tpu_rl.hooks.gcluster import GclusterHook
 from airflow_provider_tpu_rl.operators.existing_cluster import (
     ClusterModeDeployOperator,
@@ -27,9 +28,13 @@ from airflow_provider_tpu_rl.operators.gke_jobs import (
 )
 from airflow_provider_tpu_rl.records.resources import read_resource_record
 from airflow_provider_tpu_rl.spec.pipeline import GKE_DAG_ID, run_suffix
-from tests.support.sandbox_run import REGION, ZONE, SandboxRun
+from tests.support.sandbox_run import REGION, ZONE, RecordingTI, SandboxRun
+from tpu_rl_sandbox.apis.kube_api import create_compute_class
 from tpu_rl_sandbox.clis.gcloud.app import Gcloud
+from tpu_rl_sandbox.world import compute_classes
 from tpu_rl_sandbox.world.existing_clusters import make_existing_cluster
+from tpu_rl_sandbox.world.gke_nodes import CLUSTER_LABEL, POOL_LABEL
+from tpu_rl_sandbox.world.settings import DEFAULT_RESERVATIONS, update_settings
 from tpu_rl_sandbox.world.store import StateStore
 
 RUN_A, RUN_B = "manual__team-a", "manual__team-b-sweep"
@@ -271,3 +276,171 @@ def test_the_pipelines_jobs_in_existing_mode_go_to_the_runs_pools_and_queue(sb: 
     operator = sb.operator(PathwaysRLTrainOperator, run_id=RUN_A, task_id="train")
     created = operator.plan(sb.context(operator, sb.gke_conf(), run_id=RUN_A)).target
     assert (created.node_constraints, created.queue, created.head_node_pool) == ((), "", "")
+
+
+# --- the ComputeClass route (capacity_route compute-class) --------------------------------------
+ORDER = ["reservation", "flex-start", "spot"]
+
+
+def _class_conf(sb: SandboxRun, where: str) -> dict[str, Any]:
+    return sb.gke_conf(
+        cluster_mode="existing", existing_cluster=where, capacity=ORDER, capacity_route="compute-class"
+    )
+
+
+def _task(
+    sb: SandboxRun, conf: dict[str, Any], factory: Any, task_id: str, ti: RecordingTI | None = None
+) -> Any:
+    operator = sb.operator(factory, conf=conf, run_id=RUN_A, task_id=task_id)
+    return operator.execute(sb.context(operator, conf, run_id=RUN_A, ti=ti))
+
+
+def _world(sb: SandboxRun, out: dict[str, str], reservation_count: int) -> None:
+    reservations = {key: dict(value) for key, value in DEFAULT_RESERVATIONS.items()}
+    reservations[f"{ZONE}/res-1"]["count"] = reservation_count
+    update_settings(sb.layout, reservations=reservations, tpu_capacity_out=out)
+
+
+def _classes(sb: SandboxRun) -> dict[str, dict[str, Any]]:
+    """The ComputeClasses of this test's cluster (the sandbox's state is the session's)."""
+    cluster = next(k for k in sb.state("clusters") if k.endswith(f"/{sb.cluster}"))
+    return {
+        key.rsplit("/", 1)[-1]: value
+        for key, value in sb.state(compute_classes.DOC).items()
+        if key.rsplit("/", 1)[0] == cluster
+    }
+
+
+def _auto_created(sb: SandboxRun) -> tuple[list[str], list[str]]:
+    """The node pools GKE auto-created in this test's cluster, and their node VMs (what would bill)."""
+    record = sb.cluster_record()
+    assert record is not None
+    pools = [p["name"] for p in record["node_pools"] if p.get("compute_class")]
+    vms = [
+        v["name"]
+        for v in sb.state("vms").values()
+        if str((v.get("labels") or {}).get(POOL_LABEL, "")).startswith("nap-")
+        and (v.get("labels") or {}).get(CLUSTER_LABEL) == sb.cluster
+    ]
+    return pools, vms
+
+
+def test_the_compute_class_serves_spot_when_the_reservation_is_full_and_flex_start_out(
+    sb: SandboxRun,
+) -> None:
+    """The issue's order through GKE's choice: the class's reservation and flex-start priorities
+    refused (FailedScaleUp each), spot's node pool auto-created; the capacity XCom (the ledger's)
+    names spot; the teardown deletes the class and the autoscaler the pool: nothing left."""
+    where = _cluster(sb)
+    conf = _class_conf(sb, where)
+    suffix = run_suffix(GKE_DAG_ID, RUN_A)
+    _world(sb, {f"{ZONE}/flex-start": "stockout"}, reservation_count=0)
+    ti = RecordingTI()
+    try:
+        result = _task(sb, conf, ClusterModeDeployOperator, "deploy_tpu_pool", ti)
+        assert result["compute_class"] == f"tpu-rl-{suffix}"
+        served = ti.pulled("capacity")
+        assert served["served"] == "spot"
+        assert [a["capacity"] for a in served["attempts"]] == ["reservation", "flex-start"]
+        assert served["attempts"][1]["error"] == (
+            "FailedScaleUp: Node scale up in zones us-east5-b associated with this pod failed: GCE out "
+            "of resources. Pod is at risk of not being scheduled."
+        )
+        klass = _classes(sb)[f"tpu-rl-{suffix}"]
+        assert klass["metadata"]["labels"]["tpu-rl-run"] == suffix
+        assert [p.get("spot", False) for p in klass["spec"]["priorities"]] == [False, False, True]
+        assert not any(
+            p["name"].startswith(f"tpu-rl-{suffix}-tpu") for p in sb.cluster_record()["node_pools"]
+        )  # type: ignore[index]
+        # the training selects the class, not a pool of the run's
+        train = sb.operator(PathwaysRLTrainOperator, conf=conf, run_id=RUN_A, task_id="train")
+        target = train.plan(sb.context(train, conf, run_id=RUN_A)).target
+        assert dict(target.node_constraints) == {"cloud.google.com/compute-class": f"tpu-rl-{suffix}"}
+
+        deleted = _task(sb, conf, ClusterModeDestroyOperator, "destroy_tpu_pool")
+    finally:
+        _world(sb, {}, reservation_count=DEFAULT_RESERVATIONS[f"{ZONE}/res-1"]["count"])
+    assert deleted["deleted"] == [f"tpu-rl-{suffix}"]
+    assert _classes(sb) == {}
+    assert _auto_created(sb) == ([], [])
+    assert set(_pools(sb)) == set(TEAM_POOLS)
+
+
+def test_every_kind_out_fails_the_deploy_in_one_bounded_line_and_leaves_nothing(
+    sb: SandboxRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    where = _cluster(sb)
+    conf = _class_conf(sb, where)
+    monkeypatch.setenv("AIRFLOW__TPU_RL__FLEX_START_PROBE_TIMEOUT_MINUTES", "0.02")
+    _world(sb, {f"{ZONE}/flex-start": "stockout", f"{ZONE}/spot": "stockout"}, reservation_count=0)
+    try:
+        with pytest.raises(CommandError) as failed:
+            _task(sb, conf, ClusterModeDeployOperator, "deploy_tpu_pool")
+    finally:
+        _world(sb, {}, reservation_count=DEFAULT_RESERVATIONS[f"{ZONE}/res-1"]["count"])
+    line = str(failed.value)
+    assert "\n" not in line
+    assert failed.value.kind is FailureKind.CAPACITY
+    assert "GKE got no node for any of reservation, flex-start, spot in us-east5-b within 0.02 min" in line
+    assert "GCE out of resources" in line
+    assert line.endswith("the class is deleted")
+    assert _classes(sb) == {}
+    assert _auto_created(sb) == ([], [])
+
+
+def test_the_class_of_another_run_or_team_is_never_deleted(sb: SandboxRun) -> None:
+    where = _cluster(sb)
+    conf = _class_conf(sb, where)
+    suffix = run_suffix(GKE_DAG_ID, RUN_A)
+    key = next(k for k in sb.state("clusters") if k.endswith(f"/{sb.cluster}"))
+    store = StateStore(sb.layout)
+    team = {
+        "apiVersion": "cloud.google.com/v1",
+        "kind": "ComputeClass",
+        "spec": {"priorities": [{"spot": True}]},
+    }
+    # another team's class, and one with the run's name its labels do not prove the run's
+    create_compute_class(store, key, {**team, "metadata": {"name": "team-b-tpus"}})
+    create_compute_class(
+        store, key, {**team, "metadata": {"name": f"tpu-rl-{suffix}", "labels": {"tpu-rl-run": suffix}}}
+    )
+    with pytest.raises(
+        AirflowFailException, match=f"has a ComputeClass tpu-rl-{suffix} that is not this run's"
+    ):
+        _task(sb, conf, ClusterModeDeployOperator, "deploy_tpu_pool")
+    assert _task(sb, conf, ClusterModeDestroyOperator, "destroy_tpu_pool")["deleted"] == []
+    assert set(_classes(sb)) == {"team-b-tpus", f"tpu-rl-{suffix}"}
+
+
+def test_the_janitor_deletes_the_class_of_an_ended_run_and_no_other(sb: SandboxRun) -> None:
+    """A run that crashed before its teardown: its ComputeClass goes once the run has ended (its
+    record condemns it and its labels prove it); another team's class stays."""
+    where = _cluster(sb)
+    conf = _class_conf(sb, where)
+    suffix = run_suffix(GKE_DAG_ID, RUN_A)
+    _task(sb, conf, ClusterModeDeployOperator, "deploy_tpu_pool", RecordingTI())
+    key = next(k for k in sb.state("clusters") if k.endswith(f"/{sb.cluster}"))
+    create_compute_class(
+        StateStore(sb.layout),
+        key,
+        {
+            "apiVersion": "cloud.google.com/v1",
+            "kind": "ComputeClass",
+            "metadata": {"name": "team-b-tpus"},
+            "spec": {"priorities": [{"spot": True}]},
+        },
+    )
+    hook, now = GclusterHook(), time.time()
+    running = sweep_run_pools(hook, "google_cloud_default", [sb.bucket], now, lambda _d, _r: "running")
+    assert f"{where}/tpu-rl-{suffix}" not in running["deleted"]
+    dry = sweep_run_pools(
+        hook, "google_cloud_default", [sb.bucket], now, lambda _d, _r: "failed", dry_run=True
+    )
+    assert dry["deleted"] == [f"{where}/tpu-rl-{suffix}"]
+    assert set(_classes(sb)) == {"team-b-tpus", f"tpu-rl-{suffix}"}
+    swept = sweep_run_pools(hook, "google_cloud_default", [sb.bucket], now, lambda _d, _r: "failed")
+    assert (swept["deleted"], swept["failed"]) == ([f"{where}/tpu-rl-{suffix}"], [])
+    assert set(_classes(sb)) == {"team-b-tpus"}
+    # gone already: the next pass leaves it (nothing to delete)
+    again = sweep_run_pools(hook, "google_cloud_default", [sb.bucket], now, lambda _d, _r: "failed")
+    assert again["left_alone"] == [f"{where}/tpu-rl-{suffix}"]

@@ -45,7 +45,11 @@ def _team_cluster(sb: SandboxRun, *missing: str) -> str:
 
 def _run(sb: SandboxRun, where: str, **arguments: Any) -> dict[str, Any]:
     # the pipeline's own arguments: the run's conf in existing mode (validate's resolved values)
-    existing = {key: arguments.pop(key) for key in ("kueue_queue", "cpu_node_pool") if key in arguments}
+    existing = {
+        key: arguments.pop(key)
+        for key in ("kueue_queue", "cpu_node_pool", "capacity_route")
+        if key in arguments
+    }
     conf = sb.gke_conf(
         reservation="",
         capacity=arguments.pop("capacity", "on-demand"),
@@ -138,4 +142,42 @@ def test_an_identity_that_cannot_manage_node_pools_is_refused(pf: SandboxRun) ->
     line = _refused(pf, where)
     assert "container.clusters.update" in line
     assert "roles/container.clusterAdmin" in line
+    _nothing_created(pf)
+
+
+def _set(pf: SandboxRun, **fields: Any) -> None:
+    with StateStore(pf.layout).txn() as txn:
+        txn.doc("clusters")[f"{pf.project}/{REGION}/{pf.cluster}"].update(fields)
+        txn.save("clusters")
+
+
+ORDER = ["spot", "flex-start", "on-demand"]
+
+
+def test_the_compute_class_route_takes_the_ordered_capacity_and_checks_what_the_class_needs(
+    pf: SandboxRun,
+) -> None:
+    where = _team_cluster(pf)
+    # the compute-class route takes the order (the pools route one kind: the spec's refusal)
+    assert _run(pf, where, capacity=ORDER, capacity_route="compute-class")["existing_cluster"] == where
+    _nothing_created(pf)
+    # a GKE whose ComputeClasses cannot create node pools (but runs v6e and flex-start TPUs)
+    _set(pf, gke_version="1.33.2-gke.1240000")
+    assert (
+        "older than 1.33.3-gke.1136000, the first whose ComputeClass creates its own node pools"
+        in _refused(pf, where, capacity=ORDER, capacity_route="compute-class")
+    )
+    _run(pf, where, capacity="spot")  # the pools route does not need it
+    # node auto-provisioning whose limits leave TPU v6e out
+    _set(
+        pf,
+        gke_version="1.35.1-gke.1000",
+        autoscaling={
+            "enableNodeAutoprovisioning": True,
+            "resourceLimits": [{"resourceType": "cpu", "maximum": "100"}],
+        },
+    )
+    assert "node auto-provisioning on with no tpu-v6e-slice resource limit" in _refused(
+        pf, where, capacity=ORDER, capacity_route="compute-class"
+    )
     _nothing_created(pf)

@@ -112,3 +112,44 @@ def test_the_jobs_on_an_existing_cluster_name_the_runs_pools_and_queue() -> None
         assert f"--node-constraint=cloud.google.com/gke-nodepool=tpu-rl-{run}-cpu" in jobs[task]
         assert "--queue=team-q" in jobs[task]
         assert not any(a.startswith("--service-account") for a in jobs[task])  # no toolkit KSA there
+
+
+def test_the_compute_class_has_the_ordered_kinds_as_priorities_and_the_runs_name_and_labels() -> None:
+    manifest = render.compute_class(
+        POOLS, ["reservation", "flex-start", "spot", "on-demand"], "team-v6e", LABELS
+    )
+    assert (manifest["apiVersion"], manifest["kind"]) == ("cloud.google.com/v1", "ComputeClass")
+    assert manifest["metadata"] == {"name": "tpu-rl-1a2b3c", "labels": LABELS}
+    spec = manifest["spec"]
+    tpu = {"type": "tpu-v6e-slice", "count": 4, "topology": "4x8"}
+    assert spec["priorities"] == [
+        {"tpu": tpu, "reservations": {"affinity": "Specific", "specific": [{"name": "team-v6e"}]}},
+        {"tpu": tpu, "flexStart": {"enabled": True}},
+        {"tpu": tpu, "spot": True},
+        {"tpu": tpu, "reservations": {"affinity": "None"}},
+    ]
+    assert spec["whenUnsatisfiable"] == "DoNotScaleUp"
+    assert spec["nodePoolAutoCreation"] == {"enabled": True}
+    assert spec["priorityDefaults"] == {"location": {"zones": ["us-east5-b"]}}
+    with pytest.raises(ValueError):
+        render.compute_class(POOLS, [], "", LABELS)
+
+
+def test_the_compute_class_is_created_and_deleted_through_the_kubernetes_api() -> None:
+    manifest = render.compute_class(POOLS, ["spot"], "", LABELS)
+    create = render.apply_compute_class(manifest)
+    assert (create.method, create.url, dict(create.body)) == (
+        "POST",
+        "/apis/cloud.google.com/v1/computeclasses",
+        manifest,
+    )
+    delete = render.delete_compute_class(POOLS)
+    assert (delete.method, delete.url) == ("DELETE", "/apis/cloud.google.com/v1/computeclasses/tpu-rl-1a2b3c")
+
+
+def test_the_compute_class_probe_pod_selects_the_class_and_asks_one_nodes_chips() -> None:
+    pod = render.compute_class_probe_pod(POOLS)
+    assert pod["metadata"]["name"] == "tpu-rl-1a2b3c-capacity-probe"
+    spec = pod["spec"]
+    assert spec["nodeSelector"] == {"cloud.google.com/compute-class": "tpu-rl-1a2b3c"}
+    assert spec["containers"][0]["resources"]["requests"] == {"google.com/tpu": "4"}

@@ -18,6 +18,8 @@ from airflow_provider_tpu_rl.spec.existing_cluster import (
     RunPools,
     cluster_mode,
     cluster_problems,
+    compute_class_is_runs,
+    compute_class_name,
     gke_version,
     job_target_on,
     kubernetes_problems,
@@ -25,6 +27,7 @@ from airflow_provider_tpu_rl.spec.existing_cluster import (
     pool_is_runs,
     runs_pools,
     served_group_versions,
+    served_kind,
 )
 
 CLUSTER = parse_existing_cluster("my-proj-123/us-east5/team-tpu-cluster-with-a-long-name")
@@ -254,6 +257,8 @@ def test_existing_mode_names_the_cluster_and_the_runs_pools() -> None:
         ({"kueue_queue": "q"}, "kueue_queue: is for cluster_mode existing"),
         ({"cpu_node_pool": "cpu-np"}, "cpu_node_pool: is for cluster_mode existing"),
         ({"cluster_mode": "shared"}, "cluster_mode: must be one of"),
+        ({"capacity_route": "compute-class"}, "capacity_route: compute-class is for cluster_mode existing"),
+        ({"capacity_route": "nap"}, "capacity_route: must be one of"),
         ({"cluster_mode": "existing"}, "existing_cluster: cluster_mode existing needs the cluster"),
         (
             {"cluster_mode": "existing", "existing_cluster": "a/b"},
@@ -285,9 +290,10 @@ def test_existing_mode_names_the_cluster_and_the_runs_pools() -> None:
         ),
         (
             {"cluster_mode": "existing", "existing_cluster": _WHERE, "capacity_fallback": ["spot"]},
-            "capacity_fallback: cluster_mode existing takes one capacity kind: its node pool's create "
-            "does not fall through an ordered list (that is cluster_mode create's); give the one kind: "
-            "clear capacity_fallback",
+            "capacity_fallback: cluster_mode existing takes one capacity kind with capacity_route "
+            "pools: its node pool's create does not fall through an ordered list; give the one kind, "
+            "or set capacity_route to compute-class (GKE chooses among the kinds): clear "
+            "capacity_fallback",
         ),
     ],
 )
@@ -360,3 +366,118 @@ def test_a_job_targets_a_gke_cluster_name_of_up_to_40_characters() -> None:
     assert _target(cluster_name="a" * 40).cluster_name == "a" * 40
     with pytest.raises(SpecError, match="at most 40"):
         _target(cluster_name="a" * 41)
+
+
+_ORDER = ["reservation", "flex-start", "spot"]
+
+
+def test_the_compute_class_route_takes_the_ordered_capacity_and_selects_the_runs_class() -> None:
+    from airflow_provider_tpu_rl.spec.pipeline import gke_pipeline_from_conf
+
+    spec = gke_pipeline_from_conf(
+        {
+            **_BASE,
+            "cluster_mode": "existing",
+            "existing_cluster": _WHERE,
+            "capacity": _ORDER,
+            "reservation": "team-v6e",
+            "capacity_route": "compute-class",
+        }
+    )
+    assert spec.compute_class
+    assert spec.cluster.capacities == tuple(_ORDER)
+    assert spec.resolved()["capacity_route"] == "compute-class"
+    assert spec.job_target.node_constraints == (
+        ("cloud.google.com/compute-class", compute_class_name(spec.suffix)),
+    )
+    assert spec.cpu_job_target.node_constraints == ()
+    # the pools route (the default) keeps the run's pool label and one kind
+    pools = gke_pipeline_from_conf({**_BASE, "cluster_mode": "existing", "existing_cluster": _WHERE})
+    assert not pools.compute_class
+    assert pools.resolved()["capacity_route"] == "pools"
+    assert pools.job_target.node_constraints == (("tpu-rl-run", pools.suffix),)
+
+
+def _class(suffix: str = "1a2b3c", **labels: str) -> dict[str, Any]:
+    base = {"tpu-rl-run": suffix, "tpu-rl-managed": "true", "tpu-rl-bucket": "team-bkt"}
+    return {"metadata": {"name": f"tpu-rl-{suffix}", "labels": {**base, **labels}}}
+
+
+def test_a_compute_class_is_the_runs_only_when_its_name_and_labels_say_so() -> None:
+    assert compute_class_is_runs(_class(), "1a2b3c", "team-bkt")
+    assert not compute_class_is_runs(_class(), "1a2b3c", "other-bkt")  # another deployment's
+    assert not compute_class_is_runs(_class(**{"tpu-rl-run": "ffffff"}), "1a2b3c")
+    assert not compute_class_is_runs(_class(**{"tpu-rl-managed": "false"}), "1a2b3c")
+    other = _class()
+    other["metadata"]["name"] = "team-b-tpus"  # another team's class, the run's labels copied
+    assert not compute_class_is_runs(other, "1a2b3c")
+    assert not compute_class_is_runs(None, "1a2b3c")
+
+
+@pytest.mark.parametrize(
+    ("labels", "kind"),
+    [
+        ({"cloud.google.com/gke-spot": "true"}, "spot"),
+        ({"cloud.google.com/gke-flex-start": "true"}, "flex-start"),
+        ({"cloud.google.com/reservation-name": "team-v6e"}, "reservation"),
+        ({"cloud.google.com/gke-spot": "false"}, "on-demand"),
+        ({}, "on-demand"),
+    ],
+)
+def test_the_kind_that_served_is_read_from_the_nodes_labels(labels: dict[str, str], kind: str) -> None:
+    assert served_kind(labels) == kind
+
+
+def test_the_compute_class_plan_creates_and_deletes_the_class_and_no_tpu_pool() -> None:
+    from airflow_provider_tpu_rl.cli import build_plan
+
+    conf = {
+        **_BASE,
+        "cluster_mode": "existing",
+        "existing_cluster": _WHERE,
+        "capacity": _ORDER,
+        "reservation": "team-v6e",
+        "capacity_route": "compute-class",
+    }
+    plan = build_plan("tpu_rl_gke_pipeline", conf)
+    by_task = {s["task_id"]: s for s in plan["steps"]}
+    assert "deploy_tpu_pool" not in by_task
+    assert "destroy_tpu_pool" not in by_task
+    assert not any(
+        "node-pools create" in " ".join(s["argv"]) and "-tpu-" in " ".join(s["argv"]) for s in plan["steps"]
+    )
+    train = " ".join(
+        next(s for s in plan["steps"] if s["task_id"] == "train" and s["argv"][0] == "gcluster")["argv"]
+    )
+    name = plan["capacity"]["compute_class"]["metadata"]["name"]
+    assert f"--node-constraint=cloud.google.com/compute-class={name}" in train
+    assert "--node-constraint=tpu-rl-run" not in train
+    calls = {c["task_id"]: c for c in plan["api_calls"] if c["task_id"] != "preflight"}
+    assert calls["deploy_tpu_pool"]["api"] == "POST /apis/cloud.google.com/v1/computeclasses"
+    assert calls["deploy_tpu_pool"]["body"] == plan["capacity"]["compute_class"]
+    assert calls["destroy_tpu_pool"]["api"] == f"DELETE /apis/cloud.google.com/v1/computeclasses/{name}"
+    assert plan["capacity"]["value"] == _ORDER
+    assert plan["capacity"]["route"] == "compute-class"
+
+
+def test_the_compute_class_route_needs_auto_creation_and_flex_start_when_a_priority_is_flex() -> None:
+    needs = ClusterNeeds(CLUSTER, "spot", capacities=("spot", "flex-start"))
+    assert cluster_problems(needs, _cluster(currentMasterVersion="1.35.1-gke.1000")) == []
+    old = cluster_problems(needs, _cluster(currentMasterVersion="1.32.4-gke.1106006"))
+    assert len(old) == 2
+    assert "the first with flex-start TPU node pools" in old[0]
+    assert "older than 1.33.3-gke.1136000, the first whose ComputeClass creates its own node pools" in old[1]
+    limited = {
+        "enableNodeAutoprovisioning": True,
+        "resourceLimits": [{"resourceType": "cpu", "maximum": "8"}],
+    }
+    new = "1.35.1-gke.1000"
+    assert cluster_problems(needs, _cluster(currentMasterVersion=new, autoscaling=limited)) == [
+        f"cluster {CLUSTER.where} has node auto-provisioning on with no tpu-v6e-slice resource limit: its "
+        "limits apply to the node pools GKE creates for a ComputeClass, so none of TPU v6e can be made; add "
+        "a tpu-v6e-slice limit to its auto-provisioning, or set capacity_route to pools"
+    ]
+    allowed = {**limited, "resourceLimits": [{"resourceType": "tpu-v6e-slice", "maximum": "64"}]}
+    assert cluster_problems(needs, _cluster(currentMasterVersion=new, autoscaling=allowed)) == []
+    # the pools route (no capacities) needs neither
+    assert cluster_problems(ClusterNeeds(CLUSTER, "spot"), _cluster(autoscaling=limited)) == []

@@ -1333,7 +1333,9 @@ def _invalid_pod(name: str, causes: list[tuple[str, str]]) -> KubeError:
     return KubeError(status_object(422, "Invalid", message, details))
 
 
-def _event(pod: Mapping[str, Any], reason: str, message: str, component: str, when: str) -> dict[str, Any]:
+def _event(
+    pod: Mapping[str, Any], reason: str, message: str, component: str, when: str, kind: str = "Warning"
+) -> dict[str, Any]:
     return {
         "metadata": {
             "name": f"{pod['name']}.{uuid.uuid4().hex[:16]}",
@@ -1353,7 +1355,7 @@ def _event(pod: Mapping[str, Any], reason: str, message: str, component: str, wh
         "firstTimestamp": when,
         "lastTimestamp": when,
         "count": 1,
-        "type": "Warning",
+        "type": kind,
         "reportingComponent": component,
     }
 
@@ -1374,13 +1376,22 @@ def _tpu_pools_for(cluster: Mapping[str, Any], selector: Mapping[str, Any]) -> l
 
 
 def create_pod(
-    store: StateStore, cluster_key: str, cluster: Mapping[str, Any], namespace: str, body: Any
+    store: StateStore,
+    cluster_key: str,
+    cluster: Mapping[str, Any],
+    namespace: str,
+    body: Any,
+    settings: Any = None,
 ) -> dict[str, Any]:
     """Create a standalone pod and decide at once what the scheduler and the cluster autoscaler do
     with it: placed on a node of a TPU pool that has nodes; else Pending, with the scheduler's
     ``FailedScheduling`` and, for a pool whose scale-up fails (a flex-start pool in a zone without
-    flex-start capacity: the pool's ``scale_up_failure``), the autoscaler's ``FailedScaleUp``."""
-    from tpu_rl_sandbox.world import gke_nodes
+    flex-start capacity: the pool's ``scale_up_failure``), the autoscaler's ``FailedScaleUp``. A pod
+    selecting a ComputeClass (``cloud.google.com/compute-class``) lands on a node of a pool of the
+    class, or GKE auto-creates one for the first priority the zone can give
+    (world/compute_classes.py ``scale_up``; ``settings``: the sandbox's)."""
+    from tpu_rl_sandbox.machines.job_worker import pool_node_labels
+    from tpu_rl_sandbox.world import compute_classes, gke_nodes
 
     if not isinstance(body, dict) or body.get("kind") not in (None, "Pod"):
         raise bad_request("the body must be a Pod")
@@ -1430,6 +1441,23 @@ def create_pod(
         selector = spec.get("nodeSelector") or {}
         asks_tpu = any(TPU_RESOURCE in ((c.get("resources") or {}).get("requests") or {}) for c in containers)
         pools = _tpu_pools_for(cluster, selector) if asks_tpu or selector else []
+        class_name = selector.get(compute_classes.CLASS_LABEL)
+        if class_name:
+            current = txn.doc("clusters").get(cluster_key) or dict(cluster)
+            pools = [
+                p
+                for p in current.get("node_pools") or []
+                if all(pool_node_labels(p).get(k) == v for k, v in selector.items())
+            ]
+            klass = txn.doc(compute_classes.DOC).get(f"{cluster_key}/{class_name}")
+            has = any(gke_nodes._nodes(txn, current, p) for p in pools)
+            if not has and klass is not None and settings is not None:
+                made, said = compute_classes.scale_up(txn, cluster_key, current, klass, settings, time.time())
+                for reason, message in said:
+                    kind = "Normal" if reason == "TriggeredScaleUp" else "Warning"
+                    record["events"].append(_event(record, reason, message, "cluster-autoscaler", when, kind))
+                pools = [made] if made is not None else []
+            cluster = current
         with_nodes = [
             node
             for pool in pools
@@ -1567,3 +1595,118 @@ def list_events(
         return "" if value is None else str(value)
 
     return [e for e in events if all((field_value(e, f) == v) != neg for f, v, neg in terms)]
+
+
+def node_object(store: StateStore, cluster: Mapping[str, Any], name: str) -> dict[str, Any] | None:
+    """``GET /api/v1/nodes/{name}``: a TPU node pool's node (its node VM) with the labels GKE puts
+    on it: the pool's own (``--node-labels``, an auto-created pool's class and kind labels),
+    ``cloud.google.com/gke-nodepool``, the TPU accelerator and topology; None when no such node."""
+    from tpu_rl_sandbox.machines.job_worker import pool_node_labels
+    from tpu_rl_sandbox.world import gke_nodes
+
+    record = next(
+        (
+            r
+            for r in store.read("vms").values()
+            if r.get("name") == name
+            and (r.get("labels") or {}).get(gke_nodes.CLUSTER_LABEL) == cluster.get("name")
+        ),
+        None,
+    )
+    if record is None:
+        return None
+    pool_name = (record.get("labels") or {}).get(gke_nodes.POOL_LABEL)
+    pool = next((p for p in cluster.get("node_pools") or [] if p.get("name") == pool_name), None)
+    if pool is None:
+        return None
+    labels = {**pool_node_labels(pool), "kubernetes.io/hostname": name}
+    if pool.get("topology"):
+        labels[gke_nodes.TPU_ACCELERATOR_SELECTOR] = "tpu-v6e-slice"
+        labels[gke_nodes.TPU_TOPOLOGY_SELECTOR] = str(pool["topology"])
+    return {
+        "kind": "Node",
+        "apiVersion": "v1",
+        "metadata": {"name": name, "labels": labels, "creationTimestamp": record.get("created")},
+        "spec": {},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+def create_compute_class(store: StateStore, cluster_key: str, body: Any) -> dict[str, Any]:
+    """``POST /apis/cloud.google.com/v1/computeclasses``: the object stored, or the API's 422
+    (the CRD schema, world/compute_classes.py ``problems``) or 409 (the name taken)."""
+    from tpu_rl_sandbox.world import compute_classes
+
+    causes = compute_classes.problems(body)
+    name = str(((body if isinstance(body, dict) else {}).get("metadata") or {}).get("name") or "")
+    if causes:
+        message = f'ComputeClass.cloud.google.com "{name}" is invalid: ' + ", ".join(
+            f"{f}: {w}" for f, w in causes
+        )
+        details = {
+            "name": name,
+            "group": compute_classes.GROUP,
+            "kind": "ComputeClass",
+            "causes": [{"reason": "FieldValueInvalid", "message": w, "field": f} for f, w in causes],
+        }
+        raise KubeError(status_object(422, "Invalid", message, details))
+    with store.txn() as txn:
+        classes = txn.doc(compute_classes.DOC)
+        key = f"{cluster_key}/{name}"
+        if key in classes:
+            raise KubeError(
+                status_object(
+                    409,
+                    "AlreadyExists",
+                    f'{compute_classes.PLURAL}.{compute_classes.GROUP} "{name}" already exists',
+                    {"name": name, "group": compute_classes.GROUP, "kind": compute_classes.PLURAL},
+                )
+            )
+        obj = compute_classes.stored(body, time.time())
+        classes[key] = obj
+        txn.save(compute_classes.DOC)
+    return obj
+
+
+def get_compute_class(store: StateStore, cluster_key: str, name: str) -> dict[str, Any]:
+    from tpu_rl_sandbox.world import compute_classes
+
+    found = store.read(compute_classes.DOC).get(f"{cluster_key}/{name}")
+    if found is None:
+        raise KubeError(not_found(compute_classes.PLURAL, name, compute_classes.GROUP))
+    return dict(found)
+
+
+def list_compute_classes(store: StateStore, cluster_key: str) -> list[dict[str, Any]]:
+    from tpu_rl_sandbox.world import compute_classes
+
+    return [
+        dict(v) for k, v in sorted(store.read(compute_classes.DOC).items()) if k.startswith(f"{cluster_key}/")
+    ]
+
+
+def delete_compute_class(store: StateStore, cluster_key: str, name: str) -> dict[str, Any]:
+    """Delete a ComputeClass: the API's ``Status`` Success; 404 when there is none. The node pools
+    GKE auto-created for it stay until the autoscaler removes them (world/compute_classes.py)."""
+    from tpu_rl_sandbox.world import compute_classes
+
+    with store.txn() as txn:
+        classes = txn.doc(compute_classes.DOC)
+        found = classes.pop(f"{cluster_key}/{name}", None)
+        if found is None:
+            raise KubeError(not_found(compute_classes.PLURAL, name, compute_classes.GROUP))
+        txn.save(compute_classes.DOC)
+    # a custom resource deleted at once answers a Status of success with its details (the API
+    # server's generic registry: ReturnDeletedObject is false for CustomResourceDefinitions)
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Success",
+        "details": {
+            "name": name,
+            "group": compute_classes.GROUP,
+            "kind": compute_classes.PLURAL,
+            "uid": (found.get("metadata") or {}).get("uid"),
+        },
+    }

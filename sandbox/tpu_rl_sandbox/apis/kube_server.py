@@ -35,13 +35,18 @@ from tpu_rl_sandbox.apis.kube_api import (
     cluster_jobs,
     collect_garbage,
     container_log_path,
+    create_compute_class,
     create_jobset,
     create_pod,
+    delete_compute_class,
     delete_jobset,
     delete_pod,
+    get_compute_class,
     jobset_object,
     k8s_uid,
+    list_compute_classes,
     list_events,
+    node_object,
     not_found,
     patch_jobset,
     pod_object,
@@ -54,8 +59,9 @@ from tpu_rl_sandbox.apis.kube_api import (
     unsupported_media_type,
 )
 from tpu_rl_sandbox.apis.tls import server_ssl_context
-from tpu_rl_sandbox.world import existing_clusters
+from tpu_rl_sandbox.world import compute_classes, existing_clusters
 from tpu_rl_sandbox.world.layout import SandboxLayout
+from tpu_rl_sandbox.world.settings import load_settings
 from tpu_rl_sandbox.world.store import StateStore
 
 __all__ = ["KubeServers"]
@@ -173,6 +179,8 @@ class _Handler(BaseHTTPRequestHandler):
         parsed = urllib.parse.urlsplit(self.path)
         query = urllib.parse.parse_qs(parsed.query, keep_blank_values=True)
         parts = [urllib.parse.unquote(p) for p in parsed.path.strip("/").split("/")]
+        # GKE's autoscaler removes the auto-created pools no pod has used (world/compute_classes.py)
+        compute_classes.scale_down(self._store(), self.cluster_key, load_settings(self.layout))
         cluster = self._cluster() or {}
         served = existing_clusters.served_apis(cluster)
         try:
@@ -222,12 +230,54 @@ class _Handler(BaseHTTPRequestHandler):
                         "items": items,
                     },
                 )
+            elif (
+                parts[:4] == ["apis", compute_classes.GROUP, compute_classes.VERSION, compute_classes.PLURAL]
+                and len(parts) in (4, 5)
+                and compute_classes.served(cluster)
+            ):
+                self._compute_classes(method, parts[4:])
+            elif parts[:3] == ["api", "v1", "nodes"] and len(parts) == 4:
+                if method != "GET":
+                    self._method_not_allowed()
+                    return
+                node = node_object(self._store(), cluster, parts[3])
+                if node is None:
+                    raise KubeError(not_found("nodes", parts[3]))
+                self._send_json(200, node)
             elif parts == ["api", "v1", "pods"]:
                 self._pods(method, None, [], query)  # every namespace's pods (a list only)
             else:
                 self._send_text(404, "404 page not found\n")
         except KubeError as error:
             self._send_json(error.code, error.body)
+
+    def _compute_classes(self, method: str, rest: list[str]) -> None:
+        """GKE's ComputeClasses (cluster-scoped): create, get, list, delete."""
+        store = self._store()
+        if method == "POST" and not rest:
+            try:
+                body = json.loads(self._body() or b"null")
+            except ValueError as error:
+                raise bad_request(f"error decoding JSON: {error}") from None
+            self._send_json(201, create_compute_class(store, self.cluster_key, body))
+        elif method == "GET" and rest:
+            self._send_json(200, get_compute_class(store, self.cluster_key, rest[0]))
+        elif method == "GET":
+            items = list_compute_classes(store, self.cluster_key)
+            self._send_json(
+                200,
+                {
+                    "apiVersion": compute_classes.API,
+                    "kind": "ComputeClassList",
+                    "items": items,
+                    "metadata": {},
+                },
+            )
+        elif method == "DELETE" and rest:
+            self._body()
+            self._send_json(200, delete_compute_class(store, self.cluster_key, rest[0]))
+        else:
+            self._method_not_allowed()
 
     def _method_not_allowed(self) -> None:
         self._send_json(
@@ -329,7 +379,12 @@ class _Handler(BaseHTTPRequestHandler):
             if cluster is None:
                 self._send_text(503, "service unavailable\n")
                 return
-            self._send_json(201, create_pod(self._store(), self.cluster_key, cluster, namespace, body))
+            self._send_json(
+                201,
+                create_pod(
+                    self._store(), self.cluster_key, cluster, namespace, body, load_settings(self.layout)
+                ),
+            )
             return
         if method == "DELETE" and namespace is not None and len(rest) == 1:
             self._body()

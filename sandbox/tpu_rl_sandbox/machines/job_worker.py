@@ -31,7 +31,7 @@ from tpu_rl_sandbox.apis.gcs_emulator import api_for
 from tpu_rl_sandbox.machines.fsview import GcsStore
 from tpu_rl_sandbox.machines.hosts import MachineServices, PodHost, tpu_chips_of
 from tpu_rl_sandbox.machines.maxtext_sim import DEFAULT_STEP_SECONDS
-from tpu_rl_sandbox.world import iam, secret_values
+from tpu_rl_sandbox.world import compute_classes, iam, secret_values
 from tpu_rl_sandbox.world.faults import FaultGate, claim_preemption, parse_faults
 from tpu_rl_sandbox.world.layout import SandboxLayout
 from tpu_rl_sandbox.world.registry import Copies, ar_repository, digest_of
@@ -156,6 +156,7 @@ class Worker:
                     time.sleep(0.05)  # no ClusterQueue quota for TPUs: never admitted
                     continue
                 if cluster.get("made_outside"):
+                    scale_up_for_compute_class(txn, me, cluster, load_settings(self.layout))
                     if existing_cluster_tpu_fits(me, jobs, cluster):
                         return
                     time.sleep(0.05)
@@ -562,6 +563,20 @@ def has_matching_nodes(cluster: dict[str, Any], job: dict[str, Any]) -> bool:
         for pool in cluster.get("node_pools", [])
         if not pool.get("failed")
     )
+
+
+def scale_up_for_compute_class(
+    txn: Any, me: dict[str, Any], cluster: dict[str, Any], settings: Any
+) -> dict[str, Any] | None:
+    """A TPU job selecting a ComputeClass (``cloud.google.com/compute-class``) no pool of which it
+    matches: GKE's choice among the class's priorities (world/compute_classes.py ``scale_up``), as
+    for any pending pod; the pool made, or None."""
+    wanted = (me.get("node_constraint") or {}).get(compute_classes.CLASS_LABEL)
+    klass = txn.doc(compute_classes.DOC).get(f"{me['cluster_key']}/{wanted}") if wanted else None
+    if klass is None or matching_tpu_pool(cluster, me) is not None:
+        return None
+    pool, _ = compute_classes.scale_up(txn, me["cluster_key"], cluster, klass, settings, time.time())
+    return pool
 
 
 def existing_cluster_tpu_fits(me: dict[str, Any], jobs: dict[str, Any], cluster: dict[str, Any]) -> bool:

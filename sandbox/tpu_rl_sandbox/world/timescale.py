@@ -126,6 +126,10 @@ CAPACITY_MINUTES: Final[Mapping[str, float]] = MappingProxyType(
         "tpu_node_ready": 3.0,
         # A TPU node pool's destroy drains its nodes first (billed; no estimate: :func:`drain_seconds`,
         # from the pods still running), then the VMs' STOPPING (vm_stopping) and the pool's removal.
+        # The cluster autoscaler removes a node no pod needs after ``scale-down-unneeded-time``,
+        # 10 minutes by default (kubernetes/autoscaler cluster-autoscaler/FAQ.md, direct): the
+        # node pools GKE auto-created for a ComputeClass (world/compute_classes.py). Billed.
+        "scale_down_unneeded": 10.0,
         # compute images create from a stopped VM's 200 GB boot disk (~25 GB written): no source
         # states its duration, an estimate. The bake's own cost, not TPU time.
         "image_create": 5.0,

@@ -28,6 +28,9 @@ class ClustersCommands(GcloudCall):
             "currentMasterVersion": existing_clusters.gke_version(record),
             **existing_clusters.workload_identity_config(record),
             **({"autopilot": {"enabled": True}} if record.get("autopilot") else {}),
+            # container v1 Cluster.autoscaling (ClusterAutoscaling: enableNodeAutoprovisioning,
+            # resourceLimits), as a test sets it on the record
+            **({"autoscaling": dict(record["autoscaling"])} if record.get("autoscaling") else {}),
             "currentNodeCount": sum(p["initialNodeCount"] for p in pools),
             "endpoint": inventory.external_ip(record["name"]),
             "nodePools": pools,
