@@ -361,6 +361,12 @@ def test_the_compute_class_serves_spot_when_the_reservation_is_full_and_flex_sta
     finally:
         _world(sb, {}, reservation_count=DEFAULT_RESERVATIONS[f"{ZONE}/res-1"]["count"])
     assert deleted["deleted"] == [f"tpu-rl-{suffix}"]
+    # the billed TPU time (the ledger's): the auto-created pool's node VMs, noted at the deploy
+    assert result["node_pool"].startswith("nap-")
+    spans = deleted["billed"]["spans"]
+    assert spans
+    assert all(span["chips"] == 4 for span in spans)
+    assert all(f"-{result['node_pool']}-" in span["machine"] for span in spans), spans
     assert _classes(sb) == {}
     assert _auto_created(sb) == ([], [])
     assert set(_pools(sb)) == set(TEAM_POOLS)
