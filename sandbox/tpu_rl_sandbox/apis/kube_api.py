@@ -54,6 +54,8 @@ from typing import Any
 
 import tpu_rl_sandbox
 from tpu_rl_sandbox.world import inventory
+from tpu_rl_sandbox.world.inventory import PODS_DOC as PODS_DOC
+from tpu_rl_sandbox.world.inventory import cluster_jobs as cluster_jobs
 from tpu_rl_sandbox.world.layout import SandboxLayout
 from tpu_rl_sandbox.world.store import StateStore
 from tpu_rl_sandbox.world.timestamps import rfc3339
@@ -547,11 +549,6 @@ def pod_objects(job: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 # ================================================================================ the store
-def cluster_jobs(store: StateStore, cluster_key: str) -> list[dict[str, Any]]:
-    """The JobSet records of one cluster."""
-    return [job for job in store.read("jobs").values() if job.get("cluster_key") == cluster_key]
-
-
 def record_key(project: str, location: str, cluster: str, name: str, namespace: str) -> str:
     """The ``jobs`` document key (the namespace shows only when it is not ``default``)."""
     key = inventory.job_key(project, location, cluster, name)
@@ -1299,7 +1296,6 @@ def read_log(
 # of a flex-start TPU pool), their scheduling and the cluster autoscaler's answer for them, decided
 # when they are created; and the events that say it (``GET .../events``). Kept in the ``pods``
 # document, keyed ``<cluster key>/<namespace>/<name>``.
-PODS_DOC = "pods"
 TPU_RESOURCE = "google.com/tpu"
 # kubernetes pkg/apis/core/validation ValidatePodCreate: a pod needs at least one container, each
 # with a DNS-1123 label name and an image (the messages' field paths as the API server words them).
@@ -1390,8 +1386,8 @@ def create_pod(
     selecting a ComputeClass (``cloud.google.com/compute-class``) lands on a node of a pool of the
     class, or GKE auto-creates one for the first priority the zone can give
     (world/compute_classes.py ``scale_up``; ``settings``: the sandbox's)."""
-    from tpu_rl_sandbox.machines.job_worker import pool_node_labels
     from tpu_rl_sandbox.world import compute_classes, gke_nodes
+    from tpu_rl_sandbox.world.gke_nodes import pool_node_labels
 
     if not isinstance(body, dict) or body.get("kind") not in (None, "Pod"):
         raise bad_request("the body must be a Pod")
@@ -1601,8 +1597,8 @@ def node_object(store: StateStore, cluster: Mapping[str, Any], name: str) -> dic
     """``GET /api/v1/nodes/{name}``: a TPU node pool's node (its node VM) with the labels GKE puts
     on it: the pool's own (``--node-labels``, an auto-created pool's class and kind labels),
     ``cloud.google.com/gke-nodepool``, the TPU accelerator and topology; None when no such node."""
-    from tpu_rl_sandbox.machines.job_worker import pool_node_labels
     from tpu_rl_sandbox.world import gke_nodes
+    from tpu_rl_sandbox.world.gke_nodes import pool_node_labels
 
     record = next(
         (

@@ -59,12 +59,16 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final
 
-from airflow_provider_tpu_rl.ledger.billing import billed_chip_seconds, spans_from_json
-from airflow_provider_tpu_rl.ledger.records import idle_share
-from airflow_provider_tpu_rl.ledger.schema import DEFAULT_SQLITE_FILE
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID, TPU_VM_DAG_ID
 from tpu_rl_sandbox.commands import cli_cost, fallback_bench, tpu_cost
-from tpu_rl_sandbox.commands.lifecycle import sandbox_down, sandbox_env, sandbox_up
+from tpu_rl_sandbox.commands.lifecycle import (
+    dags_test,
+    migrated_airflow,
+    sandbox_down,
+    sandbox_up,
+)
+from tpu_rl_sandbox.commands.lifecycle import provider_on_the_scale as provider_on_the_scale
+from tpu_rl_sandbox.commands.tpu_cost import ledger_tpu_time as ledger_tpu_time
 from tpu_rl_sandbox.world.calls import read_calls
 from tpu_rl_sandbox.world.layout import SandboxLayout
 from tpu_rl_sandbox.world.settings import update_settings
@@ -413,91 +417,6 @@ def write_trivial_dag(folder: Path, shape: dict[str, Any], with_form: bool = Tru
     return path
 
 
-def provider_on_the_scale(minute_seconds: float) -> dict[str, str]:
-    """The provider's own real-time waits that section 4 plays on its time scale: the wait for a
-    booting guest's sshd, 5 real minutes polled every 5 real seconds (``[tpu_rl]
-    ssh_boot_wait_minutes``, ``ssh_boot_poll_seconds``), so its polls do not bill whole minutes."""
-    return {
-        "AIRFLOW__TPU_RL__SSH_BOOT_WAIT_MINUTES": str(5.0 * minute_seconds / 60.0),
-        "AIRFLOW__TPU_RL__SSH_BOOT_POLL_SECONDS": str(5.0 * minute_seconds / 60.0),
-    }
-
-
-def _migrated_airflow(
-    root: Path, home: Path, dags_dir: Path, step_seconds: float
-) -> tuple[str, dict[str, str]]:
-    """The ``airflow`` executable and the environment of a run against the sandbox at ``root``, with
-    a fresh Airflow home ``home`` (migrated here) and fast polls."""
-    env = {
-        **os.environ,
-        **sandbox_env(root),
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__DAGS_FOLDER": str(dags_dir),
-        "AIRFLOW__TPU_RL__POLL_INTERVAL": "1",
-        "TPU_RL_SANDBOX_STEP_SECONDS": str(step_seconds),
-    }
-    airflow = str(Path(sys.executable).with_name("airflow"))
-    subprocess.run([airflow, "db", "migrate"], env=env, capture_output=True, check=True)
-    return airflow, env
-
-
-def _dags_test(
-    airflow: str, dag_id: str, dag_file: Path, env: dict[str, str], conf: dict[str, Any] | None = None
-) -> tuple[float, list[str]]:
-    """Run ``airflow dags test`` on the one file ``dag_file`` (nothing else in the folder is parsed)
-    and return its wall time and log lines; raise if the run failed."""
-    argv = [airflow, "dags", "test", dag_id, "--dagfile-path", str(dag_file)]
-    env = {**env, "AIRFLOW__CORE__DAGS_FOLDER": str(dag_file.parent)}  # the file's own bundle
-    if conf is not None:
-        argv += ["-c", json.dumps(conf)]
-    started = time.monotonic()
-    run = subprocess.run(argv, env=env, capture_output=True, text=True)
-    wall = time.monotonic() - started
-    log = (run.stdout + run.stderr).splitlines()
-    if run.returncode != 0:
-        raise RuntimeError(f"{dag_id} failed:\n" + "\n".join(log[-40:]))
-    return wall, log
-
-
-def ledger_tpu_time(airflow_home: Path, dag_id: str) -> dict[str, Any] | None:
-    """The newest run of ``dag_id`` as the product's ledger recorded it: the TPU billed by the
-    machines' clocks (its RUNNING spans, per chip), the training span, the capacity held (the create
-    task's start to the delete task's end), from the ledger file Airflow's default connection uses.
-
-    The billed seconds are the spans' own, without the one-minute minimum a real machine is billed:
-    the sandbox's seconds stand for its time scale's minutes, where that minimum is no minute."""
-    path = airflow_home / DEFAULT_SQLITE_FILE
-    if not path.exists():
-        return None
-    with contextlib.closing(sqlite3.connect(path)) as db:
-        db.row_factory = sqlite3.Row
-        row = db.execute(
-            "SELECT chips, cluster_started_at, cluster_ended_at, train_started_at, train_ended_at,"
-            " billed_spans_json FROM runs WHERE dag_id = ? ORDER BY recorded_at DESC LIMIT 1",
-            (dag_id,),
-        ).fetchone()
-    if row is None:
-        return None
-
-    def seconds(start: str | None, end: str | None) -> float | None:
-        if not start or not end:
-            return None
-        return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
-
-    spans = spans_from_json(json.loads(row["billed_spans_json"])) if row["billed_spans_json"] else None
-    chip_seconds = None if spans is None else billed_chip_seconds(spans, minimum=0.0)
-    billed = None if chip_seconds is None or not row["chips"] else chip_seconds / row["chips"]
-    trained = seconds(row["train_started_at"], row["train_ended_at"])
-    return {
-        "chips": row["chips"],
-        "billed_seconds": billed,
-        "trained_seconds": trained,
-        "held_seconds": seconds(row["cluster_started_at"], row["cluster_ended_at"]),
-        "idle_share": idle_share(billed, trained),
-    }
-
-
 @dataclass(frozen=True)
 class TpuTimeRun:
     """One pipeline of section 4: its DAG, its bench conf, its model, its idle goal and the
@@ -744,13 +663,13 @@ def bench_tpu_time(
                     stage_minutes=stages,
                     capacity_minutes=capacity,
                 )
-                airflow, env = _migrated_airflow(root, home, dags_dir, step_seconds)
+                airflow, env = migrated_airflow(root, home, dags_dir, step_seconds)
                 env.update(provider_on_the_scale(minute_seconds))
                 alone = Path(tmp) / f"tpu-{number}" / "dag" / f"{run.dag_id}.py"
                 alone.parent.mkdir(parents=True)
                 alone.write_text((dags_dir / f"{run.dag_id}.py").read_text())
                 conf = {**run.conf, "run_name": f"bench-{number}"}
-                wall, _ = _dags_test(airflow, run.dag_id, alone, env, conf)
+                wall, _ = dags_test(airflow, run.dag_id, alone, env, conf)
                 durations = task_seconds(home, run.dag_id)
                 tpu = ledger_tpu_time(home, run.dag_id)
                 lines += tpu_time_lines(
@@ -815,7 +734,7 @@ def _pipeline_round(
     root, home = folder / "sandbox", folder / "airflow"
     sandbox_up(root)
     try:
-        airflow, env = _migrated_airflow(root, home, dags_dir, step_seconds)
+        airflow, env = migrated_airflow(root, home, dags_dir, step_seconds)
         if shape is None:
             shape = dag_shape(dags_dir / GKE_DAG_FILE, GKE_DAG_ID, env)
         started_at = time.time()
@@ -824,7 +743,7 @@ def _pipeline_round(
         alone = folder / "pipeline" / GKE_DAG_FILE
         alone.parent.mkdir()
         alone.write_text((dags_dir / GKE_DAG_FILE).read_text())
-        wall, log = _dags_test(airflow, GKE_DAG_ID, alone, env, conf)
+        wall, log = dags_test(airflow, GKE_DAG_ID, alone, env, conf)
         run = PipelineRun(
             batches=batches,
             wall=wall,
@@ -835,8 +754,8 @@ def _pipeline_round(
         # The same shape, the same sandbox, the same Airflow home, right after: only the DAG file differs.
         trivial = write_trivial_dag(folder / "trivial", shape)
         formless = write_trivial_dag(folder / "formless", shape, with_form=False)
-        trivial_wall = _dags_test(airflow, TRIVIAL_DAG_ID, trivial, env)[0]
-        formless_wall = _dags_test(airflow, TRIVIAL_DAG_ID, formless, env)[0]
+        trivial_wall = dags_test(airflow, TRIVIAL_DAG_ID, trivial, env)[0]
+        formless_wall = dags_test(airflow, TRIVIAL_DAG_ID, formless, env)[0]
     finally:
         sandbox_down(root, wipe=True)
     return run, shape, trivial_wall, formless_wall

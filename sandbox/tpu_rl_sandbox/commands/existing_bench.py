@@ -34,8 +34,15 @@ from typing import Any, Final
 
 from airflow_provider_tpu_rl.spec import GKE_DAG_ID
 from tpu_rl_sandbox.clis.gcloud.app import Gcloud
-from tpu_rl_sandbox.commands import bench, tpu_cost
-from tpu_rl_sandbox.commands.lifecycle import sandbox_down, sandbox_env, sandbox_up
+from tpu_rl_sandbox.commands import tpu_cost
+from tpu_rl_sandbox.commands.lifecycle import (
+    dags_test,
+    migrated_airflow,
+    provider_on_the_scale,
+    sandbox_down,
+    sandbox_env,
+    sandbox_up,
+)
 from tpu_rl_sandbox.world.calls import read_calls
 from tpu_rl_sandbox.world.existing_clusters import make_existing_cluster
 from tpu_rl_sandbox.world.inventory import cluster_key, project_number
@@ -141,17 +148,17 @@ def _run(
         )
         if mode == "existing":
             platform_team_world(root)
-        airflow, env = bench._migrated_airflow(root, home, dags_dir, step_seconds)
-        env.update(bench.provider_on_the_scale(minute_seconds))
+        airflow, env = migrated_airflow(root, home, dags_dir, step_seconds)
+        env.update(provider_on_the_scale(minute_seconds))
         alone = tmp / mode / "dag" / f"{GKE_DAG_ID}.py"
         alone.parent.mkdir(parents=True)
         alone.write_text((dags_dir / f"{GKE_DAG_ID}.py").read_text())
-        wall, _ = bench._dags_test(
+        wall, _ = dags_test(
             airflow, GKE_DAG_ID, alone, env, {**CONF, **MODES[mode], "run_name": f"bench-{mode}"}
         )
         return {
             "wall": wall,
-            "tpu": bench.ledger_tpu_time(home, GKE_DAG_ID),
+            "tpu": tpu_cost.ledger_tpu_time(home, GKE_DAG_ID),
             "pool_seconds": tpu_pool_seconds(root),
         }
     finally:

@@ -22,11 +22,14 @@ import os
 import shlex
 import shutil
 import stat
+import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
+from typing import Any
 
 import tpu_rl_sandbox
 from airflow_provider_tpu_rl.spec.pipeline import ENVIRONMENT_OPTIONS
@@ -284,3 +287,50 @@ def add_sandbox_subcommands(subparsers: argparse._SubParsersAction) -> None:  # 
     env = subparsers.add_parser("env", help="print `export K=V` lines for the sandbox")
     env.add_argument("--dir", help=help_dir)
     env.set_defaults(func=_cmd_env)
+
+
+def provider_on_the_scale(minute_seconds: float) -> dict[str, str]:
+    """The provider's own real-time waits that section 4 plays on its time scale: the wait for a
+    booting guest's sshd, 5 real minutes polled every 5 real seconds (``[tpu_rl]
+    ssh_boot_wait_minutes``, ``ssh_boot_poll_seconds``), so its polls do not bill whole minutes."""
+    return {
+        "AIRFLOW__TPU_RL__SSH_BOOT_WAIT_MINUTES": str(5.0 * minute_seconds / 60.0),
+        "AIRFLOW__TPU_RL__SSH_BOOT_POLL_SECONDS": str(5.0 * minute_seconds / 60.0),
+    }
+
+
+def migrated_airflow(
+    root: Path, home: Path, dags_dir: Path, step_seconds: float
+) -> tuple[str, dict[str, str]]:
+    """The ``airflow`` executable and the environment of a run against the sandbox at ``root``, with
+    a fresh Airflow home ``home`` (migrated here) and fast polls."""
+    env = {
+        **os.environ,
+        **sandbox_env(root),
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags_dir),
+        "AIRFLOW__TPU_RL__POLL_INTERVAL": "1",
+        "TPU_RL_SANDBOX_STEP_SECONDS": str(step_seconds),
+    }
+    airflow = str(Path(sys.executable).with_name("airflow"))
+    subprocess.run([airflow, "db", "migrate"], env=env, capture_output=True, check=True)
+    return airflow, env
+
+
+def dags_test(
+    airflow: str, dag_id: str, dag_file: Path, env: dict[str, str], conf: dict[str, Any] | None = None
+) -> tuple[float, list[str]]:
+    """Run ``airflow dags test`` on the one file ``dag_file`` (nothing else in the folder is parsed)
+    and return its wall time and log lines; raise if the run failed."""
+    argv = [airflow, "dags", "test", dag_id, "--dagfile-path", str(dag_file)]
+    env = {**env, "AIRFLOW__CORE__DAGS_FOLDER": str(dag_file.parent)}  # the file's own bundle
+    if conf is not None:
+        argv += ["-c", json.dumps(conf)]
+    started = time.monotonic()
+    run = subprocess.run(argv, env=env, capture_output=True, text=True)
+    wall = time.monotonic() - started
+    log = (run.stdout + run.stderr).splitlines()
+    if run.returncode != 0:
+        raise RuntimeError(f"{dag_id} failed:\n" + "\n".join(log[-40:]))
+    return wall, log

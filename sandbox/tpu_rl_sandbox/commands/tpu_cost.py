@@ -6,11 +6,19 @@ Pure arithmetic, no Airflow: the bench feeds it the ledger's billed and trained 
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
+import sqlite3
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
+from airflow_provider_tpu_rl.ledger.billing import billed_chip_seconds, spans_from_json
+from airflow_provider_tpu_rl.ledger.records import idle_share
+from airflow_provider_tpu_rl.ledger.schema import DEFAULT_SQLITE_FILE
 from tpu_rl_sandbox.world.timescale import (
     CAPACITY_MINUTES,
     CONVERT,
@@ -189,3 +197,41 @@ def price_caveats(prices: Mapping[str, Price]) -> list[str]:
         for capacity in CAPACITIES
         if not (p := prices[capacity]).read_from_its_source
     ]
+
+
+def ledger_tpu_time(airflow_home: Path, dag_id: str) -> dict[str, Any] | None:
+    """The newest run of ``dag_id`` as the product's ledger recorded it: the TPU billed by the
+    machines' clocks (its RUNNING spans, per chip), the training span, the capacity held (the create
+    task's start to the delete task's end), from the ledger file Airflow's default connection uses.
+
+    The billed seconds are the spans' own, without the one-minute minimum a real machine is billed:
+    the sandbox's seconds stand for its time scale's minutes, where that minimum is no minute."""
+    path = airflow_home / DEFAULT_SQLITE_FILE
+    if not path.exists():
+        return None
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.row_factory = sqlite3.Row
+        row = db.execute(
+            "SELECT chips, cluster_started_at, cluster_ended_at, train_started_at, train_ended_at,"
+            " billed_spans_json FROM runs WHERE dag_id = ? ORDER BY recorded_at DESC LIMIT 1",
+            (dag_id,),
+        ).fetchone()
+    if row is None:
+        return None
+
+    def seconds(start: str | None, end: str | None) -> float | None:
+        if not start or not end:
+            return None
+        return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+
+    spans = spans_from_json(json.loads(row["billed_spans_json"])) if row["billed_spans_json"] else None
+    chip_seconds = None if spans is None else billed_chip_seconds(spans, minimum=0.0)
+    billed = None if chip_seconds is None or not row["chips"] else chip_seconds / row["chips"]
+    trained = seconds(row["train_started_at"], row["train_ended_at"])
+    return {
+        "chips": row["chips"],
+        "billed_seconds": billed,
+        "trained_seconds": trained,
+        "held_seconds": seconds(row["cluster_started_at"], row["cluster_ended_at"]),
+        "idle_share": idle_share(billed, trained),
+    }

@@ -33,6 +33,8 @@ from tpu_rl_sandbox.machines.hosts import MachineServices, PodHost, tpu_chips_of
 from tpu_rl_sandbox.machines.maxtext_sim import DEFAULT_STEP_SECONDS
 from tpu_rl_sandbox.world import compute_classes, iam, secret_values
 from tpu_rl_sandbox.world.faults import FaultGate, claim_preemption, parse_faults
+from tpu_rl_sandbox.world.gke_nodes import matching_tpu_pool as matching_tpu_pool
+from tpu_rl_sandbox.world.gke_nodes import pool_node_labels as pool_node_labels
 from tpu_rl_sandbox.world.layout import SandboxLayout
 from tpu_rl_sandbox.world.registry import Copies, ar_repository, digest_of
 from tpu_rl_sandbox.world.settings import load_settings
@@ -525,28 +527,6 @@ class Worker:
             pod.update(phase="Failed", disrupted=at)
 
         self.update_pods(lost)
-
-
-def pool_node_labels(pool: dict[str, Any]) -> dict[str, str]:
-    """A pool's nodes' labels: its own (``--node-labels``) and GKE's ``cloud.google.com/gke-nodepool``."""
-    return {**(pool.get("node_labels") or {}), "cloud.google.com/gke-nodepool": str(pool.get("name"))}
-
-
-def matching_tpu_pool(cluster: dict[str, Any], job: dict[str, Any]) -> dict[str, Any] | None:
-    """The TPU pool a job's pods land on: the first whose nodes carry every label of the job's
-    nodeSelector (``--node-constraint``) and its slice shape. The kube-scheduler places a pod
-    "only onto nodes that have each of the labels you specify" (Kubernetes, "Assigning Pods to
-    Nodes", nodeSelector; direct); none: its pods stay Pending."""
-    wanted = dict(job.get("node_constraint") or {})
-    for pool in cluster.get("node_pools", []):
-        if not pool.get("topology") or pool.get("failed"):
-            continue
-        if job.get("topology") and pool.get("topology") != job.get("topology"):
-            continue
-        labels = pool_node_labels(pool)
-        if all(labels.get(key) == value for key, value in wanted.items()):
-            return pool
-    return None
 
 
 def has_matching_nodes(cluster: dict[str, Any], job: dict[str, Any]) -> bool:

@@ -43,8 +43,9 @@ import time
 from collections.abc import Mapping
 from typing import Any, Final
 
-from tpu_rl_sandbox.world import capacity, existing_clusters, gke_nodes, timescale
-from tpu_rl_sandbox.world.inventory import project_number
+from tpu_rl_sandbox.world import capacity, gke_nodes, timescale
+from tpu_rl_sandbox.world.gke_nodes import matching_tpu_pool
+from tpu_rl_sandbox.world.inventory import PODS_DOC, cluster_jobs, project_number
 
 DOC: Final = "compute_classes"
 GROUP, VERSION, PLURAL = "cloud.google.com", "v1", "computeclasses"
@@ -70,7 +71,7 @@ def _version(text: str) -> tuple[int, ...]:
 
 def served(cluster: Mapping[str, Any]) -> bool:
     """Whether the cluster's Kubernetes API serves ComputeClasses (its GKE version)."""
-    return _version(existing_clusters.gke_version(cluster)) >= SERVED_FROM
+    return _version(gke_nodes.gke_version(cluster)) >= SERVED_FROM
 
 
 def problems(body: Any) -> list[tuple[str, str]]:
@@ -168,9 +169,7 @@ def auto_creates(cluster: Mapping[str, Any], klass: Mapping[str, Any]) -> bool:
     tpu_limited = autoscaling.get("enableNodeAutoprovisioning") and not any(
         r.get("resourceType") == "tpu-v6e-slice" and int(r.get("maximum") or 0) > 0 for r in limits
     )
-    return (
-        enabled and not tpu_limited and _version(existing_clusters.gke_version(cluster)) >= AUTO_CREATION_FROM
-    )
+    return enabled and not tpu_limited and _version(gke_nodes.gke_version(cluster)) >= AUTO_CREATION_FROM
 
 
 def scale_up(
@@ -253,9 +252,6 @@ def scale_up(
 def scale_down(store: Any, key: str, settings: Any, now: float | None = None) -> list[str]:
     """Remove the auto-created pools of cluster ``key`` no pod has used for the autoscaler's
     ``scale-down-unneeded-time``; their names."""
-    from tpu_rl_sandbox.apis.kube_api import PODS_DOC, cluster_jobs
-    from tpu_rl_sandbox.machines.job_worker import matching_tpu_pool
-
     now = time.time() if now is None else now
     cluster_now = store.read("clusters").get(key) or {}
     if not any(p.get("compute_class") for p in cluster_now.get("node_pools") or []):

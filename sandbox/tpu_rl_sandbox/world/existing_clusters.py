@@ -30,6 +30,8 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from tpu_rl_sandbox.world.gke_nodes import DEFAULT_GKE_VERSION as DEFAULT_GKE_VERSION
+from tpu_rl_sandbox.world.gke_nodes import gke_version as gke_version
 from tpu_rl_sandbox.world.inventory import cluster_key
 from tpu_rl_sandbox.world.store import StateStore
 from tpu_rl_sandbox.world.timestamps import rfc3339
@@ -40,7 +42,6 @@ KUEUE_API = "kueue.x-k8s.io/v1beta1"
 BUILT_IN_APIS = ("apps/v1", "batch/v1", "rbac.authorization.k8s.io/v1", "storage.k8s.io/v1")
 TOOLKIT_LOCAL_QUEUE = "user-queue"
 # The GKE version a cluster made today runs (what the sandbox's GKE API reports by default).
-DEFAULT_GKE_VERSION = "1.35.1-gke.1000"
 # The prerequisites a test may leave out, each a field of the record.
 PREREQUISITES = (
     "running",
@@ -69,10 +70,6 @@ def local_queues(record: Mapping[str, Any]) -> list[str]:
         return [str(q) for q in named]
     installed = (record.get("kueue") or {}).get("installed")
     return [TOOLKIT_LOCAL_QUEUE] if installed else []
-
-
-def gke_version(record: Mapping[str, Any]) -> str:
-    return str(record.get("gke_version") or DEFAULT_GKE_VERSION)
 
 
 def status(record: Mapping[str, Any]) -> str:

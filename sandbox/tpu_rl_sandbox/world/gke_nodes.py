@@ -269,3 +269,32 @@ def record_pool_events(
             if row["cluster"] == key and row["pool"] == name and row["deleted_at"] is None:
                 row["deleted_at"] = now
     txn.save("node_pool_events")
+
+
+def pool_node_labels(pool: dict[str, Any]) -> dict[str, str]:
+    """A pool's nodes' labels: its own (``--node-labels``) and GKE's ``cloud.google.com/gke-nodepool``."""
+    return {**(pool.get("node_labels") or {}), "cloud.google.com/gke-nodepool": str(pool.get("name"))}
+
+
+def matching_tpu_pool(cluster: dict[str, Any], job: dict[str, Any]) -> dict[str, Any] | None:
+    """The TPU pool a job's pods land on: the first whose nodes carry every label of the job's
+    nodeSelector (``--node-constraint``) and its slice shape. The kube-scheduler places a pod
+    "only onto nodes that have each of the labels you specify" (Kubernetes, "Assigning Pods to
+    Nodes", nodeSelector; direct); none: its pods stay Pending."""
+    wanted = dict(job.get("node_constraint") or {})
+    for pool in cluster.get("node_pools", []):
+        if not pool.get("topology") or pool.get("failed"):
+            continue
+        if job.get("topology") and pool.get("topology") != job.get("topology"):
+            continue
+        labels = pool_node_labels(pool)
+        if all(labels.get(key) == value for key, value in wanted.items()):
+            return pool
+    return None
+
+
+DEFAULT_GKE_VERSION = "1.35.1-gke.1000"
+
+
+def gke_version(record: Mapping[str, Any]) -> str:
+    return str(record.get("gke_version") or DEFAULT_GKE_VERSION)

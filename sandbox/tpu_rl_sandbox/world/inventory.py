@@ -76,3 +76,11 @@ def external_ip(name: str) -> str:
     """The external IPv4 address of a fake VM or cluster endpoint named ``name`` (stable)."""
     digest = hashlib.sha256(name.encode()).digest()
     return f"34.{digest[0]}.{digest[1]}.{digest[2] or 1}"
+
+
+PODS_DOC = "pods"
+
+
+def cluster_jobs(store: StateStore, cluster_key: str) -> list[dict[str, Any]]:
+    """The JobSet records of one cluster."""
+    return [job for job in store.read("jobs").values() if job.get("cluster_key") == cluster_key]
