@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow_provider_tpu_rl.compat import conf
 from airflow_provider_tpu_rl.exceptions import (
@@ -80,6 +80,8 @@ RUN_ID_ANNOTATION = "tpu-rl.io/run-id"
 MERGE_PATCH = "application/merge-patch+json"
 
 API_TIMEOUT = 60.0  # one Kubernetes or GKE API call (not a log stream)
+T = TypeVar("T")
+U = TypeVar("U")
 CONNECT_TIMEOUT = 30.0
 STREAM_IDLE_TIMEOUT = 300.0  # a followed log silent this long is re-opened (from its cursor)
 CLIENT_REUSE_SECONDS = 1800.0  # GCP access tokens live an hour: a client is re-opened after half
@@ -821,24 +823,12 @@ class JobSetClient:
 
     async def read_pod(self, client: ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
         """The pod ``namespace/name`` as the API sent it; None when it does not exist."""
-        import json
-
         from kubernetes_asyncio.client import CoreV1Api
-        from kubernetes_asyncio.client.exceptions import ApiException
 
-        try:
-            response: Any = await CoreV1Api(client).read_namespaced_pod(
-                name, namespace, _preload_content=False, _request_timeout=API_TIMEOUT
-            )
-            body = await response.read()
-        except ApiException as err:
-            if err.status == 404:
-                return None
-            raise _api_error(err, f"read pod {namespace}/{name}") from err
-        except Exception as err:
-            raise _api_error(err, f"read pod {namespace}/{name}") from err
-        pod: dict[str, Any] = json.loads(body)
-        return pod
+        call = CoreV1Api(client).read_namespaced_pod(
+            name, namespace, _preload_content=False, _request_timeout=API_TIMEOUT
+        )
+        return await _unless_status(_json_body(call), 404, None, f"read pod {namespace}/{name}")
 
     async def pod_events(self, client: ApiClient, namespace: str, name: str) -> list[dict[str, Any]]:
         """The events of the pod ``namespace/name`` (``involvedObject.name`` field selector)."""
@@ -857,104 +847,58 @@ class JobSetClient:
     async def delete_pod(self, client: ApiClient, namespace: str, name: str) -> bool:
         """Delete the pod at once (grace period 0); False when already gone."""
         from kubernetes_asyncio.client import CoreV1Api
-        from kubernetes_asyncio.client.exceptions import ApiException
 
-        try:
-            await CoreV1Api(client).delete_namespaced_pod(
-                name, namespace, grace_period_seconds=0, _request_timeout=API_TIMEOUT
-            )
-        except ApiException as err:
-            if err.status == 404:
-                return False
-            raise _api_error(err, f"delete pod {namespace}/{name}") from err
-        except Exception as err:
-            raise _api_error(err, f"delete pod {namespace}/{name}") from err
-        return True
+        call = CoreV1Api(client).delete_namespaced_pod(
+            name, namespace, grace_period_seconds=0, _request_timeout=API_TIMEOUT
+        )
+        return await _unless_status(_done(call), 404, False, f"delete pod {namespace}/{name}")
 
     async def create_compute_class(self, client: ApiClient, manifest: Mapping[str, Any]) -> bool:
         """Create the ComputeClass ``manifest`` (cluster-scoped); False when one of its name exists."""
         from kubernetes_asyncio.client import CustomObjectsApi
-        from kubernetes_asyncio.client.exceptions import ApiException
 
         name = (manifest.get("metadata") or {}).get("name")
-        try:
-            await CustomObjectsApi(client).create_cluster_custom_object(
-                COMPUTE_CLASS_GROUP,
-                COMPUTE_CLASS_VERSION,
-                COMPUTE_CLASS_PLURAL,
-                dict(manifest),
-                _request_timeout=API_TIMEOUT,
-            )
-        except ApiException as err:
-            if err.status == 409:
-                return False
-            raise _api_error(err, f"create ComputeClass {name}") from err
-        except Exception as err:
-            raise _api_error(err, f"create ComputeClass {name}") from err
-        return True
+        call = CustomObjectsApi(client).create_cluster_custom_object(
+            COMPUTE_CLASS_GROUP,
+            COMPUTE_CLASS_VERSION,
+            COMPUTE_CLASS_PLURAL,
+            dict(manifest),
+            _request_timeout=API_TIMEOUT,
+        )
+        return await _unless_status(_done(call), 409, False, f"create ComputeClass {name}")
 
     async def get_compute_class(self, client: ApiClient, name: str) -> dict[str, Any] | None:
         """The ComputeClass ``name``; None when it does not exist."""
         from kubernetes_asyncio.client import CustomObjectsApi
-        from kubernetes_asyncio.client.exceptions import ApiException
 
-        try:
-            obj: dict[str, Any] = await CustomObjectsApi(client).get_cluster_custom_object(
-                COMPUTE_CLASS_GROUP,
-                COMPUTE_CLASS_VERSION,
-                COMPUTE_CLASS_PLURAL,
-                name,
-                _request_timeout=API_TIMEOUT,
-            )
-        except ApiException as err:
-            if err.status == 404:
-                return None
-            raise _api_error(err, f"get ComputeClass {name}") from err
-        except Exception as err:
-            raise _api_error(err, f"get ComputeClass {name}") from err
-        return obj
+        call: Awaitable[dict[str, Any]] = CustomObjectsApi(client).get_cluster_custom_object(
+            COMPUTE_CLASS_GROUP,
+            COMPUTE_CLASS_VERSION,
+            COMPUTE_CLASS_PLURAL,
+            name,
+            _request_timeout=API_TIMEOUT,
+        )
+        return await _unless_status(call, 404, None, f"get ComputeClass {name}")
 
     async def delete_compute_class(self, client: ApiClient, name: str) -> bool:
         """Delete the ComputeClass ``name``; False when already gone."""
         from kubernetes_asyncio.client import CustomObjectsApi
-        from kubernetes_asyncio.client.exceptions import ApiException
 
-        try:
-            await CustomObjectsApi(client).delete_cluster_custom_object(
-                COMPUTE_CLASS_GROUP,
-                COMPUTE_CLASS_VERSION,
-                COMPUTE_CLASS_PLURAL,
-                name,
-                _request_timeout=API_TIMEOUT,
-            )
-        except ApiException as err:
-            if err.status == 404:
-                return False
-            raise _api_error(err, f"delete ComputeClass {name}") from err
-        except Exception as err:
-            raise _api_error(err, f"delete ComputeClass {name}") from err
-        return True
+        call = CustomObjectsApi(client).delete_cluster_custom_object(
+            COMPUTE_CLASS_GROUP,
+            COMPUTE_CLASS_VERSION,
+            COMPUTE_CLASS_PLURAL,
+            name,
+            _request_timeout=API_TIMEOUT,
+        )
+        return await _unless_status(_done(call), 404, False, f"delete ComputeClass {name}")
 
     async def read_node(self, client: ApiClient, name: str) -> dict[str, Any] | None:
         """The node ``name`` as the API sent it; None when it does not exist."""
-        import json
-
         from kubernetes_asyncio.client import CoreV1Api
-        from kubernetes_asyncio.client.exceptions import ApiException
 
-        try:
-            response: Any = await CoreV1Api(client).read_node(
-                name, _preload_content=False, _request_timeout=API_TIMEOUT
-            )
-            body = await response.read()
-        except ApiException as err:
-            if err.status == 404:
-                return None
-            raise _api_error(err, f"read node {name}") from err
-        except Exception as err:
-            raise _api_error(err, f"read node {name}") from err
-        node: dict[str, Any] = json.loads(body)
-        return node
+        call = CoreV1Api(client).read_node(name, _preload_content=False, _request_timeout=API_TIMEOUT)
+        return await _unless_status(_json_body(call), 404, None, f"read node {name}")
 
     async def pods_anywhere(self, client: ApiClient, jobset: str) -> list[dict[str, Any]]:
         """The JobSet's pods in every namespace (they outlive a deleted JobSet while they end)."""
@@ -1047,3 +991,33 @@ async def _listed_items(listing: Awaitable[Any], what: str) -> list[dict[str, An
         raise _api_error(err, what) from err
     items: list[dict[str, Any]] = json.loads(body).get("items") or []
     return items
+
+
+async def _unless_status(call: Awaitable[T], status: int, instead: U, what: str) -> T | U:
+    """``call``'s result; ``instead`` when the API answers ``status`` (404: gone, 409: exists); any
+    other failure is the provider's error saying ``what``."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    try:
+        return await call
+    except ApiException as err:
+        if err.status == status:
+            return instead
+        raise _api_error(err, what) from err
+    except Exception as err:
+        raise _api_error(err, what) from err
+
+
+async def _done(call: Awaitable[Any]) -> bool:
+    """True once ``call`` has answered (its body is not needed)."""
+    await call
+    return True
+
+
+async def _json_body(call: Awaitable[Any]) -> dict[str, Any]:
+    """The JSON body of a call made with ``_preload_content=False``."""
+    import json
+
+    response = await call
+    body: dict[str, Any] = json.loads(await response.read())
+    return body
