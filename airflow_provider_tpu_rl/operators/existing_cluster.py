@@ -156,6 +156,22 @@ class _RunPoolsOperator(GclusterBaseOperator):
             return pools.tpu_pools
         return (pools.created_cpu_pool,) if pools.created_cpu_pool else ()
 
+    def write_record(
+        self, kind: str, name: str, pools: RunPools, bucket: str, run: tuple[str, str], expires_at: int
+    ) -> None:
+        """Write the resource record of the run's ``name`` (a pool or a ComputeClass) before it
+        exists: what proves it the run's at its delete, and what the janitor sweeps."""
+        dag_id, run_id = run
+        cluster = {
+            "project": pools.cluster.project,
+            "location": pools.cluster.location,
+            "name": pools.cluster.name,
+        }
+        record = {"kind": kind, "name": name, "dag_id": dag_id, "run_id": run_id, "cluster": cluster}
+        write_resource_record(
+            self.gcp_conn_id, bucket, name, {**record, "expires_at": expires_at}, self.chain
+        )
+
     def listed(self, pools: RunPools) -> dict[str, dict[str, Any]]:
         """The cluster's node pools now, by name."""
         result = self.hook.run_checked(render.list_pools(pools.cluster), log_output=False)
@@ -232,24 +248,7 @@ class ExistingClusterPoolCreateOperator(_RunPoolsOperator):
         created: list[str] = []
         started = datetime.now(UTC)
         for index, name in enumerate(self.names(pools)):
-            write_resource_record(
-                self.gcp_conn_id,
-                bucket,
-                name,
-                {
-                    "kind": POOL_RECORD_KIND,
-                    "name": name,
-                    "dag_id": dag_id,
-                    "run_id": run_id,
-                    "cluster": {
-                        "project": pools.cluster.project,
-                        "location": pools.cluster.location,
-                        "name": pools.cluster.name,
-                    },
-                    "expires_at": expires_at,
-                },
-                self.chain,
-            )
+            self.write_record(POOL_RECORD_KIND, name, pools, bucket, (dag_id, run_id), expires_at)
             if self.role() == TPU_POOL_ROLE:
                 command = render.create_tpu_pool(
                     pools,
@@ -418,24 +417,7 @@ class ExistingClusterComputeClassOperator(_RunPoolsOperator):
         labels = gke.managed_labels(dag_id, pools.suffix, bucket, expires_at)
         manifest = render.compute_class(pools, kinds, reservation, labels)
         name = compute_class_name(pools.suffix)
-        write_resource_record(
-            self.gcp_conn_id,
-            bucket,
-            name,
-            {
-                "kind": COMPUTE_CLASS_RECORD_KIND,
-                "name": name,
-                "dag_id": dag_id,
-                "run_id": run_id,
-                "cluster": {
-                    "project": pools.cluster.project,
-                    "location": pools.cluster.location,
-                    "name": pools.cluster.name,
-                },
-                "expires_at": expires_at,
-            },
-            self.chain,
-        )
+        self.write_record(COMPUTE_CLASS_RECORD_KIND, name, pools, bucket, (dag_id, run_id), expires_at)
         started = datetime.now(UTC)  # the auto-created pool's nodes bill from after this
         probe = render.compute_class_probe_pod(pools)
         probe_name = probe["metadata"]["name"]
