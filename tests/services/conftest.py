@@ -122,8 +122,7 @@ def user_page(browser: Browser, services: ServicesWorld) -> Iterator[Page]:
 
 
 @pytest.fixture(scope="package")
-def runs(
-    services: ServicesWorld, browser: Browser, user_page: Page, tmp_path_factory: pytest.TempPathFactory
-) -> BrowserRuns:
-    """The folder's runs (tests/services/form_runs.py), each asserted on by every test that reads it."""
-    return run_forms(services, browser, user_page, tmp_path_factory.mktemp("screenshots"))
+def runs(services: ServicesWorld, user_page: Page, tmp_path_factory: pytest.TempPathFactory) -> BrowserRuns:
+    """The folder's runs (tests/services/form_runs.py), each asserted on by every test that reads it;
+    their forms are submitted in the logged-in user's session (``user_page``'s)."""
+    return run_forms(services, user_page, tmp_path_factory.mktemp("screenshots"))

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from playwright.sync_api import Browser, Locator, Page, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, Locator, Page, sync_playwright
 from playwright.sync_api import Error as PlaywrightError
 
 from airflow_provider_tpu_rl.links import DASHBOARD_PREFIX
@@ -215,24 +215,25 @@ def spot_then_fallback(dag_id: str) -> Callable[[Page, Locator], None]:
 
 
 def submit_form(
-    browser: Browser,
+    session: BrowserContext,
     world: ServicesWorld,
     dag_id: str,
     failures: Path,
     change: Callable[[Page, Locator], None] | None = None,
     shot: str | None = None,
 ) -> str:
-    """Log in, open the form, apply ``change`` (none: untouched), press "Trigger"; the run id it
-    started (the one run of ``dag_id`` that was not there before).
+    """In a new tab of ``session`` (the logged-in user's browser session, as a person triggers one run
+    after another), open the form, apply ``change`` (none: untouched), press "Trigger"; the run id it
+    started (the one run of ``dag_id`` that was not there before). The tabs share the session's
+    cache, so the UI's scripts are loaded once, not once per form.
 
     On any failure (no run started: the form's refusal is on the page) the error holds the page's
     text, and a screenshot is kept.
     """
-    page = browser.new_page(viewport=VIEWPORT)
+    page = session.new_page()
     page.set_default_timeout(UI_TIMEOUT_MS)
     before = _run_ids(world, dag_id)
     try:
-        log_in(page, world)
         form = open_trigger_form(page, world, dag_id)
         if change is not None:
             change(page, form)
@@ -266,7 +267,7 @@ def _follow(world: ServicesWorld, watch: RunWatch, until: Callable[[RunWatch], b
     watch_run(world.stack, world.api, watch.dag_id, watch.run_id, RUN_TIMEOUT, until=until, watch=watch)
 
 
-def run_forms(world: ServicesWorld, browser: Browser, user_page: Page, failures: Path) -> BrowserRuns:
+def run_forms(world: ServicesWorld, user_page: Page, failures: Path) -> BrowserRuns:
     """The untouched forms, then (while those runs hold their cluster and VM) the spot forms and a
     refused run; the dashboard while they run; every run followed to its end."""
     # The stack is the folder's (tests/services/conftest.py): another module's runs may be listed,
@@ -277,7 +278,7 @@ def run_forms(world: ServicesWorld, browser: Browser, user_page: Page, failures:
         ]
         assert active == [], f"{dag_id} has runs in flight before its form was submitted: {active}"
     untouched_ids = {
-        dag_id: submit_form(browser, world, dag_id, failures, shot=f"form-{PIPELINE_KINDS[dag_id]}")
+        dag_id: submit_form(user_page.context, world, dag_id, failures, shot=f"form-{PIPELINE_KINDS[dag_id]}")
         for dag_id in PIPELINE_DAG_IDS
     }
     # The form's example project, through the REST API: refused at validate, in one line.
@@ -308,10 +309,10 @@ def run_forms(world: ServicesWorld, browser: Browser, user_page: Page, failures:
         running_dashboard = user_page.inner_text("body")
         for dag_id in PIPELINE_DAG_IDS:
             spot_ids[dag_id] = submit_form(
-                browser, world, dag_id, failures, change=choose_spot_without_reservation
+                user_page.context, world, dag_id, failures, change=choose_spot_without_reservation
             )
             fallback_ids[dag_id] = submit_form(
-                browser, world, dag_id, failures, change=spot_then_fallback(dag_id)
+                user_page.context, world, dag_id, failures, change=spot_then_fallback(dag_id)
             )
         spot_watches = {dag_id: RunWatch(dag_id, run_id) for dag_id, run_id in spot_ids.items()}
         fallback_watches = [RunWatch(dag_id, run_id) for dag_id, run_id in fallback_ids.items()]
