@@ -70,7 +70,7 @@ WORKERS ?= 3
 # --durations=10: every pytest session ends with its ten slowest tests (setup, call or teardown).
 PYTEST_ARGS := -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder --durations=10
 
-# `make test` prints each leg's wall time at its end and all of them once both sides are done:
+# `make test` prints each leg's wall time and CPU-seconds at its end, and all of them once both sides are done:
 # $(call timed,<leg name>,<command>) runs the command, appends "<leg>: N s wall, C CPU-s (exit E)"
 # to $(LEG_TIMES) and prints it, and fails as the command did. C is the user + system CPU time of
 # every process the leg started and waited for (the recipe shell's cutime + cstime in /proc; a
@@ -174,7 +174,7 @@ test: venv postgres chromium
 	@echo "make test: the suite on Airflow 3.3 (unit) beside lint, typecheck, the suite on Airflow 2.11 (test-airflow-2.11) and on the lowest providers (test-lowest); each one's output appears when it ends"
 	@rm -f $(LEG_TIMES); start=$$(date +%s); status=0; \
 	  $(MAKE) --no-print-directory --jobs=2 --keep-going --output-sync=target test-side-unit test-side-others || status=$$?; \
-	  echo "== make test: each leg's wall time (the two sides ran at once; the 2.11 and lowest venvs are built before their legs)"; \
+	  echo "== make test: each leg's wall time and CPU-seconds (the two sides ran at once; the 2.11 and lowest venvs are built before their legs)"; \
 	  cat $(LEG_TIMES) 2>/dev/null; \
 	  echo "both sides: $$(( $$(date +%s) - start )) s wall, $$(awk -F', ' '{ sum += $$2 } END { printf "%d", sum }' $(LEG_TIMES) 2>/dev/null) CPU-s of the legs (exit $$status)"; \
 	  exit $$status

@@ -277,8 +277,9 @@ def run_forms(world: ServicesWorld, user_page: Page, failures: Path) -> BrowserR
             run["dag_run_id"] for run in _runs(world, dag_id) if run["state"] not in FINISHED_RUN_STATES
         ]
         assert active == [], f"{dag_id} has runs in flight before its form was submitted: {active}"
+    session = user_page.context  # the logged-in user's: every form is submitted in a tab of it
     untouched_ids = {
-        dag_id: submit_form(user_page.context, world, dag_id, failures, shot=f"form-{PIPELINE_KINDS[dag_id]}")
+        dag_id: submit_form(session, world, dag_id, failures, shot=f"form-{PIPELINE_KINDS[dag_id]}")
         for dag_id in PIPELINE_DAG_IDS
     }
     # The form's example project, through the REST API: refused at validate, in one line.
@@ -309,10 +310,10 @@ def run_forms(world: ServicesWorld, user_page: Page, failures: Path) -> BrowserR
         running_dashboard = user_page.inner_text("body")
         for dag_id in PIPELINE_DAG_IDS:
             spot_ids[dag_id] = submit_form(
-                user_page.context, world, dag_id, failures, change=choose_spot_without_reservation
+                session, world, dag_id, failures, change=choose_spot_without_reservation
             )
             fallback_ids[dag_id] = submit_form(
-                user_page.context, world, dag_id, failures, change=spot_then_fallback(dag_id)
+                session, world, dag_id, failures, change=spot_then_fallback(dag_id)
             )
         spot_watches = {dag_id: RunWatch(dag_id, run_id) for dag_id, run_id in spot_ids.items()}
         fallback_watches = [RunWatch(dag_id, run_id) for dag_id, run_id in fallback_ids.items()]
