@@ -116,7 +116,10 @@ unit-airflow-free: venv
 # TPU VM run directory's takeover and a retry following its container (both run a task in a thread,
 # which Airflow 2's ExecutorSafeguard refuses), shared buckets, cleanup, the cluster's lifecycle,
 # the job operators' failure handling, metrics, the JobSet trigger's recovery without its cancel
-# path, a run's own pools and preflight on a GKE cluster it does not own; run identity, the GKE takeover and the TPU VM operators run on 2.11 instead:
+# path, a run's own pools and preflight on a GKE cluster it does not own, preflight's own checks
+# (its paths through the providers, tests/operators/test_preflight_providers.py, run on every
+# line), preemption on both runners, the IAM grants' release, the TPU VM's billed spans and the
+# admission bound; run identity, the GKE takeover and the TPU VM operators run on 2.11 instead:
 # ON_AIRFLOW_2_11_ONLY), the sweep example (the same operators in a hand-written DAG), `tpu-rl doctor` (tools, gcloud and ADC; its connection lookup is
 # the hooks' own, tested on 2.11), the wheel's contents (built from the sources alone) and the test
 # file each module has (a file listing). On Airflow 2.11 the pipelines' end-to-end runs drive
@@ -132,6 +135,8 @@ SAME_ON_EVERY_AIRFLOW := tests/operators/test_bucket_sharing.py tests/operators/
 	tests/operators/test_tpu_vm_capacity.py tests/operators/test_training_metrics.py \
 	tests/operators/test_boot_image.py \
 	tests/operators/test_existing_cluster.py tests/operators/test_preflight_existing_cluster.py \
+	tests/operators/test_preflight.py tests/operators/test_preemption.py tests/operators/test_tpu_vm_preemption.py \
+	tests/operators/test_iam_grants.py tests/operators/test_billing.py tests/operators/test_admission_timeout.py \
 	tests/e2e/test_sweep_example.py tests/test_doctor.py tests/test_wheel.py \
 	tests/docs/test_module_map.py
 
@@ -145,7 +150,7 @@ test-airflow-2.11: $(VENV_211)/.installed postgres chromium
 # runtime, the bucket's records, sensors, triggers (but the JobSet trigger's recovery, which no
 # provider version changes), ledger, the provider's errors and compat fallbacks, and the operator
 # tests of the modules that call a provider themselves (the JobSet client, the janitor's GCSHook,
-# record_run's upload, the links and the provider's metadata, preflight's TimeDeltaTrigger, the
+# record_run's upload, the links and the provider's metadata, preflight's paths through the providers (its TimeDeltaTrigger, the permission client, the lease's GCS hook), the
 # operators' connection-project default; the OpenLineage facets against the lowest OpenLineage
 # provider, and the asset events on Airflow 2.11's datasets; tests/test_airflow_free.py checks the list). Every operator
 # and trigger test module is collected there, and the sandbox demo runs both pipelines through every
@@ -154,7 +159,7 @@ test-airflow-2.11: $(VENV_211)/.installed postgres chromium
 LOWEST_TESTS := tests/hooks tests/toolchain tests/records tests/sensors tests/ledger tests/test_compat.py \
 	tests/triggers/test_gcs_checkpoint.py tests/triggers/test_gcs_checkpoint_on_emulator.py tests/triggers/test_jobset.py \
 	tests/operators/test_run_identity_kube_patch.py tests/operators/test_janitor_orphans.py tests/operators/test_janitor.py \
-	tests/operators/test_deploy_cluster_link.py tests/operators/test_preflight.py tests/operators/test_base.py \
+	tests/operators/test_deploy_cluster_link.py tests/operators/test_preflight_providers.py tests/operators/test_base.py \
 	tests/operators/test_ledger.py tests/test_links.py tests/test_get_provider_info.py tests/test_exceptions.py \
 	tests/test_lineage.py tests/test_assets.py
 LOWEST_PATH := PATH=$(CURDIR)/$(VENV_LOWEST)/bin:$$PATH

@@ -19,7 +19,7 @@ from urllib.parse import quote
 
 import pytest
 
-from airflow_provider_tpu_rl.compat import AirflowFailException, TaskDeferred
+from airflow_provider_tpu_rl.compat import AirflowFailException
 from airflow_provider_tpu_rl.maxtext.layout import run_record_object
 from airflow_provider_tpu_rl.operators import preflight
 from airflow_provider_tpu_rl.operators.preflight import TpuRlPreflightOperator, error_line
@@ -106,21 +106,6 @@ def _created_nothing(sb: SandboxRun) -> None:
     assert not sb.bucket_exists()
 
 
-def test_the_gke_preflight_passes_with_defaults(pf: SandboxRun) -> None:
-    result = _run(pf)
-    assert result["runner"] == "gke"
-    assert result["reservation"] == "res-1"
-    assert result["reservation_vms"] == 8  # v6e-32 (4x8) = 8 ct6e-standard-4t VMs
-    assert result["permissions_checked"] > 0
-    _created_nothing(pf)
-
-
-def test_the_tpu_vm_preflight_passes_with_defaults(pf: SandboxRun) -> None:
-    result = _run(pf, TPU_VM_DAG_ID)
-    assert (result["runner"], result["reservation"], result["reservation_vms"]) == ("tpu_vm", "res-8", 1)
-    _created_nothing(pf)
-
-
 def test_the_permission_client_loads_on_its_thread_while_the_gcloud_reads_run(
     pf: SandboxRun, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -158,14 +143,6 @@ def test_streaming_without_the_container_file_system_api_is_one_line(pf: Sandbox
     _run(pf)  # a run that does not stream passes without it
     (line,) = _refusal(pf, image_repository="tpu-rl-images")
     assert f"gcloud services enable containerfilesystem.googleapis.com --project={pf.project}" in line
-    _created_nothing(pf)
-
-
-def test_a_missing_permission_is_one_line_naming_the_role(pf: SandboxRun) -> None:
-    update_settings(pf.layout, denied_permissions=("compute.instances.create",))
-    (line,) = _refusal(pf, TPU_VM_DAG_ID)
-    assert "compute.instances.create" in line
-    assert "--role=roles/compute.instanceAdmin.v1" in line
     _created_nothing(pf)
 
 
@@ -419,17 +396,6 @@ def _lease_for(sb: SandboxRun, run_id: str, **kwargs: Any) -> Lease:
     )
 
 
-def test_a_cluster_leased_by_another_run_is_one_line(pf: SandboxRun) -> None:
-    _lease_for(pf, OTHER_RUN)
-    operator, context = _gke_preflight(pf)
-    with pytest.raises(AirflowFailException) as failed:
-        operator.execute(context)
-    lines = str(failed.value).splitlines()
-    assert len(lines) == 2, lines
-    assert lines[1].startswith(f"- cluster {pf.cluster} is in use by run {GKE_DAG_ID}/{OTHER_RUN} until ")
-    assert lines[1].endswith(" UTC")
-
-
 def test_a_free_expired_kept_or_own_lease_passes(pf: SandboxRun) -> None:
     operator, context = _gke_preflight(pf)
     assert operator.execute(context)["runner"] == "gke"  # no bucket yet: nobody holds a lease
@@ -443,29 +409,6 @@ def test_a_free_expired_kept_or_own_lease_passes(pf: SandboxRun) -> None:
     assert operator.execute(context)["runner"] == "gke"
     hook.release(pf.bucket, own, keep=True)
     assert operator.execute(context)["runner"] == "gke"
-
-
-def test_preflight_waits_for_a_held_lease_deferred_and_bounded(
-    pf: SandboxRun, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("AIRFLOW__TPU_RL__LEASE_WAIT_MINUTES", "30")
-    held = _lease_for(pf, OTHER_RUN)
-    operator, context = _gke_preflight(pf)
-    with pytest.raises(TaskDeferred) as deferred:
-        operator.execute(context)
-    assert deferred.value.method_name == "execute_lease_wait"
-    deadline = deferred.value.kwargs["deadline"]
-    # still held: waits again, until the deadline; past it, the one line
-    with pytest.raises(TaskDeferred):
-        operator.execute_lease_wait(context, None, deadline=deadline)
-    with pytest.raises(AirflowFailException) as failed:
-        operator.execute_lease_wait(context, None, deadline=0.0)
-    assert str(failed.value).startswith(
-        f"cluster {pf.cluster} is in use by run {GKE_DAG_ID}/{OTHER_RUN} until "
-    )
-    # released: the run goes on
-    ClusterLeaseHook().release(pf.bucket, held)
-    assert operator.execute_lease_wait(context, None, deadline=deadline)["cluster_lease"] == "free"
 
 
 # -- gcloud's account and gcluster's ADC (cmd/job/prereq.go ensureGCloudAuthenticated / getADCSetupCommand)

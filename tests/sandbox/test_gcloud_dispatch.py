@@ -7,10 +7,13 @@ import ast
 import inspect
 import os
 import subprocess
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
+import tpu_rl_sandbox
 from tpu_rl_sandbox.clis.gcloud.app import Gcloud
 from tpu_rl_sandbox.clis.gcloud.commands import COMMANDS
 from tpu_rl_sandbox.clis.gcloud.dispatch import HANDLER_MIXINS, GcloudDispatch, gcloud_class, handler_mixin
@@ -73,9 +76,20 @@ def test_a_command_that_does_not_resolve_gets_the_dispatch_alone() -> None:
 
 
 def _imported(sandbox: SandboxInfo, *argv: str) -> tuple[int, set[str]]:
-    env = {**os.environ, **sandbox.env, "PYTHONPROFILEIMPORTTIME": "1"}
+    """The modules a call imports run as its own interpreter: what the shim's client runs when no
+    call server answers (tpu_rl_sandbox/clis/call_client.py), with the shim's PYTHONPATH."""
+    env = {
+        **os.environ,
+        **sandbox.env,
+        "PYTHONPROFILEIMPORTTIME": "1",
+        "PYTHONPATH": str(Path(tpu_rl_sandbox.__file__).resolve().parents[1]),
+    }
     result = subprocess.run(
-        [str(sandbox.bin_dir / "gcloud"), *argv], env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "tpu_rl_sandbox.clis.gcloud", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     lines = [line for line in result.stderr.splitlines() if line.startswith("import time:")]
     return result.returncode, {line.rsplit("|", 1)[-1].strip() for line in lines[1:]}

@@ -1,17 +1,21 @@
 """``tpu-rl-sandbox bench`` section 6: what one call of a fake CLI costs in CPU.
 
-The suite runs the fake ``gcloud``/``gcluster`` thousands of times (each a new interpreter started by
-a ``<root>/bin`` shim), so their start-up is a large share of its CPU. A fresh sandbox; each typical
-command run ``calls`` times through its shim as the provider's hooks run it (the sandbox's
-environment, stdout and stderr to /dev/null); the CPU of each call is its process's and its waited-for
-children's (``wait4``), the ``sh`` shim and its ``date`` included. Beside them the floor: the
-interpreter started bare (``-S``) and with its site (the venv's ``.pth`` files). The modules column
-is how many modules the call imports (``-X importtime``'s lines, one run). ``--cli-cost-only`` runs
+The suite runs the fake ``gcloud``/``gcluster`` thousands of times (each started by a ``<root>/bin``
+shim), so their start-up is a large share of its CPU. A fresh sandbox; each typical command run
+``calls`` times through its shim as the provider's hooks run it (the sandbox's environment, stdout
+and stderr to /dev/null); the CPU of each call is its process's and its waited-for children's
+(``wait4``), the ``sh`` shim and its ``date`` included, plus what the sandbox's call server spent
+meanwhile (its own and its reaped children's CPU in ``/proc``: the forked child that ran a ``gcloud``
+call, :mod:`tpu_rl_sandbox.clis.call_server`). Beside them the floor: the interpreter started bare
+(``-S``) and with its site (the venv's ``.pth`` files). The modules column is how many modules the
+call's own processes import (``-X importtime``'s lines, one run; a served call's modules were
+imported by the server once). ``--cli-cost-only`` runs
 this section alone; ``--cli-calls`` sets how many calls per command.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import subprocess
@@ -22,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tpu_rl_sandbox.clis import call_server
 from tpu_rl_sandbox.commands.lifecycle import sandbox_down, sandbox_up
 
 # Typical calls of the suite's operator tests, as ``(label, argv)``; argv[0] is a tool in the
@@ -74,8 +79,24 @@ class CallCost:
         return statistics.median(self.wall_ms)
 
 
-def run_once(argv: Sequence[str], env: Mapping[str, str]) -> tuple[float, float, int]:
-    """One call: its CPU ms (user + system, with its waited-for children), wall ms, exit code."""
+def server_cpu_ms(server_pid: int | None) -> float:
+    """The call server's CPU so far, its reaped children's (the calls it ran) included; 0 without one."""
+    if server_pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{server_pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    # utime, stime, cutime, cstime: fields 14-17 of proc(5), 12-15 after the command's ")"
+    return sum(int(value) for value in fields[11:15]) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
+def run_once(
+    argv: Sequence[str], env: Mapping[str, str], server_pid: int | None = None
+) -> tuple[float, float, int]:
+    """One call: its CPU ms (user + system, with its waited-for children, and what the sandbox's call
+    server spent on it), wall ms, exit code."""
+    served_before = server_cpu_ms(server_pid)
     start = time.monotonic()
     process = subprocess.Popen(
         list(argv),
@@ -87,7 +108,8 @@ def run_once(argv: Sequence[str], env: Mapping[str, str]) -> tuple[float, float,
     _, status, usage = os.wait4(process.pid, 0)
     process.returncode = os.waitstatus_to_exitcode(status)
     wall = (time.monotonic() - start) * 1000
-    return (usage.ru_utime + usage.ru_stime) * 1000, wall, process.returncode
+    served = server_cpu_ms(server_pid) - served_before
+    return (usage.ru_utime + usage.ru_stime) * 1000 + served, wall, process.returncode
 
 
 def imported_modules(argv: Sequence[str], env: Mapping[str, str]) -> int | None:
@@ -99,13 +121,16 @@ def imported_modules(argv: Sequence[str], env: Mapping[str, str]) -> int | None:
 
 
 def measure(
-    commands: Sequence[tuple[str, Sequence[str]]], env: Mapping[str, str], calls: int
+    commands: Sequence[tuple[str, Sequence[str]]],
+    env: Mapping[str, str],
+    calls: int,
+    server_pid: int | None = None,
 ) -> list[CallCost]:
     """Each command ``calls`` times, interleaved round by round so a load change hits all alike."""
     samples: dict[str, list[tuple[float, float, int]]] = {label: [] for label, _ in commands}
     for _ in range(calls):
         for label, argv in commands:
-            samples[label].append(run_once(argv, env))
+            samples[label].append(run_once(argv, env, server_pid))
     return [
         CallCost(
             label=label,
@@ -122,7 +147,8 @@ def cost_lines(costs: Sequence[CallCost], calls: int) -> list[str]:
     """The section's table: per command, median CPU and wall ms per call, exit code, modules."""
     width = max(len(cost.label) for cost in costs)
     lines = [
-        f"7. Fake CLI calls: CPU per call, median of {calls} (wait4: the shim, the interpreter, its children)",
+        f"7. Fake CLI calls: CPU per call, median of {calls} (wait4: the shim, the interpreter, its children;"
+        " gcloud's call server's child)",
         f"   {'command':<{width}}  {'CPU ms':>7}  {'wall ms':>7}  {'exit':>4}  {'modules':>7}",
     ]
     for cost in costs:
@@ -143,6 +169,7 @@ def bench_cli_cost(calls: int, root: Path | None = None) -> list[str]:
             commands = [
                 (label, (str(info.bin_dir / argv[0]), *argv[1:])) for label, argv in FAKE_COMMANDS
             ] + [(label, tuple(argv)) for label, argv in FLOOR_COMMANDS]
-            return cost_lines(measure(commands, env, calls), calls)
+            server = json.loads((info.root / call_server.INFO_FILE).read_text())["pid"]
+            return cost_lines(measure(commands, env, calls, int(server)), calls)
         finally:
             sandbox_down(info.root)

@@ -35,6 +35,7 @@ import tpu_rl_sandbox
 from airflow_provider_tpu_rl.spec.pipeline import ENVIRONMENT_OPTIONS
 from tpu_rl_sandbox.apis import api_server, gcs_emulator, oauth
 from tpu_rl_sandbox.apis.tls import ensure_tls
+from tpu_rl_sandbox.clis import call_server
 from tpu_rl_sandbox.clis.gcluster import adc
 from tpu_rl_sandbox.clis.gcluster.jobs import kill_all_workers
 from tpu_rl_sandbox.clis.tool_stubs import write_tool_stubs
@@ -91,7 +92,7 @@ class SandboxInfo:
         return self.bundle_dir / BLUEPRINT_RELATIVE
 
 
-def _shim_text(root: Path, module: str) -> str:
+def _shim_text(root: Path, tool: str, module: str) -> str:
     package_parent = Path(tpu_rl_sandbox.__file__).resolve().parents[1]
     return (
         "#!/bin/sh\n"
@@ -103,7 +104,11 @@ def _shim_text(root: Path, module: str) -> str:
         # When the caller started this call, so calls.jsonl times include the interpreter's start-up.
         f"{CALL_START_ENV}=$(date +%s.%N)\n"
         f"export {CALL_START_ENV}\n"
-        f'exec {shlex.quote(sys.executable)} -m tpu_rl_sandbox.{module} "$@"\n'
+        + (
+            call_server.shim_command(SandboxLayout(root), tool)
+            if tool in call_server.SERVED
+            else f'exec {shlex.quote(sys.executable)} -m tpu_rl_sandbox.{module} "$@"\n'
+        )
     )
 
 
@@ -111,7 +116,7 @@ def _write_shims(layout: SandboxLayout) -> None:
     layout.bin_dir.mkdir(parents=True, exist_ok=True)
     for name, module in SHIMS.items():
         shim = layout.bin_dir / name
-        shim.write_text(_shim_text(layout.root, module))
+        shim.write_text(_shim_text(layout.root, name, module))
         shim.chmod(shim.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
@@ -203,6 +208,7 @@ def sandbox_up(root: Path) -> SandboxInfo:
     ensure_tls(layout)
     api_server.start_api_server(layout)
     _write_shims(layout)
+    call_server.start_call_server(layout)
     write_tool_stubs(layout.bin_dir)
     _write_bundle(layout)
     return SandboxInfo(
@@ -222,6 +228,7 @@ def sandbox_down(root: Path, wipe: bool = False) -> bool:
         return False
     if layout.state_dir.is_dir():
         kill_all_workers(layout)
+    call_server.stop_call_server(layout)
     api_server.stop_api_server(layout)
     was_running = gcs_emulator.stop(layout)
     if wipe:

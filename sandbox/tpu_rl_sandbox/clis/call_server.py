@@ -1,0 +1,344 @@
+"""The call server: the fake ``gcloud``'s modules imported once per sandbox, a fork per call.
+
+The suite runs the fake ``gcloud`` thousands of times, and a new interpreter importing its modules
+was most of each call's CPU. ``tpu-rl-sandbox up`` starts this server (``python -m
+tpu_rl_sandbox.clis.call_server --root ROOT``, recorded in ``<root>/call_server.json``); the
+``<root>/bin/gcloud`` shim runs :mod:`tpu_rl_sandbox.clis.call_client`, which sends the call here.
+For each call the server forks a child that takes the caller's stdin, stdout and stderr (passed
+over the socket), environment, working folder and umask, and runs the same ``main`` the shim's
+``python -m tpu_rl_sandbox.clis.gcloud`` runs; its exit code (or the signal that ended it) goes
+back to the client, which exits with it. The server itself never runs a command, so every call
+starts from freshly imported modules, as a new interpreter would.
+
+A caller that goes away (a timeout's kill) closes its socket: the server kills the call's child
+with SIGKILL, as the kill would have ended the fake. Only the server's own user may call it (the
+socket's peer credentials). With no server (stopped, or never started) the client runs the fake
+itself, so the shims work either way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import marshal
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import tpu_rl_sandbox
+from tpu_rl_sandbox.world.layout import SandboxLayout
+
+INFO_FILE = "call_server.json"
+LOG_FILE = "call_server.log"
+CLIENT = Path(__file__).with_name("call_client.py")
+# The fakes the server runs: shim name -> the module the client falls back to.
+SERVED = {"gcloud": "tpu_rl_sandbox.clis.gcloud"}
+REQUEST_TIMEOUT = 10.0  # a connected client sends its call at once; a silent one is dropped
+ROOT_CHECK_SECONDS = 30.0  # the server ends once its sandbox folder is gone
+_HEADER = 8
+
+
+def socket_name(layout: SandboxLayout) -> str:
+    """The abstract socket's name (no file, no path length limit): unique per sandbox folder."""
+    import hashlib
+
+    return "tpu-rl-sandbox-calls-" + hashlib.sha256(str(layout.root).encode()).hexdigest()[:24]
+
+
+# ==================================================================================== server
+# What command handlers import when they run (their HTTP client, YAML, temporary files). Importing
+# a module early changes nothing a call sees: ``random`` reseeds itself in a forked child and
+# ``tempfile`` names its files anew there.
+LAZY_IMPORTS = ("urllib.request", "tempfile", "random", "string", "encodings.idna", "yaml")
+
+
+def _preload() -> None:
+    """Import what a ``gcloud`` call imports: the dispatch, every command group's module and what
+    their handlers import when they run."""
+    from tpu_rl_sandbox.clis.gcloud import dispatch
+
+    for module, _ in sorted(set(dispatch.HANDLER_MIXINS.values())):
+        __import__(f"tpu_rl_sandbox.clis.gcloud.{module}")
+    __import__("tpu_rl_sandbox.apis.gcs_emulator")
+    for name in LAZY_IMPORTS:
+        __import__(name)
+
+
+@dataclass
+class _Call:
+    conn: socket.socket
+    pid: int
+    pidfd: int
+
+
+def _receive(conn: socket.socket) -> tuple[tuple[list[str], dict[str, str], str, int], list[int]]:
+    conn.settimeout(REQUEST_TIMEOUT)
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+    if len(data) < _HEADER or len(fds) != 3:
+        for fd in fds:
+            os.close(fd)
+        raise OSError("a malformed call")
+    size = int.from_bytes(data[:_HEADER], "big")
+    body = data[_HEADER:]
+    while len(body) < size:
+        chunk = conn.recv(size - len(body))
+        if not chunk:
+            for fd in fds:
+                os.close(fd)
+            raise OSError("the client went away mid-call")
+        body += chunk
+    conn.settimeout(None)
+    args, env, cwd, mask = marshal.loads(body)  # noqa: S302  (sent by the server's own user: _same_user)
+    return (list(args), dict(env), str(cwd), int(mask)), fds
+
+
+def _same_user(conn: socket.socket) -> bool:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _, uid, _ = struct.unpack("3i", creds)
+    return uid == os.getuid()
+
+
+def _run_call(request: tuple[list[str], dict[str, str], str, int], fds: list[int]) -> int:
+    """In the forked child: become the call (its stdio, environment, folder, umask), run ``main``."""
+    args, env, cwd, mask = request
+    for signum in (signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.set_wakeup_fd(-1)
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+    os.closerange(3, 1 << 16)
+    os.umask(mask)
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    if hasattr(time, "tzset"):
+        time.tzset()
+    sys.argv = ["gcloud", *args]
+    sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8")
+    sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)), encoding="utf-8")
+    sys.stderr = io.TextIOWrapper(
+        io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
+        encoding="utf-8",
+        errors="backslashreplace",
+        line_buffering=True,
+    )
+    from tpu_rl_sandbox.clis.gcloud.dispatch import main
+
+    try:
+        code = main(args)
+    except SystemExit as done:
+        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    except BaseException:  # what the interpreter prints for an uncaught exception, and its exit code
+        traceback.print_exc()
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    return code & 0xFF
+
+
+def _start_call(conn: socket.socket) -> _Call | None:
+    if not _same_user(conn):
+        return None
+    try:
+        request, fds = _receive(conn)
+    except (OSError, ValueError, EOFError, TypeError):
+        return None
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = _run_call(request, fds)
+        finally:
+            os._exit(code)
+    for fd in fds:
+        os.close(fd)
+    return _Call(conn, pid, os.pidfd_open(pid))
+
+
+def _finish(call: _Call) -> None:
+    _, status = os.waitpid(call.pid, 0)
+    os.close(call.pidfd)
+    reply = bytes((1, os.WTERMSIG(status))) if os.WIFSIGNALED(status) else bytes((0, os.WEXITSTATUS(status)))
+    with contextlib.suppress(OSError):
+        call.conn.sendall(reply)
+    call.conn.close()
+
+
+def serve(layout: SandboxLayout) -> None:
+    """Listen for calls until SIGTERM or until the sandbox folder is gone."""
+    _preload()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind("\0" + socket_name(layout))
+    listener.listen(128)
+    # SIGTERM wakes the poll through this pipe (a handler alone would let the poll go on waiting)
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    signal.set_wakeup_fd(wake_write)
+    (layout.root / INFO_FILE).write_text(json.dumps({"pid": os.getpid(), "socket": socket_name(layout)}))
+    poller = select.poll()
+    poller.register(listener, select.POLLIN)
+    poller.register(wake_read, select.POLLIN)
+    stopping = False
+    by_fd: dict[int, tuple[str, _Call]] = {}
+    last_check = time.monotonic()
+    while not stopping:
+        try:
+            events = poller.poll(ROOT_CHECK_SECONDS * 1000)
+        except InterruptedError:
+            continue
+        for fd, _ in events:
+            if fd == wake_read:
+                stopping = True
+                break
+            if fd == listener.fileno():
+                with contextlib.suppress(OSError):
+                    conn, _ = listener.accept()
+                    call = _start_call(conn)
+                    if call is None:
+                        conn.close()
+                        continue
+                    by_fd[call.pidfd] = ("child", call)
+                    by_fd[conn.fileno()] = ("caller", call)
+                    poller.register(call.pidfd, select.POLLIN)
+                    poller.register(conn, select.POLLIN)
+                continue
+            entry = by_fd.get(fd)
+            if entry is None:
+                continue
+            what, call = entry
+            if what == "caller":  # the caller closed its end early: it was killed; so is the call
+                poller.unregister(fd)
+                by_fd.pop(fd)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(call.pid, signal.SIGKILL)
+                continue
+            poller.unregister(call.pidfd)
+            by_fd.pop(call.pidfd)
+            conn_fd = call.conn.fileno()
+            if by_fd.pop(conn_fd, None) is not None:
+                poller.unregister(conn_fd)
+            _finish(call)
+        if time.monotonic() - last_check > ROOT_CHECK_SECONDS:
+            last_check = time.monotonic()
+            if not layout.root.is_dir():
+                break
+    for what, call in list(by_fd.values()):
+        if what == "child":
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(call.pid, signal.SIGKILL)
+            _finish(call)
+    listener.close()
+
+
+# ============================================================================ start and stop
+def _read_info(layout: SandboxLayout) -> dict[str, object] | None:
+    try:
+        info = json.loads((layout.root / INFO_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(ChildProcessError, OSError):
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    return True
+
+
+def shim_command(layout: SandboxLayout, tool: str) -> str:
+    """The shim's last line for ``tool``: the client, with the fallback module."""
+    import shlex
+
+    return (
+        f"exec {shlex.quote(sys.executable)} -S {shlex.quote(str(CLIENT))} "
+        f'{shlex.quote(socket_name(layout))} {shlex.quote(SERVED[tool])} "$@"\n'
+    )
+
+
+def start_call_server(layout: SandboxLayout, wait_seconds: float = 15.0) -> int:
+    """Start the sandbox's call server (or keep the running one); its pid. The shims work without
+    it, so a server that does not come up is stopped and reported, not waited for again."""
+    info = _read_info(layout)
+    if info is not None and _alive(int(str(info["pid"]))):
+        return int(str(info["pid"]))
+    (layout.root / INFO_FILE).unlink(missing_ok=True)
+    package_parent = str(Path(tpu_rl_sandbox.__file__).resolve().parents[1])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = package_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    with (layout.root / LOG_FILE).open("ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tpu_rl_sandbox.clis.call_server", "--root", str(layout.root)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+        )
+    deadline = time.monotonic() + wait_seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(
+                f"the call server exited with {process.returncode}; see {layout.root / LOG_FILE}"
+            )
+        info = _read_info(layout)
+        if info is not None and info.get("pid") == process.pid:
+            return process.pid
+        time.sleep(0.02)
+    process.kill()
+    process.wait(timeout=5)
+    raise RuntimeError(f"the call server did not start within {wait_seconds}s; see {layout.root / LOG_FILE}")
+
+
+def stop_call_server(layout: SandboxLayout, wait_seconds: float = 5.0) -> bool:
+    """Stop the recorded call server and any call it is running. True if one was running."""
+    info = _read_info(layout)
+    if info is None:
+        return False
+    pid = int(str(info["pid"]))
+    was_alive = _alive(pid)
+    if was_alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + wait_seconds
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.02)
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+    (layout.root / INFO_FILE).unlink(missing_ok=True)
+    return was_alive
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tpu_rl_sandbox.clis.call_server")
+    parser.add_argument("--root", required=True, type=Path)
+    args = parser.parse_args(argv)
+    serve(SandboxLayout(args.root.resolve()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

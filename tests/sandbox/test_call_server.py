@@ -1,0 +1,265 @@
+"""The fake ``gcloud``'s call server (``clis/call_server.py``) and the shim's client
+(``clis/call_client.py``): a call it serves is the call the fake makes run as its own interpreter
+(output, exit code, stdin, working folder, environment, the call log), a caller's kill ends it,
+no server means the fake runs itself, and ``sandbox_down`` leaves no server behind."""
+
+from __future__ import annotations
+
+import _socket
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import tpu_rl_sandbox
+from tpu_rl_sandbox.clis import call_server
+from tpu_rl_sandbox.commands.lifecycle import SandboxInfo, sandbox_down, sandbox_up
+from tpu_rl_sandbox.world.calls import read_calls
+from tpu_rl_sandbox.world.layout import SandboxLayout
+from tpu_rl_sandbox.world.store import StateStore
+
+PROJECT = "call-server-project"
+# Bounds against a hang (a quiet machine needs well under a second for each).
+CALL_TIMEOUT = 60.0
+KILL_TIMEOUT = 30.0
+CALLS = (
+    ("version",),
+    ("storage", "ls", f"--project={PROJECT}"),
+    ("storage", "ls", "--no-such-flag"),
+    ("secrets", "versions", "list", "absent", f"--project={PROJECT}"),
+    ("secrets", "versions", "list", "absent"),
+    ("compute", "instances", "describe", "absent", "--zone=us-east5-b", f"--project={PROJECT}"),
+    ("no-such-group", "list"),
+)
+
+
+@pytest.fixture(scope="module")
+def own(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxInfo]:
+    """A sandbox of this module's own: its tests stop and start its server."""
+    info = sandbox_up(tmp_path_factory.mktemp("call-server") / "sandbox")
+    try:
+        yield info
+    finally:
+        sandbox_down(info.root)
+
+
+def _env(info: SandboxInfo, **extra: str) -> dict[str, str]:
+    env = {**os.environ, **info.env, **extra}
+    env.pop("CLOUDSDK_CORE_PROJECT", None)
+    return env
+
+
+def _shim(info: SandboxInfo, *argv: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
+    kwargs.setdefault("env", _env(info))
+    return subprocess.run(  # type: ignore[call-overload, no-any-return]
+        [str(info.bin_dir / "gcloud"), *argv], capture_output=True, text=True, timeout=CALL_TIMEOUT, **kwargs
+    )
+
+
+def _direct(info: SandboxInfo, *argv: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
+    """The fake as its own interpreter: what the shim ran before the server (and runs without one)."""
+    env = dict(kwargs.pop("env", None) or _env(info))  # type: ignore[call-overload]
+    env["PYTHONPATH"] = str(Path(tpu_rl_sandbox.__file__).resolve().parents[1])
+    return subprocess.run(  # type: ignore[call-overload, no-any-return]
+        [sys.executable, "-m", "tpu_rl_sandbox.clis.gcloud", *argv],
+        capture_output=True,
+        text=True,
+        timeout=CALL_TIMEOUT,
+        env=env,
+        **kwargs,
+    )
+
+
+def _server_pid(info: SandboxInfo) -> int:
+    recorded = json.loads((info.root / call_server.INFO_FILE).read_text())
+    return int(recorded["pid"])
+
+
+def _children(pid: int) -> list[int]:
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _served(info: SandboxInfo, *argv: str) -> bool:
+    """Whether the server ran the call: the fake's own modules are then not imported by the call's
+    processes (the client imports nothing of the package; the server's child has them already)."""
+    traced = _shim(info, *argv, env=_env(info, PYTHONPROFILEIMPORTTIME="1"))
+    return "tpu_rl_sandbox" not in traced.stderr
+
+
+def _wait(what: str, probe: object, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not probe():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"waited {timeout:.0f} s for {what}"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("argv", CALLS, ids=" ".join)
+def test_a_served_call_prints_and_exits_as_the_fake_run_by_itself(
+    own: SandboxInfo, argv: tuple[str, ...]
+) -> None:
+    served = _shim(own, *argv)
+    direct = _direct(own, *argv)
+    assert (served.returncode, served.stdout, served.stderr) == (
+        direct.returncode,
+        direct.stdout,
+        direct.stderr,
+    )
+    assert _served(own, *argv)
+
+
+def test_stdin_the_working_folder_and_the_environment_are_the_callers(
+    own: SandboxInfo, tmp_path: Path
+) -> None:
+    layout = SandboxLayout(own.root)
+    before = len(read_calls(layout))
+    created = _shim(
+        own,
+        "secrets",
+        "create",
+        "served-secret",
+        "--data-file=-",
+        f"--project={PROJECT}",
+        input="a token read from stdin",
+        cwd=tmp_path,
+        env=_env(own, TPU_RL_CALLER_ONLY="1"),
+    )
+    assert created.returncode == 0, created.stderr
+    record = StateStore(layout).read("secrets")[f"{PROJECT}/served-secret"]
+    assert record["versions"][0]["sha256"] == hashlib.sha256(b"a token read from stdin").hexdigest()
+    call = read_calls(layout)[before]
+    assert call["argv"][:2] == ["secrets", "create"]
+    assert call["cwd"] == str(tmp_path)
+    assert "TPU_RL_CALLER_ONLY" in call["env_names"]
+    assert call["exit_code"] == 0
+
+
+def test_a_killed_caller_ends_its_call(own: SandboxInfo) -> None:
+    """A call that waits on stdin forever (a hang's stand-in) ends when its caller is killed, as the
+    fake in the caller's process would have."""
+    server = _server_pid(own)
+    caller = subprocess.Popen(
+        [
+            str(own.bin_dir / "gcloud"),
+            "secrets",
+            "create",
+            "hung-secret",
+            "--data-file=-",
+            f"--project={PROJECT}",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=_env(own),
+    )
+    try:
+        _wait("the server's child running the call", lambda: _children(server), KILL_TIMEOUT)
+        caller.kill()
+        caller.wait(timeout=KILL_TIMEOUT)
+        _wait("the call's child to be killed", lambda: not _children(server), KILL_TIMEOUT)
+    finally:
+        caller.kill()
+        assert caller.stdin is not None
+        caller.stdin.close()
+        caller.wait(timeout=KILL_TIMEOUT)
+    assert caller.returncode == -signal.SIGKILL
+    assert "hung-secret" not in str(StateStore(SandboxLayout(own.root)).read("secrets"))
+
+
+def test_a_call_ended_by_a_signal_ends_its_client_by_it(own: SandboxInfo) -> None:
+    server = _server_pid(own)
+    caller = subprocess.Popen(
+        [
+            str(own.bin_dir / "gcloud"),
+            "secrets",
+            "create",
+            "term-secret",
+            "--data-file=-",
+            f"--project={PROJECT}",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=_env(own),
+    )
+    try:
+        _wait("the server's child running the call", lambda: _children(server), KILL_TIMEOUT)
+        os.kill(_children(server)[0], signal.SIGTERM)
+        assert caller.wait(timeout=KILL_TIMEOUT) == -signal.SIGTERM
+    finally:
+        caller.kill()
+        assert caller.stdin is not None
+        caller.stdin.close()
+        caller.wait(timeout=KILL_TIMEOUT)
+
+
+def test_another_user_gets_no_call(own: SandboxInfo) -> None:
+    """The socket is abstract (no file mode guards it): the server answers its own user only."""
+    if os.getuid() != 0:
+        pytest.skip("needs root to connect as another user")
+    probe = (
+        "import _socket, marshal, sys\n"
+        "s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)\n"
+        f"s.connect('\\0' + {call_server.socket_name(SandboxLayout(own.root))!r})\n"
+        "body = marshal.dumps((['version'], {}, '/', 0o22))\n"
+        "fds = b''.join(fd.to_bytes(4, sys.byteorder) for fd in (0, 1, 2))\n"
+        "try:\n"
+        "    s.sendmsg([len(body).to_bytes(8, 'big') + body], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])\n"
+        "    print('answered' if s.recv(2) else 'closed')\n"
+        "except OSError:\n"
+        "    print('closed')\n"
+    )
+    done = subprocess.run(
+        ["/usr/bin/python3", "-S", "-c", probe],
+        user=65534,
+        capture_output=True,
+        text=True,
+        timeout=CALL_TIMEOUT,
+        cwd="/",
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "closed"
+
+
+def test_without_a_server_the_shim_runs_the_fake_itself(own: SandboxInfo) -> None:
+    layout = SandboxLayout(own.root)
+    assert call_server.stop_call_server(layout)
+    try:
+        argv = ("secrets", "versions", "list", "absent", f"--project={PROJECT}")
+        alone = _shim(own, *argv)
+        direct = _direct(own, *argv)
+        assert (alone.returncode, alone.stdout, alone.stderr) == (
+            direct.returncode,
+            direct.stdout,
+            direct.stderr,
+        )
+        assert not _served(own, *argv)
+    finally:
+        call_server.start_call_server(layout)
+    assert _served(own, "version")
+
+
+def test_ssh_is_never_handed_to_the_server(own: SandboxInfo) -> None:
+    assert not _served(
+        own, "compute", "ssh", "absent", "--zone=us-east5-b", f"--project={PROJECT}", "--command=true"
+    )
+
+
+def test_sandbox_down_stops_the_server(tmp_path: Path) -> None:
+    info = sandbox_up(tmp_path / "sandbox")
+    server = _server_pid(info)
+    try:
+        assert _served(info, "version")
+    finally:
+        sandbox_down(info.root)
+    assert not Path(f"/proc/{server}").exists()
+    probe = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    with pytest.raises(ConnectionRefusedError):
+        probe.connect("\0" + call_server.socket_name(SandboxLayout(info.root)))
+    probe.close()
