@@ -1,7 +1,8 @@
-"""The fake ``gcloud``'s call server (``clis/call_server.py``) and the shim's client
-(``clis/call_client.py``): a call it serves is the call the fake makes run as its own interpreter
-(output, exit code, stdin, working folder, environment, the call log), a caller's kill ends it,
-no server means the fake runs itself, and ``sandbox_down`` leaves no server behind."""
+"""The fakes' call server (``clis/call_server.py``) and the shims' client (``clis/call_client.py``):
+a call it serves (gcloud's, gcluster's ``job`` commands) is the call the fake makes run as its own
+interpreter (output, exit code, stdin, working folder, environment, the call log), a caller's kill
+ends it, the calls whose processes may outlive the call's are never handed over, no server means
+the fake runs itself, and ``sandbox_down`` leaves no server behind."""
 
 from __future__ import annotations
 
@@ -30,13 +31,25 @@ PROJECT = "call-server-project"
 CALL_TIMEOUT = 60.0
 KILL_TIMEOUT = 30.0
 CALLS = (
-    ("version",),
-    ("storage", "ls", f"--project={PROJECT}"),
-    ("storage", "ls", "--no-such-flag"),
-    ("secrets", "versions", "list", "absent", f"--project={PROJECT}"),
-    ("secrets", "versions", "list", "absent"),
-    ("compute", "instances", "describe", "absent", "--zone=us-east5-b", f"--project={PROJECT}"),
-    ("no-such-group", "list"),
+    ("gcloud", "version"),
+    ("gcloud", "storage", "ls", f"--project={PROJECT}"),
+    ("gcloud", "storage", "ls", "--no-such-flag"),
+    ("gcloud", "secrets", "versions", "list", "absent", f"--project={PROJECT}"),
+    ("gcloud", "secrets", "versions", "list", "absent"),
+    ("gcloud", "compute", "instances", "describe", "absent", "--zone=us-east5-b", f"--project={PROJECT}"),
+    ("gcloud", "no-such-group", "list"),
+    ("gcluster", "job", "list"),
+    ("gcluster", "job", "list", f"--project={PROJECT}", "--cluster=absent", "--location=us-east5"),
+    (
+        "gcluster",
+        "job",
+        "cancel",
+        "absent",
+        f"--project={PROJECT}",
+        "--cluster=absent",
+        "--location=us-east5",
+    ),
+    ("gcluster", "job", "no-such-command"),
 )
 
 
@@ -56,19 +69,19 @@ def _env(info: SandboxInfo, **extra: str) -> dict[str, str]:
     return env
 
 
-def _shim(info: SandboxInfo, *argv: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
+def _shim(info: SandboxInfo, tool: str, *argv: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
     kwargs.setdefault("env", _env(info))
     return subprocess.run(  # type: ignore[call-overload, no-any-return]
-        [str(info.bin_dir / "gcloud"), *argv], capture_output=True, text=True, timeout=CALL_TIMEOUT, **kwargs
+        [str(info.bin_dir / tool), *argv], capture_output=True, text=True, timeout=CALL_TIMEOUT, **kwargs
     )
 
 
-def _direct(info: SandboxInfo, *argv: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
+def _direct(info: SandboxInfo, tool: str, *argv: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
     """The fake as its own interpreter: what the shim ran before the server (and runs without one)."""
     env = dict(kwargs.pop("env", None) or _env(info))  # type: ignore[call-overload]
     env["PYTHONPATH"] = str(Path(tpu_rl_sandbox.__file__).resolve().parents[1])
     return subprocess.run(  # type: ignore[call-overload, no-any-return]
-        [sys.executable, "-m", "tpu_rl_sandbox.clis.gcloud", *argv],
+        [sys.executable, "-m", f"tpu_rl_sandbox.clis.{tool}", *argv],
         capture_output=True,
         text=True,
         timeout=CALL_TIMEOUT,
@@ -86,10 +99,10 @@ def _children(pid: int) -> list[int]:
     return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
-def _served(info: SandboxInfo, *argv: str) -> bool:
+def _served(info: SandboxInfo, tool: str, *argv: str) -> bool:
     """Whether the server ran the call: the fake's own modules are then not imported by the call's
     processes (the client imports nothing of the package; the server's child has them already)."""
-    traced = _shim(info, *argv, env=_env(info, PYTHONPROFILEIMPORTTIME="1"))
+    traced = _shim(info, tool, *argv, env=_env(info, PYTHONPROFILEIMPORTTIME="1"))
     return "tpu_rl_sandbox" not in traced.stderr
 
 
@@ -121,6 +134,7 @@ def test_stdin_the_working_folder_and_the_environment_are_the_callers(
     before = len(read_calls(layout))
     created = _shim(
         own,
+        "gcloud",
         "secrets",
         "create",
         "served-secret",
@@ -207,7 +221,7 @@ def test_another_user_gets_no_call(own: SandboxInfo) -> None:
         "import _socket, marshal, sys\n"
         "s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)\n"
         f"s.connect('\\0' + {call_server.socket_name(SandboxLayout(own.root))!r})\n"
-        "body = marshal.dumps((['version'], {}, '/', 0o22))\n"
+        "body = marshal.dumps(('gcloud', ['version'], {}, '/', 0o22))\n"
         "fds = b''.join(fd.to_bytes(4, sys.byteorder) for fd in (0, 1, 2))\n"
         "try:\n"
         "    s.sendmsg([len(body).to_bytes(8, 'big') + body], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])\n"
@@ -232,30 +246,42 @@ def test_without_a_server_the_shim_runs_the_fake_itself(own: SandboxInfo) -> Non
     assert call_server.stop_call_server(layout)
     try:
         argv = ("secrets", "versions", "list", "absent", f"--project={PROJECT}")
-        alone = _shim(own, *argv)
-        direct = _direct(own, *argv)
+        alone = _shim(own, "gcloud", *argv)
+        direct = _direct(own, "gcloud", *argv)
         assert (alone.returncode, alone.stdout, alone.stderr) == (
             direct.returncode,
             direct.stdout,
             direct.stderr,
         )
-        assert not _served(own, *argv)
+        assert not _served(own, "gcloud", *argv)
     finally:
         call_server.start_call_server(layout)
-    assert _served(own, "version")
+    assert _served(own, "gcloud", "version")
 
 
-def test_ssh_is_never_handed_to_the_server(own: SandboxInfo) -> None:
-    assert not _served(
-        own, "compute", "ssh", "absent", "--zone=us-east5-b", f"--project={PROJECT}", "--command=true"
-    )
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("gcloud", "compute", "ssh", "absent", "--zone=us-east5-b", f"--project={PROJECT}", "--command=true"),
+        ("gcluster", "--version"),
+        ("gcluster", "deploy", "absent-folder", "--auto-approve"),
+        ("gcluster", "destroy", "absent-folder", "--auto-approve"),
+    ],
+    ids=" ".join,
+)
+def test_calls_whose_processes_may_outlive_them_are_never_handed_over(
+    own: SandboxInfo, argv: tuple[str, ...]
+) -> None:
+    """ssh's command runs on a fake machine; gcluster's Terraform in a process group of its own,
+    which a caller's kill finds through /proc under the call's own process."""
+    assert not _served(own, *argv)
 
 
 def test_sandbox_down_stops_the_server(tmp_path: Path) -> None:
     info = sandbox_up(tmp_path / "sandbox")
     server = _server_pid(info)
     try:
-        assert _served(info, "version")
+        assert _served(info, "gcloud", "version")
     finally:
         sandbox_down(info.root)
     assert not Path(f"/proc/{server}").exists()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import json
 import os
@@ -161,6 +162,14 @@ def _decode(assertion: str) -> tuple[dict[str, Any], dict[str, Any], bytes, byte
     return header, claims, f"{parts[0]}.{parts[1]}".encode(), signature
 
 
+@functools.lru_cache(maxsize=64)
+def _public_key(private_key_pem: str) -> rsa.RSAPublicKey | None:
+    """The public half of a service account's RSA key (loading the PEM checks the key, which costs
+    tens of milliseconds: the API server does it once per key, not once per token)."""
+    key = serialization.load_pem_private_key(private_key_pem.encode(), password=None)
+    return key.public_key() if isinstance(key, rsa.RSAPrivateKey) else None
+
+
 def _signature_ok(
     account: Mapping[str, str], header: Mapping[str, Any], signed: bytes, signature: bytes
 ) -> bool:
@@ -168,11 +177,11 @@ def _signature_ok(
         return False
     if header.get("kid") not in (None, account.get("private_key_id")):
         return False
-    key = serialization.load_pem_private_key(account["private_key"].encode(), password=None)
-    if not isinstance(key, rsa.RSAPrivateKey):
+    public_key = _public_key(account["private_key"])
+    if public_key is None:
         return False
     try:
-        key.public_key().verify(signature, signed, padding.PKCS1v15(), hashes.SHA256())
+        public_key.verify(signature, signed, padding.PKCS1v15(), hashes.SHA256())
     except InvalidSignature:
         return False
     return True

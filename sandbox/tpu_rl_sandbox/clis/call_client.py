@@ -1,11 +1,13 @@
-"""The ``<root>/bin/gcloud`` shim's client: hands the call to the sandbox's call server, or runs it.
+"""The ``<root>/bin/gcloud`` and ``gcluster`` shims' client: hands the call to the sandbox's call
+server, or runs it.
 
 Run by path with ``python -S`` (no site, so it starts in about 10 ms) as ``call_client.py SOCKET
-MODULE ARGS...``: it sends the call (arguments, environment, working folder, umask) and its own
-stdin, stdout and stderr to the call server listening on the abstract Unix socket ``SOCKET``
-(:mod:`tpu_rl_sandbox.clis.call_server`), waits, and exits as the call did. When no server answers
-(or for ``ssh``, whose command runs on a fake machine for as long as it takes), it runs the fake
-itself: ``python -m MODULE ARGS...``, exactly what the shim ran before the server existed.
+TOOL MODULE ARGS...``: it sends the call (tool, arguments, environment, working folder, umask) and
+its own stdin, stdout and stderr to the call server listening on the abstract Unix socket
+``SOCKET`` (:mod:`tpu_rl_sandbox.clis.call_server`), waits, and exits as the call did. When no
+server answers it runs the fake itself: ``python -m MODULE ARGS...``, exactly what the shim ran
+before the server existed. (The shim runs the calls the server never takes that way itself:
+``call_server.shim_command``.)
 
 Imports only modules the interpreter has built in (``_socket``, not ``socket``, whose Python layer
 would double the client's start-up): nothing of this package.
@@ -15,9 +17,6 @@ import _socket
 import marshal
 import os
 import sys
-
-# The commands the client never hands over: their handler starts processes on a fake machine.
-DIRECT_WORDS = frozenset({"ssh", "scp"})
 
 
 def run_directly(module: str, args: list[str]) -> None:
@@ -36,15 +35,13 @@ def receive_exactly(sock: _socket.socket, size: int) -> bytes:
 
 
 def main() -> None:
-    name, module, args = sys.argv[1], sys.argv[2], sys.argv[3:]
-    if DIRECT_WORDS.intersection(args):
-        run_directly(module, args)
+    name, tool, module, args = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         sock.connect("\0" + name)
         mask = os.umask(0)
         os.umask(mask)
-        payload = marshal.dumps((args, dict(os.environ), os.getcwd(), mask))
+        payload = marshal.dumps((tool, args, dict(os.environ), os.getcwd(), mask))
         fds = b"".join(fd.to_bytes(4, sys.byteorder) for fd in (0, 1, 2))  # SCM_RIGHTS: C ints
         data = len(payload).to_bytes(8, "big") + payload
         sent = sock.sendmsg([data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])

@@ -1,12 +1,13 @@
-"""The call server: the fake ``gcloud``'s modules imported once per sandbox, a fork per call.
+"""The call server: the fakes' modules imported once per sandbox, a fork per call.
 
-The suite runs the fake ``gcloud`` thousands of times, and a new interpreter importing its modules
-was most of each call's CPU. ``tpu-rl-sandbox up`` starts this server (``python -m
+The suite runs the fake ``gcloud`` and ``gcluster job`` thousands of times, and a new interpreter
+importing their modules (and, for ``job submit``, google-auth for gcluster's credentials check) was
+most of each call's CPU. ``tpu-rl-sandbox up`` starts this server (``python -m
 tpu_rl_sandbox.clis.call_server --root ROOT``, recorded in ``<root>/call_server.json``); the
-``<root>/bin/gcloud`` shim runs :mod:`tpu_rl_sandbox.clis.call_client`, which sends the call here.
-For each call the server forks a child that takes the caller's stdin, stdout and stderr (passed
-over the socket), environment, working folder and umask, and runs the same ``main`` the shim's
-``python -m tpu_rl_sandbox.clis.gcloud`` runs; its exit code (or the signal that ended it) goes
+``<root>/bin/gcloud`` and ``gcluster`` shims run :mod:`tpu_rl_sandbox.clis.call_client`, which
+sends the call here. For each call the server forks a child that takes the caller's stdin, stdout
+and stderr (passed over the socket), environment, working folder and umask, and runs the same
+``main`` the shim's ``python -m tpu_rl_sandbox.clis.gcloud`` (or ``...gcluster``) runs; its exit code (or the signal that ended it) goes
 back to the client, which exits with it. The server itself never runs a command, so every call
 starts from freshly imported modules, as a new interpreter would.
 
@@ -41,8 +42,14 @@ from tpu_rl_sandbox.world.layout import SandboxLayout
 INFO_FILE = "call_server.json"
 LOG_FILE = "call_server.log"
 CLIENT = Path(__file__).with_name("call_client.py")
-# The fakes the server runs: shim name -> the module the client falls back to.
-SERVED = {"gcloud": "tpu_rl_sandbox.clis.gcloud"}
+# The fakes the server runs: shim name -> (the module the client falls back to, the one with ``main``).
+# The shims hand over only the calls whose processes all end with the call (shim_command): gcloud's
+# but ``ssh``, and gcluster's ``job`` commands (not create/deploy/destroy, whose Terraform runs in a
+# process group of its own that a caller's kill walks to through /proc).
+SERVED = {
+    "gcloud": ("tpu_rl_sandbox.clis.gcloud", "tpu_rl_sandbox.clis.gcloud.dispatch"),
+    "gcluster": ("tpu_rl_sandbox.clis.gcluster", "tpu_rl_sandbox.clis.gcluster.app"),
+}
 REQUEST_TIMEOUT = 10.0  # a connected client sends its call at once; a silent one is dropped
 ROOT_CHECK_SECONDS = 30.0  # the server ends once its sandbox folder is gone
 _HEADER = 8
@@ -56,22 +63,41 @@ def socket_name(layout: SandboxLayout) -> str:
 
 
 # ==================================================================================== server
-# What command handlers import when they run (their HTTP client, YAML, temporary files). Importing
-# a module early changes nothing a call sees: ``random`` reseeds itself in a forked child and
-# ``tempfile`` names its files anew there.
-LAZY_IMPORTS = ("urllib.request", "tempfile", "random", "string", "encodings.idna", "yaml")
+# What a served call of each fake imports, the modules its handlers import when they run included
+# (their HTTP client, YAML, temporary files; google-auth for gcluster's credentials check). The
+# server imports a fake's set when the first call of that fake arrives, before it forks: a sandbox
+# whose tests never run gcluster never pays for google-auth. Importing a module early changes
+# nothing a call sees: ``random`` reseeds itself in a forked child, ``tempfile`` names its files
+# anew there, and OpenSSL reseeds its generator in a new process.
+_COMMON_IMPORTS = ("urllib.request", "tempfile", "random", "string", "encodings.idna", "yaml")
+PRELOADS: dict[str, tuple[str, ...]] = {
+    "gcloud": ("tpu_rl_sandbox.clis.gcloud.dispatch", "tpu_rl_sandbox.apis.gcs_emulator", *_COMMON_IMPORTS),
+    "gcluster": (
+        "tpu_rl_sandbox.clis.gcluster.app",
+        "tpu_rl_sandbox.clis.gcluster.jobs",
+        *_COMMON_IMPORTS,
+        "google.auth",
+        "google.auth.exceptions",
+        "google.auth.transport.requests",
+        "google.oauth2.service_account",
+        "google.oauth2.credentials",
+    ),
+}
+_preloaded: set[str] = set()
 
 
-def _preload() -> None:
-    """Import what a ``gcloud`` call imports: the dispatch, every command group's module and what
-    their handlers import when they run."""
-    from tpu_rl_sandbox.clis.gcloud import dispatch
-
-    for module, _ in sorted(set(dispatch.HANDLER_MIXINS.values())):
-        __import__(f"tpu_rl_sandbox.clis.gcloud.{module}")
-    __import__("tpu_rl_sandbox.apis.gcs_emulator")
-    for name in LAZY_IMPORTS:
+def _preload(tool: str) -> None:
+    """Import what a served call of ``tool`` imports (once): for gcloud, every command group's module."""
+    if tool in _preloaded:
+        return
+    for name in PRELOADS[tool]:
         __import__(name)
+    if tool == "gcloud":
+        from tpu_rl_sandbox.clis.gcloud import dispatch
+
+        for module, _ in sorted(set(dispatch.HANDLER_MIXINS.values())):
+            __import__(f"tpu_rl_sandbox.clis.gcloud.{module}")
+    _preloaded.add(tool)
 
 
 @dataclass
@@ -81,7 +107,10 @@ class _Call:
     pidfd: int
 
 
-def _receive(conn: socket.socket) -> tuple[tuple[list[str], dict[str, str], str, int], list[int]]:
+Request = tuple[str, list[str], dict[str, str], str, int]  # tool, argv, environment, folder, umask
+
+
+def _receive(conn: socket.socket) -> tuple[Request, list[int]]:
     conn.settimeout(REQUEST_TIMEOUT)
     data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
     if len(data) < _HEADER or len(fds) != 3:
@@ -98,8 +127,12 @@ def _receive(conn: socket.socket) -> tuple[tuple[list[str], dict[str, str], str,
             raise OSError("the client went away mid-call")
         body += chunk
     conn.settimeout(None)
-    args, env, cwd, mask = marshal.loads(body)  # noqa: S302  (sent by the server's own user: _same_user)
-    return (list(args), dict(env), str(cwd), int(mask)), fds
+    tool, args, env, cwd, mask = marshal.loads(body)  # noqa: S302  (sent by the server's own user: _same_user)
+    if tool not in SERVED:
+        for fd in fds:
+            os.close(fd)
+        raise OSError(f"no fake {tool!r} here")
+    return (str(tool), list(args), dict(env), str(cwd), int(mask)), fds
 
 
 def _same_user(conn: socket.socket) -> bool:
@@ -108,9 +141,9 @@ def _same_user(conn: socket.socket) -> bool:
     return uid == os.getuid()
 
 
-def _run_call(request: tuple[list[str], dict[str, str], str, int], fds: list[int]) -> int:
+def _run_call(request: Request, fds: list[int]) -> int:
     """In the forked child: become the call (its stdio, environment, folder, umask), run ``main``."""
-    args, env, cwd, mask = request
+    tool, args, env, cwd, mask = request
     for signum in (signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -124,7 +157,7 @@ def _run_call(request: tuple[list[str], dict[str, str], str, int], fds: list[int
     os.environ.update(env)
     if hasattr(time, "tzset"):
         time.tzset()
-    sys.argv = ["gcloud", *args]
+    sys.argv = [tool, *args]
     sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8")
     sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)), encoding="utf-8")
     sys.stderr = io.TextIOWrapper(
@@ -133,7 +166,7 @@ def _run_call(request: tuple[list[str], dict[str, str], str, int], fds: list[int
         errors="backslashreplace",
         line_buffering=True,
     )
-    from tpu_rl_sandbox.clis.gcloud.dispatch import main
+    main = __import__(SERVED[tool][1], fromlist=["main"]).main
 
     try:
         code = main(args)
@@ -155,6 +188,10 @@ def _start_call(conn: socket.socket) -> _Call | None:
         request, fds = _receive(conn)
     except (OSError, ValueError, EOFError, TypeError):
         return None
+    try:
+        _preload(request[0])
+    except Exception:  # the call then imports what it needs itself, and says what fails
+        traceback.print_exc()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     pid = os.fork()
@@ -180,7 +217,6 @@ def _finish(call: _Call) -> None:
 
 def serve(layout: SandboxLayout) -> None:
     """Listen for calls until SIGTERM or until the sandbox folder is gone."""
-    _preload()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind("\0" + socket_name(layout))
     listener.listen(128)
@@ -268,13 +304,23 @@ def _alive(pid: int) -> bool:
 
 
 def shim_command(layout: SandboxLayout, tool: str) -> str:
-    """The shim's last line for ``tool``: the client, with the fallback module."""
+    """The shim's last lines for ``tool``: the calls the server takes go to the client (which runs the
+    fake itself when no server answers); ``gcloud ... ssh``/``scp`` and gcluster's commands but
+    ``job`` run the fake directly (their processes may outlive the call's own: see ``SERVED``)."""
     import shlex
 
-    return (
-        f"exec {shlex.quote(sys.executable)} -S {shlex.quote(str(CLIENT))} "
-        f'{shlex.quote(socket_name(layout))} {shlex.quote(SERVED[tool])} "$@"\n'
-    )
+    python = shlex.quote(sys.executable)
+    module = shlex.quote(SERVED[tool][0])
+    client = f"{python} -S {shlex.quote(str(CLIENT))} {shlex.quote(socket_name(layout))} {tool} {module}"
+    direct = f"{python} -m {module}"
+    if tool == "gcloud":
+        return (
+            'for arg in "$@"; do case $arg in ssh|scp) exec '
+            + direct
+            + ' "$@";; esac; done\n'
+            + f'exec {client} "$@"\n'
+        )
+    return f'case "${{1-}}" in job) exec {client} "$@";; esac\nexec {direct} "$@"\n'
 
 
 def start_call_server(layout: SandboxLayout, wait_seconds: float = 15.0) -> int:

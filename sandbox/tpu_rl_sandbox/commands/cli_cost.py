@@ -6,6 +6,7 @@ shim), so their start-up is a large share of its CPU. A fresh sandbox; each typi
 and stderr to /dev/null); the CPU of each call is its process's and its waited-for children's
 (``wait4``), the ``sh`` shim and its ``date`` included, plus what the sandbox's call server spent
 meanwhile (its own and its reaped children's CPU in ``/proc``: the forked child that ran a ``gcloud``
+(or ``gcluster job``)
 call, :mod:`tpu_rl_sandbox.clis.call_server`). Beside them the floor: the interpreter started bare
 (``-S``) and with its site (the venv's ``.pth`` files). The modules column is how many modules the
 call's own processes import (``-X importtime``'s lines, one run; a served call's modules were
@@ -148,7 +149,7 @@ def cost_lines(costs: Sequence[CallCost], calls: int) -> list[str]:
     width = max(len(cost.label) for cost in costs)
     lines = [
         f"7. Fake CLI calls: CPU per call, median of {calls} (wait4: the shim, the interpreter, its children;"
-        " gcloud's call server's child)",
+        " the call server's child)",
         f"   {'command':<{width}}  {'CPU ms':>7}  {'wall ms':>7}  {'exit':>4}  {'modules':>7}",
     ]
     for cost in costs:
