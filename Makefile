@@ -92,13 +92,14 @@ AIRFLOW_FREE_TESTS := tests/spec tests/render tests/golden tests/maxtext tests/s
 
 # Tests no Airflow line changes that run on the Airflow 2.11 leg instead of the 3.3 leg: the lease race
 # between two runs and two runs at once on a cluster a platform team runs (each two `airflow dags test`
-# of the GKE pipeline at once, cheaper on 2.11) and three
+# of the GKE pipeline at once, cheaper on 2.11) and five
 # operator modules that call execute() with a plain-dict context against the sandbox (run identity,
-# the run directory's takeover, the TPU VM operators: about four worker-minutes), so the two sides
-# of `make test` end together (the 3.3 leg ended 2.5 minutes after the other side without them).
+# the run directory's takeover, the TPU VM operators, preflight's own checks, the IAM grants' release:
+# about five worker-minutes), so the two sides of `make test` end together (the 3.3 leg ended
+# 1.7 minutes after the other side with only the first three here).
 # `make test-all` runs them on 3.3 as well.
 ON_AIRFLOW_2_11_ONLY := tests/e2e/test_cluster_lease.py tests/e2e/test_existing_cluster_runs.py \
-	tests/operators/test_run_identity.py \
+	tests/operators/test_run_identity.py tests/operators/test_preflight.py tests/operators/test_iam_grants.py \
 	tests/operators/test_run_dir_takeover.py tests/operators/test_tpu_vm.py
 
 # The whole suite on Airflow 3.3 (but ON_AIRFLOW_2_11_ONLY); `make test` runs it in two parts, one on each side.
@@ -116,10 +117,11 @@ unit-airflow-free: venv
 # TPU VM run directory's takeover and a retry following its container (both run a task in a thread,
 # which Airflow 2's ExecutorSafeguard refuses), shared buckets, cleanup, the cluster's lifecycle,
 # the job operators' failure handling, metrics, the JobSet trigger's recovery without its cancel
-# path, a run's own pools and preflight on a GKE cluster it does not own, preflight's own checks
-# (its paths through the providers, tests/operators/test_preflight_providers.py, run on every
-# line), preemption on both runners, the IAM grants' release, the TPU VM's billed spans and the
-# admission bound; run identity, the GKE takeover and the TPU VM operators run on 2.11 instead:
+# path, a run's own pools and preflight on a GKE cluster it does not own, preemption on both
+# runners, the TPU VM's billed spans and the admission bound; run identity, the GKE takeover, the
+# TPU VM operators, preflight's own checks (its paths through the providers,
+# tests/operators/test_preflight_providers.py, run on every line) and the IAM grants' release run
+# on 2.11 instead:
 # ON_AIRFLOW_2_11_ONLY), the sweep example (the same operators in a hand-written DAG), `tpu-rl doctor` (tools, gcloud and ADC; its connection lookup is
 # the hooks' own, tested on 2.11), the wheel's contents (built from the sources alone) and the test
 # file each module has (a file listing). On Airflow 2.11 the pipelines' end-to-end runs drive
@@ -135,8 +137,8 @@ SAME_ON_EVERY_AIRFLOW := tests/operators/test_bucket_sharing.py tests/operators/
 	tests/operators/test_tpu_vm_capacity.py tests/operators/test_training_metrics.py \
 	tests/operators/test_boot_image.py \
 	tests/operators/test_existing_cluster.py tests/operators/test_preflight_existing_cluster.py \
-	tests/operators/test_preflight.py tests/operators/test_preemption.py tests/operators/test_tpu_vm_preemption.py \
-	tests/operators/test_iam_grants.py tests/operators/test_billing.py tests/operators/test_admission_timeout.py \
+	tests/operators/test_preemption.py tests/operators/test_tpu_vm_preemption.py \
+	tests/operators/test_billing.py tests/operators/test_admission_timeout.py \
 	tests/e2e/test_sweep_example.py tests/test_doctor.py tests/test_wheel.py \
 	tests/docs/test_module_map.py
 
