@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -154,63 +155,43 @@ def test_stdin_the_working_folder_and_the_environment_are_the_callers(
     assert call["exit_code"] == 0
 
 
-def test_a_killed_caller_ends_its_call(own: SandboxInfo) -> None:
-    """A call that waits on stdin forever (a hang's stand-in) ends when its caller is killed, as the
-    fake in the caller's process would have."""
-    server = _server_pid(own)
+@contextmanager
+def _held_call(info: SandboxInfo, secret: str) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """A served call that waits on stdin forever (a hang's stand-in): its caller, and the server's
+    child running it; the caller is killed and reaped on the way out."""
+    server = _server_pid(info)
     caller = subprocess.Popen(
-        [
-            str(own.bin_dir / "gcloud"),
-            "secrets",
-            "create",
-            "hung-secret",
-            "--data-file=-",
-            f"--project={PROJECT}",
-        ],
+        [str(info.bin_dir / "gcloud"), "secrets", "create", secret, "--data-file=-", f"--project={PROJECT}"],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        env=_env(own),
+        env=_env(info),
     )
     try:
         _wait("the server's child running the call", lambda: _children(server), KILL_TIMEOUT)
-        caller.kill()
-        caller.wait(timeout=KILL_TIMEOUT)
-        _wait("the call's child to be killed", lambda: not _children(server), KILL_TIMEOUT)
+        yield caller, _children(server)[0]
     finally:
         caller.kill()
         assert caller.stdin is not None
         caller.stdin.close()
         caller.wait(timeout=KILL_TIMEOUT)
+
+
+def test_a_killed_caller_ends_its_call(own: SandboxInfo) -> None:
+    """The call ends when its caller is killed, as the fake in the caller's process would have."""
+    server = _server_pid(own)
+    with _held_call(own, "hung-secret") as (caller, _):
+        caller.kill()
+        caller.wait(timeout=KILL_TIMEOUT)
+        _wait("the call's child to be killed", lambda: not _children(server), KILL_TIMEOUT)
     assert caller.returncode == -signal.SIGKILL
     assert "hung-secret" not in str(StateStore(SandboxLayout(own.root)).read("secrets"))
 
 
 def test_a_call_ended_by_a_signal_ends_its_client_by_it(own: SandboxInfo) -> None:
-    server = _server_pid(own)
-    caller = subprocess.Popen(
-        [
-            str(own.bin_dir / "gcloud"),
-            "secrets",
-            "create",
-            "term-secret",
-            "--data-file=-",
-            f"--project={PROJECT}",
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=_env(own),
-    )
-    try:
-        _wait("the server's child running the call", lambda: _children(server), KILL_TIMEOUT)
-        os.kill(_children(server)[0], signal.SIGTERM)
+    with _held_call(own, "term-secret") as (caller, child):
+        os.kill(child, signal.SIGTERM)
         assert caller.wait(timeout=KILL_TIMEOUT) == -signal.SIGTERM
-    finally:
-        caller.kill()
-        assert caller.stdin is not None
-        caller.stdin.close()
-        caller.wait(timeout=KILL_TIMEOUT)
 
 
 def test_another_user_gets_no_call(own: SandboxInfo) -> None:

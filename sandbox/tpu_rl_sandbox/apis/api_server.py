@@ -38,8 +38,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import tpu_rl_sandbox
 from tpu_rl_sandbox.apis import oauth
+from tpu_rl_sandbox.apis.daemons import spawn_module, stop_pid
 from tpu_rl_sandbox.apis.gcs_emulator import pid_alive
 from tpu_rl_sandbox.apis.kube_server import KubeServers
 from tpu_rl_sandbox.apis.tls import ca_base64
@@ -124,31 +124,15 @@ def start_api_server(layout: SandboxLayout, wait_seconds: float = 15.0) -> str:
         return running
     layout.root.mkdir(parents=True, exist_ok=True)
     _info_path(layout).unlink(missing_ok=True)
-    package_parent = str(Path(tpu_rl_sandbox.__file__).resolve().parents[1])
-    env = dict(os.environ)
-    env["PYTHONPATH"] = package_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     try:  # the port it had before, so a token_uri handed out earlier stays valid
         last_port = int((layout.root / LAST_PORT_FILE).read_text().strip())
     except (OSError, ValueError):
         last_port = 0
-    with (layout.root / LOG_FILE).open("ab") as log:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tpu_rl_sandbox.apis.api_server",
-                "--root",
-                str(layout.root),
-                "--port",
-                str(last_port),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            env=env,
-            start_new_session=True,
-            close_fds=True,
-        )
+    process = spawn_module(
+        "tpu_rl_sandbox.apis.api_server",
+        ["--root", str(layout.root), "--port", str(last_port)],
+        layout.root / LOG_FILE,
+    )
     deadline = time.monotonic() + wait_seconds
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -168,21 +152,7 @@ def stop_api_server(layout: SandboxLayout, wait_seconds: float = 5.0) -> bool:
     info = _read_info(layout)
     if info is None:
         return False
-    pid = info["pid"]
-    was_alive = pid_alive(pid)
-    if was_alive:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + wait_seconds
-        while time.monotonic() < deadline and pid_alive(pid):
-            with contextlib.suppress(ChildProcessError, OSError):
-                os.waitpid(pid, os.WNOHANG)
-            time.sleep(0.05)
-        if pid_alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, os.WNOHANG)
+    was_alive = stop_pid(int(info["pid"]), wait_seconds)
     _info_path(layout).unlink(missing_ok=True)
     return was_alive
 

@@ -29,14 +29,14 @@ import select
 import signal
 import socket
 import struct
-import subprocess
 import sys
 import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-import tpu_rl_sandbox
+from tpu_rl_sandbox.apis.daemons import spawn_module, stop_pid
+from tpu_rl_sandbox.apis.gcs_emulator import pid_alive
 from tpu_rl_sandbox.world.layout import SandboxLayout
 
 INFO_FILE = "call_server.json"
@@ -290,19 +290,6 @@ def _read_info(layout: SandboxLayout) -> dict[str, object] | None:
     return info if isinstance(info, dict) else None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    with contextlib.suppress(ChildProcessError, OSError):
-        if os.waitpid(pid, os.WNOHANG)[0] == pid:
-            return False
-    return True
-
-
 def shim_command(layout: SandboxLayout, tool: str) -> str:
     """The shim's last lines for ``tool``: the calls the server takes go to the client (which runs the
     fake itself when no server answers); ``gcloud ... ssh``/``scp`` and gcluster's commands but
@@ -327,22 +314,12 @@ def start_call_server(layout: SandboxLayout, wait_seconds: float = 15.0) -> int:
     """Start the sandbox's call server (or keep the running one); its pid. The shims work without
     it, so a server that does not come up is stopped and reported, not waited for again."""
     info = _read_info(layout)
-    if info is not None and _alive(int(str(info["pid"]))):
+    if info is not None and pid_alive(int(str(info["pid"]))):
         return int(str(info["pid"]))
     (layout.root / INFO_FILE).unlink(missing_ok=True)
-    package_parent = str(Path(tpu_rl_sandbox.__file__).resolve().parents[1])
-    env = dict(os.environ)
-    env["PYTHONPATH"] = package_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    with (layout.root / LOG_FILE).open("ab") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "tpu_rl_sandbox.clis.call_server", "--root", str(layout.root)],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            env=env,
-            start_new_session=True,
-            close_fds=True,
-        )
+    process = spawn_module(
+        "tpu_rl_sandbox.clis.call_server", ["--root", str(layout.root)], layout.root / LOG_FILE
+    )
     deadline = time.monotonic() + wait_seconds
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -363,17 +340,7 @@ def stop_call_server(layout: SandboxLayout, wait_seconds: float = 5.0) -> bool:
     info = _read_info(layout)
     if info is None:
         return False
-    pid = int(str(info["pid"]))
-    was_alive = _alive(pid)
-    if was_alive:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + wait_seconds
-        while time.monotonic() < deadline and _alive(pid):
-            time.sleep(0.02)
-        if _alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
+    was_alive = stop_pid(int(str(info["pid"])), wait_seconds, group=True)
     (layout.root / INFO_FILE).unlink(missing_ok=True)
     return was_alive
 
