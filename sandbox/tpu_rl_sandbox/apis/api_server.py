@@ -20,13 +20,11 @@ sandbox's service account, as google-api-core clients send) and answers 401 othe
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -39,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from tpu_rl_sandbox.apis import oauth
-from tpu_rl_sandbox.apis.daemons import spawn_module, stop_pid
+from tpu_rl_sandbox.apis.daemons import start_module, stop_pid
 from tpu_rl_sandbox.apis.gcs_emulator import pid_alive
 from tpu_rl_sandbox.apis.kube_server import KubeServers
 from tpu_rl_sandbox.apis.tls import ca_base64
@@ -128,23 +126,22 @@ def start_api_server(layout: SandboxLayout, wait_seconds: float = 15.0) -> str:
         last_port = int((layout.root / LAST_PORT_FILE).read_text().strip())
     except (OSError, ValueError):
         last_port = 0
-    process = spawn_module(
+
+    def answering(pid: int) -> str | None:
+        info = _read_info(layout)
+        if info is not None and info["pid"] == pid and _answers(info["port"]):
+            return f"http://127.0.0.1:{info['port']}"
+        return None
+
+    return start_module(
         "tpu_rl_sandbox.apis.api_server",
         ["--root", str(layout.root), "--port", str(last_port)],
         layout.root / LOG_FILE,
+        answering,
+        "API server",
+        ApiServerError,
+        wait_seconds,
     )
-    deadline = time.monotonic() + wait_seconds
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise ApiServerError(f"API server exited with {process.returncode}; see {layout.root / LOG_FILE}")
-        info = _read_info(layout)
-        if info is not None and info["pid"] == process.pid and _answers(info["port"]):
-            return f"http://127.0.0.1:{info['port']}"
-        time.sleep(0.05)
-    process.kill()
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(timeout=5)
-    raise ApiServerError(f"API server did not answer within {wait_seconds}s; see {layout.root / LOG_FILE}")
 
 
 def stop_api_server(layout: SandboxLayout, wait_seconds: float = 5.0) -> bool:

@@ -10,10 +10,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import tpu_rl_sandbox
 from tpu_rl_sandbox.apis.gcs_emulator import pid_alive
+
+Ready = TypeVar("Ready")
 
 
 def spawn_module(module: str, args: list[str], log_file: Path) -> subprocess.Popen[bytes]:
@@ -31,6 +35,32 @@ def spawn_module(module: str, args: list[str], log_file: Path) -> subprocess.Pop
             start_new_session=True,
             close_fds=True,
         )
+
+
+def start_module(
+    module: str,
+    args: list[str],
+    log_file: Path,
+    ready: Callable[[int], Ready | None],
+    what: str,
+    error: type[Exception],
+    wait_seconds: float,
+) -> Ready:
+    """:func:`spawn_module`, then wait until ``ready(pid)`` gives something (returned); ``error``
+    ("<what> exited with N" or "did not answer within ...", naming the log) otherwise."""
+    process = spawn_module(module, args, log_file)
+    deadline = time.monotonic() + wait_seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise error(f"{what} exited with {process.returncode}; see {log_file}")
+        found = ready(process.pid)
+        if found is not None:
+            return found
+        time.sleep(0.02)
+    process.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=5)
+    raise error(f"{what} did not answer within {wait_seconds}s; see {log_file}")
 
 
 def stop_pid(pid: int, wait_seconds: float, group: bool = False) -> bool:

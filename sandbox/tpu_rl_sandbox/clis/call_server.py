@@ -35,7 +35,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpu_rl_sandbox.apis.daemons import spawn_module, stop_pid
+from tpu_rl_sandbox.apis.daemons import start_module, stop_pid
 from tpu_rl_sandbox.apis.gcs_emulator import pid_alive
 from tpu_rl_sandbox.world.layout import SandboxLayout
 
@@ -225,7 +225,8 @@ def serve(layout: SandboxLayout) -> None:
     os.set_blocking(wake_write, False)
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
     signal.set_wakeup_fd(wake_write)
-    (layout.root / INFO_FILE).write_text(json.dumps({"pid": os.getpid(), "socket": socket_name(layout)}))
+    # written once listening: start_call_server waits for this file to name this process
+    (layout.root / INFO_FILE).write_text(json.dumps({"pid": os.getpid()}))
     poller = select.poll()
     poller.register(listener, select.POLLIN)
     poller.register(wake_read, select.POLLIN)
@@ -311,28 +312,26 @@ def shim_command(layout: SandboxLayout, tool: str) -> str:
 
 
 def start_call_server(layout: SandboxLayout, wait_seconds: float = 15.0) -> int:
-    """Start the sandbox's call server (or keep the running one); its pid. The shims work without
-    it, so a server that does not come up is stopped and reported, not waited for again."""
+    """Start the sandbox's call server (or keep the running one); its pid. RuntimeError when it
+    exits or does not start in ``wait_seconds`` (its log is named)."""
     info = _read_info(layout)
     if info is not None and pid_alive(int(str(info["pid"]))):
         return int(str(info["pid"]))
     (layout.root / INFO_FILE).unlink(missing_ok=True)
-    process = spawn_module(
-        "tpu_rl_sandbox.clis.call_server", ["--root", str(layout.root)], layout.root / LOG_FILE
-    )
-    deadline = time.monotonic() + wait_seconds
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(
-                f"the call server exited with {process.returncode}; see {layout.root / LOG_FILE}"
-            )
+
+    def listening(pid: int) -> int | None:
         info = _read_info(layout)
-        if info is not None and info.get("pid") == process.pid:
-            return process.pid
-        time.sleep(0.02)
-    process.kill()
-    process.wait(timeout=5)
-    raise RuntimeError(f"the call server did not start within {wait_seconds}s; see {layout.root / LOG_FILE}")
+        return pid if info is not None and info.get("pid") == pid else None
+
+    return start_module(
+        "tpu_rl_sandbox.clis.call_server",
+        ["--root", str(layout.root)],
+        layout.root / LOG_FILE,
+        listening,
+        "the call server",
+        RuntimeError,
+        wait_seconds,
+    )
 
 
 def stop_call_server(layout: SandboxLayout, wait_seconds: float = 5.0) -> bool:
