@@ -10,6 +10,7 @@ import _socket
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -91,6 +92,15 @@ def _direct(info: SandboxInfo, tool: str, *argv: str, **kwargs: object) -> subpr
     )
 
 
+# gcluster stamps its progress lines with the second it prints them: two runs may straddle one.
+STAMP = re.compile(r"\b\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\b")
+
+
+def _printed(done: subprocess.CompletedProcess[str]) -> tuple[int, str, str]:
+    """What a call printed and its exit code, each timestamp written as ``<stamp>``."""
+    return done.returncode, STAMP.sub("<stamp>", done.stdout), STAMP.sub("<stamp>", done.stderr)
+
+
 def _server_pid(info: SandboxInfo) -> int:
     recorded = json.loads((info.root / call_server.INFO_FILE).read_text())
     return int(recorded["pid"])
@@ -120,11 +130,7 @@ def test_a_served_call_prints_and_exits_as_the_fake_run_by_itself(
 ) -> None:
     served = _shim(own, *argv)
     direct = _direct(own, *argv)
-    assert (served.returncode, served.stdout, served.stderr) == (
-        direct.returncode,
-        direct.stdout,
-        direct.stderr,
-    )
+    assert _printed(served) == _printed(direct)
     assert _served(own, *argv)
 
 
@@ -270,3 +276,98 @@ def test_sandbox_down_stops_the_server(tmp_path: Path) -> None:
     with pytest.raises(ConnectionRefusedError):
         probe.connect("\0" + call_server.socket_name(SandboxLayout(info.root)))
     probe.close()
+
+
+EXIT_PROBE = """
+import atexit, sys, threading, time
+
+
+def main(args):
+    if args[0] == "message":
+        raise SystemExit("the probe stops here")
+    if args[0] == "exit-handler":
+        atexit.register(lambda: print("the exit handler ran", flush=True))
+        return 3
+    if args[0] == "thread":
+        threading.Thread(target=lambda: (time.sleep(0.3), print("the thread ended", flush=True))).start()
+        return 0
+    if args[0] == "raise":
+        raise ValueError("the probe failed")
+    print("no code")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.fixture(scope="module")
+def probe_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
+    """A call server of its own serving ``probe`` (``exit_probe.main``): its name and environment."""
+    folder = tmp_path_factory.mktemp("exit-probe")
+    (folder / "exit_probe.py").write_text(EXIT_PROBE)
+    name = "tpu-rl-test-exit-probe-" + hashlib.sha256(str(folder).encode()).hexdigest()[:16]
+    ready = folder / "listening"
+    env = {**os.environ, "PYTHONPATH": f"{folder}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    serve = (
+        "import pathlib, sys\n"
+        "from tpu_rl_sandbox.clis import call_server\n"
+        f"call_server.serve_calls({name!r}, {{'probe': 'exit_probe'}}, lambda command: None,\n"
+        f"    pathlib.Path({str(ready)!r}).touch, lambda: True)\n"
+    )
+    server = subprocess.Popen([sys.executable, "-c", serve], env=env, start_new_session=True)
+    try:
+        _wait("the probe's call server to listen", ready.exists, CALL_TIMEOUT)
+        yield name, env
+    finally:
+        server.terminate()
+        server.wait(timeout=KILL_TIMEOUT)
+
+
+@pytest.mark.parametrize("case", ["message", "exit-handler", "thread", "none"])
+def test_a_served_call_ends_as_an_interpreter_ends(
+    probe_server: tuple[str, dict[str, str]], case: str
+) -> None:
+    """A ``SystemExit`` message printed (exit 1), exit handlers run, threads joined, ``None`` is 0."""
+    name, env = probe_server
+    traced = subprocess.run(
+        [sys.executable, "-S", str(call_server.CLIENT), name, "probe", "exit_probe", case],
+        env={**env, "PYTHONPROFILEIMPORTTIME": "1"},
+        capture_output=True,
+        text=True,
+        timeout=CALL_TIMEOUT,
+    )
+    # run by itself, the probe is `python -m exit_probe`: runpy's import is traced
+    assert "runpy" not in traced.stderr, "the call was not served"
+    served = subprocess.run(
+        [sys.executable, "-S", str(call_server.CLIENT), name, "probe", "exit_probe", case],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=CALL_TIMEOUT,
+    )
+    direct = subprocess.run(
+        [sys.executable, "-m", "exit_probe", case],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=CALL_TIMEOUT,
+    )
+    assert _printed(served) == _printed(direct)
+    assert direct.stdout + direct.stderr  # each case prints something
+
+
+def test_a_served_calls_uncaught_exception_is_printed_and_exits_1(
+    probe_server: tuple[str, dict[str, str]],
+) -> None:
+    name, env = probe_server
+    served = subprocess.run(
+        [sys.executable, "-S", str(call_server.CLIENT), name, "probe", "exit_probe", "raise"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=CALL_TIMEOUT,
+    )
+    assert served.returncode == 1
+    assert served.stderr.startswith("Traceback (most recent call last):")
+    assert served.stderr.splitlines()[-1] == "ValueError: the probe failed"

@@ -24,6 +24,7 @@ from typing import Any
 from tests.support.airflow_home import migrate_into
 from tests.support.compat import dags_test_task_log
 from tpu_rl_sandbox.apis.gcs_client import GcsApi, GcsError, split_gs_url
+from tpu_rl_sandbox.clis.airflow_server import airflow_command, start_airflow_server, stop_airflow_server
 from tpu_rl_sandbox.commands.lifecycle import SandboxInfo, sandbox_down, sandbox_env, sandbox_up
 from tpu_rl_sandbox.commands.schedule_once import run_queued_task
 from tpu_rl_sandbox.world.calls import read_calls
@@ -205,7 +206,7 @@ class E2EWorld:
             env[FAULT_ENV] = faults
         started = time.monotonic()
         done = subprocess.run(
-            [AIRFLOW, "dags", "test", dag_id, "-c", json.dumps(conf)],
+            airflow_command(self.home, ["dags", "test", dag_id, "-c", json.dumps(conf)]),
             env=env,
             cwd=self.root,
             capture_output=True,
@@ -393,6 +394,7 @@ class E2EWorld:
 def start_world(root: Path) -> E2EWorld:
     """Start a sandbox under ``root`` and migrate a fresh AIRFLOW_HOME next to it."""
     info = sandbox_up(root / "sandbox")
+    home = root / "airflow"
     try:
         # The runs of a module share one project, and some leave their VM behind on purpose
         # (keep_vm, a destroy that keeps failing): the v6e-8 reservation holds more than one VM.
@@ -406,7 +408,6 @@ def start_world(root: Path) -> E2EWorld:
                 },
             },
         )
-        home = root / "airflow"
         home.mkdir()
         (root / "tmp").mkdir()
         (root / "user").mkdir()
@@ -417,14 +418,18 @@ def start_world(root: Path) -> E2EWorld:
         # gcluster/docker config: both private to this module.
         env.update({"AIRFLOW_HOME": str(home), "TMPDIR": str(root / "tmp"), "HOME": str(root / "user")})
         migrate_into(home, env)
+        start_airflow_server(home, env)
     except BaseException:
+        stop_airflow_server(home)
         sandbox_down(info.root)
         raise
     return E2EWorld(root=root, sandbox=info, home=home, env=env)
 
 
 def stop_world(world: E2EWorld) -> None:
-    """Stop the emulator and any job worker (the data stays for post-mortems in the tmp dir)."""
+    """Stop the Airflow CLI server, the emulator and any job worker (the data stays for
+    post-mortems in the tmp dir)."""
+    stop_airflow_server(world.home)
     sandbox_down(world.sandbox.root)
 
 

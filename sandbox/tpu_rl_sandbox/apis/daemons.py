@@ -1,6 +1,6 @@
-"""The sandbox's background processes (the API server, the fakes' call server): started in a
-session of their own with this package importable, their output appended to a log in the sandbox
-folder; stopped with SIGTERM, then SIGKILL, and reaped."""
+"""The sandbox's background processes (the API server, the fakes' call server, the Airflow CLI
+server): started in a session of their own with this package importable, their output appended
+to a log in the sandbox folder; stopped with SIGTERM, then SIGKILL, and reaped."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
@@ -20,10 +20,13 @@ from tpu_rl_sandbox.apis.gcs_emulator import pid_alive
 Ready = TypeVar("Ready")
 
 
-def spawn_module(module: str, args: list[str], log_file: Path) -> subprocess.Popen[bytes]:
-    """``python -m MODULE ARGS`` in a new session, stdout and stderr appended to ``log_file``."""
+def spawn_module(
+    module: str, args: list[str], log_file: Path, environ: Mapping[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """``python -m MODULE ARGS`` in a new session with ``environ`` (this process's by default),
+    stdout and stderr appended to ``log_file``."""
     package_parent = str(Path(tpu_rl_sandbox.__file__).resolve().parents[1])
-    env = dict(os.environ)
+    env = dict(os.environ if environ is None else environ)
     env["PYTHONPATH"] = package_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     with log_file.open("ab") as log:
         return subprocess.Popen(
@@ -45,10 +48,11 @@ def start_module(
     what: str,
     error: type[Exception],
     wait_seconds: float,
+    environ: Mapping[str, str] | None = None,
 ) -> Ready:
     """:func:`spawn_module`, then wait until ``ready(pid)`` gives something (returned); ``error``
     ("<what> exited with N" or "did not answer within ...", naming the log) otherwise."""
-    process = spawn_module(module, args, log_file)
+    process = spawn_module(module, args, log_file, environ)
     deadline = time.monotonic() + wait_seconds
     while time.monotonic() < deadline:
         if process.poll() is not None:

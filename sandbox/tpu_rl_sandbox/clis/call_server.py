@@ -20,6 +20,7 @@ itself, so the shims work either way.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import io
 import json
@@ -30,8 +31,10 @@ import signal
 import socket
 import struct
 import sys
+import threading
 import time
 import traceback
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,7 +113,7 @@ class _Call:
 Request = tuple[str, list[str], dict[str, str], str, int]  # tool, argv, environment, folder, umask
 
 
-def _receive(conn: socket.socket) -> tuple[Request, list[int]]:
+def _receive(conn: socket.socket, served: Mapping[str, str]) -> tuple[Request, list[int]]:
     conn.settimeout(REQUEST_TIMEOUT)
     data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
     if len(data) < _HEADER or len(fds) != 3:
@@ -128,10 +131,10 @@ def _receive(conn: socket.socket) -> tuple[Request, list[int]]:
         body += chunk
     conn.settimeout(None)
     tool, args, env, cwd, mask = marshal.loads(body)  # noqa: S302  (sent by the server's own user: _same_user)
-    if tool not in SERVED:
+    if tool not in served:
         for fd in fds:
             os.close(fd)
-        raise OSError(f"no fake {tool!r} here")
+        raise OSError(f"no command {tool!r} here")
     return (str(tool), list(args), dict(env), str(cwd), int(mask)), fds
 
 
@@ -141,8 +144,10 @@ def _same_user(conn: socket.socket) -> bool:
     return uid == os.getuid()
 
 
-def _run_call(request: Request, fds: list[int]) -> int:
-    """In the forked child: become the call (its stdio, environment, folder, umask), run ``main``."""
+def _run_call(request: Request, fds: list[int], main_module: str) -> int:
+    """In the forked child: become the call (its stdio, environment, folder, umask), run
+    ``main_module.main(args)`` and end as an interpreter ends (non-daemon threads joined, exit
+    handlers run, a ``SystemExit`` message printed)."""
     tool, args, env, cwd, mask = request
     for signum in (signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
         signal.signal(signum, signal.SIG_DFL)
@@ -166,30 +171,46 @@ def _run_call(request: Request, fds: list[int]) -> int:
         errors="backslashreplace",
         line_buffering=True,
     )
-    main = __import__(SERVED[tool][1], fromlist=["main"]).main
-
     try:
-        code = main(args)
+        code = __import__(main_module, fromlist=["main"]).main(args)
     except SystemExit as done:
-        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+        code = _exit_code(done)
     except BaseException:  # what the interpreter prints for an uncaught exception, and its exit code
         traceback.print_exc()
         code = 1
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]  # what the interpreter does at exit
+        atexit._run_exitfuncs()
+    except SystemExit as done:
+        code = _exit_code(done)
+    except BaseException:
+        traceback.print_exc()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
-    return code & 0xFF
+    return (code or 0) & 0xFF
 
 
-def _start_call(conn: socket.socket) -> _Call | None:
+def _exit_code(done: SystemExit) -> int:
+    """A ``SystemExit``'s exit code; a message is printed to stderr and exits 1, as the interpreter does."""
+    if done.code is None or isinstance(done.code, int):
+        return done.code or 0
+    with contextlib.suppress(OSError, ValueError):
+        print(done.code, file=sys.stderr)
+    return 1
+
+
+def _start_call(
+    conn: socket.socket, served: Mapping[str, str], preload: Callable[[str], None]
+) -> _Call | None:
     if not _same_user(conn):
         return None
     try:
-        request, fds = _receive(conn)
+        request, fds = _receive(conn, served)
     except (OSError, ValueError, EOFError, TypeError):
         return None
     try:
-        _preload(request[0])
+        preload(request[0])
     except Exception:  # the call then imports what it needs itself, and says what fails
         traceback.print_exc()
     for stream in (sys.stdout, sys.stderr):
@@ -198,7 +219,7 @@ def _start_call(conn: socket.socket) -> _Call | None:
     if pid == 0:
         code = 1
         try:
-            code = _run_call(request, fds)
+            code = _run_call(request, fds, served[request[0]])
         finally:
             os._exit(code)
     for fd in fds:
@@ -216,17 +237,39 @@ def _finish(call: _Call) -> None:
 
 
 def serve(layout: SandboxLayout) -> None:
-    """Listen for calls until SIGTERM or until the sandbox folder is gone."""
+    """The fakes' calls, until SIGTERM or until the sandbox folder is gone."""
+
+    def listening() -> None:  # start_call_server waits for this file to name this process
+        (layout.root / INFO_FILE).write_text(json.dumps({"pid": os.getpid()}))
+
+    serve_calls(
+        socket_name(layout),
+        {tool: main for tool, (_, main) in SERVED.items()},
+        _preload,
+        listening,
+        layout.root.is_dir,
+    )
+
+
+def serve_calls(
+    name: str,
+    served: Mapping[str, str],
+    preload: Callable[[str], None],
+    listening: Callable[[], None],
+    wanted: Callable[[], bool],
+) -> None:
+    """Serve the calls of ``served`` (command -> the module whose ``main(args)`` runs it) on the
+    abstract socket ``name`` until SIGTERM or until ``wanted()`` is false (asked every 30 s);
+    ``preload(command)`` runs before each fork, ``listening()`` once the socket listens."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind("\0" + socket_name(layout))
+    listener.bind("\0" + name)
     listener.listen(128)
     # SIGTERM wakes the poll through this pipe (a handler alone would let the poll go on waiting)
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
     signal.set_wakeup_fd(wake_write)
-    # written once listening: start_call_server waits for this file to name this process
-    (layout.root / INFO_FILE).write_text(json.dumps({"pid": os.getpid()}))
+    listening()
     poller = select.poll()
     poller.register(listener, select.POLLIN)
     poller.register(wake_read, select.POLLIN)
@@ -245,7 +288,7 @@ def serve(layout: SandboxLayout) -> None:
             if fd == listener.fileno():
                 with contextlib.suppress(OSError):
                     conn, _ = listener.accept()
-                    call = _start_call(conn)
+                    call = _start_call(conn, served, preload)
                     if call is None:
                         conn.close()
                         continue
@@ -272,7 +315,7 @@ def serve(layout: SandboxLayout) -> None:
             _finish(call)
         if time.monotonic() - last_check > ROOT_CHECK_SECONDS:
             last_check = time.monotonic()
-            if not layout.root.is_dir():
+            if not wanted():
                 break
     for what, call in list(by_fd.values()):
         if what == "child":
