@@ -122,7 +122,8 @@ unit-airflow-free: venv
 # TPU VM operators, preflight's own checks (its paths through the providers,
 # tests/operators/test_preflight_providers.py, run on every line) and the IAM grants' release run
 # on 2.11 instead:
-# ON_AIRFLOW_2_11_ONLY), the sweep example (the same operators in a hand-written DAG), `tpu-rl doctor` (tools, gcloud and ADC; its connection lookup is
+# ON_AIRFLOW_2_11_ONLY), the sweep example (the same operators in a hand-written DAG), the Airflow CLI server the
+# end-to-end runs go through (they use it on both lines), `tpu-rl doctor` (tools, gcloud and ADC; its connection lookup is
 # the hooks' own, tested on 2.11), the wheel's contents (built from the sources alone) and the test
 # file each module has (a file listing). On Airflow 2.11 the pipelines' end-to-end runs drive
 # every operator through real tasks, tests/operators/test_templating.py
@@ -139,7 +140,7 @@ SAME_ON_EVERY_AIRFLOW := tests/operators/test_bucket_sharing.py tests/operators/
 	tests/operators/test_existing_cluster.py tests/operators/test_preflight_existing_cluster.py \
 	tests/operators/test_preemption.py tests/operators/test_tpu_vm_preemption.py \
 	tests/operators/test_billing.py tests/operators/test_admission_timeout.py \
-	tests/e2e/test_sweep_example.py tests/test_doctor.py tests/test_wheel.py \
+	tests/e2e/test_sweep_example.py tests/e2e/test_airflow_server.py tests/test_doctor.py tests/test_wheel.py \
 	tests/docs/test_module_map.py
 
 # Every other test that runs Airflow or the providers, again on Airflow 2.11.2, the end-to-end runs

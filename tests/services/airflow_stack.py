@@ -380,8 +380,9 @@ def _flavor_env(home: Path, api_url: str) -> dict[str, str]:
             "AIRFLOW__API__SECRET_KEY": secrets.token_hex(16),
             "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-            # the DAG files do not change during a test: each is parsed once, not every 30 s
-            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600",
+            # the DAG files do not change during a test: each is parsed once, not every 30 s (an hour:
+            # longer than the stack lives, even loaded)
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "3600",
         }
     # Airflow 2: no execution API (task runners use the database), the FAB auth manager (its
     # users live in the metadata database), the webserver's key signs log-server requests.
@@ -404,7 +405,7 @@ def _flavor_env(home: Path, api_url: str) -> dict[str, str]:
         "AIRFLOW__WEBSERVER__WEB_SERVER_WORKER_TIMEOUT": str(int(HANG_BOUND * 2)),
         "AIRFLOW__SCHEDULER__STANDALONE_DAG_PROCESSOR": "True",
         "AIRFLOW__SCHEDULER__DAG_DIR_LIST_INTERVAL": "5",
-        "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "600",
+        "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "3600",
     }
 
 
@@ -583,7 +584,12 @@ class AirflowApi:
 
     def get(self, path: str, **params: Any) -> Any:
         response = self.request("GET", path, params=params)
-        response.raise_for_status()
+        if response.is_error:  # with the body: it says which of an endpoint's 404s it was
+            raise httpx.HTTPStatusError(
+                f"GET {response.url}: {response.status_code} {response.text[:1000]}",
+                request=response.request,
+                response=response,
+            )
         return response.json()
 
     def get_optional(self, path: str) -> Any | None:
