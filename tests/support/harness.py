@@ -354,7 +354,7 @@ class E2EWorld:
         if AIRFLOW_V_3_0_PLUS:
             return
         done = subprocess.run(
-            [AIRFLOW, "dags", "reserialize"],
+            airflow_command(self.home, ["dags", "reserialize"]),
             env=self.env,
             cwd=self.root,
             capture_output=True,

@@ -130,9 +130,10 @@ def airflow_command(home: Path, args: list[str]) -> list[str]:
     ]
 
 
-def start_airflow_server(home: Path, environ: Mapping[str, str], wait_seconds: float = 120.0) -> int:
+def start_airflow_server(home: Path, environ: Mapping[str, str], wait_seconds: float = 300.0) -> int:
     """Start the server for the AIRFLOW_HOME ``home`` with ``environ``; its pid once it listens
-    (it imports Airflow first: seconds). RuntimeError when it exits or does not listen in time."""
+    (it imports Airflow first: 7 CPU-s, under a minute on two loaded cores; ``wait_seconds`` is a
+    bound against a hang). RuntimeError when it exits or does not listen in time."""
     info_file = home / INFO_FILE
     info_file.unlink(missing_ok=True)
 
