@@ -61,6 +61,9 @@ FAST_SETTINGS = {
     "TPU_RL_SANDBOX_STEP_SECONDS": "0.05",
     # the model asset's downstream example DAG is queued by its events only when unpaused
     "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+    # Airflow's bound on importing one DAG file (30 s by default), a bound against a hang: a parse
+    # took longer with a second `make test` beside the suite
+    "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "300",
 }
 _INHERITED_PREFIXES = ("AIRFLOW", "TPU_RL_SANDBOX", "STORAGE_EMULATOR_HOST")
 _RAISED_LINE = re.compile(r"^[\w.]+(?:Exception|Error): (?P<message>.*)$", re.MULTILINE)
