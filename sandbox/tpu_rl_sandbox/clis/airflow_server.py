@@ -21,7 +21,6 @@ environment differs from the server's in a variable Airflow reads at import (``A
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
@@ -29,7 +28,6 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from tpu_rl_sandbox.apis.daemons import start_module, stop_pid
-from tpu_rl_sandbox.apis.gcs_emulator import pid_alive
 from tpu_rl_sandbox.clis import call_server
 
 INFO_FILE = "airflow_server.json"
@@ -69,7 +67,7 @@ _started_with: dict[str, str] = {}
 
 def socket_name(home: Path) -> str:
     """The abstract socket's name for the AIRFLOW_HOME ``home``."""
-    return "tpu-rl-sandbox-airflow-" + hashlib.sha256(str(home.resolve()).encode()).hexdigest()[:24]
+    return call_server.folder_socket_name("airflow", home.resolve())
 
 
 def read_at_import(name: str) -> bool:
@@ -162,7 +160,7 @@ def stop_airflow_server(home: Path, wait_seconds: float = 5.0) -> bool:
         pid = int(json.loads(info_file.read_text())["pid"])
     except (OSError, ValueError, KeyError, TypeError):
         return False
-    was_alive = pid_alive(pid) and stop_pid(pid, wait_seconds, group=True)
+    was_alive = stop_pid(pid, wait_seconds, group=True)
     info_file.unlink(missing_ok=True)
     return was_alive
 

@@ -60,9 +60,14 @@ _HEADER = 8
 
 def socket_name(layout: SandboxLayout) -> str:
     """The abstract socket's name (no file, no path length limit): unique per sandbox folder."""
+    return folder_socket_name("calls", layout.root)
+
+
+def folder_socket_name(kind: str, folder: Path) -> str:
+    """An abstract socket's name for a server of ``kind`` that belongs to ``folder``."""
     import hashlib
 
-    return "tpu-rl-sandbox-calls-" + hashlib.sha256(str(layout.root).encode()).hexdigest()[:24]
+    return f"tpu-rl-sandbox-{kind}-" + hashlib.sha256(str(folder).encode()).hexdigest()[:24]
 
 
 # ==================================================================================== server
