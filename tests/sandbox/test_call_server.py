@@ -200,6 +200,38 @@ def test_a_call_ended_by_a_signal_ends_its_client_by_it(own: SandboxInfo) -> Non
         assert caller.wait(timeout=KILL_TIMEOUT) == -signal.SIGTERM
 
 
+def test_a_signal_to_a_call_as_it_starts_never_stops_the_server(own: SandboxInfo) -> None:
+    """A call's child is a fork of the server: until it is the call, it has the server's SIGTERM
+    handling (a handler that wakes the server's loop through a pipe both share). SIGTERM sent the
+    moment the child exists ends that call only, each of ``tries`` times; the server serves on."""
+    server = _server_pid(own)
+    tries = 20
+    for attempt in range(tries):
+        caller = subprocess.Popen(
+            [str(own.bin_dir / "gcloud"), "secrets", "create", f"race-{attempt}", "--data-file=-"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=_env(own),
+        )
+        try:
+            deadline = time.monotonic() + KILL_TIMEOUT
+            children: list[int] = []
+            while not children and caller.poll() is None and time.monotonic() < deadline:
+                children = _children(server)
+            for child in children:
+                os.kill(child, signal.SIGTERM)
+            assert children, f"try {attempt}: no child of the server ran the call"
+            assert caller.wait(timeout=KILL_TIMEOUT) == -signal.SIGTERM, f"try {attempt}"
+        finally:
+            caller.kill()
+            assert caller.stdin is not None
+            caller.stdin.close()
+            caller.wait(timeout=KILL_TIMEOUT)
+        assert Path(f"/proc/{server}").is_dir(), f"try {attempt}: the server is gone"
+    assert _served(own, "gcloud", "version")
+
+
 def test_another_user_gets_no_call(own: SandboxInfo) -> None:
     """The socket is abstract (no file mode guards it): the server answers its own user only."""
     if os.getuid() != 0:

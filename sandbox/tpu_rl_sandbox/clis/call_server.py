@@ -34,7 +34,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,15 +149,16 @@ def _same_user(conn: socket.socket) -> bool:
     return uid == os.getuid()
 
 
-def _run_call(request: Request, fds: list[int], main_module: str) -> int:
-    """In the forked child: become the call (its stdio, environment, folder, umask), run
-    ``main_module.main(args)`` and end as an interpreter ends (non-daemon threads joined, exit
-    handlers run, a ``SystemExit`` message printed)."""
+def _run_call(request: Request, fds: list[int], main_module: str, signal_mask: Iterable[int]) -> int:
+    """In the forked child (SIGTERM blocked): become the call (its signal handling and mask, stdio,
+    environment, folder, umask), run ``main_module.main(args)`` and end as an interpreter ends
+    (non-daemon threads joined, exit handlers run, a ``SystemExit`` message printed)."""
     tool, args, env, cwd, mask = request
     for signum in (signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.set_wakeup_fd(-1)
+    signal.pthread_sigmask(signal.SIG_SETMASK, signal_mask)
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
     os.closerange(3, 1 << 16)
@@ -220,13 +221,20 @@ def _start_call(
         traceback.print_exc()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            code = _run_call(request, fds, served[request[0]])
-        finally:
-            os._exit(code)
+    # Until the child has reset it, it has the server's SIGTERM handling: a SIGTERM there would
+    # write to the wake pipe both share and stop the server. Held (blocked) across the fork, it
+    # reaches the child once the child is the call, and the server once the fork is done.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = _run_call(request, fds, served[request[0]], mask)
+            finally:
+                os._exit(code)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     for fd in fds:
         os.close(fd)
     return _Call(conn, pid, os.pidfd_open(pid))
