@@ -41,6 +41,7 @@ import httpx
 from airflow_provider_tpu_rl.compat import AIRFLOW_V_3_0_PLUS
 from tests.support.pg_server import PostgresServer, free_port
 from tests.support.waiting import HANG_BOUND, WaitTimedOut, wait_until
+from tpu_rl_sandbox.clis.airflow_server import preloaded_command
 
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))
 REPO = Path(__file__).resolve().parents[2]
@@ -232,7 +233,9 @@ class AirflowStack:
         generation = self._generations.get(name, 0) + 1
         self._generations[name] = generation
         log_file = self.log_dir / f"{name}-{generation}.log"
-        argv = [AIRFLOW, name]
+        # The scheduler's LocalExecutor forks each task's processes from it: with the task libraries
+        # imported first, no task imports them again (tpu_rl_sandbox.clis.airflow_server.run_preloaded).
+        argv = preloaded_command([name]) if name == "scheduler" else [AIRFLOW, name]
         if name == FLAVOR.api_server:
             argv += FLAVOR.api_server_args(self.api_url.rsplit(":", 1)[1])
         with log_file.open("ab") as out:

@@ -2,7 +2,7 @@
 
 Chromium (Debian's ``/usr/bin/chromium``, driven by Playwright; ``make chromium`` installs it) logs
 in to the stack's UI as the admin user, as a person would; the runs it starts from the forms (both
-untouched, both with spot and no reservation, and a refused one) are the folder's
+untouched, both with spot, no reservation and an ordered fallback, and a refused one) are the folder's
 (tests/services/form_runs.py). This module checks what the forms submitted, how each run ended,
 the runs dashboard while they ran and after, every run's page, and the links between the
 dashboard and Airflow's UI.
@@ -67,8 +67,9 @@ def test_the_untouched_form_runs_to_success(runs: BrowserRuns, dag_id: str) -> N
 def test_spot_with_no_reservation_triggers_from_the_form(
     services: ServicesWorld, runs: BrowserRuns, dag_id: str
 ) -> None:
-    """Spot chosen and the reservation cleared: the form submits (the TPU VM's could not), validate
-    accepts it; the run then stops in one line where another run holds its cluster or VM."""
+    """Spot chosen and the reservation cleared (then a fallback typed in: the run is the fallback
+    check's too): the form submits (the TPU VM's could not), validate accepts it; the run then
+    stops in one line where another run holds its cluster or VM."""
     spot = runs.spot[dag_id]
     assert spot.conf["capacity"] == "spot", spot.conf
     assert spot.conf.get("reservation") in (None, ""), spot.conf

@@ -62,6 +62,14 @@ PRELOADS = (
     "PIL.Image",
     "libcst",
 )
+# What a task's own processes import (its runner, the libraries its hooks use): the part of
+# PRELOADS a long-lived service that forks the task processes (a LocalExecutor's scheduler) imports
+# first, with :func:`run_preloaded`.
+TASK_PRELOADS = tuple(
+    module
+    for module in PRELOADS
+    if module not in {"airflow.cli.commands.dag_command", "airflow.api_fastapi.execution_api.app"}
+)
 _started_with: dict[str, str] = {}
 
 
@@ -80,11 +88,7 @@ def preload(command: str = COMMAND) -> None:
     if _started_with:
         return
     _started_with.update(os.environ)
-    for module in PRELOADS:
-        try:
-            __import__(module)
-        except ImportError:
-            continue
+    _import_each(PRELOADS)
     supervisor = sys.modules.get("airflow.sdk.execution_time.supervisor")
     server = getattr(supervisor, "in_process_api_server", None)
     if server is not None:
@@ -113,6 +117,30 @@ def main(args: list[str]) -> int:
 
     airflow_main()
     return 0
+
+
+def _import_each(modules: tuple[str, ...]) -> None:
+    for module in modules:
+        try:
+            __import__(module)
+        except ImportError:  # a module a line of Airflow lacks
+            continue
+
+
+def run_preloaded(args: list[str]) -> None:
+    """``airflow ARGS`` in this process once :data:`TASK_PRELOADS` are imported: a scheduler whose
+    LocalExecutor forks every task's processes from it then imports them once, not once a task.
+    (Never the provider nor the DAG files: each task imports and parses them itself.)"""
+    _import_each(TASK_PRELOADS)
+    sys.argv = [str(Path(sys.executable).with_name("airflow")), *args]
+    from airflow.__main__ import main as airflow_main
+
+    airflow_main()
+
+
+def preloaded_command(args: list[str]) -> list[str]:
+    """The argv of ``airflow ARGS`` run by :func:`run_preloaded` (a service's own process)."""
+    return [sys.executable, "-m", "tpu_rl_sandbox.clis.airflow_server", "--run", *args]
 
 
 def airflow_command(home: Path, args: list[str]) -> list[str]:
@@ -178,8 +206,19 @@ def serve(home: Path) -> None:
 
 def cli(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tpu_rl_sandbox.clis.airflow_server")
-    parser.add_argument("--home", required=True, type=Path)
-    serve(parser.parse_args(argv).home.resolve())
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--home", type=Path, help="serve airflow commands for this AIRFLOW_HOME")
+    mode.add_argument(
+        "--run",
+        nargs=argparse.REMAINDER,
+        metavar="ARGS",
+        help="run `airflow ARGS` here, the task libraries imported first",
+    )
+    parsed = parser.parse_args(argv)
+    if parsed.run is not None:
+        run_preloaded(parsed.run)
+    else:
+        serve(parsed.home.resolve())
     return 0
 
 
