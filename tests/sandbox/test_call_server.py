@@ -208,7 +208,14 @@ def test_a_signal_to_a_call_as_it_starts_never_stops_the_server(own: SandboxInfo
     tries = 20
     for attempt in range(tries):
         caller = subprocess.Popen(
-            [str(own.bin_dir / "gcloud"), "secrets", "create", f"race-{attempt}", "--data-file=-"],
+            [
+                str(own.bin_dir / "gcloud"),
+                "secrets",
+                "create",
+                f"race-{attempt}",
+                "--data-file=-",
+                f"--project={PROJECT}",
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -217,7 +224,7 @@ def test_a_signal_to_a_call_as_it_starts_never_stops_the_server(own: SandboxInfo
         try:
             deadline = time.monotonic() + KILL_TIMEOUT
             children: list[int] = []
-            while not children and caller.poll() is None and time.monotonic() < deadline:
+            while not children and time.monotonic() < deadline:  # the call waits on its stdin
                 children = _children(server)
             for child in children:
                 os.kill(child, signal.SIGTERM)

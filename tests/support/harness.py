@@ -23,6 +23,7 @@ from typing import Any
 
 from tests.support.airflow_home import migrate_into
 from tests.support.compat import dags_test_task_log
+from tests.support.waiting import HANG_BOUND
 from tpu_rl_sandbox.apis.gcs_client import GcsApi, GcsError, split_gs_url
 from tpu_rl_sandbox.clis.airflow_server import airflow_command, start_airflow_server, stop_airflow_server
 from tpu_rl_sandbox.commands.lifecycle import SandboxInfo, sandbox_down, sandbox_env, sandbox_up
@@ -249,14 +250,15 @@ class E2EWorld:
         return result
 
     def tpu_rl(self, *args: str) -> subprocess.CompletedProcess[str]:
-        """``tpu-rl ARGS`` with this world's AIRFLOW_HOME."""
+        """``tpu-rl ARGS`` with this world's AIRFLOW_HOME (bounded by :data:`HANG_BOUND`: a few
+        seconds quiet, it ran past 120 s beside a second ``make test``)."""
         return subprocess.run(
             [TPU_RL, *args],
             env=self.env,
             cwd=self.root,
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=HANG_BOUND,
             check=False,
         )
 
