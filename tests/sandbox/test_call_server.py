@@ -162,9 +162,12 @@ def test_stdin_the_working_folder_and_the_environment_are_the_callers(
 
 
 @contextmanager
-def _held_call(info: SandboxInfo, secret: str) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+def _held_call(
+    info: SandboxInfo, secret: str, at_first_sight: bool = False
+) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     """A served call that waits on stdin forever (a hang's stand-in): its caller, and the server's
-    child running it; the caller is killed and reaped on the way out."""
+    child running it (``at_first_sight``: looked for with no pause, so it is yielded the moment it
+    exists); the caller is killed and reaped on the way out."""
     server = _server_pid(info)
     caller = subprocess.Popen(
         [str(info.bin_dir / "gcloud"), "secrets", "create", secret, "--data-file=-", f"--project={PROJECT}"],
@@ -174,8 +177,16 @@ def _held_call(info: SandboxInfo, secret: str) -> Iterator[tuple[subprocess.Pope
         env=_env(info),
     )
     try:
-        _wait("the server's child running the call", lambda: _children(server), KILL_TIMEOUT)
-        yield caller, _children(server)[0]
+        if at_first_sight:
+            deadline = time.monotonic() + KILL_TIMEOUT
+            children = _children(server)
+            while not children and time.monotonic() < deadline:
+                children = _children(server)
+            assert children, "no child of the server ran the call"
+        else:
+            _wait("the server's child running the call", lambda: _children(server), KILL_TIMEOUT)
+            children = _children(server)
+        yield caller, children[0]
     finally:
         caller.kill()
         assert caller.stdin is not None
@@ -207,34 +218,9 @@ def test_a_signal_to_a_call_as_it_starts_never_stops_the_server(own: SandboxInfo
     server = _server_pid(own)
     tries = 20
     for attempt in range(tries):
-        caller = subprocess.Popen(
-            [
-                str(own.bin_dir / "gcloud"),
-                "secrets",
-                "create",
-                f"race-{attempt}",
-                "--data-file=-",
-                f"--project={PROJECT}",
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env=_env(own),
-        )
-        try:
-            deadline = time.monotonic() + KILL_TIMEOUT
-            children: list[int] = []
-            while not children and time.monotonic() < deadline:  # the call waits on its stdin
-                children = _children(server)
-            for child in children:
-                os.kill(child, signal.SIGTERM)
-            assert children, f"try {attempt}: no child of the server ran the call"
+        with _held_call(own, f"race-{attempt}", at_first_sight=True) as (caller, child):
+            os.kill(child, signal.SIGTERM)
             assert caller.wait(timeout=KILL_TIMEOUT) == -signal.SIGTERM, f"try {attempt}"
-        finally:
-            caller.kill()
-            assert caller.stdin is not None
-            caller.stdin.close()
-            caller.wait(timeout=KILL_TIMEOUT)
         assert Path(f"/proc/{server}").is_dir(), f"try {attempt}: the server is gone"
     assert _served(own, "gcloud", "version")
 

@@ -123,10 +123,7 @@ def main(args: list[str]) -> int:
     )
     if changed or not _started_with:
         os.execv(sys.executable, [sys.executable, "-m", "airflow", *args])  # noqa: S606  (an argv, no shell)
-    sys.argv = [str(Path(sys.executable).with_name("airflow")), *args]
-    from airflow.__main__ import main as airflow_main
-
-    airflow_main()
+    _airflow_main(args)
     return 0
 
 
@@ -138,15 +135,20 @@ def _import_each(modules: tuple[str, ...]) -> None:
             continue
 
 
+def _airflow_main(args: list[str]) -> None:
+    """Airflow's own ``main`` in this process, with ``airflow ARGS`` as its argv."""
+    sys.argv = [str(Path(sys.executable).with_name("airflow")), *args]
+    from airflow.__main__ import main as airflow_main
+
+    airflow_main()
+
+
 def run_preloaded(args: list[str]) -> None:
     """``airflow ARGS`` in this process once :data:`TASK_PRELOADS` are imported: a scheduler whose
     LocalExecutor forks every task's processes from it then imports them once, not once a task.
     (Never the provider nor the DAG files: each task imports and parses them itself.)"""
     _import_each(TASK_PRELOADS)
-    sys.argv = [str(Path(sys.executable).with_name("airflow")), *args]
-    from airflow.__main__ import main as airflow_main
-
-    airflow_main()
+    _airflow_main(args)
 
 
 def preloaded_command(args: list[str]) -> list[str]:
