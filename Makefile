@@ -171,6 +171,9 @@ test-lowest: $(VENV_LOWEST)/.installed postgres
 	  && $(LOWEST_PATH) $(VENV_LOWEST)/bin/pytest -qq --collect-only tests/operators tests/triggers \
 	  && $(LOWEST_PATH) $(VENV_LOWEST)/bin/tpu-rl-sandbox demo --dir .sandbox-lowest --airflow-home .demo-lowest/airflow)
 
+# Before the legs start, while the machine is quiet, tools/machine_speed.py times a fixed pure-Python
+# workload; the summary repeats it, since the legs' CPU-seconds compare only at the same speed (the
+# same commit took 1973 CPU-s of the legs on one session's machine and 3246 on another's).
 # Two sides at once: the whole Airflow 3.3 leg (`unit`, one pytest session: its short Airflow-free
 # files fill its workers' tails) on one; lint, types, the Airflow 2.11 leg and the lowest-providers
 # leg one after another on the other, so both sides take about as long. (Left to itself, make -j2 started
@@ -180,10 +183,10 @@ test-lowest: $(VENV_LOWEST)/.installed postgres
 SIDE_B := lint typecheck test-airflow-2.11 test-lowest
 test: venv postgres chromium
 	@echo "make test: the suite on Airflow 3.3 (unit) beside lint, typecheck, the suite on Airflow 2.11 (test-airflow-2.11) and on the lowest providers (test-lowest); each one's output appears when it ends"
-	@rm -f $(LEG_TIMES); start=$$(date +%s); status=0; \
+	@rm -f $(LEG_TIMES); speed=$$($(BIN)/python tools/machine_speed.py); echo "$$speed"; start=$$(date +%s); status=0; \
 	  $(MAKE) --no-print-directory --jobs=2 --keep-going --output-sync=target test-side-unit test-side-others || status=$$?; \
 	  echo "== make test: each leg's wall time and CPU-seconds (the two sides ran at once; the 2.11 and lowest venvs are built before their legs)"; \
-	  cat $(LEG_TIMES) 2>/dev/null; \
+	  cat $(LEG_TIMES) 2>/dev/null; echo "$$speed"; \
 	  echo "both sides: $$(( $$(date +%s) - start )) s wall, $$(awk -F', ' '{ sum += $$2 } END { printf "%d", sum }' $(LEG_TIMES) 2>/dev/null) CPU-s of the legs (exit $$status)"; \
 	  exit $$status
 
