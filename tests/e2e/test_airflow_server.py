@@ -19,6 +19,7 @@ import pytest
 
 from tests.support.airflow_home import migrate_into
 from tests.support.harness import FAST_SETTINGS
+from tpu_rl_sandbox.clis import airflow_server
 from tpu_rl_sandbox.clis.airflow_server import (
     INFO_FILE,
     airflow_command,
@@ -129,3 +130,20 @@ def test_once_stopped_it_leaves_no_process_and_the_client_runs_airflow_itself(
     assert not Path(f"/proc/{server}").exists()
     assert not (airflow_home / INFO_FILE).exists()
     assert _imported_airflow(airflow_home, env, "version")
+
+
+def test_a_preloaded_service_freezes_its_imports_before_airflow_forks_its_tasks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--run``: the task libraries imported, then frozen (``gc.freeze``: the collections of the task
+    processes its LocalExecutor forks never walk them), then Airflow's ``main``."""
+    events: list[str] = []
+    monkeypatch.setattr(
+        airflow_server, "_import_each", lambda modules: events.append(f"import {len(modules)}")
+    )
+    monkeypatch.setattr(airflow_server.gc, "freeze", lambda: events.append("freeze"))
+    monkeypatch.setattr(
+        airflow_server, "_airflow_main", lambda args: events.append(f"airflow {' '.join(args)}")
+    )
+    airflow_server.run_preloaded(["scheduler"])
+    assert events == [f"import {len(airflow_server.TASK_PRELOADS)}", "freeze", "airflow scheduler"]

@@ -289,6 +289,30 @@ def test_calls_whose_processes_may_outlive_them_are_never_handed_over(
     assert not _served(own, *argv)
 
 
+def test_what_a_tool_s_calls_import_is_frozen_before_they_fork(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each call is a fork of the server: its collections must never walk (and copy) the preloaded
+    modules' objects (``gc.freeze`` once they are imported)."""
+    events: list[str] = []
+    monkeypatch.setattr(call_server, "_preloaded", set())
+    monkeypatch.setattr(call_server, "PRELOADS", {"gcluster": ("json",)})
+    monkeypatch.setattr(call_server.gc, "freeze", lambda: events.append("freeze"))
+    monkeypatch.setattr("builtins.__import__", _recording_import(events))
+    call_server._preload("gcluster")
+    call_server._preload("gcluster")  # once a tool
+    assert events == ["import json", "freeze"]
+
+
+def _recording_import(events: list[str]) -> object:
+    real = __import__
+
+    def recording(name: str, *args: object, **kwargs: object) -> object:
+        if name == "json":
+            events.append(f"import {name}")
+        return real(name, *args, **kwargs)
+
+    return recording
+
+
 def test_sandbox_down_stops_the_server(tmp_path: Path) -> None:
     info = sandbox_up(tmp_path / "sandbox")
     server = _server_pid(info)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 # Runs with the interpreter gcloud's launcher picks, ``-S`` as the launcher passes it.
 DRIVER = r"""
-import json, os, sys
+import gc, json, os, sys
 
 root, commands_file, results_file = sys.argv[1:4]
 sys.path.insert(0, os.path.join(root, "lib"))
@@ -43,6 +43,7 @@ for argv in commands:  # each command's modules, loaded once before the forks
             top.LoadSubElementByPath(words[:end])
         except Exception:
             break
+gc.freeze()  # the forks' collections never walk (and copy) what gcloud loaded
 results = []
 for argv in commands:
     read_end, write_end = os.pipe()

@@ -21,6 +21,7 @@ environment differs from the server's in a variable Airflow reads at import (``A
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -111,6 +112,14 @@ def preload(command: str = COMMAND) -> None:
 
     if settings.engine is not None:
         settings.engine.dispose()  # no connection crosses a fork
+    freeze_for_forks()
+
+
+def freeze_for_forks() -> None:
+    """Move every object alive now out of the garbage collector's reach (``gc.freeze``), so the
+    collections of each child forked from here never walk them: without it, a collection in a child
+    visits (and writes, copying the page) every object the imports made."""
+    gc.freeze()
 
 
 def main(args: list[str]) -> int:
@@ -148,6 +157,7 @@ def run_preloaded(args: list[str]) -> None:
     LocalExecutor forks every task's processes from it then imports them once, not once a task.
     (Never the provider nor the DAG files: each task imports and parses them itself.)"""
     _import_each(TASK_PRELOADS)
+    freeze_for_forks()
     _airflow_main(args)
 
 

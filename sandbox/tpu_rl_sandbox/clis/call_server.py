@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import gc
 import io
 import json
 import marshal
@@ -106,6 +107,7 @@ def _preload(tool: str) -> None:
         for module, _ in sorted(set(dispatch.HANDLER_MIXINS.values())):
             __import__(f"tpu_rl_sandbox.clis.gcloud.{module}")
     _preloaded.add(tool)
+    gc.freeze()
 
 
 @dataclass
