@@ -12,6 +12,7 @@ stray ``~/airflow/airflow.cfg`` changes nothing. Tests that need a fresh Airflow
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import shutil
 import tempfile
@@ -91,6 +92,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return work_unit(nodeid)
 
     return SharedWorldScheduling(config, log)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What collection imported (Airflow, the providers, every test module: ~350,000 objects) is
+    frozen out of the garbage collector's reach (``gc.freeze``): each full collection of a worker
+    walked all of it again, about a tenth of a worker's CPU."""
+    gc.freeze()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
