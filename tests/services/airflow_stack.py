@@ -335,6 +335,11 @@ class AirflowStack:
         return api
 
 
+# The DAG files do not change during a test: each is parsed once, not every 30 s (an hour: longer
+# than a stack lives, even loaded).
+DAG_FILE_PARSE_INTERVAL = 3600
+
+
 def stack_env(
     root: Path, sandbox_env: Mapping[str, str], metadata_dsn: str, ledger_dsn: str, marker: str, api_port: int
 ) -> dict[str, str]:
@@ -383,9 +388,7 @@ def _flavor_env(home: Path, api_url: str) -> dict[str, str]:
             "AIRFLOW__API__SECRET_KEY": secrets.token_hex(16),
             "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-            # the DAG files do not change during a test: each is parsed once, not every 30 s (an hour:
-            # longer than the stack lives, even loaded)
-            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "3600",
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": str(DAG_FILE_PARSE_INTERVAL),
         }
     # Airflow 2: no execution API (task runners use the database), the FAB auth manager (its
     # users live in the metadata database), the webserver's key signs log-server requests.
@@ -408,7 +411,13 @@ def _flavor_env(home: Path, api_url: str) -> dict[str, str]:
         "AIRFLOW__WEBSERVER__WEB_SERVER_WORKER_TIMEOUT": str(int(HANG_BOUND * 2)),
         "AIRFLOW__SCHEDULER__STANDALONE_DAG_PROCESSOR": "True",
         "AIRFLOW__SCHEDULER__DAG_DIR_LIST_INTERVAL": "5",
-        "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "3600",
+        "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": str(DAG_FILE_PARSE_INTERVAL),
+        # With a standalone DAG processor, Airflow 2's scheduler deactivates every DAG whose
+        # last_parsed_time is older than this and deletes its serialized DAG
+        # (jobs/scheduler_job_runner.py, _cleanup_stale_dags; default 600 s): a stack alive ten
+        # minutes after its one parse lost all its DAGs (the webserver's 404 "DAG ... not found").
+        # Airflow 3 removed the option (cli/commands/config_command.py, CONFIGS_CHANGES).
+        "AIRFLOW__SCHEDULER__DAG_STALE_NOT_SEEN_DURATION": str(2 * DAG_FILE_PARSE_INTERVAL),
     }
 
 

@@ -1,0 +1,31 @@
+"""The services stack's Airflow options, read back through Airflow's own configuration (no stack
+started): an option Airflow does not know, or spells otherwise, reads as its default here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from airflow.configuration import conf
+
+from tests.services.airflow_stack import DAG_FILE_PARSE_INTERVAL, FLAVOR, stack_env
+
+
+@pytest.fixture
+def stack_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stack's ``AIRFLOW__`` variables in this process's environment, where ``conf`` reads them."""
+    env = stack_env(tmp_path, {}, "postgresql://metadata", "postgresql://ledger", "marker", 8080)
+    for name, value in env.items():
+        if name.startswith("AIRFLOW__"):
+            monkeypatch.setenv(name, value)
+
+
+@pytest.mark.usefixtures("stack_options")
+def test_the_dags_parsed_once_outlive_the_stack() -> None:
+    """Each DAG file is parsed once; on Airflow 2 the scheduler deletes the serialized DAG of every
+    DAG not parsed for ``dag_stale_not_seen_duration`` (600 s by default), so that window must be
+    longer than the parse interval, or a stack alive ten minutes loses its DAGs."""
+    section = "dag_processor" if FLAVOR.v3 else "scheduler"
+    assert conf.getint(section, "min_file_process_interval") == DAG_FILE_PARSE_INTERVAL
+    if not FLAVOR.v3:
+        assert conf.getint("scheduler", "dag_stale_not_seen_duration") > DAG_FILE_PARSE_INTERVAL
