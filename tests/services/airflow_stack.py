@@ -338,6 +338,9 @@ class AirflowStack:
 # The DAG files do not change during a test: each is parsed once, not every 30 s (an hour: longer
 # than a stack lives, even loaded).
 DAG_FILE_PARSE_INTERVAL = 3600
+# The DAG processor kills a file's parse after this many seconds (50 by default; a parse took 18 s
+# with both legs on two cores): longer than the import bound, which it includes.
+DAG_FILE_PROCESSOR_TIMEOUT = int(HANG_BOUND) + 60
 
 
 def stack_env(
@@ -366,6 +369,10 @@ def stack_env(
             "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.5",
             "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "2",
             "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True",
+            # Airflow's bound on importing one DAG file (30 s by default), a bound against a hang: the
+            # files are parsed once (DAG_FILE_PARSE_INTERVAL), so a parse cut short by load would
+            # leave the stack without that DAG until the wait for it gives up
+            "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": str(int(HANG_BOUND)),
             # the provider's knobs: fast polls, one quick retry (a spurious retry shows as try 2)
             "AIRFLOW__TPU_RL__POLL_INTERVAL": "0.5",
             "AIRFLOW__TPU_RL__RETRY_DELAY": "1",
@@ -389,6 +396,7 @@ def _flavor_env(home: Path, api_url: str) -> dict[str, str]:
             "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
             "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": str(DAG_FILE_PARSE_INTERVAL),
+            "AIRFLOW__DAG_PROCESSOR__DAG_FILE_PROCESSOR_TIMEOUT": str(DAG_FILE_PROCESSOR_TIMEOUT),
         }
     # Airflow 2: no execution API (task runners use the database), the FAB auth manager (its
     # users live in the metadata database), the webserver's key signs log-server requests.
@@ -412,6 +420,7 @@ def _flavor_env(home: Path, api_url: str) -> dict[str, str]:
         "AIRFLOW__SCHEDULER__STANDALONE_DAG_PROCESSOR": "True",
         "AIRFLOW__SCHEDULER__DAG_DIR_LIST_INTERVAL": "5",
         "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": str(DAG_FILE_PARSE_INTERVAL),
+        "AIRFLOW__CORE__DAG_FILE_PROCESSOR_TIMEOUT": str(DAG_FILE_PROCESSOR_TIMEOUT),
         # With a standalone DAG processor, Airflow 2's scheduler deactivates every DAG whose
         # last_parsed_time is older than this and deletes its serialized DAG
         # (jobs/scheduler_job_runner.py, _cleanup_stale_dags; default 600 s): a stack alive ten

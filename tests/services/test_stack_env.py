@@ -9,6 +9,7 @@ import pytest
 from airflow.configuration import conf
 
 from tests.services.airflow_stack import DAG_FILE_PARSE_INTERVAL, FLAVOR, stack_env
+from tests.support.waiting import HANG_BOUND
 
 
 @pytest.fixture
@@ -29,3 +30,13 @@ def test_the_dags_parsed_once_outlive_the_stack() -> None:
     assert conf.getint(section, "min_file_process_interval") == DAG_FILE_PARSE_INTERVAL
     if not FLAVOR.v3:
         assert conf.getint("scheduler", "dag_stale_not_seen_duration") > DAG_FILE_PARSE_INTERVAL
+
+
+@pytest.mark.usefixtures("stack_options")
+def test_a_loaded_parse_is_not_cut_short() -> None:
+    """A file is parsed once: Airflow's bounds on importing it (30 s by default) and on the whole
+    parse (50 s) are bounds against a hang, not deadlines that load can reach."""
+    section = "dag_processor" if FLAVOR.v3 else "core"
+    import_bound = conf.getfloat("core", "dagbag_import_timeout")
+    assert import_bound >= HANG_BOUND
+    assert conf.getint(section, "dag_file_processor_timeout") > import_bound
