@@ -30,10 +30,15 @@ from tpu_rl_sandbox.clis.airflow_server import (
 # Bounds against a hang: each command takes seconds on a quiet machine (a new interpreter's took over
 # 120 s with a second `make test` beside the suite).
 COMMAND_TIMEOUT = 600.0
-# Log lines' timestamps, and the warnings Airflow prints while it is imported (a served command's
+# Log lines' timestamps and the times they log (`dags test` logs each DAG's next run, as text and as
+# a DateTime repr: the janitor's moves at each :00 and :30, so two runs either side of one differ),
+# and the warnings Airflow prints while it is imported (a served command's
 # Airflow was imported by the server, which logged them once): its CLI's graphviz warning (3.3), and
 # on 2.11 each warning Python prints as "FILE.py:LINE CATEGORY: MESSAGE".
-_STAMP = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?")
+_STAMP = re.compile(
+    r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"
+    r"|DateTime\(\d+(?:, \d+)*, tzinfo=Timezone\('[^']*'\)\)"
+)
 _IMPORT_WARNING = re.compile(
     r"^(?:.*Could not import graphviz.*\n(?:(?:You might|Run `pip).*\n)*|\S+\.py:\d+ \w*Warning: .*\n)",
     re.MULTILINE,

@@ -125,6 +125,15 @@ asyncio.run(main())
 """
 
 
+def _relayed_pre_training(relayed: Path, trigger: subprocess.Popen[bytes]) -> bool:
+    """Whether the trigger's process relayed the pre-training reward; an error if it ended first."""
+    if relayed.is_file() and "Pre RL Training" in relayed.read_text():
+        return True
+    code = trigger.poll()
+    assert code is None, f"the trigger's process exited ({code}) before it relayed the pre-training reward"
+    return False
+
+
 def test_a_trigger_killed_mid_training_never_relays_a_line_twice(
     sb: SandboxRun, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -135,10 +144,9 @@ def test_a_trigger_killed_mid_training_never_relays_a_line_twice(
         [sys.executable, "-c", _KILLED_TRIGGER, json.dumps(kwargs), str(relayed)], env=dict(os.environ)
     )
     try:
-        wait_for(
-            lambda: relayed.is_file() and "Pre RL Training" in relayed.read_text(),
+        wait_for(  # a new interpreter imports the provider first: a minute and more, loaded
+            lambda: _relayed_pre_training(relayed, killed),
             "the first trigger to relay the pre-training reward",
-            timeout=120,
         )
         time.sleep(1.0)  # more lines counted, some not yet relayed
     finally:
