@@ -39,6 +39,7 @@ from tests.triggers.test_jobset import (
     WORKLOAD,
     _held_training,
     _release_when,
+    long_holds,  # noqa: F401  (autouse: imported here, it holds this module's jobs 600 s too)
     recording,
 )
 
