@@ -22,7 +22,7 @@ from airflow_provider_tpu_rl.records.run_dirs import RunDirRecords
 from airflow_provider_tpu_rl.spec import TPU_VM_DAG_ID
 from tests.operators.test_run_identity import RunStatesTI
 from tests.support.sandbox_run import TPU_VM_CONVERSION_TASKS, ZONE, SandboxRun, wait_for
-from tests.support.waiting import HANG_BOUND
+from tests.support.waiting import joined
 from tpu_rl_sandbox.machines import dockerd
 
 RUN_A = "manual__2026-03-01T00:00:00+00:00"
@@ -66,12 +66,6 @@ def _in_thread(run: Any) -> tuple[threading.Thread, list[BaseException], list[An
     return thread, errors, results
 
 
-def _joined(thread: threading.Thread, what: str) -> None:
-    """Wait for ``thread`` to end (a bound against a hang); one line naming ``what`` if it does not."""
-    thread.join(timeout=HANG_BOUND)
-    assert not thread.is_alive(), f"timed out after {HANG_BOUND:.0f} s waiting for {what}"
-
-
 def test_a_crashed_runs_training_container_refuses_the_run_reusing_its_run_name_until_stopped(
     sb: SandboxRun, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -99,7 +93,7 @@ def test_a_crashed_runs_training_container_refuses_the_run_reusing_its_run_name_
         assert f"- {directory} is being written by job {sb.vm}/train (" in said, said
         assert f"of run {TPU_VM_DAG_ID}/{RUN_A}, claimed until " in said, said
         first.hook.terminate()  # A's SSH session dies with its worker; the container is dockerd's
-        _joined(thread, "run A's stage to end once its session is gone")
+        joined(thread, "run A's stage to end once its session is gone")
         assert errors, "run A's stage must fail once its session is gone"
         assert _training(sb, sb.vm)  # it trains on
         writer = RunDirRecords().read(sb.bucket, directory).writer
@@ -143,7 +137,7 @@ def test_a_crashed_runs_training_container_refuses_the_run_reusing_its_run_name_
         wait_for(taken_over, "run B's takeover")
         assert _container(sb, sb.vm) is None  # removed before B claimed the directory
         hold.unlink()
-        _joined(b_thread, "run B's stage to end")
+        joined(b_thread, "run B's stage to end")
         assert b_errors == []
         (result,) = b_results
         assert result["metrics"]["last_step"] == 3

@@ -29,11 +29,11 @@ from tests.operators.test_run_dir_takeover_vm import (
     _container,
     _execute,
     _in_thread,
-    _joined,
     _operator,
     _training,
 )
 from tests.support.sandbox_run import TPU_VM_CONVERSION_TASKS, ZONE, RecordingTI, SandboxRun, wait_for
+from tests.support.waiting import joined
 from tpu_rl_sandbox.machines import dockerd
 
 TRAIN_RL = "maxtext.trainers.post_train.rl.train_rl"
@@ -61,7 +61,7 @@ def test_a_retry_follows_its_runs_running_container_to_its_end_and_another_run_i
         wait_for(lambda: errors or _training(sb, sb.vm), "run A's container to train")
         assert not errors, f"run A's train failed before its container trained: {errors[0]!r}"
         first.hook.terminate()  # the worker dies: its SSH session with it, not the container
-        _joined(thread, "the first try to end once its session is gone")
+        joined(thread, "the first try to end once its session is gone")
         assert errors, "the first try must fail once its session is gone"
         before = _container(sb, sb.vm)
         assert before is not None
@@ -89,7 +89,7 @@ def test_a_retry_follows_its_runs_running_container_to_its_end_and_another_run_i
         wait_for(lambda: _waits_on_the_container(sb), "the retry to wait on the container")
         assert _container(sb, sb.vm) == before  # the same container: same id, same start
         hold.unlink()
-        _joined(r_thread, "the retry to end")
+        joined(r_thread, "the retry to end")
         assert r_errors == []
         (result,) = r_results
         assert result["metrics"]["last_step"] == 3  # its whole log, from the container's start

@@ -9,6 +9,7 @@ unless a caller names a longer one.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -46,3 +47,10 @@ def wait_until(
             raise WaitTimedOut(f"timed out after {timeout:.0f} s waiting for {what}\n{detail}".rstrip())
         time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
         pause = min(pause * 2, longest_pause)
+
+
+def joined(thread: threading.Thread, what: str, timeout: float = HANG_BOUND) -> None:
+    """Wait for ``thread`` to end; :class:`WaitTimedOut`, naming ``what``, if it runs past ``timeout``."""
+    thread.join(timeout)
+    if thread.is_alive():
+        raise WaitTimedOut(f"timed out after {timeout:.0f} s waiting for {what}")
