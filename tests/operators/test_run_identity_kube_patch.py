@@ -71,23 +71,32 @@ def _patch(
 def test_merge_patch_sets_and_removes_annotations_and_bumps_the_resource_version(
     access: kube_access.ClusterAccess,
 ) -> None:
-    before = kube_access.request(access, "GET", f"{JOBSETS}/js-1").json()
+    # A suspended JobSet: no controller writes its status while the test runs, so a resourceVersion
+    # that moves is the patches' own doing (js-1's pods start and run meanwhile, at the load's pace).
+    still = _jobset("js-still", "true")
+    still["spec"]["suspend"] = True
+    created = kube_access.request(access, "POST", JOBSETS, still)
+    assert created.status == 201, created.text
+    before = kube_access.request(access, "GET", f"{JOBSETS}/js-still").json()
 
-    added = _patch(access, {"metadata": {"annotations": {RUN_DIR_ANNOTATION: RUN_DIR, "a.io/b": "c"}}})
+    def patch(body: Any) -> Any:
+        return _patch(access, body, name="js-still")
+
+    added = patch({"metadata": {"annotations": {RUN_DIR_ANNOTATION: RUN_DIR, "a.io/b": "c"}}})
 
     assert added.status == 200, added.text
     body = added.json()
     assert body["metadata"]["annotations"] == {RUN_DIR_ANNOTATION: RUN_DIR, "a.io/b": "c"}
     assert body["metadata"]["resourceVersion"] != before["metadata"]["resourceVersion"]
     assert body["spec"]["replicatedJobs"] == before["spec"]["replicatedJobs"]
-    got = kube_access.request(access, "GET", f"{JOBSETS}/js-1").json()
+    got = kube_access.request(access, "GET", f"{JOBSETS}/js-still").json()
     assert got["metadata"]["annotations"] == body["metadata"]["annotations"]
 
     # the same patch again changes nothing: no write, the same resourceVersion
-    again = _patch(access, {"metadata": {"annotations": {RUN_DIR_ANNOTATION: RUN_DIR}}})
+    again = patch({"metadata": {"annotations": {RUN_DIR_ANNOTATION: RUN_DIR}}})
     assert again.json()["metadata"]["resourceVersion"] == body["metadata"]["resourceVersion"]
 
-    removed = _patch(access, {"metadata": {"annotations": {"a.io/b": None}}})
+    removed = patch({"metadata": {"annotations": {"a.io/b": None}}})
     assert removed.json()["metadata"]["annotations"] == {RUN_DIR_ANNOTATION: RUN_DIR}
 
 
