@@ -260,6 +260,16 @@ class AirflowStack:
                     f"airflow {service.name} exited with {service.process.returncode}:\n{_tail(service.log_file)}"
                 )
 
+    def failed_task_logs(self, watch: RunWatch, lines: int = 15) -> str:
+        """The last lines of the log of each task of ``watch``'s run that failed (why it failed)."""
+        run_logs = self.home / "logs" / f"dag_id={watch.dag_id}" / f"run_id={watch.run_id}"
+        return "\n".join(
+            f"--- {log}\n{_tail(log, lines)}"
+            for task_id, ti in sorted(watch.task_instances.items())
+            if ti.get("state") == "failed"
+            for log in sorted(run_logs.glob(f"task_id={task_id}/attempt=*.log"))
+        )
+
     def diagnostics(self, lines: int = 30) -> str:
         """The last lines of every service's log (for assertion and timeout messages)."""
         return "\n".join(
@@ -738,7 +748,9 @@ def watch_run(
     try:
         wait_for(f"run {run_id}", probe, timeout, interval=interval)
     except StackError as error:
-        raise StackError(f"{error}\n{watch.describe()}\n{stack.diagnostics()}") from None
+        raise StackError(
+            f"{error}\n{watch.describe()}\n{stack.failed_task_logs(watch)}\n{stack.diagnostics()}"
+        ) from None
     finally:
         watch.seconds += time.monotonic() - started
     return watch
