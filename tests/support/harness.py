@@ -344,9 +344,12 @@ class E2EWorld:
 
     def run_downstream(self, dag_id: str, task_id: str) -> tuple[list[tuple[str, str]], str]:
         """The scheduler's step that turns queued asset events into runs (in-process, once), then
-        ``airflow tasks test`` of ``task_id`` in ``dag_id``'s newest run. Returns the DAG's runs
-        (run id, run type) and the task's output."""
-        queued = run_queued_task(self.env, dag_id, task_id, cwd=self.root)
+        ``airflow tasks test`` of ``task_id`` in ``dag_id``'s newest run, through the module's
+        Airflow CLI server as its ``dags test`` runs are (Airflow 3 builds its in-process execution
+        API there once). Returns the DAG's runs (run id, run type) and the task's output."""
+        queued = run_queued_task(
+            self.env, dag_id, task_id, cwd=self.root, airflow=lambda args: airflow_command(self.home, args)
+        )
         assert queued.step_code == 0, queued.step_output
         if queued.task_code is None:
             return [], queued.step_output

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,9 +28,21 @@ class QueuedRun:
     task_output: str = ""
 
 
-def run_queued_task(env: Mapping[str, str], dag_id: str, task_id: str, cwd: Path | None = None) -> QueuedRun:
+def airflow_alone(args: list[str]) -> list[str]:
+    """The argv of ``airflow ARGS``: this interpreter's ``airflow`` script, a new process."""
+    return [str(Path(sys.executable).with_name("airflow")), *args]
+
+
+def run_queued_task(
+    env: Mapping[str, str],
+    dag_id: str,
+    task_id: str,
+    cwd: Path | None = None,
+    airflow: Callable[[list[str]], list[str]] = airflow_alone,
+) -> QueuedRun:
     """The scheduler's step (this module, in a subprocess with ``env``), then ``airflow tasks
-    test`` of ``task_id`` in ``dag_id``'s newest run, if it has one."""
+    test`` of ``task_id`` in ``dag_id``'s newest run, if it has one; ``airflow`` gives that
+    command's argv (the end-to-end tests' runs it through their Airflow CLI server)."""
 
     def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -52,8 +64,7 @@ def run_queued_task(env: Mapping[str, str], dag_id: str, task_id: str, cwd: Path
     found = QueuedRun(runs, step.returncode, step.stdout + step.stderr)
     if step.returncode != 0 or not runs:
         return found
-    airflow = str(Path(sys.executable).with_name("airflow"))
-    done = run([airflow, "tasks", "test", dag_id, task_id, runs[-1][0]])
+    done = run(airflow(["tasks", "test", dag_id, task_id, runs[-1][0]]))
     return QueuedRun(runs, step.returncode, found.step_output, done.returncode, done.stdout + done.stderr)
 
 
