@@ -117,6 +117,16 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "30",
                         "default": "15",
                     },
+                    "trigger_log_settle_seconds": {
+                        "description": "How long a job's trigger waits after relaying its last log "
+                        "lines before it fires: Airflow 3's triggerer writes a trigger's lines to the "
+                        "task log a few KiB per turn of its loop and sends those still unwritten when "
+                        "the trigger ends to its own log instead. 0: no wait.",
+                        "version_added": "0.1.0",
+                        "type": "float",
+                        "example": "5",
+                        "default": "2",
+                    },
                     "retries": {
                         "description": "Retries of the tasks whose failures can be transient.",
                         "version_added": "0.1.0",

@@ -42,7 +42,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_provider_tpu_rl.compat import AIRFLOW_V_3_0_PLUS, AIRFLOW_V_3_3_PLUS
+from airflow_provider_tpu_rl.compat import AIRFLOW_V_3_0_PLUS, AIRFLOW_V_3_3_PLUS, conf
 from airflow_provider_tpu_rl.exceptions import ConfigurationError, FailureKind, KubernetesApiError
 from airflow_provider_tpu_rl.hooks.kubernetes import (
     MAIN_JOB,
@@ -66,6 +66,15 @@ from airflow_provider_tpu_rl.maxtext.logs import TrainingLogTracker
 from airflow_provider_tpu_rl.toolchain.failures import classify_workload
 from airflow_provider_tpu_rl.toolchain.job_output import JobState
 
+# Airflow 3's triggerer sends each record of a trigger to its supervisor over a socket, which the
+# supervisor reads 4 KiB per turn of its loop (sdk/execution_time/supervisor.py,
+# make_buffered_socket_reader; jobs/triggerer_job_runner.py, run_once), each record carrying ~350
+# bytes of task context; once the trigger has ended, the records still unread go to the
+# triggerer's own log, not the task's (_handle_request drops the trigger's log file on
+# TriggerStateChanges.finished, _process_log_messages_from_subprocess falls back): read in
+# apache-airflow 3.3.2's source, direct; apache/airflow#66158 reports lines lost on a busy
+# triggerer. Hence one record per batch of lines, and a pause after the last one.
+LOG_SETTLE_SECONDS = 2.0  # default of [tpu_rl] trigger_log_settle_seconds
 TAIL_LINES = 200  # workload lines kept to tell why a failed job failed
 CURSOR_SAVE_SECONDS = 2.0  # GCS allows about one write per second to one object
 FOLLOW_DRAIN_SECONDS = 30.0  # after the job ends, time for the follower to read the last lines
@@ -91,6 +100,17 @@ async def reap_cancelled(task: asyncio.Task[Any]) -> None:
             raise
     except Exception:  # noqa: S110 - the child's own failure is not the waiter's
         pass
+
+
+def relayed_record(job_name: str, lines: list[str]) -> str:
+    """The task-log record of one batch of relayed lines: each line as ``[job] text``."""
+    return "\n".join(f"[{job_name}] {line}" for line in lines)
+
+
+def log_settle_seconds() -> float:
+    """``[tpu_rl] trigger_log_settle_seconds``: how long a trigger waits after its last relayed
+    lines before it fires, so the triggerer writes them to the task log first (0: no wait)."""
+    return conf.getfloat("tpu_rl", "trigger_log_settle_seconds", fallback=LOG_SETTLE_SECONDS)
 
 
 class JobSetTrigger(BaseTrigger):
@@ -214,6 +234,7 @@ class JobSetTrigger(BaseTrigger):
         self._save_lock = asyncio.Lock()
         self._pending: list[str] = []  # lines counted into the cursor, not relayed yet
         self._pending_since = 0.0
+        self._relayed_at: float | None = None  # when lines last went to the log (monotonic)
         self._loaded = False
         self.jobset_uid: str | None = None  # seen by job_state(); not part of the serialized state
         self.jobset_created: float | None = None  # its creationTimestamp (epoch seconds), likewise
@@ -392,26 +413,37 @@ class JobSetTrigger(BaseTrigger):
         if time.monotonic() - self._pending_since >= CURSOR_SAVE_SECONDS:
             await self._flush()
 
-    async def _flush(self) -> None:
+    async def _flush(self, due_only: bool = False) -> None:
         """Relay the lines counted so far: the cursor (and the metrics they carry) is saved first,
-        then they go to the task log. A trigger killed between the two has lost those lines from
-        the log (they are in the metrics); one that starts again never relays a line twice."""
+        then they go to the task log, as one record (see :func:`relayed_record`). A trigger killed
+        between the two has lost those lines from the log (they are in the metrics); one that
+        starts again never relays a line twice. ``due_only``: not before the oldest line waited
+        :data:`CURSOR_SAVE_SECONDS` (the state loop's flush: lines still coming join the batch)."""
+        if due_only and self._pending and time.monotonic() - self._pending_since < CURSOR_SAVE_SECONDS:
+            return
         batch, self._pending = self._pending, []
-        progress: dict[int, str] = {}  # line index → the progress it reports
-        for index, text in enumerate(batch):
+        if not batch:
+            await self._save_cursor()
+            return
+        shown: list[str] = []  # the batch, each step's progress after its line
+        for text in batch:
+            shown.append(text)
             if self.total_steps is not None:
                 before = self._tracker.last_step
                 self._tracker.feed(text)
                 if self._tracker.last_step is not None and self._tracker.last_step != before:
-                    progress[index] = self._tracker.progress_text(self.total_steps)
-        if batch:
-            self._version += 1  # the metrics changed (the cursor may have been saved without them)
-        await self._save_cursor(force=bool(batch))
-        for index, text in enumerate(batch):
-            self._tail.append(text)
-            self.log.info("[%s] %s", self.job_name, text)
-            if index in progress:
-                self.log.info("[%s] progress: %s", self.job_name, progress[index])
+                    shown.append(f"progress: {self._tracker.progress_text(self.total_steps)}")
+        self._version += 1  # the metrics changed (the cursor may have been saved without them)
+        await self._save_cursor(force=True)
+        self._tail.extend(batch)
+        self.log.info("%s", relayed_record(self.job_name, shown))
+        self._relayed_at = time.monotonic()
+
+    def _settle_remaining(self) -> float:
+        """Seconds still to wait after the last relayed lines (see :data:`LOG_SETTLE_SECONDS`)."""
+        if self._relayed_at is None:
+            return 0.0
+        return log_settle_seconds() - (time.monotonic() - self._relayed_at)
 
     async def _read_log(self, follow: bool) -> str:
         """Read the workload container's log from the cursor; ``follow`` streams while it runs.
@@ -618,8 +650,10 @@ class JobSetTrigger(BaseTrigger):
             # loop, which cancels the generator's clean-up), and each open client holds a session.
             await self._stop_follower()
             await self.close()
-            delay = (self.not_before or 0.0) - time.time()
-            if delay > 0:  # never fire right after deferring: the scheduler may not be done with it
+            # Never fire right after deferring (the scheduler may not be done with it), nor right
+            # after the last lines went to the log (the triggerer may not have written them yet).
+            delay = max((self.not_before or 0.0) - time.time(), self._settle_remaining())
+            if delay > 0:
                 await asyncio.sleep(delay)
             yield event
         except asyncio.CancelledError:
@@ -712,7 +746,7 @@ class JobSetTrigger(BaseTrigger):
                     False,
                 )
             await self._keep_alive()
-            await self._flush()
+            await self._flush(due_only=True)
             await self._pause()
 
     async def _unadmitted(self, state: JobState) -> str | None:

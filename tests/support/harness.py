@@ -57,6 +57,8 @@ FAST_SETTINGS = {
     "AIRFLOW__TPU_RL__POLL_INTERVAL": "0.5",
     # `dags test` runs the trigger in-process: no scheduler to race, a short hold is enough.
     "AIRFLOW__TPU_RL__MIN_DEFERRAL_SECONDS": "1",
+    # ...and writes its log lines itself: no triggerer to wait for
+    "AIRFLOW__TPU_RL__TRIGGER_LOG_SETTLE_SECONDS": "0",
     "AIRFLOW__TPU_RL__RETRY_DELAY": "1",
     "AIRFLOW__TPU_RL__RETRIES": "1",
     "TPU_RL_SANDBOX_STEP_SECONDS": "0.05",

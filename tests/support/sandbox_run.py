@@ -378,6 +378,8 @@ def enter_sandbox(sandbox: SandboxInfo, tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("AIRFLOW__TPU_RL__POLL_INTERVAL", POLL_INTERVAL)
     # No Airflow scheduler here to race: the job triggers fire as soon as the job ends.
     monkeypatch.setenv("AIRFLOW__TPU_RL__MIN_DEFERRAL_SECONDS", "0")
+    # ...nor a triggerer between a trigger and its log: it fires as soon as its last lines are logged.
+    monkeypatch.setenv("AIRFLOW__TPU_RL__TRIGGER_LOG_SETTLE_SECONDS", "0")
     # The job operators' `deferrable` default; a test that waits in the worker says so.
     monkeypatch.setenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", "True")
     # Work dirs, job HOMEs and temp files of this test stay under its tmp_path.

@@ -15,6 +15,7 @@ import dataclasses
 import gc
 import json
 import logging
+import re
 import time
 import warnings
 from collections.abc import Iterator
@@ -45,24 +46,39 @@ from tpu_rl_sandbox.apis import kube_access
 from tpu_rl_sandbox.world.settings import reset_settings, update_settings
 
 RUN_ID = "manual__2026-03-01T00:00:00+00:00"
+_TRAIN_STEP = re.compile(r"\] Train step (\d+) ")  # MaxText's peft_trainer line of each step
 HEAD, WORKLOAD = "pathways-head", "workload-container"
 
 
 class LineRecorder(logging.Handler):
-    """The workload lines a trigger relayed to its log (``[job] line`` records)."""
+    """The workload lines a trigger relayed to its log (records of ``[job] line`` lines), the
+    progress it reported (``[job] progress: step N/M``) and how many records held them."""
 
-    def __init__(self) -> None:
+    def __init__(self, job_name: str) -> None:
         super().__init__(logging.INFO)
+        self.prefix = f"[{job_name}] "
         self.lines: list[str] = []
+        self.progress: list[str] = []
+        self.records = 0
+        self.last_at = 0.0  # time.monotonic() of the last record
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.msg == "[%s] %s" and isinstance(record.args, tuple):
-            self.lines.append(str(record.args[1]))
+        relayed = [line for line in record.getMessage().split("\n") if line.startswith(self.prefix)]
+        if not relayed:
+            return
+        self.records += 1
+        self.last_at = time.monotonic()
+        for line in relayed:
+            text = line[len(self.prefix) :]
+            if text.startswith("progress: "):
+                self.progress.append(text.removeprefix("progress: "))
+            else:
+                self.lines.append(text)
 
 
 @contextlib.contextmanager
 def recording(trigger: JobSetTrigger) -> Iterator[LineRecorder]:
-    recorder = LineRecorder()
+    recorder = LineRecorder(trigger.job_name)
     logger = logging.getLogger(f"tests.jobset_trigger.{id(trigger)}")
     logger.addHandler(recorder)
     logger.setLevel(logging.INFO)
@@ -174,14 +190,24 @@ def test_a_pathways_job_of_eleven_containers_is_followed_line_for_line(
     train, context, trigger, job_name, hold = _held_training(sb, monkeypatch)
     # v6e-32 (4x8, 4 chips per VM): the head pod's two sidecars and workload container, 8 workers.
     wait_for(lambda: len(_containers(sb.pods(job_name))) == 11, "the JobSet's pods (after admission)")
+    monkeypatch.setenv("AIRFLOW__TPU_RL__TRIGGER_LOG_SETTLE_SECONDS", "2.5")
 
     with recording(trigger) as recorder:
         event = run_trigger(trigger, alongside=_release_when(recorder, hold, "Pre RL Training"))
+    fired_at = time.monotonic()
     result = train.execute_complete(context, event)
 
     full = sb.container_log(job_name, HEAD, WORKLOAD)
     assert recorder.lines == full
     assert event["log_lines"] == len(full)
+    # the lines read together go as one record (a triggerer passes each record on separately)
+    assert recorder.records < len(full) / 2, (recorder.records, len(full))
+    # each step's progress once, in order, after the step's line
+    steps = [int(m.group(1)) for line in full if (m := _TRAIN_STEP.search(line))]
+    assert steps
+    assert recorder.progress == [f"step {n}/{trigger.total_steps}" for n in steps]
+    # the event waited for the triggerer to write the last record
+    assert fired_at - recorder.last_at >= 2.5
     rewards = printed_rewards("\n".join(full))
     assert set(rewards) == {"pre", "post"}
     assert result["metrics"]["pre"]["mean_reward"] == rewards["pre"]

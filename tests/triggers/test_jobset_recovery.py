@@ -106,13 +106,15 @@ _KILLED_TRIGGER = """
 import asyncio, json, logging, sys
 from airflow_provider_tpu_rl.triggers.jobset import JobSetTrigger
 
+trigger = JobSetTrigger(**json.loads(sys.argv[1]))
+
 class ToFile(logging.Handler):
     def emit(self, record):
-        if record.msg == "[%s] %s":
-            with open(sys.argv[2], "a") as out:
-                out.write(str(record.args[1]) + "\\n")
+        prefix = "[" + trigger.job_name + "] "
+        lines = [line[len(prefix):] for line in record.getMessage().split("\\n") if line.startswith(prefix)]
+        with open(sys.argv[2], "a") as out:
+            out.writelines(line + "\\n" for line in lines if not line.startswith("progress: "))
 
-trigger = JobSetTrigger(**json.loads(sys.argv[1]))
 logger = logging.getLogger("killed-trigger")
 logger.addHandler(ToFile())
 logger.setLevel(logging.INFO)

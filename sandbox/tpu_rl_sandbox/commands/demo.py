@@ -37,6 +37,8 @@ FAST_SETTINGS = {
     "AIRFLOW__TPU_RL__POLL_INTERVAL": "0.5",
     # `dags test` runs the trigger in-process: no scheduler to race, a short hold is enough.
     "AIRFLOW__TPU_RL__MIN_DEFERRAL_SECONDS": "1",
+    # ...and writes its log lines itself: no triggerer to wait for
+    "AIRFLOW__TPU_RL__TRIGGER_LOG_SETTLE_SECONDS": "0",
     "AIRFLOW__TPU_RL__RETRY_DELAY": "2",
     "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
     "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
