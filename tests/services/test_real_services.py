@@ -154,7 +154,9 @@ def test_ledger_holds_the_pre_and_post_reward(services: ServicesWorld, restarted
     )
 
 
-def test_triggerer_restart_loses_and_repeats_no_log_line(restarted_run: ServicesRun) -> None:
+def test_triggerer_restart_loses_and_repeats_no_log_line(
+    services: ServicesWorld, restarted_run: ServicesRun
+) -> None:
     """Every line the training pod printed is in train's log (REST) exactly once, although two
     triggerers followed it (the first one's SIGTERM mid-training)."""
     assert any("the old triggerer exited" in note for note in restarted_run.watch.notes), (
@@ -167,8 +169,15 @@ def test_triggerer_restart_loses_and_repeats_no_log_line(restarted_run: Services
     counts = {line: sum(line in event for event in events) for line in expected}
     lost = [line for line, count in counts.items() if count == 0]
     repeated = {line: count for line, count in counts.items() if count > 1}
+    # A line lost from the task log may be in a triggerer's own log (one that had dropped the
+    # trigger's log file before writing it: JobSetTrigger's LOG_SETTLE_SECONDS).
+    own_logs = "".join(
+        path.read_text(errors="replace") for path in services.stack.log_dir.glob("triggerer-*.log")
+    )
+    in_own_logs = sum(line in own_logs for line in lost)
     assert (lost, repeated) == ([], {}), (
-        f"{len(lost)} of {len(expected)} lines lost, {len(repeated)} repeated\n{restarted_run.describe()}"
+        f"{len(lost)} of {len(expected)} lines lost ({in_own_logs} of them in a triggerer's own log), "
+        f"{len(repeated)} repeated\n{restarted_run.describe()}"
     )
     assert Counter(expected).most_common(1)[0][1] == 1  # the expected lines are distinct
 
