@@ -78,6 +78,9 @@ def dags_test(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., RunResu
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_DIR),
+        # Airflow's bound on importing one DAG file (30 s by default), a bound against a hang: as in
+        # tests/support/harness.py, a parse took longer with a second `make test` beside the suite
+        "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "300",
         "AIRFLOW_CONN_GCLUSTER_DEFAULT": json.dumps(
             {
                 "conn_type": "gcluster",
@@ -104,18 +107,19 @@ def dags_test(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., RunResu
                 "SELECT run_id, state FROM dag_run WHERE dag_id = ? AND id > ? ORDER BY id DESC LIMIT 1",
                 (GKE_DAG_ID, last_id),
             ).fetchone() or (None, None)
+            assert run_id is not None, (
+                f"`dags test` recorded no run (exit {done.returncode}):\n{done.stderr[-3000:]}"
+            )
             states = dict(
                 metadata.execute(
                     "SELECT task_id, state FROM task_instance WHERE dag_id = ? AND run_id = ?",
                     (GKE_DAG_ID, run_id),
                 ).fetchall()
             )
-        row = None
-        if run_id is not None:
-            with closing(sqlite3.connect(home / "tpu_rl_ledger.db")) as ledger:
-                row = ledger.execute(
-                    "SELECT state, refusal FROM runs WHERE airflow_run_id = ?", (run_id,)
-                ).fetchone()
+        with closing(sqlite3.connect(home / "tpu_rl_ledger.db")) as ledger:
+            row = ledger.execute(
+                "SELECT state, refusal FROM runs WHERE airflow_run_id = ?", (run_id,)
+            ).fetchone()
         return RunResult(
             exit_code=done.returncode,
             state=run_state,

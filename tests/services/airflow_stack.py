@@ -118,6 +118,24 @@ def wait_for(
         raise StackError(str(error)) from None
 
 
+def _mentions(path: Path, needles: list[str], most: int = 40) -> str:
+    """The last ``most`` lines of ``path`` that hold one of ``needles``, each with the indented
+    lines after it (a traceback)."""
+    if not needles or not path.is_file():
+        return ""
+    kept: list[str] = []
+    following = False
+    for line in path.read_text(errors="replace").splitlines():
+        if any(needle in line for needle in needles):
+            kept.append(line)
+            following = True
+        elif following and (line[:1].isspace() or line.startswith("Traceback")):
+            kept.append(line)
+        else:
+            following = False
+    return "\n".join(kept[-most:])
+
+
 def _tail(path: Path, lines: int = 40) -> str:
     if not path.is_file():
         return f"({path} does not exist)"
@@ -261,14 +279,27 @@ class AirflowStack:
                 )
 
     def failed_task_logs(self, watch: RunWatch, lines: int = 15) -> str:
-        """The last lines of the log of each task of ``watch``'s run that failed (why it failed)."""
+        """The last lines of the log of each task of ``watch``'s run that failed (why it failed),
+        and what the services logged about it (a task killed before it logged its error: the
+        executor's or the scheduler's word)."""
         run_logs = self.home / "logs" / f"dag_id={watch.dag_id}" / f"run_id={watch.run_id}"
-        return "\n".join(
+        failed = {
+            task_id: ti for task_id, ti in sorted(watch.task_instances.items()) if ti.get("state") == "failed"
+        }
+        own_logs = [
             f"--- {log}\n{_tail(log, lines)}"
-            for task_id, ti in sorted(watch.task_instances.items())
-            if ti.get("state") == "failed"
+            for task_id in failed
             for log in sorted(run_logs.glob(f"task_id={task_id}/attempt=*.log"))
-        )
+        ]
+        # the scheduler names a task instance "<dag_id>.<task_id> <run_id>" (or by its id, Airflow 3)
+        needles = [f"{watch.dag_id}.{task_id} {watch.run_id}" for task_id in failed]
+        needles += [str(ti["id"]) for ti in failed.values() if ti.get("id")]
+        said = [
+            f"--- airflow {service.name} on {', '.join(failed)}: {service.log_file}\n{mentions}"
+            for service in self.services.values()
+            if (mentions := _mentions(service.log_file, needles))
+        ]
+        return "\n".join(own_logs + said)
 
     def diagnostics(self, lines: int = 30) -> str:
         """The last lines of every service's log (for assertion and timeout messages)."""

@@ -43,9 +43,9 @@ TPU_VM_DAG_ID = "tpu_rl_tpu_vm_pipeline"
 E2E_RESERVATION = "res-8"  # a v6e-8 reservation start_world creates
 # A bound against a hung `airflow dags test`, not a timing goal: twenty times a quiet GKE run's minute,
 # above the longest single run of the suite loaded (a GKE run; 75-250 s in `make test`'s two loaded
-# legs, fixture set-up included; over 600 s, the former bound, with a second `make test` beside it).
-# A module whose runs take longer names its own bound (run_dag's ``timeout``, e.g.
-# tests/e2e/test_existing_cluster_runs.py).
+# legs, fixture set-up included; over 600 s, the former bound, with a second `make test` beside it,
+# as two GKE runs at once were: tests/e2e/test_existing_cluster_runs.py). A module whose runs take
+# longer names its own bound (run_dag's ``timeout``).
 RUN_TIMEOUT_SECONDS = 1200
 
 # Fast sandbox and fast Airflow: 50 ms per simulated step, job polls every 0.5 s, one retry
