@@ -47,6 +47,9 @@ from tests.support.dags import parse_dags_folder, serialize_dags  # noqa: E402
 from tests.support.gcs_emulator import GcsEmulator, running_gcs_emulator  # noqa: E402
 from tpu_rl_sandbox.commands.lifecycle import SandboxInfo, sandbox_down, sandbox_up  # noqa: E402
 
+# Each session ends with its costliest test files in CPU-seconds (what `make test` spends, and where).
+pytest_plugins = ["tests.support.cpu_profile"]
+
 # tests/maxtext_real runs MaxText's own converters (minutes, GBs of venvs): `make test-maxtext` only.
 collect_ignore = [] if os.environ.get("TPU_RL_MAXTEXT_LEG") == "1" else ["maxtext_real"]
 
