@@ -8,13 +8,14 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 
 import pytest
 
-from tests.sandbox.conftest import Cli
+from tests.sandbox.conftest import Cli, wait_for
+from tests.support.waiting import HANG_BOUND
 from tpu_rl_sandbox.clis.gcloud.app import Gcloud
 from tpu_rl_sandbox.world.settings import update_settings
 
@@ -81,45 +82,71 @@ def _seconds(earlier: str, later: str) -> float:
     return (datetime.fromisoformat(later) - datetime.fromisoformat(earlier)).total_seconds()
 
 
-def _states_while(cli: Cli, names: dict[str, str], vm: str, action: Any) -> list[str]:
-    """The statuses a describe reads while ``action`` runs in another thread (a second gcloud)."""
-    seen: list[str] = []
-    worker = threading.Thread(target=action)
+@pytest.fixture
+def held_states(cli: Cli) -> Iterator[Callable[..., None]]:
+    """Hold VMs in some states (sandbox setting ``held_vm_states``); every hold ends after the test."""
+
+    def hold(*states: str) -> None:
+        update_settings(cli.layout, held_vm_states=states)
+
+    try:
+        yield hold
+    finally:
+        hold()
+
+
+def _status(cli: Cli, names: dict[str, str], vm: str) -> str:
+    """The VM's status as ``describe`` gives it ("" while it does not exist)."""
+    result = cli.gcloud(
+        "compute", "instances", "describe", vm, f"--zone={names['zone']}", f"--project={names['project']}",
+        "--format=value(status)",
+    )  # fmt: skip
+    return result.out.strip() if result.code == 0 else ""
+
+
+def _in_thread(action: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    """``action`` running in another thread (the gcloud that waits on the VM) and where its result goes."""
+    results: list[Any] = []
+    worker = threading.Thread(target=lambda: results.append(action()), daemon=True)
     worker.start()
-    while worker.is_alive():
-        result = Gcloud(cli.layout, cli._env(None), lambda: b"", lambda _: None, lambda _: None)
-        out: list[str] = []
-        result.out = out.append  # type: ignore[method-assign]
-        if result.run(["compute", "instances", "describe", vm, f"--zone={names['zone']}",
-                       f"--project={names['project']}", "--format=value(status)"]) == 0:  # fmt: skip
-            status = "".join(out).strip()
-            if not seen or seen[-1] != status:
-                seen.append(status)
-        time.sleep(0.05)
-    worker.join()
-    return seen
+    return worker, results
 
 
-@pytest.mark.usefixtures("slow_capacity")
+def _finish(worker: threading.Thread, results: list[Any]) -> Any:
+    worker.join(HANG_BOUND)
+    assert not worker.is_alive(), f"the gcloud waiting on the VM was still running after {HANG_BOUND:.0f} s"
+    return results[0]
+
+
 def test_a_tpu_vm_is_pending_provisioning_and_staging_before_it_runs_and_bills(
-    cli: Cli, names: dict[str, str]
+    cli: Cli, names: dict[str, str], held_states: Callable[..., None]
 ) -> None:
     vm = "life-tpu"
-    created: list[Any] = []
-    seen = _states_while(
-        cli, names, vm, lambda: created.append(_create(cli, names, vm, "--provisioning-model=STANDARD"))
-    )
-    assert created[0].code == 0, created[0].text
-    assert {"PROVISIONING", "STAGING"} <= set(seen)  # the create's gcloud waited through them
-    assert "RUNNING" not in seen[:-1] or seen.index("RUNNING") > seen.index("STAGING")
+    held_states("PENDING", "PROVISIONING", "STAGING")
+    creating, created = _in_thread(lambda: _create(cli, names, vm, "--provisioning-model=STANDARD"))
+    # each state holds until the test lets it go, so a describe sees it however loaded the machine is
+    for state, remaining in (
+        ("PENDING", ("PROVISIONING", "STAGING")),
+        ("PROVISIONING", ("STAGING",)),
+        ("STAGING", ()),
+    ):
+        wait_for(lambda state=state: _status(cli, names, vm) == state, what=f"the VM's {state}")
+        assert creating.is_alive()  # the create's gcloud waits through it
+        (insert,) = _operations(cli, names, vm)
+        assert insert["status"] == "RUNNING"
+        assert "endTime" not in insert
+        released = time.time()
+        held_states(*remaining)
+    result = _finish(creating, created)
+    assert result.code == 0, result.text
 
     instance = _describe(cli, names, vm)
     assert instance["status"] == "RUNNING"
     for field in ("creationTimestamp", "lastStartTimestamp"):
         assert API_TIME.match(instance[field]), instance[field]
     assert "lastStopTimestamp" not in instance
-    # 2 + 1 real minutes at SCALE before RUNNING: none of them billed
-    assert _seconds(instance["creationTimestamp"], instance["lastStartTimestamp"]) >= 3 * SCALE - 0.01
+    # billed only from RUNNING: after the test let STAGING go
+    assert datetime.fromisoformat(instance["lastStartTimestamp"]).timestamp() >= released - 0.001
 
     (insert,) = _operations(cli, names, vm)
     assert (insert["operationType"], insert["status"], insert["targetId"]) == (
@@ -131,23 +158,23 @@ def test_a_tpu_vm_is_pending_provisioning_and_staging_before_it_runs_and_bills(
     assert insert["insertTime"] == insert["startTime"] == instance["creationTimestamp"]
     assert insert["endTime"] == instance["lastStartTimestamp"]  # done once it runs
 
-    deleted: list[Any] = []
+    held_states("STOPPING")
     where = (f"--zone={names['zone']}", f"--project={names['project']}")
-    seen = _states_while(
-        cli,
-        names,
-        vm,
-        lambda: deleted.append(cli.gcloud("compute", "instances", "delete", vm, *where, "--quiet")),
+    deleting, deleted = _in_thread(
+        lambda: cli.gcloud("compute", "instances", "delete", vm, *where, "--quiet")
     )
-    assert deleted[0].code == 0, deleted[0].text
-    assert "STOPPING" in seen  # billing ended at once; the VM went after its shutdown
+    wait_for(lambda: _status(cli, names, vm) == "STOPPING", what="the VM's STOPPING")
+    assert deleting.is_alive()  # billing ended at once; the VM goes after its shutdown
+    held_states()
+    result = _finish(deleting, deleted)
+    assert result.code == 0, result.text
     _, delete = _operations(cli, names, vm)
     assert (delete["operationType"], delete["status"], delete["targetId"]) == (
         "delete",
         "DONE",
         instance["id"],
     )
-    assert _seconds(delete["startTime"], delete["endTime"]) >= 1 * SCALE - 0.01
+    assert delete["startTime"] <= delete["endTime"]
     gone = cli.gcloud(
         "compute", "instances", "describe", vm, f"--zone={names['zone']}", f"--project={names['project']}"
     )

@@ -26,7 +26,7 @@ of gcloud 528's compute v1 ``Operation``: ``operationType`` (``insert``, ``delet
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -96,6 +96,18 @@ def schedule(record: dict[str, Any], phases: Iterable[tuple[str, float]], begin:
         last = moment
         moment += max(0.0, seconds)
     return last
+
+
+def until_held(
+    phases: Sequence[tuple[str, float]], held: Collection[str]
+) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
+    """``phases`` up to the first held state (sandbox setting ``held_vm_states``), that state
+    included, and the phases after it: a VM is scheduled into a held state and no further until
+    the hold ends."""
+    for index, (status, _) in enumerate(phases):
+        if status in held:
+            return list(phases[: index + 1]), list(phases[index + 1 :])
+    return list(phases), []
 
 
 def settle(record: dict[str, Any], now: float | None = None) -> dict[str, Any]:

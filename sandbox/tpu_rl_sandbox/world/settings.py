@@ -124,6 +124,11 @@ class SandboxSettings:
     * ``hold_seconds``: the longest a job waits on a test's hold file (``TPU_RL_SANDBOX_HOLD_FILE``)
       before it goes on by itself (120 s; the real-services tests, whose runs share two cores with
       another leg's, give theirs longer).
+    * ``held_vm_states``: Compute Engine states a VM stays in while they are listed here: a
+      create's ``PENDING``, ``PROVISIONING`` or ``STAGING``, a delete's ``STOPPING``. The gcloud
+      that waits on the VM waits until a test takes the state out (or ``hold_seconds`` pass), then
+      the VM goes on through its next states from that moment: a test sees each state whatever the
+      load, where a state of a few scaled seconds may come and go between two of its reads.
     """
 
     conditional_bindings: bool = True
@@ -157,6 +162,7 @@ class SandboxSettings:
     hold_seconds: float = 120.0
     spot_tpu_restart: bool = False
     tpu_capacity_out: Mapping[str, str] = field(default_factory=dict)
+    held_vm_states: tuple[str, ...] = ()
 
     @property
     def preemption(self) -> tuple[int, int]:
@@ -178,7 +184,7 @@ def _path(layout: SandboxLayout) -> os.PathLike[str]:
 def _from_json(data: Mapping[str, Any]) -> SandboxSettings:
     known = {f.name for f in fields(SandboxSettings)}
     values: dict[str, Any] = {k: v for k, v in data.items() if k in known}
-    for name in ("disabled_services", "denied_permissions", "gcloud_components"):
+    for name in ("disabled_services", "denied_permissions", "gcloud_components", "held_vm_states"):
         if name in values:
             values[name] = tuple(str(v) for v in values[name])
     if "gcluster_release" in values:

@@ -202,6 +202,7 @@ class InstancesCommands(ReservationsCommands, NetworksCommands, ImagesCommands):
             provisioning_model=provisioning_model,
             created=True,
         )
+        phases, after_hold = instances.until_held(phases, settings.held_vm_states)
         created: list[dict[str, Any]] = []
         requested = time.time()
         running_at = requested
@@ -271,6 +272,9 @@ class InstancesCommands(ReservationsCommands, NetworksCommands, ImagesCommands):
             txn.save("vm_history")
         # gcloud waits for the insert operation: the VM goes PENDING (a TPU), PROVISIONING, STAGING,
         # unbilled, and the operation is done once it is RUNNING
+        running_at = self._through_held_states(
+            project, zone, [record["name"] for record in created], phases[-1][0], after_hold, running_at
+        )
         time.sleep(max(0.0, running_at - time.time()))
         with self.store.txn() as txn:
             vms = txn.doc("vms")
@@ -417,6 +421,7 @@ class InstancesCommands(ReservationsCommands, NetworksCommands, ImagesCommands):
         for name in names:
             dockerd.stop_all(self.layout.vm_dir(name))
         time.sleep(stopping)
+        ended = time.time() if self._wait_while_held("STOPPING") else started + stopping
         with self.store.txn() as txn:
             vms = txn.doc("vms")
             history = txn.doc("vm_history")
@@ -427,12 +432,53 @@ class InstancesCommands(ReservationsCommands, NetworksCommands, ImagesCommands):
                 if lives and lives[-1]["deleted"] is None:
                     lives[-1]["deleted"] = time.time()
                 if name in deleting:
-                    instances.finish_operation(txn, project, zone, deleting[name], started + stopping)
+                    instances.finish_operation(txn, project, zone, deleting[name], ended)
             txn.save("vms")
             txn.save("vm_history")
         for name in names:
             self.err(f"Deleted [{self._instance_url(project, zone, name)}].\n")
         return 0
+
+    def _through_held_states(
+        self,
+        project: str,
+        zone: str,
+        names: list[str],
+        held: str,
+        after_hold: list[tuple[str, float]],
+        held_from: float,
+    ) -> float:
+        """A create's wait through each held state (sandbox setting ``held_vm_states``): once its
+        hold ends, the VMs go on through their next states from that moment. The moment they run."""
+        moment = held_from
+        while after_hold:
+            time.sleep(max(0.0, moment - time.time()))
+            self._wait_while_held(held)
+            scheduled, after_hold = instances.until_held(
+                after_hold, load_settings(self.layout).held_vm_states
+            )
+            held = scheduled[-1][0]
+            released = time.time()
+            with self.store.txn() as txn:
+                vms = txn.doc("vms")
+                for name in names:
+                    record = vms.get(f"{project}/{zone}/{name}")
+                    if record is not None:
+                        instances.settle(record, released)
+                        moment = instances.schedule(record, scheduled, released)
+                txn.save("vms")
+        return moment
+
+    def _wait_while_held(self, state: str) -> bool:
+        """Wait while ``state`` is a held VM state (at most the setting ``hold_seconds``); whether it was."""
+        settings = load_settings(self.layout)
+        if state not in settings.held_vm_states:
+            return False
+        deadline = time.monotonic() + settings.hold_seconds
+        while state in settings.held_vm_states and time.monotonic() < deadline:
+            time.sleep(0.05)
+            settings = load_settings(self.layout)
+        return True
 
     def _existing_instances(self, parsed: GcloudParse, verb: str) -> tuple[str, str, list[str]]:
         """The project, zone and names of a start or stop: each VM must exist, the caller needs
