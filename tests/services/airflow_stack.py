@@ -278,18 +278,21 @@ class AirflowStack:
                     f"airflow {service.name} exited with {service.process.returncode}:\n{_tail(service.log_file)}"
                 )
 
+    def task_log_dir(self, dag_id: str, run_id: str, task_id: str) -> Path:
+        """Where Airflow's default log template puts a task instance's attempt logs."""
+        return self.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task_id}"
+
     def failed_task_logs(self, watch: RunWatch, lines: int = 15) -> str:
         """The last lines of the log of each task of ``watch``'s run that failed (why it failed),
         and what the services logged about it (a task killed before it logged its error: the
         executor's or the scheduler's word)."""
-        run_logs = self.home / "logs" / f"dag_id={watch.dag_id}" / f"run_id={watch.run_id}"
         failed = {
             task_id: ti for task_id, ti in sorted(watch.task_instances.items()) if ti.get("state") == "failed"
         }
         own_logs = [
             f"--- {log}\n{_tail(log, lines)}"
             for task_id in failed
-            for log in sorted(run_logs.glob(f"task_id={task_id}/attempt=*.log"))
+            for log in sorted(self.task_log_dir(watch.dag_id, watch.run_id, task_id).glob("attempt=*.log"))
         ]
         # the scheduler names a task instance "<dag_id>.<task_id> <run_id>" (or by its id, Airflow 3)
         needles = [f"{watch.dag_id}.{task_id} {watch.run_id}" for task_id in failed]

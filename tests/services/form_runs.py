@@ -113,8 +113,7 @@ def workload_lines(job_log: str) -> list[str]:
 
 def trigger_logs_of(world: ServicesWorld, dag_id: str, run_id: str, task_id: str) -> list[Path]:
     """The triggerer's log files of a task instance (``<task log>.trigger.<triggerer id>.log``)."""
-    logs = world.stack.home / "logs"
-    return sorted(logs.glob(f"dag_id={dag_id}/run_id={run_id}/task_id={task_id}/attempt=*.log.trigger.*.log"))
+    return sorted(world.stack.task_log_dir(dag_id, run_id, task_id).glob("attempt=*.log.trigger.*.log"))
 
 
 # ================================================================================ the runs
