@@ -187,6 +187,31 @@ def kill_leftovers(marker: str) -> None:
             os.kill(int(line.split()[0]), signal.SIGKILL)
 
 
+def _stat_fields(pid: int) -> list[str]:
+    """/proc/<pid>/stat after the command (the state, field 3, first); [] once the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return []
+
+
+def cpu_seconds_of(pid: int) -> float:
+    """User + system CPU of a live process and its live descendants, and of the children each has
+    waited for (a LocalExecutor worker runs every task it is given before the scheduler waits for it)."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (fields := _stat_fields(int(entry.name))):
+            parents.setdefault(int(fields[1]), []).append(int(entry.name))
+    ticks, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        fields = _stat_fields(current)
+        if fields:  # utime, stime, cutime, cstime: fields 14-17
+            ticks += sum(int(value) for value in fields[11:15])
+            todo.extend(parents.get(current, []))
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 @dataclass
 class Service:
     """One ``airflow <name>`` process, leader of its own process group."""
@@ -329,11 +354,16 @@ class AirflowStack:
         return code, seconds
 
     def stop(self) -> None:
-        """Stop every service (API server last, so nothing is left calling it)."""
+        """Stop every service (API server last, so nothing is left calling it); what each spent,
+        with the task processes it ran, goes to ``logs/cpu-seconds.txt`` (where a stack's CPU goes)."""
+        spent: list[str] = []
         for name in ("scheduler", "triggerer", "dag-processor", FLAVOR.api_server):
             service = self.services.get(name)
             if service is not None:
+                spent.append(f"airflow {name}: {cpu_seconds_of(service.process.pid):.1f} CPU-s")
                 service.stop()
+        with suppress(OSError):
+            (self.root / "logs" / "cpu-seconds.txt").write_text("\n".join(spent) + "\n")
 
     # -- REST -------------------------------------------------------------------------------
     def api(self) -> AirflowApi:

@@ -30,11 +30,27 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
+# Where the session-scoped fixtures' teardown goes (it runs in the teardown of a worker's last test:
+# the sandbox, the GCS emulator, the Airflow CLI server the end-to-end runs share).
+SESSION_TEARDOWN = "(session fixtures' teardown)"
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, None]:
     start = cpu_seconds()
     yield
     _by_file[item.nodeid.split("::", 1)[0]] += cpu_seconds() - start
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, None]:
+    """A worker's last teardown ends the session's fixtures: that share is set apart from the file."""
+    start = cpu_seconds()
+    yield
+    if nextitem is None:
+        spent = cpu_seconds() - start
+        _by_file[item.nodeid.split("::", 1)[0]] -= spent
+        _by_file[SESSION_TEARDOWN] += spent
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -68,6 +84,6 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     for path, seconds in costliest:
         terminalreporter.write_line(f"{seconds:8.1f}  {path}")
     terminalreporter.write_line(
-        f"{tests_total:8.1f}  all {len(_by_file)} files; {sum(_outside):.1f} more outside any test "
+        f"{tests_total:8.1f}  all {len(set(_by_file) - {SESSION_TEARDOWN})} files; {sum(_outside):.1f} more outside any test "
         f"({len(_outside)} process{'es' if len(_outside) != 1 else ''}: start-up, collection)"
     )
