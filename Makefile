@@ -67,7 +67,8 @@ typecheck: venv
 # --no-loadscope-reorder keeps that order). Most tests wait on subprocesses, the emulator or a
 # poll, so a leg keeps more workers than this machine has cores busy.
 WORKERS ?= 3
-# --durations=10: every pytest session ends with its ten slowest tests (setup, call or teardown).
+# --durations=10: every pytest session ends with its ten slowest tests (setup, call or teardown), and
+# with its ten costliest test files in CPU-seconds (tests/support/cpu_profile.py).
 PYTEST_ARGS := -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder --durations=10
 
 # `make test` prints each leg's wall time and CPU-seconds at its end, and all of them once both sides are done:
