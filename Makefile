@@ -142,7 +142,7 @@ SAME_ON_EVERY_AIRFLOW := tests/operators/test_bucket_sharing.py tests/operators/
 	tests/operators/test_preemption.py tests/operators/test_tpu_vm_preemption.py \
 	tests/operators/test_billing.py tests/operators/test_admission_timeout.py \
 	tests/e2e/test_sweep_example.py tests/e2e/test_airflow_server.py tests/test_doctor.py tests/test_wheel.py \
-	tests/docs/test_module_map.py
+	tests/docs/test_module_map.py tests/test_waiting.py
 
 # Every other test that runs Airflow or the providers, again on Airflow 2.11.2, the end-to-end runs
 # and the real services included (lint and types run once).

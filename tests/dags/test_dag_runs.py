@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import subprocess
 import sys
 from collections.abc import Callable
 from contextlib import closing
@@ -28,6 +27,8 @@ from airflow_provider_tpu_rl.compat import AIRFLOW_V_3_0_PLUS
 from tests.support.airflow_home import migrate_into
 from tests.support.compat import dags_test_task_log
 from tests.support.dags import DAGS_DIR, GKE_DAG_ID
+from tests.support.harness import RUN_TIMEOUT_SECONDS
+from tests.support.waiting import run_bounded
 from tpu_rl_sandbox.clis.tool_stubs import write_tool_stubs
 
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))
@@ -100,7 +101,7 @@ def dags_test(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., RunResu
         with closing(sqlite3.connect(home / "airflow.db")) as metadata:
             (last_id,) = metadata.execute("SELECT COALESCE(MAX(id), 0) FROM dag_run").fetchone()
         argv = [AIRFLOW, "dags", "test", GKE_DAG_ID, "-c", json.dumps(OK_CONF if conf is None else conf)]
-        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
+        done = run_bounded(argv, f"`airflow dags test {GKE_DAG_ID}`", RUN_TIMEOUT_SECONDS, env=env)
         # The metadata DB read directly: an `airflow` CLI call would cost seconds of start-up each.
         with closing(sqlite3.connect(home / "airflow.db")) as metadata:
             run_id, run_state = metadata.execute(

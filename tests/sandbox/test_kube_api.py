@@ -350,6 +350,24 @@ def test_pods_by_label_carry_jobset_and_job_metadata(
     )
 
 
+def test_a_jobset_created_suspended_without_a_queue_label_stays_suspended(
+    cli: Cli, access: ClusterAccess
+) -> None:
+    """Kueue manages only jobs with a queue label: a JobSet created suspended without one is in no
+    queue, and nothing resumes it, while a job submitted after it is admitted and runs."""
+    held = _two_container_jobset("held", "echo never")
+    held["spec"]["suspend"] = True
+    created = kube_access.request(access, "POST", f"{JOBSETS}/namespaces/default/jobsets", held)
+    assert created.status == 201, created.text
+    submit(cli, "after", "echo ran")
+    assert finished(access, "after")["status"]["terminalState"] == "Completed"
+    still = jobset(access, "held")
+    assert still["spec"]["suspend"] is True
+    assert [c["type"] for c in still["status"]["conditions"]] == ["Suspended"]
+    assert pods(access, "held") == []
+    assert still["metadata"]["resourceVersion"] == created.json()["metadata"]["resourceVersion"]
+
+
 def test_a_restart_makes_new_pods_with_the_next_restart_attempt(
     cli: Cli, cluster: Cluster, access: ClusterAccess
 ) -> None:

@@ -415,6 +415,9 @@ DAG_FILE_PARSE_INTERVAL = 3600
 # The DAG processor kills a file's parse after this many seconds (50 by default; a parse took 18 s
 # with both legs on two cores): longer than the import bound, which it includes.
 DAG_FILE_PROCESSOR_TIMEOUT = int(HANG_BOUND) + 60
+# Airflow 3's task processes wait this long for one answer of the API server (a bound against a
+# hang: the server answered in 1-4 s with both legs on two cores).
+EXECUTION_API_TIMEOUT = 60
 
 
 def stack_env(
@@ -471,6 +474,10 @@ def _flavor_env(home: Path, api_url: str) -> dict[str, str]:
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
             "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": str(DAG_FILE_PARSE_INTERVAL),
             "AIRFLOW__DAG_PROCESSOR__DAG_FILE_PROCESSOR_TIMEOUT": str(DAG_FILE_PROCESSOR_TIMEOUT),
+            # a task process's bound on one call to the execution API (5 s by default, then retried):
+            # a call that timed out under load but went through is retried into a conflict (the task
+            # is already running) and the task dies queued, as one did with both legs on two cores
+            "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": str(EXECUTION_API_TIMEOUT),
         }
     # Airflow 2: no execution API (task runners use the database), the FAB auth manager (its
     # users live in the metadata database), the webserver's key signs log-server requests.

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from airflow.configuration import conf
 
-from tests.services.airflow_stack import DAG_FILE_PARSE_INTERVAL, FLAVOR, stack_env
+from tests.services.airflow_stack import DAG_FILE_PARSE_INTERVAL, EXECUTION_API_TIMEOUT, FLAVOR, stack_env
 from tests.support.waiting import HANG_BOUND
 
 
@@ -40,3 +40,11 @@ def test_a_loaded_parse_is_not_cut_short() -> None:
     import_bound = conf.getfloat("core", "dagbag_import_timeout")
     assert import_bound >= HANG_BOUND
     assert conf.getint(section, "dag_file_processor_timeout") > import_bound
+
+
+@pytest.mark.skipif(not FLAVOR.v3, reason="Airflow 2's task runners use the database, not an API")
+@pytest.mark.usefixtures("stack_options")
+def test_a_loaded_api_server_does_not_fail_a_task() -> None:
+    """A task process's call to the execution API times out after 5 s by default and is retried: a
+    call that went through is retried into a conflict and the task dies before it runs."""
+    assert conf.getfloat("workers", "execution_api_timeout") == EXECUTION_API_TIMEOUT >= 60

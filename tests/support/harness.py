@@ -23,7 +23,7 @@ from typing import Any
 
 from tests.support.airflow_home import migrate_into
 from tests.support.compat import dags_test_task_log
-from tests.support.waiting import HANG_BOUND
+from tests.support.waiting import HANG_BOUND, run_bounded
 from tpu_rl_sandbox.apis.gcs_client import GcsApi, GcsError, split_gs_url
 from tpu_rl_sandbox.clis.airflow_server import airflow_command, start_airflow_server, stop_airflow_server
 from tpu_rl_sandbox.commands.lifecycle import SandboxInfo, sandbox_down, sandbox_env, sandbox_up
@@ -212,14 +212,12 @@ class E2EWorld:
         if faults:
             env[FAULT_ENV] = faults
         started = time.monotonic()
-        done = subprocess.run(
+        done = run_bounded(
             airflow_command(self.home, ["dags", "test", dag_id, "-c", json.dumps(conf)]),
+            f"`airflow dags test {dag_id}` (faults: {faults or 'none'})",
+            timeout,
             env=env,
             cwd=self.root,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
         )
         seconds = time.monotonic() - started
         output = done.stdout + done.stderr

@@ -9,9 +9,11 @@ unless a caller names a longer one.
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -54,3 +56,27 @@ def joined(thread: threading.Thread, what: str, timeout: float = HANG_BOUND) -> 
     thread.join(timeout)
     if thread.is_alive():
         raise WaitTimedOut(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def run_bounded(
+    argv: Sequence[str],
+    what: str,
+    timeout: float,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` to its end (its output captured as text); :class:`WaitTimedOut` naming ``what``,
+    with the end of what it printed, if it runs past ``timeout`` seconds (it is killed)."""
+    try:
+        return subprocess.run(
+            list(argv), env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired as expired:
+        printed = "".join(_text(part) for part in (expired.stdout, expired.stderr))
+        raise WaitTimedOut(
+            f"timed out after {timeout:.0f} s waiting for {what}\n... its output's end:\n{printed[-4000:]}"
+        ) from None
+
+
+def _text(output: str | bytes | None) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""

@@ -788,7 +788,11 @@ def create_jobset(
         "spec": {k: v for k, v in (body.get("spec") or {}).items() if k != "suspend"},
     }
     labels = manifest["metadata"].get("labels") or {}
-    suspended = bool((body.get("spec") or {}).get("suspend")) or bool(labels.get(QUEUE_NAME_KEY))
+    # created suspended with no queue label: Kueue ignores it (it manages labelled jobs only: the
+    # default label policy, Red Hat's Kueue docs "Configuring label policies for jobs", direct), so
+    # nothing resumes it here (a PATCH takes labels and annotations only)
+    held_by_user = bool((body.get("spec") or {}).get("suspend")) and not labels.get(QUEUE_NAME_KEY)
+    suspended = held_by_user or bool(labels.get(QUEUE_NAME_KEY))
     spec = manifest["spec"]
     rjobs = spec["replicatedJobs"]
     head_name, container = _workload_container(manifest)
@@ -813,6 +817,7 @@ def create_jobset(
         "cluster_key": inventory.cluster_key(project, location, cluster_name),
         "status": "Suspended",
         "suspended": suspended,
+        "held_by_user": held_by_user,
         "condition": None,
         "created": rfc3339(),
         "created_ts": now,

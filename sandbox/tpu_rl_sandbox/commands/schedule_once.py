@@ -7,13 +7,16 @@ API (``_create_dagruns_for_dags``) on both Airflow lines: fine in the sandbox, n
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-STEP_TIMEOUT_SECONDS = 300
+# A bound against a hang on each of the two commands (a new interpreter that imports Airflow's
+# scheduler: seconds on a quiet machine, more than 300 with two loaded test suites on two cores).
+STEP_TIMEOUT_SECONDS = 900
 
 
 @dataclass(frozen=True)
@@ -39,21 +42,24 @@ def run_queued_task(
     task_id: str,
     cwd: Path | None = None,
     airflow: Callable[[list[str]], list[str]] = airflow_alone,
+    timeout: float = STEP_TIMEOUT_SECONDS,
 ) -> QueuedRun:
     """The scheduler's step (this module, in a subprocess with ``env``), then ``airflow tasks
     test`` of ``task_id`` in ``dag_id``'s newest run, if it has one; ``airflow`` gives that
-    command's argv (the end-to-end tests' runs it through their Airflow CLI server)."""
+    command's argv (the end-to-end tests' runs it through their Airflow CLI server). A command
+    that runs past ``timeout`` seconds is killed: its code is -9, its output what it printed and
+    a last line saying so."""
 
     def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            argv,
-            env=dict(env),
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            timeout=STEP_TIMEOUT_SECONDS,
-            check=False,
-        )
+        try:
+            return subprocess.run(
+                argv, env=dict(env), cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
+            )
+        except subprocess.TimeoutExpired as expired:
+            printed = "".join(_text(part) for part in (expired.stdout, expired.stderr))
+            return subprocess.CompletedProcess(
+                argv, -9, f"{printed}\n{shlex.join(argv)}: killed after {timeout:g} s\n", ""
+            )
 
     step = run([sys.executable, "-m", "tpu_rl_sandbox.commands.schedule_once", dag_id])
     runs = [
@@ -66,6 +72,10 @@ def run_queued_task(
         return found
     done = run(airflow(["tasks", "test", dag_id, task_id, runs[-1][0]]))
     return QueuedRun(runs, step.returncode, found.step_output, done.returncode, done.stdout + done.stderr)
+
+
+def _text(output: str | bytes | None) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
 
 
 def main(dag_id: str) -> None:

@@ -135,8 +135,12 @@ class Worker:
         when the installed Kueue's queue covers no ``google.com/tpu``; a CPU job until
         the ClusterQueue's cpu quota has room, and for ever when the queue covers no ``cpu`` (Kueue
         admits a workload only when every resource it requests is covered: "resource cpu
-        unavailable in ClusterQueue"). With the settings' ``kueue_admits`` off, nothing is admitted."""
+        unavailable in ClusterQueue"). With the settings' ``kueue_admits`` off, nothing is admitted;
+        a JobSet created suspended without a queue label never is (Kueue ignores it)."""
         time.sleep(max(step * 2, 0.02))
+        while job.get("held_by_user"):
+            time.sleep(0.5)
+            job = self.job()  # raises JobGone once the JobSet is deleted
         while True:
             if not load_settings(self.layout).kueue_admits:
                 self.job()  # raises JobGone once the JobSet is deleted
@@ -174,6 +178,7 @@ class Worker:
                     j
                     for j in same_cluster
                     if j.get("status") == "Suspended"
+                    and not j.get("held_by_user")  # not a Kueue workload: in no queue
                     and j["created_ts"] < me["created_ts"]
                     and j["uid"] != self.uid
                 ]
@@ -199,7 +204,10 @@ class Worker:
         earlier = [
             j
             for j in same_cluster
-            if j.get("status") == "Suspended" and j["created_ts"] < me["created_ts"] and j["uid"] != self.uid
+            if j.get("status") == "Suspended"
+            and not j.get("held_by_user")
+            and j["created_ts"] < me["created_ts"]
+            and j["uid"] != self.uid
         ]
         return not earlier and used + wanted <= quota
 
