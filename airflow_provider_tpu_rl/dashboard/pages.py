@@ -59,6 +59,8 @@ img { max-width: 100%; border: 1px solid #edf2f7; }
 # allow-top-navigation) a link to an Airflow page would open Airflow inside the frame: it is
 # followed from the page around the frame instead, which replaces the whole tab as Airflow's own
 # links do. Outside a frame (the *Run Curves* link opens the page in Airflow's tab) it is a plain link.
+# The listener is the document's, set in the head: a link is followed so from the moment it shows,
+# not only once the parser has reached the end of the body.
 _SCRIPT = """
 document.addEventListener("click", function (event) {
   var link = event.target.closest ? event.target.closest("a[data-airflow]") : null;
@@ -338,8 +340,8 @@ def _runs_table(root: str, runs: Sequence[RunSummary], now: datetime) -> str:
 def _document(title: str, body: str) -> str:
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
-        f"<title>{escape(title)}</title><style>{_STYLE}</style></head>\n<body>\n{body}\n"
-        f"<script>{_SCRIPT}</script>\n</body></html>\n"
+        f"<title>{escape(title)}</title><style>{_STYLE}</style><script>{_SCRIPT}</script></head>\n"
+        f"<body>\n{body}\n</body></html>\n"
     )
 
 

@@ -226,6 +226,21 @@ def test_each_stage_links_its_log_in_airflow(every_state: RunLedger) -> None:
     assert f"data-airflow href='/dags/{GKE}/runs/failed/tasks/train?try_number=2'" in page
 
 
+@pytest.mark.parametrize("name", ["success", "running"])
+def test_a_link_back_to_airflow_is_never_shown_before_its_click_listener(
+    every_state: RunLedger, name: str
+) -> None:
+    """Inside Airflow 3's frame a link back is followed by the page's script: the script comes
+    before the body, or a link clicked while the page is still parsed opens Airflow in the frame."""
+    view = DashboardReader().run(GKE, name)
+    pages = [
+        run_page("/tpu-rl", view.run, view.artifacts, view.steps, ui=UI, now=NOW),
+        runs_page("/tpu-rl", DashboardReader().runs({GKE}), now=NOW),
+    ]
+    for page in pages:
+        assert page.index("a[data-airflow]") < page.index("</head>") < page.index("<a ")
+
+
 def test_the_links_back_are_each_airflow_lines_own() -> None:
     """Airflow 3: the UI's routes (the run, the DAG, a task instance whose first tab is its log);
     Airflow 2: the grid view with the run, the task and its log tab selected."""
