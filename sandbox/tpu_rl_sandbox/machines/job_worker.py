@@ -174,17 +174,20 @@ class Worker:
                 running = sum(
                     int(j.get("num_slices", 1)) for j in same_cluster if j.get("status") == "Running"
                 )
-                earlier_waiting = [
-                    j
-                    for j in same_cluster
-                    if j.get("status") == "Suspended"
-                    and not j.get("held_by_user")  # not a Kueue workload: in no queue
-                    and j["created_ts"] < me["created_ts"]
-                    and j["uid"] != self.uid
-                ]
+                earlier_waiting = [j for j in same_cluster if self._queued_before(j, me)]
                 if not earlier_waiting and running + int(me.get("num_slices", 1)) <= quota:
                     return
             time.sleep(0.05)
+
+    def _queued_before(self, other: dict[str, Any], me: dict[str, Any]) -> bool:
+        """``other`` waits in Kueue's queue ahead of this job (FIFO): suspended, created earlier,
+        and a Kueue workload (a JobSet held by its creator, with no queue label, is in no queue)."""
+        return (
+            other.get("status") == "Suspended"
+            and not other.get("held_by_user")
+            and other["created_ts"] < me["created_ts"]
+            and other["uid"] != self.uid
+        )
 
     def _cpu_fits(self, me: dict[str, Any], jobs: dict[str, Any], cluster: dict[str, Any]) -> bool:
         wanted = int(me.get("cpu_request") or 0)
@@ -201,14 +204,7 @@ class Worker:
             j for j in jobs.values() if j.get("cluster_key") == me["cluster_key"] and not j.get("tpu")
         ]
         used = sum(int(j.get("cpu_request") or 0) for j in same_cluster if j.get("status") == "Running")
-        earlier = [
-            j
-            for j in same_cluster
-            if j.get("status") == "Suspended"
-            and not j.get("held_by_user")
-            and j["created_ts"] < me["created_ts"]
-            and j["uid"] != self.uid
-        ]
+        earlier = [j for j in same_cluster if self._queued_before(j, me)]
         return not earlier and used + wanted <= quota
 
     def update_pods(self, change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
